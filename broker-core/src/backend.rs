@@ -1,0 +1,106 @@
+//! The [`Backend`] trait: the only thing a state store implements.
+//!
+//! A backend holds [`ResourceState`](crate::state::ResourceState)s by key and
+//! applies the transitions of [`crate::state`] atomically per key, using its
+//! own clock (the in-memory store its [`Clock`](crate::Clock); Redis the
+//! server's `TIME`). Waits are returned relative to that clock, so callers
+//! never compare clocks across machines. Backends hold state, not policy:
+//! retries, queues and failure handling live in the broker.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::BackendError;
+use crate::limits::Cost;
+use crate::observed::ObservedLimit;
+use crate::state::{Decision, LeaseId, LimitSpec, Reservation};
+
+/// A state store for resource buckets.
+///
+/// Every method is one atomic decision on one key. The `*_now` methods are
+/// an optional synchronous fast path for stores that need no I/O; they
+/// return `None` when the store must be called asynchronously.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// `try`: take `cost` (and a concurrency slot, if the spec has a limit)
+    /// now, or report the wait. Nothing is consumed when denied.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Decision, BackendError>;
+
+    /// Synchronous [`Backend::try_acquire`], when the store can answer
+    /// without I/O.
+    fn try_acquire_now(
+        &self,
+        _key: &str,
+        _spec: &LimitSpec,
+        _cost: Cost,
+    ) -> Option<Result<Decision, BackendError>> {
+        None
+    }
+
+    /// `reserve`: book `cost` at the earliest time it fits, if within
+    /// `max_wait`.
+    async fn reserve(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Reservation, BackendError>;
+
+    /// Takes a concurrency slot if one is free; `Some(lease)` when held.
+    async fn hold_slot(&self, key: &str, spec: &LimitSpec)
+        -> Result<Option<LeaseId>, BackendError>;
+
+    /// Frees the slot held under `lease`. Idempotent; true if it was held.
+    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
+
+    /// Synchronous [`Backend::release`], when the store can answer without
+    /// I/O (used from `Drop`).
+    fn release_now(&self, _key: &str, _lease: LeaseId) -> Option<Result<bool, BackendError>> {
+        None
+    }
+
+    /// `settle`: correct the charge from `reserved` to `actual`.
+    async fn settle(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<(), BackendError>;
+
+    /// Synchronous [`Backend::settle`], when the store can answer without
+    /// I/O (used from `Drop` to refund a cancelled reservation).
+    fn settle_now(
+        &self,
+        _key: &str,
+        _spec: &LimitSpec,
+        _reserved: Cost,
+        _actual: Cost,
+    ) -> Option<Result<(), BackendError>> {
+        None
+    }
+
+    /// `penalize`: drain and hold every bucket for `hold` from the store's
+    /// now. Never shortens a longer penalty.
+    async fn penalize(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        hold: Duration,
+    ) -> Result<(), BackendError>;
+
+    /// `reconcile`: narrow the buckets to what the upstream reported.
+    async fn reconcile(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        observed: &ObservedLimit,
+    ) -> Result<(), BackendError>;
+}

@@ -1,0 +1,434 @@
+//! Queue + execute: `enqueue` reserves, sleeps to the booked time, runs the
+//! work and retries it by the resource's [`RetryPolicy`]. Cancellation-safe:
+//! the guards here refund an unused reservation and free a held slot when
+//! the future is dropped at any await point.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{note_backend_error, Permit, Resource, ResourceBroker, Target};
+use crate::backend::Backend;
+use crate::clock::Micros;
+use crate::error::BrokerError;
+use crate::limits::Cost;
+use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
+use crate::state::LeaseId;
+use crate::stats::{add, bump, drop_one};
+
+/// Passed to the work on every attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// The cost reserved for this attempt.
+    pub cost: Cost,
+}
+
+/// Why `enqueue` returned without a result.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError<E> {
+    /// The broker refused before or between attempts (unknown resource,
+    /// queue full, cost never fits, wait beyond the ceiling, backend down).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The work failed with an error that no retry can fix.
+    #[error("fatal upstream error on attempt {attempts}")]
+    Fatal {
+        /// The work's error.
+        error: E,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The retry budget ran out.
+    #[error("retry budget exhausted after {attempts} attempts (last outcome: {last:?})")]
+    RetriesExhausted {
+        /// The last attempt's error.
+        error: E,
+        /// Attempts made.
+        attempts: u32,
+        /// The class of the last outcome.
+        last: OutcomeClass,
+    },
+}
+
+const NO_COST: Cost = Cost {
+    requests: 0,
+    tokens: 0,
+};
+
+/// A booked reservation. Dropped before [`Booking::consume`], it refunds
+/// the cost.
+pub(crate) struct Booking {
+    backend: Arc<dyn Backend>,
+    resource: Arc<Resource>,
+    key: String,
+    cost: Cost,
+    wait: Micros,
+    armed: bool,
+}
+
+impl Booking {
+    /// Books `cost` within `max_wait`: `Ok(Ok(booking))`, or `Ok(Err(wait))`
+    /// when the earliest time is beyond `max_wait` (nothing booked).
+    pub(crate) async fn book(
+        broker: &ResourceBroker,
+        resource: &Arc<Resource>,
+        key: String,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Result<Booking, Micros>, BrokerError> {
+        let backend = broker.inner.backend.clone();
+        let r = backend
+            .reserve(&key, &resource.spec, cost, max_wait)
+            .await
+            .inspect_err(|e| note_backend_error(resource, "reserve", e))?;
+        if !r.booked {
+            return Ok(Err(r.wait));
+        }
+        Ok(Ok(Booking {
+            backend,
+            resource: resource.clone(),
+            key,
+            cost,
+            wait: r.wait,
+            armed: true,
+        }))
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Sleeps until the booked time, counting it as a local limiter wait.
+    pub(crate) async fn sleep_until_due(&self) {
+        if self.wait > 0 {
+            bump(&self.resource.counters.waits);
+            add(&self.resource.counters.wait_micros, self.wait);
+            tokio::time::sleep(Duration::from_micros(self.wait)).await;
+        }
+    }
+
+    /// The reservation is used: no refund on drop.
+    pub(crate) fn consume(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let spec = &self.resource.spec;
+        match self.backend.settle_now(&self.key, spec, self.cost, NO_COST) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => note_backend_error(&self.resource, "refund", &e),
+            None => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let backend = self.backend.clone();
+                    let resource = self.resource.clone();
+                    let key = std::mem::take(&mut self.key);
+                    let cost = self.cost;
+                    rt.spawn(async move {
+                        if let Err(e) = backend.settle(&key, &resource.spec, cost, NO_COST).await {
+                            note_backend_error(&resource, "refund", &e);
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+pub(crate) enum SlotOutcome {
+    Unlimited,
+    Held(LeaseId),
+    TimedOut,
+}
+
+/// How often a waiter re-checks a slot held by another process (local
+/// releases wake waiters at once).
+const SLOT_POLL: Duration = Duration::from_millis(25);
+
+/// Waits for a concurrency slot until `deadline`.
+pub(crate) async fn wait_slot(
+    broker: &ResourceBroker,
+    resource: &Arc<Resource>,
+    key: &str,
+    deadline: tokio::time::Instant,
+) -> Result<SlotOutcome, BrokerError> {
+    if resource.spec.max_concurrent.is_none() {
+        return Ok(SlotOutcome::Unlimited);
+    }
+    let backend = &broker.inner.backend;
+    loop {
+        let freed = resource.slot_freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        let held = backend
+            .hold_slot(key, &resource.spec)
+            .await
+            .inspect_err(|e| note_backend_error(resource, "hold_slot", e))?;
+        if let Some(lease) = held {
+            return Ok(SlotOutcome::Held(lease));
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(SlotOutcome::TimedOut);
+        }
+        let until = deadline.min(now + SLOT_POLL);
+        let _ = tokio::time::timeout_at(until, freed).await;
+    }
+}
+
+/// Counts an `enqueue` call as queued, then as running, and undoes the
+/// count when dropped.
+struct QueuePlace<'r> {
+    resource: &'r Resource,
+    running: bool,
+}
+
+impl<'r> QueuePlace<'r> {
+    fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
+        let capacity = resource.config.queue_capacity;
+        let queued = &resource.counters.queued;
+        if queued.fetch_add(1, Ordering::AcqRel) >= capacity as u64 {
+            drop_one(queued);
+            return Err(BrokerError::QueueFull {
+                resource: resource.id.clone(),
+                capacity,
+            });
+        }
+        Ok(Self {
+            resource,
+            running: false,
+        })
+    }
+
+    fn set_running(&mut self, running: bool) {
+        if self.running == running {
+            return;
+        }
+        let (from, to) = if running {
+            (
+                &self.resource.counters.queued,
+                &self.resource.counters.in_flight,
+            )
+        } else {
+            (
+                &self.resource.counters.in_flight,
+                &self.resource.counters.queued,
+            )
+        };
+        drop_one(from);
+        bump(to);
+        self.running = running;
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        let c = &self.resource.counters;
+        drop_one(if self.running {
+            &c.in_flight
+        } else {
+            &c.queued
+        });
+    }
+}
+
+/// # Queue + execute
+impl ResourceBroker {
+    /// Waits for a slot on `target`, runs `work`, and retries it on 429 and
+    /// transient failures by the resource's retry policy. Before every
+    /// attempt the cost is reserved again (FIFO spacing, one backend call
+    /// per attempt). A 429 penalizes the bucket for every other consumer;
+    /// `Outcome::Ok { usage, observed }` settles the actual cost and
+    /// reconciles the upstream's headers.
+    ///
+    /// Dropping the returned future at any point refunds an unused
+    /// reservation and frees a held concurrency slot.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Outcome, ResourceBroker};
+    /// # async fn demo(broker: ResourceBroker) {
+    /// let answer: Result<String, _> = broker
+    ///     .enqueue("openai", Cost::tokens(800), |attempt| async move {
+    ///         // call the upstream here; report what happened
+    ///         Outcome::<String, std::io::Error>::ok_with_usage("done".into(), Cost::tokens(650))
+    ///     })
+    ///     .await;
+    /// # }
+    /// ```
+    pub async fn enqueue<'a, T, E, F, Fut>(
+        &self,
+        target: impl Into<Target<'a>>,
+        cost: Cost,
+        mut work: F,
+    ) -> Result<T, EnqueueError<E>>
+    where
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Outcome<T, E>>,
+    {
+        let target = target.into();
+        let resource = self.resource(target.resource)?;
+        resource.config.limits.check_fits(&resource.id, cost)?;
+        let key = match target.key {
+            Some(k) => crate::keys::keyed(&resource.id, k),
+            None => resource.key.clone(),
+        };
+        let mut place = QueuePlace::enter(&resource)?;
+        let policy: &RetryPolicy = &resource.config.retry;
+        let limits = &resource.config.limits;
+        let ceiling = policy.ceiling(limits);
+        let mut number = 0;
+        let result = loop {
+            number += 1;
+            let booking = match Booking::book(self, &resource, key.clone(), cost, ceiling).await? {
+                Ok(b) => b,
+                Err(wait) => {
+                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
+                        resource: resource.id.clone(),
+                        wait: Duration::from_micros(wait),
+                        ceiling,
+                    }))
+                }
+            };
+            booking.sleep_until_due().await;
+            let deadline = tokio::time::Instant::now() + ceiling;
+            let permit = match wait_slot(self, &resource, &key, deadline).await? {
+                SlotOutcome::Unlimited => Permit::empty(),
+                SlotOutcome::Held(lease) => {
+                    let k = target.key.map(|_| key.clone());
+                    // The queue place counts this work as in flight.
+                    Permit::held(
+                        self.inner.backend.clone(),
+                        resource.clone(),
+                        k,
+                        lease,
+                        false,
+                    )
+                }
+                SlotOutcome::TimedOut => {
+                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
+                        resource: resource.id.clone(),
+                        wait: ceiling,
+                        ceiling,
+                    }))
+                }
+            };
+            booking.consume();
+            bump(&resource.counters.allowed);
+            place.set_running(true);
+            let outcome = work(Attempt { number, cost }).await;
+            drop(permit);
+            place.set_running(false);
+            match outcome {
+                Outcome::Ok {
+                    value,
+                    usage,
+                    observed,
+                } => {
+                    if let Some(actual) = usage.filter(|u| *u != cost) {
+                        // The work succeeded; a failed correction is logged, not returned.
+                        if let Err(e) = self
+                            .inner
+                            .backend
+                            .settle(&key, &resource.spec, cost, actual)
+                            .await
+                        {
+                            note_backend_error(&resource, "settle", &e);
+                        }
+                    }
+                    if let Some(observed) = observed {
+                        let _ = self.reconcile_key(&resource, &key, &observed).await;
+                    }
+                    break Ok(value);
+                }
+                Outcome::Fatal(error) => {
+                    break Err(EnqueueError::Fatal {
+                        error,
+                        attempts: number,
+                    })
+                }
+                Outcome::RateLimited {
+                    error,
+                    retry_after,
+                    observed,
+                } => {
+                    bump(&resource.counters.upstream_429);
+                    let pause = policy.rate_limited_pause(number, retry_after, limits);
+                    tracing::info!(resource = %resource.id, attempt = number, retry_after_ms = retry_after.map(|d| d.as_millis() as u64), pause_ms = pause.as_millis() as u64, "upstream 429");
+                    if let Err(e) = self
+                        .inner
+                        .backend
+                        .penalize(&key, &resource.spec, pause)
+                        .await
+                    {
+                        note_backend_error(&resource, "penalize", &e);
+                    }
+                    if let Some(observed) = observed {
+                        let _ = self.reconcile_key(&resource, &key, &observed).await;
+                    }
+                    if number >= policy.max_attempts {
+                        break Err(exhausted(
+                            &resource,
+                            error,
+                            number,
+                            OutcomeClass::RateLimited,
+                        ));
+                    }
+                    bump(&resource.counters.retries);
+                    tokio::time::sleep(pause).await;
+                }
+                Outcome::Transient(error) => {
+                    if number >= policy.max_attempts {
+                        break Err(exhausted(&resource, error, number, OutcomeClass::Transient));
+                    }
+                    bump(&resource.counters.retries);
+                    tokio::time::sleep(policy.transient_pause(number, limits)).await;
+                }
+            }
+        };
+        bump(if result.is_ok() {
+            &resource.counters.completed
+        } else {
+            &resource.counters.failed
+        });
+        result
+    }
+
+    async fn reconcile_key(
+        &self,
+        resource: &Arc<Resource>,
+        key: &str,
+        observed: &crate::observed::ObservedLimit,
+    ) -> Result<(), BrokerError> {
+        if resource.spec.reconcile_is_noop(observed) {
+            return Ok(());
+        }
+        self.inner
+            .backend
+            .reconcile(key, &resource.spec, observed)
+            .await
+            .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
+        Ok(())
+    }
+}
+
+fn exhausted<E>(
+    resource: &Resource,
+    error: E,
+    attempts: u32,
+    last: OutcomeClass,
+) -> EnqueueError<E> {
+    bump(&resource.counters.retries_exhausted);
+    tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
+    EnqueueError::RetriesExhausted {
+        error,
+        attempts,
+        last,
+    }
+}

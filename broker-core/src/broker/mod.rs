@@ -1,0 +1,352 @@
+//! The [`ResourceBroker`] facade: one object for both strategies.
+
+mod enqueue;
+mod permit;
+mod target;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+pub use enqueue::{Attempt, EnqueueError};
+pub use permit::{Acquisition, Permit};
+pub use target::Target;
+
+use crate::backend::Backend;
+use crate::config::ResourceConfig;
+use crate::error::{BackendError, BrokerError, ConfigError};
+use crate::keys;
+use crate::limits::{Cost, Limits};
+use crate::observed::ObservedLimit;
+use crate::state::{Decision, LimitSpec};
+use crate::stats::{bump, BrokerStats, Counters, ResourceKind};
+
+/// One broker over one state store: `enqueue` (queue + execute) and
+/// `try_acquire` / `acquire` (check + reject) on the same resources.
+///
+/// Cloning is cheap and shares everything.
+///
+/// ```
+/// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+/// # async fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+/// let broker = ResourceBroker::new(backend);
+/// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(100)))?;
+/// let a = broker.try_acquire("webhooks", Cost::default()).await?;
+/// if !a.allowed {
+///     println!("429, retry after {:?}", a.wait_time);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ResourceBroker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    resources: ArcSwap<HashMap<String, Arc<Resource>>>,
+    register: std::sync::Mutex<()>,
+}
+
+/// A registered resource: its limits compiled once, its counters.
+#[derive(Debug)]
+pub(crate) struct Resource {
+    pub(crate) id: String,
+    pub(crate) key: String,
+    pub(crate) config: ResourceConfig,
+    pub(crate) spec: LimitSpec,
+    pub(crate) kind: ResourceKind,
+    pub(crate) counters: Counters,
+    pub(crate) slot_freed: tokio::sync::Notify,
+}
+
+pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
+    bump(&resource.counters.backend_errors);
+    tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
+}
+
+impl std::fmt::Debug for ResourceBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceBroker")
+            .field("resources", &self.inner.resources.load().len())
+            .finish()
+    }
+}
+
+/// # Construction and registration
+impl ResourceBroker {
+    /// A broker over `backend` (e.g. `MemoryBackend::new()` or a
+    /// `RedisBackend`).
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A broker over a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                resources: ArcSwap::from_pointee(HashMap::new()),
+                register: std::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The state store.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Registers (or re-configures) a resource for `enqueue` and
+    /// `try_acquire`.
+    pub fn register(&self, resource: &str, config: ResourceConfig) -> Result<(), ConfigError> {
+        self.insert(resource, config, ResourceKind::Queue)
+    }
+
+    /// Registers (or re-configures) a limit-only resource for `try_acquire`
+    /// and `acquire` (no queue).
+    pub fn register_limit(&self, resource: &str, limits: Limits) -> Result<(), ConfigError> {
+        self.insert(
+            resource,
+            ResourceConfig::new(limits),
+            ResourceKind::LimitOnly,
+        )
+    }
+
+    /// Whether `resource` is registered.
+    pub fn is_registered(&self, resource: &str) -> bool {
+        self.inner.resources.load().contains_key(resource)
+    }
+
+    fn insert(
+        &self,
+        id: &str,
+        config: ResourceConfig,
+        kind: ResourceKind,
+    ) -> Result<(), ConfigError> {
+        if id.is_empty() || id.len() > 256 {
+            return Err(ConfigError::BadResourceId(id.to_owned()));
+        }
+        config.validate()?;
+        let resource = Arc::new(Resource {
+            id: id.to_owned(),
+            key: keys::resource_key(id),
+            spec: LimitSpec::new(&config.limits, config.lease_ttl),
+            config,
+            kind,
+            counters: Counters::default(),
+            slot_freed: tokio::sync::Notify::new(),
+        });
+        let _guard = self
+            .inner
+            .register
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut map = HashMap::clone(&self.inner.resources.load());
+        map.insert(id.to_owned(), resource);
+        self.inner.resources.store(Arc::new(map));
+        Ok(())
+    }
+
+    pub(crate) fn resource(&self, id: &str) -> Result<Arc<Resource>, BrokerError> {
+        self.inner
+            .resources
+            .load()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownResource(id.to_owned()))
+    }
+
+    /// The limits a resource was registered with.
+    pub fn limits(&self, resource: &str) -> Result<Limits, BrokerError> {
+        Ok(self.resource(resource)?.config.limits.clone())
+    }
+}
+
+fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
+    key.map(|k| keys::keyed(&resource.id, k))
+}
+
+/// # Check + reject
+impl ResourceBroker {
+    /// Answers at once: takes `cost` (and a concurrency slot) if available,
+    /// else says how long until it would fit. Nothing is consumed when
+    /// denied.
+    pub async fn try_acquire<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        cost: Cost,
+    ) -> Result<Acquisition, BrokerError> {
+        let target = target.into();
+        let guard = self.inner.resources.load();
+        let resource = guard
+            .get(target.resource)
+            .ok_or_else(|| BrokerError::UnknownResource(target.resource.to_owned()))?;
+        resource.config.limits.check_fits(&resource.id, cost)?;
+        let owned_key = state_key(resource, target.key);
+        let key = owned_key.as_deref().unwrap_or(&resource.key);
+        let backend = &self.inner.backend;
+        let decision = match backend.try_acquire_now(key, &resource.spec, cost) {
+            Some(d) => d,
+            None => backend.try_acquire(key, &resource.spec, cost).await,
+        };
+        let decision = decision.inspect_err(|e| note_backend_error(resource, "try_acquire", e))?;
+        Ok(self.answer(resource, owned_key, decision))
+    }
+
+    fn answer(&self, resource: &Arc<Resource>, key: Option<String>, d: Decision) -> Acquisition {
+        if !d.allowed {
+            bump(&resource.counters.denied);
+            return Acquisition {
+                allowed: false,
+                wait_time: Duration::from_micros(d.wait),
+                denied_by: d.denied_by,
+                permit: Permit::empty(),
+            };
+        }
+        bump(&resource.counters.allowed);
+        let permit = match d.lease {
+            Some(lease) => Permit::held(
+                self.inner.backend.clone(),
+                resource.clone(),
+                key,
+                lease,
+                true,
+            ),
+            None => Permit::empty(),
+        };
+        Acquisition {
+            allowed: true,
+            wait_time: Duration::ZERO,
+            denied_by: None,
+            permit,
+        }
+    }
+
+    /// Waits up to `max_wait` for `cost`, then answers: the cost is booked
+    /// if it fits within `max_wait` (so waiters are spaced in order), else
+    /// denied at once with the wait time, booking nothing.
+    pub async fn acquire<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Acquisition, BrokerError> {
+        let target = target.into();
+        let resource = self.resource(target.resource)?;
+        resource.config.limits.check_fits(&resource.id, cost)?;
+        let owned_key = state_key(&resource, target.key);
+        let key = owned_key.as_deref().unwrap_or(&resource.key).to_owned();
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let booking = match enqueue::Booking::book(self, &resource, key, cost, max_wait).await? {
+            Ok(booking) => booking,
+            Err(wait) => {
+                bump(&resource.counters.denied);
+                return Ok(Acquisition {
+                    allowed: false,
+                    wait_time: Duration::from_micros(wait),
+                    denied_by: Some(crate::state::DenyReason::Rate),
+                    permit: Permit::empty(),
+                });
+            }
+        };
+        booking.sleep_until_due().await;
+        let lease = match enqueue::wait_slot(self, &resource, booking.key(), deadline).await? {
+            enqueue::SlotOutcome::Unlimited => None,
+            enqueue::SlotOutcome::Held(lease) => Some(lease),
+            enqueue::SlotOutcome::TimedOut => {
+                bump(&resource.counters.denied);
+                return Ok(Acquisition {
+                    allowed: false,
+                    wait_time: Duration::ZERO,
+                    denied_by: Some(crate::state::DenyReason::Concurrency),
+                    permit: Permit::empty(),
+                });
+            }
+        };
+        booking.consume();
+        Ok(self.answer(&resource, owned_key, Decision::allow(lease)))
+    }
+}
+
+/// # Upstream feedback
+impl ResourceBroker {
+    /// `penalize`: after a real upstream 429, drain the resource's buckets
+    /// and hold them for `hold`. Never shortens a longer penalty.
+    pub async fn penalize<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        hold: Duration,
+    ) -> Result<(), BrokerError> {
+        let target = target.into();
+        let resource = self.resource(target.resource)?;
+        let owned = state_key(&resource, target.key);
+        let key = owned.as_deref().unwrap_or(&resource.key);
+        self.inner
+            .backend
+            .penalize(key, &resource.spec, hold)
+            .await
+            .inspect_err(|e| note_backend_error(&resource, "penalize", e))?;
+        Ok(())
+    }
+
+    /// `reconcile`: narrow the resource's buckets to what the upstream's
+    /// headers say remains. Skipped without a backend call when nothing is
+    /// narrower than the configured capacity.
+    pub async fn reconcile<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        observed: &ObservedLimit,
+    ) -> Result<(), BrokerError> {
+        let target = target.into();
+        let resource = self.resource(target.resource)?;
+        if resource.spec.reconcile_is_noop(observed) {
+            return Ok(());
+        }
+        let owned = state_key(&resource, target.key);
+        let key = owned.as_deref().unwrap_or(&resource.key);
+        self.inner
+            .backend
+            .reconcile(key, &resource.spec, observed)
+            .await
+            .inspect_err(|e| note_backend_error(&resource, "reconcile", e))?;
+        Ok(())
+    }
+
+    /// `settle`: correct a charge after the work, from `reserved` to
+    /// `actual` (refund or charge the difference).
+    pub async fn settle<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<(), BrokerError> {
+        let target = target.into();
+        let resource = self.resource(target.resource)?;
+        let owned = state_key(&resource, target.key);
+        let key = owned.as_deref().unwrap_or(&resource.key);
+        self.inner
+            .backend
+            .settle(key, &resource.spec, reserved, actual)
+            .await
+            .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
+        Ok(())
+    }
+}
+
+/// # Observability
+impl ResourceBroker {
+    /// Counters of every resource.
+    pub fn stats(&self) -> BrokerStats {
+        let resources = self
+            .inner
+            .resources
+            .load()
+            .values()
+            .map(|r| (r.id.clone(), r.counters.snapshot(r.kind)))
+            .collect();
+        BrokerStats { resources }
+    }
+}

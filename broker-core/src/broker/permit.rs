@@ -1,0 +1,122 @@
+//! The answer of `try_acquire` / `acquire`, and the [`Permit`] that holds a
+//! concurrency slot until it is released or dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Resource;
+use crate::backend::Backend;
+use crate::state::{DenyReason, LeaseId};
+use crate::stats::{bump, drop_one};
+
+/// The answer of [`crate::ResourceBroker::try_acquire`] and
+/// [`crate::ResourceBroker::acquire`].
+#[derive(Debug)]
+#[must_use = "dropping the acquisition releases its permit at once"]
+pub struct Acquisition {
+    /// Whether the cost was granted.
+    pub allowed: bool,
+    /// When denied by rate: how long until it would fit.
+    pub wait_time: Duration,
+    /// Why it was denied.
+    pub denied_by: Option<DenyReason>,
+    /// Holds the concurrency slot, if the resource has a concurrency limit.
+    /// Release it (or drop it) when the work is done. A no-op when denied.
+    pub permit: Permit,
+}
+
+/// A held concurrency slot. [`Permit::release`] is idempotent, and dropping
+/// the permit releases it. Permits of resources without a concurrency limit
+/// and of denied acquisitions hold nothing.
+#[derive(Debug, Default)]
+#[must_use = "dropping a permit releases it at once"]
+pub struct Permit {
+    held: Option<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    backend: Arc<dyn Backend>,
+    resource: Arc<Resource>,
+    key: Option<String>,
+    lease: LeaseId,
+    counted: bool,
+}
+
+impl std::fmt::Debug for dyn Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Backend")
+    }
+}
+
+impl Permit {
+    /// A permit that holds nothing.
+    pub fn empty() -> Self {
+        Self { held: None }
+    }
+
+    pub(crate) fn held(
+        backend: Arc<dyn Backend>,
+        resource: Arc<Resource>,
+        key: Option<String>,
+        lease: LeaseId,
+        counted: bool,
+    ) -> Self {
+        if counted {
+            bump(&resource.counters.in_flight);
+        }
+        Self {
+            held: Some(Held {
+                backend,
+                resource,
+                key,
+                lease,
+                counted,
+            }),
+        }
+    }
+
+    /// Whether this permit holds a slot.
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Releases the slot. Idempotent; a no-op on an empty permit.
+    ///
+    /// On an in-memory backend this is immediate. On a remote backend the
+    /// release is sent on the current tokio runtime; without one, the lease
+    /// expires after the resource's `lease_ttl`.
+    pub fn release(&mut self) {
+        let Some(h) = self.held.take() else { return };
+        if h.counted {
+            drop_one(&h.resource.counters.in_flight);
+        }
+        let key = h.key.unwrap_or_else(|| h.resource.key.clone());
+        let resource = h.resource;
+        match h.backend.release_now(&key, h.lease) {
+            Some(result) => {
+                if let Err(e) = result {
+                    super::note_backend_error(&resource, "release", &e);
+                }
+                resource.slot_freed.notify_waiters();
+            }
+            None => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let backend = h.backend;
+                    rt.spawn(async move {
+                        if let Err(e) = backend.release(&key, h.lease).await {
+                            super::note_backend_error(&resource, "release", &e);
+                        }
+                        resource.slot_freed.notify_waiters();
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

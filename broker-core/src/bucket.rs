@@ -1,0 +1,263 @@
+//! The token bucket, one limit: the reference implementation of every
+//! transition as a pure function of `(state, params, now)`.
+//!
+//! A bucket holds `tokens` (fractional, negative while reservations are
+//! booked ahead), `ts` (the time `tokens` was last brought up to date) and
+//! `nb` (not-before: nothing is handed out before it, even if refilled).
+//! Time is in microseconds. A `now` earlier than `ts` is clamped to `ts`, so
+//! time never runs backwards inside a bucket.
+//!
+//! The Redis backend's Lua scripts mirror these functions line by line; the
+//! conformance suite checks that both agree.
+
+use crate::clock::Micros;
+
+/// Static parameters of one bucket: `amount` tokens per `period` µs, at most
+/// `capacity` tokens held. All three are exact integers stored as `f64`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketParams {
+    /// Maximum tokens held (the burst).
+    pub capacity: f64,
+    /// Tokens refilled per `period`.
+    pub amount: f64,
+    /// Refill period in microseconds.
+    pub period: f64,
+}
+
+/// Mutable state of one bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    /// Tokens available at `ts`; negative when reservations are booked ahead.
+    pub tokens: f64,
+    /// When `tokens` was last brought up to date.
+    pub ts: Micros,
+    /// Not-before: no token is handed out before this time.
+    pub nb: Micros,
+}
+
+impl BucketState {
+    /// A full bucket as of `now`.
+    pub fn fresh(params: &BucketParams, now: Micros) -> Self {
+        Self {
+            tokens: params.capacity,
+            ts: now,
+            nb: 0,
+        }
+    }
+}
+
+/// Refills `state` to `now` (clamped to `state.ts`), capped at capacity.
+pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
+    if now <= state.ts {
+        return state;
+    }
+    let gained = (now - state.ts) as f64 * params.amount / params.period;
+    BucketState {
+        tokens: (state.tokens + gained).min(params.capacity),
+        ts: now,
+        nb: state.nb,
+    }
+}
+
+/// How long after `now` until `cost` tokens are available and `nb` has
+/// passed, for a state already refilled to `now`. Rounded up to whole µs.
+pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
+    let deficit = cost - state.tokens;
+    let rate_wait = if deficit > 0.0 {
+        (deficit * params.period / params.amount).ceil() as Micros
+    } else {
+        0
+    };
+    rate_wait.max(state.nb.saturating_sub(now))
+}
+
+/// `try`: takes `cost` if it is available now; otherwise leaves the tokens
+/// and reports the wait. Returns `(new state, wait)`; `wait == 0` means taken.
+pub fn try_take(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    cost: f64,
+) -> (BucketState, Micros) {
+    let now = now.max(state.ts);
+    let mut s = refill(state, params, now);
+    let wait = wait_for(&s, params, now, cost);
+    if wait == 0 {
+        s.tokens -= cost;
+    }
+    (s, wait)
+}
+
+/// `reserve`: books `cost` at the earliest time it fits, if that is within
+/// `max_wait`. Returns `(new state, wait, booked)`. Booking drives `tokens`
+/// negative, so the next reservation is spaced after this one.
+pub fn reserve(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    cost: f64,
+    max_wait: Micros,
+) -> (BucketState, Micros, bool) {
+    let now = now.max(state.ts);
+    let mut s = refill(state, params, now);
+    let wait = wait_for(&s, params, now, cost);
+    let booked = wait <= max_wait;
+    if booked {
+        s.tokens -= cost;
+    }
+    (s, wait, booked)
+}
+
+/// `settle`: corrects a charge after the work. `delta = reserved - actual`:
+/// positive refunds (capped at capacity), negative charges the difference.
+pub fn settle(state: BucketState, params: &BucketParams, now: Micros, delta: f64) -> BucketState {
+    let now = now.max(state.ts);
+    let mut s = refill(state, params, now);
+    s.tokens = (s.tokens + delta).min(params.capacity);
+    s
+}
+
+/// `penalize`: after a real upstream 429. Drains the bucket to zero (keeping
+/// any booked debt) and moves `nb` to `until` unless it is already later:
+/// a penalty is never shortened.
+pub fn penalize(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    until: Micros,
+) -> BucketState {
+    let now = now.max(state.ts);
+    let mut s = refill(state, params, now);
+    s.tokens = s.tokens.min(0.0);
+    s.nb = s.nb.max(until);
+    s
+}
+
+/// `reconcile`: narrows the bucket to what the upstream says remains.
+/// Never widens: `tokens = min(tokens, remaining)`. `remaining == 0` also
+/// holds the bucket until `reset_at` (monotone like [`penalize`]).
+pub fn reconcile(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    remaining: f64,
+    reset_at: Option<Micros>,
+) -> BucketState {
+    let now = now.max(state.ts);
+    let mut s = refill(state, params, now);
+    s.tokens = s.tokens.min(remaining);
+    if remaining <= 0.0 {
+        if let Some(at) = reset_at {
+            s.nb = s.nb.max(at);
+        }
+    }
+    s
+}
+
+/// Whether the bucket, refilled to `now`, is indistinguishable from a fresh
+/// one (full and not held): such a state can be dropped without loss.
+pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
+    let s = refill(*state, params, now.max(state.ts));
+    s.tokens >= params.capacity && s.nb <= now
+}
+
+/// How long the state must be kept: until it is full again and `nb` has
+/// passed. After that, dropping it equals a fresh bucket.
+pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
+    let now = now.max(state.ts);
+    let s = refill(*state, params, now);
+    let to_full = wait_for(&s, params, now, params.capacity);
+    to_full.max(s.nb.saturating_sub(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: BucketParams = BucketParams {
+        capacity: 3.0,
+        amount: 2.0,
+        period: 1_000_000.0,
+    };
+
+    #[test]
+    fn refill_is_capped_and_clamped() {
+        let s = BucketState {
+            tokens: 0.0,
+            ts: 1_000_000,
+            nb: 0,
+        };
+        assert_eq!(refill(s, &P, 1_500_000).tokens, 1.0);
+        assert_eq!(refill(s, &P, 9_000_000).tokens, 3.0);
+        assert_eq!(refill(s, &P, 10), s, "an earlier now changes nothing");
+    }
+
+    #[test]
+    fn reserve_spaces_waiters_by_one_token() {
+        let mut s = BucketState::fresh(&P, 0);
+        let mut waits = vec![];
+        for _ in 0..8 {
+            let (n, w, booked) = reserve(s, &P, 0, 1.0, u64::MAX);
+            assert!(booked);
+            s = n;
+            waits.push(w);
+        }
+        assert_eq!(
+            waits,
+            [0, 0, 0, 500_000, 1_000_000, 1_500_000, 2_000_000, 2_500_000]
+        );
+    }
+
+    #[test]
+    fn reserve_beyond_max_wait_books_nothing() {
+        let s = BucketState {
+            tokens: 0.0,
+            ts: 0,
+            nb: 0,
+        };
+        let (n, w, booked) = reserve(s, &P, 0, 1.0, 100_000);
+        assert!(!booked);
+        assert_eq!(w, 500_000);
+        assert_eq!(n.tokens, 0.0);
+    }
+
+    #[test]
+    fn penalty_is_never_shortened() {
+        let s = BucketState::fresh(&P, 0);
+        let long = penalize(s, &P, 0, 10_000_000);
+        let short = penalize(long, &P, 1, 2_000_000);
+        assert_eq!(short.nb, 10_000_000);
+        assert_eq!(short.tokens, 0.0);
+    }
+
+    #[test]
+    fn reconcile_never_widens() {
+        let s = BucketState {
+            tokens: 1.0,
+            ts: 0,
+            nb: 0,
+        };
+        assert_eq!(reconcile(s, &P, 0, 2.0, None).tokens, 1.0);
+        assert_eq!(reconcile(s, &P, 0, 0.5, None).tokens, 0.5);
+        let held = reconcile(s, &P, 0, 0.0, Some(7_000_000));
+        assert_eq!((held.tokens, held.nb), (0.0, 7_000_000));
+    }
+
+    #[test]
+    fn idle_only_when_full_and_unheld() {
+        let s = BucketState {
+            tokens: 2.0,
+            ts: 0,
+            nb: 0,
+        };
+        assert!(!is_idle(&s, &P, 0));
+        assert!(is_idle(&s, &P, 500_000));
+        let held = BucketState {
+            tokens: 3.0,
+            ts: 0,
+            nb: 5_000_000,
+        };
+        assert!(!is_idle(&held, &P, 1_000_000));
+        assert_eq!(ttl(&held, &P, 1_000_000), 4_000_000);
+    }
+}

@@ -1,0 +1,252 @@
+//! Configuration shapes and loading: limits with the shorthands of the
+//! `pressure` config (`requestsPerSecond`, `requestsPerMinute`,
+//! `tokensPerMinute`, `maxConcurrentRequests`) or explicit `rates`, and
+//! per-resource settings. JSON, YAML and TOML load into the same types;
+//! errors name the source, the path inside it and what is wrong.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+use crate::limits::{Limits, RateLimit, Unit};
+
+/// The serialized form of [`Limits`].
+///
+/// ```
+/// use broker_core::Limits;
+/// let limits: Limits = serde_json::from_str(
+///     r#"{"requestsPerSecond": 100, "maxConcurrentRequests": 200}"#).unwrap();
+/// assert_eq!(limits.rates[0].amount, 100);
+/// assert_eq!(limits.max_concurrent, Some(200));
+/// let err = serde_json::from_str::<Limits>(r#"{"requestsPerSecond": 0}"#).unwrap_err();
+/// assert!(err.to_string().contains("requestsPerSecond"));
+/// ```
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Shorthand: this many requests per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<u64>,
+    /// Shorthand: this many requests per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    /// Shorthand: this many tokens per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// At most this many in flight at once.
+    #[serde(
+        default,
+        alias = "maxConcurrent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_concurrent_requests: Option<u32>,
+    /// Explicit rate limits, in addition to the shorthands.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rates: Vec<RateLimit>,
+}
+
+impl TryFrom<LimitsConfig> for Limits {
+    type Error = ConfigError;
+
+    fn try_from(c: LimitsConfig) -> Result<Self, ConfigError> {
+        let mut rates = Vec::new();
+        let shorthands = [
+            (
+                "requestsPerSecond",
+                c.requests_per_second,
+                1,
+                Unit::Requests,
+            ),
+            (
+                "requestsPerMinute",
+                c.requests_per_minute,
+                60,
+                Unit::Requests,
+            ),
+            ("tokensPerMinute", c.tokens_per_minute, 60, Unit::Tokens),
+        ];
+        for (field, amount, secs, unit) in shorthands {
+            let Some(amount) = amount else { continue };
+            let rate = RateLimit::per(amount, Duration::from_secs(secs)).unit(unit);
+            rate.validate(field).map_err(|_| ConfigError::NotPositive {
+                field: field.into(),
+                value: amount.to_string(),
+            })?;
+            rates.push(rate);
+        }
+        if c.max_concurrent_requests == Some(0) {
+            return Err(ConfigError::NotPositive {
+                field: "maxConcurrentRequests".into(),
+                value: "0".into(),
+            });
+        }
+        rates.extend(c.rates);
+        let limits = Limits {
+            rates,
+            max_concurrent: c.max_concurrent_requests,
+        };
+        limits.validate()?;
+        Ok(limits)
+    }
+}
+
+impl From<Limits> for LimitsConfig {
+    fn from(l: Limits) -> Self {
+        Self {
+            max_concurrent_requests: l.max_concurrent,
+            rates: l.rates,
+            ..Self::default()
+        }
+    }
+}
+
+/// Settings of a resource used with `enqueue` (and `try_acquire`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceConfig {
+    /// The limits.
+    pub limits: Limits,
+    /// At most this many `enqueue` calls waiting at once; more get
+    /// `QueueFull` at once.
+    #[serde(default = "default_queue_capacity")]
+    pub queue_capacity: usize,
+    /// A concurrency lease not released within this time expires (its
+    /// holder died).
+    #[serde(default = "default_lease_ttl", with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How `enqueue` retries.
+    #[serde(default)]
+    pub retry: crate::retry::RetryPolicy,
+}
+
+fn default_queue_capacity() -> usize {
+    1024
+}
+
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(60)
+}
+
+impl ResourceConfig {
+    /// A config with these limits and default queue, lease and retry settings.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            queue_capacity: default_queue_capacity(),
+            lease_ttl: default_lease_ttl(),
+            retry: Default::default(),
+        }
+    }
+
+    /// Sets the queue capacity.
+    pub fn queue_capacity(mut self, n: usize) -> Self {
+        self.queue_capacity = n;
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn retry(mut self, retry: crate::retry::RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Checks the limits and settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.limits.validate()?;
+        if self.queue_capacity == 0 {
+            return Err(ConfigError::NotPositive {
+                field: "queueCapacity".into(),
+                value: "0".into(),
+            });
+        }
+        if self.lease_ttl.is_zero() {
+            return Err(ConfigError::NotPositive {
+                field: "leaseTtl".into(),
+                value: "0s".into(),
+            });
+        }
+        self.retry.validate()
+    }
+}
+
+/// The document formats [`parse`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+    /// TOML.
+    Toml,
+}
+
+impl Format {
+    /// The format implied by a file name's extension (JSON otherwise).
+    pub fn from_path(path: &str) -> Self {
+        if path.ends_with(".yaml") || path.ends_with(".yml") {
+            Format::Yaml
+        } else if path.ends_with(".toml") {
+            Format::Toml
+        } else {
+            Format::Json
+        }
+    }
+}
+
+/// Parses `text` (named `source_name` in errors) into `T`. Errors carry the
+/// path inside the document, e.g. `pressure.perRoute[1].limits.requestsPerSecond`.
+///
+/// ```
+/// use broker_core::config::{parse, Format};
+/// use broker_core::Limits;
+/// let err = parse::<Limits>("limits.json", r#"{"rates":[{"amount":5,"period":"1s","burst":0}]}"#, Format::Json)
+///     .unwrap_err();
+/// assert!(err.to_string().starts_with("limits.json: "), "{err}");
+/// assert!(err.to_string().contains("burst"), "{err}");
+/// ```
+pub fn parse<T: DeserializeOwned>(
+    source_name: &str,
+    text: &str,
+    format: Format,
+) -> Result<T, ConfigError> {
+    let fail = |message: String| ConfigError::Parse {
+        source_name: source_name.to_owned(),
+        message,
+    };
+    let located = |path: String, inner: String| {
+        if path.is_empty() || path == "." {
+            inner
+        } else {
+            format!("at {path}: {inner}")
+        }
+    };
+    match format {
+        Format::Json => {
+            let de = &mut serde_json::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de)
+                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
+        }
+        Format::Yaml => {
+            let de = serde_norway::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de)
+                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
+        }
+        Format::Toml => {
+            let de = toml::Deserializer::new(text);
+            serde_path_to_error::deserialize(de)
+                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
+        }
+    }
+}
+
+/// Reads and parses a config file; the format comes from its extension.
+pub fn load<T: DeserializeOwned>(path: &std::path::Path) -> Result<T, ConfigError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Parse {
+        source_name: name.clone(),
+        message: e.to_string(),
+    })?;
+    parse(&name, &text, Format::from_path(&name))
+}

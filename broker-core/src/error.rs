@@ -1,0 +1,109 @@
+//! Error types: configuration errors, backend errors and the errors a caller
+//! of the broker can see.
+
+use std::time::Duration;
+
+/// A configuration that cannot be used. The message names the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// A numeric field that must be positive was zero or negative.
+    #[error("{field}: must be greater than zero (got {value})")]
+    NotPositive {
+        /// Path of the field, e.g. `rates[0].amount`.
+        field: String,
+        /// The value as written.
+        value: String,
+    },
+    /// A value outside its allowed range or of the wrong shape.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// Path of the field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The resource id is empty or too long.
+    #[error("resource id {0:?} is invalid: it must be 1..=256 bytes")]
+    BadResourceId(String),
+    /// The file or document could not be parsed.
+    #[error("{source_name}: {message}")]
+    Parse {
+        /// File name (or "<inline>").
+        source_name: String,
+        /// The parser's message, which names the path inside the document.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// Shorthand for [`ConfigError::Invalid`].
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A state store failed (Redis unreachable, script error, ...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("backend error: {message}")]
+pub struct BackendError {
+    /// What went wrong, as reported by the store.
+    pub message: String,
+}
+
+impl BackendError {
+    /// A backend error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// Errors from the [`crate::ResourceBroker`] facade.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BrokerError {
+    /// No resource was registered under this id.
+    #[error("unknown resource {0:?}: register it first")]
+    UnknownResource(String),
+    /// The cost is larger than a limit's burst: it can never fit.
+    #[error(
+        "cost {cost} {unit} on resource {resource:?} can never fit: the limit's burst is {burst}"
+    )]
+    CostNeverFits {
+        /// Resource id.
+        resource: String,
+        /// The cost asked for, in `unit`.
+        cost: u64,
+        /// `requests` or `tokens`.
+        unit: &'static str,
+        /// The burst of the limit it exceeds.
+        burst: u64,
+    },
+    /// The resource's queue is full.
+    #[error("queue of resource {resource:?} is full ({capacity} waiting)")]
+    QueueFull {
+        /// Resource id.
+        resource: String,
+        /// The configured queue capacity.
+        capacity: usize,
+    },
+    /// The wait for a slot is longer than the wait ceiling.
+    #[error("resource {resource:?}: next slot in {wait:?}, beyond the wait ceiling {ceiling:?}")]
+    WaitTooLong {
+        /// Resource id.
+        resource: String,
+        /// How long the wait would be.
+        wait: Duration,
+        /// The ceiling it exceeds.
+        ceiling: Duration,
+    },
+    /// The backend failed and the failure policy did not cover it.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A configuration error.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}

@@ -1,0 +1,264 @@
+//! Limits of a resource and the cost of one acquisition.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::BucketParams;
+use crate::clock::micros;
+use crate::error::{BrokerError, ConfigError};
+
+/// What a rate limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    /// Requests (calls): every acquisition costs [`Cost::requests`] of these.
+    #[default]
+    Requests,
+    /// Tokens (e.g. LLM tokens): every acquisition costs [`Cost::tokens`].
+    Tokens,
+}
+
+impl Unit {
+    /// `"requests"` or `"tokens"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Requests => "requests",
+            Unit::Tokens => "tokens",
+        }
+    }
+}
+
+/// `amount` per `period`, with at most `burst` at once, counting `unit`.
+///
+/// ```
+/// use broker_core::{RateLimit, Unit};
+/// use std::time::Duration;
+/// let rpm = RateLimit::per(60, Duration::from_secs(60)).with_burst(10);
+/// assert_eq!(rpm.burst(), 10);
+/// assert_eq!(RateLimit::per(90_000, Duration::from_secs(60)).unit(Unit::Tokens).burst(), 90_000);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RateLimit {
+    /// How many units are refilled per `period`.
+    pub amount: u64,
+    /// The refill period.
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+    /// Bucket capacity; `None` means `amount`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// What is counted.
+    #[serde(default)]
+    pub unit: Unit,
+}
+
+impl RateLimit {
+    /// `amount` requests per `period`, burst `amount`.
+    pub fn per(amount: u64, period: Duration) -> Self {
+        Self {
+            amount,
+            period,
+            burst: None,
+            unit: Unit::Requests,
+        }
+    }
+
+    /// `amount` requests per second.
+    pub fn per_second(amount: u64) -> Self {
+        Self::per(amount, Duration::from_secs(1))
+    }
+
+    /// `amount` requests per minute.
+    pub fn per_minute(amount: u64) -> Self {
+        Self::per(amount, Duration::from_secs(60))
+    }
+
+    /// Sets the bucket capacity.
+    pub fn with_burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Sets the unit counted.
+    pub fn unit(mut self, unit: Unit) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    /// The bucket capacity.
+    pub fn burst(&self) -> u64 {
+        self.burst.unwrap_or(self.amount)
+    }
+
+    /// Checks amount, period and burst; `field` is the path for messages.
+    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        if self.amount == 0 {
+            return Err(ConfigError::NotPositive {
+                field: format!("{field}.amount"),
+                value: "0".into(),
+            });
+        }
+        if micros(self.period) == 0 {
+            return Err(ConfigError::NotPositive {
+                field: format!("{field}.period"),
+                value: format!("{:?}", self.period),
+            });
+        }
+        if self.burst == Some(0) {
+            return Err(ConfigError::NotPositive {
+                field: format!("{field}.burst"),
+                value: "0".into(),
+            });
+        }
+        if self.amount > MAX_AMOUNT || self.burst() > MAX_AMOUNT {
+            return Err(ConfigError::invalid(
+                field,
+                format!("amount and burst must be at most {MAX_AMOUNT}"),
+            ));
+        }
+        if self.period > MAX_PERIOD {
+            return Err(ConfigError::invalid(
+                format!("{field}.period"),
+                "must be at most 366 days",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bucket parameters this limit compiles to.
+    pub fn params(&self) -> BucketParams {
+        BucketParams {
+            capacity: self.burst() as f64,
+            amount: self.amount as f64,
+            period: micros(self.period) as f64,
+        }
+    }
+}
+
+/// Largest amount or burst accepted (keeps all bucket arithmetic exact in f64).
+pub const MAX_AMOUNT: u64 = 1 << 40;
+/// Longest period accepted.
+pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// All limits of one resource: any number of rate limits and an optional
+/// concurrency limit. An acquisition passes all of them or consumes nothing.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(
+    try_from = "crate::config::LimitsConfig",
+    into = "crate::config::LimitsConfig"
+)]
+pub struct Limits {
+    /// Rate limits; all must pass.
+    pub rates: Vec<RateLimit>,
+    /// At most this many permits held at once.
+    pub max_concurrent: Option<u32>,
+}
+
+impl Limits {
+    /// No limits (everything passes).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a rate limit.
+    pub fn rate(mut self, rate: RateLimit) -> Self {
+        self.rates.push(rate);
+        self
+    }
+
+    /// Sets the concurrency limit.
+    pub fn max_concurrent(mut self, n: u32) -> Self {
+        self.max_concurrent = Some(n);
+        self
+    }
+
+    /// Checks every limit.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, r) in self.rates.iter().enumerate() {
+            r.validate(&format!("rates[{i}]"))?;
+        }
+        if self.max_concurrent == Some(0) {
+            return Err(ConfigError::NotPositive {
+                field: "maxConcurrent".into(),
+                value: "0".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The longest period among the rate limits (zero when there are none).
+    pub fn longest_period(&self) -> Duration {
+        self.rates
+            .iter()
+            .map(|r| r.period)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Checks that `cost` can ever be granted: no part larger than a burst.
+    pub fn check_fits(&self, resource: &str, cost: Cost) -> Result<(), BrokerError> {
+        for r in &self.rates {
+            let c = cost.of(r.unit);
+            if c > r.burst() {
+                return Err(BrokerError::CostNeverFits {
+                    resource: resource.to_owned(),
+                    cost: c,
+                    unit: r.unit.as_str(),
+                    burst: r.burst(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one acquisition costs: requests (default 1) and tokens (default 0).
+///
+/// ```
+/// use broker_core::Cost;
+/// assert_eq!(Cost::default(), Cost::requests(1));
+/// assert_eq!(Cost::tokens(500).requests, 1);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Cost {
+    /// Requests counted against `requests` limits.
+    pub requests: u64,
+    /// Tokens counted against `tokens` limits.
+    pub tokens: u64,
+}
+
+impl Default for Cost {
+    fn default() -> Self {
+        Self {
+            requests: 1,
+            tokens: 0,
+        }
+    }
+}
+
+impl Cost {
+    /// `n` requests, no tokens.
+    pub fn requests(n: u64) -> Self {
+        Self {
+            requests: n,
+            tokens: 0,
+        }
+    }
+
+    /// One request carrying `n` tokens.
+    pub fn tokens(n: u64) -> Self {
+        Self {
+            requests: 1,
+            tokens: n,
+        }
+    }
+
+    /// The part of this cost counted in `unit`.
+    pub fn of(&self, unit: Unit) -> u64 {
+        match unit {
+            Unit::Requests => self.requests,
+            Unit::Tokens => self.tokens,
+        }
+    }
+}

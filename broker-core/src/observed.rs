@@ -1,0 +1,43 @@
+//! What an upstream said about its own limit, read from response headers.
+
+use std::time::Duration;
+
+use crate::limits::Unit;
+
+/// One upstream counter as reported in headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Observed {
+    /// The upstream's limit (`X-Ratelimit-Limit`), if given.
+    pub limit: Option<u64>,
+    /// What remains in the upstream's window.
+    pub remaining: Option<u64>,
+    /// Time until the upstream's window resets.
+    pub reset: Option<Duration>,
+}
+
+/// Everything read from one upstream response: a request counter, a token
+/// counter (OpenAI-style), and `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ObservedLimit {
+    /// The request counter (`X-Ratelimit-*`, `RateLimit`, `...-requests`).
+    pub requests: Option<Observed>,
+    /// The token counter (`x-ratelimit-remaining-tokens`, ...).
+    pub tokens: Option<Observed>,
+    /// `Retry-After` (or `X-Ratelimit-Retry`).
+    pub retry_after: Option<Duration>,
+}
+
+impl ObservedLimit {
+    /// The counter for `unit`.
+    pub fn of(&self, unit: Unit) -> Option<&Observed> {
+        match unit {
+            Unit::Requests => self.requests.as_ref(),
+            Unit::Tokens => self.tokens.as_ref(),
+        }
+    }
+
+    /// True when nothing was observed.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_none() && self.tokens.is_none() && self.retry_after.is_none()
+    }
+}

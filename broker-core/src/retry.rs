@@ -1,0 +1,260 @@
+//! Outcomes of upstream work and the retry policy `enqueue` applies to them.
+//!
+//! One rule decides for every level: [`OutcomeClass::is_retryable`]. The
+//! pauses are:
+//! - rate limited (429): `min(max(retry_after, refill_one_token, exponential), ceiling)`
+//! - transient (5xx, network): full-jitter exponential, at most the ceiling
+//! - fatal (401/403/404/400): no retry.
+//!
+//! One ceiling, `max(configured, N × longest window + margin)`, bounds both
+//! the wait for a slot and every retry pause ([`RetryPolicy::ceiling`]).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+use crate::limits::{Cost, Limits, Unit};
+use crate::observed::ObservedLimit;
+
+/// What one attempt of the work reports back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome<T, E> {
+    /// Success. `usage` is the actual cost when known only afterwards (LLM
+    /// token usage), `observed` the upstream's rate-limit headers.
+    Ok {
+        /// The result.
+        value: T,
+        /// Actual cost, settled against the reserved one.
+        usage: Option<Cost>,
+        /// Rate-limit headers of the response, reconciled into the bucket.
+        observed: Option<ObservedLimit>,
+    },
+    /// The upstream answered 429 (or an equivalent).
+    RateLimited {
+        /// The upstream's error.
+        error: E,
+        /// `Retry-After`, if given.
+        retry_after: Option<Duration>,
+        /// Rate-limit headers of the response.
+        observed: Option<ObservedLimit>,
+    },
+    /// A 5xx or a network error: retry after a short backoff.
+    Transient(E),
+    /// 401/403/404, bad request: never retried.
+    Fatal(E),
+}
+
+impl<T, E> Outcome<T, E> {
+    /// Success with no usage or headers.
+    pub fn ok(value: T) -> Self {
+        Outcome::Ok {
+            value,
+            usage: None,
+            observed: None,
+        }
+    }
+
+    /// Success whose actual cost was `usage`.
+    pub fn ok_with_usage(value: T, usage: Cost) -> Self {
+        Outcome::Ok {
+            value,
+            usage: Some(usage),
+            observed: None,
+        }
+    }
+
+    /// A 429 with an optional `Retry-After`.
+    pub fn rate_limited(error: E, retry_after: Option<Duration>) -> Self {
+        Outcome::RateLimited {
+            error,
+            retry_after,
+            observed: None,
+        }
+    }
+
+    /// The class of this outcome.
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            Outcome::Ok { .. } => OutcomeClass::Ok,
+            Outcome::RateLimited { .. } => OutcomeClass::RateLimited,
+            Outcome::Transient(_) => OutcomeClass::Transient,
+            Outcome::Fatal(_) => OutcomeClass::Fatal,
+        }
+    }
+}
+
+/// The class of an [`Outcome`] (or of an HTTP status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeClass {
+    /// Success.
+    Ok,
+    /// 429.
+    RateLimited,
+    /// 5xx, timeouts, connection errors.
+    Transient,
+    /// Everything that a retry cannot fix.
+    Fatal,
+}
+
+impl OutcomeClass {
+    /// The one retry rule: rate limits and transient failures are retried.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, OutcomeClass::RateLimited | OutcomeClass::Transient)
+    }
+
+    /// Classifies an HTTP status: 2xx/3xx ok, 429 rate limited, 408 and 5xx
+    /// transient, any other 4xx fatal.
+    pub fn from_status(status: u16) -> Self {
+        match status {
+            429 => OutcomeClass::RateLimited,
+            408 | 500..=599 => OutcomeClass::Transient,
+            400..=499 => OutcomeClass::Fatal,
+            _ => OutcomeClass::Ok,
+        }
+    }
+}
+
+/// How `enqueue` retries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Total attempts allowed (the retry budget), at least 1.
+    pub max_attempts: u32,
+    /// First step of the exponential backoff.
+    #[serde(with = "humantime_serde")]
+    pub base_backoff: Duration,
+    /// The configured wait ceiling (see [`RetryPolicy::ceiling`]).
+    #[serde(with = "humantime_serde")]
+    pub wait_ceiling: Duration,
+    /// N in `N × longest window + margin`.
+    pub ceiling_windows: u32,
+    /// The margin in `N × longest window + margin`.
+    #[serde(with = "humantime_serde")]
+    pub ceiling_margin: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            base_backoff: Duration::from_millis(100),
+            wait_ceiling: Duration::from_secs(60),
+            ceiling_windows: 2,
+            ceiling_margin: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Checks the policy.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_attempts == 0 {
+            return Err(ConfigError::NotPositive {
+                field: "retry.maxAttempts".into(),
+                value: "0".into(),
+            });
+        }
+        if self.base_backoff.is_zero() {
+            return Err(ConfigError::NotPositive {
+                field: "retry.baseBackoff".into(),
+                value: "0s".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The one wait ceiling: `max(wait_ceiling, N × longest window + margin)`.
+    /// It bounds the wait for a slot and every retry pause, so a retry can
+    /// always outwait one full window of the upstream.
+    ///
+    /// ```
+    /// use broker_core::{Limits, RateLimit, RetryPolicy};
+    /// use std::time::Duration;
+    /// let limits = Limits::new().rate(RateLimit::per_minute(60));
+    /// assert_eq!(RetryPolicy::default().ceiling(&limits), Duration::from_secs(121));
+    /// ```
+    pub fn ceiling(&self, limits: &Limits) -> Duration {
+        let windows = limits.longest_period().saturating_mul(self.ceiling_windows);
+        self.wait_ceiling
+            .max(windows.saturating_add(self.ceiling_margin))
+    }
+
+    /// Exponential step for `attempt` (1-based): `base × 2^(attempt-1)`.
+    pub fn exponential(&self, attempt: u32) -> Duration {
+        let shift = attempt.saturating_sub(1).min(30);
+        self.base_backoff.saturating_mul(1 << shift)
+    }
+
+    /// Pause after a 429 on `attempt`:
+    /// `min(max(retry_after, refill_one_token, exponential), ceiling)`.
+    pub fn rate_limited_pause(
+        &self,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        limits: &Limits,
+    ) -> Duration {
+        retry_after
+            .unwrap_or_default()
+            .max(refill_one_token(limits))
+            .max(self.exponential(attempt))
+            .min(self.ceiling(limits))
+    }
+
+    /// Pause after a transient failure on `attempt`: full jitter, a random
+    /// duration in `[0, min(exponential, ceiling)]`.
+    pub fn transient_pause(&self, attempt: u32, limits: &Limits) -> Duration {
+        use rand::Rng;
+        let cap = self.exponential(attempt).min(self.ceiling(limits));
+        let micros = u64::try_from(cap.as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(rand::thread_rng().gen_range(0..=micros))
+    }
+}
+
+/// Time to refill one request token in the slowest request-rate limit.
+pub fn refill_one_token(limits: &Limits) -> Duration {
+    limits
+        .rates
+        .iter()
+        .filter(|r| r.unit == Unit::Requests)
+        .map(|r| r.period / u32::try_from(r.amount).unwrap_or(u32::MAX).max(1))
+        .max()
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RateLimit;
+
+    #[test]
+    fn short_retry_after_is_raised_to_one_token() {
+        let limits = Limits::new().rate(RateLimit::per_minute(1));
+        let p = RetryPolicy::default();
+        let pause = p.rate_limited_pause(1, Some(Duration::from_secs(1)), &limits);
+        assert_eq!(pause, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn every_pause_is_bounded_by_the_ceiling() {
+        let limits = Limits::new().rate(RateLimit::per_second(10));
+        let p = RetryPolicy::default();
+        let ceiling = p.ceiling(&limits);
+        for attempt in 1..40 {
+            assert!(
+                p.rate_limited_pause(attempt, Some(Duration::from_secs(3600)), &limits) <= ceiling
+            );
+            assert!(p.transient_pause(attempt, &limits) <= ceiling);
+        }
+    }
+
+    #[test]
+    fn only_rate_limits_and_transients_retry() {
+        assert!(OutcomeClass::from_status(429).is_retryable());
+        assert!(OutcomeClass::from_status(503).is_retryable());
+        assert!(!OutcomeClass::from_status(401).is_retryable());
+        assert!(!OutcomeClass::from_status(404).is_retryable());
+        assert!(!OutcomeClass::from_status(200).is_retryable());
+    }
+}

@@ -1,0 +1,311 @@
+//! The state of one resource (all its buckets and concurrency leases) and
+//! the transitions over all limits at once: all limits pass or nothing is
+//! consumed. Pure functions; backends call them (memory) or mirror them (Lua).
+
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::{self, BucketParams, BucketState};
+use crate::clock::{micros, Micros};
+use crate::limits::{Cost, Limits, Unit};
+use crate::observed::ObservedLimit;
+
+/// Identifies one held concurrency slot.
+pub type LeaseId = u64;
+
+/// Limits compiled for the state machine: one bucket per rate limit, plus
+/// the concurrency limit and how long a lease lives if never released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitSpec {
+    /// One entry per rate limit, in the order of [`Limits::rates`].
+    pub buckets: Vec<(Unit, BucketParams)>,
+    /// At most this many leases at once.
+    pub max_concurrent: Option<u32>,
+    /// A lease not released within this time expires (its holder died).
+    pub lease_ttl: Micros,
+}
+
+impl LimitSpec {
+    /// Compiles validated limits.
+    pub fn new(limits: &Limits, lease_ttl: std::time::Duration) -> Self {
+        Self {
+            buckets: limits.rates.iter().map(|r| (r.unit, r.params())).collect(),
+            max_concurrent: limits.max_concurrent,
+            lease_ttl: micros(lease_ttl),
+        }
+    }
+
+    /// True if no observed counter is narrower than its bucket's capacity:
+    /// then [`reconcile`] would change nothing and the call can be skipped.
+    pub fn reconcile_is_noop(&self, observed: &ObservedLimit) -> bool {
+        self.buckets.iter().all(|(unit, p)| {
+            observed
+                .of(*unit)
+                .and_then(|o| o.remaining)
+                .is_none_or(|r| r as f64 >= p.capacity)
+        })
+    }
+}
+
+/// A held concurrency slot and when it expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The lease id.
+    pub id: LeaseId,
+    /// When it expires if not released.
+    pub expires: Micros,
+}
+
+/// The state of one resource key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceState {
+    /// One bucket per rate limit, aligned with [`LimitSpec::buckets`].
+    pub buckets: Vec<BucketState>,
+    /// Held concurrency slots.
+    pub leases: Vec<Lease>,
+}
+
+impl ResourceState {
+    /// Full buckets and no leases, as of `now`.
+    pub fn fresh(spec: &LimitSpec, now: Micros) -> Self {
+        Self {
+            buckets: spec
+                .buckets
+                .iter()
+                .map(|(_, p)| BucketState::fresh(p, now))
+                .collect(),
+            leases: Vec::new(),
+        }
+    }
+}
+
+/// Why an acquisition was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenyReason {
+    /// A rate limit has no tokens (or is held by `nb`).
+    Rate,
+    /// All concurrency slots are held.
+    Concurrency,
+}
+
+/// The answer of `try`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the cost was taken.
+    pub allowed: bool,
+    /// When denied by rate: how long until it would fit. Zero when allowed
+    /// or when denied by concurrency (a slot may free at any moment).
+    pub wait: Micros,
+    /// Why it was denied.
+    pub denied_by: Option<DenyReason>,
+    /// The lease taken when the resource has a concurrency limit.
+    pub lease: Option<LeaseId>,
+}
+
+impl Decision {
+    /// An allowed decision.
+    pub fn allow(lease: Option<LeaseId>) -> Self {
+        Self {
+            allowed: true,
+            wait: 0,
+            denied_by: None,
+            lease,
+        }
+    }
+
+    /// A denied decision.
+    pub fn deny(reason: DenyReason, wait: Micros) -> Self {
+        Self {
+            allowed: false,
+            wait,
+            denied_by: Some(reason),
+            lease: None,
+        }
+    }
+}
+
+/// The answer of `reserve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// How long after now the booked cost may be used.
+    pub wait: Micros,
+    /// False when the wait exceeded `max_wait` and nothing was booked.
+    pub booked: bool,
+}
+
+fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
+    spec.buckets.iter().map(move |(u, _)| cost.of(*u) as f64)
+}
+
+fn purge_expired(leases: &mut Vec<Lease>, now: Micros) {
+    leases.retain(|l| l.expires > now);
+}
+
+/// The longest wait among the buckets for `cost` at `now`, changing nothing.
+pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
+    let mut wait = 0;
+    for (((_, p), c), s) in spec
+        .buckets
+        .iter()
+        .zip(costs(spec, cost))
+        .zip(&state.buckets)
+    {
+        if c > 0.0 {
+            let now = now.max(s.ts);
+            wait = wait.max(bucket::wait_for(&bucket::refill(*s, p, now), p, now, c));
+        }
+    }
+    wait
+}
+
+fn take_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) {
+    for (((_, p), c), s) in spec
+        .buckets
+        .iter()
+        .zip(costs(spec, cost))
+        .zip(&mut state.buckets)
+    {
+        if c > 0.0 {
+            *s = bucket::reserve(*s, p, now, c, Micros::MAX).0;
+        }
+    }
+}
+
+/// `try` over all limits: takes `cost` from every bucket and, if the
+/// resource has a concurrency limit, a slot under `lease`, or nothing at all.
+/// A zero cost for a bucket skips that bucket.
+pub fn try_acquire(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    cost: Cost,
+    lease: LeaseId,
+) -> Decision {
+    let wait = wait_all(state, spec, now, cost);
+    if wait > 0 {
+        return Decision::deny(DenyReason::Rate, wait);
+    }
+    if !hold_slot(state, spec, now, lease) {
+        return Decision::deny(DenyReason::Concurrency, 0);
+    }
+    take_all(state, spec, now, cost);
+    Decision::allow(spec.max_concurrent.map(|_| lease))
+}
+
+/// `reserve` over all rate limits: books `cost` in every bucket for the
+/// latest of their earliest times, or books nothing if that is beyond
+/// `max_wait`. Concurrency slots are not reserved (see [`hold_slot`]).
+pub fn reserve(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    cost: Cost,
+    max_wait: Micros,
+) -> Reservation {
+    let wait = wait_all(state, spec, now, cost);
+    if wait > max_wait {
+        return Reservation {
+            wait,
+            booked: false,
+        };
+    }
+    take_all(state, spec, now, cost);
+    Reservation { wait, booked: true }
+}
+
+/// Takes a concurrency slot under `lease` if one is free. True when held
+/// (always true without a concurrency limit).
+pub fn hold_slot(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease: LeaseId) -> bool {
+    let Some(max) = spec.max_concurrent else {
+        return true;
+    };
+    purge_expired(&mut state.leases, now);
+    if state.leases.len() >= max as usize {
+        return false;
+    }
+    state.leases.push(Lease {
+        id: lease,
+        expires: now.saturating_add(spec.lease_ttl),
+    });
+    true
+}
+
+/// `release`: frees the slot held under `lease`. Idempotent: releasing an
+/// unknown or already released lease changes nothing and returns false.
+pub fn release(state: &mut ResourceState, lease: LeaseId) -> bool {
+    let before = state.leases.len();
+    state.leases.retain(|l| l.id != lease);
+    state.leases.len() != before
+}
+
+/// `settle`: corrects the charge of every bucket from `reserved` to `actual`.
+pub fn settle(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    reserved: Cost,
+    actual: Cost,
+) {
+    for (i, (u, p)) in spec.buckets.iter().enumerate() {
+        let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
+        if delta != 0.0 {
+            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta);
+        }
+    }
+}
+
+/// `penalize`: drains every bucket and holds it until `until`.
+pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
+    for (i, (_, p)) in spec.buckets.iter().enumerate() {
+        state.buckets[i] = bucket::penalize(state.buckets[i], p, now, until);
+    }
+}
+
+/// `reconcile`: narrows each bucket to the upstream counter of its unit.
+pub fn reconcile(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    observed: &ObservedLimit,
+) {
+    for (i, (u, p)) in spec.buckets.iter().enumerate() {
+        let Some(o) = observed.of(*u) else { continue };
+        let Some(remaining) = o.remaining else {
+            continue;
+        };
+        if remaining as f64 >= p.capacity {
+            continue;
+        }
+        let reset_at = o.reset.map(|r| now.saturating_add(micros(r)));
+        state.buckets[i] = bucket::reconcile(state.buckets[i], p, now, remaining as f64, reset_at);
+    }
+}
+
+/// True when every bucket is idle and no lease is live: the state equals a
+/// fresh one and may be dropped.
+pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
+    state.leases.iter().all(|l| l.expires <= now)
+        && spec
+            .buckets
+            .iter()
+            .zip(&state.buckets)
+            .all(|((_, p), s)| bucket::is_idle(s, p, now))
+}
+
+/// How long the state must be kept (the longest bucket TTL or lease).
+pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
+    let buckets = spec
+        .buckets
+        .iter()
+        .zip(&state.buckets)
+        .map(|((_, p), s)| bucket::ttl(s, p, now))
+        .max()
+        .unwrap_or(0);
+    let leases = state
+        .leases
+        .iter()
+        .map(|l| l.expires.saturating_sub(now))
+        .max()
+        .unwrap_or(0);
+    buckets.max(leases)
+}

@@ -1,0 +1,116 @@
+//! Counters per resource and their serializable snapshot.
+//!
+//! The counters tell apart a local limiter wait, an upstream 429, an
+//! exhausted retry budget, a skip-and-reschedule and a backend error handled
+//! by the failure policy. Updating them is a relaxed atomic add; nothing is
+//! logged per allowed request.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// Live counters of one resource.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub(crate) allowed: AtomicU64,
+    pub(crate) denied: AtomicU64,
+    pub(crate) queued: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) waits: AtomicU64,
+    pub(crate) wait_micros: AtomicU64,
+    pub(crate) upstream_429: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) retries_exhausted: AtomicU64,
+    pub(crate) skipped: AtomicU64,
+    pub(crate) backend_errors: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+pub(crate) fn drop_one(c: &AtomicU64) {
+    c.fetch_sub(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    /// A snapshot of the counters.
+    pub fn snapshot(&self, kind: ResourceKind) -> ResourceStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ResourceStats {
+            kind,
+            allowed: get(&self.allowed),
+            denied: get(&self.denied),
+            queued: get(&self.queued),
+            in_flight: get(&self.in_flight),
+            local_waits: get(&self.waits),
+            total_wait_ms: get(&self.wait_micros) / 1000,
+            upstream_429: get(&self.upstream_429),
+            retries: get(&self.retries),
+            retries_exhausted: get(&self.retries_exhausted),
+            skipped: get(&self.skipped),
+            backend_errors: get(&self.backend_errors),
+            completed: get(&self.completed),
+            failed: get(&self.failed),
+        }
+    }
+}
+
+/// How a resource is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResourceKind {
+    /// Registered with `register`: has a queue (`enqueue`).
+    Queue,
+    /// Registered with `register_limit`: check + reject only, no queue, so
+    /// an empty queue says nothing about its health.
+    LimitOnly,
+}
+
+/// A snapshot of one resource's counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceStats {
+    /// Queue resource or limit-only.
+    pub kind: ResourceKind,
+    /// Acquisitions granted (try, acquire and enqueue attempts).
+    pub allowed: u64,
+    /// Acquisitions denied (try and acquire).
+    pub denied: u64,
+    /// `enqueue` calls waiting now.
+    pub queued: u64,
+    /// Work running (or permits held) now.
+    pub in_flight: u64,
+    /// Times a caller waited on the local limiter.
+    pub local_waits: u64,
+    /// Total time spent in those waits.
+    pub total_wait_ms: u64,
+    /// Upstream 429s reported by the work.
+    pub upstream_429: u64,
+    /// Attempts retried.
+    pub retries: u64,
+    /// `enqueue` calls that ran out of retry budget.
+    pub retries_exhausted: u64,
+    /// Acquisitions answered with skip-and-reschedule.
+    pub skipped: u64,
+    /// Backend errors (handled by the failure policy or returned).
+    pub backend_errors: u64,
+    /// `enqueue` calls that finished successfully.
+    pub completed: u64,
+    /// `enqueue` calls that ended in an error.
+    pub failed: u64,
+}
+
+/// Snapshot of every resource, by id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerStats {
+    /// Per resource.
+    pub resources: BTreeMap<String, ResourceStats>,
+}

@@ -1,0 +1,261 @@
+//! # broker-memory
+//!
+//! [`MemoryBackend`]: resource states in a [`DashMap`], each decision applied
+//! under its shard's lock by calling broker-core's reference transitions, so
+//! concurrent use from many tasks and threads is exact. Idle states (equal
+//! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
+#![warn(missing_docs)]
+
+mod eviction;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::clock::micros;
+use broker_core::state::{self, ResourceState};
+use broker_core::{
+    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation,
+    SystemClock,
+};
+use dashmap::DashMap;
+
+use eviction::Sweeper;
+
+/// One process's state store.
+///
+/// ```
+/// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+/// use broker_memory::MemoryBackend;
+/// let broker = ResourceBroker::new(MemoryBackend::new());
+/// broker.register_limit("api", Limits::new().rate(RateLimit::per_second(10))).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct MemoryBackend {
+    states: DashMap<Box<str>, Entry>,
+    clock: Arc<dyn Clock>,
+    next_lease: AtomicU64,
+    sweeper: Sweeper,
+}
+
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) state: ResourceState,
+    /// The limits the state was made for (the sweeper needs them to tell an
+    /// idle state); a resource re-configured with other buckets starts afresh.
+    pub(crate) spec: LimitSpec,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// A store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock::new())
+    }
+
+    /// A store on `clock` (e.g. [`broker_core::ManualClock`] in tests).
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self::with_shared_clock(Arc::new(clock))
+    }
+
+    /// A store on a shared clock.
+    pub fn with_shared_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            states: DashMap::new(),
+            clock,
+            next_lease: AtomicU64::new(1),
+            sweeper: Sweeper::default(),
+        }
+    }
+
+    /// Number of states held now (idle ones not yet evicted included).
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// True when no state is held.
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// Drops every state that equals a fresh one (full buckets, no penalty,
+    /// no live lease). Runs by itself as the map grows; call it to bound
+    /// memory at a moment of your choosing.
+    pub fn evict_idle(&self) -> usize {
+        eviction::evict_idle(&self.states, self.clock.now())
+    }
+
+    /// The state of `key`, if held (for tests and inspection).
+    pub fn state(&self, key: &str) -> Option<ResourceState> {
+        self.states.get(key).map(|e| e.state.clone())
+    }
+
+    /// Runs `f` on the state of `key` under its shard lock, creating a fresh
+    /// state if there is none.
+    fn with_state<R>(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        f: impl FnOnce(&mut ResourceState, u64) -> R,
+    ) -> R {
+        let now = self.clock.now();
+        let result = match self.states.get_mut(key) {
+            Some(mut e) => {
+                if e.spec != *spec {
+                    if e.spec.buckets.len() == spec.buckets.len() {
+                        e.spec = spec.clone();
+                    } else {
+                        *e = fresh(spec, now);
+                    }
+                }
+                f(&mut e.state, now)
+            }
+            None => {
+                let mut e = self
+                    .states
+                    .entry(key.into())
+                    .or_insert_with(|| fresh(spec, now));
+                f(&mut e.state, now)
+            }
+        };
+        self.sweeper.after_write(&self.states, now);
+        result
+    }
+
+    fn lease(&self) -> LeaseId {
+        self.next_lease.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+fn fresh(spec: &LimitSpec, now: u64) -> Entry {
+    Entry {
+        state: ResourceState::fresh(spec, now),
+        spec: spec.clone(),
+    }
+}
+
+#[async_trait]
+impl broker_core::Backend for MemoryBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Decision, BackendError> {
+        let lease = self.lease();
+        Ok(self.with_state(key, spec, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
+        }))
+    }
+
+    fn try_acquire_now(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Option<Result<Decision, BackendError>> {
+        let lease = if spec.max_concurrent.is_some() {
+            self.lease()
+        } else {
+            0
+        };
+        Some(Ok(self.with_state(key, spec, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
+        })))
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Reservation, BackendError> {
+        let max_wait = micros(max_wait);
+        Ok(self.with_state(key, spec, |s, now| {
+            state::reserve(s, spec, now, cost, max_wait)
+        }))
+    }
+
+    async fn hold_slot(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Result<Option<LeaseId>, BackendError> {
+        let lease = self.lease();
+        Ok(self
+            .with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease))
+            .then_some(lease))
+    }
+
+    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        Ok(self.release_sync(key, lease))
+    }
+
+    fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
+        Some(Ok(self.release_sync(key, lease)))
+    }
+
+    async fn settle(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<(), BackendError> {
+        self.with_state(key, spec, |s, now| {
+            state::settle(s, spec, now, reserved, actual)
+        });
+        Ok(())
+    }
+
+    fn settle_now(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Option<Result<(), BackendError>> {
+        self.with_state(key, spec, |s, now| {
+            state::settle(s, spec, now, reserved, actual)
+        });
+        Some(Ok(()))
+    }
+
+    async fn penalize(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        hold: Duration,
+    ) -> Result<(), BackendError> {
+        self.with_state(key, spec, |s, now| {
+            state::penalize(s, spec, now, now.saturating_add(micros(hold)))
+        });
+        Ok(())
+    }
+
+    async fn reconcile(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        observed: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        self.with_state(key, spec, |s, now| state::reconcile(s, spec, now, observed));
+        Ok(())
+    }
+}
+
+impl MemoryBackend {
+    fn release_sync(&self, key: &str, lease: LeaseId) -> bool {
+        self.states
+            .get_mut(key)
+            .map(|mut e| state::release(&mut e.state, lease))
+            .unwrap_or(false)
+    }
+}
