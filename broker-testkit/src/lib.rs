@@ -1,0 +1,14 @@
+//! Test support for resource-broker.
+//!
+//! - [`RedisServer`]: a real `redis-server` on a free loopback port, owned
+//!   by the test (kill it, restart it); [`RedisCluster`]: a 3-node loopback
+//!   cluster. Never the machine's shared Redis.
+//! - [`StrictServer`]: a model of an upstream that enforces a token bucket
+//!   strictly on *receive*, answering 200 or 429.
+#![warn(missing_docs)]
+
+mod redis_server;
+mod strict_server;
+
+pub use redis_server::{free_port, raw_command, RedisCluster, RedisServer};
+pub use strict_server::{StrictServer, Tally};

@@ -1,0 +1,198 @@
+//! Real `redis-server` processes on free loopback ports, started and
+//! stopped by the test that owns them.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// Picks a free loopback port.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Sends one inline command and returns the raw reply (first chunk).
+pub fn raw_command(port: u16, command: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(format!("{command}\r\n").as_bytes())?;
+    let mut reader = BufReader::new(s);
+    let mut first = String::new();
+    reader.read_line(&mut first)?;
+    if let Some(len) = first.strip_prefix('$') {
+        let len: i64 = len.trim().parse().unwrap_or(-1);
+        if len >= 0 {
+            let mut body = vec![0; len as usize + 2];
+            reader.read_exact(&mut body)?;
+            return Ok(String::from_utf8_lossy(&body[..len as usize]).into_owned());
+        }
+    }
+    Ok(first.trim_end().to_owned())
+}
+
+fn redis_server_binary() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// One `redis-server` owned by a test. Killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments
+    /// (e.g. `["--maxmemory-policy", "allkeys-lru"]`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for redis-server");
+        let mut server = Self {
+            port: free_port(),
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(redis_server_binary())
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server (is it installed? .ci/run installs it)");
+        self.child = Some(child);
+        wait_ready(self.port);
+    }
+
+    /// The loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kills the server (SIGKILL): connections drop, state is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Runs an inline command (e.g. `"INFO commandstats"`), raw reply.
+    pub fn command(&self, command: &str) -> String {
+        raw_command(self.port, command).unwrap_or_default()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn wait_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if raw_command(port, "PING")
+            .map(|r| r == "+PONG")
+            .unwrap_or(false)
+        {
+            return;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    panic!("redis-server on port {port} did not answer PING within 10 s");
+}
+
+/// A loopback Redis Cluster of masters only, owned by a test.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `n` (at least 3) cluster-enabled servers and joins them.
+    pub fn start(n: usize) -> Self {
+        assert!(n >= 3, "a Redis cluster needs at least 3 masters");
+        let nodes: Vec<RedisServer> = (0..n)
+            .map(|_| {
+                // Each node has its own directory, so one config file name serves all.
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run redis-cli --cluster create");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        'wait: while Instant::now() < deadline {
+            for node in &nodes {
+                if !node.command("CLUSTER INFO").contains("cluster_state:ok") {
+                    sleep(Duration::from_millis(50));
+                    continue 'wait;
+                }
+            }
+            return Self { nodes };
+        }
+        panic!("cluster did not reach cluster_state:ok within 20 s");
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}
