@@ -59,16 +59,52 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
     }
 }
 
+/// Rounds a wait in µs up to a whole µs, except that a value within a
+/// nanosecond of a whole µs is taken as that µs: fractional tokens carry
+/// float noise of far less than that, and rounding the noise up would send
+/// a booked request a whole µs late (a strict upstream whose bucket is full
+/// at that moment loses the µs of refill).
+pub fn ceil_micros(x: f64) -> Micros {
+    let nearest = x.round();
+    if (x - nearest).abs() < 1e-3 {
+        nearest as Micros
+    } else {
+        x.ceil() as Micros
+    }
+}
+
 /// How long after `now` until `cost` tokens are available and `nb` has
-/// passed, for a state already refilled to `now`. Rounded up to whole µs.
+/// passed, for a state already refilled to `now`. Rounded up to whole µs
+/// by [`ceil_micros`].
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     let deficit = cost - state.tokens;
     let rate_wait = if deficit > 0.0 {
-        (deficit * params.period / params.amount).ceil() as Micros
+        ceil_micros(deficit * params.period / params.amount)
     } else {
         0
     };
     rate_wait.max(state.nb.saturating_sub(now))
+}
+
+/// Books `cost` to be used `wait` µs after `now` (clamped to `ts`), for a
+/// wait at least as long as [`wait_for`] gives. The tokens are taken as of
+/// the send time: refill up to then is capped at capacity, so a bucket that
+/// would be full before the send loses what the cap cuts off, exactly as a
+/// strict upstream's bucket does. The state keeps `ts` at now; the refill
+/// between now and the send is credited back so that refilling to the send
+/// time yields exactly `min(capacity, tokens + refill) - cost`.
+pub fn book(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    cost: f64,
+    wait: Micros,
+) -> BucketState {
+    let now = now.max(state.ts);
+    let mut s = refill(state, params, now);
+    let ahead = wait as f64 * params.amount / params.period;
+    s.tokens = (s.tokens + ahead).min(params.capacity) - cost - ahead;
+    s
 }
 
 /// `try`: takes `cost` if it is available now; otherwise leaves the tokens
@@ -80,10 +116,10 @@ pub fn try_take(
     cost: f64,
 ) -> (BucketState, Micros) {
     let now = now.max(state.ts);
-    let mut s = refill(state, params, now);
+    let s = refill(state, params, now);
     let wait = wait_for(&s, params, now, cost);
     if wait == 0 {
-        s.tokens -= cost;
+        return (book(s, params, now, cost, 0), 0);
     }
     (s, wait)
 }
@@ -99,13 +135,12 @@ pub fn reserve(
     max_wait: Micros,
 ) -> (BucketState, Micros, bool) {
     let now = now.max(state.ts);
-    let mut s = refill(state, params, now);
+    let s = refill(state, params, now);
     let wait = wait_for(&s, params, now, cost);
-    let booked = wait <= max_wait;
-    if booked {
-        s.tokens -= cost;
+    if wait > max_wait {
+        return (s, wait, false);
     }
-    (s, wait, booked)
+    (book(s, params, now, cost, wait), wait, true)
 }
 
 /// `settle`: corrects a charge after the work. `delta = reserved - actual`:

@@ -158,7 +158,8 @@ pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
     wait
 }
 
-fn take_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) {
+/// Books `cost` in every bucket for the same send time, `wait` after now.
+fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost, wait: Micros) {
     for (((_, p), c), s) in spec
         .buckets
         .iter()
@@ -166,7 +167,7 @@ fn take_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
         .zip(&mut state.buckets)
     {
         if c > 0.0 {
-            *s = bucket::reserve(*s, p, now, c, Micros::MAX).0;
+            *s = bucket::book(*s, p, now, c, wait);
         }
     }
 }
@@ -188,7 +189,7 @@ pub fn try_acquire(
     if !hold_slot(state, spec, now, lease) {
         return Decision::deny(DenyReason::Concurrency, 0);
     }
-    take_all(state, spec, now, cost);
+    book_all(state, spec, now, cost, 0);
     Decision::allow(spec.max_concurrent.map(|_| lease))
 }
 
@@ -209,7 +210,7 @@ pub fn reserve(
             booked: false,
         };
     }
-    take_all(state, spec, now, cost);
+    book_all(state, spec, now, cost, wait);
     Reservation { wait, booked: true }
 }
 

@@ -1,13 +1,16 @@
 //! A strict upstream quota model, independent of broker-core's bucket: the
-//! budget is kept in integer micro-tokens, no debt, no not-before.
+//! budget is kept exactly in integers (tokens × period), no debt, no
+//! not-before.
 
 /// An upstream that admits a request only if a whole token is there when it
 /// is received; otherwise it answers 429 and consumes nothing.
 #[derive(Debug, Clone)]
 pub struct StrictServer {
+    /// Capacity in units of 1/period_us token.
     capacity: u128,
     amount: u128,
     period_us: u128,
+    /// Current level in units of 1/period_us token.
     level: u128,
     last_us: u64,
 }
@@ -21,16 +24,14 @@ pub struct Tally {
     pub rejected: u32,
 }
 
-const SCALE: u128 = 1_000_000;
-
 impl StrictServer {
     /// `amount` per `period_us` microseconds, at most `capacity` at once.
     pub fn new(capacity: u64, amount: u64, period_us: u64) -> Self {
         Self {
-            capacity: capacity as u128 * SCALE,
+            capacity: capacity as u128 * period_us as u128,
             amount: amount as u128,
             period_us: period_us as u128,
-            level: capacity as u128 * SCALE,
+            level: capacity as u128 * period_us as u128,
             last_us: 0,
         }
     }
@@ -40,11 +41,10 @@ impl StrictServer {
     pub fn receive(&mut self, at_us: u64) -> bool {
         assert!(at_us >= self.last_us, "receive times must not decrease");
         let elapsed = (at_us - self.last_us) as u128;
-        self.level =
-            (self.level + elapsed * self.amount * SCALE / self.period_us).min(self.capacity);
+        self.level = (self.level + elapsed * self.amount).min(self.capacity);
         self.last_us = at_us;
-        if self.level >= SCALE {
-            self.level -= SCALE;
+        if self.level >= self.period_us {
+            self.level -= self.period_us;
             true
         } else {
             false
