@@ -1,0 +1,307 @@
+//! Check + reject on the in-memory backend: `try_acquire`, `acquire`,
+//! permits, errors.
+
+use std::time::Duration;
+
+use broker_core::{
+    BrokerError, Cost, DenyReason, Limits, ManualClock, RateLimit, ResourceBroker, ResourceKind,
+    TokioClock, Unit,
+};
+use broker_memory::MemoryBackend;
+
+fn broker_at(clock: ManualClock) -> ResourceBroker {
+    ResourceBroker::new(MemoryBackend::with_clock(clock))
+}
+
+#[tokio::test]
+async fn denial_reports_the_wait_until_the_next_token() {
+    let clock = ManualClock::new();
+    let broker = broker_at(clock.clone());
+    broker
+        .register_limit("api", Limits::new().rate(RateLimit::per_second(2)))
+        .unwrap();
+    assert!(
+        broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    let denied = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(!denied.allowed);
+    assert_eq!(denied.denied_by, Some(DenyReason::Rate));
+    assert_eq!(denied.wait_time, Duration::from_millis(500));
+    clock.advance(Duration::from_millis(499));
+    assert!(
+        !broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    clock.advance(Duration::from_millis(1));
+    assert!(
+        broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test]
+async fn all_limits_pass_or_nothing_is_consumed() {
+    let clock = ManualClock::new();
+    let broker = broker_at(clock.clone());
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(10))
+        .rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
+    broker.register_limit("llm", limits).unwrap();
+    assert!(
+        broker
+            .try_acquire("llm", Cost::tokens(900))
+            .await
+            .unwrap()
+            .allowed
+    );
+    // 200 tokens do not fit: the request limit must not be charged either.
+    for _ in 0..20 {
+        assert!(
+            !broker
+                .try_acquire("llm", Cost::tokens(200))
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    for _ in 0..9 {
+        assert!(
+            broker
+                .try_acquire("llm", Cost::tokens(10))
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let denied = broker.try_acquire("llm", Cost::tokens(0)).await.unwrap();
+    assert!(
+        !denied.allowed,
+        "the 11th request is over the request limit"
+    );
+}
+
+#[tokio::test]
+async fn permit_holds_a_slot_until_released_and_release_is_idempotent() {
+    let broker = broker_at(ManualClock::new());
+    broker
+        .register_limit("gw", Limits::new().max_concurrent(2))
+        .unwrap();
+    let mut a = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    let b = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    assert!(a.allowed && b.allowed && a.permit.is_held());
+    let c = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    assert!(!c.allowed);
+    assert_eq!(c.denied_by, Some(DenyReason::Concurrency));
+    assert!(!c.permit.is_held(), "a denied acquisition holds nothing");
+    assert_eq!(broker.stats().resources["gw"].in_flight, 2);
+
+    a.permit.release();
+    a.permit.release();
+    assert_eq!(broker.stats().resources["gw"].in_flight, 1);
+    let d = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    assert!(d.allowed);
+    assert!(
+        !broker
+            .try_acquire("gw", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+
+    drop(b);
+    drop(d);
+    assert_eq!(broker.stats().resources["gw"].in_flight, 0);
+    let e = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    let f = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    assert!(e.allowed && f.allowed, "dropped permits freed both slots");
+}
+
+#[tokio::test]
+async fn sub_keys_have_their_own_state_under_one_limit() {
+    let broker = broker_at(ManualClock::new());
+    broker
+        .register_limit("tenant", Limits::new().rate(RateLimit::per_minute(1)))
+        .unwrap();
+    assert!(
+        broker
+            .try_acquire(("tenant", "a"), Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !broker
+            .try_acquire(("tenant", "a"), Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        broker
+            .try_acquire(("tenant", "b"), Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    // A key that looks like another's escaped key does not reach it.
+    assert!(
+        broker
+            .try_acquire(("tenant", "a:"), Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        broker
+            .try_acquire("tenant", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test]
+async fn unknown_resource_and_impossible_cost_are_clear_errors() {
+    let broker = broker_at(ManualClock::new());
+    broker
+        .register_limit("api", Limits::new().rate(RateLimit::per_second(5)))
+        .unwrap();
+    let err = broker
+        .try_acquire("nope", Cost::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err, BrokerError::UnknownResource("nope".into()));
+    let err = broker
+        .try_acquire("api", Cost::requests(6))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        BrokerError::CostNeverFits {
+            burst: 5,
+            cost: 6,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("can never fit"), "{err}");
+}
+
+#[test]
+fn bad_limits_are_rejected_with_the_field_named() {
+    let broker = ResourceBroker::new(MemoryBackend::new());
+    let cases = [
+        (
+            Limits::new().rate(RateLimit::per_second(0)),
+            "rates[0].amount",
+        ),
+        (
+            Limits::new().rate(RateLimit::per(1, Duration::ZERO)),
+            "rates[0].period",
+        ),
+        (
+            Limits::new().rate(RateLimit::per_second(1).with_burst(0)),
+            "rates[0].burst",
+        ),
+        (Limits::new().max_concurrent(0), "maxConcurrent"),
+    ];
+    for (limits, field) in cases {
+        let err = broker.register_limit("x", limits).unwrap_err();
+        assert!(err.to_string().contains(field), "{err} should name {field}");
+    }
+    assert!(broker.register_limit("", Limits::new()).is_err());
+    let unknown = serde_json::from_str::<Limits>(r#"{"requestsPerSecnd": 5}"#).unwrap_err();
+    assert!(
+        unknown.to_string().contains("requestsPerSecnd"),
+        "{unknown}"
+    );
+    let negative = serde_json::from_str::<Limits>(r#"{"requestsPerSecond": -5}"#);
+    assert!(negative.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_waits_within_max_wait_and_denies_beyond_it_without_booking() {
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    broker
+        .register_limit(
+            "api",
+            Limits::new().rate(RateLimit::per_second(5).with_burst(1)),
+        )
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    assert!(
+        broker
+            .acquire("api", Cost::default(), Duration::ZERO)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let second = broker
+        .acquire("api", Cost::default(), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(second.allowed);
+    assert_eq!(start.elapsed(), Duration::from_millis(200));
+    let third = broker
+        .acquire("api", Cost::default(), Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(!third.allowed);
+    assert_eq!(third.wait_time, Duration::from_millis(200));
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(200),
+        "denied at once"
+    );
+    // Nothing was booked by the denial: the next slot is still 200 ms away.
+    let fourth = broker
+        .acquire("api", Cost::default(), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(fourth.allowed);
+    assert_eq!(start.elapsed(), Duration::from_millis(400));
+}
+
+#[tokio::test]
+async fn stats_count_and_mark_limit_only_resources() {
+    let broker = broker_at(ManualClock::new());
+    broker
+        .register_limit("hook", Limits::new().rate(RateLimit::per_second(1)))
+        .unwrap();
+    broker
+        .register(
+            "llm",
+            broker_core::ResourceConfig::new(Limits::new().rate(RateLimit::per_second(1))),
+        )
+        .unwrap();
+    let _ = broker.try_acquire("hook", Cost::default()).await.unwrap();
+    let _ = broker.try_acquire("hook", Cost::default()).await.unwrap();
+    let stats = broker.stats();
+    assert_eq!(stats.resources["hook"].kind, ResourceKind::LimitOnly);
+    assert_eq!(stats.resources["llm"].kind, ResourceKind::Queue);
+    assert_eq!(
+        (
+            stats.resources["hook"].allowed,
+            stats.resources["hook"].denied
+        ),
+        (1, 1)
+    );
+    let json = serde_json::to_value(&stats).unwrap();
+    assert_eq!(json["resources"]["hook"]["kind"], "limit_only");
+}

@@ -1,0 +1,280 @@
+//! Queue + execute on the in-memory backend, in tokio's paused time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use broker_core::{
+    BrokerError, Cost, EnqueueError, Limits, Outcome, OutcomeClass, RateLimit, ResourceBroker,
+    ResourceConfig, RetryPolicy, TokioClock, Unit,
+};
+use broker_memory::MemoryBackend;
+use tokio::time::Instant;
+
+fn broker() -> ResourceBroker {
+    ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()))
+}
+
+fn seed_limits() -> Limits {
+    Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3))
+}
+
+type Started = Arc<Mutex<Vec<(String, Duration)>>>;
+
+#[tokio::test(start_paused = true)]
+async fn enqueue_runs_jobs_at_their_booked_times_in_order() {
+    let broker = broker();
+    broker
+        .register("api", ResourceConfig::new(seed_limits()))
+        .unwrap();
+    let t0 = Instant::now();
+    let started: Started = Default::default();
+    let mut jobs = Vec::new();
+    for job in 0..4 {
+        for worker in ["A", "B"] {
+            let (broker, started) = (broker.clone(), started.clone());
+            let name = format!("{worker}{job}");
+            jobs.push(tokio::spawn(async move {
+                broker
+                    .enqueue("api", Cost::default(), |_| {
+                        let (started, name) = (started.clone(), name.clone());
+                        async move {
+                            started.lock().unwrap().push((name, t0.elapsed()));
+                            Outcome::<(), ()>::ok(())
+                        }
+                    })
+                    .await
+            }));
+            tokio::task::yield_now().await;
+        }
+    }
+    for j in jobs {
+        j.await.unwrap().unwrap();
+    }
+    let started = started.lock().unwrap().clone();
+    let times: Vec<u128> = started.iter().map(|(_, t)| t.as_millis()).collect();
+    assert_eq!(times, [0, 0, 0, 500, 1000, 1500, 2000, 2500]);
+    let order: Vec<&str> = started.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(order, ["A0", "B0", "A1", "B1", "A2", "B2", "A3", "B3"]);
+    let stats = &broker.stats().resources["api"];
+    assert_eq!((stats.completed, stats.queued, stats.in_flight), (8, 0, 0));
+    assert_eq!(stats.local_waits, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_answers_queue_full_at_once() {
+    let broker = broker();
+    let config =
+        ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1))).queue_capacity(2);
+    broker.register("slow", config).unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let broker = broker.clone();
+        waiting.push(tokio::spawn(async move {
+            broker
+                .enqueue("slow", Cost::default(), |_| async {
+                    Outcome::<(), ()>::ok(())
+                })
+                .await
+        }));
+        tokio::task::yield_now().await;
+    }
+    // The first ran at once; two wait for the next minute and fill the queue.
+    assert_eq!(broker.stats().resources["slow"].queued, 2);
+    let t = Instant::now();
+    let err = broker
+        .enqueue("slow", Cost::default(), |_| async {
+            Outcome::<(), ()>::ok(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EnqueueError::Broker(BrokerError::QueueFull { capacity: 2, .. })
+    ));
+    assert_eq!(t.elapsed(), Duration::ZERO);
+    for w in waiting {
+        w.await.unwrap().unwrap();
+    }
+}
+
+/// A tiny deterministic generator for the random drop points.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % bound
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() {
+    let mut rng = Lcg(7);
+    for round in 0..25 {
+        let broker = broker();
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(2))
+            .max_concurrent(2);
+        broker.register("r", ResourceConfig::new(limits)).unwrap();
+        let jobs = 2 + rng.next(10) as usize;
+        let mut handles = Vec::new();
+        for _ in 0..jobs {
+            let broker = broker.clone();
+            let work_ms = rng.next(3000);
+            handles.push(tokio::spawn(async move {
+                broker
+                    .enqueue("r", Cost::default(), move |_| async move {
+                        tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                        Outcome::<(), ()>::ok(())
+                    })
+                    .await
+            }));
+        }
+        let cancel_at = Duration::from_millis(rng.next(8000));
+        tokio::time::sleep(cancel_at).await;
+        for h in &handles {
+            h.abort();
+        }
+        for h in handles {
+            let _ = h.await;
+        }
+        let stats = &broker.stats().resources["r"];
+        assert_eq!(
+            (stats.queued, stats.in_flight),
+            (0, 0),
+            "round {round}: counters leaked"
+        );
+        // Every unstarted reservation was refunded: at most one token of
+        // debt remains, so a token is free within one refill interval, and
+        // both concurrency slots are free.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let a = broker.try_acquire("r", Cost::default()).await.unwrap();
+        assert!(
+            a.allowed,
+            "round {round}: reservation leaked (jobs {jobs}, cancel at {cancel_at:?})"
+        );
+        let b = broker
+            .acquire("r", Cost::default(), Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(b.allowed, "round {round}: slot or token leaked");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn actual_token_usage_is_settled_after_the_work() {
+    let broker = broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(100))
+        .rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
+    broker.register("llm", ResourceConfig::new(limits)).unwrap();
+    broker
+        .enqueue("llm", Cost::tokens(800), |_| async {
+            Outcome::<(), ()>::ok_with_usage((), Cost::tokens(300))
+        })
+        .await
+        .unwrap();
+    // 1000 - 300 = 700 tokens left; without settle only 200 would be.
+    assert!(
+        broker
+            .try_acquire("llm", Cost::tokens(650))
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !broker
+            .try_acquire("llm", Cost::tokens(100))
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_429_penalizes_the_bucket_for_everyone_and_is_retried() {
+    let broker = broker();
+    broker
+        .register(
+            "api",
+            ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10))),
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let task = {
+        let (broker, attempts) = (broker.clone(), attempts.clone());
+        tokio::spawn(async move {
+            broker
+                .enqueue("api", Cost::default(), |attempt| {
+                    let attempts = attempts.clone();
+                    async move {
+                        attempts.lock().unwrap().push(t0.elapsed());
+                        if attempt.number == 1 {
+                            Outcome::rate_limited("429", Some(Duration::from_secs(2)))
+                        } else {
+                            Outcome::ok(attempt.number)
+                        }
+                    }
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let other = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(!other.allowed, "the penalty protects every other consumer");
+    assert_eq!(task.await.unwrap().unwrap(), 2);
+    let attempts = attempts.lock().unwrap().clone();
+    assert_eq!(attempts[0], Duration::ZERO);
+    assert!(
+        attempts[1] >= Duration::from_secs(2),
+        "retried after Retry-After: {attempts:?}"
+    );
+    let stats = &broker.stats().resources["api"];
+    assert_eq!(
+        (stats.upstream_429, stats.retries, stats.completed),
+        (1, 1, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
+    let broker = broker();
+    let retry = RetryPolicy {
+        max_attempts: 3,
+        ..RetryPolicy::default()
+    };
+    let config = ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10))).retry(retry);
+    broker.register("api", config).unwrap();
+    let fatal = broker
+        .enqueue("api", Cost::default(), |_| async {
+            Outcome::<(), _>::Fatal("401")
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        fatal,
+        EnqueueError::Fatal {
+            attempts: 1,
+            error: "401"
+        }
+    ));
+    let exhausted = broker
+        .enqueue("api", Cost::default(), |_| async {
+            Outcome::<(), _>::Transient("503")
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        exhausted,
+        EnqueueError::RetriesExhausted {
+            attempts: 3,
+            last: OutcomeClass::Transient,
+            ..
+        }
+    ));
+    let stats = &broker.stats().resources["api"];
+    assert_eq!((stats.retries_exhausted, stats.failed), (1, 2));
+}
