@@ -14,6 +14,7 @@ pub mod bucket;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod headers;
 pub mod keys;
 pub mod limits;
 pub mod observed;

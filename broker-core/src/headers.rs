@@ -1,0 +1,544 @@
+//! Reading an upstream's rate-limit headers into one [`ObservedLimit`].
+//!
+//! [`parse`] reads every family we know, from a response of any status:
+//!
+//! | family | headers | counter |
+//! |---|---|---|
+//! | `X-Ratelimit-*` | `X-Ratelimit-Limit`, `-Remaining`, `-Reset` (seconds, or a Unix time), `-Retry` (seconds) | requests |
+//! | IETF structured fields | `RateLimit-Policy: "p";q=100;w=60`, `RateLimit: "p";r=42;t=30` | requests |
+//! | older IETF drafts | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`; `RateLimit: limit=100, remaining=42, reset=30` | requests |
+//! | OpenAI style | `x-ratelimit-{limit,remaining,reset}-requests`, `x-ratelimit-{limit,remaining,reset}-tokens`, resets as Go durations (`6m0s`, `12ms`) | requests, tokens |
+//! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
+//!
+//! Nothing here fails or panics: a value that is malformed, negative, the
+//! sentinel `-1`, not valid UTF-8, or absurd (a count above
+//! [`MAX_AMOUNT`](crate::limits::MAX_AMOUNT), a time above 366 days) is
+//! ignored as if it were absent. When several families report the same
+//! counter, the most restrictive one (the lowest `remaining`) wins, and of
+//! two retry delays the longer one.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+
+use crate::limits::{MAX_AMOUNT, MAX_PERIOD};
+use crate::observed::{Observed, ObservedLimit};
+
+/// A reset or retry value at or above this many seconds is read as a Unix
+/// time (as GitHub's `X-RateLimit-Reset` is), not as a delay.
+const UNIX_TIME_FROM: u64 = 1_000_000_000;
+
+/// Reads the rate-limit headers of one response. `now` is the wall-clock
+/// time the response arrived, used for `Retry-After` HTTP-dates and resets
+/// given as Unix times.
+///
+/// ```
+/// use broker_core::headers;
+/// use http::HeaderMap;
+/// use std::time::{Duration, SystemTime};
+/// let mut h = HeaderMap::new();
+/// h.insert("X-Ratelimit-Limit", "300".parse().unwrap());
+/// h.insert("X-Ratelimit-Remaining", "0".parse().unwrap());
+/// h.insert("X-Ratelimit-Reset", "12".parse().unwrap());
+/// h.insert("Retry-After", "not a number".parse().unwrap());
+/// let seen = headers::parse(&h, SystemTime::now());
+/// let requests = seen.requests.unwrap();
+/// assert_eq!(requests.limit, Some(300));
+/// assert_eq!(requests.remaining, Some(0));
+/// assert_eq!(requests.reset, Some(Duration::from_secs(12)));
+/// assert_eq!(seen.retry_after, None);
+/// ```
+pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let count = |name: &str| text(name).and_then(parse_count);
+    let seconds = |name: &str| text(name).and_then(|v| parse_seconds(v, now));
+
+    let x_ratelimit = Observed {
+        limit: count("x-ratelimit-limit"),
+        remaining: count("x-ratelimit-remaining"),
+        reset: seconds("x-ratelimit-reset"),
+    };
+    let older_ietf = Observed {
+        limit: count("ratelimit-limit"),
+        remaining: count("ratelimit-remaining"),
+        reset: seconds("ratelimit-reset"),
+    };
+    let structured = structured_fields(text("ratelimit"), text("ratelimit-policy"), now);
+    let openai_requests = Observed {
+        limit: count("x-ratelimit-limit-requests"),
+        remaining: count("x-ratelimit-remaining-requests"),
+        reset: text("x-ratelimit-reset-requests").and_then(parse_go_duration),
+    };
+    let openai_tokens = Observed {
+        limit: count("x-ratelimit-limit-tokens"),
+        remaining: count("x-ratelimit-remaining-tokens"),
+        reset: text("x-ratelimit-reset-tokens").and_then(parse_go_duration),
+    };
+
+    let retry_after = [
+        text("retry-after").and_then(|v| parse_retry_after(v, now)),
+        seconds("x-ratelimit-retry"),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
+
+    ObservedLimit {
+        requests: most_restrictive([x_ratelimit, older_ietf, structured, openai_requests]),
+        tokens: most_restrictive([openai_tokens]),
+        retry_after,
+    }
+}
+
+/// [`parse`] at the current system time.
+pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
+    parse(headers, SystemTime::now())
+}
+
+/// Of several readings of one counter, the one with the lowest `remaining`
+/// (or, when none has a `remaining`, the first that says anything).
+fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
+    let seen = candidates.into_iter().filter(|o| *o != Observed::default());
+    let mut best: Option<Observed> = None;
+    for o in seen {
+        best = Some(match best {
+            None => o,
+            Some(b) => match (b.remaining, o.remaining) {
+                (Some(br), Some(or)) if or < br => o,
+                (None, Some(_)) => o,
+                _ => b,
+            },
+        });
+    }
+    best
+}
+
+/// A non-negative integer count no larger than `MAX_AMOUNT`.
+fn parse_count(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse::<u64>().ok().filter(|n| *n <= MAX_AMOUNT)
+}
+
+/// A duration no longer than 366 days.
+fn bounded(d: Duration) -> Option<Duration> {
+    (d <= MAX_PERIOD).then_some(d)
+}
+
+/// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
+/// [`UNIX_TIME_FROM`] is read as a Unix time and turned into a delay from
+/// `now` (zero if already past).
+fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
+    let (int, frac) = match v.split_once('.') {
+        Some((i, f)) => (i, f),
+        None => (v, ""),
+    };
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty() || !digits(int) || !digits(frac) || (v.contains('.') && frac.is_empty()) {
+        return None;
+    }
+    let whole: u64 = int.parse().ok()?;
+    if whole >= UNIX_TIME_FROM {
+        if !frac.is_empty() {
+            return None;
+        }
+        let at = UNIX_EPOCH.checked_add(Duration::from_secs(whole))?;
+        return bounded(at.duration_since(now).unwrap_or_default());
+    }
+    let mut nanos = 0u32;
+    for (i, b) in frac.bytes().take(9).enumerate() {
+        nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
+    }
+    bounded(Duration::new(whole, nanos))
+}
+
+/// `Retry-After`: delay-seconds, or an HTTP-date turned into a delay from
+/// `now` (zero if the date is already past).
+///
+/// ```
+/// use broker_core::headers::parse_retry_after;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
+/// assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
+/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now), Some(Duration::from_secs(10)));
+/// assert_eq!(parse_retry_after("-1", now), None);
+/// ```
+pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+    let v = v.trim();
+    if v.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
+        return parse_seconds(v, now);
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    bounded(at.duration_since(now).unwrap_or_default())
+}
+
+/// A Go duration as OpenAI sends it: `"6m0s"`, `"12ms"`, `"1h2m3.5s"`,
+/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign.
+///
+/// ```
+/// use broker_core::headers::parse_go_duration;
+/// use std::time::Duration;
+/// assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+/// assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
+/// assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+/// assert_eq!(parse_go_duration("-5s"), None);
+/// ```
+pub fn parse_go_duration(v: &str) -> Option<Duration> {
+    let mut rest = v.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total_nanos: u128 = 0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        if num_len == 0 {
+            return None;
+        }
+        let (number, tail) = rest.split_at(num_len);
+        let unit_len = tail
+            .char_indices()
+            .find(|(_, c)| c.is_ascii_digit() || *c == '.')
+            .map_or(tail.len(), |(i, _)| i);
+        let (unit, tail) = tail.split_at(unit_len);
+        let unit_nanos: u128 = match unit {
+            "h" => 3_600_000_000_000,
+            "m" => 60_000_000_000,
+            "s" => 1_000_000_000,
+            "ms" => 1_000_000,
+            "us" | "µs" | "μs" => 1_000,
+            "ns" => 1,
+            _ => return None,
+        };
+        total_nanos = total_nanos.checked_add(scaled(number, unit_nanos)?)?;
+        if total_nanos > MAX_PERIOD.as_nanos() {
+            return None;
+        }
+        rest = tail;
+    }
+    let secs = u64::try_from(total_nanos / 1_000_000_000).ok()?;
+    bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
+}
+
+/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds.
+fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if int.is_empty() && frac.is_empty() || frac.contains('.') || int.len() > 20 {
+        return None;
+    }
+    let whole: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let mut value = whole.checked_mul(unit_nanos)?;
+    let mut place = unit_nanos;
+    for b in frac.bytes().take(18) {
+        place /= 10;
+        value = value.checked_add(u128::from(b - b'0') * place)?;
+    }
+    Some(value)
+}
+
+/// One member of a structured-field list: its bare value (a name, or a
+/// `key=value` of the older draft) and its parameters.
+#[derive(Debug, Default)]
+struct Member<'a> {
+    name: Option<&'a str>,
+    params: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Member<'a> {
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| *v)
+    }
+}
+
+/// Splits `s` on `sep` outside double quotes.
+fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match b {
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            _ if b == sep && !quoted => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+fn members(field: &str) -> Vec<Member<'_>> {
+    split_unquoted(field, b',')
+        .into_iter()
+        .map(|item| {
+            let mut m = Member::default();
+            for (i, part) in split_unquoted(item, b';').into_iter().enumerate() {
+                let part = part.trim();
+                match part.split_once('=') {
+                    Some((k, v)) => m.params.push((k.trim(), v.trim().trim_matches('"'))),
+                    None if i == 0 && !part.is_empty() => m.name = Some(part.trim_matches('"')),
+                    None => {}
+                }
+            }
+            m
+        })
+        .collect()
+}
+
+/// `RateLimit` / `RateLimit-Policy` of the IETF draft (`r`, `t`; `q`, `w`),
+/// and the older single-field form `RateLimit: limit=.., remaining=.., reset=..`.
+fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
+    let policies = policy.map(members).unwrap_or_default();
+    let quota_of = |name: Option<&str>| {
+        policies
+            .iter()
+            .filter(|p| name.is_none() || p.name == name)
+            .filter_map(|p| p.get("q").and_then(parse_count))
+            .min()
+    };
+    let Some(field) = ratelimit else {
+        return Observed {
+            limit: quota_of(None),
+            ..Observed::default()
+        };
+    };
+    let items = members(field);
+    let mut best: Option<Observed> = None;
+    for m in &items {
+        let Some(remaining) = m.get("r").and_then(parse_count) else {
+            continue;
+        };
+        let o = Observed {
+            limit: quota_of(m.name),
+            remaining: Some(remaining),
+            reset: m.get("t").and_then(|t| parse_seconds(t, now)),
+        };
+        if best.is_none_or(|b| b.remaining > o.remaining) {
+            best = Some(o);
+        }
+    }
+    if let Some(best) = best {
+        return best;
+    }
+    // The older draft: `limit=100, remaining=42, reset=30` as list members.
+    let older = |key: &str| {
+        items
+            .iter()
+            .flat_map(|m| m.params.iter())
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| *v)
+    };
+    Observed {
+        limit: older("limit").and_then(parse_count).or(quota_of(None)),
+        remaining: older("remaining").and_then(parse_count),
+        reset: older("reset").and_then(|t| parse_seconds(t, now)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn x_ratelimit_family_with_retry_on_429() {
+        let seen = parse(
+            &map(&[
+                ("X-Ratelimit-Limit", "300"),
+                ("X-Ratelimit-Remaining", "0"),
+                ("X-Ratelimit-Reset", "7"),
+                ("X-Ratelimit-Retry", "3"),
+            ]),
+            at(0),
+        );
+        assert_eq!(
+            seen.requests,
+            Some(Observed {
+                limit: Some(300),
+                remaining: Some(0),
+                reset: Some(Duration::from_secs(7)),
+            })
+        );
+        assert_eq!(seen.retry_after, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn reset_given_as_unix_time_becomes_a_delay() {
+        let now = 1_700_000_000;
+        let seen = parse(
+            &map(&[
+                ("x-ratelimit-remaining", "10"),
+                ("x-ratelimit-reset", "1700000042"),
+            ]),
+            at(now),
+        );
+        assert_eq!(seen.requests.unwrap().reset, Some(Duration::from_secs(42)));
+    }
+
+    #[test]
+    fn ietf_structured_fields_pick_the_tightest_policy() {
+        let seen = parse(
+            &map(&[
+                (
+                    "RateLimit-Policy",
+                    r#""burst";q=100;w=60, "daily";q=1000;w=86400"#,
+                ),
+                ("RateLimit", r#""burst";r=40;t=30, "daily";r=7;t=3600"#),
+            ]),
+            at(0),
+        );
+        assert_eq!(
+            seen.requests,
+            Some(Observed {
+                limit: Some(1000),
+                remaining: Some(7),
+                reset: Some(Duration::from_secs(3600)),
+            })
+        );
+    }
+
+    #[test]
+    fn older_ietf_drafts_both_forms() {
+        let separate = parse(
+            &map(&[
+                ("RateLimit-Limit", "100"),
+                ("RateLimit-Remaining", "5"),
+                ("RateLimit-Reset", "9"),
+            ]),
+            at(0),
+        );
+        let combined = parse(
+            &map(&[("RateLimit", "limit=100, remaining=5, reset=9")]),
+            at(0),
+        );
+        let expected = Some(Observed {
+            limit: Some(100),
+            remaining: Some(5),
+            reset: Some(Duration::from_secs(9)),
+        });
+        assert_eq!(separate.requests, expected);
+        assert_eq!(combined.requests, expected);
+    }
+
+    #[test]
+    fn openai_requests_and_tokens_with_go_durations() {
+        let seen = parse(
+            &map(&[
+                ("x-ratelimit-limit-requests", "500"),
+                ("x-ratelimit-remaining-requests", "499"),
+                ("x-ratelimit-reset-requests", "120ms"),
+                ("x-ratelimit-limit-tokens", "30000"),
+                ("x-ratelimit-remaining-tokens", "29000"),
+                ("x-ratelimit-reset-tokens", "6m0s"),
+            ]),
+            at(0),
+        );
+        assert_eq!(
+            seen.requests.unwrap().reset,
+            Some(Duration::from_millis(120))
+        );
+        assert_eq!(
+            seen.tokens,
+            Some(Observed {
+                limit: Some(30000),
+                remaining: Some(29000),
+                reset: Some(Duration::from_secs(360)),
+            })
+        );
+    }
+
+    #[test]
+    fn retry_after_date_and_seconds_take_the_longer() {
+        let now = at(1_445_412_470);
+        let seen = parse(
+            &map(&[
+                ("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"),
+                ("X-Ratelimit-Retry", "4"),
+            ]),
+            now,
+        );
+        assert_eq!(seen.retry_after, Some(Duration::from_secs(10)));
+        let past = parse(
+            &map(&[("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT")]),
+            at(1_445_412_490),
+        );
+        assert_eq!(past.retry_after, Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn malformed_negative_sentinel_and_absurd_values_are_ignored() {
+        let seen = parse(
+            &map(&[
+                ("X-Ratelimit-Limit", "-1"),
+                ("X-Ratelimit-Remaining", "lots"),
+                ("X-Ratelimit-Reset", "99999999"),
+                ("X-Ratelimit-Retry", "1e3"),
+                ("Retry-After", "-5"),
+                ("x-ratelimit-remaining-tokens", "99999999999999999999999"),
+                ("x-ratelimit-reset-tokens", "9999999h"),
+                ("RateLimit", r#""p";r=-3;t=abc"#),
+            ]),
+            at(0),
+        );
+        assert!(seen.is_empty(), "{seen:?}");
+    }
+
+    #[test]
+    fn most_restrictive_family_wins() {
+        let seen = parse(
+            &map(&[
+                ("X-Ratelimit-Remaining", "50"),
+                ("RateLimit-Remaining", "3"),
+                ("RateLimit-Reset", "2"),
+            ]),
+            at(0),
+        );
+        assert_eq!(seen.requests.unwrap().remaining, Some(3));
+    }
+
+    #[test]
+    fn go_durations_edge_cases() {
+        assert_eq!(
+            parse_go_duration("1h2m3.5s"),
+            Some(Duration::from_millis(3_723_500))
+        );
+        assert_eq!(parse_go_duration("0s"), Some(Duration::ZERO));
+        assert_eq!(parse_go_duration("250us"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_go_duration("5"), None);
+        assert_eq!(parse_go_duration("s"), None);
+        assert_eq!(parse_go_duration("1.2.3s"), None);
+        assert_eq!(parse_go_duration("3d"), None);
+        assert_eq!(parse_go_duration(""), None);
+    }
+}
