@@ -1,1 +1,81 @@
-//! placeholder
+//! # broker-axum
+//!
+//! Inbound pressure for axum and any tower stack, on the same
+//! [`ResourceBroker`](broker_core::ResourceBroker) that outbound callers use.
+//!
+//! - [`Pressure`] registers a `pressure` config ([`PressureConfig`]) on a
+//!   broker and makes two layers: [`Pressure::layer`], the route/service
+//!   stage before authentication (a per-route override by path prefix beats
+//!   the per-service limit), and [`Pressure::tenant_layer`], the per-tenant
+//!   stage after it, keyed by a [`TenantExtractor`].
+//! - A denial answers at once: `429` with `Retry-After` in whole seconds
+//!   rounded up (never 0) and the draft `RateLimit-Policy` / `RateLimit`
+//!   headers ([`Responses`] configures status, body, legacy headers). A
+//!   request denied by the tenant stage gets its route/service cost back.
+//! - `maxConcurrentRequests`: the permit travels in the response body
+//!   ([`PressureBody`]) and is released when the body ends, fails or is
+//!   dropped (client abort). Upgrades (WebSocket) and `text/event-stream`
+//!   responses release it as soon as the response head is ready.
+//! - A backend failure the broker does not absorb (`BrokerError::Backend`)
+//!   answers [`Responses::backend_error_status`] (default `503` with
+//!   `Retry-After: 1`) and logs a warning; it never becomes a 500 or a panic.
+//! - One `tracing` event per denial (`resource`, `layer`, `wait_ms`,
+//!   `tenant`); nothing per allowed request.
+//! - The services keep the inner service's error type and wrap its body, so
+//!   they compose with axum 0.8 `Router::layer` and with any tower stack.
+//! - [`stats_router`] serves `GET /admin/pressure/stats` (opt-in).
+//!
+//! ## Memory per tenant
+//! The layers keep nothing per tenant. Each tenant is a sub-key of one
+//! registered resource; the backend creates its state on first sight and
+//! evicts it once idle (broker-memory sweeps idle states as the map grows;
+//! broker-redis keys expire). Tenant ids are user data: [`tenant_key`]
+//! keeps short safe ids and hashes everything else, so a flood of random or
+//! hostile ids costs bounded memory and cannot touch another tenant's state.
+//!
+//! ```
+//! use broker_axum::{Pressure, PressureConfig};
+//! use broker_core::ResourceBroker;
+//!
+//! let config = PressureConfig::from_json("inline", r#"{
+//!     "enabled": true,
+//!     "perService": { "rest": { "requestsPerSecond": 50 } },
+//!     "perRoute": [{
+//!         "resource": "gateway:route:webhooks-github",
+//!         "pathPrefix": "/api/v1/webhooks/github",
+//!         "limits": { "requestsPerSecond": 100, "maxConcurrentRequests": 200 }
+//!     }]
+//! }"#).unwrap();
+//! let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
+//! let pressure = Pressure::new(broker.clone(), &config).unwrap();
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/api/v1/webhooks/github", axum::routing::post(|| async { "queued" }))
+//!     .layer(pressure.layer())
+//!     .merge(broker_axum::stats_router(broker));
+//! # let _ = app;
+//! ```
+#![warn(missing_docs)]
+
+mod body;
+pub mod config;
+mod future;
+mod layer;
+mod policy;
+mod pressure;
+mod response;
+mod service;
+mod stats;
+mod tenant;
+
+pub use body::PressureBody;
+pub use config::{PressureConfig, RouteConfig, TenantConfig};
+pub use future::ResponseFuture;
+pub use layer::{PressureLayer, TenantLayer};
+pub use pressure::Pressure;
+pub use response::{
+    retry_after_secs, Responses, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use service::{PressureService, TenantService};
+pub use stats::{stats_router, PressureStats, ResourceView, STATS_PATH};
+pub use tenant::{tenant_key, FromExtension, FromHeader, TenantExtractor, MAX_TENANT_LEN};

@@ -1,0 +1,343 @@
+//! The `pressure` configuration, exactly as a gateway config writes it:
+//!
+//! ```json
+//! {
+//!   "enabled": true,
+//!   "perService": { "rest": { "requestsPerSecond": 50 } },
+//!   "perRoute": [{
+//!     "resource": "gateway:route:webhooks-github",
+//!     "pathPrefix": "/api/v1/webhooks/github",
+//!     "limits": { "requestsPerSecond": 100, "maxConcurrentRequests": 200 }
+//!   }],
+//!   "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 6000 } }
+//! }
+//! ```
+//!
+//! Limits use broker-core's shorthands (`requestsPerSecond`,
+//! `requestsPerMinute`, `tokensPerMinute`, `maxConcurrentRequests`) or
+//! explicit `rates`. Every error names the field it is about, e.g.
+//! `gateway.pressure.perRoute[0].limits: requestsPerSecond: must be greater
+//! than zero (got 0)`.
+
+use std::collections::{BTreeMap, HashSet};
+
+use broker_core::{ConfigError, Limits};
+use serde::{Deserialize, Serialize};
+
+/// Resource id prefix of per-service resources: `pressure:service:<name>`.
+pub const SERVICE_RESOURCE_PREFIX: &str = "pressure:service:";
+/// Default resource id of the per-tenant resource (its states are keyed by
+/// tenant).
+pub const DEFAULT_TENANT_RESOURCE: &str = "pressure:tenant";
+
+/// The `pressure` object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PressureConfig {
+    /// When false, the layers pass every request through untouched (and call
+    /// no broker). Defaults to true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Limits per service name. A layer applies one service's limits to
+    /// every request that no `perRoute` entry matches.
+    #[serde(default)]
+    pub per_service: BTreeMap<String, Limits>,
+    /// Per-route overrides, matched by path prefix; the longest matching
+    /// prefix wins and replaces the service limit for that request.
+    #[serde(default)]
+    pub per_route: Vec<RouteConfig>,
+    /// The per-tenant quota, applied after authentication.
+    #[serde(default)]
+    pub per_tenant: TenantConfig,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_tenant_resource() -> String {
+    DEFAULT_TENANT_RESOURCE.to_owned()
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            per_service: BTreeMap::new(),
+            per_route: Vec::new(),
+            per_tenant: TenantConfig::default(),
+        }
+    }
+}
+
+/// One `perRoute` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The broker resource id (shared with anything else that uses it,
+    /// e.g. `enqueue` calls on the same id).
+    pub resource: String,
+    /// Requests whose path is this prefix, or continues it after a `/`,
+    /// match (`/api/webhooks` matches `/api/webhooks` and
+    /// `/api/webhooks/stripe`, not `/api/webhooksx`). Must start with `/`.
+    pub path_prefix: String,
+    /// The limits. Empty limits exempt the route from the service limit.
+    pub limits: Limits,
+}
+
+/// The `perTenant` object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Whether the tenant stage limits anything.
+    #[serde(default)]
+    pub enabled: bool,
+    /// The limits every tenant gets, each tenant its own state.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The broker resource id whose sub-keys are the tenants.
+    #[serde(default = "default_tenant_resource")]
+    pub resource: String,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            limits: Limits::default(),
+            resource: default_tenant_resource(),
+        }
+    }
+}
+
+/// The resource id of the per-service resource of `service`.
+pub fn service_resource(service: &str) -> String {
+    format!("{SERVICE_RESOURCE_PREFIX}{service}")
+}
+
+impl PressureConfig {
+    /// Parses the `pressure` object itself (named `source_name` in errors)
+    /// and validates it.
+    ///
+    /// ```
+    /// use broker_axum::PressureConfig;
+    /// let c = PressureConfig::from_json("inline", r#"{"perService": {"rest": {"requestsPerSecond": 50}}}"#).unwrap();
+    /// assert!(c.enabled);
+    /// let e = PressureConfig::from_json("inline", r#"{"perRoute": [{"resource": "r", "pathPrefix": "/a", "limits": {"requestsPerSecond": 0}}]}"#)
+    ///     .unwrap_err();
+    /// assert!(e.to_string().contains("perRoute[0].limits"), "{e}");
+    /// ```
+    pub fn from_json(source_name: &str, text: &str) -> Result<Self, ConfigError> {
+        let config: Self =
+            broker_core::config::parse(source_name, text, broker_core::config::Format::Json)?;
+        config.validate_at(source_name, "")?;
+        Ok(config)
+    }
+
+    /// Parses a whole config document and takes its `pressure` object, found
+    /// at the top level or one level down (e.g. `gateway.pressure`), then
+    /// validates it. Errors name the full path.
+    ///
+    /// ```
+    /// use broker_axum::PressureConfig;
+    /// let doc = r#"{"gateway": {"pressure": {"perTenant": {"enabled": true, "limits": {"requestsPerMinute": -1}}}}}"#;
+    /// let e = PressureConfig::from_document("kb.config.json", doc).unwrap_err();
+    /// assert!(e.to_string().contains("gateway.pressure.perTenant.limits.requestsPerMinute"), "{e}");
+    /// ```
+    pub fn from_document(source_name: &str, text: &str) -> Result<Self, ConfigError> {
+        let fail = |message: String| ConfigError::Parse {
+            source_name: source_name.to_owned(),
+            message,
+        };
+        let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
+        let (prefix, value) = find_pressure(doc).ok_or_else(|| {
+            fail("no `pressure` object at the top level or one level down".into())
+        })?;
+        let config: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let at = if path.is_empty() || path == "." {
+                prefix.clone()
+            } else {
+                format!("{prefix}.{path}")
+            };
+            fail(format!("at {at}: {}", e.inner()))
+        })?;
+        config.validate_at(source_name, &prefix)?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: path prefixes, resource ids, duplicates,
+    /// an enabled tenant stage without limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_at("<config>", "")
+    }
+
+    fn validate_at(&self, source_name: &str, prefix: &str) -> Result<(), ConfigError> {
+        let at = |field: String| {
+            if prefix.is_empty() {
+                field
+            } else {
+                format!("{prefix}.{field}")
+            }
+        };
+        let bad = |field: String, reason: &str| ConfigError::Invalid {
+            field: format!("{source_name}: {}", at(field)),
+            reason: reason.to_owned(),
+        };
+        let mut ids = HashSet::new();
+        for name in self.per_service.keys() {
+            if name.is_empty() {
+                return Err(bad("perService".into(), "a service name is empty"));
+            }
+            let id = service_resource(name);
+            check_id(&id).map_err(|r| bad(format!("perService.{name}"), r))?;
+            ids.insert(id);
+        }
+        for (i, route) in self.per_route.iter().enumerate() {
+            let field = format!("perRoute[{i}]");
+            check_id(&route.resource).map_err(|r| bad(format!("{field}.resource"), r))?;
+            if !ids.insert(route.resource.clone()) {
+                return Err(bad(
+                    format!("{field}.resource"),
+                    "used twice (each route and service needs its own resource id)",
+                ));
+            }
+            if !route.path_prefix.starts_with('/') {
+                return Err(bad(format!("{field}.pathPrefix"), "must start with `/`"));
+            }
+        }
+        let tenant = &self.per_tenant;
+        if tenant.enabled {
+            check_id(&tenant.resource).map_err(|r| bad("perTenant.resource".into(), r))?;
+            if ids.contains(&tenant.resource) {
+                return Err(bad(
+                    "perTenant.resource".into(),
+                    "is also a route or service resource",
+                ));
+            }
+            if tenant.limits.rates.is_empty() && tenant.limits.max_concurrent.is_none() {
+                return Err(bad(
+                    "perTenant.limits".into(),
+                    "the tenant stage is enabled but sets no limit",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_id(id: &str) -> Result<(), &'static str> {
+    if id.is_empty() || id.len() > 256 {
+        Err("a resource id must be 1..=256 bytes")
+    } else {
+        Ok(())
+    }
+}
+
+fn find_pressure(doc: serde_json::Value) -> Option<(String, serde_json::Value)> {
+    let serde_json::Value::Object(mut root) = doc else {
+        return None;
+    };
+    if let Some(p) = root.remove("pressure") {
+        return Some(("pressure".into(), p));
+    }
+    root.into_iter().find_map(|(k, v)| match v {
+        serde_json::Value::Object(mut o) => {
+            o.remove("pressure").map(|p| (format!("{k}.pressure"), p))
+        }
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: &str = r#"{
+      "gateway": {
+        "pressure": {
+          "enabled": true,
+          "perService": { "rest": { "requestsPerSecond": 50 } },
+          "perRoute": [{
+            "resource": "gateway:route:webhooks-github",
+            "pathPrefix": "/api/v1/webhooks/github",
+            "limits": { "requestsPerSecond": 100, "maxConcurrentRequests": 200 }
+          }],
+          "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 6000 } }
+        }
+      }
+    }"#;
+
+    #[test]
+    fn seed_document_parses_to_its_limits() {
+        let c = PressureConfig::from_document("kb.config.json", SEED).unwrap();
+        assert!(c.enabled);
+        assert_eq!(c.per_service["rest"].rates[0].amount, 50);
+        let route = &c.per_route[0];
+        assert_eq!(route.resource, "gateway:route:webhooks-github");
+        assert_eq!(route.path_prefix, "/api/v1/webhooks/github");
+        assert_eq!(route.limits.rates[0].amount, 100);
+        assert_eq!(route.limits.max_concurrent, Some(200));
+        assert!(c.per_tenant.enabled);
+        assert_eq!(
+            c.per_tenant.limits.rates[0].period,
+            std::time::Duration::from_secs(60)
+        );
+        assert_eq!(c.per_tenant.resource, DEFAULT_TENANT_RESOURCE);
+    }
+
+    #[test]
+    fn zero_limit_error_names_the_full_path() {
+        let doc = SEED.replace("\"requestsPerSecond\": 100", "\"requestsPerSecond\": 0");
+        let e = PressureConfig::from_document("kb.config.json", &doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("kb.config.json: "), "{e}");
+        assert!(e.contains("gateway.pressure.perRoute[0].limits"), "{e}");
+        assert!(e.contains("requestsPerSecond"), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_is_rejected_with_its_path() {
+        let doc = SEED.replace("\"pathPrefix\"", "\"pathprefix\"");
+        let e = PressureConfig::from_document("x.json", &doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gateway.pressure.perRoute[0]"), "{e}");
+        assert!(e.contains("pathprefix"), "{e}");
+    }
+
+    #[test]
+    fn path_prefix_without_slash_is_rejected() {
+        let doc = SEED.replace("\"/api/v1/webhooks/github\"", "\"api\"");
+        let e = PressureConfig::from_document("x.json", &doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gateway.pressure.perRoute[0].pathPrefix"), "{e}");
+    }
+
+    #[test]
+    fn enabled_tenant_stage_without_limits_is_rejected() {
+        let e = PressureConfig::from_json("p.json", r#"{"perTenant": {"enabled": true}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("perTenant.limits"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_route_resource_is_rejected() {
+        let text = r#"{"perRoute": [
+            {"resource": "r", "pathPrefix": "/a", "limits": {}},
+            {"resource": "r", "pathPrefix": "/b", "limits": {}}]}"#;
+        let e = PressureConfig::from_json("p.json", text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("perRoute[1].resource"), "{e}");
+    }
+
+    #[test]
+    fn document_without_pressure_is_an_error() {
+        let e = PressureConfig::from_document("x.json", r#"{"gateway": {}}"#).unwrap_err();
+        assert!(e.to_string().contains("no `pressure`"), "{e}");
+    }
+}

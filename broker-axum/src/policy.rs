@@ -1,0 +1,176 @@
+//! The shared, immutable state of one [`crate::Pressure`]: the broker, the
+//! resolved route table, the service and tenant resources, the responses.
+//! Every layer and service clone points at the same one, and all limiter
+//! state lives in the broker, so clones never split a limit.
+
+use std::sync::Arc;
+
+use broker_core::{ConfigError, Limits, ResourceBroker};
+
+use crate::config::{service_resource, PressureConfig};
+use crate::response::{RateHeaders, Responses};
+
+/// A resource the layer acquires on, with its headers built once.
+#[derive(Debug, Clone)]
+pub(crate) struct Limited {
+    pub(crate) id: Arc<str>,
+    pub(crate) headers: RateHeaders,
+}
+
+impl Limited {
+    fn register(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
+        broker.register_limit(id, limits.clone())?;
+        Ok(Self {
+            id: id.into(),
+            headers: RateHeaders::new(id, limits),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Route {
+    prefix: Box<str>,
+    pub(crate) limited: Limited,
+}
+
+/// Which resource an admission is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Stage {
+    /// The per-route override at this index.
+    Route(usize),
+    /// The per-service limit.
+    Service,
+    /// The per-tenant limit.
+    Tenant,
+}
+
+impl Stage {
+    /// The `layer` field of log events.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Stage::Route(_) => "route",
+            Stage::Service => "service",
+            Stage::Tenant => "tenant",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Policy {
+    pub(crate) broker: ResourceBroker,
+    pub(crate) enabled: bool,
+    /// Longest prefix first.
+    routes: Vec<Route>,
+    service: Option<Limited>,
+    tenant: Option<Limited>,
+    pub(crate) responses: Responses,
+}
+
+/// `path` is `prefix` or continues it after a `/`.
+fn prefix_matches(path: &str, prefix: &str) -> bool {
+    path.starts_with(prefix)
+        && (path.len() == prefix.len()
+            || prefix.ends_with('/')
+            || path.as_bytes()[prefix.len()] == b'/')
+}
+
+impl Policy {
+    /// Registers the resources of `config` (limit-only) on `broker`.
+    pub(crate) fn new(
+        broker: ResourceBroker,
+        config: &PressureConfig,
+        service: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let service = match service {
+            Some(name) => {
+                let limits = config.per_service.get(name).ok_or_else(|| {
+                    ConfigError::invalid(
+                        format!("perService.{name}"),
+                        "no such service in the config",
+                    )
+                })?;
+                Some(Limited::register(&broker, &service_resource(name), limits)?)
+            }
+            None if config.per_service.len() > 1 => {
+                return Err(ConfigError::invalid(
+                    "perService",
+                    "several services are configured: pick one with Pressure::for_service",
+                ))
+            }
+            None => match config.per_service.iter().next() {
+                Some((name, limits)) => {
+                    Some(Limited::register(&broker, &service_resource(name), limits)?)
+                }
+                None => None,
+            },
+        };
+        let mut routes = config
+            .per_route
+            .iter()
+            .map(|r| {
+                Ok(Route {
+                    prefix: r.path_prefix.as_str().into(),
+                    limited: Limited::register(&broker, &r.resource, &r.limits)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        let tenant = if config.per_tenant.enabled {
+            let t = &config.per_tenant;
+            Some(Limited::register(&broker, &t.resource, &t.limits)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            broker,
+            enabled: config.enabled,
+            routes,
+            service,
+            tenant,
+            responses: Responses::default(),
+        })
+    }
+
+    /// The stage that limits a request to `path` before authentication:
+    /// the longest matching route, else the service, else none.
+    pub(crate) fn stage_for(&self, path: &str) -> Option<Stage> {
+        if let Some(i) = self
+            .routes
+            .iter()
+            .position(|r| prefix_matches(path, &r.prefix))
+        {
+            return Some(Stage::Route(i));
+        }
+        self.service.as_ref().map(|_| Stage::Service)
+    }
+
+    /// Whether the tenant stage limits anything.
+    pub(crate) fn has_tenant_stage(&self) -> bool {
+        self.enabled && self.tenant.is_some()
+    }
+
+    /// The resource of `stage`.
+    pub(crate) fn limited(&self, stage: Stage) -> Option<&Limited> {
+        match stage {
+            Stage::Route(i) => self.routes.get(i).map(|r| &r.limited),
+            Stage::Service => self.service.as_ref(),
+            Stage::Tenant => self.tenant.as_ref(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_matches_on_segment_boundaries_only() {
+        assert!(prefix_matches("/api/hooks", "/api/hooks"));
+        assert!(prefix_matches("/api/hooks/stripe", "/api/hooks"));
+        assert!(!prefix_matches("/api/hooksx", "/api/hooks"));
+        assert!(prefix_matches("/api/hooks/x", "/api/"));
+        assert!(prefix_matches("/anything", "/"));
+        assert!(!prefix_matches("/api", "/api/hooks"));
+    }
+}

@@ -1,0 +1,85 @@
+//! [`Pressure`]: a `pressure` config registered on a broker, from which
+//! the two layers are made.
+
+use std::sync::Arc;
+
+use broker_core::{ConfigError, ResourceBroker};
+
+use crate::config::PressureConfig;
+use crate::layer::{PressureLayer, TenantLayer};
+use crate::policy::Policy;
+use crate::response::Responses;
+use crate::tenant::TenantExtractor;
+
+/// A `pressure` config registered on a [`ResourceBroker`]: every route,
+/// service and tenant limit becomes a limit-only resource of the broker
+/// (visible in `broker.stats()`), so all instances on one shared backend
+/// enforce one limit, and every layer made from it shares that state.
+///
+/// ```
+/// use broker_axum::{FromHeader, Pressure, PressureConfig};
+/// use broker_core::ResourceBroker;
+/// use broker_memory::MemoryBackend;
+///
+/// let config = PressureConfig::from_json("inline", r#"{
+///     "perService": { "rest": { "requestsPerSecond": 50 } },
+///     "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 6000 } }
+/// }"#).unwrap();
+/// let pressure = Pressure::new(ResourceBroker::new(MemoryBackend::new()), &config).unwrap();
+/// let app: axum::Router = axum::Router::new()
+///     .route("/", axum::routing::get(|| async { "ok" }))
+///     .layer(pressure.tenant_layer(FromHeader::new(http::HeaderName::from_static("x-tenant"))))
+///     // .layer(your_auth_layer)
+///     .layer(pressure.layer());
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Pressure {
+    policy: Arc<Policy>,
+}
+
+impl Pressure {
+    /// Registers `config` on `broker`. The per-service limit is the only
+    /// `perService` entry (none: only routes are limited); a config with
+    /// several services needs [`Pressure::for_service`].
+    pub fn new(broker: ResourceBroker, config: &PressureConfig) -> Result<Self, ConfigError> {
+        Ok(Self {
+            policy: Arc::new(Policy::new(broker, config, None)?),
+        })
+    }
+
+    /// Registers `config` on `broker`, taking the `perService` entry named
+    /// `service` as the per-service limit.
+    pub fn for_service(
+        broker: ResourceBroker,
+        config: &PressureConfig,
+        service: &str,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self {
+            policy: Arc::new(Policy::new(broker, config, Some(service))?),
+        })
+    }
+
+    /// Sets how denials and backend failures are answered (for layers made
+    /// after this call).
+    pub fn with_responses(mut self, responses: Responses) -> Self {
+        Arc::make_mut(&mut self.policy).responses = responses;
+        self
+    }
+
+    /// The broker the limits live on.
+    pub fn broker(&self) -> &ResourceBroker {
+        &self.policy.broker
+    }
+
+    /// The route/service stage: put it outermost, before authentication.
+    pub fn layer(&self) -> PressureLayer {
+        PressureLayer::new(self.policy.clone())
+    }
+
+    /// The tenant stage: put it inside authentication, so `extractor` sees
+    /// what auth set. Passes everything when `perTenant` is not enabled.
+    pub fn tenant_layer<E: TenantExtractor>(&self, extractor: E) -> TenantLayer<E> {
+        TenantLayer::new(self.policy.clone(), extractor)
+    }
+}

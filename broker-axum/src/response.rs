@@ -1,0 +1,221 @@
+//! What a denied or failed admission answers: `429` (configurable) with
+//! `Retry-After` in whole seconds rounded up (never 0), the IETF draft
+//! `RateLimit-Policy` / `RateLimit` headers, optionally the legacy
+//! `X-RateLimit-*` headers; and the answer when the broker's backend fails.
+
+use std::time::Duration;
+
+use broker_core::Limits;
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+
+use crate::body::PressureBody;
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset`.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// How denials and backend failures are answered.
+#[derive(Debug, Clone)]
+pub struct Responses {
+    /// Status of a denial. Default `429 Too Many Requests`.
+    pub denied_status: StatusCode,
+    /// Body of a denial. Default `{"error":"too_many_requests"}`.
+    pub denied_body: Bytes,
+    /// `Content-Type` of the denial body. Default `application/json`.
+    pub denied_content_type: HeaderValue,
+    /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` on denials. Default off.
+    pub legacy_headers: bool,
+    /// Status when the broker's backend fails and its failure policy does
+    /// not cover it (`BrokerError::Backend`). Default `503 Service
+    /// Unavailable`; never a 500 by accident.
+    pub backend_error_status: StatusCode,
+    /// `Retry-After` sent with `backend_error_status` (rounded up to whole
+    /// seconds, at least 1). Default 1 s.
+    pub backend_error_retry_after: Duration,
+}
+
+impl Default for Responses {
+    fn default() -> Self {
+        Self {
+            denied_status: StatusCode::TOO_MANY_REQUESTS,
+            denied_body: Bytes::from_static(br#"{"error":"too_many_requests"}"#),
+            denied_content_type: HeaderValue::from_static("application/json"),
+            legacy_headers: false,
+            backend_error_status: StatusCode::SERVICE_UNAVAILABLE,
+            backend_error_retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `Retry-After` seconds for a wait: rounded up, never below 1 (a
+/// sub-second wait is not "retry now", and a concurrency denial, which has
+/// no known wait, says "in a second").
+///
+/// ```
+/// use broker_axum::retry_after_secs;
+/// use std::time::Duration;
+/// assert_eq!(retry_after_secs(Duration::ZERO), 1);
+/// assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+/// assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+/// assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+/// ```
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// The rate-limit headers of one resource, built once.
+#[derive(Debug, Clone)]
+pub(crate) struct RateHeaders {
+    /// `RateLimit-Policy`, when the resource has rate limits.
+    policy: Option<HeaderValue>,
+    /// The quoted name of the first policy, for `RateLimit`.
+    first_name: String,
+    /// The first rate limit's amount, for `X-RateLimit-Limit`.
+    first_amount: Option<u64>,
+}
+
+/// A structured-field string: printable ASCII, `"` and `\` escaped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl RateHeaders {
+    pub(crate) fn new(resource: &str, limits: &Limits) -> Self {
+        let names: Vec<String> = (0..limits.rates.len())
+            .map(|i| match i {
+                0 => sf_string(resource),
+                _ => sf_string(&format!("{resource}#{i}")),
+            })
+            .collect();
+        let policy = (!limits.rates.is_empty()).then(|| {
+            let items: Vec<String> = limits
+                .rates
+                .iter()
+                .zip(&names)
+                .map(|(r, name)| {
+                    let w = retry_after_secs(r.period);
+                    format!("{name};q={};w={w}", r.burst())
+                })
+                .collect();
+            HeaderValue::from_str(&items.join(", ")).ok()
+        });
+        Self {
+            policy: policy.flatten(),
+            first_name: names.into_iter().next().unwrap_or_default(),
+            first_amount: limits.rates.first().map(|r| r.burst()),
+        }
+    }
+}
+
+fn header_num(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+/// The denial response.
+pub(crate) fn denied<B>(
+    responses: &Responses,
+    headers: &RateHeaders,
+    wait: Duration,
+) -> Response<PressureBody<B>> {
+    let secs = retry_after_secs(wait);
+    let mut res = Response::new(PressureBody::fixed(responses.denied_body.clone()));
+    *res.status_mut() = responses.denied_status;
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, responses.denied_content_type.clone());
+    h.insert(RETRY_AFTER, header_num(secs));
+    if let Some(policy) = &headers.policy {
+        h.insert(RATELIMIT_POLICY, policy.clone());
+        if let Ok(v) = HeaderValue::from_str(&format!("{};r=0;t={secs}", headers.first_name)) {
+            h.insert(RATELIMIT, v);
+        }
+    }
+    if responses.legacy_headers {
+        if let Some(limit) = headers.first_amount {
+            h.insert(X_RATELIMIT_LIMIT, header_num(limit));
+        }
+        h.insert(X_RATELIMIT_REMAINING, header_num(0));
+        h.insert(X_RATELIMIT_RESET, header_num(secs));
+    }
+    res
+}
+
+/// The response when the broker could not answer.
+pub(crate) fn backend_failed<B>(responses: &Responses) -> Response<PressureBody<B>> {
+    let mut res = Response::new(PressureBody::fixed(Bytes::from_static(
+        br#"{"error":"limiter_unavailable"}"#,
+    )));
+    *res.status_mut() = responses.backend_error_status;
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        RETRY_AFTER,
+        header_num(retry_after_secs(responses.backend_error_retry_after)),
+    );
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use broker_core::RateLimit;
+
+    #[test]
+    fn policy_header_lists_every_rate_with_its_window() {
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(100))
+            .rate(RateLimit::per_minute(6000));
+        let h = RateHeaders::new("gw:route", &limits);
+        assert_eq!(
+            h.policy.unwrap().to_str().unwrap(),
+            r#""gw:route";q=100;w=1, "gw:route#1";q=6000;w=60"#
+        );
+    }
+
+    #[test]
+    fn odd_resource_names_are_escaped_in_headers() {
+        let limits = Limits::new().rate(RateLimit::per_second(1));
+        let h = RateHeaders::new("a\"b\\c\u{e9}", &limits);
+        assert_eq!(h.policy.unwrap().to_str().unwrap(), r#""a\"b\\c_";q=1;w=1"#);
+    }
+
+    #[test]
+    fn denial_carries_retry_after_and_draft_headers() {
+        let limits = Limits::new().rate(RateLimit::per_minute(2));
+        let h = RateHeaders::new("r", &limits);
+        let responses = Responses {
+            legacy_headers: true,
+            ..Responses::default()
+        };
+        let res: Response<PressureBody<String>> =
+            denied(&responses, &h, Duration::from_millis(29_001));
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[RETRY_AFTER], "30");
+        assert_eq!(res.headers()[RATELIMIT], r#""r";r=0;t=30"#);
+        assert_eq!(res.headers()[X_RATELIMIT_LIMIT], "2");
+        assert_eq!(res.headers()[X_RATELIMIT_RESET], "30");
+    }
+}

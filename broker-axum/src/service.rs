@@ -1,0 +1,124 @@
+//! [`PressureService`] (route/service stage, before authentication) and
+//! [`TenantService`] (tenant stage, after authentication).
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::Service;
+
+use crate::body::PressureBody;
+use crate::future::{admit, pass, ResponseFuture};
+use crate::policy::{Policy, Stage};
+use crate::tenant::{tenant_key, TenantExtractor};
+
+/// The route/service stage: maps a request to its per-route resource
+/// (longest matching path prefix) or else the per-service one, and answers
+/// a denial at once. Built by [`crate::Pressure::layer`].
+#[derive(Debug, Clone)]
+pub struct PressureService<S> {
+    inner: S,
+    policy: Arc<Policy>,
+}
+
+impl<S> PressureService<S> {
+    pub(crate) fn new(inner: S, policy: Arc<Policy>) -> Self {
+        Self { inner, policy }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// Takes the ready service out of `slot`, leaving a clone (the service
+/// polled ready is the one that is called).
+fn take_ready<S: Clone>(slot: &mut S) -> S {
+    let clone = slot.clone();
+    std::mem::replace(slot, clone)
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for PressureService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqB: Send + 'static,
+{
+    type Response = Response<PressureBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let inner = take_ready(&mut self.inner);
+        let stage = match self.policy.enabled {
+            true => self.policy.stage_for(req.uri().path()),
+            false => None,
+        };
+        match stage {
+            Some(stage) => admit(self.policy.clone(), stage, None, inner, req),
+            None => pass(inner, req),
+        }
+    }
+}
+
+/// The tenant stage: keys the per-tenant resource by the tenant its
+/// [`TenantExtractor`] finds (after [`tenant_key`]), so each tenant has its
+/// own state, created on first sight and evicted by the backend when idle.
+/// Requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
+#[derive(Debug, Clone)]
+pub struct TenantService<S, E> {
+    inner: S,
+    policy: Arc<Policy>,
+    extractor: E,
+}
+
+impl<S, E> TenantService<S, E> {
+    pub(crate) fn new(inner: S, policy: Arc<Policy>, extractor: E) -> Self {
+        Self {
+            inner,
+            policy,
+            extractor,
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, E, ReqB, ResB> Service<Request<ReqB>> for TenantService<S, E>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqB: Send + 'static,
+    E: TenantExtractor,
+{
+    type Response = Response<PressureBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let inner = take_ready(&mut self.inner);
+        if !self.policy.has_tenant_stage() {
+            return pass(inner, req);
+        }
+        let tenant = self
+            .extractor
+            .tenant(req.headers(), req.extensions())
+            .map(|raw| tenant_key(&raw).into_owned());
+        match tenant {
+            Some(tenant) => admit(self.policy.clone(), Stage::Tenant, Some(tenant), inner, req),
+            None => pass(inner, req),
+        }
+    }
+}

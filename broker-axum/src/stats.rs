@@ -1,0 +1,72 @@
+//! `GET /admin/pressure/stats`: the broker's counters as JSON, for ops
+//! dashboards. Opt-in: mount [`stats_router`] behind your own auth.
+
+use std::collections::BTreeMap;
+
+use axum::routing::get;
+use axum::{Json, Router};
+use broker_core::{ResourceBroker, ResourceKind, ResourceStats};
+use serde::{Deserialize, Serialize};
+
+/// The path [`stats_router`] serves.
+pub const STATS_PATH: &str = "/admin/pressure/stats";
+
+/// The stats document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PressureStats {
+    /// Per resource id.
+    pub resources: BTreeMap<String, ResourceView>,
+}
+
+/// One resource's counters, marked when it is limit-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceView {
+    /// True for check + reject resources (every HTTP limit): they have no
+    /// queue, so `queued: 0` says nothing about their health.
+    pub limit_only: bool,
+    /// The counters.
+    #[serde(flatten)]
+    pub stats: ResourceStats,
+}
+
+impl PressureStats {
+    /// A snapshot of `broker`.
+    pub fn of(broker: &ResourceBroker) -> Self {
+        let resources = broker
+            .stats()
+            .resources
+            .into_iter()
+            .map(|(id, stats)| {
+                let view = ResourceView {
+                    limit_only: stats.kind == ResourceKind::LimitOnly,
+                    stats,
+                };
+                (id, view)
+            })
+            .collect();
+        Self { resources }
+    }
+}
+
+/// A router serving `GET /admin/pressure/stats` with [`PressureStats`] of
+/// `broker`. Merge it into your app behind your own authentication.
+///
+/// ```
+/// use broker_core::ResourceBroker;
+/// let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
+/// let admin: axum::Router = broker_axum::stats_router(broker);
+/// # let _ = admin;
+/// ```
+pub fn stats_router<S>(broker: ResourceBroker) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    Router::new().route(
+        STATS_PATH,
+        get(move || {
+            let stats = PressureStats::of(&broker);
+            async move { Json(stats) }
+        }),
+    )
+}

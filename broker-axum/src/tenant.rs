@@ -1,0 +1,198 @@
+//! Who a request is for: the [`TenantExtractor`] trait, the ready-made
+//! [`FromExtension`] (e.g. a claim of a verified JWT put in the request's
+//! extensions by the auth layer) and [`FromHeader`], and [`tenant_key`],
+//! which turns any tenant id (user data) into a bounded, safe sub-key.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::marker::PhantomData;
+
+use http::{Extensions, HeaderMap, HeaderName};
+use sha2::{Digest, Sha256};
+
+/// Longest tenant id used as is; longer ones are hashed.
+pub const MAX_TENANT_LEN: usize = 64;
+
+/// Finds the tenant of a request, after authentication.
+///
+/// Return `None` for a request without a tenant: the tenant stage lets it
+/// pass (the route and service limits still apply).
+///
+/// ```
+/// use std::borrow::Cow;
+/// use broker_axum::TenantExtractor;
+/// use http::{Extensions, HeaderMap};
+///
+/// #[derive(Clone)]
+/// struct Claims { namespace_id: String }
+///
+/// #[derive(Clone)]
+/// struct Namespace;
+/// impl TenantExtractor for Namespace {
+///     fn tenant<'a>(&self, _: &'a HeaderMap, ext: &'a Extensions) -> Option<Cow<'a, str>> {
+///         ext.get::<Claims>().map(|c| Cow::Borrowed(c.namespace_id.as_str()))
+///     }
+/// }
+/// ```
+pub trait TenantExtractor: Clone + Send + Sync + 'static {
+    /// The tenant id of a request with these headers and extensions.
+    fn tenant<'a>(
+        &self,
+        headers: &'a HeaderMap,
+        extensions: &'a Extensions,
+    ) -> Option<Cow<'a, str>>;
+}
+
+/// The tenant is a value of type `T` in the request's extensions (put there
+/// by the auth layer), read through a function.
+///
+/// ```
+/// use broker_axum::FromExtension;
+/// #[derive(Clone)]
+/// struct Claims { namespace_id: String }
+/// let by_namespace = FromExtension::new(|c: &Claims| c.namespace_id.as_str());
+/// # let _ = by_namespace;
+/// ```
+pub struct FromExtension<T, F> {
+    read: F,
+    _t: PhantomData<fn(&T)>,
+}
+
+impl<T, F: Clone> Clone for FromExtension<T, F> {
+    fn clone(&self) -> Self {
+        Self {
+            read: self.read.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T, F> std::fmt::Debug for FromExtension<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FromExtension")
+            .field("type", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T, F> FromExtension<T, F>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
+{
+    /// Reads the tenant id from the extension of type `T` with `read`.
+    pub fn new(read: F) -> Self {
+        Self {
+            read,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T, F> TenantExtractor for FromExtension<T, F>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
+{
+    fn tenant<'a>(&self, _: &'a HeaderMap, extensions: &'a Extensions) -> Option<Cow<'a, str>> {
+        extensions.get::<T>().map(|t| Cow::Borrowed((self.read)(t)))
+    }
+}
+
+/// The tenant is the value of a request header (only sound behind a proxy
+/// that sets it, since clients can send anything). A value that is not
+/// UTF-8 is reduced to a fingerprint; a missing header means no tenant.
+///
+/// ```
+/// use broker_axum::FromHeader;
+/// let by_header = FromHeader::new(http::HeaderName::from_static("x-tenant-id"));
+/// # let _ = by_header;
+/// ```
+#[derive(Debug, Clone)]
+pub struct FromHeader {
+    name: HeaderName,
+}
+
+impl FromHeader {
+    /// Reads the tenant id from header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+impl TenantExtractor for FromHeader {
+    fn tenant<'a>(&self, headers: &'a HeaderMap, _: &'a Extensions) -> Option<Cow<'a, str>> {
+        let value = headers.get(&self.name)?;
+        Some(match value.to_str() {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => Cow::Owned(hashed(value.as_bytes())),
+        })
+    }
+}
+
+fn allowed(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b'+')
+}
+
+fn hashed(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(1 + 32);
+    out.push('~');
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The sub-key a tenant id is stored under: the id itself when it is
+/// 1..=[`MAX_TENANT_LEN`] bytes of `[A-Za-z0-9._@+-]`, else `~` and a
+/// 128-bit SHA-256 prefix of its bytes (`~` never occurs in a kept id, so
+/// the two forms cannot collide). Bounded in size, safe in keys and logs,
+/// and total: no input panics.
+///
+/// ```
+/// use broker_axum::tenant_key;
+/// assert_eq!(tenant_key("acme-42"), "acme-42");
+/// let odd = tenant_key("a:b{c}\n");
+/// assert!(odd.starts_with('~') && odd.len() == 33);
+/// assert_eq!(tenant_key(&"x".repeat(10_000)).len(), 33);
+/// ```
+pub fn tenant_key(id: &str) -> Cow<'_, str> {
+    if !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(allowed) {
+        Cow::Borrowed(id)
+    } else {
+        Cow::Owned(hashed(id.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_odd_ids_get_distinct_keys() {
+        assert_ne!(tenant_key("a b"), tenant_key("a  b"));
+        assert_ne!(tenant_key(""), tenant_key(" "));
+    }
+
+    #[test]
+    fn kept_and_hashed_forms_cannot_collide() {
+        let hashed = tenant_key("not allowed!").into_owned();
+        assert_eq!(tenant_key(&hashed), tenant_key(&hashed));
+        assert_ne!(tenant_key(&hashed).as_ref(), hashed.as_str());
+    }
+
+    #[test]
+    fn non_utf8_header_value_is_fingerprinted() {
+        let mut headers = HeaderMap::new();
+        let name = HeaderName::from_static("x-tenant");
+        headers.insert(
+            name.clone(),
+            http::HeaderValue::from_bytes(&[0xff, 0xfe, b'a']).unwrap(),
+        );
+        let extensions = Extensions::new();
+        let t = FromHeader::new(name).tenant(&headers, &extensions).unwrap();
+        assert!(t.starts_with('~'));
+        assert_eq!(tenant_key(&t).len(), 33);
+    }
+}
