@@ -104,7 +104,11 @@ impl From<Limits> for LimitsConfig {
 
 /// Settings of a resource used with `enqueue` (and `try_acquire`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    try_from = "RawResourceConfig"
+)]
 pub struct ResourceConfig {
     /// The limits.
     pub limits: Limits,
@@ -119,6 +123,46 @@ pub struct ResourceConfig {
     /// How `enqueue` retries.
     #[serde(default)]
     pub retry: crate::retry::RetryPolicy,
+    /// Spend this fraction under every rate (0 to 0.5, default 0): absorbs
+    /// the drift between our send time and the upstream's receive time
+    /// (see [`crate::pacing`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pacing_margin: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// [`ResourceConfig`] as written, before validation.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawResourceConfig {
+    limits: Limits,
+    #[serde(default = "default_queue_capacity")]
+    queue_capacity: usize,
+    #[serde(default = "default_lease_ttl", with = "humantime_serde")]
+    lease_ttl: Duration,
+    #[serde(default)]
+    retry: crate::retry::RetryPolicy,
+    #[serde(default)]
+    pacing_margin: f64,
+}
+
+impl TryFrom<RawResourceConfig> for ResourceConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawResourceConfig) -> Result<Self, ConfigError> {
+        let config = ResourceConfig {
+            limits: raw.limits,
+            queue_capacity: raw.queue_capacity,
+            lease_ttl: raw.lease_ttl,
+            retry: raw.retry,
+            pacing_margin: raw.pacing_margin,
+        };
+        config.validate()?;
+        Ok(config)
+    }
 }
 
 fn default_queue_capacity() -> usize {
@@ -137,7 +181,20 @@ impl ResourceConfig {
             queue_capacity: default_queue_capacity(),
             lease_ttl: default_lease_ttl(),
             retry: Default::default(),
+            pacing_margin: 0.0,
         }
+    }
+
+    /// Sets the pacing margin (see [`crate::pacing`]).
+    pub fn pacing_margin(mut self, margin: f64) -> Self {
+        self.pacing_margin = margin;
+        self
+    }
+
+    /// The limits the buckets enforce: [`ResourceConfig::limits`] paced
+    /// [`ResourceConfig::pacing_margin`] under.
+    pub fn paced_limits(&self) -> Limits {
+        crate::pacing::paced(&self.limits, self.pacing_margin)
     }
 
     /// Sets the queue capacity.
@@ -167,6 +224,7 @@ impl ResourceConfig {
                 value: "0s".into(),
             });
         }
+        crate::pacing::validate(self.pacing_margin)?;
         self.retry.validate()
     }
 }

@@ -18,9 +18,12 @@ pub mod headers;
 pub mod keys;
 pub mod limits;
 pub mod observed;
+pub mod pacing;
 pub mod retry;
 pub mod state;
 pub mod stats;
+pub mod supplier;
+pub mod telemetry;
 
 pub use backend::Backend;
 pub use broker::{Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, Target};

@@ -73,6 +73,56 @@ impl<T, E> Outcome<T, E> {
         }
     }
 
+    /// A failure of class `class` (from [`OutcomeClass::from_status`]) with
+    /// the response's headers: a 429 takes its `Retry-After` from them.
+    /// An `Ok` class given here is a success status whose body could not be
+    /// used, which no retry fixes: it becomes [`Outcome::Fatal`].
+    ///
+    /// ```
+    /// use broker_core::{headers, Outcome, OutcomeClass};
+    /// use http::HeaderMap;
+    /// let mut h = HeaderMap::new();
+    /// h.insert("retry-after", "7".parse().unwrap());
+    /// let seen = headers::parse_now(&h);
+    /// let o: Outcome<(), &str> = Outcome::failed(OutcomeClass::from_status(429), "slow down", Some(seen));
+    /// assert_eq!(o.retry_after(), Some(std::time::Duration::from_secs(7)));
+    /// ```
+    pub fn failed(class: OutcomeClass, error: E, observed: Option<ObservedLimit>) -> Self {
+        match class {
+            OutcomeClass::RateLimited => Outcome::RateLimited {
+                error,
+                retry_after: observed.and_then(|o| o.retry_after),
+                observed,
+            },
+            OutcomeClass::Transient => Outcome::Transient(error),
+            OutcomeClass::Ok | OutcomeClass::Fatal => Outcome::Fatal(error),
+        }
+    }
+
+    /// Attaches the response's rate-limit headers (to a success or a 429).
+    pub fn with_observed(mut self, seen: ObservedLimit) -> Self {
+        match &mut self {
+            Outcome::Ok { observed, .. } | Outcome::RateLimited { observed, .. } => {
+                *observed = Some(seen)
+            }
+            Outcome::Transient(_) | Outcome::Fatal(_) => {}
+        }
+        self
+    }
+
+    /// The delay the upstream asked for: `retry_after`, else the one in the
+    /// observed headers.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Outcome::RateLimited {
+                retry_after,
+                observed,
+                ..
+            } => retry_after.or(observed.and_then(|o| o.retry_after)),
+            _ => None,
+        }
+    }
+
     /// The class of this outcome.
     pub fn class(&self) -> OutcomeClass {
         match self {
@@ -116,7 +166,12 @@ impl OutcomeClass {
     }
 }
 
-/// How `enqueue` retries.
+/// How `enqueue` retries, and the pauses for callers who run their own
+/// loop ([`RetryPolicy::pause`]).
+///
+/// The retry budget is `max_attempts` (attempts in all, the first
+/// included); running out of it is its own error
+/// ([`crate::EnqueueError::RetriesExhausted`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RetryPolicy {
@@ -167,7 +222,9 @@ impl RetryPolicy {
 
     /// The one wait ceiling: `max(wait_ceiling, N × longest window + margin)`.
     /// It bounds the wait for a slot and every retry pause, so a retry can
-    /// always outwait one full window of the upstream.
+    /// always outwait one full window of the upstream, and a penalty set
+    /// after a 429 (at most one pause long) never makes the next wait for a
+    /// slot exceed the ceiling and fail before the upstream is asked again.
     ///
     /// ```
     /// use broker_core::{Limits, RateLimit, RetryPolicy};
@@ -179,6 +236,35 @@ impl RetryPolicy {
         let windows = limits.longest_period().saturating_mul(self.ceiling_windows);
         self.wait_ceiling
             .max(windows.saturating_add(self.ceiling_margin))
+    }
+
+    /// The pause before retrying after `attempt` ended in `class`, or `None`
+    /// when the class is not retried ([`OutcomeClass::is_retryable`]) or the
+    /// retry budget is spent. Every pause is at most [`RetryPolicy::ceiling`].
+    ///
+    /// ```
+    /// use broker_core::{Limits, OutcomeClass, RateLimit, RetryPolicy};
+    /// use std::time::Duration;
+    /// let limits = Limits::new().rate(RateLimit::per_minute(1));
+    /// let p = RetryPolicy::default();
+    /// let pause = p.pause(OutcomeClass::RateLimited, 1, Some(Duration::from_secs(1)), &limits);
+    /// assert_eq!(pause, Some(Duration::from_secs(60)));
+    /// assert_eq!(p.pause(OutcomeClass::Fatal, 1, None, &limits), None);
+    /// ```
+    pub fn pause(
+        &self,
+        class: OutcomeClass,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        limits: &Limits,
+    ) -> Option<Duration> {
+        if !class.is_retryable() || attempt >= self.max_attempts {
+            return None;
+        }
+        Some(match class {
+            OutcomeClass::RateLimited => self.rate_limited_pause(attempt, retry_after, limits),
+            _ => self.transient_pause(attempt, limits),
+        })
     }
 
     /// Exponential step for `attempt` (1-based): `base × 2^(attempt-1)`.

@@ -26,6 +26,11 @@ pub struct Counters {
     pub(crate) backend_errors: AtomicU64,
     pub(crate) completed: AtomicU64,
     pub(crate) failed: AtomicU64,
+    pub(crate) reconciles: AtomicU64,
+    /// The last upstream request limit logged as calibration material.
+    pub(crate) observed_request_limit: AtomicU64,
+    /// The last upstream token limit logged as calibration material.
+    pub(crate) observed_token_limit: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -59,6 +64,7 @@ impl Counters {
             backend_errors: get(&self.backend_errors),
             completed: get(&self.completed),
             failed: get(&self.failed),
+            reconciles: get(&self.reconciles),
         }
     }
 }
@@ -106,6 +112,10 @@ pub struct ResourceStats {
     pub completed: u64,
     /// `enqueue` calls that ended in an error.
     pub failed: u64,
+    /// Upstream headers that narrowed a bucket (`reconcile` calls sent to
+    /// the backend).
+    #[serde(default)]
+    pub reconciles: u64,
 }
 
 /// Snapshot of every resource, by id.
@@ -113,4 +123,18 @@ pub struct ResourceStats {
 pub struct BrokerStats {
     /// Per resource.
     pub resources: BTreeMap<String, ResourceStats>,
+}
+
+/// Reachability of a shared state store, as its failure policy saw it
+/// (see [`crate::Backend::health`]). In-memory stores are never down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendHealth {
+    /// The store is unreachable now; the failure policy answers.
+    pub down: bool,
+    /// Outages seen since start (each logged once).
+    pub outages: u64,
+    /// Calls answered by the failure policy because the store was
+    /// unreachable (fail-closed errors included).
+    pub handled_errors: u64,
 }

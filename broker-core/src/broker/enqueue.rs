@@ -12,10 +12,12 @@ use super::{note_backend_error, Permit, Resource, ResourceBroker, Target};
 use crate::backend::Backend;
 use crate::clock::Micros;
 use crate::error::BrokerError;
-use crate::limits::Cost;
+use crate::limits::{Cost, Unit};
+use crate::observed::ObservedLimit;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
 use crate::state::LeaseId;
 use crate::stats::{add, bump, drop_one};
+use crate::telemetry::{self, Signal};
 
 /// Passed to the work on every attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +107,7 @@ impl Booking {
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
             bump(&self.resource.counters.waits);
+            telemetry::count(&self.resource.id, Signal::LocalWait);
             add(&self.resource.counters.wait_micros, self.wait);
             tokio::time::sleep(Duration::from_micros(self.wait)).await;
         }
@@ -281,8 +284,9 @@ impl ResourceBroker {
         };
         let mut place = QueuePlace::enter(&resource)?;
         let policy: &RetryPolicy = &resource.config.retry;
-        let limits = &resource.config.limits;
-        let ceiling = policy.ceiling(limits);
+        let limits = resource.config.paced_limits();
+        // One ceiling bounds the wait for a slot and every retry pause.
+        let ceiling = policy.ceiling(&limits);
         let mut number = 0;
         let result = loop {
             number += 1;
@@ -325,7 +329,9 @@ impl ResourceBroker {
             let outcome = work(Attempt { number, cost }).await;
             drop(permit);
             place.set_running(false);
-            match outcome {
+            let class = outcome.class();
+            let retry_after = outcome.retry_after();
+            let error = match outcome {
                 Outcome::Ok {
                     value,
                     usage,
@@ -343,54 +349,35 @@ impl ResourceBroker {
                         }
                     }
                     if let Some(observed) = observed {
+                        // Likewise: a failed reconcile never fails the response.
                         let _ = self.reconcile_key(&resource, &key, &observed).await;
                     }
                     break Ok(value);
                 }
-                Outcome::Fatal(error) => {
-                    break Err(EnqueueError::Fatal {
-                        error,
-                        attempts: number,
-                    })
-                }
                 Outcome::RateLimited {
-                    error,
-                    retry_after,
-                    observed,
+                    error, observed, ..
                 } => {
-                    bump(&resource.counters.upstream_429);
-                    let pause = policy.rate_limited_pause(number, retry_after, limits);
-                    tracing::info!(resource = %resource.id, attempt = number, retry_after_ms = retry_after.map(|d| d.as_millis() as u64), pause_ms = pause.as_millis() as u64, "upstream 429");
-                    if let Err(e) = self
-                        .inner
-                        .backend
-                        .penalize(&key, &resource.spec, pause)
-                        .await
-                    {
-                        note_backend_error(&resource, "penalize", &e);
-                    }
+                    let hold = policy.rate_limited_pause(number, retry_after, &limits);
+                    self.note_upstream_429(&resource, &key, number, retry_after, hold)
+                        .await;
                     if let Some(observed) = observed {
                         let _ = self.reconcile_key(&resource, &key, &observed).await;
                     }
-                    if number >= policy.max_attempts {
-                        break Err(exhausted(
-                            &resource,
-                            error,
-                            number,
-                            OutcomeClass::RateLimited,
-                        ));
-                    }
-                    bump(&resource.counters.retries);
-                    tokio::time::sleep(pause).await;
+                    error
                 }
-                Outcome::Transient(error) => {
-                    if number >= policy.max_attempts {
-                        break Err(exhausted(&resource, error, number, OutcomeClass::Transient));
-                    }
-                    bump(&resource.counters.retries);
-                    tokio::time::sleep(policy.transient_pause(number, limits)).await;
-                }
+                Outcome::Transient(error) | Outcome::Fatal(error) => error,
+            };
+            if !class.is_retryable() {
+                break Err(EnqueueError::Fatal {
+                    error,
+                    attempts: number,
+                });
             }
+            let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
+                break Err(exhausted(&resource, error, number, class));
+            };
+            bump(&resource.counters.retries);
+            tokio::time::sleep(pause).await;
         };
         bump(if result.is_ok() {
             &resource.counters.completed
@@ -400,12 +387,43 @@ impl ResourceBroker {
         result
     }
 
-    async fn reconcile_key(
+    /// After a real upstream 429: count it, log it, and penalize the bucket
+    /// for `hold` (protects every other consumer of it). Runs on the last
+    /// attempt too, so the next run does not start into the closed window.
+    /// A failed penalize is logged; the 429 stays the caller's outcome.
+    async fn note_upstream_429(
         &self,
         resource: &Arc<Resource>,
         key: &str,
-        observed: &crate::observed::ObservedLimit,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        hold: Duration,
+    ) {
+        bump(&resource.counters.upstream_429);
+        telemetry::count(&resource.id, Signal::Upstream429);
+        tracing::info!(
+            resource = %resource.id,
+            attempt,
+            retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+            hold_ms = hold.as_millis() as u64,
+            "upstream 429"
+        );
+        if let Err(e) = self.inner.backend.penalize(key, &resource.spec, hold).await {
+            note_backend_error(resource, "penalize", &e);
+        }
+    }
+
+    /// `reconcile` with the checks every caller gets: an observed limit
+    /// other than the configured capacity is logged at debug level (once
+    /// per distinct value) as calibration material and never applied; the
+    /// backend is not called when nothing would narrow.
+    pub(crate) async fn reconcile_key(
+        &self,
+        resource: &Arc<Resource>,
+        key: &str,
+        observed: &ObservedLimit,
     ) -> Result<(), BrokerError> {
+        note_calibration(resource, observed);
         if resource.spec.reconcile_is_noop(observed) {
             return Ok(());
         }
@@ -414,7 +432,69 @@ impl ResourceBroker {
             .reconcile(key, &resource.spec, observed)
             .await
             .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
+        bump(&resource.counters.reconciles);
+        telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
+    }
+}
+
+/// Logs, at debug level, an upstream limit that differs from the configured
+/// capacity of the bucket of the same unit: material for a deliberate edit
+/// of the registry, never applied automatically (a wider bucket could let
+/// several of our buckets under one upstream budget overspend it).
+fn note_calibration(resource: &Resource, observed: &ObservedLimit) {
+    for rate in &resource.config.limits.rates {
+        let Some(limit) = observed.of(rate.unit).and_then(|o| o.limit) else {
+            continue;
+        };
+        let configured = rate.burst();
+        if limit == configured {
+            continue;
+        }
+        let last = match rate.unit {
+            Unit::Requests => &resource.counters.observed_request_limit,
+            Unit::Tokens => &resource.counters.observed_token_limit,
+        };
+        if last.swap(limit, Ordering::Relaxed) != limit {
+            tracing::debug!(
+                resource = %resource.id,
+                unit = rate.unit.as_str(),
+                observed_limit = limit,
+                configured,
+                "upstream reports a limit other than the configured one (not applied)"
+            );
+        }
+    }
+}
+
+impl<E> EnqueueError<E> {
+    /// The class of this error, by the same rule as the work's outcomes:
+    /// a fatal upstream error or a call that can never succeed (unknown
+    /// resource, cost beyond the burst, bad config) is [`OutcomeClass::Fatal`];
+    /// an exhausted budget keeps the class of its last outcome; a full queue
+    /// or a wait beyond the ceiling is [`OutcomeClass::RateLimited`]; a
+    /// backend failure is [`OutcomeClass::Transient`].
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            EnqueueError::Fatal { .. } => OutcomeClass::Fatal,
+            EnqueueError::RetriesExhausted { last, .. } => *last,
+            EnqueueError::Broker(b) => match b {
+                BrokerError::QueueFull { .. } | BrokerError::WaitTooLong { .. } => {
+                    OutcomeClass::RateLimited
+                }
+                BrokerError::Backend(_) => OutcomeClass::Transient,
+                BrokerError::UnknownResource(_)
+                | BrokerError::CostNeverFits { .. }
+                | BrokerError::Config(_) => OutcomeClass::Fatal,
+            },
+        }
+    }
+
+    /// Whether a later run of the whole job may succeed (the one rule,
+    /// [`OutcomeClass::is_retryable`], applied to this error's class): a job
+    /// queue should fail the job at once when this is false.
+    pub fn is_retryable(&self) -> bool {
+        self.class().is_retryable()
     }
 }
 
@@ -425,6 +505,7 @@ fn exhausted<E>(
     last: OutcomeClass,
 ) -> EnqueueError<E> {
     bump(&resource.counters.retries_exhausted);
+    telemetry::count(&resource.id, Signal::RetriesExhausted);
     tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
     EnqueueError::RetriesExhausted {
         error,

@@ -64,6 +64,7 @@ pub(crate) struct Resource {
 
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
     bump(&resource.counters.backend_errors);
+    crate::telemetry::backend_error(&resource.id, op);
     tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
 }
 
@@ -133,7 +134,7 @@ impl ResourceBroker {
         let resource = Arc::new(Resource {
             id: id.to_owned(),
             key: keys::resource_key(id),
-            spec: LimitSpec::new(&config.limits, config.lease_ttl),
+            spec: LimitSpec::new(&config.paced_limits(), config.lease_ttl),
             config,
             kind,
             counters: Counters::default(),
@@ -169,6 +170,35 @@ fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
     key.map(|k| keys::keyed(&resource.id, k))
 }
 
+/// Runs `f` with the state key of `resource` (or of its sub-key `key`),
+/// built in a reused per-thread buffer: the key is the one [`state_key`]
+/// builds (`resource.key` is the escaped id), without an allocation per call.
+fn with_state_key<R>(resource: &Resource, key: Option<&str>, f: impl FnOnce(&str) -> R) -> R {
+    /// A buffer that grew beyond this is dropped after use.
+    const KEEP: usize = 1024;
+    thread_local! {
+        static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    let Some(k) = key else {
+        return f(&resource.key);
+    };
+    BUF.with(|buf| {
+        let Ok(mut b) = buf.try_borrow_mut() else {
+            return f(&keys::keyed(&resource.id, k));
+        };
+        b.clear();
+        b.push_str(&resource.key);
+        b.push(':');
+        b.push_str(&keys::escape(k));
+        debug_assert_eq!(*b, keys::keyed(&resource.id, k));
+        let r = f(&b);
+        if b.capacity() > KEEP {
+            *b = String::new();
+        }
+        r
+    })
+}
+
 /// # Check + reject
 impl ResourceBroker {
     /// Answers at once: takes `cost` (and a concurrency slot) if available,
@@ -185,14 +215,24 @@ impl ResourceBroker {
             .get(target.resource)
             .ok_or_else(|| BrokerError::UnknownResource(target.resource.to_owned()))?;
         resource.config.limits.check_fits(&resource.id, cost)?;
-        let owned_key = state_key(resource, target.key);
-        let key = owned_key.as_deref().unwrap_or(&resource.key);
         let backend = &self.inner.backend;
-        let decision = match backend.try_acquire_now(key, &resource.spec, cost) {
+        let now = with_state_key(resource, target.key, |key| {
+            backend.try_acquire_now(key, &resource.spec, cost)
+        });
+        let decision = match now {
             Some(d) => d,
-            None => backend.try_acquire(key, &resource.spec, cost).await,
+            None => {
+                let owned_key = state_key(resource, target.key);
+                let key = owned_key.as_deref().unwrap_or(&resource.key);
+                backend.try_acquire(key, &resource.spec, cost).await
+            }
         };
         let decision = decision.inspect_err(|e| note_backend_error(resource, "try_acquire", e))?;
+        // Only a held lease needs the key again (to release it).
+        let owned_key = match decision.lease {
+            Some(_) => state_key(resource, target.key),
+            None => None,
+        };
         Ok(self.answer(resource, owned_key, decision))
     }
 
@@ -274,7 +314,8 @@ impl ResourceBroker {
 /// # Upstream feedback
 impl ResourceBroker {
     /// `penalize`: after a real upstream 429, drain the resource's buckets
-    /// and hold them for `hold`. Never shortens a longer penalty.
+    /// and hold them for `hold`. Never shortens a longer penalty. Counted as
+    /// an upstream 429 in [`ResourceBroker::stats`].
     pub async fn penalize<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -282,6 +323,8 @@ impl ResourceBroker {
     ) -> Result<(), BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
+        bump(&resource.counters.upstream_429);
+        crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
         self.inner
@@ -302,17 +345,9 @@ impl ResourceBroker {
     ) -> Result<(), BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
-        if resource.spec.reconcile_is_noop(observed) {
-            return Ok(());
-        }
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
-        self.inner
-            .backend
-            .reconcile(key, &resource.spec, observed)
-            .await
-            .inspect_err(|e| note_backend_error(&resource, "reconcile", e))?;
-        Ok(())
+        self.reconcile_key(&resource, key, observed).await
     }
 
     /// `settle`: correct a charge after the work, from `reserved` to

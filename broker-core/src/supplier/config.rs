@@ -1,0 +1,234 @@
+//! The supplier config shape (one file per supplier):
+//!
+//! ```yaml
+//! rate_limit:
+//!   auth:
+//!     login: { rate: 1, period: 120s, mode: wait }
+//!   data:
+//!     price:
+//!       rate: 1
+//!       period: 1s
+//!       mode: skip_and_reschedule
+//!       backoff: { initial: 500ms, max: 30s, factor: 2 }
+//!   egress_ip: true
+//! ```
+//!
+//! Every bucket compiles to the same [`Limits`] type the `pressure` config
+//! of the HTTP layer loads into. Errors name the file, the path inside it
+//! and what is wrong (through [`crate::config::parse`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{self, Format};
+use crate::error::ConfigError;
+use crate::limits::{Limits, RateLimit};
+
+/// What a bucket does when it has no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Block until the token comes; never fail on rate (auth buckets).
+    Wait,
+    /// Answer at once with the moment to try again (data buckets).
+    SkipAndReschedule,
+}
+
+/// Backoff of a skip-and-reschedule bucket: after the `n`-th consecutive
+/// skip the job is moved by `min(initial × factor^n, max)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backoff {
+    /// The first delay.
+    #[serde(with = "humantime_serde")]
+    pub initial: Duration,
+    /// The largest delay.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    /// Growth per consecutive skip, at least 1.
+    pub factor: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+            factor: 2.0,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after `skips` earlier consecutive skips (0 for the first).
+    ///
+    /// ```
+    /// use broker_core::supplier::Backoff;
+    /// use std::time::Duration;
+    /// let b = Backoff::default();
+    /// assert_eq!(b.delay(0), Duration::from_millis(500));
+    /// assert_eq!(b.delay(3), Duration::from_secs(4));
+    /// assert_eq!(b.delay(60), Duration::from_secs(30));
+    /// ```
+    pub fn delay(&self, skips: u32) -> Duration {
+        let grown = self.initial.as_secs_f64() * self.factor.powi(skips.min(1000) as i32);
+        if !grown.is_finite() || grown >= self.max.as_secs_f64() {
+            return self.max;
+        }
+        Duration::from_secs_f64(grown).min(self.max)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.initial.is_zero() {
+            return Err("backoff.initial must be greater than zero".into());
+        }
+        if self.max < self.initial {
+            return Err(format!(
+                "backoff.max ({:?}) must be at least backoff.initial ({:?})",
+                self.max, self.initial
+            ));
+        }
+        if !self.factor.is_finite() || self.factor < 1.0 {
+            return Err(format!(
+                "backoff.factor must be a number >= 1 (got {})",
+                self.factor
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One bucket as written in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBucket {
+    rate: u64,
+    #[serde(with = "humantime_serde")]
+    period: Duration,
+    #[serde(default)]
+    burst: Option<u64>,
+    #[serde(default)]
+    mode: Option<Mode>,
+    #[serde(default)]
+    backoff: Option<Backoff>,
+}
+
+impl RawBucket {
+    fn limits(&self) -> Result<Limits, String> {
+        let mut rate = RateLimit::per(self.rate, self.period);
+        rate.burst = self.burst;
+        let limits = Limits::new().rate(rate);
+        limits.validate().map_err(|e| {
+            e.to_string()
+                .replace("rates[0].amount", "rate")
+                .replace("rates[0].", "")
+        })?;
+        Ok(limits)
+    }
+}
+
+/// An auth bucket: always [`Mode::Wait`], never sharing budget with data.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawBucket")]
+pub struct AuthBucket {
+    /// `rate` per `period`, burst `burst` (default `rate`).
+    pub limits: Limits,
+}
+
+impl TryFrom<RawBucket> for AuthBucket {
+    type Error = String;
+
+    fn try_from(raw: RawBucket) -> Result<Self, String> {
+        if raw.mode == Some(Mode::SkipAndReschedule) {
+            return Err(
+                "an auth bucket must have mode `wait`: a lost login attempt costs a ban, so auth waits for its token"
+                    .into(),
+            );
+        }
+        if raw.backoff.is_some() {
+            return Err("backoff applies only to skip_and_reschedule buckets".into());
+        }
+        Ok(Self {
+            limits: raw.limits()?,
+        })
+    }
+}
+
+/// A data bucket of one endpoint class.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RawBucket")]
+pub struct DataBucket {
+    /// `rate` per `period`, burst `burst` (default `rate`).
+    pub limits: Limits,
+    /// Default [`Mode::SkipAndReschedule`].
+    pub mode: Mode,
+    /// Backoff of skipped jobs (default 500ms, ×2, at most 30s).
+    pub backoff: Backoff,
+}
+
+impl TryFrom<RawBucket> for DataBucket {
+    type Error = String;
+
+    fn try_from(raw: RawBucket) -> Result<Self, String> {
+        let mode = raw.mode.unwrap_or(Mode::SkipAndReschedule);
+        let backoff = match (mode, raw.backoff) {
+            (Mode::Wait, Some(_)) => {
+                return Err("backoff applies only to skip_and_reschedule buckets".into())
+            }
+            (_, b) => b.unwrap_or_default(),
+        };
+        backoff.validate()?;
+        Ok(Self {
+            limits: raw.limits()?,
+            mode,
+            backoff,
+        })
+    }
+}
+
+/// The bucket classes of one supplier.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitClasses {
+    /// Auth buckets by endpoint class (`login`, ...), one per credential.
+    #[serde(default)]
+    pub auth: BTreeMap<String, AuthBucket>,
+    /// Data buckets by endpoint class (`price`, `goods`, ...), one per
+    /// credential.
+    #[serde(default)]
+    pub data: BTreeMap<String, DataBucket>,
+    /// Count requests per egress IP (an informational bucket: never limits).
+    #[serde(default)]
+    pub egress_ip: bool,
+}
+
+/// One supplier's config file.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupplierConfig {
+    /// The bucket classes.
+    pub rate_limit: RateLimitClasses,
+}
+
+impl SupplierConfig {
+    /// Parses a document named `source_name` in errors.
+    ///
+    /// ```
+    /// use broker_core::config::Format;
+    /// use broker_core::supplier::SupplierConfig;
+    /// let err = SupplierConfig::parse("etm.yaml", "rate_limit:\n  data:\n    price: { rate: 0, period: 1s }\n", Format::Yaml)
+    ///     .unwrap_err().to_string();
+    /// assert!(err.starts_with("etm.yaml: at rate_limit.data.price"), "{err}");
+    /// assert!(err.contains("rate"), "{err}");
+    /// ```
+    pub fn parse(source_name: &str, text: &str, format: Format) -> Result<Self, ConfigError> {
+        config::parse(source_name, text, format)
+    }
+
+    /// Reads a config file; the format comes from its extension.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        config::load(path)
+    }
+}

@@ -1,0 +1,370 @@
+//! Bucket classes of an outbound supplier integration.
+//!
+//! Per credential, a supplier gets:
+//! - an **auth bucket** per auth endpoint class (`login`), in [`Mode::Wait`]:
+//!   a caller blocks until the token comes and never fails on rate, because
+//!   a lost login attempt can cost a ban. It never shares budget with data:
+//!   an exhausted data budget never delays a login that restores a session;
+//! - a **data bucket** per endpoint class (`price`, `goods`, ...), normally
+//!   in [`Mode::SkipAndReschedule`]: no token answers at once with
+//!   [`Admission::Skipped`], the moment to move the job to, so no worker is
+//!   held;
+//! - optionally an **informational** egress-IP bucket that never limits and
+//!   only counts requests per outgoing IP, to notice an IP rotation.
+//!
+//! Keys are built by [`BucketKey`] from `(supplier, credential fingerprint,
+//! endpoint class)`; a [`Credential`] keeps only the fingerprint of the
+//! secret, so no secret reaches a key or a log.
+
+mod config;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+pub use config::{AuthBucket, Backoff, DataBucket, Mode, RateLimitClasses, SupplierConfig};
+
+use crate::broker::{Acquisition, Permit, ResourceBroker};
+use crate::config::ResourceConfig;
+use crate::error::{BrokerError, ConfigError};
+use crate::keys;
+use crate::limits::{Cost, Limits};
+use crate::stats::bump;
+use crate::telemetry::{self, Signal};
+
+/// A credential, known only by the fingerprint of its secret.
+///
+/// ```
+/// use broker_core::supplier::Credential;
+/// let c = Credential::from_secret("login:hunter2");
+/// assert!(!format!("{c:?}").contains("hunter2"));
+/// assert_eq!(c.fingerprint().len(), 16);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Credential {
+    fingerprint: String,
+}
+
+impl Credential {
+    /// Fingerprints `secret` ([`keys::fingerprint`]); the secret is not kept.
+    pub fn from_secret(secret: &str) -> Self {
+        Self {
+            fingerprint: keys::fingerprint(secret),
+        }
+    }
+
+    /// The fingerprint.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credential({})", self.fingerprint)
+    }
+}
+
+/// The class of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketClass {
+    /// Login and session endpoints.
+    Auth,
+    /// Data endpoints.
+    Data,
+}
+
+impl BucketClass {
+    fn as_str(self) -> &'static str {
+        match self {
+            BucketClass::Auth => "auth",
+            BucketClass::Data => "data",
+        }
+    }
+}
+
+/// Where one bucket lives: the registered resource `supplier/class/endpoint`
+/// and the credential's fingerprint as its sub-key.
+///
+/// ```
+/// use broker_core::supplier::{BucketClass, BucketKey, Credential};
+/// let c = Credential::from_secret("token-123");
+/// let k = BucketKey::new("etm", BucketClass::Auth, "login", &c);
+/// assert_eq!(k.resource, "etm/auth/login");
+/// assert_eq!(k.sub_key, c.fingerprint());
+/// assert!(!k.state_key().contains("token-123"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    /// The registered resource id: `supplier/class/endpoint`.
+    pub resource: String,
+    /// The credential fingerprint.
+    pub sub_key: String,
+}
+
+impl BucketKey {
+    /// The key of `class`/`endpoint` of `supplier` for `credential`.
+    pub fn new(
+        supplier: &str,
+        class: BucketClass,
+        endpoint: &str,
+        credential: &Credential,
+    ) -> Self {
+        Self {
+            resource: resource_id(supplier, class, endpoint),
+            sub_key: credential.fingerprint.clone(),
+        }
+    }
+
+    /// The state-store key ([`keys::keyed`]).
+    pub fn state_key(&self) -> String {
+        keys::keyed(&self.resource, &self.sub_key)
+    }
+
+    /// The broker target of this bucket.
+    pub fn target(&self) -> crate::Target<'_> {
+        (self.resource.as_str(), self.sub_key.as_str()).into()
+    }
+}
+
+fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
+    format!(
+        "{}/{}/{}",
+        keys::escape(supplier),
+        class.as_str(),
+        keys::escape(endpoint)
+    )
+}
+
+/// The answer of a data bucket.
+#[derive(Debug)]
+pub enum Admission {
+    /// Go ahead; the permit holds a concurrency slot if there is one.
+    Go(Permit),
+    /// No token now: move the job, do not hold a worker.
+    Skipped {
+        /// When to run the job again: now plus `retry_in`.
+        retry_at: SystemTime,
+        /// `max(wait until the bucket opens, backoff)`.
+        retry_in: Duration,
+        /// The backoff for this many consecutive skips.
+        backoff: Duration,
+    },
+}
+
+impl Admission {
+    /// Whether the request may go.
+    pub fn is_go(&self) -> bool {
+        matches!(self, Admission::Go(_))
+    }
+}
+
+/// Requests per egress IP: an informational bucket that never limits.
+#[derive(Debug, Default)]
+struct EgressCounter {
+    counts: Mutex<BTreeMap<IpAddr, u64>>,
+}
+
+/// At most this many distinct egress IPs are counted one by one; more are
+/// not counted (bounded memory and metric labels).
+const MAX_EGRESS_IPS: usize = 64;
+
+/// The buckets of one supplier, registered on a broker.
+///
+/// ```
+/// use broker_core::config::Format;
+/// use broker_core::supplier::{Credential, SupplierBuckets, SupplierConfig};
+/// # async fn demo(broker: broker_core::ResourceBroker) -> Result<(), Box<dyn std::error::Error>> {
+/// let config = SupplierConfig::parse("etm.yaml", "
+/// rate_limit:
+///   auth:
+///     login: { rate: 1, period: 120s, mode: wait }
+///   data:
+///     price: { rate: 1, period: 1s, mode: skip_and_reschedule }
+/// ", Format::Yaml)?;
+/// let etm = SupplierBuckets::register(&broker, "etm", &config)?;
+/// let who = Credential::from_secret("user:password");
+/// let _login = etm.auth("login", &who).await?; // waits, never fails on rate
+/// match etm.data("price", &who, 0).await? {
+///     broker_core::supplier::Admission::Go(_permit) => { /* call the supplier */ }
+///     broker_core::supplier::Admission::Skipped { retry_at, .. } => { /* move the job to retry_at */ }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SupplierBuckets {
+    broker: ResourceBroker,
+    supplier: String,
+    config: Arc<SupplierConfig>,
+    egress: Option<Arc<EgressCounter>>,
+}
+
+impl SupplierBuckets {
+    /// Registers every bucket class of `config` for `supplier` on `broker`.
+    pub fn register(
+        broker: &ResourceBroker,
+        supplier: &str,
+        config: &SupplierConfig,
+    ) -> Result<Self, ConfigError> {
+        if supplier.is_empty() {
+            return Err(ConfigError::invalid("supplier", "must not be empty"));
+        }
+        for (endpoint, bucket) in &config.rate_limit.auth {
+            let id = resource_id(supplier, BucketClass::Auth, endpoint);
+            broker.register(&id, ResourceConfig::new(bucket.limits.clone()))?;
+        }
+        for (endpoint, bucket) in &config.rate_limit.data {
+            let id = resource_id(supplier, BucketClass::Data, endpoint);
+            broker.register(&id, ResourceConfig::new(bucket.limits.clone()))?;
+        }
+        Ok(Self {
+            broker: broker.clone(),
+            supplier: supplier.to_owned(),
+            config: Arc::new(config.clone()),
+            egress: config
+                .rate_limit
+                .egress_ip
+                .then(|| Arc::new(EgressCounter::default())),
+        })
+    }
+
+    /// The key of a bucket of this supplier.
+    pub fn key(&self, class: BucketClass, endpoint: &str, credential: &Credential) -> BucketKey {
+        BucketKey::new(&self.supplier, class, endpoint, credential)
+    }
+
+    /// Takes a token of the auth bucket `endpoint` for `credential`,
+    /// waiting as long as it takes (in steps of the resource's wait
+    /// ceiling): it never fails on rate. Errors are only an unknown class
+    /// or a backend failure.
+    pub async fn auth(
+        &self,
+        endpoint: &str,
+        credential: &Credential,
+    ) -> Result<Permit, BrokerError> {
+        if !self.config.rate_limit.auth.contains_key(endpoint) {
+            return Err(BrokerError::UnknownResource(resource_id(
+                &self.supplier,
+                BucketClass::Auth,
+                endpoint,
+            )));
+        }
+        let key = self.key(BucketClass::Auth, endpoint, credential);
+        self.wait(&key).await
+    }
+
+    /// Asks the data bucket `endpoint` for `credential`. In
+    /// [`Mode::SkipAndReschedule`] it answers at once: [`Admission::Go`], or
+    /// [`Admission::Skipped`] with the moment to move the job to, given
+    /// `skips` earlier consecutive skips of this job. In [`Mode::Wait`] it
+    /// waits like [`SupplierBuckets::auth`].
+    pub async fn data(
+        &self,
+        endpoint: &str,
+        credential: &Credential,
+        skips: u32,
+    ) -> Result<Admission, BrokerError> {
+        let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
+            return Err(BrokerError::UnknownResource(resource_id(
+                &self.supplier,
+                BucketClass::Data,
+                endpoint,
+            )));
+        };
+        let key = self.key(BucketClass::Data, endpoint, credential);
+        if bucket.mode == Mode::Wait {
+            return self.wait(&key).await.map(Admission::Go);
+        }
+        let a: Acquisition = self
+            .broker
+            .try_acquire(key.target(), Cost::default())
+            .await?;
+        if a.allowed {
+            return Ok(Admission::Go(a.permit));
+        }
+        let backoff = bucket.backoff.delay(skips);
+        let retry_in = a.wait_time.max(backoff);
+        if let Ok(resource) = self.broker.resource(&key.resource) {
+            bump(&resource.counters.skipped);
+        }
+        telemetry::count(&key.resource, Signal::Skipped);
+        tracing::debug!(
+            resource = %key.resource,
+            credential = %key.sub_key,
+            wait_ms = a.wait_time.as_millis() as u64,
+            retry_in_ms = retry_in.as_millis() as u64,
+            skips,
+            "skip and reschedule"
+        );
+        Ok(Admission::Skipped {
+            retry_at: SystemTime::now() + retry_in,
+            retry_in,
+            backoff,
+        })
+    }
+
+    async fn wait(&self, key: &BucketKey) -> Result<Permit, BrokerError> {
+        let resource = self.broker.resource(&key.resource)?;
+        let limits: Limits = resource.config.paced_limits();
+        let step = resource.config.retry.ceiling(&limits);
+        loop {
+            let a = self
+                .broker
+                .acquire(key.target(), Cost::default(), step)
+                .await?;
+            if a.allowed {
+                return Ok(a.permit);
+            }
+            // Beyond the ceiling (a long penalty) or no slot: wait and ask again.
+            let pause = if a.wait_time.is_zero() {
+                Duration::from_millis(25)
+            } else {
+                a.wait_time.min(step)
+            };
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Counts one request sent from `ip` (the informational egress bucket;
+    /// never limits). Logs when a new IP appears after another one was
+    /// seen, so a rotated IP or a wrong deploy is noticed. Returns the count
+    /// for `ip`, or 0 when egress counting is off or the IP is beyond the
+    /// bound of distinct IPs.
+    pub fn note_egress(&self, ip: IpAddr) -> u64 {
+        let Some(egress) = &self.egress else { return 0 };
+        let mut counts = egress.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let known = counts.len();
+        if !counts.contains_key(&ip) {
+            if known >= MAX_EGRESS_IPS {
+                return 0;
+            }
+            if known > 0 {
+                tracing::info!(supplier = %self.supplier, %ip, known, "new egress IP");
+            }
+        }
+        let n = counts.entry(ip).or_insert(0);
+        *n += 1;
+        metrics::counter!(
+            "resource_broker_egress_requests_total",
+            "supplier" => self.supplier.clone(),
+            "ip" => ip.to_string()
+        )
+        .increment(1);
+        *n
+    }
+
+    /// Requests counted per egress IP.
+    pub fn egress_counts(&self) -> BTreeMap<IpAddr, u64> {
+        self.egress
+            .as_ref()
+            .map(|e| e.counts.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .unwrap_or_default()
+    }
+
+    /// The broker the buckets live on (for `penalize` / `reconcile` with
+    /// [`BucketKey::target`]).
+    pub fn broker(&self) -> &ResourceBroker {
+        &self.broker
+    }
+}

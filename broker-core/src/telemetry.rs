@@ -1,0 +1,71 @@
+//! Counters through the [`metrics`] facade, named so that a dashboard tells
+//! apart why work did not go out at once.
+//!
+//! | metric | labels | counts |
+//! |---|---|---|
+//! | `resource_broker_local_waits_total` | `resource` | waits on our own limiter before sending |
+//! | `resource_broker_upstream_429_total` | `resource` | real 429s from the upstream |
+//! | `resource_broker_retries_exhausted_total` | `resource` | `enqueue` calls that ran out of retry budget |
+//! | `resource_broker_skipped_total` | `resource` | skip-and-reschedule answers |
+//! | `resource_broker_reconciles_total` | `resource` | upstream headers that narrowed a bucket |
+//! | `resource_broker_backend_errors_total` | `resource`, `op` | backend errors seen by the broker |
+//! | `resource_broker_backend_fallbacks_total` | `policy`, `op` | backend errors a backend handled by its failure policy |
+//!
+//! The same events are in [`crate::ResourceBroker::stats`] per resource.
+//! No metric or log is emitted per allowed request. Without an installed
+//! recorder every call here is a no-op.
+
+/// One event worth a counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// A caller waited on the local limiter.
+    LocalWait,
+    /// The upstream answered 429.
+    Upstream429,
+    /// An `enqueue` call ran out of retry budget.
+    RetriesExhausted,
+    /// A data bucket answered skip-and-reschedule.
+    Skipped,
+    /// Upstream headers narrowed a bucket.
+    Reconciled,
+}
+
+impl Signal {
+    /// The metric name.
+    pub fn metric(self) -> &'static str {
+        match self {
+            Signal::LocalWait => "resource_broker_local_waits_total",
+            Signal::Upstream429 => "resource_broker_upstream_429_total",
+            Signal::RetriesExhausted => "resource_broker_retries_exhausted_total",
+            Signal::Skipped => "resource_broker_skipped_total",
+            Signal::Reconciled => "resource_broker_reconciles_total",
+        }
+    }
+}
+
+/// Counts `signal` for `resource`.
+pub fn count(resource: &str, signal: Signal) {
+    metrics::counter!(signal.metric(), "resource" => resource.to_owned()).increment(1);
+}
+
+/// Counts a backend error the broker saw on `op` for `resource`.
+pub fn backend_error(resource: &str, op: &'static str) {
+    metrics::counter!(
+        "resource_broker_backend_errors_total",
+        "resource" => resource.to_owned(),
+        "op" => op
+    )
+    .increment(1);
+}
+
+/// For backends: counts an error of the state store that the backend's
+/// failure policy handled (`policy` e.g. `"fail_open"`, `"local_fallback"`),
+/// so the caller never saw it.
+pub fn fallback_used(policy: &'static str, op: &'static str) {
+    metrics::counter!(
+        "resource_broker_backend_fallbacks_total",
+        "policy" => policy,
+        "op" => op
+    )
+    .increment(1);
+}

@@ -1,0 +1,147 @@
+//! Supplier configs (the YAML shape of the ETM rate limiter) and the JSON
+//! `pressure` limits load into the same types; errors name the file, the
+//! path inside it and what is wrong.
+
+use std::time::Duration;
+
+use broker_core::config::{parse, Format};
+use broker_core::supplier::{Backoff, Mode, SupplierConfig};
+use broker_core::{Limits, RateLimit};
+
+const ETM: &str = "
+rate_limit:
+  auth:
+    login:
+      rate: 1
+      period: 120s
+      mode: wait
+  data:
+    price:
+      rate: 1
+      period: 1s
+      mode: skip_and_reschedule
+      backoff: { initial: 500ms, max: 30s, factor: 2 }
+    goods:
+      rate: 1
+      period: 1s
+      mode: skip_and_reschedule
+    remains:
+      rate: 1
+      period: 1s
+      mode: skip_and_reschedule
+    async_poll:
+      rate: 2
+      period: 1s
+      mode: skip_and_reschedule
+  egress_ip: true
+";
+
+#[test]
+fn the_etm_supplier_file_loads_into_bucket_classes() {
+    let c = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let login = &c.rate_limit.auth["login"];
+    assert_eq!(
+        login.limits,
+        Limits::new().rate(RateLimit::per(1, Duration::from_secs(120)))
+    );
+    let price = &c.rate_limit.data["price"];
+    assert_eq!(price.mode, Mode::SkipAndReschedule);
+    assert_eq!(
+        price.backoff,
+        Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+            factor: 2.0
+        }
+    );
+    assert_eq!(c.rate_limit.data["async_poll"].limits.rates[0].amount, 2);
+    assert_eq!(c.rate_limit.data.len(), 4);
+    assert!(c.rate_limit.egress_ip);
+}
+
+#[test]
+fn an_auth_bucket_in_skip_mode_is_refused_with_its_path() {
+    let text =
+        "rate_limit:\n  auth:\n    login: { rate: 1, period: 120s, mode: skip_and_reschedule }\n";
+    let err = SupplierConfig::parse("etm.yaml", text, Format::Yaml)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("etm.yaml: at rate_limit.auth.login"),
+        "{err}"
+    );
+    assert!(err.contains("mode `wait`"), "{err}");
+}
+
+#[test]
+fn bad_values_are_refused_with_file_path_and_reason() {
+    let cases = [
+        (
+            "rate_limit:\n  data:\n    price: { rate: 0, period: 1s }\n",
+            "rate_limit.data.price",
+            "rate: must be greater than zero",
+        ),
+        (
+            "rate_limit:\n  data:\n    price: { rate: 1, period: soon }\n",
+            "rate_limit.data.price.period",
+            "",
+        ),
+        (
+            "rate_limit:\n  data:\n    price: { rate: 1, period: 1s, backoff: { initial: 2s, max: 1s, factor: 2 } }\n",
+            "rate_limit.data.price",
+            "backoff.max",
+        ),
+        (
+            "rate_limit:\n  data:\n    price: { rate: 1, period: 1s, backoff: { initial: 1s, max: 2s, factor: 0.5 } }\n",
+            "rate_limit.data.price",
+            "backoff.factor",
+        ),
+        (
+            "rate_limit:\n  data:\n    price: { rate: 1, period: 1s, mode: sometimes }\n",
+            "rate_limit.data.price.mode",
+            "sometimes",
+        ),
+        (
+            "rate_limit:\n  dta: {}\n",
+            "rate_limit",
+            "dta",
+        ),
+    ];
+    for (text, path, reason) in cases {
+        let err = SupplierConfig::parse("supplier.yaml", text, Format::Yaml)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("supplier.yaml: "), "{err}");
+        assert!(err.contains(path), "{text}: {err}");
+        assert!(err.contains(reason), "{text}: {err}");
+    }
+}
+
+#[test]
+fn pressure_json_and_supplier_yaml_load_into_the_same_limits() {
+    // A `limits` object of the gateway's `pressure` config and a supplier
+    // bucket that say the same thing are the same `Limits`.
+    let pressure: Limits = parse(
+        "kb.config.json",
+        r#"{ "requestsPerMinute": 6000 }"#,
+        Format::Json,
+    )
+    .unwrap();
+    let supplier = SupplierConfig::parse(
+        "s.yaml",
+        "rate_limit:\n  data:\n    feed: { rate: 6000, period: 60s }\n",
+        Format::Yaml,
+    )
+    .unwrap();
+    assert_eq!(supplier.rate_limit.data["feed"].limits, pressure);
+    // And the pressure error names the file and the path.
+    let err = parse::<Limits>(
+        "kb.config.json",
+        r#"{ "requestsPerSecond": 0 }"#,
+        Format::Json,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("kb.config.json: "), "{err}");
+    assert!(err.contains("requestsPerSecond"), "{err}");
+}
