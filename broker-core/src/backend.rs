@@ -15,6 +15,7 @@ use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
 use crate::state::{Decision, LeaseId, LimitSpec, Reservation};
+use crate::stats::BackendHealth;
 
 /// A state store for resource buckets.
 ///
@@ -103,4 +104,10 @@ pub trait Backend: Send + Sync + 'static {
         spec: &LimitSpec,
         observed: &ObservedLimit,
     ) -> Result<(), BackendError>;
+
+    /// Reachability of the store and the calls its failure policy answered
+    /// (for stores that can be unreachable; the default is always up).
+    fn health(&self) -> BackendHealth {
+        BackendHealth::default()
+    }
 }

@@ -1,1 +1,587 @@
-//! placeholder
+//! # broker-redis
+//!
+//! [`RedisBackend`]: resource states in Redis, shared by every process and
+//! replica that uses the same server (or Redis Cluster, with the `cluster`
+//! feature), so N replicas with one credential behave as one client against
+//! the upstream's quota. A drop-in for the in-memory backend:
+//!
+//! ```no_run
+//! use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+//! use broker_redis::RedisBackend;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = ResourceBroker::new(RedisBackend::connect("redis://127.0.0.1:6379/").await?);
+//! broker.register_limit("api", Limits::new().rate(RateLimit::per_second(10)))?;
+//! let a = broker.try_acquire("api", Cost::default()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - **One round trip per decision**: every transition (`try`, `reserve`,
+//!   `hold_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
+//!   script run by `EVALSHA` (reloaded on `NOSCRIPT`), a line-by-line
+//!   mirror of broker-core's `bucket.rs` and `state.rs` with the same names
+//!   (`tokens`, `ts`, `nb`). All limits of a resource pass or none is
+//!   consumed, atomically.
+//! - **Time**: the server's `TIME` by default, so replicas with skewed
+//!   clocks agree; [`RedisBackendBuilder::client_time`] for stores that
+//!   reject `TIME` in scripts. A bucket's time never runs backwards.
+//! - **Keys**: `prefix:{key}:b` (buckets) and `prefix:{key}:l` (leases)
+//!   share the hash tag `{key}`; keys come from `broker_core::keys`, which
+//!   escapes user parts. Each key's TTL is computed from its state
+//!   (including `nb`), so idle keys vanish and a penalty never expires
+//!   early.
+//! - **Concurrency leases** live in a sorted set by expiry: a crashed
+//!   holder's slot frees itself after `lease_ttl`; `release` is idempotent.
+//! - **Outages**: an explicit [`FailurePolicy`] (default
+//!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
+//!   [`Backend::health`]; recovery is automatic.
+#![warn(missing_docs)]
+
+mod builder;
+mod connection;
+mod failure;
+mod keys;
+mod scripts;
+mod startup;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::bucket::BucketState;
+use broker_core::clock::micros;
+use broker_core::state::{DenyReason, Lease, ResourceState};
+use broker_core::stats::BackendHealth;
+use broker_core::{
+    Backend, BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, Micros, ObservedLimit,
+    Reservation,
+};
+use broker_memory::MemoryBackend;
+use redis::{Cmd, RedisError, Script, Value};
+
+pub use builder::RedisBackendBuilder;
+pub use failure::FailurePolicy;
+
+use connection::Conn;
+use keys::KeyPair;
+
+/// A state store in Redis. Cloning is cheap and shares the connection.
+#[derive(Debug, Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Conn,
+    prefix: String,
+    clock: Option<Arc<dyn Clock>>,
+    margin_ms: u64,
+    policy: FailurePolicy,
+    fallback: Option<MemoryBackend>,
+    health: failure::Health,
+    op_timeout: Duration,
+    maxmemory_policy: Option<String>,
+}
+
+/// How a call is answered while Redis is unreachable.
+enum Fallback<'a> {
+    /// Fail-open: allowed, dropped.
+    Open,
+    /// The local store, with the limits scaled to the share.
+    Local(&'a MemoryBackend, LimitSpec),
+}
+
+/// Why a call did not reach a decision in Redis.
+enum Failure {
+    /// Redis is unreachable: the failure policy answers.
+    Unavailable(String),
+    /// A command or script error: returned as is.
+    Other(BackendError),
+}
+
+/// # Connecting
+impl RedisBackend {
+    /// Connects with the defaults: the server's `TIME`, prefix `"rb"`,
+    /// [`FailurePolicy::FailClosed`].
+    pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for every other setting.
+    pub fn builder(url: &str) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(url)
+    }
+
+    /// Connects to a Redis Cluster through the given nodes, with the
+    /// defaults.
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster<I, S>(urls: I) -> Result<RedisBackend, BackendError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
+        let first = urls.first().cloned().unwrap_or_default();
+        Self::builder(&first).cluster(urls).connect().await
+    }
+
+    fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {
+        let fallback = match b.policy {
+            FailurePolicy::LocalFallback { .. } => Some(match &b.clock {
+                Some(clock) => MemoryBackend::with_shared_clock(clock.clone()),
+                None => MemoryBackend::new(),
+            }),
+            _ => None,
+        };
+        let op_timeout = b.timeouts.connect + b.timeouts.response;
+        Self {
+            inner: Arc::new(Inner {
+                conn,
+                margin_ms: u64::try_from(b.ttl_margin.as_millis()).unwrap_or(u64::MAX),
+                prefix: b.prefix,
+                clock: b.clock,
+                policy: b.policy,
+                fallback,
+                health: failure::Health::new(b.probe_interval),
+                op_timeout,
+                maxmemory_policy,
+            }),
+        }
+    }
+}
+
+/// # Inspection
+impl RedisBackend {
+    /// The server's `maxmemory-policy` as read at connect (`None` if the
+    /// store refused `CONFIG`).
+    pub fn maxmemory_policy(&self) -> Option<&str> {
+        self.inner.maxmemory_policy.as_deref()
+    }
+
+    /// Whether the startup check found an `allkeys-*` eviction policy,
+    /// which may evict a bucket mid-window (a warning was logged).
+    pub fn eviction_risk(&self) -> bool {
+        self.maxmemory_policy()
+            .is_some_and(|p| p.starts_with("allkeys-"))
+    }
+
+    /// The failure policy in force.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.policy
+    }
+
+    /// The Redis key of the bucket hash of state `key`.
+    pub fn bucket_key(&self, key: &str) -> Result<String, BackendError> {
+        Ok(self.keys(key)?.buckets)
+    }
+
+    /// The Redis key of the lease set of state `key`.
+    pub fn lease_key(&self, key: &str) -> Result<String, BackendError> {
+        Ok(self.keys(key)?.leases)
+    }
+
+    /// The state of `key` as stored (for tests and inspection): `None` when
+    /// neither key exists (the state equals a fresh one). When only leases
+    /// exist, `buckets` is empty. Not atomic with other calls.
+    pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
+        let keys = self.keys(key)?;
+        let conn = &self.inner.conn;
+        let hash: HashMap<String, String> =
+            query(conn, redis::cmd("HGETALL").arg(&keys.buckets)).await?;
+        let leases: Vec<(String, f64)> = query(
+            conn,
+            redis::cmd("ZRANGE")
+                .arg(&keys.leases)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES"),
+        )
+        .await?;
+        if hash.is_empty() && leases.is_empty() {
+            return Ok(None);
+        }
+        let n: usize = hash.get("n").and_then(|n| n.parse().ok()).unwrap_or(0);
+        let field = |name: &str, i: usize| -> Result<f64, BackendError> {
+            hash.get(&format!("{name}:{i}"))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| BackendError::new(format!("bucket field {name}:{i} missing")))
+        };
+        let mut buckets = Vec::with_capacity(n);
+        for i in 1..=n {
+            buckets.push(BucketState {
+                tokens: field("tokens", i)?,
+                ts: field("ts", i)? as Micros,
+                nb: field("nb", i)? as Micros,
+            });
+        }
+        let leases = leases
+            .into_iter()
+            .filter_map(|(id, expires)| {
+                Some(Lease {
+                    id: id.parse().ok()?,
+                    expires: expires as Micros,
+                })
+            })
+            .collect();
+        Ok(Some(ResourceState { buckets, leases }))
+    }
+}
+
+async fn query<T: redis::FromRedisValue>(conn: &Conn, cmd: &Cmd) -> Result<T, BackendError> {
+    let v = conn.query(cmd).await.map_err(redis_error)?;
+    redis::from_redis_value(v).map_err(|e| BackendError::new(format!("redis reply: {e}")))
+}
+
+fn redis_error(e: RedisError) -> BackendError {
+    BackendError::new(format!("redis: {e}"))
+}
+
+fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, Failure> {
+    redis::from_redis_value(v)
+        .map_err(|e| Failure::Other(BackendError::new(format!("unexpected script reply: {e}"))))
+}
+
+/// A wait or a time returned by a script as a string: `as Micros`,
+/// saturating like the reference.
+fn micros_of(s: &str) -> Result<Micros, Failure> {
+    s.parse::<f64>()
+        .map(|x| x as Micros)
+        .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
+}
+
+const NO_LIMITS: LimitSpec = LimitSpec {
+    buckets: Vec::new(),
+    max_concurrent: None,
+    lease_ttl: 0,
+};
+
+fn new_lease() -> LeaseId {
+    rand::random()
+}
+
+impl RedisBackend {
+    fn keys(&self, key: &str) -> Result<KeyPair, BackendError> {
+        keys::key_pair(&self.inner.prefix, key)
+    }
+
+    fn now_arg(&self) -> Option<Micros> {
+        self.inner.clock.as_ref().map(|c| c.now())
+    }
+
+    /// Runs one script call: one `EVALSHA`, bounded by the timeouts, unless
+    /// Redis is down and this is not the probe's turn.
+    async fn run(&self, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+        let inner = &self.inner;
+        if !inner.health.should_try() {
+            inner.health.failed(&inner.policy, None);
+            return Err(Failure::Unavailable(
+                "redis is down (waiting for the next probe)".into(),
+            ));
+        }
+        let result = tokio::time::timeout(inner.op_timeout, inner.conn.evalsha(script, &cmd)).await;
+        match result {
+            Ok(Ok(v)) => {
+                inner.health.up();
+                Ok(v)
+            }
+            Ok(Err(e)) if connection::is_unavailable(&e) => {
+                let msg = e.to_string();
+                inner.health.failed(&inner.policy, Some(&msg));
+                Err(Failure::Unavailable(msg))
+            }
+            Ok(Err(e)) => {
+                inner.health.up();
+                Err(Failure::Other(redis_error(e)))
+            }
+            Err(_) => {
+                let msg = format!("no reply within {:?}", inner.op_timeout);
+                inner.health.failed(&inner.policy, Some(&msg));
+                Err(Failure::Unavailable(msg))
+            }
+        }
+    }
+
+    /// What the failure policy says for a call that could not reach Redis:
+    /// an error (fail-closed, or not an outage), fail-open, or the local
+    /// fallback store with the limits scaled down.
+    fn policy<'a>(
+        &'a self,
+        op: &str,
+        failure: Failure,
+        spec: &LimitSpec,
+    ) -> Result<Fallback<'a>, BackendError> {
+        let why = match failure {
+            Failure::Other(e) => return Err(e),
+            Failure::Unavailable(why) => why,
+        };
+        match (self.inner.policy, &self.inner.fallback) {
+            (FailurePolicy::FailOpen, _) => Ok(Fallback::Open),
+            (FailurePolicy::LocalFallback { share }, Some(store)) => {
+                Ok(Fallback::Local(store, failure::scaled(spec, share)))
+            }
+            _ => Err(BackendError::new(format!(
+                "redis unreachable, {op} refused (fail-closed): {why}"
+            ))),
+        }
+    }
+
+    async fn try_redis(
+        &self,
+        keys: &KeyPair,
+        spec: &LimitSpec,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Result<Decision, Failure> {
+        let mut cmd = scripts::evalsha(
+            &scripts::TRY,
+            keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| cost.of(spec.buckets[i].0).to_string(),
+        );
+        match spec.max_concurrent {
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let (allowed, wait, reason): (i64, String, i64) =
+            parse(self.run(&scripts::TRY, cmd).await?)?;
+        Ok(match (allowed, reason) {
+            (1, _) => Decision::allow(spec.max_concurrent.map(|_| lease)),
+            (_, 2) => Decision::deny(DenyReason::Concurrency, 0),
+            _ => Decision::deny(DenyReason::Rate, micros_of(&wait)?),
+        })
+    }
+
+    /// `reserve`, also returning the store's time of the decision, so the
+    /// wait can be turned into an absolute time on the store's clock
+    /// (`now + wait`): the server's `TIME`, or the client clock.
+    pub async fn reserve_at(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<(Reservation, Micros), BackendError> {
+        let keys = self.keys(key)?;
+        match self.reserve_redis(&keys, spec, cost, max_wait).await {
+            Ok(r) => Ok(r),
+            Err(f) => {
+                let now = self.inner.clock.as_ref().map_or(0, |c| c.now());
+                match self.policy("reserve", f, spec)? {
+                    Fallback::Open => Ok((
+                        Reservation {
+                            wait: 0,
+                            booked: true,
+                        },
+                        now,
+                    )),
+                    Fallback::Local(m, scaled) => {
+                        Ok((m.reserve(key, &scaled, cost, max_wait).await?, now))
+                    }
+                }
+            }
+        }
+    }
+
+    async fn reserve_redis(
+        &self,
+        keys: &KeyPair,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<(Reservation, Micros), Failure> {
+        let mut cmd = scripts::evalsha(
+            &scripts::RESERVE,
+            keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| cost.of(spec.buckets[i].0).to_string(),
+        );
+        cmd.arg(micros(max_wait));
+        let (booked, wait, now): (i64, String, String) =
+            parse(self.run(&scripts::RESERVE, cmd).await?)?;
+        Ok((
+            Reservation {
+                wait: micros_of(&wait)?,
+                booked: booked == 1,
+            },
+            micros_of(&now)?,
+        ))
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Decision, BackendError> {
+        let keys = self.keys(key)?;
+        let lease = new_lease();
+        match self.try_redis(&keys, spec, cost, lease).await {
+            Ok(d) => Ok(d),
+            Err(f) => match self.policy("try_acquire", f, spec)? {
+                Fallback::Open => Ok(Decision::allow(spec.max_concurrent.map(|_| lease))),
+                Fallback::Local(m, scaled) => m.try_acquire(key, &scaled, cost).await,
+            },
+        }
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Reservation, BackendError> {
+        Ok(self.reserve_at(key, spec, cost, max_wait).await?.0)
+    }
+
+    async fn hold_slot(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Result<Option<LeaseId>, BackendError> {
+        let keys = self.keys(key)?;
+        let lease = new_lease();
+        let mut cmd = scripts::evalsha(
+            &scripts::HOLD_SLOT,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |_| "0".to_owned(),
+        );
+        match spec.max_concurrent {
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::HOLD_SLOT, cmd).await?) }.await;
+        match result {
+            Ok(held) => Ok((held == 1).then_some(lease)),
+            Err(f) => match self.policy("hold_slot", f, spec)? {
+                Fallback::Open => Ok(Some(lease)),
+                Fallback::Local(m, scaled) => m.hold_slot(key, &scaled).await,
+            },
+        }
+    }
+
+    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Some(Some(Ok(true))) = self
+            .inner
+            .fallback
+            .as_ref()
+            .map(|m| m.release_now(key, lease))
+        {
+            return Ok(true);
+        }
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
+        }
+    }
+
+    async fn settle(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<(), BackendError> {
+        let keys = self.keys(key)?;
+        let cmd = scripts::evalsha(
+            &scripts::SETTLE,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| {
+                let u = spec.buckets[i].0;
+                scripts::num(reserved.of(u) as f64 - actual.of(u) as f64)
+            },
+        );
+        match self.run(&scripts::SETTLE, cmd).await {
+            Ok(_) => Ok(()),
+            Err(f) => match self.policy("settle", f, spec)? {
+                Fallback::Open => Ok(()),
+                Fallback::Local(m, scaled) => m.settle(key, &scaled, reserved, actual).await,
+            },
+        }
+    }
+
+    async fn penalize(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        hold: Duration,
+    ) -> Result<(), BackendError> {
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha(
+            &scripts::PENALIZE,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |_| "0".to_owned(),
+        );
+        cmd.arg(micros(hold));
+        match self.run(&scripts::PENALIZE, cmd).await {
+            Ok(_) => Ok(()),
+            Err(f) => match self.policy("penalize", f, spec)? {
+                Fallback::Open => Ok(()),
+                Fallback::Local(m, scaled) => m.penalize(key, &scaled, hold).await,
+            },
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        observed: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        let keys = self.keys(key)?;
+        let counter = |i: usize| observed.of(spec.buckets[i].0);
+        let mut cmd = scripts::evalsha(
+            &scripts::RECONCILE,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| {
+                counter(i)
+                    .and_then(|o| o.remaining)
+                    .map(|r| r.to_string())
+                    .unwrap_or_default()
+            },
+        );
+        for i in 0..spec.buckets.len() {
+            match counter(i).and_then(|o| o.reset) {
+                Some(reset) => cmd.arg(micros(reset)),
+                None => cmd.arg(""),
+            };
+        }
+        match self.run(&scripts::RECONCILE, cmd).await {
+            Ok(_) => Ok(()),
+            Err(f) => match self.policy("reconcile", f, spec)? {
+                Fallback::Open => Ok(()),
+                Fallback::Local(m, scaled) => m.reconcile(key, &scaled, observed).await,
+            },
+        }
+    }
+
+    fn health(&self) -> BackendHealth {
+        self.inner.health.snapshot()
+    }
+}

@@ -1,0 +1,113 @@
+//! One connection to Redis (a reconnecting [`ConnectionManager`], or a
+//! cluster connection) and `EVALSHA` with a reload on `NOSCRIPT`.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
+
+/// A cheap-to-clone handle on the store.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One server, through a connection manager that reconnects by itself.
+    Single(ConnectionManager),
+    /// A Redis Cluster.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Conn::Single(_) => f.write_str("Conn::Single"),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => f.write_str("Conn::Cluster"),
+        }
+    }
+}
+
+/// Timeouts that keep a dead or black-holed server from hanging callers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+impl Conn {
+    /// Connects to one server.
+    pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(t.connect))
+            .set_response_timeout(Some(t.response))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let manager = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Conn::Single(manager))
+    }
+
+    /// Connects to a cluster through any of its nodes.
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn cluster(urls: &[String], t: Timeouts) -> RedisResult<Self> {
+        let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+            .connection_timeout(t.connect)
+            .response_timeout(t.response)
+            .retries(1)
+            .min_retry_wait(10)
+            .max_retry_wait(100)
+            .build()?;
+        Ok(Conn::Cluster(client.get_async_connection().await?))
+    }
+
+    /// Sends one command.
+    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    async fn load(&self, script: &Script) -> RedisResult<String> {
+        match self {
+            Conn::Single(c) => script.load_async(&mut c.clone()).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => script.load_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs an `EVALSHA` built for `script`: one round trip, plus a
+    /// `SCRIPT LOAD` and a second try only when the server answers
+    /// `NOSCRIPT` (a new or restarted server, or `SCRIPT FLUSH`).
+    pub(crate) async fn evalsha(&self, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
+        match self.query(cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.load(script).await?;
+                self.query(cmd).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether `e` means the store cannot be reached or cannot serve now (the
+/// failure policy answers), as opposed to a bad command or script.
+pub(crate) fn is_unavailable(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+            ) | ErrorKind::ClusterConnectionNotFound
+        )
+        || e.code() == Some("OOM")
+}

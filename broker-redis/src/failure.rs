@@ -1,0 +1,221 @@
+//! What the backend does while Redis is unreachable: the [`FailurePolicy`],
+//! and the [`Health`] tracker that logs once per outage, counts the calls the
+//! policy answered and lets one probe per interval through to Redis.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use broker_core::bucket::BucketParams;
+use broker_core::stats::BackendHealth;
+use broker_core::{BackendError, LimitSpec};
+
+/// What the backend answers while Redis is unreachable (connection refused
+/// or dropped, timeouts, cluster down, a loading or read-only server).
+/// Script and command errors are never covered: they are returned.
+///
+/// The default is [`FailurePolicy::FailClosed`]: it is the only policy that
+/// can never let more through than the shared quota, however many replicas
+/// run. [`FailurePolicy::LocalFallback`] is safe only if `share` × the
+/// number of replicas is at most 1, which this library cannot know;
+/// [`FailurePolicy::FailOpen`] trades the quota for availability.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum FailurePolicy {
+    /// Every call returns a [`BackendError`]: `try_acquire` and `enqueue`
+    /// fail, `release` is left to the lease's expiry, `penalize`,
+    /// `reconcile` and `settle` are lost.
+    #[default]
+    FailClosed,
+    /// Every acquisition is allowed at once; `penalize`, `reconcile` and
+    /// `settle` are dropped.
+    FailOpen,
+    /// Decisions come from a bucket in this process whose burst and rate
+    /// are `share` (0 < share ≤ 1) of the configured ones: bursts rounded
+    /// down (but at least 1), periods stretched by `1 / share` and rounded
+    /// up, concurrency limits rounded down (at least 1). Set `share` to
+    /// `1 / replicas` or less to keep the sum within the quota.
+    LocalFallback {
+        /// The fraction of every limit this process may use alone.
+        share: f64,
+    },
+}
+
+impl FailurePolicy {
+    /// Checks `share` of [`FailurePolicy::LocalFallback`].
+    pub(crate) fn validate(&self) -> Result<(), BackendError> {
+        if let FailurePolicy::LocalFallback { share } = *self {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(BackendError::new(format!(
+                    "LocalFallback share must be in (0, 1], got {share}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The limits of `spec` scaled down to `share` for a local fallback bucket.
+pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
+    LimitSpec {
+        buckets: spec
+            .buckets
+            .iter()
+            .map(|(unit, p)| {
+                (
+                    *unit,
+                    BucketParams {
+                        capacity: (p.capacity * share).floor().max(1.0),
+                        amount: p.amount,
+                        period: (p.period / share).ceil(),
+                    },
+                )
+            })
+            .collect(),
+        max_concurrent: spec
+            .max_concurrent
+            .map(|m| ((m as f64 * share).floor() as u32).max(1)),
+        lease_ttl: spec.lease_ttl,
+    }
+}
+
+/// Reachability of the store, as seen by the calls.
+#[derive(Debug)]
+pub(crate) struct Health {
+    down: AtomicBool,
+    origin: Instant,
+    /// Milliseconds since `origin` before which no probe is sent.
+    next_probe_ms: AtomicU64,
+    probe_interval: Duration,
+    outages: AtomicU64,
+    handled: AtomicU64,
+    down_since: Mutex<Option<Instant>>,
+}
+
+impl Health {
+    pub(crate) fn new(probe_interval: Duration) -> Self {
+        Self {
+            down: AtomicBool::new(false),
+            origin: Instant::now(),
+            next_probe_ms: AtomicU64::new(0),
+            probe_interval,
+            outages: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            down_since: Mutex::new(None),
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether this call should go to Redis: always while it is up; while
+    /// it is down, one call per probe interval.
+    pub(crate) fn should_try(&self) -> bool {
+        if !self.down.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = self.elapsed_ms();
+        let next = self.next_probe_ms.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_probe_ms
+                .compare_exchange(
+                    next,
+                    now + self.probe_interval.as_millis() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// A call reached Redis: ends an outage, if there was one.
+    pub(crate) fn up(&self) {
+        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
+            let since = self
+                .down_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
+            tracing::info!(
+                down_ms,
+                handled = self.handled.load(Ordering::Relaxed),
+                "redis reachable again; decisions are shared again"
+            );
+        }
+    }
+
+    /// Redis could not be reached (`error` is `None` for a call that the
+    /// probe gate kept from trying). Starts an outage on the first failure
+    /// and logs it once; counts the call as handled by the policy.
+    pub(crate) fn failed(&self, policy: &FailurePolicy, error: Option<&str>) {
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        if let Some(error) = error {
+            if !self.down.swap(true, Ordering::Relaxed) {
+                *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                self.next_probe_ms.store(
+                    self.elapsed_ms() + self.probe_interval.as_millis() as u64,
+                    Ordering::Relaxed,
+                );
+                self.outages.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    ?policy,
+                    error,
+                    "redis unreachable; the failure policy answers until it returns"
+                );
+            }
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> BackendHealth {
+        BackendHealth {
+            down: self.down.load(Ordering::Relaxed),
+            outages: self.outages.load(Ordering::Relaxed),
+            handled_errors: self.handled.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use broker_core::{Limits, RateLimit};
+
+    #[test]
+    fn fallback_limits_are_a_fraction_never_the_full_bucket() {
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(10).with_burst(10))
+            .max_concurrent(4);
+        let spec = LimitSpec::new(&limits, Duration::from_secs(30));
+        let half = scaled(&spec, 0.5);
+        let p = half.buckets[0].1;
+        assert_eq!(p.capacity, 5.0);
+        assert_eq!(p.amount / p.period * 1e6, 5.0);
+        assert_eq!(half.max_concurrent, Some(2));
+    }
+
+    #[test]
+    fn share_outside_zero_to_one_is_refused() {
+        for share in [0.0, -1.0, 1.5, f64::NAN] {
+            assert!(FailurePolicy::LocalFallback { share }.validate().is_err());
+        }
+        assert!(FailurePolicy::LocalFallback { share: 1.0 }
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn one_outage_is_logged_and_counted_once() {
+        let h = Health::new(Duration::from_secs(3600));
+        let p = FailurePolicy::FailOpen;
+        h.failed(&p, Some("refused"));
+        h.failed(&p, Some("refused"));
+        assert!(!h.should_try(), "no probe before the interval");
+        h.failed(&p, None);
+        let s = h.snapshot();
+        assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
+        h.up();
+        assert!(h.should_try());
+        assert!(!h.snapshot().down);
+    }
+}

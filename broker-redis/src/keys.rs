@@ -1,0 +1,57 @@
+//! Redis key names. Every key of one resource shares the hash tag
+//! `{resource key}`, so multi-key scripts run on Redis Cluster.
+
+use broker_core::BackendError;
+
+/// The two keys of one resource state: the bucket hash and the lease set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyPair {
+    /// `prefix:{key}:b`, a hash of `n`, `tokens:i`, `ts:i`, `nb:i`.
+    pub(crate) buckets: String,
+    /// `prefix:{key}:l`, a sorted set of lease id -> expiry.
+    pub(crate) leases: String,
+}
+
+/// Checks a key prefix: braces would move the hash tag.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), BackendError> {
+    if prefix.contains(['{', '}']) {
+        return Err(BackendError::new(format!(
+            "redis key prefix {prefix:?} must not contain '{{' or '}}' (they would move the hash tag)"
+        )));
+    }
+    Ok(())
+}
+
+/// The keys of the state `key` (a key built by `broker_core::keys`, which
+/// escapes braces, so no user id can reach into another's hash tag).
+pub(crate) fn key_pair(prefix: &str, key: &str) -> Result<KeyPair, BackendError> {
+    if key.contains(['{', '}']) {
+        return Err(BackendError::new(format!(
+            "state key {key:?} contains a brace: build keys with broker_core::keys"
+        )));
+    }
+    let tagged = format!("{prefix}:{{{key}}}:");
+    Ok(KeyPair {
+        buckets: format!("{tagged}b"),
+        leases: format!("{tagged}l"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_keys_share_one_hash_tag() {
+        let k = key_pair("rb", "tenants:acme").unwrap();
+        assert_eq!(k.buckets, "rb:{tenants:acme}:b");
+        assert_eq!(k.leases, "rb:{tenants:acme}:l");
+    }
+
+    #[test]
+    fn braces_are_refused_in_keys_and_prefixes() {
+        assert!(key_pair("rb", "a}b").is_err());
+        assert!(check_prefix("r{b").is_err());
+        assert!(check_prefix("app:rb").is_ok());
+    }
+}

@@ -1,0 +1,183 @@
+-- resource-broker: shared part of every script. A line-by-line mirror of
+-- broker-core's bucket.rs (refill, wait_for, ttl, is_idle) and of the
+-- multi-limit helpers of state.rs (wait_all, take_all, hold_slot). Same
+-- names: tokens, ts, nb. Times are microseconds held in doubles (exact below
+-- 2^53 us, about 285 years). Numbers are stored with %.17g so they read back
+-- bit for bit; results that are not small integers are returned as strings.
+--
+-- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n
+-- KEYS[2]  lease set: lease id -> expiry
+-- ARGV[1]  now in us, or '' for the server's TIME
+-- ARGV[2]  ttl margin in ms added to every PEXPIRE
+-- ARGV[3]  n, the number of buckets
+-- ARGV[4 + 4(i-1) ..]  capacity, amount, period, c (the per-bucket operand)
+-- ARGV[4 + 4n ..]      operands of the transition (see each script)
+
+-- u64::MAX as an f64: where Rust saturates, Lua clamps to this.
+local U64 = 18446744073709551616
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- `as Micros` on an f64: saturating.
+local function sat(x)
+  if x > U64 then return U64 end
+  if x < 0 then return 0 end
+  return x
+end
+
+-- u64::saturating_sub / saturating_add.
+local function sat_sub(a, b)
+  if a > b then return a - b end
+  return 0
+end
+
+local function sat_add(a, b)
+  return sat(a + b)
+end
+
+local function read_now()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local N = tonumber(ARGV[3])
+local REST = 4 + 4 * N
+
+-- bucket::refill
+local function refill(s, p, now)
+  if now <= s.ts then
+    return s
+  end
+  local gained = (now - s.ts) * p.amount / p.period
+  return { tokens = math.min(s.tokens + gained, p.capacity), ts = now, nb = s.nb }
+end
+
+-- bucket::wait_for
+local function wait_for(s, p, now, cost)
+  local deficit = cost - s.tokens
+  local rate_wait = 0
+  if deficit > 0 then
+    rate_wait = sat(math.ceil(deficit * p.period / p.amount))
+  end
+  return math.max(rate_wait, sat_sub(s.nb, now))
+end
+
+-- bucket::is_idle
+local function is_idle(s, p, now)
+  local r = refill(s, p, math.max(now, s.ts))
+  return r.tokens >= p.capacity and r.nb <= now
+end
+
+-- bucket::ttl
+local function ttl(s, p, now)
+  now = math.max(now, s.ts)
+  local r = refill(s, p, now)
+  local to_full = wait_for(r, p, now, p.capacity)
+  return math.max(to_full, sat_sub(r.nb, now))
+end
+
+-- Reads the buckets; a missing hash, or one made for another number of
+-- buckets, is ResourceState::fresh (full buckets as of now).
+local function load(now)
+  local fields = { 'n' }
+  for i = 1, N do
+    fields[#fields + 1] = 'tokens:' .. i
+    fields[#fields + 1] = 'ts:' .. i
+    fields[#fields + 1] = 'nb:' .. i
+  end
+  local v = redis.call('HMGET', KEYS[1], unpack(fields))
+  local fresh = tonumber(v[1]) ~= N
+  local params, states, c = {}, {}, {}
+  for i = 1, N do
+    local a = 4 + 4 * (i - 1)
+    local p = { capacity = tonumber(ARGV[a]), amount = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]) }
+    params[i] = p
+    c[i] = ARGV[a + 3]
+    if fresh then
+      states[i] = { tokens = p.capacity, ts = now, nb = 0 }
+    else
+      local f = 2 + 3 * (i - 1)
+      states[i] = { tokens = tonumber(v[f]), ts = tonumber(v[f + 1]), nb = tonumber(v[f + 2]) }
+    end
+  end
+  return params, states, c
+end
+
+-- Writes the buckets back with a TTL from bucket::ttl (so a penalty's nb is
+-- kept), or deletes the hash when every bucket is idle (it equals a fresh one).
+local function save(params, states, now)
+  local idle = true
+  local keep = 0
+  for i = 1, N do
+    if not is_idle(states[i], params[i], now) then
+      idle = false
+    end
+    keep = math.max(keep, ttl(states[i], params[i], now))
+  end
+  if idle then
+    redis.call('DEL', KEYS[1])
+    return
+  end
+  local fields = { 'n', N }
+  for i = 1, N do
+    local s = states[i]
+    fields[#fields + 1] = 'tokens:' .. i
+    fields[#fields + 1] = fmt(s.tokens)
+    fields[#fields + 1] = 'ts:' .. i
+    fields[#fields + 1] = fmt(s.ts)
+    fields[#fields + 1] = 'nb:' .. i
+    fields[#fields + 1] = fmt(s.nb)
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  local ms = math.min(math.ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ms))
+end
+
+-- state::wait_all: the longest wait among buckets with a non-zero cost.
+local function wait_all(params, states, costs, now)
+  local wait = 0
+  for i = 1, N do
+    local c = tonumber(costs[i])
+    if c > 0 then
+      local s = states[i]
+      local n = math.max(now, s.ts)
+      wait = math.max(wait, wait_for(refill(s, params[i], n), params[i], n, c))
+    end
+  end
+  return wait
+end
+
+-- state::take_all (bucket::reserve with an unbounded max_wait always books).
+local function take_all(params, states, costs, now)
+  for i = 1, N do
+    local c = tonumber(costs[i])
+    if c > 0 then
+      local s = states[i]
+      local n = math.max(now, s.ts)
+      s = refill(s, params[i], n)
+      s.tokens = s.tokens - c
+      states[i] = s
+    end
+  end
+end
+
+-- state::hold_slot over the lease set; max == '' means no concurrency limit.
+local function hold_slot(now, max, lease_ttl, lease)
+  if max == '' then
+    return true
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', fmt(now))
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(max) then
+    return false
+  end
+  redis.call('ZADD', KEYS[2], fmt(sat_add(now, lease_ttl)), lease)
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local ms = math.min(math.ceil(sat_sub(tonumber(last[2]), now) / 1000), 1e15) + tonumber(ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], string.format('%.0f', ms))
+  return true
+end

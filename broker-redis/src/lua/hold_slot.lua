@@ -1,0 +1,8 @@
+-- hold_slot (state::hold_slot): take a concurrency slot under a lease.
+-- ARGV[REST] max_concurrent, ARGV[REST+1] lease_ttl, ARGV[REST+2] lease id.
+-- Returns 1 when held.
+local now = read_now()
+if hold_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
+  return 1
+end
+return 0

@@ -1,0 +1,82 @@
+//! The startup check of `maxmemory-policy`: an `allkeys-*` policy may evict
+//! a bucket in the middle of its window, and an evicted bucket reads as a
+//! fresh, full one.
+
+use std::collections::HashMap;
+
+use crate::builder::RedisBackendBuilder;
+use crate::connection::Conn;
+
+/// Reads `maxmemory-policy` (on every given node for a cluster), warns on
+/// `allkeys-*`, and returns the first policy read. A store that refuses
+/// `CONFIG` (managed services often do) is noted at debug level.
+pub(crate) async fn check_maxmemory_policy(
+    conn: &Conn,
+    builder: &RedisBackendBuilder,
+) -> Option<String> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    let mut found = None;
+    if builder.cluster {
+        for url in &builder.urls {
+            let policy = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut c = client.get_multiplexed_async_connection().await?;
+                cmd.query_async::<HashMap<String, String>>(&mut c).await
+            }
+            .await;
+            found = found.or(note(url, policy));
+        }
+    } else {
+        let policy = conn
+            .query(&cmd)
+            .await
+            .and_then(|v| Ok(redis::from_redis_value::<HashMap<String, String>>(v)?));
+        found = note(&builder.urls[0], policy);
+    }
+    found
+}
+
+fn note(url: &str, policy: redis::RedisResult<HashMap<String, String>>) -> Option<String> {
+    let url = redacted(url);
+    match policy {
+        Ok(map) => {
+            let policy = map.get("maxmemory-policy").cloned()?;
+            if policy.starts_with("allkeys-") {
+                tracing::warn!(
+                    url,
+                    policy,
+                    "redis maxmemory-policy may evict bucket keys mid-window (an evicted bucket \
+                     reads as full); use noeviction or a volatile-* policy"
+                );
+            }
+            Some(policy)
+        }
+        Err(e) => {
+            tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)");
+            None
+        }
+    }
+}
+
+/// The url without its password, for logs.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            super::redacted("redis://user:secret@host:6379/"),
+            "redis://***@host:6379/"
+        );
+        assert_eq!(super::redacted("redis://host/"), "redis://host/");
+    }
+}
