@@ -1,0 +1,120 @@
+//! Helpers shared by the socket tests: a server on a free loopback port, a
+//! broker on a hand-driven clock, a body that never ends.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use broker_axum::{Pressure, PressureConfig};
+use broker_core::{Backend, ManualClock, ResourceBroker};
+use broker_memory::MemoryBackend;
+use bytes::Bytes;
+use http_body::Frame;
+
+/// A broker over an in-memory backend on a manual clock.
+pub struct TestBroker {
+    pub broker: ResourceBroker,
+    pub backend: Arc<MemoryBackend>,
+    pub clock: ManualClock,
+}
+
+impl TestBroker {
+    pub fn new() -> Self {
+        let clock = ManualClock::new();
+        clock.set(1_000_000_000);
+        let backend = Arc::new(MemoryBackend::with_clock(clock.clone()));
+        let shared: Arc<dyn Backend> = backend.clone();
+        Self {
+            broker: ResourceBroker::from_arc(shared),
+            backend,
+            clock,
+        }
+    }
+
+    pub fn pressure(&self, config_json: &str) -> Pressure {
+        let config = PressureConfig::from_json("test.json", config_json).expect("valid config");
+        Pressure::new(self.broker.clone(), &config).expect("registers")
+    }
+
+    /// A counter of `resource` in `broker.stats()`.
+    pub fn stat(&self, resource: &str, f: impl Fn(&broker_core::ResourceStats) -> u64) -> u64 {
+        f(&self.broker.stats().resources[resource])
+    }
+}
+
+/// Serves `app` on 127.0.0.1 on a free port; the server lives as long as
+/// the test's runtime.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    addr
+}
+
+/// Sends `n` GETs to `url` with the optional header, returns the statuses.
+pub async fn statuses(
+    client: &reqwest::Client,
+    url: &str,
+    header: Option<(&str, &str)>,
+    n: usize,
+) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut req = client.get(url);
+        if let Some((k, v)) = header {
+            req = req.header(k, v);
+        }
+        out.push(req.send().await.unwrap().status().as_u16());
+    }
+    out
+}
+
+pub fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+/// Waits (bounded: at most `limit` of real time) until `cond` holds.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// A response body that sends a chunk every 20 ms and never ends.
+pub struct Drip {
+    interval: tokio::time::Interval,
+}
+
+impl Drip {
+    pub fn new() -> Self {
+        Self {
+            interval: tokio::time::interval(Duration::from_millis(20)),
+        }
+    }
+}
+
+impl http_body::Body for Drip {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.interval.poll_tick(cx) {
+            Poll::Ready(_) => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"tick\n"))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

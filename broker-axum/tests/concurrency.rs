@@ -1,0 +1,160 @@
+//! `maxConcurrentRequests` over a real socket: the slot is held while the
+//! body is sent, freed when it ends or when the client aborts mid-body;
+//! upgrades and server-sent events hold no slot.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use broker_axum::Pressure;
+use common::{eventually, serve, statuses, Drip, TestBroker};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CONFIG: &str = r#"{
+    "perRoute": [{ "resource": "route:one", "pathPrefix": "/one", "limits": { "maxConcurrentRequests": 1 } }]
+}"#;
+
+const RESOURCE: &str = "route:one";
+
+fn app(pressure: &Pressure) -> Router {
+    Router::new()
+        .route("/one/drip", get(|| async { Body::new(Drip::new()) }))
+        .route(
+            "/one/events",
+            get(|| async {
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::new(Drip::new()))
+                    .unwrap()
+            }),
+        )
+        .route("/one/small", get(|| async { "small" }))
+        .layer(pressure.layer())
+}
+
+/// Opens a connection, sends a GET for `path` (with extra header lines),
+/// and reads until the first body chunk arrived. Returns the open stream.
+async fn start_streaming(addr: std::net::SocketAddr, path: &str, extra: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\n{extra}\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).contains("tick") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("the server answers")
+            .unwrap();
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    stream
+}
+
+#[tokio::test]
+async fn aborted_response_frees_its_slot() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let small = format!("http://{addr}/one/small");
+
+    let stream = start_streaming(addr, "/one/drip", "").await;
+    assert_eq!(
+        t.stat(RESOURCE, |s| s.in_flight),
+        1,
+        "the endless body holds the slot"
+    );
+    assert_eq!(
+        statuses(&client, &small, None, 1).await,
+        [429],
+        "the only slot is taken"
+    );
+
+    drop(stream); // the client goes away mid-body
+    assert!(
+        eventually(Duration::from_secs(10), || t
+            .stat(RESOURCE, |s| s.in_flight)
+            == 0)
+        .await,
+        "the dropped body released the slot"
+    );
+    assert_eq!(statuses(&client, &small, None, 1).await, [200]);
+}
+
+#[tokio::test]
+async fn finished_body_frees_its_slot() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let got = statuses(&client, &format!("http://{addr}/one/small"), None, 5).await;
+    assert_eq!(got, [200; 5], "each finished response gave the slot back");
+    assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
+}
+
+#[tokio::test]
+async fn concurrency_denial_says_retry_after_one_second() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let _stream = start_streaming(addr, "/one/drip", "").await;
+    let res = reqwest::get(format!("http://{addr}/one/small"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(res.headers()["retry-after"], "1");
+}
+
+#[tokio::test]
+async fn event_stream_holds_no_slot() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let _sse = start_streaming(addr, "/one/events", "Accept: text/event-stream\r\n").await;
+    assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
+    let got = statuses(
+        &reqwest::Client::new(),
+        &format!("http://{addr}/one/small"),
+        None,
+        2,
+    )
+    .await;
+    assert_eq!(
+        got,
+        [200, 200],
+        "the open event stream does not block others"
+    );
+}
+
+#[tokio::test]
+async fn upgrade_request_holds_no_slot() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let _ws = start_streaming(
+        addr,
+        "/one/drip",
+        "Connection: upgrade\r\nUpgrade: websocket\r\n",
+    )
+    .await;
+    assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
+    let got = statuses(
+        &reqwest::Client::new(),
+        &format!("http://{addr}/one/small"),
+        None,
+        1,
+    )
+    .await;
+    assert_eq!(got, [200]);
+}

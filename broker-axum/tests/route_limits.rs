@@ -1,0 +1,218 @@
+//! The route/service stage over a real socket: which limit applies, what a
+//! denial says, what a backend failure answers.
+
+mod common;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::routing::get;
+use axum::Router;
+use broker_axum::{Pressure, PressureConfig, Responses};
+use broker_core::{
+    BackendError, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation, ResourceBroker,
+};
+use common::{count, serve, statuses, TestBroker};
+
+fn app(pressure: &Pressure) -> Router {
+    Router::new()
+        .route("/hooks/{name}", get(|| async { "hook" }))
+        .route("/other", get(|| async { "other" }))
+        .layer(pressure.layer())
+}
+
+#[tokio::test]
+async fn route_override_beats_service_limit() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{
+        "perService": { "rest": { "requestsPerMinute": 3 } },
+        "perRoute": [{ "resource": "route:hooks", "pathPrefix": "/hooks", "limits": { "requestsPerMinute": 1 } }]
+    }"#,
+    );
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+
+    let hooks = statuses(&client, &format!("http://{addr}/hooks/a"), None, 2).await;
+    assert_eq!(hooks, [200, 429], "the route's own limit (1/min) applies");
+    let other = statuses(&client, &format!("http://{addr}/other"), None, 4).await;
+    assert_eq!(
+        other,
+        [200, 200, 200, 429],
+        "route requests did not use the service limit (3/min)"
+    );
+    assert_eq!(t.stat("route:hooks", |s| s.allowed), 1);
+    assert_eq!(t.stat("route:hooks", |s| s.denied), 1);
+    assert_eq!(t.stat("pressure:service:rest", |s| s.allowed), 3);
+    assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 1);
+}
+
+#[tokio::test]
+async fn longest_prefix_wins_and_boundaries_are_segments() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{
+        "perRoute": [
+            { "resource": "route:all", "pathPrefix": "/hooks", "limits": { "requestsPerMinute": 100 } },
+            { "resource": "route:stripe", "pathPrefix": "/hooks/stripe", "limits": { "requestsPerMinute": 1 } }
+        ]
+    }"#,
+    );
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let stripe = statuses(&client, &format!("http://{addr}/hooks/stripe"), None, 2).await;
+    assert_eq!(stripe, [200, 429]);
+    let stripex = statuses(&client, &format!("http://{addr}/hooks/stripex"), None, 2).await;
+    assert_eq!(
+        stripex,
+        [200, 200],
+        "/hooks/stripex is not under /hooks/stripe"
+    );
+    assert_eq!(t.stat("route:all", |s| s.allowed), 2);
+    let other = statuses(&client, &format!("http://{addr}/other"), None, 3).await;
+    assert_eq!(other, [200, 200, 200], "no service limit configured");
+}
+
+#[tokio::test]
+async fn retry_after_is_at_least_one_and_matches_the_wait() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(r#"{ "perService": { "rest": { "requestsPerMinute": 2 } } }"#);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/other");
+
+    assert_eq!(statuses(&client, &url, None, 2).await, [200, 200]);
+    let res = client.get(&url).send().await.unwrap();
+    assert_eq!(res.status(), 429);
+    // Bucket of 2 per minute, empty: the next token is 30 s away.
+    assert_eq!(res.headers()["retry-after"], "30");
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        r#""pressure:service:rest";q=2;w=60"#
+    );
+    assert_eq!(
+        res.headers()["ratelimit"],
+        r#""pressure:service:rest";r=0;t=30"#
+    );
+
+    t.clock.advance(Duration::from_millis(29_500));
+    let res = client.get(&url).send().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        res.headers()["retry-after"],
+        "1",
+        "a 0.5 s wait rounds up to 1, never 0"
+    );
+
+    t.clock.advance(Duration::from_millis(500));
+    assert_eq!(statuses(&client, &url, None, 1).await, [200]);
+}
+
+#[tokio::test]
+async fn denial_status_body_and_legacy_headers_are_configurable() {
+    let t = TestBroker::new();
+    let pressure = t
+        .pressure(r#"{ "perService": { "rest": { "requestsPerSecond": 1 } } }"#)
+        .with_responses(Responses {
+            denied_status: http::StatusCode::SERVICE_UNAVAILABLE,
+            denied_body: bytes::Bytes::from_static(b"slow down"),
+            denied_content_type: http::HeaderValue::from_static("text/plain"),
+            legacy_headers: true,
+            ..Responses::default()
+        });
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/other");
+    assert_eq!(statuses(&client, &url, None, 1).await, [200]);
+    let res = client.get(&url).send().await.unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["content-type"], "text/plain");
+    assert_eq!(res.headers()["x-ratelimit-limit"], "1");
+    assert_eq!(res.headers()["x-ratelimit-remaining"], "0");
+    assert_eq!(res.headers()["x-ratelimit-reset"], "1");
+    assert_eq!(res.text().await.unwrap(), "slow down");
+}
+
+#[tokio::test]
+async fn disabled_config_passes_everything_and_calls_no_broker() {
+    let t = TestBroker::new();
+    let pressure =
+        t.pressure(r#"{ "enabled": false, "perService": { "rest": { "requestsPerMinute": 1 } } }"#);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let got = statuses(&client, &format!("http://{addr}/other"), None, 5).await;
+    assert_eq!(count(&got, 200), 5);
+    assert_eq!(t.stat("pressure:service:rest", |s| s.allowed), 0);
+}
+
+/// A state store that is down.
+struct DownBackend;
+
+#[async_trait]
+impl broker_core::Backend for DownBackend {
+    async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+    async fn reserve(
+        &self,
+        _: &str,
+        _: &LimitSpec,
+        _: Cost,
+        _: Duration,
+    ) -> Result<Reservation, BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+    async fn hold_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+    async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+    async fn settle(&self, _: &str, _: &LimitSpec, _: Cost, _: Cost) -> Result<(), BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+    async fn penalize(&self, _: &str, _: &LimitSpec, _: Duration) -> Result<(), BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+    async fn reconcile(
+        &self,
+        _: &str,
+        _: &LimitSpec,
+        _: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::new("connection refused"))
+    }
+}
+
+fn down_pressure() -> Pressure {
+    let config = PressureConfig::from_json(
+        "t",
+        r#"{ "perService": { "rest": { "requestsPerSecond": 5 } } }"#,
+    )
+    .unwrap();
+    Pressure::new(ResourceBroker::new(DownBackend), &config).unwrap()
+}
+
+#[tokio::test]
+async fn backend_failure_answers_503_with_retry_after_not_500() {
+    let pressure = down_pressure();
+    let addr = serve(app(&pressure)).await;
+    let res = reqwest::get(format!("http://{addr}/other")).await.unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let stats = pressure.broker().stats();
+    assert_eq!(stats.resources["pressure:service:rest"].backend_errors, 1);
+}
+
+#[tokio::test]
+async fn backend_failure_status_is_configurable() {
+    let pressure = down_pressure().with_responses(Responses {
+        backend_error_status: http::StatusCode::BAD_GATEWAY,
+        backend_error_retry_after: Duration::from_millis(2_500),
+        ..Responses::default()
+    });
+    let addr = serve(app(&pressure)).await;
+    let res = reqwest::get(format!("http://{addr}/other")).await.unwrap();
+    assert_eq!(res.status(), 502);
+    assert_eq!(res.headers()["retry-after"], "3");
+}

@@ -1,0 +1,189 @@
+//! The tenant stage: one tenant's flood does not deny another, hostile or
+//! random tenant ids cost bounded state and never panic.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use broker_axum::{FromExtension, FromHeader, Pressure};
+use common::{count, serve, statuses, TestBroker};
+use http::{HeaderName, Request, StatusCode};
+use tower::ServiceExt;
+
+const CONFIG: &str = r#"{
+    "perService": { "rest": { "requestsPerMinute": 10 } },
+    "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 5 } }
+}"#;
+
+fn app(pressure: &Pressure) -> Router {
+    Router::new()
+        .route("/work", get(|| async { "done" }))
+        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))))
+        .layer(pressure.layer())
+}
+
+#[tokio::test]
+async fn tenant_a_flood_does_not_deny_tenant_b() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/work");
+
+    let a = statuses(&client, &url, Some(("x-tenant", "tenant-a")), 20).await;
+    assert_eq!(count(&a, 200), 5, "A gets its 5 per minute");
+    assert_eq!(count(&a, 429), 15);
+    // A sent 20 requests, more than the shared service limit of 10: the 15
+    // its tenant quota denied gave their service cost back.
+    let b = statuses(&client, &url, Some(("x-tenant", "tenant-b")), 5).await;
+    assert_eq!(b, [200; 5], "B is not denied by A's flood");
+    assert_eq!(t.stat("pressure:tenant", |s| s.denied), 15);
+    assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 0);
+}
+
+#[tokio::test]
+async fn tenant_retry_after_follows_its_refill_and_quota_returns_with_time() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/work");
+    let a = statuses(&client, &url, Some(("x-tenant", "a")), 6).await;
+    assert_eq!(a, [200, 200, 200, 200, 200, 429]);
+    let res = client
+        .get(&url)
+        .header("x-tenant", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()["retry-after"],
+        "12",
+        "5/min: one token per 12 s"
+    );
+    t.clock.advance(Duration::from_secs(12));
+    assert_eq!(
+        statuses(&client, &url, Some(("x-tenant", "a")), 2).await,
+        [200, 429]
+    );
+}
+
+#[tokio::test]
+async fn requests_without_tenant_pass_the_tenant_stage() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let got = statuses(
+        &reqwest::Client::new(),
+        &format!("http://{addr}/work"),
+        None,
+        11,
+    )
+    .await;
+    assert_eq!(count(&got, 200), 10, "only the service limit applies");
+    assert_eq!(t.stat("pressure:tenant", |s| s.allowed + s.denied), 0);
+}
+
+fn get_with(tenant: &[u8]) -> Request<Body> {
+    let mut req = Request::get("/work").body(Body::empty()).unwrap();
+    req.headers_mut().insert(
+        HeaderName::from_static("x-tenant"),
+        http::HeaderValue::from_bytes(tenant).unwrap(),
+    );
+    req
+}
+
+#[tokio::test]
+async fn random_tenant_flood_keeps_bounded_state_and_denies_no_one() {
+    let t = TestBroker::new();
+    let pressure =
+        t.pressure(r#"{ "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 2 } } }"#);
+    let app = app(&pressure);
+    for i in 0..5_000u32 {
+        let id = format!("random-{}", i.wrapping_mul(2_654_435_761));
+        let res = app.clone().oneshot(get_with(id.as_bytes())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "a new tenant is never denied");
+    }
+    let res = app.clone().oneshot(get_with(b"steady")).await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the flood did not deny another tenant"
+    );
+    // Idle tenant states (refilled) are evicted by the backend: nothing is
+    // kept per tenant once its bucket is full again.
+    t.clock.advance(Duration::from_secs(60));
+    t.backend.evict_idle();
+    assert_eq!(t.backend.len(), 0, "no per-tenant state survives idleness");
+}
+
+#[tokio::test]
+async fn hostile_tenant_ids_never_panic_and_stay_apart() {
+    let t = TestBroker::new();
+    let pressure =
+        t.pressure(r#"{ "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } } }"#);
+    let app = app(&pressure);
+    let long = vec![b'x'; 8 * 1024];
+    let hostile: [&[u8]; 6] = [
+        b"a:b{c}",
+        b"a:b{c}%",
+        &[0xff, 0xfe, 0x80],
+        &[0xff, 0xfe, 0x81],
+        b"",
+        &long,
+    ];
+    for id in hostile {
+        let first = app.clone().oneshot(get_with(id)).await.unwrap();
+        assert_eq!(
+            first.status(),
+            StatusCode::OK,
+            "{id:?}: its own fresh quota"
+        );
+        let second = app.clone().oneshot(get_with(id)).await.unwrap();
+        assert_eq!(
+            second.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{id:?}: quota used"
+        );
+    }
+}
+
+#[derive(Clone)]
+struct Claims {
+    namespace_id: String,
+}
+
+#[tokio::test]
+async fn tenant_from_auth_extension_is_limited_per_namespace() {
+    let t = TestBroker::new();
+    let pressure =
+        t.pressure(r#"{ "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } } }"#);
+    let app = Router::new()
+        .route("/work", get(|| async { "done" }))
+        .layer(pressure.tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())))
+        .layer(axum::middleware::from_fn(
+            |mut req: Request<Body>, next: axum::middleware::Next| async move {
+                // A stand-in for JWT verification: the namespace claim.
+                if let Some(ns) = req.headers().get("x-namespace").cloned() {
+                    let namespace_id = ns.to_str().unwrap_or_default().to_owned();
+                    req.extensions_mut().insert(Claims { namespace_id });
+                }
+                next.run(req).await
+            },
+        ))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/work");
+    assert_eq!(
+        statuses(&client, &url, Some(("x-namespace", "ns1")), 2).await,
+        [200, 429]
+    );
+    assert_eq!(
+        statuses(&client, &url, Some(("x-namespace", "ns2")), 1).await,
+        [200]
+    );
+}
