@@ -5,10 +5,14 @@
 //!   cluster. Never the machine's shared Redis.
 //! - [`StrictServer`]: a model of an upstream that enforces a token bucket
 //!   strictly on *receive*, answering 200 or 429.
+//! - [`upstream`]: the same idea as a real HTTP server on loopback, with
+//!   rate-limit headers, a foreign client and an outage mode.
 #![warn(missing_docs)]
 
 mod redis_server;
 mod strict_server;
+pub mod upstream;
 
 pub use redis_server::{free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};
+pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};
