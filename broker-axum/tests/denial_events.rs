@@ -15,10 +15,13 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+/// The fields of one event, in order.
+type Recorded = Vec<(String, String)>;
 
-struct Fields(Vec<(String, String)>);
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<Recorded>>>);
+
+struct Fields(Recorded);
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {

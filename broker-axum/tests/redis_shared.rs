@@ -1,0 +1,99 @@
+//! Two server instances on one Redis enforce one shared limit (a real
+//! redis-server started by the test on a free loopback port).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::Router;
+use broker_axum::{FromHeader, Pressure, PressureConfig};
+use broker_core::{Clock, ManualClock, ResourceBroker};
+use broker_redis::RedisBackend;
+use broker_testkit::RedisServer;
+use common::serve;
+use http::HeaderName;
+
+const CONFIG: &str = r#"{
+    "perRoute": [{ "resource": "route:hooks", "pathPrefix": "/hooks", "limits": { "requestsPerMinute": 4 } }],
+    "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 2 } }
+}"#;
+
+/// One server instance: its own broker and Redis connection.
+async fn instance(url: &str, clock: &ManualClock) -> std::net::SocketAddr {
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let backend = RedisBackend::builder(url)
+        .client_time(shared)
+        .connect()
+        .await
+        .expect("connects to the test redis");
+    let config = PressureConfig::from_json("t.json", CONFIG).unwrap();
+    let pressure = Pressure::new(ResourceBroker::new(backend), &config).unwrap();
+    let app = Router::new()
+        .route("/hooks/{name}", post(|| async { "queued" }))
+        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))))
+        .layer(pressure.layer());
+    serve(app).await
+}
+
+async fn post_n(client: &reqwest::Client, url: &str, tenant: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let res = client
+            .post(url)
+            .header("x-tenant", tenant)
+            .send()
+            .await
+            .unwrap();
+        out.push(res.status().as_u16());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_enforce_one_shared_limit() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let a = instance(&redis.url(), &clock).await;
+    let b = instance(&redis.url(), &clock).await;
+    let client = reqwest::Client::new();
+
+    // Route limit 4/min shared by both instances; tenants 2/min each.
+    assert_eq!(
+        post_n(&client, &format!("http://{a}/hooks/x"), "t1", 2).await,
+        [200, 200]
+    );
+    assert_eq!(
+        post_n(&client, &format!("http://{b}/hooks/x"), "t1", 1).await,
+        [429],
+        "t1's tenant quota is shared across instances"
+    );
+    assert_eq!(
+        post_n(&client, &format!("http://{b}/hooks/x"), "t2", 2).await,
+        [200, 200]
+    );
+    let res = client
+        .post(format!("http://{a}/hooks/x"))
+        .header("x-tenant", "t3")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        429,
+        "4 of 4 route requests used across both instances"
+    );
+    assert_eq!(
+        res.headers()["retry-after"],
+        "15",
+        "4/min: a token every 15 s"
+    );
+
+    clock.advance(Duration::from_secs(15));
+    assert_eq!(
+        post_n(&client, &format!("http://{b}/hooks/x"), "t3", 2).await,
+        [200, 429]
+    );
+}
