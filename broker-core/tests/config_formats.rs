@@ -1,0 +1,92 @@
+//! Limits and resource settings load from JSON, YAML and TOML into the same
+//! types, with human durations and errors that name the source and path.
+
+use std::time::Duration;
+
+use broker_core::config::{parse, Format};
+use broker_core::{Limits, RateLimit, ResourceConfig, Unit};
+
+fn expected() -> ResourceConfig {
+    let limits = Limits {
+        rates: vec![
+            RateLimit::per_minute(500),
+            RateLimit::per(90_000, Duration::from_secs(60)).unit(Unit::Tokens),
+            RateLimit::per(10, Duration::from_secs(120)).with_burst(2),
+        ],
+        max_concurrent: Some(8),
+    };
+    ResourceConfig::new(limits).queue_capacity(50)
+}
+
+#[test]
+fn the_same_config_reads_from_json_yaml_and_toml() {
+    let json = r#"{
+        "limits": {
+            "requestsPerMinute": 500, "tokensPerMinute": 90000, "maxConcurrentRequests": 8,
+            "rates": [{"amount": 10, "period": "120s", "burst": 2}]
+        },
+        "queueCapacity": 50
+    }"#;
+    let yaml = "
+limits:
+  requestsPerMinute: 500
+  tokensPerMinute: 90000
+  maxConcurrentRequests: 8
+  rates:
+    - {amount: 10, period: 2m, burst: 2}
+queueCapacity: 50
+";
+    let toml = "
+queueCapacity = 50
+[limits]
+requestsPerMinute = 500
+tokensPerMinute = 90000
+maxConcurrentRequests = 8
+rates = [{ amount = 10, period = \"2min\", burst = 2 }]
+";
+    let want = expected();
+    assert_eq!(
+        parse::<ResourceConfig>("a.json", json, Format::Json).unwrap(),
+        want
+    );
+    assert_eq!(
+        parse::<ResourceConfig>("a.yaml", yaml, Format::Yaml).unwrap(),
+        want
+    );
+    assert_eq!(
+        parse::<ResourceConfig>("a.toml", toml, Format::Toml).unwrap(),
+        want
+    );
+}
+
+#[test]
+fn errors_name_the_file_and_the_path_inside_it() {
+    let cases = [
+        (
+            r#"{"limits": {"requestsPerSecond": 0}}"#,
+            "requestsPerSecond",
+        ),
+        (
+            r#"{"limits": {"rates": [{"amount": 1, "period": "0s"}]}}"#,
+            "period",
+        ),
+        (
+            r#"{"limits": {"rates": [{"amount": 1, "period": "soon"}]}}"#,
+            "limits.rates[0].period",
+        ),
+        (r#"{"limits": {}, "queueCapacity": -1}"#, "queueCapacity"),
+        (
+            r#"{"limits": {}, "retry": {"maxAttempts": 0}}"#,
+            "retry.maxAttempts",
+        ),
+        (r#"{"limits": {}, "queueCapcity": 3}"#, "queueCapcity"),
+    ];
+    for (text, needle) in cases {
+        let err = parse::<ResourceConfig>("broker.json", text, Format::Json)
+            .and_then(|c| c.validate().map(|_| c))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("broker.json"), "{err}");
+        assert!(err.contains(needle), "{err:?} should name {needle}");
+    }
+}
