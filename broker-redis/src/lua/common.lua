@@ -1,6 +1,6 @@
 -- resource-broker: shared part of every script. A line-by-line mirror of
 -- broker-core's bucket.rs (refill, wait_for, ttl, is_idle) and of the
--- multi-limit helpers of state.rs (wait_all, take_all, hold_slot). Same
+-- multi-limit helpers of state.rs (wait_all, book_all, hold_slot). Same
 -- names: tokens, ts, nb. Times are microseconds held in doubles (exact below
 -- 2^53 us, about 285 years). Numbers are stored with %.17g so they read back
 -- bit for bit; results that are not small integers are returned as strings.
@@ -57,12 +57,30 @@ local function refill(s, p, now)
   return { tokens = math.min(s.tokens + gained, p.capacity), ts = now, nb = s.nb }
 end
 
+-- f64::round (half away from zero), for x >= 0.
+local function round(x)
+  local f = math.floor(x)
+  if x - f >= 0.5 then
+    return f + 1
+  end
+  return f
+end
+
+-- bucket::ceil_micros: up to a whole us, except within a nanosecond of one.
+local function ceil_micros(x)
+  local nearest = round(x)
+  if math.abs(x - nearest) < 1e-3 then
+    return sat(nearest)
+  end
+  return sat(math.ceil(x))
+end
+
 -- bucket::wait_for
 local function wait_for(s, p, now, cost)
   local deficit = cost - s.tokens
   local rate_wait = 0
   if deficit > 0 then
-    rate_wait = sat(math.ceil(deficit * p.period / p.amount))
+    rate_wait = ceil_micros(deficit * p.period / p.amount)
   end
   return math.max(rate_wait, sat_sub(s.nb, now))
 end
@@ -152,16 +170,21 @@ local function wait_all(params, states, costs, now)
   return wait
 end
 
--- state::take_all (bucket::reserve with an unbounded max_wait always books).
-local function take_all(params, states, costs, now)
+-- bucket::book: take cost as of the send time, wait after now.
+local function book(s, p, now, cost, wait)
+  now = math.max(now, s.ts)
+  s = refill(s, p, now)
+  local ahead = wait * p.amount / p.period
+  s.tokens = math.min(s.tokens + ahead, p.capacity) - cost - ahead
+  return s
+end
+
+-- state::book_all: book cost in every bucket with a non-zero cost.
+local function book_all(params, states, costs, now, wait)
   for i = 1, N do
     local c = tonumber(costs[i])
     if c > 0 then
-      local s = states[i]
-      local n = math.max(now, s.ts)
-      s = refill(s, params[i], n)
-      s.tokens = s.tokens - c
-      states[i] = s
+      states[i] = book(states[i], params[i], now, c, wait)
     end
   end
 end

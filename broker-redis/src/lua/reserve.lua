@@ -7,6 +7,6 @@ local wait = wait_all(params, states, costs, now)
 if wait > tonumber(ARGV[REST]) then
   return { 0, fmt(wait), fmt(now) }
 end
-take_all(params, states, costs, now)
+book_all(params, states, costs, now, wait)
 save(params, states, now)
 return { 1, fmt(wait), fmt(now) }

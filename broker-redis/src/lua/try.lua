@@ -11,6 +11,6 @@ end
 if not hold_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
   return { 0, '0', 2 }
 end
-take_all(params, states, costs, now)
+book_all(params, states, costs, now, 0)
 save(params, states, now)
 return { 1, '0', 0 }

@@ -1,0 +1,331 @@
+//! The behaviour cases. Each takes an [`Env`] and asserts; the list at the
+//! bottom ([`for_each_case!`]) turns them into tests on every backend.
+
+use std::time::Duration;
+
+use broker_core::state::DenyReason;
+use broker_core::{Backend, Cost, LimitSpec, Limits, Observed, ObservedLimit, RateLimit, Unit};
+use broker_testkit::Tally;
+
+use super::env::Env;
+use crate::common::seed;
+
+const S: u64 = 1_000_000;
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn spec(limits: Limits) -> LimitSpec {
+    LimitSpec::new(&limits, Duration::from_secs(5))
+}
+
+/// Burst 3, 2 per second: the seed quota.
+fn seed_quota() -> LimitSpec {
+    seed::seed_spec()
+}
+
+async fn try_n(b: &dyn Backend, key: &str, spec: &LimitSpec, cost: Cost, n: usize) -> Vec<bool> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(b.try_acquire(key, spec, cost).await.unwrap().allowed);
+    }
+    out
+}
+
+pub async fn seed_shared_bucket_spaces_eight_jobs_with_no_429(env: &Env) {
+    let sends = seed::shared_bucket_send_times(&*env.backend, &env.key("seed")).await;
+    assert_eq!(sends, [0, 0, 0, S / 2, S, 3 * S / 2, 2 * S, 5 * S / 2]);
+    assert_eq!(seed::replay(&sends), Tally { ok: 8, rejected: 0 });
+}
+
+pub async fn seed_separate_buckets_send_six_at_once_and_four_are_rejected(env: &Env) {
+    let sends = seed::separate_buckets_send_times(&*env.backend, &env.key("seed")).await;
+    assert_eq!(sends.iter().filter(|&&t| t == 0).count(), 6);
+    assert_eq!(seed::replay(&sends), Tally { ok: 4, rejected: 4 });
+}
+
+pub async fn seed_penalty_holds_the_next_two_reservations_to_four_seconds(env: &Env) {
+    let key = env.key("seed");
+    seed::shared_bucket_send_times(&*env.backend, &key).await;
+    let got = seed::penalty_then_two_reservations(&*env.backend, &env.clock, &key).await;
+    assert_eq!(got, [4 * S, 4 * S]);
+}
+
+pub async fn try_denies_with_the_wait_for_one_token_and_consumes_nothing(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("t"), seed_quota());
+    assert_eq!(try_n(b, &key, &spec, Cost::default(), 3).await, [true; 3]);
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.denied_by, Some(DenyReason::Rate));
+    assert_eq!(d.wait, S / 2);
+    env.advance_ms(250);
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert_eq!(d.wait, S / 4, "the denied try took nothing");
+    env.advance_ms(250);
+    assert!(
+        b.try_acquire(&key, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+pub async fn all_limits_pass_or_none_is_consumed(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("multi"));
+    let spec = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10).with_burst(5))
+            .rate(RateLimit::per_second(100).unit(Unit::Tokens)),
+    );
+    assert!(
+        b.try_acquire(&key, &spec, Cost::tokens(80))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let d = b.try_acquire(&key, &spec, Cost::tokens(80)).await.unwrap();
+    assert!(!d.allowed, "the token limit denies");
+    assert_eq!(d.wait, 600_000);
+    // The denied call took no request either: 4 of 5 remain.
+    assert_eq!(
+        try_n(b, &key, &spec, Cost::requests(1), 5).await,
+        [true, true, true, true, false]
+    );
+}
+
+pub async fn zero_cost_for_a_unit_leaves_its_bucket_alone(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("zero"));
+    let spec = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(1))
+            .rate(RateLimit::per_second(10).unit(Unit::Tokens)),
+    );
+    let no_requests = Cost {
+        requests: 0,
+        tokens: 5,
+    };
+    assert_eq!(
+        try_n(b, &key, &spec, no_requests, 3).await,
+        [true, true, false]
+    );
+    assert!(
+        b.try_acquire(&key, &spec, Cost::requests(1))
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+pub async fn concurrency_slots_are_limited_and_release_is_idempotent(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("conc"));
+    let spec = spec(Limits::new().max_concurrent(2));
+    let a = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    let c = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert!(a.allowed && c.allowed);
+    assert_ne!(a.lease, c.lease);
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!((d.denied_by, d.wait), (Some(DenyReason::Concurrency), 0));
+    assert!(b.release(&key, a.lease.unwrap()).await.unwrap());
+    assert!(!b.release(&key, a.lease.unwrap()).await.unwrap());
+    assert!(b.hold_slot(&key, &spec).await.unwrap().is_some());
+    assert!(b.hold_slot(&key, &spec).await.unwrap().is_none());
+}
+
+pub async fn a_dead_holders_lease_expires_after_lease_ttl(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("lease"));
+    let spec = spec(Limits::new().max_concurrent(1));
+    let held = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert!(held.allowed);
+    env.advance_ms(4_999);
+    assert!(
+        !b.try_acquire(&key, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    env.advance_ms(1);
+    assert!(
+        b.try_acquire(&key, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !b.release(&key, held.lease.unwrap()).await.unwrap(),
+        "expired and purged"
+    );
+}
+
+pub async fn reserve_beyond_max_wait_books_nothing(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("r"), seed_quota());
+    try_n(b, &key, &spec, Cost::default(), 3).await;
+    let r = b
+        .reserve(&key, &spec, Cost::default(), Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(!r.booked);
+    assert_eq!(r.wait, S / 2);
+    let r = b.reserve(&key, &spec, Cost::default(), HOUR).await.unwrap();
+    assert_eq!(
+        (r.booked, r.wait),
+        (true, S / 2),
+        "the refused one booked nothing"
+    );
+}
+
+pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("settle"));
+    let spec = spec(Limits::new().rate(RateLimit::per_second(100).unit(Unit::Tokens)));
+    assert!(
+        b.try_acquire(&key, &spec, Cost::tokens(100))
+            .await
+            .unwrap()
+            .allowed
+    );
+    b.settle(&key, &spec, Cost::tokens(100), Cost::tokens(40))
+        .await
+        .unwrap();
+    assert!(
+        b.try_acquire(&key, &spec, Cost::tokens(60))
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !b.try_acquire(&key, &spec, Cost::tokens(1))
+            .await
+            .unwrap()
+            .allowed
+    );
+    b.settle(&key, &spec, Cost::tokens(0), Cost::tokens(50))
+        .await
+        .unwrap();
+    let d = b.try_acquire(&key, &spec, Cost::tokens(1)).await.unwrap();
+    assert_eq!(d.wait, 510_000, "50 tokens of debt, then one more");
+}
+
+pub async fn a_penalty_is_never_shortened(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("p"), seed_quota());
+    b.penalize(&key, &spec, Duration::from_secs(10))
+        .await
+        .unwrap();
+    env.advance_ms(1_000);
+    b.penalize(&key, &spec, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert_eq!(d.wait, 9 * S);
+}
+
+pub async fn a_penalty_longer_than_the_window_survives_other_acquires(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("p"), seed_quota());
+    b.penalize(&key, &spec, Duration::from_secs(30))
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        env.advance_ms(1_000);
+        let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+        assert!(!d.allowed);
+    }
+    env.advance_ms(10_000);
+    assert!(
+        b.try_acquire(&key, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+pub async fn reconcile_narrows_and_never_widens(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("rec"), seed_quota());
+    let seen = |remaining, reset| ObservedLimit {
+        requests: Some(Observed {
+            limit: Some(3),
+            remaining: Some(remaining),
+            reset,
+        }),
+        ..Default::default()
+    };
+    b.reconcile(&key, &spec, &seen(1, None)).await.unwrap();
+    assert_eq!(
+        try_n(b, &key, &spec, Cost::default(), 2).await,
+        [true, false]
+    );
+    env.advance_ms(1_000);
+    b.reconcile(&key, &spec, &seen(3, None)).await.unwrap();
+    assert_eq!(
+        try_n(b, &key, &spec, Cost::default(), 3).await,
+        [true, true, false],
+        "remaining above what is left never adds tokens"
+    );
+    b.reconcile(&key, &spec, &seen(0, Some(Duration::from_secs(3))))
+        .await
+        .unwrap();
+    env.advance_ms(1_000);
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert_eq!(d.wait, 2 * S, "remaining 0 holds until the reset");
+}
+
+pub async fn keys_with_separators_never_share_state(env: &Env) {
+    let b = &*env.backend;
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1).with_burst(1)));
+    let one = broker_core::keys::keyed(&env.key("a:b"), "c");
+    let two = broker_core::keys::keyed(&env.key("a"), "b:c");
+    assert_ne!(one, two);
+    assert!(
+        b.try_acquire(&one, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        b.try_acquire(&two, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !b.try_acquire(&one, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+pub async fn a_bucket_idle_until_full_behaves_as_fresh(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("idle"), seed_quota());
+    try_n(b, &key, &spec, Cost::default(), 3).await;
+    env.advance_ms(1_500);
+    assert_eq!(
+        try_n(b, &key, &spec, Cost::default(), 4).await,
+        [true, true, true, false]
+    );
+    env.advance_ms(60_000);
+    assert_eq!(
+        try_n(b, &key, &spec, Cost::default(), 4).await,
+        [true, true, true, false]
+    );
+}
+
+/// Calls `$m!(case, case, ...)` with every case of the suite.
+#[macro_export]
+macro_rules! for_each_case {
+    ($m:ident) => {
+        $m!(
+            seed_shared_bucket_spaces_eight_jobs_with_no_429,
+            seed_separate_buckets_send_six_at_once_and_four_are_rejected,
+            seed_penalty_holds_the_next_two_reservations_to_four_seconds,
+            try_denies_with_the_wait_for_one_token_and_consumes_nothing,
+            all_limits_pass_or_none_is_consumed,
+            zero_cost_for_a_unit_leaves_its_bucket_alone,
+            concurrency_slots_are_limited_and_release_is_idempotent,
+            a_dead_holders_lease_expires_after_lease_ttl,
+            reserve_beyond_max_wait_books_nothing,
+            settle_refunds_unused_cost_and_charges_extra,
+            a_penalty_is_never_shortened,
+            a_penalty_longer_than_the_window_survives_other_acquires,
+            reconcile_narrows_and_never_widens,
+            keys_with_separators_never_share_state,
+            a_bucket_idle_until_full_behaves_as_fresh
+        );
+    };
+}
