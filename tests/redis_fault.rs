@@ -1,0 +1,162 @@
+//! Kill redis-server in the middle of a load, restart it: no panic, the
+//! configured failure policy answers every call made while it is down, and
+//! the same broker recovers on its own when Redis returns.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broker_core::{BrokerError, Cost, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_redis::{FailurePolicy, RedisBackend};
+use broker_testkit::{free_port, RedisServer};
+
+const UP: u8 = 0;
+const DOWN: u8 = 1;
+const BACK: u8 = 2;
+const MAX_CALLS: usize = 20_000;
+
+/// One call of the load: the phase when it started and ended, and what it got.
+struct Call {
+    start: u8,
+    end: u8,
+    result: Result<bool, BrokerError>,
+}
+
+struct Outcome {
+    /// Calls made entirely while the server was dead.
+    down: Vec<Result<bool, BrokerError>>,
+    /// Whether a call after the restart was answered by Redis again.
+    recovered: bool,
+    outages: u64,
+    handled_errors: u64,
+}
+
+async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new();
+    let backend = RedisBackend::builder(&server.url())
+        .client_time(Arc::new(clock.clone()))
+        .failure_policy(policy)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(20))
+        .connect()
+        .await
+        .expect("connect");
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new().rate(RateLimit::per_second(10).with_burst(10));
+    broker.register_limit("api", limits).unwrap();
+
+    let phase = Arc::new(AtomicU8::new(UP));
+    let load = {
+        let (broker, phase) = (broker.clone(), phase.clone());
+        tokio::spawn(async move {
+            let mut calls = Vec::new();
+            for _ in 0..MAX_CALLS {
+                let start = phase.load(Ordering::SeqCst);
+                let result = broker
+                    .try_acquire("api", Cost::default())
+                    .await
+                    .map(|a| a.allowed);
+                let end = phase.load(Ordering::SeqCst);
+                calls.push(Call { start, end, result });
+                if end == BACK
+                    && broker.backend().health().outages > 0
+                    && !broker.backend().health().down
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            calls
+        })
+    };
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.kill();
+    phase.store(DOWN, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    phase.store(BACK, Ordering::SeqCst);
+    server.restart();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !load.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(load.is_finished(), "the load ends once Redis is back");
+    let calls = load.await.expect("the load task did not panic");
+    let health = broker.backend().health();
+    let last = calls.last().expect("calls were made");
+    let recovered = !health.down && last.end == BACK && last.result.is_ok();
+    Outcome {
+        down: calls
+            .into_iter()
+            .filter(|c| c.start == DOWN && c.end == DOWN)
+            .map(|c| c.result)
+            .collect(),
+        recovered,
+        outages: health.outages,
+        handled_errors: health.handled_errors,
+    }
+}
+
+fn check_common(o: &Outcome) {
+    eprintln!(
+        "{} calls while down ({} allowed); {} handled by the policy, {} outage(s)",
+        o.down.len(),
+        o.down.iter().filter(|r| matches!(r, Ok(true))).count(),
+        o.handled_errors,
+        o.outages
+    );
+    assert!(
+        !o.down.is_empty(),
+        "calls were made while the server was dead"
+    );
+    assert!(o.recovered, "the broker recovered without a restart");
+    assert_eq!(o.outages, 1, "one outage, logged once");
+    assert!(o.handled_errors >= o.down.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_every_call_while_redis_is_down_then_recovers() {
+    let o = kill_mid_load(FailurePolicy::FailClosed).await;
+    check_common(&o);
+    for r in &o.down {
+        assert!(matches!(r, Err(BrokerError::Backend(_))), "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_allows_every_call_while_redis_is_down_then_recovers() {
+    let o = kill_mid_load(FailurePolicy::FailOpen).await;
+    check_common(&o);
+    for r in &o.down {
+        assert!(matches!(r, Ok(true)), "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_fallback_allows_only_its_share_while_redis_is_down_then_recovers() {
+    let o = kill_mid_load(FailurePolicy::LocalFallback { share: 0.5 }).await;
+    check_common(&o);
+    let allowed = o.down.iter().filter(|r| matches!(r, Ok(true))).count();
+    assert!(o.down.iter().all(|r| r.is_ok()), "no call fails");
+    // Virtual time stands still: the local bucket holds half the burst of 10.
+    assert!(allowed <= 5, "{allowed} allowed, more than half the burst");
+    assert!(allowed >= 1, "the local share admits while Redis is down");
+    assert!(
+        o.down.len() <= 5 || allowed < o.down.len(),
+        "denials once the share is spent"
+    );
+}
+
+#[tokio::test]
+async fn connecting_to_a_dead_server_fails_fast_with_a_clear_error() {
+    let url = format!("redis://127.0.0.1:{}/", free_port());
+    let err = RedisBackend::builder(&url)
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    assert!(err.message.contains("connecting to redis"), "{err}");
+}
