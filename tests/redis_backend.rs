@@ -1,0 +1,270 @@
+//! RedisBackend behaviour that has no in-memory counterpart: one round trip
+//! per decision, script reload after a flush, key TTLs from the state, the
+//! server's clock shared by replicas, clamping of a lagging client clock,
+//! and the startup check of `maxmemory-policy`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_redis::RedisBackend;
+use broker_testkit::RedisServer;
+
+fn seed_spec() -> LimitSpec {
+    let limits = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
+    LimitSpec::new(&limits, Duration::from_secs(30))
+}
+
+/// `calls=N` of one command in `INFO commandstats`, 0 if absent.
+fn calls(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Commands named in `INFO commandstats` (scripts' own calls included).
+fn commands(stats: &str) -> Vec<String> {
+    stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
+/// What the scripts call inside Redis (counted in commandstats too).
+const INSIDE_SCRIPTS: &[&str] = &[
+    "time",
+    "hmget",
+    "hset",
+    "pexpire",
+    "del",
+    "zremrangebyscore",
+    "zcard",
+    "zadd",
+    "zrange",
+    "zrem",
+];
+
+#[tokio::test]
+async fn every_decision_is_exactly_one_evalsha() {
+    let server = RedisServer::start();
+    let broker = ResourceBroker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1000))
+        .rate(RateLimit::per_minute(100_000).unit(broker_core::Unit::Tokens))
+        .max_concurrent(50);
+    broker.register_limit("api", limits).unwrap();
+    // Warm up: the first call loads the script (NOSCRIPT, SCRIPT LOAD, EVALSHA).
+    let warm = broker.try_acquire("api", Cost::tokens(1)).await.unwrap();
+    server.command("CONFIG RESETSTAT");
+    let mut permits = Vec::new();
+    for _ in 0..40 {
+        let a = broker.try_acquire("api", Cost::tokens(10)).await.unwrap();
+        assert!(a.allowed);
+        permits.push(a.permit);
+    }
+    let stats = server.command("INFO commandstats");
+    assert_eq!(calls(&stats, "evalsha"), 40, "{stats}");
+    assert_eq!(
+        calls(&stats, "time"),
+        40,
+        "one script run per decision: {stats}"
+    );
+    assert_eq!(
+        calls(&stats, "hmget"),
+        40,
+        "one script run per decision: {stats}"
+    );
+    for command in commands(&stats) {
+        assert!(
+            command == "evalsha"
+                || command == "config|resetstat"
+                || INSIDE_SCRIPTS.contains(&command.as_str()),
+            "{command} sent on the hot path: {stats}"
+        );
+    }
+    drop((warm, permits));
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_a_script_flush() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let spec = seed_spec();
+    assert!(
+        backend
+            .try_acquire("k", &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(server.command("SCRIPT FLUSH").contains("OK"));
+    assert!(
+        backend
+            .try_acquire("k", &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    let d = backend
+        .try_acquire("k", &spec, Cost::default())
+        .await
+        .unwrap();
+    let d4 = backend
+        .try_acquire("k", &spec, Cost::default())
+        .await
+        .unwrap();
+    assert!(d.allowed && !d4.allowed, "the state survived the reload");
+}
+
+#[tokio::test]
+async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let backend = RedisBackend::builder(&server.url())
+        .client_time(Arc::new(clock.clone()))
+        .ttl_margin(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    let spec = seed_spec();
+    let key = backend.bucket_key("p").unwrap();
+    assert_eq!(key, "rb:{p}:b");
+    backend
+        .try_acquire("p", &spec, Cost::default())
+        .await
+        .unwrap();
+    let pttl: i64 = server
+        .command(&format!("PTTL {key}"))
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=500).contains(&pttl),
+        "one token short: refilled within 0.5 s, got {pttl}"
+    );
+    backend
+        .penalize("p", &spec, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let pttl: i64 = server
+        .command(&format!("PTTL {key}"))
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!(
+        pttl > 119_000,
+        "the key lives as long as the penalty, got {pttl} ms"
+    );
+    clock.advance(Duration::from_secs(121));
+    backend
+        .settle("p", &spec, Cost::requests(0), Cost::requests(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.command(&format!("EXISTS {key}")),
+        ":0",
+        "an idle bucket is deleted"
+    );
+}
+
+#[tokio::test]
+async fn replicas_share_the_servers_clock() {
+    let server = RedisServer::start();
+    let a = RedisBackend::connect(&server.url()).await.unwrap();
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let spec = seed_spec();
+    for _ in 0..3 {
+        assert!(
+            a.try_acquire("shared", &spec, Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let d = b
+        .try_acquire("shared", &spec, Cost::default())
+        .await
+        .unwrap();
+    assert!(!d.allowed);
+    assert!(
+        d.wait > 0 && d.wait <= 500_000,
+        "wait {} on the server's clock",
+        d.wait
+    );
+}
+
+#[tokio::test]
+async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
+    let server = RedisServer::start();
+    let ahead = ManualClock::new();
+    ahead.set(10_000_000);
+    let behind = ManualClock::new();
+    behind.set(5_000_000);
+    let connect = |clock: &ManualClock| {
+        RedisBackend::builder(&server.url())
+            .client_time(Arc::new(clock.clone()))
+            .connect()
+    };
+    let (a, b) = (
+        connect(&ahead).await.unwrap(),
+        connect(&behind).await.unwrap(),
+    );
+    let spec = seed_spec();
+    for _ in 0..3 {
+        assert!(
+            a.try_acquire("k", &spec, Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let d = b.try_acquire("k", &spec, Cost::default()).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(
+        d.wait, 500_000,
+        "measured from the bucket's ts, not 5 s back"
+    );
+    let state = a.state("k").await.unwrap().unwrap();
+    assert_eq!(state.buckets[0].ts, 10_000_000);
+}
+
+#[tokio::test]
+async fn an_allkeys_eviction_policy_is_flagged_at_connect() {
+    let risky = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let backend = RedisBackend::connect(&risky.url()).await.unwrap();
+    assert_eq!(backend.maxmemory_policy(), Some("allkeys-lru"));
+    assert!(backend.eviction_risk());
+    let safe = RedisServer::start();
+    let backend = RedisBackend::connect(&safe.url()).await.unwrap();
+    assert_eq!(backend.maxmemory_policy(), Some("noeviction"));
+    assert!(!backend.eviction_risk());
+}
+
+#[tokio::test]
+async fn a_store_that_refuses_config_is_tolerated() {
+    let server = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    assert_eq!(backend.maxmemory_policy(), None);
+    let spec = seed_spec();
+    assert!(
+        backend
+            .try_acquire("k", &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test]
+async fn a_prefix_with_a_brace_is_refused() {
+    let server = RedisServer::start();
+    let err = RedisBackend::builder(&server.url())
+        .prefix("a{b")
+        .connect()
+        .await
+        .expect_err("braces would move the hash tag");
+    assert!(err.message.contains("prefix"), "{err}");
+}
