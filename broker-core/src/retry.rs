@@ -232,10 +232,14 @@ impl RetryPolicy {
     /// let limits = Limits::new().rate(RateLimit::per_minute(60));
     /// assert_eq!(RetryPolicy::default().ceiling(&limits), Duration::from_secs(121));
     /// ```
+    ///
+    /// It is never shorter than the refill of one request token, so a pause
+    /// after a 429 always lets the next attempt have its token.
     pub fn ceiling(&self, limits: &Limits) -> Duration {
         let windows = limits.longest_period().saturating_mul(self.ceiling_windows);
         self.wait_ceiling
             .max(windows.saturating_add(self.ceiling_margin))
+            .max(refill_one_token(limits))
     }
 
     /// The pause before retrying after `attempt` ended in `class`, or `None`

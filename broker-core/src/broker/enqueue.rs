@@ -301,6 +301,11 @@ impl ResourceBroker {
                 }
             };
             booking.sleep_until_due().await;
+            // Booked before a 429 or an exhausted counter came back: wait
+            // with the bucket (the booking keeps its place).
+            while let Some(until) = resource.holds.until(&key) {
+                tokio::time::sleep_until(until).await;
+            }
             let deadline = tokio::time::Instant::now() + ceiling;
             let permit = match wait_slot(self, &resource, &key, deadline).await? {
                 SlotOutcome::Unlimited => Permit::empty(),
@@ -401,6 +406,7 @@ impl ResourceBroker {
     ) {
         bump(&resource.counters.upstream_429);
         telemetry::count(&resource.id, Signal::Upstream429);
+        resource.holds.hold(key, tokio::time::Instant::now() + hold);
         tracing::info!(
             resource = %resource.id,
             attempt,
@@ -426,6 +432,17 @@ impl ResourceBroker {
         note_calibration(resource, observed);
         if resource.spec.reconcile_is_noop(observed) {
             return Ok(());
+        }
+        // `remaining == 0` holds the bucket until the reset (see
+        // `state::reconcile`); hold what is already booked here too.
+        for (unit, _) in &resource.spec.buckets {
+            if let Some(o) = observed.of(*unit).filter(|o| o.remaining == Some(0)) {
+                if let Some(reset) = o.reset {
+                    resource
+                        .holds
+                        .hold(key, tokio::time::Instant::now() + reset);
+                }
+            }
         }
         self.inner
             .backend

@@ -1,6 +1,7 @@
 //! The [`ResourceBroker`] facade: one object for both strategies.
 
 mod enqueue;
+mod hold;
 mod permit;
 mod target;
 
@@ -60,6 +61,8 @@ pub(crate) struct Resource {
     pub(crate) kind: ResourceKind,
     pub(crate) counters: Counters,
     pub(crate) slot_freed: tokio::sync::Notify,
+    /// Holds on attempts already booked in this process (see `hold.rs`).
+    pub(crate) holds: hold::Holds,
 }
 
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
@@ -139,6 +142,7 @@ impl ResourceBroker {
             kind,
             counters: Counters::default(),
             slot_freed: tokio::sync::Notify::new(),
+            holds: hold::Holds::default(),
         });
         let _guard = self
             .inner
@@ -327,6 +331,9 @@ impl ResourceBroker {
         crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
+        resource
+            .holds
+            .hold(key, tokio::time::Instant::now() + hold);
         self.inner
             .backend
             .penalize(key, &resource.spec, hold)

@@ -1,0 +1,178 @@
+//! Learning from the upstream's headers: with `reconcile` our bucket
+//! follows the upstream's real counter (spent also by a foreign client),
+//! and the 429s fall at least fivefold against penalize-only in the same
+//! run; a registry set below the real limit stays as configured and the
+//! divergence is logged.
+//!
+//! Run with `--nocapture` to see the measured figures.
+
+mod upstream_support;
+
+use std::time::Duration;
+
+use broker_core::{Cost, EnqueueError, Limits, RateLimit, ResourceConfig};
+use broker_testkit::{Quota, Upstream, UpstreamConfig};
+use upstream_support::{call, capture_logs, http_client, memory_broker, Headers};
+
+struct Run {
+    jobs: u64,
+    completed: u64,
+    failed: u64,
+    ok: u32,
+    rejected: u32,
+    foreign_ok: u32,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn per_thousand(&self) -> f64 {
+        self.rejected as f64 * 1000.0 / f64::from(self.ok + self.rejected)
+    }
+}
+
+/// `jobs` jobs by `workers` workers against an upstream of 120/min, our
+/// registry at the same 120/min, a foreign client spending 30% of it.
+async fn run(mode: Headers, jobs: u64, workers: u64) -> Run {
+    let quota = Quota::per(120, Duration::from_secs(60));
+    let upstream = Upstream::start(UpstreamConfig::new(quota)).await.unwrap();
+    // 30% of 120/min: 36/min, one every 1⅔ s, for longer than the run.
+    let foreign = upstream.spawn_foreign(Duration::from_micros(1_666_667), 100_000);
+    let broker = memory_broker();
+    broker
+        .register(
+            "api",
+            ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(120))),
+        )
+        .unwrap();
+    let url = format!("{}/v1/data", upstream.url());
+    let http = http_client();
+    let per_worker = jobs / workers;
+    let tasks = (0..workers).map(|_| {
+        let broker = broker.clone();
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let mut done = (0u64, 0u64);
+            for _ in 0..per_worker {
+                let r: Result<u64, EnqueueError<String>> = broker
+                    .enqueue("api", Cost::default(), |_| call(&http, &url, 0, mode))
+                    .await;
+                match r {
+                    Ok(_) => done.0 += 1,
+                    Err(_) => done.1 += 1,
+                }
+            }
+            done
+        }
+    });
+    let results = futures::future::join_all(tasks).await;
+    foreign.abort();
+    let ours = upstream.tally("ours");
+    Run {
+        jobs: per_worker * workers,
+        completed: results.iter().map(|r| r.0).sum(),
+        failed: results.iter().map(|r| r.1).sum(),
+        ok: ours.ok,
+        rejected: ours.rejected,
+        foreign_ok: upstream.tally("foreign").ok,
+        elapsed: upstream.elapsed(),
+    }
+}
+
+fn report(name: &str, r: &Run) {
+    println!(
+        "{name:>16}: {} jobs, {} completed, {} failed; upstream saw {} requests from us: {} ok, {} × 429 \
+         ({:.1} per 1,000); foreign ok {}; {:.1} virtual min",
+        r.jobs,
+        r.completed,
+        r.failed,
+        r.ok + r.rejected,
+        r.ok,
+        r.rejected,
+        r.per_thousand(),
+        r.foreign_ok,
+        r.elapsed.as_secs_f64() / 60.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconcile_cuts_upstream_429s_at_least_fivefold_against_penalize_only() {
+    let (off, on) = tokio::join!(
+        run(Headers::Ignore, 1000, 4),
+        run(Headers::Reconcile, 1000, 4)
+    );
+    report("penalize only", &off);
+    report("with reconcile", &on);
+    for r in [&off, &on] {
+        assert_eq!(r.completed + r.failed, r.jobs, "every job returns");
+    }
+    assert!(off.rejected > 0, "the foreign client must cause 429s");
+    assert!(
+        off.per_thousand() >= 5.0 * on.per_thousand(),
+        "429s per 1,000: {:.1} without reconcile, {:.1} with",
+        off.per_thousand(),
+        on.per_thousand()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn registry_below_the_real_limit_logs_the_divergence_and_never_widens() {
+    let (logs, _guard) = capture_logs(tracing::Level::DEBUG);
+    // The upstream allows and announces 300/min; our registry says 60/min.
+    let upstream = Upstream::start(UpstreamConfig::new(Quota::per(
+        300,
+        Duration::from_secs(60),
+    )))
+    .await
+    .unwrap();
+    let broker = memory_broker();
+    broker
+        .register(
+            "statistics",
+            ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(60))),
+        )
+        .unwrap();
+    let http = http_client();
+    let url = format!("{}/statistics", upstream.url());
+    let jobs = 300u64;
+    for _ in 0..jobs {
+        let r: Result<u64, EnqueueError<String>> = broker
+            .enqueue("statistics", Cost::default(), |_| {
+                call(&http, &url, 0, Headers::Reconcile)
+            })
+            .await;
+        r.unwrap();
+    }
+    let ours = upstream.tally("ours");
+    let elapsed = upstream.elapsed();
+    // At our configured 60/min: burst 60 then one per second.
+    let allowed_by_registry = 60 + elapsed.as_secs();
+    println!(
+        "registry 60/min, upstream 300/min: {} requests in {:.1} virtual min ({:.1}/min), {} × 429; \
+         at most {} allowed by the registry",
+        ours.ok + ours.rejected,
+        elapsed.as_secs_f64() / 60.0,
+        f64::from(ours.ok) * 60.0 / elapsed.as_secs_f64(),
+        ours.rejected,
+        allowed_by_registry
+    );
+    assert_eq!(u64::from(ours.ok), jobs);
+    assert_eq!(ours.rejected, 0);
+    assert!(
+        u64::from(ours.ok) <= allowed_by_registry,
+        "the bucket widened: {} requests in {elapsed:?}",
+        ours.ok
+    );
+    // 300 jobs at 60/min: the first 60 at once, then 240 s for the rest.
+    assert!(elapsed >= Duration::from_secs(239), "{elapsed:?}");
+    assert_eq!(broker.limits("statistics").unwrap().rates[0].amount, 60);
+    let text = logs.text();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("upstream reports a limit other than the configured one"))
+        .collect();
+    assert_eq!(lines.len(), 1, "logged once per distinct value:\n{text}");
+    assert!(lines[0].contains("DEBUG"), "{}", lines[0]);
+    assert!(lines[0].contains("observed_limit=300"), "{}", lines[0]);
+    assert!(lines[0].contains("configured=60"), "{}", lines[0]);
+}

@@ -1,0 +1,124 @@
+//! A client of the simulated upstream, shared by the `upstream_*` tests:
+//! one HTTP call turned into an [`Outcome`], headers read or ignored.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use broker_core::{headers, Cost, Outcome, OutcomeClass, ResourceBroker, TokioClock};
+use broker_memory::MemoryBackend;
+use broker_testkit::upstream::no_time_passes;
+
+/// Whether the caller reads the upstream's rate-limit headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    /// Headers are parsed and reconciled.
+    Reconcile,
+    /// Headers are ignored: only 429s are fed back (penalize only).
+    Ignore,
+}
+
+/// One-way network latency of [`call`] in virtual time: the upstream
+/// receives a request this long after our bucket counted it sent.
+pub const LATENCY: Duration = Duration::from_millis(20);
+
+/// One GET to `url`, tagged `x-client: ours`, charging `tokens` on the
+/// upstream's token quota, received [`LATENCY`] after it is sent. Success
+/// reports the usage from the body.
+pub async fn call(
+    http: &reqwest::Client,
+    url: &str,
+    tokens: u64,
+    mode: Headers,
+) -> Outcome<u64, String> {
+    tokio::time::sleep(LATENCY).await;
+    let sent = no_time_passes(async {
+        let r = http
+            .get(url)
+            .header("x-usage-tokens", tokens.to_string())
+            .send()
+            .await?;
+        let status = r.status().as_u16();
+        let seen = headers::parse(r.headers(), SystemTime::now());
+        let body: serde_json::Value = r.json().await?;
+        Ok::<_, reqwest::Error>((status, seen, body))
+    })
+    .await;
+    let (status, seen, body) = match sent {
+        Ok(x) => x,
+        Err(e) => return Outcome::Transient(e.to_string()),
+    };
+    let observed = (mode == Headers::Reconcile).then_some(seen);
+    match OutcomeClass::from_status(status) {
+        OutcomeClass::Ok => {
+            let used = body["usage"]["total_tokens"].as_u64().unwrap_or(tokens);
+            Outcome::Ok {
+                value: used,
+                usage: (tokens > 0).then_some(Cost::tokens(used)),
+                observed,
+            }
+        }
+        class => {
+            // Without headers, a 429 carries no Retry-After either.
+            let o = Outcome::failed(class, format!("status {status}"), observed);
+            match (o, mode) {
+                (Outcome::RateLimited { error, .. }, Headers::Ignore) => Outcome::RateLimited {
+                    error,
+                    retry_after: None,
+                    observed: None,
+                },
+                (o, _) => o,
+            }
+        }
+    }
+}
+
+/// A broker on an in-memory backend that reads tokio's (paused) clock.
+pub fn memory_broker() -> ResourceBroker {
+    ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()))
+}
+
+/// A keep-alive HTTP client for loopback.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(None::<Duration>)
+        .build()
+        .expect("reqwest client")
+}
+
+/// Log lines captured from `tracing` (fmt layer into memory).
+#[derive(Clone, Default)]
+pub struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures `tracing` events of `level` and above on this thread until the
+/// guard drops.
+pub fn capture_logs(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+    let sink = Captured::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    (sink, guard)
+}
