@@ -422,7 +422,8 @@ impl ResourceBroker {
     /// `reconcile` with the checks every caller gets: an observed limit
     /// other than the configured capacity is logged at debug level (once
     /// per distinct value) as calibration material and never applied; the
-    /// backend is not called when nothing would narrow.
+    /// backend is not called when nothing would narrow; a reset is capped
+    /// at the wait ceiling, as a `Retry-After` is.
     pub(crate) async fn reconcile_key(
         &self,
         resource: &Arc<Resource>,
@@ -433,6 +434,14 @@ impl ResourceBroker {
         if resource.spec.reconcile_is_noop(observed) {
             return Ok(());
         }
+        // The one ceiling bounds this hold as it bounds a Retry-After: a
+        // reset of hours must not fail the next attempt's wait on our side.
+        let ceiling = resource
+            .config
+            .retry
+            .ceiling(&resource.config.paced_limits());
+        let capped = cap_resets(observed, ceiling);
+        let observed = &capped;
         // `remaining == 0` holds the bucket until the reset (see
         // `state::reconcile`); hold what is already booked here too.
         for (unit, _) in &resource.spec.buckets {
@@ -452,6 +461,21 @@ impl ResourceBroker {
         bump(&resource.counters.reconciles);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
+    }
+}
+
+/// `observed` with every reset at most `ceiling`.
+fn cap_resets(observed: &ObservedLimit, ceiling: Duration) -> ObservedLimit {
+    let cap = |o: Option<crate::observed::Observed>| {
+        o.map(|mut o| {
+            o.reset = o.reset.map(|r| r.min(ceiling));
+            o
+        })
+    };
+    ObservedLimit {
+        requests: cap(observed.requests),
+        tokens: cap(observed.tokens),
+        retry_after: observed.retry_after,
     }
 }
 

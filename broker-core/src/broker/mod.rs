@@ -45,9 +45,14 @@ pub struct ResourceBroker {
     inner: Arc<Inner>,
 }
 
+/// Registered resources by id. Ids are chosen by the application (user
+/// data goes into sub-keys, which the backend holds), so the registry uses a
+/// fast hasher: it is read on every call.
+type Registry = HashMap<String, Arc<Resource>, foldhash::fast::RandomState>;
+
 struct Inner {
     backend: Arc<dyn Backend>,
-    resources: ArcSwap<HashMap<String, Arc<Resource>>>,
+    resources: ArcSwap<Registry>,
     register: std::sync::Mutex<()>,
 }
 
@@ -92,7 +97,7 @@ impl ResourceBroker {
         Self {
             inner: Arc::new(Inner {
                 backend,
-                resources: ArcSwap::from_pointee(HashMap::new()),
+                resources: ArcSwap::from_pointee(Registry::default()),
                 register: std::sync::Mutex::new(()),
             }),
         }
@@ -344,7 +349,10 @@ impl ResourceBroker {
 
     /// `reconcile`: narrow the resource's buckets to what the upstream's
     /// headers say remains. Skipped without a backend call when nothing is
-    /// narrower than the configured capacity.
+    /// narrower than the configured capacity. A reset longer than the
+    /// resource's wait ceiling holds for the ceiling only. An observed
+    /// limit other than the configured one is logged at debug level, never
+    /// applied.
     pub async fn reconcile<'a>(
         &self,
         target: impl Into<Target<'a>>,
