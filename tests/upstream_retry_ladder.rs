@@ -57,17 +57,19 @@ async fn import_job(refusal_min: u64, ladder: [u64; 4]) -> (Job, Duration) {
     let http = http_client();
     let url = format!("{}/api/v1/supplier/sales", upstream.url());
     let start = Instant::now();
-    for run in 0..5 {
+    // Five runs: a pause from the ladder after each of the first four.
+    let pauses = ladder.iter().map(|s| Some(Duration::from_secs(*s)));
+    for pause in pauses.chain([None]) {
         let r: Result<u64, EnqueueError<String>> = broker
             .enqueue("sales", Cost::default(), |_| {
                 call(&http, &url, 0, Headers::Ignore)
             })
             .await;
-        match r {
-            Ok(_) => return (Job::Done, start.elapsed()),
-            Err(e) if !e.is_retryable() => return (Job::Failed, start.elapsed()),
-            Err(_) if run == 4 => break,
-            Err(_) => tokio::time::sleep(Duration::from_secs(ladder[run])).await,
+        match (r, pause) {
+            (Ok(_), _) => return (Job::Done, start.elapsed()),
+            (Err(e), _) if !e.is_retryable() => return (Job::Failed, start.elapsed()),
+            (Err(_), Some(pause)) => tokio::time::sleep(pause).await,
+            (Err(_), None) => break,
         }
     }
     (Job::Failed, start.elapsed())
