@@ -1,0 +1,149 @@
+//! Supplier bucket classes: an auth bucket per credential that waits and
+//! never shares budget with data, data buckets per endpoint class that skip
+//! and reschedule, an informational egress-IP bucket, and keys and logs that
+//! hold a credential's fingerprint, never its secret.
+
+mod upstream_support;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use broker_core::config::Format;
+use broker_core::supplier::{Admission, BucketClass, Credential, SupplierBuckets, SupplierConfig};
+use tokio::time::Instant;
+use upstream_support::{capture_logs, memory_broker};
+
+const ETM: &str = "
+rate_limit:
+  auth:
+    login: { rate: 1, period: 120s, mode: wait }
+  data:
+    price:
+      rate: 1
+      period: 1s
+      mode: skip_and_reschedule
+      backoff: { initial: 500ms, max: 30s, factor: 2 }
+    goods: { rate: 1, period: 1s }
+  egress_ip: true
+";
+
+const SECRET: &str = "etm-user:correct-horse-battery-staple";
+
+fn etm() -> SupplierBuckets {
+    let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    SupplierBuckets::register(&memory_broker(), "etm", &config).unwrap()
+}
+
+fn skipped(a: Admission) -> (Duration, Duration) {
+    match a {
+        Admission::Skipped {
+            retry_in, backoff, ..
+        } => (retry_in, backoff),
+        Admission::Go(_) => panic!("expected a skip"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn auth_never_shares_budget_with_data() {
+    let etm = etm();
+    let who = Credential::from_secret(SECRET);
+    // Spend and penalize every data class of this credential.
+    for class in ["price", "goods"] {
+        assert!(etm.data(class, &who, 0).await.unwrap().is_go());
+        assert!(!etm.data(class, &who, 0).await.unwrap().is_go());
+        let key = etm.key(BucketClass::Data, class, &who);
+        etm.broker()
+            .penalize(key.target(), Duration::from_secs(600))
+            .await
+            .unwrap();
+    }
+    let start = Instant::now();
+    let _login = etm.auth("login", &who).await.unwrap();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "login must not wait for data"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn data_skips_to_the_moment_the_bucket_opens_with_growing_backoff() {
+    let etm = etm();
+    let who = Credential::from_secret(SECRET);
+    assert!(etm.data("price", &who, 0).await.unwrap().is_go());
+    // The bucket opens in 1 s; the first backoff is 500 ms.
+    let (retry_in, backoff) = skipped(etm.data("price", &who, 0).await.unwrap());
+    assert_eq!(backoff, Duration::from_millis(500));
+    assert_eq!(retry_in, Duration::from_secs(1));
+    // Repeated skips back off further: 500 ms × 2^3, then capped at 30 s.
+    let (retry_in, backoff) = skipped(etm.data("price", &who, 3).await.unwrap());
+    assert_eq!(
+        (retry_in, backoff),
+        (Duration::from_secs(4), Duration::from_secs(4))
+    );
+    let (_, backoff) = skipped(etm.data("price", &who, 20).await.unwrap());
+    assert_eq!(backoff, Duration::from_secs(30));
+    // Another credential has its own bucket.
+    let other = Credential::from_secret("another-user:pw");
+    assert!(etm.data("price", &other, 0).await.unwrap().is_go());
+    // Rescheduled to the moment it opens, the job goes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(etm.data("price", &who, 1).await.unwrap().is_go());
+    let stats = &etm.broker().stats().resources["etm/data/price"];
+    assert_eq!(stats.skipped, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn auth_waits_past_the_ceiling_and_never_fails_on_rate() {
+    let etm = etm();
+    let who = Credential::from_secret(SECRET);
+    let _first = etm.auth("login", &who).await.unwrap();
+    // A penalty of an hour: far beyond the 241 s ceiling of a 1/120 s bucket.
+    let key = etm.key(BucketClass::Auth, "login", &who);
+    etm.broker()
+        .penalize(key.target(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let _second = etm.auth("login", &who).await.unwrap();
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(3600), "{waited:?}");
+    assert!(waited < Duration::from_secs(3600 + 241), "{waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_and_logs_carry_the_fingerprint_never_the_secret() {
+    let (logs, _guard) = capture_logs(tracing::Level::TRACE);
+    let etm = etm();
+    let who = Credential::from_secret(SECRET);
+    assert!(etm.data("price", &who, 0).await.unwrap().is_go());
+    assert!(!etm.data("price", &who, 0).await.unwrap().is_go());
+    let auth = etm.key(BucketClass::Auth, "login", &who);
+    let data = etm.key(BucketClass::Data, "price", &who);
+    assert_ne!(auth.resource, data.resource);
+    for key in [auth.state_key(), data.state_key()] {
+        assert!(key.ends_with(who.fingerprint()), "{key}");
+        assert!(!key.contains("horse"), "{key}");
+    }
+    assert!(!format!("{who:?} {auth:?}").contains("horse"));
+    let text = logs.text();
+    assert!(text.contains("skip and reschedule"), "{text}");
+    assert!(text.contains(who.fingerprint()), "{text}");
+    assert!(!text.contains("horse"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn egress_bucket_only_counts_and_notices_a_new_ip() {
+    let (logs, _guard) = capture_logs(tracing::Level::INFO);
+    let etm = etm();
+    let a: IpAddr = "203.0.113.7".parse().unwrap();
+    let b: IpAddr = "203.0.113.8".parse().unwrap();
+    for _ in 0..1000 {
+        etm.note_egress(a);
+    }
+    assert_eq!(etm.note_egress(b), 1);
+    let counts = etm.egress_counts();
+    assert_eq!(counts[&a], 1000);
+    assert_eq!(counts[&b], 1);
+    assert!(logs.text().contains("new egress IP"), "{}", logs.text());
+}
