@@ -96,6 +96,10 @@ pub struct UpstreamConfig {
     pub retry_after: bool,
     /// Refuse every request with 429 for this long after the start.
     pub refuse_for: Duration,
+    /// Send `X-Ratelimit-Reset` / `-Retry` in milliseconds (`"0.125"`)
+    /// rather than whole seconds rounded up: for fast quotas, where whole
+    /// seconds would hold a client far longer than the quota needs.
+    pub precise_seconds: bool,
 }
 
 impl UpstreamConfig {
@@ -108,7 +112,14 @@ impl UpstreamConfig {
             headers: HeaderStyle::XRateLimit,
             retry_after: false,
             refuse_for: Duration::ZERO,
+            precise_seconds: false,
         }
+    }
+
+    /// Sends resets and retries in milliseconds.
+    pub fn precise_seconds(mut self, on: bool) -> Self {
+        self.precise_seconds = on;
+        self
     }
 
     /// Adds a token quota.
@@ -413,13 +424,20 @@ async fn answer(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap) -> R
         };
         (g.requests.remaining(), g.requests.to_full(), retry)
     };
+    let secs = |d: Duration| {
+        if g.config.precise_seconds {
+            format!("{:.3}", d.as_micros().div_ceil(1000) as f64 / 1000.0)
+        } else {
+            ceil_secs(d).to_string()
+        }
+    };
     match g.config.headers {
         HeaderStyle::XRateLimit => {
             put("x-ratelimit-limit", limit.to_string());
             put("x-ratelimit-remaining", remaining.to_string());
-            put("x-ratelimit-reset", ceil_secs(reset).to_string());
+            put("x-ratelimit-reset", secs(reset));
             if !fits {
-                put("x-ratelimit-retry", ceil_secs(retry).to_string());
+                put("x-ratelimit-retry", secs(retry));
             }
         }
         HeaderStyle::OpenAi => {

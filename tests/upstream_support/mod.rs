@@ -23,8 +23,9 @@ pub enum Headers {
 pub const LATENCY: Duration = Duration::from_millis(20);
 
 /// One GET to `url`, tagged `x-client: ours`, charging `tokens` on the
-/// upstream's token quota, received [`LATENCY`] after it is sent. Success
-/// reports the usage from the body.
+/// upstream's token quota, received [`LATENCY`] after it is sent, with no
+/// virtual time passing on the wire. Success reports the usage from the
+/// body.
 pub async fn call(
     http: &reqwest::Client,
     url: &str,
@@ -32,7 +33,17 @@ pub async fn call(
     mode: Headers,
 ) -> Outcome<u64, String> {
     tokio::time::sleep(LATENCY).await;
-    let sent = no_time_passes(async {
+    no_time_passes(call_now(http, url, tokens, mode)).await
+}
+
+/// [`call`] for tests in real time: sent at once.
+pub async fn call_now(
+    http: &reqwest::Client,
+    url: &str,
+    tokens: u64,
+    mode: Headers,
+) -> Outcome<u64, String> {
+    let sent = async {
         let r = http
             .get(url)
             .header("x-usage-tokens", tokens.to_string())
@@ -42,7 +53,7 @@ pub async fn call(
         let seen = headers::parse(r.headers(), SystemTime::now());
         let body: serde_json::Value = r.json().await?;
         Ok::<_, reqwest::Error>((status, seen, body))
-    })
+    }
     .await;
     let (status, seen, body) = match sent {
         Ok(x) => x,
@@ -58,18 +69,8 @@ pub async fn call(
                 observed,
             }
         }
-        class => {
-            // Without headers, a 429 carries no Retry-After either.
-            let o = Outcome::failed(class, format!("status {status}"), observed);
-            match (o, mode) {
-                (Outcome::RateLimited { error, .. }, Headers::Ignore) => Outcome::RateLimited {
-                    error,
-                    retry_after: None,
-                    observed: None,
-                },
-                (o, _) => o,
-            }
-        }
+        // Without headers, a 429 carries no Retry-After either.
+        class => Outcome::failed(class, format!("status {status}"), observed),
     }
 }
 
