@@ -1,0 +1,218 @@
+//! How the upstream's answers feed back into the bucket: a failed
+//! reconcile or settle never fails a successful response; reconcile skips
+//! the backend when nothing would narrow; a pacing margin absorbs the drift
+//! between our send time and the upstream's receive time; transient
+//! failures retry after a short jittered pause.
+
+mod upstream_support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::{
+    Backend, BackendError, Cost, Decision, EnqueueError, LeaseId, LimitSpec, Limits, Observed,
+    ObservedLimit, Outcome, RateLimit, Reservation, ResourceBroker, ResourceConfig, TokioClock,
+};
+use broker_memory::MemoryBackend;
+use broker_testkit::upstream::no_time_passes;
+use broker_testkit::{Quota, Upstream, UpstreamConfig};
+use tokio::time::Instant;
+use upstream_support::{call_now, http_client, Headers};
+
+/// The in-memory store, with `reconcile` and `settle` failing on demand and
+/// `reconcile` calls counted.
+struct Flaky {
+    inner: MemoryBackend,
+    fail: bool,
+    reconciles: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Backend for Flaky {
+    async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
+        self.inner.try_acquire(k, s, c).await
+    }
+    async fn reserve(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+        w: Duration,
+    ) -> Result<Reservation, BackendError> {
+        self.inner.reserve(k, s, c, w).await
+    }
+    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+        self.inner.hold_slot(k, s).await
+    }
+    async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
+        self.inner.release(k, l).await
+    }
+    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
+        if self.fail {
+            return Err(BackendError::new("settle failed"));
+        }
+        self.inner.settle(k, s, r, a).await
+    }
+    async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
+        self.inner.penalize(k, s, h).await
+    }
+    async fn reconcile(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        o: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        self.reconciles.fetch_add(1, Ordering::SeqCst);
+        if self.fail {
+            return Err(BackendError::new("reconcile failed"));
+        }
+        self.inner.reconcile(k, s, o).await
+    }
+}
+
+fn flaky(fail: bool) -> (ResourceBroker, Arc<AtomicU64>) {
+    let reconciles = Arc::new(AtomicU64::new(0));
+    let backend = Flaky {
+        inner: MemoryBackend::with_clock(TokioClock::new()),
+        fail,
+        reconciles: reconciles.clone(),
+    };
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(60))
+        .rate(RateLimit::per(10_000, Duration::from_secs(60)).unit(broker_core::Unit::Tokens));
+    broker.register("llm", ResourceConfig::new(limits)).unwrap();
+    (broker, reconciles)
+}
+
+fn observed(remaining: u64) -> ObservedLimit {
+    ObservedLimit {
+        requests: Some(Observed {
+            limit: Some(60),
+            remaining: Some(remaining),
+            reset: Some(Duration::from_secs(30)),
+        }),
+        ..ObservedLimit::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_reconcile_or_settle_never_fails_a_successful_response() {
+    let (broker, reconciles) = flaky(true);
+    let r: Result<&str, EnqueueError<&str>> = broker
+        .enqueue("llm", Cost::tokens(500), |_| async {
+            Outcome::ok_with_usage("answer", Cost::tokens(120)).with_observed(observed(3))
+        })
+        .await;
+    assert_eq!(r.unwrap(), "answer");
+    assert_eq!(reconciles.load(Ordering::SeqCst), 1);
+    let stats = &broker.stats().resources["llm"];
+    assert_eq!((stats.completed, stats.backend_errors), (1, 2), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconcile_skips_the_backend_when_nothing_narrows() {
+    let (broker, reconciles) = flaky(false);
+    // Remaining at or above the capacity (60): nothing to narrow.
+    broker.reconcile("llm", &observed(60)).await.unwrap();
+    broker.reconcile("llm", &observed(300)).await.unwrap();
+    broker
+        .reconcile("llm", &ObservedLimit::default())
+        .await
+        .unwrap();
+    assert_eq!(reconciles.load(Ordering::SeqCst), 0);
+    // Below it: one call, and the bucket holds 5.
+    broker.reconcile("llm", &observed(5)).await.unwrap();
+    assert_eq!(reconciles.load(Ordering::SeqCst), 1);
+    for _ in 0..5 {
+        assert!(
+            broker
+                .try_acquire("llm", Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    assert!(
+        !broker
+            .try_acquire("llm", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_errors_retry_after_a_short_jittered_pause() {
+    let (broker, _) = flaky(false);
+    let start = Instant::now();
+    let mut failures = 2;
+    let r: Result<u32, EnqueueError<&str>> = broker
+        .enqueue("llm", Cost::default(), |a| {
+            let fail = failures > 0;
+            failures -= 1;
+            async move {
+                if fail {
+                    Outcome::Transient("503")
+                } else {
+                    Outcome::ok(a.number)
+                }
+            }
+        })
+        .await;
+    assert_eq!(r.unwrap(), 3);
+    // Full jitter under 100 ms and 200 ms, plus at most the 1 s refill of
+    // the third request token (60/min, burst 60: none needed here).
+    assert!(
+        start.elapsed() <= Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// 100 jobs one after another through a bucket of 1 per second, burst 1,
+/// against the same strict upstream quota (as the seed's `sales`: one
+/// request per window, no burst); each request is on the wire for 0..=40 ms
+/// (a fixed pseudo-random spread). We space sends exactly one second
+/// apart, so whenever a request travels faster than the one before, the
+/// upstream receives the two less than a second apart.
+async fn drift_run(margin: f64) -> (u32, u32) {
+    let quota = Quota::per(1, Duration::from_secs(1));
+    let upstream = Upstream::start(UpstreamConfig::new(quota)).await.unwrap();
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    let limits = Limits::new().rate(RateLimit::per_second(1));
+    broker
+        .register("api", ResourceConfig::new(limits).pacing_margin(margin))
+        .unwrap();
+    let http = http_client();
+    let url = upstream.url();
+    for i in 0..100u64 {
+        let latency = Duration::from_millis((i * 7_919) % 41);
+        let (http, url) = (&http, &url);
+        let _: Result<u64, EnqueueError<String>> = broker
+            .enqueue("api", Cost::default(), |_| async move {
+                tokio::time::sleep(latency).await;
+                no_time_passes(call_now(http, url, 0, Headers::Ignore)).await
+            })
+            .await;
+    }
+    let t = upstream.tally("ours");
+    (t.ok, t.rejected)
+}
+
+#[tokio::test(start_paused = true)]
+async fn pacing_margin_absorbs_send_versus_receive_drift() {
+    let exact = drift_run(0.0).await;
+    let paced = drift_run(0.05).await;
+    println!(
+        "latency 0..=40 ms, 1/s burst 1: no margin {} × 200, {} × 429; 5% margin {} × 200, {} × 429",
+        exact.0, exact.1, paced.0, paced.1
+    );
+    assert!(exact.1 > 0, "the drift must cause 429s without a margin");
+    assert_eq!(
+        paced.1, 0,
+        "a 5% margin (53 ms a token) covers 40 ms of drift"
+    );
+}
