@@ -12,7 +12,7 @@
 //!
 //! Nothing here fails or panics: a value that is malformed, negative, the
 //! sentinel `-1`, not valid UTF-8, or absurd (a count above
-//! [`MAX_AMOUNT`](crate::limits::MAX_AMOUNT), a time above 366 days) is
+//! [`MAX_AMOUNT`], a time above 366 days) is
 //! ignored as if it were absent. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
 //! two retry delays the longer one.
