@@ -64,6 +64,7 @@ pub use failure::FailurePolicy;
 
 use connection::Conn;
 use keys::KeyPair;
+use scripts::Operand;
 
 /// A state store in Redis. Cloning is cheap and shares the connection.
 #[derive(Debug, Clone)]
@@ -339,7 +340,7 @@ impl RedisBackend {
             self.now_arg(),
             self.inner.margin_ms,
             spec,
-            |i| cost.of(spec.buckets[i].0).to_string(),
+            |i| Operand::Int(cost.of(spec.buckets[i].0)),
         );
         match spec.max_concurrent {
             Some(max) => cmd.arg(max),
@@ -399,7 +400,7 @@ impl RedisBackend {
             self.now_arg(),
             self.inner.margin_ms,
             spec,
-            |i| cost.of(spec.buckets[i].0).to_string(),
+            |i| Operand::Int(cost.of(spec.buckets[i].0)),
         );
         cmd.arg(micros(max_wait));
         let (booked, wait, now): (i64, String, String) =
@@ -456,7 +457,7 @@ impl Backend for RedisBackend {
             self.now_arg(),
             self.inner.margin_ms,
             spec,
-            |_| "0".to_owned(),
+            |_| Operand::Int(0),
         );
         match spec.max_concurrent {
             Some(max) => cmd.arg(max),
@@ -508,7 +509,7 @@ impl Backend for RedisBackend {
             spec,
             |i| {
                 let u = spec.buckets[i].0;
-                scripts::num(reserved.of(u) as f64 - actual.of(u) as f64)
+                Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
             },
         );
         match self.run(&scripts::SETTLE, cmd).await {
@@ -533,7 +534,7 @@ impl Backend for RedisBackend {
             self.now_arg(),
             self.inner.margin_ms,
             spec,
-            |_| "0".to_owned(),
+            |_| Operand::Int(0),
         );
         cmd.arg(micros(hold));
         match self.run(&scripts::PENALIZE, cmd).await {
@@ -562,8 +563,7 @@ impl Backend for RedisBackend {
             |i| {
                 counter(i)
                     .and_then(|o| o.remaining)
-                    .map(|r| r.to_string())
-                    .unwrap_or_default()
+                    .map_or(Operand::None, Operand::Int)
             },
         );
         for i in 0..spec.buckets.len() {

@@ -31,9 +31,36 @@ script!(SETTLE, "lua/settle.lua");
 script!(PENALIZE, "lua/penalize.lua");
 script!(RECONCILE, "lua/reconcile.lua");
 
-/// An `f64` as Lua reads it back exactly (Rust's shortest round-trip form).
-pub(crate) fn num(x: f64) -> String {
-    format!("{x}")
+/// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Operand {
+    /// Written as a decimal integer.
+    Int(u64),
+    /// Written so that Lua reads it back exactly.
+    Num(f64),
+    /// The empty string.
+    None,
+}
+
+/// Appends `x` as Lua reads it back exactly: whole numbers below 2^53 as
+/// integers (no allocation), others in Rust's shortest round-trip form.
+pub(crate) fn push_num(cmd: &mut Cmd, x: f64) {
+    if x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 {
+        cmd.arg(x as i64);
+    } else {
+        cmd.arg(format!("{x}"));
+    }
+}
+
+fn push(cmd: &mut Cmd, o: Operand) {
+    match o {
+        Operand::Int(n) => cmd.arg(n),
+        Operand::Num(x) => {
+            push_num(cmd, x);
+            cmd
+        }
+        Operand::None => cmd.arg(""),
+    };
 }
 
 /// Builds `EVALSHA sha 2 buckets leases now margin n [bucket args] ...`.
@@ -43,7 +70,7 @@ pub(crate) fn evalsha(
     now: Option<Micros>,
     margin_ms: u64,
     spec: &LimitSpec,
-    mut operand: impl FnMut(usize) -> String,
+    mut operand: impl FnMut(usize) -> Operand,
 ) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
@@ -56,10 +83,10 @@ pub(crate) fn evalsha(
     };
     cmd.arg(margin_ms).arg(spec.buckets.len());
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
-        cmd.arg(num(p.capacity))
-            .arg(num(p.amount))
-            .arg(num(p.period))
-            .arg(operand(i));
+        push_num(&mut cmd, p.capacity);
+        push_num(&mut cmd, p.amount);
+        push_num(&mut cmd, p.period);
+        push(&mut cmd, operand(i));
     }
     cmd
 }

@@ -1,8 +1,8 @@
 -- resource-broker: shared part of every script. A line-by-line mirror of
--- broker-core's bucket.rs (refill, wait_for, ttl, is_idle) and of the
--- multi-limit helpers of state.rs (wait_all, book_all, hold_slot). Same
--- names: tokens, ts, nb. Times are microseconds held in doubles (exact below
--- 2^53 us, about 285 years). Numbers are stored with %.17g so they read back
+-- broker-core's bucket.rs (refill, ceil_micros, wait_for, book; ttl and
+-- is_idle inside save) and of the multi-limit helpers of state.rs (wait_all,
+-- book_all, hold_slot). Same names: tokens, ts, nb. Times are microseconds
+-- held in doubles (exact below 2^53 us, about 285 years). Numbers are stored with %.17g so they read back
 -- bit for bit; results that are not small integers are returned as strings.
 --
 -- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n
@@ -13,11 +13,14 @@
 -- ARGV[4 + 4(i-1) ..]  capacity, amount, period, c (the per-bucket operand)
 -- ARGV[4 + 4n ..]      operands of the transition (see each script)
 
+local min, max, floor, ceil, abs = math.min, math.max, math.floor, math.ceil, math.abs
+local format, call, tonumber = string.format, redis.call, tonumber
+
 -- u64::MAX as an f64: where Rust saturates, Lua clamps to this.
 local U64 = 18446744073709551616
 
 local function fmt(x)
-  return string.format('%.17g', x)
+  return format('%.17g', x)
 end
 
 -- `as Micros` on an f64: saturating.
@@ -41,7 +44,7 @@ local function read_now()
   if ARGV[1] ~= '' then
     return tonumber(ARGV[1])
   end
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
@@ -54,12 +57,12 @@ local function refill(s, p, now)
     return s
   end
   local gained = (now - s.ts) * p.amount / p.period
-  return { tokens = math.min(s.tokens + gained, p.capacity), ts = now, nb = s.nb }
+  return { tokens = min(s.tokens + gained, p.capacity), ts = now, nb = s.nb }
 end
 
 -- f64::round (half away from zero), for x >= 0.
 local function round(x)
-  local f = math.floor(x)
+  local f = floor(x)
   if x - f >= 0.5 then
     return f + 1
   end
@@ -69,10 +72,10 @@ end
 -- bucket::ceil_micros: up to a whole us, except within a nanosecond of one.
 local function ceil_micros(x)
   local nearest = round(x)
-  if math.abs(x - nearest) < 1e-3 then
+  if abs(x - nearest) < 1e-3 then
     return sat(nearest)
   end
-  return sat(math.ceil(x))
+  return sat(ceil(x))
 end
 
 -- bucket::wait_for
@@ -82,21 +85,7 @@ local function wait_for(s, p, now, cost)
   if deficit > 0 then
     rate_wait = ceil_micros(deficit * p.period / p.amount)
   end
-  return math.max(rate_wait, sat_sub(s.nb, now))
-end
-
--- bucket::is_idle
-local function is_idle(s, p, now)
-  local r = refill(s, p, math.max(now, s.ts))
-  return r.tokens >= p.capacity and r.nb <= now
-end
-
--- bucket::ttl
-local function ttl(s, p, now)
-  now = math.max(now, s.ts)
-  local r = refill(s, p, now)
-  local to_full = wait_for(r, p, now, p.capacity)
-  return math.max(to_full, sat_sub(r.nb, now))
+  return max(rate_wait, sat_sub(s.nb, now))
 end
 
 -- Reads the buckets; a missing hash, or one made for another number of
@@ -108,7 +97,7 @@ local function load(now)
     fields[#fields + 1] = 'ts:' .. i
     fields[#fields + 1] = 'nb:' .. i
   end
-  local v = redis.call('HMGET', KEYS[1], unpack(fields))
+  local v = call('HMGET', KEYS[1], unpack(fields))
   local fresh = tonumber(v[1]) ~= N
   local params, states, c = {}, {}, {}
   for i = 1, N do
@@ -127,23 +116,20 @@ local function load(now)
 end
 
 -- Writes the buckets back with a TTL from bucket::ttl (so a penalty's nb is
--- kept), or deletes the hash when every bucket is idle (it equals a fresh one).
+-- kept), or deletes the hash when every bucket is idle (bucket::is_idle: it
+-- equals a fresh one). Both read the bucket refilled to max(now, ts).
 local function save(params, states, now)
   local idle = true
   local keep = 0
-  for i = 1, N do
-    if not is_idle(states[i], params[i], now) then
-      idle = false
-    end
-    keep = math.max(keep, ttl(states[i], params[i], now))
-  end
-  if idle then
-    redis.call('DEL', KEYS[1])
-    return
-  end
   local fields = { 'n', N }
   for i = 1, N do
-    local s = states[i]
+    local s, p = states[i], params[i]
+    local n = max(now, s.ts)
+    local r = refill(s, p, n)
+    if not (r.tokens >= p.capacity and r.nb <= now) then
+      idle = false
+    end
+    keep = max(keep, wait_for(r, p, n, p.capacity), sat_sub(r.nb, n))
     fields[#fields + 1] = 'tokens:' .. i
     fields[#fields + 1] = fmt(s.tokens)
     fields[#fields + 1] = 'ts:' .. i
@@ -151,9 +137,12 @@ local function save(params, states, now)
     fields[#fields + 1] = 'nb:' .. i
     fields[#fields + 1] = fmt(s.nb)
   end
-  redis.call('HSET', KEYS[1], unpack(fields))
-  local ms = math.min(math.ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ms))
+  if idle then
+    call('DEL', KEYS[1])
+    return
+  end
+  call('HSET', KEYS[1], unpack(fields))
+  call('PEXPIRE', KEYS[1], format('%.0f', min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2])))
 end
 
 -- state::wait_all: the longest wait among buckets with a non-zero cost.
@@ -163,8 +152,8 @@ local function wait_all(params, states, costs, now)
     local c = tonumber(costs[i])
     if c > 0 then
       local s = states[i]
-      local n = math.max(now, s.ts)
-      wait = math.max(wait, wait_for(refill(s, params[i], n), params[i], n, c))
+      local n = max(now, s.ts)
+      wait = max(wait, wait_for(refill(s, params[i], n), params[i], n, c))
     end
   end
   return wait
@@ -172,10 +161,10 @@ end
 
 -- bucket::book: take cost as of the send time, wait after now.
 local function book(s, p, now, cost, wait)
-  now = math.max(now, s.ts)
+  now = max(now, s.ts)
   s = refill(s, p, now)
   local ahead = wait * p.amount / p.period
-  s.tokens = math.min(s.tokens + ahead, p.capacity) - cost - ahead
+  s.tokens = min(s.tokens + ahead, p.capacity) - cost - ahead
   return s
 end
 
@@ -189,18 +178,19 @@ local function book_all(params, states, costs, now, wait)
   end
 end
 
--- state::hold_slot over the lease set; max == '' means no concurrency limit.
-local function hold_slot(now, max, lease_ttl, lease)
-  if max == '' then
+-- state::hold_slot over the lease set; max_concurrent == '' means no
+-- concurrency limit.
+local function hold_slot(now, max_concurrent, lease_ttl, lease)
+  if max_concurrent == '' then
     return true
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', fmt(now))
-  if redis.call('ZCARD', KEYS[2]) >= tonumber(max) then
+  call('ZREMRANGEBYSCORE', KEYS[2], '-inf', fmt(now))
+  if call('ZCARD', KEYS[2]) >= tonumber(max_concurrent) then
     return false
   end
-  redis.call('ZADD', KEYS[2], fmt(sat_add(now, lease_ttl)), lease)
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local ms = math.min(math.ceil(sat_sub(tonumber(last[2]), now) / 1000), 1e15) + tonumber(ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], string.format('%.0f', ms))
+  call('ZADD', KEYS[2], fmt(sat_add(now, lease_ttl)), lease)
+  local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local ms = min(ceil(sat_sub(tonumber(last[2]), now) / 1000), 1e15) + tonumber(ARGV[2])
+  call('PEXPIRE', KEYS[2], format('%.0f', ms))
   return true
 end

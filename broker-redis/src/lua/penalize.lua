@@ -6,10 +6,10 @@ local params, states = load(now)
 local until_ = sat_add(now, tonumber(ARGV[REST]))
 for i = 1, N do
   local s = states[i]
-  local n = math.max(now, s.ts)
+  local n = max(now, s.ts)
   s = refill(s, params[i], n)
-  s.tokens = math.min(s.tokens, 0)
-  s.nb = math.max(s.nb, until_)
+  s.tokens = min(s.tokens, 0)
+  s.nb = max(s.nb, until_)
   states[i] = s
 end
 save(params, states, now)

@@ -12,11 +12,11 @@ for i = 1, N do
       reset_at = sat_add(now, reset)
     end
     local s = states[i]
-    local n = math.max(now, s.ts)
+    local n = max(now, s.ts)
     s = refill(s, params[i], n)
-    s.tokens = math.min(s.tokens, remaining)
+    s.tokens = min(s.tokens, remaining)
     if remaining <= 0 and reset_at ~= nil then
-      s.nb = math.max(s.nb, reset_at)
+      s.nb = max(s.nb, reset_at)
     end
     states[i] = s
   end

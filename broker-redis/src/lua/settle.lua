@@ -6,9 +6,9 @@ for i = 1, N do
   local delta = tonumber(deltas[i])
   if delta ~= 0 then
     local s = states[i]
-    local n = math.max(now, s.ts)
+    local n = max(now, s.ts)
     s = refill(s, params[i], n)
-    s.tokens = math.min(s.tokens + delta, params[i].capacity)
+    s.tokens = min(s.tokens + delta, params[i].capacity)
     states[i] = s
   end
 end
