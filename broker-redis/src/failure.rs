@@ -29,11 +29,14 @@ pub enum FailurePolicy {
     /// Every acquisition is allowed at once; `penalize`, `reconcile` and
     /// `settle` are dropped.
     FailOpen,
-    /// Decisions come from a bucket in this process whose burst and rate
-    /// are `share` (0 < share ≤ 1) of the configured ones: bursts rounded
-    /// down (but at least 1), periods stretched by `1 / share` and rounded
-    /// up, concurrency limits rounded down (at least 1). Set `share` to
-    /// `1 / replicas` or less to keep the sum within the quota.
+    /// Decisions come from buckets in this process holding `share`
+    /// (0 < share ≤ 1) of every limit: bursts times `share` (fractional
+    /// bursts are kept, never rounded up), periods stretched by `1 / share`
+    /// (rounded up to a whole µs), concurrency limits times `share` rounded
+    /// down. A limit too small to split (a burst times `share` below the
+    /// cost, a concurrency limit that rounds down to 0) admits nothing
+    /// locally: a full bucket per process is never handed out. Set `share`
+    /// to `1 / replicas` or less to keep the sum within the quota.
     LocalFallback {
         /// The fraction of every limit this process may use alone.
         share: f64,
@@ -64,7 +67,7 @@ pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
                 (
                     *unit,
                     BucketParams {
-                        capacity: (p.capacity * share).floor().max(1.0),
+                        capacity: p.capacity * share,
                         amount: p.amount,
                         period: (p.period / share).ceil(),
                     },
@@ -73,7 +76,7 @@ pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
             .collect(),
         max_concurrent: spec
             .max_concurrent
-            .map(|m| ((m as f64 * share).floor() as u32).max(1)),
+            .map(|m| (m as f64 * share).floor() as u32),
         lease_ttl: spec.lease_ttl,
     }
 }
@@ -192,6 +195,15 @@ mod tests {
         assert_eq!(p.capacity, 5.0);
         assert_eq!(p.amount / p.period * 1e6, 5.0);
         assert_eq!(half.max_concurrent, Some(2));
+        let tiny = Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(1))
+            .max_concurrent(1);
+        let tiny = scaled(&LimitSpec::new(&tiny, Duration::from_secs(30)), 0.5);
+        assert_eq!(
+            tiny.buckets[0].1.capacity, 0.5,
+            "never rounded up to a full bucket"
+        );
+        assert_eq!(tiny.max_concurrent, Some(0));
     }
 
     #[test]
