@@ -160,3 +160,61 @@ async fn connecting_to_a_dead_server_fails_fast_with_a_clear_error() {
         .expect_err("nothing listens there");
     assert!(err.message.contains("connecting to redis"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_times_out_into_the_policy_instead_of_hanging_callers() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(20))
+        .connect()
+        .await
+        .expect("connect");
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new().rate(RateLimit::per_minute(1).with_burst(1));
+    broker.register_limit("api", limits).unwrap();
+    assert!(
+        broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+
+    server.pause();
+    for _ in 0..5 {
+        let a = tokio::time::timeout(
+            Duration::from_secs(10),
+            broker.try_acquire("api", Cost::default()),
+        )
+        .await
+        .expect("a call to a hung server returns")
+        .expect("fail-open answers");
+        assert!(a.allowed, "fail-open while the server does not answer");
+    }
+    let health = broker.backend().health();
+    assert!(health.down);
+    assert_eq!(health.outages, 1);
+
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while broker.backend().health().down && Instant::now() < deadline {
+        let _ = broker.try_acquire("api", Cost::default()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !broker.backend().health().down,
+        "recovered once the server answers"
+    );
+    let a = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(!a.allowed, "the shared bucket decides again: it is empty");
+}

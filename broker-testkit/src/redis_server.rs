@@ -105,6 +105,28 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is
+    /// answered, like a hung or black-holed store.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .arg(signal)
+                .arg(child.id().to_string())
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
     /// Whether the process is running.
     pub fn is_running(&self) -> bool {
         self.child.is_some()
