@@ -44,6 +44,11 @@ local function read_now()
   if ARGV[1] ~= '' then
     return tonumber(ARGV[1])
   end
+  -- Redis before 5 replicates scripts verbatim unless told otherwise, and
+  -- refuses writes after TIME; since Redis 5 this is the default (a no-op).
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
   local t = call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
