@@ -1,32 +1,102 @@
-//! The admission of one request: `try_acquire` on the stage's resource,
-//! then either the denial (429, logged once) or the inner call, whose
-//! response body takes the concurrency permit along.
+//! [`ResponseFuture`]: the admission of one request. `try_acquire` on the
+//! stage's resource, then either the denial (429, logged once; a tenant
+//! denial first gives the route/service cost back) or the inner call,
+//! whose response body takes the concurrency permit along.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
-use broker_core::{Cost, Permit, Target};
+use broker_core::{Acquisition, BrokerError, Cost, Permit, Target};
 use http::{header, Method, Request, Response, StatusCode};
+use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::PressureBody;
 use crate::policy::{Policy, Stage};
 use crate::response;
+use crate::tenant::TenantId;
 
-/// The response future of [`crate::PressureService`] and
-/// [`crate::TenantService`]. Its error is the inner service's error.
-pub type ResponseFuture<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<PressureBody<B>>, E>> + Send + 'static>>;
+/// The broker's answer, with the tenant it was asked for.
+type AcquireFuture =
+    Pin<Box<dyn Future<Output = (Result<Acquisition, BrokerError>, Option<TenantId>)> + Send>>;
 
-/// Put in the request's extensions by the route/service stage when the
-/// same [`crate::Pressure`] has a tenant stage: a request the tenant stage
-/// denies gets its route/service cost back, so one tenant's rejected flood
-/// does not use up the limit every tenant shares.
-#[derive(Clone)]
-pub(crate) struct Admitted {
+type RefundFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+pin_project! {
+    /// The response future of [`crate::PressureService`] and
+    /// [`crate::TenantService`]. Its error is the inner service's error.
+    pub struct ResponseFuture<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        #[pin]
+        state: State<S, ReqB, ResB>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        Admitting {
+            acquire: AcquireFuture,
+            call: Option<Call<S, ReqB>>,
+        },
+        Refunding {
+            refund: RefundFuture,
+            response: Option<Response<PressureBody<ResB>>>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            permit: Option<Permit>,
+            long_lived: bool,
+            // Set on the route/service stage when a tenant stage follows.
+            refundable: Option<(Arc<Policy>, Stage)>,
+        },
+        Answered {
+            response: Option<Response<PressureBody<ResB>>>,
+        },
+    }
+}
+
+/// What the inner call needs once admitted.
+struct Call<S, ReqB> {
+    inner: S,
+    req: Request<ReqB>,
     policy: Arc<Policy>,
     stage: Stage,
+}
+
+/// Put in the extensions of a tenant-stage denial, naming the policy that
+/// denied. The route/service stage of the same [`crate::Pressure`] sees it
+/// on the way out and gives its own cost back, so one tenant's rejected
+/// flood does not use up the limit every tenant shares. Nothing is added
+/// to admitted requests or responses.
+#[derive(Clone, Copy)]
+struct TenantDenied {
+    /// The denying policy's address (only compared, never dereferenced).
+    policy: usize,
+}
+
+fn address(policy: &Arc<Policy>) -> usize {
+    Arc::as_ptr(policy) as usize
+}
+
+/// Gives `stage` of `policy` its cost back.
+async fn refund(policy: Arc<Policy>, stage: Stage) {
+    if let Some(limited) = policy.limited(stage) {
+        // Errors are counted and logged by the broker; a failed refund
+        // only leaves the cost charged, as without a refund.
+        let _ = policy
+            .broker
+            .settle(&*limited.id, Cost::default(), Cost::requests(0))
+            .await;
+    }
 }
 
 /// A request that would hold a slot for its whole lifetime: a WebSocket
@@ -39,61 +109,112 @@ fn is_long_lived_request<B>(req: &Request<B>) -> bool {
 /// protocols, or server-sent events.
 fn is_long_lived_response<B>(res: &Response<B>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
-        || res
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| {
-                ct.len() >= 17 && ct.as_bytes()[..17].eq_ignore_ascii_case(b"text/event-stream")
-            })
+        || res.headers().get(header::CONTENT_TYPE).is_some_and(|v| {
+            let ct = v.as_bytes();
+            ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
+        })
 }
 
-/// Passes a request through untouched (no limit applies to it).
-pub(crate) fn pass<S, ReqB, ResB>(
-    mut inner: S,
-    req: Request<ReqB>,
-) -> ResponseFuture<ResB, S::Error>
+impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    ReqB: Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    let call = inner.call(req);
-    Box::pin(async move { Ok(call.await?.map(|b| PressureBody::new(b, None))) })
+    /// Passes a request through untouched (no limit applies to it).
+    pub(crate) fn pass(mut inner: S, req: Request<ReqB>) -> Self {
+        Self {
+            state: State::Calling {
+                fut: inner.call(req),
+                permit: None,
+                long_lived: false,
+                refundable: None,
+            },
+        }
+    }
+
+    /// Admits `req` on `stage` (for `tenant`, if given), then calls `inner`.
+    pub(crate) fn admit(
+        policy: Arc<Policy>,
+        stage: Stage,
+        tenant: Option<TenantId>,
+        inner: S,
+        req: Request<ReqB>,
+    ) -> Self {
+        let broker_policy = policy.clone();
+        let acquire: AcquireFuture = Box::pin(async move {
+            let Some(limited) = broker_policy.limited(stage) else {
+                return (Ok(unlimited()), tenant);
+            };
+            let target: Target<'_> = match &tenant {
+                Some(key) => (&*limited.id, key.as_str()).into(),
+                None => (&*limited.id).into(),
+            };
+            let answer = broker_policy
+                .broker
+                .try_acquire(target, Cost::default())
+                .await;
+            (answer, tenant)
+        });
+        Self {
+            state: State::Admitting {
+                acquire,
+                call: Some(Call {
+                    inner,
+                    req,
+                    policy,
+                    stage,
+                }),
+            },
+        }
+    }
 }
 
-/// Admits `req` on `stage` (for `tenant`, if given) and calls `inner`.
-pub(crate) fn admit<S, ReqB, ResB>(
-    policy: Arc<Policy>,
-    stage: Stage,
-    tenant: Option<String>,
-    mut inner: S,
-    mut req: Request<ReqB>,
-) -> ResponseFuture<ResB, S::Error>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    ReqB: Send + 'static,
-{
-    Box::pin(async move {
+/// An allowed acquisition holding nothing (a stage without a resource).
+fn unlimited() -> Acquisition {
+    Acquisition {
+        allowed: true,
+        wait_time: std::time::Duration::ZERO,
+        denied_by: None,
+        permit: Permit::empty(),
+    }
+}
+
+impl<S, ReqB> Call<S, ReqB> {
+    /// The next state once the broker answered.
+    fn decide<ResB>(
+        self,
+        answer: Result<Acquisition, BrokerError>,
+        tenant: Option<TenantId>,
+    ) -> State<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        let Call {
+            mut inner,
+            req,
+            policy,
+            stage,
+        } = self;
         let Some(limited) = policy.limited(stage) else {
-            return Ok(inner.call(req).await?.map(|b| PressureBody::new(b, None)));
+            return State::Calling {
+                fut: inner.call(req),
+                permit: None,
+                long_lived: false,
+                refundable: None,
+            };
         };
-        let target: Target<'_> = match &tenant {
-            Some(key) => (&*limited.id, key.as_str()).into(),
-            None => (&*limited.id).into(),
-        };
-        let acquisition = match policy.broker.try_acquire(target, Cost::default()).await {
+        let acquisition = match answer {
             Ok(a) => a,
             Err(error) => {
                 tracing::warn!(
                     resource = %limited.id,
                     layer = stage.name(),
-                    tenant = tenant.as_deref(),
+                    tenant = tenant.as_ref().map(TenantId::as_str),
                     %error,
                     "pressure check failed; answering the backend-error status"
                 );
-                return Ok(response::backend_failed(&policy.responses));
+                return State::Answered {
+                    response: Some(response::backend_failed(&policy.responses)),
+                };
             }
         };
         if !acquisition.allowed {
@@ -101,44 +222,92 @@ where
                 resource = %limited.id,
                 layer = stage.name(),
                 wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-                tenant = tenant.as_deref(),
+                tenant = tenant.as_ref().map(TenantId::as_str),
                 denied_by = ?acquisition.denied_by,
                 "request denied"
             );
-            if let Some(admitted) = req.extensions_mut().remove::<Admitted>() {
-                admitted.refund().await;
+            let mut response =
+                response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
+            if matches!(stage, Stage::Tenant) {
+                response.extensions_mut().insert(TenantDenied {
+                    policy: address(&policy),
+                });
             }
-            return Ok(response::denied(
-                &policy.responses,
-                &limited.headers,
-                acquisition.wait_time,
-            ));
+            return State::Answered {
+                response: Some(response),
+            };
         }
-        if !matches!(stage, Stage::Tenant) && policy.has_tenant_stage() {
-            req.extensions_mut().insert(Admitted {
-                policy: policy.clone(),
-                stage,
-            });
-        }
+        let refundable = match stage {
+            Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => {
+                Some((policy.clone(), stage))
+            }
+            _ => None,
+        };
         let long_lived = is_long_lived_request(&req);
-        let permit: Option<Permit> = acquisition.permit.is_held().then_some(acquisition.permit);
-        let res = inner.call(req).await?;
-        let permit = permit.filter(|_| !long_lived && !is_long_lived_response(&res));
-        Ok(res.map(|b| PressureBody::new(b, permit)))
-    })
+        let permit = acquisition.permit.is_held().then_some(acquisition.permit);
+        State::Calling {
+            fut: inner.call(req),
+            permit,
+            long_lived,
+            refundable,
+        }
+    }
 }
 
-impl Admitted {
-    /// Gives the route/service stage its cost back.
-    async fn refund(self) {
-        if let Some(limited) = self.policy.limited(self.stage) {
-            // Errors are counted and logged by the broker; a failed refund
-            // only leaves the cost charged, as without a refund.
-            let _ = self
-                .policy
-                .broker
-                .settle(&*limited.id, Cost::default(), Cost::requests(0))
-                .await;
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    type Output = Result<Response<PressureBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Admitting { acquire, call } => {
+                    let (answer, tenant) = ready!(acquire.as_mut().poll(cx));
+                    let call = call.take().expect("ResponseFuture polled after completion");
+                    let next = call.decide(answer, tenant);
+                    state.set(next);
+                }
+                StateProj::Refunding { refund, response } => {
+                    ready!(refund.as_mut().poll(cx));
+                    let response = response.take();
+                    return Poll::Ready(Ok(
+                        response.expect("ResponseFuture polled after completion")
+                    ));
+                }
+                StateProj::Calling {
+                    fut,
+                    permit,
+                    long_lived,
+                    refundable,
+                } => {
+                    let res = ready!(fut.poll(cx))?;
+                    let keep = !*long_lived && !is_long_lived_response(&res);
+                    let permit = permit.take().filter(|_| keep);
+                    let res = res.map(|b| PressureBody::new(b, permit));
+                    let tenant_denied = res.extensions().get::<TenantDenied>();
+                    if let (Some(denied), Some((policy, stage))) =
+                        (tenant_denied, refundable.take())
+                    {
+                        if denied.policy == address(&policy) {
+                            state.set(State::Refunding {
+                                refund: Box::pin(refund(policy, stage)),
+                                response: Some(res),
+                            });
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(Ok(res));
+                }
+                StateProj::Answered { response } => {
+                    let response = response.take();
+                    return Poll::Ready(Ok(
+                        response.expect("ResponseFuture polled after completion")
+                    ));
+                }
+            }
         }
     }
 }

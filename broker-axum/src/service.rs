@@ -8,9 +8,9 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::body::PressureBody;
-use crate::future::{admit, pass, ResponseFuture};
+use crate::future::ResponseFuture;
 use crate::policy::{Policy, Stage};
-use crate::tenant::{tenant_key, TenantExtractor};
+use crate::tenant::{TenantExtractor, TenantId};
 
 /// The route/service stage: maps a request to its per-route resource
 /// (longest matching path prefix) or else the per-service one, and answers
@@ -41,13 +41,11 @@ fn take_ready<S: Clone>(slot: &mut S) -> S {
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for PressureService<S>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    ReqB: Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
 {
     type Response = Response<PressureBody<ResB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<ResB, S::Error>;
+    type Future = ResponseFuture<S, ReqB, ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -60,14 +58,14 @@ where
             false => None,
         };
         match stage {
-            Some(stage) => admit(self.policy.clone(), stage, None, inner, req),
-            None => pass(inner, req),
+            Some(stage) => ResponseFuture::admit(self.policy.clone(), stage, None, inner, req),
+            None => ResponseFuture::pass(inner, req),
         }
     }
 }
 
 /// The tenant stage: keys the per-tenant resource by the tenant its
-/// [`TenantExtractor`] finds (after [`tenant_key`]), so each tenant has its
+/// [`TenantExtractor`] finds (after [`crate::tenant_key`]), so each tenant has its
 /// own state, created on first sight and evicted by the backend when idle.
 /// Requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
 #[derive(Debug, Clone)]
@@ -94,14 +92,12 @@ impl<S, E> TenantService<S, E> {
 
 impl<S, E, ReqB, ResB> Service<Request<ReqB>> for TenantService<S, E>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    ReqB: Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     E: TenantExtractor,
 {
     type Response = Response<PressureBody<ResB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<ResB, S::Error>;
+    type Future = ResponseFuture<S, ReqB, ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -110,15 +106,17 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let inner = take_ready(&mut self.inner);
         if !self.policy.has_tenant_stage() {
-            return pass(inner, req);
+            return ResponseFuture::pass(inner, req);
         }
         let tenant = self
             .extractor
             .tenant(req.headers(), req.extensions())
-            .map(|raw| tenant_key(&raw).into_owned());
+            .map(|raw| TenantId::new(&raw));
         match tenant {
-            Some(tenant) => admit(self.policy.clone(), Stage::Tenant, Some(tenant), inner, req),
-            None => pass(inner, req),
+            Some(tenant) => {
+                ResponseFuture::admit(self.policy.clone(), Stage::Tenant, Some(tenant), inner, req)
+            }
+            None => ResponseFuture::pass(inner, req),
         }
     }
 }

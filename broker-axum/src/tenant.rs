@@ -4,7 +4,6 @@
 //! which turns any tenant id (user data) into a bounded, safe sub-key.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::marker::PhantomData;
 
 use http::{Extensions, HeaderMap, HeaderName};
@@ -134,14 +133,58 @@ fn allowed(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b'+')
 }
 
-fn hashed(bytes: &[u8]) -> String {
+/// Length of the hashed form: `~` and 32 hex digits.
+const HASHED_LEN: usize = 33;
+
+fn hashed_into(bytes: &[u8], out: &mut [u8; MAX_TENANT_LEN]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(1 + 32);
-    out.push('~');
-    for b in &digest[..16] {
-        let _ = write!(out, "{b:02x}");
+    out[0] = b'~';
+    for (i, b) in digest[..16].iter().enumerate() {
+        out[1 + 2 * i] = HEX[usize::from(b >> 4)];
+        out[2 + 2 * i] = HEX[usize::from(b & 0xf)];
     }
-    out
+}
+
+fn hashed(bytes: &[u8]) -> String {
+    let mut buf = [0u8; MAX_TENANT_LEN];
+    hashed_into(bytes, &mut buf);
+    String::from_utf8_lossy(&buf[..HASHED_LEN]).into_owned()
+}
+
+fn kept(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(allowed)
+}
+
+/// [`tenant_key`] held inline (no allocation per request).
+#[derive(Clone, Copy)]
+pub(crate) struct TenantId {
+    len: u8,
+    buf: [u8; MAX_TENANT_LEN],
+}
+
+impl TenantId {
+    /// The key of tenant id `raw`, as [`tenant_key`] makes it.
+    pub(crate) fn new(raw: &str) -> Self {
+        let mut buf = [0u8; MAX_TENANT_LEN];
+        let len = if kept(raw) {
+            buf[..raw.len()].copy_from_slice(raw.as_bytes());
+            raw.len()
+        } else {
+            hashed_into(raw.as_bytes(), &mut buf);
+            HASHED_LEN
+        };
+        Self {
+            len: len as u8,
+            buf,
+        }
+    }
+
+    /// The key.
+    pub(crate) fn as_str(&self) -> &str {
+        // Only ASCII is ever written, so this never falls back.
+        std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or_default()
+    }
 }
 
 /// The sub-key a tenant id is stored under: the id itself when it is
@@ -158,7 +201,7 @@ fn hashed(bytes: &[u8]) -> String {
 /// assert_eq!(tenant_key(&"x".repeat(10_000)).len(), 33);
 /// ```
 pub fn tenant_key(id: &str) -> Cow<'_, str> {
-    if !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(allowed) {
+    if kept(id) {
         Cow::Borrowed(id)
     } else {
         Cow::Owned(hashed(id.as_bytes()))
@@ -180,6 +223,20 @@ mod tests {
         let hashed = tenant_key("not allowed!").into_owned();
         assert_eq!(tenant_key(&hashed), tenant_key(&hashed));
         assert_ne!(tenant_key(&hashed).as_ref(), hashed.as_str());
+    }
+
+    #[test]
+    fn inline_id_equals_tenant_key() {
+        for id in [
+            "acme",
+            "",
+            "a:b",
+            &"z".repeat(64),
+            &"z".repeat(65),
+            "\u{e9}t\u{e9}",
+        ] {
+            assert_eq!(TenantId::new(id).as_str(), tenant_key(id), "{id:?}");
+        }
     }
 
     #[test]
