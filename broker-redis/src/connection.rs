@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use broker_core::BackendError;
+
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
@@ -89,6 +91,11 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// A Redis error as a [`BackendError`].
+pub(crate) fn redis_error(e: RedisError) -> BackendError {
+    BackendError::new(format!("redis: {e}"))
 }
 
 /// Whether `e` means the store cannot be reached or cannot serve now (the

@@ -1,0 +1,96 @@
+//! Reading what is stored, for tests and operators: the keys of a state,
+//! the state itself, the startup check's findings. Nothing here is on the
+//! hot path.
+
+use std::collections::HashMap;
+
+use broker_core::bucket::BucketState;
+use broker_core::state::{Lease, ResourceState};
+use broker_core::{BackendError, Micros};
+use redis::Cmd;
+
+use crate::connection::{redis_error, Conn};
+use crate::failure::FailurePolicy;
+use crate::RedisBackend;
+
+/// # Inspection
+impl RedisBackend {
+    /// The server's `maxmemory-policy` as read at connect (`None` if the
+    /// store refused `CONFIG`).
+    pub fn maxmemory_policy(&self) -> Option<&str> {
+        self.inner.maxmemory_policy.as_deref()
+    }
+
+    /// Whether the startup check found an `allkeys-*` eviction policy,
+    /// which may evict a bucket mid-window (a warning was logged).
+    pub fn eviction_risk(&self) -> bool {
+        self.maxmemory_policy()
+            .is_some_and(|p| p.starts_with("allkeys-"))
+    }
+
+    /// The failure policy in force.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.policy
+    }
+
+    /// The Redis key of the bucket hash of state `key`.
+    pub fn bucket_key(&self, key: &str) -> Result<String, BackendError> {
+        Ok(self.keys(key)?.buckets)
+    }
+
+    /// The Redis key of the lease set of state `key`.
+    pub fn lease_key(&self, key: &str) -> Result<String, BackendError> {
+        Ok(self.keys(key)?.leases)
+    }
+
+    /// The state of `key` as stored (for tests and inspection): `None` when
+    /// neither key exists (the state equals a fresh one). When only leases
+    /// exist, `buckets` is empty. Not atomic with other calls.
+    pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
+        let keys = self.keys(key)?;
+        let conn = &self.inner.conn;
+        let hash: HashMap<String, String> =
+            query(conn, redis::cmd("HGETALL").arg(&keys.buckets)).await?;
+        let leases: Vec<(String, f64)> = query(
+            conn,
+            redis::cmd("ZRANGE")
+                .arg(&keys.leases)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES"),
+        )
+        .await?;
+        if hash.is_empty() && leases.is_empty() {
+            return Ok(None);
+        }
+        let n: usize = hash.get("n").and_then(|n| n.parse().ok()).unwrap_or(0);
+        let field = |name: &str, i: usize| -> Result<f64, BackendError> {
+            hash.get(&format!("{name}:{i}"))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| BackendError::new(format!("bucket field {name}:{i} missing")))
+        };
+        let mut buckets = Vec::with_capacity(n);
+        for i in 1..=n {
+            buckets.push(BucketState {
+                tokens: field("tokens", i)?,
+                ts: field("ts", i)? as Micros,
+                nb: field("nb", i)? as Micros,
+            });
+        }
+        let leases = leases
+            .into_iter()
+            .filter_map(|(id, expires)| {
+                Some(Lease {
+                    id: id.parse().ok()?,
+                    expires: expires as Micros,
+                })
+            })
+            .collect();
+        Ok(Some(ResourceState { buckets, leases }))
+    }
+}
+
+async fn query<T: redis::FromRedisValue>(conn: &Conn, cmd: &Cmd) -> Result<T, BackendError> {
+    let v = conn.query(cmd).await.map_err(redis_error)?;
+    redis::from_redis_value(v).map_err(|e| BackendError::new(format!("redis reply: {e}")))
+}

@@ -1,0 +1,384 @@
+//! The transitions: one `EVALSHA` per call, and the failure policy's
+//! answer when Redis cannot be reached.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::clock::micros;
+use broker_core::state::DenyReason;
+use broker_core::stats::BackendHealth;
+use broker_core::{
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Micros, ObservedLimit, Reservation,
+};
+use broker_memory::MemoryBackend;
+use redis::{Cmd, Script, Value};
+
+use crate::connection::{self, redis_error};
+use crate::failure::{self, FailurePolicy};
+use crate::keys::{self, KeyPair};
+use crate::scripts::{self, Operand};
+use crate::RedisBackend;
+
+/// How a call is answered while Redis is unreachable.
+enum Fallback<'a> {
+    /// Fail-open: allowed, dropped.
+    Open,
+    /// The local store, with the limits scaled to the share.
+    Local(&'a MemoryBackend, LimitSpec),
+}
+
+/// Why a call did not reach a decision in Redis.
+enum Failure {
+    /// Redis is unreachable: the failure policy answers.
+    Unavailable(String),
+    /// A command or script error: returned as is.
+    Other(BackendError),
+}
+
+fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, Failure> {
+    redis::from_redis_value(v)
+        .map_err(|e| Failure::Other(BackendError::new(format!("unexpected script reply: {e}"))))
+}
+
+/// A wait or a time returned by a script as a string: `as Micros`,
+/// saturating like the reference.
+fn micros_of(s: &str) -> Result<Micros, Failure> {
+    s.parse::<f64>()
+        .map(|x| x as Micros)
+        .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
+}
+
+const NO_LIMITS: LimitSpec = LimitSpec {
+    buckets: Vec::new(),
+    max_concurrent: None,
+    lease_ttl: 0,
+};
+
+fn new_lease() -> LeaseId {
+    rand::random()
+}
+
+impl RedisBackend {
+    pub(crate) fn keys(&self, key: &str) -> Result<KeyPair, BackendError> {
+        keys::key_pair(&self.inner.prefix, key)
+    }
+
+    fn now_arg(&self) -> Option<Micros> {
+        self.inner.clock.as_ref().map(|c| c.now())
+    }
+
+    /// Runs one script call: one `EVALSHA`, bounded by the timeouts, unless
+    /// Redis is down and this is not the probe's turn.
+    async fn run(&self, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+        let inner = &self.inner;
+        if !inner.health.should_try() {
+            inner.health.failed(&inner.policy, None);
+            return Err(Failure::Unavailable(
+                "redis is down (waiting for the next probe)".into(),
+            ));
+        }
+        let result = tokio::time::timeout(inner.op_timeout, inner.conn.evalsha(script, &cmd)).await;
+        match result {
+            Ok(Ok(v)) => {
+                inner.health.up();
+                Ok(v)
+            }
+            Ok(Err(e)) if connection::is_unavailable(&e) => {
+                let msg = e.to_string();
+                inner.health.failed(&inner.policy, Some(&msg));
+                Err(Failure::Unavailable(msg))
+            }
+            Ok(Err(e)) => {
+                inner.health.up();
+                Err(Failure::Other(redis_error(e)))
+            }
+            Err(_) => {
+                let msg = format!("no reply within {:?}", inner.op_timeout);
+                inner.health.failed(&inner.policy, Some(&msg));
+                Err(Failure::Unavailable(msg))
+            }
+        }
+    }
+
+    /// What the failure policy says for a call that could not reach Redis:
+    /// an error (fail-closed, or not an outage), fail-open, or the local
+    /// fallback store with the limits scaled down.
+    fn policy<'a>(
+        &'a self,
+        op: &str,
+        failure: Failure,
+        spec: &LimitSpec,
+    ) -> Result<Fallback<'a>, BackendError> {
+        let why = match failure {
+            Failure::Other(e) => return Err(e),
+            Failure::Unavailable(why) => why,
+        };
+        match (self.inner.policy, &self.inner.fallback) {
+            (FailurePolicy::FailOpen, _) => Ok(Fallback::Open),
+            (FailurePolicy::LocalFallback { share }, Some(store)) => {
+                Ok(Fallback::Local(store, failure::scaled(spec, share)))
+            }
+            _ => Err(BackendError::new(format!(
+                "redis unreachable, {op} refused (fail-closed): {why}"
+            ))),
+        }
+    }
+
+    async fn try_redis(
+        &self,
+        keys: &KeyPair,
+        spec: &LimitSpec,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Result<Decision, Failure> {
+        let mut cmd = scripts::evalsha(
+            &scripts::TRY,
+            keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| Operand::Int(cost.of(spec.buckets[i].0)),
+        );
+        match spec.max_concurrent {
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let (allowed, wait, reason): (i64, String, i64) =
+            parse(self.run(&scripts::TRY, cmd).await?)?;
+        Ok(match (allowed, reason) {
+            (1, _) => Decision::allow(spec.max_concurrent.map(|_| lease)),
+            (_, 2) => Decision::deny(DenyReason::Concurrency, 0),
+            _ => Decision::deny(DenyReason::Rate, micros_of(&wait)?),
+        })
+    }
+
+    /// `reserve`, also returning the store's time of the decision, so the
+    /// wait can be turned into an absolute time on the store's clock
+    /// (`now + wait`): the server's `TIME`, or the client clock.
+    pub async fn reserve_at(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<(Reservation, Micros), BackendError> {
+        let keys = self.keys(key)?;
+        match self.reserve_redis(&keys, spec, cost, max_wait).await {
+            Ok(r) => Ok(r),
+            Err(f) => {
+                let now = self.inner.clock.as_ref().map_or(0, |c| c.now());
+                match self.policy("reserve", f, spec)? {
+                    Fallback::Open => Ok((
+                        Reservation {
+                            wait: 0,
+                            booked: true,
+                        },
+                        now,
+                    )),
+                    Fallback::Local(m, scaled) => {
+                        Ok((m.reserve(key, &scaled, cost, max_wait).await?, now))
+                    }
+                }
+            }
+        }
+    }
+
+    async fn reserve_redis(
+        &self,
+        keys: &KeyPair,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<(Reservation, Micros), Failure> {
+        let mut cmd = scripts::evalsha(
+            &scripts::RESERVE,
+            keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| Operand::Int(cost.of(spec.buckets[i].0)),
+        );
+        cmd.arg(micros(max_wait));
+        let (booked, wait, now): (i64, String, String) =
+            parse(self.run(&scripts::RESERVE, cmd).await?)?;
+        Ok((
+            Reservation {
+                wait: micros_of(&wait)?,
+                booked: booked == 1,
+            },
+            micros_of(&now)?,
+        ))
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Decision, BackendError> {
+        let keys = self.keys(key)?;
+        let lease = new_lease();
+        match self.try_redis(&keys, spec, cost, lease).await {
+            Ok(d) => Ok(d),
+            Err(f) => match self.policy("try_acquire", f, spec)? {
+                Fallback::Open => Ok(Decision::allow(spec.max_concurrent.map(|_| lease))),
+                Fallback::Local(m, scaled) => m.try_acquire(key, &scaled, cost).await,
+            },
+        }
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Reservation, BackendError> {
+        Ok(self.reserve_at(key, spec, cost, max_wait).await?.0)
+    }
+
+    async fn hold_slot(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Result<Option<LeaseId>, BackendError> {
+        let keys = self.keys(key)?;
+        let lease = new_lease();
+        let mut cmd = scripts::evalsha(
+            &scripts::HOLD_SLOT,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |_| Operand::Int(0),
+        );
+        match spec.max_concurrent {
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::HOLD_SLOT, cmd).await?) }.await;
+        match result {
+            Ok(held) => Ok((held == 1).then_some(lease)),
+            Err(f) => match self.policy("hold_slot", f, spec)? {
+                Fallback::Open => Ok(Some(lease)),
+                Fallback::Local(m, scaled) => m.hold_slot(key, &scaled).await,
+            },
+        }
+    }
+
+    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Some(Some(Ok(true))) = self
+            .inner
+            .fallback
+            .as_ref()
+            .map(|m| m.release_now(key, lease))
+        {
+            return Ok(true);
+        }
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
+        }
+    }
+
+    async fn settle(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<(), BackendError> {
+        let keys = self.keys(key)?;
+        let cmd = scripts::evalsha(
+            &scripts::SETTLE,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| {
+                let u = spec.buckets[i].0;
+                Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
+            },
+        );
+        match self.run(&scripts::SETTLE, cmd).await {
+            Ok(_) => Ok(()),
+            Err(f) => match self.policy("settle", f, spec)? {
+                Fallback::Open => Ok(()),
+                Fallback::Local(m, scaled) => m.settle(key, &scaled, reserved, actual).await,
+            },
+        }
+    }
+
+    async fn penalize(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        hold: Duration,
+    ) -> Result<(), BackendError> {
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha(
+            &scripts::PENALIZE,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |_| Operand::Int(0),
+        );
+        cmd.arg(micros(hold));
+        match self.run(&scripts::PENALIZE, cmd).await {
+            Ok(_) => Ok(()),
+            Err(f) => match self.policy("penalize", f, spec)? {
+                Fallback::Open => Ok(()),
+                Fallback::Local(m, scaled) => m.penalize(key, &scaled, hold).await,
+            },
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        observed: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        let keys = self.keys(key)?;
+        let counter = |i: usize| observed.of(spec.buckets[i].0);
+        let mut cmd = scripts::evalsha(
+            &scripts::RECONCILE,
+            &keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| {
+                counter(i)
+                    .and_then(|o| o.remaining)
+                    .map_or(Operand::None, Operand::Int)
+            },
+        );
+        for i in 0..spec.buckets.len() {
+            match counter(i).and_then(|o| o.reset) {
+                Some(reset) => cmd.arg(micros(reset)),
+                None => cmd.arg(""),
+            };
+        }
+        match self.run(&scripts::RECONCILE, cmd).await {
+            Ok(_) => Ok(()),
+            Err(f) => match self.policy("reconcile", f, spec)? {
+                Fallback::Open => Ok(()),
+                Fallback::Local(m, scaled) => m.reconcile(key, &scaled, observed).await,
+            },
+        }
+    }
+
+    fn health(&self) -> BackendHealth {
+        self.inner.health.snapshot()
+    }
+}
