@@ -37,8 +37,6 @@ async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
     let backend = RedisBackend::builder(&server.url())
         .client_time(Arc::new(clock.clone()))
         .failure_policy(policy)
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
         .probe_interval(Duration::from_millis(20))
         .connect()
         .await
@@ -166,8 +164,8 @@ async fn a_hung_server_times_out_into_the_policy_instead_of_hanging_callers() {
     let server = RedisServer::start();
     let backend = RedisBackend::builder(&server.url())
         .failure_policy(FailurePolicy::FailOpen)
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(20))
         .connect()
         .await

@@ -65,6 +65,16 @@ fn run_workers(test: &str, role: &str, url: &str) -> Vec<String> {
     lines
 }
 
+/// A worker's backend: the server's clock, timeouts generous enough for a
+/// loaded test machine.
+async fn connect(url: &str) -> RedisBackend {
+    RedisBackend::builder(url)
+        .response_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("connect")
+}
+
 fn worker_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -77,7 +87,7 @@ fn worker_runtime() -> tokio::runtime::Runtime {
 /// `ADMIT <sent_us> <recv_us>` per admission and `DENIED <n>`.
 fn try_worker(url: &str) {
     worker_runtime().block_on(async {
-        let broker = ResourceBroker::new(RedisBackend::connect(url).await.expect("connect"));
+        let broker = ResourceBroker::new(connect(url).await);
         let limits = Limits::new().rate(RateLimit::per_second(TRY_RATE).with_burst(TRY_BURST));
         broker.register_limit("shared", limits).expect("register");
         let deadline = Instant::now() + RUN;
@@ -121,7 +131,7 @@ fn try_worker(url: &str) {
 /// due, repeat; prints `BOOKED <absolute us>` on the server's clock.
 fn reserve_worker(url: &str) {
     worker_runtime().block_on(async {
-        let backend = RedisBackend::connect(url).await.expect("connect");
+        let backend = connect(url).await;
         let limits =
             Limits::new().rate(RateLimit::per_second(RESERVE_RATE).with_burst(RESERVE_BURST));
         let spec = LimitSpec::new(&limits, Duration::from_secs(30));
