@@ -44,6 +44,15 @@ pub enum FailurePolicy {
 }
 
 impl FailurePolicy {
+    /// `"fail_closed"`, `"fail_open"` or `"local_fallback"` (metric labels).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::LocalFallback { .. } => "local_fallback",
+        }
+    }
+
     /// Checks `share` of [`FailurePolicy::LocalFallback`].
     pub(crate) fn validate(&self) -> Result<(), BackendError> {
         if let FailurePolicy::LocalFallback { share } = *self {
@@ -153,6 +162,7 @@ impl Health {
     /// and logs it once; counts the call as handled by the policy.
     pub(crate) fn failed(&self, policy: &FailurePolicy, error: Option<&str>) {
         self.handled.fetch_add(1, Ordering::Relaxed);
+        broker_core::telemetry::fallback_used(policy.name(), "call");
         if let Some(error) = error {
             if !self.down.swap(true, Ordering::Relaxed) {
                 *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
