@@ -1,6 +1,12 @@
 //! Overhead of the inbound pressure layer on an axum router, in memory, side
 //! by side with no layer and with tower_governor, in one run.
 //!
+//! `pressure_route` is the route stage alone (one layer, a rate limit and a
+//! concurrency permit), `pressure_route_and_tenant` adds the tenant stage
+//! (a second layer, a keyed rate limit); `tower_governor` is one global
+//! governor layer, `tower_governor_global_and_keyed` adds a second one keyed
+//! by the same tenant header.
+//!
 //! Every variant serves the same handler and the limits are far above the
 //! request rate, so every request is admitted: the figures are the cost of
 //! the check itself (plus, for the pressure layer, taking and releasing a
@@ -45,6 +51,37 @@ fn pressure(tenant: bool) -> Pressure {
     Pressure::new(broker, &config).unwrap()
 }
 
+/// tower_governor with one global key, limits far above the load.
+fn governor_global() -> tower_governor::GovernorLayer<
+    tower_governor::key_extractor::GlobalKeyExtractor,
+    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+    Body,
+> {
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(u32::MAX)
+        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
+        .finish()
+        .unwrap();
+    tower_governor::GovernorLayer::new(config)
+}
+
+/// tower_governor keyed by the `x-tenant` header (the per-tenant stage).
+#[derive(Clone)]
+struct TenantHeader;
+
+impl tower_governor::key_extractor::KeyExtractor for TenantHeader {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -63,24 +100,24 @@ fn bench(c: &mut Criterion) {
             .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))))
             .layer(p.layer())
     };
-    let governor = {
-        use tower_governor::governor::GovernorConfigBuilder;
-        use tower_governor::key_extractor::GlobalKeyExtractor;
-        use tower_governor::GovernorLayer;
-        let config = GovernorConfigBuilder::default()
-            .per_nanosecond(1)
-            .burst_size(u32::MAX)
-            .key_extractor(GlobalKeyExtractor)
-            .finish()
-            .unwrap();
-        handler_router().layer(GovernorLayer::new(config))
-    };
+    let governor = handler_router().layer(governor_global());
+    let governor_and_keyed = handler_router()
+        .layer(tower_governor::GovernorLayer::new(
+            tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(u32::MAX)
+                .key_extractor(TenantHeader)
+                .finish()
+                .unwrap(),
+        ))
+        .layer(governor_global());
 
     for (name, app) in [
         ("no_layer", none),
         ("pressure_route", route_only),
         ("pressure_route_and_tenant", route_and_tenant),
         ("tower_governor", governor),
+        ("tower_governor_global_and_keyed", governor_and_keyed),
     ] {
         // Sanity: the variant admits the request.
         let status = rt.block_on(app.clone().oneshot(request())).unwrap().status();

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Load run of the HTTP layer: examples/webhook_server with this crate's
+# layers, with no limiter, and with tower_governor (+ tower's concurrency
+# limit) configured with the same numbers, measured with wrk in one run,
+# interleaved over several rounds. Limits are far above the offered load,
+# so every request is admitted and the run measures what the limiter
+# costs; `SCENARIO=deny` sets the route limit to 100 rps instead, so most
+# requests are answered 429 and the run measures the denial path.
+#
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit)
+# Needs root or sudo for `apt-get install wrk` when wrk is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-64}
+ROUNDS=${ROUNDS:-3}
+SCENARIO=${SCENARIO:-admit}
+read -r -a LAYERS <<< "${LAYERS:-none pressure governor}"
+
+if ! command -v wrk >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq wrk >/dev/null
+fi
+
+cargo build --release --example webhook_server >&2
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+BIN="$TARGET_DIR/release/examples/webhook_server"
+
+case "$SCENARIO" in
+    admit) LIMITS=(--rps 1000000000 --concurrency 100000 --tenant-rpm 1000000000000) ;;
+    deny) LIMITS=(--rps 100 --concurrency 200 --tenant-rpm 1000000000000) ;;
+    *) echo "SCENARIO must be admit or deny" >&2; exit 2 ;;
+esac
+
+WORK=$(mktemp -d)
+SERVER_PID=""
+cleanup() {
+    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+TOKEN=$("$BIN" --print-token acme)
+cat > "$WORK/post.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"type":"invoice.paid"}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $TOKEN"
+LUA
+
+# With two or more cores, the server gets one core and wrk the other; as
+# root, both run at a raised priority so other work on the machine disturbs
+# the comparison less.
+CORES=$(nproc)
+PRIO=()
+if [ "$(id -u)" -eq 0 ]; then PRIO=(nice -n -10); fi
+if [ "$CORES" -ge 2 ] && command -v taskset >/dev/null 2>&1; then
+    SERVER_PIN=(taskset -c 0); WRK_PIN=(taskset -c 1); WRK_THREADS=1
+else
+    SERVER_PIN=(); WRK_PIN=(); WRK_THREADS=2
+fi
+
+run_one() {
+    local layer=$1
+    local out="$WORK/server.$layer.$RANDOM.out"
+    "${PRIO[@]}" "${SERVER_PIN[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
+    SERVER_PID=$!
+    local port=""
+    for _ in $(seq 1 100); do
+        port=$(grep -o '127\.0\.0\.1:[0-9]*' "$out" 2>/dev/null | head -1 | cut -d: -f2 || true)
+        [ -n "$port" ] && break
+        sleep 0.1
+    done
+    [ -n "$port" ] || { echo "server did not start: $(cat "$out")" >&2; exit 1; }
+    local url="http://127.0.0.1:$port/api/v1/webhooks/stripe"
+    # Warm-up, then the measured run.
+    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$url" > /dev/null
+    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$url" > "$WORK/wrk.out"
+    kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""
+    local rps non2xx
+    rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.out")
+    non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$WORK/wrk.out")
+    if [ -z "$rps" ]; then
+        echo "wrk gave no result for $layer:" >&2; cat "$WORK/wrk.out" >&2; exit 1
+    fi
+    echo "$layer $rps ${non2xx:-0}"
+}
+
+echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES" >&2
+for round in $(seq 1 "$ROUNDS"); do
+    # Rotate the order each round so no variant always runs first.
+    n=${#LAYERS[@]}
+    for i in $(seq 0 $((n - 1))); do
+        layer=${LAYERS[$(((i + round - 1) % n))]}
+        line=$(run_one "$layer")
+        echo "round $round: $line" >&2
+        echo "$line" >> "$WORK/results"
+    done
+done
+
+python3 - "$WORK/results" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for layer, rps, non2xx in rows:
+    by.setdefault(layer, []).append((float(rps), int(non2xx)))
+med = {k: statistics.median(r for r, _ in v) for k, v in by.items()}
+print("| layer | requests/s (median) | all rounds | non-2xx (last round) |")
+print("| --- | ---: | --- | ---: |")
+for k in ("none", "pressure", "governor"):
+    v = by.get(k, [])
+    print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _ in v)} | {v[-1][1]} |")
+print()
+print(f"pressure / none     = {med['pressure'] / med['none']:.3f}")
+print(f"pressure / governor = {med['pressure'] / med['governor']:.3f}")
+print(f"governor / none     = {med['governor'] / med['none']:.3f}")
+PY
