@@ -1,1 +1,235 @@
-fn main() {}
+//! `ResourceBroker::try_acquire` on the in-memory backend, side by side with
+//! governor's direct and keyed (dashmap) limiters in the same run.
+//!
+//! Groups (each compares ours with governor under the same quota):
+//! - `allow/one_key`: one state, 1000/s with a burst of 10^9, so every call
+//!   is allowed;
+//! - `allow/keys_10k`: 10,000 keyed states `("tenants", key)`, cycled;
+//! - `deny/one_key`, `deny/keys_10k`: every state exhausted first, a quota
+//!   of 1/s, so (almost) every call is denied;
+//! - `threads2/one_key`, `threads2/keys_10k`: two threads at once (one
+//!   iteration = one decision on each thread).
+//!
+//! `memory_backend_try_acquire_now` is the store's decision alone, on the
+//! state key the broker would build: the difference to
+//! `broker_try_acquire_keyed` is the facade (registry lookup, key building,
+//! counters, the `Acquisition` and its permit).
+//!
+//! Run: `cargo bench --bench memory_try_acquire -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use broker_core::keys::keyed;
+use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker};
+use broker_memory::MemoryBackend;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+const KEYS: usize = 10_000;
+/// A burst so large that neither limiter denies during a run, at a rate
+/// low enough that no state is ever full again (so none is idle and
+/// evicted: the keyed runs measure decisions, not re-creations).
+const BIG_BURST: u32 = 1_000_000_000;
+
+struct Subjects {
+    broker: ResourceBroker,
+    /// A second store, called directly with the state keys the broker
+    /// would build: the decision without the facade.
+    store: MemoryBackend,
+    spec: LimitSpec,
+    state_keys: Vec<String>,
+    direct: DefaultDirectRateLimiter,
+    keyed: DefaultKeyedRateLimiter<String>,
+    keys: Vec<String>,
+}
+
+fn subjects(per_second: u32, burst: u32) -> Subjects {
+    let broker = ResourceBroker::new(MemoryBackend::new());
+    let limits =
+        Limits::new().rate(RateLimit::per_second(per_second as u64).with_burst(burst as u64));
+    broker.register_limit("one", limits.clone()).unwrap();
+    broker.register_limit("tenants", limits.clone()).unwrap();
+    let quota = Quota::per_second(NonZeroU32::new(per_second).unwrap())
+        .allow_burst(NonZeroU32::new(burst).unwrap());
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("tenant-{i}")).collect();
+    Subjects {
+        broker,
+        store: MemoryBackend::new(),
+        spec: LimitSpec::new(&limits, Duration::from_secs(60)),
+        state_keys: keys.iter().map(|k| keyed("tenants", k)).collect(),
+        direct: RateLimiter::direct(quota),
+        keyed: RateLimiter::dashmap(quota),
+        keys,
+    }
+}
+
+/// Polls our `try_acquire` to completion. The in-memory backend answers on
+/// the first poll; anything else is a bench bug.
+fn ours(broker: &ResourceBroker, target: impl Into<broker_core::Target<'static>>) -> bool {
+    use futures::FutureExt;
+    broker
+        .try_acquire(target, Cost::default())
+        .now_or_never()
+        .expect("the in-memory backend answers at once")
+        .expect("registered resource")
+        .allowed
+}
+
+/// The store's own decision on a prebuilt state key.
+fn store(s: &Subjects, i: usize) -> bool {
+    s.store
+        .try_acquire_now(&s.state_keys[i], &s.spec, Cost::default())
+        .expect("the in-memory backend answers at once")
+        .expect("no backend error")
+        .allowed
+}
+
+/// Our keyed `try_acquire` on `("tenants", key)`.
+fn ours_keyed(broker: &ResourceBroker, key: &str) -> bool {
+    use futures::FutureExt;
+    broker
+        .try_acquire(("tenants", key), Cost::default())
+        .now_or_never()
+        .expect("the in-memory backend answers at once")
+        .expect("registered resource")
+        .allowed
+}
+
+fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
+    let mut g = c.benchmark_group(format!("{mode}/one_key"));
+    g.bench_function("broker_try_acquire", |b| {
+        b.iter(|| black_box(ours(&s.broker, "one")))
+    });
+    g.bench_function("governor_direct_check", |b| {
+        b.iter(|| black_box(s.direct.check().is_ok()))
+    });
+    let one = s.keys[0].clone();
+    g.bench_function("governor_keyed_check_key", |b| {
+        b.iter(|| black_box(s.keyed.check_key(&one).is_ok()))
+    });
+    g.bench_function("broker_try_acquire_keyed", |b| {
+        b.iter(|| black_box(ours_keyed(&s.broker, &one)))
+    });
+    g.bench_function("memory_backend_try_acquire_now", |b| {
+        b.iter(|| black_box(store(s, 0)))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group(format!("{mode}/keys_10k"));
+    g.bench_function("broker_try_acquire_keyed", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(ours_keyed(&s.broker, &s.keys[i]))
+        })
+    });
+    g.bench_function("governor_keyed_check_key", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(s.keyed.check_key(&s.keys[i]).is_ok())
+        })
+    });
+    g.bench_function("memory_backend_try_acquire_now", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(store(s, i))
+        })
+    });
+    g.finish();
+}
+
+/// Runs `f(thread, i)` for `iters` iterations on each of two threads at
+/// once and returns the wall time.
+fn two_threads(iters: u64, f: impl Fn(usize, u64) + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            let f = &f;
+            scope.spawn(move || {
+                for i in 0..iters {
+                    f(t, i);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn threads2(c: &mut Criterion, s: &Subjects) {
+    let one = s.keys[0].clone();
+    let mut g = c.benchmark_group("threads2/one_key");
+    g.throughput(Throughput::Elements(2));
+    g.bench_function("broker_try_acquire_keyed", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |_, _| {
+                black_box(ours_keyed(&s.broker, &one));
+            })
+        })
+    });
+    g.bench_function("governor_keyed_check_key", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |_, _| {
+                black_box(s.keyed.check_key(&one).is_ok());
+            })
+        })
+    });
+    g.bench_function("governor_direct_check", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |_, _| {
+                black_box(s.direct.check().is_ok());
+            })
+        })
+    });
+    g.finish();
+
+    // Each thread cycles through the keys from its own offset, so the two
+    // mostly touch different keys (and often different shards).
+    let key = |t: usize, i: u64| &s.keys[(t * KEYS / 2 + i as usize) % KEYS];
+    let mut g = c.benchmark_group("threads2/keys_10k");
+    g.throughput(Throughput::Elements(2));
+    g.bench_function("broker_try_acquire_keyed", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |t, i| {
+                black_box(ours_keyed(&s.broker, key(t, i)));
+            })
+        })
+    });
+    g.bench_function("governor_keyed_check_key", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |t, i| {
+                black_box(s.keyed.check_key(key(t, i)).is_ok());
+            })
+        })
+    });
+    g.finish();
+}
+
+fn allow(c: &mut Criterion) {
+    let s = subjects(1000, BIG_BURST);
+    single_thread(c, "allow", &s);
+    threads2(c, &s);
+}
+
+fn deny(c: &mut Criterion) {
+    let s = subjects(1, 1);
+    // Exhaust every state first, so the measured calls are denials.
+    ours(&s.broker, "one");
+    let _ = s.direct.check();
+    for (i, k) in s.keys.iter().enumerate() {
+        ours_keyed(&s.broker, k);
+        let _ = s.keyed.check_key(k);
+        store(&s, i);
+    }
+    assert!(!ours(&s.broker, "one"));
+    assert!(!ours_keyed(&s.broker, &s.keys[7]));
+    assert!(s.keyed.check_key(&s.keys[7]).is_err());
+    assert!(!store(&s, 7));
+    single_thread(c, "deny", &s);
+}
+
+criterion_group!(benches, allow, deny);
+criterion_main!(benches);

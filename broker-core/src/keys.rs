@@ -9,8 +9,23 @@ use sha2::{Digest, Sha256};
 
 /// Characters with a meaning in keys: the separator `:`, Redis hash-tag
 /// braces, the escape character itself, and anything non-printable.
+const fn escaped(b: u8) -> bool {
+    matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || b < 0x21 || b >= 0x7f
+}
+
+/// [`escaped`] for every byte, looked up on the hot path.
+const NEEDS_ESCAPE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = escaped(b as u8);
+        b += 1;
+    }
+    table
+};
+
 fn needs_escape(b: u8) -> bool {
-    matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || !(0x21..0x7f).contains(&b)
+    NEEDS_ESCAPE[b as usize]
 }
 
 /// Escapes one user-supplied part of a key (percent-encoding of the special

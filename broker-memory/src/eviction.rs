@@ -2,14 +2,16 @@
 //! penalty and no live lease equals a fresh one, so dropping it loses
 //! nothing. Sweeps are amortized: one runs when the map has doubled since
 //! the last sweep, or when it holds many states and a while has passed.
+//!
+//! The decision costs two relaxed atomic loads per write: the number of
+//! states is tracked by counting inserts (and re-read exactly after each
+//! sweep), so no write has to lock every shard to learn the map's length.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use crate::States;
 use broker_core::state;
 use broker_core::Micros;
-use dashmap::DashMap;
-
-use crate::Entry;
 
 /// Below this many states no sweep runs.
 const MIN_SWEEP_LEN: usize = 4096;
@@ -17,7 +19,7 @@ const MIN_SWEEP_LEN: usize = 4096;
 const SWEEP_INTERVAL: Micros = 10_000_000;
 
 /// Drops every idle state; returns how many.
-pub(crate) fn evict_idle(states: &DashMap<Box<str>, Entry>, now: Micros) -> usize {
+pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
     states.retain(|_, e| !state::is_idle(&e.state, &e.spec, now));
     before.saturating_sub(states.len())
@@ -26,6 +28,8 @@ pub(crate) fn evict_idle(states: &DashMap<Box<str>, Entry>, now: Micros) -> usiz
 /// Decides when to sweep.
 #[derive(Debug)]
 pub(crate) struct Sweeper {
+    /// States held: exact after a sweep, plus the inserts since.
+    len: AtomicUsize,
     threshold: AtomicUsize,
     last: AtomicU64,
     running: AtomicBool,
@@ -34,6 +38,7 @@ pub(crate) struct Sweeper {
 impl Default for Sweeper {
     fn default() -> Self {
         Self {
+            len: AtomicUsize::new(0),
             threshold: AtomicUsize::new(MIN_SWEEP_LEN),
             last: AtomicU64::new(0),
             running: AtomicBool::new(false),
@@ -42,9 +47,14 @@ impl Default for Sweeper {
 }
 
 impl Sweeper {
-    /// Called after each write, with no shard lock held.
-    pub(crate) fn after_write(&self, states: &DashMap<Box<str>, Entry>, now: Micros) {
-        let len = states.len();
+    /// Called after each write, with no shard lock held; `inserted` when the
+    /// write created a state.
+    pub(crate) fn after_write(&self, states: &States, now: Micros, inserted: bool) {
+        let len = if inserted {
+            self.len.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.len.load(Ordering::Relaxed)
+        };
         if len < MIN_SWEEP_LEN {
             return;
         }
@@ -54,10 +64,17 @@ impl Sweeper {
             return;
         }
         evict_idle(states, now);
+        self.after_sweep(states, now);
+        self.running.store(false, Ordering::Release);
+    }
+
+    /// Re-reads the exact number of states after a sweep (also one run
+    /// through [`crate::MemoryBackend::evict_idle`]).
+    pub(crate) fn after_sweep(&self, states: &States, now: Micros) {
         let kept = states.len();
+        self.len.store(kept, Ordering::Relaxed);
         self.threshold
             .store((kept * 2).max(MIN_SWEEP_LEN), Ordering::Relaxed);
         self.last.store(now, Ordering::Relaxed);
-        self.running.store(false, Ordering::Release);
     }
 }

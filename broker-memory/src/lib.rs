@@ -6,7 +6,10 @@
 //! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
+mod clock;
 mod eviction;
+
+pub use clock::QuantaClock;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,7 +20,6 @@ use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
     BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation,
-    SystemClock,
 };
 use dashmap::DashMap;
 
@@ -33,18 +35,26 @@ use eviction::Sweeper;
 /// ```
 #[derive(Debug)]
 pub struct MemoryBackend {
-    states: DashMap<Box<str>, Entry>,
+    states: States,
     clock: Arc<dyn Clock>,
     next_lease: AtomicU64,
     sweeper: Sweeper,
 }
+
+/// The states by key. Keys carry user data (tenant ids); foldhash with a
+/// per-process random seed keeps the lookup a few nanoseconds (SipHash costs
+/// more than the whole decision) at the price of weaker, not absent,
+/// resistance to deliberately colliding keys.
+pub(crate) type States = DashMap<Box<str>, Entry, foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) state: ResourceState,
     /// The limits the state was made for (the sweeper needs them to tell an
     /// idle state); a resource re-configured with other buckets starts afresh.
-    pub(crate) spec: LimitSpec,
+    /// Shared by the states of one resource (see [`shared_spec`]), so
+    /// checking it reads memory that is already in cache.
+    pub(crate) spec: Arc<LimitSpec>,
 }
 
 impl Default for MemoryBackend {
@@ -54,9 +64,10 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// A store on the system clock.
+    /// A store on the system's monotonic time, read through
+    /// [`QuantaClock`].
     pub fn new() -> Self {
-        Self::with_clock(SystemClock::new())
+        Self::with_clock(QuantaClock::new())
     }
 
     /// A store on `clock` (e.g. [`broker_core::ManualClock`] in tests).
@@ -67,7 +78,7 @@ impl MemoryBackend {
     /// A store on a shared clock.
     pub fn with_shared_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            states: DashMap::new(),
+            states: DashMap::default(),
             clock,
             next_lease: AtomicU64::new(1),
             sweeper: Sweeper::default(),
@@ -88,7 +99,10 @@ impl MemoryBackend {
     /// no live lease). Runs by itself as the map grows; call it to bound
     /// memory at a moment of your choosing.
     pub fn evict_idle(&self) -> usize {
-        eviction::evict_idle(&self.states, self.clock.now())
+        let now = self.clock.now();
+        let evicted = eviction::evict_idle(&self.states, now);
+        self.sweeper.after_sweep(&self.states, now);
+        evicted
     }
 
     /// The state of `key`, if held (for tests and inspection).
@@ -105,26 +119,14 @@ impl MemoryBackend {
         f: impl FnOnce(&mut ResourceState, u64) -> R,
     ) -> R {
         let now = self.clock.now();
-        let result = match self.states.get_mut(key) {
-            Some(mut e) => {
-                if e.spec != *spec {
-                    if e.spec.buckets.len() == spec.buckets.len() {
-                        e.spec = spec.clone();
-                    } else {
-                        *e = fresh(spec, now);
-                    }
-                }
-                f(&mut e.state, now)
-            }
-            None => {
-                let mut e = self
-                    .states
-                    .entry(key.into())
-                    .or_insert_with(|| fresh(spec, now));
-                f(&mut e.state, now)
-            }
+        let (result, inserted) = match self.states.get_mut(key) {
+            Some(mut e) => (f(e.current(spec, now), now), false),
+            None => match self.states.entry(key.into()) {
+                dashmap::Entry::Occupied(mut e) => (f(e.get_mut().current(spec, now), now), false),
+                dashmap::Entry::Vacant(v) => (f(&mut v.insert(fresh(spec, now)).state, now), true),
+            },
         };
-        self.sweeper.after_write(&self.states, now);
+        self.sweeper.after_write(&self.states, now, inserted);
         result
     }
 
@@ -133,11 +135,46 @@ impl MemoryBackend {
     }
 }
 
+impl Entry {
+    /// The state, made for `spec`: a resource re-configured with the same
+    /// number of buckets keeps its state, one with other buckets starts
+    /// afresh.
+    fn current(&mut self, spec: &LimitSpec, now: u64) -> &mut ResourceState {
+        if *self.spec != *spec {
+            if self.spec.buckets.len() == spec.buckets.len() {
+                self.spec = shared_spec(spec);
+            } else {
+                *self = fresh(spec, now);
+            }
+        }
+        &mut self.state
+    }
+}
+
 fn fresh(spec: &LimitSpec, now: u64) -> Entry {
     Entry {
         state: ResourceState::fresh(spec, now),
-        spec: spec.clone(),
+        spec: shared_spec(spec),
     }
+}
+
+/// `spec` as a shared allocation: the one this thread made last if equal,
+/// else a new one. New states of one resource so share one copy.
+fn shared_spec(spec: &LimitSpec) -> Arc<LimitSpec> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<Arc<LimitSpec>>> = const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some(s) if **s == *spec => s.clone(),
+            _ => {
+                let s = Arc::new(spec.clone());
+                *last = Some(s.clone());
+                s
+            }
+        }
+    })
 }
 
 #[async_trait]

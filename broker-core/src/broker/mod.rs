@@ -54,6 +54,10 @@ struct Inner {
     backend: Arc<dyn Backend>,
     resources: ArcSwap<Registry>,
     register: std::sync::Mutex<()>,
+    /// Names the registry stored in `resources`: a new, process-unique
+    /// value with every registration, so a thread may keep the registry it
+    /// read last and skip `ArcSwap::load` while the stamp is unchanged.
+    stamp: std::sync::atomic::AtomicU64,
 }
 
 /// A registered resource: its limits compiled once, its counters.
@@ -99,6 +103,7 @@ impl ResourceBroker {
                 backend,
                 resources: ArcSwap::from_pointee(Registry::default()),
                 register: std::sync::Mutex::new(()),
+                stamp: std::sync::atomic::AtomicU64::new(next_stamp()),
             }),
         }
     }
@@ -157,6 +162,9 @@ impl ResourceBroker {
         let mut map = HashMap::clone(&self.inner.resources.load());
         map.insert(id.to_owned(), resource);
         self.inner.resources.store(Arc::new(map));
+        self.inner
+            .stamp
+            .store(next_stamp(), std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -173,6 +181,20 @@ impl ResourceBroker {
     pub fn limits(&self, resource: &str) -> Result<Limits, BrokerError> {
         Ok(self.resource(resource)?.config.limits.clone())
     }
+}
+
+/// A process-unique registry stamp (see `Inner::stamp`).
+fn next_stamp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What [`ResourceBroker::try_acquire_now`] found.
+enum Answer {
+    /// The answer, given without I/O.
+    Now(Result<Acquisition, BrokerError>),
+    /// The backend must be asked asynchronously.
+    Later(Arc<Resource>),
 }
 
 fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
@@ -219,30 +241,99 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
-        let guard = self.inner.resources.load();
-        let resource = guard
-            .get(target.resource)
-            .ok_or_else(|| BrokerError::UnknownResource(target.resource.to_owned()))?;
-        resource.config.limits.check_fits(&resource.id, cost)?;
+        match self.try_acquire_now(target, cost) {
+            Answer::Now(answer) => answer,
+            // Boxed so that the in-memory path's future stays small.
+            Answer::Later(resource) => {
+                Box::pin(self.try_acquire_later(resource, target, cost)).await
+            }
+        }
+    }
+
+    /// `try_acquire` without I/O, when the backend can answer so. The
+    /// state key is built in a reused buffer and nothing held across an
+    /// await, so the in-memory path allocates nothing and its future stays
+    /// small.
+    fn try_acquire_now(&self, target: Target<'_>, cost: Cost) -> Answer {
+        self.with_registry(|registry| self.try_acquire_in(registry, target, cost))
+    }
+
+    /// Runs `f` on the current registry: the one this thread read last if
+    /// its stamp is still current (no atomic read-modify-write), else a
+    /// fresh load.
+    fn with_registry<R>(&self, f: impl FnOnce(&Registry) -> R) -> R {
+        use std::sync::atomic::Ordering;
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<(u64, Arc<Registry>)>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        // The stamp is stored after the registry it names, so a registry
+        // loaded after reading a stamp is at least as new as that stamp.
+        let stamp = self.inner.stamp.load(Ordering::Acquire);
+        LAST.with(|last| {
+            let Ok(mut last) = last.try_borrow_mut() else {
+                return f(&self.inner.resources.load());
+            };
+            match &*last {
+                Some((s, registry)) if *s == stamp => f(registry),
+                _ => {
+                    let registry = self.inner.resources.load_full();
+                    let r = f(&registry);
+                    *last = Some((stamp, registry));
+                    r
+                }
+            }
+        })
+    }
+
+    fn try_acquire_in(&self, registry: &Registry, target: Target<'_>, cost: Cost) -> Answer {
+        let Some(resource) = registry.get(target.resource) else {
+            return Answer::Now(Err(BrokerError::UnknownResource(
+                target.resource.to_owned(),
+            )));
+        };
+        if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
+            return Answer::Now(Err(e));
+        }
         let backend = &self.inner.backend;
         let now = with_state_key(resource, target.key, |key| {
             backend.try_acquire_now(key, &resource.spec, cost)
         });
-        let decision = match now {
-            Some(d) => d,
-            None => {
-                let owned_key = state_key(resource, target.key);
-                let key = owned_key.as_deref().unwrap_or(&resource.key);
-                backend.try_acquire(key, &resource.spec, cost).await
+        let Some(decision) = now else {
+            return Answer::Later(resource.clone());
+        };
+        let decision = match decision {
+            Ok(d) => d,
+            Err(e) => {
+                note_backend_error(resource, "try_acquire", &e);
+                return Answer::Now(Err(e.into()));
             }
         };
-        let decision = decision.inspect_err(|e| note_backend_error(resource, "try_acquire", e))?;
         // Only a held lease needs the key again (to release it).
         let owned_key = match decision.lease {
             Some(_) => state_key(resource, target.key),
             None => None,
         };
-        Ok(self.answer(resource, owned_key, decision))
+        Answer::Now(Ok(self.answer(resource, owned_key, decision)))
+    }
+
+    /// `try_acquire` through the backend's asynchronous call.
+    async fn try_acquire_later(
+        &self,
+        resource: Arc<Resource>,
+        target: Target<'_>,
+        cost: Cost,
+    ) -> Result<Acquisition, BrokerError> {
+        let owned_key = state_key(&resource, target.key);
+        let key = owned_key.as_deref().unwrap_or(&resource.key);
+        let decision = self
+            .inner
+            .backend
+            .try_acquire(key, &resource.spec, cost)
+            .await
+            .inspect_err(|e| note_backend_error(&resource, "try_acquire", e))?;
+        let owned_key = decision.lease.and(owned_key);
+        Ok(self.answer(&resource, owned_key, decision))
     }
 
     fn answer(&self, resource: &Arc<Resource>, key: Option<String>, d: Decision) -> Acquisition {
