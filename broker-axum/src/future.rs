@@ -18,9 +18,14 @@ use crate::policy::{Policy, Stage};
 use crate::response;
 use crate::tenant::TenantId;
 
-/// The broker's answer, with the tenant it was asked for.
-type AcquireFuture =
-    Pin<Box<dyn Future<Output = (Result<Acquisition, BrokerError>, Option<TenantId>)> + Send>>;
+/// The broker's answer for one stage.
+struct Answer {
+    result: Result<Acquisition, BrokerError>,
+    tenant: Option<TenantId>,
+    policy: Arc<Policy>,
+}
+
+type AcquireFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 type RefundFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -68,7 +73,6 @@ pin_project! {
 struct Call<S, ReqB> {
     inner: S,
     req: Request<ReqB>,
-    policy: Arc<Policy>,
     stage: Stage,
 }
 
@@ -139,30 +143,27 @@ where
         inner: S,
         req: Request<ReqB>,
     ) -> Self {
-        let broker_policy = policy.clone();
         let acquire: AcquireFuture = Box::pin(async move {
-            let Some(limited) = broker_policy.limited(stage) else {
-                return (Ok(unlimited()), tenant);
+            let result = match policy.limited(stage) {
+                Some(limited) => {
+                    let target: Target<'_> = match &tenant {
+                        Some(key) => (&*limited.id, key.as_str()).into(),
+                        None => (&*limited.id).into(),
+                    };
+                    policy.broker.try_acquire(target, Cost::default()).await
+                }
+                None => Ok(unlimited()),
             };
-            let target: Target<'_> = match &tenant {
-                Some(key) => (&*limited.id, key.as_str()).into(),
-                None => (&*limited.id).into(),
-            };
-            let answer = broker_policy
-                .broker
-                .try_acquire(target, Cost::default())
-                .await;
-            (answer, tenant)
+            Answer {
+                result,
+                tenant,
+                policy,
+            }
         });
         Self {
             state: State::Admitting {
                 acquire,
-                call: Some(Call {
-                    inner,
-                    req,
-                    policy,
-                    stage,
-                }),
+                call: Some(Call { inner, req, stage }),
             },
         }
     }
@@ -180,20 +181,20 @@ fn unlimited() -> Acquisition {
 
 impl<S, ReqB> Call<S, ReqB> {
     /// The next state once the broker answered.
-    fn decide<ResB>(
-        self,
-        answer: Result<Acquisition, BrokerError>,
-        tenant: Option<TenantId>,
-    ) -> State<S, ReqB, ResB>
+    fn decide<ResB>(self, answer: Answer) -> State<S, ReqB, ResB>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
         let Call {
             mut inner,
             req,
-            policy,
             stage,
         } = self;
+        let Answer {
+            result,
+            tenant,
+            policy,
+        } = answer;
         let Some(limited) = policy.limited(stage) else {
             return State::Calling {
                 fut: inner.call(req),
@@ -202,7 +203,7 @@ impl<S, ReqB> Call<S, ReqB> {
                 refundable: None,
             };
         };
-        let acquisition = match answer {
+        let acquisition = match result {
             Ok(a) => a,
             Err(error) => {
                 tracing::warn!(
@@ -237,14 +238,12 @@ impl<S, ReqB> Call<S, ReqB> {
                 response: Some(response),
             };
         }
+        let permit = acquisition.permit.is_held().then_some(acquisition.permit);
         let refundable = match stage {
-            Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => {
-                Some((policy.clone(), stage))
-            }
+            Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy, stage)),
             _ => None,
         };
         let long_lived = is_long_lived_request(&req);
-        let permit = acquisition.permit.is_held().then_some(acquisition.permit);
         State::Calling {
             fut: inner.call(req),
             permit,
@@ -265,9 +264,9 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Admitting { acquire, call } => {
-                    let (answer, tenant) = ready!(acquire.as_mut().poll(cx));
+                    let answer = ready!(acquire.as_mut().poll(cx));
                     let call = call.take().expect("ResponseFuture polled after completion");
-                    let next = call.decide(answer, tenant);
+                    let next = call.decide(answer);
                     state.set(next);
                 }
                 StateProj::Refunding { refund, response } => {
