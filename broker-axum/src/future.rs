@@ -143,6 +143,29 @@ where
         inner: S,
         req: Request<ReqB>,
     ) -> Self {
+        let call = Call { inner, req, stage };
+        // The in-memory store answers at once: no boxed future, no extra
+        // poll.
+        let now = match policy.limited(stage) {
+            Some(limited) => {
+                let target: Target<'_> = match &tenant {
+                    Some(key) => (&*limited.id, key.as_str()).into(),
+                    None => (&*limited.id).into(),
+                };
+                policy.broker.try_acquire_now(target, Cost::default())
+            }
+            None => Some(Ok(unlimited())),
+        };
+        if let Some(result) = now {
+            let answer = Answer {
+                result,
+                tenant,
+                policy,
+            };
+            return Self {
+                state: call.decide(answer),
+            };
+        }
         let acquire: AcquireFuture = Box::pin(async move {
             let result = match policy.limited(stage) {
                 Some(limited) => {
@@ -163,7 +186,7 @@ where
         Self {
             state: State::Admitting {
                 acquire,
-                call: Some(Call { inner, req, stage }),
+                call: Some(call),
             },
         }
     }

@@ -189,7 +189,7 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What [`ResourceBroker::try_acquire_now`] found.
+/// What [`ResourceBroker::answer_now`] found.
 enum Answer {
     /// The answer, given without I/O.
     Now(Result<Acquisition, BrokerError>),
@@ -241,7 +241,7 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
-        match self.try_acquire_now(target, cost) {
+        match self.answer_now(target, cost) {
             Answer::Now(answer) => answer,
             // Boxed so that the in-memory path's future stays small.
             Answer::Later(resource) => {
@@ -250,11 +250,39 @@ impl ResourceBroker {
         }
     }
 
+    /// [`ResourceBroker::try_acquire`] without waiting, for callers that
+    /// can use a synchronous answer (a tower service answering in `call`):
+    /// `Some(answer)` when the backend answered without I/O (the in-memory
+    /// store), `None` when it must be asked asynchronously; then nothing
+    /// was consumed, and `try_acquire` is the call to make.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// match broker.try_acquire_now("webhooks", Cost::default()) {
+    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
+    ///     None => println!("ask with try_acquire(..).await"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn try_acquire_now<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
+        match self.answer_now(target.into(), cost) {
+            Answer::Now(answer) => Some(answer),
+            Answer::Later(_) => None,
+        }
+    }
+
     /// `try_acquire` without I/O, when the backend can answer so. The
     /// state key is built in a reused buffer and nothing held across an
     /// await, so the in-memory path allocates nothing and its future stays
     /// small.
-    fn try_acquire_now(&self, target: Target<'_>, cost: Cost) -> Answer {
+    fn answer_now(&self, target: Target<'_>, cost: Cost) -> Answer {
         self.with_registry(|registry| self.try_acquire_in(registry, target, cost))
     }
 
