@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Redis comparison: one redis-server of our own on a free loopback port,
+# and against it, round after round:
+#   raw   redis-benchmark running a minimal token bucket (bench/token_bucket.lua)
+#         by EVALSHA: 1 client, 50 clients, and 50 clients pipelined (-P 16);
+#   rlf   rate-limiter-flexible's RateLimiterRedis.consume on ioredis
+#         (bench/redis_rlf.js), 1 and 50 in flight;
+#   ours  ResourceBroker::try_acquire through RedisBackend
+#         (benches/redis_try_acquire.rs), 1 and 50 in flight.
+# Every run uses one key and a quota that allows every call. Redis commands
+# per decision come from INFO commandstats (reset before each run); EVALSHA
+# calls per decision are the round trips (the other commands listed run
+# inside the script). The server is pinned to one core and the clients to
+# the other. Prints one JSON line per run, then a summary with the ratios.
+#
+# Usage: bench/redis_compare.sh     (env: RUN_SECONDS=3 ROUNDS=2)
+# Installs redis-server/redis-tools and node/npm with apt-get when missing,
+# and the two npm packages into bench-tools/node (ignored by git).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUN_SECONDS=${RUN_SECONDS:-3}
+ROUNDS=${ROUNDS:-2}
+NODE_DIR=bench-tools/node
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+need_apt() {
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null && command -v redis-cli >/dev/null \
+    || need_apt redis-server redis-tools
+command -v node >/dev/null && command -v npm >/dev/null || need_apt nodejs npm
+if [ ! -d "$NODE_DIR/node_modules/rate-limiter-flexible" ] || [ ! -d "$NODE_DIR/node_modules/ioredis" ]; then
+    mkdir -p "$NODE_DIR"
+    npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent rate-limiter-flexible@11 ioredis@5 >&2
+fi
+
+BIN=$(cargo bench --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
+    | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
+[ -x "$BIN" ] || { echo "could not find the redis_try_acquire bench binary" >&2; exit 1; }
+
+WORK=$(mktemp -d)
+SERVER_PID=""
+cleanup() {
+    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+SERVER_PIN=(); CLIENT_PIN=()
+if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+    SERVER_PIN=(taskset -c 0); CLIENT_PIN=(taskset -c 1)
+fi
+
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"${SERVER_PIN[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$WORK" --loglevel warning > "$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 1 100); do
+    redis-cli -p "$PORT" PING >/dev/null 2>&1 && break
+    sleep 0.05
+done
+redis-cli -p "$PORT" PING >/dev/null || { echo "redis-server did not start: $(cat "$WORK/server.log")" >&2; exit 1; }
+CLI=(redis-cli -h 127.0.0.1 -p "$PORT")
+SHA=$("${CLI[@]}" SCRIPT LOAD "$(cat bench/token_bucket.lua)")
+
+# redis-benchmark is bounded by count: about RUN_SECONDS at the expected rate.
+raw() { # clients pipeline requests-per-second-estimate
+    local clients=$1 pipeline=$2 n=$(( $3 * RUN_SECONDS ))
+    "${CLI[@]}" CONFIG RESETSTAT >/dev/null
+    local csv
+    csv=$("${CLIENT_PIN[@]}" redis-benchmark -h 127.0.0.1 -p "$PORT" -c "$clients" -P "$pipeline" -n "$n" --csv \
+        EVALSHA "$SHA" 1 'tb:{bench}' 1000000000 0.001 | tail -1)
+    local stats
+    stats=$("${CLI[@]}" INFO commandstats | tr -d '\r')
+    python3 - "$clients" "$pipeline" "$n" "$csv" "$stats" <<'PY'
+import csv, json, sys
+clients, pipeline, n = map(int, sys.argv[1:4])
+row = next(csv.reader([sys.argv[4]]))
+calls = {}
+usec = None
+for line in sys.argv[5].splitlines():
+    if line.startswith("cmdstat_evalsha:"):
+        usec = float(line.split("usec_per_call=")[1].split(",")[0])
+    if line.startswith("cmdstat_"):
+        name, rest = line[len("cmdstat_"):].split(":", 1)
+        if not name.startswith(("config", "info")):
+            calls[name] = int(rest.split(",")[0].split("=")[1])
+print(json.dumps({
+    "who": "raw EVALSHA", "inflight": clients * pipeline, "clients": clients, "pipeline": pipeline,
+    "decisions": n, "per_sec": round(float(row[1])), "mean_us": round(float(row[2]) * 1000, 1),
+    "p50_us": round(float(row[4]) * 1000, 1), "p99_us": round(float(row[6]) * 1000, 1),
+    "commands_per_decision": {k: round(v / n, 3) for k, v in sorted(calls.items())},
+    "evalsha_usec_per_call": usec,
+}, sort_keys=True))
+PY
+}
+
+RESULTS="$WORK/results.jsonl"
+for round in $(seq 1 "$ROUNDS"); do
+    echo "round $round of $ROUNDS" >&2
+    {
+        raw 1 1 15000
+        raw 50 1 60000
+        raw 50 16 120000
+        for n in 1 50; do
+            NODE_PATH="$PWD/$NODE_DIR/node_modules" "${CLIENT_PIN[@]}" node bench/redis_rlf.js "$PORT" "$n" "$RUN_SECONDS"
+        done
+        REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
+            "${CLIENT_PIN[@]}" "$BIN"
+    } | sed "s/^{/{\"round\": $round, /" | tee -a "$RESULTS"
+done
+
+python3 - "$RESULTS" <<'PY'
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+def best(who, inflight, pipeline=None):
+    rows = [r for r in runs if r["who"].startswith(who) and r["inflight"] == inflight
+            and (pipeline is None or r.get("pipeline") == pipeline)]
+    return rows
+print()
+print("per round: decisions/s (mean latency); EVALSHA calls per decision; server time per EVALSHA")
+for rnd in sorted({r["round"] for r in runs}):
+    get = lambda who, n, p=None: next(r for r in best(who, n, p) if r["round"] == rnd)
+    ours1, ours50 = get("resource-broker", 1), get("resource-broker", 50)
+    rlf1, rlf50 = get("rate-limiter-flexible", 1), get("rate-limiter-flexible", 50)
+    raw1, raw50, rawp = get("raw", 1, 1), get("raw", 50, 1), get("raw", 800, 16)
+    for r in (raw1, raw50, rawp, rlf1, rlf50, ours1, ours50):
+        label = r["who"] + (f" -c {r['clients']} -P {r['pipeline']}" if "clients" in r else f" {r['inflight']} in flight")
+        print(f"  round {rnd}  {label:48} {r['per_sec']:>8}/s  ({r['mean_us']} us)  "
+              f"evalsha/decision {r['commands_per_decision'].get('evalsha', 0)}  "
+              f"server us/decision {r.get('evalsha_usec_per_call')}")
+    print(f"  round {rnd}  ours 50 / rate-limiter-flexible 50      = {ours50['per_sec'] / rlf50['per_sec']:.2f}")
+    print(f"  round {rnd}  ours 50 / raw EVALSHA -c 50 -P 16       = {ours50['per_sec'] / rawp['per_sec']:.2f}")
+    print(f"  round {rnd}  ours 50 / raw EVALSHA -c 50             = {ours50['per_sec'] / raw50['per_sec']:.2f}")
+    print(f"  round {rnd}  latency, 1 in flight: ours {ours1['mean_us']} us, rate-limiter-flexible "
+          f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), raw {raw1['mean_us']} us")
+PY

@@ -1,0 +1,181 @@
+//! `ResourceBroker::try_acquire` through `RedisBackend`: decisions per
+//! second, latency, and Redis commands per decision (`INFO commandstats`),
+//! with 1 and 50 acquisitions in flight on one key.
+//!
+//! A throughput run rather than a criterion loop, so that its figures line
+//! up with `redis-benchmark` and rate-limiter-flexible's, which
+//! `bench/redis_compare.sh` runs against the same server. Alone it starts
+//! its own `redis-server`:
+//!
+//! `cargo bench --bench redis_try_acquire`
+//!
+//! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
+//! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
+//! the default, one client core like Node; or `multi_thread`).
+//! Prints one JSON line per run.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+use broker_redis::RedisBackend;
+use broker_testkit::RedisServer;
+
+/// Same quota as the other runs: a burst large enough that every call is
+/// allowed, at a rate low enough that the bucket is never full again (so
+/// every decision writes the bucket back rather than deleting it).
+fn limits() -> Limits {
+    Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000_000))
+}
+
+struct Run {
+    decisions: u64,
+    allowed: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+}
+
+async fn run(broker: &ResourceBroker, inflight: usize, length: Duration) -> Run {
+    let end = Instant::now() + length;
+    let worker = || async {
+        let mut latencies = Vec::with_capacity(1 << 16);
+        let mut allowed = 0u64;
+        while Instant::now() < end {
+            let t0 = Instant::now();
+            let a = broker
+                .try_acquire("bench", Cost::default())
+                .await
+                .expect("redis answers");
+            allowed += u64::from(a.allowed);
+            latencies.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
+        }
+        (allowed, latencies)
+    };
+    let started = Instant::now();
+    let results = futures::future::join_all((0..inflight).map(|_| worker())).await;
+    let elapsed = started.elapsed();
+    let mut latencies_us = Vec::new();
+    let mut allowed = 0;
+    for (a, l) in results {
+        allowed += a;
+        latencies_us.extend(l);
+    }
+    Run {
+        decisions: latencies_us.len() as u64,
+        allowed,
+        elapsed,
+        latencies_us,
+    }
+}
+
+/// `usec_per_call` of `EVALSHA`: the server's time per decision.
+fn evalsha_usec_per_call(info: &str) -> Option<f64> {
+    let line = info
+        .lines()
+        .find(|l| l.trim().starts_with("cmdstat_evalsha:"))?;
+    line.split(',')
+        .find_map(|f| f.strip_prefix("usec_per_call="))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn commandstats(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("cmdstat_")?;
+            let (name, fields) = rest.split_once(':')?;
+            let calls = fields.strip_prefix("calls=")?.split(',').next()?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        // The control connection's own commands (`config|resetstat`, `info`).
+        .filter(|(name, _)| !name.starts_with("config") && !name.starts_with("info"))
+        .collect()
+}
+
+fn main() {
+    let own_server = std::env::var("REDIS_URL").is_err().then(RedisServer::start);
+    let url = match &own_server {
+        Some(s) => s.url(),
+        None => std::env::var("REDIS_URL").expect("checked above"),
+    };
+    let inflight: Vec<usize> = std::env::var("INFLIGHT")
+        .unwrap_or_else(|_| "1,50".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("INFLIGHT: numbers separated by commas")
+        })
+        .collect();
+    let seconds: f64 = std::env::var("RUN_SECONDS")
+        .ok()
+        .map(|s| s.parse().expect("RUN_SECONDS: a number"))
+        .unwrap_or(3.0);
+    let runtime = std::env::var("RUNTIME").unwrap_or_else(|_| "current_thread".into());
+    let rt = match runtime.as_str() {
+        "current_thread" => tokio::runtime::Builder::new_current_thread(),
+        "multi_thread" => tokio::runtime::Builder::new_multi_thread(),
+        other => panic!("RUNTIME must be current_thread or multi_thread, not {other}"),
+    }
+    .enable_all()
+    .build()
+    .expect("tokio runtime");
+
+    rt.block_on(async {
+        let broker = ResourceBroker::new(RedisBackend::connect(&url).await.expect("connect"));
+        broker
+            .register_limit("bench", limits())
+            .expect("valid limits");
+        let control = redis::Client::open(url.as_str()).expect("redis url");
+        let mut control = control
+            .get_multiplexed_async_connection()
+            .await
+            .expect("control connection");
+        for n in inflight {
+            run(&broker, n, Duration::from_millis(500)).await; // warm-up
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut control)
+                .await
+                .expect("CONFIG RESETSTAT");
+            let mut r = run(&broker, n, Duration::from_secs_f64(seconds)).await;
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut control)
+                .await
+                .expect("INFO commandstats");
+            let per_decision: BTreeMap<String, f64> = commandstats(&info)
+                .into_iter()
+                .map(|(k, v)| {
+                    let per = v as f64 / r.decisions as f64;
+                    (k, (per * 1000.0).round() / 1000.0)
+                })
+                .collect();
+            r.latencies_us.sort_unstable();
+            let pct = |p: f64| {
+                let i = ((r.latencies_us.len() as f64 * p) as usize).min(r.latencies_us.len() - 1);
+                r.latencies_us[i]
+            };
+            let mean = r.latencies_us.iter().map(|&l| f64::from(l)).sum::<f64>()
+                / r.latencies_us.len() as f64;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "who": "resource-broker RedisBackend",
+                    "runtime": runtime,
+                    "inflight": n,
+                    "decisions": r.decisions,
+                    "allowed": r.allowed,
+                    "per_sec": (r.decisions as f64 / r.elapsed.as_secs_f64()).round(),
+                    "mean_us": (mean * 10.0).round() / 10.0,
+                    "p50_us": pct(0.5),
+                    "p99_us": pct(0.99),
+                    "commands_per_decision": per_decision,
+                    "evalsha_usec_per_call": evalsha_usec_per_call(&info),
+                })
+            );
+        }
+    });
+    drop(own_server);
+}
