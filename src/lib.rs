@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// The README's examples are compiled as doc tests.
+#![cfg_attr(all(feature = "redis", feature = "axum"), doc = include_str!("../README.md"))]
 
 pub use broker_core::*;
 
