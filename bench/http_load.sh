@@ -63,6 +63,12 @@ else
     SERVER_PIN=(); WRK_PIN=(); WRK_THREADS=2
 fi
 
+TICKS=$(getconf CLK_TCK)
+# utime + stime of a process, in clock ticks.
+cpu_ticks() {
+    awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
 run_one() {
     local layer=$1
     local out="$WORK/server.$layer.$RANDOM.out"
@@ -78,15 +84,22 @@ run_one() {
     local url="http://127.0.0.1:$port/api/v1/webhooks/stripe"
     # Warm-up, then the measured run.
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$url" > /dev/null
+    local cpu0 cpu1
+    cpu0=$(cpu_ticks "$SERVER_PID")
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$url" > "$WORK/wrk.out"
+    cpu1=$(cpu_ticks "$SERVER_PID")
     kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""
-    local rps non2xx
+    local rps non2xx total
     rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.out")
+    total=$(awk '/requests in/ {print $1}' "$WORK/wrk.out")
     non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$WORK/wrk.out")
     if [ -z "$rps" ]; then
         echo "wrk gave no result for $layer:" >&2; cat "$WORK/wrk.out" >&2; exit 1
     fi
-    echo "$layer $rps ${non2xx:-0}"
+    # Server CPU time (user + system) per request, in microseconds.
+    local us_per_req
+    us_per_req=$(python3 -c "print(f'{($cpu1 - $cpu0) / $TICKS * 1e6 / $total:.2f}')")
+    echo "$layer $rps ${non2xx:-0} $us_per_req"
 }
 
 echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES" >&2
@@ -105,16 +118,19 @@ python3 - "$WORK/results" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 by = {}
-for layer, rps, non2xx in rows:
-    by.setdefault(layer, []).append((float(rps), int(non2xx)))
-med = {k: statistics.median(r for r, _ in v) for k, v in by.items()}
-print("| layer | requests/s (median) | all rounds | non-2xx (last round) |")
-print("| --- | ---: | --- | ---: |")
+for layer, rps, non2xx, cpu in rows:
+    by.setdefault(layer, []).append((float(rps), int(non2xx), float(cpu)))
+med = {k: statistics.median(r for r, _, _ in v) for k, v in by.items()}
+cpu = {k: statistics.median(c for _, _, c in v) for k, v in by.items()}
+print("| layer | requests/s (median) | all rounds | server CPU µs/request (median) | non-2xx (last round) |")
+print("| --- | ---: | --- | ---: | ---: |")
 for k in ("none", "pressure", "governor"):
-    v = by.get(k, [])
-    print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _ in v)} | {v[-1][1]} |")
+    v = by.get(k)
+    if not v:
+        continue
+    print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _, _ in v)} | {cpu[k]:.2f} | {v[-1][1]} |")
 print()
-print(f"pressure / none     = {med['pressure'] / med['none']:.3f}")
-print(f"pressure / governor = {med['pressure'] / med['governor']:.3f}")
-print(f"governor / none     = {med['governor'] / med['none']:.3f}")
+for a, b in (("pressure", "none"), ("pressure", "governor"), ("governor", "none")):
+    if a in med and b in med:
+        print(f"throughput {a} / {b} = {med[a] / med[b]:.3f}   CPU per request {a} / {b} = {cpu[a] / cpu[b]:.3f}")
 PY

@@ -38,6 +38,7 @@ use axum::Router;
 use broker_axum::{stats_router, FromExtension, Pressure, PressureConfig};
 use broker_core::keys::fingerprint;
 use broker_core::ResourceBroker;
+use tower::ServiceBuilder;
 
 /// The key the example "signs" tokens with. A real server verifies a JWT.
 const SIGNING_SECRET: &str = "example-signing-secret";
@@ -205,14 +206,19 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
         "pressure" => {
             let config = pressure_config(args)?;
             let pressure = Pressure::new(broker.clone(), &config).map_err(|e| e.to_string())?;
-            webhooks
-                .layer(pressure.tenant_layer(FromExtension::new(|c: &Claims| {
-                    c.namespace_id.as_str()
-                })))
-                .layer(middleware::from_fn(authenticate))
-                .layer(pressure.layer())
+            // One `Router::layer` for the whole stack (axum boxes and clones
+            // each layer it is given per request): the route stage before
+            // authentication, the tenant stage after it.
+            webhooks.layer(
+                ServiceBuilder::new()
+                    .layer(pressure.layer())
+                    .layer(middleware::from_fn(authenticate))
+                    .layer(pressure.tenant_layer(FromExtension::new(|c: &Claims| {
+                        c.namespace_id.as_str()
+                    }))),
+            )
         }
-        "none" => webhooks.layer(middleware::from_fn(authenticate)),
+        "none" => webhooks.layer(ServiceBuilder::new().layer(middleware::from_fn(authenticate))),
         "governor" => {
             use tower_governor::governor::GovernorConfigBuilder;
             use tower_governor::key_extractor::GlobalKeyExtractor;
@@ -238,13 +244,15 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
                 .key_extractor(TenantKey)
                 .finish()
                 .ok_or("bad governor tenant config")?;
-            webhooks
-                .layer(GovernorLayer::new(tenant))
-                .layer(middleware::from_fn(authenticate))
-                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-                    args.concurrency as usize,
-                ))
-                .layer(GovernorLayer::new(route))
+            webhooks.layer(
+                ServiceBuilder::new()
+                    .layer(GovernorLayer::new(route))
+                    .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                        args.concurrency as usize,
+                    ))
+                    .layer(middleware::from_fn(authenticate))
+                    .layer(GovernorLayer::new(tenant)),
+            )
         }
         other => return Err(format!("--layer {other}: expected pressure, none or governor")),
     };

@@ -1,9 +1,11 @@
-//! [`PressureBody`]: the response body of the pressure services. It carries
-//! the concurrency [`Permit`] of the request and releases it when the body
-//! ends, fails, or is dropped (the client went away mid-response), so a
-//! slot is held exactly as long as the response is being sent. Denials use
-//! the same type with a fixed body, so the layer changes no error type and
-//! composes with any body whose data is built from [`Bytes`].
+//! Response bodies. The pressure services answer with the inner service's
+//! own body type, so they change neither the body nor the error type of a
+//! stack: [`PermitBody`] says how that body type is built from a denial's
+//! bytes and how it carries a concurrency [`Permit`]. [`PressureBody`] is
+//! the carrier: it releases the permit when the body ends, fails, or is
+//! dropped (the client went away mid-response), so a slot is held exactly
+//! as long as the response is being sent. A response that holds no permit
+//! keeps its body untouched (no wrapping, no allocation).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -11,17 +13,87 @@ use std::task::{ready, Context, Poll};
 use broker_core::Permit;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 
+/// A response body type the pressure services can answer with: built from
+/// fixed bytes (denials), and able to carry a [`Permit`] until it ends.
+///
+/// Implemented for `axum::body::Body`, http-body-util's [`BoxBody`] and
+/// [`UnsyncBoxBody`] over [`Bytes`], and [`PressureBody`]. For any other
+/// body, map the inner service's responses into one of these (e.g.
+/// `ServiceBuilder::map_response_body(BodyExt::boxed)`).
+pub trait PermitBody: Sized {
+    /// This body, holding `permit` until it ends, fails or is dropped.
+    fn with_permit(self, permit: Permit) -> Self;
+
+    /// A body of fixed bytes.
+    fn from_bytes(bytes: Bytes) -> Self;
+}
+
+impl PermitBody for axum::body::Body {
+    fn with_permit(self, permit: Permit) -> Self {
+        axum::body::Body::new(PressureBody::new(self, Some(permit)))
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        axum::body::Body::from(bytes)
+    }
+}
+
+impl<E> PermitBody for BoxBody<Bytes, E>
+where
+    E: 'static,
+{
+    fn with_permit(self, permit: Permit) -> Self {
+        PressureBody::new(self, Some(permit)).boxed()
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        Full::new(bytes).map_err(|never| match never {}).boxed()
+    }
+}
+
+impl<E> PermitBody for UnsyncBoxBody<Bytes, E>
+where
+    E: 'static,
+{
+    fn with_permit(self, permit: Permit) -> Self {
+        PressureBody::new(self, Some(permit)).boxed_unsync()
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        Full::new(bytes)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+}
+
+impl<B> PermitBody for PressureBody<B> {
+    fn with_permit(mut self, permit: Permit) -> Self {
+        match self.permit {
+            None => self.permit = Some(permit),
+            Some(_) => self.more.push(permit),
+        }
+        self
+    }
+
+    fn from_bytes(bytes: Bytes) -> Self {
+        Self::fixed(bytes)
+    }
+}
+
 pin_project! {
-    /// The inner service's body plus the permit it holds, or a fixed body
-    /// (a denial).
+    /// A body plus the permits it holds (released when it ends, fails or is
+    /// dropped), or a fixed body.
     #[derive(Debug)]
     pub struct PressureBody<B> {
         #[pin]
         inner: Option<B>,
         fixed: Option<Bytes>,
         permit: Option<Permit>,
+        more: Vec<Permit>,
     }
 }
 
@@ -33,6 +105,7 @@ impl<B> PressureBody<B> {
             inner: Some(inner),
             fixed: None,
             permit,
+            more: Vec::new(),
         }
     }
 
@@ -42,12 +115,13 @@ impl<B> PressureBody<B> {
             inner: None,
             fixed: Some(bytes),
             permit: None,
+            more: Vec::new(),
         }
     }
 
     /// Whether this body still holds a concurrency permit.
     pub fn holds_permit(&self) -> bool {
-        self.permit.as_ref().is_some_and(Permit::is_held)
+        self.permit.as_ref().is_some_and(Permit::is_held) || !self.more.is_empty()
     }
 }
 
@@ -78,6 +152,7 @@ where
         };
         if finished {
             *this.permit = None;
+            this.more.clear();
         }
         Poll::Ready(frame)
     }
@@ -101,7 +176,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
 
     #[tokio::test]
     async fn fixed_body_yields_its_bytes_once() {
@@ -113,8 +187,17 @@ mod tests {
 
     #[tokio::test]
     async fn wrapped_body_passes_frames_through() {
-        let body = PressureBody::new(http_body_util::Full::new(Bytes::from_static(b"ok")), None);
+        let body = PressureBody::new(Full::new(Bytes::from_static(b"ok")), None);
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"ok");
+    }
+
+    #[tokio::test]
+    async fn boxed_bodies_are_built_from_denial_bytes() {
+        let body: BoxBody<Bytes, std::io::Error> = PermitBody::from_bytes(Bytes::from_static(b"x"));
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"x");
+        let body: UnsyncBoxBody<Bytes, std::io::Error> =
+            PermitBody::from_bytes(Bytes::from_static(b"y"));
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"y");
     }
 }

@@ -13,7 +13,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::body::PressureBody;
+use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 use crate::response;
 use crate::tenant::TenantId;
@@ -53,7 +53,7 @@ pin_project! {
         },
         Refunding {
             refund: RefundFuture,
-            response: Option<Response<PressureBody<ResB>>>,
+            response: Option<Response<ResB>>,
         },
         Calling {
             #[pin]
@@ -64,7 +64,7 @@ pin_project! {
             refundable: Option<(Arc<Policy>, Stage)>,
         },
         Answered {
-            response: Option<Response<PressureBody<ResB>>>,
+            response: Option<Response<ResB>>,
         },
     }
 }
@@ -122,6 +122,7 @@ fn is_long_lived_response<B>(res: &Response<B>) -> bool {
 impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
 {
     /// Passes a request through untouched (no limit applies to it).
     pub(crate) fn pass(mut inner: S, req: Request<ReqB>) -> Self {
@@ -207,6 +208,7 @@ impl<S, ReqB> Call<S, ReqB> {
     fn decide<ResB>(self, answer: Answer) -> State<S, ReqB, ResB>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
+        ResB: PermitBody,
     {
         let Call {
             mut inner,
@@ -279,8 +281,9 @@ impl<S, ReqB> Call<S, ReqB> {
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
 {
-    type Output = Result<Response<PressureBody<ResB>>, S::Error>;
+    type Output = Result<Response<ResB>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -308,7 +311,10 @@ where
                     let res = ready!(fut.poll(cx))?;
                     let keep = !*long_lived && !is_long_lived_response(&res);
                     let permit = permit.take().filter(|_| keep);
-                    let res = res.map(|b| PressureBody::new(b, permit));
+                    let res = match permit {
+                        Some(permit) => res.map(|b| b.with_permit(permit)),
+                        None => res,
+                    };
                     let tenant_denied = res.extensions().get::<TenantDenied>();
                     if let (Some(denied), Some((policy, stage))) =
                         (tenant_denied, refundable.take())

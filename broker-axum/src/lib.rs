@@ -13,16 +13,21 @@
 //!   headers ([`Responses`] configures status, body, legacy headers). A
 //!   request denied by the tenant stage gets its route/service cost back.
 //! - `maxConcurrentRequests`: the permit travels in the response body
-//!   ([`PressureBody`]) and is released when the body ends, fails or is
-//!   dropped (client abort). Upgrades (WebSocket) and `text/event-stream`
+//!   ([`PressureBody`], via [`PermitBody`]) and is released when the body
+//!   ends, fails or is dropped (client abort). Upgrades (WebSocket) and `text/event-stream`
 //!   responses release it as soon as the response head is ready.
 //! - A backend failure the broker does not absorb (`BrokerError::Backend`)
 //!   answers [`Responses::backend_error_status`] (default `503` with
 //!   `Retry-After: 1`) and logs a warning; it never becomes a 500 or a panic.
 //! - One `tracing` event per denial (`resource`, `layer`, `wait_ms`,
 //!   `tenant`); nothing per allowed request.
-//! - The services keep the inner service's error type and wrap its body, so
-//!   they compose with axum 0.8 `Router::layer` and with any tower stack.
+//! - The services keep the inner service's error type *and* body type
+//!   (`axum::body::Body`, or any [`PermitBody`]), so they compose with axum
+//!   0.8 `Router::layer` and any tower stack; a response holding no permit
+//!   passes with its body untouched.
+//! - With axum, give the whole stack to one `Router::layer` call
+//!   (`ServiceBuilder::new().layer(pressure.layer()).layer(auth).layer(pressure.tenant_layer(..))`):
+//!   axum boxes and clones each layer it is given, per request.
 //! - [`stats_router`] serves `GET /admin/pressure/stats` (opt-in).
 //!
 //! ## Memory per tenant
@@ -67,7 +72,7 @@ mod service;
 mod stats;
 mod tenant;
 
-pub use body::PressureBody;
+pub use body::{PermitBody, PressureBody};
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
 pub use future::ResponseFuture;
 pub use layer::{PressureLayer, TenantLayer};

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::body::PressureBody;
+use crate::body::PermitBody;
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -136,13 +136,13 @@ fn header_num(n: u64) -> HeaderValue {
 }
 
 /// The denial response.
-pub(crate) fn denied<B>(
+pub(crate) fn denied<B: PermitBody>(
     responses: &Responses,
     headers: &RateHeaders,
     wait: Duration,
-) -> Response<PressureBody<B>> {
+) -> Response<B> {
     let secs = retry_after_secs(wait);
-    let mut res = Response::new(PressureBody::fixed(responses.denied_body.clone()));
+    let mut res = Response::new(B::from_bytes(responses.denied_body.clone()));
     *res.status_mut() = responses.denied_status;
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, responses.denied_content_type.clone());
@@ -164,8 +164,8 @@ pub(crate) fn denied<B>(
 }
 
 /// The response when the broker could not answer.
-pub(crate) fn backend_failed<B>(responses: &Responses) -> Response<PressureBody<B>> {
-    let mut res = Response::new(PressureBody::fixed(Bytes::from_static(
+pub(crate) fn backend_failed<B: PermitBody>(responses: &Responses) -> Response<B> {
+    let mut res = Response::new(B::from_bytes(Bytes::from_static(
         br#"{"error":"limiter_unavailable"}"#,
     )));
     *res.status_mut() = responses.backend_error_status;
@@ -210,7 +210,7 @@ mod tests {
             legacy_headers: true,
             ..Responses::default()
         };
-        let res: Response<PressureBody<String>> =
+        let res: Response<crate::PressureBody<String>> =
             denied(&responses, &h, Duration::from_millis(29_001));
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "30");

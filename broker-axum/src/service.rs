@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use crate::body::PressureBody;
+use crate::body::PermitBody;
 use crate::future::ResponseFuture;
 use crate::policy::{Policy, Stage};
 use crate::tenant::{TenantExtractor, TenantId};
@@ -42,8 +42,9 @@ fn take_ready<S: Clone>(slot: &mut S) -> S {
 impl<S, ReqB, ResB> Service<Request<ReqB>> for PressureService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    ResB: PermitBody,
 {
-    type Response = Response<PressureBody<ResB>>;
+    type Response = Response<ResB>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB, ResB>;
 
@@ -93,9 +94,10 @@ impl<S, E> TenantService<S, E> {
 impl<S, E, ReqB, ResB> Service<Request<ReqB>> for TenantService<S, E>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    ResB: PermitBody,
     E: TenantExtractor,
 {
-    type Response = Response<PressureBody<ResB>>;
+    type Response = Response<ResB>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB, ResB>;
 
