@@ -6,14 +6,16 @@
 #   rlf   rate-limiter-flexible's RateLimiterRedis.consume on ioredis
 #         (bench/redis_rlf.js), 1 and 50 in flight;
 #   ours  ResourceBroker::try_acquire through RedisBackend
-#         (benches/redis_try_acquire.rs), 1 and 50 in flight.
+#         (benches/redis_try_acquire.rs), 1 and 50 in flight, and beside
+#         it the same minimal token bucket by EVALSHA through the redis
+#         crate's ConnectionManager (the client library alone).
 # Every run uses one key and a quota that allows every call. Redis commands
 # per decision come from INFO commandstats (reset before each run); EVALSHA
 # calls per decision are the round trips (the other commands listed run
 # inside the script). The server is pinned to one core and the clients to
 # the other. Prints one JSON line per run, then a summary with the ratios.
 #
-# Usage: bench/redis_compare.sh     (env: RUN_SECONDS=3 ROUNDS=2)
+# Usage: bench/redis_compare.sh     (env: RUN_SECONDS=3 ROUNDS=2 PIN=1)
 # Installs redis-server/redis-tools and node/npm with apt-get when missing,
 # and the two npm packages into bench-tools/node (ignored by git).
 set -euo pipefail
@@ -50,7 +52,7 @@ cleanup() {
 trap cleanup EXIT
 
 SERVER_PIN=(); CLIENT_PIN=()
-if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+if [ "${PIN:-1}" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
     SERVER_PIN=(taskset -c 0); CLIENT_PIN=(taskset -c 1)
 fi
 
@@ -127,7 +129,8 @@ for rnd in sorted({r["round"] for r in runs}):
     ours1, ours50 = get("resource-broker", 1), get("resource-broker", 50)
     rlf1, rlf50 = get("rate-limiter-flexible", 1), get("rate-limiter-flexible", 50)
     raw1, raw50, rawp = get("raw", 1, 1), get("raw", 50, 1), get("raw", 800, 16)
-    for r in (raw1, raw50, rawp, rlf1, rlf50, ours1, ours50):
+    rs1, rs50 = get("redis-rs", 1), get("redis-rs", 50)
+    for r in (raw1, raw50, rawp, rlf1, rlf50, rs1, rs50, ours1, ours50):
         label = r["who"] + (f" -c {r['clients']} -P {r['pipeline']}" if "clients" in r else f" {r['inflight']} in flight")
         print(f"  round {rnd}  {label:48} {r['per_sec']:>8}/s  ({r['mean_us']} us)  "
               f"evalsha/decision {r['commands_per_decision'].get('evalsha', 0)}  "
@@ -135,6 +138,8 @@ for rnd in sorted({r["round"] for r in runs}):
     print(f"  round {rnd}  ours 50 / rate-limiter-flexible 50      = {ours50['per_sec'] / rlf50['per_sec']:.2f}")
     print(f"  round {rnd}  ours 50 / raw EVALSHA -c 50 -P 16       = {ours50['per_sec'] / rawp['per_sec']:.2f}")
     print(f"  round {rnd}  ours 50 / raw EVALSHA -c 50             = {ours50['per_sec'] / raw50['per_sec']:.2f}")
+    print(f"  round {rnd}  ours 50 / redis-rs minimal script 50    = {ours50['per_sec'] / rs50['per_sec']:.2f}")
     print(f"  round {rnd}  latency, 1 in flight: ours {ours1['mean_us']} us, rate-limiter-flexible "
-          f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), raw {raw1['mean_us']} us")
+          f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), raw {raw1['mean_us']} us, "
+          f"redis-rs minimal script {rs1['mean_us']} us")
 PY

@@ -9,12 +9,19 @@
 //!
 //! `cargo bench --bench redis_try_acquire`
 //!
+//! Each run is done twice: through the broker, and as a client-side anchor,
+//! `bench/token_bucket.lua` (the minimal script `redis-benchmark` runs) by
+//! `EVALSHA` through the same `redis` crate connection type
+//! (`ConnectionManager`) that RedisBackend uses: the gap between the two is
+//! our script and our layers, not the client library.
+//!
 //! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
 //! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
 //! the default, one client core like Node; or `multi_thread`).
 //! Prints one JSON line per run.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
@@ -35,18 +42,19 @@ struct Run {
     latencies_us: Vec<u32>,
 }
 
-async fn run(broker: &ResourceBroker, inflight: usize, length: Duration) -> Run {
+/// Runs `decide` from `inflight` concurrent loops for `length`.
+async fn run<F, Fut>(decide: F, inflight: usize, length: Duration) -> Run
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
     let end = Instant::now() + length;
     let worker = || async {
         let mut latencies = Vec::with_capacity(1 << 16);
         let mut allowed = 0u64;
         while Instant::now() < end {
             let t0 = Instant::now();
-            let a = broker
-                .try_acquire("bench", Cost::default())
-                .await
-                .expect("redis answers");
-            allowed += u64::from(a.allowed);
+            allowed += u64::from(decide().await);
             latencies.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
         }
         (allowed, latencies)
@@ -93,6 +101,39 @@ fn commandstats(info: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+fn report(who: &str, runtime: &str, n: usize, mut r: Run, info: &str) {
+    let per_decision: BTreeMap<String, f64> = commandstats(info)
+        .into_iter()
+        .map(|(k, v)| {
+            let per = v as f64 / r.decisions as f64;
+            (k, (per * 1000.0).round() / 1000.0)
+        })
+        .collect();
+    r.latencies_us.sort_unstable();
+    let pct = |p: f64| {
+        let i = ((r.latencies_us.len() as f64 * p) as usize).min(r.latencies_us.len() - 1);
+        r.latencies_us[i]
+    };
+    let mean =
+        r.latencies_us.iter().map(|&l| f64::from(l)).sum::<f64>() / r.latencies_us.len() as f64;
+    println!(
+        "{}",
+        serde_json::json!({
+            "who": who,
+            "runtime": runtime,
+            "inflight": n,
+            "decisions": r.decisions,
+            "allowed": r.allowed,
+            "per_sec": (r.decisions as f64 / r.elapsed.as_secs_f64()).round(),
+            "mean_us": (mean * 10.0).round() / 10.0,
+            "p50_us": pct(0.5),
+            "p99_us": pct(0.99),
+            "commands_per_decision": per_decision,
+            "evalsha_usec_per_call": evalsha_usec_per_call(info),
+        })
+    );
+}
+
 fn main() {
     let own_server = std::env::var("REDIS_URL").is_err().then(RedisServer::start);
     let url = match &own_server {
@@ -132,49 +173,56 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .expect("control connection");
+        let anchor = redis::Client::open(url.as_str()).expect("redis url");
+        let anchor = redis::aio::ConnectionManager::new(anchor)
+            .await
+            .expect("anchor connection");
+        let script = redis::Script::new(include_str!("../bench/token_bucket.lua"));
+        let ours = || async {
+            broker
+                .try_acquire("bench", Cost::default())
+                .await
+                .expect("redis answers")
+                .allowed
+        };
+        let sha: String = script
+            .prepare_invoke()
+            .load_async(&mut anchor.clone())
+            .await
+            .expect("SCRIPT LOAD");
+        let minimal = || {
+            let mut conn = anchor.clone();
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&sha)
+                .arg(1)
+                .arg("tb:{anchor}")
+                .arg(1_000_000_000u64)
+                .arg(0.001f64);
+            async move {
+                let allowed: i64 = cmd.query_async(&mut conn).await.expect("redis answers");
+                allowed == 1
+            }
+        };
         for n in inflight {
-            run(&broker, n, Duration::from_millis(500)).await; // warm-up
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query_async(&mut control)
-                .await
-                .expect("CONFIG RESETSTAT");
-            let mut r = run(&broker, n, Duration::from_secs_f64(seconds)).await;
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut control)
-                .await
-                .expect("INFO commandstats");
-            let per_decision: BTreeMap<String, f64> = commandstats(&info)
-                .into_iter()
-                .map(|(k, v)| {
-                    let per = v as f64 / r.decisions as f64;
-                    (k, (per * 1000.0).round() / 1000.0)
-                })
-                .collect();
-            r.latencies_us.sort_unstable();
-            let pct = |p: f64| {
-                let i = ((r.latencies_us.len() as f64 * p) as usize).min(r.latencies_us.len() - 1);
-                r.latencies_us[i]
-            };
-            let mean = r.latencies_us.iter().map(|&l| f64::from(l)).sum::<f64>()
-                / r.latencies_us.len() as f64;
-            println!(
-                "{}",
-                serde_json::json!({
-                    "who": "resource-broker RedisBackend",
-                    "runtime": runtime,
-                    "inflight": n,
-                    "decisions": r.decisions,
-                    "allowed": r.allowed,
-                    "per_sec": (r.decisions as f64 / r.elapsed.as_secs_f64()).round(),
-                    "mean_us": (mean * 10.0).round() / 10.0,
-                    "p50_us": pct(0.5),
-                    "p99_us": pct(0.99),
-                    "commands_per_decision": per_decision,
-                    "evalsha_usec_per_call": evalsha_usec_per_call(&info),
-                })
-            );
+            for who in ["resource-broker RedisBackend", "redis-rs minimal script"] {
+                let measured = async |length| match who {
+                    "resource-broker RedisBackend" => run(ours, n, length).await,
+                    _ => run(minimal, n, length).await,
+                };
+                measured(Duration::from_millis(500)).await; // warm-up
+                let _: () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query_async(&mut control)
+                    .await
+                    .expect("CONFIG RESETSTAT");
+                let r = measured(Duration::from_secs_f64(seconds)).await;
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut control)
+                    .await
+                    .expect("INFO commandstats");
+                report(who, &runtime, n, r, &info);
+            }
         }
     });
     drop(own_server);
