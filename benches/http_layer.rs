@@ -1,11 +1,12 @@
 //! Overhead of the inbound pressure layer on an axum router, in memory, side
 //! by side with no layer and with tower_governor, in one run.
 //!
-//! `pressure_route` is the route stage alone (one layer, a rate limit and a
-//! concurrency permit), `pressure_route_and_tenant` adds the tenant stage
-//! (a second layer, a keyed rate limit); `tower_governor` is one global
-//! governor layer, `tower_governor_global_and_keyed` adds a second one keyed
-//! by the same tenant header.
+//! `pressure_route_rate_only` is the route stage with a rate limit only,
+//! `pressure_route` adds a concurrency limit (a permit carried by the
+//! response body), `pressure_route_and_tenant` adds the tenant stage (a
+//! keyed rate limit) in the same `Router::layer` call; `tower_governor` is
+//! one global governor layer, `tower_governor_global_and_keyed` adds a
+//! second one keyed by the same tenant header, stacked the same way.
 //!
 //! Every variant serves the same handler and the limits are far above the
 //! request rate, so every request is admitted: the figures are the cost of
@@ -22,7 +23,7 @@ use broker_core::ResourceBroker;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderName, Request};
 use http_body_util::BodyExt;
-use tower::ServiceExt;
+use tower::{ServiceBuilder, ServiceExt};
 
 fn handler_router() -> Router {
     Router::new().route("/api/v1/webhooks/{source}", post(|| async { "queued" }))
@@ -35,13 +36,18 @@ fn request() -> Request<Body> {
         .unwrap()
 }
 
-fn pressure(tenant: bool) -> Pressure {
+fn pressure(tenant: bool, concurrency: bool) -> Pressure {
+    let concurrency = if concurrency {
+        r#", "maxConcurrentRequests": 100000"#
+    } else {
+        ""
+    };
     let json = format!(
         r#"{{
         "perRoute": [{{
             "resource": "gateway:route:webhooks",
             "pathPrefix": "/api/v1/webhooks",
-            "limits": {{ "requestsPerSecond": 1000000000000, "maxConcurrentRequests": 100000 }}
+            "limits": {{ "requestsPerSecond": 1000000000000{concurrency} }}
         }}],
         "perTenant": {{ "enabled": {tenant}, "limits": {{ "requestsPerSecond": 1000000000000 }} }}
     }}"#
@@ -90,30 +96,33 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("http_layer");
 
     let none = handler_router();
-    let route_only = {
-        let p = pressure(false);
-        handler_router().layer(p.layer())
-    };
+    let route_rate_only = handler_router().layer(pressure(false, false).layer());
+    let route_only = handler_router().layer(pressure(false, true).layer());
     let route_and_tenant = {
-        let p = pressure(true);
-        handler_router()
-            .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))))
-            .layer(p.layer())
+        let p = pressure(true, true);
+        handler_router().layer(
+            ServiceBuilder::new()
+                .layer(p.layer())
+                .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
+        )
     };
     let governor = handler_router().layer(governor_global());
-    let governor_and_keyed = handler_router()
-        .layer(tower_governor::GovernorLayer::new(
-            tower_governor::governor::GovernorConfigBuilder::default()
-                .per_nanosecond(1)
-                .burst_size(u32::MAX)
-                .key_extractor(TenantHeader)
-                .finish()
-                .unwrap(),
-        ))
-        .layer(governor_global());
+    let governor_and_keyed = handler_router().layer(
+        ServiceBuilder::new()
+            .layer(governor_global())
+            .layer(tower_governor::GovernorLayer::new(
+                tower_governor::governor::GovernorConfigBuilder::default()
+                    .per_nanosecond(1)
+                    .burst_size(u32::MAX)
+                    .key_extractor(TenantHeader)
+                    .finish()
+                    .unwrap(),
+            )),
+    );
 
     for (name, app) in [
         ("no_layer", none),
+        ("pressure_route_rate_only", route_rate_only),
         ("pressure_route", route_only),
         ("pressure_route_and_tenant", route_and_tenant),
         ("tower_governor", governor),
