@@ -268,7 +268,7 @@ impl<S, ReqB> Call<S, ReqB> {
             Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy, stage)),
             _ => None,
         };
-        let long_lived = is_long_lived_request(&req);
+        let long_lived = permit.is_some() && is_long_lived_request(&req);
         State::Calling {
             fut: inner.call(req),
             permit,
@@ -309,8 +309,9 @@ where
                     refundable,
                 } => {
                     let res = ready!(fut.poll(cx))?;
-                    let keep = !*long_lived && !is_long_lived_response(&res);
-                    let permit = permit.take().filter(|_| keep);
+                    let permit = permit
+                        .take()
+                        .filter(|_| !*long_lived && !is_long_lived_response(&res));
                     let res = match permit {
                         Some(permit) => res.map(|b| b.with_permit(permit)),
                         None => res,
