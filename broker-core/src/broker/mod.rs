@@ -189,12 +189,46 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What [`ResourceBroker::answer_now`] found.
+/// What [`ResourceBroker::answer_now`] found. Small (no `Acquisition`
+/// inside) so that passing it out of the thread-local scopes copies little.
 enum Answer {
-    /// The answer, given without I/O.
-    Now(Result<Acquisition, BrokerError>),
+    /// Decided without I/O, holding no slot (counted already).
+    Now(Decision),
+    /// Decided without I/O, with a concurrency slot to hand out in a
+    /// permit (not counted yet).
+    Held(Arc<Resource>, Decision),
+    /// Refused before or by the backend.
+    Failed(Box<BrokerError>),
     /// The backend must be asked asynchronously.
     Later(Arc<Resource>),
+}
+
+/// The acquisition of a decision that holds no slot.
+fn unheld(d: Decision) -> Acquisition {
+    if d.allowed {
+        Acquisition {
+            allowed: true,
+            wait_time: Duration::ZERO,
+            denied_by: None,
+            permit: Permit::empty(),
+        }
+    } else {
+        Acquisition {
+            allowed: false,
+            wait_time: Duration::from_micros(d.wait),
+            denied_by: d.denied_by,
+            permit: Permit::empty(),
+        }
+    }
+}
+
+/// Counts a decision in the resource's stats.
+fn count(resource: &Resource, d: &Decision) {
+    if d.allowed {
+        bump(&resource.counters.allowed);
+    } else {
+        bump(&resource.counters.denied);
+    }
 }
 
 fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
@@ -241,13 +275,13 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
-        match self.answer_now(target, cost) {
-            Answer::Now(answer) => answer,
-            // Boxed so that the in-memory path's future stays small.
-            Answer::Later(resource) => {
-                Box::pin(self.try_acquire_later(resource, target, cost)).await
-            }
-        }
+        // Nothing but the boxed remote call is held across the await, so
+        // the in-memory path's future stays small.
+        let resource = match self.now_or_later(target, cost) {
+            Ok(answer) => return answer,
+            Err(resource) => resource,
+        };
+        Box::pin(self.try_acquire_later(resource, target, cost)).await
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting, for callers that
@@ -272,10 +306,25 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        match self.answer_now(target.into(), cost) {
-            Answer::Now(answer) => Some(answer),
-            Answer::Later(_) => None,
-        }
+        self.now_or_later(target.into(), cost).ok()
+    }
+
+    /// The answer given without I/O, or the resource whose backend must be
+    /// asked asynchronously.
+    fn now_or_later(
+        &self,
+        target: Target<'_>,
+        cost: Cost,
+    ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
+        Ok(match self.answer_now(target, cost) {
+            Answer::Now(d) => Ok(unheld(d)),
+            Answer::Held(resource, d) => {
+                // A held lease needs the key again, to release it.
+                Ok(self.answer(&resource, state_key(&resource, target.key), d))
+            }
+            Answer::Failed(e) => Err(*e),
+            Answer::Later(resource) => return Err(resource),
+        })
     }
 
     /// `try_acquire` without I/O, when the backend can answer so. The
@@ -316,12 +365,12 @@ impl ResourceBroker {
 
     fn try_acquire_in(&self, registry: &Registry, target: Target<'_>, cost: Cost) -> Answer {
         let Some(resource) = registry.get(target.resource) else {
-            return Answer::Now(Err(BrokerError::UnknownResource(
+            return Answer::Failed(Box::new(BrokerError::UnknownResource(
                 target.resource.to_owned(),
             )));
         };
         if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
-            return Answer::Now(Err(e));
+            return Answer::Failed(Box::new(e));
         }
         let backend = &self.inner.backend;
         let now = with_state_key(resource, target.key, |key| {
@@ -334,15 +383,14 @@ impl ResourceBroker {
             Ok(d) => d,
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
-                return Answer::Now(Err(e.into()));
+                return Answer::Failed(Box::new(e.into()));
             }
         };
-        // Only a held lease needs the key again (to release it).
-        let owned_key = match decision.lease {
-            Some(_) => state_key(resource, target.key),
-            None => None,
-        };
-        Answer::Now(Ok(self.answer(resource, owned_key, decision)))
+        if decision.allowed && decision.lease.is_some() {
+            return Answer::Held(resource.clone(), decision);
+        }
+        count(resource, &decision);
+        Answer::Now(decision)
     }
 
     /// `try_acquire` through the backend's asynchronous call.
@@ -365,16 +413,10 @@ impl ResourceBroker {
     }
 
     fn answer(&self, resource: &Arc<Resource>, key: Option<String>, d: Decision) -> Acquisition {
+        count(resource, &d);
         if !d.allowed {
-            bump(&resource.counters.denied);
-            return Acquisition {
-                allowed: false,
-                wait_time: Duration::from_micros(d.wait),
-                denied_by: d.denied_by,
-                permit: Permit::empty(),
-            };
+            return unheld(d);
         }
-        bump(&resource.counters.allowed);
         let permit = match d.lease {
             Some(lease) => Permit::held(
                 self.inner.backend.clone(),
