@@ -49,7 +49,7 @@ pin_project! {
     {
         Admitting {
             acquire: AcquireFuture,
-            call: Option<Call<S, ReqB>>,
+            call: Option<Box<Call<S, ReqB>>>,
         },
         Refunding {
             refund: RefundFuture,
@@ -187,7 +187,7 @@ where
         Self {
             state: State::Admitting {
                 acquire,
-                call: Some(call),
+                call: Some(Box::new(call)),
             },
         }
     }
