@@ -124,11 +124,11 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: PermitBody,
 {
-    /// Passes a request through untouched (no limit applies to it).
-    pub(crate) fn pass(mut inner: S, req: Request<ReqB>) -> Self {
+    /// Passes the inner call through untouched (no limit applies to it).
+    pub(crate) fn pass(fut: S::Future) -> Self {
         Self {
             state: State::Calling {
-                fut: inner.call(req),
+                fut,
                 permit: None,
                 long_lived: false,
                 refundable: None,
@@ -136,17 +136,21 @@ where
         }
     }
 
-    /// Admits `req` on `stage` (for `tenant`, if given), then calls `inner`.
+    /// Admits `req` on `stage` (for `tenant`, if given), then calls
+    /// `inner`, the service that was polled ready: at once when the broker
+    /// answers without I/O, else a ready clone of it once it has answered.
     pub(crate) fn admit(
         policy: Arc<Policy>,
         stage: Stage,
         tenant: Option<TenantId>,
-        inner: S,
+        inner: &mut S,
         req: Request<ReqB>,
-    ) -> Self {
-        let call = Call { inner, req, stage };
+    ) -> Self
+    where
+        S: Clone,
+    {
         // The in-memory store answers at once: no boxed future, no extra
-        // poll.
+        // poll, no clone of the inner service.
         let now = match policy.limited(stage) {
             Some(limited) => {
                 let target: Target<'_> = match &tenant {
@@ -164,9 +168,15 @@ where
                 policy,
             };
             return Self {
-                state: call.decide(answer),
+                state: decide(inner, req, stage, answer),
             };
         }
+        let clone = inner.clone();
+        let call = Call {
+            inner: std::mem::replace(inner, clone),
+            req,
+            stage,
+        };
         let acquire: AcquireFuture = Box::pin(async move {
             let result = match policy.limited(stage) {
                 Some(limited) => {
@@ -203,18 +213,18 @@ fn unlimited() -> Acquisition {
     }
 }
 
-impl<S, ReqB> Call<S, ReqB> {
-    /// The next state once the broker answered.
-    fn decide<ResB>(self, answer: Answer) -> State<S, ReqB, ResB>
-    where
-        S: Service<Request<ReqB>, Response = Response<ResB>>,
-        ResB: PermitBody,
+/// The next state once the broker answered.
+fn decide<S, ReqB, ResB>(
+    inner: &mut S,
+    req: Request<ReqB>,
+    stage: Stage,
+    answer: Answer,
+) -> State<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
+{
     {
-        let Call {
-            mut inner,
-            req,
-            stage,
-        } = self;
         let Answer {
             result,
             tenant,
@@ -292,7 +302,12 @@ where
                 StateProj::Admitting { acquire, call } => {
                     let answer = ready!(acquire.as_mut().poll(cx));
                     let call = call.take().expect("ResponseFuture polled after completion");
-                    let next = call.decide(answer);
+                    let Call {
+                        mut inner,
+                        req,
+                        stage,
+                    } = *call;
+                    let next = decide(&mut inner, req, stage, answer);
                     state.set(next);
                 }
                 StateProj::Refunding { refund, response } => {

@@ -32,13 +32,6 @@ impl<S> PressureService<S> {
     }
 }
 
-/// Takes the ready service out of `slot`, leaving a clone (the service
-/// polled ready is the one that is called).
-fn take_ready<S: Clone>(slot: &mut S) -> S {
-    let clone = slot.clone();
-    std::mem::replace(slot, clone)
-}
-
 impl<S, ReqB, ResB> Service<Request<ReqB>> for PressureService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
@@ -53,14 +46,15 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let inner = take_ready(&mut self.inner);
         let stage = match self.policy.enabled {
             true => self.policy.stage_for(req.uri().path()),
             false => None,
         };
         match stage {
-            Some(stage) => ResponseFuture::admit(self.policy.clone(), stage, None, inner, req),
-            None => ResponseFuture::pass(inner, req),
+            Some(stage) => {
+                ResponseFuture::admit(self.policy.clone(), stage, None, &mut self.inner, req)
+            }
+            None => ResponseFuture::pass(self.inner.call(req)),
         }
     }
 }
@@ -106,19 +100,22 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let inner = take_ready(&mut self.inner);
         if !self.policy.has_tenant_stage() {
-            return ResponseFuture::pass(inner, req);
+            return ResponseFuture::pass(self.inner.call(req));
         }
         let tenant = self
             .extractor
             .tenant(req.headers(), req.extensions())
             .map(|raw| TenantId::new(&raw));
         match tenant {
-            Some(tenant) => {
-                ResponseFuture::admit(self.policy.clone(), Stage::Tenant, Some(tenant), inner, req)
-            }
-            None => ResponseFuture::pass(inner, req),
+            Some(tenant) => ResponseFuture::admit(
+                self.policy.clone(),
+                Stage::Tenant,
+                Some(tenant),
+                &mut self.inner,
+                req,
+            ),
+            None => ResponseFuture::pass(self.inner.call(req)),
         }
     }
 }
