@@ -72,6 +72,37 @@ pub(crate) struct Resource {
     pub(crate) slot_freed: tokio::sync::Notify,
     /// Holds on attempts already booked in this process (see `hold.rs`).
     pub(crate) holds: hold::Holds,
+    /// The largest cost of each unit that can ever fit (the smallest burst
+    /// of the limits counting it): a cost within it passes
+    /// `Limits::check_fits`, so the hot path compares two numbers.
+    pub(crate) fits: Cost,
+}
+
+impl Resource {
+    /// `config.limits.check_fits`, answered from `fits` when it passes.
+    pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
+        if cost.requests <= self.fits.requests && cost.tokens <= self.fits.tokens {
+            return Ok(());
+        }
+        self.config.limits.check_fits(&self.id, cost)
+    }
+}
+
+/// The largest cost of each unit that `limits` can ever grant.
+fn largest_fit(limits: &Limits) -> Cost {
+    let smallest = |unit| {
+        limits
+            .rates
+            .iter()
+            .filter(|r| r.unit == unit)
+            .map(|r| r.burst())
+            .min()
+            .unwrap_or(u64::MAX)
+    };
+    Cost {
+        requests: smallest(crate::limits::Unit::Requests),
+        tokens: smallest(crate::limits::Unit::Tokens),
+    }
 }
 
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
@@ -148,6 +179,7 @@ impl ResourceBroker {
             id: id.to_owned(),
             key: keys::resource_key(id),
             spec: LimitSpec::new(&config.paced_limits(), config.lease_ttl),
+            fits: largest_fit(&config.limits),
             config,
             kind,
             counters: Counters::default(),
@@ -369,7 +401,7 @@ impl ResourceBroker {
                 target.resource.to_owned(),
             )));
         };
-        if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
+        if let Err(e) = resource.check_fits(cost) {
             return Answer::Failed(Box::new(e));
         }
         let backend = &self.inner.backend;
@@ -497,9 +529,7 @@ impl ResourceBroker {
         crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
-        resource
-            .holds
-            .hold(key, tokio::time::Instant::now() + hold);
+        resource.holds.hold(key, tokio::time::Instant::now() + hold);
         self.inner
             .backend
             .penalize(key, &resource.spec, hold)
@@ -559,5 +589,90 @@ impl ResourceBroker {
             .map(|r| (r.id.clone(), r.counters.snapshot(r.kind)))
             .collect();
         BrokerStats { resources }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{RateLimit, Unit};
+    use proptest::prelude::*;
+
+    #[derive(Debug)]
+    struct NoStore;
+
+    #[async_trait::async_trait]
+    impl Backend for NoStore {
+        async fn try_acquire(
+            &self,
+            _: &str,
+            _: &LimitSpec,
+            _: Cost,
+        ) -> Result<Decision, BackendError> {
+            Err(BackendError::new("unused"))
+        }
+        async fn reserve(
+            &self,
+            _: &str,
+            _: &LimitSpec,
+            _: Cost,
+            _: Duration,
+        ) -> Result<crate::state::Reservation, BackendError> {
+            Err(BackendError::new("unused"))
+        }
+        async fn hold_slot(
+            &self,
+            _: &str,
+            _: &LimitSpec,
+        ) -> Result<Option<crate::state::LeaseId>, BackendError> {
+            Err(BackendError::new("unused"))
+        }
+        async fn release(&self, _: &str, _: crate::state::LeaseId) -> Result<bool, BackendError> {
+            Err(BackendError::new("unused"))
+        }
+        async fn settle(
+            &self,
+            _: &str,
+            _: &LimitSpec,
+            _: Cost,
+            _: Cost,
+        ) -> Result<(), BackendError> {
+            Err(BackendError::new("unused"))
+        }
+        async fn penalize(&self, _: &str, _: &LimitSpec, _: Duration) -> Result<(), BackendError> {
+            Err(BackendError::new("unused"))
+        }
+        async fn reconcile(
+            &self,
+            _: &str,
+            _: &LimitSpec,
+            _: &ObservedLimit,
+        ) -> Result<(), BackendError> {
+            Err(BackendError::new("unused"))
+        }
+    }
+
+    proptest! {
+        /// The precomputed fit check accepts and refuses exactly the costs
+        /// `Limits::check_fits` does, with the same error.
+        #[test]
+        fn fast_fit_check_equals_check_fits(
+            rates in prop::collection::vec((1u64..100, any::<bool>()), 0..4),
+            requests in 0u64..120,
+            tokens in 0u64..120,
+        ) {
+            let mut limits = Limits::new();
+            for (burst, tokens) in rates {
+                let unit = if tokens { Unit::Tokens } else { Unit::Requests };
+                limits = limits.rate(RateLimit::per_second(burst).unit(unit));
+            }
+            let broker = ResourceBroker::new(NoStore);
+            broker.register_limit("r", limits.clone()).unwrap();
+            let resource = broker.resource("r").unwrap();
+            let cost = Cost { requests, tokens };
+            let fast = resource.check_fits(cost).map_err(|e| e.to_string());
+            let slow = limits.check_fits("r", cost).map_err(|e| e.to_string());
+            prop_assert_eq!(fast, slow);
+        }
     }
 }
