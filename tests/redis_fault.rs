@@ -84,6 +84,11 @@ async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
     assert!(load.is_finished(), "the load ends once Redis is back");
     let calls = load.await.expect("the load task did not panic");
     let health = broker.backend().health();
+    assert_eq!(
+        broker.stats().backend,
+        health,
+        "broker.stats() reports the store's health"
+    );
     let last = calls.last().expect("calls were made");
     let recovered = !health.down && last.end == BACK && last.result.is_ok();
     Outcome {

@@ -123,6 +123,10 @@ pub struct ResourceStats {
 pub struct BrokerStats {
     /// Per resource.
     pub resources: BTreeMap<String, ResourceStats>,
+    /// The state store's reachability and the calls its failure policy
+    /// answered.
+    #[serde(default)]
+    pub backend: BackendHealth,
 }
 
 /// Reachability of a shared state store, as its failure policy saw it

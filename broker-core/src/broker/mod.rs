@@ -76,6 +76,9 @@ pub(crate) struct Resource {
     /// of the limits counting it): a cost within it passes
     /// `Limits::check_fits`, so the hot path compares two numbers.
     pub(crate) fits: Cost,
+    /// When this resource last logged a backend error at warn level (ms
+    /// since the process-wide origin), `u64::MAX` for never.
+    pub(crate) warned_at_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Resource {
@@ -105,10 +108,32 @@ fn largest_fit(limits: &Limits) -> Cost {
     }
 }
 
+/// A resource logs a backend error at warn level at most once per this
+/// many milliseconds; the rest go to debug level. During an outage every
+/// call fails, and the backend already logs the outage once.
+const BACKEND_WARN_INTERVAL_MS: u64 = 10_000;
+
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
+    use std::sync::atomic::Ordering;
     bump(&resource.counters.backend_errors);
     crate::telemetry::backend_error(&resource.id, op);
-    tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let now_ms = ORIGIN
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64;
+    let last = resource.warned_at_ms.load(Ordering::Relaxed);
+    let due = last == u64::MAX || now_ms.saturating_sub(last) >= BACKEND_WARN_INTERVAL_MS;
+    if due
+        && resource
+            .warned_at_ms
+            .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
+    } else {
+        tracing::debug!(resource = %resource.id, op, error = %e.message, "backend error");
+    }
 }
 
 impl std::fmt::Debug for ResourceBroker {
@@ -185,6 +210,7 @@ impl ResourceBroker {
             counters: Counters::default(),
             slot_freed: tokio::sync::Notify::new(),
             holds: hold::Holds::default(),
+            warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
         });
         let _guard = self
             .inner
@@ -579,7 +605,8 @@ impl ResourceBroker {
 
 /// # Observability
 impl ResourceBroker {
-    /// Counters of every resource.
+    /// Counters of every resource, and the state store's health (calls
+    /// answered by its failure policy while it was unreachable).
     pub fn stats(&self) -> BrokerStats {
         let resources = self
             .inner
@@ -588,7 +615,10 @@ impl ResourceBroker {
             .values()
             .map(|r| (r.id.clone(), r.counters.snapshot(r.kind)))
             .collect();
-        BrokerStats { resources }
+        BrokerStats {
+            resources,
+            backend: self.inner.backend.health(),
+        }
     }
 }
 
