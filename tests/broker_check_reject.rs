@@ -5,9 +5,14 @@ use std::time::Duration;
 
 use broker_core::{
     BrokerError, Cost, DenyReason, Limits, ManualClock, RateLimit, ResourceBroker, ResourceKind,
-    TokioClock, Unit,
+    Target, TokioClock, Unit,
 };
 use broker_memory::MemoryBackend;
+
+/// Whether one `try_acquire` is allowed.
+async fn allowed<'a>(broker: &ResourceBroker, target: impl Into<Target<'a>>, cost: Cost) -> bool {
+    broker.try_acquire(target, cost).await.unwrap().allowed
+}
 
 fn broker_at(clock: ManualClock) -> ResourceBroker {
     ResourceBroker::new(MemoryBackend::with_clock(clock))
@@ -20,40 +25,16 @@ async fn denial_reports_the_wait_until_the_next_token() {
     broker
         .register_limit("api", Limits::new().rate(RateLimit::per_second(2)))
         .unwrap();
-    assert!(
-        broker
-            .try_acquire("api", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert!(
-        broker
-            .try_acquire("api", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&broker, "api", Cost::default()).await);
+    assert!(allowed(&broker, "api", Cost::default()).await);
     let denied = broker.try_acquire("api", Cost::default()).await.unwrap();
     assert!(!denied.allowed);
     assert_eq!(denied.denied_by, Some(DenyReason::Rate));
     assert_eq!(denied.wait_time, Duration::from_millis(500));
     clock.advance(Duration::from_millis(499));
-    assert!(
-        !broker
-            .try_acquire("api", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(!allowed(&broker, "api", Cost::default()).await);
     clock.advance(Duration::from_millis(1));
-    assert!(
-        broker
-            .try_acquire("api", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&broker, "api", Cost::default()).await);
 }
 
 #[tokio::test]
@@ -64,31 +45,13 @@ async fn all_limits_pass_or_nothing_is_consumed() {
         .rate(RateLimit::per_minute(10))
         .rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
     broker.register_limit("llm", limits).unwrap();
-    assert!(
-        broker
-            .try_acquire("llm", Cost::tokens(900))
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&broker, "llm", Cost::tokens(900)).await);
     // 200 tokens do not fit: the request limit must not be charged either.
     for _ in 0..20 {
-        assert!(
-            !broker
-                .try_acquire("llm", Cost::tokens(200))
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(!allowed(&broker, "llm", Cost::tokens(200)).await);
     }
     for _ in 0..9 {
-        assert!(
-            broker
-                .try_acquire("llm", Cost::tokens(10))
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(allowed(&broker, "llm", Cost::tokens(10)).await);
     }
     let denied = broker.try_acquire("llm", Cost::tokens(0)).await.unwrap();
     assert!(
@@ -117,13 +80,7 @@ async fn permit_holds_a_slot_until_released_and_release_is_idempotent() {
     assert_eq!(broker.stats().resources["gw"].in_flight, 1);
     let d = broker.try_acquire("gw", Cost::default()).await.unwrap();
     assert!(d.allowed);
-    assert!(
-        !broker
-            .try_acquire("gw", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(!allowed(&broker, "gw", Cost::default()).await);
 
     drop(b);
     drop(d);
@@ -139,42 +96,12 @@ async fn sub_keys_have_their_own_state_under_one_limit() {
     broker
         .register_limit("tenant", Limits::new().rate(RateLimit::per_minute(1)))
         .unwrap();
-    assert!(
-        broker
-            .try_acquire(("tenant", "a"), Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert!(
-        !broker
-            .try_acquire(("tenant", "a"), Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert!(
-        broker
-            .try_acquire(("tenant", "b"), Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&broker, ("tenant", "a"), Cost::default()).await);
+    assert!(!allowed(&broker, ("tenant", "a"), Cost::default()).await);
+    assert!(allowed(&broker, ("tenant", "b"), Cost::default()).await);
     // A key that looks like another's escaped key does not reach it.
-    assert!(
-        broker
-            .try_acquire(("tenant", "a:"), Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
-    assert!(
-        broker
-            .try_acquire("tenant", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&broker, ("tenant", "a:"), Cost::default()).await);
+    assert!(allowed(&broker, "tenant", Cost::default()).await);
 }
 
 #[tokio::test]
