@@ -38,6 +38,23 @@
 //! keeps short safe ids and hashes everything else, so a flood of random or
 //! hostile ids costs bounded memory and cannot touch another tenant's state.
 //!
+//! ## Semantics worth knowing
+//! - The route/service stage runs before authentication, so it counts every
+//!   request, authenticated or not: it is the floor against floods. A
+//!   request the tenant stage denies gives that cost back (`settle` to
+//!   zero), so one tenant's rejected flood does not use up the shared limit.
+//! - Route prefixes match the request path as the layer sees it (put the
+//!   layer on the outermost router, not inside a `nest`), on segment
+//!   boundaries; the longest matching prefix wins.
+//! - A concurrency permit is a lease of the resource's `lease_ttl` (60 s
+//!   by default): a response still streaming after that no longer holds
+//!   its slot. Event streams and upgrades hold none once their head is out.
+//! - Backend failures: the broker's backend applies its own failure policy
+//!   first (e.g. broker-redis's fail-closed, fail-open or local fallback);
+//!   only an error that policy does not absorb reaches the layer, which
+//!   answers [`Responses::backend_error_status`] and lets the request go no
+//!   further.
+//!
 //! ```
 //! use broker_axum::{Pressure, PressureConfig};
 //! use broker_core::ResourceBroker;
