@@ -224,67 +224,65 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: PermitBody,
 {
-    {
-        let Answer {
-            result,
-            tenant,
-            policy,
-        } = answer;
-        let Some(limited) = policy.limited(stage) else {
-            return State::Calling {
-                fut: inner.call(req),
-                permit: None,
-                long_lived: false,
-                refundable: None,
-            };
+    let Answer {
+        result,
+        tenant,
+        policy,
+    } = answer;
+    let Some(limited) = policy.limited(stage) else {
+        return State::Calling {
+            fut: inner.call(req),
+            permit: None,
+            long_lived: false,
+            refundable: None,
         };
-        let acquisition = match result {
-            Ok(a) => a,
-            Err(error) => {
-                tracing::warn!(
-                    resource = %limited.id,
-                    layer = stage.name(),
-                    tenant = tenant.as_ref().map(TenantId::as_str),
-                    %error,
-                    "pressure check failed; answering the backend-error status"
-                );
-                return State::Answered {
-                    response: Some(response::backend_failed(&policy.responses)),
-                };
-            }
-        };
-        if !acquisition.allowed {
-            tracing::info!(
+    };
+    let acquisition = match result {
+        Ok(a) => a,
+        Err(error) => {
+            tracing::warn!(
                 resource = %limited.id,
                 layer = stage.name(),
-                wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
                 tenant = tenant.as_ref().map(TenantId::as_str),
-                denied_by = ?acquisition.denied_by,
-                "request denied"
+                %error,
+                "pressure check failed; answering the backend-error status"
             );
-            let mut response =
-                response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
-            if matches!(stage, Stage::Tenant) {
-                response.extensions_mut().insert(TenantDenied {
-                    policy: address(&policy),
-                });
-            }
             return State::Answered {
-                response: Some(response),
+                response: Some(response::backend_failed(&policy.responses)),
             };
         }
-        let permit = acquisition.permit.is_held().then_some(acquisition.permit);
-        let refundable = match stage {
-            Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy, stage)),
-            _ => None,
-        };
-        let long_lived = permit.is_some() && is_long_lived_request(&req);
-        State::Calling {
-            fut: inner.call(req),
-            permit,
-            long_lived,
-            refundable,
+    };
+    if !acquisition.allowed {
+        tracing::info!(
+            resource = %limited.id,
+            layer = stage.name(),
+            wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
+            tenant = tenant.as_ref().map(TenantId::as_str),
+            denied_by = ?acquisition.denied_by,
+            "request denied"
+        );
+        let mut response =
+            response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
+        if matches!(stage, Stage::Tenant) {
+            response.extensions_mut().insert(TenantDenied {
+                policy: address(&policy),
+            });
         }
+        return State::Answered {
+            response: Some(response),
+        };
+    }
+    let permit = acquisition.permit.is_held().then_some(acquisition.permit);
+    let refundable = match stage {
+        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy, stage)),
+        _ => None,
+    };
+    let long_lived = permit.is_some() && is_long_lived_request(&req);
+    State::Calling {
+        fut: inner.call(req),
+        permit,
+        long_lived,
+        refundable,
     }
 }
 
