@@ -240,7 +240,9 @@ where
     let acquisition = match result {
         Ok(a) => a,
         Err(error) => {
-            tracing::warn!(
+            // The broker counts backend errors and warns about them (at
+            // most once per 10 s per resource); per request, this is detail.
+            tracing::debug!(
                 resource = %limited.id,
                 layer = stage.name(),
                 tenant = tenant.as_ref().map(TenantId::as_str),

@@ -18,7 +18,8 @@
 //!   responses release it as soon as the response head is ready.
 //! - A backend failure the broker does not absorb (`BrokerError::Backend`)
 //!   answers [`Responses::backend_error_status`] (default `503` with
-//!   `Retry-After: 1`) and logs a warning; it never becomes a 500 or a panic.
+//!   `Retry-After: 1`); the broker counts it (`backendErrors` in the stats)
+//!   and warns about it. It never becomes a 500 or a panic.
 //! - One `tracing` event per denial (`resource`, `layer`, `wait_ms`,
 //!   `tenant`); nothing per allowed request.
 //! - The services keep the inner service's error type *and* body type
