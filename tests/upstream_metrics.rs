@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use broker_core::config::Format;
 use broker_core::supplier::{Credential, SupplierBuckets, SupplierConfig};
 use broker_core::{
-    Backend, BackendError, Cost, Decision, EnqueueError, LeaseId, LimitSpec, Limits, Observed,
-    ObservedLimit, Outcome, RateLimit, Reservation, ResourceBroker, ResourceConfig, RetryPolicy,
+    Cost, EnqueueError, Limits, Observed, ObservedLimit, Outcome, RateLimit, ResourceBroker,
+    ResourceConfig, RetryPolicy,
 };
 use metrics::{
     Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -82,45 +81,6 @@ fn count(name: &str) -> u64 {
     tally().0.lock().unwrap().get(name).copied().unwrap_or(0)
 }
 
-/// A state store that is always down.
-struct Down;
-
-#[async_trait]
-impl Backend for Down {
-    async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
-        Err(BackendError::new("down"))
-    }
-    async fn reserve(
-        &self,
-        _: &str,
-        _: &LimitSpec,
-        _: Cost,
-        _: Duration,
-    ) -> Result<Reservation, BackendError> {
-        Err(BackendError::new("down"))
-    }
-    async fn hold_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        Err(BackendError::new("down"))
-    }
-    async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {
-        Err(BackendError::new("down"))
-    }
-    async fn settle(&self, _: &str, _: &LimitSpec, _: Cost, _: Cost) -> Result<(), BackendError> {
-        Err(BackendError::new("down"))
-    }
-    async fn penalize(&self, _: &str, _: &LimitSpec, _: Duration) -> Result<(), BackendError> {
-        Err(BackendError::new("down"))
-    }
-    async fn reconcile(
-        &self,
-        _: &str,
-        _: &LimitSpec,
-        _: &ObservedLimit,
-    ) -> Result<(), BackendError> {
-        Err(BackendError::new("down"))
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn each_kind_of_delay_and_failure_has_its_own_counter() {
     tally();
@@ -178,7 +138,7 @@ async fn each_kind_of_delay_and_failure_has_its_own_counter() {
     assert!(!supplier.data("price", &who, 0).await.unwrap().is_go());
 
     // A backend that is down.
-    let down = ResourceBroker::new(Down);
+    let down = ResourceBroker::new(broker_testkit::DownBackend::new("down"));
     down.register_limit("gw", one_per_second).unwrap();
     assert!(down.try_acquire("gw", Cost::default()).await.is_err());
 

@@ -5,13 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::routing::get;
 use axum::Router;
 use broker_axum::{Pressure, PressureConfig, Responses};
-use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation, ResourceBroker,
-};
+use broker_core::ResourceBroker;
 use common::{count, serve, statuses, TestBroker};
 
 fn app(pressure: &Pressure) -> Router {
@@ -145,52 +142,17 @@ async fn disabled_config_passes_everything_and_calls_no_broker() {
     assert_eq!(t.stat("pressure:service:rest", |s| s.allowed), 0);
 }
 
-/// A state store that is down.
-struct DownBackend;
-
-#[async_trait]
-impl broker_core::Backend for DownBackend {
-    async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-    async fn reserve(
-        &self,
-        _: &str,
-        _: &LimitSpec,
-        _: Cost,
-        _: Duration,
-    ) -> Result<Reservation, BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-    async fn hold_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-    async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-    async fn settle(&self, _: &str, _: &LimitSpec, _: Cost, _: Cost) -> Result<(), BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-    async fn penalize(&self, _: &str, _: &LimitSpec, _: Duration) -> Result<(), BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-    async fn reconcile(
-        &self,
-        _: &str,
-        _: &LimitSpec,
-        _: &ObservedLimit,
-    ) -> Result<(), BackendError> {
-        Err(BackendError::new("connection refused"))
-    }
-}
-
 fn down_pressure() -> Pressure {
     let config = PressureConfig::from_json(
         "t",
         r#"{ "perService": { "rest": { "requestsPerSecond": 5 } } }"#,
     )
     .unwrap();
-    Pressure::new(ResourceBroker::new(DownBackend), &config).unwrap()
+    Pressure::new(
+        ResourceBroker::new(broker_testkit::DownBackend::new("connection refused")),
+        &config,
+    )
+    .unwrap()
 }
 
 #[tokio::test]

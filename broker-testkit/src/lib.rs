@@ -9,10 +9,12 @@
 //!   rate-limit headers, a foreign client and an outage mode.
 #![warn(missing_docs)]
 
+mod down_backend;
 mod redis_server;
 mod strict_server;
 pub mod upstream;
 
+pub use down_backend::DownBackend;
 pub use redis_server::{free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};
 pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};

@@ -1,0 +1,63 @@
+//! A state store that is always down, for testing what the broker and the
+//! layers do with a backend error the failure policy did not absorb.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::{
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation,
+};
+
+/// Every call fails with [`DownBackend::message`].
+#[derive(Debug, Clone)]
+pub struct DownBackend {
+    /// The error message every call returns.
+    pub message: &'static str,
+}
+
+impl DownBackend {
+    /// A store whose every call fails with `message`.
+    pub fn new(message: &'static str) -> Self {
+        Self { message }
+    }
+
+    fn fail<T>(&self) -> Result<T, BackendError> {
+        Err(BackendError::new(self.message))
+    }
+}
+
+#[async_trait]
+impl Backend for DownBackend {
+    async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
+        self.fail()
+    }
+    async fn reserve(
+        &self,
+        _: &str,
+        _: &LimitSpec,
+        _: Cost,
+        _: Duration,
+    ) -> Result<Reservation, BackendError> {
+        self.fail()
+    }
+    async fn hold_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+        self.fail()
+    }
+    async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {
+        self.fail()
+    }
+    async fn settle(&self, _: &str, _: &LimitSpec, _: Cost, _: Cost) -> Result<(), BackendError> {
+        self.fail()
+    }
+    async fn penalize(&self, _: &str, _: &LimitSpec, _: Duration) -> Result<(), BackendError> {
+        self.fail()
+    }
+    async fn reconcile(
+        &self,
+        _: &str,
+        _: &LimitSpec,
+        _: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        self.fail()
+    }
+}
