@@ -10,6 +10,10 @@
 //! - `threads2/one_key`, `threads2/keys_10k`: two threads at once (one
 //!   iteration = one decision on each thread).
 //!
+//! `handle_try_acquire_keyed` is the same keyed call through
+//! `ResourceBroker::resource_handle("tenants")`, which skips the lookup of
+//! the resource by id.
+//!
 //! `memory_backend_try_acquire_now` is the store's decision alone, on the
 //! state key the broker would build: the difference to
 //! `broker_try_acquire_keyed` is the facade (registry lookup, key building,
@@ -22,7 +26,7 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use broker_core::keys::keyed;
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker};
+use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker, ResourceHandle};
 use broker_memory::MemoryBackend;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -35,6 +39,9 @@ const BIG_BURST: u32 = 1_000_000_000;
 
 struct Subjects {
     broker: ResourceBroker,
+    /// `broker.resource_handle("tenants")`: keyed calls without the lookup
+    /// by resource id.
+    tenants: ResourceHandle,
     /// A second store, called directly with the state keys the broker
     /// would build: the decision without the facade.
     store: MemoryBackend,
@@ -55,6 +62,7 @@ fn subjects(per_second: u32, burst: u32) -> Subjects {
         .allow_burst(NonZeroU32::new(burst).unwrap());
     let keys: Vec<String> = (0..KEYS).map(|i| format!("tenant-{i}")).collect();
     Subjects {
+        tenants: broker.resource_handle("tenants").unwrap(),
         broker,
         store: MemoryBackend::new(),
         spec: LimitSpec::new(&limits, Duration::from_secs(60)),
@@ -86,6 +94,17 @@ fn store(s: &Subjects, i: usize) -> bool {
         .allowed
 }
 
+/// Our keyed `try_acquire` through the pre-resolved handle.
+fn ours_handle(tenants: &ResourceHandle, key: &str) -> bool {
+    use futures::FutureExt;
+    tenants
+        .try_acquire(key, Cost::default())
+        .now_or_never()
+        .expect("the in-memory backend answers at once")
+        .expect("registered resource")
+        .allowed
+}
+
 /// Our keyed `try_acquire` on `("tenants", key)`.
 fn ours_keyed(broker: &ResourceBroker, key: &str) -> bool {
     use futures::FutureExt;
@@ -112,6 +131,9 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
     g.bench_function("broker_try_acquire_keyed", |b| {
         b.iter(|| black_box(ours_keyed(&s.broker, &one)))
     });
+    g.bench_function("handle_try_acquire_keyed", |b| {
+        b.iter(|| black_box(ours_handle(&s.tenants, &one)))
+    });
     g.bench_function("memory_backend_try_acquire_now", |b| {
         b.iter(|| black_box(store(s, 0)))
     });
@@ -123,6 +145,13 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
         b.iter(|| {
             i = (i + 1) % KEYS;
             black_box(ours_keyed(&s.broker, &s.keys[i]))
+        })
+    });
+    g.bench_function("handle_try_acquire_keyed", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(ours_handle(&s.tenants, &s.keys[i]))
         })
     });
     g.bench_function("governor_keyed_check_key", |b| {
@@ -170,6 +199,13 @@ fn threads2(c: &mut Criterion, s: &Subjects) {
             })
         })
     });
+    g.bench_function("handle_try_acquire_keyed", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |_, _| {
+                black_box(ours_handle(&s.tenants, &one));
+            })
+        })
+    });
     g.bench_function("governor_keyed_check_key", |b| {
         b.iter_custom(|n| {
             two_threads(n, |_, _| {
@@ -195,6 +231,13 @@ fn threads2(c: &mut Criterion, s: &Subjects) {
         b.iter_custom(|n| {
             two_threads(n, |t, i| {
                 black_box(ours_keyed(&s.broker, key(t, i)));
+            })
+        })
+    });
+    g.bench_function("handle_try_acquire_keyed", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |t, i| {
+                black_box(ours_handle(&s.tenants, key(t, i)));
             })
         })
     });
@@ -226,6 +269,7 @@ fn deny(c: &mut Criterion) {
     }
     assert!(!ours(&s.broker, "one"));
     assert!(!ours_keyed(&s.broker, &s.keys[7]));
+    assert!(!ours_handle(&s.tenants, &s.keys[7]));
     assert!(s.keyed.check_key(&s.keys[7]).is_err());
     assert!(!store(&s, 7));
     single_thread(c, "deny", &s);

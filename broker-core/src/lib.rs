@@ -26,7 +26,9 @@ pub mod supplier;
 pub mod telemetry;
 
 pub use backend::Backend;
-pub use broker::{Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, Target};
+pub use broker::{
+    Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, ResourceHandle, Target,
+};
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
 pub use config::{LimitsConfig, ResourceConfig};
 pub use error::{BackendError, BrokerError, ConfigError};

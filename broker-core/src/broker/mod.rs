@@ -1,6 +1,7 @@
 //! The [`ResourceBroker`] facade: one object for both strategies.
 
 mod enqueue;
+mod handle;
 mod hold;
 mod permit;
 mod target;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 pub use enqueue::{Attempt, EnqueueError};
+pub use handle::ResourceHandle;
 pub use permit::{Acquisition, Permit};
 pub use target::Target;
 
@@ -79,6 +81,9 @@ pub(crate) struct Resource {
     /// When this resource last logged a backend error at warn level (ms
     /// since the process-wide origin), `u64::MAX` for never.
     pub(crate) warned_at_ms: std::sync::atomic::AtomicU64,
+    /// Set once a registration under the same id replaced this resource:
+    /// a [`ResourceHandle`] holding it then goes through the registry.
+    pub(crate) retired: std::sync::atomic::AtomicBool,
 }
 
 impl Resource {
@@ -211,6 +216,7 @@ impl ResourceBroker {
             slot_freed: tokio::sync::Notify::new(),
             holds: hold::Holds::default(),
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+            retired: std::sync::atomic::AtomicBool::new(false),
         });
         let _guard = self
             .inner
@@ -218,11 +224,17 @@ impl ResourceBroker {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let mut map = HashMap::clone(&self.inner.resources.load());
-        map.insert(id.to_owned(), resource);
+        let replaced = map.insert(id.to_owned(), resource);
         self.inner.resources.store(Arc::new(map));
         self.inner
             .stamp
             .store(next_stamp(), std::sync::atomic::Ordering::Release);
+        if let Some(old) = replaced {
+            // After the new registry is stored: a handle that sees the flag
+            // finds the new resource.
+            old.retired
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         Ok(())
     }
 
@@ -374,11 +386,22 @@ impl ResourceBroker {
         target: Target<'_>,
         cost: Cost,
     ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        Ok(match self.answer_now(target, cost) {
+        self.finish_now(self.answer_now(target, cost), target.key)
+    }
+
+    /// Turns what [`ResourceBroker::answer_now`] (or
+    /// [`ResourceBroker::decide_now`]) found into the acquisition, or the
+    /// resource whose backend must be asked asynchronously.
+    fn finish_now(
+        &self,
+        answer: Answer,
+        key: Option<&str>,
+    ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
+        Ok(match answer {
             Answer::Now(d) => Ok(unheld(d)),
             Answer::Held(resource, d) => {
                 // A held lease needs the key again, to release it.
-                Ok(self.answer(&resource, state_key(&resource, target.key), d))
+                Ok(self.answer(&resource, state_key(&resource, key), d))
             }
             Answer::Failed(e) => Err(*e),
             Answer::Later(resource) => return Err(resource),
@@ -427,11 +450,17 @@ impl ResourceBroker {
                 target.resource.to_owned(),
             )));
         };
+        self.decide_now(resource, target.key, cost)
+    }
+
+    /// `try_acquire` on a resource already looked up, without I/O when the
+    /// backend can answer so.
+    fn decide_now(&self, resource: &Arc<Resource>, key: Option<&str>, cost: Cost) -> Answer {
         if let Err(e) = resource.check_fits(cost) {
             return Answer::Failed(Box::new(e));
         }
         let backend = &self.inner.backend;
-        let now = with_state_key(resource, target.key, |key| {
+        let now = with_state_key(resource, key, |key| {
             backend.try_acquire_now(key, &resource.spec, cost)
         });
         let Some(decision) = now else {

@@ -31,7 +31,9 @@ pub struct Acquisition {
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
-    held: Option<Held>,
+    /// Boxed so that an empty permit (the common case: no concurrency
+    /// limit, or denied) is one pointer wide and the `Acquisition` small.
+    held: Option<Box<Held>>,
 }
 
 #[derive(Debug)]
@@ -66,13 +68,13 @@ impl Permit {
             bump(&resource.counters.in_flight);
         }
         Self {
-            held: Some(Held {
+            held: Some(Box::new(Held {
                 backend,
                 resource,
                 key,
                 lease,
                 counted,
-            }),
+            })),
         }
     }
 
@@ -88,6 +90,7 @@ impl Permit {
     /// expires after the resource's `lease_ttl`.
     pub fn release(&mut self) {
         let Some(h) = self.held.take() else { return };
+        let h = *h;
         if h.counted {
             drop_one(&h.resource.counters.in_flight);
         }
@@ -118,5 +121,16 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_permit_is_one_pointer_wide() {
+        assert_eq!(std::mem::size_of::<Permit>(), std::mem::size_of::<usize>());
+        assert!(!Permit::empty().is_held());
     }
 }

@@ -1,0 +1,153 @@
+//! [`ResourceHandle`]: one registered resource, looked up once, for callers
+//! that check the same resource on every request.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Acquisition, Resource, ResourceBroker, Target};
+use crate::error::BrokerError;
+use crate::limits::Cost;
+
+/// One registered resource of a [`ResourceBroker`], resolved once:
+/// [`ResourceHandle::try_acquire`] and [`ResourceHandle::try_acquire_now`]
+/// answer exactly as the broker's calls on the same resource, without
+/// looking the resource up by id on each call. Cloning is cheap.
+///
+/// A handle follows re-registration: once the resource is registered again
+/// (new limits, new counters), the handle's calls go through the broker's
+/// registry and so reach the new registration, as
+/// [`ResourceBroker::try_acquire`] would.
+///
+/// ```
+/// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+/// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+/// let broker = ResourceBroker::new(backend);
+/// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+/// let tenants = broker.resource_handle("tenants")?;
+/// // One tenant's own state ...
+/// if let Some(answer) = tenants.try_acquire_now("acme", Cost::default()) {
+///     println!("acme allowed: {}", answer?.allowed);
+/// }
+/// // ... or the resource's whole state.
+/// let _ = tenants.try_acquire_now(None, Cost::default());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ResourceHandle {
+    broker: ResourceBroker,
+    resource: Arc<Resource>,
+}
+
+impl std::fmt::Debug for ResourceHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceHandle")
+            .field("resource", &self.resource.id)
+            .finish()
+    }
+}
+
+impl ResourceBroker {
+    /// A handle on the registered `resource`, for repeated `try_acquire`
+    /// calls without a lookup by id (see [`ResourceHandle`]). Unknown
+    /// resource: [`BrokerError::UnknownResource`].
+    ///
+    /// ```
+    /// use broker_core::{BrokerError, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(10)))?;
+    /// let webhooks = broker.resource_handle("webhooks")?;
+    /// assert_eq!(webhooks.resource(), "webhooks");
+    /// assert!(matches!(
+    ///     broker.resource_handle("nope"),
+    ///     Err(BrokerError::UnknownResource(_))
+    /// ));
+    /// # Ok(()) }
+    /// ```
+    pub fn resource_handle(&self, resource: &str) -> Result<ResourceHandle, BrokerError> {
+        Ok(ResourceHandle {
+            broker: self.clone(),
+            resource: self.resource(resource)?,
+        })
+    }
+}
+
+impl ResourceHandle {
+    /// The resource id.
+    pub fn resource(&self) -> &str {
+        &self.resource.id
+    }
+
+    /// [`ResourceBroker::try_acquire`] on this resource: `key` is a sub-key
+    /// (`"acme"`, `Some(tenant)`) or `None` for the resource's own state.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # async fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let tenants = broker.resource_handle("tenants")?;
+    /// let a = tenants.try_acquire("acme", Cost::default()).await?;
+    /// if !a.allowed {
+    ///     println!("429, retry after {:?}", a.wait_time);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire<'a>(
+        &self,
+        key: impl Into<Option<&'a str>>,
+        cost: Cost,
+    ) -> Result<Acquisition, BrokerError> {
+        let key = key.into();
+        let target = Target {
+            resource: &self.resource.id,
+            key,
+        };
+        if self.resource.retired.load(Ordering::Acquire) {
+            return Box::pin(self.broker.try_acquire(target, cost)).await;
+        }
+        let resource = match self
+            .broker
+            .finish_now(self.broker.decide_now(&self.resource, key, cost), key)
+        {
+            Ok(answer) => return answer,
+            Err(resource) => resource,
+        };
+        Box::pin(self.broker.try_acquire_later(resource, target, cost)).await
+    }
+
+    /// [`ResourceBroker::try_acquire_now`] on this resource: `Some(answer)`
+    /// when the backend answered without I/O, `None` when it must be asked
+    /// asynchronously (nothing was consumed; call
+    /// [`ResourceHandle::try_acquire`]).
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let tenants = broker.resource_handle("tenants")?;
+    /// match tenants.try_acquire_now("acme", Cost::default()) {
+    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
+    ///     None => println!("ask with try_acquire(..).await"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn try_acquire_now<'a>(
+        &self,
+        key: impl Into<Option<&'a str>>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
+        let key = key.into();
+        if self.resource.retired.load(Ordering::Acquire) {
+            let target = Target {
+                resource: &self.resource.id,
+                key,
+            };
+            return self.broker.try_acquire_now(target, cost);
+        }
+        self.broker
+            .finish_now(self.broker.decide_now(&self.resource, key, cost), key)
+            .ok()
+    }
+}

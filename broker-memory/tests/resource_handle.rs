@@ -1,0 +1,116 @@
+//! `ResourceHandle` on the in-memory backend: the same answers, state and
+//! counters as the broker's own `try_acquire`, and it follows
+//! re-registration.
+
+use std::time::Duration;
+
+use broker_core::{BrokerError, Cost, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_memory::MemoryBackend;
+
+fn broker(clock: &ManualClock) -> ResourceBroker {
+    ResourceBroker::new(MemoryBackend::with_clock(clock.clone()))
+}
+
+fn two_per_second() -> Limits {
+    Limits::new().rate(RateLimit::per_second(2).with_burst(2))
+}
+
+#[test]
+fn handle_shares_state_answers_and_counters_with_the_broker() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    broker.register_limit("tenants", two_per_second()).unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    let via_handle = |key| {
+        tenants
+            .try_acquire_now(key, Cost::default())
+            .expect("in-memory answers at once")
+            .unwrap()
+    };
+    let via_broker = |key| {
+        broker
+            .try_acquire_now(("tenants", key), Cost::default())
+            .expect("in-memory answers at once")
+            .unwrap()
+    };
+    assert!(via_handle("a").allowed);
+    assert!(via_broker("a").allowed);
+    let handle_denied = via_handle("a");
+    let broker_denied = via_broker("a");
+    assert!(!handle_denied.allowed);
+    assert_eq!(handle_denied.wait_time, Duration::from_millis(500));
+    assert_eq!(handle_denied.wait_time, broker_denied.wait_time);
+    assert_eq!(handle_denied.denied_by, broker_denied.denied_by);
+    // Another sub-key and the whole resource have their own states.
+    assert!(via_handle("b").allowed);
+    let whole = tenants.try_acquire_now(None, Cost::default()).unwrap();
+    assert!(whole.unwrap().allowed);
+    let stats = &broker.stats().resources["tenants"];
+    assert_eq!((stats.allowed, stats.denied), (4, 2));
+}
+
+#[tokio::test]
+async fn handle_try_acquire_awaits_the_same_answer() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    broker.register_limit("tenants", two_per_second()).unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    for _ in 0..2 {
+        assert!(
+            tenants
+                .try_acquire("a", Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    let denied = tenants.try_acquire("a", Cost::default()).await.unwrap();
+    assert!(!denied.allowed);
+    clock.advance(denied.wait_time);
+    assert!(
+        tenants
+            .try_acquire("a", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+#[test]
+fn handle_follows_re_registration() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    broker.register_limit("tenants", two_per_second()).unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    let one = Limits::new().rate(RateLimit::per_second(1).with_burst(1));
+    broker.register_limit("tenants", one).unwrap();
+    let take = || {
+        tenants
+            .try_acquire_now("a", Cost::default())
+            .unwrap()
+            .unwrap()
+    };
+    assert!(take().allowed);
+    let denied = take();
+    assert!(!denied.allowed, "the new burst of 1 applies");
+    assert_eq!(denied.wait_time, Duration::from_secs(1));
+    // Counted in the new registration's stats.
+    let stats = &broker.stats().resources["tenants"];
+    assert_eq!((stats.allowed, stats.denied), (1, 1));
+}
+
+#[test]
+fn handle_refuses_a_cost_that_never_fits_and_unknown_resources() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    broker.register_limit("tenants", two_per_second()).unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    let too_big = tenants
+        .try_acquire_now("a", Cost::requests(3))
+        .expect("refused at once");
+    assert!(matches!(too_big, Err(BrokerError::CostNeverFits { .. })));
+    assert!(matches!(
+        broker.resource_handle("other"),
+        Err(BrokerError::UnknownResource(id)) if id == "other"
+    ));
+}
