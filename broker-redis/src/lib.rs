@@ -113,7 +113,11 @@ impl RedisBackend {
         Self {
             inner: Arc::new(Inner {
                 conn,
-                margin_ms: u64::try_from(b.ttl_margin.as_millis()).unwrap_or(u64::MAX),
+                // At most 10^15 ms (about 31,700 years), like the TTL the
+                // scripts add it to: the sum stays a plain integer for PEXPIRE.
+                margin_ms: u64::try_from(b.ttl_margin.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .min(1_000_000_000_000_000),
                 prefix: b.prefix,
                 clock: b.clock,
                 policy: b.policy,

@@ -1,8 +1,13 @@
 //! The Lua scripts, one per transition, and the arguments they take.
 //!
-//! Every script is `lua/common.lua` (the bucket state machine, mirrored from
-//! broker-core's `bucket.rs` and `state.rs`) followed by its own body. See
-//! the header of `common.lua` for the layout of `KEYS` and `ARGV`.
+//! Every script is assembled from the parts it uses, so that a call defines
+//! no helper it does not run: `lua/common.lua` (the clock and saturating
+//! arithmetic; see its header for the layout of `KEYS` and `ARGV`),
+//! `lua/bucket.lua` (broker-core's `bucket.rs` on plain values),
+//! `lua/state.lua` (the multi-limit helpers of `state.rs` over n buckets) or
+//! `lua/one.lua` (one bucket without tables, the fast path of resources with
+//! a single rate limit), `lua/lease.lua` (`state::hold_slot`), and last the
+//! transition's own body.
 
 use std::sync::LazyLock;
 
@@ -12,24 +17,22 @@ use redis::{Cmd, Script};
 use crate::keys::KeyPair;
 
 macro_rules! script {
-    ($name:ident, $file:literal) => {
+    ($name:ident, [$($part:literal),+]) => {
         pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("lua/common.lua"),
-                "\n",
-                include_str!($file)
-            ))
+            Script::new(concat!($(include_str!(concat!("lua/", $part, ".lua")), "\n"),+))
         });
     };
 }
 
-script!(TRY, "lua/try.lua");
-script!(RESERVE, "lua/reserve.lua");
-script!(HOLD_SLOT, "lua/hold_slot.lua");
-script!(RELEASE, "lua/release.lua");
-script!(SETTLE, "lua/settle.lua");
-script!(PENALIZE, "lua/penalize.lua");
-script!(RECONCILE, "lua/reconcile.lua");
+script!(TRY, ["common", "bucket", "state", "lease", "try"]);
+script!(TRY_ONE, ["common", "bucket", "one", "try_one"]);
+script!(RESERVE, ["common", "bucket", "state", "reserve"]);
+script!(RESERVE_ONE, ["common", "bucket", "one", "reserve_one"]);
+script!(HOLD_SLOT, ["common", "lease", "hold_slot"]);
+script!(RELEASE, ["common", "release"]);
+script!(SETTLE, ["common", "bucket", "state", "settle"]);
+script!(PENALIZE, ["common", "bucket", "state", "penalize"]);
+script!(RECONCILE, ["common", "bucket", "state", "reconcile"]);
 
 /// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
 #[derive(Debug, Clone, Copy)]

@@ -131,21 +131,30 @@ impl RedisBackend {
         cost: Cost,
         lease: LeaseId,
     ) -> Result<Decision, Failure> {
+        // One rate limit and no concurrency limit: the table-free script,
+        // which takes no operands after the bucket.
+        let one = spec.buckets.len() == 1 && spec.max_concurrent.is_none();
+        let script = if one {
+            &scripts::TRY_ONE
+        } else {
+            &scripts::TRY
+        };
         let mut cmd = scripts::evalsha(
-            &scripts::TRY,
+            script,
             keys,
             self.now_arg(),
             self.inner.margin_ms,
             spec,
             |i| Operand::Int(cost.of(spec.buckets[i].0)),
         );
-        match spec.max_concurrent {
-            Some(max) => cmd.arg(max),
-            None => cmd.arg(""),
-        };
-        cmd.arg(spec.lease_ttl).arg(lease);
-        let (allowed, wait, reason): (i64, String, i64) =
-            parse(self.run(&scripts::TRY, cmd).await?)?;
+        if !one {
+            match spec.max_concurrent {
+                Some(max) => cmd.arg(max),
+                None => cmd.arg(""),
+            };
+            cmd.arg(spec.lease_ttl).arg(lease);
+        }
+        let (allowed, wait, reason): (i64, String, i64) = parse(self.run(script, cmd).await?)?;
         Ok(match (allowed, reason) {
             (1, _) => Decision::allow(spec.max_concurrent.map(|_| lease)),
             (_, 2) => Decision::deny(DenyReason::Concurrency, 0),
@@ -191,8 +200,13 @@ impl RedisBackend {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<(Reservation, Micros), Failure> {
+        let script = if spec.buckets.len() == 1 {
+            &scripts::RESERVE_ONE
+        } else {
+            &scripts::RESERVE
+        };
         let mut cmd = scripts::evalsha(
-            &scripts::RESERVE,
+            script,
             keys,
             self.now_arg(),
             self.inner.margin_ms,
@@ -200,8 +214,7 @@ impl RedisBackend {
             |i| Operand::Int(cost.of(spec.buckets[i].0)),
         );
         cmd.arg(micros(max_wait));
-        let (booked, wait, now): (i64, String, String) =
-            parse(self.run(&scripts::RESERVE, cmd).await?)?;
+        let (booked, wait, now): (i64, String, String) = parse(self.run(script, cmd).await?)?;
         Ok((
             Reservation {
                 wait: micros_of(&wait)?,

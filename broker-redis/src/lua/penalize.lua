@@ -2,15 +2,13 @@
 -- (keeping booked debt) and hold it until now + hold; never shortens nb.
 -- ARGV[REST] hold in us.
 local now = read_now()
-local params, states = load(now)
+load(now)
 local until_ = sat_add(now, tonumber(ARGV[REST]))
 for i = 1, N do
-  local s = states[i]
-  local n = max(now, s.ts)
-  s = refill(s, params[i], n)
-  s.tokens = min(s.tokens, 0)
-  s.nb = max(s.nb, until_)
-  states[i] = s
+  local n = max(now, ts[i])
+  tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
+  tokens[i] = min(tokens[i], 0)
+  nb[i] = max(nb[i], until_)
 end
-save(params, states, now)
+save(now)
 return 1

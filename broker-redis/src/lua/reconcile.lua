@@ -2,24 +2,22 @@
 -- upstream's remaining, never widen. c is remaining ('' when not observed);
 -- ARGV[REST + i - 1] is that bucket's reset in us ('' when not given).
 local now = read_now()
-local params, states, remainings = load(now)
+load(now)
 for i = 1, N do
-  local remaining = tonumber(remainings[i])
-  if remaining ~= nil and remaining < params[i].capacity then
+  local remaining = tonumber(c[i])
+  if remaining ~= nil and remaining < capacity[i] then
     local reset = tonumber(ARGV[REST + i - 1])
     local reset_at = nil
     if reset ~= nil then
       reset_at = sat_add(now, reset)
     end
-    local s = states[i]
-    local n = max(now, s.ts)
-    s = refill(s, params[i], n)
-    s.tokens = min(s.tokens, remaining)
+    local n = max(now, ts[i])
+    tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
+    tokens[i] = min(tokens[i], remaining)
     if remaining <= 0 and reset_at ~= nil then
-      s.nb = max(s.nb, reset_at)
+      nb[i] = max(nb[i], reset_at)
     end
-    states[i] = s
   end
 end
-save(params, states, now)
+save(now)
 return 1

@@ -2,11 +2,11 @@
 -- earliest times, or nothing if that is beyond max_wait.
 -- ARGV[REST] max_wait. Returns {booked, wait, now}; wait and now as strings.
 local now = read_now()
-local params, states, costs = load(now)
-local wait = wait_all(params, states, costs, now)
+load(now)
+local wait = wait_all(now)
 if wait > tonumber(ARGV[REST]) then
   return { 0, fmt(wait), fmt(now) }
 end
-book_all(params, states, costs, now, wait)
-save(params, states, now)
+book_all(now, wait)
+save(now)
 return { 1, fmt(wait), fmt(now) }

@@ -1,16 +1,14 @@
 -- settle (state::settle, bucket::settle): c is delta = reserved - actual;
 -- a positive delta refunds (capped at capacity), a negative one charges.
 local now = read_now()
-local params, states, deltas = load(now)
+load(now)
 for i = 1, N do
-  local delta = tonumber(deltas[i])
+  local delta = tonumber(c[i])
   if delta ~= 0 then
-    local s = states[i]
-    local n = max(now, s.ts)
-    s = refill(s, params[i], n)
-    s.tokens = min(s.tokens + delta, params[i].capacity)
-    states[i] = s
+    local n = max(now, ts[i])
+    tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
+    tokens[i] = min(tokens[i] + delta, capacity[i])
   end
 end
-save(params, states, now)
+save(now)
 return 1

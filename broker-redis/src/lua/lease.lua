@@ -1,0 +1,18 @@
+-- state::hold_slot over the lease set; max_concurrent == '' means no
+-- concurrency limit.
+local function hold_slot(now, max_concurrent, lease_ttl, lease)
+  if max_concurrent == '' then
+    return true
+  end
+  call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if call('ZCARD', KEYS[2]) >= tonumber(max_concurrent) then
+    return false
+  end
+  call('ZADD', KEYS[2], sat_add(now, lease_ttl), lease)
+  local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local keep = tonumber(last[2]) - now
+  if keep < 0 then keep = 0 end
+  local ms = min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
+  call('PEXPIRE', KEYS[2], ms)
+  return true
+end

@@ -1,0 +1,25 @@
+-- One bucket (n = 1) read and written without tables: the fast path for
+-- resources with a single rate limit. Same hash layout as state.lua.
+
+local capacity, amount, period = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+
+-- Reads the bucket as tokens, ts, nb; a missing hash, or one made for
+-- another number of buckets, is BucketState::fresh (full as of now).
+local function load(now)
+  local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
+  if tonumber(v[1]) ~= 1 then
+    return capacity, now, 0
+  end
+  return tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+end
+
+-- Writes the bucket back with its TTL, or deletes the hash when it is idle.
+local function save(tokens, ts, nb, now)
+  local ms = ttl_ms(tokens, ts, nb, now, capacity, amount, period)
+  if ms == nil then
+    call('DEL', KEYS[1])
+    return
+  end
+  call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
+  call('PEXPIRE', KEYS[1], ms)
+end

@@ -1,0 +1,19 @@
+-- reserve for one bucket: bucket::reserve (state::reserve with one limit).
+-- ARGV[7] (c) is the cost, ARGV[8] max_wait. Returns {booked, wait, now}
+-- as reserve does.
+local now = read_now()
+local tokens, ts, nb = load(now)
+local cost = tonumber(ARGV[7])
+local wait = 0
+if cost > 0 then
+  local n = now
+  if n < ts then n = ts end
+  tokens, ts = refill(tokens, ts, n, capacity, amount, period)
+  wait = wait_for(tokens, nb, n, cost, amount, period)
+  if wait > tonumber(ARGV[8]) then
+    return { 0, fmt(wait), fmt(now) }
+  end
+  tokens, ts = book(tokens, ts, n, cost, wait, capacity, amount, period)
+end
+save(tokens, ts, nb, now)
+return { 1, fmt(wait), fmt(now) }

@@ -1,0 +1,89 @@
+-- The multi-limit helpers of broker-core's state.rs (wait_all, book_all)
+-- over n buckets, and reading and writing the bucket hash. Bucket i's
+-- parameters, operand and state are held in parallel arrays.
+
+local capacity, amount, period, c = {}, {}, {}, {}
+local tokens, ts, nb = {}, {}, {}
+
+-- The field names of bucket i.
+local function names(i)
+  if i == 1 then return 'tokens:1', 'ts:1', 'nb:1' end
+  if i == 2 then return 'tokens:2', 'ts:2', 'nb:2' end
+  return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
+end
+
+-- Reads the buckets; a missing hash, or one made for another number of
+-- buckets, is ResourceState::fresh (full buckets as of now).
+local function load(now)
+  local fields = { 'n' }
+  for i = 1, N do
+    local f = 3 * i - 1
+    local tokens_i, ts_i, nb_i = names(i)
+    fields[f] = tokens_i
+    fields[f + 1] = ts_i
+    fields[f + 2] = nb_i
+  end
+  local v = call('HMGET', KEYS[1], unpack(fields))
+  local fresh = tonumber(v[1]) ~= N
+  for i = 1, N do
+    local a = 4 * i
+    capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    c[i] = ARGV[a + 3]
+    if fresh then
+      tokens[i], ts[i], nb[i] = capacity[i], now, 0
+    else
+      tokens[i], ts[i], nb[i] = tonumber(v[3 * i - 1]), tonumber(v[3 * i]), tonumber(v[3 * i + 1])
+    end
+  end
+end
+
+-- Writes the buckets back with the longest TTL among them, or deletes the
+-- hash when every bucket is idle.
+local function save(now)
+  local ms = nil
+  local fields = { 'n', N }
+  for i = 1, N do
+    local t = ttl_ms(tokens[i], ts[i], nb[i], now, capacity[i], amount[i], period[i])
+    if t ~= nil and (ms == nil or t > ms) then
+      ms = t
+    end
+    local f = 6 * i - 3
+    local tokens_i, ts_i, nb_i = names(i)
+    fields[f] = tokens_i
+    fields[f + 1] = tokens[i]
+    fields[f + 2] = ts_i
+    fields[f + 3] = ts[i]
+    fields[f + 4] = nb_i
+    fields[f + 5] = nb[i]
+  end
+  if ms == nil then
+    call('DEL', KEYS[1])
+    return
+  end
+  call('HSET', KEYS[1], unpack(fields))
+  call('PEXPIRE', KEYS[1], ms)
+end
+
+-- state::wait_all: the longest wait among buckets with a non-zero cost.
+local function wait_all(now)
+  local wait = 0
+  for i = 1, N do
+    local cost = tonumber(c[i])
+    if cost > 0 then
+      local n = max(now, ts[i])
+      local r = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
+      wait = max(wait, wait_for(r, nb[i], n, cost, amount[i], period[i]))
+    end
+  end
+  return wait
+end
+
+-- state::book_all: book cost in every bucket with a non-zero cost.
+local function book_all(now, wait)
+  for i = 1, N do
+    local cost = tonumber(c[i])
+    if cost > 0 then
+      tokens[i], ts[i] = book(tokens[i], ts[i], now, cost, wait, capacity[i], amount[i], period[i])
+    end
+  end
+end
