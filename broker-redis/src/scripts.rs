@@ -1,7 +1,7 @@
 //! The Lua scripts, one per transition, and the arguments they take.
 //!
 //! Every script is assembled from the parts it uses, so that a call defines
-//! no helper it does not run: `lua/common.lua` (the clock and saturating
+//! only the helpers its transition can run: `lua/common.lua` (the clock and saturating
 //! arithmetic; see its header for the layout of `KEYS` and `ARGV`),
 //! `lua/bucket.lua` (broker-core's `bucket.rs` on plain values),
 //! `lua/state.lua` (the multi-limit helpers of `state.rs` over n buckets) or
@@ -25,7 +25,7 @@ macro_rules! script {
 }
 
 script!(TRY, ["common", "bucket", "state", "lease", "try"]);
-script!(TRY_ONE, ["common", "bucket", "one", "try_one"]);
+script!(TRY_ONE, ["common", "bucket", "one", "lease", "try_one"]);
 script!(RESERVE, ["common", "bucket", "state", "reserve"]);
 script!(RESERVE_ONE, ["common", "bucket", "one", "reserve_one"]);
 script!(HOLD_SLOT, ["common", "lease", "hold_slot"]);

@@ -131,9 +131,9 @@ impl RedisBackend {
         cost: Cost,
         lease: LeaseId,
     ) -> Result<Decision, Failure> {
-        // One rate limit and no concurrency limit: the table-free script,
-        // which takes no operands after the bucket.
-        let one = spec.buckets.len() == 1 && spec.max_concurrent.is_none();
+        // One rate limit: the table-free script, which takes the slot
+        // operands only when there is a concurrency limit.
+        let one = spec.buckets.len() == 1;
         let script = if one {
             &scripts::TRY_ONE
         } else {
@@ -147,12 +147,14 @@ impl RedisBackend {
             spec,
             |i| Operand::Int(cost.of(spec.buckets[i].0)),
         );
-        if !one {
-            match spec.max_concurrent {
-                Some(max) => cmd.arg(max),
-                None => cmd.arg(""),
-            };
-            cmd.arg(spec.lease_ttl).arg(lease);
+        match spec.max_concurrent {
+            Some(max) => {
+                cmd.arg(max).arg(spec.lease_ttl).arg(lease);
+            }
+            None if !one => {
+                cmd.arg("").arg(spec.lease_ttl).arg(lease);
+            }
+            None => {}
         }
         let (allowed, wait, reason): (i64, String, i64) = parse(self.run(script, cmd).await?)?;
         Ok(match (allowed, reason) {

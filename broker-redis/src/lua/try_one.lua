@@ -1,6 +1,8 @@
--- try for one bucket and no concurrency limit: bucket::try_take, the
--- one-limit path of state::try_acquire. ARGV[7] (c) is the cost; no
--- operands after the bucket. Returns {allowed, wait, reason} as try does.
+-- try for one bucket: bucket::try_take, as the one-limit path of
+-- state::try_acquire does it, then a slot. ARGV[7] (c) is the cost;
+-- ARGV[8] max_concurrent, ARGV[9] lease_ttl, ARGV[10] lease id, all three
+-- absent when there is no concurrency limit. Returns {allowed, wait,
+-- reason} as try does.
 local now = read_now()
 local tokens, ts, nb = load(now)
 local cost = tonumber(ARGV[7])
@@ -13,6 +15,9 @@ if cost > 0 then
     return { 0, fmt(wait), 1 }
   end
   tokens, ts = book(tokens, ts, n, cost, 0, capacity, amount, period)
+end
+if ARGV[8] ~= nil and not hold_slot(now, ARGV[8], tonumber(ARGV[9]), ARGV[10]) then
+  return { 0, '0', 2 }
 end
 save(tokens, ts, nb, now)
 return { 1, '0', 0 }
