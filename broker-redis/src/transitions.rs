@@ -156,10 +156,14 @@ impl RedisBackend {
             }
             None => {}
         }
-        let (allowed, wait, reason): (i64, String, i64) = parse(self.run(script, cmd).await?)?;
-        Ok(match (allowed, reason) {
-            (1, _) => Decision::allow(spec.max_concurrent.map(|_| lease)),
-            (_, 2) => Decision::deny(DenyReason::Concurrency, 0),
+        // 1 when allowed; {reason, wait} when denied.
+        let reply = self.run(script, cmd).await?;
+        if let Value::Int(1) = reply {
+            return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
+        }
+        let (reason, wait): (i64, String) = parse(reply)?;
+        Ok(match reason {
+            2 => Decision::deny(DenyReason::Concurrency, 0),
             _ => Decision::deny(DenyReason::Rate, micros_of(&wait)?),
         })
     }
