@@ -220,7 +220,18 @@ impl RedisBackend {
             |i| Operand::Int(cost.of(spec.buckets[i].0)),
         );
         cmd.arg(micros(max_wait));
-        let (booked, wait, now): (i64, String, String) = parse(self.run(script, cmd).await?)?;
+        // The store's time alone when booked with no wait; else
+        // {booked, wait, now}.
+        let reply = self.run(script, cmd).await?;
+        if !matches!(reply, Value::Array(_)) {
+            let now: String = parse(reply)?;
+            let booked = Reservation {
+                wait: 0,
+                booked: true,
+            };
+            return Ok((booked, micros_of(&now)?));
+        }
+        let (booked, wait, now): (i64, String, String) = parse(reply)?;
         Ok((
             Reservation {
                 wait: micros_of(&wait)?,

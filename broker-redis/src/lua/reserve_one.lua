@@ -1,6 +1,5 @@
 -- reserve for one bucket: bucket::reserve (state::reserve with one limit).
--- ARGV[7] (c) is the cost, ARGV[8] max_wait. Returns {booked, wait, now}
--- as reserve does.
+-- ARGV[7] (c) is the cost, ARGV[8] max_wait. Replies as reserve does.
 local now = read_now()
 local tokens, ts, nb = load(now)
 local cost = tonumber(ARGV[7])
@@ -16,4 +15,7 @@ if cost > 0 then
   tokens, ts = book(tokens, ts, n, cost, wait, capacity, amount, period)
 end
 save(tokens, ts, nb, now)
+if wait == 0 then
+  return fmt(now)
+end
 return { 1, fmt(wait), fmt(now) }
