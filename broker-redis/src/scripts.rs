@@ -1,9 +1,9 @@
 //! The Lua scripts, one per transition, and the arguments they take.
 //!
 //! Every script is assembled from the parts it uses, so that a call defines
-//! only the helpers its transition can run: `lua/common.lua` (the clock and saturating
-//! arithmetic; see its header for the layout of `KEYS` and `ARGV`),
-//! `lua/bucket.lua` (broker-core's `bucket.rs` on plain values),
+//! only the helpers its transition can run: `lua/common.lua` (the clock and
+//! saturating arithmetic; see its header for the layout of `KEYS` and
+//! `ARGV`), `lua/bucket.lua` (broker-core's `bucket.rs` on plain values),
 //! `lua/state.lua` (the multi-limit helpers of `state.rs` over n buckets) or
 //! `lua/one.lua` (one bucket without tables, the fast path of resources with
 //! a single rate limit), `lua/lease.lua` (`state::hold_slot`), and last the
