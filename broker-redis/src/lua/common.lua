@@ -1,4 +1,4 @@
--- resource-broker: the part every script that reads the clock starts with.
+-- resource-broker: the part every script starts with.
 -- Times are microseconds held in doubles (exact below 2^53 us, about 285
 -- years). Stored numbers are passed to HSET as Lua numbers, which Redis
 -- writes with 17 significant digits (or the shortest exact form), so they
