@@ -12,7 +12,8 @@
 //!
 //! `handle_try_acquire_keyed` is the same keyed call through
 //! `ResourceBroker::resource_handle("tenants")`, which skips the lookup of
-//! the resource by id.
+//! the resource by id; `handle_try_acquire_now_keyed` is the handle's
+//! synchronous `try_acquire_now` (no future).
 //!
 //! `memory_backend_try_acquire_now` is the store's decision alone, on the
 //! state key the broker would build: the difference to
@@ -105,6 +106,15 @@ fn ours_handle(tenants: &ResourceHandle, key: &str) -> bool {
         .allowed
 }
 
+/// The handle's synchronous call (the one a tower service makes).
+fn ours_handle_now(tenants: &ResourceHandle, key: &str) -> bool {
+    tenants
+        .try_acquire_now(key, Cost::default())
+        .expect("the in-memory backend answers at once")
+        .expect("registered resource")
+        .allowed
+}
+
 /// Our keyed `try_acquire` on `("tenants", key)`.
 fn ours_keyed(broker: &ResourceBroker, key: &str) -> bool {
     use futures::FutureExt;
@@ -134,6 +144,9 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
     g.bench_function("handle_try_acquire_keyed", |b| {
         b.iter(|| black_box(ours_handle(&s.tenants, &one)))
     });
+    g.bench_function("handle_try_acquire_now_keyed", |b| {
+        b.iter(|| black_box(ours_handle_now(&s.tenants, &one)))
+    });
     g.bench_function("memory_backend_try_acquire_now", |b| {
         b.iter(|| black_box(store(s, 0)))
     });
@@ -152,6 +165,13 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
         b.iter(|| {
             i = (i + 1) % KEYS;
             black_box(ours_handle(&s.tenants, &s.keys[i]))
+        })
+    });
+    g.bench_function("handle_try_acquire_now_keyed", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(ours_handle_now(&s.tenants, &s.keys[i]))
         })
     });
     g.bench_function("governor_keyed_check_key", |b| {
