@@ -129,7 +129,10 @@ fn bench(c: &mut Criterion) {
         ("tower_governor_global_and_keyed", governor_and_keyed),
     ] {
         // Sanity: the variant admits the request.
-        let status = rt.block_on(app.clone().oneshot(request())).unwrap().status();
+        let status = rt
+            .block_on(app.clone().oneshot(request()))
+            .unwrap()
+            .status();
         assert_eq!(status, 200, "{name}");
         group.bench_function(name, |b| {
             b.to_async(&rt).iter(|| {

@@ -52,7 +52,10 @@ struct Claims {
 /// `<tenant>.<signature>`: the signature is a fingerprint of the secret and
 /// the tenant, enough to show a tenant taken from a verified credential.
 fn sign(tenant: &str) -> String {
-    format!("{tenant}.{}", fingerprint(&format!("{SIGNING_SECRET}:{tenant}")))
+    format!(
+        "{tenant}.{}",
+        fingerprint(&format!("{SIGNING_SECRET}:{tenant}"))
+    )
 }
 
 fn verify(token: &str) -> Option<Claims> {
@@ -171,7 +174,9 @@ async fn broker(args: &Args) -> Result<ResourceBroker, String> {
 fn admin(broker: ResourceBroker, token: String) -> Router {
     stats_router(broker).route_layer(middleware::from_fn(
         move |headers: HeaderMap, req: Request, next: Next| {
-            let ok = headers.get("x-admin-token").is_some_and(|v| v == token.as_str());
+            let ok = headers
+                .get("x-admin-token")
+                .is_some_and(|v| v == token.as_str());
             async move {
                 match ok {
                     true => next.run(req).await,
@@ -213,9 +218,10 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
                 ServiceBuilder::new()
                     .layer(pressure.layer())
                     .layer(middleware::from_fn(authenticate))
-                    .layer(pressure.tenant_layer(FromExtension::new(|c: &Claims| {
-                        c.namespace_id.as_str()
-                    }))),
+                    .layer(
+                        pressure
+                            .tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())),
+                    ),
             )
         }
         "none" => webhooks.layer(ServiceBuilder::new().layer(middleware::from_fn(authenticate))),
@@ -254,7 +260,11 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
                     .layer(GovernorLayer::new(tenant)),
             )
         }
-        other => return Err(format!("--layer {other}: expected pressure, none or governor")),
+        other => {
+            return Err(format!(
+                "--layer {other}: expected pressure, none or governor"
+            ))
+        }
     };
     Ok(webhooks.merge(admin(broker, args.admin_token.clone())))
 }
@@ -295,8 +305,7 @@ async fn main() {
     }
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
     let result = async {
@@ -309,7 +318,11 @@ async fn main() {
         println!(
             "webhook_server listening on http://{addr} (layer: {}, store: {})",
             args.layer,
-            if args.redis.is_some() { "redis" } else { "memory" }
+            if args.redis.is_some() {
+                "redis"
+            } else {
+                "memory"
+            }
         );
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
