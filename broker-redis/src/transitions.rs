@@ -124,6 +124,29 @@ impl RedisBackend {
         }
     }
 
+    /// The call of a transition that takes `cost` in every bucket: the
+    /// table-free `one` script for a single rate limit, else `many`, with
+    /// the bucket operands filled in.
+    fn cost_call<'s>(
+        &self,
+        one: &'s Script,
+        many: &'s Script,
+        keys: &KeyPair,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> (&'s Script, Cmd) {
+        let script = if spec.buckets.len() == 1 { one } else { many };
+        let cmd = scripts::evalsha(
+            script,
+            keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |i| Operand::Int(cost.of(spec.buckets[i].0)),
+        );
+        (script, cmd)
+    }
+
     async fn try_redis(
         &self,
         keys: &KeyPair,
@@ -134,19 +157,7 @@ impl RedisBackend {
         // One rate limit: the table-free script, which takes the slot
         // operands only when there is a concurrency limit.
         let one = spec.buckets.len() == 1;
-        let script = if one {
-            &scripts::TRY_ONE
-        } else {
-            &scripts::TRY
-        };
-        let mut cmd = scripts::evalsha(
-            script,
-            keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |i| Operand::Int(cost.of(spec.buckets[i].0)),
-        );
+        let (script, mut cmd) = self.cost_call(&scripts::TRY_ONE, &scripts::TRY, keys, spec, cost);
         match spec.max_concurrent {
             Some(max) => {
                 cmd.arg(max).arg(spec.lease_ttl).arg(lease);
@@ -206,19 +217,8 @@ impl RedisBackend {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<(Reservation, Micros), Failure> {
-        let script = if spec.buckets.len() == 1 {
-            &scripts::RESERVE_ONE
-        } else {
-            &scripts::RESERVE
-        };
-        let mut cmd = scripts::evalsha(
-            script,
-            keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |i| Operand::Int(cost.of(spec.buckets[i].0)),
-        );
+        let (script, mut cmd) =
+            self.cost_call(&scripts::RESERVE_ONE, &scripts::RESERVE, keys, spec, cost);
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait; else
         // {booked, wait, now}.
