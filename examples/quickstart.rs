@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_testkit::StrictServer;
+use broker_testkit::seed_table::{self, Times};
 use resource_broker::{
     Cost, Limits, MemoryBackend, Outcome, RateLimit, ResourceBroker, ResourceConfig, TokioClock,
     Unit,
@@ -33,29 +33,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     println!("1. Two workers, four jobs each; upstream quota: burst 3, 2 req/s\n");
-    println!(
-        "   {:<18} {:<36} {:>4} {:>4}",
-        "buckets", "sent at (s)", "200", "429"
-    );
+    println!("{}", seed_table::header(36));
     for shared in [false, true] {
         let sends = seed_run(shared).await?;
-        let tally = StrictServer::new(3, 2, 1_000_000).replay(&sends);
-        let times: Vec<String> = sends
-            .iter()
-            .map(|t| format!("{}", *t as f64 / 1e6))
-            .collect();
-        let label = if shared {
-            "one shared bucket"
-        } else {
-            "one per worker"
-        };
-        println!(
-            "   {:<18} {:<36} {:>4} {:>4}",
-            label,
-            times.join(" "),
-            tally.ok,
-            tally.rejected
-        );
+        println!("{}", seed_table::row(shared, &sends, Times::Exact, 36));
     }
 
     println!("\n2. Check + reject: a webhook endpoint limited to 5 req/s\n");
@@ -164,7 +145,6 @@ async fn seed_run(shared: bool) -> Result<Vec<u64>, Box<dyn std::error::Error>> 
     for job in jobs {
         job.await?.map_err(|e| format!("{e:?}"))?;
     }
-    let mut sends = sends.lock().unwrap().clone();
-    sends.sort_unstable();
+    let sends = sends.lock().unwrap().clone();
     Ok(sends)
 }

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use broker_redis::RedisBackend;
-use broker_testkit::StrictServer;
+use broker_testkit::seed_table::{self, Times};
 use resource_broker::{Cost, Limits, Outcome, RateLimit, ResourceBroker, ResourceConfig};
 
 const WORKERS: [&str; 2] = ["A", "B"];
@@ -49,30 +49,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     println!("Two worker processes, four jobs each; upstream quota: burst 3, 2 req/s");
     println!("(state in Redis at {url})\n");
-    println!(
-        "   {:<18} {:<44} {:>4} {:>4}",
-        "buckets", "sent at (s)", "200", "429"
-    );
+    println!("{}", seed_table::header(44));
     let prefix = format!("rb-example-{}-{}", std::process::id(), wall_us());
     for shared in [false, true] {
-        let mut sends = run_workers(&url, &prefix, shared)?;
-        sends.sort_unstable();
-        let tally = StrictServer::new(3, 2, 1_000_000).replay(&sends);
-        let times: Vec<String> = sends
-            .iter()
-            .map(|t| format!("{:.2}", *t as f64 / 1e6))
-            .collect();
-        let label = if shared {
-            "one shared bucket"
-        } else {
-            "one per worker"
-        };
+        let sends = run_workers(&url, &prefix, shared)?;
         println!(
-            "   {:<18} {:<44} {:>4} {:>4}",
-            label,
-            times.join(" "),
-            tally.ok,
-            tally.rejected
+            "{}",
+            seed_table::row(shared, &sends, Times::Centiseconds, 44)
         );
     }
     Ok(())

@@ -11,6 +11,7 @@
 
 mod down_backend;
 mod redis_server;
+pub mod seed_table;
 mod strict_server;
 pub mod upstream;
 
