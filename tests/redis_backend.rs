@@ -10,6 +10,15 @@ use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, Reso
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
 
+/// Whether one `try` of cost 1 on `key` is allowed.
+async fn allowed(backend: &RedisBackend, key: &str, spec: &LimitSpec) -> bool {
+    backend
+        .try_acquire(key, spec, Cost::default())
+        .await
+        .unwrap()
+        .allowed
+}
+
 fn seed_spec() -> LimitSpec {
     let limits = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
     LimitSpec::new(&limits, Duration::from_secs(30))
@@ -93,21 +102,9 @@ async fn scripts_are_reloaded_after_a_script_flush() {
     let server = RedisServer::start();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let spec = seed_spec();
-    assert!(
-        backend
-            .try_acquire("k", &spec, Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&backend, "k", &spec).await);
     assert!(server.command("SCRIPT FLUSH").contains("OK"));
-    assert!(
-        backend
-            .try_acquire("k", &spec, Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&backend, "k", &spec).await);
     let d = backend
         .try_acquire("k", &spec, Cost::default())
         .await
@@ -177,12 +174,7 @@ async fn replicas_share_the_servers_clock() {
     let b = RedisBackend::connect(&server.url()).await.unwrap();
     let spec = seed_spec();
     for _ in 0..3 {
-        assert!(
-            a.try_acquire("shared", &spec, Cost::default())
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(allowed(&a, "shared", &spec).await);
     }
     let d = b
         .try_acquire("shared", &spec, Cost::default())
@@ -214,12 +206,7 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
     );
     let spec = seed_spec();
     for _ in 0..3 {
-        assert!(
-            a.try_acquire("k", &spec, Cost::default())
-                .await
-                .unwrap()
-                .allowed
-        );
+        assert!(allowed(&a, "k", &spec).await);
     }
     let d = b.try_acquire("k", &spec, Cost::default()).await.unwrap();
     assert!(!d.allowed);
@@ -249,13 +236,7 @@ async fn a_store_that_refuses_config_is_tolerated() {
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     assert_eq!(backend.maxmemory_policy(), None);
     let spec = seed_spec();
-    assert!(
-        backend
-            .try_acquire("k", &spec, Cost::default())
-            .await
-            .unwrap()
-            .allowed
-    );
+    assert!(allowed(&backend, "k", &spec).await);
 }
 
 #[tokio::test]
