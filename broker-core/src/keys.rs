@@ -28,6 +28,60 @@ fn needs_escape(b: u8) -> bool {
     NEEDS_ESCAPE[b as usize]
 }
 
+/// Whether any byte of `part` must be escaped: eight bytes at a time (the
+/// check runs on every keyed call); a tail shorter than a word is checked
+/// as the last eight bytes, overlapping the word before.
+fn any_needs_escape(part: &[u8]) -> bool {
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    if part.len() < 8 {
+        // Padded with a byte that needs no escape.
+        let mut w = [b'a'; 8];
+        w[..part.len()].copy_from_slice(part);
+        return word_needs_escape(u64::from_le_bytes(w));
+    }
+    let mut chunks = part.chunks_exact(8);
+    if chunks.by_ref().any(|c| word_needs_escape(word(c))) {
+        return true;
+    }
+    !chunks.remainder().is_empty() && word_needs_escape(word(&part[part.len() - 8..]))
+}
+
+/// [`escaped`] for any of the eight bytes of `x`, by word arithmetic.
+fn word_needs_escape(x: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // For bytes below 0x80, `(v - ONES * n) & !v` has a byte's high bit set
+    // exactly when that byte of v is below n (n <= 0x80). A byte of 0x80
+    // or more sets its own high bit in `x`, which answers yes whatever the
+    // other terms say.
+    let below = |v: u64, n: u64| v.wrapping_sub(ONES * n) & !v;
+    let equal = |c: u8| below(x ^ (ONES * c as u64), 1);
+    let hits = x
+        | below(x, 0x21)
+        | equal(0x7f)
+        | equal(b':')
+        | equal(b'{')
+        | equal(b'}')
+        | equal(b'%')
+        | equal(b'\\');
+    hits & HIGH != 0
+}
+
+/// Whether [`escape`] changes `part`.
+///
+/// ```
+/// use broker_core::keys::needs_escaping;
+/// assert!(!needs_escaping("tenant-1"));
+/// assert!(needs_escaping("a:b"));
+/// ```
+pub fn needs_escaping(part: &str) -> bool {
+    any_needs_escape(part.as_bytes())
+}
+
 /// Escapes one user-supplied part of a key (percent-encoding of the special
 /// bytes). Two different inputs never escape to the same output.
 ///
@@ -37,7 +91,7 @@ fn needs_escape(b: u8) -> bool {
 /// assert_eq!(escape("a:b{c}"), "a%3Ab%7Bc%7D");
 /// ```
 pub fn escape(part: &str) -> Cow<'_, str> {
-    if !part.bytes().any(needs_escape) {
+    if !any_needs_escape(part.as_bytes()) {
         return Cow::Borrowed(part);
     }
     let mut out = String::with_capacity(part.len() + 8);
@@ -102,5 +156,26 @@ mod tests {
         assert_ne!(escape("%3A"), escape(":"));
         assert_eq!(escape("{x}"), "%7Bx%7D");
         assert_eq!(escape("a b\n"), "a%20b%0A");
+    }
+
+    #[test]
+    fn word_scan_agrees_with_the_byte_table() {
+        // Every byte value at every position of a word, among bytes that
+        // need no escape, and in the tail.
+        for len in [1usize, 7, 8, 11, 16, 19] {
+            for pos in 0..len {
+                for b in 0..=255u8 {
+                    let mut part = vec![b'a'; len];
+                    part[pos] = b;
+                    assert_eq!(
+                        any_needs_escape(&part),
+                        needs_escape(b),
+                        "byte {b:#x} at {pos} of {len}"
+                    );
+                }
+            }
+        }
+        assert!(!any_needs_escape(b"tenant-123456789"));
+        assert!(!any_needs_escape(b""));
     }
 }

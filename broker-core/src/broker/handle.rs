@@ -106,14 +106,14 @@ impl ResourceHandle {
         if self.resource.retired.load(Ordering::Acquire) {
             return Box::pin(self.broker.try_acquire(target, cost)).await;
         }
-        let resource = match self
-            .broker
-            .finish_now(self.broker.decide_now(&self.resource, key, cost), key)
-        {
-            Ok(answer) => return answer,
-            Err(resource) => resource,
-        };
-        Box::pin(self.broker.try_acquire_later(resource, target, cost)).await
+        if let Some(answer) = self.broker.acquire_now(&self.resource, key, cost) {
+            return answer;
+        }
+        Box::pin(
+            self.broker
+                .try_acquire_later(self.resource.clone(), target, cost),
+        )
+        .await
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `Some(answer)`
@@ -146,8 +146,6 @@ impl ResourceHandle {
             };
             return self.broker.try_acquire_now(target, cost);
         }
-        self.broker
-            .finish_now(self.broker.decide_now(&self.resource, key, cost), key)
-            .ok()
+        self.broker.acquire_now(&self.resource, key, cost)
     }
 }

@@ -259,20 +259,6 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What [`ResourceBroker::answer_now`] found. Small (no `Acquisition`
-/// inside) so that passing it out of the thread-local scopes copies little.
-enum Answer {
-    /// Decided without I/O, holding no slot (counted already).
-    Now(Decision),
-    /// Decided without I/O, with a concurrency slot to hand out in a
-    /// permit (not counted yet).
-    Held(Arc<Resource>, Decision),
-    /// Refused before or by the backend.
-    Failed(Box<BrokerError>),
-    /// The backend must be asked asynchronously.
-    Later(Arc<Resource>),
-}
-
 /// The acquisition of a decision that holds no slot.
 fn unheld(d: Decision) -> Acquisition {
     if d.allowed {
@@ -305,33 +291,30 @@ fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
     key.map(|k| keys::keyed(&resource.id, k))
 }
 
-/// Runs `f` with the state key of `resource` (or of its sub-key `key`),
-/// built in a reused per-thread buffer: the key is the one [`state_key`]
-/// builds (`resource.key` is the escaped id), without an allocation per call.
+/// Runs `f` with the state key of `resource` (or of its sub-key `key`):
+/// the key [`state_key`] builds (`resource.key` is the escaped id), built on
+/// the stack when it is short and needs no escaping (the common case), so
+/// the in-memory path allocates nothing.
 fn with_state_key<R>(resource: &Resource, key: Option<&str>, f: impl FnOnce(&str) -> R) -> R {
-    /// A buffer that grew beyond this is dropped after use.
-    const KEEP: usize = 1024;
-    thread_local! {
-        static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-    }
+    /// Longest state key built on the stack.
+    const STACK: usize = 128;
     let Some(k) = key else {
         return f(&resource.key);
     };
-    BUF.with(|buf| {
-        let Ok(mut b) = buf.try_borrow_mut() else {
-            return f(&keys::keyed(&resource.id, k));
-        };
-        b.clear();
-        b.push_str(&resource.key);
-        b.push(':');
-        b.push_str(&keys::escape(k));
-        debug_assert_eq!(*b, keys::keyed(&resource.id, k));
-        let r = f(&b);
-        if b.capacity() > KEEP {
-            *b = String::new();
-        }
-        r
-    })
+    let (rk, kb) = (resource.key.as_bytes(), k.as_bytes());
+    let len = rk.len() + 1 + kb.len();
+    if len <= STACK && !keys::needs_escaping(k) {
+        let mut buf = [0u8; STACK];
+        buf[..rk.len()].copy_from_slice(rk);
+        buf[rk.len()] = b':';
+        buf[rk.len() + 1..len].copy_from_slice(kb);
+        // SAFETY: `buf[..len]` is two `str`s joined by an ASCII byte, so
+        // it is UTF-8.
+        let joined = unsafe { std::str::from_utf8_unchecked(&buf[..len]) };
+        debug_assert_eq!(joined, keys::keyed(&resource.id, k));
+        return f(joined);
+    }
+    f(&keys::keyed(&resource.id, k))
 }
 
 /// # Check + reject
@@ -386,34 +369,15 @@ impl ResourceBroker {
         target: Target<'_>,
         cost: Cost,
     ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        self.finish_now(self.answer_now(target, cost), target.key)
-    }
-
-    /// Turns what [`ResourceBroker::answer_now`] (or
-    /// [`ResourceBroker::decide_now`]) found into the acquisition, or the
-    /// resource whose backend must be asked asynchronously.
-    fn finish_now(
-        &self,
-        answer: Answer,
-        key: Option<&str>,
-    ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        Ok(match answer {
-            Answer::Now(d) => Ok(unheld(d)),
-            Answer::Held(resource, d) => {
-                // A held lease needs the key again, to release it.
-                Ok(self.answer(&resource, state_key(&resource, key), d))
-            }
-            Answer::Failed(e) => Err(*e),
-            Answer::Later(resource) => return Err(resource),
+        self.with_registry(|registry| {
+            let Some(resource) = registry.get(target.resource) else {
+                return Ok(Err(BrokerError::UnknownResource(
+                    target.resource.to_owned(),
+                )));
+            };
+            self.acquire_now(resource, target.key, cost)
+                .ok_or_else(|| resource.clone())
         })
-    }
-
-    /// `try_acquire` without I/O, when the backend can answer so. The
-    /// state key is built in a reused buffer and nothing held across an
-    /// await, so the in-memory path allocates nothing and its future stays
-    /// small.
-    fn answer_now(&self, target: Target<'_>, cost: Cost) -> Answer {
-        self.with_registry(|registry| self.try_acquire_in(registry, target, cost))
     }
 
     /// Runs `f` on the current registry: the one this thread read last if
@@ -444,40 +408,37 @@ impl ResourceBroker {
         })
     }
 
-    fn try_acquire_in(&self, registry: &Registry, target: Target<'_>, cost: Cost) -> Answer {
-        let Some(resource) = registry.get(target.resource) else {
-            return Answer::Failed(Box::new(BrokerError::UnknownResource(
-                target.resource.to_owned(),
-            )));
-        };
-        self.decide_now(resource, target.key, cost)
-    }
-
-    /// `try_acquire` on a resource already looked up, without I/O when the
-    /// backend can answer so.
-    fn decide_now(&self, resource: &Arc<Resource>, key: Option<&str>, cost: Cost) -> Answer {
+    /// `try_acquire` on a resource already looked up, without I/O:
+    /// `None` when the backend must be asked asynchronously (nothing was
+    /// consumed).
+    #[inline]
+    fn acquire_now(
+        &self,
+        resource: &Arc<Resource>,
+        key: Option<&str>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
         if let Err(e) = resource.check_fits(cost) {
-            return Answer::Failed(Box::new(e));
+            return Some(Err(e));
         }
         let backend = &self.inner.backend;
-        let now = with_state_key(resource, key, |key| {
+        let decision = with_state_key(resource, key, |key| {
             backend.try_acquire_now(key, &resource.spec, cost)
-        });
-        let Some(decision) = now else {
-            return Answer::Later(resource.clone());
-        };
-        let decision = match decision {
-            Ok(d) => d,
+        })?;
+        Some(match decision {
+            Ok(d) if d.allowed && d.lease.is_some() => {
+                // A held lease needs the key again, to release it.
+                Ok(self.answer(resource, state_key(resource, key), d))
+            }
+            Ok(d) => {
+                count(resource, &d);
+                Ok(unheld(d))
+            }
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
-                return Answer::Failed(Box::new(e.into()));
+                Err(e.into())
             }
-        };
-        if decision.allowed && decision.lease.is_some() {
-            return Answer::Held(resource.clone(), decision);
-        }
-        count(resource, &decision);
-        Answer::Now(decision)
+        })
     }
 
     /// `try_acquire` through the backend's asynchronous call.
