@@ -40,7 +40,7 @@ async fn chat(http: &reqwest::Client, url: &str, tokens: u64) -> Outcome<u64, St
         .await
     {
         Ok(r) => r,
-        Err(e) => return Outcome::Transient(e.to_string()),
+        Err(e) => return Outcome::transient(e.to_string()),
     };
     let status = response.status().as_u16();
     let observed = headers::parse(response.headers(), SystemTime::now());
@@ -50,7 +50,7 @@ async fn chat(http: &reqwest::Client, url: &str, tokens: u64) -> Outcome<u64, St
                 let used = body["usage"]["total_tokens"].as_u64().unwrap_or(ESTIMATE);
                 Outcome::ok_with_usage(used, Cost::tokens(used)).with_observed(observed)
             }
-            Err(e) => Outcome::Transient(e.to_string()),
+            Err(e) => Outcome::transient(e.to_string()),
         },
         class => Outcome::failed(class, format!("HTTP {status}"), Some(observed)),
     }

@@ -250,7 +250,7 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     broker.register("api", config).unwrap();
     let fatal = broker
         .enqueue("api", Cost::default(), |_| async {
-            Outcome::<(), _>::Fatal("401")
+            Outcome::<(), _>::fatal("401")
         })
         .await
         .unwrap_err();
@@ -263,7 +263,7 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     ));
     let exhausted = broker
         .enqueue("api", Cost::default(), |_| async {
-            Outcome::<(), _>::Transient("503")
+            Outcome::<(), _>::transient("503")
         })
         .await
         .unwrap_err();

@@ -13,7 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::{
     Backend, BackendError, Cost, Decision, EnqueueError, LeaseId, LimitSpec, Limits, Observed,
-    ObservedLimit, Outcome, RateLimit, Reservation, ResourceBroker, ResourceConfig, TokioClock,
+    ObservedLimit, Outcome, OutcomeClass, RateLimit, Reservation, ResourceBroker, ResourceConfig,
+    TokioClock,
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::upstream::no_time_passes;
@@ -155,7 +156,7 @@ async fn transient_errors_retry_after_a_short_jittered_pause() {
             failures -= 1;
             async move {
                 if fail {
-                    Outcome::Transient("503")
+                    Outcome::transient("503")
                 } else {
                     Outcome::ok(a.number)
                 }
@@ -215,4 +216,33 @@ async fn pacing_margin_absorbs_send_versus_receive_drift() {
         paced.1, 0,
         "a 5% margin (53 ms a token) covers 40 ms of drift"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn headers_of_a_failed_response_are_reconciled_too() {
+    let (broker, reconciles) = flaky(false);
+    // A 503 that says 2 requests remain, then a fatal 403 that says 0
+    // remain: both readings reach the bucket.
+    let mut attempts = 0;
+    let r: Result<u32, EnqueueError<&str>> = broker
+        .enqueue("llm", Cost::default(), |a| {
+            attempts += 1;
+            let outcome = if a.number == 1 {
+                Outcome::transient("503").with_observed(observed(2))
+            } else {
+                Outcome::failed(OutcomeClass::Fatal, "403", Some(observed(0)))
+            };
+            async move { outcome }
+        })
+        .await;
+    assert!(
+        matches!(r, Err(EnqueueError::Fatal { attempts: 2, .. })),
+        "{r:?}"
+    );
+    assert_eq!(attempts, 2);
+    assert_eq!(reconciles.load(Ordering::SeqCst), 2);
+    // `remaining 0` holds the bucket until the reset (30 s): nothing fits now.
+    let a = broker.try_acquire("llm", Cost::default()).await.unwrap();
+    assert!(!a.allowed);
+    assert!(a.wait_time > Duration::from_secs(25), "{:?}", a.wait_time);
 }

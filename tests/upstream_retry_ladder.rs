@@ -134,7 +134,7 @@ async fn a_fatal_error_ends_the_job_ladder_at_once() {
     let r: Result<(), EnqueueError<&str>> = broker
         .enqueue("sales", Cost::default(), |_| {
             attempts += 1;
-            async { Outcome::Fatal("401 token revoked") }
+            async { Outcome::fatal("401 token revoked") }
         })
         .await;
     let e = r.unwrap_err();

@@ -40,9 +40,20 @@ pub enum Outcome<T, E> {
         observed: Option<ObservedLimit>,
     },
     /// A 5xx or a network error: retry after a short backoff.
-    Transient(E),
+    Transient {
+        /// The upstream's (or the network's) error.
+        error: E,
+        /// Rate-limit headers of the response, if there was one: they are
+        /// reconciled whatever the status.
+        observed: Option<ObservedLimit>,
+    },
     /// 401/403/404, bad request: never retried.
-    Fatal(E),
+    Fatal {
+        /// The upstream's error.
+        error: E,
+        /// Rate-limit headers of the response, reconciled like any other.
+        observed: Option<ObservedLimit>,
+    },
 }
 
 impl<T, E> Outcome<T, E> {
@@ -60,6 +71,22 @@ impl<T, E> Outcome<T, E> {
         Outcome::Ok {
             value,
             usage: Some(usage),
+            observed: None,
+        }
+    }
+
+    /// A transient failure (5xx, network error) without headers.
+    pub fn transient(error: E) -> Self {
+        Outcome::Transient {
+            error,
+            observed: None,
+        }
+    }
+
+    /// A failure no retry fixes (401/403/404, bad request), without headers.
+    pub fn fatal(error: E) -> Self {
+        Outcome::Fatal {
+            error,
             observed: None,
         }
     }
@@ -94,20 +121,30 @@ impl<T, E> Outcome<T, E> {
                 retry_after: observed.and_then(|o| o.retry_after),
                 observed,
             },
-            OutcomeClass::Transient => Outcome::Transient(error),
-            OutcomeClass::Ok | OutcomeClass::Fatal => Outcome::Fatal(error),
+            OutcomeClass::Transient => Outcome::Transient { error, observed },
+            OutcomeClass::Ok | OutcomeClass::Fatal => Outcome::Fatal { error, observed },
         }
     }
 
-    /// Attaches the response's rate-limit headers (to a success or a 429).
+    /// Attaches the response's rate-limit headers, whatever its status.
     pub fn with_observed(mut self, seen: ObservedLimit) -> Self {
         match &mut self {
-            Outcome::Ok { observed, .. } | Outcome::RateLimited { observed, .. } => {
-                *observed = Some(seen)
-            }
-            Outcome::Transient(_) | Outcome::Fatal(_) => {}
+            Outcome::Ok { observed, .. }
+            | Outcome::RateLimited { observed, .. }
+            | Outcome::Transient { observed, .. }
+            | Outcome::Fatal { observed, .. } => *observed = Some(seen),
         }
         self
+    }
+
+    /// The response's rate-limit headers, if attached.
+    pub fn observed(&self) -> Option<&ObservedLimit> {
+        match self {
+            Outcome::Ok { observed, .. }
+            | Outcome::RateLimited { observed, .. }
+            | Outcome::Transient { observed, .. }
+            | Outcome::Fatal { observed, .. } => observed.as_ref(),
+        }
     }
 
     /// The delay the upstream asked for: `retry_after`, else the one in the
@@ -128,8 +165,8 @@ impl<T, E> Outcome<T, E> {
         match self {
             Outcome::Ok { .. } => OutcomeClass::Ok,
             Outcome::RateLimited { .. } => OutcomeClass::RateLimited,
-            Outcome::Transient(_) => OutcomeClass::Transient,
-            Outcome::Fatal(_) => OutcomeClass::Fatal,
+            Outcome::Transient { .. } => OutcomeClass::Transient,
+            Outcome::Fatal { .. } => OutcomeClass::Fatal,
         }
     }
 }

@@ -370,7 +370,13 @@ impl ResourceBroker {
                     }
                     error
                 }
-                Outcome::Transient(error) | Outcome::Fatal(error) => error,
+                Outcome::Transient { error, observed } | Outcome::Fatal { error, observed } => {
+                    // A 503 or a 403 may carry the upstream's counters too.
+                    if let Some(observed) = observed {
+                        let _ = self.reconcile_key(&resource, &key, &observed).await;
+                    }
+                    error
+                }
             };
             if !class.is_retryable() {
                 break Err(EnqueueError::Fatal {
