@@ -6,6 +6,10 @@
 # so every request is admitted and the run measures what the limiter
 # costs; `SCENARIO=deny` sets the route limit to 100 rps instead, so most
 # requests are answered 429 and the run measures the denial path.
+# `SCENARIO=admit-rate` is `admit` without a concurrency limit on either
+# side (rate limits only: what tower_governor itself expresses; tower's
+# concurrency limit frees its slot when the response head is ready, this
+# crate's permit when the body ends).
 #
 # Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
@@ -31,8 +35,9 @@ BIN="$TARGET_DIR/release/examples/webhook_server"
 
 case "$SCENARIO" in
     admit) LIMITS=(--rps 1000000000 --concurrency 100000 --tenant-rpm 1000000000000) ;;
+    admit-rate) LIMITS=(--rps 1000000000 --concurrency 0 --tenant-rpm 1000000000000) ;;
     deny) LIMITS=(--rps 100 --concurrency 200 --tenant-rpm 1000000000000) ;;
-    *) echo "SCENARIO must be admit or deny" >&2; exit 2 ;;
+    *) echo "SCENARIO must be admit, admit-rate or deny" >&2; exit 2 ;;
 esac
 
 WORK=$(mktemp -d)
