@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use broker_core::{Acquisition, BrokerError, Cost, Permit, Target};
+use broker_core::{Acquisition, BrokerError, Cost, Permit};
 use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -18,7 +18,7 @@ use crate::policy::{Policy, Stage};
 use crate::response;
 use crate::tenant::TenantId;
 
-/// The broker's answer for one stage.
+/// The broker's answer for one stage, when it came asynchronously.
 struct Answer {
     result: Result<Acquisition, BrokerError>,
     tenant: Option<TenantId>,
@@ -140,7 +140,7 @@ where
     /// `inner`, the service that was polled ready: at once when the broker
     /// answers without I/O, else a ready clone of it once it has answered.
     pub(crate) fn admit(
-        policy: Arc<Policy>,
+        policy: &Arc<Policy>,
         stage: Stage,
         tenant: Option<TenantId>,
         inner: &mut S,
@@ -152,25 +152,17 @@ where
         // The in-memory store answers at once: no boxed future, no extra
         // poll, no clone of the inner service.
         let now = match policy.limited(stage) {
-            Some(limited) => {
-                let target: Target<'_> = match &tenant {
-                    Some(key) => (&*limited.id, key.as_str()).into(),
-                    None => (&*limited.id).into(),
-                };
-                policy.broker.try_acquire_now(target, Cost::default())
-            }
+            Some(limited) => limited
+                .handle
+                .try_acquire_now(tenant.as_ref().map(TenantId::as_str), Cost::default()),
             None => Some(Ok(unlimited())),
         };
         if let Some(result) = now {
-            let answer = Answer {
-                result,
-                tenant,
-                policy,
-            };
             return Self {
-                state: decide(inner, req, stage, answer),
+                state: decide(inner, req, stage, policy, result, tenant.as_ref()),
             };
         }
+        let policy = policy.clone();
         let clone = inner.clone();
         let call = Call {
             inner: std::mem::replace(inner, clone),
@@ -180,11 +172,10 @@ where
         let acquire: AcquireFuture = Box::pin(async move {
             let result = match policy.limited(stage) {
                 Some(limited) => {
-                    let target: Target<'_> = match &tenant {
-                        Some(key) => (&*limited.id, key.as_str()).into(),
-                        None => (&*limited.id).into(),
-                    };
-                    policy.broker.try_acquire(target, Cost::default()).await
+                    limited
+                        .handle
+                        .try_acquire(tenant.as_ref().map(TenantId::as_str), Cost::default())
+                        .await
                 }
                 None => Ok(unlimited()),
             };
@@ -213,22 +204,20 @@ fn unlimited() -> Acquisition {
     }
 }
 
-/// The next state once the broker answered.
+/// The next state once the broker answered `result` (for `tenant`, if
+/// given).
 fn decide<S, ReqB, ResB>(
     inner: &mut S,
     req: Request<ReqB>,
     stage: Stage,
-    answer: Answer,
+    policy: &Arc<Policy>,
+    result: Result<Acquisition, BrokerError>,
+    tenant: Option<&TenantId>,
 ) -> State<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: PermitBody,
 {
-    let Answer {
-        result,
-        tenant,
-        policy,
-    } = answer;
     let Some(limited) = policy.limited(stage) else {
         return State::Calling {
             fut: inner.call(req),
@@ -245,7 +234,7 @@ where
             tracing::debug!(
                 resource = %limited.id,
                 layer = stage.name(),
-                tenant = tenant.as_ref().map(TenantId::as_str),
+                tenant = tenant.map(TenantId::as_str),
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
@@ -259,7 +248,7 @@ where
             resource = %limited.id,
             layer = stage.name(),
             wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-            tenant = tenant.as_ref().map(TenantId::as_str),
+            tenant = tenant.map(TenantId::as_str),
             denied_by = ?acquisition.denied_by,
             "request denied"
         );
@@ -267,7 +256,7 @@ where
             response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
         if matches!(stage, Stage::Tenant) {
             response.extensions_mut().insert(TenantDenied {
-                policy: address(&policy),
+                policy: address(policy),
             });
         }
         return State::Answered {
@@ -276,7 +265,9 @@ where
     }
     let permit = acquisition.permit.is_held().then_some(acquisition.permit);
     let refundable = match stage {
-        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy, stage)),
+        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => {
+            Some((policy.clone(), stage))
+        }
         _ => None,
     };
     let long_lived = permit.is_some() && is_long_lived_request(&req);
@@ -307,7 +298,12 @@ where
                         req,
                         stage,
                     } = *call;
-                    let next = decide(&mut inner, req, stage, answer);
+                    let Answer {
+                        result,
+                        tenant,
+                        policy,
+                    } = answer;
+                    let next = decide(&mut inner, req, stage, &policy, result, tenant.as_ref());
                     state.set(next);
                 }
                 StateProj::Refunding { refund, response } => {
@@ -323,6 +319,10 @@ where
                     long_lived,
                     refundable,
                 } => {
+                    if permit.is_none() && refundable.is_none() {
+                        // Nothing to add to the response: pass it as is.
+                        return fut.poll(cx);
+                    }
                     let res = ready!(fut.poll(cx))?;
                     let permit = permit
                         .take()

@@ -5,23 +5,29 @@
 
 use std::sync::Arc;
 
-use broker_core::{ConfigError, Limits, ResourceBroker};
+use broker_core::{ConfigError, Limits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
 use crate::response::{RateHeaders, Responses};
 
-/// A resource the layer acquires on, with its headers built once.
+/// A resource the layer acquires on, looked up once (a handle follows a
+/// later re-registration of the same id), with its headers built once.
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
     pub(crate) id: Arc<str>,
+    pub(crate) handle: ResourceHandle,
     pub(crate) headers: RateHeaders,
 }
 
 impl Limited {
     fn register(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
         broker.register_limit(id, limits.clone())?;
+        let handle = broker
+            .resource_handle(id)
+            .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
         Ok(Self {
             id: id.into(),
+            handle,
             headers: RateHeaders::new(id, limits),
         })
     }

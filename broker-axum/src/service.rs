@@ -51,9 +51,7 @@ where
             false => None,
         };
         match stage {
-            Some(stage) => {
-                ResponseFuture::admit(self.policy.clone(), stage, None, &mut self.inner, req)
-            }
+            Some(stage) => ResponseFuture::admit(&self.policy, stage, None, &mut self.inner, req),
             None => ResponseFuture::pass(self.inner.call(req)),
         }
     }
@@ -109,7 +107,7 @@ where
             .map(|raw| TenantId::new(&raw));
         match tenant {
             Some(tenant) => ResponseFuture::admit(
-                self.policy.clone(),
+                &self.policy,
                 Stage::Tenant,
                 Some(tenant),
                 &mut self.inner,
