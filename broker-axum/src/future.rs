@@ -60,8 +60,9 @@ pin_project! {
             fut: S::Future,
             permit: Option<Permit>,
             long_lived: bool,
-            // Set on the route/service stage when a tenant stage follows.
-            refundable: Option<(Arc<Policy>, Stage)>,
+            // Set on the route/service stage when a tenant stage follows:
+            // the policy's id and the stage to refund.
+            refundable: Option<(u64, Stage)>,
         },
         Answered {
             response: Option<Response<ResB>>,
@@ -80,15 +81,12 @@ struct Call<S, ReqB> {
 /// denied. The route/service stage of the same [`crate::Pressure`] sees it
 /// on the way out and gives its own cost back, so one tenant's rejected
 /// flood does not use up the limit every tenant shares. Nothing is added
-/// to admitted requests or responses.
-#[derive(Clone, Copy)]
+/// to admitted requests or responses, and an admitted request holds no
+/// reference to the policy for it.
+#[derive(Clone)]
 struct TenantDenied {
-    /// The denying policy's address (only compared, never dereferenced).
-    policy: usize,
-}
-
-fn address(policy: &Arc<Policy>) -> usize {
-    Arc::as_ptr(policy) as usize
+    /// The denying policy (its `id` names its [`crate::Pressure`]).
+    policy: Arc<Policy>,
 }
 
 /// Gives `stage` of `policy` its cost back.
@@ -256,7 +254,7 @@ where
             response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
         if matches!(stage, Stage::Tenant) {
             response.extensions_mut().insert(TenantDenied {
-                policy: address(policy),
+                policy: policy.clone(),
             });
         }
         return State::Answered {
@@ -265,9 +263,7 @@ where
     }
     let permit = acquisition.permit.is_held().then_some(acquisition.permit);
     let refundable = match stage {
-        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => {
-            Some((policy.clone(), stage))
-        }
+        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy.id, stage)),
         _ => None,
     };
     let long_lived = permit.is_some() && is_long_lived_request(&req);
@@ -332,12 +328,10 @@ where
                         None => res,
                     };
                     let tenant_denied = res.extensions().get::<TenantDenied>();
-                    if let (Some(denied), Some((policy, stage))) =
-                        (tenant_denied, refundable.take())
-                    {
-                        if denied.policy == address(&policy) {
+                    if let (Some(denied), Some((id, stage))) = (tenant_denied, refundable.take()) {
+                        if denied.policy.id == id {
                             state.set(State::Refunding {
-                                refund: Box::pin(refund(policy, stage)),
+                                refund: Box::pin(refund(denied.policy.clone(), stage)),
                                 response: Some(res),
                             });
                             continue;

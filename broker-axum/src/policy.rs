@@ -3,6 +3,7 @@
 //! Every layer and service clone points at the same one, and all limiter
 //! state lives in the broker, so clones never split a limit.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use broker_core::{ConfigError, Limits, ResourceBroker, ResourceHandle};
@@ -63,6 +64,9 @@ impl Stage {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Policy {
+    /// Unique per [`Policy::new`] (clones share it: same broker, same
+    /// resources), so the stages of one [`crate::Pressure`] know each other.
+    pub(crate) id: u64,
     pub(crate) broker: ResourceBroker,
     pub(crate) enabled: bool,
     /// Longest prefix first.
@@ -128,7 +132,9 @@ impl Policy {
         } else {
             None
         };
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             broker,
             enabled: config.enabled,
             routes,
