@@ -256,16 +256,23 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
                 .ok_or("bad governor tenant config")?;
             // tower's concurrency limit holds its slot until the response
             // head is ready (not, as this crate's permit, until the body
-            // ends); `--concurrency 0` leaves it out.
-            let concurrency = (args.concurrency > 0)
-                .then(|| tower::limit::GlobalConcurrencyLimitLayer::new(args.concurrency as usize));
-            webhooks.layer(
-                ServiceBuilder::new()
-                    .layer(GovernorLayer::new(route))
-                    .option_layer(concurrency)
-                    .layer(middleware::from_fn(authenticate))
-                    .layer(GovernorLayer::new(tenant)),
-            )
+            // ends); `--concurrency 0` leaves it out. Two stacks rather than
+            // an optional layer, so neither pays for a dispatch.
+            match args.concurrency {
+                0 => webhooks.layer(
+                    ServiceBuilder::new()
+                        .layer(GovernorLayer::new(route))
+                        .layer(middleware::from_fn(authenticate))
+                        .layer(GovernorLayer::new(tenant)),
+                ),
+                n => webhooks.layer(
+                    ServiceBuilder::new()
+                        .layer(GovernorLayer::new(route))
+                        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(n as usize))
+                        .layer(middleware::from_fn(authenticate))
+                        .layer(GovernorLayer::new(tenant)),
+                ),
+            }
         }
         other => {
             return Err(format!(
