@@ -134,10 +134,33 @@ where
         }
     }
 
-    /// Admits `req` on `stage` (for `tenant`, if given), then calls
-    /// `inner`, the service that was polled ready: at once when the broker
-    /// answers without I/O, else a ready clone of it once it has answered.
+    /// Admits `req` on `stage` (no tenant), then calls `inner`, the
+    /// service that was polled ready.
     pub(crate) fn admit(
+        policy: &Arc<Policy>,
+        stage: Stage,
+        inner: &mut S,
+        req: Request<ReqB>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        match judge_now(policy, stage, None) {
+            Some(verdict) => Self::proceed(verdict, inner, req),
+            None => Self::admit_later(policy, stage, None, inner, req),
+        }
+    }
+
+    /// Goes on with what a stage decided: the inner call, or its answer.
+    pub(crate) fn proceed(verdict: Verdict<ResB>, inner: &mut S, req: Request<ReqB>) -> Self {
+        Self {
+            state: proceed(verdict, inner, req),
+        }
+    }
+
+    /// Admits `req` once the broker has answered asynchronously, then
+    /// calls a ready clone of `inner`.
+    pub(crate) fn admit_later(
         policy: &Arc<Policy>,
         stage: Stage,
         tenant: Option<TenantId>,
@@ -147,19 +170,6 @@ where
     where
         S: Clone,
     {
-        // The in-memory store answers at once: no boxed future, no extra
-        // poll, no clone of the inner service.
-        let now = match policy.limited(stage) {
-            Some(limited) => limited
-                .handle
-                .try_acquire_now(tenant.as_ref().map(TenantId::as_str), Cost::default()),
-            None => Some(Ok(unlimited())),
-        };
-        if let Some(result) = now {
-            return Self {
-                state: decide(inner, req, stage, policy, result, tenant.as_ref()),
-            };
-        }
         let policy = policy.clone();
         let clone = inner.clone();
         let call = Call {
@@ -192,6 +202,34 @@ where
     }
 }
 
+/// What a stage makes of the broker's answer.
+pub(crate) enum Verdict<ResB> {
+    /// Call the inner service; the response takes `permit` along.
+    Admit {
+        permit: Option<Permit>,
+        // Set on the route/service stage when a tenant stage follows.
+        refundable: Option<(u64, Stage)>,
+    },
+    /// Answer at once (a denial or a backend failure).
+    Answer(Response<ResB>),
+}
+
+/// The verdict on `stage` (for the tenant key `tenant`, if given) when the
+/// broker answers without I/O (the in-memory store: no boxed future, no
+/// extra poll, no clone of the inner service); `None` when it must be
+/// asked asynchronously.
+pub(crate) fn judge_now<ResB: PermitBody>(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    tenant: Option<&str>,
+) -> Option<Verdict<ResB>> {
+    let result = match policy.limited(stage) {
+        Some(limited) => limited.handle.try_acquire_now(tenant, Cost::default())?,
+        None => Ok(unlimited()),
+    };
+    Some(judge(policy, stage, result, tenant))
+}
+
 /// An allowed acquisition holding nothing (a stage without a resource).
 fn unlimited() -> Acquisition {
     Acquisition {
@@ -202,25 +240,17 @@ fn unlimited() -> Acquisition {
     }
 }
 
-/// The next state once the broker answered `result` (for `tenant`, if
-/// given).
-fn decide<S, ReqB, ResB>(
-    inner: &mut S,
-    req: Request<ReqB>,
-    stage: Stage,
+/// The verdict once the broker answered `result` (for the tenant key
+/// `tenant`, if given).
+fn judge<ResB: PermitBody>(
     policy: &Arc<Policy>,
+    stage: Stage,
     result: Result<Acquisition, BrokerError>,
-    tenant: Option<&TenantId>,
-) -> State<S, ReqB, ResB>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    ResB: PermitBody,
-{
+    tenant: Option<&str>,
+) -> Verdict<ResB> {
     let Some(limited) = policy.limited(stage) else {
-        return State::Calling {
-            fut: inner.call(req),
+        return Verdict::Admit {
             permit: None,
-            long_lived: false,
             refundable: None,
         };
     };
@@ -232,13 +262,11 @@ where
             tracing::debug!(
                 resource = %limited.id,
                 layer = stage.name(),
-                tenant = tenant.map(TenantId::as_str),
+                tenant,
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            return State::Answered {
-                response: Some(response::backend_failed(&policy.responses)),
-            };
+            return Verdict::Answer(response::backend_failed(&policy.responses));
         }
     };
     if !acquisition.allowed {
@@ -246,7 +274,7 @@ where
             resource = %limited.id,
             layer = stage.name(),
             wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-            tenant = tenant.map(TenantId::as_str),
+            tenant,
             denied_by = ?acquisition.denied_by,
             "request denied"
         );
@@ -257,21 +285,38 @@ where
                 policy: policy.clone(),
             });
         }
-        return State::Answered {
-            response: Some(response),
-        };
+        return Verdict::Answer(response);
     }
     let permit = acquisition.permit.is_held().then_some(acquisition.permit);
     let refundable = match stage {
         Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy.id, stage)),
         _ => None,
     };
-    let long_lived = permit.is_some() && is_long_lived_request(&req);
-    State::Calling {
-        fut: inner.call(req),
-        permit,
-        long_lived,
-        refundable,
+    Verdict::Admit { permit, refundable }
+}
+
+/// The next state for `verdict`.
+fn proceed<S, ReqB, ResB>(
+    verdict: Verdict<ResB>,
+    inner: &mut S,
+    req: Request<ReqB>,
+) -> State<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    match verdict {
+        Verdict::Admit { permit, refundable } => {
+            let long_lived = permit.is_some() && is_long_lived_request(&req);
+            State::Calling {
+                fut: inner.call(req),
+                permit,
+                long_lived,
+                refundable,
+            }
+        }
+        Verdict::Answer(response) => State::Answered {
+            response: Some(response),
+        },
     }
 }
 
@@ -299,8 +344,13 @@ where
                         tenant,
                         policy,
                     } = answer;
-                    let next = decide(&mut inner, req, stage, &policy, result, tenant.as_ref());
-                    state.set(next);
+                    let verdict = judge(
+                        &policy,
+                        stage,
+                        result,
+                        tenant.as_ref().map(TenantId::as_str),
+                    );
+                    state.set(proceed(verdict, &mut inner, req));
                 }
                 StateProj::Refunding { refund, response } => {
                     ready!(refund.as_mut().poll(cx));
