@@ -6,8 +6,18 @@
 # so every request is admitted and the run measures what the limiter
 # costs; `SCENARIO=deny` sets the route limit to 100 rps instead, so most
 # requests are answered 429 and the run measures the denial path.
+# `SCENARIO=admit-rate` is `admit` without a concurrency limit on either
+# side (rate limits only: what tower_governor itself expresses; tower's
+# concurrency limit frees its slot when the response head is ready, this
+# crate's permit when the body ends).
 #
-# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit)
+# `CALLGRIND=1` runs the server under valgrind's callgrind and reports,
+# instead of CPU time, the server's user-space instructions per request
+# (counted from after the warm-up to the end of the measured run): a figure
+# other work on the machine does not disturb (requests/s are then
+# valgrind's, not the server's).
+#
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +26,7 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
 ROUNDS=${ROUNDS:-3}
 SCENARIO=${SCENARIO:-admit}
+CALLGRIND=${CALLGRIND:-0}
 read -r -a LAYERS <<< "${LAYERS:-none pressure governor}"
 
 if ! command -v wrk >/dev/null 2>&1; then
@@ -31,8 +42,9 @@ BIN="$TARGET_DIR/release/examples/webhook_server"
 
 case "$SCENARIO" in
     admit) LIMITS=(--rps 1000000000 --concurrency 100000 --tenant-rpm 1000000000000) ;;
+    admit-rate) LIMITS=(--rps 1000000000 --concurrency 0 --tenant-rpm 1000000000000) ;;
     deny) LIMITS=(--rps 100 --concurrency 200 --tenant-rpm 1000000000000) ;;
-    *) echo "SCENARIO must be admit or deny" >&2; exit 2 ;;
+    *) echo "SCENARIO must be admit, admit-rate or deny" >&2; exit 2 ;;
 esac
 
 WORK=$(mktemp -d)
@@ -72,10 +84,13 @@ cpu_ticks() {
 run_one() {
     local layer=$1
     local out="$WORK/server.$layer.$RANDOM.out"
-    "${PRIO[@]}" "${SERVER_PIN[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
+    local cg="$WORK/callgrind.$layer.$RANDOM"
+    local VG=()
+    if [ "$CALLGRIND" = 1 ]; then VG=(valgrind --tool=callgrind "--callgrind-out-file=$cg"); fi
+    "${PRIO[@]}" "${SERVER_PIN[@]}" "${VG[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
     SERVER_PID=$!
     local port=""
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 300); do
         port=$(grep -o '127\.0\.0\.1:[0-9]*' "$out" 2>/dev/null | head -1 | cut -d: -f2 || true)
         [ -n "$port" ] && break
         sleep 0.1
@@ -85,9 +100,11 @@ run_one() {
     # Warm-up, then the measured run.
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$url" > /dev/null
     local cpu0 cpu1
+    if [ "$CALLGRIND" = 1 ]; then callgrind_control -z "$SERVER_PID" > /dev/null; fi
     cpu0=$(cpu_ticks "$SERVER_PID")
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$url" > "$WORK/wrk.out"
     cpu1=$(cpu_ticks "$SERVER_PID")
+    if [ "$CALLGRIND" = 1 ]; then callgrind_control -d "$SERVER_PID" > /dev/null; fi
     kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""
     local rps non2xx total
     rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.out")
@@ -96,10 +113,18 @@ run_one() {
     if [ -z "$rps" ]; then
         echo "wrk gave no result for $layer:" >&2; cat "$WORK/wrk.out" >&2; exit 1
     fi
-    # Server CPU time (user + system) per request, in microseconds.
-    local us_per_req
-    us_per_req=$(python3 -c "print(f'{($cpu1 - $cpu0) / $TICKS * 1e6 / $total:.2f}')")
-    echo "$layer $rps ${non2xx:-0} $us_per_req"
+    # Server CPU time (user + system) per request, in microseconds; under
+    # callgrind, the user-space instructions per request of the dump taken
+    # at the end of the measured run.
+    local per_req
+    if [ "$CALLGRIND" = 1 ]; then
+        local ir
+        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$cg".*)
+        per_req=$(python3 -c "print(f'{$ir / $total:.0f}')")
+    else
+        per_req=$(python3 -c "print(f'{($cpu1 - $cpu0) / $TICKS * 1e6 / $total:.2f}')")
+    fi
+    echo "$layer $rps ${non2xx:-0} $per_req"
 }
 
 echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES" >&2
@@ -114,23 +139,25 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 
-python3 - "$WORK/results" <<'PY'
+python3 - "$WORK/results" "$CALLGRIND" <<'PY'
 import statistics, sys
+unit = "user-space instructions/request" if sys.argv[2] == "1" else "CPU µs/request"
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 by = {}
 for layer, rps, non2xx, cpu in rows:
     by.setdefault(layer, []).append((float(rps), int(non2xx), float(cpu)))
 med = {k: statistics.median(r for r, _, _ in v) for k, v in by.items()}
 cpu = {k: statistics.median(c for _, _, c in v) for k, v in by.items()}
-print("| layer | requests/s (median) | all rounds | server CPU µs/request (median) | non-2xx (last round) |")
+print(f"| layer | requests/s (median) | all rounds | server {unit} (median) | non-2xx (last round) |")
 print("| --- | ---: | --- | ---: | ---: |")
 for k in ("none", "pressure", "governor"):
     v = by.get(k)
     if not v:
         continue
-    print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _, _ in v)} | {cpu[k]:.2f} | {v[-1][1]} |")
+    per = f"{cpu[k]:.0f}" if sys.argv[2] == "1" else f"{cpu[k]:.2f}"
+    print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _, _ in v)} | {per} | {v[-1][1]} |")
 print()
 for a, b in (("pressure", "none"), ("pressure", "governor"), ("governor", "none")):
     if a in med and b in med:
-        print(f"throughput {a} / {b} = {med[a] / med[b]:.3f}   CPU per request {a} / {b} = {cpu[a] / cpu[b]:.3f}")
+        print(f"throughput {a} / {b} = {med[a] / med[b]:.3f}   {unit} {a} / {b} = {cpu[a] / cpu[b]:.3f}")
 PY

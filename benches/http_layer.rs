@@ -13,17 +13,80 @@
 //! the check itself (plus, for the pressure layer, taking and releasing a
 //! concurrency permit carried in the response body).
 //!
-//! `cargo bench --bench http_layer`
+//! `pressure_rate_only_route_and_tenant` is the two stages with rate limits
+//! only (what two governor layers express), and
+//! `tower_governor_global_concurrency_and_keyed` is the stack of the
+//! example's `--layer governor` (global governor, tower's concurrency
+//! limit, keyed governor), the counterpart of `pressure_route_and_tenant`.
+//!
+//! Before criterion runs, the bench prints the heap allocations per request
+//! of each variant (a counting global allocator). For instruction counts,
+//! `HTTP_LAYER_RUN=<variant>:<requests>` runs only that variant's requests in
+//! one function, `measured`, and exits:
+//!
+//! ```text
+//! cargo bench --bench http_layer
+//! HTTP_LAYER_RUN=pressure_route:20000 valgrind --tool=callgrind \
+//!     --toggle-collect='*measured*' target/release/deps/http_layer-<hash>
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::body::Body;
 use axum::routing::post;
 use axum::Router;
 use broker_axum::{FromHeader, Pressure, PressureConfig};
 use broker_core::ResourceBroker;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use http::{HeaderName, Request};
 use http_body_util::BodyExt;
 use tower::{ServiceBuilder, ServiceExt};
+
+/// The system allocator, counting allocations (reallocations included) and
+/// bytes asked for while [`COUNTING`] is on (off while criterion times, so
+/// the counting costs the timed requests nothing but a load).
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn count(bytes: usize) {
+    if COUNTING.load(Ordering::Relaxed) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards every call to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn handler_router() -> Router {
     Router::new().route("/api/v1/webhooks/{source}", post(|| async { "queued" }))
@@ -88,13 +151,30 @@ impl tower_governor::key_extractor::KeyExtractor for TenantHeader {
     }
 }
 
-fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+fn governor_keyed() -> tower_governor::GovernorLayer<
+    TenantHeader,
+    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+    Body,
+> {
+    tower_governor::GovernorLayer::new(
+        tower_governor::governor::GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .key_extractor(TenantHeader)
+            .finish()
+            .unwrap(),
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    let mut group = c.benchmark_group("http_layer");
+        .unwrap()
+}
 
+/// Every variant, by name.
+fn variants() -> Vec<(&'static str, Router)> {
     let none = handler_router();
     let route_rate_only = handler_router().layer(pressure(false, false).layer());
     let route_only = handler_router().layer(pressure(false, true).layer());
@@ -106,46 +186,116 @@ fn bench(c: &mut Criterion) {
                 .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
         )
     };
+    let rate_only_route_and_tenant = {
+        let p = pressure(true, false);
+        handler_router().layer(
+            ServiceBuilder::new()
+                .layer(p.layer())
+                .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
+        )
+    };
     let governor = handler_router().layer(governor_global());
     let governor_and_keyed = handler_router().layer(
         ServiceBuilder::new()
             .layer(governor_global())
-            .layer(tower_governor::GovernorLayer::new(
-                tower_governor::governor::GovernorConfigBuilder::default()
-                    .per_nanosecond(1)
-                    .burst_size(u32::MAX)
-                    .key_extractor(TenantHeader)
-                    .finish()
-                    .unwrap(),
-            )),
+            .layer(governor_keyed()),
     );
-
-    for (name, app) in [
+    let governor_concurrency_and_keyed = handler_router().layer(
+        ServiceBuilder::new()
+            .layer(governor_global())
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(100_000))
+            .layer(governor_keyed()),
+    );
+    vec![
         ("no_layer", none),
         ("pressure_route_rate_only", route_rate_only),
         ("pressure_route", route_only),
         ("pressure_route_and_tenant", route_and_tenant),
+        (
+            "pressure_rate_only_route_and_tenant",
+            rate_only_route_and_tenant,
+        ),
         ("tower_governor", governor),
         ("tower_governor_global_and_keyed", governor_and_keyed),
-    ] {
-        // Sanity: the variant admits the request.
-        let status = rt
-            .block_on(app.clone().oneshot(request()))
-            .unwrap()
-            .status();
-        assert_eq!(status, 200, "{name}");
-        group.bench_function(name, |b| {
-            b.to_async(&rt).iter(|| {
-                let app = app.clone();
-                async move {
-                    let res = app.oneshot(request()).await.unwrap();
-                    res.into_body().collect().await.unwrap().to_bytes()
-                }
-            })
-        });
+        (
+            "tower_governor_global_concurrency_and_keyed",
+            governor_concurrency_and_keyed,
+        ),
+    ]
+    .into_iter()
+    // As `axum::serve` does: the routes are made (and the layers applied)
+    // once, not per request.
+    .map(|(name, app)| (name, app.with_state(())))
+    .collect()
+}
+
+/// One request through `app`, its response body read to the end.
+async fn one(app: &Router) -> axum::body::Bytes {
+    let res = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), 200);
+    res.into_body().collect().await.unwrap().to_bytes()
+}
+
+/// `n` requests through `app`.
+fn requests(rt: &tokio::runtime::Runtime, app: &Router, n: u64) {
+    rt.block_on(async {
+        for _ in 0..n {
+            std::hint::black_box(one(app).await);
+        }
+    });
+}
+
+/// [`requests`] in a function of its own, which callgrind can select.
+#[inline(never)]
+fn measured(rt: &tokio::runtime::Runtime, app: &Router, n: u64) {
+    requests(rt, app, n)
+}
+
+/// Heap allocations and bytes per request, after a warm-up.
+fn allocations(rt: &tokio::runtime::Runtime, app: &Router, n: u64) -> (f64, f64) {
+    requests(rt, app, 1000);
+    COUNTING.store(true, Ordering::Relaxed);
+    let (a0, b0) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
+    measured(rt, app, n);
+    let (a1, b1) = (
+        ALLOCS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
+    COUNTING.store(false, Ordering::Relaxed);
+    ((a1 - a0) as f64 / n as f64, (b1 - b0) as f64 / n as f64)
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("http_layer");
+    for (name, app) in variants() {
+        let (allocs, bytes) = allocations(&rt, &app, 10_000);
+        println!("http_layer/{name}: {allocs:.2} allocations, {bytes:.0} bytes per request");
+        group.bench_function(name, |b| b.to_async(&rt).iter(|| one(&app)));
     }
     group.finish();
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(run) = std::env::var("HTTP_LAYER_RUN") {
+        let (name, n) = run
+            .split_once(':')
+            .and_then(|(name, n)| Some((name, n.parse::<u64>().ok()?)))
+            .expect("HTTP_LAYER_RUN=<variant>:<requests>");
+        let (_, app) = variants()
+            .into_iter()
+            .find(|(v, _)| *v == name)
+            .unwrap_or_else(|| panic!("no variant {name}"));
+        let rt = runtime();
+        let (allocs, bytes) = allocations(&rt, &app, n);
+        println!("{name}: {n} requests, {allocs:.2} allocations, {bytes:.0} bytes per request");
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

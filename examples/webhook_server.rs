@@ -17,7 +17,8 @@
 //! - `--redis URL`: keep the limits in Redis instead of in memory
 //! - `--config FILE`: read the `pressure` object from a JSON config document
 //!   instead of the flags below
-//! - `--rps N` (100), `--concurrency N` (200), `--tenant-rpm N` (6000)
+//! - `--rps N` (100), `--concurrency N` (200; 0: no concurrency limit),
+//!   `--tenant-rpm N` (6000)
 //! - `--layer pressure|none|governor`: this crate's layers (default), no
 //!   limiter at all, or tower_governor (global rate + per-tenant rate) with
 //!   tower's concurrency limit, configured with the same numbers, for load
@@ -142,18 +143,21 @@ fn pressure_config(args: &Args) -> Result<PressureConfig, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
         return PressureConfig::from_document(path, &text).map_err(|e| e.to_string());
     }
+    let concurrency = match args.concurrency {
+        0 => String::new(),
+        n => format!(r#", "maxConcurrentRequests": {n}"#),
+    };
     let json = format!(
         r#"{{
         "enabled": true,
         "perRoute": [{{
             "resource": "gateway:route:webhooks",
             "pathPrefix": "/api/v1/webhooks",
-            "limits": {{ "requestsPerSecond": {rps}, "maxConcurrentRequests": {conc} }}
+            "limits": {{ "requestsPerSecond": {rps}{concurrency} }}
         }}],
         "perTenant": {{ "enabled": true, "limits": {{ "requestsPerMinute": {rpm} }} }}
     }}"#,
         rps = args.rps,
-        conc = args.concurrency,
         rpm = args.tenant_rpm
     );
     PressureConfig::from_json("flags", &json).map_err(|e| e.to_string())
@@ -250,15 +254,25 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
                 .key_extractor(TenantKey)
                 .finish()
                 .ok_or("bad governor tenant config")?;
-            webhooks.layer(
-                ServiceBuilder::new()
-                    .layer(GovernorLayer::new(route))
-                    .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-                        args.concurrency as usize,
-                    ))
-                    .layer(middleware::from_fn(authenticate))
-                    .layer(GovernorLayer::new(tenant)),
-            )
+            // tower's concurrency limit holds its slot until the response
+            // head is ready (not, as this crate's permit, until the body
+            // ends); `--concurrency 0` leaves it out. Two stacks rather than
+            // an optional layer, so neither pays for a dispatch.
+            match args.concurrency {
+                0 => webhooks.layer(
+                    ServiceBuilder::new()
+                        .layer(GovernorLayer::new(route))
+                        .layer(middleware::from_fn(authenticate))
+                        .layer(GovernorLayer::new(tenant)),
+                ),
+                n => webhooks.layer(
+                    ServiceBuilder::new()
+                        .layer(GovernorLayer::new(route))
+                        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(n as usize))
+                        .layer(middleware::from_fn(authenticate))
+                        .layer(GovernorLayer::new(tenant)),
+                ),
+            }
         }
         other => {
             return Err(format!(

@@ -1,11 +1,13 @@
 //! Response bodies. The pressure services answer with the inner service's
 //! own body type, so they change neither the body nor the error type of a
 //! stack: [`PermitBody`] says how that body type is built from a denial's
-//! bytes and how it carries a concurrency [`Permit`]. [`PressureBody`] is
-//! the carrier: it releases the permit when the body ends, fails, or is
-//! dropped (the client went away mid-response), so a slot is held exactly
-//! as long as the response is being sent. A response that holds no permit
-//! keeps its body untouched (no wrapping, no allocation).
+//! bytes and how it carries a concurrency [`Permit`]: the body is wrapped
+//! in one that releases the permit when it ends, fails, or is dropped (the
+//! client went away mid-response), so a slot is held exactly as long as the
+//! response is being sent. [`PressureBody`] is that carrier as a body type
+//! of its own; `axum::body::Body` and the boxed bodies box a leaner one
+//! once. A response that holds no permit keeps its body untouched (no
+//! wrapping, no allocation).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -34,7 +36,10 @@ pub trait PermitBody: Sized {
 
 impl PermitBody for axum::body::Body {
     fn with_permit(self, permit: Permit) -> Self {
-        axum::body::Body::new(PressureBody::new(self, Some(permit)))
+        // Boxed as the `UnsyncBoxBody<Bytes, axum::Error>` axum's body is
+        // made of, so `Body::new` takes it as is (no second box, no error
+        // mapping layer).
+        axum::body::Body::new(HeldBody::new(self, permit).boxed_unsync())
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -47,7 +52,7 @@ where
     E: 'static,
 {
     fn with_permit(self, permit: Permit) -> Self {
-        PressureBody::new(self, Some(permit)).boxed()
+        HeldBody::new(self, permit).boxed()
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -60,7 +65,7 @@ where
     E: 'static,
 {
     fn with_permit(self, permit: Permit) -> Self {
-        PressureBody::new(self, Some(permit)).boxed_unsync()
+        HeldBody::new(self, permit).boxed_unsync()
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -81,6 +86,54 @@ impl<B> PermitBody for PressureBody<B> {
 
     fn from_bytes(bytes: Bytes) -> Self {
         Self::fixed(bytes)
+    }
+}
+
+pin_project! {
+    /// A body holding one permit until it ends, fails or is dropped: what
+    /// the boxed body types wrap their body in.
+    struct HeldBody<B> {
+        #[pin]
+        inner: B,
+        permit: Option<Permit>,
+    }
+}
+
+impl<B> HeldBody<B> {
+    fn new(inner: B, permit: Permit) -> Self {
+        Self {
+            inner,
+            permit: Some(permit),
+        }
+    }
+}
+
+impl<B: Body> Body for HeldBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        let finished = match &frame {
+            None | Some(Err(_)) => true,
+            Some(Ok(_)) => this.inner.is_end_stream(),
+        };
+        if finished {
+            *this.permit = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -190,6 +243,17 @@ mod tests {
         let body = PressureBody::new(Full::new(Bytes::from_static(b"ok")), None);
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"ok");
+    }
+
+    #[tokio::test]
+    async fn permit_carrying_bodies_pass_frames_through() {
+        let body = axum::body::Body::from("ok").with_permit(Permit::empty());
+        assert_eq!(body.size_hint().exact(), Some(2));
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
+        let body: BoxBody<Bytes, std::convert::Infallible> =
+            PermitBody::from_bytes(Bytes::from_static(b"x"));
+        let body = body.with_permit(Permit::empty());
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"x");
     }
 
     #[tokio::test]

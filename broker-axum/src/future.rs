@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use broker_core::{Acquisition, BrokerError, Cost, Permit, Target};
+use broker_core::{Acquisition, BrokerError, Cost, Permit};
 use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -18,7 +18,7 @@ use crate::policy::{Policy, Stage};
 use crate::response;
 use crate::tenant::TenantId;
 
-/// The broker's answer for one stage.
+/// The broker's answer for one stage, when it came asynchronously.
 struct Answer {
     result: Result<Acquisition, BrokerError>,
     tenant: Option<TenantId>,
@@ -60,8 +60,9 @@ pin_project! {
             fut: S::Future,
             permit: Option<Permit>,
             long_lived: bool,
-            // Set on the route/service stage when a tenant stage follows.
-            refundable: Option<(Arc<Policy>, Stage)>,
+            // Set on the route/service stage when a tenant stage follows:
+            // the policy's id and the stage to refund.
+            refundable: Option<(u64, Stage)>,
         },
         Answered {
             response: Option<Response<ResB>>,
@@ -80,15 +81,12 @@ struct Call<S, ReqB> {
 /// denied. The route/service stage of the same [`crate::Pressure`] sees it
 /// on the way out and gives its own cost back, so one tenant's rejected
 /// flood does not use up the limit every tenant shares. Nothing is added
-/// to admitted requests or responses.
-#[derive(Clone, Copy)]
+/// to admitted requests or responses, and an admitted request holds no
+/// reference to the policy for it.
+#[derive(Clone)]
 struct TenantDenied {
-    /// The denying policy's address (only compared, never dereferenced).
-    policy: usize,
-}
-
-fn address(policy: &Arc<Policy>) -> usize {
-    Arc::as_ptr(policy) as usize
+    /// The denying policy (its `id` names its [`crate::Pressure`]).
+    policy: Arc<Policy>,
 }
 
 /// Gives `stage` of `policy` its cost back.
@@ -136,11 +134,34 @@ where
         }
     }
 
-    /// Admits `req` on `stage` (for `tenant`, if given), then calls
-    /// `inner`, the service that was polled ready: at once when the broker
-    /// answers without I/O, else a ready clone of it once it has answered.
+    /// Admits `req` on `stage` (no tenant), then calls `inner`, the
+    /// service that was polled ready.
     pub(crate) fn admit(
-        policy: Arc<Policy>,
+        policy: &Arc<Policy>,
+        stage: Stage,
+        inner: &mut S,
+        req: Request<ReqB>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        match judge_now(policy, stage, None) {
+            Some(verdict) => Self::proceed(verdict, inner, req),
+            None => Self::admit_later(policy, stage, None, inner, req),
+        }
+    }
+
+    /// Goes on with what a stage decided: the inner call, or its answer.
+    pub(crate) fn proceed(verdict: Verdict<ResB>, inner: &mut S, req: Request<ReqB>) -> Self {
+        Self {
+            state: proceed(verdict, inner, req),
+        }
+    }
+
+    /// Admits `req` once the broker has answered asynchronously, then
+    /// calls a ready clone of `inner`.
+    pub(crate) fn admit_later(
+        policy: &Arc<Policy>,
         stage: Stage,
         tenant: Option<TenantId>,
         inner: &mut S,
@@ -149,28 +170,7 @@ where
     where
         S: Clone,
     {
-        // The in-memory store answers at once: no boxed future, no extra
-        // poll, no clone of the inner service.
-        let now = match policy.limited(stage) {
-            Some(limited) => {
-                let target: Target<'_> = match &tenant {
-                    Some(key) => (&*limited.id, key.as_str()).into(),
-                    None => (&*limited.id).into(),
-                };
-                policy.broker.try_acquire_now(target, Cost::default())
-            }
-            None => Some(Ok(unlimited())),
-        };
-        if let Some(result) = now {
-            let answer = Answer {
-                result,
-                tenant,
-                policy,
-            };
-            return Self {
-                state: decide(inner, req, stage, answer),
-            };
-        }
+        let policy = policy.clone();
         let clone = inner.clone();
         let call = Call {
             inner: std::mem::replace(inner, clone),
@@ -180,11 +180,10 @@ where
         let acquire: AcquireFuture = Box::pin(async move {
             let result = match policy.limited(stage) {
                 Some(limited) => {
-                    let target: Target<'_> = match &tenant {
-                        Some(key) => (&*limited.id, key.as_str()).into(),
-                        None => (&*limited.id).into(),
-                    };
-                    policy.broker.try_acquire(target, Cost::default()).await
+                    limited
+                        .handle
+                        .try_acquire(tenant.as_ref().map(TenantId::as_str), Cost::default())
+                        .await
                 }
                 None => Ok(unlimited()),
             };
@@ -203,6 +202,34 @@ where
     }
 }
 
+/// What a stage makes of the broker's answer.
+pub(crate) enum Verdict<ResB> {
+    /// Call the inner service; the response takes `permit` along.
+    Admit {
+        permit: Option<Permit>,
+        // Set on the route/service stage when a tenant stage follows.
+        refundable: Option<(u64, Stage)>,
+    },
+    /// Answer at once (a denial or a backend failure).
+    Answer(Response<ResB>),
+}
+
+/// The verdict on `stage` (for the tenant key `tenant`, if given) when the
+/// broker answers without I/O (the in-memory store: no boxed future, no
+/// extra poll, no clone of the inner service); `None` when it must be
+/// asked asynchronously.
+pub(crate) fn judge_now<ResB: PermitBody>(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    tenant: Option<&str>,
+) -> Option<Verdict<ResB>> {
+    let result = match policy.limited(stage) {
+        Some(limited) => limited.handle.try_acquire_now(tenant, Cost::default())?,
+        None => Ok(unlimited()),
+    };
+    Some(judge(policy, stage, result, tenant))
+}
+
 /// An allowed acquisition holding nothing (a stage without a resource).
 fn unlimited() -> Acquisition {
     Acquisition {
@@ -213,27 +240,17 @@ fn unlimited() -> Acquisition {
     }
 }
 
-/// The next state once the broker answered.
-fn decide<S, ReqB, ResB>(
-    inner: &mut S,
-    req: Request<ReqB>,
+/// The verdict once the broker answered `result` (for the tenant key
+/// `tenant`, if given).
+fn judge<ResB: PermitBody>(
+    policy: &Arc<Policy>,
     stage: Stage,
-    answer: Answer,
-) -> State<S, ReqB, ResB>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    ResB: PermitBody,
-{
-    let Answer {
-        result,
-        tenant,
-        policy,
-    } = answer;
+    result: Result<Acquisition, BrokerError>,
+    tenant: Option<&str>,
+) -> Verdict<ResB> {
     let Some(limited) = policy.limited(stage) else {
-        return State::Calling {
-            fut: inner.call(req),
+        return Verdict::Admit {
             permit: None,
-            long_lived: false,
             refundable: None,
         };
     };
@@ -245,13 +262,11 @@ where
             tracing::debug!(
                 resource = %limited.id,
                 layer = stage.name(),
-                tenant = tenant.as_ref().map(TenantId::as_str),
+                tenant,
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            return State::Answered {
-                response: Some(response::backend_failed(&policy.responses)),
-            };
+            return Verdict::Answer(response::backend_failed(&policy.responses));
         }
     };
     if !acquisition.allowed {
@@ -259,7 +274,7 @@ where
             resource = %limited.id,
             layer = stage.name(),
             wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-            tenant = tenant.as_ref().map(TenantId::as_str),
+            tenant,
             denied_by = ?acquisition.denied_by,
             "request denied"
         );
@@ -267,24 +282,41 @@ where
             response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
         if matches!(stage, Stage::Tenant) {
             response.extensions_mut().insert(TenantDenied {
-                policy: address(&policy),
+                policy: policy.clone(),
             });
         }
-        return State::Answered {
-            response: Some(response),
-        };
+        return Verdict::Answer(response);
     }
     let permit = acquisition.permit.is_held().then_some(acquisition.permit);
     let refundable = match stage {
-        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy, stage)),
+        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy.id, stage)),
         _ => None,
     };
-    let long_lived = permit.is_some() && is_long_lived_request(&req);
-    State::Calling {
-        fut: inner.call(req),
-        permit,
-        long_lived,
-        refundable,
+    Verdict::Admit { permit, refundable }
+}
+
+/// The next state for `verdict`.
+fn proceed<S, ReqB, ResB>(
+    verdict: Verdict<ResB>,
+    inner: &mut S,
+    req: Request<ReqB>,
+) -> State<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    match verdict {
+        Verdict::Admit { permit, refundable } => {
+            let long_lived = permit.is_some() && is_long_lived_request(&req);
+            State::Calling {
+                fut: inner.call(req),
+                permit,
+                long_lived,
+                refundable,
+            }
+        }
+        Verdict::Answer(response) => State::Answered {
+            response: Some(response),
+        },
     }
 }
 
@@ -307,8 +339,18 @@ where
                         req,
                         stage,
                     } = *call;
-                    let next = decide(&mut inner, req, stage, answer);
-                    state.set(next);
+                    let Answer {
+                        result,
+                        tenant,
+                        policy,
+                    } = answer;
+                    let verdict = judge(
+                        &policy,
+                        stage,
+                        result,
+                        tenant.as_ref().map(TenantId::as_str),
+                    );
+                    state.set(proceed(verdict, &mut inner, req));
                 }
                 StateProj::Refunding { refund, response } => {
                     ready!(refund.as_mut().poll(cx));
@@ -323,6 +365,10 @@ where
                     long_lived,
                     refundable,
                 } => {
+                    if permit.is_none() && refundable.is_none() {
+                        // Nothing to add to the response: pass it as is.
+                        return fut.poll(cx);
+                    }
                     let res = ready!(fut.poll(cx))?;
                     let permit = permit
                         .take()
@@ -332,12 +378,10 @@ where
                         None => res,
                     };
                     let tenant_denied = res.extensions().get::<TenantDenied>();
-                    if let (Some(denied), Some((policy, stage))) =
-                        (tenant_denied, refundable.take())
-                    {
-                        if denied.policy == address(&policy) {
+                    if let (Some(denied), Some((id, stage))) = (tenant_denied, refundable.take()) {
+                        if denied.policy.id == id {
                             state.set(State::Refunding {
-                                refund: Box::pin(refund(policy, stage)),
+                                refund: Box::pin(refund(denied.policy.clone(), stage)),
                                 response: Some(res),
                             });
                             continue;

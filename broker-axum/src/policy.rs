@@ -3,25 +3,32 @@
 //! Every layer and service clone points at the same one, and all limiter
 //! state lives in the broker, so clones never split a limit.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::{ConfigError, Limits, ResourceBroker};
+use broker_core::{ConfigError, Limits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
 use crate::response::{RateHeaders, Responses};
 
-/// A resource the layer acquires on, with its headers built once.
+/// A resource the layer acquires on, looked up once (a handle follows a
+/// later re-registration of the same id), with its headers built once.
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
     pub(crate) id: Arc<str>,
+    pub(crate) handle: ResourceHandle,
     pub(crate) headers: RateHeaders,
 }
 
 impl Limited {
     fn register(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
         broker.register_limit(id, limits.clone())?;
+        let handle = broker
+            .resource_handle(id)
+            .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
         Ok(Self {
             id: id.into(),
+            handle,
             headers: RateHeaders::new(id, limits),
         })
     }
@@ -57,6 +64,9 @@ impl Stage {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Policy {
+    /// Unique per [`Policy::new`] (clones share it: same broker, same
+    /// resources), so the stages of one [`crate::Pressure`] know each other.
+    pub(crate) id: u64,
     pub(crate) broker: ResourceBroker,
     pub(crate) enabled: bool,
     /// Longest prefix first.
@@ -122,7 +132,9 @@ impl Policy {
         } else {
             None
         };
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             broker,
             enabled: config.enabled,
             routes,

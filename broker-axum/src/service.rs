@@ -8,9 +8,9 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::future::ResponseFuture;
+use crate::future::{judge_now, ResponseFuture};
 use crate::policy::{Policy, Stage};
-use crate::tenant::{TenantExtractor, TenantId};
+use crate::tenant::{tenant_key, TenantExtractor, TenantId};
 
 /// The route/service stage: maps a request to its per-route resource
 /// (longest matching path prefix) or else the per-service one, and answers
@@ -51,9 +51,7 @@ where
             false => None,
         };
         match stage {
-            Some(stage) => {
-                ResponseFuture::admit(self.policy.clone(), stage, None, &mut self.inner, req)
-            }
+            Some(stage) => ResponseFuture::admit(&self.policy, stage, &mut self.inner, req),
             None => ResponseFuture::pass(self.inner.call(req)),
         }
     }
@@ -103,13 +101,21 @@ where
         if !self.policy.has_tenant_stage() {
             return ResponseFuture::pass(self.inner.call(req));
         }
-        let tenant = self
+        // The tenant's key borrows from the request, so the broker's
+        // answer (when it comes without I/O) is judged before the request
+        // moves on: no copy of the key per request.
+        let judged = self
             .extractor
             .tenant(req.headers(), req.extensions())
-            .map(|raw| TenantId::new(&raw));
-        match tenant {
-            Some(tenant) => ResponseFuture::admit(
-                self.policy.clone(),
+            .map(|raw| {
+                let key = tenant_key(&raw);
+                judge_now(&self.policy, Stage::Tenant, Some(&key))
+                    .ok_or_else(|| TenantId::new(&raw))
+            });
+        match judged {
+            Some(Ok(verdict)) => ResponseFuture::proceed(verdict, &mut self.inner, req),
+            Some(Err(tenant)) => ResponseFuture::admit_later(
+                &self.policy,
                 Stage::Tenant,
                 Some(tenant),
                 &mut self.inner,
