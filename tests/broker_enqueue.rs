@@ -278,3 +278,36 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     let stats = &broker.stats().resources["api"];
     assert_eq!((stats.retries_exhausted, stats.failed), (1, 2));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_released_slot_wakes_a_waiting_enqueue_at_once() {
+    let broker = broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1000))
+        .max_concurrent(1);
+    broker
+        .register("one-slot", ResourceConfig::new(limits))
+        .unwrap();
+    let mut held = broker
+        .try_acquire("one-slot", Cost::default())
+        .await
+        .unwrap();
+    assert!(held.allowed && held.permit.is_held());
+    let start = Instant::now();
+    let waiter = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            broker
+                .enqueue("one-slot", Cost::default(), |_| async {
+                    Outcome::<Duration, ()>::ok(start.elapsed())
+                })
+                .await
+        })
+    };
+    // The waiter is parked on the slot; release it 3 ms later, well inside
+    // the 25 ms re-check interval: the work must start at 3 ms.
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    held.permit.release();
+    let started_after = waiter.await.unwrap().unwrap();
+    assert_eq!(started_after, Duration::from_millis(3));
+}

@@ -166,8 +166,9 @@ pub(crate) async fn wait_slot(
         return Ok(SlotOutcome::Unlimited);
     }
     let backend = &broker.inner.backend;
+    let _waiting = resource.wait_for_slots();
     loop {
-        let freed = resource.slot_freed.notified();
+        let freed = resource.slot_notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
         let held = backend

@@ -71,7 +71,11 @@ pub(crate) struct Resource {
     pub(crate) spec: LimitSpec,
     pub(crate) kind: ResourceKind,
     pub(crate) counters: Counters,
-    pub(crate) slot_freed: tokio::sync::Notify,
+    /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot;
+    /// notified only while `slot_waiters` says someone waits.
+    slot_notify: tokio::sync::Notify,
+    /// How many calls are in `enqueue::wait_slot` now.
+    slot_waiters: std::sync::atomic::AtomicUsize,
     /// Holds on attempts already booked in this process (see `hold.rs`).
     pub(crate) holds: hold::Holds,
     /// The largest cost of each unit that can ever fit (the smallest burst
@@ -93,6 +97,43 @@ impl Resource {
             return Ok(());
         }
         self.config.limits.check_fits(&self.id, cost)
+    }
+}
+
+/// Waiting for a freed concurrency slot. A waiter is counted before its
+/// first attempt to take a slot, so a release either happens before that
+/// attempt (which then sees the free slot) or sees the count and notifies.
+impl Resource {
+    /// After a slot was released: wakes the waiters, if any (the common
+    /// case, none, costs one atomic load instead of the notifier's lock).
+    pub(crate) fn slot_freed(&self) {
+        if self.slot_waiters.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            self.slot_notify.notify_waiters();
+        }
+    }
+
+    /// Counts the caller as a slot waiter until the guard is dropped.
+    pub(crate) fn wait_for_slots(&self) -> SlotWaiter<'_> {
+        self.slot_waiters
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SlotWaiter(self)
+    }
+
+    /// A future that completes at the next [`Resource::slot_freed`] with
+    /// waiters.
+    pub(crate) fn slot_notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.slot_notify.notified()
+    }
+}
+
+/// A counted slot waiter (see [`Resource::wait_for_slots`]).
+pub(crate) struct SlotWaiter<'r>(&'r Resource);
+
+impl Drop for SlotWaiter<'_> {
+    fn drop(&mut self) {
+        self.0
+            .slot_waiters
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -213,7 +254,8 @@ impl ResourceBroker {
             config,
             kind,
             counters: Counters::default(),
-            slot_freed: tokio::sync::Notify::new(),
+            slot_notify: tokio::sync::Notify::new(),
+            slot_waiters: std::sync::atomic::AtomicUsize::new(0),
             holds: hold::Holds::default(),
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),

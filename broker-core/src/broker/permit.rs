@@ -88,31 +88,39 @@ impl Permit {
     /// On an in-memory backend this is immediate. On a remote backend the
     /// release is sent on the current tokio runtime; without one, the lease
     /// expires after the resource's `lease_ttl`.
+    #[inline]
     pub fn release(&mut self) {
-        let Some(h) = self.held.take() else { return };
-        let h = *h;
-        if h.counted {
-            drop_one(&h.resource.counters.in_flight);
+        // The empty permit (no concurrency limit, or denied) is the common
+        // case: one check, inlined where the permit is dropped.
+        if let Some(h) = self.held.take() {
+            release_held(*h);
         }
-        let key = h.key.unwrap_or_else(|| h.resource.key.clone());
-        let resource = h.resource;
-        match h.backend.release_now(&key, h.lease) {
-            Some(result) => {
-                if let Err(e) = result {
-                    super::note_backend_error(&resource, "release", &e);
-                }
-                resource.slot_freed.notify_waiters();
+    }
+}
+
+fn release_held(h: Held) {
+    if h.counted {
+        drop_one(&h.resource.counters.in_flight);
+    }
+    let key = h.key.as_deref().unwrap_or(&h.resource.key);
+    let resource = &h.resource;
+    match h.backend.release_now(key, h.lease) {
+        Some(result) => {
+            if let Err(e) = result {
+                super::note_backend_error(resource, "release", &e);
             }
-            None => {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let backend = h.backend;
-                    rt.spawn(async move {
-                        if let Err(e) = backend.release(&key, h.lease).await {
-                            super::note_backend_error(&resource, "release", &e);
-                        }
-                        resource.slot_freed.notify_waiters();
-                    });
-                }
+            resource.slot_freed();
+        }
+        None => {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let key = h.key.unwrap_or_else(|| h.resource.key.clone());
+                let (backend, resource) = (h.backend, h.resource);
+                rt.spawn(async move {
+                    if let Err(e) = backend.release(&key, h.lease).await {
+                        super::note_backend_error(&resource, "release", &e);
+                    }
+                    resource.slot_freed();
+                });
             }
         }
     }
