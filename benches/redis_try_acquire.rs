@@ -9,7 +9,9 @@
 //!
 //! `cargo bench --bench redis_try_acquire`
 //!
-//! Each run is done twice: through the broker, and as a client-side anchor,
+//! Each run is done three times: through the broker (coalescing on, the
+//! default), through the broker with coalescing off (one `EVALSHA` per
+//! decision), and as a client-side anchor,
 //! `bench/token_bucket.lua` (the minimal script `redis-benchmark` runs) by
 //! `EVALSHA` through the same `redis` crate connection type
 //! (`ConnectionManager`) that RedisBackend uses: the gap between the two is
@@ -18,7 +20,10 @@
 //! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
 //! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
 //! the default, one client core like Node; or `multi_thread`).
-//! Prints one JSON line per run.
+//! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
+//! several decisions when many are in flight: `commands_per_decision.evalsha`
+//! is then below 1, and `decisions_per_evalsha` gives the batch size;
+//! `server_usec_per_decision` is the `EVALSHA` time per decision.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -76,13 +81,15 @@ where
     }
 }
 
-/// `usec_per_call` of `EVALSHA`: the server's time per decision.
-fn evalsha_usec_per_call(info: &str) -> Option<f64> {
+/// A field (`calls`, `usec`, `usec_per_call`) of `cmdstat_evalsha`.
+fn evalsha_field(info: &str, field: &str) -> Option<f64> {
     let line = info
         .lines()
         .find(|l| l.trim().starts_with("cmdstat_evalsha:"))?;
-    line.split(',')
-        .find_map(|f| f.strip_prefix("usec_per_call="))?
+    line.trim()
+        .trim_start_matches("cmdstat_evalsha:")
+        .split(',')
+        .find_map(|f| f.strip_prefix(field)?.strip_prefix('='))?
         .trim()
         .parse()
         .ok()
@@ -129,7 +136,13 @@ fn report(who: &str, runtime: &str, n: usize, mut r: Run, info: &str) {
             "p50_us": pct(0.5),
             "p99_us": pct(0.99),
             "commands_per_decision": per_decision,
-            "evalsha_usec_per_call": evalsha_usec_per_call(info),
+            // With coalescing one EVALSHA carries several decisions: both
+            // ways round, and the server's time per EVALSHA and per decision.
+            "decisions_per_evalsha": evalsha_field(info, "calls")
+                .map(|c| (r.decisions as f64 / c * 100.0).round() / 100.0),
+            "evalsha_usec_per_call": evalsha_field(info, "usec_per_call"),
+            "server_usec_per_decision": evalsha_field(info, "usec")
+                .map(|u| (u / r.decisions as f64 * 100.0).round() / 100.0),
         })
     );
 }
@@ -168,6 +181,16 @@ fn main() {
         broker
             .register_limit("bench", limits())
             .expect("valid limits");
+        let uncoalesced = ResourceBroker::new(
+            RedisBackend::builder(&url)
+                .coalesce(false)
+                .connect()
+                .await
+                .expect("connect"),
+        );
+        uncoalesced
+            .register_limit("bench", limits())
+            .expect("valid limits");
         let control = redis::Client::open(url.as_str()).expect("redis url");
         let mut control = control
             .get_multiplexed_async_connection()
@@ -180,6 +203,13 @@ fn main() {
         let script = redis::Script::new(include_str!("../bench/token_bucket.lua"));
         let ours = || async {
             broker
+                .try_acquire("bench", Cost::default())
+                .await
+                .expect("redis answers")
+                .allowed
+        };
+        let ours_uncoalesced = || async {
+            uncoalesced
                 .try_acquire("bench", Cost::default())
                 .await
                 .expect("redis answers")
@@ -204,9 +234,16 @@ fn main() {
             }
         };
         for n in inflight {
-            for who in ["resource-broker RedisBackend", "redis-rs minimal script"] {
+            for who in [
+                "resource-broker RedisBackend",
+                "resource-broker RedisBackend coalescing off",
+                "redis-rs minimal script",
+            ] {
                 let measured = async |length| match who {
                     "resource-broker RedisBackend" => run(ours, n, length).await,
+                    "resource-broker RedisBackend coalescing off" => {
+                        run(ours_uncoalesced, n, length).await
+                    }
                     _ => run(minimal, n, length).await,
                 };
                 measured(Duration::from_millis(500)).await; // warm-up

@@ -37,6 +37,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod coalesce;
 mod connection;
 mod failure;
 mod inspect;
@@ -73,6 +74,8 @@ struct Inner {
     health: failure::Health,
     op_timeout: Duration,
     maxmemory_policy: Option<String>,
+    /// Coalesces concurrent `try` decisions; `None` when off.
+    coalescer: Option<Arc<coalesce::Coalescer>>,
 }
 
 /// # Connecting
@@ -110,6 +113,14 @@ impl RedisBackend {
             _ => None,
         };
         let op_timeout = b.timeouts.connect + b.timeouts.response;
+        // On one server only: a cluster spreads a batch's keys over slots.
+        let coalescer = (b.coalesce.enabled && !b.cluster).then(|| {
+            Arc::new(coalesce::Coalescer::new(
+                conn.clone(),
+                op_timeout,
+                b.coalesce,
+            ))
+        });
         Self {
             inner: Arc::new(Inner {
                 conn,
@@ -125,6 +136,7 @@ impl RedisBackend {
                 health: failure::Health::new(b.probe_interval),
                 op_timeout,
                 maxmemory_policy,
+                coalescer,
             }),
         }
     }

@@ -26,6 +26,38 @@ macro_rules! script {
 
 script!(TRY, ["common", "bucket", "state", "lease", "try"]);
 script!(TRY_ONE, ["common", "bucket", "one", "lease", "try_one"]);
+/// Several `try` decisions in one call (see `lua/try_batch.lua`): the text
+/// of [`TRY_ONE`] and [`TRY`], unchanged, as the bodies of two functions
+/// whose `KEYS` and `ARGV` are each decision's own.
+pub(crate) static TRY_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        "local G_KEYS, G_ARGV = KEYS, ARGV\n",
+        "local KEYS, ARGV\n",
+        "local function try_one()\n",
+        include_str!("lua/common.lua"),
+        "\n",
+        include_str!("lua/bucket.lua"),
+        "\n",
+        include_str!("lua/one.lua"),
+        "\n",
+        include_str!("lua/lease.lua"),
+        "\n",
+        include_str!("lua/try_one.lua"),
+        "\nend\n",
+        "local function try_many()\n",
+        include_str!("lua/common.lua"),
+        "\n",
+        include_str!("lua/bucket.lua"),
+        "\n",
+        include_str!("lua/state.lua"),
+        "\n",
+        include_str!("lua/lease.lua"),
+        "\n",
+        include_str!("lua/try.lua"),
+        "\nend\n",
+        include_str!("lua/try_batch.lua"),
+    ))
+});
 script!(RESERVE, ["common", "bucket", "state", "reserve"]);
 script!(RESERVE_ONE, ["common", "bucket", "one", "reserve_one"]);
 script!(HOLD_SLOT, ["common", "lease", "hold_slot"]);

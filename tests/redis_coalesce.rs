@@ -1,0 +1,259 @@
+//! Coalescing of concurrent `try_acquire` calls on one RedisBackend, on a
+//! real redis-server: concurrent calls share `EVALSHA`s, a lone call is one
+//! `EVALSHA`, a tight limit admits exactly its quota, a script error reaches
+//! only its own caller, an outage reaches every waiting caller through the
+//! failure policy, and a caller that goes away leaks no lease.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
+use broker_testkit::RedisServer;
+use futures::future::join_all;
+
+/// `calls=N` of one command in `INFO commandstats`, 0 if absent.
+fn calls(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A backend in client-time mode on a clock that never moves, so no bucket
+/// refills during a test.
+async fn backend(
+    server: &RedisServer,
+    configure: fn(RedisBackendBuilder) -> RedisBackendBuilder,
+) -> RedisBackend {
+    configure(RedisBackend::builder(&server.url()))
+        .client_time(Arc::new(ManualClock::new()))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn spec(limits: Limits) -> LimitSpec {
+    LimitSpec::new(&limits, Duration::from_secs(30))
+}
+
+/// Runs `n` concurrent tries of cost 1 on `key`; the answers in order.
+async fn concurrent_tries(
+    backend: &RedisBackend,
+    key: &str,
+    spec: &LimitSpec,
+    n: usize,
+) -> Vec<Result<broker_core::Decision, broker_core::BackendError>> {
+    join_all((0..n).map(|_| backend.try_acquire(key, spec, Cost::default()))).await
+}
+
+#[tokio::test]
+async fn concurrent_calls_share_evalshas_and_a_lone_call_is_one_evalsha() {
+    let server = RedisServer::start();
+    let backend = backend(&server, |b| b).await;
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+    // Loads both scripts (a lone call, then a batch).
+    concurrent_tries(&backend, "api", &spec, 10).await;
+
+    server.command("CONFIG RESETSTAT");
+    let lone = backend
+        .try_acquire("api", &spec, Cost::default())
+        .await
+        .unwrap();
+    assert!(lone.allowed);
+    let stats = server.command("INFO commandstats");
+    assert_eq!(calls(&stats, "evalsha"), 1, "{stats}");
+    assert_eq!(calls(&stats, "hset"), 1, "{stats}");
+
+    server.command("CONFIG RESETSTAT");
+    let decisions = concurrent_tries(&backend, "api", &spec, 200).await;
+    assert!(decisions.iter().all(|d| d.as_ref().unwrap().allowed));
+    let stats = server.command("INFO commandstats");
+    let evalsha = calls(&stats, "evalsha");
+    assert!(
+        (1..200).contains(&evalsha),
+        "200 concurrent decisions took {evalsha} EVALSHAs: {stats}"
+    );
+    assert_eq!(calls(&stats, "hset"), 200, "every decision ran: {stats}");
+}
+
+#[tokio::test]
+async fn coalescing_off_sends_one_evalsha_per_decision() {
+    let server = RedisServer::start();
+    let backend = backend(&server, |b| b.coalesce(false)).await;
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+    concurrent_tries(&backend, "api", &spec, 1).await;
+    server.command("CONFIG RESETSTAT");
+    concurrent_tries(&backend, "api", &spec, 50).await;
+    let stats = server.command("INFO commandstats");
+    assert_eq!(calls(&stats, "evalsha"), 50, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tight_limit_admits_exactly_its_quota_under_concurrent_calls() {
+    let server = RedisServer::start();
+    let backend = backend(&server, |b| b).await;
+    let rate = spec(Limits::new().rate(RateLimit::per_minute(1).with_burst(25)));
+    server.command("CONFIG RESETSTAT");
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let b = backend.clone();
+            let s = rate.clone();
+            tokio::spawn(async move { b.try_acquire("rate", &s, Cost::default()).await })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += usize::from(t.await.unwrap().unwrap().allowed);
+    }
+    assert_eq!(allowed, 25, "exactly the burst");
+    let stats = server.command("INFO commandstats");
+    assert!(calls(&stats, "evalsha") < 300, "coalesced: {stats}");
+
+    // A concurrency limit: exactly max_concurrent leases, all in the set.
+    let slots = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(1000).with_burst(1_000_000))
+            .max_concurrent(7),
+    );
+    let decisions = concurrent_tries(&backend, "slots", &slots, 120).await;
+    let leases: Vec<_> = decisions
+        .iter()
+        .filter_map(|d| d.as_ref().unwrap().lease)
+        .collect();
+    assert_eq!(leases.len(), 7);
+    assert_eq!(server.command("ZCARD rb:{slots}:l"), ":7");
+    for lease in leases {
+        assert!(backend.release("slots", lease).await.unwrap());
+    }
+    assert_eq!(server.command("ZCARD rb:{slots}:l"), ":0");
+}
+
+#[tokio::test]
+async fn a_script_error_reaches_only_its_own_caller() {
+    let server = RedisServer::start();
+    let backend = backend(&server, |b| b).await;
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+    // A key of the wrong type: the script's HMGET fails with WRONGTYPE.
+    server.command("SET rb:{bad}:b x");
+    let alone = backend
+        .try_acquire("bad", &spec, Cost::default())
+        .await
+        .expect_err("WRONGTYPE");
+    assert!(alone.message.contains("WRONGTYPE"), "{alone}");
+
+    server.command("CONFIG RESETSTAT");
+    let calls_of = |key: &'static str| backend.try_acquire(key, &spec, Cost::default());
+    let mut futures = Vec::new();
+    for i in 0..40 {
+        futures.push(calls_of(if i % 10 == 9 { "bad" } else { "good" }));
+    }
+    let results = join_all(futures).await;
+    for (i, r) in results.iter().enumerate() {
+        if i % 10 == 9 {
+            let e = r.as_ref().expect_err("WRONGTYPE");
+            assert!(e.message.contains("WRONGTYPE"), "{e}");
+        } else {
+            assert!(r.as_ref().expect("the others decide").allowed);
+        }
+    }
+    let stats = server.command("INFO commandstats");
+    assert!(calls(&stats, "evalsha") < 40, "coalesced: {stats}");
+    assert_eq!(
+        calls(&stats, "hset"),
+        36,
+        "every good decision ran: {stats}"
+    );
+    assert!(!backend.health().down, "a script error is no outage");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_reaches_every_waiting_caller_through_the_policy() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let spec = spec(Limits::new().rate(RateLimit::per_minute(1).with_burst(1)));
+    concurrent_tries(&backend, "api", &spec, 5).await;
+    server.pause();
+    let answers = tokio::time::timeout(
+        Duration::from_secs(20),
+        concurrent_tries(&backend, "api", &spec, 40),
+    )
+    .await
+    .expect("every caller is answered while the server hangs");
+    server.resume();
+    for a in answers {
+        assert!(a.expect("fail-open answers").allowed);
+    }
+    let health = backend.health();
+    assert!(health.down);
+    assert_eq!(health.outages, 1);
+    assert_eq!(health.handled_errors, 40, "every caller went to the policy");
+}
+
+/// Waits (up to 10 s) until the lease set of `key` is empty.
+async fn lease_set_empties(server: &RedisServer, key: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if server.command(&format!("ZCARD rb:{{{key}}}:l")) == ":0" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_go_away_after_sending_leak_no_lease() {
+    for every_call in [false, true] {
+        let server = RedisServer::start();
+        let backend = if every_call {
+            backend(&server, |b| b.coalesce_every_call()).await
+        } else {
+            backend(&server, |b| b).await
+        };
+        let slots = spec(
+            Limits::new()
+                .rate(RateLimit::per_second(1000).with_burst(1_000_000))
+                .max_concurrent(3),
+        );
+        concurrent_tries(&backend, "warm", &slots, 5).await;
+        server.command("CONFIG RESETSTAT");
+        server.pause();
+        // Every caller gives up while the server is frozen: the calls in
+        // flight were sent, the queued ones were not.
+        let gone = join_all((0..6).map(|_| {
+            tokio::time::timeout(
+                Duration::from_millis(100),
+                backend.try_acquire("slots", &slots, Cost::default()),
+            )
+        }))
+        .await;
+        assert!(gone.iter().all(Result::is_err), "all timed out");
+        server.resume();
+        // A call on the same connection, behind the ones sent while frozen.
+        let rate = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+        assert!(
+            backend
+                .try_acquire("sync", &rate, Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        );
+        assert!(
+            lease_set_empties(&server, "slots").await,
+            "the leases granted to callers that went away were released"
+        );
+        let stats = server.command("INFO commandstats");
+        assert!(calls(&stats, "zadd") >= 2, "leases were granted: {stats}");
+        // All three slots are free again.
+        let again = concurrent_tries(&backend, "slots", &slots, 3).await;
+        assert!(again.iter().all(|d| d.as_ref().unwrap().allowed));
+    }
+}
