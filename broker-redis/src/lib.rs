@@ -21,6 +21,12 @@
 //!   mirror of broker-core's `bucket.rs` and `state.rs` with the same names
 //!   (`tokens`, `ts`, `nb`). All limits of a resource pass or none is
 //!   consumed, atomically.
+//! - **Coalescing** (on by default, [`RedisBackendBuilder::coalesce`]):
+//!   `try_acquire` calls that start while one is in flight on the same
+//!   backend go out together as one `EVALSHA` of a batch script, which
+//!   applies each decision in order exactly as its own script would; each
+//!   still takes one round trip and stays atomic, and a lone call is sent
+//!   at once. Under load, Redis does much less work per decision.
 //! - **Time**: the server's `TIME` by default, so replicas with skewed
 //!   clocks agree; [`RedisBackendBuilder::client_time`] for stores that
 //!   reject `TIME` in scripts. A bucket's time never runs backwards.

@@ -1,10 +1,12 @@
 -- try for several decisions in one call, each applied in order exactly as
 -- its own call of try_one (one bucket) or try would apply it: the batch
--- script defines both scripts' text, unchanged, as the bodies of
--- try_one() and try_many(), whose KEYS and ARGV are the decision's slices.
+-- script defines both scripts' helpers once, and their per-call parts and
+-- bodies, unchanged, as try_one() and try_many(), whose KEYS and ARGV are
+-- the decision's slices.
 -- G_KEYS[2d - 1], G_KEYS[2d]  decision d's bucket hash and lease set
 -- G_ARGV[1]                   the number of decisions
 -- then for each decision      its ARGV count m, then its m ARGV
+-- Bucket hashes, TIME and numbers go through batch_cache.lua.
 -- Replies with one reply per decision, in order; a decision that raises an
 -- error replies {0, the error's text} (nested error replies would fail the
 -- whole reply in clients), and the next ones still run.
@@ -24,4 +26,5 @@ for d = 1, tonumber(G_ARGV[1]) do
   end
   out[d] = r
 end
+write_back()
 return out
