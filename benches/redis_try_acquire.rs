@@ -19,7 +19,8 @@
 //!
 //! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
 //! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
-//! the default, one client core like Node; or `multi_thread`).
+//! the default, one client core like Node; or `multi_thread`),
+//! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`).
 //! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
 //! several decisions when many are in flight: `commands_per_decision.evalsha`
 //! is then below 1, and `decisions_per_evalsha` gives the batch size;
@@ -177,7 +178,15 @@ fn main() {
     .expect("tokio runtime");
 
     rt.block_on(async {
-        let broker = ResourceBroker::new(RedisBackend::connect(&url).await.expect("connect"));
+        let mut builder = RedisBackend::builder(&url);
+        if let Ok(limits) = std::env::var("COALESCE_LIMITS") {
+            let (batch, in_flight) = limits
+                .split_once(',')
+                .and_then(|(b, f)| Some((b.trim().parse().ok()?, f.trim().parse().ok()?)))
+                .expect("COALESCE_LIMITS: max_batch,max_in_flight");
+            builder = builder.coalesce_limits(batch, in_flight);
+        }
+        let broker = ResourceBroker::new(builder.connect().await.expect("connect"));
         broker
             .register_limit("bench", limits())
             .expect("valid limits");

@@ -353,3 +353,40 @@ async fn coalesced_decisions_equal_the_same_decisions_one_by_one() {
         "some were coalesced: {stats}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_batch_is_split_by_resource_and_admits_exactly_each_quota() {
+    let cluster = broker_testkit::RedisCluster::start(3);
+    let backend = RedisBackend::builder(&cluster.urls()[0])
+        .cluster(cluster.urls())
+        .client_time(Arc::new(ManualClock::new()))
+        .connect()
+        .await
+        .expect("connect to the cluster");
+    let spec = spec(Limits::new().rate(RateLimit::per_minute(1).with_burst(10)));
+    let keys: Vec<String> = (0..6).map(|i| format!("tenant{i}")).collect();
+    for n in cluster.nodes() {
+        n.command("CONFIG RESETSTAT");
+    }
+    let decisions = join_all(
+        (0..300).map(|i| backend.try_acquire(&keys[i % keys.len()], &spec, Cost::default())),
+    )
+    .await;
+    for (k, key) in keys.iter().enumerate() {
+        let allowed = decisions
+            .iter()
+            .enumerate()
+            .filter(|(i, d)| i % keys.len() == k && d.as_ref().expect(key).allowed)
+            .count();
+        assert_eq!(allowed, 10, "{key}: exactly its burst");
+    }
+    let evalsha: u64 = cluster
+        .nodes()
+        .iter()
+        .map(|n| calls(&n.command("INFO commandstats"), "evalsha"))
+        .sum();
+    assert!(
+        evalsha < 300,
+        "coalesced: {evalsha} EVALSHAs for 300 decisions"
+    );
+}

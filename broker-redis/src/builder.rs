@@ -124,10 +124,22 @@ impl RedisBackendBuilder {
     /// decision, since one script call is shared by many decisions.
     ///
     /// Off: one `EVALSHA` per decision. Other transitions (`reserve`,
-    /// `release`, ...) are never coalesced, and neither is anything on a
-    /// Redis Cluster (a batch's keys would span hash slots).
+    /// `release`, ...) are never coalesced. On a Redis Cluster, a batch is
+    /// split by resource (hash tag): the decisions on one resource go as
+    /// one call, the calls for different resources at once.
     pub fn coalesce(mut self, enabled: bool) -> Self {
         self.coalesce.enabled = enabled;
+        self
+    }
+
+    /// The limits of coalescing: at most `max_batch` decisions in one call
+    /// (default 64) and at most `max_in_flight` calls in flight before
+    /// `try_acquire` calls queue (default 2); both at least 1. More calls in
+    /// flight means smaller batches but less waiting; one call in flight
+    /// makes the largest batches.
+    pub fn coalesce_limits(mut self, max_batch: usize, max_in_flight: usize) -> Self {
+        self.coalesce.max_batch = max_batch.max(1);
+        self.coalesce.max_in_flight = max_in_flight.max(1);
         self
     }
 

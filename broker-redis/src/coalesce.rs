@@ -39,6 +39,8 @@ pub(crate) struct Settings {
     /// Sends every decision, even a lone one, through the batch script
     /// (tests use it to run the conformance suite on that script).
     pub(crate) batch_every_call: bool,
+    /// Splits a batch by hash tag (Redis Cluster).
+    pub(crate) group_by_tag: bool,
 }
 
 impl Default for Settings {
@@ -48,6 +50,7 @@ impl Default for Settings {
             max_batch: 64,
             max_in_flight: 2,
             batch_every_call: false,
+            group_by_tag: false,
         }
     }
 }
@@ -233,8 +236,26 @@ impl Coalescer {
         });
     }
 
-    /// Sends one batch and answers each of its callers.
+    /// Sends one batch and answers each of its callers: as one call, or on
+    /// a cluster as one call per hash tag (all keys of a call must be in
+    /// one slot), all at once.
     async fn flush(&self, batch: Vec<Pending>) {
+        if !self.settings.group_by_tag {
+            return self.flush_group(batch).await;
+        }
+        let mut groups: Vec<(Vec<u8>, Vec<Pending>)> = Vec::new();
+        for p in batch {
+            let tag = hash_tag(&p.cmd);
+            match groups.iter_mut().find(|(t, _)| *t == tag) {
+                Some((_, group)) => group.push(p),
+                None => groups.push((tag, vec![p])),
+            }
+        }
+        futures::future::join_all(groups.into_iter().map(|(_, g)| self.flush_group(g))).await;
+    }
+
+    /// Sends decisions whose keys share a slot as one call.
+    async fn flush_group(&self, batch: Vec<Pending>) {
         if let ([one], false) = (&batch[..], self.settings.batch_every_call) {
             let reply = send(&self.conn, self.op_timeout, one.script, &one.cmd).await;
             let one = batch.into_iter().next().expect("one decision");
@@ -315,6 +336,22 @@ async fn send(conn: &Conn, timeout: Duration, script: &Script, cmd: &Cmd) -> Rep
     match tokio::time::timeout(timeout, conn.evalsha(script, cmd)).await {
         Ok(r) => Reply::Done(r),
         Err(_) => Reply::TimedOut,
+    }
+}
+
+/// The hash tag (`{...}`) of a decision's bucket key, the first key of its
+/// `EVALSHA`.
+fn hash_tag(cmd: &Cmd) -> Vec<u8> {
+    let key = match cmd.args_iter().nth(3) {
+        Some(Arg::Simple(key)) => key,
+        _ => return Vec::new(),
+    };
+    match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open..].iter().position(|&b| b == b'}') {
+            Some(len) => key[open..open + len + 1].to_vec(),
+            None => key.to_vec(),
+        },
+        None => key.to_vec(),
     }
 }
 

@@ -119,13 +119,13 @@ impl RedisBackend {
             _ => None,
         };
         let op_timeout = b.timeouts.connect + b.timeouts.response;
-        // On one server only: a cluster spreads a batch's keys over slots.
-        let coalescer = (b.coalesce.enabled && !b.cluster).then(|| {
-            Arc::new(coalesce::Coalescer::new(
-                conn.clone(),
-                op_timeout,
-                b.coalesce,
-            ))
+        // On a cluster, a batch is split by hash tag: one call per slot.
+        let coalescer = b.coalesce.enabled.then(|| {
+            let settings = coalesce::Settings {
+                group_by_tag: b.cluster,
+                ..b.coalesce
+            };
+            Arc::new(coalesce::Coalescer::new(conn.clone(), op_timeout, settings))
         });
         Self {
             inner: Arc::new(Inner {

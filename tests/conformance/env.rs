@@ -89,8 +89,18 @@ pub async fn redis_batched(namespace: &str) -> Env {
 
 /// A Redis Cluster backend in client-time mode through `urls`.
 pub async fn cluster_on(urls: &[String], namespace: &str) -> Env {
+    cluster_with(urls, namespace, |b| b).await
+}
+
+/// A Redis Cluster backend in client-time mode through `urls`, configured
+/// further by `configure`.
+pub async fn cluster_with(
+    urls: &[String],
+    namespace: &str,
+    configure: impl FnOnce(RedisBackendBuilder) -> RedisBackendBuilder,
+) -> Env {
     let clock = ManualClock::new();
-    let backend = RedisBackend::builder(&urls[0])
+    let backend = configure(RedisBackend::builder(&urls[0]))
         .cluster(urls.iter().cloned())
         .client_time(Arc::new(clock.clone()))
         .ttl_margin(Duration::from_secs(60))
