@@ -382,7 +382,20 @@ fn decision_reply(item: Value) -> RedisResult<Value> {
 /// `EVALSHA batch 2k keys... k (m args...)...` from the decisions' own
 /// `EVALSHA sha 2 bucket lease args...` commands.
 fn batch_cmd(batch: &[Pending]) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
+    let (mut arg_count, mut bytes) = (4, 64);
+    for p in batch {
+        arg_count += p.cmd.args_iter().len();
+        bytes += p
+            .cmd
+            .args_iter()
+            .map(|a| match a {
+                Arg::Simple(b) => b.len(),
+                _ => 0,
+            })
+            .sum::<usize>();
+    }
+    let mut cmd = Cmd::with_capacity(arg_count, bytes);
+    cmd.arg("EVALSHA");
     cmd.arg(scripts::TRY_BATCH.get_hash()).arg(2 * batch.len());
     // Each command's arguments after EVALSHA: sha, 2, the two keys, ARGV.
     fn args(p: &Pending) -> impl ExactSizeIterator<Item = &[u8]> {

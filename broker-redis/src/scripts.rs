@@ -123,7 +123,14 @@ pub(crate) fn evalsha(
     spec: &LimitSpec,
     mut operand: impl FnMut(usize) -> Operand,
 ) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
+    // Sized for the common call (one or two buckets, a lease), so that
+    // building it does not grow its buffers.
+    let n = spec.buckets.len();
+    let mut cmd = Cmd::with_capacity(
+        10 + 4 * n,
+        64 + keys.buckets.len() + keys.leases.len() + 48 * n,
+    );
+    cmd.arg("EVALSHA");
     cmd.arg(script.get_hash())
         .arg(2)
         .arg(&keys.buckets)
