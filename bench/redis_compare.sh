@@ -6,13 +6,17 @@
 #   rlf   rate-limiter-flexible's RateLimiterRedis.consume on ioredis
 #         (bench/redis_rlf.js), 1 and 50 in flight;
 #   ours  ResourceBroker::try_acquire through RedisBackend
-#         (benches/redis_try_acquire.rs), 1 and 50 in flight, and beside
-#         it the same minimal token bucket by EVALSHA through the redis
-#         crate's ConnectionManager (the client library alone).
+#         (benches/redis_try_acquire.rs), 1 and 50 in flight, with
+#         coalescing on (the default) and off, and beside it the same
+#         minimal token bucket by EVALSHA through the redis crate's
+#         ConnectionManager (the client library alone).
 # Every run uses one key and a quota that allows every call. Redis commands
-# per decision come from INFO commandstats (reset before each run); EVALSHA
-# calls per decision are the round trips (the other commands listed run
-# inside the script). The server is pinned to one core and the clients to
+# per decision come from INFO commandstats (reset before each run); the
+# other commands listed run inside the script. Without coalescing, EVALSHA
+# calls per decision are the round trips (1). With coalescing, one EVALSHA
+# carries several concurrent decisions (each still waits for one round
+# trip): EVALSHA calls per decision fall below 1, and the summary gives
+# decisions per EVALSHA and the server's EVALSHA time per decision. The server is pinned to one core and the clients to
 # the other. Prints one JSON line per run, then a summary with the ratios.
 #
 # Usage: bench/redis_compare.sh     (env: RUN_SECONDS=3 ROUNDS=2 PIN=1)
@@ -96,6 +100,8 @@ print(json.dumps({
     "p50_us": round(float(row[4]) * 1000, 1), "p99_us": round(float(row[6]) * 1000, 1),
     "commands_per_decision": {k: round(v / n, 3) for k, v in sorted(calls.items())},
     "evalsha_usec_per_call": usec,
+    "decisions_per_evalsha": round(n / calls["evalsha"], 2) if calls.get("evalsha") else None,
+    "server_usec_per_decision": round(usec * calls.get("evalsha", 0) / n, 2) if usec else None,
 }, sort_keys=True))
 PY
 }
@@ -118,28 +124,36 @@ done
 python3 - "$RESULTS" <<'PY'
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-def best(who, inflight, pipeline=None):
-    rows = [r for r in runs if r["who"].startswith(who) and r["inflight"] == inflight
+def rows(who, inflight, pipeline=None):
+    return [r for r in runs if r["who"] == who and r["inflight"] == inflight
             and (pipeline is None or r.get("pipeline") == pipeline)]
-    return rows
+OURS, OFF = "resource-broker RedisBackend", "resource-broker RedisBackend coalescing off"
+RLF, RAW, RS = "rate-limiter-flexible", "raw EVALSHA", "redis-rs minimal script"
 print()
-print("per round: decisions/s (mean latency); EVALSHA calls per decision; server time per EVALSHA")
+print("per round: decisions/s (mean latency); EVALSHA calls per decision and decisions per EVALSHA;")
+print("server (EVALSHA) time per decision")
 for rnd in sorted({r["round"] for r in runs}):
-    get = lambda who, n, p=None: next(r for r in best(who, n, p) if r["round"] == rnd)
-    ours1, ours50 = get("resource-broker", 1), get("resource-broker", 50)
-    rlf1, rlf50 = get("rate-limiter-flexible", 1), get("rate-limiter-flexible", 50)
-    raw1, raw50, rawp = get("raw", 1, 1), get("raw", 50, 1), get("raw", 800, 16)
-    rs1, rs50 = get("redis-rs", 1), get("redis-rs", 50)
-    for r in (raw1, raw50, rawp, rlf1, rlf50, rs1, rs50, ours1, ours50):
+    get = lambda who, n, p=None: next(r for r in rows(who, n, p) if r["round"] == rnd)
+    ours1, ours50 = get(OURS, 1), get(OURS, 50)
+    off1, off50 = get(OFF, 1), get(OFF, 50)
+    rlf1, rlf50 = get(RLF, 1), get(RLF, 50)
+    raw1, raw50, rawp = get(RAW, 1, 1), get(RAW, 50, 1), get(RAW, 800, 16)
+    rs1, rs50 = get(RS, 1), get(RS, 50)
+    for r in (raw1, raw50, rawp, rlf1, rlf50, rs1, rs50, off1, off50, ours1, ours50):
         label = r["who"] + (f" -c {r['clients']} -P {r['pipeline']}" if "clients" in r else f" {r['inflight']} in flight")
-        print(f"  round {rnd}  {label:48} {r['per_sec']:>8}/s  ({r['mean_us']} us)  "
-              f"evalsha/decision {r['commands_per_decision'].get('evalsha', 0)}  "
-              f"server us/decision {r.get('evalsha_usec_per_call')}")
+        evalsha = r["commands_per_decision"].get("evalsha", 0)
+        per = r.get("decisions_per_evalsha") or (round(1 / evalsha, 2) if evalsha else None)
+        server = r.get("server_usec_per_decision")
+        if server is None and r.get("evalsha_usec_per_call") is not None:
+            server = round(r["evalsha_usec_per_call"] * evalsha, 2)
+        print(f"  round {rnd}  {label:56} {r['per_sec']:>8}/s  ({r['mean_us']} us)  "
+              f"evalsha/decision {evalsha}  decisions/evalsha {per}  server us/decision {server}")
     print(f"  round {rnd}  ours 50 / rate-limiter-flexible 50      = {ours50['per_sec'] / rlf50['per_sec']:.2f}")
     print(f"  round {rnd}  ours 50 / raw EVALSHA -c 50 -P 16       = {ours50['per_sec'] / rawp['per_sec']:.2f}")
     print(f"  round {rnd}  ours 50 / raw EVALSHA -c 50             = {ours50['per_sec'] / raw50['per_sec']:.2f}")
     print(f"  round {rnd}  ours 50 / redis-rs minimal script 50    = {ours50['per_sec'] / rs50['per_sec']:.2f}")
+    print(f"  round {rnd}  ours 50 / ours coalescing off 50        = {ours50['per_sec'] / off50['per_sec']:.2f}")
     print(f"  round {rnd}  latency, 1 in flight: ours {ours1['mean_us']} us, rate-limiter-flexible "
-          f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), raw {raw1['mean_us']} us, "
-          f"redis-rs minimal script {rs1['mean_us']} us")
+          f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), coalescing off "
+          f"{off1['mean_us']} us, raw {raw1['mean_us']} us, redis-rs minimal script {rs1['mean_us']} us")
 PY

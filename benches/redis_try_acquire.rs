@@ -9,7 +9,9 @@
 //!
 //! `cargo bench --bench redis_try_acquire`
 //!
-//! Each run is done twice: through the broker, and as a client-side anchor,
+//! Each run is done three times: through the broker (coalescing on, the
+//! default), through the broker with coalescing off (one `EVALSHA` per
+//! decision), and as a client-side anchor,
 //! `bench/token_bucket.lua` (the minimal script `redis-benchmark` runs) by
 //! `EVALSHA` through the same `redis` crate connection type
 //! (`ConnectionManager`) that RedisBackend uses: the gap between the two is
@@ -17,8 +19,12 @@
 //!
 //! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
 //! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
-//! the default, one client core like Node; or `multi_thread`).
-//! Prints one JSON line per run.
+//! the default, one client core like Node; or `multi_thread`),
+//! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`).
+//! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
+//! several decisions when many are in flight: `commands_per_decision.evalsha`
+//! is then below 1, and `decisions_per_evalsha` gives the batch size;
+//! `server_usec_per_decision` is the `EVALSHA` time per decision.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -76,13 +82,15 @@ where
     }
 }
 
-/// `usec_per_call` of `EVALSHA`: the server's time per decision.
-fn evalsha_usec_per_call(info: &str) -> Option<f64> {
+/// A field (`calls`, `usec`, `usec_per_call`) of `cmdstat_evalsha`.
+fn evalsha_field(info: &str, field: &str) -> Option<f64> {
     let line = info
         .lines()
         .find(|l| l.trim().starts_with("cmdstat_evalsha:"))?;
-    line.split(',')
-        .find_map(|f| f.strip_prefix("usec_per_call="))?
+    line.trim()
+        .trim_start_matches("cmdstat_evalsha:")
+        .split(',')
+        .find_map(|f| f.strip_prefix(field)?.strip_prefix('='))?
         .trim()
         .parse()
         .ok()
@@ -129,7 +137,13 @@ fn report(who: &str, runtime: &str, n: usize, mut r: Run, info: &str) {
             "p50_us": pct(0.5),
             "p99_us": pct(0.99),
             "commands_per_decision": per_decision,
-            "evalsha_usec_per_call": evalsha_usec_per_call(info),
+            // With coalescing one EVALSHA carries several decisions: both
+            // ways round, and the server's time per EVALSHA and per decision.
+            "decisions_per_evalsha": evalsha_field(info, "calls")
+                .map(|c| (r.decisions as f64 / c * 100.0).round() / 100.0),
+            "evalsha_usec_per_call": evalsha_field(info, "usec_per_call"),
+            "server_usec_per_decision": evalsha_field(info, "usec")
+                .map(|u| (u / r.decisions as f64 * 100.0).round() / 100.0),
         })
     );
 }
@@ -164,8 +178,26 @@ fn main() {
     .expect("tokio runtime");
 
     rt.block_on(async {
-        let broker = ResourceBroker::new(RedisBackend::connect(&url).await.expect("connect"));
+        let mut builder = RedisBackend::builder(&url);
+        if let Ok(limits) = std::env::var("COALESCE_LIMITS") {
+            let (batch, in_flight) = limits
+                .split_once(',')
+                .and_then(|(b, f)| Some((b.trim().parse().ok()?, f.trim().parse().ok()?)))
+                .expect("COALESCE_LIMITS: max_batch,max_in_flight");
+            builder = builder.coalesce_limits(batch, in_flight);
+        }
+        let broker = ResourceBroker::new(builder.connect().await.expect("connect"));
         broker
+            .register_limit("bench", limits())
+            .expect("valid limits");
+        let uncoalesced = ResourceBroker::new(
+            RedisBackend::builder(&url)
+                .coalesce(false)
+                .connect()
+                .await
+                .expect("connect"),
+        );
+        uncoalesced
             .register_limit("bench", limits())
             .expect("valid limits");
         let control = redis::Client::open(url.as_str()).expect("redis url");
@@ -180,6 +212,13 @@ fn main() {
         let script = redis::Script::new(include_str!("../bench/token_bucket.lua"));
         let ours = || async {
             broker
+                .try_acquire("bench", Cost::default())
+                .await
+                .expect("redis answers")
+                .allowed
+        };
+        let ours_uncoalesced = || async {
+            uncoalesced
                 .try_acquire("bench", Cost::default())
                 .await
                 .expect("redis answers")
@@ -204,9 +243,16 @@ fn main() {
             }
         };
         for n in inflight {
-            for who in ["resource-broker RedisBackend", "redis-rs minimal script"] {
+            for who in [
+                "resource-broker RedisBackend",
+                "resource-broker RedisBackend coalescing off",
+                "redis-rs minimal script",
+            ] {
                 let measured = async |length| match who {
                     "resource-broker RedisBackend" => run(ours, n, length).await,
+                    "resource-broker RedisBackend coalescing off" => {
+                        run(ours_uncoalesced, n, length).await
+                    }
                     _ => run(minimal, n, length).await,
                 };
                 measured(Duration::from_millis(500)).await; // warm-up

@@ -1,6 +1,7 @@
 //! The conformance suite on a real 3-node Redis Cluster: every case in one
 //! test (starting a cluster takes a while), each on its own keys, which hash
-//! to different slots and so to different nodes.
+//! to different slots and so to different nodes; each case runs twice, the
+//! second time with every `try` through the coalescing batch script.
 
 mod common;
 mod conformance;
@@ -17,6 +18,13 @@ macro_rules! on_cluster {
             $(
                 let env = conformance::env::cluster_on(&urls, stringify!($case)).await;
                 eprintln!("cluster case {}", stringify!($case));
+                conformance::cases::$case(&env).await;
+                // Again with every try through the coalescing batch script.
+                let namespace = concat!("batched_", stringify!($case));
+                let env = conformance::env::cluster_with(&urls, namespace, |b| {
+                    b.coalesce_every_call()
+                })
+                .await;
                 conformance::cases::$case(&env).await;
                 ran += 1;
             )*

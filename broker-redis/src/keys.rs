@@ -30,11 +30,15 @@ pub(crate) fn key_pair(prefix: &str, key: &str) -> Result<KeyPair, BackendError>
             "state key {key:?} contains a brace: build keys with broker_core::keys"
         )));
     }
-    let tagged = format!("{prefix}:{{{key}}}:");
-    Ok(KeyPair {
-        buckets: format!("{tagged}b"),
-        leases: format!("{tagged}l"),
-    })
+    let mut buckets = String::with_capacity(prefix.len() + key.len() + 5);
+    buckets.push_str(prefix);
+    buckets.push_str(":{");
+    buckets.push_str(key);
+    buckets.push_str("}:b");
+    let mut leases = buckets.clone();
+    leases.pop();
+    leases.push('l');
+    Ok(KeyPair { buckets, leases })
 }
 
 #[cfg(test)]

@@ -6,8 +6,11 @@
 //! `ARGV`), `lua/bucket.lua` (broker-core's `bucket.rs` on plain values),
 //! `lua/state.lua` (the multi-limit helpers of `state.rs` over n buckets) or
 //! `lua/one.lua` (one bucket without tables, the fast path of resources with
-//! a single rate limit), `lua/lease.lua` (`state::hold_slot`), and last the
-//! transition's own body.
+//! a single rate limit), `lua/lease.lua` (`state::hold_slot`), then the
+//! per-call reading of `ARGV` (`lua/args.lua`, and `lua/one_args.lua` with
+//! `one.lua`), and last the transition's own body. The helpers hold no
+//! per-call value, so the batch script defines them once for all its
+//! decisions.
 
 use std::sync::LazyLock;
 
@@ -24,15 +27,60 @@ macro_rules! script {
     };
 }
 
-script!(TRY, ["common", "bucket", "state", "lease", "try"]);
-script!(TRY_ONE, ["common", "bucket", "one", "lease", "try_one"]);
-script!(RESERVE, ["common", "bucket", "state", "reserve"]);
-script!(RESERVE_ONE, ["common", "bucket", "one", "reserve_one"]);
-script!(HOLD_SLOT, ["common", "lease", "hold_slot"]);
-script!(RELEASE, ["common", "release"]);
-script!(SETTLE, ["common", "bucket", "state", "settle"]);
-script!(PENALIZE, ["common", "bucket", "state", "penalize"]);
-script!(RECONCILE, ["common", "bucket", "state", "reconcile"]);
+script!(TRY, ["common", "bucket", "state", "lease", "args", "try"]);
+script!(
+    TRY_ONE,
+    ["common", "bucket", "one", "lease", "args", "one_args", "try_one"]
+);
+/// Several `try` decisions in one call (see `lua/try_batch.lua`): the
+/// helpers of [`TRY_ONE`] and [`TRY`] defined once, and their per-call
+/// parts and bodies, unchanged, as two functions whose `KEYS` and `ARGV`
+/// are each decision's own; bucket hashes, `TIME` and numbers go through
+/// the batch's cache (`lua/batch_cache.lua`).
+pub(crate) static TRY_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        "local G_KEYS, G_ARGV = KEYS, ARGV\n",
+        "local KEYS, ARGV\n",
+        include_str!("lua/batch_cache.lua"),
+        "\n",
+        include_str!("lua/common.lua"),
+        "\n",
+        include_str!("lua/bucket.lua"),
+        "\n",
+        include_str!("lua/lease.lua"),
+        "\n",
+        include_str!("lua/one.lua"),
+        "\n",
+        "local function try_one()\n",
+        include_str!("lua/args.lua"),
+        "\n",
+        include_str!("lua/one_args.lua"),
+        "\n",
+        include_str!("lua/try_one.lua"),
+        "\nend\n",
+        include_str!("lua/state.lua"),
+        "\n",
+        "local function try_many()\n",
+        include_str!("lua/args.lua"),
+        "\n",
+        include_str!("lua/try.lua"),
+        "\nend\n",
+        include_str!("lua/try_batch.lua"),
+    ))
+});
+script!(RESERVE, ["common", "bucket", "state", "args", "reserve"]);
+script!(
+    RESERVE_ONE,
+    ["common", "bucket", "one", "args", "one_args", "reserve_one"]
+);
+script!(HOLD_SLOT, ["common", "lease", "args", "hold_slot"]);
+script!(RELEASE, ["common", "args", "release"]);
+script!(SETTLE, ["common", "bucket", "state", "args", "settle"]);
+script!(PENALIZE, ["common", "bucket", "state", "args", "penalize"]);
+script!(
+    RECONCILE,
+    ["common", "bucket", "state", "args", "reconcile"]
+);
 
 /// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +123,14 @@ pub(crate) fn evalsha(
     spec: &LimitSpec,
     mut operand: impl FnMut(usize) -> Operand,
 ) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
+    // Sized for the common call (one or two buckets, a lease), so that
+    // building it does not grow its buffers.
+    let n = spec.buckets.len();
+    let mut cmd = Cmd::with_capacity(
+        10 + 4 * n,
+        64 + keys.buckets.len() + keys.leases.len() + 48 * n,
+    );
+    cmd.arg("EVALSHA");
     cmd.arg(script.get_hash())
         .arg(2)
         .arg(&keys.buckets)

@@ -13,6 +13,7 @@ use broker_core::{
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Script, Value};
 
+use crate::coalesce::Reply;
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy};
 use crate::keys::{self, KeyPair};
@@ -70,6 +71,37 @@ impl RedisBackend {
     /// Runs one script call: one `EVALSHA`, bounded by the timeouts, unless
     /// Redis is down and this is not the probe's turn.
     async fn run(&self, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+        self.gate()?;
+        let inner = &self.inner;
+        let reply =
+            match tokio::time::timeout(inner.op_timeout, inner.conn.evalsha(script, &cmd)).await {
+                Ok(r) => Reply::Done(r),
+                Err(_) => Reply::TimedOut,
+            };
+        self.outcome(reply)
+    }
+
+    /// Runs a `try` call, coalesced with the concurrent ones when
+    /// coalescing is on; else as [`Self::run`]. `lease` is the lease the
+    /// decision may be granted.
+    async fn run_try(
+        &self,
+        script: &'static Script,
+        cmd: Cmd,
+        keys: &KeyPair,
+        lease: Option<LeaseId>,
+    ) -> Result<Value, Failure> {
+        let Some(coalescer) = &self.inner.coalescer else {
+            return self.run(script, cmd).await;
+        };
+        self.gate()?;
+        let lease = lease.map(|l| (keys.clone(), l));
+        self.outcome(coalescer.run(script, cmd, lease).await)
+    }
+
+    /// Lets a call through to Redis, unless it is down and this is not the
+    /// probe's turn.
+    fn gate(&self) -> Result<(), Failure> {
         let inner = &self.inner;
         if !inner.health.should_try() {
             inner.health.failed(&inner.policy, None);
@@ -77,22 +109,28 @@ impl RedisBackend {
                 "redis is down (waiting for the next probe)".into(),
             ));
         }
-        let result = tokio::time::timeout(inner.op_timeout, inner.conn.evalsha(script, &cmd)).await;
-        match result {
-            Ok(Ok(v)) => {
+        Ok(())
+    }
+
+    /// Sorts a reply into a value, an outage (recorded in the health) or
+    /// another error.
+    fn outcome(&self, reply: Reply) -> Result<Value, Failure> {
+        let inner = &self.inner;
+        match reply {
+            Reply::Done(Ok(v)) => {
                 inner.health.up();
                 Ok(v)
             }
-            Ok(Err(e)) if connection::is_unavailable(&e) => {
+            Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
                 let msg = e.to_string();
                 inner.health.failed(&inner.policy, Some(&msg));
                 Err(Failure::Unavailable(msg))
             }
-            Ok(Err(e)) => {
+            Reply::Done(Err(e)) => {
                 inner.health.up();
                 Err(Failure::Other(redis_error(e)))
             }
-            Err(_) => {
+            Reply::TimedOut => {
                 let msg = format!("no reply within {:?}", inner.op_timeout);
                 inner.health.failed(&inner.policy, Some(&msg));
                 Err(Failure::Unavailable(msg))
@@ -168,7 +206,9 @@ impl RedisBackend {
             None => {}
         }
         // 1 when allowed; {reason, wait} when denied.
-        let reply = self.run(script, cmd).await?;
+        let reply = self
+            .run_try(script, cmd, keys, spec.max_concurrent.map(|_| lease))
+            .await?;
         if let Value::Int(1) = reply {
             return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
         }

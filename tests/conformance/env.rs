@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use broker_core::{Backend, ManualClock};
 use broker_memory::MemoryBackend;
-use broker_redis::RedisBackend;
+use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::RedisServer;
 
 /// A backend on a virtual clock, and its keys' namespace.
@@ -45,8 +45,18 @@ pub async fn memory(namespace: &str) -> Env {
 
 /// A Redis backend in client-time mode on `url`.
 pub async fn redis_on(url: &str, namespace: &str) -> Env {
+    redis_with(url, namespace, |b| b).await
+}
+
+/// A Redis backend in client-time mode on `url`, configured further by
+/// `configure`.
+pub async fn redis_with(
+    url: &str,
+    namespace: &str,
+    configure: impl FnOnce(RedisBackendBuilder) -> RedisBackendBuilder,
+) -> Env {
     let clock = ManualClock::new();
-    let backend = RedisBackend::builder(url)
+    let backend = configure(RedisBackend::builder(url))
         .client_time(Arc::new(clock.clone()))
         .ttl_margin(Duration::from_secs(60))
         .connect()
@@ -68,10 +78,29 @@ pub async fn redis(namespace: &str) -> Env {
     env
 }
 
+/// A Redis backend on its own fresh redis-server that sends every `try`,
+/// even a lone one, through the coalescing batch script.
+pub async fn redis_batched(namespace: &str) -> Env {
+    let server = RedisServer::start();
+    let mut env = redis_with(&server.url(), namespace, |b| b.coalesce_every_call()).await;
+    env._keep = Some(Box::new(server));
+    env
+}
+
 /// A Redis Cluster backend in client-time mode through `urls`.
 pub async fn cluster_on(urls: &[String], namespace: &str) -> Env {
+    cluster_with(urls, namespace, |b| b).await
+}
+
+/// A Redis Cluster backend in client-time mode through `urls`, configured
+/// further by `configure`.
+pub async fn cluster_with(
+    urls: &[String],
+    namespace: &str,
+    configure: impl FnOnce(RedisBackendBuilder) -> RedisBackendBuilder,
+) -> Env {
     let clock = ManualClock::new();
-    let backend = RedisBackend::builder(&urls[0])
+    let backend = configure(RedisBackend::builder(&urls[0]))
         .cluster(urls.iter().cloned())
         .client_time(Arc::new(clock.clone()))
         .ttl_margin(Duration::from_secs(60))

@@ -19,8 +19,9 @@ local format, call, tonumber = string.format, redis.call, tonumber
 -- u64::MAX as an f64: where Rust saturates, Lua clamps to this.
 local U64 = 18446744073709551616
 
-local N = tonumber(ARGV[3])
-local REST = 4 + 4 * N
+-- N, the number of buckets, and REST, the first operand of the transition;
+-- set from ARGV by args.lua, once per call, before the transition's body.
+local N, REST
 
 local function fmt(x)
   return format('%.17g', x)

@@ -1,7 +1,8 @@
 -- One bucket (n = 1) read and written without tables: the fast path for
 -- resources with a single rate limit. Same hash layout as state.lua.
 
-local capacity, amount, period = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+-- The bucket's parameters, set from ARGV by one_args.lua once per call.
+local capacity, amount, period
 
 -- Reads the bucket as tokens, ts, nb; a missing hash, or one made for
 -- another number of buckets, is BucketState::fresh (full as of now).

@@ -1,0 +1,421 @@
+//! Coalescing of concurrent `try` decisions: while a decision is in flight
+//! on a backend, the next ones queue, and go out together as one `EVALSHA`
+//! of the batch script (`lua/try_batch.lua`) when a call in flight returns.
+//!
+//! - A lone decision is sent at once, by its caller, with its own script
+//!   (no timer, no task in between): exactly the uncoalesced call.
+//! - At most `max_in_flight` calls are in flight; a decision that finds them
+//!   all busy joins the queue. The call that returns first takes the queue
+//!   (at most `max_batch` decisions) and sends it from a task, which goes
+//!   on with the next queued decisions until the queue is empty. The batch
+//!   size thus follows the load by itself.
+//! - Every decision is applied in order, each as its own script would apply
+//!   it; every caller still waits for one round trip (plus the one in
+//!   flight when it queued).
+//! - A caller that goes away before its decision is sent is skipped; one
+//!   that goes away after it was sent has its lease, if it was granted one,
+//!   released (`release` is idempotent), so no slot leaks.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use broker_core::LeaseId;
+use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, Value};
+use tokio::sync::oneshot;
+
+use crate::connection::Conn;
+use crate::keys::KeyPair;
+use crate::scripts;
+
+/// The limits of the coalescing, and whether it is on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// Off: one script call per decision.
+    pub(crate) enabled: bool,
+    /// Most decisions in one batch.
+    pub(crate) max_batch: usize,
+    /// Most calls in flight at once before decisions queue.
+    pub(crate) max_in_flight: usize,
+    /// Sends every decision, even a lone one, through the batch script
+    /// (tests use it to run the conformance suite on that script).
+    pub(crate) batch_every_call: bool,
+    /// Splits a batch by hash tag (Redis Cluster).
+    pub(crate) group_by_tag: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_batch: 64,
+            max_in_flight: 2,
+            batch_every_call: false,
+            group_by_tag: false,
+        }
+    }
+}
+
+/// The answer to one decision: the script's reply or error, or no reply
+/// within the timeout.
+#[derive(Debug, Clone)]
+pub(crate) enum Reply {
+    /// The reply (an error raised by this decision's script included).
+    Done(RedisResult<Value>),
+    /// No reply within the operation timeout.
+    TimedOut,
+}
+
+/// Where [`Coalescer::enter`] put a decision.
+enum Entered {
+    /// In flight alone: its caller sends it.
+    Alone(Cmd, Option<(KeyPair, LeaseId)>),
+    /// Queued: the answer comes through the channel.
+    Queued(oneshot::Receiver<Reply>),
+}
+
+/// A decision waiting for its batch.
+struct Pending {
+    script: &'static Script,
+    cmd: Cmd,
+    lease: Option<(KeyPair, LeaseId)>,
+    tx: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: Vec<Pending>,
+    in_flight: usize,
+}
+
+/// The coalescer of one backend.
+pub(crate) struct Coalescer {
+    conn: Conn,
+    op_timeout: Duration,
+    settings: Settings,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Coalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalescer")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coalescer {
+    pub(crate) fn new(conn: Conn, op_timeout: Duration, settings: Settings) -> Self {
+        Self {
+            conn,
+            op_timeout,
+            settings: Settings {
+                max_batch: settings.max_batch.max(1),
+                max_in_flight: settings.max_in_flight.max(1),
+                ..settings
+            },
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one `try` decision (`cmd`, an `EVALSHA` of `script`, a `try`
+    /// script), alone or in a batch. `lease` is the decision's keys and
+    /// lease id when it may be granted a lease, to release it if the caller
+    /// goes away before the answer.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        script: &'static Script,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+    ) -> Reply {
+        let rx = match self.enter(script, cmd, lease) {
+            Entered::Alone(cmd, lease) => return self.run_alone(script, cmd, lease).await,
+            Entered::Queued(rx) => rx,
+        };
+        rx.await.unwrap_or_else(|_| {
+            Reply::Done(Err(RedisError::from((
+                ErrorKind::Client,
+                "the batch of this decision was dropped (runtime shutting down)",
+            ))))
+        })
+    }
+
+    /// Takes a place in flight for a lone decision, or queues it.
+    fn enter(
+        self: &Arc<Self>,
+        script: &'static Script,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+    ) -> Entered {
+        let mut state = self.lock();
+        let free = state.in_flight < self.settings.max_in_flight && state.queue.is_empty();
+        if free && !self.settings.batch_every_call {
+            state.in_flight += 1;
+            return Entered::Alone(cmd, lease);
+        }
+        let (tx, rx) = oneshot::channel();
+        state.queue.push(Pending {
+            script,
+            cmd,
+            lease,
+            tx,
+        });
+        if free {
+            // Only with `batch_every_call`: nothing is in flight to take
+            // the queue when it returns, so send it now.
+            state.in_flight += 1;
+            let batch = self.take(&mut state);
+            drop(state);
+            self.spawn_flush(batch);
+        }
+        Entered::Queued(rx)
+    }
+
+    /// A decision sent by its caller, as one call of its own script.
+    async fn run_alone(
+        self: &Arc<Self>,
+        script: &'static Script,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+    ) -> Reply {
+        let mut guard = Alone {
+            coalescer: self,
+            lease,
+            answered: false,
+        };
+        let reply = send(&self.conn, self.op_timeout, script, &cmd).await;
+        guard.answered = true;
+        reply
+    }
+
+    /// Takes the next batch off the queue, skipping decisions whose caller
+    /// went away.
+    fn take(&self, state: &mut State) -> Vec<Pending> {
+        state.queue.retain(|p| !p.tx.is_closed());
+        let n = state.queue.len().min(self.settings.max_batch);
+        state.queue.drain(..n).collect()
+    }
+
+    /// A call in flight returned: hands the queue to a flush task, or frees
+    /// its place.
+    fn returned(self: &Arc<Self>) {
+        let mut state = self.lock();
+        let batch = self.take(&mut state);
+        if batch.is_empty() {
+            state.in_flight -= 1;
+            return;
+        }
+        drop(state);
+        self.spawn_flush(batch);
+    }
+
+    /// Sends `batch`, then the next queued decisions, until the queue is
+    /// empty; holds one place in flight throughout.
+    fn spawn_flush(self: &Arc<Self>, batch: Vec<Pending>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime (it is shutting down): the callers are told so by
+            // their dropped senders.
+            self.lock().in_flight -= 1;
+            return;
+        };
+        let this = self.clone();
+        runtime.spawn(async move {
+            let mut batch = batch;
+            loop {
+                this.flush(batch).await;
+                let mut state = this.lock();
+                batch = this.take(&mut state);
+                if batch.is_empty() {
+                    state.in_flight -= 1;
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Sends one batch and answers each of its callers: as one call, or on
+    /// a cluster as one call per hash tag (all keys of a call must be in
+    /// one slot), all at once.
+    async fn flush(&self, batch: Vec<Pending>) {
+        if !self.settings.group_by_tag {
+            return self.flush_group(batch).await;
+        }
+        let mut groups: Vec<(Vec<u8>, Vec<Pending>)> = Vec::new();
+        for p in batch {
+            let tag = hash_tag(&p.cmd);
+            match groups.iter_mut().find(|(t, _)| *t == tag) {
+                Some((_, group)) => group.push(p),
+                None => groups.push((tag, vec![p])),
+            }
+        }
+        futures::future::join_all(groups.into_iter().map(|(_, g)| self.flush_group(g))).await;
+    }
+
+    /// Sends decisions whose keys share a slot as one call.
+    async fn flush_group(&self, batch: Vec<Pending>) {
+        if let ([one], false) = (&batch[..], self.settings.batch_every_call) {
+            let reply = send(&self.conn, self.op_timeout, one.script, &one.cmd).await;
+            let one = batch.into_iter().next().expect("one decision");
+            self.answer(one, reply);
+            return;
+        }
+        let cmd = batch_cmd(&batch);
+        let replies = match send(&self.conn, self.op_timeout, &scripts::TRY_BATCH, &cmd).await {
+            Reply::Done(Ok(Value::Array(items))) if items.len() == batch.len() => items
+                .into_iter()
+                .map(|item| Reply::Done(decision_reply(item)))
+                .collect(),
+            Reply::Done(Ok(_)) => {
+                let e = RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "the batch script replied with the wrong number of replies",
+                ));
+                vec![Reply::Done(Err(e)); batch.len()]
+            }
+            other => vec![other; batch.len()],
+        };
+        for (pending, reply) in batch.into_iter().zip(replies) {
+            self.answer(pending, reply);
+        }
+    }
+
+    /// Hands `reply` to the caller of `pending`; if it went away and the
+    /// decision was allowed with a lease, releases the lease.
+    fn answer(&self, pending: Pending, reply: Reply) {
+        if let Err(reply) = pending.tx.send(reply) {
+            if matches!(reply, Reply::Done(Ok(Value::Int(1)))) {
+                if let Some(lease) = pending.lease {
+                    self.release_later(lease);
+                }
+            }
+        }
+    }
+
+    /// Releases a lease whose holder went away, from a task of its own.
+    fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // The lease expires after its TTL.
+        };
+        let conn = self.conn.clone();
+        let timeout = self.op_timeout;
+        runtime.spawn(async move {
+            let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+            cmd.arg(lease);
+            if let Reply::Done(Err(e)) = send(&conn, timeout, &scripts::RELEASE, &cmd).await {
+                tracing::debug!(error = %e, "releasing the lease of a dropped decision failed; it expires after its ttl");
+            }
+        });
+    }
+}
+
+/// A lone decision in flight. When dropped (answered, or its caller gone),
+/// it frees its place in flight or hands the queue on; a caller gone before
+/// the answer has its possible lease released.
+struct Alone<'a> {
+    coalescer: &'a Arc<Coalescer>,
+    lease: Option<(KeyPair, LeaseId)>,
+    answered: bool,
+}
+
+impl Drop for Alone<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            if let Some(lease) = self.lease.take() {
+                self.coalescer.release_later(lease);
+            }
+        }
+        self.coalescer.returned();
+    }
+}
+
+/// One `EVALSHA` (reloading the script on `NOSCRIPT`) within `timeout`.
+async fn send(conn: &Conn, timeout: Duration, script: &Script, cmd: &Cmd) -> Reply {
+    match tokio::time::timeout(timeout, conn.evalsha(script, cmd)).await {
+        Ok(r) => Reply::Done(r),
+        Err(_) => Reply::TimedOut,
+    }
+}
+
+/// The hash tag (`{...}`) of a decision's bucket key, the first key of its
+/// `EVALSHA`.
+fn hash_tag(cmd: &Cmd) -> Vec<u8> {
+    let key = match cmd.args_iter().nth(3) {
+        Some(Arg::Simple(key)) => key,
+        _ => return Vec::new(),
+    };
+    match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open..].iter().position(|&b| b == b'}') {
+            Some(len) => key[open..open + len + 1].to_vec(),
+            None => key.to_vec(),
+        },
+        None => key.to_vec(),
+    }
+}
+
+/// One decision's reply in a batch's: its script's reply, or `{0, text}`
+/// for the error it raised, turned back into that error.
+fn decision_reply(item: Value) -> RedisResult<Value> {
+    let text = match &item {
+        Value::Array(v) if matches!(v.first(), Some(Value::Int(0))) => match v.get(1) {
+            Some(Value::BulkString(b)) => b,
+            _ => return Ok(item),
+        },
+        _ => return Ok(item),
+    };
+    let mut raw = Vec::with_capacity(text.len() + 3);
+    raw.push(b'-');
+    raw.extend_from_slice(text);
+    raw.extend_from_slice(b"\r\n");
+    match redis::parse_redis_value(&raw) {
+        Ok(Value::ServerError(e)) => Err(e.into()),
+        Ok(v) => v.extract_error().and(Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "a script error that does not read as one",
+        )))),
+        Err(e) => Err(e),
+    }
+}
+
+/// `EVALSHA batch 2k keys... k (m args...)...` from the decisions' own
+/// `EVALSHA sha 2 bucket lease args...` commands.
+fn batch_cmd(batch: &[Pending]) -> Cmd {
+    let (mut arg_count, mut bytes) = (4, 64);
+    for p in batch {
+        arg_count += p.cmd.args_iter().len();
+        bytes += p
+            .cmd
+            .args_iter()
+            .map(|a| match a {
+                Arg::Simple(b) => b.len(),
+                _ => 0,
+            })
+            .sum::<usize>();
+    }
+    let mut cmd = Cmd::with_capacity(arg_count, bytes);
+    cmd.arg("EVALSHA");
+    cmd.arg(scripts::TRY_BATCH.get_hash()).arg(2 * batch.len());
+    // Each command's arguments after EVALSHA: sha, 2, the two keys, ARGV.
+    fn args(p: &Pending) -> impl ExactSizeIterator<Item = &[u8]> {
+        p.cmd.args_iter().skip(1).map(|a| match a {
+            Arg::Simple(b) => b,
+            _ => &[][..],
+        })
+    }
+    for p in batch {
+        for key in args(p).skip(2).take(2) {
+            cmd.arg(key);
+        }
+    }
+    cmd.arg(batch.len());
+    for p in batch {
+        let argv = args(p).skip(4);
+        cmd.arg(argv.len());
+        for a in argv {
+            cmd.arg(a);
+        }
+    }
+    cmd
+}
