@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker};
 use broker_redis::RedisBackend;
-use broker_testkit::RedisServer;
+use broker_testkit::{command_calls, RedisServer};
 
 /// Whether one `try` of cost 1 on `key` is allowed.
 async fn allowed(backend: &RedisBackend, key: &str, spec: &LimitSpec) -> bool {
@@ -22,15 +22,6 @@ async fn allowed(backend: &RedisBackend, key: &str, spec: &LimitSpec) -> bool {
 fn seed_spec() -> LimitSpec {
     let limits = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
     LimitSpec::new(&limits, Duration::from_secs(30))
-}
-
-/// `calls=N` of one command in `INFO commandstats`, 0 if absent.
-fn calls(stats: &str, command: &str) -> u64 {
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Commands named in `INFO commandstats` (scripts' own calls included).
@@ -75,14 +66,14 @@ async fn every_decision_is_exactly_one_evalsha() {
         permits.push(a.permit);
     }
     let stats = server.command("INFO commandstats");
-    assert_eq!(calls(&stats, "evalsha"), 40, "{stats}");
+    assert_eq!(command_calls(&stats, "evalsha"), 40, "{stats}");
     assert_eq!(
-        calls(&stats, "time"),
+        command_calls(&stats, "time"),
         40,
         "one script run per decision: {stats}"
     );
     assert_eq!(
-        calls(&stats, "hmget"),
+        command_calls(&stats, "hmget"),
         40,
         "one script run per decision: {stats}"
     );

@@ -9,17 +9,8 @@ use std::time::{Duration, Instant};
 
 use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
 use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
-use broker_testkit::RedisServer;
+use broker_testkit::{command_calls, RedisServer};
 use futures::future::join_all;
-
-/// `calls=N` of one command in `INFO commandstats`, 0 if absent.
-fn calls(stats: &str, command: &str) -> u64 {
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 /// A backend in client-time mode on a clock that never moves, so no bucket
 /// refills during a test.
@@ -63,14 +54,14 @@ async fn concurrent_calls_share_evalshas_and_a_lone_call_is_one_evalsha() {
         .unwrap();
     assert!(lone.allowed);
     let stats = server.command("INFO commandstats");
-    assert_eq!(calls(&stats, "evalsha"), 1, "{stats}");
-    assert_eq!(calls(&stats, "hset"), 1, "{stats}");
+    assert_eq!(command_calls(&stats, "evalsha"), 1, "{stats}");
+    assert_eq!(command_calls(&stats, "hset"), 1, "{stats}");
 
     server.command("CONFIG RESETSTAT");
     let decisions = concurrent_tries(&backend, "api", &spec, 200).await;
     assert!(decisions.iter().all(|d| d.as_ref().unwrap().allowed));
     let stats = server.command("INFO commandstats");
-    let evalsha = calls(&stats, "evalsha");
+    let evalsha = command_calls(&stats, "evalsha");
     assert!(
         (1..200).contains(&evalsha),
         "200 concurrent decisions took {evalsha} EVALSHAs: {stats}"
@@ -88,7 +79,7 @@ async fn coalescing_off_sends_one_evalsha_per_decision() {
     server.command("CONFIG RESETSTAT");
     concurrent_tries(&backend, "api", &spec, 50).await;
     let stats = server.command("INFO commandstats");
-    assert_eq!(calls(&stats, "evalsha"), 50, "{stats}");
+    assert_eq!(command_calls(&stats, "evalsha"), 50, "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,7 +101,7 @@ async fn a_tight_limit_admits_exactly_its_quota_under_concurrent_calls() {
     }
     assert_eq!(allowed, 25, "exactly the burst");
     let stats = server.command("INFO commandstats");
-    assert!(calls(&stats, "evalsha") < 300, "coalesced: {stats}");
+    assert!(command_calls(&stats, "evalsha") < 300, "coalesced: {stats}");
 
     // A concurrency limit: exactly max_concurrent leases, all in the set.
     let slots = spec(
@@ -160,7 +151,7 @@ async fn a_script_error_reaches_only_its_own_caller() {
         }
     }
     let stats = server.command("INFO commandstats");
-    assert!(calls(&stats, "evalsha") < 40, "coalesced: {stats}");
+    assert!(command_calls(&stats, "evalsha") < 40, "coalesced: {stats}");
     assert_eq!(
         server.command("HGET rb:{good}:b tokens:1"),
         "999964",
@@ -252,7 +243,10 @@ async fn callers_that_go_away_after_sending_leak_no_lease() {
             "the leases granted to callers that went away were released"
         );
         let stats = server.command("INFO commandstats");
-        assert!(calls(&stats, "zadd") >= 2, "leases were granted: {stats}");
+        assert!(
+            command_calls(&stats, "zadd") >= 2,
+            "leases were granted: {stats}"
+        );
         // All three slots are free again.
         let again = concurrent_tries(&backend, "slots", &slots, 3).await;
         assert!(again.iter().all(|d| d.as_ref().unwrap().allowed));
@@ -349,7 +343,7 @@ async fn coalesced_decisions_equal_the_same_decisions_one_by_one() {
     }
     let stats = server.command("INFO commandstats");
     assert!(
-        calls(&stats, "evalsha") < 2 * 6 * 2 * 40,
+        command_calls(&stats, "evalsha") < 2 * 6 * 2 * 40,
         "some were coalesced: {stats}"
     );
 }
@@ -383,7 +377,7 @@ async fn on_a_cluster_a_batch_is_split_by_resource_and_admits_exactly_each_quota
     let evalsha: u64 = cluster
         .nodes()
         .iter()
-        .map(|n| calls(&n.command("INFO commandstats"), "evalsha"))
+        .map(|n| command_calls(&n.command("INFO commandstats"), "evalsha"))
         .sum();
     assert!(
         evalsha < 300,

@@ -16,6 +16,6 @@ mod strict_server;
 pub mod upstream;
 
 pub use down_backend::DownBackend;
-pub use redis_server::{free_port, raw_command, RedisCluster, RedisServer};
+pub use redis_server::{command_calls, free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};
 pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};

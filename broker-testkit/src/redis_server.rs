@@ -13,6 +13,21 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// `calls=N` of `command` in the text of `INFO commandstats`, 0 if absent.
+///
+/// ```
+/// let stats = "# Commandstats\r\ncmdstat_evalsha:calls=40,usec=272,usec_per_call=6.80\r\n";
+/// assert_eq!(broker_testkit::command_calls(stats, "evalsha"), 40);
+/// assert_eq!(broker_testkit::command_calls(stats, "hset"), 0);
+/// ```
+pub fn command_calls(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Sends one inline command and returns the raw reply (first chunk).
 pub fn raw_command(port: u16, command: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
