@@ -255,12 +255,13 @@ impl Coalescer {
     }
 
     /// Sends decisions whose keys share a slot as one call.
-    async fn flush_group(&self, batch: Vec<Pending>) {
-        if let ([one], false) = (&batch[..], self.settings.batch_every_call) {
-            let reply = send(&self.conn, self.op_timeout, one.script, &one.cmd).await;
-            let one = batch.into_iter().next().expect("one decision");
-            self.answer(one, reply);
-            return;
+    async fn flush_group(&self, mut batch: Vec<Pending>) {
+        if batch.len() == 1 && !self.settings.batch_every_call {
+            if let Some(one) = batch.pop() {
+                let reply = send(&self.conn, self.op_timeout, one.script, &one.cmd).await;
+                self.answer(one, reply);
+                return;
+            }
         }
         let cmd = batch_cmd(&batch);
         let replies = match send(&self.conn, self.op_timeout, &scripts::TRY_BATCH, &cmd).await {
