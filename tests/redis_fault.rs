@@ -221,3 +221,69 @@ async fn a_hung_server_times_out_into_the_policy_instead_of_hanging_callers() {
     let a = broker.try_acquire("api", Cost::default()).await.unwrap();
     assert!(!a.allowed, "the shared bucket decides again: it is empty");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_backend_starts_while_redis_is_down_and_shares_decisions_once_it_is_up() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let backend = RedisBackend::builder(&url)
+        .lazy_connect(true)
+        .connect_timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(20))
+        .connect()
+        .await
+        .expect("a lazy connect does not talk to Redis");
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new().rate(RateLimit::per_minute(1).with_burst(3));
+    broker.register_limit("api", limits.clone()).unwrap();
+
+    // Down: the default fail-closed policy answers with a backend error.
+    let err = broker
+        .try_acquire("api", Cost::default())
+        .await
+        .expect_err("redis is down");
+    assert!(matches!(err, BrokerError::Backend(_)), "{err:?}");
+
+    // Up again on the same port: the same broker reaches it by itself.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match broker.try_acquire("api", Cost::default()).await {
+            Ok(a) => break a,
+            Err(e) if Instant::now() < deadline => {
+                assert!(matches!(e, BrokerError::Backend(_)), "{e:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("redis is back but the broker still fails: {e}"),
+        }
+    };
+    assert!(first.allowed);
+
+    // The decision is in Redis: a broker connected the usual way shares
+    // the bucket (burst 3, one token taken).
+    let other = ResourceBroker::new(RedisBackend::connect(&url).await.expect("connect"));
+    other.register_limit("api", limits).unwrap();
+    let mut allowed = 0;
+    for b in [&other, &broker, &other] {
+        allowed += b.try_acquire("api", Cost::default()).await.unwrap().allowed as u32;
+    }
+    assert_eq!(allowed, 2, "one bucket of 3 across both brokers");
+}
+
+#[tokio::test]
+async fn lazy_connect_is_refused_for_a_cluster_and_checks_the_url() {
+    let err = RedisBackend::builder("redis://127.0.0.1:1/")
+        .cluster(vec!["redis://127.0.0.1:1/".to_owned()])
+        .lazy_connect(true)
+        .connect()
+        .await
+        .expect_err("cluster");
+    assert!(err.message.contains("lazy_connect"), "{err}");
+    let err = RedisBackend::builder("not a url")
+        .lazy_connect(true)
+        .connect()
+        .await
+        .expect_err("bad url");
+    assert!(err.message.contains("redis url"), "{err}");
+}

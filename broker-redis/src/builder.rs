@@ -37,6 +37,7 @@ pub struct RedisBackendBuilder {
     pub(crate) probe_interval: Duration,
     pub(crate) ttl_margin: Duration,
     pub(crate) coalesce: coalesce::Settings,
+    pub(crate) lazy: bool,
 }
 
 impl RedisBackendBuilder {
@@ -54,7 +55,33 @@ impl RedisBackendBuilder {
             probe_interval: Duration::from_millis(250),
             ttl_margin: Duration::from_secs(1),
             coalesce: coalesce::Settings::default(),
+            lazy: false,
         }
+    }
+
+    /// Lazy connection: [`RedisBackendBuilder::connect`] returns at once
+    /// without talking to Redis, and the first call connects. A service
+    /// can so start while Redis is down: until Redis answers, the
+    /// [failure policy](RedisBackendBuilder::failure_policy) answers every
+    /// call (with the default `FailClosed`, a backend error), and decisions
+    /// are shared as soon as it does. The `maxmemory-policy` check needs a
+    /// connection and is skipped. One server only: with
+    /// [`RedisBackendBuilder::cluster`], `connect` refuses it. Default off:
+    /// `connect` fails with a clear error when Redis cannot be reached.
+    ///
+    /// ```no_run
+    /// use broker_redis::{FailurePolicy, RedisBackend};
+    /// # async fn demo() -> Result<(), broker_core::BackendError> {
+    /// let backend = RedisBackend::builder("redis://redis.internal:6379/")
+    ///     .lazy_connect(true)
+    ///     .failure_policy(FailurePolicy::LocalFallback { share: 0.25 })
+    ///     .connect()
+    ///     .await?; // Ok even if Redis is not up yet.
+    /// # Ok(()) }
+    /// ```
+    pub fn lazy_connect(mut self, lazy: bool) -> Self {
+        self.lazy = lazy;
+        self
     }
 
     /// The first part of every key (`prefix:{resource}:b`); must not hold
@@ -175,6 +202,16 @@ impl RedisBackendBuilder {
             .urls
             .first()
             .ok_or_else(|| BackendError::new("no redis url given"))?;
+        if self.lazy {
+            if self.cluster {
+                return Err(BackendError::new(
+                    "lazy_connect applies to one server, not to a cluster",
+                ));
+            }
+            let conn = Conn::single_lazy(url, self.timeouts)
+                .map_err(|e| BackendError::new(format!("redis url {url:?}: {e}")))?;
+            return Ok(RedisBackend::from_parts(self, conn, None));
+        }
         let conn = if self.cluster {
             self.connect_cluster().await?
         } else {

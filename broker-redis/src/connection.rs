@@ -39,13 +39,15 @@ impl Conn {
     /// Connects to one server.
     pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(t.connect))
-            .set_response_timeout(Some(t.response))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let manager = ConnectionManager::new_with_config(client, config).await?;
+        let manager = ConnectionManager::new_with_config(client, manager_config(t)).await?;
+        Ok(Conn::Single(manager))
+    }
+
+    /// One server, connected by the first command (and again after any
+    /// failed attempt): only the URL is checked now.
+    pub(crate) fn single_lazy(url: &str, t: Timeouts) -> RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, manager_config(t))?;
         Ok(Conn::Single(manager))
     }
 
@@ -91,6 +93,16 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// The connection manager's settings: the timeouts, one quick retry.
+fn manager_config(t: Timeouts) -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(100))
 }
 
 /// A Redis error as a [`BackendError`].
