@@ -66,7 +66,7 @@ impl RedisBackendBuilder {
     /// call (with the default `FailClosed`, a backend error), and decisions
     /// are shared as soon as it does. The `maxmemory-policy` check needs a
     /// connection and is skipped. One server only: with
-    /// [`RedisBackendBuilder::cluster`], `connect` refuses it. Default off:
+    /// a cluster (`cluster(urls)`), `connect` refuses it. Default off:
     /// `connect` fails with a clear error when Redis cannot be reached.
     ///
     /// ```no_run
