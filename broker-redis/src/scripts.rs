@@ -32,6 +32,9 @@ script!(
     TRY_ONE,
     ["common", "bucket", "one", "lease", "args", "one_args", "try_one"]
 );
+// TRY_ONE without a concurrency limit, the helpers written out in place
+// (`lua/try_flat.lua`): a call defines one closure, not a dozen.
+script!(TRY_FLAT, ["try_flat"]);
 /// Several `try` decisions in one call (see `lua/try_batch.lua`): the
 /// helpers of [`TRY_ONE`] and [`TRY`] defined once, and their per-call
 /// parts and bodies, unchanged, as two functions whose `KEYS` and `ARGV`

@@ -195,7 +195,11 @@ impl RedisBackend {
         // One rate limit: the table-free script, which takes the slot
         // operands only when there is a concurrency limit.
         let one = spec.buckets.len() == 1;
-        let (script, mut cmd) = self.cost_call(&scripts::TRY_ONE, &scripts::TRY, keys, spec, cost);
+        let one_script: &'static Script = match spec.max_concurrent {
+            None => &scripts::TRY_FLAT,
+            Some(_) => &scripts::TRY_ONE,
+        };
+        let (script, mut cmd) = self.cost_call(one_script, &scripts::TRY, keys, spec, cost);
         match spec.max_concurrent {
             Some(max) => {
                 cmd.arg(max).arg(spec.lease_ttl).arg(lease);

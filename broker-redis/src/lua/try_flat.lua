@@ -1,0 +1,97 @@
+-- try for one bucket and no concurrency limit (the most common resource),
+-- as one flat chunk: try_one.lua with the helpers it calls from
+-- common.lua, bucket.lua and one.lua written out in place, step by step
+-- and operation by operation, so that a call creates one closure instead
+-- of a dozen. Same KEYS, ARGV, hash layout and replies as try_one.lua; the
+-- conformance property test holds it to broker-core's reference bit for
+-- bit. The comments name the mirrored functions.
+local tonumber, call = tonumber, redis.call
+local floor, ceil, abs = math.floor, math.ceil, math.abs
+local U64 = 18446744073709551616
+local capacity, amount, period = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+
+-- bucket::ceil_micros
+local function ceil_micros(x)
+  local nearest = floor(x)
+  if x - nearest >= 0.5 then nearest = nearest + 1 end
+  local r = ceil(x)
+  if abs(x - nearest) < 1e-3 then r = nearest end
+  if r > U64 then return U64 end
+  return r
+end
+
+-- read_now
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- load
+local tokens, ts, nb
+local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
+if tonumber(v[1]) ~= 1 then
+  tokens, ts, nb = capacity, now, 0
+else
+  tokens, ts, nb = tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+end
+
+local cost = tonumber(ARGV[7])
+if cost > 0 then
+  local n = now
+  if n < ts then n = ts end
+  -- refill(tokens, ts, n)
+  if n > ts then
+    tokens = tokens + (n - ts) * amount / period
+    if capacity < tokens then tokens = capacity end
+    ts = n
+  end
+  -- wait_for(tokens, nb, n, cost)
+  local deficit = cost - tokens
+  local wait = 0
+  if deficit > 0 then
+    wait = ceil_micros(deficit * period / amount)
+  end
+  if nb > n and nb - n > wait then
+    wait = nb - n
+  end
+  if wait > 0 then
+    return { 1, string.format('%.17g', wait) }
+  end
+  -- book(tokens, ts, n, cost, 0): the refill to n is done (ts >= n).
+  local ahead = 0 * amount / period
+  tokens = tokens + ahead
+  if capacity < tokens then tokens = capacity end
+  tokens = tokens - cost - ahead
+end
+
+-- save(tokens, ts, nb, now), with ttl_ms
+local n = now
+if n < ts then n = ts end
+local r = tokens
+if n > ts then
+  r = tokens + (n - ts) * amount / period
+  if capacity < r then r = capacity end
+end
+if r >= capacity and nb <= now then
+  call('DEL', KEYS[1])
+  return 1
+end
+local deficit = capacity - r
+local w = 0
+if deficit > 0 then
+  w = ceil_micros(deficit * period / amount)
+end
+if nb > n and nb - n > w then
+  w = nb - n
+end
+local ms = ceil(w / 1000)
+if ms > 1e15 then ms = 1e15 end
+call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
+call('PEXPIRE', KEYS[1], ms + tonumber(ARGV[2]))
+return 1
