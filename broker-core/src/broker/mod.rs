@@ -468,14 +468,8 @@ impl ResourceBroker {
             backend.try_acquire_now(key, &resource.spec, cost)
         })?;
         Some(match decision {
-            Ok(d) if d.allowed && d.lease.is_some() => {
-                // A held lease needs the key again, to release it.
-                Ok(self.answer(resource, state_key(resource, key), d))
-            }
-            Ok(d) => {
-                count(resource, &d);
-                Ok(unheld(d))
-            }
+            // A held lease needs the key again, to release it: built only then.
+            Ok(d) => Ok(self.answer(resource, d.lease.and_then(|_| state_key(resource, key)), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
