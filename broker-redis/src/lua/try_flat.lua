@@ -10,14 +10,23 @@ local floor, ceil, abs = math.floor, math.ceil, math.abs
 local U64 = 18446744073709551616
 local capacity, amount, period = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
--- bucket::ceil_micros
-local function ceil_micros(x)
-  local nearest = floor(x)
-  if x - nearest >= 0.5 then nearest = nearest + 1 end
-  local r = ceil(x)
-  if abs(x - nearest) < 1e-3 then r = nearest end
-  if r > U64 then return U64 end
-  return r
+-- bucket::wait_for for a bucket refilled to n: the rate wait for want
+-- tokens (bucket::ceil_micros written out), or until nb if that is longer.
+local function wait_for(tokens, nb, n, want)
+  local deficit = want - tokens
+  local wait = 0
+  if deficit > 0 then
+    local x = deficit * period / amount
+    local nearest = floor(x)
+    if x - nearest >= 0.5 then nearest = nearest + 1 end
+    wait = ceil(x)
+    if abs(x - nearest) < 1e-3 then wait = nearest end
+    if wait > U64 then wait = U64 end
+  end
+  if nb > n and nb - n > wait then
+    return nb - n
+  end
+  return wait
 end
 
 -- read_now
@@ -51,15 +60,7 @@ if cost > 0 then
     if capacity < tokens then tokens = capacity end
     ts = n
   end
-  -- wait_for(tokens, nb, n, cost)
-  local deficit = cost - tokens
-  local wait = 0
-  if deficit > 0 then
-    wait = ceil_micros(deficit * period / amount)
-  end
-  if nb > n and nb - n > wait then
-    wait = nb - n
-  end
+  local wait = wait_for(tokens, nb, n, cost)
   if wait > 0 then
     return { 1, string.format('%.17g', wait) }
   end
@@ -82,15 +83,7 @@ if r >= capacity and nb <= now then
   call('DEL', KEYS[1])
   return 1
 end
-local deficit = capacity - r
-local w = 0
-if deficit > 0 then
-  w = ceil_micros(deficit * period / amount)
-end
-if nb > n and nb - n > w then
-  w = nb - n
-end
-local ms = ceil(w / 1000)
+local ms = ceil(wait_for(r, nb, n, capacity) / 1000)
 if ms > 1e15 then ms = 1e15 end
 call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
 call('PEXPIRE', KEYS[1], ms + tonumber(ARGV[2]))
