@@ -496,6 +496,7 @@ impl ResourceBroker {
         Ok(self.answer(&resource, owned_key, decision))
     }
 
+    #[inline]
     fn answer(&self, resource: &Arc<Resource>, key: Option<String>, d: Decision) -> Acquisition {
         count(resource, &d);
         if !d.allowed {
