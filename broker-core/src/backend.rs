@@ -7,6 +7,7 @@
 //! never compare clocks across machines. Backends hold state, not policy:
 //! retries, queues and failure handling live in the broker.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -105,9 +106,43 @@ pub trait Backend: Send + Sync + 'static {
         observed: &ObservedLimit,
     ) -> Result<(), BackendError>;
 
+    /// The states of one resource, for stores that hold them in this
+    /// process: `resource_key` is the resource's state key (its escaped id)
+    /// and `spec` its compiled limits. The broker resolves it once per
+    /// registration and then answers `try_acquire` on the resource and its
+    /// sub-keys through it, without building a state key per call. The
+    /// states are the ones the keyed methods reach: the state of sub-key
+    /// `k` is the one at [`keyed`](crate::keys::keyed)`(id, k)`. `None`
+    /// (the default) for stores that need I/O.
+    fn local_states(
+        &self,
+        _resource_key: &str,
+        _spec: Arc<LimitSpec>,
+    ) -> Option<Arc<dyn LocalStates>> {
+        None
+    }
+
     /// Reachability of the store and the calls its failure policy answered
     /// (for stores that can be unreachable; the default is always up).
     fn health(&self) -> BackendHealth {
         BackendHealth::default()
+    }
+}
+
+/// One resource's states in a store that answers without I/O (see
+/// [`Backend::local_states`]). `sub` is a sub-key as the caller gave it
+/// (not escaped), `None` for the resource's own state.
+pub trait LocalStates: Send + Sync + 'static {
+    /// [`Backend::try_acquire`] on the state of `sub`.
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision;
+
+    /// [`Backend::release`] on the state of `sub`: frees the slot held
+    /// under `lease`. Idempotent; true if it was held.
+    fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool;
+}
+
+impl std::fmt::Debug for dyn LocalStates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalStates")
     }
 }

@@ -105,6 +105,51 @@ pub fn escape(part: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The input [`escape`] turns into `escaped`, if `escaped` is exactly an
+/// output of [`escape`] (upper-case `%XX` for the bytes it escapes and for
+/// no other, UTF-8 once decoded); `None` for any other string. So
+/// `unescape(&escape(x)) == Some(x)` for every `x`, and no two strings
+/// unescape to the same input.
+///
+/// ```
+/// use broker_core::keys::{escape, unescape};
+/// assert_eq!(unescape("tenant-1").as_deref(), Some("tenant-1"));
+/// assert_eq!(unescape(&escape("a:b{c}")).as_deref(), Some("a:b{c}"));
+/// assert_eq!(unescape("a:b"), None); // escape never leaves a `:`
+/// assert_eq!(unescape("%41"), None); // nor escapes an `A`
+/// ```
+pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
+    let bytes = escaped.as_bytes();
+    if !bytes.contains(&b'%') {
+        return (!any_needs_escape(bytes)).then_some(Cow::Borrowed(escaped));
+    }
+    let upper_hex = |h: u8| match h {
+        b'0'..=b'9' => Some(h - b'0'),
+        b'A'..=b'F' => Some(h - b'A' + 10),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let [hi, lo, ..] = *tail else { return None };
+            let decoded = upper_hex(hi)? << 4 | upper_hex(lo)?;
+            if !needs_escape(decoded) {
+                return None;
+            }
+            out.push(decoded);
+            rest = &tail[2..];
+        } else {
+            if needs_escape(b) {
+                return None;
+            }
+            out.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(out).ok().map(Cow::Owned)
+}
+
 /// The state key of a resource.
 pub fn resource_key(resource: &str) -> String {
     escape(resource).into_owned()
@@ -156,6 +201,36 @@ mod tests {
         assert_ne!(escape("%3A"), escape(":"));
         assert_eq!(escape("{x}"), "%7Bx%7D");
         assert_eq!(escape("a b\n"), "a%20b%0A");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn unescape_inverts_escape(part in "\\PC*|[a-z:{}%\\\\ \n\u{7f}\u{e9}]{0,12}") {
+            let escaped = escape(&part);
+            let back = unescape(&escaped).map(Cow::into_owned);
+            proptest::prop_assert_eq!(back, Some(part));
+        }
+
+        /// Whatever unescapes is exactly what `escape` gives for its result,
+        /// so the mapping is one to one.
+        #[test]
+        fn only_escape_outputs_unescape(text in "[a%0-9A-Fa-f:{}\\\\ ]{0,12}") {
+            if let Some(raw) = unescape(&text) {
+                let again = escape(&raw).into_owned();
+                proptest::prop_assert_eq!(again, text);
+            }
+        }
+    }
+
+    #[test]
+    fn non_canonical_escapes_do_not_unescape() {
+        for text in [
+            "%3a", "%41", "%+F", "%3", "%", "a%2", "%C3", "%FF", "a:b", "a b",
+        ] {
+            assert_eq!(unescape(text), None, "{text}");
+        }
+        assert_eq!(unescape("%C3%A9").as_deref(), Some("\u{e9}"));
+        assert_eq!(unescape("").as_deref(), Some(""));
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub mod stats;
 pub mod supplier;
 pub mod telemetry;
 
-pub use backend::Backend;
+pub use backend::{Backend, LocalStates};
 pub use broker::{
     Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, ResourceHandle, Target,
 };

@@ -21,7 +21,7 @@ const SWEEP_INTERVAL: Micros = 10_000_000;
 /// Drops every idle state; returns how many.
 pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
-    states.retain(|_, e| !state::is_idle(&e.state, &e.spec, now));
+    states.retain(|e| !state::is_idle(&e.state, &e.spec, now));
     before.saturating_sub(states.len())
 }
 

@@ -1,6 +1,6 @@
 //! # broker-memory
 //!
-//! [`MemoryBackend`]: resource states in a [`DashMap`], each decision applied
+//! [`MemoryBackend`]: resource states in a sharded hash table, each decision applied
 //! under its shard's lock by calling broker-core's reference transitions, so
 //! concurrent use from many tasks and threads is exact. Idle states (equal
 //! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
@@ -8,6 +8,9 @@
 
 mod clock;
 mod eviction;
+mod key;
+mod local;
+mod table;
 
 pub use clock::QuantaClock;
 
@@ -19,11 +22,12 @@ use async_trait::async_trait;
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation,
+    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, ObservedLimit,
+    Reservation,
 };
-use dashmap::DashMap;
-
 use eviction::Sweeper;
+use key::KeyRef;
+pub(crate) use table::States;
 
 /// One process's state store.
 ///
@@ -35,17 +39,17 @@ use eviction::Sweeper;
 /// ```
 #[derive(Debug)]
 pub struct MemoryBackend {
+    store: Arc<Store>,
+}
+
+/// What the backend and the [`LocalStates`] it hands out share.
+#[derive(Debug)]
+struct Store {
     states: States,
     clock: Arc<dyn Clock>,
     next_lease: AtomicU64,
     sweeper: Sweeper,
 }
-
-/// The states by key. Keys carry user data (tenant ids); foldhash with a
-/// per-process random seed keeps the lookup a few nanoseconds (SipHash costs
-/// more than the whole decision) at the price of weaker, not absent,
-/// resistance to deliberately colliding keys.
-pub(crate) type States = DashMap<Box<str>, Entry, foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 pub(crate) struct Entry {
@@ -78,56 +82,91 @@ impl MemoryBackend {
     /// A store on a shared clock.
     pub fn with_shared_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            states: DashMap::default(),
-            clock,
-            next_lease: AtomicU64::new(1),
-            sweeper: Sweeper::default(),
+            store: Arc::new(Store {
+                states: States::new(),
+                clock,
+                next_lease: AtomicU64::new(1),
+                sweeper: Sweeper::default(),
+            }),
         }
     }
 
     /// Number of states held now (idle ones not yet evicted included).
     pub fn len(&self) -> usize {
-        self.states.len()
+        self.store.states.len()
     }
 
     /// True when no state is held.
     pub fn is_empty(&self) -> bool {
-        self.states.is_empty()
+        self.store.states.len() == 0
     }
 
     /// Drops every state that equals a fresh one (full buckets, no penalty,
     /// no live lease). Runs by itself as the map grows; call it to bound
     /// memory at a moment of your choosing.
     pub fn evict_idle(&self) -> usize {
-        let now = self.clock.now();
-        let evicted = eviction::evict_idle(&self.states, now);
-        self.sweeper.after_sweep(&self.states, now);
+        let store = &self.store;
+        let now = store.clock.now();
+        let evicted = eviction::evict_idle(&store.states, now);
+        store.sweeper.after_sweep(&store.states, now);
         evicted
     }
 
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
-        self.states.get(key).map(|e| e.state.clone())
+        key::with_parsed(key, |key| self.store.states.get(key, |e| e.state.clone()))
     }
 
-    /// Runs `f` on the state of `key` under its shard lock, creating a fresh
-    /// state if there is none.
+    /// Runs `f` on the state of the joined state `key`, made for `spec`.
     fn with_state<R>(
         &self,
         key: &str,
         spec: &LimitSpec,
         f: impl FnOnce(&mut ResourceState, u64) -> R,
     ) -> R {
+        key::with_parsed(key, |key| {
+            self.store
+                .with_state(key, None, spec, || shared_spec(spec), f)
+        })
+    }
+
+    fn lease(&self) -> LeaseId {
+        self.store.lease()
+    }
+}
+
+impl Store {
+    /// Runs `f` on the state of `key` under its shard lock, creating a fresh
+    /// state if there is none. The state is made for `spec`; `shared`
+    /// gives the allocation of `spec` a state keeps. `resource` is the
+    /// caller's allocation of `key.resource`, if it has one.
+    fn with_state<R>(
+        &self,
+        key: KeyRef<'_>,
+        resource: Option<&Arc<str>>,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+        f: impl FnOnce(&mut ResourceState, u64) -> R,
+    ) -> R {
         let now = self.clock.now();
-        let (result, inserted) = match self.states.get_mut(key) {
-            Some(mut e) => (f(e.current(spec, now), now), false),
-            None => match self.states.entry(key.into()) {
-                dashmap::Entry::Occupied(mut e) => (f(e.get_mut().current(spec, now), now), false),
-                dashmap::Entry::Vacant(v) => (f(&mut v.insert(fresh(spec, now)).state, now), true),
+        let (result, inserted) = self.states.upsert(
+            key,
+            || key.to_owned_with(resource),
+            || Entry {
+                state: ResourceState::fresh(spec, now),
+                spec: shared(),
             },
-        };
+            |e| f(e.current(spec, &shared, now), now),
+        );
         self.sweeper.after_write(&self.states, now, inserted);
         result
+    }
+
+    /// Frees the slot held under `lease` on the state of `key`.
+    fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
+        self.states
+            .get(key, |e| state::release(&mut e.state, lease))
+            .unwrap_or(false)
     }
 
     fn lease(&self) -> LeaseId {
@@ -136,25 +175,25 @@ impl MemoryBackend {
 }
 
 impl Entry {
-    /// The state, made for `spec`: a resource re-configured with the same
-    /// number of buckets keeps its state, one with other buckets starts
-    /// afresh.
-    fn current(&mut self, spec: &LimitSpec, now: u64) -> &mut ResourceState {
-        if *self.spec != *spec {
-            if self.spec.buckets.len() == spec.buckets.len() {
-                self.spec = shared_spec(spec);
-            } else {
-                *self = fresh(spec, now);
+    /// The state, made for `spec` (`shared` gives the allocation to keep):
+    /// a resource re-configured with the same number of buckets keeps its
+    /// state, one with other buckets starts afresh. The common case, a
+    /// state made for this very allocation, is one pointer comparison.
+    fn current(
+        &mut self,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+        now: u64,
+    ) -> &mut ResourceState {
+        // The entry holds its spec alive, so an equal address is the same
+        // allocation, not a new one at a freed address.
+        if !std::ptr::eq(Arc::as_ptr(&self.spec), spec) && *self.spec != *spec {
+            if self.spec.buckets.len() != spec.buckets.len() {
+                self.state = ResourceState::fresh(spec, now);
             }
+            self.spec = shared();
         }
         &mut self.state
-    }
-}
-
-fn fresh(spec: &LimitSpec, now: u64) -> Entry {
-    Entry {
-        state: ResourceState::fresh(spec, now),
-        spec: shared_spec(spec),
     }
 }
 
@@ -286,13 +325,22 @@ impl broker_core::Backend for MemoryBackend {
         self.with_state(key, spec, |s, now| state::reconcile(s, spec, now, observed));
         Ok(())
     }
+
+    fn local_states(
+        &self,
+        resource_key: &str,
+        spec: Arc<LimitSpec>,
+    ) -> Option<Arc<dyn LocalStates>> {
+        Some(Arc::new(local::ResourceStates::new(
+            self.store.clone(),
+            resource_key,
+            spec,
+        )))
+    }
 }
 
 impl MemoryBackend {
     fn release_sync(&self, key: &str, lease: LeaseId) -> bool {
-        self.states
-            .get_mut(key)
-            .map(|mut e| state::release(&mut e.state, lease))
-            .unwrap_or(false)
+        key::with_parsed(key, |key| self.store.release(key, lease))
     }
 }

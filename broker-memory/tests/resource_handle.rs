@@ -114,3 +114,61 @@ fn handle_refuses_a_cost_that_never_fits_and_unknown_resources() {
         Err(BrokerError::UnknownResource(id)) if id == "other"
     ));
 }
+
+/// `try_acquire` answers through the store's per-resource states (no state
+/// key built); every other call reaches the same states by their joined,
+/// escaped state keys. Sub-keys with separators, escapes and the empty
+/// sub-key included.
+#[tokio::test(start_paused = true)]
+async fn the_fast_path_and_the_keyed_calls_share_one_state_per_sub_key() {
+    let clock = ManualClock::new();
+    let backend = std::sync::Arc::new(MemoryBackend::with_clock(clock.clone()));
+    let broker = ResourceBroker::from_arc(backend.clone());
+    let limits = two_per_second().max_concurrent(1);
+    broker.register_limit("t:x", limits).unwrap();
+    for sub in ["a", "a:b", "%3A", "{tag}", "", "é"] {
+        let fast = broker
+            .try_acquire_now(("t:x", sub), Cost::default())
+            .expect("in-memory answers at once")
+            .unwrap();
+        assert!(fast.allowed, "{sub}");
+        let state_key = broker_core::keys::keyed("t:x", sub);
+        let state = backend.state(&state_key).expect("the keyed state exists");
+        assert_eq!(state.leases.len(), 1, "{sub}: the fast path's lease");
+        // The only slot is held: the keyed path sees it.
+        let held = broker
+            .acquire(("t:x", sub), Cost::default(), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(!held.allowed, "{sub}");
+        drop(fast);
+        assert!(
+            backend.state(&state_key).unwrap().leases.is_empty(),
+            "{sub}"
+        );
+        // A penalty through the keyed path holds the fast path too.
+        broker
+            .penalize(("t:x", sub), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let after = broker
+            .try_acquire_now(("t:x", sub), Cost::default())
+            .unwrap()
+            .unwrap();
+        assert!(!after.allowed, "{sub}");
+        assert_eq!(after.wait_time, Duration::from_secs(5), "{sub}");
+    }
+    // One state per sub-key (plus none for the resource itself).
+    assert_eq!(backend.len(), 6);
+    // A lease taken through the keyed calls is released by them too, on the
+    // same state.
+    let acquired = broker
+        .acquire(("t:x", "late"), Cost::default(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(acquired.allowed);
+    let late = broker_core::keys::keyed("t:x", "late");
+    assert_eq!(backend.state(&late).unwrap().leases.len(), 1);
+    drop(acquired);
+    assert!(backend.state(&late).unwrap().leases.is_empty());
+}

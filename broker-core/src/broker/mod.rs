@@ -14,10 +14,11 @@ use arc_swap::ArcSwap;
 
 pub use enqueue::{Attempt, EnqueueError};
 pub use handle::ResourceHandle;
+use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
 pub use target::Target;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, LocalStates};
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
@@ -68,7 +69,10 @@ pub(crate) struct Resource {
     pub(crate) id: String,
     pub(crate) key: String,
     pub(crate) config: ResourceConfig,
-    pub(crate) spec: LimitSpec,
+    pub(crate) spec: Arc<LimitSpec>,
+    /// The backend's states of this resource, when it answers without I/O
+    /// (see [`Backend::local_states`]).
+    pub(crate) local: Option<Arc<dyn LocalStates>>,
     pub(crate) kind: ResourceKind,
     pub(crate) counters: Counters,
     /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot;
@@ -246,10 +250,13 @@ impl ResourceBroker {
             return Err(ConfigError::BadResourceId(id.to_owned()));
         }
         config.validate()?;
+        let key = keys::resource_key(id);
+        let spec = Arc::new(LimitSpec::new(&config.paced_limits(), config.lease_ttl));
         let resource = Arc::new(Resource {
             id: id.to_owned(),
-            key: keys::resource_key(id),
-            spec: LimitSpec::new(&config.paced_limits(), config.lease_ttl),
+            local: self.inner.backend.local_states(&key, spec.clone()),
+            key,
+            spec,
             fits: largest_fit(&config.limits),
             config,
             kind,
@@ -463,13 +470,17 @@ impl ResourceBroker {
         if let Err(e) = resource.check_fits(cost) {
             return Some(Err(e));
         }
+        if let Some(local) = &resource.local {
+            let d = local.try_acquire(key, cost);
+            return Some(Ok(self.answer(resource, || HeldKey::sub(key), d)));
+        }
         let backend = &self.inner.backend;
         let decision = with_state_key(resource, key, |key| {
             backend.try_acquire_now(key, &resource.spec, cost)
         })?;
         Some(match decision {
             // A held lease needs the key again, to release it: built only then.
-            Ok(d) => Ok(self.answer(resource, d.lease.and_then(|_| state_key(resource, key)), d)),
+            Ok(d) => Ok(self.answer(resource, || HeldKey::state(state_key(resource, key)), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -492,12 +503,18 @@ impl ResourceBroker {
             .try_acquire(key, &resource.spec, cost)
             .await
             .inspect_err(|e| note_backend_error(&resource, "try_acquire", e))?;
-        let owned_key = decision.lease.and(owned_key);
-        Ok(self.answer(&resource, owned_key, decision))
+        Ok(self.answer(&resource, || HeldKey::state(owned_key), decision))
     }
 
+    /// The acquisition of decision `d`; `key` names the state a held
+    /// lease is released on (made only when a lease is held).
     #[inline]
-    fn answer(&self, resource: &Arc<Resource>, key: Option<String>, d: Decision) -> Acquisition {
+    fn answer(
+        &self,
+        resource: &Arc<Resource>,
+        key: impl FnOnce() -> HeldKey,
+        d: Decision,
+    ) -> Acquisition {
         count(resource, &d);
         if !d.allowed {
             return unheld(d);
@@ -506,7 +523,7 @@ impl ResourceBroker {
             Some(lease) => Permit::held(
                 self.inner.backend.clone(),
                 resource.clone(),
-                key,
+                key(),
                 lease,
                 true,
             ),
@@ -562,7 +579,11 @@ impl ResourceBroker {
             }
         };
         booking.consume();
-        Ok(self.answer(&resource, owned_key, Decision::allow(lease)))
+        Ok(self.answer(
+            &resource,
+            || HeldKey::state(owned_key),
+            Decision::allow(lease),
+        ))
     }
 }
 

@@ -40,9 +40,28 @@ pub struct Permit {
 struct Held {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
-    key: Option<String>,
+    key: HeldKey,
     lease: LeaseId,
     counted: bool,
+}
+
+/// The state a lease is held on.
+#[derive(Debug)]
+pub(crate) enum HeldKey {
+    /// The resource's own state, or sub-key `k` (as the caller gave it).
+    Sub(Option<Box<str>>),
+    /// A state key built by [`crate::keys`] (`None`: the resource's own).
+    State(Option<String>),
+}
+
+impl HeldKey {
+    pub(crate) fn sub(key: Option<&str>) -> Self {
+        Self::Sub(key.map(Box::from))
+    }
+
+    pub(crate) fn state(key: Option<String>) -> Self {
+        Self::State(key)
+    }
 }
 
 impl std::fmt::Debug for dyn Backend {
@@ -60,7 +79,7 @@ impl Permit {
     pub(crate) fn held(
         backend: Arc<dyn Backend>,
         resource: Arc<Resource>,
-        key: Option<String>,
+        key: HeldKey,
         lease: LeaseId,
         counted: bool,
     ) -> Self {
@@ -102,9 +121,21 @@ fn release_held(h: Held) {
     if h.counted {
         drop_one(&h.resource.counters.in_flight);
     }
-    let key = h.key.as_deref().unwrap_or(&h.resource.key);
     let resource = &h.resource;
-    match h.backend.release_now(key, h.lease) {
+    if let (Some(local), HeldKey::Sub(sub)) = (&resource.local, &h.key) {
+        local.release(sub.as_deref(), h.lease);
+        resource.slot_freed();
+        return;
+    }
+    let key = match h.key {
+        HeldKey::Sub(sub) => sub.map(|k| crate::keys::keyed(&resource.id, &k)),
+        HeldKey::State(key) => key,
+    };
+    let resource = &h.resource;
+    match h
+        .backend
+        .release_now(key.as_deref().unwrap_or(&resource.key), h.lease)
+    {
         Some(result) => {
             if let Err(e) = result {
                 super::note_backend_error(resource, "release", &e);
@@ -113,7 +144,7 @@ fn release_held(h: Held) {
         }
         None => {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let key = h.key.unwrap_or_else(|| h.resource.key.clone());
+                let key = key.unwrap_or_else(|| h.resource.key.clone());
                 let (backend, resource) = (h.backend, h.resource);
                 rt.spawn(async move {
                     if let Err(e) = backend.release(&key, h.lease).await {

@@ -1,0 +1,121 @@
+//! [`States`]: the states by key, in shards of a hash table, each under its
+//! own lock. A lookup hashes the key's two parts as they are (no joined
+//! string) and compares them directly.
+//!
+//! Keys carry user data (tenant ids); foldhash with a per-process random
+//! seed keeps the hash a few nanoseconds (SipHash costs more than the whole
+//! decision) at the price of weaker, not absent, resistance to deliberately
+//! colliding keys.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
+
+use crate::key::{KeyRef, StateKey, Sub};
+use crate::Entry;
+
+/// The states by key.
+pub(crate) struct States {
+    shards: Box<[Shard]>,
+    /// Shifts a hash's top bits down to a shard index.
+    shift: u32,
+    hasher: foldhash::fast::RandomState,
+}
+
+/// One shard, on a cache line pair of its own so that two threads locking
+/// neighbouring shards do not share a line.
+#[repr(align(128))]
+struct Shard(Mutex<HashTable<(StateKey, Entry)>>);
+
+impl std::fmt::Debug for States {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("States")
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+impl States {
+    /// Four shards per core, rounded up to a power of two.
+    pub(crate) fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let count = (cores * 4).next_power_of_two().max(4);
+        Self {
+            shards: (0..count)
+                .map(|_| Shard(Mutex::new(HashTable::new())))
+                .collect(),
+            shift: 64 - count.trailing_zeros(),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    fn hash(&self, key: KeyRef<'_>) -> u64 {
+        let (tag, sub) = match key.sub {
+            Sub::Own => (0, ""),
+            Sub::Raw(s) => (1, s),
+            Sub::Opaque(s) => (2, s),
+        };
+        let mut h = self.hasher.build_hasher();
+        h.write_u64(key.resource_hash ^ tag);
+        h.write(sub.as_bytes());
+        h.finish()
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(StateKey, Entry)>> {
+        // The top bits pick the shard; the table uses the low ones.
+        let shard = &self.shards[(hash >> self.shift) as usize];
+        shard.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the entry of `key` under its shard's lock; `None` when
+    /// there is none.
+    pub(crate) fn get<R>(&self, key: KeyRef<'_>, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash);
+        shard
+            .find_mut(hash, |(k, _)| k.as_ref() == key)
+            .map(|(_, e)| f(e))
+    }
+
+    /// Runs `f` on the entry of `key` under its shard's lock, inserting
+    /// `make()` under the key `owned()` when there is none; true in the
+    /// second place when it inserted.
+    pub(crate) fn upsert<R>(
+        &self,
+        key: KeyRef<'_>,
+        owned: impl FnOnce() -> StateKey,
+        make: impl FnOnce() -> Entry,
+        f: impl FnOnce(&mut Entry) -> R,
+    ) -> (R, bool) {
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash);
+        // Found (the common case): one probe, and no check for room to
+        // insert.
+        if let Some((_, e)) = shard.find_mut(hash, |(k, _)| k.as_ref() == key) {
+            return (f(e), false);
+        }
+        let rehash = |(k, _): &(StateKey, Entry)| self.hash(k.as_ref());
+        let mut slot = shard.insert_unique(hash, (owned(), make()), rehash);
+        (f(&mut slot.get_mut().1), true)
+    }
+
+    /// Number of entries (each shard counted under its lock in turn).
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.0.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// Keeps the entries for which `keep` says so, one shard at a time.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&Entry) -> bool) {
+        for s in self.shards.iter() {
+            let mut shard = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+            shard.retain(|(_, e)| keep(e));
+            if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
+                shard.shrink_to_fit(|(k, _)| self.hash(k.as_ref()));
+            }
+        }
+    }
+}
