@@ -49,6 +49,7 @@ impl Default for Sweeper {
 impl Sweeper {
     /// Called after each write, with no shard lock held; `inserted` when the
     /// write created a state.
+    #[inline]
     pub(crate) fn after_write(&self, states: &States, now: Micros, inserted: bool) {
         let len = if inserted {
             self.len.fetch_add(1, Ordering::Relaxed) + 1

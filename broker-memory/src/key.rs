@@ -58,27 +58,13 @@ impl PartialEq for KeyRef<'_> {
         same_resource
             && match (self.sub, other.sub) {
                 (Sub::Own, Sub::Own) => true,
-                (Sub::Raw(a), Sub::Raw(b)) | (Sub::Opaque(a), Sub::Opaque(b)) => same(a, b),
+                (Sub::Raw(a), Sub::Raw(b)) | (Sub::Opaque(a), Sub::Opaque(b)) => {
+                    keys::same(a.as_bytes(), b.as_bytes())
+                }
                 _ => false,
             }
     }
 }
-
-/// `a == b`, with the common sub-key length (8 to 16 bytes) compared as
-/// two words instead of by a call to `memcmp`.
-fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    if (8..=16).contains(&a.len()) {
-        return a.first_chunk::<8>() == b.first_chunk::<8>()
-            && a.last_chunk::<8>() == b.last_chunk::<8>();
-    }
-    a == b
-}
-
-impl Eq for KeyRef<'_> {}
 
 impl StateKey {
     pub(crate) fn as_ref(&self) -> KeyRef<'_> {
@@ -167,21 +153,6 @@ mod tests {
             };
             (k.resource.to_owned(), sub)
         })
-    }
-
-    #[test]
-    fn word_compare_agrees_with_byte_compare() {
-        for len in 0..20 {
-            let a: String = (0..len).map(|i| char::from(b'a' + i as u8)).collect();
-            assert!(same(&a, &a.clone()));
-            for pos in 0..len {
-                let mut b = a.clone().into_bytes();
-                b[pos] = b'Z';
-                let b = String::from_utf8(b).unwrap();
-                assert!(!same(&a, &b), "{a} {b}");
-            }
-            assert!(!same(&a, &format!("{a}x")));
-        }
     }
 
     #[test]

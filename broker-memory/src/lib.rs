@@ -179,6 +179,7 @@ impl Entry {
     /// a resource re-configured with the same number of buckets keeps its
     /// state, one with other buckets starts afresh. The common case, a
     /// state made for this very allocation, is one pointer comparison.
+    #[inline]
     fn current(
         &mut self,
         spec: &LimitSpec,
@@ -187,13 +188,19 @@ impl Entry {
     ) -> &mut ResourceState {
         // The entry holds its spec alive, so an equal address is the same
         // allocation, not a new one at a freed address.
-        if !std::ptr::eq(Arc::as_ptr(&self.spec), spec) && *self.spec != *spec {
-            if self.spec.buckets.len() != spec.buckets.len() {
-                self.state = ResourceState::fresh(spec, now);
-            }
-            self.spec = shared();
+        if !std::ptr::eq(Arc::as_ptr(&self.spec), spec) {
+            self.adopt(spec, shared, now);
         }
         &mut self.state
+    }
+
+    /// [`Entry::current`] for a spec at another address.
+    #[cold]
+    fn adopt(&mut self, spec: &LimitSpec, shared: impl Fn() -> Arc<LimitSpec>, now: u64) {
+        if self.spec.buckets.len() != spec.buckets.len() {
+            self.state = ResourceState::fresh(spec, now);
+        }
+        self.spec = shared();
     }
 }
 

@@ -96,10 +96,16 @@ pub(crate) struct Resource {
 
 impl Resource {
     /// `config.limits.check_fits`, answered from `fits` when it passes.
+    #[inline]
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
         if cost.requests <= self.fits.requests && cost.tokens <= self.fits.tokens {
             return Ok(());
         }
+        self.check_fits_slow(cost)
+    }
+
+    #[cold]
+    fn check_fits_slow(&self, cost: Cost) -> Result<(), BrokerError> {
         self.config.limits.check_fits(&self.id, cost)
     }
 }
@@ -302,6 +308,36 @@ impl ResourceBroker {
     }
 }
 
+/// What a thread read last from a broker's registry (see
+/// `ResourceBroker::with_resource`).
+struct LastRead {
+    stamp: u64,
+    registry: Arc<Registry>,
+    /// The resource this thread found last, by id.
+    found: Option<(ShortId, Arc<Resource>)>,
+}
+
+/// A resource id of at most 32 bytes, held inline.
+struct ShortId {
+    len: usize,
+    bytes: [u8; 32],
+}
+
+impl ShortId {
+    fn new(id: &str) -> Option<Self> {
+        let mut bytes = [0; 32];
+        bytes.get_mut(..id.len())?.copy_from_slice(id.as_bytes());
+        Some(Self {
+            len: id.len(),
+            bytes,
+        })
+    }
+
+    fn is(&self, id: &str) -> bool {
+        self.len == id.len() && keys::same(&self.bytes[..self.len], id.as_bytes())
+    }
+}
+
 /// A process-unique registry stamp (see `Inner::stamp`).
 fn next_stamp() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -328,6 +364,7 @@ fn unheld(d: Decision) -> Acquisition {
 }
 
 /// Counts a decision in the resource's stats.
+#[inline]
 fn count(resource: &Resource, d: &Decision) {
     if d.allowed {
         bump(&resource.counters.allowed);
@@ -418,8 +455,8 @@ impl ResourceBroker {
         target: Target<'_>,
         cost: Cost,
     ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        self.with_registry(|registry| {
-            let Some(resource) = registry.get(target.resource) else {
+        self.with_resource(target.resource, |resource| {
+            let Some(resource) = resource else {
                 return Ok(Err(BrokerError::UnknownResource(
                     target.resource.to_owned(),
                 )));
@@ -429,13 +466,15 @@ impl ResourceBroker {
         })
     }
 
-    /// Runs `f` on the current registry: the one this thread read last if
-    /// its stamp is still current (no atomic read-modify-write), else a
-    /// fresh load.
-    fn with_registry<R>(&self, f: impl FnOnce(&Registry) -> R) -> R {
+    /// Runs `f` on the registered resource `id`. The thread keeps the
+    /// registry it read last while its stamp is unchanged (no atomic
+    /// read-modify-write), and the resource it found last in it, so a
+    /// thread calling one resource again compares the id instead of
+    /// hashing it.
+    fn with_resource<R>(&self, id: &str, f: impl FnOnce(Option<&Arc<Resource>>) -> R) -> R {
         use std::sync::atomic::Ordering;
         thread_local! {
-            static LAST: std::cell::RefCell<Option<(u64, Arc<Registry>)>> =
+            static LAST: std::cell::RefCell<Option<LastRead>> =
                 const { std::cell::RefCell::new(None) };
         }
         // The stamp is stored after the registry it names, so a registry
@@ -443,17 +482,26 @@ impl ResourceBroker {
         let stamp = self.inner.stamp.load(Ordering::Acquire);
         LAST.with(|last| {
             let Ok(mut last) = last.try_borrow_mut() else {
-                return f(&self.inner.resources.load());
+                return f(self.inner.resources.load().get(id));
             };
-            match &*last {
-                Some((s, registry)) if *s == stamp => f(registry),
-                _ => {
-                    let registry = self.inner.resources.load_full();
-                    let r = f(&registry);
-                    *last = Some((stamp, registry));
-                    r
+            let last = match &mut *last {
+                Some(l) if l.stamp == stamp => l,
+                stale => stale.insert(LastRead {
+                    stamp,
+                    registry: self.inner.resources.load_full(),
+                    found: None,
+                }),
+            };
+            if let Some((name, resource)) = &last.found {
+                if name.is(id) {
+                    return f(Some(resource));
                 }
             }
+            let resource = last.registry.get(id);
+            if let (Some(r), Some(name)) = (resource, ShortId::new(id)) {
+                last.found = Some((name, r.clone()));
+            }
+            f(resource)
         })
     }
 
