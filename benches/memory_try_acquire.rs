@@ -15,10 +15,11 @@
 //! the resource by id; `handle_try_acquire_now_keyed` is the handle's
 //! synchronous `try_acquire_now` (no future).
 //!
-//! `memory_backend_try_acquire_now` is the store's decision alone, on the
-//! state key the broker would build: the difference to
-//! `broker_try_acquire_keyed` is the facade (registry lookup, key building,
-//! counters, the `Acquisition` and its permit).
+//! `memory_local_states_try_acquire` is the store's decision alone, through
+//! the per-resource states the broker calls (`Backend::local_states`): the
+//! difference to `broker_try_acquire_keyed` is the facade (registry lookup,
+//! the cost-fit check, counters, the `Acquisition` and its permit, the
+//! future).
 //!
 //! Run: `cargo bench --bench memory_try_acquire -- --warm-up-time 1 --measurement-time 3`
 
@@ -26,8 +27,11 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use broker_core::keys::keyed;
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker, ResourceHandle};
+use std::sync::Arc;
+
+use broker_core::{
+    Backend, Cost, LimitSpec, Limits, LocalStates, RateLimit, ResourceBroker, ResourceHandle,
+};
 use broker_memory::MemoryBackend;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -43,11 +47,9 @@ struct Subjects {
     /// `broker.resource_handle("tenants")`: keyed calls without the lookup
     /// by resource id.
     tenants: ResourceHandle,
-    /// A second store, called directly with the state keys the broker
-    /// would build: the decision without the facade.
-    store: MemoryBackend,
-    spec: LimitSpec,
-    state_keys: Vec<String>,
+    /// A second store's states of `tenants`, called directly: the decision
+    /// without the facade.
+    store: Arc<dyn LocalStates>,
     direct: DefaultDirectRateLimiter,
     keyed: DefaultKeyedRateLimiter<String>,
     keys: Vec<String>,
@@ -65,9 +67,12 @@ fn subjects(per_second: u32, burst: u32) -> Subjects {
     Subjects {
         tenants: broker.resource_handle("tenants").unwrap(),
         broker,
-        store: MemoryBackend::new(),
-        spec: LimitSpec::new(&limits, Duration::from_secs(60)),
-        state_keys: keys.iter().map(|k| keyed("tenants", k)).collect(),
+        store: MemoryBackend::new()
+            .local_states(
+                "tenants",
+                Arc::new(LimitSpec::new(&limits, Duration::from_secs(60))),
+            )
+            .expect("the in-memory store holds its states in process"),
         direct: RateLimiter::direct(quota),
         keyed: RateLimiter::dashmap(quota),
         keys,
@@ -86,12 +91,10 @@ fn ours(broker: &ResourceBroker, target: impl Into<broker_core::Target<'static>>
         .allowed
 }
 
-/// The store's own decision on a prebuilt state key.
+/// The store's own decision on sub-key `i`.
 fn store(s: &Subjects, i: usize) -> bool {
     s.store
-        .try_acquire_now(&s.state_keys[i], &s.spec, Cost::default())
-        .expect("the in-memory backend answers at once")
-        .expect("no backend error")
+        .try_acquire(Some(&s.keys[i]), Cost::default())
         .allowed
 }
 
@@ -147,7 +150,7 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
     g.bench_function("handle_try_acquire_now_keyed", |b| {
         b.iter(|| black_box(ours_handle_now(&s.tenants, &one)))
     });
-    g.bench_function("memory_backend_try_acquire_now", |b| {
+    g.bench_function("memory_local_states_try_acquire", |b| {
         b.iter(|| black_box(store(s, 0)))
     });
     g.finish();
@@ -181,7 +184,7 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
             black_box(s.keyed.check_key(&s.keys[i]).is_ok())
         })
     });
-    g.bench_function("memory_backend_try_acquire_now", |b| {
+    g.bench_function("memory_local_states_try_acquire", |b| {
         let mut i = 0;
         b.iter(|| {
             i = (i + 1) % KEYS;
