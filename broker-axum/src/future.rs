@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use broker_core::{Acquisition, BrokerError, Cost, Permit};
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::policy::{Policy, Stage};
+use crate::policy::{Limited, Policy, Refund, Stage};
 use crate::response;
 use crate::tenant::TenantId;
 
@@ -58,11 +58,11 @@ pin_project! {
         Calling {
             #[pin]
             fut: S::Future,
-            permit: Option<Permit>,
+            // Empty when the stage holds nothing.
+            permit: Permit,
             long_lived: bool,
-            // Set on the route/service stage when a tenant stage follows:
-            // the policy's id and the stage to refund.
-            refundable: Option<(u64, Stage)>,
+            // Set on the route/service stage when a tenant stage follows.
+            refundable: Option<Refund>,
         },
         Answered {
             response: Option<Response<ResB>>,
@@ -101,17 +101,43 @@ async fn refund(policy: Arc<Policy>, stage: Stage) {
     }
 }
 
+/// Whether `headers` has a field named `name`. A message has few fields,
+/// and comparing two standard names compares two small tags: a scan of up
+/// to [`SCAN_FIELDS`] names costs less than hashing the name for a lookup,
+/// which is what longer maps get.
+#[inline]
+fn has_field(headers: &HeaderMap, name: &HeaderName) -> bool {
+    if headers.keys_len() <= SCAN_FIELDS {
+        headers.keys().any(|k| k == name)
+    } else {
+        headers.contains_key(name)
+    }
+}
+
+/// The first value of the field `name`, found as [`has_field`] finds it.
+#[inline]
+fn field<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+    if headers.keys_len() <= SCAN_FIELDS {
+        headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    } else {
+        headers.get(name)
+    }
+}
+
+/// Up to this many distinct field names, [`has_field`] and [`field`] scan.
+const SCAN_FIELDS: usize = 8;
+
 /// A request that would hold a slot for its whole lifetime: a WebSocket
 /// (or other) upgrade, or an HTTP/2 extended CONNECT.
 fn is_long_lived_request<B>(req: &Request<B>) -> bool {
-    req.headers().contains_key(header::UPGRADE) || req.method() == Method::CONNECT
+    req.method() == Method::CONNECT || has_field(req.headers(), &header::UPGRADE)
 }
 
 /// A response that streams for as long as the client stays: switching
 /// protocols, or server-sent events.
 fn is_long_lived_response<B>(res: &Response<B>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
-        || res.headers().get(header::CONTENT_TYPE).is_some_and(|v| {
+        || field(res.headers(), &header::CONTENT_TYPE).is_some_and(|v| {
             let ct = v.as_bytes();
             ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
         })
@@ -123,43 +149,53 @@ where
     ResB: PermitBody,
 {
     /// Passes the inner call through untouched (no limit applies to it).
+    #[inline]
     pub(crate) fn pass(fut: S::Future) -> Self {
         Self {
             state: State::Calling {
                 fut,
-                permit: None,
+                permit: Permit::empty(),
                 long_lived: false,
                 refundable: None,
             },
         }
     }
 
-    /// Admits `req` on `stage` (no tenant), then calls `inner`, the
-    /// service that was polled ready.
-    pub(crate) fn admit(
-        policy: &Arc<Policy>,
-        stage: Stage,
+    /// Goes on with what a stage decided (see [`judge`]): calls `inner`
+    /// with `req`, the response taking `permit` along, or answers at once.
+    /// `refundable`: set on the route/service stage when a tenant stage
+    /// follows.
+    #[inline(always)]
+    pub(crate) fn decided(
+        verdict: Result<Permit, Response<ResB>>,
+        refundable: Option<Refund>,
         inner: &mut S,
         req: Request<ReqB>,
-    ) -> Self
-    where
-        S: Clone,
-    {
-        match judge_now(policy, stage, None) {
-            Some(verdict) => Self::proceed(verdict, inner, req),
-            None => Self::admit_later(policy, stage, None, inner, req),
+    ) -> Self {
+        match verdict {
+            Ok(permit) => {
+                let long_lived = permit.is_held() && is_long_lived_request(&req);
+                Self {
+                    state: State::Calling {
+                        fut: inner.call(req),
+                        permit,
+                        long_lived,
+                        refundable,
+                    },
+                }
+            }
+            Err(response) => Self {
+                state: State::Answered {
+                    response: Some(response),
+                },
+            },
         }
     }
 
-    /// Goes on with what a stage decided: the inner call, or its answer.
-    pub(crate) fn proceed(verdict: Verdict<ResB>, inner: &mut S, req: Request<ReqB>) -> Self {
-        Self {
-            state: proceed(verdict, inner, req),
-        }
-    }
-
-    /// Admits `req` once the broker has answered asynchronously, then
-    /// calls a ready clone of `inner`.
+    /// Admits `req` on `stage` once the broker has answered asynchronously,
+    /// then calls a ready clone of `inner`.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn admit_later(
         policy: &Arc<Policy>,
         stage: Stage,
@@ -202,34 +238,6 @@ where
     }
 }
 
-/// What a stage makes of the broker's answer.
-pub(crate) enum Verdict<ResB> {
-    /// Call the inner service; the response takes `permit` along.
-    Admit {
-        permit: Option<Permit>,
-        // Set on the route/service stage when a tenant stage follows.
-        refundable: Option<(u64, Stage)>,
-    },
-    /// Answer at once (a denial or a backend failure).
-    Answer(Response<ResB>),
-}
-
-/// The verdict on `stage` (for the tenant key `tenant`, if given) when the
-/// broker answers without I/O (the in-memory store: no boxed future, no
-/// extra poll, no clone of the inner service); `None` when it must be
-/// asked asynchronously.
-pub(crate) fn judge_now<ResB: PermitBody>(
-    policy: &Arc<Policy>,
-    stage: Stage,
-    tenant: Option<&str>,
-) -> Option<Verdict<ResB>> {
-    let result = match policy.limited(stage) {
-        Some(limited) => limited.handle.try_acquire_now(tenant, Cost::default())?,
-        None => Ok(unlimited()),
-    };
-    Some(judge(policy, stage, result, tenant))
-}
-
 /// An allowed acquisition holding nothing (a stage without a resource).
 fn unlimited() -> Acquisition {
     Acquisition {
@@ -240,20 +248,35 @@ fn unlimited() -> Acquisition {
     }
 }
 
-/// The verdict once the broker answered `result` (for the tenant key
-/// `tenant`, if given).
-fn judge<ResB: PermitBody>(
+/// What `stage` (resource `limited` of `policy`) makes of the broker's
+/// answer `result` for the tenant key `tenant`, if given: the permit the
+/// admitted request carries (empty without a concurrency limit), or the
+/// response of a denial or a backend failure.
+#[inline]
+pub(crate) fn judge<ResB: PermitBody>(
     policy: &Arc<Policy>,
     stage: Stage,
+    limited: &Limited,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Verdict<ResB> {
-    let Some(limited) = policy.limited(stage) else {
-        return Verdict::Admit {
-            permit: None,
-            refundable: None,
-        };
-    };
+) -> Result<Permit, Response<ResB>> {
+    match result {
+        Ok(acquisition) if acquisition.allowed => Ok(acquisition.permit),
+        refused => Err(refusal(policy, stage, limited, refused, tenant)),
+    }
+}
+
+/// The response to a denied or failed admission, logged (a denial once, as
+/// an event; a backend failure at debug level, the broker warns).
+#[cold]
+#[inline(never)]
+fn refusal<ResB: PermitBody>(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    limited: &Limited,
+    result: Result<Acquisition, BrokerError>,
+    tenant: Option<&str>,
+) -> Response<ResB> {
     let acquisition = match result {
         Ok(a) => a,
         Err(error) => {
@@ -266,58 +289,24 @@ fn judge<ResB: PermitBody>(
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            return Verdict::Answer(response::backend_failed(&policy.responses));
+            return response::backend_failed(&policy.responses);
         }
     };
-    if !acquisition.allowed {
-        tracing::info!(
-            resource = %limited.id,
-            layer = stage.name(),
-            wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-            tenant,
-            denied_by = ?acquisition.denied_by,
-            "request denied"
-        );
-        let mut response =
-            response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
-        if matches!(stage, Stage::Tenant) {
-            response.extensions_mut().insert(TenantDenied {
-                policy: policy.clone(),
-            });
-        }
-        return Verdict::Answer(response);
+    tracing::info!(
+        resource = %limited.id,
+        layer = stage.name(),
+        wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
+        tenant,
+        denied_by = ?acquisition.denied_by,
+        "request denied"
+    );
+    let mut response = response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
+    if matches!(stage, Stage::Tenant) {
+        response.extensions_mut().insert(TenantDenied {
+            policy: policy.clone(),
+        });
     }
-    let permit = acquisition.permit.is_held().then_some(acquisition.permit);
-    let refundable = match stage {
-        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy.id, stage)),
-        _ => None,
-    };
-    Verdict::Admit { permit, refundable }
-}
-
-/// The next state for `verdict`.
-fn proceed<S, ReqB, ResB>(
-    verdict: Verdict<ResB>,
-    inner: &mut S,
-    req: Request<ReqB>,
-) -> State<S, ReqB, ResB>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-{
-    match verdict {
-        Verdict::Admit { permit, refundable } => {
-            let long_lived = permit.is_some() && is_long_lived_request(&req);
-            State::Calling {
-                fut: inner.call(req),
-                permit,
-                long_lived,
-                refundable,
-            }
-        }
-        Verdict::Answer(response) => State::Answered {
-            response: Some(response),
-        },
-    }
+    response
 }
 
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
@@ -344,13 +333,13 @@ where
                         tenant,
                         policy,
                     } = answer;
-                    let verdict = judge(
-                        &policy,
-                        stage,
-                        result,
-                        tenant.as_ref().map(TenantId::as_str),
-                    );
-                    state.set(proceed(verdict, &mut inner, req));
+                    let tenant = tenant.as_ref().map(TenantId::as_str);
+                    let verdict = match policy.limited(stage) {
+                        Some(limited) => judge(&policy, stage, limited, result, tenant),
+                        None => Ok(Permit::empty()),
+                    };
+                    let refundable = policy.refund_for(stage);
+                    state.set(Self::decided(verdict, refundable, &mut inner, req).state);
                 }
                 StateProj::Refunding { refund, response } => {
                     ready!(refund.as_mut().poll(cx));
@@ -365,26 +354,28 @@ where
                     long_lived,
                     refundable,
                 } => {
-                    if permit.is_none() && refundable.is_none() {
+                    if !permit.is_held() && refundable.is_none() {
                         // Nothing to add to the response: pass it as is.
                         return fut.poll(cx);
                     }
-                    let res = ready!(fut.poll(cx))?;
-                    let permit = permit
-                        .take()
-                        .filter(|_| !*long_lived && !is_long_lived_response(&res));
-                    let res = match permit {
-                        Some(permit) => res.map(|b| b.with_permit(permit)),
-                        None => res,
-                    };
-                    let tenant_denied = res.extensions().get::<TenantDenied>();
-                    if let (Some(denied), Some((id, stage))) = (tenant_denied, refundable.take()) {
-                        if denied.policy.id == id {
-                            state.set(State::Refunding {
-                                refund: Box::pin(refund(denied.policy.clone(), stage)),
-                                response: Some(res),
-                            });
-                            continue;
+                    let mut res = ready!(fut.poll(cx))?;
+                    // Released here, at once, unless the body takes it along.
+                    let permit = std::mem::take(permit);
+                    if permit.is_held() && !*long_lived && !is_long_lived_response(&res) {
+                        res = res.map(|b| b.with_permit(permit));
+                    }
+                    if let Some(refund_of) = refundable.take() {
+                        if let Some(denied) = res.extensions().get::<TenantDenied>() {
+                            if denied.policy.id == refund_of.policy {
+                                state.set(State::Refunding {
+                                    refund: Box::pin(refund(
+                                        denied.policy.clone(),
+                                        refund_of.stage,
+                                    )),
+                                    response: Some(res),
+                                });
+                                continue;
+                            }
                         }
                     }
                     return Poll::Ready(Ok(res));
@@ -397,5 +388,70 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A map with `n` other fields, then `name: value` if given.
+    fn map(n: usize, extra: Option<(HeaderName, &'static str)>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for i in 0..n {
+            h.insert(
+                HeaderName::try_from(format!("x-field-{i}")).unwrap(),
+                HeaderValue::from_static("v"),
+            );
+        }
+        if let Some((name, value)) = extra {
+            h.append(name, HeaderValue::from_static(value));
+        }
+        h
+    }
+
+    #[test]
+    fn short_and_long_maps_find_the_same_fields() {
+        for n in [0, 3, SCAN_FIELDS - 1, SCAN_FIELDS, SCAN_FIELDS + 1, 40] {
+            let with = map(n, Some((header::UPGRADE, "websocket")));
+            assert!(has_field(&with, &header::UPGRADE), "{n} fields");
+            assert!(!has_field(&map(n, None), &header::UPGRADE), "{n} fields");
+            let ct = map(n, Some((header::CONTENT_TYPE, "text/event-stream")));
+            assert_eq!(
+                field(&ct, &header::CONTENT_TYPE).map(HeaderValue::as_bytes),
+                Some(&b"text/event-stream"[..]),
+                "{n} fields"
+            );
+            assert_eq!(field(&ct, &header::UPGRADE), None, "{n} fields");
+        }
+    }
+
+    #[test]
+    fn field_is_the_first_value_of_a_repeated_name() {
+        let mut h = map(2, Some((header::CONTENT_TYPE, "text/event-stream")));
+        h.append(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert_eq!(
+            field(&h, &header::CONTENT_TYPE).map(HeaderValue::as_bytes),
+            Some(&b"text/event-stream"[..])
+        );
+    }
+
+    #[test]
+    fn long_lived_messages_are_recognised_among_many_fields() {
+        let mut req = Request::new(());
+        *req.headers_mut() = map(20, Some((header::UPGRADE, "websocket")));
+        assert!(is_long_lived_request(&req));
+        *req.headers_mut() = map(20, None);
+        assert!(!is_long_lived_request(&req));
+        *req.method_mut() = Method::CONNECT;
+        assert!(is_long_lived_request(&req));
+
+        let mut res = Response::new(());
+        *res.headers_mut() = map(20, Some((header::CONTENT_TYPE, "Text/Event-Stream; x=1")));
+        assert!(is_long_lived_response(&res));
+        *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
+        assert!(!is_long_lived_response(&res));
+        *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        assert!(is_long_lived_response(&res));
     }
 }
