@@ -194,6 +194,24 @@ fn variants() -> Vec<(&'static str, Router)> {
                 .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
         )
     };
+    let disabled = {
+        let config = PressureConfig::from_json(
+            "bench",
+            r#"{"enabled": false, "perService": {"rest": {"requestsPerSecond": 1}},
+                "perTenant": {"enabled": true, "limits": {"requestsPerSecond": 1}}}"#,
+        )
+        .unwrap();
+        let p = Pressure::new(
+            ResourceBroker::new(broker_memory::MemoryBackend::new()),
+            &config,
+        )
+        .unwrap();
+        handler_router().layer(
+            ServiceBuilder::new()
+                .layer(p.layer())
+                .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
+        )
+    };
     let governor = handler_router().layer(governor_global());
     let governor_and_keyed = handler_router().layer(
         ServiceBuilder::new()
@@ -215,6 +233,7 @@ fn variants() -> Vec<(&'static str, Router)> {
             "pressure_rate_only_route_and_tenant",
             rate_only_route_and_tenant,
         ),
+        ("pressure_disabled", disabled),
         ("tower_governor", governor),
         ("tower_governor_global_and_keyed", governor_and_keyed),
         (
