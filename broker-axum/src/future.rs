@@ -53,7 +53,7 @@ pin_project! {
         },
         Refunding {
             refund: RefundFuture,
-            response: Option<Response<ResB>>,
+            response: Option<Box<Response<ResB>>>,
         },
         Calling {
             #[pin]
@@ -65,7 +65,7 @@ pin_project! {
             refundable: Option<Refund>,
         },
         Answered {
-            response: Option<Response<ResB>>,
+            response: Option<Box<Response<ResB>>>,
         },
     }
 }
@@ -167,7 +167,7 @@ where
     /// follows.
     #[inline(always)]
     pub(crate) fn decided(
-        verdict: Result<Permit, Response<ResB>>,
+        verdict: Result<Permit, Box<Response<ResB>>>,
         refundable: Option<Refund>,
         inner: &mut S,
         req: Request<ReqB>,
@@ -259,14 +259,15 @@ pub(crate) fn judge<ResB: PermitBody>(
     limited: &Limited,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Result<Permit, Response<ResB>> {
+) -> Result<Permit, Box<Response<ResB>>> {
     match result {
         Ok(acquisition) if acquisition.allowed => Ok(acquisition.permit),
         refused => Err(refusal(policy, stage, limited, refused, tenant)),
     }
 }
 
-/// The response to a denied or failed admission, logged (a denial once, as
+/// The response to a denied or failed admission (boxed: it is rare, and
+/// the future that holds it stays small), logged (a denial once, as
 /// an event; a backend failure at debug level, the broker warns).
 #[cold]
 #[inline(never)]
@@ -276,7 +277,7 @@ fn refusal<ResB: PermitBody>(
     limited: &Limited,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Response<ResB> {
+) -> Box<Response<ResB>> {
     let acquisition = match result {
         Ok(a) => a,
         Err(error) => {
@@ -289,7 +290,7 @@ fn refusal<ResB: PermitBody>(
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            return response::backend_failed(&policy.responses);
+            return Box::new(response::backend_failed(&policy.responses));
         }
     };
     tracing::info!(
@@ -300,7 +301,11 @@ fn refusal<ResB: PermitBody>(
         denied_by = ?acquisition.denied_by,
         "request denied"
     );
-    let mut response = response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
+    let mut response = Box::new(response::denied(
+        &policy.responses,
+        &limited.headers,
+        acquisition.wait_time,
+    ));
     if matches!(stage, Stage::Tenant) {
         response.extensions_mut().insert(TenantDenied {
             policy: policy.clone(),
@@ -345,7 +350,7 @@ where
                     ready!(refund.as_mut().poll(cx));
                     let response = response.take();
                     return Poll::Ready(Ok(
-                        response.expect("ResponseFuture polled after completion")
+                        *response.expect("ResponseFuture polled after completion")
                     ));
                 }
                 StateProj::Calling {
@@ -372,7 +377,7 @@ where
                                         denied.policy.clone(),
                                         refund_of.stage,
                                     )),
-                                    response: Some(res),
+                                    response: Some(Box::new(res)),
                                 });
                                 continue;
                             }
@@ -383,7 +388,7 @@ where
                 StateProj::Answered { response } => {
                     let response = response.take();
                     return Poll::Ready(Ok(
-                        response.expect("ResponseFuture polled after completion")
+                        *response.expect("ResponseFuture polled after completion")
                     ));
                 }
             }
