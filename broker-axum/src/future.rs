@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use broker_core::{Acquisition, BrokerError, Cost, Permit};
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::PermitBody;
+use crate::fields::{field, has_field};
 use crate::policy::{Limited, Policy, Refund, Stage};
 use crate::response;
 use crate::tenant::TenantId;
@@ -100,32 +101,6 @@ async fn refund(policy: Arc<Policy>, stage: Stage) {
             .await;
     }
 }
-
-/// Whether `headers` has a field named `name`. A message has few fields,
-/// and comparing two standard names compares two small tags: a scan of up
-/// to [`SCAN_FIELDS`] names costs less than hashing the name for a lookup,
-/// which is what longer maps get.
-#[inline]
-fn has_field(headers: &HeaderMap, name: &HeaderName) -> bool {
-    if headers.keys_len() <= SCAN_FIELDS {
-        headers.keys().any(|k| k == name)
-    } else {
-        headers.contains_key(name)
-    }
-}
-
-/// The first value of the field `name`, found as [`has_field`] finds it.
-#[inline]
-fn field<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
-    if headers.keys_len() <= SCAN_FIELDS {
-        headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
-    } else {
-        headers.get(name)
-    }
-}
-
-/// Up to this many distinct field names, [`has_field`] and [`field`] scan.
-const SCAN_FIELDS: usize = 8;
 
 /// A request that would hold a slot for its whole lifetime: a WebSocket
 /// (or other) upgrade, or an HTTP/2 extended CONNECT.
@@ -399,47 +374,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A map with `n` other fields, then `name: value` if given.
-    fn map(n: usize, extra: Option<(HeaderName, &'static str)>) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for i in 0..n {
-            h.insert(
-                HeaderName::try_from(format!("x-field-{i}")).unwrap(),
-                HeaderValue::from_static("v"),
-            );
-        }
-        if let Some((name, value)) = extra {
-            h.append(name, HeaderValue::from_static(value));
-        }
-        h
-    }
-
-    #[test]
-    fn short_and_long_maps_find_the_same_fields() {
-        for n in [0, 3, SCAN_FIELDS - 1, SCAN_FIELDS, SCAN_FIELDS + 1, 40] {
-            let with = map(n, Some((header::UPGRADE, "websocket")));
-            assert!(has_field(&with, &header::UPGRADE), "{n} fields");
-            assert!(!has_field(&map(n, None), &header::UPGRADE), "{n} fields");
-            let ct = map(n, Some((header::CONTENT_TYPE, "text/event-stream")));
-            assert_eq!(
-                field(&ct, &header::CONTENT_TYPE).map(HeaderValue::as_bytes),
-                Some(&b"text/event-stream"[..]),
-                "{n} fields"
-            );
-            assert_eq!(field(&ct, &header::UPGRADE), None, "{n} fields");
-        }
-    }
-
-    #[test]
-    fn field_is_the_first_value_of_a_repeated_name() {
-        let mut h = map(2, Some((header::CONTENT_TYPE, "text/event-stream")));
-        h.append(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        assert_eq!(
-            field(&h, &header::CONTENT_TYPE).map(HeaderValue::as_bytes),
-            Some(&b"text/event-stream"[..])
-        );
-    }
+    use crate::fields::tests::map;
 
     #[test]
     fn long_lived_messages_are_recognised_among_many_fields() {

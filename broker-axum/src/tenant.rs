@@ -9,6 +9,8 @@ use std::marker::PhantomData;
 use http::{Extensions, HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 
+use crate::fields::field;
+
 /// Longest tenant id used as is; longer ones are hashed.
 pub const MAX_TENANT_LEN: usize = 64;
 
@@ -121,7 +123,7 @@ impl FromHeader {
 
 impl TenantExtractor for FromHeader {
     fn tenant<'a>(&self, headers: &'a HeaderMap, _: &'a Extensions) -> Option<Cow<'a, str>> {
-        let value = headers.get(&self.name)?;
+        let value = field(headers, &self.name)?;
         Some(match value.to_str() {
             Ok(s) => Cow::Borrowed(s),
             Err(_) => Cow::Owned(hashed(value.as_bytes())),
