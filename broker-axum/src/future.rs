@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use broker_core::{Acquisition, BrokerError, Cost, Permit};
 use http::{header, Method, Request, Response, StatusCode};
@@ -66,7 +67,7 @@ pin_project! {
             refundable: Option<Refund>,
         },
         Answered {
-            response: Option<Box<Response<ResB>>>,
+            refusal: Option<Refusal>,
         },
     }
 }
@@ -142,7 +143,7 @@ where
     /// follows.
     #[inline(always)]
     pub(crate) fn decided(
-        verdict: Result<Permit, Box<Response<ResB>>>,
+        verdict: Result<Permit, Refusal>,
         refundable: Option<Refund>,
         inner: &mut S,
         req: Request<ReqB>,
@@ -159,9 +160,9 @@ where
                     },
                 }
             }
-            Err(response) => Self {
+            Err(refusal) => Self {
                 state: State::Answered {
-                    response: Some(response),
+                    refusal: Some(refusal),
                 },
             },
         }
@@ -217,7 +218,7 @@ where
 fn unlimited() -> Acquisition {
     Acquisition {
         allowed: true,
-        wait_time: std::time::Duration::ZERO,
+        wait_time: Duration::ZERO,
         denied_by: None,
         permit: Permit::empty(),
     }
@@ -226,35 +227,76 @@ fn unlimited() -> Acquisition {
 /// What `stage` (resource `limited` of `policy`) makes of the broker's
 /// answer `result` for the tenant key `tenant`, if given: the permit the
 /// admitted request carries (empty without a concurrency limit), or the
-/// response of a denial or a backend failure.
+/// refusal (a denial or a backend failure) to answer.
 #[inline]
-pub(crate) fn judge<ResB: PermitBody>(
+pub(crate) fn judge(
     policy: &Arc<Policy>,
     stage: Stage,
     limited: &Limited,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Result<Permit, Box<Response<ResB>>> {
+) -> Result<Permit, Refusal> {
     match result {
         Ok(acquisition) if acquisition.allowed => Ok(acquisition.permit),
         refused => Err(refusal(policy, stage, limited, refused, tenant)),
     }
 }
 
-/// The response to a denied or failed admission (boxed: it is rare, and
-/// the future that holds it stays small), logged (a denial once, as
+/// A denied or failed admission, logged when decided and answered when
+/// the future is polled: small, so the future that may hold it stays the
+/// size of an admitted request's (no allocation for it either).
+pub(crate) struct Refusal {
+    policy: Arc<Policy>,
+    stage: Stage,
+    /// The wait of a denial; none for a backend failure.
+    wait: Option<Duration>,
+}
+
+impl Refusal {
+    /// The response: the denial (a tenant denial names its policy, so the
+    /// route/service stage gives its cost back) or the backend failure.
+    #[cold]
+    #[inline(never)]
+    fn respond<ResB: PermitBody>(self) -> Response<ResB> {
+        let Refusal {
+            policy,
+            stage,
+            wait,
+        } = self;
+        let (Some(wait), Some(limited)) = (wait, policy.limited(stage)) else {
+            return response::backend_failed(&policy.responses);
+        };
+        let mut response = response::denied(&policy.responses, &limited.headers, wait);
+        if matches!(stage, Stage::Tenant) {
+            response.extensions_mut().insert(TenantDenied { policy });
+        }
+        response
+    }
+}
+
+/// The refusal of a denied or failed admission, logged (a denial once, as
 /// an event; a backend failure at debug level, the broker warns).
 #[cold]
 #[inline(never)]
-fn refusal<ResB: PermitBody>(
+fn refusal(
     policy: &Arc<Policy>,
     stage: Stage,
     limited: &Limited,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Box<Response<ResB>> {
-    let acquisition = match result {
-        Ok(a) => a,
+) -> Refusal {
+    let wait = match result {
+        Ok(acquisition) => {
+            tracing::info!(
+                resource = %limited.id,
+                layer = stage.name(),
+                wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
+                tenant,
+                denied_by = ?acquisition.denied_by,
+                "request denied"
+            );
+            Some(acquisition.wait_time)
+        }
         Err(error) => {
             // The broker counts backend errors and warns about them (at
             // most once per 10 s per resource); per request, this is detail.
@@ -265,28 +307,14 @@ fn refusal<ResB: PermitBody>(
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            return Box::new(response::backend_failed(&policy.responses));
+            None
         }
     };
-    tracing::info!(
-        resource = %limited.id,
-        layer = stage.name(),
-        wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-        tenant,
-        denied_by = ?acquisition.denied_by,
-        "request denied"
-    );
-    let mut response = Box::new(response::denied(
-        &policy.responses,
-        &limited.headers,
-        acquisition.wait_time,
-    ));
-    if matches!(stage, Stage::Tenant) {
-        response.extensions_mut().insert(TenantDenied {
-            policy: policy.clone(),
-        });
+    Refusal {
+        policy: policy.clone(),
+        stage,
+        wait,
     }
-    response
 }
 
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
@@ -360,11 +388,11 @@ where
                     }
                     return Poll::Ready(Ok(res));
                 }
-                StateProj::Answered { response } => {
-                    let response = response.take();
-                    return Poll::Ready(Ok(
-                        *response.expect("ResponseFuture polled after completion")
-                    ));
+                StateProj::Answered { refusal } => {
+                    let refusal = refusal.take();
+                    return Poll::Ready(Ok(refusal
+                        .expect("ResponseFuture polled after completion")
+                        .respond()));
                 }
             }
         }

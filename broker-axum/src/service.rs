@@ -46,6 +46,7 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let policy = &self.policy;
         let Some((stage, limited)) = policy.stage_for(req.uri().path()) else {
@@ -101,6 +102,7 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let policy = &self.policy;
         let Some(limited) = policy.tenant_stage() else {
