@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use axum::body::Body;
 use axum::routing::post;
 use axum::Router;
-use broker_axum::{FromHeader, Pressure, PressureConfig};
+use broker_axum::{FromExtension, FromHeader, Pressure, PressureConfig};
 use broker_core::ResourceBroker;
 use criterion::{criterion_group, Criterion};
 use http::{HeaderName, Request};
@@ -166,6 +166,69 @@ fn governor_keyed() -> tower_governor::GovernorLayer<
     )
 }
 
+/// The tenant, as the example's authentication puts it in the request.
+#[derive(Clone)]
+struct Tenant(String);
+
+/// The example's authentication, reduced to taking the tenant from the
+/// `x-tenant` header.
+async fn authenticate(
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let tenant = req
+        .headers()
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .map(|t| Tenant(t.to_owned()));
+    if let Some(tenant) = tenant {
+        req.extensions_mut().insert(tenant);
+    }
+    next.run(req).await
+}
+
+/// tower_governor keyed by the [`Tenant`] extension, as the example's.
+#[derive(Clone)]
+struct TenantExtension;
+
+impl tower_governor::key_extractor::KeyExtractor for TenantExtension {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.extensions()
+            .get::<Tenant>()
+            .map(|t| t.0.clone())
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+fn governor_tenant_extension() -> tower_governor::GovernorLayer<
+    TenantExtension,
+    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+    Body,
+> {
+    tower_governor::GovernorLayer::new(
+        tower_governor::governor::GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .key_extractor(TenantExtension)
+            .finish()
+            .unwrap(),
+    )
+}
+
+/// The example's pressure stack: route stage, authentication, tenant
+/// stage keyed from the extension.
+fn example_pressure(concurrency: bool) -> Router {
+    let p = pressure(true, concurrency);
+    handler_router().layer(
+        ServiceBuilder::new()
+            .layer(p.layer())
+            .layer(axum::middleware::from_fn(authenticate))
+            .layer(p.tenant_layer(FromExtension::new(|t: &Tenant| t.0.as_str()))),
+    )
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -194,6 +257,24 @@ fn variants() -> Vec<(&'static str, Router)> {
                 .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
         )
     };
+    let disabled = {
+        let config = PressureConfig::from_json(
+            "bench",
+            r#"{"enabled": false, "perService": {"rest": {"requestsPerSecond": 1}},
+                "perTenant": {"enabled": true, "limits": {"requestsPerSecond": 1}}}"#,
+        )
+        .unwrap();
+        let p = Pressure::new(
+            ResourceBroker::new(broker_memory::MemoryBackend::new()),
+            &config,
+        )
+        .unwrap();
+        handler_router().layer(
+            ServiceBuilder::new()
+                .layer(p.layer())
+                .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
+        )
+    };
     let governor = handler_router().layer(governor_global());
     let governor_and_keyed = handler_router().layer(
         ServiceBuilder::new()
@@ -206,6 +287,20 @@ fn variants() -> Vec<(&'static str, Router)> {
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(100_000))
             .layer(governor_keyed()),
     );
+    let example_none = handler_router().layer(axum::middleware::from_fn(authenticate));
+    let example_governor = handler_router().layer(
+        ServiceBuilder::new()
+            .layer(governor_global())
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(100_000))
+            .layer(axum::middleware::from_fn(authenticate))
+            .layer(governor_tenant_extension()),
+    );
+    let example_governor_rate_only = handler_router().layer(
+        ServiceBuilder::new()
+            .layer(governor_global())
+            .layer(axum::middleware::from_fn(authenticate))
+            .layer(governor_tenant_extension()),
+    );
     vec![
         ("no_layer", none),
         ("pressure_route_rate_only", route_rate_only),
@@ -215,12 +310,18 @@ fn variants() -> Vec<(&'static str, Router)> {
             "pressure_rate_only_route_and_tenant",
             rate_only_route_and_tenant,
         ),
+        ("pressure_disabled", disabled),
         ("tower_governor", governor),
         ("tower_governor_global_and_keyed", governor_and_keyed),
         (
             "tower_governor_global_concurrency_and_keyed",
             governor_concurrency_and_keyed,
         ),
+        ("example_no_layer", example_none),
+        ("example_pressure", example_pressure(true)),
+        ("example_pressure_rate_only", example_pressure(false)),
+        ("example_governor", example_governor),
+        ("example_governor_rate_only", example_governor_rate_only),
     ]
     .into_iter()
     // As `axum::serve` does: the routes are made (and the layers applied)

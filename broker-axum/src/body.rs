@@ -95,16 +95,13 @@ pin_project! {
     struct HeldBody<B> {
         #[pin]
         inner: B,
-        permit: Option<Permit>,
+        permit: Permit,
     }
 }
 
 impl<B> HeldBody<B> {
     fn new(inner: B, permit: Permit) -> Self {
-        Self {
-            inner,
-            permit: Some(permit),
-        }
+        Self { inner, permit }
     }
 }
 
@@ -112,26 +109,31 @@ impl<B: Body> Body for HeldBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        let finished = match &frame {
-            None | Some(Err(_)) => true,
-            Some(Ok(_)) => this.inner.is_end_stream(),
-        };
-        if finished {
-            *this.permit = None;
+        let polled = this.inner.as_mut().poll_frame(cx);
+        if let Poll::Ready(frame) = &polled {
+            let finished = match frame {
+                None | Some(Err(_)) => true,
+                Some(Ok(_)) => this.inner.is_end_stream(),
+            };
+            if finished {
+                this.permit.release();
+            }
         }
-        Poll::Ready(frame)
+        polled
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }

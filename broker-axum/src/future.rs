@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use broker_core::{Acquisition, BrokerError, Cost, Permit};
 use http::{header, Method, Request, Response, StatusCode};
@@ -14,7 +15,8 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::policy::{Policy, Stage};
+use crate::fields::{field, has_field};
+use crate::policy::{Limited, Policy, Refund, Stage};
 use crate::response;
 use crate::tenant::TenantId;
 
@@ -53,19 +55,19 @@ pin_project! {
         },
         Refunding {
             refund: RefundFuture,
-            response: Option<Response<ResB>>,
+            response: Option<Box<Response<ResB>>>,
         },
         Calling {
             #[pin]
             fut: S::Future,
-            permit: Option<Permit>,
+            // Empty when the stage holds nothing.
+            permit: Permit,
             long_lived: bool,
-            // Set on the route/service stage when a tenant stage follows:
-            // the policy's id and the stage to refund.
-            refundable: Option<(u64, Stage)>,
+            // Set on the route/service stage when a tenant stage follows.
+            refundable: Option<Refund>,
         },
         Answered {
-            response: Option<Response<ResB>>,
+            refusal: Option<Refusal>,
         },
     }
 }
@@ -104,14 +106,14 @@ async fn refund(policy: Arc<Policy>, stage: Stage) {
 /// A request that would hold a slot for its whole lifetime: a WebSocket
 /// (or other) upgrade, or an HTTP/2 extended CONNECT.
 fn is_long_lived_request<B>(req: &Request<B>) -> bool {
-    req.headers().contains_key(header::UPGRADE) || req.method() == Method::CONNECT
+    req.method() == Method::CONNECT || has_field(req.headers(), &header::UPGRADE)
 }
 
 /// A response that streams for as long as the client stays: switching
 /// protocols, or server-sent events.
 fn is_long_lived_response<B>(res: &Response<B>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
-        || res.headers().get(header::CONTENT_TYPE).is_some_and(|v| {
+        || field(res.headers(), &header::CONTENT_TYPE).is_some_and(|v| {
             let ct = v.as_bytes();
             ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
         })
@@ -123,43 +125,53 @@ where
     ResB: PermitBody,
 {
     /// Passes the inner call through untouched (no limit applies to it).
+    #[inline]
     pub(crate) fn pass(fut: S::Future) -> Self {
         Self {
             state: State::Calling {
                 fut,
-                permit: None,
+                permit: Permit::empty(),
                 long_lived: false,
                 refundable: None,
             },
         }
     }
 
-    /// Admits `req` on `stage` (no tenant), then calls `inner`, the
-    /// service that was polled ready.
-    pub(crate) fn admit(
-        policy: &Arc<Policy>,
-        stage: Stage,
+    /// Goes on with what a stage decided (see [`judge`]): calls `inner`
+    /// with `req`, the response taking `permit` along, or answers at once.
+    /// `refundable`: set on the route/service stage when a tenant stage
+    /// follows.
+    #[inline(always)]
+    pub(crate) fn decided(
+        verdict: Result<Permit, Refusal>,
+        refundable: Option<Refund>,
         inner: &mut S,
         req: Request<ReqB>,
-    ) -> Self
-    where
-        S: Clone,
-    {
-        match judge_now(policy, stage, None) {
-            Some(verdict) => Self::proceed(verdict, inner, req),
-            None => Self::admit_later(policy, stage, None, inner, req),
+    ) -> Self {
+        match verdict {
+            Ok(permit) => {
+                let long_lived = permit.is_held() && is_long_lived_request(&req);
+                Self {
+                    state: State::Calling {
+                        fut: inner.call(req),
+                        permit,
+                        long_lived,
+                        refundable,
+                    },
+                }
+            }
+            Err(refusal) => Self {
+                state: State::Answered {
+                    refusal: Some(refusal),
+                },
+            },
         }
     }
 
-    /// Goes on with what a stage decided: the inner call, or its answer.
-    pub(crate) fn proceed(verdict: Verdict<ResB>, inner: &mut S, req: Request<ReqB>) -> Self {
-        Self {
-            state: proceed(verdict, inner, req),
-        }
-    }
-
-    /// Admits `req` once the broker has answered asynchronously, then
-    /// calls a ready clone of `inner`.
+    /// Admits `req` on `stage` once the broker has answered asynchronously,
+    /// then calls a ready clone of `inner`.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn admit_later(
         policy: &Arc<Policy>,
         stage: Stage,
@@ -202,60 +214,89 @@ where
     }
 }
 
-/// What a stage makes of the broker's answer.
-pub(crate) enum Verdict<ResB> {
-    /// Call the inner service; the response takes `permit` along.
-    Admit {
-        permit: Option<Permit>,
-        // Set on the route/service stage when a tenant stage follows.
-        refundable: Option<(u64, Stage)>,
-    },
-    /// Answer at once (a denial or a backend failure).
-    Answer(Response<ResB>),
-}
-
-/// The verdict on `stage` (for the tenant key `tenant`, if given) when the
-/// broker answers without I/O (the in-memory store: no boxed future, no
-/// extra poll, no clone of the inner service); `None` when it must be
-/// asked asynchronously.
-pub(crate) fn judge_now<ResB: PermitBody>(
-    policy: &Arc<Policy>,
-    stage: Stage,
-    tenant: Option<&str>,
-) -> Option<Verdict<ResB>> {
-    let result = match policy.limited(stage) {
-        Some(limited) => limited.handle.try_acquire_now(tenant, Cost::default())?,
-        None => Ok(unlimited()),
-    };
-    Some(judge(policy, stage, result, tenant))
-}
-
 /// An allowed acquisition holding nothing (a stage without a resource).
 fn unlimited() -> Acquisition {
     Acquisition {
         allowed: true,
-        wait_time: std::time::Duration::ZERO,
+        wait_time: Duration::ZERO,
         denied_by: None,
         permit: Permit::empty(),
     }
 }
 
-/// The verdict once the broker answered `result` (for the tenant key
-/// `tenant`, if given).
-fn judge<ResB: PermitBody>(
+/// What `stage` (resource `limited` of `policy`) makes of the broker's
+/// answer `result` for the tenant key `tenant`, if given: the permit the
+/// admitted request carries (empty without a concurrency limit), or the
+/// refusal (a denial or a backend failure) to answer.
+#[inline]
+pub(crate) fn judge(
     policy: &Arc<Policy>,
     stage: Stage,
+    limited: &Limited,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Verdict<ResB> {
-    let Some(limited) = policy.limited(stage) else {
-        return Verdict::Admit {
-            permit: None,
-            refundable: None,
+) -> Result<Permit, Refusal> {
+    match result {
+        Ok(acquisition) if acquisition.allowed => Ok(acquisition.permit),
+        refused => Err(refusal(policy, stage, limited, refused, tenant)),
+    }
+}
+
+/// A denied or failed admission, logged when decided and answered when
+/// the future is polled: small, so the future that may hold it stays the
+/// size of an admitted request's (no allocation for it either).
+pub(crate) struct Refusal {
+    policy: Arc<Policy>,
+    stage: Stage,
+    /// The wait of a denial; none for a backend failure.
+    wait: Option<Duration>,
+}
+
+impl Refusal {
+    /// The response: the denial (a tenant denial names its policy, so the
+    /// route/service stage gives its cost back) or the backend failure.
+    #[cold]
+    #[inline(never)]
+    fn respond<ResB: PermitBody>(self) -> Response<ResB> {
+        let Refusal {
+            policy,
+            stage,
+            wait,
+        } = self;
+        let (Some(wait), Some(limited)) = (wait, policy.limited(stage)) else {
+            return response::backend_failed(&policy.responses);
         };
-    };
-    let acquisition = match result {
-        Ok(a) => a,
+        let mut response = response::denied(&policy.responses, &limited.headers, wait);
+        if matches!(stage, Stage::Tenant) {
+            response.extensions_mut().insert(TenantDenied { policy });
+        }
+        response
+    }
+}
+
+/// The refusal of a denied or failed admission, logged (a denial once, as
+/// an event; a backend failure at debug level, the broker warns).
+#[cold]
+#[inline(never)]
+fn refusal(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    limited: &Limited,
+    result: Result<Acquisition, BrokerError>,
+    tenant: Option<&str>,
+) -> Refusal {
+    let wait = match result {
+        Ok(acquisition) => {
+            tracing::info!(
+                resource = %limited.id,
+                layer = stage.name(),
+                wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
+                tenant,
+                denied_by = ?acquisition.denied_by,
+                "request denied"
+            );
+            Some(acquisition.wait_time)
+        }
         Err(error) => {
             // The broker counts backend errors and warns about them (at
             // most once per 10 s per resource); per request, this is detail.
@@ -266,57 +307,13 @@ fn judge<ResB: PermitBody>(
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            return Verdict::Answer(response::backend_failed(&policy.responses));
+            None
         }
     };
-    if !acquisition.allowed {
-        tracing::info!(
-            resource = %limited.id,
-            layer = stage.name(),
-            wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-            tenant,
-            denied_by = ?acquisition.denied_by,
-            "request denied"
-        );
-        let mut response =
-            response::denied(&policy.responses, &limited.headers, acquisition.wait_time);
-        if matches!(stage, Stage::Tenant) {
-            response.extensions_mut().insert(TenantDenied {
-                policy: policy.clone(),
-            });
-        }
-        return Verdict::Answer(response);
-    }
-    let permit = acquisition.permit.is_held().then_some(acquisition.permit);
-    let refundable = match stage {
-        Stage::Route(_) | Stage::Service if policy.has_tenant_stage() => Some((policy.id, stage)),
-        _ => None,
-    };
-    Verdict::Admit { permit, refundable }
-}
-
-/// The next state for `verdict`.
-fn proceed<S, ReqB, ResB>(
-    verdict: Verdict<ResB>,
-    inner: &mut S,
-    req: Request<ReqB>,
-) -> State<S, ReqB, ResB>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-{
-    match verdict {
-        Verdict::Admit { permit, refundable } => {
-            let long_lived = permit.is_some() && is_long_lived_request(&req);
-            State::Calling {
-                fut: inner.call(req),
-                permit,
-                long_lived,
-                refundable,
-            }
-        }
-        Verdict::Answer(response) => State::Answered {
-            response: Some(response),
-        },
+    Refusal {
+        policy: policy.clone(),
+        stage,
+        wait,
     }
 }
 
@@ -344,19 +341,19 @@ where
                         tenant,
                         policy,
                     } = answer;
-                    let verdict = judge(
-                        &policy,
-                        stage,
-                        result,
-                        tenant.as_ref().map(TenantId::as_str),
-                    );
-                    state.set(proceed(verdict, &mut inner, req));
+                    let tenant = tenant.as_ref().map(TenantId::as_str);
+                    let verdict = match policy.limited(stage) {
+                        Some(limited) => judge(&policy, stage, limited, result, tenant),
+                        None => Ok(Permit::empty()),
+                    };
+                    let refundable = policy.refund_for(stage);
+                    state.set(Self::decided(verdict, refundable, &mut inner, req).state);
                 }
                 StateProj::Refunding { refund, response } => {
                     ready!(refund.as_mut().poll(cx));
                     let response = response.take();
                     return Poll::Ready(Ok(
-                        response.expect("ResponseFuture polled after completion")
+                        *response.expect("ResponseFuture polled after completion")
                     ));
                 }
                 StateProj::Calling {
@@ -365,37 +362,64 @@ where
                     long_lived,
                     refundable,
                 } => {
-                    if permit.is_none() && refundable.is_none() {
+                    if !permit.is_held() && refundable.is_none() {
                         // Nothing to add to the response: pass it as is.
                         return fut.poll(cx);
                     }
-                    let res = ready!(fut.poll(cx))?;
-                    let permit = permit
-                        .take()
-                        .filter(|_| !*long_lived && !is_long_lived_response(&res));
-                    let res = match permit {
-                        Some(permit) => res.map(|b| b.with_permit(permit)),
-                        None => res,
-                    };
-                    let tenant_denied = res.extensions().get::<TenantDenied>();
-                    if let (Some(denied), Some((id, stage))) = (tenant_denied, refundable.take()) {
-                        if denied.policy.id == id {
-                            state.set(State::Refunding {
-                                refund: Box::pin(refund(denied.policy.clone(), stage)),
-                                response: Some(res),
-                            });
-                            continue;
+                    let mut res = ready!(fut.poll(cx))?;
+                    // Released here, at once, unless the body takes it along.
+                    let permit = std::mem::take(permit);
+                    if permit.is_held() && !*long_lived && !is_long_lived_response(&res) {
+                        res = res.map(|b| b.with_permit(permit));
+                    }
+                    if let Some(refund_of) = refundable.take() {
+                        if let Some(denied) = res.extensions().get::<TenantDenied>() {
+                            if denied.policy.id == refund_of.policy {
+                                state.set(State::Refunding {
+                                    refund: Box::pin(refund(
+                                        denied.policy.clone(),
+                                        refund_of.stage,
+                                    )),
+                                    response: Some(Box::new(res)),
+                                });
+                                continue;
+                            }
                         }
                     }
                     return Poll::Ready(Ok(res));
                 }
-                StateProj::Answered { response } => {
-                    let response = response.take();
-                    return Poll::Ready(Ok(
-                        response.expect("ResponseFuture polled after completion")
-                    ));
+                StateProj::Answered { refusal } => {
+                    let refusal = refusal.take();
+                    return Poll::Ready(Ok(refusal
+                        .expect("ResponseFuture polled after completion")
+                        .respond()));
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::tests::map;
+
+    #[test]
+    fn long_lived_messages_are_recognised_among_many_fields() {
+        let mut req = Request::new(());
+        *req.headers_mut() = map(20, Some((header::UPGRADE, "websocket")));
+        assert!(is_long_lived_request(&req));
+        *req.headers_mut() = map(20, None);
+        assert!(!is_long_lived_request(&req));
+        *req.method_mut() = Method::CONNECT;
+        assert!(is_long_lived_request(&req));
+
+        let mut res = Response::new(());
+        *res.headers_mut() = map(20, Some((header::CONTENT_TYPE, "Text/Event-Stream; x=1")));
+        assert!(is_long_lived_response(&res));
+        *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
+        assert!(!is_long_lived_response(&res));
+        *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        assert!(is_long_lived_response(&res));
     }
 }

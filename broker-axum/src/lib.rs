@@ -81,6 +81,7 @@
 
 mod body;
 pub mod config;
+mod fields;
 mod future;
 mod layer;
 mod policy;

@@ -51,6 +51,14 @@ pub(crate) enum Stage {
     Tenant,
 }
 
+/// A route/service admission that a denial by the tenant stage of the same
+/// policy (`policy`, its [`Policy::id`]) refunds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refund {
+    pub(crate) policy: u64,
+    pub(crate) stage: Stage,
+}
+
 impl Stage {
     /// The `layer` field of log events.
     pub(crate) fn name(self) -> &'static str {
@@ -144,22 +152,47 @@ impl Policy {
         })
     }
 
-    /// The stage that limits a request to `path` before authentication:
-    /// the longest matching route, else the service, else none.
-    pub(crate) fn stage_for(&self, path: &str) -> Option<Stage> {
+    /// The stage that limits a request to `path` before authentication,
+    /// with its resource: the longest matching route, else the service,
+    /// else none (also none when the config is disabled).
+    #[inline]
+    pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
+        if !self.enabled {
+            return None;
+        }
         if let Some(i) = self
             .routes
             .iter()
             .position(|r| prefix_matches(path, &r.prefix))
         {
-            return Some(Stage::Route(i));
+            return Some((Stage::Route(i), &self.routes[i].limited));
         }
-        self.service.as_ref().map(|_| Stage::Service)
+        self.service.as_ref().map(|s| (Stage::Service, s))
+    }
+
+    /// The tenant stage's resource, when the tenant stage limits anything.
+    #[inline]
+    pub(crate) fn tenant_stage(&self) -> Option<&Limited> {
+        self.tenant.as_ref().filter(|_| self.enabled)
     }
 
     /// Whether the tenant stage limits anything.
     pub(crate) fn has_tenant_stage(&self) -> bool {
-        self.enabled && self.tenant.is_some()
+        self.tenant_stage().is_some()
+    }
+
+    /// What an admission on `stage` keeps so that a denial by this
+    /// policy's tenant stage gives its cost back: set for the route and
+    /// service stages when a tenant stage follows, else none.
+    #[inline]
+    pub(crate) fn refund_for(&self, stage: Stage) -> Option<Refund> {
+        match stage {
+            Stage::Route(_) | Stage::Service if self.has_tenant_stage() => Some(Refund {
+                policy: self.id,
+                stage,
+            }),
+            _ => None,
+        }
     }
 
     /// The resource of `stage`.

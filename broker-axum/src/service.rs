@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use broker_core::Cost;
 use http::{Request, Response};
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::future::{judge_now, ResponseFuture};
+use crate::future::{judge, ResponseFuture};
 use crate::policy::{Policy, Stage};
 use crate::tenant::{tenant_key, TenantExtractor, TenantId};
 
@@ -45,15 +46,19 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let stage = match self.policy.enabled {
-            true => self.policy.stage_for(req.uri().path()),
-            false => None,
+        let policy = &self.policy;
+        let Some((stage, limited)) = policy.stage_for(req.uri().path()) else {
+            return ResponseFuture::pass(self.inner.call(req));
         };
-        match stage {
-            Some(stage) => ResponseFuture::admit(&self.policy, stage, &mut self.inner, req),
-            None => ResponseFuture::pass(self.inner.call(req)),
-        }
+        // The in-memory store answers at once: no boxed future, no extra
+        // poll, no clone of the inner service.
+        let Some(result) = limited.handle.try_acquire_now(None, Cost::default()) else {
+            return ResponseFuture::admit_later(policy, stage, None, &mut self.inner, req);
+        };
+        let verdict = judge(policy, stage, limited, result, None);
+        ResponseFuture::decided(verdict, policy.refund_for(stage), &mut self.inner, req)
     }
 }
 
@@ -97,10 +102,12 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if !self.policy.has_tenant_stage() {
+        let policy = &self.policy;
+        let Some(limited) = policy.tenant_stage() else {
             return ResponseFuture::pass(self.inner.call(req));
-        }
+        };
         // The tenant's key borrows from the request, so the broker's
         // answer (when it comes without I/O) is judged before the request
         // moves on: no copy of the key per request.
@@ -109,13 +116,15 @@ where
             .tenant(req.headers(), req.extensions())
             .map(|raw| {
                 let key = tenant_key(&raw);
-                judge_now(&self.policy, Stage::Tenant, Some(&key))
-                    .ok_or_else(|| TenantId::new(&raw))
+                match limited.handle.try_acquire_now(Some(&*key), Cost::default()) {
+                    Some(result) => Ok(judge(policy, Stage::Tenant, limited, result, Some(&key))),
+                    None => Err(TenantId::new(&raw)),
+                }
             });
         match judged {
-            Some(Ok(verdict)) => ResponseFuture::proceed(verdict, &mut self.inner, req),
+            Some(Ok(verdict)) => ResponseFuture::decided(verdict, None, &mut self.inner, req),
             Some(Err(tenant)) => ResponseFuture::admit_later(
-                &self.policy,
+                policy,
                 Stage::Tenant,
                 Some(tenant),
                 &mut self.inner,
