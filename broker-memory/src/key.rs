@@ -13,24 +13,57 @@ use broker_core::keys;
 
 /// Which state of a resource part a key names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Sub<S> {
+pub(crate) enum Sub {
     /// The resource's own state (a state key without `:`).
     Own,
-    /// Sub-key `k`: the state key `resource:escape(k)`.
-    Raw(S),
+    /// A sub-key: the state key `resource:escape(sub)`.
+    Raw,
     /// A state key whose part after the first `:` is no output of
     /// [`keys::escape`] (not built by the broker): kept as it is, apart
     /// from every `Raw` key.
-    Opaque(S),
+    Opaque,
 }
 
-/// A key as stored in the map.
+/// A key as stored in the table.
 #[derive(Debug, Clone)]
 pub(crate) struct StateKey {
     resource: Arc<str>,
-    /// [`resource_hash`] of `resource`.
-    resource_hash: u64,
-    sub: Sub<Box<str>>,
+    sub: SubBytes,
+    kind: Sub,
+}
+
+/// The bytes of a sub-key, inline when short (the common case), so a
+/// lookup compares them without following a pointer.
+#[derive(Debug, Clone)]
+enum SubBytes {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+/// Longest sub-key held inline.
+const INLINE: usize = 22;
+
+impl SubBytes {
+    fn new(sub: &[u8]) -> Self {
+        let mut bytes = [0; INLINE];
+        match bytes.get_mut(..sub.len()) {
+            Some(head) => {
+                head.copy_from_slice(sub);
+                Self::Inline {
+                    len: sub.len() as u8,
+                    bytes,
+                }
+            }
+            None => Self::Heap(sub.into()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..*len as usize],
+            Self::Heap(b) => b,
+        }
+    }
 }
 
 /// A key to look up, borrowed.
@@ -39,7 +72,9 @@ pub(crate) struct KeyRef<'a> {
     pub(crate) resource: &'a str,
     /// [`resource_hash`] of `resource`.
     pub(crate) resource_hash: u64,
-    pub(crate) sub: Sub<&'a str>,
+    pub(crate) kind: Sub,
+    /// The sub-key's bytes (empty for [`Sub::Own`]).
+    pub(crate) sub: &'a [u8],
 }
 
 /// A fixed hash of a resource part, computed once per resource on the
@@ -50,32 +85,23 @@ pub(crate) fn resource_hash(resource: &str) -> u64 {
     foldhash::fast::FixedState::with_seed(0x5eed).hash_one(resource)
 }
 
-impl PartialEq for KeyRef<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        // The fast path's keys share the resource's allocation.
-        let same_resource = std::ptr::eq(self.resource, other.resource)
-            || (self.resource_hash == other.resource_hash && self.resource == other.resource);
-        same_resource
-            && match (self.sub, other.sub) {
-                (Sub::Own, Sub::Own) => true,
-                (Sub::Raw(a), Sub::Raw(b)) | (Sub::Opaque(a), Sub::Opaque(b)) => {
-                    keys::same(a.as_bytes(), b.as_bytes())
-                }
-                _ => false,
-            }
-    }
-}
-
 impl StateKey {
+    /// Whether this is the key `key` names.
+    #[inline]
+    pub(crate) fn is(&self, key: KeyRef<'_>) -> bool {
+        // The fast path's keys share the resource's allocation.
+        let same_resource =
+            std::ptr::eq(&*self.resource, key.resource) || *self.resource == *key.resource;
+        same_resource && self.kind == key.kind && keys::same(self.sub.as_bytes(), key.sub)
+    }
+
+    /// The key as a lookup would name it (hashing the resource part again).
     pub(crate) fn as_ref(&self) -> KeyRef<'_> {
         KeyRef {
             resource: &self.resource,
-            resource_hash: self.resource_hash,
-            sub: match &self.sub {
-                Sub::Own => Sub::Own,
-                Sub::Raw(s) => Sub::Raw(s),
-                Sub::Opaque(s) => Sub::Opaque(s),
-            },
+            resource_hash: resource_hash(&self.resource),
+            kind: self.kind,
+            sub: self.sub.as_bytes(),
         }
     }
 }
@@ -87,7 +113,8 @@ impl<'a> KeyRef<'a> {
         Self {
             resource,
             resource_hash,
-            sub: sub.map_or(Sub::Own, Sub::Raw),
+            kind: if sub.is_some() { Sub::Raw } else { Sub::Own },
+            sub: sub.map_or(&[], str::as_bytes),
         }
     }
 
@@ -97,15 +124,10 @@ impl<'a> KeyRef<'a> {
             Some(r) if **r == *self.resource => r.clone(),
             _ => Arc::from(self.resource),
         };
-        let sub = match self.sub {
-            Sub::Own => Sub::Own,
-            Sub::Raw(s) => Sub::Raw(s.into()),
-            Sub::Opaque(s) => Sub::Opaque(s.into()),
-        };
         StateKey {
             resource,
-            resource_hash: self.resource_hash,
-            sub,
+            sub: SubBytes::new(self.sub),
+            kind: self.kind,
         }
     }
 }
@@ -114,28 +136,24 @@ impl<'a> KeyRef<'a> {
 /// `:` is the resource part; the rest is unescaped when it is exactly an
 /// escaped sub-key (as [`keys::keyed`] builds), else kept opaque. One to
 /// one: two different state keys never parse to the same parts.
-pub(crate) fn parse(key: &str) -> (&str, Sub<Cow<'_, str>>) {
+pub(crate) fn parse(key: &str) -> (&str, Sub, Cow<'_, str>) {
     match key.split_once(':') {
-        None => (key, Sub::Own),
+        None => (key, Sub::Own, Cow::Borrowed("")),
         Some((resource, rest)) => match keys::unescape(rest) {
-            Some(raw) => (resource, Sub::Raw(raw)),
-            None => (resource, Sub::Opaque(Cow::Borrowed(rest))),
+            Some(raw) => (resource, Sub::Raw, raw),
+            None => (resource, Sub::Opaque, Cow::Borrowed(rest)),
         },
     }
 }
 
 /// Runs `f` on the key of the joined state key `key`.
 pub(crate) fn with_parsed<R>(key: &str, f: impl FnOnce(KeyRef<'_>) -> R) -> R {
-    let (resource, sub) = parse(key);
-    let sub = match &sub {
-        Sub::Own => Sub::Own,
-        Sub::Raw(s) => Sub::Raw(s.as_ref()),
-        Sub::Opaque(s) => Sub::Opaque(s.as_ref()),
-    };
+    let (resource, kind, sub) = parse(key);
     f(KeyRef {
         resource,
         resource_hash: resource_hash(resource),
-        sub,
+        kind,
+        sub: sub.as_bytes(),
     })
 }
 
@@ -144,31 +162,22 @@ mod tests {
     use super::*;
     use broker_core::keys::keyed;
 
-    fn parts(key: &str) -> (String, Sub<String>) {
+    fn parts(key: &str) -> (String, Sub, String) {
         with_parsed(key, |k| {
-            let sub = match k.sub {
-                Sub::Own => Sub::Own,
-                Sub::Raw(s) => Sub::Raw(s.to_owned()),
-                Sub::Opaque(s) => Sub::Opaque(s.to_owned()),
-            };
-            (k.resource.to_owned(), sub)
+            let sub = String::from_utf8(k.sub.to_vec()).unwrap();
+            (k.resource.to_owned(), k.kind, sub)
         })
     }
 
     #[test]
     fn a_keyed_state_key_parses_to_its_sub_key() {
-        assert_eq!(
-            parts(&keyed("api", "a:b")),
-            ("api".into(), Sub::Raw("a:b".into()))
-        );
-        assert_eq!(
-            parts(&keyed("a:b", "c")),
-            ("a%3Ab".into(), Sub::Raw("c".into()))
-        );
-        assert_eq!(parts("api"), ("api".into(), Sub::Own));
-        assert_eq!(parts("api:"), ("api".into(), Sub::Raw(String::new())));
-        assert_eq!(parts("api:x:y"), ("api".into(), Sub::Opaque("x:y".into())));
-        assert_eq!(parts("api:%41"), ("api".into(), Sub::Opaque("%41".into())));
+        let part = |r: &str, kind, s: &str| (r.to_owned(), kind, s.to_owned());
+        assert_eq!(parts(&keyed("api", "a:b")), part("api", Sub::Raw, "a:b"));
+        assert_eq!(parts(&keyed("a:b", "c")), part("a%3Ab", Sub::Raw, "c"));
+        assert_eq!(parts("api"), part("api", Sub::Own, ""));
+        assert_eq!(parts("api:"), part("api", Sub::Raw, ""));
+        assert_eq!(parts("api:x:y"), part("api", Sub::Opaque, "x:y"));
+        assert_eq!(parts("api:%41"), part("api", Sub::Opaque, "%41"));
     }
 
     #[test]
@@ -184,7 +193,8 @@ mod tests {
         };
         let resource: Arc<str> = Arc::from("api");
         let hash = resource_hash(&resource);
-        for (n, sub) in ["t-1", "a:b", "", "%"].into_iter().enumerate() {
+        let long = "a sub-key longer than the inline twenty-two bytes";
+        for (n, sub) in ["t-1", "a:b", "", "%", long].into_iter().enumerate() {
             let local = KeyRef::local(&resource, hash, Some(sub));
             let (_, inserted) = states.upsert(
                 local,

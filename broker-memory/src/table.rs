@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::HashTable;
 
-use crate::key::{KeyRef, StateKey, Sub};
+use crate::key::{KeyRef, StateKey};
 use crate::Entry;
 
 /// The states by key.
@@ -51,20 +51,17 @@ impl States {
     }
 
     fn hash(&self, key: KeyRef<'_>) -> u64 {
-        let (tag, sub) = match key.sub {
-            Sub::Own => (0, ""),
-            Sub::Raw(s) => (1, s),
-            Sub::Opaque(s) => (2, s),
-        };
         let mut h = self.hasher.build_hasher();
-        h.write_u64(key.resource_hash ^ tag);
-        h.write(sub.as_bytes());
+        h.write_u64(key.resource_hash ^ key.kind as u64);
+        h.write(key.sub);
         h.finish()
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(StateKey, Entry)>> {
-        // The top bits pick the shard; the table uses the low ones.
-        let shard = &self.shards[(hash >> self.shift) as usize];
+        // The table takes its tags from the top 7 bits and its positions
+        // from the low ones: the shard is picked by the bits just below
+        // the tag's, so entries of one shard still differ in their tags.
+        let shard = &self.shards[((hash << 7) >> self.shift) as usize];
         shard.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -73,9 +70,7 @@ impl States {
     pub(crate) fn get<R>(&self, key: KeyRef<'_>, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
         let hash = self.hash(key);
         let mut shard = self.shard(hash);
-        shard
-            .find_mut(hash, |(k, _)| k.as_ref() == key)
-            .map(|(_, e)| f(e))
+        shard.find_mut(hash, |(k, _)| k.is(key)).map(|(_, e)| f(e))
     }
 
     /// Runs `f` on the entry of `key` under its shard's lock, inserting
@@ -92,7 +87,7 @@ impl States {
         let mut shard = self.shard(hash);
         // Found (the common case): one probe, and no check for room to
         // insert.
-        if let Some((_, e)) = shard.find_mut(hash, |(k, _)| k.as_ref() == key) {
+        if let Some((_, e)) = shard.find_mut(hash, |(k, _)| k.is(key)) {
             return (f(e), false);
         }
         let rehash = |(k, _): &(StateKey, Entry)| self.hash(k.as_ref());
