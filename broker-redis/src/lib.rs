@@ -45,6 +45,7 @@
 mod builder;
 mod coalesce;
 mod connection;
+mod direct;
 mod failure;
 mod inspect;
 mod keys;
