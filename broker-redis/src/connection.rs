@@ -39,13 +39,15 @@ impl std::fmt::Debug for Conn {
 pub(crate) struct Timeouts {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
+    /// Busy polling of the direct connection (see the builder).
+    pub(crate) busy_poll: Duration,
 }
 
 impl Conn {
     /// Connects to one server.
     pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let direct = Direct::new(client.get_connection_info(), t.connect);
+        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_with_config(client, manager_config(t)).await?;
         if let Some(direct) = &direct {
             direct.open().await;
@@ -57,7 +59,7 @@ impl Conn {
     /// failed attempt): only the URL is checked now.
     pub(crate) fn single_lazy(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let direct = Direct::new(client.get_connection_info(), t.connect);
+        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config(t))?;
         Ok(Conn::Single(manager, direct))
     }

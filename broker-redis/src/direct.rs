@@ -21,7 +21,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, ProtocolVersion, RedisError};
+use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, ProtocolVersion, RedisError};
 use redis::{RedisResult, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -37,6 +37,8 @@ struct Target {
     /// Replies the handshake gets.
     handshake_replies: usize,
     connect_timeout: Duration,
+    /// How long a call polls for its reply before it waits for the socket.
+    busy_poll: Duration,
 }
 
 #[derive(Debug)]
@@ -58,6 +60,14 @@ impl Stream {
             Stream::Tcp(s) => s.write_all(bytes).await,
             #[cfg(unix)]
             Stream::Unix(s) => s.write_all(bytes).await,
+        }
+    }
+
+    fn try_read_buf(&self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read_buf(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.try_read_buf(buf),
         }
     }
 
@@ -104,7 +114,11 @@ impl std::fmt::Debug for Direct {
 impl Direct {
     /// The connection for `info`, not yet open; `None` when the URL asks
     /// for what it does not do (TLS, RESP3).
-    pub(crate) fn new(info: &ConnectionInfo, connect_timeout: Duration) -> Option<Arc<Self>> {
+    pub(crate) fn new(
+        info: &ConnectionInfo,
+        connect_timeout: Duration,
+        busy_poll: Duration,
+    ) -> Option<Arc<Self>> {
         let addr = match info.addr() {
             ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
             #[cfg(unix)]
@@ -138,6 +152,7 @@ impl Direct {
                 handshake,
                 handshake_replies,
                 connect_timeout,
+                busy_poll,
             },
             slot: Mutex::new(Slot::Down {
                 retry_at: Instant::now(),
@@ -183,7 +198,7 @@ impl Direct {
         let link = held.link.as_mut()?;
         // A reply, an error reply included: the connection is in step, and
         // handed back. An I/O or protocol error: `held` closes it.
-        let reply = exchange(link, cmd).await;
+        let reply = exchange(link, cmd, self.target.busy_poll).await;
         if reply.is_ok() {
             held.give_back();
         }
@@ -266,16 +281,80 @@ async fn connect(target: &Target) -> RedisResult<Link> {
 }
 
 /// Writes `cmd` and reads its reply (an error reply is a `Value` here).
-async fn exchange(link: &mut Link, cmd: &Cmd) -> RedisResult<Value> {
+async fn exchange(link: &mut Link, cmd: &Cmd, busy_poll: Duration) -> RedisResult<Value> {
     link.buf.clear();
-    cmd.write_packed_command(&mut link.buf);
+    pack(cmd, &mut link.buf);
     link.stream.write_all(&link.buf).await?;
-    read_reply(link).await
+    link.buf.clear();
+    if !busy_poll.is_zero() {
+        let started = Instant::now();
+        loop {
+            match link.stream.try_read_buf(&mut link.buf) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(_) => match frame_end(&link.buf, 0)? {
+                    Some(end) if end == link.buf.len() => {
+                        return parse(&link.buf, 0).map(|(v, _)| v)
+                    }
+                    Some(_) => return Err(protocol_error("bytes after the reply")),
+                    None => {}
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if started.elapsed() >= busy_poll {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    read_more(link).await
+}
+
+/// Appends `cmd` in RESP (as `Cmd::write_packed_command` writes it, for a
+/// third of its instructions).
+fn pack(cmd: &Cmd, buf: &mut Vec<u8>) {
+    let args = cmd.args_iter();
+    buf.push(b'*');
+    push_decimal(buf, args.len());
+    buf.extend_from_slice(b"\r\n");
+    for arg in args {
+        let Arg::Simple(bytes) = arg else {
+            // A cursor argument (SCAN): not one of ours; the crate packs it.
+            buf.clear();
+            cmd.write_packed_command(buf);
+            return;
+        };
+        buf.push(b'$');
+        push_decimal(buf, bytes.len());
+        buf.extend_from_slice(b"\r\n");
+        buf.extend_from_slice(bytes);
+        buf.extend_from_slice(b"\r\n");
+    }
+}
+
+fn push_decimal(buf: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
 }
 
 /// Reads one reply into `link.buf` (which it clears) and parses it.
 async fn read_reply(link: &mut Link) -> RedisResult<Value> {
     link.buf.clear();
+    read_more(link).await
+}
+
+/// Reads the rest of the reply that starts in `link.buf`, and parses it.
+async fn read_more(link: &mut Link) -> RedisResult<Value> {
     loop {
         if link.stream.read_buf(&mut link.buf).await? == 0 {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
@@ -386,7 +465,23 @@ fn frame_end(buf: &[u8], at: usize) -> RedisResult<Option<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{frame_end, parse};
+    use super::{frame_end, pack, parse};
+
+    #[test]
+    fn commands_are_packed_as_the_redis_crate_packs_them() {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg("1b8caaafa0c9aebaff746f5d441175db69457642")
+            .arg(2)
+            .arg("rb:{bench}:b")
+            .arg("rb:{bench}:l")
+            .arg("")
+            .arg(1000)
+            .arg(1.5f64)
+            .arg(vec![b'x'; 1234]);
+        let mut ours = Vec::new();
+        pack(&cmd, &mut ours);
+        assert_eq!(ours, cmd.get_packed_command());
+    }
 
     #[test]
     fn a_reply_is_complete_only_with_all_its_bytes() {
