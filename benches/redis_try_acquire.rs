@@ -22,7 +22,8 @@
 //! the default, one client core like Node; or `multi_thread`),
 //! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`), `WHO`
 //! (which runs, of `ours`, `off`, `minimal`, separated by commas; default
-//! all three: to profile one client alone).
+//! all three: to profile one client alone), `BUSY_POLL_US` (our backend
+//! with `RedisBackendBuilder::busy_poll`, coalescing on).
 //! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
 //! several decisions when many are in flight: `commands_per_decision.evalsha`
 //! is then below 1, and `decisions_per_evalsha` gives the batch size;
@@ -181,6 +182,10 @@ fn main() {
 
     rt.block_on(async {
         let mut builder = RedisBackend::builder(&url);
+        if let Ok(us) = std::env::var("BUSY_POLL_US") {
+            let us = us.parse().expect("BUSY_POLL_US: microseconds");
+            builder = builder.busy_poll(Duration::from_micros(us));
+        }
         if let Ok(limits) = std::env::var("COALESCE_LIMITS") {
             let (batch, in_flight) = limits
                 .split_once(',')
