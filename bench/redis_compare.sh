@@ -23,6 +23,8 @@
 # BASE_REV=<git revision> also runs the bench built at that revision (in a
 # temporary worktree), right after ours in every round, labelled "@base":
 # before and after a change, against the same server in the same run.
+# BUSY_POLL_US=<us> also runs ours with RedisBackendBuilder::busy_poll,
+# labelled "busy poll".
 # Installs redis-server/redis-tools and node/npm with apt-get when missing,
 # and the two npm packages into bench-tools/node (ignored by git).
 set -euo pipefail
@@ -139,6 +141,11 @@ for round in $(seq 1 "$ROUNDS"); do
         done
         REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
             "${CLIENT_PIN[@]}" "$BIN"
+        if [ -n "${BUSY_POLL_US:-}" ]; then
+            REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS WHO=ours \
+                BUSY_POLL_US=$BUSY_POLL_US "${CLIENT_PIN[@]}" "$BIN" \
+                | sed 's/"who":"\([^"]*\)"/"who":"\1 busy poll"/'
+        fi
         if [ -n "$BASE_BIN" ]; then
             REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
                 "${CLIENT_PIN[@]}" "$BASE_BIN" | sed 's/"who":"\([^"]*\)"/"who":"\1 @base"/'
@@ -181,6 +188,10 @@ for rnd in sorted({r["round"] for r in runs}):
     print(f"  round {rnd}  latency, 1 in flight: ours {ours1['mean_us']} us, rate-limiter-flexible "
           f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), coalescing off "
           f"{off1['mean_us']} us, raw {raw1['mean_us']} us, redis-rs minimal script {rs1['mean_us']} us")
+    if rows(OURS + " busy poll", 1):
+        bp1, bp50 = get(OURS + " busy poll", 1), get(OURS + " busy poll", 50)
+        print(f"  round {rnd}  busy poll: 1 in flight {bp1['mean_us']} us, p50 {bp1['p50_us']} us (ratio to "
+              f"rate-limiter-flexible {bp1['mean_us'] / rlf1['mean_us']:.2f}); 50 in flight {bp50['per_sec']}/s")
     if rows(OURS + " @base", 1):
         base1, base50 = get(OURS + " @base", 1), get(OURS + " @base", 50)
         print(f"  round {rnd}  @base: 1 in flight {base1['mean_us']} us (ratio to rate-limiter-flexible "

@@ -131,7 +131,8 @@ impl RedisBackendBuilder {
     /// the round trip is longer than `budget` (Redis on another host), it
     /// saves nothing and costs `budget` of CPU per call. Applies to the
     /// call that has the backend's direct connection (one server, not
-    /// TLS); calls queued behind it wait as before. Default zero: off.
+    /// TLS), and only while no other call is in flight on the backend:
+    /// under load the core has other work. Default zero: off.
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.timeouts.busy_poll = budget;
         self

@@ -82,12 +82,13 @@ impl Conn {
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Conn::Single(c, direct) => {
-                if let Some(direct) = direct {
-                    if let Some(reply) = direct.query(cmd).await {
-                        return reply;
-                    }
+                let Some(direct) = direct else {
+                    return cmd.query_async(&mut c.clone()).await;
+                };
+                if let Some(reply) = direct.query(cmd).await {
+                    return reply;
                 }
-                cmd.query_async(&mut c.clone()).await
+                direct.beside(cmd.query_async(&mut c.clone())).await
             }
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,

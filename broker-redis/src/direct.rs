@@ -18,6 +18,7 @@
 //!   uses the manager.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -101,6 +102,10 @@ enum Slot {
 pub(crate) struct Direct {
     target: Target,
     slot: Mutex<Slot>,
+    /// Calls in flight through the manager meanwhile: while there are any,
+    /// the call on this connection does not busy-poll (the client's core
+    /// has other work).
+    others: AtomicUsize,
 }
 
 impl std::fmt::Debug for Direct {
@@ -157,6 +162,7 @@ impl Direct {
             slot: Mutex::new(Slot::Down {
                 retry_at: Instant::now(),
             }),
+            others: AtomicUsize::new(0),
         }))
     }
 
@@ -198,11 +204,25 @@ impl Direct {
         let link = held.link.as_mut()?;
         // A reply, an error reply included: the connection is in step, and
         // handed back. An I/O or protocol error: `held` closes it.
-        let reply = exchange(link, cmd, self.target.busy_poll).await;
+        let reply = exchange(link, cmd, self.target.busy_poll, &self.others).await;
         if reply.is_ok() {
             held.give_back();
         }
         Some(reply.and_then(Value::extract_error))
+    }
+
+    /// Runs `call`, a call through the manager, counted as one in flight
+    /// meanwhile (see `others`).
+    pub(crate) async fn beside<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        struct Count<'a>(&'a AtomicUsize);
+        impl Drop for Count<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.others.fetch_add(1, Ordering::Relaxed);
+        let _count = Count(&self.others);
+        call.await
     }
 
     /// Takes the connection if it is free; starts reopening it if it is
@@ -281,7 +301,12 @@ async fn connect(target: &Target) -> RedisResult<Link> {
 }
 
 /// Writes `cmd` and reads its reply (an error reply is a `Value` here).
-async fn exchange(link: &mut Link, cmd: &Cmd, busy_poll: Duration) -> RedisResult<Value> {
+async fn exchange(
+    link: &mut Link,
+    cmd: &Cmd,
+    busy_poll: Duration,
+    others: &AtomicUsize,
+) -> RedisResult<Value> {
     link.buf.clear();
     pack(cmd, &mut link.buf);
     link.stream.write_all(&link.buf).await?;
@@ -299,7 +324,7 @@ async fn exchange(link: &mut Link, cmd: &Cmd, busy_poll: Duration) -> RedisResul
                     None => {}
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if started.elapsed() >= busy_poll {
+                    if started.elapsed() >= busy_poll || others.load(Ordering::Relaxed) > 0 {
                         break;
                     }
                     tokio::task::yield_now().await;
