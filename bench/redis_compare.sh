@@ -140,7 +140,7 @@ for round in $(seq 1 "$ROUNDS"); do
             NODE_PATH="$PWD/$NODE_DIR/node_modules" "${CLIENT_PIN[@]}" node bench/redis_rlf.js "$PORT" "$n" "$RUN_SECONDS"
         done
         REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
-            "${CLIENT_PIN[@]}" "$BIN"
+            "${CLIENT_PIN[@]}" env -u BUSY_POLL_US "$BIN"
         if [ -n "${BUSY_POLL_US:-}" ]; then
             REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS WHO=ours \
                 BUSY_POLL_US=$BUSY_POLL_US "${CLIENT_PIN[@]}" "$BIN" \
