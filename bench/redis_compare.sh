@@ -20,6 +20,11 @@
 # the other. Prints one JSON line per run, then a summary with the ratios.
 #
 # Usage: bench/redis_compare.sh     (env: RUN_SECONDS=3 ROUNDS=2 PIN=1)
+# BASE_REV=<git revision> also runs the bench built at that revision (in a
+# temporary worktree), right after ours in every round, labelled "@base":
+# before and after a change, against the same server in the same run.
+# BUSY_POLL_US=<us> also runs ours with RedisBackendBuilder::busy_poll,
+# labelled "busy poll".
 # Installs redis-server/redis-tools and node/npm with apt-get when missing,
 # and the two npm packages into bench-tools/node (ignored by git).
 set -euo pipefail
@@ -43,17 +48,35 @@ if [ ! -d "$NODE_DIR/node_modules/rate-limiter-flexible" ] || [ ! -d "$NODE_DIR/
     npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent rate-limiter-flexible@11 ioredis@5 >&2
 fi
 
-BIN=$(cargo bench --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
-    | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
-[ -x "$BIN" ] || { echo "could not find the redis_try_acquire bench binary" >&2; exit 1; }
+bench_bin() { # the bench executable built from the tree in the current directory
+    cargo bench --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
+        | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1
+}
 
 WORK=$(mktemp -d)
 SERVER_PID=""
+BASE_TREE=""
 cleanup() {
     if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    if [ -n "$BASE_TREE" ]; then git worktree remove --force "$BASE_TREE" 2>/dev/null || true; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+
+# The base is built in a target dir of its own: cargo takes a build of the
+# same crates from another tree for fresh when their sources are older.
+BASE_BIN=""
+if [ -n "${BASE_REV:-}" ]; then
+    BASE_TREE="$WORK/base"
+    BASE_TARGET="${CARGO_TARGET_DIR:-$PWD/target}/base-rev"
+    git worktree add --detach "$BASE_TREE" "$BASE_REV" >&2
+    built=$(cd "$BASE_TREE" && CARGO_TARGET_DIR="$BASE_TARGET" bench_bin)
+    [ -x "$built" ] || { echo "could not build the bench at $BASE_REV" >&2; exit 1; }
+    BASE_BIN="$WORK/base-bench"
+    cp "$built" "$BASE_BIN"
+fi
+BIN=$(bench_bin)
+[ -x "$BIN" ] || { echo "could not find the redis_try_acquire bench binary" >&2; exit 1; }
 
 SERVER_PIN=(); CLIENT_PIN=()
 if [ "${PIN:-1}" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
@@ -117,7 +140,16 @@ for round in $(seq 1 "$ROUNDS"); do
             NODE_PATH="$PWD/$NODE_DIR/node_modules" "${CLIENT_PIN[@]}" node bench/redis_rlf.js "$PORT" "$n" "$RUN_SECONDS"
         done
         REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
-            "${CLIENT_PIN[@]}" "$BIN"
+            "${CLIENT_PIN[@]}" env -u BUSY_POLL_US "$BIN"
+        if [ -n "${BUSY_POLL_US:-}" ]; then
+            REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS WHO=ours \
+                BUSY_POLL_US=$BUSY_POLL_US "${CLIENT_PIN[@]}" "$BIN" \
+                | sed 's/"who":"\([^"]*\)"/"who":"\1 busy poll"/'
+        fi
+        if [ -n "$BASE_BIN" ]; then
+            REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
+                "${CLIENT_PIN[@]}" "$BASE_BIN" | sed 's/"who":"\([^"]*\)"/"who":"\1 @base"/'
+        fi
     } | sed "s/^{/{\"round\": $round, /" | tee -a "$RESULTS"
 done
 
@@ -156,4 +188,14 @@ for rnd in sorted({r["round"] for r in runs}):
     print(f"  round {rnd}  latency, 1 in flight: ours {ours1['mean_us']} us, rate-limiter-flexible "
           f"{rlf1['mean_us']} us (ratio {ours1['mean_us'] / rlf1['mean_us']:.2f}), coalescing off "
           f"{off1['mean_us']} us, raw {raw1['mean_us']} us, redis-rs minimal script {rs1['mean_us']} us")
+    if rows(OURS + " busy poll", 1):
+        bp1, bp50 = get(OURS + " busy poll", 1), get(OURS + " busy poll", 50)
+        print(f"  round {rnd}  busy poll: 1 in flight {bp1['mean_us']} us, p50 {bp1['p50_us']} us (ratio to "
+              f"rate-limiter-flexible {bp1['mean_us'] / rlf1['mean_us']:.2f}); 50 in flight {bp50['per_sec']}/s")
+    if rows(OURS + " @base", 1):
+        base1, base50 = get(OURS + " @base", 1), get(OURS + " @base", 50)
+        print(f"  round {rnd}  @base: 1 in flight {base1['mean_us']} us (ratio to rate-limiter-flexible "
+              f"{base1['mean_us'] / rlf1['mean_us']:.2f}, server us/decision {base1.get('server_usec_per_decision')}); "
+              f"50 in flight {base50['per_sec']}/s ({base50['per_sec'] / rlf50['per_sec']:.2f} of rate-limiter-flexible)")
+        print(f"  round {rnd}  ours / @base, mean latency at 1 in flight = {ours1['mean_us'] / base1['mean_us']:.2f}")
 PY

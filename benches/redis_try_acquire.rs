@@ -20,7 +20,10 @@
 //! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
 //! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
 //! the default, one client core like Node; or `multi_thread`),
-//! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`).
+//! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`), `WHO`
+//! (which runs, of `ours`, `off`, `minimal`, separated by commas; default
+//! all three: to profile one client alone), `BUSY_POLL_US` (our backend
+//! with `RedisBackendBuilder::busy_poll`, coalescing on).
 //! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
 //! several decisions when many are in flight: `commands_per_decision.evalsha`
 //! is then below 1, and `decisions_per_evalsha` gives the batch size;
@@ -179,6 +182,10 @@ fn main() {
 
     rt.block_on(async {
         let mut builder = RedisBackend::builder(&url);
+        if let Ok(us) = std::env::var("BUSY_POLL_US") {
+            let us = us.parse().expect("BUSY_POLL_US: microseconds");
+            builder = builder.busy_poll(Duration::from_micros(us));
+        }
         if let Ok(limits) = std::env::var("COALESCE_LIMITS") {
             let (batch, in_flight) = limits
                 .split_once(',')
@@ -242,12 +249,17 @@ fn main() {
                 allowed == 1
             }
         };
+        let selected = std::env::var("WHO").unwrap_or_else(|_| "ours,off,minimal".into());
+        let selected: Vec<&str> = selected.split(',').map(str::trim).collect();
         for n in inflight {
-            for who in [
-                "resource-broker RedisBackend",
-                "resource-broker RedisBackend coalescing off",
-                "redis-rs minimal script",
+            for (short, who) in [
+                ("ours", "resource-broker RedisBackend"),
+                ("off", "resource-broker RedisBackend coalescing off"),
+                ("minimal", "redis-rs minimal script"),
             ] {
+                if !selected.contains(&short) {
+                    continue;
+                }
                 let measured = async |length| match who {
                     "resource-broker RedisBackend" => run(ours, n, length).await,
                     "resource-broker RedisBackend coalescing off" => {

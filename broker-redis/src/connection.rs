@@ -1,6 +1,9 @@
-//! One connection to Redis (a reconnecting [`ConnectionManager`], or a
-//! cluster connection) and `EVALSHA` with a reload on `NOSCRIPT`.
+//! The connections to Redis (one server: a reconnecting
+//! [`ConnectionManager`] and, beside it, a [`Direct`] connection for the
+//! call that finds it free; or a cluster connection) and `EVALSHA` with a
+//! reload on `NOSCRIPT`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::BackendError;
@@ -8,11 +11,14 @@ use broker_core::BackendError;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
+use crate::direct::Direct;
+
 /// A cheap-to-clone handle on the store.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    /// One server, through a connection manager that reconnects by itself.
-    Single(ConnectionManager),
+    /// One server, through a connection manager that reconnects by itself,
+    /// and the direct connection (none for TLS or RESP3 URLs).
+    Single(ConnectionManager, Option<Arc<Direct>>),
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
@@ -21,7 +27,7 @@ pub(crate) enum Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Conn::Single(_) => f.write_str("Conn::Single"),
+            Conn::Single(..) => f.write_str("Conn::Single"),
             #[cfg(feature = "cluster")]
             Conn::Cluster(_) => f.write_str("Conn::Cluster"),
         }
@@ -33,22 +39,29 @@ impl std::fmt::Debug for Conn {
 pub(crate) struct Timeouts {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
+    /// Busy polling of the direct connection (see the builder).
+    pub(crate) busy_poll: Duration,
 }
 
 impl Conn {
     /// Connects to one server.
     pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
+        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_with_config(client, manager_config(t)).await?;
-        Ok(Conn::Single(manager))
+        if let Some(direct) = &direct {
+            direct.open().await;
+        }
+        Ok(Conn::Single(manager, direct))
     }
 
     /// One server, connected by the first command (and again after any
     /// failed attempt): only the URL is checked now.
     pub(crate) fn single_lazy(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
+        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config(t))?;
-        Ok(Conn::Single(manager))
+        Ok(Conn::Single(manager, direct))
     }
 
     /// Connects to a cluster through any of its nodes.
@@ -64,10 +77,19 @@ impl Conn {
         Ok(Conn::Cluster(client.get_async_connection().await?))
     }
 
-    /// Sends one command.
+    /// Sends one command: on one server, through the direct connection if
+    /// it is free, else through the manager.
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(c, direct) => {
+                let Some(direct) = direct else {
+                    return cmd.query_async(&mut c.clone()).await;
+                };
+                if let Some(reply) = direct.query(cmd).await {
+                    return reply;
+                }
+                direct.beside(cmd.query_async(&mut c.clone())).await
+            }
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
@@ -75,7 +97,7 @@ impl Conn {
 
     async fn load(&self, script: &Script) -> RedisResult<String> {
         match self {
-            Conn::Single(c) => script.load_async(&mut c.clone()).await,
+            Conn::Single(c, _) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => script.load_async(&mut c.clone()).await,
         }

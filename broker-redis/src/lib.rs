@@ -27,6 +27,12 @@
 //!   applies each decision in order exactly as its own script would; each
 //!   still takes one round trip and stays atomic, and a lone call is sent
 //!   at once. Under load, Redis does much less work per decision.
+//! - **Lone calls** (one server): a call that finds the backend's direct
+//!   connection free writes its command and reads the reply on its own
+//!   task, with no driver task in between; the others use the `redis`
+//!   crate's reconnecting connection manager.
+//!   [`RedisBackendBuilder::busy_poll`] trades a busy core for the wake-up
+//!   of a sleeping thread while it waits (off by default).
 //! - **Time**: the server's `TIME` by default, so replicas with skewed
 //!   clocks agree; [`RedisBackendBuilder::client_time`] for stores that
 //!   reject `TIME` in scripts. A bucket's time never runs backwards.
@@ -45,6 +51,7 @@
 mod builder;
 mod coalesce;
 mod connection;
+mod direct;
 mod failure;
 mod inspect;
 mod keys;

@@ -5,10 +5,17 @@
 -- of a dozen. Same KEYS, ARGV, hash layout and replies as try_one.lua; the
 -- conformance property test holds it to broker-core's reference bit for
 -- bit. The comments name the mirrored functions.
-local tonumber, call = tonumber, redis.call
+--
+-- What a call costs the server is kept down without changing a result:
+-- strings become numbers by arithmetic (`s + 0`, one parse; `tonumber`
+-- parses twice), an existing hash gets back only the fields a try changes
+-- (tokens and ts: `n` and `nb` stay as they were stored), and whole
+-- numbers go to Redis as integer strings (`%d`; Redis would print a Lua
+-- number with `%.17g`, the same digits at a higher cost).
+local tonumber, call, format = tonumber, redis.call, string.format
 local floor, ceil, abs = math.floor, math.ceil, math.abs
 local U64 = 18446744073709551616
-local capacity, amount, period = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local capacity, amount, period = ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0
 
 -- bucket::wait_for for a bucket refilled to n: the rate wait for want
 -- tokens (bucket::ceil_micros written out), or until nb if that is longer.
@@ -38,19 +45,21 @@ else
     redis.replicate_commands()
   end
   local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
--- load
+-- load; stored: the hash holds this bucket (n = 1), so that save writes
+-- back only tokens and ts.
 local tokens, ts, nb
 local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
-if tonumber(v[1]) ~= 1 then
+local stored = v[1] == '1' or tonumber(v[1]) == 1
+if not stored then
   tokens, ts, nb = capacity, now, 0
 else
-  tokens, ts, nb = tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+  tokens, ts, nb = v[2] + 0, v[3] + 0, v[4] + 0
 end
 
-local cost = tonumber(ARGV[7])
+local cost = ARGV[7] + 0
 if cost > 0 then
   local n = now
   if n < ts then n = ts end
@@ -85,6 +94,12 @@ if r >= capacity and nb <= now then
 end
 local ms = ceil(wait_for(r, nb, n, capacity) / 1000)
 if ms > 1e15 then ms = 1e15 end
-call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
-call('PEXPIRE', KEYS[1], ms + tonumber(ARGV[2]))
+if not stored then
+  call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
+elseif ts == floor(ts) and abs(ts) < 9007199254740992 then
+  call('HSET', KEYS[1], 'tokens:1', tokens, 'ts:1', format('%d', ts))
+else
+  call('HSET', KEYS[1], 'tokens:1', tokens, 'ts:1', ts)
+end
+call('PEXPIRE', KEYS[1], format('%d', ms + ARGV[2]))
 return 1
