@@ -175,6 +175,7 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 /// `try` over all limits: takes `cost` from every bucket and, if the
 /// resource has a concurrency limit, a slot under `lease`, or nothing at all.
 /// A zero cost for a bucket skips that bucket.
+#[inline]
 pub fn try_acquire(
     state: &mut ResourceState,
     spec: &LimitSpec,
