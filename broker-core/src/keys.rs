@@ -150,8 +150,9 @@ pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
     String::from_utf8(out).ok().map(Cow::Owned)
 }
 
-/// `a == b`, with the common lengths of ids and sub-keys (8 to 16 bytes)
-/// compared as two words instead of by a call to `memcmp`.
+/// `a == b`, without a call to `memcmp` for up to 16 bytes: ids and
+/// sub-keys are short, and an empty slice's dangling address sends some
+/// `memcmp` implementations' masked vector loads through a slow path.
 ///
 /// ```
 /// use broker_core::keys::same;
@@ -163,11 +164,14 @@ pub fn same(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
-    if (8..=16).contains(&a.len()) {
-        return a.first_chunk::<8>() == b.first_chunk::<8>()
-            && a.last_chunk::<8>() == b.last_chunk::<8>();
+    match a.len() {
+        0..8 => a.iter().zip(b).all(|(x, y)| x == y),
+        8..=16 => {
+            a.first_chunk::<8>() == b.first_chunk::<8>()
+                && a.last_chunk::<8>() == b.last_chunk::<8>()
+        }
+        _ => a == b,
     }
-    a == b
 }
 
 /// The state key of a resource.
