@@ -120,21 +120,6 @@ fn pressure(tenant: bool, concurrency: bool) -> Pressure {
     Pressure::new(broker, &config).unwrap()
 }
 
-/// tower_governor with one global key, limits far above the load.
-fn governor_global() -> tower_governor::GovernorLayer<
-    tower_governor::key_extractor::GlobalKeyExtractor,
-    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
-    Body,
-> {
-    let config = tower_governor::governor::GovernorConfigBuilder::default()
-        .per_nanosecond(1)
-        .burst_size(u32::MAX)
-        .key_extractor(tower_governor::key_extractor::GlobalKeyExtractor)
-        .finish()
-        .unwrap();
-    tower_governor::GovernorLayer::new(config)
-}
-
 /// tower_governor keyed by the `x-tenant` header (the per-tenant stage).
 #[derive(Clone)]
 struct TenantHeader;
@@ -151,8 +136,11 @@ impl tower_governor::key_extractor::KeyExtractor for TenantHeader {
     }
 }
 
-fn governor_keyed() -> tower_governor::GovernorLayer<
-    TenantHeader,
+/// tower_governor keyed by `key`, with a quota that never denies.
+fn governor_by<K: tower_governor::key_extractor::KeyExtractor>(
+    key: K,
+) -> tower_governor::GovernorLayer<
+    K,
     governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
     Body,
 > {
@@ -160,7 +148,7 @@ fn governor_keyed() -> tower_governor::GovernorLayer<
         tower_governor::governor::GovernorConfigBuilder::default()
             .per_nanosecond(1)
             .burst_size(u32::MAX)
-            .key_extractor(TenantHeader)
+            .key_extractor(key)
             .finish()
             .unwrap(),
     )
@@ -200,21 +188,6 @@ impl tower_governor::key_extractor::KeyExtractor for TenantExtension {
             .map(|t| t.0.clone())
             .ok_or(tower_governor::GovernorError::UnableToExtractKey)
     }
-}
-
-fn governor_tenant_extension() -> tower_governor::GovernorLayer<
-    TenantExtension,
-    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
-    Body,
-> {
-    tower_governor::GovernorLayer::new(
-        tower_governor::governor::GovernorConfigBuilder::default()
-            .per_nanosecond(1)
-            .burst_size(u32::MAX)
-            .key_extractor(TenantExtension)
-            .finish()
-            .unwrap(),
-    )
 }
 
 /// The example's pressure stack: route stage, authentication, tenant
@@ -275,31 +248,41 @@ fn variants() -> Vec<(&'static str, Router)> {
                 .layer(p.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant")))),
         )
     };
-    let governor = handler_router().layer(governor_global());
+    let governor = handler_router().layer(governor_by(
+        tower_governor::key_extractor::GlobalKeyExtractor,
+    ));
     let governor_and_keyed = handler_router().layer(
         ServiceBuilder::new()
-            .layer(governor_global())
-            .layer(governor_keyed()),
+            .layer(governor_by(
+                tower_governor::key_extractor::GlobalKeyExtractor,
+            ))
+            .layer(governor_by(TenantHeader)),
     );
     let governor_concurrency_and_keyed = handler_router().layer(
         ServiceBuilder::new()
-            .layer(governor_global())
+            .layer(governor_by(
+                tower_governor::key_extractor::GlobalKeyExtractor,
+            ))
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(100_000))
-            .layer(governor_keyed()),
+            .layer(governor_by(TenantHeader)),
     );
     let example_none = handler_router().layer(axum::middleware::from_fn(authenticate));
     let example_governor = handler_router().layer(
         ServiceBuilder::new()
-            .layer(governor_global())
+            .layer(governor_by(
+                tower_governor::key_extractor::GlobalKeyExtractor,
+            ))
             .layer(tower::limit::GlobalConcurrencyLimitLayer::new(100_000))
             .layer(axum::middleware::from_fn(authenticate))
-            .layer(governor_tenant_extension()),
+            .layer(governor_by(TenantExtension)),
     );
     let example_governor_rate_only = handler_router().layer(
         ServiceBuilder::new()
-            .layer(governor_global())
+            .layer(governor_by(
+                tower_governor::key_extractor::GlobalKeyExtractor,
+            ))
             .layer(axum::middleware::from_fn(authenticate))
-            .layer(governor_tenant_extension()),
+            .layer(governor_by(TenantExtension)),
     );
     vec![
         ("no_layer", none),
