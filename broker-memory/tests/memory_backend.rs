@@ -95,3 +95,73 @@ async fn a_penalized_state_is_not_evicted_before_its_penalty_ends() {
     clock.advance(Duration::from_secs(21));
     assert_eq!(backend.evict_idle(), 1);
 }
+
+/// The broker's fast path (states reached by sub-key through
+/// `Backend::local_states`) creates states in the same table the sweeps
+/// bound: a flood of distinct tenants does not keep their states alive.
+#[test]
+fn a_flood_of_sub_keys_through_the_fast_path_does_not_stay_alive() {
+    let clock = ManualClock::new();
+    let backend = Arc::new(MemoryBackend::with_clock(clock.clone()));
+    let broker = broker_core::ResourceBroker::from_arc(backend.clone());
+    broker
+        .register_limit("tenants", Limits::new().rate(RateLimit::per_second(10)))
+        .unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    let mut peak = 0;
+    for batch in 0..50 {
+        for i in 0..10_000 {
+            let tenant = format!("tenant-{batch}-{i}");
+            let a = tenants
+                .try_acquire_now(tenant.as_str(), Cost::default())
+                .expect("in-memory answers at once")
+                .unwrap();
+            assert!(a.allowed);
+        }
+        peak = peak.max(backend.len());
+        clock.advance(Duration::from_millis(100));
+    }
+    assert!(
+        peak < 50_000,
+        "states kept alive: peak {peak} of 500,000 sub-keys"
+    );
+    clock.advance(Duration::from_secs(1));
+    backend.evict_idle();
+    assert_eq!(backend.len(), 0, "every idle state is evicted");
+}
+
+/// The same exactness through the broker's fast path, with each permit
+/// released through it too (8 slots for 4 threads: a leaked slot would
+/// soon deny every call).
+#[test]
+fn threads_hammering_one_sub_key_through_the_fast_path_never_over_admit() {
+    let clock = ManualClock::new();
+    let broker = broker_core::ResourceBroker::new(MemoryBackend::with_clock(clock.clone()));
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1000).with_burst(500))
+        .max_concurrent(8);
+    broker.register_limit("api", limits).unwrap();
+    let handle = broker.resource_handle("api").unwrap();
+    let admitted = AtomicU64::new(0);
+    for step in 0..10u64 {
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        let a = handle
+                            .try_acquire_now("tenant-1", Cost::default())
+                            .unwrap()
+                            .unwrap();
+                        if a.allowed {
+                            assert!(a.permit.is_held());
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), 500 + 100 * step);
+        assert_eq!(broker.stats().resources["api"].in_flight, 0);
+        clock.advance(Duration::from_millis(100));
+    }
+}
