@@ -377,32 +377,6 @@ fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
     key.map(|k| keys::keyed(&resource.id, k))
 }
 
-/// Runs `f` with the state key of `resource` (or of its sub-key `key`):
-/// the key [`state_key`] builds (`resource.key` is the escaped id), built on
-/// the stack when it is short and needs no escaping (the common case), so
-/// the in-memory path allocates nothing.
-fn with_state_key<R>(resource: &Resource, key: Option<&str>, f: impl FnOnce(&str) -> R) -> R {
-    /// Longest state key built on the stack.
-    const STACK: usize = 128;
-    let Some(k) = key else {
-        return f(&resource.key);
-    };
-    let (rk, kb) = (resource.key.as_bytes(), k.as_bytes());
-    let len = rk.len() + 1 + kb.len();
-    if len <= STACK && !keys::needs_escaping(k) {
-        let mut buf = [0u8; STACK];
-        buf[..rk.len()].copy_from_slice(rk);
-        buf[rk.len()] = b':';
-        buf[rk.len() + 1..len].copy_from_slice(kb);
-        // SAFETY: `buf[..len]` is two `str`s joined by an ASCII byte, so
-        // it is UTF-8.
-        let joined = unsafe { std::str::from_utf8_unchecked(&buf[..len]) };
-        debug_assert_eq!(joined, keys::keyed(&resource.id, k));
-        return f(joined);
-    }
-    f(&keys::keyed(&resource.id, k))
-}
-
 /// # Check + reject
 impl ResourceBroker {
     /// Answers at once: takes `cost` (and a concurrency slot) if available,
@@ -523,9 +497,11 @@ impl ResourceBroker {
             return Some(Ok(self.answer(resource, || HeldKey::sub(key), d)));
         }
         let backend = &self.inner.backend;
-        let decision = with_state_key(resource, key, |key| {
-            backend.try_acquire_now(key, &resource.spec, cost)
-        })?;
+        // A store without per-resource states (see
+        // `Backend::local_states`) that still answers without I/O.
+        let owned = state_key(resource, key);
+        let state = owned.as_deref().unwrap_or(&resource.key);
+        let decision = backend.try_acquire_now(state, &resource.spec, cost)?;
         Some(match decision {
             // A held lease needs the key again, to release it: built only then.
             Ok(d) => Ok(self.answer(resource, || HeldKey::state(state_key(resource, key)), d)),

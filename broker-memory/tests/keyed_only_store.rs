@@ -1,0 +1,94 @@
+//! A store that answers without I/O but hands out no per-resource states
+//! (`Backend::local_states` left at its default): the broker's synchronous
+//! `try_acquire` then goes through the keyed `try_acquire_now` with the
+//! joined state key, and a held permit is released by that key.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::{
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Limits, ManualClock, ObservedLimit,
+    RateLimit, Reservation, ResourceBroker,
+};
+use broker_memory::MemoryBackend;
+
+/// `MemoryBackend` with its keyed calls only.
+struct KeyedOnly(Arc<MemoryBackend>);
+
+#[async_trait]
+impl Backend for KeyedOnly {
+    async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
+        self.0.try_acquire(k, s, c).await
+    }
+    fn try_acquire_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+    ) -> Option<Result<Decision, BackendError>> {
+        self.0.try_acquire_now(k, s, c)
+    }
+    async fn reserve(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+        w: Duration,
+    ) -> Result<Reservation, BackendError> {
+        self.0.reserve(k, s, c, w).await
+    }
+    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+        self.0.hold_slot(k, s).await
+    }
+    async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
+        self.0.release(k, l).await
+    }
+    fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
+        self.0.release_now(k, l)
+    }
+    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
+        self.0.settle(k, s, r, a).await
+    }
+    async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
+        self.0.penalize(k, s, h).await
+    }
+    async fn reconcile(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        o: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        self.0.reconcile(k, s, o).await
+    }
+}
+
+#[test]
+fn a_store_without_local_states_answers_and_releases_by_the_joined_key() {
+    let store = Arc::new(MemoryBackend::with_clock(ManualClock::new()));
+    let broker = ResourceBroker::new(KeyedOnly(store.clone()));
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(2).with_burst(2))
+        .max_concurrent(1);
+    broker.register_limit("t:x", limits).unwrap();
+    let now = |sub| {
+        broker
+            .try_acquire_now(("t:x", sub), Cost::default())
+            .expect("the store answers without I/O")
+            .unwrap()
+    };
+    let held = now("a:b");
+    assert!(held.allowed && held.permit.is_held());
+    let state_key = broker_core::keys::keyed("t:x", "a:b");
+    assert_eq!(store.state(&state_key).unwrap().leases.len(), 1);
+    let busy = now("a:b");
+    assert!(!busy.allowed, "the only slot is held");
+    drop(held);
+    assert!(store.state(&state_key).unwrap().leases.is_empty());
+    let again = now("a:b");
+    assert!(again.allowed, "the released slot is free again");
+    drop(again);
+    let out = now("a:b");
+    assert!(!out.allowed, "the burst of 2 is spent");
+    assert_eq!(out.wait_time, Duration::from_millis(500));
+}
