@@ -172,3 +172,33 @@ async fn the_fast_path_and_the_keyed_calls_share_one_state_per_sub_key() {
     drop(acquired);
     assert!(backend.state(&late).unwrap().leases.is_empty());
 }
+
+/// A state made under one registration, met under the next: with as many
+/// buckets it keeps its tokens under the new limits; with another number
+/// of buckets it starts afresh (the states are reached through the new
+/// registration's per-resource states).
+#[test]
+fn a_state_follows_re_registration_of_its_resource() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    broker.register_limit("tenants", two_per_second()).unwrap();
+    let take = || {
+        broker
+            .try_acquire_now(("tenants", "a"), Cost::default())
+            .unwrap()
+            .unwrap()
+    };
+    assert!(take().allowed && take().allowed);
+    assert_eq!(take().wait_time, Duration::from_millis(500));
+    // One bucket again, refilled at 1/s: the empty bucket is kept.
+    let slower = Limits::new().rate(RateLimit::per_second(1).with_burst(2));
+    broker.register_limit("tenants", slower).unwrap();
+    let denied = take();
+    assert!(!denied.allowed, "the spent burst is kept");
+    assert_eq!(denied.wait_time, Duration::from_secs(1));
+    // Two buckets: a fresh state.
+    let two = two_per_second().rate(RateLimit::per_minute(100));
+    broker.register_limit("tenants", two).unwrap();
+    assert!(take().allowed && take().allowed);
+    assert!(!take().allowed);
+}
