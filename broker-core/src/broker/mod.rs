@@ -309,7 +309,10 @@ impl ResourceBroker {
 }
 
 /// What a thread read last from a broker's registry (see
-/// `ResourceBroker::with_resource`).
+/// `ResourceBroker::with_resource`). It keeps that registry (and through
+/// its resources an in-memory store's states) alive until the thread reads
+/// another broker's registry or exits: one registry per thread at most,
+/// the price of reading it without an atomic read-modify-write.
 struct LastRead {
     stamp: u64,
     registry: Arc<Registry>,
