@@ -507,7 +507,7 @@ impl ResourceBroker {
         let decision = backend.try_acquire_now(state, &resource.spec, cost)?;
         Some(match decision {
             // A held lease needs the key again, to release it: built only then.
-            Ok(d) => Ok(self.answer(resource, || HeldKey::state(state_key(resource, key)), d)),
+            Ok(d) => Ok(self.answer(resource, || HeldKey::state(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
