@@ -188,25 +188,52 @@ pub fn try_acquire(
     };
     // One rate limit (the common case): what `wait_all` then `take_all`
     // compute, with the bucket refilled once.
-    let c = cost.of(*unit) as f64;
-    let mut taken = *s;
-    if c > 0.0 {
-        let now = now.max(s.ts);
-        let r = bucket::refill(*s, p, now);
-        let wait = bucket::wait_for(&r, p, now, c);
-        if wait > 0 {
-            return Decision::deny(DenyReason::Rate, wait);
-        }
-        taken = BucketState {
-            tokens: r.tokens - c,
-            ..r
-        };
-    }
+    let taken = match take_one(*s, p, now, cost.of(*unit) as f64) {
+        Ok(taken) => taken,
+        Err(wait) => return Decision::deny(DenyReason::Rate, wait),
+    };
     if !hold_slot(state, spec, now, lease) {
         return Decision::deny(DenyReason::Concurrency, 0);
     }
     state.buckets[0] = taken;
     Decision::allow(spec.max_concurrent.map(|_| lease))
+}
+
+/// [`try_acquire`] for a resource of one rate limit and no concurrency
+/// limit, on its one bucket: the same decision and the same new bucket.
+#[inline]
+pub fn try_acquire_one(
+    bucket: &mut BucketState,
+    unit: Unit,
+    params: &BucketParams,
+    now: Micros,
+    cost: Cost,
+) -> Decision {
+    match take_one(*bucket, params, now, cost.of(unit) as f64) {
+        Ok(taken) => {
+            *bucket = taken;
+            Decision::allow(None)
+        }
+        Err(wait) => Decision::deny(DenyReason::Rate, wait),
+    }
+}
+
+/// One bucket's part of `try`: the bucket with `c` taken, or the wait.
+#[inline]
+fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
+    if c <= 0.0 {
+        return Ok(s);
+    }
+    let now = now.max(s.ts);
+    let r = bucket::refill(s, p, now);
+    let wait = bucket::wait_for(&r, p, now, c);
+    if wait > 0 {
+        return Err(wait);
+    }
+    Ok(BucketState {
+        tokens: r.tokens - c,
+        ..r
+    })
 }
 
 /// [`try_acquire`] as the composition of [`wait_all`] and `take_all`: any

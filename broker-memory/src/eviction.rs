@@ -10,7 +10,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::States;
-use broker_core::state;
 use broker_core::Micros;
 
 /// Below this many states no sweep runs.
@@ -21,7 +20,7 @@ const SWEEP_INTERVAL: Micros = 10_000_000;
 /// Drops every idle state; returns how many.
 pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
-    states.retain(|e| !state::is_idle(&e.state, &e.spec, now));
+    states.retain(|e| !e.state.is_idle(&e.spec, now));
     before.saturating_sub(states.len())
 }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use broker_core::bucket::BucketState;
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
@@ -53,12 +54,75 @@ struct Store {
 
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) state: ResourceState,
+    pub(crate) state: Stored,
     /// The limits the state was made for (the sweeper needs them to tell an
     /// idle state); a resource re-configured with other buckets starts afresh.
     /// Shared by the states of one resource (see [`shared_spec`]), so
     /// checking it reads memory that is already in cache.
     pub(crate) spec: Arc<LimitSpec>,
+}
+
+/// A state as the table holds it.
+#[derive(Debug)]
+pub(crate) enum Stored {
+    /// The one bucket of a resource with one rate limit and no concurrency
+    /// limit (the common case), held in the table's slot itself.
+    One(BucketState),
+    /// Any other state.
+    Full(Box<ResourceState>),
+}
+
+/// Whether states made for `spec` are held as [`Stored::One`].
+fn one_bucket(spec: &LimitSpec) -> bool {
+    spec.buckets.len() == 1 && spec.max_concurrent.is_none()
+}
+
+impl Stored {
+    fn fresh(spec: &LimitSpec, now: u64) -> Self {
+        match spec.buckets.as_slice() {
+            [(_, p)] if one_bucket(spec) => Self::One(BucketState::fresh(p, now)),
+            _ => Self::Full(Box::new(ResourceState::fresh(spec, now))),
+        }
+    }
+
+    /// The state as the reference transitions take it.
+    pub(crate) fn to_state(&self) -> ResourceState {
+        match self {
+            Self::One(b) => ResourceState {
+                buckets: vec![*b],
+                leases: Vec::new(),
+            },
+            Self::Full(s) => (**s).clone(),
+        }
+    }
+
+    /// Runs a reference transition on the state; a [`Stored::One`] bucket
+    /// goes through a one-bucket `ResourceState` and back (no transition
+    /// adds a lease for a spec without a concurrency limit).
+    fn with_full<R>(&mut self, f: impl FnOnce(&mut ResourceState) -> R) -> R {
+        match self {
+            Self::Full(s) => f(s),
+            Self::One(b) => {
+                let mut s = ResourceState {
+                    buckets: vec![*b],
+                    leases: Vec::new(),
+                };
+                let r = f(&mut s);
+                debug_assert!(s.leases.is_empty());
+                *b = s.buckets[0];
+                r
+            }
+        }
+    }
+
+    /// [`state::is_idle`].
+    pub(crate) fn is_idle(&self, spec: &LimitSpec, now: u64) -> bool {
+        match (self, spec.buckets.as_slice()) {
+            (Self::One(b), [(_, p)]) => broker_core::bucket::is_idle(b, p, now),
+            (Self::Full(s), _) => state::is_idle(s, spec, now),
+            (Self::One(_), _) => false,
+        }
+    }
 }
 
 impl Default for MemoryBackend {
@@ -114,7 +178,9 @@ impl MemoryBackend {
 
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
-        key::with_parsed(key, |key| self.store.states.get(key, |e| e.state.clone()))
+        key::with_parsed(key, |key| {
+            self.store.states.get(key, |e| e.state.to_state())
+        })
     }
 
     /// Runs `f` on the state of the joined state `key`, made for `spec`.
@@ -125,8 +191,13 @@ impl MemoryBackend {
         f: impl FnOnce(&mut ResourceState, u64) -> R,
     ) -> R {
         key::with_parsed(key, |key| {
-            self.store
-                .with_state(key, None, spec, || shared_spec(spec), f)
+            self.store.with_state(
+                key,
+                None,
+                spec,
+                || shared_spec(spec),
+                |s, now| s.with_full(|s| f(s, now)),
+            )
         })
     }
 
@@ -146,14 +217,14 @@ impl Store {
         resource: Option<&Arc<str>>,
         spec: &LimitSpec,
         shared: impl Fn() -> Arc<LimitSpec>,
-        f: impl FnOnce(&mut ResourceState, u64) -> R,
+        f: impl FnOnce(&mut Stored, u64) -> R,
     ) -> R {
         let now = self.clock.now();
         let (result, inserted) = self.states.upsert(
             key,
             || key.to_owned_with(resource),
             || Entry {
-                state: ResourceState::fresh(spec, now),
+                state: Stored::fresh(spec, now),
                 spec: shared(),
             },
             |e| f(e.current(spec, &shared, now), now),
@@ -165,7 +236,10 @@ impl Store {
     /// Frees the slot held under `lease` on the state of `key`.
     fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         self.states
-            .get(key, |e| state::release(&mut e.state, lease))
+            .get(key, |e| match &mut e.state {
+                Stored::Full(s) => state::release(s, lease),
+                Stored::One(_) => false,
+            })
             .unwrap_or(false)
     }
 
@@ -185,7 +259,7 @@ impl Entry {
         spec: &LimitSpec,
         shared: impl Fn() -> Arc<LimitSpec>,
         now: u64,
-    ) -> &mut ResourceState {
+    ) -> &mut Stored {
         // The entry holds its spec alive, so an equal address is the same
         // allocation, not a new one at a freed address.
         if !std::ptr::eq(Arc::as_ptr(&self.spec), spec) {
@@ -198,7 +272,15 @@ impl Entry {
     #[cold]
     fn adopt(&mut self, spec: &LimitSpec, shared: impl Fn() -> Arc<LimitSpec>, now: u64) {
         if self.spec.buckets.len() != spec.buckets.len() {
-            self.state = ResourceState::fresh(spec, now);
+            self.state = Stored::fresh(spec, now);
+        } else if one_bucket(spec) != matches!(self.state, Stored::One(_)) {
+            // As many buckets, held the other way: the buckets are kept (a
+            // one-bucket state keeps its live leases by staying full).
+            let full = self.state.to_state();
+            self.state = match full.buckets.as_slice() {
+                [b] if one_bucket(spec) && full.leases.is_empty() => Stored::One(*b),
+                _ => Stored::Full(Box::new(full)),
+            };
         }
         self.spec = shared();
     }

@@ -8,7 +8,7 @@ use broker_core::state::{self, LimitSpec};
 use broker_core::{Cost, Decision, LeaseId, LocalStates};
 
 use crate::key::KeyRef;
-use crate::Store;
+use crate::{Store, Stored};
 
 /// The states of one resource, for one registration's limits.
 pub(crate) struct ResourceStates {
@@ -50,7 +50,10 @@ impl LocalStates for ResourceStates {
             Some(&self.resource),
             spec,
             || spec.clone(),
-            |s, now| state::try_acquire(s, spec, now, cost, lease),
+            |s, now| match (s, spec.buckets.as_slice()) {
+                (Stored::One(b), [(unit, p)]) => state::try_acquire_one(b, *unit, p, now, cost),
+                (s, _) => s.with_full(|s| state::try_acquire(s, spec, now, cost, lease)),
+            },
         )
     }
 

@@ -202,3 +202,37 @@ fn a_state_follows_re_registration_of_its_resource() {
     assert!(take().allowed && take().allowed);
     assert!(!take().allowed);
 }
+
+/// A one-bucket state is held compactly while its resource has no
+/// concurrency limit; re-registered with one (same bucket), it keeps its
+/// tokens and takes leases; without it again, it keeps its tokens too.
+#[test]
+fn a_state_keeps_its_tokens_when_a_concurrency_limit_comes_and_goes() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    let three = || Limits::new().rate(RateLimit::per_second(1).with_burst(3));
+    broker.register_limit("api", three()).unwrap();
+    let take = || {
+        broker
+            .try_acquire_now(("api", "a"), Cost::default())
+            .unwrap()
+            .unwrap()
+    };
+    assert!(take().allowed);
+    broker
+        .register_limit("api", three().max_concurrent(1))
+        .unwrap();
+    let held = take();
+    assert!(
+        held.allowed && held.permit.is_held(),
+        "one of 3 tokens left"
+    );
+    let busy = take();
+    assert!(!busy.allowed, "the only slot is held");
+    drop(held);
+    broker.register_limit("api", three()).unwrap();
+    assert!(take().allowed, "the last token");
+    let out = take();
+    assert!(!out.allowed, "3 tokens taken across three registrations");
+    assert_eq!(out.wait_time, Duration::from_secs(1));
+}
