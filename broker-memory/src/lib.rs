@@ -72,6 +72,16 @@ pub(crate) enum Stored {
     Full(Box<ResourceState>),
 }
 
+/// The `ResourceState` of a [`Stored::One`] bucket (one small allocation:
+/// the keyed transitions on such a state pay it, `try_acquire` through
+/// [`LocalStates`] does not).
+fn one_state(bucket: BucketState) -> ResourceState {
+    ResourceState {
+        buckets: vec![bucket],
+        leases: Vec::new(),
+    }
+}
+
 /// Whether states made for `spec` are held as [`Stored::One`].
 fn one_bucket(spec: &LimitSpec) -> bool {
     spec.buckets.len() == 1 && spec.max_concurrent.is_none()
@@ -88,10 +98,7 @@ impl Stored {
     /// The state as the reference transitions take it.
     pub(crate) fn to_state(&self) -> ResourceState {
         match self {
-            Self::One(b) => ResourceState {
-                buckets: vec![*b],
-                leases: Vec::new(),
-            },
+            Self::One(b) => one_state(*b),
             Self::Full(s) => (**s).clone(),
         }
     }
@@ -103,15 +110,22 @@ impl Stored {
         match self {
             Self::Full(s) => f(s),
             Self::One(b) => {
-                let mut s = ResourceState {
-                    buckets: vec![*b],
-                    leases: Vec::new(),
-                };
+                let mut s = one_state(*b);
                 let r = f(&mut s);
                 debug_assert!(s.leases.is_empty());
                 *b = s.buckets[0];
                 r
             }
+        }
+    }
+
+    /// [`state::try_acquire`] on this state; a [`Stored::One`] bucket
+    /// through [`state::try_acquire_one`], without a `ResourceState`.
+    #[inline]
+    fn try_acquire(&mut self, spec: &LimitSpec, now: u64, cost: Cost, lease: LeaseId) -> Decision {
+        match (self, spec.buckets.as_slice()) {
+            (Self::One(b), [(unit, p)]) => state::try_acquire_one(b, *unit, p, now, cost),
+            (s, _) => s.with_full(|s| state::try_acquire(s, spec, now, cost, lease)),
         }
     }
 
@@ -184,21 +198,32 @@ impl MemoryBackend {
     }
 
     /// Runs `f` on the state of the joined state `key`, made for `spec`.
+    fn with_stored<R>(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        f: impl FnOnce(&mut Stored, u64) -> R,
+    ) -> R {
+        key::with_parsed(key, |key| {
+            self.store
+                .with_state(key, None, spec, || shared_spec(spec), f)
+        })
+    }
+
+    /// [`MemoryBackend::with_stored`] for a reference transition.
     fn with_state<R>(
         &self,
         key: &str,
         spec: &LimitSpec,
         f: impl FnOnce(&mut ResourceState, u64) -> R,
     ) -> R {
-        key::with_parsed(key, |key| {
-            self.store.with_state(
-                key,
-                None,
-                spec,
-                || shared_spec(spec),
-                |s, now| s.with_full(|s| f(s, now)),
-            )
-        })
+        self.with_stored(key, spec, |s, now| s.with_full(|s| f(s, now)))
+    }
+
+    /// `try_acquire` on the joined state `key`.
+    fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
+        let lease = self.store.lease_for(spec);
+        self.with_stored(key, spec, |s, now| s.try_acquire(spec, now, cost, lease))
     }
 
     fn lease(&self) -> LeaseId {
@@ -245,6 +270,16 @@ impl Store {
 
     fn lease(&self) -> LeaseId {
         self.next_lease.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A lease id for a `try` under `spec` (none needed without a
+    /// concurrency limit).
+    fn lease_for(&self, spec: &LimitSpec) -> LeaseId {
+        if spec.max_concurrent.is_some() {
+            self.lease()
+        } else {
+            0
+        }
     }
 }
 
@@ -313,10 +348,7 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Decision, BackendError> {
-        let lease = self.lease();
-        Ok(self.with_state(key, spec, |s, now| {
-            state::try_acquire(s, spec, now, cost, lease)
-        }))
+        Ok(self.try_acquire_sync(key, spec, cost))
     }
 
     fn try_acquire_now(
@@ -325,14 +357,7 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Option<Result<Decision, BackendError>> {
-        let lease = if spec.max_concurrent.is_some() {
-            self.lease()
-        } else {
-            0
-        };
-        Some(Ok(self.with_state(key, spec, |s, now| {
-            state::try_acquire(s, spec, now, cost, lease)
-        })))
+        Some(Ok(self.try_acquire_sync(key, spec, cost)))
     }
 
     async fn reserve(

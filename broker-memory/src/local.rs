@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use broker_core::state::{self, LimitSpec};
+use broker_core::state::LimitSpec;
 use broker_core::{Cost, Decision, LeaseId, LocalStates};
 
 use crate::key::KeyRef;
-use crate::{Store, Stored};
+use crate::Store;
 
 /// The states of one resource, for one registration's limits.
 pub(crate) struct ResourceStates {
@@ -40,20 +40,13 @@ impl ResourceStates {
 impl LocalStates for ResourceStates {
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision {
         let spec = &self.spec;
-        let lease = if spec.max_concurrent.is_some() {
-            self.store.lease()
-        } else {
-            0
-        };
+        let lease = self.store.lease_for(spec);
         self.store.with_state(
             self.key(sub),
             Some(&self.resource),
             spec,
             || spec.clone(),
-            |s, now| match (s, spec.buckets.as_slice()) {
-                (Stored::One(b), [(unit, p)]) => state::try_acquire_one(b, *unit, p, now, cost),
-                (s, _) => s.with_full(|s| state::try_acquire(s, spec, now, cost, lease)),
-            },
+            |s, now| s.try_acquire(spec, now, cost, lease),
         )
     }
 

@@ -311,7 +311,7 @@ impl ResourceBroker {
             let permit = match wait_slot(self, &resource, &key, deadline).await? {
                 SlotOutcome::Unlimited => Permit::empty(),
                 SlotOutcome::Held(lease) => {
-                    let k = super::HeldKey::state(target.key.map(|_| key.clone()));
+                    let k = super::HeldKey::State(target.key.map(|_| key.clone()));
                     // The queue place counts this work as in flight.
                     Permit::held(
                         self.inner.backend.clone(),

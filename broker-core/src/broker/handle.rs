@@ -106,14 +106,16 @@ impl ResourceHandle {
         if self.resource.retired.load(Ordering::Acquire) {
             return Box::pin(self.broker.try_acquire(target, cost)).await;
         }
-        if let Some(answer) = self.broker.acquire_now(&self.resource, key, cost) {
-            return answer;
+        match self.broker.acquire_now(&self.resource, key, cost) {
+            Ok(answer) => answer,
+            Err(state_key) => {
+                Box::pin(
+                    self.broker
+                        .try_acquire_later(self.resource.clone(), state_key, cost),
+                )
+                .await
+            }
         }
-        Box::pin(
-            self.broker
-                .try_acquire_later(self.resource.clone(), target, cost),
-        )
-        .await
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `Some(answer)`
@@ -146,6 +148,6 @@ impl ResourceHandle {
             };
             return self.broker.try_acquire_now(target, cost);
         }
-        self.broker.acquire_now(&self.resource, key, cost)
+        self.broker.acquire_now(&self.resource, key, cost).ok()
     }
 }

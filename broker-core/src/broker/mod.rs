@@ -393,11 +393,11 @@ impl ResourceBroker {
         let target = target.into();
         // Nothing but the boxed remote call is held across the await, so
         // the in-memory path's future stays small.
-        let resource = match self.now_or_later(target, cost) {
+        let (resource, key) = match self.now_or_later(target, cost) {
             Ok(answer) => return answer,
-            Err(resource) => resource,
+            Err(later) => later,
         };
-        Box::pin(self.try_acquire_later(resource, target, cost)).await
+        Box::pin(self.try_acquire_later(resource, key, cost)).await
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting, for callers that
@@ -426,12 +426,12 @@ impl ResourceBroker {
     }
 
     /// The answer given without I/O, or the resource whose backend must be
-    /// asked asynchronously.
+    /// asked asynchronously, with the state key to ask for.
     fn now_or_later(
         &self,
         target: Target<'_>,
         cost: Cost,
-    ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
+    ) -> Result<Result<Acquisition, BrokerError>, (Arc<Resource>, Option<String>)> {
         self.with_resource(target.resource, |resource| {
             let Some(resource) = resource else {
                 return Ok(Err(BrokerError::UnknownResource(
@@ -439,7 +439,7 @@ impl ResourceBroker {
                 )));
             };
             self.acquire_now(resource, target.key, cost)
-                .ok_or_else(|| resource.clone())
+                .map_err(|key| (resource.clone(), key))
         })
     }
 
@@ -482,32 +482,35 @@ impl ResourceBroker {
         })
     }
 
-    /// `try_acquire` on a resource already looked up, without I/O:
-    /// `None` when the backend must be asked asynchronously (nothing was
-    /// consumed).
+    /// `try_acquire` on a resource already looked up, without I/O; else
+    /// (nothing was consumed) the state key of sub-key `key` (`None`: the
+    /// resource's own), for the backend's asynchronous call.
     #[inline]
     fn acquire_now(
         &self,
         resource: &Arc<Resource>,
         key: Option<&str>,
         cost: Cost,
-    ) -> Option<Result<Acquisition, BrokerError>> {
+    ) -> Result<Result<Acquisition, BrokerError>, Option<String>> {
         if let Err(e) = resource.check_fits(cost) {
-            return Some(Err(e));
+            return Ok(Err(e));
         }
         if let Some(local) = &resource.local {
             let d = local.try_acquire(key, cost);
-            return Some(Ok(self.answer(resource, || HeldKey::sub(key), d)));
+            return Ok(Ok(self.answer(resource, || HeldKey::sub(key), d)));
         }
-        let backend = &self.inner.backend;
-        // A store without per-resource states (see
-        // `Backend::local_states`) that still answers without I/O.
+        // Any other store is asked by state key, built once for both calls.
         let owned = state_key(resource, key);
         let state = owned.as_deref().unwrap_or(&resource.key);
-        let decision = backend.try_acquire_now(state, &resource.spec, cost)?;
-        Some(match decision {
-            // A held lease needs the key again, to release it: built only then.
-            Ok(d) => Ok(self.answer(resource, || HeldKey::state(owned), d)),
+        let Some(decision) = self
+            .inner
+            .backend
+            .try_acquire_now(state, &resource.spec, cost)
+        else {
+            return Err(owned);
+        };
+        Ok(match decision {
+            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -519,10 +522,9 @@ impl ResourceBroker {
     async fn try_acquire_later(
         &self,
         resource: Arc<Resource>,
-        target: Target<'_>,
+        owned_key: Option<String>,
         cost: Cost,
     ) -> Result<Acquisition, BrokerError> {
-        let owned_key = state_key(&resource, target.key);
         let key = owned_key.as_deref().unwrap_or(&resource.key);
         let decision = self
             .inner
@@ -530,7 +532,7 @@ impl ResourceBroker {
             .try_acquire(key, &resource.spec, cost)
             .await
             .inspect_err(|e| note_backend_error(&resource, "try_acquire", e))?;
-        Ok(self.answer(&resource, || HeldKey::state(owned_key), decision))
+        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
     }
 
     /// The acquisition of decision `d`; `key` names the state a held
@@ -608,7 +610,7 @@ impl ResourceBroker {
         booking.consume();
         Ok(self.answer(
             &resource,
-            || HeldKey::state(owned_key),
+            || HeldKey::State(owned_key),
             Decision::allow(lease),
         ))
     }

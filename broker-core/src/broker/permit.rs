@@ -58,10 +58,6 @@ impl HeldKey {
     pub(crate) fn sub(key: Option<&str>) -> Self {
         Self::Sub(key.map(Box::from))
     }
-
-    pub(crate) fn state(key: Option<String>) -> Self {
-        Self::State(key)
-    }
 }
 
 impl std::fmt::Debug for dyn Backend {
@@ -131,7 +127,6 @@ fn release_held(h: Held) {
         HeldKey::Sub(sub) => sub.map(|k| crate::keys::keyed(&resource.id, &k)),
         HeldKey::State(key) => key,
     };
-    let resource = &h.resource;
     match h
         .backend
         .release_now(key.as_deref().unwrap_or(&resource.key), h.lease)
