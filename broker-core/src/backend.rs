@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LeaseId, LimitSpec, Reservation};
+use crate::state::{Decision, LeaseId, LimitSpec, Reservation, Verdict};
 use crate::stats::BackendHealth;
 
 /// A state store for resource buckets.
@@ -134,7 +134,7 @@ pub trait Backend: Send + Sync + 'static {
 /// (not escaped), `None` for the resource's own state.
 pub trait LocalStates: Send + Sync + 'static {
     /// [`Backend::try_acquire`] on the state of `sub`.
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision;
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict;
 
     /// [`Backend::release`] on the state of `sub`: frees the slot held
     /// under `lease`. Idempotent; true if it was held.

@@ -47,6 +47,7 @@ impl BucketState {
 }
 
 /// Refills `state` to `now` (clamped to `state.ts`), capped at capacity.
+#[inline]
 pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
     if now <= state.ts {
         return state;
@@ -64,6 +65,7 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
 /// float noise of far less than that, and rounding the noise up would send
 /// a booked request a whole µs late (a strict upstream whose bucket is full
 /// at that moment loses the µs of refill).
+#[inline]
 pub fn ceil_micros(x: f64) -> Micros {
     let nearest = x.round();
     if (x - nearest).abs() < 1e-3 {
@@ -76,6 +78,7 @@ pub fn ceil_micros(x: f64) -> Micros {
 /// How long after `now` until `cost` tokens are available and `nb` has
 /// passed, for a state already refilled to `now`. Rounded up to whole µs
 /// by [`ceil_micros`].
+#[inline]
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     let deficit = cost - state.tokens;
     let rate_wait = if deficit > 0.0 {
@@ -93,6 +96,7 @@ pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f
 /// strict upstream's bucket does. The state keeps `ts` at now; the refill
 /// between now and the send is credited back so that refilling to the send
 /// time yields exactly `min(capacity, tokens + refill) - cost`.
+#[inline]
 pub fn book(
     state: BucketState,
     params: &BucketParams,
@@ -109,6 +113,7 @@ pub fn book(
 
 /// `try`: takes `cost` if it is available now; otherwise leaves the tokens
 /// and reports the wait. Returns `(new state, wait)`; `wait == 0` means taken.
+#[inline]
 pub fn try_take(
     state: BucketState,
     params: &BucketParams,
@@ -191,6 +196,7 @@ pub fn reconcile(
 
 /// Whether the bucket, refilled to `now`, is indistinguishable from a fresh
 /// one (full and not held): such a state can be dropped without loss.
+#[inline]
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
     let s = refill(*state, params, now.max(state.ts));
     s.tokens >= params.capacity && s.nb <= now

@@ -124,6 +124,61 @@ impl Decision {
     }
 }
 
+/// A [`Decision`] in two words, so that it is returned in registers: the
+/// answer of [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
+/// the in-memory fast path, which converts to and from a [`Decision`]
+/// without loss.
+///
+/// ```
+/// use broker_core::{Decision, DenyReason, Verdict};
+/// let d = Decision::deny(DenyReason::Rate, 250_000);
+/// assert_eq!(Verdict::from(d), Verdict::Rate(250_000));
+/// assert_eq!(Decision::from(Verdict::from(d)), d);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Allowed, holding no slot.
+    Allowed,
+    /// Allowed, holding a concurrency slot under this lease.
+    Leased(LeaseId),
+    /// Denied by a rate limit: how long until the cost would fit (µs).
+    Rate(Micros),
+    /// Denied: every concurrency slot is held.
+    Concurrency,
+}
+
+impl Verdict {
+    /// Whether the cost was taken.
+    #[inline]
+    pub fn allowed(self) -> bool {
+        matches!(self, Self::Allowed | Self::Leased(_))
+    }
+}
+
+impl From<Decision> for Verdict {
+    #[inline]
+    fn from(d: Decision) -> Self {
+        match (d.allowed, d.lease, d.denied_by) {
+            (true, None, _) => Self::Allowed,
+            (true, Some(lease), _) => Self::Leased(lease),
+            (false, _, Some(DenyReason::Concurrency)) => Self::Concurrency,
+            (false, _, _) => Self::Rate(d.wait),
+        }
+    }
+}
+
+impl From<Verdict> for Decision {
+    #[inline]
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Allowed => Decision::allow(None),
+            Verdict::Leased(lease) => Decision::allow(Some(lease)),
+            Verdict::Rate(wait) => Decision::deny(DenyReason::Rate, wait),
+            Verdict::Concurrency => Decision::deny(DenyReason::Concurrency, 0),
+        }
+    }
+}
+
 /// The answer of `reserve`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reservation {
@@ -208,13 +263,13 @@ pub fn try_acquire_one(
     params: &BucketParams,
     now: Micros,
     cost: Cost,
-) -> Decision {
+) -> Verdict {
     match take_one(*bucket, params, now, cost.of(unit) as f64) {
         Ok(taken) => {
             *bucket = taken;
-            Decision::allow(None)
+            Verdict::Allowed
         }
-        Err(wait) => Decision::deny(DenyReason::Rate, wait),
+        Err(wait) => Verdict::Rate(wait),
     }
 }
 
@@ -378,6 +433,23 @@ pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verdict_and_a_decision_convert_both_ways_without_loss() {
+        let decisions = [
+            Decision::allow(None),
+            Decision::allow(Some(7)),
+            Decision::deny(DenyReason::Rate, 0),
+            Decision::deny(DenyReason::Rate, 1_500_000),
+            Decision::deny(DenyReason::Concurrency, 0),
+        ];
+        for d in decisions {
+            let v = Verdict::from(d);
+            assert_eq!(Decision::from(v), d, "{v:?}");
+            assert_eq!(v.allowed(), d.allowed);
+        }
+        assert_eq!(std::mem::size_of::<Verdict>(), 16, "two words");
+    }
     use crate::limits::RateLimit;
     use proptest::prelude::*;
 

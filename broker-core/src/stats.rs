@@ -41,17 +41,20 @@ pub(crate) trait Bump {
 }
 
 impl Bump for AtomicU64 {
+    #[inline]
     fn bump(&self) {
         self.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 impl Bump for Striped {
+    #[inline]
     fn bump(&self) {
         self.stripes[stripe()].0.fetch_add(1, Ordering::Relaxed);
     }
 }
 
+#[inline]
 pub(crate) fn bump(c: &impl Bump) {
     c.bump();
 }
@@ -84,14 +87,26 @@ impl Striped {
     }
 }
 
-/// This thread's stripe.
+/// This thread's stripe: assigned on the thread's first bump (a constant
+/// initializer, so reading it needs no lazy-initialization check).
+#[inline]
 fn stripe() -> usize {
+    use std::cell::Cell;
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    STRIPE.try_with(|s| *s).unwrap_or(0)
+    STRIPE
+        .try_with(|s| match s.get() {
+            usize::MAX => {
+                let assigned = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+                s.set(assigned);
+                assigned
+            }
+            assigned => assigned,
+        })
+        .unwrap_or(0)
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {

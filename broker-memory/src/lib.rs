@@ -24,7 +24,7 @@ use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
     BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, ObservedLimit,
-    Reservation,
+    Reservation, Verdict,
 };
 use eviction::Sweeper;
 use key::KeyRef;
@@ -122,10 +122,12 @@ impl Stored {
     /// [`state::try_acquire`] on this state; a [`Stored::One`] bucket
     /// through [`state::try_acquire_one`], without a `ResourceState`.
     #[inline]
-    fn try_acquire(&mut self, spec: &LimitSpec, now: u64, cost: Cost, lease: LeaseId) -> Decision {
+    fn try_acquire(&mut self, spec: &LimitSpec, now: u64, cost: Cost, lease: LeaseId) -> Verdict {
         match (self, spec.buckets.as_slice()) {
             (Self::One(b), [(unit, p)]) => state::try_acquire_one(b, *unit, p, now, cost),
-            (s, _) => s.with_full(|s| state::try_acquire(s, spec, now, cost, lease)),
+            (s, _) => s
+                .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
+                .into(),
         }
     }
 
@@ -224,6 +226,7 @@ impl MemoryBackend {
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
         let lease = self.store.lease_for(spec);
         self.with_stored(key, spec, |s, now| s.try_acquire(spec, now, cost, lease))
+            .into()
     }
 
     fn lease(&self) -> LeaseId {
@@ -236,6 +239,7 @@ impl Store {
     /// state if there is none. The state is made for `spec`; `shared`
     /// gives the allocation of `spec` a state keeps. `resource` is the
     /// caller's allocation of `key.resource`, if it has one.
+    #[inline]
     fn with_state<R>(
         &self,
         key: KeyRef<'_>,

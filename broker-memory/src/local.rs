@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use broker_core::state::LimitSpec;
-use broker_core::{Cost, Decision, LeaseId, LocalStates};
+use broker_core::{Cost, LeaseId, LocalStates, Verdict};
 
 use crate::key::KeyRef;
 use crate::Store;
@@ -38,7 +38,7 @@ impl ResourceStates {
 }
 
 impl LocalStates for ResourceStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
         let spec = &self.spec;
         let lease = self.store.lease_for(spec);
         self.store.with_state(

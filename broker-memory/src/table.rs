@@ -50,6 +50,7 @@ impl States {
         }
     }
 
+    #[inline]
     fn hash(&self, key: KeyRef<'_>) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write_u64(key.resource_hash ^ key.kind as u64);
@@ -57,6 +58,7 @@ impl States {
         h.finish()
     }
 
+    #[inline]
     fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(StateKey, Entry)>> {
         // The table takes its tags from the top 7 bits and its positions
         // from the low ones: the shard is picked by the bits just below
@@ -76,6 +78,7 @@ impl States {
     /// Runs `f` on the entry of `key` under its shard's lock, inserting
     /// `make()` under the key `owned()` when there is none; true in the
     /// second place when it inserted.
+    #[inline]
     pub(crate) fn upsert<R>(
         &self,
         key: KeyRef<'_>,

@@ -106,12 +106,16 @@ impl ResourceHandle {
         if self.resource.retired.load(Ordering::Acquire) {
             return Box::pin(self.broker.try_acquire(target, cost)).await;
         }
-        match self.broker.acquire_now(&self.resource, key, cost) {
-            Ok(answer) => answer,
-            Err(state_key) => {
+        let mut later = None;
+        match self
+            .broker
+            .acquire_now(&self.resource, key, cost, &mut later)
+        {
+            Some(answer) => answer,
+            None => {
                 Box::pin(
                     self.broker
-                        .try_acquire_later(self.resource.clone(), state_key, cost),
+                        .try_acquire_later(self.resource.clone(), later, cost),
                 )
                 .await
             }
@@ -148,6 +152,7 @@ impl ResourceHandle {
             };
             return self.broker.try_acquire_now(target, cost);
         }
-        self.broker.acquire_now(&self.resource, key, cost).ok()
+        self.broker
+            .acquire_now(&self.resource, key, cost, &mut None)
     }
 }

@@ -19,12 +19,13 @@ pub use permit::{Acquisition, Permit};
 pub use target::Target;
 
 use crate::backend::{Backend, LocalStates};
+use crate::clock::Micros;
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LimitSpec};
+use crate::state::{Decision, DenyReason, LimitSpec, Verdict};
 use crate::stats::{bump, BrokerStats, Counters, ResourceKind};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
@@ -347,32 +348,17 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The acquisition of a decision that holds no slot.
-fn unheld(d: Decision) -> Acquisition {
-    if d.allowed {
-        Acquisition {
-            allowed: true,
-            wait_time: Duration::ZERO,
-            denied_by: None,
-            permit: Permit::empty(),
-        }
-    } else {
-        Acquisition {
-            allowed: false,
-            wait_time: Duration::from_micros(d.wait),
-            denied_by: d.denied_by,
-            permit: Permit::empty(),
-        }
-    }
-}
-
-/// Counts a decision in the resource's stats.
-#[inline]
-fn count(resource: &Resource, d: &Decision) {
-    if d.allowed {
-        bump(&resource.counters.allowed);
-    } else {
-        bump(&resource.counters.denied);
+/// A denied acquisition, counted in the resource's stats. Out of line:
+/// the allowed answer is the one kept short.
+#[cold]
+#[inline(never)]
+fn denied(resource: &Resource, reason: DenyReason, wait: Micros) -> Acquisition {
+    bump(&resource.counters.denied);
+    Acquisition {
+        allowed: false,
+        wait_time: Duration::from_micros(wait),
+        denied_by: Some(reason),
+        permit: Permit::empty(),
     }
 }
 
@@ -393,11 +379,12 @@ impl ResourceBroker {
         let target = target.into();
         // Nothing but the boxed remote call is held across the await, so
         // the in-memory path's future stays small.
-        let (resource, key) = match self.now_or_later(target, cost) {
+        let mut later = None;
+        let resource = match self.now_or_later(target, cost, &mut later) {
             Ok(answer) => return answer,
-            Err(later) => later,
+            Err(resource) => resource,
         };
-        Box::pin(self.try_acquire_later(resource, key, cost)).await
+        Box::pin(self.try_acquire_later(resource, later, cost)).await
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting, for callers that
@@ -422,24 +409,26 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        self.now_or_later(target.into(), cost).ok()
+        self.now_or_later(target.into(), cost, &mut None).ok()
     }
 
     /// The answer given without I/O, or the resource whose backend must be
-    /// asked asynchronously, with the state key to ask for.
+    /// asked asynchronously, with `later` set to the state key to ask for.
+    #[inline(always)]
     fn now_or_later(
         &self,
         target: Target<'_>,
         cost: Cost,
-    ) -> Result<Result<Acquisition, BrokerError>, (Arc<Resource>, Option<String>)> {
+        later: &mut Option<String>,
+    ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
         self.with_resource(target.resource, |resource| {
             let Some(resource) = resource else {
                 return Ok(Err(BrokerError::UnknownResource(
                     target.resource.to_owned(),
                 )));
             };
-            self.acquire_now(resource, target.key, cost)
-                .map_err(|key| (resource.clone(), key))
+            self.acquire_now(resource, target.key, cost, later)
+                .ok_or_else(|| resource.clone())
         })
     }
 
@@ -448,6 +437,7 @@ impl ResourceBroker {
     /// read-modify-write), and the resource it found last in it, so a
     /// thread calling one resource again compares the id instead of
     /// hashing it.
+    #[inline(always)]
     fn with_resource<R>(&self, id: &str, f: impl FnOnce(Option<&Arc<Resource>>) -> R) -> R {
         use std::sync::atomic::Ordering;
         thread_local! {
@@ -483,21 +473,24 @@ impl ResourceBroker {
     }
 
     /// `try_acquire` on a resource already looked up, without I/O; else
-    /// (nothing was consumed) the state key of sub-key `key` (`None`: the
-    /// resource's own), for the backend's asynchronous call.
-    #[inline]
+    /// `None` (nothing was consumed), with `later` set to the state key of
+    /// sub-key `key` (`None`: the resource's own) for the backend's
+    /// asynchronous call. The answer is returned as the callers return it,
+    /// so it is written once, in place.
+    #[inline(always)]
     fn acquire_now(
         &self,
         resource: &Arc<Resource>,
         key: Option<&str>,
         cost: Cost,
-    ) -> Result<Result<Acquisition, BrokerError>, Option<String>> {
+        later: &mut Option<String>,
+    ) -> Option<Result<Acquisition, BrokerError>> {
         if let Err(e) = resource.check_fits(cost) {
-            return Ok(Err(e));
+            return Some(Err(e));
         }
         if let Some(local) = &resource.local {
-            let d = local.try_acquire(key, cost);
-            return Ok(Ok(self.answer(resource, || HeldKey::sub(key), d)));
+            let v = local.try_acquire(key, cost);
+            return Some(Ok(self.answer(resource, || HeldKey::sub(key), v)));
         }
         // Any other store is asked by state key, built once for both calls.
         let owned = state_key(resource, key);
@@ -507,10 +500,11 @@ impl ResourceBroker {
             .backend
             .try_acquire_now(state, &resource.spec, cost)
         else {
-            return Err(owned);
+            *later = owned;
+            return None;
         };
-        Ok(match decision {
-            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
+        Some(match decision {
+            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d.into())),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -532,32 +526,31 @@ impl ResourceBroker {
             .try_acquire(key, &resource.spec, cost)
             .await
             .inspect_err(|e| note_backend_error(&resource, "try_acquire", e))?;
-        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
+        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision.into()))
     }
 
     /// The acquisition of decision `d`; `key` names the state a held
     /// lease is released on (made only when a lease is held).
-    #[inline]
+    #[inline(always)]
     fn answer(
         &self,
         resource: &Arc<Resource>,
         key: impl FnOnce() -> HeldKey,
-        d: Decision,
+        v: Verdict,
     ) -> Acquisition {
-        count(resource, &d);
-        if !d.allowed {
-            return unheld(d);
-        }
-        let permit = match d.lease {
-            Some(lease) => Permit::held(
+        let permit = match v {
+            Verdict::Allowed => Permit::empty(),
+            Verdict::Leased(lease) => Permit::held(
                 self.inner.backend.clone(),
                 resource.clone(),
                 key(),
                 lease,
                 true,
             ),
-            None => Permit::empty(),
+            Verdict::Rate(wait) => return denied(resource, DenyReason::Rate, wait),
+            Verdict::Concurrency => return denied(resource, DenyReason::Concurrency, 0),
         };
+        bump(&resource.counters.allowed);
         Acquisition {
             allowed: true,
             wait_time: Duration::ZERO,
@@ -598,20 +591,14 @@ impl ResourceBroker {
             enqueue::SlotOutcome::Unlimited => None,
             enqueue::SlotOutcome::Held(lease) => Some(lease),
             enqueue::SlotOutcome::TimedOut => {
-                bump(&resource.counters.denied);
-                return Ok(Acquisition {
-                    allowed: false,
-                    wait_time: Duration::ZERO,
-                    denied_by: Some(crate::state::DenyReason::Concurrency),
-                    permit: Permit::empty(),
-                });
+                return Ok(denied(&resource, DenyReason::Concurrency, 0));
             }
         };
         booking.consume();
         Ok(self.answer(
             &resource,
             || HeldKey::State(owned_key),
-            Decision::allow(lease),
+            Decision::allow(lease).into(),
         ))
     }
 }
