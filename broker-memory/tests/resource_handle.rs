@@ -236,3 +236,29 @@ fn a_state_keeps_its_tokens_when_a_concurrency_limit_comes_and_goes() {
     assert!(!out.allowed, "3 tokens taken across three registrations");
     assert_eq!(out.wait_time, Duration::from_secs(1));
 }
+
+/// `try_acquire` decides when first polled: a future made and dropped
+/// unpolled takes nothing and counts nothing, through the broker and
+/// through a handle alike.
+#[tokio::test]
+async fn try_acquire_decides_on_the_first_poll_not_before() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    broker.register_limit("tenants", two_per_second()).unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    for _ in 0..5 {
+        drop(broker.try_acquire(("tenants", "a"), Cost::default()));
+        drop(tenants.try_acquire("a", Cost::default()));
+    }
+    let stats = &broker.stats().resources["tenants"];
+    assert_eq!((stats.allowed, stats.denied), (0, 0));
+    let first = broker.try_acquire(("tenants", "a"), Cost::default());
+    let second = tenants.try_acquire("a", Cost::default());
+    let third = tenants.try_acquire("a", Cost::default());
+    // Polled in the opposite order of creation: the third is the one denied.
+    let third = third.await.unwrap();
+    let second = second.await.unwrap();
+    let first = first.await.unwrap();
+    assert!(third.allowed && second.allowed && !first.allowed);
+    assert_eq!(first.wait_time, Duration::from_millis(500));
+}

@@ -1,8 +1,11 @@
 //! [`ResourceHandle`]: one registered resource, looked up once, for callers
 //! that check the same resource on every request.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 
 use super::{Acquisition, Resource, ResourceBroker, Target};
 use crate::error::BrokerError;
@@ -93,33 +96,45 @@ impl ResourceHandle {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn try_acquire<'a>(
-        &self,
+    pub fn try_acquire<'s, 'a: 's>(
+        &'s self,
         key: impl Into<Option<&'a str>>,
         cost: Cost,
-    ) -> Result<Acquisition, BrokerError> {
-        let key = key.into();
-        let target = Target {
-            resource: &self.resource.id,
-            key,
-        };
-        if self.resource.retired.load(Ordering::Acquire) {
-            return Box::pin(self.broker.try_acquire(target, cost)).await;
-        }
-        let mut later = None;
-        match self
-            .broker
-            .acquire_now(&self.resource, key, cost, &mut later)
-        {
-            Some(answer) => answer,
-            None => {
-                Box::pin(
-                    self.broker
-                        .try_acquire_later(self.resource.clone(), later, cost),
-                )
-                .await
+    ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
+        let key: Option<&'s str> = key.into();
+        // Written as a poll function rather than an `async` block: the
+        // in-memory answer is returned by the first poll as it is made,
+        // with no state machine to move it through. The decision is made
+        // when first polled, never before.
+        let mut first = true;
+        let mut later: Option<Pin<Box<dyn Future<Output = _> + Send + 's>>> = None;
+        std::future::poll_fn(move |cx| {
+            if std::mem::take(&mut first) {
+                later = Some(if self.resource.retired.load(Ordering::Acquire) {
+                    let target = Target {
+                        resource: &self.resource.id,
+                        key,
+                    };
+                    Box::pin(self.broker.try_acquire(target, cost))
+                } else {
+                    let mut state_key = None;
+                    let answer = self
+                        .broker
+                        .acquire_now(&self.resource, key, cost, &mut state_key);
+                    if let Some(answer) = answer {
+                        return Poll::Ready(answer);
+                    }
+                    Box::pin(
+                        self.broker
+                            .try_acquire_later(self.resource.clone(), state_key, cost),
+                    )
+                });
             }
-        }
+            match &mut later {
+                Some(call) => call.as_mut().poll(cx),
+                None => panic!("`try_acquire` polled after it completed"),
+            }
+        })
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `Some(answer)`

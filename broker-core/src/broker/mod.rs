@@ -7,7 +7,10 @@ mod permit;
 mod target;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -371,20 +374,33 @@ impl ResourceBroker {
     /// Answers at once: takes `cost` (and a concurrency slot) if available,
     /// else says how long until it would fit. Nothing is consumed when
     /// denied.
-    pub async fn try_acquire<'a>(
-        &self,
+    pub fn try_acquire<'s, 'a: 's>(
+        &'s self,
         target: impl Into<Target<'a>>,
         cost: Cost,
-    ) -> Result<Acquisition, BrokerError> {
-        let target = target.into();
-        // Nothing but the boxed remote call is held across the await, so
-        // the in-memory path's future stays small.
-        let mut later = None;
-        let resource = match self.now_or_later(target, cost, &mut later) {
-            Ok(answer) => return answer,
-            Err(resource) => resource,
-        };
-        Box::pin(self.try_acquire_later(resource, later, cost)).await
+    ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
+        let target: Target<'s> = target.into();
+        // A poll function rather than an `async` block: the in-memory
+        // answer is returned by the first poll as it is made, with no state
+        // machine to move it through. Nothing but the boxed remote call is
+        // kept between polls. The decision is made when first polled.
+        let mut first = true;
+        let mut later: Option<Pin<Box<dyn Future<Output = _> + Send + 's>>> = None;
+        std::future::poll_fn(move |cx| {
+            if std::mem::take(&mut first) {
+                let mut state_key = None;
+                match self.now_or_later(target, cost, &mut state_key) {
+                    Ok(answer) => return Poll::Ready(answer),
+                    Err(resource) => {
+                        later = Some(Box::pin(self.try_acquire_later(resource, state_key, cost)))
+                    }
+                }
+            }
+            match &mut later {
+                Some(call) => call.as_mut().poll(cx),
+                None => panic!("`try_acquire` polled after it completed"),
+            }
+        })
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting, for callers that
