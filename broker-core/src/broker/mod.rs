@@ -340,6 +340,7 @@ impl ShortId {
         })
     }
 
+    #[inline]
     fn is(&self, id: &str) -> bool {
         self.len == id.len() && keys::same(&self.bytes[..self.len], id.as_bytes())
     }
