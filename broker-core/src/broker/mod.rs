@@ -352,6 +352,16 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// An allowed acquisition holding no slot, as one constant: copied as a
+/// whole rather than written field by field, so the copies that carry it
+/// out to the caller read what was written in the same widths.
+const ALLOWED: Acquisition = Acquisition {
+    allowed: true,
+    wait_time: Duration::ZERO,
+    denied_by: None,
+    permit: Permit::empty(),
+};
+
 /// A denied acquisition, counted in the resource's stats. Out of line:
 /// the allowed answer is the one kept short.
 #[cold]
@@ -556,7 +566,10 @@ impl ResourceBroker {
         v: Verdict,
     ) -> Acquisition {
         let permit = match v {
-            Verdict::Allowed => Permit::empty(),
+            Verdict::Allowed => {
+                bump(&resource.counters.allowed);
+                return ALLOWED;
+            }
             Verdict::Leased(lease) => Permit::held(
                 self.inner.backend.clone(),
                 resource.clone(),

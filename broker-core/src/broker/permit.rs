@@ -68,7 +68,7 @@ impl std::fmt::Debug for dyn Backend {
 
 impl Permit {
     /// A permit that holds nothing.
-    pub fn empty() -> Self {
+    pub const fn empty() -> Self {
         Self { held: None }
     }
 
