@@ -2,12 +2,10 @@
 //! that check the same resource on every request.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::Poll;
 
-use super::{Acquisition, Resource, ResourceBroker, Target};
+use super::{on_first_poll, Acquisition, Later, Resource, ResourceBroker, Target};
 use crate::error::BrokerError;
 use crate::limits::Cost;
 
@@ -102,38 +100,23 @@ impl ResourceHandle {
         cost: Cost,
     ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
         let key: Option<&'s str> = key.into();
-        // Written as a poll function rather than an `async` block: the
-        // in-memory answer is returned by the first poll as it is made,
-        // with no state machine to move it through. The decision is made
-        // when first polled, never before.
-        let mut first = true;
-        let mut later: Option<Pin<Box<dyn Future<Output = _> + Send + 's>>> = None;
-        std::future::poll_fn(move |cx| {
-            if std::mem::take(&mut first) {
-                later = Some(if self.resource.retired.load(Ordering::Acquire) {
-                    let target = Target {
-                        resource: &self.resource.id,
-                        key,
-                    };
-                    Box::pin(self.broker.try_acquire(target, cost))
-                } else {
-                    let mut state_key = None;
-                    let answer = self
-                        .broker
-                        .acquire_now(&self.resource, key, cost, &mut state_key);
-                    if let Some(answer) = answer {
-                        return Poll::Ready(answer);
-                    }
+        on_first_poll(move || {
+            if self.resource.retired.load(Ordering::Acquire) {
+                let target = Target {
+                    resource: &self.resource.id,
+                    key,
+                };
+                return Err(Box::pin(self.broker.try_acquire(target, cost)) as Later<'s>);
+            }
+            let mut state_key = None;
+            self.broker
+                .acquire_now(&self.resource, key, cost, &mut state_key)
+                .ok_or_else(|| {
                     Box::pin(
                         self.broker
                             .try_acquire_later(self.resource.clone(), state_key, cost),
-                    )
-                });
-            }
-            match &mut later {
-                Some(call) => call.as_mut().poll(cx),
-                None => panic!("`try_acquire` polled after it completed"),
-            }
+                    ) as Later<'s>
+                })
         })
     }
 

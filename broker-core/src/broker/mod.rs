@@ -352,6 +352,32 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The asynchronous rest of a call whose first poll could not answer.
+type Later<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
+
+/// A future that runs `start` when first polled, never before: `Ok` is the
+/// answer, returned by that poll as it is made (no state machine to move it
+/// through, which is what keeps the in-memory answer cheap); `Err` is the
+/// call to poll from then on.
+fn on_first_poll<'s>(
+    start: impl FnOnce() -> Result<Result<Acquisition, BrokerError>, Later<'s>> + Send + 's,
+) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
+    let mut start = Some(start);
+    let mut later: Option<Later<'s>> = None;
+    std::future::poll_fn(move |cx| {
+        if let Some(start) = start.take() {
+            match start() {
+                Ok(answer) => return Poll::Ready(answer),
+                Err(call) => later = Some(call),
+            }
+        }
+        match &mut later {
+            Some(call) => call.as_mut().poll(cx),
+            None => panic!("`try_acquire` polled after it completed"),
+        }
+    })
+}
+
 /// An allowed acquisition holding no slot, as one constant: copied as a
 /// whole rather than written field by field, so the copies that carry it
 /// out to the caller read what was written in the same widths.
@@ -391,26 +417,12 @@ impl ResourceBroker {
         cost: Cost,
     ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
         let target: Target<'s> = target.into();
-        // A poll function rather than an `async` block: the in-memory
-        // answer is returned by the first poll as it is made, with no state
-        // machine to move it through. Nothing but the boxed remote call is
-        // kept between polls. The decision is made when first polled.
-        let mut first = true;
-        let mut later: Option<Pin<Box<dyn Future<Output = _> + Send + 's>>> = None;
-        std::future::poll_fn(move |cx| {
-            if std::mem::take(&mut first) {
-                let mut state_key = None;
-                match self.now_or_later(target, cost, &mut state_key) {
-                    Ok(answer) => return Poll::Ready(answer),
-                    Err(resource) => {
-                        later = Some(Box::pin(self.try_acquire_later(resource, state_key, cost)))
-                    }
-                }
-            }
-            match &mut later {
-                Some(call) => call.as_mut().poll(cx),
-                None => panic!("`try_acquire` polled after it completed"),
-            }
+        on_first_poll(move || {
+            let mut state_key = None;
+            self.now_or_later(target, cost, &mut state_key)
+                .map_err(|resource| {
+                    Box::pin(self.try_acquire_later(resource, state_key, cost)) as Later<'s>
+                })
         })
     }
 
