@@ -352,10 +352,16 @@ pub fn hold_slot(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease
 
 /// `release`: frees the slot held under `lease`. Idempotent: releasing an
 /// unknown or already released lease changes nothing and returns false.
+/// Lease ids are unique, so the scan stops at the lease, and the last
+/// lease takes its place (the order of leases means nothing).
 pub fn release(state: &mut ResourceState, lease: LeaseId) -> bool {
-    let before = state.leases.len();
-    state.leases.retain(|l| l.id != lease);
-    state.leases.len() != before
+    match state.leases.iter().position(|l| l.id == lease) {
+        Some(i) => {
+            state.leases.swap_remove(i);
+            true
+        }
+        None => false,
+    }
 }
 
 /// `settle`: corrects the charge of every bucket from `reserved` to `actual`.
