@@ -28,7 +28,7 @@ pub enum ConfigError {
     /// The file or document could not be parsed.
     #[error("{source_name}: {message}")]
     Parse {
-        /// File name (or "<inline>").
+        /// File name (or `"<inline>"`).
         source_name: String,
         /// The parser's message, which names the path inside the document.
         message: String,
