@@ -11,12 +11,12 @@ use crate::failure::FailurePolicy;
 use crate::{coalesce, keys, startup, RedisBackend};
 
 /// The default busy-polling budget (see [`RedisBackendBuilder::busy_poll`]).
-const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(100);
 
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix
 /// `"rb"`, [`FailurePolicy::FailClosed`], 1 s connect and response timeouts,
 /// one probe per 250 ms while Redis is down, 1 s TTL margin, coalescing on,
-/// busy polling for up to 50 µs ([`RedisBackendBuilder::busy_poll`]).
+/// busy polling for up to 100 µs ([`RedisBackendBuilder::busy_poll`]).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -143,14 +143,15 @@ impl RedisBackendBuilder {
     /// polls in a row, the next two; then four, and so on up to 1024 calls
     /// without polling between two polls. A poll that finds its reply
     /// makes every lone call poll again. With Redis far away, one lone call
-    /// in 1025 so spends `budget` of CPU (with the default, under 0.05 µs
+    /// in 1025 so spends `budget` of CPU (with the default, under 0.1 µs
     /// per call on average); with Redis on the same host, nearly every
     /// lone call polls.
     ///
-    /// Default 50 µs: on the project's benchmark machine (`BENCHMARKS.md`),
-    /// a polling lone call took 27–30 µs on average with Redis on the same
-    /// host (99% within about 50 µs), so the default covers nearly every
-    /// local round trip and is shorter than most between two hosts.
+    /// Default 100 µs. On the project's benchmark machine (a 2-core virtual
+    /// machine, `BENCHMARKS.md`), a polling lone call to a Redis on the
+    /// same host took 27–30 µs on average (99% within about 50 µs), and
+    /// 55–85 µs at times when the whole machine ran slower: the default
+    /// covers both, where 50 µs would miss in the second case.
     /// `Duration::ZERO` turns busy polling off: every call sleeps until its
     /// reply.
     ///

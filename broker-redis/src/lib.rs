@@ -32,7 +32,7 @@
 //!   task, with no driver task in between; the others use the `redis`
 //!   crate's reconnecting connection manager.
 //!   [`RedisBackendBuilder::busy_poll`] trades a busy core for the wake-up
-//!   of a sleeping thread while it waits (on by default, for up to 50 µs
+//!   of a sleeping thread while it waits (on by default, for up to 100 µs
 //!   per call; the connection stops polling, but for a probe now and then,
 //!   while its polls run out of budget without the reply).
 //! - **Time**: the server's `TIME` by default, so replicas with skewed
