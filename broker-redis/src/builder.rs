@@ -150,8 +150,8 @@ impl RedisBackendBuilder {
     /// Default 100 µs. On the project's benchmark machine (a 2-core virtual
     /// machine, `BENCHMARKS.md`), a polling lone call to a Redis on the
     /// same host took 27–30 µs on average (99% within about 50 µs), and
-    /// 55–85 µs at times when the whole machine ran slower: the default
-    /// covers both, where 50 µs would miss in the second case.
+    /// 72–83 µs (median) at times when the whole machine ran slower: the
+    /// default covers both, where 50 µs missed in the second case.
     /// `Duration::ZERO` turns busy polling off: every call sleeps until its
     /// reply.
     ///
