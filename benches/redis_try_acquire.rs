@@ -23,11 +23,16 @@
 //! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`), `WHO`
 //! (which runs, of `ours`, `off`, `minimal`, separated by commas; default
 //! all three: to profile one client alone), `BUSY_POLL_US` (our backend
-//! with `RedisBackendBuilder::busy_poll`, coalescing on).
+//! with `RedisBackendBuilder::busy_poll` set to that many microseconds,
+//! coalescing on; without it, the default).
 //! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
 //! several decisions when many are in flight: `commands_per_decision.evalsha`
 //! is then below 1, and `decisions_per_evalsha` gives the batch size;
 //! `server_usec_per_decision` is the `EVALSHA` time per decision.
+//! `client_cpu_us_per_decision` is the CPU time of the whole bench process
+//! (user and system, from `/proc/self/stat`, in 10 ms ticks) during the
+//! run, per decision: on the default single-threaded runtime, the client's
+//! work, its waiting included when it busy-polls.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -49,6 +54,20 @@ struct Run {
     allowed: u64,
     elapsed: Duration,
     latencies_us: Vec<u32>,
+    /// CPU time of the process during the run, if `/proc` tells.
+    cpu: Option<Duration>,
+}
+
+/// CPU time (user and system) of this process so far, from `/proc/self/stat`
+/// (in ticks of 1/100 s, Linux's `USER_HZ`); `None` elsewhere.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses): state is
+    // field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// Runs `decide` from `inflight` concurrent loops for `length`.
@@ -68,9 +87,13 @@ where
         }
         (allowed, latencies)
     };
+    let cpu_before = process_cpu();
     let started = Instant::now();
     let results = futures::future::join_all((0..inflight).map(|_| worker())).await;
     let elapsed = started.elapsed();
+    let cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
     let mut latencies_us = Vec::new();
     let mut allowed = 0;
     for (a, l) in results {
@@ -82,6 +105,7 @@ where
         allowed,
         elapsed,
         latencies_us,
+        cpu,
     }
 }
 
@@ -147,6 +171,10 @@ fn report(who: &str, runtime: &str, n: usize, mut r: Run, info: &str) {
             "evalsha_usec_per_call": evalsha_field(info, "usec_per_call"),
             "server_usec_per_decision": evalsha_field(info, "usec")
                 .map(|u| (u / r.decisions as f64 * 100.0).round() / 100.0),
+            "client_cpu_us_per_decision": r.cpu
+                .map(|c| (c.as_secs_f64() * 1e6 / r.decisions as f64 * 100.0).round() / 100.0),
+            "client_cpu_share": r.cpu
+                .map(|c| (c.as_secs_f64() / r.elapsed.as_secs_f64() * 1000.0).round() / 1000.0),
         })
     );
 }

@@ -16,6 +16,12 @@
 //! - Plain TCP or Unix socket with RESP2, `AUTH` and `SELECT` as the URL
 //!   says; for a TLS or RESP3 URL there is no such connection and every call
 //!   uses the manager.
+//! - Busy polling (the builder's `busy_poll`): while no other call is in
+//!   flight, the call checks its socket for its reply for up to the budget
+//!   before it sleeps, unless the connection's [`PollGuard`] says recent
+//!   polls ran out of budget without the reply (Redis farther away than
+//!   the budget); see [`crate::poll_guard`]. A reopened connection starts
+//!   with a new guard (it may reach another host).
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +31,8 @@ use std::time::{Duration, Instant};
 use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, ProtocolVersion, RedisError};
 use redis::{RedisResult, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::poll_guard::PollGuard;
 
 /// How long a failed (re)connection waits before the next attempt.
 const RETRY: Duration = Duration::from_secs(1);
@@ -81,10 +89,12 @@ impl Stream {
     }
 }
 
-/// An open connection and its buffer (the command, then the reply).
+/// An open connection, its buffer (the command, then the reply) and what
+/// its busy polls found.
 struct Link {
     stream: Stream,
     buf: Vec<u8>,
+    guard: PollGuard,
 }
 
 enum Slot {
@@ -290,6 +300,7 @@ async fn connect(target: &Target) -> RedisResult<Link> {
     let mut link = Link {
         stream,
         buf: Vec::with_capacity(512),
+        guard: PollGuard::default(),
     };
     if target.handshake_replies > 0 {
         link.stream.write_all(&target.handshake).await?;
@@ -300,7 +311,9 @@ async fn connect(target: &Target) -> RedisResult<Link> {
     Ok(link)
 }
 
-/// Writes `cmd` and reads its reply (an error reply is a `Value` here).
+/// Writes `cmd` and reads its reply (an error reply is a `Value` here),
+/// busy-polling for it first when `busy_poll` is not zero, no other call is
+/// in flight and the connection's guard allows it.
 async fn exchange(
     link: &mut Link,
     cmd: &Cmd,
@@ -311,20 +324,27 @@ async fn exchange(
     pack(cmd, &mut link.buf);
     link.stream.write_all(&link.buf).await?;
     link.buf.clear();
-    if !busy_poll.is_zero() {
+    if !busy_poll.is_zero() && others.load(Ordering::Relaxed) == 0 && link.guard.should_poll() {
         let started = Instant::now();
         loop {
             match link.stream.try_read_buf(&mut link.buf) {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
                 Ok(_) => match frame_end(&link.buf, 0)? {
                     Some(end) if end == link.buf.len() => {
-                        return parse(&link.buf, 0).map(|(v, _)| v)
+                        link.guard.hit();
+                        return parse(&link.buf, 0).map(|(v, _)| v);
                     }
                     Some(_) => return Err(protocol_error("bytes after the reply")),
                     None => {}
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if started.elapsed() >= busy_poll || others.load(Ordering::Relaxed) > 0 {
+                    // Another call started: the core has other work. This
+                    // poll says nothing about the round trip.
+                    if others.load(Ordering::Relaxed) > 0 {
+                        break;
+                    }
+                    if started.elapsed() >= busy_poll {
+                        link.guard.miss();
                         break;
                     }
                     tokio::task::yield_now().await;

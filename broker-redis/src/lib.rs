@@ -32,7 +32,9 @@
 //!   task, with no driver task in between; the others use the `redis`
 //!   crate's reconnecting connection manager.
 //!   [`RedisBackendBuilder::busy_poll`] trades a busy core for the wake-up
-//!   of a sleeping thread while it waits (off by default).
+//!   of a sleeping thread while it waits (on by default, for up to 100 µs
+//!   per call; the connection stops polling, but for a probe now and then,
+//!   while its polls run out of budget without the reply).
 //! - **Time**: the server's `TIME` by default, so replicas with skewed
 //!   clocks agree; [`RedisBackendBuilder::client_time`] for stores that
 //!   reject `TIME` in scripts. A bucket's time never runs backwards.
@@ -55,6 +57,7 @@ mod direct;
 mod failure;
 mod inspect;
 mod keys;
+mod poll_guard;
 mod scripts;
 mod startup;
 mod transitions;

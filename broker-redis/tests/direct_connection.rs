@@ -1,10 +1,12 @@
 //! The direct connection (a call that finds it free writes and reads on its
-//! own task): it says what the URL asks for first, and a call dropped
-//! before its reply never hands that reply to the next call.
+//! own task): it says what the URL asks for first, a call dropped before
+//! its reply never hands that reply to the next call, and busy polling
+//! (on by default) changes no answer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
 use futures::FutureExt;
@@ -65,13 +67,14 @@ async fn calls_authenticate_and_use_the_database_of_the_url() {
 #[tokio::test]
 async fn a_call_dropped_before_its_reply_leaves_nothing_for_the_next_call() {
     let server = RedisServer::start();
-    for coalesce in [true, false] {
-        let b = RedisBackend::builder(&server.url())
-            .prefix(if coalesce { "on" } else { "off" })
-            .coalesce(coalesce)
-            .connect()
-            .await
-            .expect("connect");
+    for (coalesce, busy_poll) in [(true, true), (false, true), (true, false), (false, false)] {
+        let mut builder = RedisBackend::builder(&server.url())
+            .prefix(format!("c{coalesce}p{busy_poll}"))
+            .coalesce(coalesce);
+        if !busy_poll {
+            builder = builder.busy_poll(Duration::ZERO);
+        }
+        let b = builder.connect().await.expect("connect");
         let (spent, fresh) = (spec(1), spec(1_000_000));
         assert!(
             b.try_acquire("spent", &spent, Cost::default())
@@ -80,13 +83,17 @@ async fn a_call_dropped_before_its_reply_leaves_nothing_for_the_next_call() {
                 .allowed
         );
         for i in 0..20 {
-            // Written, then dropped while its reply (a denial) is on its way.
+            // Written, then dropped while its reply (a denial) is on its way:
+            // the server is paused meanwhile, since a polling call may
+            // otherwise find a quick reply before it first yields.
+            server.pause();
             let dropped = b
                 .try_acquire("spent", &spent, Cost::default())
                 .now_or_never();
+            server.resume();
             assert!(
                 dropped.is_none(),
-                "round {i}: answered without a round trip"
+                "coalesce {coalesce}, busy polling {busy_poll}, round {i}: answered without a round trip"
             );
             let d = b
                 .try_acquire("fresh", &fresh, Cost::default())
@@ -102,5 +109,94 @@ async fn a_call_dropped_before_its_reply_leaves_nothing_for_the_next_call() {
             // round's dropped call goes through it.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+}
+
+/// Backends on one server and one manual clock, each under its own prefix:
+/// built with the defaults (busy polling on), with `busy_poll` off, and
+/// with a budget too short for any reply (every poll a miss, so the guard
+/// backs off and skips polls).
+async fn backends(server: &RedisServer, clock: &ManualClock) -> Vec<RedisBackend> {
+    let mut out = Vec::new();
+    for (prefix, budget) in [
+        ("default", None),
+        ("off", Some(Duration::ZERO)),
+        ("misses", Some(Duration::from_nanos(1))),
+    ] {
+        let mut builder = RedisBackend::builder(&server.url())
+            .prefix(prefix)
+            .client_time(Arc::new(clock.clone()));
+        if let Some(budget) = budget {
+            builder = builder.busy_poll(budget);
+        }
+        out.push(builder.connect().await.expect("connect"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn busy_polling_on_by_default_gives_the_answers_of_polling_off() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(1_000_000);
+    let backends = backends(&server, &clock).await;
+    let limits = Limits::new().rate(RateLimit::per_second(10).with_burst(5));
+    let spec = LimitSpec::new(&limits, Duration::from_secs(30));
+    let (mut allowed, mut denied) = (0, 0);
+    // Lone calls: one at a time, each backend in turn at the same instant.
+    for i in 0u64..300 {
+        let cost = Cost::requests(1 + i % 3);
+        let mut answers = Vec::new();
+        for b in &backends {
+            answers.push(b.try_acquire("k", &spec, cost).await.expect("answered"));
+        }
+        assert!(
+            answers.iter().all(|d| *d == answers[0]),
+            "call {i}: {answers:?}"
+        );
+        if answers[0].allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+        let mut reservations = Vec::new();
+        for b in &backends {
+            reservations.push(
+                b.reserve("r", &spec, cost, Duration::from_secs(1))
+                    .await
+                    .expect("answered"),
+            );
+        }
+        assert!(
+            reservations.iter().all(|r| *r == reservations[0]),
+            "reserve {i}: {reservations:?}"
+        );
+        clock.advance(Duration::from_micros(20_000 + (i * 7_919) % 150_000));
+    }
+    assert!(
+        allowed > 0 && denied > 0,
+        "{allowed} allowed, {denied} denied"
+    );
+    // Many calls in flight at one instant: each backend admits exactly its
+    // burst.
+    clock.advance(Duration::from_secs(10));
+    for b in &backends {
+        let calls = (0..40).map(|_| b.try_acquire("burst", &spec, Cost::default()));
+        let answers = futures::future::join_all(calls).await;
+        let admitted = answers
+            .into_iter()
+            .map(|d| d.expect("answered"))
+            .filter(|d| d.allowed)
+            .count();
+        assert_eq!(admitted, 5);
+    }
+    // The states left behind are the same.
+    for key in ["k", "r", "burst"] {
+        let states: Vec<_> = futures::future::join_all(backends.iter().map(|b| b.state(key)))
+            .await
+            .into_iter()
+            .map(|s| s.expect("state").expect("a state"))
+            .collect();
+        assert!(states.iter().all(|s| *s == states[0]), "{key}: {states:?}");
     }
 }
