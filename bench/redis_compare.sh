@@ -143,7 +143,7 @@ for round in $(seq 1 "$ROUNDS"); do
         done
         REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
             "${CLIENT_PIN[@]}" env -u BUSY_POLL_US "$BIN"
-        for us in ${BUSY_POLL_US//,/ }; do
+        for us in ${BUSY_POLL_US:+${BUSY_POLL_US//,/ }}; do
             REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS WHO=ours \
                 BUSY_POLL_US=$us "${CLIENT_PIN[@]}" "$BIN" \
                 | sed "s/\"who\":\"\\([^\"]*\\)\"/\"who\":\"\\1 busy_poll=${us}us\"/"
