@@ -133,7 +133,8 @@ pub trait Backend: Send + Sync + 'static {
 /// [`Backend::local_states`]). `sub` is a sub-key as the caller gave it
 /// (not escaped), `None` for the resource's own state.
 pub trait LocalStates: Send + Sync + 'static {
-    /// [`Backend::try_acquire`] on the state of `sub`.
+    /// [`Backend::try_acquire`] on the state of `sub`, answered as a
+    /// [`Verdict`]: the same decision in two words, returned in registers.
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict;
 
     /// [`Backend::release`] on the state of `sub`: frees the slot held
