@@ -9,7 +9,8 @@
 # and as a share of one core.
 #
 # Usage: bench/busy_poll_guard.sh   (env: BUDGETS=0,2,20,50,200 ROUNDS=2
-#        RUN_SECONDS=3 BASE_REV=c74f623)
+#        RUN_SECONDS=3 BASE_REV=c74f623 PIN=1)
+# Installs redis-server/redis-tools with apt-get when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,50 +19,21 @@ ROUNDS=${ROUNDS:-2}
 RUN_SECONDS=${RUN_SECONDS:-3}
 BASE_REV=${BASE_REV:-c74f623}
 
-bench_bin() { # the bench executable built from the tree in the current directory
-    cargo bench --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
-        | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1
-}
+. bench/redis_bench_lib.sh
+need_redis
 
-WORK=$(mktemp -d)
-SERVER_PID=""
-BASE_TREE="$WORK/base"
-cleanup() {
-    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
-    git worktree remove --force "$BASE_TREE" 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# The base gets this tree's bench source (for its CPU figures).
+base_bench_bin "$BASE_REV" benches/redis_try_acquire.rs
+BIN=$(bench_bin)
+[ -x "$BIN" ] || { echo "could not build the bench" >&2; exit 1; }
 
-# The base gets this tree's bench source (for its CPU figures), and a
-# target dir of its own.
-git worktree add --detach "$BASE_TREE" "$BASE_REV" >&2
-cp benches/redis_try_acquire.rs "$BASE_TREE/benches/redis_try_acquire.rs"
-built=$(cd "$BASE_TREE" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/base-rev" bench_bin)
-[ -x "$built" ] || { echo "could not build the bench at $BASE_REV" >&2; exit 1; }
-cp "$built" "$WORK/base-bench"
-built=$(bench_bin)
-[ -x "$built" ] || { echo "could not build the bench" >&2; exit 1; }
-cp "$built" "$WORK/bench"
-
-SERVER_PIN=(); CLIENT_PIN=()
-if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
-    SERVER_PIN=(taskset -c 0); CLIENT_PIN=(taskset -c 1)
-fi
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"${SERVER_PIN[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --dir "$WORK" --loglevel warning > "$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 100); do
-    redis-cli -p "$PORT" PING >/dev/null 2>&1 && break
-    sleep 0.05
-done
-redis-cli -p "$PORT" PING >/dev/null || { echo "redis-server did not start: $(cat "$WORK/server.log")" >&2; exit 1; }
+pin_cores
+start_redis "${SERVER_PIN[@]}"
 
 for round in $(seq 1 "$ROUNDS"); do
     for us in ${BUDGETS//,/ }; do
         for who in guard "no guard"; do
-            bin="$WORK/bench"; [ "$who" = "no guard" ] && bin="$WORK/base-bench"
+            bin="$BIN"; [ "$who" = "no guard" ] && bin="$BASE_BIN"
             REDIS_URL="redis://127.0.0.1:$PORT/" WHO=ours INFLIGHT=1 RUN_SECONDS=$RUN_SECONDS \
                 BUSY_POLL_US=$us "${CLIENT_PIN[@]}" "$bin" \
                 | python3 -c "

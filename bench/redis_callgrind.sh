@@ -21,17 +21,8 @@ cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null && command -v callgrind_control >/dev/null \
     || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 CALLS=${CALLS:-3000}
-WORK=$(mktemp -d)
-PIDS=()
-BASE_TREE=""
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-    if [ -n "$BASE_TREE" ]; then git worktree remove --force "$BASE_TREE" 2>/dev/null || true; fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_ping() { for _ in $(seq 1 200); do redis-cli -p "$1" PING >/dev/null 2>&1 && return; sleep 0.05; done; exit 1; }
+. bench/redis_bench_lib.sh
+need_redis
 total() { awk '/^(summary|totals):/ {print $2; exit}' "$1"; }
 
 # --- server ---
@@ -51,12 +42,8 @@ end
 return {consumed, ttl}
 LUA
 cp bench/token_bucket.lua "$WORK/minimal.lua"
-PORT=$(free_port)
-valgrind --tool=callgrind --callgrind-out-file="$WORK/server.%p" redis-server --port "$PORT" \
-    --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" --loglevel warning >"$WORK/vg.log" 2>&1 &
-VG=$!
-PIDS+=("$VG")
-wait_ping "$PORT"
+start_redis valgrind --tool=callgrind --callgrind-out-file="$WORK/server.%p"
+VG=$SERVER_PID
 server_cost() { # name script args...
     local name=$1 script=$2; shift 2
     local sha
@@ -83,23 +70,14 @@ server_cost "bench/token_bucket.lua" "$WORK/minimal.lua" 1 'tb:{bench}' 10000000
 kill "$VG"; wait "$VG" 2>/dev/null || true
 
 # --- client ---
-bench_bin() {
-    cargo bench --bench redis_try_acquire --no-run 2>&1 \
-        | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1
-}
 BINS=("$(bench_bin)")
 LABELS=("tree")
 if [ -n "${BASE_REV:-}" ]; then
-    BASE_TREE="$WORK/base"
-    git worktree add --detach "$BASE_TREE" "$BASE_REV" >&2
-    BINS+=("$(cd "$BASE_TREE" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/base-rev" bench_bin)")
+    base_bench_bin "$BASE_REV"
+    BINS+=("$BASE_BIN")
     LABELS+=("@ $BASE_REV")
 fi
-PORT=$(free_port)
-redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-    --loglevel warning >/dev/null 2>&1 &
-PIDS+=("$!")
-wait_ping "$PORT"
+start_redis
 for i in "${!BINS[@]}"; do
     for who in ours minimal; do
         for s in 1 4; do

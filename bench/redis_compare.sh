@@ -36,64 +36,23 @@ RUN_SECONDS=${RUN_SECONDS:-3}
 ROUNDS=${ROUNDS:-2}
 NODE_DIR=bench-tools/node
 
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO=sudo
-need_apt() {
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq "$@" >/dev/null
-}
-command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null && command -v redis-cli >/dev/null \
-    || need_apt redis-server redis-tools
+. bench/redis_bench_lib.sh
+need_redis
 command -v node >/dev/null && command -v npm >/dev/null || need_apt nodejs npm
 if [ ! -d "$NODE_DIR/node_modules/rate-limiter-flexible" ] || [ ! -d "$NODE_DIR/node_modules/ioredis" ]; then
     mkdir -p "$NODE_DIR"
     npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent rate-limiter-flexible@11 ioredis@5 >&2
 fi
 
-bench_bin() { # the bench executable built from the tree in the current directory
-    cargo bench --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
-        | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1
-}
-
-WORK=$(mktemp -d)
-SERVER_PID=""
-BASE_TREE=""
-cleanup() {
-    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
-    if [ -n "$BASE_TREE" ]; then git worktree remove --force "$BASE_TREE" 2>/dev/null || true; fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# The base is built in a target dir of its own: cargo takes a build of the
-# same crates from another tree for fresh when their sources are older.
 BASE_BIN=""
 if [ -n "${BASE_REV:-}" ]; then
-    BASE_TREE="$WORK/base"
-    BASE_TARGET="${CARGO_TARGET_DIR:-$PWD/target}/base-rev"
-    git worktree add --detach "$BASE_TREE" "$BASE_REV" >&2
-    built=$(cd "$BASE_TREE" && CARGO_TARGET_DIR="$BASE_TARGET" bench_bin)
-    [ -x "$built" ] || { echo "could not build the bench at $BASE_REV" >&2; exit 1; }
-    BASE_BIN="$WORK/base-bench"
-    cp "$built" "$BASE_BIN"
+    base_bench_bin "$BASE_REV"
 fi
 BIN=$(bench_bin)
 [ -x "$BIN" ] || { echo "could not find the redis_try_acquire bench binary" >&2; exit 1; }
 
-SERVER_PIN=(); CLIENT_PIN=()
-if [ "${PIN:-1}" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
-    SERVER_PIN=(taskset -c 0); CLIENT_PIN=(taskset -c 1)
-fi
-
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"${SERVER_PIN[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --dir "$WORK" --loglevel warning > "$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 1 100); do
-    redis-cli -p "$PORT" PING >/dev/null 2>&1 && break
-    sleep 0.05
-done
-redis-cli -p "$PORT" PING >/dev/null || { echo "redis-server did not start: $(cat "$WORK/server.log")" >&2; exit 1; }
+pin_cores
+start_redis "${SERVER_PIN[@]}"
 CLI=(redis-cli -h 127.0.0.1 -p "$PORT")
 SHA=$("${CLI[@]}" SCRIPT LOAD "$(cat bench/token_bucket.lua)")
 
