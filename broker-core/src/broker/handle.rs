@@ -5,9 +5,12 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{on_first_poll, Acquisition, Later, Resource, ResourceBroker, Target};
+use super::{
+    acquisition, Acquisition, Call, FirstPoll, Later, Permit, Resource, ResourceBroker, Target,
+};
 use crate::error::BrokerError;
 use crate::limits::Cost;
+use crate::state::Verdict;
 
 /// One registered resource of a [`ResourceBroker`], resolved once:
 /// [`ResourceHandle::try_acquire`] and [`ResourceHandle::try_acquire_now`]
@@ -99,25 +102,21 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
-        let key: Option<&'s str> = key.into();
-        on_first_poll(move || {
-            if self.resource.retired.load(Ordering::Acquire) {
-                let target = Target {
-                    resource: &self.resource.id,
-                    key,
-                };
-                return Err(Box::pin(self.broker.try_acquire(target, cost)) as Later<'s>);
-            }
-            let mut state_key = None;
-            self.broker
-                .acquire_now(&self.resource, key, cost, &mut state_key)
-                .ok_or_else(|| {
-                    Box::pin(
-                        self.broker
-                            .try_acquire_later(self.resource.clone(), state_key, cost),
-                    ) as Later<'s>
-                })
+        FirstPoll::new(OnHandle {
+            handle: self,
+            key: key.into(),
+            cost,
         })
+    }
+
+    /// [`ResourceBroker::quick`] on this resource, unless a registration
+    /// replaced it.
+    #[inline(always)]
+    fn quick(&self, key: Option<&str>, cost: Cost, permit: &mut Permit) -> Option<Verdict> {
+        if self.resource.retired.load(Ordering::Acquire) {
+            return None;
+        }
+        self.broker.quick(&self.resource, key, cost, permit)
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `Some(answer)`
@@ -143,6 +142,10 @@ impl ResourceHandle {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         let key = key.into();
+        let mut permit = Permit::empty();
+        if let Some(v) = self.quick(key, cost, &mut permit) {
+            return Some(Ok(acquisition(v, permit)));
+        }
         if self.resource.retired.load(Ordering::Acquire) {
             let target = Target {
                 resource: &self.resource.id,
@@ -152,5 +155,38 @@ impl ResourceHandle {
         }
         self.broker
             .acquire_now(&self.resource, key, cost, &mut None)
+    }
+}
+
+/// `try_acquire` on a handle, as its future holds it.
+struct OnHandle<'s> {
+    handle: &'s ResourceHandle,
+    key: Option<&'s str>,
+    cost: Cost,
+}
+
+impl<'s> Call<'s> for OnHandle<'s> {
+    #[inline(always)]
+    fn quick(&self, permit: &mut Permit) -> Option<Verdict> {
+        self.handle.quick(self.key, self.cost, permit)
+    }
+
+    fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {
+        let (handle, key, cost) = (self.handle, self.key, self.cost);
+        let broker = &handle.broker;
+        if handle.resource.retired.load(Ordering::Acquire) {
+            let target = Target {
+                resource: &handle.resource.id,
+                key,
+            };
+            return Err(Box::pin(broker.try_acquire(target, cost)) as Later<'s>);
+        }
+        let mut state_key = None;
+        broker
+            .acquire_now(&handle.resource, key, cost, &mut state_key)
+            .ok_or_else(|| {
+                Box::pin(broker.try_acquire_later(handle.resource.clone(), state_key, cost))
+                    as Later<'s>
+            })
     }
 }

@@ -1,6 +1,7 @@
 //! The [`ResourceBroker`] facade: one object for both strategies.
 
 mod enqueue;
+mod first_poll;
 mod handle;
 mod hold;
 mod permit;
@@ -8,21 +9,19 @@ mod target;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 pub use enqueue::{Attempt, EnqueueError};
+use first_poll::{acquisition, denied, Call, FirstPoll, Later};
 pub use handle::ResourceHandle;
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
 pub use target::Target;
 
 use crate::backend::{Backend, LocalStates};
-use crate::clock::Micros;
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
@@ -102,10 +101,16 @@ impl Resource {
     /// `config.limits.check_fits`, answered from `fits` when it passes.
     #[inline]
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
-        if cost.requests <= self.fits.requests && cost.tokens <= self.fits.tokens {
+        if self.fits(cost) {
             return Ok(());
         }
         self.check_fits_slow(cost)
+    }
+
+    /// Whether `cost` passes `config.limits.check_fits`.
+    #[inline]
+    pub(crate) fn fits(&self, cost: Cost) -> bool {
+        cost.requests <= self.fits.requests && cost.tokens <= self.fits.tokens
     }
 
     #[cold]
@@ -352,58 +357,32 @@ fn next_stamp() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The asynchronous rest of a call whose first poll could not answer.
-type Later<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
-
-/// A future that runs `start` when first polled, never before: `Ok` is the
-/// answer, returned by that poll as it is made (no state machine to move it
-/// through, which is what keeps the in-memory answer cheap); `Err` is the
-/// call to poll from then on.
-fn on_first_poll<'s>(
-    start: impl FnOnce() -> Result<Result<Acquisition, BrokerError>, Later<'s>> + Send + 's,
-) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
-    let mut start = Some(start);
-    let mut later: Option<Later<'s>> = None;
-    std::future::poll_fn(move |cx| {
-        if let Some(start) = start.take() {
-            match start() {
-                Ok(answer) => return Poll::Ready(answer),
-                Err(call) => later = Some(call),
-            }
-        }
-        match &mut later {
-            Some(call) => call.as_mut().poll(cx),
-            None => panic!("`try_acquire` polled after it completed"),
-        }
-    })
-}
-
-/// An allowed acquisition holding no slot, as one constant: copied as a
-/// whole rather than written field by field, so the copies that carry it
-/// out to the caller read what was written in the same widths.
-const ALLOWED: Acquisition = Acquisition {
-    allowed: true,
-    wait_time: Duration::ZERO,
-    denied_by: None,
-    permit: Permit::empty(),
-};
-
-/// A denied acquisition, counted in the resource's stats. Out of line:
-/// the allowed answer is the one kept short.
-#[cold]
-#[inline(never)]
-fn denied(resource: &Resource, reason: DenyReason, wait: Micros) -> Acquisition {
-    bump(&resource.counters.denied);
-    Acquisition {
-        allowed: false,
-        wait_time: Duration::from_micros(wait),
-        denied_by: Some(reason),
-        permit: Permit::empty(),
-    }
-}
-
 fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
     key.map(|k| keys::keyed(&resource.id, k))
+}
+
+/// `try_acquire` on a resource by id, as its future holds it.
+struct ById<'s> {
+    broker: &'s ResourceBroker,
+    target: Target<'s>,
+    cost: Cost,
+}
+
+impl<'s> Call<'s> for ById<'s> {
+    #[inline(always)]
+    fn quick(&self, permit: &mut Permit) -> Option<Verdict> {
+        self.broker.quick_by_id(self.target, self.cost, permit)
+    }
+
+    fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {
+        let (broker, cost) = (self.broker, self.cost);
+        let mut state_key = None;
+        broker
+            .now_or_later(self.target, cost, &mut state_key)
+            .map_err(|resource| {
+                Box::pin(broker.try_acquire_later(resource, state_key, cost)) as Later<'s>
+            })
+    }
 }
 
 /// # Check + reject
@@ -416,13 +395,10 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         cost: Cost,
     ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
-        let target: Target<'s> = target.into();
-        on_first_poll(move || {
-            let mut state_key = None;
-            self.now_or_later(target, cost, &mut state_key)
-                .map_err(|resource| {
-                    Box::pin(self.try_acquire_later(resource, state_key, cost)) as Later<'s>
-                })
+        FirstPoll::new(ById {
+            broker: self,
+            target: target.into(),
+            cost,
         })
     }
 
@@ -448,7 +424,42 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        self.now_or_later(target.into(), cost, &mut None).ok()
+        let target = target.into();
+        let mut permit = Permit::empty();
+        if let Some(v) = self.quick_by_id(target, cost, &mut permit) {
+            return Some(Ok(acquisition(v, permit)));
+        }
+        self.now_or_later(target, cost, &mut None).ok()
+    }
+
+    /// [`ResourceBroker::quick`] on the resource `target` names, if it is
+    /// registered.
+    #[inline(always)]
+    fn quick_by_id(&self, target: Target<'_>, cost: Cost, permit: &mut Permit) -> Option<Verdict> {
+        self.with_resource(target.resource, |resource| {
+            self.quick(resource?, target.key, cost, permit)
+        })
+    }
+
+    /// The common case of `try_acquire`, kept short: a store that answers
+    /// without I/O, a cost that fits. The verdict is counted, and the slot
+    /// of a [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
+    /// consumed, and [`ResourceBroker::acquire_now`] makes the answer (or
+    /// the error).
+    #[inline(always)]
+    fn quick(
+        &self,
+        resource: &Arc<Resource>,
+        key: Option<&str>,
+        cost: Cost,
+        permit: &mut Permit,
+    ) -> Option<Verdict> {
+        let local = resource.local.as_ref()?;
+        if !resource.fits(cost) {
+            return None;
+        }
+        let v = local.try_acquire(key, cost);
+        Some(self.judge(resource, || HeldKey::sub(key), v, permit))
     }
 
     /// The answer given without I/O, or the resource whose backend must be
@@ -568,37 +579,45 @@ impl ResourceBroker {
         Ok(self.answer(&resource, || HeldKey::State(owned_key), decision.into()))
     }
 
-    /// The acquisition of decision `d`; `key` names the state a held
-    /// lease is released on (made only when a lease is held).
-    #[inline(always)]
+    /// The acquisition of verdict `v`; `key` names the state a held lease
+    /// is released on (made only when a lease is held).
     fn answer(
         &self,
         resource: &Arc<Resource>,
         key: impl FnOnce() -> HeldKey,
         v: Verdict,
     ) -> Acquisition {
-        let permit = match v {
-            Verdict::Allowed => {
+        let mut permit = Permit::empty();
+        let v = self.judge(resource, key, v, &mut permit);
+        acquisition(v, permit)
+    }
+
+    /// Counts verdict `v` in the resource's stats and returns it, with the
+    /// slot of a [`Verdict::Leased`] put in `permit` (`key` names the state
+    /// it is released on, made only then).
+    #[inline(always)]
+    fn judge(
+        &self,
+        resource: &Arc<Resource>,
+        key: impl FnOnce() -> HeldKey,
+        v: Verdict,
+        permit: &mut Permit,
+    ) -> Verdict {
+        match v {
+            Verdict::Allowed => bump(&resource.counters.allowed),
+            Verdict::Leased(lease) => {
                 bump(&resource.counters.allowed);
-                return ALLOWED;
+                *permit = Permit::held(
+                    self.inner.backend.clone(),
+                    resource.clone(),
+                    key(),
+                    lease,
+                    true,
+                );
             }
-            Verdict::Leased(lease) => Permit::held(
-                self.inner.backend.clone(),
-                resource.clone(),
-                key(),
-                lease,
-                true,
-            ),
-            Verdict::Rate(wait) => return denied(resource, DenyReason::Rate, wait),
-            Verdict::Concurrency => return denied(resource, DenyReason::Concurrency, 0),
-        };
-        bump(&resource.counters.allowed);
-        Acquisition {
-            allowed: true,
-            wait_time: Duration::ZERO,
-            denied_by: None,
-            permit,
+            Verdict::Rate(_) | Verdict::Concurrency => bump(&resource.counters.denied),
         }
+        v
     }
 
     /// Waits up to `max_wait` for `cost`, then answers: the cost is booked
@@ -633,7 +652,8 @@ impl ResourceBroker {
             enqueue::SlotOutcome::Unlimited => None,
             enqueue::SlotOutcome::Held(lease) => Some(lease),
             enqueue::SlotOutcome::TimedOut => {
-                return Ok(denied(&resource, DenyReason::Concurrency, 0));
+                bump(&resource.counters.denied);
+                return Ok(denied(DenyReason::Concurrency, 0));
             }
         };
         booking.consume();

@@ -153,6 +153,7 @@ fn release_held(h: Held) {
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         self.release();
     }
