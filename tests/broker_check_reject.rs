@@ -91,6 +91,43 @@ async fn permit_holds_a_slot_until_released_and_release_is_idempotent() {
 }
 
 #[tokio::test]
+async fn sub_key_permits_hold_their_own_slot_and_free_it_when_released() {
+    let broker = broker_at(ManualClock::new());
+    broker
+        .register_limit("gw", Limits::new().max_concurrent(1))
+        .unwrap();
+    let mut a = broker
+        .try_acquire(("gw", "a"), Cost::default())
+        .await
+        .unwrap();
+    let own = broker.try_acquire("gw", Cost::default()).await.unwrap();
+    assert!(a.allowed && a.permit.is_held() && own.permit.is_held());
+    assert!(!allowed(&broker, ("gw", "a"), Cost::default()).await);
+    let b = broker
+        .try_acquire(("gw", "b"), Cost::default())
+        .await
+        .unwrap();
+    assert!(b.allowed, "each sub-key has its own slot");
+    assert_eq!(broker.stats().resources["gw"].in_flight, 3);
+
+    a.permit.release();
+    a.permit.release();
+    assert_eq!(broker.stats().resources["gw"].in_flight, 2);
+    assert!(
+        !allowed(&broker, "gw", Cost::default()).await,
+        "the own slot is still held"
+    );
+    let again = broker
+        .try_acquire(("gw", "a"), Cost::default())
+        .await
+        .unwrap();
+    assert!(again.allowed, "the released slot of a is free again");
+    drop((own, b, again));
+    assert_eq!(broker.stats().resources["gw"].in_flight, 0);
+    assert!(allowed(&broker, "gw", Cost::default()).await);
+}
+
+#[tokio::test]
 async fn sub_keys_have_their_own_state_under_one_limit() {
     let broker = broker_at(ManualClock::new());
     broker
