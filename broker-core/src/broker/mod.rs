@@ -27,7 +27,7 @@ use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, DenyReason, LeaseId, LimitSpec, Verdict};
+use crate::state::{Decision, DenyReason, LimitSpec, Verdict};
 use crate::stats::{bump, BrokerStats, Counters, ResourceKind};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
@@ -459,10 +459,7 @@ impl ResourceBroker {
             return None;
         }
         let v = local.try_acquire(key, cost);
-        Some(self.judge(resource, v, permit, |lease| match key {
-            None => Permit::own(resource.clone(), lease),
-            Some(_) => self.held(resource, HeldKey::sub(key), lease),
-        }))
+        Some(self.judge(resource, || HeldKey::sub(key), v, permit))
     }
 
     /// The answer given without I/O, or the resource whose backend must be
@@ -591,38 +588,32 @@ impl ResourceBroker {
         v: Verdict,
     ) -> Acquisition {
         let mut permit = Permit::empty();
-        let v = self.judge(resource, v, &mut permit, |lease| {
-            self.held(resource, key(), lease)
-        });
+        let v = self.judge(resource, key, v, &mut permit);
         acquisition(v, permit)
     }
 
-    /// A counted permit for `lease` on state `key` of `resource`.
-    fn held(&self, resource: &Arc<Resource>, key: HeldKey, lease: LeaseId) -> Permit {
-        Permit::held(
-            self.inner.backend.clone(),
-            resource.clone(),
-            key,
-            lease,
-            true,
-        )
-    }
-
     /// Counts verdict `v` in the resource's stats and returns it, with the
-    /// permit `held` makes for a [`Verdict::Leased`] put in `permit`.
+    /// slot of a [`Verdict::Leased`] put in `permit` (`key` names the state
+    /// it is released on, made only then).
     #[inline(always)]
     fn judge(
         &self,
-        resource: &Resource,
+        resource: &Arc<Resource>,
+        key: impl FnOnce() -> HeldKey,
         v: Verdict,
         permit: &mut Permit,
-        held: impl FnOnce(LeaseId) -> Permit,
     ) -> Verdict {
         match v {
             Verdict::Allowed => bump(&resource.counters.allowed),
             Verdict::Leased(lease) => {
                 bump(&resource.counters.allowed);
-                *permit = held(lease);
+                *permit = Permit::held(
+                    self.inner.backend.clone(),
+                    resource.clone(),
+                    key(),
+                    lease,
+                    true,
+                );
             }
             Verdict::Rate(_) | Verdict::Concurrency => bump(&resource.counters.denied),
         }

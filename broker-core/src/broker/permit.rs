@@ -31,22 +31,9 @@ pub struct Acquisition {
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
-    held: Slot,
-}
-
-/// What a [`Permit`] holds. Three words at most, so the `Acquisition`
-/// stays within the size of the error it is returned beside.
-#[derive(Debug, Default)]
-enum Slot {
-    /// Nothing (no concurrency limit, or denied).
-    #[default]
-    Empty,
-    /// A lease on the resource's own state in a store that answers in
-    /// process (see [`crate::Backend::local_states`]), counted in flight:
-    /// the common held slot, made and released without an allocation.
-    Own(Arc<Resource>, LeaseId),
-    /// Any other lease.
-    Held(Box<Held>),
+    /// Boxed so that an empty permit (the common case: no concurrency
+    /// limit, or denied) is one pointer wide and the `Acquisition` small.
+    held: Option<Box<Held>>,
 }
 
 #[derive(Debug)]
@@ -82,16 +69,7 @@ impl std::fmt::Debug for dyn Backend {
 impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
-        Self { held: Slot::Empty }
-    }
-
-    /// A counted lease on the own state of `resource`, which must answer
-    /// in process (`resource.local` is set).
-    pub(crate) fn own(resource: Arc<Resource>, lease: LeaseId) -> Self {
-        bump(&resource.counters.in_flight);
-        Self {
-            held: Slot::Own(resource, lease),
-        }
+        Self { held: None }
     }
 
     pub(crate) fn held(
@@ -105,7 +83,7 @@ impl Permit {
             bump(&resource.counters.in_flight);
         }
         Self {
-            held: Slot::Held(Box::new(Held {
+            held: Some(Box::new(Held {
                 backend,
                 resource,
                 key,
@@ -117,7 +95,7 @@ impl Permit {
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        !matches!(self.held, Slot::Empty)
+        self.held.is_some()
     }
 
     /// Releases the slot. Idempotent; a no-op on an empty permit.
@@ -129,28 +107,10 @@ impl Permit {
     pub fn release(&mut self) {
         // The empty permit (no concurrency limit, or denied) is the common
         // case: one check, inlined where the permit is dropped.
-        if !matches!(self.held, Slot::Empty) {
-            release_slot(std::mem::take(&mut self.held));
+        if let Some(h) = self.held.take() {
+            release_held(*h);
         }
     }
-}
-
-#[inline(never)]
-fn release_slot(slot: Slot) {
-    match slot {
-        Slot::Empty => {}
-        Slot::Own(resource, lease) => release_own(&resource, lease),
-        Slot::Held(h) => release_held(*h),
-    }
-}
-
-#[inline]
-fn release_own(resource: &Resource, lease: LeaseId) {
-    drop_one(&resource.counters.in_flight);
-    if let Some(local) = &resource.local {
-        local.release(None, lease);
-    }
-    resource.slot_freed();
 }
 
 fn release_held(h: Held) {
@@ -204,12 +164,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_permit_is_at_most_three_words_and_the_answer_no_larger_than_its_error() {
-        assert!(std::mem::size_of::<Permit>() <= 3 * std::mem::size_of::<usize>());
-        assert!(
-            std::mem::size_of::<Result<Acquisition, crate::BrokerError>>()
-                <= std::mem::size_of::<crate::BrokerError>() + std::mem::size_of::<usize>()
-        );
+    fn empty_permit_is_one_pointer_wide() {
+        assert_eq!(std::mem::size_of::<Permit>(), std::mem::size_of::<usize>());
         assert!(!Permit::empty().is_held());
     }
 }
