@@ -20,9 +20,9 @@
 //! Env: `REDIS_URL` (use that server instead), `INFLIGHT` (default
 //! `1,50`), `RUN_SECONDS` per run (default 3), `RUNTIME` (`current_thread`,
 //! the default, one client core like Node; or `multi_thread`),
-//! `COALESCE_LIMITS` (`max_batch,max_in_flight`, default `64,2`), `WHO`
-//! (which runs, of `ours`, `off`, `minimal`, separated by commas; default
-//! all three: to profile one client alone), `BUSY_POLL_US` (our backend
+//! `COALESCE_LIMITS` (`max_batch,max_in_flight`; without it, the
+//! backend's defaults), `WHO` (which runs, of `ours`, `off`, `minimal`,
+//! separated by commas; default all three: to profile one client alone), `BUSY_POLL_US` (our backend
 //! with `RedisBackendBuilder::busy_poll` set to that many microseconds,
 //! coalescing on; without it, the default).
 //! Prints one JSON line per run. With coalescing, one `EVALSHA` carries

@@ -276,10 +276,15 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
 async fn coalesced_decisions_equal_the_same_decisions_one_by_one() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
+    // One call in flight: the first decision goes alone and the rest queue
+    // in the order they were made, so they reach Redis in that order.
+    // (Calls in flight at once may arrive in any order, as any concurrent
+    // calls may; the comparison needs one order.)
     let connect = |coalesce: bool| {
         RedisBackend::builder(&server.url())
             .client_time(Arc::new(clock.clone()))
             .coalesce(coalesce)
+            .coalesce_limits(64, 1)
             .connect()
     };
     let (on, off) = (connect(true).await.unwrap(), connect(false).await.unwrap());

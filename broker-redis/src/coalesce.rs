@@ -47,8 +47,8 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             enabled: true,
-            max_batch: 64,
-            max_in_flight: 2,
+            max_batch: 32,
+            max_in_flight: 5,
             batch_every_call: false,
             group_by_tag: false,
         }
