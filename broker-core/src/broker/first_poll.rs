@@ -93,8 +93,7 @@ pub(super) fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
     }
 }
 
-/// A denied acquisition. Out of line: the allowed answer is the one kept
-/// short.
+/// A denied acquisition, holding nothing.
 #[inline]
 pub(super) fn denied(reason: DenyReason, wait: Micros) -> Acquisition {
     Acquisition {
