@@ -538,9 +538,10 @@ impl ResourceBroker {
         if let Err(e) = resource.check_fits(cost) {
             return Some(Err(e));
         }
-        if let Some(local) = &resource.local {
-            let v = local.try_acquire(key, cost);
-            return Some(Ok(self.answer(resource, || HeldKey::sub(key), v)));
+        // A store that answers in process: the one in-process decision.
+        let mut permit = Permit::empty();
+        if let Some(v) = self.quick(resource, key, cost, &mut permit) {
+            return Some(Ok(acquisition(v, permit)));
         }
         // Any other store is asked by state key, built once for both calls.
         let owned = state_key(resource, key);
