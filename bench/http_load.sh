@@ -160,4 +160,14 @@ print()
 for a, b in (("pressure", "none"), ("pressure", "governor"), ("governor", "none")):
     if a in med and b in med:
         print(f"throughput {a} / {b} = {med[a] / med[b]:.3f}   {unit} {a} / {b} = {cpu[a] / cpu[b]:.3f}")
+# The same ratios taken within each round (the variants of one round run
+# back to back, so a slow spell on the machine tends to hit all of them):
+# the median, and how many rounds had the first variant at least as fast.
+print()
+for a, b in (("pressure", "none"), ("pressure", "governor"), ("governor", "none")):
+    pairs = [x[0] / y[0] for x, y in zip(by.get(a, []), by.get(b, []))]
+    if pairs:
+        ahead = sum(r >= 1 for r in pairs)
+        print(f"per round: throughput {a} / {b} median {statistics.median(pairs):.3f}, "
+              f"range {min(pairs):.3f}-{max(pairs):.3f}, {a} >= {b} in {ahead} of {len(pairs)}")
 PY

@@ -15,6 +15,14 @@
 //! the resource by id; `handle_try_acquire_now_keyed` is the handle's
 //! synchronous `try_acquire_now` (no future).
 //!
+//! `broker_try_acquire_now_keyed` is the keyed call by resource id through
+//! the synchronous `try_acquire_now`. The `*_awaited` cases run their
+//! calls inside one async block, each `.await`ed as an application's
+//! handler awaits it, and poll that block once: the cost of a call as
+//! used. The other async cases poll one future per call with
+//! `now_or_never`, which moves the future in and the 64-byte answer out
+//! on every call.
+//!
 //! `memory_local_states_try_acquire` is the store's decision alone, through
 //! the per-resource states the broker calls (`Backend::local_states`): the
 //! difference to `broker_try_acquire_keyed` is the facade (registry lookup,
@@ -118,6 +126,56 @@ fn ours_handle_now(tenants: &ResourceHandle, key: &str) -> bool {
         .allowed
 }
 
+/// Our keyed `try_acquire_now` on `("tenants", key)`.
+fn ours_keyed_now(broker: &ResourceBroker, key: &str) -> bool {
+    broker
+        .try_acquire_now(("tenants", key), Cost::default())
+        .expect("the in-memory backend answers at once")
+        .expect("registered resource")
+        .allowed
+}
+
+/// `iters` keyed calls `("tenants", key(i))`, each awaited inside one
+/// async block that is polled once; the wall time.
+fn awaited_by_id<'k>(
+    broker: &ResourceBroker,
+    iters: u64,
+    key: impl Fn(u64) -> &'k str,
+) -> Duration {
+    use futures::FutureExt;
+    let start = Instant::now();
+    async {
+        for i in 0..iters {
+            let a = broker
+                .try_acquire(("tenants", key(i)), Cost::default())
+                .await;
+            black_box(a.expect("registered resource").allowed);
+        }
+    }
+    .now_or_never()
+    .expect("the in-memory backend answers at once");
+    start.elapsed()
+}
+
+/// [`awaited_by_id`] through the handle.
+fn awaited_handle<'k>(
+    tenants: &ResourceHandle,
+    iters: u64,
+    key: impl Fn(u64) -> &'k str,
+) -> Duration {
+    use futures::FutureExt;
+    let start = Instant::now();
+    async {
+        for i in 0..iters {
+            let a = tenants.try_acquire(key(i), Cost::default()).await;
+            black_box(a.expect("registered resource").allowed);
+        }
+    }
+    .now_or_never()
+    .expect("the in-memory backend answers at once");
+    start.elapsed()
+}
+
 /// Our keyed `try_acquire` on `("tenants", key)`.
 fn ours_keyed(broker: &ResourceBroker, key: &str) -> bool {
     use futures::FutureExt;
@@ -144,8 +202,17 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
     g.bench_function("broker_try_acquire_keyed", |b| {
         b.iter(|| black_box(ours_keyed(&s.broker, &one)))
     });
+    g.bench_function("broker_try_acquire_now_keyed", |b| {
+        b.iter(|| black_box(ours_keyed_now(&s.broker, &one)))
+    });
+    g.bench_function("broker_try_acquire_keyed_awaited", |b| {
+        b.iter_custom(|n| awaited_by_id(&s.broker, n, |_| &one))
+    });
     g.bench_function("handle_try_acquire_keyed", |b| {
         b.iter(|| black_box(ours_handle(&s.tenants, &one)))
+    });
+    g.bench_function("handle_try_acquire_keyed_awaited", |b| {
+        b.iter_custom(|n| awaited_handle(&s.tenants, n, |_| &one))
     });
     g.bench_function("handle_try_acquire_now_keyed", |b| {
         b.iter(|| black_box(ours_handle_now(&s.tenants, &one)))
@@ -163,12 +230,25 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
             black_box(ours_keyed(&s.broker, &s.keys[i]))
         })
     });
+    g.bench_function("broker_try_acquire_now_keyed", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(ours_keyed_now(&s.broker, &s.keys[i]))
+        })
+    });
+    g.bench_function("broker_try_acquire_keyed_awaited", |b| {
+        b.iter_custom(|n| awaited_by_id(&s.broker, n, |i| &s.keys[i as usize % KEYS]))
+    });
     g.bench_function("handle_try_acquire_keyed", |b| {
         let mut i = 0;
         b.iter(|| {
             i = (i + 1) % KEYS;
             black_box(ours_handle(&s.tenants, &s.keys[i]))
         })
+    });
+    g.bench_function("handle_try_acquire_keyed_awaited", |b| {
+        b.iter_custom(|n| awaited_handle(&s.tenants, n, |i| &s.keys[i as usize % KEYS]))
     });
     g.bench_function("handle_try_acquire_now_keyed", |b| {
         let mut i = 0;

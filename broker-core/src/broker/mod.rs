@@ -329,6 +329,12 @@ struct LastRead {
     found: Option<(ShortId, Arc<Resource>)>,
 }
 
+thread_local! {
+    /// What this thread read last from a broker's registry.
+    static LAST_READ: std::cell::RefCell<Option<LastRead>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// A resource id of at most 32 bytes, held inline.
 struct ShortId {
     len: usize,
@@ -486,40 +492,56 @@ impl ResourceBroker {
     /// registry it read last while its stamp is unchanged (no atomic
     /// read-modify-write), and the resource it found last in it, so a
     /// thread calling one resource again compares the id instead of
-    /// hashing it.
+    /// hashing it. Only that case is inlined; the rest is
+    /// [`ResourceBroker::with_resource_found`].
     #[inline(always)]
     fn with_resource<R>(&self, id: &str, f: impl FnOnce(Option<&Arc<Resource>>) -> R) -> R {
         use std::sync::atomic::Ordering;
-        thread_local! {
-            static LAST: std::cell::RefCell<Option<LastRead>> =
-                const { std::cell::RefCell::new(None) };
-        }
         // The stamp is stored after the registry it names, so a registry
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
-        LAST.with(|last| {
+        LAST_READ.with(|last| {
             let Ok(mut last) = last.try_borrow_mut() else {
                 return f(self.inner.resources.load().get(id));
             };
-            let last = match &mut *last {
-                Some(l) if l.stamp == stamp => l,
-                stale => stale.insert(LastRead {
-                    stamp,
-                    registry: self.inner.resources.load_full(),
-                    found: None,
-                }),
-            };
-            if let Some((name, resource)) = &last.found {
-                if name.is(id) {
+            if let Some(LastRead {
+                stamp: read,
+                found: Some((name, resource)),
+                ..
+            }) = &*last
+            {
+                if *read == stamp && name.is(id) {
                     return f(Some(resource));
                 }
             }
-            let resource = last.registry.get(id);
-            if let (Some(r), Some(name)) = (resource, ShortId::new(id)) {
-                last.found = Some((name, r.clone()));
-            }
-            f(resource)
+            self.with_resource_found(&mut last, stamp, id, f)
         })
+    }
+
+    /// [`ResourceBroker::with_resource`] when the thread's last read is of
+    /// another registry or another resource: reads the registry if its
+    /// stamp changed, looks `id` up and keeps what it found.
+    #[inline(never)]
+    fn with_resource_found<R>(
+        &self,
+        last: &mut Option<LastRead>,
+        stamp: u64,
+        id: &str,
+        f: impl FnOnce(Option<&Arc<Resource>>) -> R,
+    ) -> R {
+        let last = match last {
+            Some(l) if l.stamp == stamp => l,
+            stale => stale.insert(LastRead {
+                stamp,
+                registry: self.inner.resources.load_full(),
+                found: None,
+            }),
+        };
+        let resource = last.registry.get(id);
+        if let (Some(r), Some(name)) = (resource, ShortId::new(id)) {
+            last.found = Some((name, r.clone()));
+        }
+        f(resource)
     }
 
     /// `try_acquire` on a resource already looked up, without I/O; else
