@@ -59,6 +59,7 @@ impl Default for QuantaClock {
 }
 
 impl Clock for QuantaClock {
+    #[inline]
     fn now(&self) -> Micros {
         let nanos = self.clock.delta_as_nanos(self.origin, self.clock.raw());
         self.origin_unix + nanos / 1000

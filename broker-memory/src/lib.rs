@@ -47,9 +47,27 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Store {
     states: States,
-    clock: Arc<dyn Clock>,
+    clock: StoreClock,
     next_lease: AtomicU64,
     sweeper: Sweeper,
+}
+
+/// The clock of a store: the default one read in line (it is read on
+/// every decision), any other through its trait object.
+#[derive(Debug)]
+enum StoreClock {
+    Quanta(QuantaClock),
+    Shared(Arc<dyn Clock>),
+}
+
+impl StoreClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        match self {
+            Self::Quanta(c) => c.now(),
+            Self::Shared(c) => c.now(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -151,7 +169,7 @@ impl MemoryBackend {
     /// A store on the system's monotonic time, read through
     /// [`QuantaClock`].
     pub fn new() -> Self {
-        Self::with_clock(QuantaClock::new())
+        Self::with_store_clock(StoreClock::Quanta(QuantaClock::new()))
     }
 
     /// A store on `clock` (e.g. [`broker_core::ManualClock`] in tests).
@@ -161,6 +179,10 @@ impl MemoryBackend {
 
     /// A store on a shared clock.
     pub fn with_shared_clock(clock: Arc<dyn Clock>) -> Self {
+        Self::with_store_clock(StoreClock::Shared(clock))
+    }
+
+    fn with_store_clock(clock: StoreClock) -> Self {
         Self {
             store: Arc::new(Store {
                 states: States::new(),

@@ -501,34 +501,37 @@ impl ResourceBroker {
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
         LAST_READ.with(|last| {
-            let Ok(mut last) = last.try_borrow_mut() else {
-                return f(self.inner.resources.load().get(id));
-            };
-            if let Some(LastRead {
+            let mut last = last.try_borrow_mut().ok();
+            if let Some(Some(LastRead {
                 stamp: read,
                 found: Some((name, resource)),
                 ..
-            }) = &*last
+            })) = last.as_deref()
             {
                 if *read == stamp && name.is(id) {
                     return f(Some(resource));
                 }
             }
-            self.with_resource_found(&mut last, stamp, id, f)
+            self.with_resource_found(last.as_deref_mut(), stamp, id, f)
         })
     }
 
     /// [`ResourceBroker::with_resource`] when the thread's last read is of
     /// another registry or another resource: reads the registry if its
-    /// stamp changed, looks `id` up and keeps what it found.
+    /// stamp changed, looks `id` up and keeps what it found. `last` is
+    /// `None` when the thread's cache is in use further up its stack (a
+    /// call made from within a call): then the registry is read afresh.
     #[inline(never)]
     fn with_resource_found<R>(
         &self,
-        last: &mut Option<LastRead>,
+        last: Option<&mut Option<LastRead>>,
         stamp: u64,
         id: &str,
         f: impl FnOnce(Option<&Arc<Resource>>) -> R,
     ) -> R {
+        let Some(last) = last else {
+            return f(self.inner.resources.load().get(id));
+        };
         let last = match last {
             Some(l) if l.stamp == stamp => l,
             stale => stale.insert(LastRead {

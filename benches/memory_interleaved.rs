@@ -1,0 +1,193 @@
+//! The cases of `memory_try_acquire`, measured for a machine that other
+//! work disturbs: every subject runs a short batch in turn, round after
+//! round, and each keeps its fastest batch. A slow spell then costs a
+//! subject one batch, not its result, and every subject has the same
+//! chances at a quiet moment. Governor's keyed `check_key` runs in the same
+//! rounds; the table gives each subject's best ns per call and its ratio
+//! to governor's.
+//!
+//! Subjects (keyed on `("tenants", key)`, the analogue of governor's keys):
+//! - `by_id`: `broker.try_acquire(..)`, one future polled per call with
+//!   `now_or_never` (the future moved in, the answer moved out per call);
+//! - `by_id_awaited`: the same calls awaited inside one async block polled
+//!   once, as a handler awaits them;
+//! - `by_id_now`: the synchronous `broker.try_acquire_now(..)`;
+//! - `handle`, `handle_awaited`, `handle_now`: the same three through
+//!   `broker.resource_handle("tenants")`;
+//! - `store`: the store's decision alone (`Backend::local_states`).
+//!
+//! Run: `cargo bench --bench memory_interleaved` (env: `ROUNDS=40`,
+//! `BATCH=100000`; for a profiler, `ONLY=<subject>` runs one subject and
+//! `CASE=<prefix>` the cases whose name starts with it).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broker_core::{Backend, Cost, LimitSpec, Limits, LocalStates, RateLimit, ResourceBroker};
+use broker_memory::MemoryBackend;
+use futures::FutureExt;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+const SUBJECTS: [&str; 8] = [
+    "governor_keyed",
+    "by_id",
+    "by_id_awaited",
+    "by_id_now",
+    "handle",
+    "handle_awaited",
+    "handle_now",
+    "store",
+];
+
+struct Case {
+    broker: ResourceBroker,
+    handle: broker_core::ResourceHandle,
+    store: Arc<dyn LocalStates>,
+    governor: DefaultKeyedRateLimiter<String>,
+    keys: Vec<String>,
+}
+
+fn case(per_second: u32, burst: u32, keys: usize) -> Case {
+    let broker = ResourceBroker::new(MemoryBackend::new());
+    let limits =
+        Limits::new().rate(RateLimit::per_second(per_second as u64).with_burst(burst as u64));
+    broker.register_limit("tenants", limits.clone()).unwrap();
+    let quota = Quota::per_second(NonZeroU32::new(per_second).unwrap())
+        .allow_burst(NonZeroU32::new(burst).unwrap());
+    let spec = Arc::new(LimitSpec::new(&limits, Duration::from_secs(60)));
+    Case {
+        handle: broker.resource_handle("tenants").unwrap(),
+        broker,
+        store: MemoryBackend::new()
+            .local_states("tenants", spec)
+            .expect("the in-memory store holds its states in process"),
+        governor: RateLimiter::dashmap(quota),
+        keys: (0..keys).map(|i| format!("tenant-{i}")).collect(),
+    }
+}
+
+/// One batch of `n` calls of subject `s`, cycling through the keys; the
+/// wall time.
+fn batch(c: &Case, s: usize, n: usize) -> Duration {
+    let keys = &c.keys;
+    let key = |i: usize| keys[i % keys.len()].as_str();
+    let start = Instant::now();
+    match s {
+        0 => (0..n).for_each(|i| {
+            black_box(c.governor.check_key(&keys[i % keys.len()]).is_ok());
+        }),
+        1 => (0..n).for_each(|i| {
+            let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
+            black_box(a.now_or_never().unwrap().unwrap().allowed);
+        }),
+        2 => async {
+            for i in 0..n {
+                let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
+                black_box(a.await.unwrap().allowed);
+            }
+        }
+        .now_or_never()
+        .unwrap(),
+        3 => (0..n).for_each(|i| {
+            let a = c
+                .broker
+                .try_acquire_now(("tenants", key(i)), Cost::default());
+            black_box(a.unwrap().unwrap().allowed);
+        }),
+        4 => (0..n).for_each(|i| {
+            let a = c.handle.try_acquire(key(i), Cost::default());
+            black_box(a.now_or_never().unwrap().unwrap().allowed);
+        }),
+        5 => async {
+            for i in 0..n {
+                let a = c.handle.try_acquire(key(i), Cost::default());
+                black_box(a.await.unwrap().allowed);
+            }
+        }
+        .now_or_never()
+        .unwrap(),
+        6 => (0..n).for_each(|i| {
+            let a = c.handle.try_acquire_now(key(i), Cost::default());
+            black_box(a.unwrap().unwrap().allowed);
+        }),
+        _ => (0..n).for_each(|i| {
+            black_box(c.store.try_acquire(Some(key(i)), Cost::default()).allowed());
+        }),
+    }
+    start.elapsed()
+}
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    // `cargo test --benches` runs bench targets with `--bench` absent: then
+    // one short round checks that every subject runs.
+    let benching = std::env::args().any(|a| a == "--bench");
+    let rounds = if benching { env("ROUNDS", 40) } else { 1 };
+    let n = if benching {
+        env("BATCH", 100_000)
+    } else {
+        1_000
+    };
+    println!("rounds={rounds} batch={n}: best ns per call, and / governor_keyed");
+    println!();
+    print!("| case |");
+    SUBJECTS.iter().for_each(|s| print!(" {s} |"));
+    println!();
+    print!("|---|");
+    SUBJECTS.iter().for_each(|_| print!("---|"));
+    println!();
+    for (name, deny, keys) in [
+        ("allow, one key", false, 1),
+        ("allow, 10,000 keys", false, 10_000),
+        ("deny, one key", true, 1),
+        ("deny, 10,000 keys", true, 10_000),
+    ] {
+        if std::env::var("CASE").is_ok_and(|p| !name.starts_with(&p)) {
+            continue;
+        }
+        let c = if deny {
+            case(1, 1, keys)
+        } else {
+            // A rate low enough that no state is full again (none is idle
+            // and evicted) and a burst no run exhausts.
+            case(1000, 1_000_000_000, keys)
+        };
+        if deny {
+            // Exhaust every state first, so the measured calls are denials.
+            (0..SUBJECTS.len()).for_each(|s| {
+                batch(&c, s, keys);
+            });
+            assert!(
+                !c.handle
+                    .try_acquire_now(&*c.keys[0], Cost::default())
+                    .unwrap()
+                    .unwrap()
+                    .allowed
+            );
+            assert!(c.governor.check_key(&c.keys[0]).is_err());
+        }
+        let mut best = [f64::MAX; SUBJECTS.len()];
+        for _ in 0..rounds {
+            for (s, b) in best.iter_mut().enumerate() {
+                if std::env::var("ONLY").is_ok_and(|o| o != SUBJECTS[s]) {
+                    continue;
+                }
+                let ns = batch(&c, s, n).as_nanos() as f64 / n as f64;
+                *b = b.min(ns);
+            }
+        }
+        print!("| {name} |");
+        for b in best {
+            print!(" {b:.1} ({:.2}) |", b / best[0]);
+        }
+        println!();
+    }
+}
