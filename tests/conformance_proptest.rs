@@ -55,10 +55,8 @@ fn params() -> impl Strategy<Value = BucketParams> {
         1u64..50,
         prop::sample::select(vec![1_000u64, 250_000, 1_000_000, 7_000_000, 60_000_000]),
     )
-        .prop_map(|(capacity, amount, period)| BucketParams {
-            capacity: capacity as f64,
-            amount: amount as f64,
-            period: period as f64,
+        .prop_map(|(capacity, amount, period)| {
+            BucketParams::new(capacity as f64, amount as f64, period as f64)
         })
 }
 

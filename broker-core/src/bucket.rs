@@ -14,6 +14,16 @@ use crate::clock::Micros;
 
 /// Static parameters of one bucket: `amount` tokens per `period` µs, at most
 /// `capacity` tokens held. All three are exact integers stored as `f64`.
+/// Built by [`BucketParams::new`], which also computes the two rates the
+/// transitions multiply by (a multiplication instead of a division on
+/// every decision): treat the fields as read-only.
+///
+/// ```
+/// use broker_core::bucket::BucketParams;
+/// let p = BucketParams::new(10.0, 2.0, 1_000_000.0);
+/// assert_eq!(p.tokens_per_micro(), 2.0 / 1_000_000.0);
+/// assert_eq!(p.micros_per_token(), 500_000.0);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketParams {
     /// Maximum tokens held (the burst).
@@ -22,6 +32,36 @@ pub struct BucketParams {
     pub amount: f64,
     /// Refill period in microseconds.
     pub period: f64,
+    /// `amount / period`.
+    tokens_per_micro: f64,
+    /// `period / amount`.
+    micros_per_token: f64,
+}
+
+impl BucketParams {
+    /// `amount` tokens per `period` µs, at most `capacity` held.
+    pub const fn new(capacity: f64, amount: f64, period: f64) -> Self {
+        Self {
+            capacity,
+            amount,
+            period,
+            tokens_per_micro: amount / period,
+            micros_per_token: period / amount,
+        }
+    }
+
+    /// Tokens refilled per µs: `amount / period`, as one division rounds
+    /// it (the Lua mirror computes the same quotient).
+    #[inline]
+    pub const fn tokens_per_micro(&self) -> f64 {
+        self.tokens_per_micro
+    }
+
+    /// µs per token: `period / amount`, as one division rounds it.
+    #[inline]
+    pub const fn micros_per_token(&self) -> f64 {
+        self.micros_per_token
+    }
 }
 
 /// Mutable state of one bucket.
@@ -52,7 +92,7 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
     if now <= state.ts {
         return state;
     }
-    let gained = (now - state.ts) as f64 * params.amount / params.period;
+    let gained = (now - state.ts) as f64 * params.tokens_per_micro;
     BucketState {
         tokens: (state.tokens + gained).min(params.capacity),
         ts: now,
@@ -92,7 +132,7 @@ pub fn ceil_micros(x: f64) -> Micros {
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     let deficit = cost - state.tokens;
     let rate_wait = if deficit > 0.0 {
-        ceil_micros(deficit * params.period / params.amount)
+        ceil_micros(deficit * params.micros_per_token)
     } else {
         0
     };
@@ -116,7 +156,7 @@ pub fn book(
 ) -> BucketState {
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
-    let ahead = wait as f64 * params.amount / params.period;
+    let ahead = wait as f64 * params.tokens_per_micro;
     s.tokens = (s.tokens + ahead).min(params.capacity) - cost - ahead;
     s
 }
@@ -225,11 +265,7 @@ pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
 mod tests {
     use super::*;
 
-    const P: BucketParams = BucketParams {
-        capacity: 3.0,
-        amount: 2.0,
-        period: 1_000_000.0,
-    };
+    const P: BucketParams = BucketParams::new(3.0, 2.0, 1_000_000.0);
 
     #[test]
     fn ceil_micros_is_the_rounding_it_describes() {

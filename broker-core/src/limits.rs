@@ -128,11 +128,11 @@ impl RateLimit {
 
     /// The bucket parameters this limit compiles to.
     pub fn params(&self) -> BucketParams {
-        BucketParams {
-            capacity: self.burst() as f64,
-            amount: self.amount as f64,
-            period: micros(self.period) as f64,
-        }
+        BucketParams::new(
+            self.burst() as f64,
+            self.amount as f64,
+            micros(self.period) as f64,
+        )
     }
 }
 

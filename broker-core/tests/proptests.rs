@@ -10,10 +10,8 @@ fn params() -> impl Strategy<Value = BucketParams> {
         1u64..20,
         prop::sample::select(vec![1_000u64, 250_000, 1_000_000, 60_000_000]),
     )
-        .prop_map(|(burst, amount, period)| BucketParams {
-            capacity: burst as f64,
-            amount: amount as f64,
-            period: period as f64,
+        .prop_map(|(burst, amount, period)| {
+            BucketParams::new(burst as f64, amount as f64, period as f64)
         })
 }
 
@@ -50,7 +48,7 @@ proptest! {
         burst in 1u64..10, amount in 1u64..10,
         asks in prop::collection::vec(0u64..3_000_000, 1..60),
     ) {
-        let p = BucketParams { capacity: burst as f64, amount: amount as f64, period: 1_000_000.0 };
+        let p = BucketParams::new(burst as f64, amount as f64, 1_000_000.0);
         let mut asks = asks;
         asks.sort_unstable();
         let mut s = BucketState::fresh(&p, 0);

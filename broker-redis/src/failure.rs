@@ -75,11 +75,7 @@ pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
             .map(|(unit, p)| {
                 (
                     *unit,
-                    BucketParams {
-                        capacity: p.capacity * share,
-                        amount: p.amount,
-                        period: (p.period / share).ceil(),
-                    },
+                    BucketParams::new(p.capacity * share, p.amount, (p.period / share).ceil()),
                 )
             })
             .collect(),

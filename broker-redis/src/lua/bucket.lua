@@ -9,7 +9,7 @@ local function refill(tokens, ts, now, capacity, amount, period)
   if now <= ts then
     return tokens, ts
   end
-  local gained = (now - ts) * amount / period
+  local gained = (now - ts) * (amount / period)
   tokens = tokens + gained
   if capacity < tokens then tokens = capacity end
   return tokens, now
@@ -32,7 +32,7 @@ local function wait_for(tokens, nb, now, cost, amount, period)
   local deficit = cost - tokens
   local rate_wait = 0
   if deficit > 0 then
-    rate_wait = ceil_micros(deficit * period / amount)
+    rate_wait = ceil_micros(deficit * (period / amount))
   end
   if nb > now and nb - now > rate_wait then
     return nb - now
@@ -45,7 +45,7 @@ end
 local function book(tokens, ts, now, cost, wait, capacity, amount, period)
   if now < ts then now = ts end
   tokens, ts = refill(tokens, ts, now, capacity, amount, period)
-  local ahead = wait * amount / period
+  local ahead = wait * (amount / period)
   tokens = tokens + ahead
   if capacity < tokens then tokens = capacity end
   return tokens - cost - ahead, ts

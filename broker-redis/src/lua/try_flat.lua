@@ -16,6 +16,9 @@ local tonumber, call, format = tonumber, redis.call, string.format
 local floor, ceil, abs = math.floor, math.ceil, math.abs
 local U64 = 18446744073709551616
 local capacity, amount, period = ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0
+-- BucketParams::tokens_per_micro and micros_per_token: the quotients the
+-- transitions multiply by.
+local tokens_per_micro, micros_per_token = amount / period, period / amount
 
 -- bucket::wait_for for a bucket refilled to n: the rate wait for want
 -- tokens (bucket::ceil_micros written out), or until nb if that is longer.
@@ -23,7 +26,7 @@ local function wait_for(tokens, nb, n, want)
   local deficit = want - tokens
   local wait = 0
   if deficit > 0 then
-    local x = deficit * period / amount
+    local x = deficit * micros_per_token
     local nearest = floor(x)
     if x - nearest >= 0.5 then nearest = nearest + 1 end
     wait = ceil(x)
@@ -65,7 +68,7 @@ if cost > 0 then
   if n < ts then n = ts end
   -- refill(tokens, ts, n)
   if n > ts then
-    tokens = tokens + (n - ts) * amount / period
+    tokens = tokens + (n - ts) * tokens_per_micro
     if capacity < tokens then tokens = capacity end
     ts = n
   end
@@ -74,7 +77,7 @@ if cost > 0 then
     return { 1, string.format('%.17g', wait) }
   end
   -- book(tokens, ts, n, cost, 0): the refill to n is done (ts >= n).
-  local ahead = 0 * amount / period
+  local ahead = 0 * tokens_per_micro
   tokens = tokens + ahead
   if capacity < tokens then tokens = capacity end
   tokens = tokens - cost - ahead
@@ -85,7 +88,7 @@ local n = now
 if n < ts then n = ts end
 local r = tokens
 if n > ts then
-  r = tokens + (n - ts) * amount / period
+  r = tokens + (n - ts) * tokens_per_micro
   if capacity < r then r = capacity end
 end
 if r >= capacity and nb <= now then
