@@ -61,17 +61,7 @@ impl<'s, C: Call<'s>> Future for FirstPoll<'s, C> {
                 return Poll::Ready(Ok(acquisition(v, permit)));
             }
         }
-        this.poll_rest(cx)
-    }
-}
-
-impl<'s, C: Call<'s>> FirstPoll<'s, C> {
-    /// Every poll but an answered first one: the call in full, then the
-    /// backend's future. Kept out of line so that the first poll stays
-    /// small enough to be inlined where the future is polled.
-    #[inline(never)]
-    fn poll_rest(&mut self, cx: &mut Context<'_>) -> Poll<Result<Acquisition, BrokerError>> {
-        let mut later = match std::mem::replace(self, FirstPoll::Done) {
+        let mut later = match std::mem::replace(this, FirstPoll::Done) {
             FirstPoll::Unpolled(call) => match call.start() {
                 Ok(answer) => return Poll::Ready(answer),
                 Err(later) => later,
@@ -81,7 +71,7 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
         };
         let polled = later.as_mut().poll(cx);
         if polled.is_pending() {
-            *self = FirstPoll::Later(later);
+            *this = FirstPoll::Later(later);
         }
         polled
     }
