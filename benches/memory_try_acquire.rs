@@ -135,40 +135,17 @@ fn ours_keyed_now(broker: &ResourceBroker, key: &str) -> bool {
         .allowed
 }
 
-/// `iters` keyed calls `("tenants", key(i))`, each awaited inside one
-/// async block that is polled once; the wall time.
-fn awaited_by_id<'k>(
-    broker: &ResourceBroker,
-    iters: u64,
-    key: impl Fn(u64) -> &'k str,
-) -> Duration {
+/// `iters` calls `call(i)`, each awaited inside one async block that is
+/// polled once; the wall time.
+fn awaited<F>(iters: u64, call: impl Fn(u64) -> F) -> Duration
+where
+    F: std::future::Future<Output = Result<broker_core::Acquisition, broker_core::BrokerError>>,
+{
     use futures::FutureExt;
     let start = Instant::now();
     async {
         for i in 0..iters {
-            let a = broker
-                .try_acquire(("tenants", key(i)), Cost::default())
-                .await;
-            black_box(a.expect("registered resource").allowed);
-        }
-    }
-    .now_or_never()
-    .expect("the in-memory backend answers at once");
-    start.elapsed()
-}
-
-/// [`awaited_by_id`] through the handle.
-fn awaited_handle<'k>(
-    tenants: &ResourceHandle,
-    iters: u64,
-    key: impl Fn(u64) -> &'k str,
-) -> Duration {
-    use futures::FutureExt;
-    let start = Instant::now();
-    async {
-        for i in 0..iters {
-            let a = tenants.try_acquire(key(i), Cost::default()).await;
-            black_box(a.expect("registered resource").allowed);
+            black_box(call(i).await.expect("registered resource").allowed);
         }
     }
     .now_or_never()
@@ -206,13 +183,17 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
         b.iter(|| black_box(ours_keyed_now(&s.broker, &one)))
     });
     g.bench_function("broker_try_acquire_keyed_awaited", |b| {
-        b.iter_custom(|n| awaited_by_id(&s.broker, n, |_| &one))
+        b.iter_custom(|n| {
+            awaited(n, |_| {
+                s.broker.try_acquire(("tenants", &*one), Cost::default())
+            })
+        })
     });
     g.bench_function("handle_try_acquire_keyed", |b| {
         b.iter(|| black_box(ours_handle(&s.tenants, &one)))
     });
     g.bench_function("handle_try_acquire_keyed_awaited", |b| {
-        b.iter_custom(|n| awaited_handle(&s.tenants, n, |_| &one))
+        b.iter_custom(|n| awaited(n, |_| s.tenants.try_acquire(&*one, Cost::default())))
     });
     g.bench_function("handle_try_acquire_now_keyed", |b| {
         b.iter(|| black_box(ours_handle_now(&s.tenants, &one)))
@@ -238,7 +219,12 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
         })
     });
     g.bench_function("broker_try_acquire_keyed_awaited", |b| {
-        b.iter_custom(|n| awaited_by_id(&s.broker, n, |i| &s.keys[i as usize % KEYS]))
+        b.iter_custom(|n| {
+            awaited(n, |i| {
+                let key = &*s.keys[i as usize % KEYS];
+                s.broker.try_acquire(("tenants", key), Cost::default())
+            })
+        })
     });
     g.bench_function("handle_try_acquire_keyed", |b| {
         let mut i = 0;
@@ -248,7 +234,12 @@ fn single_thread(c: &mut Criterion, mode: &str, s: &Subjects) {
         })
     });
     g.bench_function("handle_try_acquire_keyed_awaited", |b| {
-        b.iter_custom(|n| awaited_handle(&s.tenants, n, |i| &s.keys[i as usize % KEYS]))
+        b.iter_custom(|n| {
+            awaited(n, |i| {
+                s.tenants
+                    .try_acquire(&*s.keys[i as usize % KEYS], Cost::default())
+            })
+        })
     });
     g.bench_function("handle_try_acquire_now_keyed", |b| {
         let mut i = 0;
