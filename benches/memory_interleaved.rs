@@ -186,7 +186,11 @@ fn main() {
         }
         print!("| {name} |");
         for b in best {
-            print!(" {b:.1} ({:.2}) |", b / best[0]);
+            match (b < f64::MAX, best[0] < f64::MAX) {
+                (true, true) => print!(" {b:.1} ({:.2}) |", b / best[0]),
+                (true, false) => print!(" {b:.1} |"),
+                (false, _) => print!(" - |"),
+            }
         }
         println!();
     }
