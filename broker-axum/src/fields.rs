@@ -8,7 +8,11 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 /// Whether `headers` has a field named `name`.
 #[inline]
 pub(crate) fn has_field(headers: &HeaderMap, name: &HeaderName) -> bool {
-    field(headers, name).is_some()
+    if headers.keys_len() <= SCAN_FIELDS {
+        headers.keys().any(|k| k == name)
+    } else {
+        headers.contains_key(name)
+    }
 }
 
 /// The first value of the field `name`.
