@@ -318,30 +318,46 @@ impl ResourceBroker {
 }
 
 /// What a thread read last from a broker's registry (see
-/// `ResourceBroker::with_resource`). It keeps that registry (and through
-/// its resources an in-memory store's states) alive until the thread reads
-/// another broker's registry or exits: one registry per thread at most,
-/// the price of reading it without an atomic read-modify-write.
-struct LastRead {
-    stamp: u64,
-    registry: Arc<Registry>,
-    /// The resource this thread found last, by id.
-    found: Option<(ShortId, Arc<Resource>)>,
-}
+/// `ResourceBroker::with_resource`), in cells of their own so that the
+/// common case (the resource found last, found again) reads them in line,
+/// and takes the resource out for the call and puts it back instead of
+/// counting a reference. The thread keeps that registry and resource (and
+/// through them an in-memory store's states) alive until it reads another
+/// broker's registry or exits: one registry per thread at most, the price
+/// of reading it without an atomic read-modify-write.
+mod last_read {
+    use std::cell::Cell;
+    use std::sync::Arc;
 
-thread_local! {
-    /// What this thread read last from a broker's registry.
-    static LAST_READ: std::cell::RefCell<Option<LastRead>> =
-        const { std::cell::RefCell::new(None) };
+    use super::{Registry, Resource, ShortId};
+
+    thread_local! {
+        /// The stamp of the registry read last (0: none; stamps start at 1).
+        pub(super) static STAMP: Cell<u64> = const { Cell::new(0) };
+        /// That registry.
+        pub(super) static REGISTRY: Cell<Option<Arc<Registry>>> = const { Cell::new(None) };
+        /// The id of the resource found last in it.
+        pub(super) static FOUND_ID: Cell<ShortId> = const { Cell::new(ShortId::EMPTY) };
+        /// That resource; `None` while a call has it out.
+        pub(super) static FOUND: Cell<Option<Arc<Resource>>> = const { Cell::new(None) };
+    }
 }
 
 /// A resource id of at most 32 bytes, held inline.
+#[derive(Clone, Copy)]
 struct ShortId {
     len: usize,
     bytes: [u8; 32],
 }
 
 impl ShortId {
+    /// No id (no resource id is compared equal to it: its length is out of
+    /// range).
+    const EMPTY: Self = Self {
+        len: usize::MAX,
+        bytes: [0; 32],
+    };
+
     fn new(id: &str) -> Option<Self> {
         let mut bytes = [0; 32];
         bytes.get_mut(..id.len())?.copy_from_slice(id.as_bytes());
@@ -500,51 +516,42 @@ impl ResourceBroker {
         // The stamp is stored after the registry it names, so a registry
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
-        LAST_READ.with(|last| {
-            let mut last = last.try_borrow_mut().ok();
-            if let Some(Some(LastRead {
-                stamp: read,
-                found: Some((name, resource)),
-                ..
-            })) = last.as_deref()
-            {
-                if *read == stamp && name.is(id) {
-                    return f(Some(resource));
-                }
+        if last_read::STAMP.get() == stamp && last_read::FOUND_ID.with(|n| n.get().is(id)) {
+            // Out for the call: a call made from within it finds `None`
+            // and looks up afresh; whatever it leaves is replaced here.
+            if let Ok(Some(resource)) = last_read::FOUND.try_with(|c| c.take()) {
+                let r = f(Some(&resource));
+                let _ = last_read::FOUND.try_with(|c| c.set(Some(resource)));
+                return r;
             }
-            self.with_resource_found(last.as_deref_mut(), stamp, id, f)
-        })
+        }
+        self.with_resource_found(stamp, id, f)
     }
 
     /// [`ResourceBroker::with_resource`] when the thread's last read is of
-    /// another registry or another resource: reads the registry if its
-    /// stamp changed, looks `id` up and keeps what it found. `last` is
-    /// `None` when the thread's cache is in use further up its stack (a
-    /// call made from within a call): then the registry is read afresh.
+    /// another registry or another resource (or its resource is out, in a
+    /// call further up the stack): reads the registry if its stamp
+    /// changed, looks `id` up and keeps what it found.
     #[inline(never)]
     fn with_resource_found<R>(
         &self,
-        last: Option<&mut Option<LastRead>>,
         stamp: u64,
         id: &str,
         f: impl FnOnce(Option<&Arc<Resource>>) -> R,
     ) -> R {
-        let Some(last) = last else {
-            return f(self.inner.resources.load().get(id));
+        let kept = match last_read::STAMP.get() == stamp {
+            true => last_read::REGISTRY.try_with(|c| c.take()).ok().flatten(),
+            false => None,
         };
-        let last = match last {
-            Some(l) if l.stamp == stamp => l,
-            stale => stale.insert(LastRead {
-                stamp,
-                registry: self.inner.resources.load_full(),
-                found: None,
-            }),
-        };
-        let resource = last.registry.get(id);
-        if let (Some(r), Some(name)) = (resource, ShortId::new(id)) {
-            last.found = Some((name, r.clone()));
-        }
-        f(resource)
+        let registry = kept.unwrap_or_else(|| self.inner.resources.load_full());
+        let resource = registry.get(id).cloned();
+        let name = ShortId::new(id).filter(|_| resource.is_some());
+        // The thread's cells are gone while it exits: then nothing is kept.
+        let _ = last_read::FOUND.try_with(|c| c.set(name.and(resource.clone())));
+        last_read::FOUND_ID.set(name.unwrap_or(ShortId::EMPTY));
+        let _ = last_read::REGISTRY.try_with(|c| c.set(Some(registry)));
+        last_read::STAMP.set(stamp);
+        f(resource.as_ref())
     }
 
     /// `try_acquire` on a resource already looked up, without I/O; else
