@@ -13,8 +13,10 @@ use broker_core::{
 };
 use broker_memory::MemoryBackend;
 
-/// `MemoryBackend` with its keyed calls only.
-struct KeyedOnly(Arc<MemoryBackend>);
+/// `MemoryBackend` with its keyed calls only. With a broker in the second
+/// place, its `try_acquire_now` first makes a call on that broker (a store
+/// that calls a broker from within a decision).
+struct KeyedOnly(Arc<MemoryBackend>, Option<ResourceBroker>);
 
 #[async_trait]
 impl Backend for KeyedOnly {
@@ -27,6 +29,9 @@ impl Backend for KeyedOnly {
         s: &LimitSpec,
         c: Cost,
     ) -> Option<Result<Decision, BackendError>> {
+        if let Some(nested) = &self.1 {
+            let _ = nested.try_acquire_now("nested", Cost::default());
+        }
         self.0.try_acquire_now(k, s, c)
     }
     async fn reserve(
@@ -66,7 +71,7 @@ impl Backend for KeyedOnly {
 #[test]
 fn a_store_without_local_states_answers_and_releases_by_the_joined_key() {
     let store = Arc::new(MemoryBackend::with_clock(ManualClock::new()));
-    let broker = ResourceBroker::new(KeyedOnly(store.clone()));
+    let broker = ResourceBroker::new(KeyedOnly(store.clone(), None));
     let limits = Limits::new()
         .rate(RateLimit::per_second(2).with_burst(2))
         .max_concurrent(1);
@@ -91,4 +96,38 @@ fn a_store_without_local_states_answers_and_releases_by_the_joined_key() {
     let out = now("a:b");
     assert!(!out.allowed, "the burst of 2 is spent");
     assert_eq!(out.wait_time, Duration::from_millis(500));
+}
+
+/// A call on one broker made from within a call on another (here, from
+/// within a store's decision) leaves each broker's thread cache naming its
+/// own resources: the next call on the inner broker is decided on its own
+/// resource, not on the one the outer call had out.
+#[test]
+fn a_call_made_from_within_a_call_leaves_each_broker_its_own_resources() {
+    let inner = ResourceBroker::new(MemoryBackend::with_clock(ManualClock::new()));
+    inner
+        .register_limit("nested", Limits::new().rate(RateLimit::per_second(1)))
+        .unwrap();
+    let outer_store = Arc::new(MemoryBackend::with_clock(ManualClock::new()));
+    let outer = ResourceBroker::new(KeyedOnly(outer_store, Some(inner.clone())));
+    outer
+        .register_limit(
+            "outer",
+            Limits::new().rate(RateLimit::per_second(1).with_burst(100)),
+        )
+        .unwrap();
+    let first = outer
+        .try_acquire_now("outer", Cost::default())
+        .unwrap()
+        .unwrap();
+    assert!(first.allowed);
+    // The nested call took the inner resource's only token.
+    let again = inner
+        .try_acquire_now("nested", Cost::default())
+        .unwrap()
+        .unwrap();
+    assert!(!again.allowed, "the inner resource's burst of 1 is spent");
+    let stats = inner.stats();
+    let nested = stats.resources.get("nested").expect("registered");
+    assert_eq!((nested.allowed, nested.denied), (1, 1));
 }

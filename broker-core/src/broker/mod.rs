@@ -341,6 +341,21 @@ mod last_read {
         /// That resource; `None` while a call has it out.
         pub(super) static FOUND: Cell<Option<Arc<Resource>>> = const { Cell::new(None) };
     }
+
+    /// Whether a call further up this thread's stack has the found
+    /// resource out: `FOUND_ID` names one, and `FOUND` is empty (the two
+    /// are set together, so otherwise both name one or neither does).
+    pub(super) fn resource_is_out() -> bool {
+        FOUND_ID.get().is_some()
+            && FOUND
+                .try_with(|c| {
+                    let found = c.take();
+                    let out = found.is_none();
+                    c.set(found);
+                    out
+                })
+                .unwrap_or(false)
+    }
 }
 
 /// A resource id of at most 32 bytes, held inline.
@@ -357,6 +372,11 @@ impl ShortId {
         len: usize::MAX,
         bytes: [0; 32],
     };
+
+    /// Whether this names an id (is not [`ShortId::EMPTY`]).
+    fn is_some(&self) -> bool {
+        self.len != usize::MAX
+    }
 
     fn new(id: &str) -> Option<Self> {
         let mut bytes = [0; 32];
@@ -517,8 +537,9 @@ impl ResourceBroker {
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
         if last_read::STAMP.get() == stamp && last_read::FOUND_ID.with(|n| n.get().is(id)) {
-            // Out for the call: a call made from within it finds `None`
-            // and looks up afresh; whatever it leaves is replaced here.
+            // Out for the call: a call made from within it finds the
+            // resource out and leaves the cells as they are (see
+            // `with_resource_found`).
             if let Ok(Some(resource)) = last_read::FOUND.try_with(|c| c.take()) {
                 let r = f(Some(&resource));
                 let _ = last_read::FOUND.try_with(|c| c.set(Some(resource)));
@@ -529,9 +550,11 @@ impl ResourceBroker {
     }
 
     /// [`ResourceBroker::with_resource`] when the thread's last read is of
-    /// another registry or another resource (or its resource is out, in a
-    /// call further up the stack): reads the registry if its stamp
-    /// changed, looks `id` up and keeps what it found.
+    /// another registry or another resource: reads the registry if its
+    /// stamp changed, looks `id` up and keeps what it found. While a call
+    /// further up the stack has the found resource out (this is a call
+    /// made from within it), the registry is read afresh and the cells are
+    /// left alone, so that the resource put back still matches them.
     #[inline(never)]
     fn with_resource_found<R>(
         &self,
@@ -539,6 +562,9 @@ impl ResourceBroker {
         id: &str,
         f: impl FnOnce(Option<&Arc<Resource>>) -> R,
     ) -> R {
+        if last_read::resource_is_out() {
+            return f(self.inner.resources.load().get(id));
+        }
         let kept = match last_read::STAMP.get() == stamp {
             true => last_read::REGISTRY.try_with(|c| c.take()).ok().flatten(),
             false => None,
