@@ -157,14 +157,15 @@ for k in ("none", "pressure", "governor"):
     per = f"{cpu[k]:.0f}" if sys.argv[2] == "1" else f"{cpu[k]:.2f}"
     print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _, _ in v)} | {per} | {v[-1][1]} |")
 print()
-for a, b in (("pressure", "none"), ("pressure", "governor"), ("governor", "none")):
+PAIRS = (("pressure", "none"), ("pressure", "governor"), ("governor", "none"))
+for a, b in PAIRS:
     if a in med and b in med:
         print(f"throughput {a} / {b} = {med[a] / med[b]:.3f}   {unit} {a} / {b} = {cpu[a] / cpu[b]:.3f}")
 # The same ratios taken within each round (the variants of one round run
 # back to back, so a slow spell on the machine tends to hit all of them):
 # the median, and how many rounds had the first variant at least as fast.
 print()
-for a, b in (("pressure", "none"), ("pressure", "governor"), ("governor", "none")):
+for a, b in PAIRS:
     pairs = [x[0] / y[0] for x, y in zip(by.get(a, []), by.get(b, []))]
     if pairs:
         ahead = sum(r >= 1 for r in pairs)
