@@ -130,13 +130,56 @@ pub fn ceil_micros(x: f64) -> Micros {
 /// by [`ceil_micros`].
 #[inline]
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
+    shortfall(state, params, now, cost).map_or(0, Shortfall::micros)
+}
+
+/// A wait before its rounding: what [`wait_for`] rounds, kept apart so
+/// that a caller deciding under a lock can round the wait after the lock
+/// is released.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shortfall {
+    /// The refill time the missing tokens need, in µs, unrounded (zero
+    /// when no token is missing).
+    rate: f64,
+    /// How long `nb` still holds the bucket, in µs.
+    held: Micros,
+}
+
+impl Shortfall {
+    /// The wait in whole µs, as [`wait_for`] gives it: at least 1.
+    #[inline]
+    pub fn micros(self) -> Micros {
+        ceil_micros(self.rate).max(self.held)
+    }
+}
+
+/// The [`Shortfall`] of `cost` for a state already refilled to `now`, or
+/// `None` when the wait is zero.
+///
+/// [`ceil_micros`] rounds to 0 exactly the values below 1e-3 (and NaN):
+/// from 1e-3 up to 1 it gives 1, from 1 up at least 1. So the wait is zero
+/// when the missing tokens need less than 1e-3 µs and `nb` has passed.
+#[inline]
+pub fn shortfall(
+    state: &BucketState,
+    params: &BucketParams,
+    now: Micros,
+    cost: f64,
+) -> Option<Shortfall> {
     let deficit = cost - state.tokens;
-    let rate_wait = if deficit > 0.0 {
-        ceil_micros(deficit * params.micros_per_token)
+    let held = state.nb.saturating_sub(now);
+    if deficit <= 0.0 && held == 0 {
+        return None;
+    }
+    let rate = if deficit > 0.0 {
+        deficit * params.micros_per_token
     } else {
-        0
+        0.0
     };
-    rate_wait.max(state.nb.saturating_sub(now))
+    if (rate.is_nan() || rate < 1e-3) && held == 0 {
+        return None;
+    }
+    Some(Shortfall { rate, held })
 }
 
 /// Books `cost` to be used `wait` µs after `now` (clamped to `ts`), for a
@@ -312,6 +355,54 @@ mod tests {
             assert_eq!(ceil_micros(x), described(x), "x = {x:e}");
         }
         assert_eq!(ceil_micros(f64::NAN), 0);
+    }
+
+    #[test]
+    fn a_shortfall_is_the_wait_rounded_in_one_piece() {
+        // The wait as one expression, the form `shortfall` splits in two.
+        let in_one_piece = |s: &BucketState, p: &BucketParams, now: Micros, cost: f64| {
+            let deficit = cost - s.tokens;
+            let rate = if deficit > 0.0 {
+                ceil_micros(deficit * p.micros_per_token())
+            } else {
+                0
+            };
+            rate.max(s.nb.saturating_sub(now))
+        };
+        let params = [
+            P,
+            BucketParams::new(1.0, 1.0, 1.0),
+            BucketParams::new(5e6, 7.0, 3e7),
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200_000 {
+            let p = params[(next() % 3) as usize];
+            let cost = (next() % 4) as f64;
+            // Tokens around the cost, down to a tiny deficit whose rate is
+            // near the 1e-3 µs the rounding turns on.
+            let near = [0.0, 1e-9, 1e-3 * p.tokens_per_micro(), 0.5, 3.0][(next() % 5) as usize];
+            let tokens = cost - near * [1.0, -1.0, 0.999, 1.001][(next() % 4) as usize];
+            let now = 1_000_000 + next() % 10;
+            let s = BucketState {
+                tokens,
+                ts: now,
+                nb: [0, now - 1, now, now + 1, now + 5_000][(next() % 5) as usize],
+            };
+            let whole = in_one_piece(&s, &p, now, cost);
+            let split = shortfall(&s, &p, now, cost);
+            assert_eq!(
+                split.map_or(0, Shortfall::micros),
+                whole,
+                "{s:?} {p:?} {cost}"
+            );
+            assert_eq!(split.is_none(), whole == 0, "{s:?} {p:?} {cost}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::{self, BucketParams, BucketState};
+use crate::bucket::{self, BucketParams, BucketState, Shortfall};
 use crate::clock::{micros, Micros};
 use crate::limits::{Cost, Limits, Unit};
 use crate::observed::ObservedLimit;
@@ -255,40 +255,46 @@ pub fn try_acquire(
 }
 
 /// [`try_acquire`] for a resource of one rate limit and no concurrency
-/// limit, on its one bucket: the same decision and the same new bucket.
+/// limit, on its one bucket: the same decision and the same new bucket,
+/// with a denial's wait left unrounded. A caller deciding under a lock
+/// rounds it ([`Shortfall::micros`]) after releasing the lock.
 #[inline]
-pub fn try_acquire_one(
+pub fn try_take_one(
     bucket: &mut BucketState,
     unit: Unit,
     params: &BucketParams,
     now: Micros,
     cost: Cost,
-) -> Verdict {
-    match take_one(*bucket, params, now, cost.of(unit) as f64) {
-        Ok(taken) => {
-            *bucket = taken;
-            Verdict::Allowed
-        }
-        Err(wait) => Verdict::Rate(wait),
-    }
+) -> Result<(), Shortfall> {
+    take(bucket, params, now, cost.of(unit) as f64)
 }
 
-/// One bucket's part of `try`: the bucket with `c` taken, or the wait.
+/// One bucket's part of `try`: takes `c` from the bucket, or leaves it and
+/// gives the shortfall.
 #[inline]
-fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
+fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
     if c <= 0.0 {
-        return Ok(s);
+        return Ok(());
     }
-    let now = now.max(s.ts);
-    let r = bucket::refill(s, p, now);
-    let wait = bucket::wait_for(&r, p, now, c);
-    if wait > 0 {
-        return Err(wait);
+    let now = now.max(bucket.ts);
+    let r = bucket::refill(*bucket, p, now);
+    if let Some(short) = bucket::shortfall(&r, p, now, c) {
+        return Err(short);
     }
-    Ok(BucketState {
+    *bucket = BucketState {
         tokens: r.tokens - c,
         ..r
-    })
+    };
+    Ok(())
+}
+
+/// [`take`] on a copy: the bucket with `c` taken, or the wait.
+#[inline]
+fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
+    let mut taken = s;
+    take(&mut taken, p, now, c)
+        .map(|()| taken)
+        .map_err(Shortfall::micros)
 }
 
 /// [`try_acquire`] as the composition of [`wait_all`] and `take_all`: any
@@ -485,6 +491,7 @@ mod tests {
             let spec = spec(&rates, max_concurrent);
             let mut fast = ResourceState::fresh(&spec, 0);
             let mut reference = fast.clone();
+            let mut one_bucket = fast.buckets.clone();
             let mut now = 0;
             for (i, (dt, requests, tokens)) in steps.into_iter().enumerate() {
                 now += dt;
@@ -493,6 +500,14 @@ mod tests {
                 let b = try_acquire_in_two_passes(&mut reference, &spec, now, cost, i as LeaseId);
                 prop_assert_eq!(a, b);
                 prop_assert_eq!(&fast, &reference);
+                // The one-bucket path, where it applies, on its own copy.
+                if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
+                    let one = &mut one_bucket[0];
+                    let c = try_take_one(one, *unit, p, now, cost)
+                        .map_or_else(|s| Decision::deny(DenyReason::Rate, s.micros()), |()| Decision::allow(None));
+                    prop_assert_eq!(c, b);
+                    prop_assert_eq!(&one_bucket, &reference.buckets);
+                }
             }
         }
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use broker_core::bucket::BucketState;
+use broker_core::bucket::{BucketState, Shortfall};
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
@@ -138,14 +138,25 @@ impl Stored {
     }
 
     /// [`state::try_acquire`] on this state; a [`Stored::One`] bucket
-    /// through [`state::try_acquire_one`], without a `ResourceState`.
+    /// through [`state::try_take_one`], without a `ResourceState`.
+    ///
+    /// A [`Stored::One`] bucket's denial comes back unrounded: the caller
+    /// rounds it ([`Shortfall::micros`]) once the lock is released.
     #[inline]
-    fn try_acquire(&mut self, spec: &LimitSpec, now: u64, cost: Cost, lease: LeaseId) -> Verdict {
+    fn try_acquire(
+        &mut self,
+        spec: &LimitSpec,
+        now: u64,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Result<Verdict, Shortfall> {
         match (self, spec.buckets.as_slice()) {
-            (Self::One(b), [(unit, p)]) => state::try_acquire_one(b, *unit, p, now, cost),
-            (s, _) => s
+            (Self::One(b), [(unit, p)]) => {
+                state::try_take_one(b, *unit, p, now, cost).map(|()| Verdict::Allowed)
+            }
+            (s, _) => Ok(s
                 .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
-                .into(),
+                .into()),
         }
     }
 
@@ -157,6 +168,13 @@ impl Stored {
             (Self::One(_), _) => false,
         }
     }
+}
+
+/// The verdict of [`Stored::try_acquire`], a denial's wait rounded (once
+/// the lock is released).
+#[inline]
+fn rounded(v: Result<Verdict, Shortfall>) -> Verdict {
+    v.unwrap_or_else(|short| Verdict::Rate(short.micros()))
 }
 
 impl Default for MemoryBackend {
@@ -247,8 +265,7 @@ impl MemoryBackend {
     /// `try_acquire` on the joined state `key`.
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
         let lease = self.store.lease_for(spec);
-        self.with_stored(key, spec, |s, now| s.try_acquire(spec, now, cost, lease))
-            .into()
+        rounded(self.with_stored(key, spec, |s, now| s.try_acquire(spec, now, cost, lease))).into()
     }
 
     fn lease(&self) -> LeaseId {

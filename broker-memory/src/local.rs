@@ -41,13 +41,13 @@ impl LocalStates for ResourceStates {
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
         let spec = &self.spec;
         let lease = self.store.lease_for(spec);
-        self.store.with_state(
+        crate::rounded(self.store.with_state(
             self.key(sub),
             Some(&self.resource),
             spec,
             || spec.clone(),
             |s, now| s.try_acquire(spec, now, cost, lease),
-        )
+        ))
     }
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
