@@ -529,41 +529,45 @@ impl ResourceBroker {
     /// read-modify-write), and the resource it found last in it, so a
     /// thread calling one resource again compares the id instead of
     /// hashing it. Only that case is inlined; the rest is
-    /// [`ResourceBroker::with_resource_found`].
+    /// [`ResourceBroker::find_resource`]. `f` is called in one place, so
+    /// that it is inlined where the call is.
     #[inline(always)]
     fn with_resource<R>(&self, id: &str, f: impl FnOnce(Option<&Arc<Resource>>) -> R) -> R {
         use std::sync::atomic::Ordering;
         // The stamp is stored after the registry it names, so a registry
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
-        if last_read::STAMP.get() == stamp && last_read::FOUND_ID.with(|n| n.get().is(id)) {
-            // Out for the call: a call made from within it finds the
-            // resource out and leaves the cells as they are (see
-            // `with_resource_found`).
-            if let Ok(Some(resource)) = last_read::FOUND.try_with(|c| c.take()) {
-                let r = f(Some(&resource));
-                let _ = last_read::FOUND.try_with(|c| c.set(Some(resource)));
-                return r;
-            }
+        let found =
+            match last_read::STAMP.get() == stamp && last_read::FOUND_ID.with(|n| n.get().is(id)) {
+                // Out for the call: a call made from within it finds the
+                // resource out and leaves the cells as they are (see
+                // `find_resource`).
+                true => last_read::FOUND.try_with(|c| c.take()).ok().flatten(),
+                false => None,
+            };
+        let (resource, out) = match found {
+            Some(resource) => (Some(resource), true),
+            None => self.find_resource(stamp, id),
+        };
+        let r = f(resource.as_ref());
+        if out {
+            let _ = last_read::FOUND.try_with(|c| c.set(resource));
         }
-        self.with_resource_found(stamp, id, f)
+        r
     }
 
     /// [`ResourceBroker::with_resource`] when the thread's last read is of
     /// another registry or another resource: reads the registry if its
-    /// stamp changed, looks `id` up and keeps what it found. While a call
-    /// further up the stack has the found resource out (this is a call
-    /// made from within it), the registry is read afresh and the cells are
-    /// left alone, so that the resource put back still matches them.
+    /// stamp changed, looks `id` up and keeps what it found, taken out of
+    /// the cells for the call (true in the second place: the caller puts
+    /// it back). While a call further up the stack has the found resource
+    /// out (this is a call made from within it), the registry is read
+    /// afresh and the cells are left alone, so that the resource put back
+    /// still matches them.
     #[inline(never)]
-    fn with_resource_found<R>(
-        &self,
-        stamp: u64,
-        id: &str,
-        f: impl FnOnce(Option<&Arc<Resource>>) -> R,
-    ) -> R {
+    fn find_resource(&self, stamp: u64, id: &str) -> (Option<Arc<Resource>>, bool) {
         if last_read::resource_is_out() {
-            return f(self.inner.resources.load().get(id));
+            return (self.inner.resources.load().get(id).cloned(), false);
         }
         let kept = match last_read::STAMP.get() == stamp {
             true => last_read::REGISTRY.try_with(|c| c.take()).ok().flatten(),
@@ -572,12 +576,13 @@ impl ResourceBroker {
         let registry = kept.unwrap_or_else(|| self.inner.resources.load_full());
         let resource = registry.get(id).cloned();
         let name = ShortId::new(id).filter(|_| resource.is_some());
-        // The thread's cells are gone while it exits: then nothing is kept.
-        let _ = last_read::FOUND.try_with(|c| c.set(name.and(resource.clone())));
+        // The found resource is out for the call, so `FOUND` is empty. The
+        // thread's cells are gone while it exits: then nothing is kept.
+        let _ = last_read::FOUND.try_with(|c| c.set(None));
         last_read::FOUND_ID.set(name.unwrap_or(ShortId::EMPTY));
         let _ = last_read::REGISTRY.try_with(|c| c.set(Some(registry)));
         last_read::STAMP.set(stamp);
-        f(resource.as_ref())
+        (resource, name.is_some())
     }
 
     /// `try_acquire` on a resource already looked up, without I/O; else
