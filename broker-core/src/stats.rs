@@ -2,13 +2,16 @@
 //!
 //! The counters tell apart a local limiter wait, an upstream 429, an
 //! exhausted retry budget, a skip-and-reschedule and a backend error handled
-//! by the failure policy. Updating them is a relaxed atomic add; nothing is
-//! logged per allowed request.
+//! by the failure policy. Updating them is a relaxed atomic add (for the
+//! two counted on every decision, a store to a stripe of the thread's own,
+//! see [`Striped`]); nothing is logged per allowed request.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
+
+use crate::striped::Striped;
 
 /// Live counters of one resource.
 #[derive(Debug, Default)]
@@ -50,63 +53,13 @@ impl Bump for AtomicU64 {
 impl Bump for Striped {
     #[inline]
     fn bump(&self) {
-        self.stripes[stripe()].0.fetch_add(1, Ordering::Relaxed);
+        Striped::bump(self);
     }
 }
 
 #[inline]
 pub(crate) fn bump(c: &impl Bump) {
     c.bump();
-}
-
-/// Stripes of a [`Striped`] counter.
-const STRIPES: usize = 8;
-
-/// One stripe, alone on its cache line (two lines: adjacent-line
-/// prefetchers pull pairs).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Padded(AtomicU64);
-
-/// A monotonic counter bumped by many threads at once: each thread adds to
-/// its own stripe (threads are spread over the stripes in turn), so threads
-/// on different stripes do not contend on one cache line. The value is the
-/// sum of the stripes; nothing is lost, so a snapshot is exact once the
-/// bumps it should see have happened.
-#[derive(Debug, Default)]
-pub(crate) struct Striped {
-    stripes: [Padded; STRIPES],
-}
-
-impl Striped {
-    /// The sum of the stripes.
-    pub(crate) fn get(&self) -> u64 {
-        self.stripes
-            .iter()
-            .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(Ordering::Relaxed)))
-    }
-}
-
-/// This thread's stripe: assigned on the thread's first bump (a constant
-/// initializer, so reading it needs no lazy-initialization check).
-#[inline]
-fn stripe() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::AtomicUsize;
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    STRIPE
-        .try_with(|s| match s.get() {
-            usize::MAX => {
-                let assigned = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-                s.set(assigned);
-                assigned
-            }
-            assigned => assigned,
-        })
-        .unwrap_or(0)
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -213,24 +166,4 @@ pub struct BackendHealth {
     /// Calls answered by the failure policy because the store was
     /// unreachable (fail-closed errors included).
     pub handled_errors: u64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn striped_counter_sums_every_bump_from_many_threads() {
-        let c = Striped::default();
-        std::thread::scope(|s| {
-            for _ in 0..(STRIPES + 3) {
-                s.spawn(|| {
-                    for _ in 0..1000 {
-                        bump(&c);
-                    }
-                });
-            }
-        });
-        assert_eq!(c.get(), (STRIPES as u64 + 3) * 1000);
-    }
 }
