@@ -503,8 +503,10 @@ mod tests {
                 // The one-bucket path, where it applies, on its own copy.
                 if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
                     let one = &mut one_bucket[0];
-                    let c = try_take_one(one, *unit, p, now, cost)
-                        .map_or_else(|s| Decision::deny(DenyReason::Rate, s.micros()), |()| Decision::allow(None));
+                    let c = match try_take_one(one, *unit, p, now, cost) {
+                        Ok(()) => Decision::allow(None),
+                        Err(short) => Decision::deny(DenyReason::Rate, short.micros()),
+                    };
                     prop_assert_eq!(c, b);
                     prop_assert_eq!(&one_bucket, &reference.buckets);
                 }
