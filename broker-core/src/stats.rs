@@ -3,8 +3,8 @@
 //! The counters tell apart a local limiter wait, an upstream 429, an
 //! exhausted retry budget, a skip-and-reschedule and a backend error handled
 //! by the failure policy. Updating them is a relaxed atomic add (for the
-//! two counted on every decision, a store to a stripe of the thread's own,
-//! see [`Striped`]); nothing is logged per allowed request.
+//! two counted on every decision, a store to a stripe of the thread's own);
+//! nothing is logged per allowed request.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
