@@ -16,7 +16,8 @@ use crate::clock::Micros;
 /// `capacity` tokens held. All three are exact integers stored as `f64`.
 /// Built by [`BucketParams::new`], which also computes the two rates the
 /// transitions multiply by (a multiplication instead of a division on
-/// every decision): treat the fields as read-only.
+/// every decision). The fields are read through accessors, so the
+/// quotients always match them.
 ///
 /// ```
 /// use broker_core::bucket::BucketParams;
@@ -27,11 +28,11 @@ use crate::clock::Micros;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketParams {
     /// Maximum tokens held (the burst).
-    pub capacity: f64,
+    capacity: f64,
     /// Tokens refilled per `period`.
-    pub amount: f64,
+    amount: f64,
     /// Refill period in microseconds.
-    pub period: f64,
+    period: f64,
     /// `amount / period`.
     tokens_per_micro: f64,
     /// `period / amount`.
@@ -48,6 +49,24 @@ impl BucketParams {
             tokens_per_micro: amount / period,
             micros_per_token: period / amount,
         }
+    }
+
+    /// Maximum tokens held (the burst).
+    #[inline]
+    pub const fn capacity(&self) -> f64 {
+        self.capacity
+    }
+
+    /// Tokens refilled per `period`.
+    #[inline]
+    pub const fn amount(&self) -> f64 {
+        self.amount
+    }
+
+    /// Refill period in microseconds.
+    #[inline]
+    pub const fn period(&self) -> f64 {
+        self.period
     }
 
     /// Tokens refilled per µs: `amount / period`, as one division rounds

@@ -41,7 +41,7 @@ impl LimitSpec {
             observed
                 .of(*unit)
                 .and_then(|o| o.remaining)
-                .is_none_or(|r| r as f64 >= p.capacity)
+                .is_none_or(|r| r as f64 >= p.capacity())
         })
     }
 }
@@ -405,7 +405,7 @@ pub fn reconcile(
         let Some(remaining) = o.remaining else {
             continue;
         };
-        if remaining as f64 >= p.capacity {
+        if remaining as f64 >= p.capacity() {
             continue;
         }
         let reset_at = o.reset.map(|r| now.saturating_add(micros(r)));

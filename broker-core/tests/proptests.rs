@@ -30,13 +30,13 @@ proptest! {
         let mut admitted = 0.0;
         for (dt, cost) in steps {
             now += dt;
-            let cost = (cost as f64).min(p.capacity);
+            let cost = (cost as f64).min(p.capacity());
             let (next, wait) = bucket::try_take(s, &p, now, cost);
             s = next;
             if wait == 0 {
                 admitted += cost;
             }
-            let bound = p.capacity + p.amount * now as f64 / p.period;
+            let bound = p.capacity() + p.amount() * now as f64 / p.period();
             prop_assert!(admitted <= bound + 1e-9, "admitted {admitted} > {bound} at {now}");
         }
     }
@@ -97,7 +97,7 @@ proptest! {
         tokens in -5.0f64..20.0, nb in 0u64..10_000_000, at in 0u64..10_000_000,
         remaining in 0u64..40, reset in prop::option::of(0u64..10_000_000),
     ) {
-        let s = BucketState { tokens: tokens.min(p.capacity), ts: 0, nb };
+        let s = BucketState { tokens: tokens.min(p.capacity()), ts: 0, nb };
         let refilled = bucket::refill(s, &p, at);
         let r = bucket::reconcile(s, &p, at, remaining as f64, reset.map(|d| at + d));
         prop_assert!(r.tokens <= refilled.tokens);
@@ -112,7 +112,7 @@ proptest! {
     fn time_never_runs_backwards_inside_a_bucket(
         p in params(), tokens in 0.0f64..5.0, ts in 1_000u64..10_000_000, back in 1u64..1_000,
     ) {
-        let s = BucketState { tokens: tokens.min(p.capacity), ts, nb: 0 };
+        let s = BucketState { tokens: tokens.min(p.capacity()), ts, nb: 0 };
         let (after, _) = bucket::try_take(s, &p, ts - back, 0.0);
         prop_assert_eq!(after.ts, ts);
         prop_assert!(after.tokens <= s.tokens);

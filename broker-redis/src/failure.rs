@@ -75,7 +75,11 @@ pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
             .map(|(unit, p)| {
                 (
                     *unit,
-                    BucketParams::new(p.capacity * share, p.amount, (p.period / share).ceil()),
+                    BucketParams::new(
+                        p.capacity() * share,
+                        p.amount(),
+                        (p.period() / share).ceil(),
+                    ),
                 )
             })
             .collect(),
@@ -198,15 +202,16 @@ mod tests {
         let spec = LimitSpec::new(&limits, Duration::from_secs(30));
         let half = scaled(&spec, 0.5);
         let p = half.buckets[0].1;
-        assert_eq!(p.capacity, 5.0);
-        assert_eq!(p.amount / p.period * 1e6, 5.0);
+        assert_eq!(p.capacity(), 5.0);
+        assert_eq!(p.amount() / p.period() * 1e6, 5.0);
         assert_eq!(half.max_concurrent, Some(2));
         let tiny = Limits::new()
             .rate(RateLimit::per_second(1).with_burst(1))
             .max_concurrent(1);
         let tiny = scaled(&LimitSpec::new(&tiny, Duration::from_secs(30)), 0.5);
         assert_eq!(
-            tiny.buckets[0].1.capacity, 0.5,
+            tiny.buckets[0].1.capacity(),
+            0.5,
             "never rounded up to a full bucket"
         );
         assert_eq!(tiny.max_concurrent, Some(0));

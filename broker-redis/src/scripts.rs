@@ -144,9 +144,9 @@ pub(crate) fn evalsha(
     };
     cmd.arg(margin_ms).arg(spec.buckets.len());
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
-        push_num(&mut cmd, p.capacity);
-        push_num(&mut cmd, p.amount);
-        push_num(&mut cmd, p.period);
+        push_num(&mut cmd, p.capacity());
+        push_num(&mut cmd, p.amount());
+        push_num(&mut cmd, p.period());
         push(&mut cmd, operand(i));
     }
     cmd
