@@ -100,15 +100,13 @@ fn batch(c: &Case, s: usize, n: usize, threads: usize) -> Duration {
 /// `offset` on; the wall time.
 fn batch_from(c: &Case, s: usize, n: usize, offset: usize) -> Duration {
     let keys = &c.keys;
-    let key = |i: usize| keys[(offset + i) % keys.len()].as_str();
+    // Governor's keys are `String`s; ours are taken as `&str`.
+    let owned_key = |i: usize| &keys[(offset + i) % keys.len()];
+    let key = |i: usize| owned_key(i).as_str();
     let start = Instant::now();
     match s {
         0 => (0..n).for_each(|i| {
-            black_box(
-                c.governor
-                    .check_key(&keys[(offset + i) % keys.len()])
-                    .is_ok(),
-            );
+            black_box(c.governor.check_key(owned_key(i)).is_ok());
         }),
         1 => (0..n).for_each(|i| {
             let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
