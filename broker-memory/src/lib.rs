@@ -6,6 +6,7 @@
 //! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
+mod cell;
 mod clock;
 mod eviction;
 mod key;
@@ -26,6 +27,7 @@ use broker_core::{
     BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, ObservedLimit,
     Reservation, Verdict,
 };
+use cell::BucketCell;
 use eviction::Sweeper;
 use key::KeyRef;
 pub(crate) use table::States;
@@ -84,8 +86,9 @@ pub(crate) struct Entry {
 #[derive(Debug)]
 pub(crate) enum Stored {
     /// The one bucket of a resource with one rate limit and no concurrency
-    /// limit (the common case), held in the table's slot itself.
-    One(BucketState),
+    /// limit (the common case), held in the table's slot itself, where
+    /// `try` decisions update it under the shard's read lock.
+    One(BucketCell),
     /// Any other state.
     Full(Box<ResourceState>),
 }
@@ -108,7 +111,7 @@ fn one_bucket(spec: &LimitSpec) -> bool {
 impl Stored {
     fn fresh(spec: &LimitSpec, now: u64) -> Self {
         match spec.buckets.as_slice() {
-            [(_, p)] if one_bucket(spec) => Self::One(BucketState::fresh(p, now)),
+            [(_, p)] if one_bucket(spec) => Self::One(BucketCell::new(BucketState::fresh(p, now))),
             _ => Self::Full(Box::new(ResourceState::fresh(spec, now))),
         }
     }
@@ -116,7 +119,7 @@ impl Stored {
     /// The state as the reference transitions take it.
     pub(crate) fn to_state(&self) -> ResourceState {
         match self {
-            Self::One(b) => one_state(*b),
+            Self::One(b) => one_state(b.load()),
             Self::Full(s) => (**s).clone(),
         }
     }
@@ -128,10 +131,10 @@ impl Stored {
         match self {
             Self::Full(s) => f(s),
             Self::One(b) => {
-                let mut s = one_state(*b);
+                let mut s = one_state(b.get());
                 let r = f(&mut s);
                 debug_assert!(s.leases.is_empty());
-                *b = s.buckets[0];
+                b.set(s.buckets[0]);
                 r
             }
         }
@@ -152,7 +155,10 @@ impl Stored {
     ) -> Result<Verdict, Shortfall> {
         match (self, spec.buckets.as_slice()) {
             (Self::One(b), [(unit, p)]) => {
-                state::try_take_one(b, *unit, p, now, cost).map(|()| Verdict::Allowed)
+                let mut taken = b.get();
+                state::try_take_one(&mut taken, *unit, p, now, cost)?;
+                b.set(taken);
+                Ok(Verdict::Allowed)
             }
             (s, _) => Ok(s
                 .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
@@ -163,7 +169,7 @@ impl Stored {
     /// [`state::is_idle`].
     pub(crate) fn is_idle(&self, spec: &LimitSpec, now: u64) -> bool {
         match (self, spec.buckets.as_slice()) {
-            (Self::One(b), [(_, p)]) => broker_core::bucket::is_idle(b, p, now),
+            (Self::One(b), [(_, p)]) => broker_core::bucket::is_idle(&b.load(), p, now),
             (Self::Full(s), _) => state::is_idle(s, spec, now),
             (Self::One(_), _) => false,
         }
@@ -264,8 +270,11 @@ impl MemoryBackend {
 
     /// `try_acquire` on the joined state `key`.
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        let lease = self.store.lease_for(spec);
-        rounded(self.with_stored(key, spec, |s, now| s.try_acquire(spec, now, cost, lease))).into()
+        rounded(key::with_parsed(key, |key| {
+            self.store
+                .try_acquire(key, None, spec, || shared_spec(spec), cost)
+        }))
+        .into()
     }
 
     fn lease(&self) -> LeaseId {
@@ -299,6 +308,39 @@ impl Store {
         );
         self.sweeper.after_write(&self.states, now, inserted);
         result
+    }
+
+    /// `try` on the state of `key` (arguments as for [`Store::with_state`]):
+    /// a one-bucket state made for `spec` is decided under its shard's read
+    /// lock, by [`BucketCell::try_take`], so decisions on one shard run at
+    /// once; any other state, or a new one, under the write lock. A
+    /// one-bucket denial comes back unrounded (see [`rounded`]).
+    #[inline]
+    fn try_acquire(
+        &self,
+        key: KeyRef<'_>,
+        resource: Option<&Arc<str>>,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+        cost: Cost,
+    ) -> Result<Verdict, Shortfall> {
+        if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
+            let now = self.clock.now();
+            let decided = self.states.read(key, |e| match &e.state {
+                Stored::One(b) if std::ptr::eq(Arc::as_ptr(&e.spec), spec) => {
+                    Some(b.try_take(*unit, p, now, cost))
+                }
+                _ => None,
+            });
+            if let Some(Some(taken)) = decided {
+                self.sweeper.after_write(&self.states, now, false);
+                return taken.map(|()| Verdict::Allowed);
+            }
+        }
+        let lease = self.lease_for(spec);
+        self.with_state(key, resource, spec, shared, |s, now| {
+            s.try_acquire(spec, now, cost, lease)
+        })
     }
 
     /// Frees the slot held under `lease` on the state of `key`.
@@ -356,7 +398,9 @@ impl Entry {
             // one-bucket state keeps its live leases by staying full).
             let full = self.state.to_state();
             self.state = match full.buckets.as_slice() {
-                [b] if one_bucket(spec) && full.leases.is_empty() => Stored::One(*b),
+                [b] if one_bucket(spec) && full.leases.is_empty() => {
+                    Stored::One(BucketCell::new(*b))
+                }
                 _ => Stored::Full(Box::new(full)),
             };
         }

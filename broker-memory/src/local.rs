@@ -40,13 +40,12 @@ impl ResourceStates {
 impl LocalStates for ResourceStates {
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
         let spec = &self.spec;
-        let lease = self.store.lease_for(spec);
-        crate::rounded(self.store.with_state(
+        crate::rounded(self.store.try_acquire(
             self.key(sub),
             Some(&self.resource),
             spec,
             || spec.clone(),
-            |s, now| s.try_acquire(spec, now, cost, lease),
+            cost,
         ))
     }
 

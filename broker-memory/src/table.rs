@@ -8,7 +8,7 @@
 //! colliding keys.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hashbrown::HashTable;
 
@@ -24,9 +24,11 @@ pub(crate) struct States {
 }
 
 /// One shard, on a cache line pair of its own so that two threads locking
-/// neighbouring shards do not share a line.
+/// neighbouring shards do not share a line. A `try` on a one-bucket state
+/// takes the read lock and updates the state in its [`crate::cell`];
+/// everything else takes the write lock.
 #[repr(align(128))]
-struct Shard(Mutex<HashTable<(StateKey, Entry)>>);
+struct Shard(RwLock<HashTable<(StateKey, Entry)>>);
 
 impl std::fmt::Debug for States {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -43,7 +45,7 @@ impl States {
         let count = (cores * 4).next_power_of_two().max(4);
         Self {
             shards: (0..count)
-                .map(|_| Shard(Mutex::new(HashTable::new())))
+                .map(|_| Shard(RwLock::new(HashTable::new())))
                 .collect(),
             shift: 64 - count.trailing_zeros(),
             hasher: foldhash::fast::RandomState::default(),
@@ -59,12 +61,36 @@ impl States {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(StateKey, Entry)>> {
+    fn shard_of(&self, hash: u64) -> &Shard {
         // The table takes its tags from the top 7 bits and its positions
         // from the low ones: the shard is picked by the bits just below
         // the tag's, so entries of one shard still differ in their tags.
-        let shard = &self.shards[((hash << 7) >> self.shift) as usize];
-        shard.0.lock().unwrap_or_else(PoisonError::into_inner)
+        &self.shards[((hash << 7) >> self.shift) as usize]
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> RwLockWriteGuard<'_, HashTable<(StateKey, Entry)>> {
+        self.shard_of(hash)
+            .0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[inline]
+    fn shard_read(&self, hash: u64) -> RwLockReadGuard<'_, HashTable<(StateKey, Entry)>> {
+        self.shard_of(hash)
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the entry of `key` under its shard's read lock (other
+    /// threads may be reading it too); `None` when there is none.
+    #[inline]
+    pub(crate) fn read<R>(&self, key: KeyRef<'_>, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+        let hash = self.hash(key);
+        let shard = self.shard_read(hash);
+        shard.find(hash, |(k, _)| k.is(key)).map(|(_, e)| f(e))
     }
 
     /// Runs `f` on the entry of `key` under its shard's lock; `None` when
@@ -102,14 +128,14 @@ impl States {
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.0.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| s.0.read().unwrap_or_else(PoisonError::into_inner).len())
             .sum()
     }
 
     /// Keeps the entries for which `keep` says so, one shard at a time.
     pub(crate) fn retain(&self, mut keep: impl FnMut(&Entry) -> bool) {
         for s in self.shards.iter() {
-            let mut shard = s.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut shard = s.0.write().unwrap_or_else(PoisonError::into_inner);
             shard.retain(|(_, e)| keep(e));
             if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
                 shard.shrink_to_fit(|(k, _)| self.hash(k.as_ref()));

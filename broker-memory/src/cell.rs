@@ -1,0 +1,237 @@
+//! [`BucketCell`]: a one-bucket state that threads holding its shard's
+//! read lock update at once, without a lock of their own.
+//!
+//! The cell is a sequence lock whose writers are the `try` decisions
+//! themselves. A decision reads the bucket, runs broker-core's reference
+//! transition ([`state::try_take_one`]) on the copy, then:
+//! - taken: claims the cell by moving its sequence from the even number it
+//!   read to the next odd one (one compare-and-swap, which fails if any
+//!   other decision wrote in between), stores the new bucket and moves the
+//!   sequence on to even again;
+//! - denied: checks that the sequence has not moved since it read the
+//!   bucket, and writes nothing. A denial leaves the cell's cache line
+//!   shared, so two threads denied on one key do not pass it back and forth.
+//!
+//! Every other transition runs under the shard's write lock, with no
+//! decision in flight, through `&mut` (plain loads and stores). `nb` is
+//! changed only there, so a decision reads it as a plain field.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use broker_core::bucket::{BucketParams, BucketState, Shortfall};
+use broker_core::state;
+use broker_core::{Cost, Micros, Unit};
+
+/// One bucket, updated in place by concurrent decisions.
+#[derive(Debug)]
+pub(crate) struct BucketCell {
+    /// Even: the bucket is whole; odd: a decision is storing a new one.
+    seq: AtomicU64,
+    /// `tokens`, as its bits.
+    tokens: AtomicU64,
+    ts: AtomicU64,
+    nb: Micros,
+}
+
+impl BucketCell {
+    pub(crate) fn new(b: BucketState) -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            tokens: AtomicU64::new(b.tokens.to_bits()),
+            ts: AtomicU64::new(b.ts),
+            nb: b.nb,
+        }
+    }
+
+    /// The bucket, read with no decision in flight (through `&mut`).
+    #[inline]
+    pub(crate) fn get(&mut self) -> BucketState {
+        BucketState {
+            tokens: f64::from_bits(*self.tokens.get_mut()),
+            ts: *self.ts.get_mut(),
+            nb: self.nb,
+        }
+    }
+
+    /// Replaces the bucket, with no decision in flight (through `&mut`).
+    #[inline]
+    pub(crate) fn set(&mut self, b: BucketState) {
+        *self.tokens.get_mut() = b.tokens.to_bits();
+        *self.ts.get_mut() = b.ts;
+        self.nb = b.nb;
+    }
+
+    /// The bucket as of one moment, read while decisions may be in flight.
+    pub(crate) fn load(&self) -> BucketState {
+        let mut backoff = Backoff::default();
+        loop {
+            if let Some((b, seq)) = self.read() {
+                if self.unchanged(seq) {
+                    return b;
+                }
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// [`state::try_take_one`] on the bucket, while other decisions may be
+    /// in flight: the same decision as under a lock, one at a time.
+    #[inline]
+    pub(crate) fn try_take(
+        &self,
+        unit: Unit,
+        params: &BucketParams,
+        now: Micros,
+        cost: Cost,
+    ) -> Result<(), Shortfall> {
+        let mut backoff = Backoff::default();
+        loop {
+            if let Some((mut b, seq)) = self.read() {
+                match state::try_take_one(&mut b, unit, params, now, cost) {
+                    Ok(()) => {
+                        if self.claim(seq) {
+                            self.tokens.store(b.tokens.to_bits(), Ordering::Relaxed);
+                            self.ts.store(b.ts, Ordering::Relaxed);
+                            self.seq.store(seq.wrapping_add(2), Ordering::Release);
+                            return Ok(());
+                        }
+                    }
+                    Err(short) => {
+                        if self.unchanged(seq) {
+                            return Err(short);
+                        }
+                    }
+                }
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// The bucket and the sequence it was read at; `None` while a decision
+    /// is storing.
+    #[inline]
+    fn read(&self) -> Option<(BucketState, u64)> {
+        let seq = self.seq.load(Ordering::Acquire);
+        if seq & 1 == 1 {
+            return None;
+        }
+        let b = BucketState {
+            tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
+            ts: self.ts.load(Ordering::Relaxed),
+            nb: self.nb,
+        };
+        Some((b, seq))
+    }
+
+    /// Whether no decision stored since the sequence read `seq` (the reads
+    /// of the bucket before this call saw one whole bucket).
+    #[inline]
+    fn unchanged(&self, seq: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.seq.load(Ordering::Relaxed) == seq
+    }
+
+    /// Claims the cell for a store, if no decision stored since `seq`.
+    #[inline]
+    fn claim(&self, seq: u64) -> bool {
+        let claimed = self
+            .seq
+            .compare_exchange(seq, seq | 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        // A reader that sees one of the stores after this fence also sees
+        // the odd sequence, and so discards what it read.
+        fence(Ordering::Release);
+        claimed
+    }
+}
+
+/// Waiting for another decision's store to finish: a few spins, then the
+/// thread yields (the storing thread may have been descheduled).
+#[derive(Default)]
+struct Backoff(u32);
+
+impl Backoff {
+    #[cold]
+    fn snooze(&mut self) {
+        if self.0 < 6 {
+            for _ in 0..(1 << self.0) {
+                std::hint::spin_loop();
+            }
+            self.0 += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    fn params(capacity: f64) -> BucketParams {
+        BucketParams::new(capacity, 1.0, 1_000_000.0)
+    }
+
+    #[test]
+    fn concurrent_decisions_take_exactly_the_tokens_there_are() {
+        // A bucket of 20,000 tokens that does not refill within the test's
+        // frozen `now`: four threads each try 10,000 times; exactly 20,000
+        // are taken, and the bucket ends at zero.
+        let p = params(20_000.0);
+        let cell = Arc::new(BucketCell::new(BucketState::fresh(&p, 5)));
+        let taken = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (cell, taken) = (cell.clone(), taken.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        if cell
+                            .try_take(Unit::Requests, &p, 5, Cost::requests(1))
+                            .is_ok()
+                        {
+                            taken.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(taken.load(Ordering::Relaxed), 20_000);
+        let mut cell = Arc::into_inner(cell).unwrap();
+        assert_eq!(cell.get().tokens, 0.0);
+        assert_eq!(cell.get().ts, 5);
+    }
+
+    #[test]
+    fn a_decision_matches_the_reference_on_a_copy() {
+        let p = params(3.0);
+        let mut reference = BucketState::fresh(&p, 0);
+        let cell = BucketCell::new(reference);
+        for now in [0, 0, 0, 0, 400_000, 1_000_000, 1_000_000, 2_500_000] {
+            let want =
+                state::try_take_one(&mut reference, Unit::Requests, &p, now, Cost::requests(1));
+            let got = cell.try_take(Unit::Requests, &p, now, Cost::requests(1));
+            assert_eq!(
+                got.map_err(Shortfall::micros),
+                want.map_err(Shortfall::micros)
+            );
+            assert_eq!(cell.load(), reference);
+        }
+    }
+
+    #[test]
+    fn a_penalty_set_through_mut_holds_later_decisions() {
+        let p = params(3.0);
+        let mut cell = BucketCell::new(BucketState::fresh(&p, 0));
+        let mut b = cell.get();
+        b.nb = 700;
+        cell.set(b);
+        let wait = cell.try_take(Unit::Requests, &p, 200, Cost::requests(1));
+        assert_eq!(wait.map_err(Shortfall::micros), Err(500));
+        assert_eq!(cell.load().tokens, 3.0);
+    }
+}
