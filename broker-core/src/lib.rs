@@ -22,7 +22,7 @@ pub mod pacing;
 pub mod retry;
 pub mod state;
 pub mod stats;
-mod striped;
+pub mod striped;
 pub mod supplier;
 pub mod telemetry;
 

@@ -11,13 +11,18 @@
 //! last store. Threads beyond that share the [`SHARED`] stripes and add
 //! with an atomic read-modify-write. Nothing is lost either way: the value
 //! is the sum of the stripes.
+//!
+//! The stripe index is the crate's to share: [`owned_stripe`] gives it to
+//! other per-thread structures (the in-memory store's shard locks keep one
+//! reader flag per owned stripe).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// Stripes owned by one thread each.
-pub(crate) const OWNED: usize = 16;
+/// Stripes owned by one thread each: the first `OWNED` threads alive at
+/// once have an index of their own below it.
+pub const OWNED: usize = 16;
 /// Stripes shared, with atomic adds, by the threads beyond [`OWNED`].
 pub(crate) const SHARED: usize = 4;
 
@@ -63,6 +68,22 @@ impl Striped {
             .chain(&self.shared)
             .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(Ordering::Relaxed)))
     }
+}
+
+/// This thread's stripe index, if it owns one: `Some(i)` with
+/// `i < OWNED`, which no other thread alive now has. `None` for a thread
+/// beyond the first [`OWNED`] alive at once, and for a thread whose
+/// thread-locals are being destroyed (its index already handed back).
+///
+/// ```
+/// use broker_core::striped::{owned_stripe, OWNED};
+/// let mine = owned_stripe();
+/// assert!(mine.is_none_or(|i| i < OWNED));
+/// assert_eq!(owned_stripe(), mine, "a thread keeps its index");
+/// ```
+#[inline]
+pub fn owned_stripe() -> Option<usize> {
+    STRIPE.try_with(Stripe::index).ok().filter(|&i| i < OWNED)
 }
 
 /// Stripe indices handed back by exited threads.

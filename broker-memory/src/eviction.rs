@@ -3,6 +3,12 @@
 //! nothing. Sweeps are amortized: one runs when the map has doubled since
 //! the last sweep, or when it holds many states and a while has passed.
 //!
+//! A state used within the last [`RECENT`] is kept even if idle: a key in
+//! use whose bucket refills between calls (a generous limit) would
+//! otherwise be dropped by every sweep and made again by its next call,
+//! and with many such keys the map would grow back to the sweep threshold
+//! at once, a sweep every few thousand calls.
+//!
 //! The decision costs two relaxed atomic loads per write: the number of
 //! states is tracked by counting inserts (and re-read exactly after each
 //! sweep), so no write has to lock every shard to learn the map's length.
@@ -16,11 +22,15 @@ use broker_core::Micros;
 const MIN_SWEEP_LEN: usize = 4096;
 /// A map this large is swept at least this often (µs).
 const SWEEP_INTERVAL: Micros = 10_000_000;
+/// A state used this recently (µs) is not evicted.
+pub(crate) const RECENT: Micros = 50_000;
 
-/// Drops every idle state; returns how many.
+/// Drops every idle state not used within [`RECENT`]; returns how many.
 pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
-    states.retain(|e| !e.state.is_idle(&e.spec, now));
+    states.retain(|e| {
+        now.saturating_sub(e.state.last_used()) < RECENT || !e.state.is_idle(&e.spec, now)
+    });
     before.saturating_sub(states.len())
 }
 

@@ -6,6 +6,7 @@
 //! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
+mod biased;
 mod cell;
 mod clock;
 mod eviction;
@@ -166,6 +167,15 @@ impl Stored {
         }
     }
 
+    /// When the state was last brought up to date (its buckets' latest
+    /// `ts`): every decision that takes from it does.
+    pub(crate) fn last_used(&self) -> u64 {
+        match self {
+            Self::One(b) => b.load().ts,
+            Self::Full(s) => s.buckets.iter().map(|b| b.ts).max().unwrap_or(0),
+        }
+    }
+
     /// [`state::is_idle`].
     pub(crate) fn is_idle(&self, spec: &LimitSpec, now: u64) -> bool {
         match (self, spec.buckets.as_slice()) {
@@ -228,8 +238,9 @@ impl MemoryBackend {
     }
 
     /// Drops every state that equals a fresh one (full buckets, no penalty,
-    /// no live lease). Runs by itself as the map grows; call it to bound
-    /// memory at a moment of your choosing.
+    /// no live lease) and was not used in the last 50 ms (a key in use is
+    /// kept though its bucket refills between calls). Runs by itself as
+    /// the map grows; call it to bound memory at a moment of your choosing.
     pub fn evict_idle(&self) -> usize {
         let store = &self.store;
         let now = store.clock.now();

@@ -7,8 +7,10 @@
 //! decision) at the price of weaker, not absent, resistance to deliberately
 //! colliding keys.
 
+use lock_api::{RwLockReadGuard, RwLockWriteGuard};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::biased::{BiasedRwLock, RawBiased};
 
 use hashbrown::HashTable;
 
@@ -28,7 +30,10 @@ pub(crate) struct States {
 /// takes the read lock and updates the state in its [`crate::cell`];
 /// everything else takes the write lock.
 #[repr(align(128))]
-struct Shard(RwLock<HashTable<(StateKey, Entry)>>);
+struct Shard(BiasedRwLock<HashTable<(StateKey, Entry)>>);
+
+/// A shard's table, locked.
+type Table = HashTable<(StateKey, Entry)>;
 
 impl std::fmt::Debug for States {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,7 +50,7 @@ impl States {
         let count = (cores * 4).next_power_of_two().max(4);
         Self {
             shards: (0..count)
-                .map(|_| Shard(RwLock::new(HashTable::new())))
+                .map(|_| Shard(BiasedRwLock::new(HashTable::new())))
                 .collect(),
             shift: 64 - count.trailing_zeros(),
             hasher: foldhash::fast::RandomState::default(),
@@ -69,19 +74,13 @@ impl States {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> RwLockWriteGuard<'_, HashTable<(StateKey, Entry)>> {
-        self.shard_of(hash)
-            .0
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn shard(&self, hash: u64) -> RwLockWriteGuard<'_, RawBiased, Table> {
+        self.shard_of(hash).0.write()
     }
 
     #[inline]
-    fn shard_read(&self, hash: u64) -> RwLockReadGuard<'_, HashTable<(StateKey, Entry)>> {
-        self.shard_of(hash)
-            .0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn shard_read(&self, hash: u64) -> RwLockReadGuard<'_, RawBiased, Table> {
+        self.shard_of(hash).0.read()
     }
 
     /// Runs `f` on the entry of `key` under its shard's read lock (other
@@ -126,16 +125,13 @@ impl States {
 
     /// Number of entries (each shard counted under its lock in turn).
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.0.read().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
+        self.shards.iter().map(|s| s.0.read().len()).sum()
     }
 
     /// Keeps the entries for which `keep` says so, one shard at a time.
     pub(crate) fn retain(&self, mut keep: impl FnMut(&Entry) -> bool) {
         for s in self.shards.iter() {
-            let mut shard = s.0.write().unwrap_or_else(PoisonError::into_inner);
+            let mut shard = s.0.write();
             shard.retain(|(_, e)| keep(e));
             if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
                 shard.shrink_to_fit(|(k, _)| self.hash(k.as_ref()));

@@ -252,3 +252,20 @@ fn tries_and_reservations_at_once_share_one_bucket_exactly() {
     assert_eq!(granted.load(Ordering::Relaxed), 3_000);
     assert_eq!(backend.state("k").unwrap().buckets[0].tokens, 0.0);
 }
+
+/// A key used within the last 50 ms stays, though its bucket is full again
+/// (a generous limit refills between calls): a sweep does not drop a key
+/// in use only for its next call to make it again.
+#[tokio::test]
+async fn a_key_in_use_is_kept_though_its_bucket_refills_between_calls() {
+    let clock = ManualClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let spec = spec(&Limits::new().rate(RateLimit::per_second(1_000_000)));
+    let d = backend.try_acquire("hot", &spec, Cost::default()).await;
+    assert!(d.unwrap().allowed);
+    clock.advance(Duration::from_millis(10));
+    assert_eq!(backend.evict_idle(), 0, "full again, but used 10 ms ago");
+    clock.advance(Duration::from_millis(40));
+    assert_eq!(backend.evict_idle(), 1, "unused for 50 ms");
+    assert!(backend.is_empty());
+}
