@@ -142,34 +142,22 @@ fn threads_hammering_one_sub_key_through_the_fast_path_never_over_admit() {
         .max_concurrent(8);
     broker.register_limit("api", limits).unwrap();
     let handle = broker.resource_handle("api").unwrap();
-    let admitted = AtomicU64::new(0);
-    for step in 0..10u64 {
-        std::thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| {
-                    for _ in 0..2_000 {
-                        let a = handle
-                            .try_acquire_now("tenant-1", Cost::default())
-                            .unwrap()
-                            .unwrap();
-                        if a.allowed {
-                            assert!(a.permit.is_held());
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
-        assert_eq!(admitted.load(Ordering::Relaxed), 500 + 100 * step);
-        assert_eq!(broker.stats().resources["api"].in_flight, 0);
-        clock.advance(Duration::from_millis(100));
-    }
+    hammer_one_key(
+        &clock,
+        || {
+            let a = handle.try_acquire_now("tenant-1", Cost::default());
+            let a = a.unwrap().unwrap();
+            assert_eq!(a.permit.is_held(), a.allowed);
+            a.allowed
+        },
+        || assert_eq!(broker.stats().resources["api"].in_flight, 0),
+    );
 }
 
 /// Four threads trying one key, 2,000 times each per 100 ms step, against
 /// a bucket of burst 500 refilled at 1000/s: `try_one` says whether a call
-/// was admitted.
-fn hammer_one_key(clock: &ManualClock, try_one: impl Fn() -> bool + Sync) {
+/// was admitted; `after_step` checks more after each step.
+fn hammer_one_key(clock: &ManualClock, try_one: impl Fn() -> bool + Sync, after_step: impl Fn()) {
     let admitted = AtomicU64::new(0);
     for step in 0..10u64 {
         std::thread::scope(|s| {
@@ -184,6 +172,7 @@ fn hammer_one_key(clock: &ManualClock, try_one: impl Fn() -> bool + Sync) {
             }
         });
         assert_eq!(admitted.load(Ordering::Relaxed), 500 + 100 * step);
+        after_step();
         clock.advance(Duration::from_millis(100));
     }
 }
@@ -198,19 +187,27 @@ fn threads_hammering_one_bucket_never_over_admit() {
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     let spec = spec(&limits);
-    hammer_one_key(&clock, || {
-        let d = backend.try_acquire_now("k", &spec, Cost::default());
-        d.unwrap().unwrap().allowed
-    });
+    hammer_one_key(
+        &clock,
+        || {
+            let d = backend.try_acquire_now("k", &spec, Cost::default());
+            d.unwrap().unwrap().allowed
+        },
+        || (),
+    );
 
     let clock = ManualClock::new();
     let broker = broker_core::ResourceBroker::new(MemoryBackend::with_clock(clock.clone()));
     broker.register_limit("api", limits).unwrap();
     let handle = broker.resource_handle("api").unwrap();
-    hammer_one_key(&clock, || {
-        let a = handle.try_acquire_now("tenant-1", Cost::default());
-        a.unwrap().unwrap().allowed
-    });
+    hammer_one_key(
+        &clock,
+        || {
+            let a = handle.try_acquire_now("tenant-1", Cost::default());
+            a.unwrap().unwrap().allowed
+        },
+        || (),
+    );
 }
 
 /// Decisions under the read lock and reservations under the write lock on
