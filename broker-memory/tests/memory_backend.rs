@@ -135,11 +135,19 @@ fn a_flood_of_sub_keys_through_the_fast_path_does_not_stay_alive() {
 /// soon deny every call).
 #[test]
 fn threads_hammering_one_sub_key_through_the_fast_path_never_over_admit() {
-    let clock = ManualClock::new();
-    let broker = broker_core::ResourceBroker::new(MemoryBackend::with_clock(clock.clone()));
     let limits = Limits::new()
         .rate(RateLimit::per_second(1000).with_burst(500))
         .max_concurrent(8);
+    hammer_through_the_broker(limits);
+}
+
+/// [`hammer_one_key`] through the broker's fast path, on one sub-key of a
+/// resource of `limits`: a permit is held exactly when a concurrency
+/// limit is set and the call admitted, and none is left after a step.
+fn hammer_through_the_broker(limits: Limits) {
+    let leased = limits.max_concurrent.is_some();
+    let clock = ManualClock::new();
+    let broker = broker_core::ResourceBroker::new(MemoryBackend::with_clock(clock.clone()));
     broker.register_limit("api", limits).unwrap();
     let handle = broker.resource_handle("api").unwrap();
     hammer_one_key(
@@ -147,7 +155,7 @@ fn threads_hammering_one_sub_key_through_the_fast_path_never_over_admit() {
         || {
             let a = handle.try_acquire_now("tenant-1", Cost::default());
             let a = a.unwrap().unwrap();
-            assert_eq!(a.permit.is_held(), a.allowed);
+            assert_eq!(a.permit.is_held(), a.allowed && leased);
             a.allowed
         },
         || assert_eq!(broker.stats().resources["api"].in_flight, 0),
@@ -196,18 +204,7 @@ fn threads_hammering_one_bucket_never_over_admit() {
         || (),
     );
 
-    let clock = ManualClock::new();
-    let broker = broker_core::ResourceBroker::new(MemoryBackend::with_clock(clock.clone()));
-    broker.register_limit("api", limits).unwrap();
-    let handle = broker.resource_handle("api").unwrap();
-    hammer_one_key(
-        &clock,
-        || {
-            let a = handle.try_acquire_now("tenant-1", Cost::default());
-            a.unwrap().unwrap().allowed
-        },
-        || (),
-    );
+    hammer_through_the_broker(limits);
 }
 
 /// Decisions under the read lock and reservations under the write lock on
