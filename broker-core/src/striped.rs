@@ -1,4 +1,4 @@
-//! [`Striped`]: a counter bumped on every decision, from every thread,
+//! `Striped`: a counter bumped on every decision, from every thread,
 //! without a locked instruction on the common path.
 //!
 //! Each of the first [`OWNED`] threads alive at once owns one stripe of
@@ -8,7 +8,7 @@
 //! of a few dozen nanoseconds that is measurable). A thread hands its
 //! stripe back when it exits, and the next new thread takes it over; the
 //! hand-over goes through a mutex, so the new owner sees the old owner's
-//! last store. Threads beyond that share the [`SHARED`] stripes and add
+//! last store. Threads beyond that share the `SHARED` stripes and add
 //! with an atomic read-modify-write. Nothing is lost either way: the value
 //! is the sum of the stripes.
 //!
