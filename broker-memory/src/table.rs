@@ -30,9 +30,9 @@ pub(crate) struct States {
 /// takes the read lock and updates the state in its [`crate::cell`];
 /// everything else takes the write lock.
 #[repr(align(128))]
-struct Shard(BiasedRwLock<HashTable<(StateKey, Entry)>>);
+struct Shard(BiasedRwLock<Table>);
 
-/// A shard's table, locked.
+/// The table of one shard.
 type Table = HashTable<(StateKey, Entry)>;
 
 impl std::fmt::Debug for States {
