@@ -133,8 +133,14 @@ unsafe impl RawRwLock for RawBiased {
             return false;
         }
         self.writing.store(true, Ordering::SeqCst);
-        self.wait_for_readers();
-        true
+        if self.readers.iter().all(|f| f.0.load(Ordering::SeqCst) == 0) {
+            return true;
+        }
+        // A flagged reader is in: give up rather than wait.
+        self.writing.store(false, Ordering::Release);
+        // SAFETY: taken on `inner` just above, by this thread.
+        unsafe { self.inner.unlock_exclusive() };
+        false
     }
 
     unsafe fn unlock_exclusive(&self) {
@@ -182,6 +188,18 @@ mod tests {
         });
         let writers = (0..threads).filter(|t| t % 4 == 0).count() as u64;
         assert_eq!(*lock.read(), (writers * 2_500, writers * 2_500));
+    }
+
+    #[test]
+    fn a_try_for_the_write_side_fails_while_a_flagged_reader_is_in() {
+        let lock = BiasedRwLock::new(0u32);
+        let read = lock.read();
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(lock.try_write().is_none()));
+        });
+        drop(read);
+        *lock.try_write().expect("no reader left") += 1;
+        assert_eq!(*lock.read(), 1);
     }
 
     #[test]
