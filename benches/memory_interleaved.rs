@@ -14,7 +14,10 @@
 //! - `by_id_now`: the synchronous `broker.try_acquire_now(..)`;
 //! - `handle`, `handle_awaited`, `handle_now`: the same three through
 //!   `broker.resource_handle("tenants")`;
-//! - `store`: the store's decision alone (`Backend::local_states`).
+//! - `store`: the store's decision alone (`Backend::local_states`);
+//! - `store_keyed`: the store's keyed call, `Backend::try_acquire_now` on
+//!   the joined state key (`tenants:<key>`), as a direct user of the
+//!   backend makes it.
 //!
 //! The `two threads` cases run each subject's batch on two threads started
 //! together, each from its own key offset. Their figure is the batch's wall
@@ -36,7 +39,7 @@ use broker_memory::MemoryBackend;
 use futures::FutureExt;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-const SUBJECTS: [&str; 8] = [
+const SUBJECTS: [&str; 9] = [
     "governor_keyed",
     "by_id",
     "by_id_awaited",
@@ -45,12 +48,17 @@ const SUBJECTS: [&str; 8] = [
     "handle_awaited",
     "handle_now",
     "store",
+    "store_keyed",
 ];
 
 struct Case {
     broker: ResourceBroker,
     handle: broker_core::ResourceHandle,
     store: Arc<dyn LocalStates>,
+    backend: MemoryBackend,
+    spec: LimitSpec,
+    /// `keys`, each joined to the resource as a state key.
+    joined: Vec<String>,
     governor: DefaultKeyedRateLimiter<String>,
     keys: Vec<String>,
 }
@@ -67,8 +75,13 @@ fn case(per_second: u32, burst: u32, keys: usize) -> Case {
         handle: broker.resource_handle("tenants").unwrap(),
         broker,
         store: MemoryBackend::new()
-            .local_states("tenants", spec)
+            .local_states("tenants", spec.clone())
             .expect("the in-memory store holds its states in process"),
+        backend: MemoryBackend::new(),
+        spec: LimitSpec::clone(&spec),
+        joined: (0..keys)
+            .map(|i| broker_core::keys::keyed("tenants", &format!("tenant-{i}")))
+            .collect(),
         governor: RateLimiter::dashmap(quota),
         keys: (0..keys).map(|i| format!("tenant-{i}")).collect(),
     }
@@ -142,8 +155,13 @@ fn batch_from(c: &Case, s: usize, n: usize, offset: usize) -> Duration {
             let a = c.handle.try_acquire_now(key(i), Cost::default());
             black_box(a.unwrap().unwrap().allowed);
         }),
-        _ => (0..n).for_each(|i| {
+        7 => (0..n).for_each(|i| {
             black_box(c.store.try_acquire(Some(key(i)), Cost::default()).allowed());
+        }),
+        _ => (0..n).for_each(|i| {
+            let joined = &c.joined[(offset + i) % keys.len()];
+            let d = c.backend.try_acquire_now(joined, &c.spec, Cost::default());
+            black_box(d.unwrap().unwrap().allowed);
         }),
     }
     start.elapsed()

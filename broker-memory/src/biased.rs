@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use broker_core::striped::{owned_stripe, OWNED};
 use lock_api::{GuardNoSend, RawRwLock};
 
+use crate::backoff::Backoff;
+
 /// A read-write lock biased to readers (see the module).
 pub(crate) type BiasedRwLock<T> = lock_api::RwLock<RawBiased, T>;
 
@@ -45,14 +47,9 @@ impl RawBiased {
     /// Waits until no thread holds the lock through its flag.
     fn wait_for_readers(&self) {
         for flag in &self.readers {
-            let mut spins = 0u32;
+            let mut backoff = Backoff::default();
             while flag.0.load(Ordering::SeqCst) != 0 {
-                if spins < 64 {
-                    std::hint::spin_loop();
-                    spins += 1;
-                } else {
-                    std::thread::yield_now();
-                }
+                backoff.snooze();
             }
         }
     }
@@ -117,6 +114,11 @@ unsafe impl RawRwLock for RawBiased {
                 return;
             }
         }
+        // The read side was taken through `inner` only if this thread had
+        // no flag then, or met a writer: a thread keeps its stripe while
+        // it runs, and no read guard outlives the thread's stripe (guards
+        // stay inside the table's calls, none is held by a thread-local).
+        debug_assert!(self.inner.is_locked(), "a read unlock without a read lock");
         // SAFETY: this thread holds the read side, not through its flag,
         // so through `inner`.
         unsafe { self.inner.unlock_shared() }

@@ -22,6 +22,8 @@ use broker_core::bucket::{BucketParams, BucketState, Shortfall};
 use broker_core::state;
 use broker_core::{Cost, Micros, Unit};
 
+use crate::backoff::Backoff;
+
 /// One bucket, updated in place by concurrent decisions.
 #[derive(Debug)]
 pub(crate) struct BucketCell {
@@ -142,25 +144,6 @@ impl BucketCell {
         // the odd sequence, and so discards what it read.
         fence(Ordering::Release);
         claimed
-    }
-}
-
-/// Waiting for another decision's store to finish: a few spins, then the
-/// thread yields (the storing thread may have been descheduled).
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    #[cold]
-    fn snooze(&mut self) {
-        if self.0 < 6 {
-            for _ in 0..(1 << self.0) {
-                std::hint::spin_loop();
-            }
-            self.0 += 1;
-        } else {
-            std::thread::yield_now();
-        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
+mod backoff;
 mod biased;
 mod cell;
 mod clock;
@@ -338,9 +339,7 @@ impl Store {
         if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
             let now = self.clock.now();
             let decided = self.states.read(key, |e| match &e.state {
-                Stored::One(b) if std::ptr::eq(Arc::as_ptr(&e.spec), spec) => {
-                    Some(b.try_take(*unit, p, now, cost))
-                }
+                Stored::One(b) if e.made_for(spec) => Some(b.try_take(*unit, p, now, cost)),
                 _ => None,
             });
             if let Some(Some(taken)) = decided {
@@ -380,6 +379,22 @@ impl Store {
 }
 
 impl Entry {
+    /// Whether the state was made for `spec`: the same allocation (the
+    /// broker's calls), or an equal spec (a keyed call, whose spec is the
+    /// caller's own): [`Entry::current`] would keep its state as it is.
+    #[inline]
+    fn made_for(&self, spec: &LimitSpec) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.spec), spec) || self.made_for_equal(spec)
+    }
+
+    /// [`Entry::made_for`] for a spec at another address (kept out of the
+    /// broker's path, which passes the same allocation).
+    #[cold]
+    #[inline(never)]
+    fn made_for_equal(&self, spec: &LimitSpec) -> bool {
+        *self.spec == *spec
+    }
+
     /// The state, made for `spec` (`shared` gives the allocation to keep):
     /// a resource re-configured with the same number of buckets keeps its
     /// state, one with other buckets starts afresh. The common case, a
