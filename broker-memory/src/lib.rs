@@ -1,9 +1,13 @@
 //! # broker-memory
 //!
 //! [`MemoryBackend`]: resource states in a sharded hash table, each decision applied
-//! under its shard's lock by calling broker-core's reference transitions, so
-//! concurrent use from many tasks and threads is exact. Idle states (equal
-//! to a fresh bucket) are evicted, so memory stays bounded when keys are not.
+//! by calling broker-core's reference transitions, so concurrent use from
+//! many tasks and threads is exact: a `try` on a state of one rate limit
+//! under its shard's read lock, updating the bucket in place with a
+//! compare-and-swap (the shards' lock is biased to readers, so threads
+//! deciding at once share no lock line), every other transition under the
+//! shard's write lock. Idle states (equal to a fresh bucket) are evicted,
+//! so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
 mod backoff;
@@ -295,7 +299,7 @@ impl MemoryBackend {
 }
 
 impl Store {
-    /// Runs `f` on the state of `key` under its shard lock, creating a fresh
+    /// Runs `f` on the state of `key` under its shard's write lock, creating a fresh
     /// state if there is none. The state is made for `spec`; `shared`
     /// gives the allocation of `spec` a state keeps. `resource` is the
     /// caller's allocation of `key.resource`, if it has one.

@@ -92,7 +92,7 @@ impl States {
         shard.find(hash, |(k, _)| k.is(key)).map(|(_, e)| f(e))
     }
 
-    /// Runs `f` on the entry of `key` under its shard's lock; `None` when
+    /// Runs `f` on the entry of `key` under its shard's write lock; `None` when
     /// there is none.
     pub(crate) fn get<R>(&self, key: KeyRef<'_>, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
         let hash = self.hash(key);
@@ -100,7 +100,7 @@ impl States {
         shard.find_mut(hash, |(k, _)| k.is(key)).map(|(_, e)| f(e))
     }
 
-    /// Runs `f` on the entry of `key` under its shard's lock, inserting
+    /// Runs `f` on the entry of `key` under its shard's write lock, inserting
     /// `make()` under the key `owned()` when there is none; true in the
     /// second place when it inserted.
     #[inline]
