@@ -261,27 +261,23 @@ impl MemoryBackend {
         })
     }
 
-    /// Runs `f` on the state of the joined state `key`, made for `spec`.
-    fn with_stored<R>(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        f: impl FnOnce(&mut Stored, u64) -> R,
-    ) -> R {
-        key::with_parsed(key, |key| {
-            self.store
-                .with_state(key, None, spec, || shared_spec(spec), f)
-        })
-    }
-
-    /// [`MemoryBackend::with_stored`] for a reference transition.
+    /// Runs the reference transition `f` on the state of the joined state
+    /// `key`, made for `spec`.
     fn with_state<R>(
         &self,
         key: &str,
         spec: &LimitSpec,
         f: impl FnOnce(&mut ResourceState, u64) -> R,
     ) -> R {
-        self.with_stored(key, spec, |s, now| s.with_full(|s| f(s, now)))
+        key::with_parsed(key, |key| {
+            self.store.with_state(
+                key,
+                None,
+                spec,
+                || shared_spec(spec),
+                |s, now| s.with_full(|s| f(s, now)),
+            )
+        })
     }
 
     /// `try_acquire` on the joined state `key`.
