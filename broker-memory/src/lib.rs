@@ -147,7 +147,8 @@ impl Stored {
     }
 
     /// [`state::try_acquire`] on this state; a [`Stored::One`] bucket
-    /// through [`state::try_take_one`], without a `ResourceState`.
+    /// through [`BucketCell::try_take`], as on the read path (here under
+    /// the write lock, for a state just made or adopted).
     ///
     /// A [`Stored::One`] bucket's denial comes back unrounded: the caller
     /// rounds it ([`Shortfall::micros`]) once the lock is released.
@@ -161,10 +162,7 @@ impl Stored {
     ) -> Result<Verdict, Shortfall> {
         match (self, spec.buckets.as_slice()) {
             (Self::One(b), [(unit, p)]) => {
-                let mut taken = b.get();
-                state::try_take_one(&mut taken, *unit, p, now, cost)?;
-                b.set(taken);
-                Ok(Verdict::Allowed)
+                b.try_take(*unit, p, now, cost).map(|()| Verdict::Allowed)
             }
             (s, _) => Ok(s
                 .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
