@@ -262,3 +262,68 @@ async fn try_acquire_decides_on_the_first_poll_not_before() {
     assert!(third.allowed && second.allowed && !first.allowed);
     assert_eq!(first.wait_time, Duration::from_millis(500));
 }
+
+/// The by-id lookup keeps the resource a thread found last: calls that
+/// alternate between resources, between brokers, on ids of any length, and
+/// across a re-registration each reach the resource they name.
+#[test]
+fn lookups_by_id_reach_the_resource_named_whatever_was_found_before() {
+    let clock = ManualClock::new();
+    let (a, b) = (broker(&clock), broker(&clock));
+    let long = "a-resource-id-longer-than-thirty-two-bytes-of-text";
+    // Ids of one length differing in their last byte.
+    for (broker, ids) in [
+        (&a, ["tenant-1", "tenant-2", long]),
+        (&b, ["tenant-1", "tenant-3", long]),
+    ] {
+        for id in ids {
+            broker.register_limit(id, two_per_second()).unwrap();
+        }
+    }
+    let allowed = |broker: &ResourceBroker, id: &str| {
+        broker
+            .try_acquire_now(id, Cost::default())
+            .expect("in-memory answers at once")
+            .unwrap()
+            .allowed
+    };
+    // Interleaved: each resource's burst of 2 goes to it alone.
+    for _ in 0..2 {
+        for (broker, id) in [
+            (&a, "tenant-1"),
+            (&a, "tenant-2"),
+            (&b, "tenant-1"),
+            (&a, long),
+            (&b, long),
+        ] {
+            assert!(allowed(broker, id), "{id}");
+        }
+    }
+    for (broker, id) in [
+        (&a, "tenant-1"),
+        (&a, "tenant-2"),
+        (&b, "tenant-1"),
+        (&a, long),
+        (&b, long),
+    ] {
+        assert!(!allowed(broker, id), "{id} has used its burst");
+    }
+    assert!(allowed(&b, "tenant-3"), "untouched so far");
+    assert!(matches!(
+        b.try_acquire_now("tenant-2", Cost::default()),
+        Some(Err(BrokerError::UnknownResource(id))) if id == "tenant-2"
+    ));
+    // The resource found last, registered again: its calls are counted
+    // by the new registration (the state, kept by key, is still empty).
+    assert!(!allowed(&a, long));
+    a.register_limit(long, two_per_second()).unwrap();
+    assert!(!allowed(&a, long));
+    let counted = |broker: &ResourceBroker, id: &str| {
+        let s = &broker.stats().resources[id];
+        (s.allowed, s.denied)
+    };
+    assert_eq!(counted(&a, long), (0, 1));
+    assert_eq!(counted(&b, long), (2, 1));
+    assert_eq!(counted(&a, "tenant-2"), (2, 1));
+    assert_eq!(counted(&b, "tenant-3"), (1, 0));
+}

@@ -329,24 +329,24 @@ mod last_read {
     use std::cell::Cell;
     use std::sync::Arc;
 
-    use super::{Registry, Resource, ShortId};
+    use super::{Registry, Resource};
 
     thread_local! {
         /// The stamp of the registry read last (0: none; stamps start at 1).
         pub(super) static STAMP: Cell<u64> = const { Cell::new(0) };
         /// That registry.
         pub(super) static REGISTRY: Cell<Option<Arc<Registry>>> = const { Cell::new(None) };
-        /// The id of the resource found last in it.
-        pub(super) static FOUND_ID: Cell<ShortId> = const { Cell::new(ShortId::EMPTY) };
+        /// Whether the last lookup in it found a resource (kept in `FOUND`
+        /// while no call has it out).
+        pub(super) static FOUND_ONE: Cell<bool> = const { Cell::new(false) };
         /// That resource; `None` while a call has it out.
         pub(super) static FOUND: Cell<Option<Arc<Resource>>> = const { Cell::new(None) };
     }
 
     /// Whether a call further up this thread's stack has the found
-    /// resource out: `FOUND_ID` names one, and `FOUND` is empty (the two
-    /// are set together, so otherwise both name one or neither does).
+    /// resource out: `FOUND_ONE` says there is one, and `FOUND` is empty.
     pub(super) fn resource_is_out() -> bool {
-        FOUND_ID.get().is_some()
+        FOUND_ONE.get()
             && FOUND
                 .try_with(|c| {
                     let found = c.take();
@@ -355,41 +355,6 @@ mod last_read {
                     out
                 })
                 .unwrap_or(false)
-    }
-}
-
-/// A resource id of at most 32 bytes, held inline.
-#[derive(Clone, Copy)]
-struct ShortId {
-    len: usize,
-    bytes: [u8; 32],
-}
-
-impl ShortId {
-    /// No id (no resource id is compared equal to it: its length is out of
-    /// range).
-    const EMPTY: Self = Self {
-        len: usize::MAX,
-        bytes: [0; 32],
-    };
-
-    /// Whether this names an id (is not [`ShortId::EMPTY`]).
-    fn is_some(&self) -> bool {
-        self.len != usize::MAX
-    }
-
-    fn new(id: &str) -> Option<Self> {
-        let mut bytes = [0; 32];
-        bytes.get_mut(..id.len())?.copy_from_slice(id.as_bytes());
-        Some(Self {
-            len: id.len(),
-            bytes,
-        })
-    }
-
-    #[inline]
-    fn is(&self, id: &str) -> bool {
-        self.len == id.len() && keys::same(&self.bytes[..self.len], id.as_bytes())
     }
 }
 
@@ -537,14 +502,21 @@ impl ResourceBroker {
         // The stamp is stored after the registry it names, so a registry
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
-        let found =
-            match last_read::STAMP.get() == stamp && last_read::FOUND_ID.with(|n| n.get().is(id)) {
-                // Out for the call: a call made from within it finds the
-                // resource out and leaves the cells as they are (see
-                // `find_resource`).
-                true => last_read::FOUND.try_with(|c| c.take()).ok().flatten(),
-                false => None,
-            };
+        // Out for the call: a call made from within it finds the resource
+        // out and leaves the cells as they are (see `find_resource`).
+        let found = match last_read::STAMP.get() == stamp {
+            true => last_read::FOUND.try_with(|c| c.take()).ok().flatten(),
+            false => None,
+        };
+        let found = match found {
+            Some(r) if keys::same(r.id.as_bytes(), id.as_bytes()) => Some(r),
+            // Another resource: back in its cell for `find_resource`.
+            Some(r) => {
+                let _ = last_read::FOUND.try_with(|c| c.set(Some(r)));
+                None
+            }
+            None => None,
+        };
         let (resource, out) = match found {
             Some(resource) => (Some(resource), true),
             None => self.find_resource(stamp, id),
@@ -575,14 +547,14 @@ impl ResourceBroker {
         };
         let registry = kept.unwrap_or_else(|| self.inner.resources.load_full());
         let resource = registry.get(id).cloned();
-        let name = ShortId::new(id).filter(|_| resource.is_some());
         // The found resource is out for the call, so `FOUND` is empty. The
         // thread's cells are gone while it exits: then nothing is kept.
         let _ = last_read::FOUND.try_with(|c| c.set(None));
-        last_read::FOUND_ID.set(name.unwrap_or(ShortId::EMPTY));
+        last_read::FOUND_ONE.set(resource.is_some());
         let _ = last_read::REGISTRY.try_with(|c| c.set(Some(registry)));
         last_read::STAMP.set(stamp);
-        (resource, name.is_some())
+        let found = resource.is_some();
+        (resource, found)
     }
 
     /// `try_acquire` on a resource already looked up, without I/O; else
