@@ -136,6 +136,7 @@ impl ResourceHandle {
     /// }
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub fn try_acquire_now<'a>(
         &self,
         key: impl Into<Option<&'a str>>,
