@@ -188,9 +188,7 @@ mod tests {
             std::time::Duration::from_secs(1),
         ));
         let entry = || crate::Entry {
-            state: crate::Stored::Full(Box::new(broker_core::state::ResourceState::fresh(
-                &spec, 0,
-            ))),
+            state: crate::Stored::full(broker_core::state::ResourceState::fresh(&spec, 0)),
             spec: spec.clone(),
         };
         let resource: Arc<str> = Arc::from("api");

@@ -36,6 +36,7 @@ use broker_core::{
 use cell::BucketCell;
 use eviction::Sweeper;
 use key::KeyRef;
+use parking_lot::Mutex;
 pub(crate) use table::States;
 
 /// One process's state store.
@@ -95,8 +96,11 @@ pub(crate) enum Stored {
     /// limit (the common case), held in the table's slot itself, where
     /// `try` decisions update it under the shard's read lock.
     One(BucketCell),
-    /// Any other state.
-    Full(Box<ResourceState>),
+    /// Any other state (several limits, or a concurrency limit), behind a
+    /// lock of its own: `try` decisions and releases take it under the
+    /// shard's read lock, so they wait only for calls on the same state;
+    /// under the write lock it is reached through `&mut`, unlocked.
+    Full(Box<Mutex<ResourceState>>),
 }
 
 /// The `ResourceState` of a [`Stored::One`] bucket (one small allocation:
@@ -115,10 +119,15 @@ fn one_bucket(spec: &LimitSpec) -> bool {
 }
 
 impl Stored {
+    /// A [`Stored::Full`] state.
+    pub(crate) fn full(s: ResourceState) -> Self {
+        Self::Full(Box::new(Mutex::new(s)))
+    }
+
     fn fresh(spec: &LimitSpec, now: u64) -> Self {
         match spec.buckets.as_slice() {
             [(_, p)] if one_bucket(spec) => Self::One(BucketCell::new(BucketState::fresh(p, now))),
-            _ => Self::Full(Box::new(ResourceState::fresh(spec, now))),
+            _ => Self::full(ResourceState::fresh(spec, now)),
         }
     }
 
@@ -126,7 +135,7 @@ impl Stored {
     pub(crate) fn to_state(&self) -> ResourceState {
         match self {
             Self::One(b) => one_state(b.load()),
-            Self::Full(s) => (**s).clone(),
+            Self::Full(s) => s.lock().clone(),
         }
     }
 
@@ -135,7 +144,7 @@ impl Stored {
     /// adds a lease for a spec without a concurrency limit).
     fn with_full<R>(&mut self, f: impl FnOnce(&mut ResourceState) -> R) -> R {
         match self {
-            Self::Full(s) => f(s),
+            Self::Full(s) => f(s.get_mut()),
             Self::One(b) => {
                 let mut s = one_state(b.get());
                 let r = f(&mut s);
@@ -175,7 +184,7 @@ impl Stored {
     pub(crate) fn last_used(&self) -> u64 {
         match self {
             Self::One(b) => b.load().ts,
-            Self::Full(s) => s.buckets.iter().map(|b| b.ts).max().unwrap_or(0),
+            Self::Full(s) => s.lock().buckets.iter().map(|b| b.ts).max().unwrap_or(0),
         }
     }
 
@@ -183,7 +192,7 @@ impl Stored {
     pub(crate) fn is_idle(&self, spec: &LimitSpec, now: u64) -> bool {
         match (self, spec.buckets.as_slice()) {
             (Self::One(b), [(_, p)]) => broker_core::bucket::is_idle(&b.load(), p, now),
-            (Self::Full(s), _) => state::is_idle(s, spec, now),
+            (Self::Full(s), _) => state::is_idle(&s.lock(), spec, now),
             (Self::One(_), _) => false,
         }
     }
@@ -321,9 +330,10 @@ impl Store {
     }
 
     /// `try` on the state of `key` (arguments as for [`Store::with_state`]):
-    /// a one-bucket state made for `spec` is decided under its shard's read
-    /// lock, by [`BucketCell::try_take`], so decisions on one shard run at
-    /// once; any other state, or a new one, under the write lock. A
+    /// a state made for `spec` is decided under its shard's read lock, so
+    /// decisions on one shard run at once (a one-bucket state by
+    /// [`BucketCell::try_take`], any other under its own lock); a new
+    /// state, or one made for other limits, under the write lock. A
     /// one-bucket denial comes back unrounded (see [`rounded`]).
     #[inline]
     fn try_acquire(
@@ -334,18 +344,31 @@ impl Store {
         shared: impl Fn() -> Arc<LimitSpec>,
         cost: Cost,
     ) -> Result<Verdict, Shortfall> {
-        if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
-            let now = self.clock.now();
-            let decided = self.states.read(key, |e| match &e.state {
-                Stored::One(b) if e.made_for(spec) => Some(b.try_take(*unit, p, now, cost)),
-                _ => None,
-            });
-            if let Some(Some(taken)) = decided {
-                self.sweeper.after_write(&self.states, now, false);
-                return taken.map(|()| Verdict::Allowed);
-            }
-        }
+        let now = self.clock.now();
         let lease = self.lease_for(spec);
+        let decided = self.states.read(key, |e| {
+            if !e.made_for(spec) {
+                return None;
+            }
+            match (&e.state, spec.buckets.as_slice()) {
+                (Stored::One(b), [(unit, p)]) => {
+                    Some(b.try_take(*unit, p, now, cost).map(|()| Verdict::Allowed))
+                }
+                (Stored::Full(s), _) => Some(Ok(state::try_acquire(
+                    &mut s.lock(),
+                    spec,
+                    now,
+                    cost,
+                    lease,
+                )
+                .into())),
+                (Stored::One(_), _) => None,
+            }
+        });
+        if let Some(Some(decided)) = decided {
+            self.sweeper.after_write(&self.states, now, false);
+            return decided;
+        }
         self.with_state(key, resource, spec, shared, |s, now| {
             s.try_acquire(spec, now, cost, lease)
         })
@@ -354,8 +377,8 @@ impl Store {
     /// Frees the slot held under `lease` on the state of `key`.
     fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         self.states
-            .get(key, |e| match &mut e.state {
-                Stored::Full(s) => state::release(s, lease),
+            .read(key, |e| match &e.state {
+                Stored::Full(s) => state::release(&mut s.lock(), lease),
                 Stored::One(_) => false,
             })
             .unwrap_or(false)
@@ -425,7 +448,7 @@ impl Entry {
                 [b] if one_bucket(spec) && full.leases.is_empty() => {
                     Stored::One(BucketCell::new(*b))
                 }
-                _ => Stored::Full(Box::new(full)),
+                _ => Stored::full(full),
             };
         }
         self.spec = shared();

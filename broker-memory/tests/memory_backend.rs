@@ -207,6 +207,94 @@ fn threads_hammering_one_bucket_never_over_admit() {
     hammer_through_the_broker(limits);
 }
 
+/// A state of several limits is decided under its shard's read lock and
+/// its own lock, by several threads at once: still exact, through the
+/// keyed calls and through the broker's fast path.
+#[test]
+fn threads_hammering_one_state_of_two_limits_never_over_admit() {
+    // The second limit never binds (a burst of 10^6, refilled at 1/s):
+    // every decision still takes from both.
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1000).with_burst(500))
+        .rate(RateLimit::per_minute(60).with_burst(1_000_000));
+
+    let clock = ManualClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let spec = spec(&limits);
+    hammer_one_key(
+        &clock,
+        || {
+            let d = backend.try_acquire_now("k", &spec, Cost::default());
+            d.unwrap().unwrap().allowed
+        },
+        || (),
+    );
+    // 1,400 taken, 0.9 refilled over the nine steps of 100 ms.
+    let second = backend.state("k").unwrap().buckets[1].tokens;
+    assert!(
+        (second - (1_000_000.0 - 1_400.0 + 0.9)).abs() < 1e-3,
+        "every decision took from both: {second}"
+    );
+
+    hammer_through_the_broker(limits);
+}
+
+/// Threads holding permits of a concurrency limit while others take and
+/// release theirs, decided under the shards' read locks: never more
+/// holders than slots, and every slot back at the end.
+#[test]
+fn threads_holding_permits_never_exceed_the_slots() {
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1_000_000).with_burst(1_000_000))
+        .max_concurrent(3);
+    let broker = broker_core::ResourceBroker::new(MemoryBackend::new());
+    broker.register_limit("api", limits).unwrap();
+    let handle = broker.resource_handle("api").unwrap();
+    let (holding, most, granted) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..5_000 {
+                    let a = handle.try_acquire_now("tenant-1", Cost::default());
+                    let a = a.unwrap().unwrap();
+                    if !a.allowed {
+                        continue;
+                    }
+                    granted.fetch_add(1, Ordering::Relaxed);
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::Relaxed);
+                    std::thread::yield_now();
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    drop(a.permit);
+                }
+            });
+        }
+    });
+    assert!(
+        most.load(Ordering::Relaxed) <= 3,
+        "{most:?} holders at once"
+    );
+    assert!(granted.load(Ordering::Relaxed) > 0);
+    let stats = &broker.stats().resources["api"];
+    assert_eq!(stats.in_flight, 0);
+    assert_eq!(stats.allowed, granted.load(Ordering::Relaxed));
+    // All three slots are free again.
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            handle
+                .try_acquire_now("tenant-1", Cost::default())
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    assert!(held.iter().all(|a| a.allowed));
+    let fourth = handle
+        .try_acquire_now("tenant-1", Cost::default())
+        .unwrap()
+        .unwrap();
+    assert!(!fourth.allowed);
+}
+
 /// Decisions under the read lock and reservations under the write lock on
 /// one bucket at once: each of its tokens is handed out once.
 #[test]
