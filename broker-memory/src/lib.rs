@@ -2,12 +2,14 @@
 //!
 //! [`MemoryBackend`]: resource states in a sharded hash table, each decision applied
 //! by calling broker-core's reference transitions, so concurrent use from
-//! many tasks and threads is exact: a `try` on a state of one rate limit
-//! under its shard's read lock, updating the bucket in place with a
-//! compare-and-swap (the shards' lock is biased to readers, so threads
-//! deciding at once share no lock line), every other transition under the
-//! shard's write lock. Idle states (equal to a fresh bucket) are evicted,
-//! so memory stays bounded when keys are not.
+//! many tasks and threads is exact. A `try` on an existing state runs
+//! under its shard's read lock (biased to readers, so threads deciding at
+//! once share no lock line): on a state of one rate limit it updates the
+//! bucket in place with a compare-and-swap, on any other state (several
+//! limits, a concurrency limit) under that state's own lock, which a
+//! release takes as well. Every other transition, and a new state, runs
+//! under the shard's write lock. Idle states (equal to a fresh bucket) are
+//! evicted, so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
 mod backoff;

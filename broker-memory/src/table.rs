@@ -26,9 +26,10 @@ pub(crate) struct States {
 }
 
 /// One shard, on a cache line pair of its own so that two threads locking
-/// neighbouring shards do not share a line. A `try` on a one-bucket state
-/// takes the read lock and updates the state in its [`crate::cell`];
-/// everything else takes the write lock.
+/// neighbouring shards do not share a line. A `try` or a release on an
+/// existing state takes the read lock (a one-bucket state is updated in its
+/// [`crate::cell`], any other under its own lock); everything else takes
+/// the write lock.
 #[repr(align(128))]
 struct Shard(BiasedRwLock<Table>);
 
