@@ -191,7 +191,13 @@ fn hammer_one_key(clock: &ManualClock, try_one: impl Fn() -> bool + Sync, after_
 #[test]
 fn threads_hammering_one_bucket_never_over_admit() {
     let limits = Limits::new().rate(RateLimit::per_second(1000).with_burst(500));
+    hammer_keyed(&limits);
+    hammer_through_the_broker(limits);
+}
 
+/// [`hammer_one_key`] through the backend's keyed call, on key `k` of a
+/// store of its own; the store, for a look at the state.
+fn hammer_keyed(limits: &Limits) -> MemoryBackend {
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     let spec = spec(&limits);
@@ -203,8 +209,7 @@ fn threads_hammering_one_bucket_never_over_admit() {
         },
         || (),
     );
-
-    hammer_through_the_broker(limits);
+    backend
 }
 
 /// A state of several limits is decided under its shard's read lock and
@@ -217,18 +222,7 @@ fn threads_hammering_one_state_of_two_limits_never_over_admit() {
     let limits = Limits::new()
         .rate(RateLimit::per_second(1000).with_burst(500))
         .rate(RateLimit::per_minute(60).with_burst(1_000_000));
-
-    let clock = ManualClock::new();
-    let backend = MemoryBackend::with_clock(clock.clone());
-    let spec = spec(&limits);
-    hammer_one_key(
-        &clock,
-        || {
-            let d = backend.try_acquire_now("k", &spec, Cost::default());
-            d.unwrap().unwrap().allowed
-        },
-        || (),
-    );
+    let backend = hammer_keyed(&limits);
     // 1,400 taken, 0.9 refilled over the nine steps of 100 ms.
     let second = backend.state("k").unwrap().buckets[1].tokens;
     assert!(

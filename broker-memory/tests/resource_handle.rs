@@ -288,24 +288,19 @@ fn lookups_by_id_reach_the_resource_named_whatever_was_found_before() {
             .allowed
     };
     // Interleaved: each resource's burst of 2 goes to it alone.
-    for _ in 0..2 {
-        for (broker, id) in [
-            (&a, "tenant-1"),
-            (&a, "tenant-2"),
-            (&b, "tenant-1"),
-            (&a, long),
-            (&b, long),
-        ] {
-            assert!(allowed(broker, id), "{id}");
-        }
-    }
-    for (broker, id) in [
+    let calls = [
         (&a, "tenant-1"),
         (&a, "tenant-2"),
         (&b, "tenant-1"),
         (&a, long),
         (&b, long),
-    ] {
+    ];
+    for _ in 0..2 {
+        for (broker, id) in calls {
+            assert!(allowed(broker, id), "{id}");
+        }
+    }
+    for (broker, id) in calls {
         assert!(!allowed(broker, id), "{id} has used its burst");
     }
     assert!(allowed(&b, "tenant-3"), "untouched so far");
