@@ -200,7 +200,7 @@ fn threads_hammering_one_bucket_never_over_admit() {
 fn hammer_keyed(limits: &Limits) -> MemoryBackend {
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
-    let spec = spec(&limits);
+    let spec = spec(limits);
     hammer_one_key(
         &clock,
         || {
