@@ -1,15 +1,16 @@
 //! # broker-memory
 //!
-//! [`MemoryBackend`]: resource states in a sharded hash table, each decision applied
-//! by calling broker-core's reference transitions, so concurrent use from
-//! many tasks and threads is exact. A `try` on an existing state runs
-//! under its shard's read lock (biased to readers, so threads deciding at
-//! once share no lock line): on a state of one rate limit it updates the
-//! bucket in place with a compare-and-swap, on any other state (several
-//! limits, a concurrency limit) under that state's own lock, which a
-//! release takes as well. Every other transition, and a new state, runs
-//! under the shard's write lock. Idle states (equal to a fresh bucket) are
-//! evicted, so memory stays bounded when keys are not.
+//! [`MemoryBackend`]: resource states in a sharded hash table, each
+//! decision applied by calling broker-core's reference transitions, so
+//! concurrent use from many tasks and threads is exact. A `try` on an
+//! existing state made for the resource's current limits runs under its
+//! shard's read lock (biased to readers, so threads deciding at once share
+//! no lock line): on a state of one rate limit it updates the bucket in
+//! place with a compare-and-swap, on any other state (several limits, a
+//! concurrency limit) under that state's own lock, which a release takes
+//! as well. Every other transition, and a new state, runs under the
+//! shard's write lock. Idle states (equal to a fresh bucket) are evicted,
+//! so memory stays bounded when keys are not.
 #![warn(missing_docs)]
 
 mod backoff;
@@ -59,7 +60,6 @@ pub struct MemoryBackend {
 struct Store {
     states: States,
     clock: StoreClock,
-    next_lease: AtomicU64,
     sweeper: Sweeper,
 }
 
@@ -101,7 +101,8 @@ pub(crate) enum Stored {
     /// Any other state (several limits, or a concurrency limit), behind a
     /// lock of its own: `try` decisions and releases take it under the
     /// shard's read lock, so they wait only for calls on the same state;
-    /// under the write lock it is reached through `&mut`, unlocked.
+    /// under the write lock, transitions reach it through `&mut`, and reads
+    /// take the lock, which no one else can hold then.
     Full(Box<Mutex<ResourceState>>),
 }
 
@@ -235,7 +236,6 @@ impl MemoryBackend {
             store: Arc::new(Store {
                 states: States::new(),
                 clock,
-                next_lease: AtomicU64::new(1),
                 sweeper: Sweeper::default(),
             }),
         }
@@ -299,7 +299,7 @@ impl MemoryBackend {
     }
 
     fn lease(&self) -> LeaseId {
-        self.store.lease()
+        next_lease()
     }
 }
 
@@ -347,9 +347,17 @@ impl Store {
         cost: Cost,
     ) -> Result<Verdict, Shortfall> {
         let now = self.clock.now();
-        let lease = self.lease_for(spec);
+        let lease = lease_for(spec);
         let decided = self.states.read(key, |e| {
-            if !e.made_for(spec) {
+            // The broker's calls (`resource` given) pass the allocation the
+            // state keeps: another one, even if equal (a registration
+            // again with the same limits), is adopted once under the write
+            // lock, and not compared by value on every later call.
+            let current = match resource {
+                Some(_) => e.made_by(spec),
+                None => e.made_for(spec),
+            };
+            if !current {
                 return None;
             }
             match (&e.state, spec.buckets.as_slice()) {
@@ -385,19 +393,40 @@ impl Store {
             })
             .unwrap_or(false)
     }
+}
 
-    fn lease(&self) -> LeaseId {
-        self.next_lease.fetch_add(1, Ordering::Relaxed)
+/// A new lease id, unique in the process. Each thread takes a block of ids
+/// at a time from one counter, so threads deciding at once do not write
+/// one shared line on every lease.
+fn next_lease() -> LeaseId {
+    const BLOCK: u64 = 1024;
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        /// This thread's next id and the end of its block.
+        static MINE: std::cell::Cell<(LeaseId, LeaseId)> = const { std::cell::Cell::new((0, 0)) };
     }
+    MINE.try_with(|mine| {
+        let (next, end) = match mine.get() {
+            (next, end) if next < end => (next, end),
+            _ => {
+                let start = NEXT.fetch_add(BLOCK, Ordering::Relaxed);
+                (start, start + BLOCK)
+            }
+        };
+        mine.set((next + 1, end));
+        next
+    })
+    // A thread whose thread-locals are gone takes one id.
+    .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed))
+}
 
-    /// A lease id for a `try` under `spec` (none needed without a
-    /// concurrency limit).
-    fn lease_for(&self, spec: &LimitSpec) -> LeaseId {
-        if spec.max_concurrent.is_some() {
-            self.lease()
-        } else {
-            0
-        }
+/// A lease id for a `try` under `spec` (none needed without a concurrency
+/// limit).
+fn lease_for(spec: &LimitSpec) -> LeaseId {
+    if spec.max_concurrent.is_some() {
+        next_lease()
+    } else {
+        0
     }
 }
 
@@ -407,7 +436,13 @@ impl Entry {
     /// caller's own): [`Entry::current`] would keep its state as it is.
     #[inline]
     fn made_for(&self, spec: &LimitSpec) -> bool {
-        std::ptr::eq(Arc::as_ptr(&self.spec), spec) || self.made_for_equal(spec)
+        self.made_by(spec) || self.made_for_equal(spec)
+    }
+
+    /// Whether the state keeps this very allocation of its spec.
+    #[inline]
+    fn made_by(&self, spec: &LimitSpec) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.spec), spec)
     }
 
     /// [`Entry::made_for`] for a spec at another address (kept out of the
@@ -592,5 +627,30 @@ impl broker_core::Backend for MemoryBackend {
 impl MemoryBackend {
     fn release_sync(&self, key: &str, lease: LeaseId) -> bool {
         key::with_parsed(key, |key| self.store.release(key, lease))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lease ids from threads taking blocks of them at once, across block
+    /// ends: never 0 (no lease), never one twice.
+    #[test]
+    fn lease_ids_are_unique_across_threads() {
+        let ids: Vec<LeaseId> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..3_000).map(|_| next_lease()).collect::<Vec<_>>()))
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        let mut unique = ids.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ids.len());
+        assert!(!ids.contains(&0));
     }
 }

@@ -26,8 +26,8 @@ pub(crate) struct States {
 }
 
 /// One shard, on a cache line pair of its own so that two threads locking
-/// neighbouring shards do not share a line. A `try` or a release on an
-/// existing state takes the read lock (a one-bucket state is updated in its
+/// neighbouring shards do not share a line. A `try` on an existing state
+/// made for the caller's limits, or a release, takes the read lock (a one-bucket state is updated in its
 /// [`crate::cell`], any other under its own lock); everything else takes
 /// the write lock.
 #[repr(align(128))]

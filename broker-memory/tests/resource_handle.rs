@@ -237,6 +237,58 @@ fn a_state_keeps_its_tokens_when_a_concurrency_limit_comes_and_goes() {
     assert_eq!(out.wait_time, Duration::from_secs(1));
 }
 
+/// A state of several limits, or with a concurrency limit, decided under
+/// the read lock, follows its resource's registrations: the same limits
+/// again keep it as it is, another concurrency limit applies to the slots
+/// already held, and another number of limits starts afresh.
+#[test]
+fn a_state_of_several_limits_follows_re_registration() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    let slots = |n| {
+        Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(3))
+            .max_concurrent(n)
+    };
+    broker.register_limit("api", slots(3)).unwrap();
+    let take = || {
+        broker
+            .try_acquire_now(("api", "a"), Cost::default())
+            .unwrap()
+            .unwrap()
+    };
+    let first = take();
+    assert!(first.allowed && first.permit.is_held());
+    // The same limits again: the held slot and the two tokens left stay.
+    broker.register_limit("api", slots(3)).unwrap();
+    let second = take();
+    assert!(second.allowed && second.permit.is_held());
+    // One slot now, and two are held.
+    broker.register_limit("api", slots(1)).unwrap();
+    assert!(
+        !take().allowed,
+        "the slots held count against the new limit"
+    );
+    drop((first, second));
+    let last = take();
+    assert!(last.allowed, "the last of 3 tokens");
+    drop(last);
+    assert!(!take().allowed, "3 tokens taken across three registrations");
+    // Another limit: a fresh state, its burst whole.
+    broker
+        .register_limit("api", slots(1).rate(RateLimit::per_minute(100)))
+        .unwrap();
+    let fresh = take();
+    assert!(fresh.allowed, "a fresh state of two limits");
+    drop(fresh);
+    for _ in 0..2 {
+        assert!(take().allowed);
+    }
+    let out = take();
+    assert!(!out.allowed);
+    assert_eq!(out.wait_time, Duration::from_secs(1));
+}
+
 /// `try_acquire` decides when first polled: a future made and dropped
 /// unpolled takes nothing and counts nothing, through the broker and
 /// through a handle alike.
