@@ -343,6 +343,24 @@ mod last_read {
         pub(super) static FOUND: Cell<Option<Arc<Resource>>> = const { Cell::new(None) };
     }
 
+    /// The resource a call has out: put back in `FOUND` (if `put_back`)
+    /// when the call ends, however it ends, so that a call that panics
+    /// does not leave the thread's cache with its resource out for good.
+    pub(super) struct Out {
+        pub(super) resource: Option<Arc<Resource>>,
+        pub(super) put_back: bool,
+    }
+
+    impl Drop for Out {
+        #[inline]
+        fn drop(&mut self) {
+            if self.put_back {
+                let found = self.resource.take();
+                let _ = FOUND.try_with(|c| c.set(found));
+            }
+        }
+    }
+
     /// Whether a call further up this thread's stack has the found
     /// resource out: `FOUND_ONE` says there is one, and `FOUND` is empty.
     pub(super) fn resource_is_out() -> bool {
@@ -517,15 +535,12 @@ impl ResourceBroker {
             }
             None => None,
         };
-        let (resource, out) = match found {
+        let (resource, put_back) = match found {
             Some(resource) => (Some(resource), true),
             None => self.find_resource(stamp, id),
         };
-        let r = f(resource.as_ref());
-        if out {
-            let _ = last_read::FOUND.try_with(|c| c.set(resource));
-        }
-        r
+        let out = last_read::Out { resource, put_back };
+        f(out.resource.as_ref())
     }
 
     /// [`ResourceBroker::with_resource`] when the thread's last read is of
