@@ -27,9 +27,9 @@ pub(crate) struct States {
 
 /// One shard, on a cache line pair of its own so that two threads locking
 /// neighbouring shards do not share a line. A `try` on an existing state
-/// made for the caller's limits, or a release, takes the read lock (a one-bucket state is updated in its
-/// [`crate::cell`], any other under its own lock); everything else takes
-/// the write lock.
+/// made for the caller's limits, or a release, takes the read lock (a
+/// one-bucket state is updated in its [`crate::cell`], any other under its
+/// own lock); everything else takes the write lock.
 #[repr(align(128))]
 struct Shard(BiasedRwLock<Table>);
 
