@@ -318,7 +318,7 @@ impl ResourceBroker {
 }
 
 /// What a thread read last from a broker's registry (see
-/// `ResourceBroker::with_resource`), in cells of their own so that the
+/// `ResourceBroker::resource_out`), in cells of their own so that the
 /// common case (the resource found last, found again) reads them in line,
 /// and takes the resource out for the call and puts it back instead of
 /// counting a reference. The thread keeps that registry and resource (and
@@ -461,9 +461,8 @@ impl ResourceBroker {
     /// registered.
     #[inline(always)]
     fn quick_by_id(&self, target: Target<'_>, cost: Cost, permit: &mut Permit) -> Option<Verdict> {
-        self.with_resource(target.resource, |resource| {
-            self.quick(resource?, target.key, cost, permit)
-        })
+        let out = self.resource_out(target.resource);
+        self.quick(out.resource.as_ref()?, target.key, cost, permit)
     }
 
     /// The common case of `try_acquire`, kept short: a store that answers
@@ -496,26 +495,27 @@ impl ResourceBroker {
         cost: Cost,
         later: &mut Option<String>,
     ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        self.with_resource(target.resource, |resource| {
-            let Some(resource) = resource else {
-                return Ok(Err(BrokerError::UnknownResource(
-                    target.resource.to_owned(),
-                )));
-            };
-            self.acquire_now(resource, target.key, cost, later)
-                .ok_or_else(|| resource.clone())
-        })
+        let out = self.resource_out(target.resource);
+        let Some(resource) = out.resource.as_ref() else {
+            return Ok(Err(BrokerError::UnknownResource(
+                target.resource.to_owned(),
+            )));
+        };
+        self.acquire_now(resource, target.key, cost, later)
+            .ok_or_else(|| resource.clone())
     }
 
-    /// Runs `f` on the registered resource `id`. The thread keeps the
+    /// The registered resource `id`, out of the thread's cache for as long
+    /// as the guard lives (the guard puts it back). The thread keeps the
     /// registry it read last while its stamp is unchanged (no atomic
     /// read-modify-write), and the resource it found last in it, so a
     /// thread calling one resource again compares the id instead of
     /// hashing it. Only that case is inlined; the rest is
-    /// [`ResourceBroker::find_resource`]. `f` is called in one place, so
-    /// that it is inlined where the call is.
+    /// [`ResourceBroker::find_resource`]. A guard rather than a closure,
+    /// so that nothing stands between the lookup and the caller's use of
+    /// the resource when both are inlined.
     #[inline(always)]
-    fn with_resource<R>(&self, id: &str, f: impl FnOnce(Option<&Arc<Resource>>) -> R) -> R {
+    fn resource_out(&self, id: &str) -> last_read::Out {
         use std::sync::atomic::Ordering;
         // The stamp is stored after the registry it names, so a registry
         // loaded after reading a stamp is at least as new as that stamp.
@@ -539,11 +539,10 @@ impl ResourceBroker {
             Some(resource) => (Some(resource), true),
             None => self.find_resource(stamp, id),
         };
-        let out = last_read::Out { resource, put_back };
-        f(out.resource.as_ref())
+        last_read::Out { resource, put_back }
     }
 
-    /// [`ResourceBroker::with_resource`] when the thread's last read is of
+    /// [`ResourceBroker::resource_out`] when the thread's last read is of
     /// another registry or another resource: reads the registry if its
     /// stamp changed, looks `id` up and keeps what it found, taken out of
     /// the cells for the call (true in the second place: the caller puts
