@@ -444,6 +444,7 @@ impl ResourceBroker {
     /// }
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub fn try_acquire_now<'a>(
         &self,
         target: impl Into<Target<'a>>,
