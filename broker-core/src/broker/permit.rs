@@ -1,6 +1,7 @@
 //! The answer of `try_acquire` / `acquire`, and the [`Permit`] that holds a
 //! concurrency slot until it is released or dropped.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,16 +29,33 @@ pub struct Acquisition {
 /// A held concurrency slot. [`Permit::release`] is idempotent, and dropping
 /// the permit releases it. Permits of resources without a concurrency limit
 /// and of denied acquisitions hold nothing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
-    /// Boxed so that an empty permit (the common case: no concurrency
-    /// limit, or denied) is one pointer wide and the `Acquisition` small.
-    held: Option<Box<Held>>,
+    /// Taken out by [`Permit::release`], which `drop` calls: no drop glue
+    /// runs after it.
+    held: ManuallyDrop<Held>,
+}
+
+/// What a permit holds.
+#[derive(Debug, Default)]
+enum Held {
+    /// Nothing (no concurrency limit, denied, or released).
+    #[default]
+    Nothing,
+    /// A lease on the own state of a resource decided in process, counted
+    /// in flight: the common lease (a route's concurrency limit), held
+    /// without an allocation.
+    Own {
+        resource: Arc<Resource>,
+        lease: LeaseId,
+    },
+    /// Any other lease.
+    Other(Box<HeldElsewhere>),
 }
 
 #[derive(Debug)]
-struct Held {
+struct HeldElsewhere {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
     key: HeldKey,
@@ -69,7 +87,9 @@ impl std::fmt::Debug for dyn Backend {
 impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
-        Self { held: None }
+        Self {
+            held: ManuallyDrop::new(Held::Nothing),
+        }
     }
 
     pub(crate) fn held(
@@ -82,20 +102,26 @@ impl Permit {
         if counted {
             bump(&resource.counters.in_flight);
         }
-        Self {
-            held: Some(Box::new(Held {
+        let held = match key {
+            HeldKey::Sub(None) if counted && resource.local.is_some() => {
+                Held::Own { resource, lease }
+            }
+            key => Held::Other(Box::new(HeldElsewhere {
                 backend,
                 resource,
                 key,
                 lease,
                 counted,
             })),
+        };
+        Self {
+            held: ManuallyDrop::new(held),
         }
     }
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        self.held.is_some()
+        !matches!(*self.held, Held::Nothing)
     }
 
     /// Releases the slot. Idempotent; a no-op on an empty permit.
@@ -107,13 +133,25 @@ impl Permit {
     pub fn release(&mut self) {
         // The empty permit (no concurrency limit, or denied) is the common
         // case: one check, inlined where the permit is dropped.
-        if let Some(h) = self.held.take() {
-            release_held(*h);
+        if self.is_held() {
+            release_held(std::mem::take(&mut *self.held));
         }
     }
 }
 
-fn release_held(h: Held) {
+fn release_held(held: Held) {
+    let h = match held {
+        Held::Nothing => return,
+        Held::Own { resource, lease } => {
+            drop_one(&resource.counters.in_flight);
+            if let Some(local) = &resource.local {
+                local.release(None, lease);
+            }
+            resource.slot_freed();
+            return;
+        }
+        Held::Other(h) => *h,
+    };
     if h.counted {
         drop_one(&h.resource.counters.in_flight);
     }
@@ -152,6 +190,12 @@ fn release_held(h: Held) {
     }
 }
 
+impl Default for Permit {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
@@ -164,8 +208,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn empty_permit_is_one_pointer_wide() {
-        assert_eq!(std::mem::size_of::<Permit>(), std::mem::size_of::<usize>());
+    fn a_permit_is_three_words_at_most() {
+        assert!(std::mem::size_of::<Permit>() <= 3 * std::mem::size_of::<usize>());
         assert!(!Permit::empty().is_held());
     }
 }
