@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Load run of the HTTP layer: examples/webhook_server with this crate's
 # layers, with no limiter, and with tower_governor (+ tower's concurrency
-# limit) configured with the same numbers, measured with wrk in one run,
-# interleaved over several rounds. Limits are far above the offered load,
+# limit) configured with the same numbers, measured with wrk in one run:
+# one server per variant, started and warmed up once, then measured in
+# turn over several rounds. Limits are far above the offered load,
 # so every request is admitted and the run measures what the limiter
 # costs; `SCENARIO=deny` sets the route limit to 100 rps instead, so most
 # requests are answered 429 and the run measures the denial path.
@@ -15,9 +16,10 @@
 # instead of CPU time, the server's user-space instructions per request
 # (counted from after the warm-up to the end of the measured run): a figure
 # other work on the machine does not disturb (requests/s are then
-# valgrind's, not the server's).
+# valgrind's, not the server's). `CALLGRIND_KEEP=<dir>` also keeps each
+# run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate.
 #
-# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0)
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 SERVER_WORKERS=1)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,9 +50,10 @@ case "$SCENARIO" in
 esac
 
 WORK=$(mktemp -d)
-SERVER_PID=""
+declare -A PORT PID CG DUMPS
 cleanup() {
-    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    for pid in "${PID[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PID[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -65,12 +68,15 @@ LUA
 
 # With two or more cores, the server gets one core and wrk the other; as
 # root, both run at a raised priority so other work on the machine disturbs
-# the comparison less.
+# the comparison less. On its one core the server runs one tokio worker
+# (`SERVER_WORKERS`, default 1 there): two workers on one core only take
+# turns, and their hand-offs made the rounds vary more.
 CORES=$(nproc)
 PRIO=()
 if [ "$(id -u)" -eq 0 ]; then PRIO=(nice -n -10); fi
 if [ "$CORES" -ge 2 ] && command -v taskset >/dev/null 2>&1; then
     SERVER_PIN=(taskset -c 0); WRK_PIN=(taskset -c 1); WRK_THREADS=1
+    export TOKIO_WORKER_THREADS=${SERVER_WORKERS:-1}
 else
     SERVER_PIN=(); WRK_PIN=(); WRK_THREADS=2
 fi
@@ -81,14 +87,18 @@ cpu_ticks() {
     awk '{print $14 + $15}' "/proc/$1/stat"
 }
 
-run_one() {
+# Starts one server per variant, all on the server's core, each warmed up
+# once; the rounds then measure them in turn, so no round pays for a start
+# or a warm-up, and the variants of one round run seconds apart.
+start_server() {
     local layer=$1
-    local out="$WORK/server.$layer.$RANDOM.out"
-    local cg="$WORK/callgrind.$layer.$RANDOM"
+    local out="$WORK/server.$layer.out"
     local VG=()
-    if [ "$CALLGRIND" = 1 ]; then VG=(valgrind --tool=callgrind "--callgrind-out-file=$cg"); fi
+    CG[$layer]="$WORK/callgrind.$layer"
+    DUMPS[$layer]=0
+    if [ "$CALLGRIND" = 1 ]; then VG=(valgrind --tool=callgrind "--callgrind-out-file=${CG[$layer]}"); fi
     "${PRIO[@]}" "${SERVER_PIN[@]}" "${VG[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
-    SERVER_PID=$!
+    PID[$layer]=$!
     local port=""
     for _ in $(seq 1 300); do
         port=$(grep -o '127\.0\.0\.1:[0-9]*' "$out" 2>/dev/null | head -1 | cut -d: -f2 || true)
@@ -96,16 +106,26 @@ run_one() {
         sleep 0.1
     done
     [ -n "$port" ] || { echo "server did not start: $(cat "$out")" >&2; exit 1; }
-    local url="http://127.0.0.1:$port/api/v1/webhooks/stripe"
-    # Warm-up, then the measured run.
-    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$url" > /dev/null
+    PORT[$layer]=$port
+    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$(url "$layer")" > /dev/null
+}
+
+url() {
+    echo "http://127.0.0.1:${PORT[$1]}/api/v1/webhooks/stripe"
+}
+
+measure() {
+    local layer=$1
+    local pid=${PID[$layer]}
     local cpu0 cpu1
-    if [ "$CALLGRIND" = 1 ]; then callgrind_control -z "$SERVER_PID" > /dev/null; fi
-    cpu0=$(cpu_ticks "$SERVER_PID")
-    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$url" > "$WORK/wrk.out"
-    cpu1=$(cpu_ticks "$SERVER_PID")
-    if [ "$CALLGRIND" = 1 ]; then callgrind_control -d "$SERVER_PID" > /dev/null; fi
-    kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""
+    if [ "$CALLGRIND" = 1 ]; then callgrind_control -z "$pid" > /dev/null; fi
+    cpu0=$(cpu_ticks "$pid")
+    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$(url "$layer")" > "$WORK/wrk.out"
+    cpu1=$(cpu_ticks "$pid")
+    if [ "$CALLGRIND" = 1 ]; then
+        callgrind_control -d "$pid" > /dev/null
+        DUMPS[$layer]=$((DUMPS[$layer] + 1))
+    fi
     local rps non2xx total
     rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.out")
     total=$(awk '/requests in/ {print $1}' "$WORK/wrk.out")
@@ -118,9 +138,13 @@ run_one() {
     # at the end of the measured run.
     local per_req
     if [ "$CALLGRIND" = 1 ]; then
-        local ir
-        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$cg".*)
+        local dump="${CG[$layer]}.${DUMPS[$layer]}" ir
+        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
         per_req=$(python3 -c "print(f'{$ir / $total:.0f}')")
+        if [ -n "${CALLGRIND_KEEP:-}" ]; then
+            mkdir -p "$CALLGRIND_KEEP"
+            cp "$dump" "$CALLGRIND_KEEP/$layer.$ROUND"
+        fi
     else
         per_req=$(python3 -c "print(f'{($cpu1 - $cpu0) / $TICKS * 1e6 / $total:.2f}')")
     fi
@@ -128,12 +152,16 @@ run_one() {
 }
 
 echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES" >&2
+for layer in "${LAYERS[@]}"; do start_server "$layer"; done
 for round in $(seq 1 "$ROUNDS"); do
+    ROUND=$round
     # Rotate the order each round so no variant always runs first.
     n=${#LAYERS[@]}
     for i in $(seq 0 $((n - 1))); do
         layer=${LAYERS[$(((i + round - 1) % n))]}
-        line=$(run_one "$layer")
+        # Not in a subshell: `measure` counts the callgrind dumps.
+        measure "$layer" > "$WORK/line"
+        line=$(cat "$WORK/line")
         echo "round $round: $line" >&2
         echo "$line" >> "$WORK/results"
     done
