@@ -19,7 +19,7 @@
 # valgrind's, not the server's). `CALLGRIND_KEEP=<dir>` also keeps each
 # run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate.
 #
-# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 SERVER_WORKERS=1)
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0; SERVER_WORKERS=1: a pinned server's tokio workers)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

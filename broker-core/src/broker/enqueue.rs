@@ -313,13 +313,7 @@ impl ResourceBroker {
                 SlotOutcome::Held(lease) => {
                     let k = super::HeldKey::State(target.key.map(|_| key.clone()));
                     // The queue place counts this work as in flight.
-                    Permit::held(
-                        self.inner.backend.clone(),
-                        resource.clone(),
-                        k,
-                        lease,
-                        false,
-                    )
+                    Permit::held(&self.inner.backend, resource.clone(), k, lease, false)
                 }
                 SlotOutcome::TimedOut => {
                     break Err(EnqueueError::Broker(BrokerError::WaitTooLong {

@@ -658,13 +658,7 @@ impl ResourceBroker {
             Verdict::Allowed => bump(&resource.counters.allowed),
             Verdict::Leased(lease) => {
                 bump(&resource.counters.allowed);
-                *permit = Permit::held(
-                    self.inner.backend.clone(),
-                    resource.clone(),
-                    key(),
-                    lease,
-                    true,
-                );
+                *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
             }
             Verdict::Rate(_) | Verdict::Concurrency => bump(&resource.counters.denied),
         }

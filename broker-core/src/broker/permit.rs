@@ -92,8 +92,10 @@ impl Permit {
         }
     }
 
+    /// The permit of `lease` (`backend` is cloned only for a lease that
+    /// keeps it).
     pub(crate) fn held(
-        backend: Arc<dyn Backend>,
+        backend: &Arc<dyn Backend>,
         resource: Arc<Resource>,
         key: HeldKey,
         lease: LeaseId,
@@ -107,7 +109,7 @@ impl Permit {
                 Held::Own { resource, lease }
             }
             key => Held::Other(Box::new(HeldElsewhere {
-                backend,
+                backend: backend.clone(),
                 resource,
                 key,
                 lease,
