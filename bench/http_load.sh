@@ -2,8 +2,13 @@
 # Load run of the HTTP layer: examples/webhook_server with this crate's
 # layers, with no limiter, and with tower_governor (+ tower's concurrency
 # limit) configured with the same numbers, measured with wrk in one run:
-# one server per variant, started and warmed up once, then measured in
-# turn over several rounds. Limits are far above the offered load,
+# one server per variant, started and warmed up once, then measured over
+# several rounds. In a round, every variant is loaded at the same time
+# (`TOGETHER=1`, the default with two or more cores): the servers share
+# one core, the wrk processes the other, so a slow spell on the machine
+# slows every variant alike, and the ratios within a round are the
+# figures to read. `TOGETHER=0` loads the variants one after another.
+# Limits are far above the offered load,
 # so every request is admitted and the run measures what the limiter
 # costs; `SCENARIO=deny` sets the route limit to 100 rps instead, so most
 # requests are answered 429 and the run measures the denial path.
@@ -19,7 +24,7 @@
 # valgrind's, not the server's). `CALLGRIND_KEEP=<dir>` also keeps each
 # run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate.
 #
-# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0; SERVER_WORKERS=1: a pinned server's tokio workers)
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 TOGETHER=1; SERVER_WORKERS=1: a pinned server's tokio workers)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +55,7 @@ case "$SCENARIO" in
 esac
 
 WORK=$(mktemp -d)
-declare -A PORT PID CG DUMPS
+declare -A PORT PID CG DUMPS CPU0 WRK_PID
 cleanup() {
     for pid in "${PID[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PID[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -80,6 +85,11 @@ if [ "$CORES" -ge 2 ] && command -v taskset >/dev/null 2>&1; then
 else
     SERVER_PIN=(); WRK_PIN=(); WRK_THREADS=2
 fi
+
+# Under callgrind, or without a core of their own for the servers, the
+# variants run one after another.
+TOGETHER=${TOGETHER:-1}
+if [ "$CALLGRIND" = 1 ] || [ -z "${SERVER_PIN[*]}" ]; then TOGETHER=0; fi
 
 TICKS=$(getconf CLK_TCK)
 # utime + stime of a process, in clock ticks.
@@ -114,28 +124,36 @@ url() {
     echo "http://127.0.0.1:${PORT[$1]}/api/v1/webhooks/stripe"
 }
 
-measure() {
+# Starts wrk on `layer`'s server, in the background.
+load_start() {
+    local layer=$1
+    CPU0[$layer]=$(cpu_ticks "${PID[$layer]}")
+    if [ "$CALLGRIND" = 1 ]; then callgrind_control -z "${PID[$layer]}" > /dev/null; fi
+    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$(url "$layer")" > "$WORK/wrk.$layer.out" &
+    WRK_PID[$layer]=$!
+}
+
+# Waits for `layer`'s wrk and prints its line: layer, requests/s, non-2xx
+# responses, and the server's CPU µs per request (under callgrind, the
+# user-space instructions per request of the dump taken at the end of
+# the measured run).
+load_finish() {
     local layer=$1
     local pid=${PID[$layer]}
-    local cpu0 cpu1
-    if [ "$CALLGRIND" = 1 ]; then callgrind_control -z "$pid" > /dev/null; fi
-    cpu0=$(cpu_ticks "$pid")
-    "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$(url "$layer")" > "$WORK/wrk.out"
+    wait "${WRK_PID[$layer]}"
+    local cpu1
     cpu1=$(cpu_ticks "$pid")
     if [ "$CALLGRIND" = 1 ]; then
         callgrind_control -d "$pid" > /dev/null
         DUMPS[$layer]=$((DUMPS[$layer] + 1))
     fi
-    local rps non2xx total
-    rps=$(awk '/^Requests\/sec:/ {print $2}' "$WORK/wrk.out")
-    total=$(awk '/requests in/ {print $1}' "$WORK/wrk.out")
-    non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$WORK/wrk.out")
+    local out="$WORK/wrk.$layer.out" rps non2xx total
+    rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
+    total=$(awk '/requests in/ {print $1}' "$out")
+    non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' "$out")
     if [ -z "$rps" ]; then
-        echo "wrk gave no result for $layer:" >&2; cat "$WORK/wrk.out" >&2; exit 1
+        echo "wrk gave no result for $layer:" >&2; cat "$out" >&2; exit 1
     fi
-    # Server CPU time (user + system) per request, in microseconds; under
-    # callgrind, the user-space instructions per request of the dump taken
-    # at the end of the measured run.
     local per_req
     if [ "$CALLGRIND" = 1 ]; then
         local dump="${CG[$layer]}.${DUMPS[$layer]}" ir
@@ -146,21 +164,26 @@ measure() {
             cp "$dump" "$CALLGRIND_KEEP/$layer.$ROUND"
         fi
     else
-        per_req=$(python3 -c "print(f'{($cpu1 - $cpu0) / $TICKS * 1e6 / $total:.2f}')")
+        per_req=$(python3 -c "print(f'{($cpu1 - ${CPU0[$layer]}) / $TICKS * 1e6 / $total:.2f}')")
     fi
     echo "$layer $rps ${non2xx:-0} $per_req"
 }
 
-echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES" >&2
+echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES together=$TOGETHER" >&2
 for layer in "${LAYERS[@]}"; do start_server "$layer"; done
 for round in $(seq 1 "$ROUNDS"); do
     ROUND=$round
-    # Rotate the order each round so no variant always runs first.
+    if [ "$TOGETHER" = 1 ]; then
+        for layer in "${LAYERS[@]}"; do load_start "$layer"; done
+    fi
+    # One after another: rotate the order each round so no variant
+    # always runs first.
     n=${#LAYERS[@]}
     for i in $(seq 0 $((n - 1))); do
         layer=${LAYERS[$(((i + round - 1) % n))]}
-        # Not in a subshell: `measure` counts the callgrind dumps.
-        measure "$layer" > "$WORK/line"
+        if [ "$TOGETHER" != 1 ]; then load_start "$layer"; fi
+        # Not in a subshell: `load_finish` counts the callgrind dumps.
+        load_finish "$layer" > "$WORK/line"
         line=$(cat "$WORK/line")
         echo "round $round: $line" >&2
         echo "$line" >> "$WORK/results"
