@@ -374,3 +374,55 @@ fn lookups_by_id_reach_the_resource_named_whatever_was_found_before() {
     assert_eq!(counted(&a, "tenant-2"), (2, 1));
     assert_eq!(counted(&b, "tenant-3"), (1, 0));
 }
+
+/// A lease outlives registrations that keep its state (the concurrency
+/// limit going, the state used without it, and the limit coming back, all
+/// while the lease is held): its release frees the slot of the state in
+/// use. A state that another number of limits replaced keeps its own
+/// slots, whatever an earlier permit releases.
+#[test]
+fn a_lease_outlives_registrations_that_keep_its_state() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    let rate = || Limits::new().rate(RateLimit::per_second(1000).with_burst(1000));
+    broker
+        .register_limit("api", rate().max_concurrent(1))
+        .unwrap();
+    let take = |k| {
+        broker
+            .try_acquire_now(("api", k), Cost::default())
+            .unwrap()
+            .unwrap()
+    };
+    let held = take("a");
+    assert!(held.allowed && held.permit.is_held());
+    assert!(!take("a").allowed, "the only slot is held");
+
+    broker.register_limit("api", rate()).unwrap();
+    assert!(take("a").allowed, "no concurrency limit now");
+    broker
+        .register_limit("api", rate().max_concurrent(1))
+        .unwrap();
+    assert!(!take("a").allowed, "the lease outlived both registrations");
+    drop(held);
+    let again = take("a");
+    assert!(again.allowed, "the release freed the slot of the state in use");
+
+    broker
+        .register_limit(
+            "api",
+            rate()
+                .rate(RateLimit::per_minute(100_000))
+                .max_concurrent(1),
+        )
+        .unwrap();
+    let fresh = take("a");
+    assert!(fresh.allowed, "another number of limits: a fresh state");
+    drop(again);
+    assert!(
+        !take("a").allowed,
+        "the earlier permit's release left the fresh state's slot alone"
+    );
+    drop(fresh);
+    assert!(take("a").allowed);
+}
