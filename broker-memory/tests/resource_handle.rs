@@ -406,7 +406,10 @@ fn a_lease_outlives_registrations_that_keep_its_state() {
     assert!(!take("a").allowed, "the lease outlived both registrations");
     drop(held);
     let again = take("a");
-    assert!(again.allowed, "the release freed the slot of the state in use");
+    assert!(
+        again.allowed,
+        "the release freed the slot of the state in use"
+    );
 
     broker
         .register_limit(
