@@ -97,9 +97,9 @@ cpu_ticks() {
     awk '{print $14 + $15}' "/proc/$1/stat"
 }
 
-# Starts one server per variant, all on the server's core, each warmed up
-# once; the rounds then measure them in turn, so no round pays for a start
-# or a warm-up, and the variants of one round run seconds apart.
+# Starts `layer`'s server on the servers' core and warms it up; every
+# variant's server is started once, before the rounds, so no round pays
+# for a start or a warm-up.
 start_server() {
     local layer=$1
     local out="$WORK/server.$layer.out"
@@ -161,7 +161,7 @@ load_finish() {
         per_req=$(python3 -c "print(f'{$ir / $total:.0f}')")
         if [ -n "${CALLGRIND_KEEP:-}" ]; then
             mkdir -p "$CALLGRIND_KEEP"
-            cp "$dump" "$CALLGRIND_KEEP/$layer.$ROUND"
+            cp "$dump" "$CALLGRIND_KEEP/$layer.$round"
         fi
     else
         per_req=$(python3 -c "print(f'{($cpu1 - ${CPU0[$layer]}) / $TICKS * 1e6 / $total:.2f}')")
@@ -172,7 +172,6 @@ load_finish() {
 echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES together=$TOGETHER" >&2
 for layer in "${LAYERS[@]}"; do start_server "$layer"; done
 for round in $(seq 1 "$ROUNDS"); do
-    ROUND=$round
     if [ "$TOGETHER" = 1 ]; then
         for layer in "${LAYERS[@]}"; do load_start "$layer"; done
     fi

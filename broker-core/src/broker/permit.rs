@@ -146,10 +146,7 @@ fn release_held(held: Held) {
         Held::Nothing => return,
         Held::Own { resource, lease } => {
             drop_one(&resource.counters.in_flight);
-            if let Some(local) = &resource.local {
-                local.release(None, lease);
-            }
-            resource.slot_freed();
+            release_in_process(&resource, None, lease);
             return;
         }
         Held::Other(h) => *h,
@@ -158,10 +155,10 @@ fn release_held(held: Held) {
         drop_one(&h.resource.counters.in_flight);
     }
     let resource = &h.resource;
-    if let (Some(local), HeldKey::Sub(sub)) = (&resource.local, &h.key) {
-        local.release(sub.as_deref(), h.lease);
-        resource.slot_freed();
-        return;
+    if let HeldKey::Sub(sub) = &h.key {
+        if release_in_process(resource, sub.as_deref(), h.lease) {
+            return;
+        }
     }
     let key = match h.key {
         HeldKey::Sub(sub) => sub.map(|k| crate::keys::keyed(&resource.id, &k)),
@@ -190,6 +187,19 @@ fn release_held(held: Held) {
             }
         }
     }
+}
+
+/// Releases `lease` on the state of `sub` (`None`: the own state) of a
+/// resource decided in process, and wakes its slot waiters; false, with
+/// nothing done, for a resource whose store answers with I/O.
+#[inline]
+fn release_in_process(resource: &Resource, sub: Option<&str>, lease: LeaseId) -> bool {
+    let Some(local) = &resource.local else {
+        return false;
+    };
+    local.release(sub, lease);
+    resource.slot_freed();
+    true
 }
 
 impl Default for Permit {
