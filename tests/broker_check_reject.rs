@@ -269,3 +269,49 @@ async fn stats_count_and_mark_limit_only_resources() {
     let json = serde_json::to_value(&stats).unwrap();
     assert_eq!(json["resources"]["hook"]["kind"], "limit_only");
 }
+
+/// A call by id made as the thread exits, from a thread-local's destructor
+/// that runs after the broker's per-thread cache of its registry is gone,
+/// is answered from the registry itself, on the same state as every other
+/// call: here the only token, taken earlier on that thread.
+#[test]
+fn a_call_made_as_the_thread_exits_is_answered_on_the_same_state() {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+
+    struct CallOnExit(RefCell<Option<(ResourceBroker, mpsc::Sender<bool>)>>);
+    impl Drop for CallOnExit {
+        fn drop(&mut self) {
+            if let Some((broker, answer)) = self.0.borrow_mut().take() {
+                let a = broker.try_acquire_now("exit", Cost::default());
+                let _ = answer.send(a.expect("in memory").expect("registered").allowed);
+            }
+        }
+    }
+    thread_local! {
+        static CALL_ON_EXIT: CallOnExit = const { CallOnExit(RefCell::new(None)) };
+    }
+
+    let broker = broker_at(ManualClock::new());
+    broker
+        .register_limit("exit", Limits::new().rate(RateLimit::per_second(1)))
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let on_thread = broker.clone();
+    std::thread::spawn(move || {
+        // Registered before the broker's cells, so destroyed after them
+        // (thread-local destructors run in reverse order of registration).
+        CALL_ON_EXIT.with(|c| *c.0.borrow_mut() = Some((on_thread.clone(), tx)));
+        let first = on_thread.try_acquire_now("exit", Cost::default());
+        assert!(first.unwrap().unwrap().allowed);
+    })
+    .join()
+    .unwrap();
+    assert!(
+        !rx.recv().unwrap(),
+        "the burst of 1 was taken by the first call"
+    );
+    let stats = broker.stats();
+    let exit = stats.resources.get("exit").expect("registered");
+    assert_eq!((exit.allowed, exit.denied), (1, 1));
+}

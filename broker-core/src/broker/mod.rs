@@ -319,12 +319,18 @@ impl ResourceBroker {
 
 /// What a thread read last from a broker's registry (see
 /// `ResourceBroker::resource_out`), in cells of their own so that the
-/// common case (the resource found last, found again) reads them in line,
-/// and takes the resource out for the call and puts it back instead of
-/// counting a reference. The thread keeps that registry and resource (and
-/// through them an in-memory store's states) alive until it reads another
-/// broker's registry or exits: one registry per thread at most, the price
-/// of reading it without an atomic read-modify-write.
+/// common case (the resource found last, found again) reads them in line
+/// and uses the resource where the registry holds it, without counting a
+/// reference. The thread keeps that registry (and through it its resources
+/// and an in-memory store's states) alive until it reads another broker's
+/// registry or exits: one registry per thread at most, the price of
+/// reading it without an atomic read-modify-write.
+///
+/// The cells hold one invariant: while `STAMP` is not 0, `REGISTRY` holds
+/// the registry read under that stamp, and `FOUND` is null or points to an
+/// entry of it. A lookup sets the three together, and only while no call
+/// on the thread uses `FOUND` (`BUSY`); `REGISTRY`'s destructor, as the
+/// thread exits, sets `STAMP` to 0 first.
 mod last_read {
     use std::cell::Cell;
     use std::sync::Arc;
@@ -332,47 +338,68 @@ mod last_read {
     use super::{Registry, Resource};
 
     thread_local! {
-        /// The stamp of the registry read last (0: none; stamps start at 1).
+        /// The stamp of the registry `REGISTRY` holds (0: none; stamps
+        /// start at 1).
         pub(super) static STAMP: Cell<u64> = const { Cell::new(0) };
-        /// That registry.
-        pub(super) static REGISTRY: Cell<Option<Arc<Registry>>> = const { Cell::new(None) };
-        /// Whether the last lookup in it found a resource (kept in `FOUND`
-        /// while no call has it out).
-        pub(super) static FOUND_ONE: Cell<bool> = const { Cell::new(false) };
-        /// That resource; `None` while a call has it out.
-        pub(super) static FOUND: Cell<Option<Arc<Resource>>> = const { Cell::new(None) };
+        /// The registry read last.
+        pub(super) static REGISTRY: Kept = const { Kept(Cell::new(None)) };
+        /// The resource found last in it: its entry in that registry, or
+        /// null when the last lookup found none.
+        pub(super) static FOUND: Cell<*const Arc<Resource>> = const { Cell::new(std::ptr::null()) };
+        /// A call on this thread is using `FOUND`: a call made from within
+        /// it leaves the cells alone.
+        pub(super) static BUSY: Cell<bool> = const { Cell::new(false) };
     }
 
-    /// The resource a call has out: put back in `FOUND` (if `put_back`)
-    /// when the call ends, however it ends, so that a call that panics
-    /// does not leave the thread's cache with its resource out for good.
-    pub(super) struct Out {
-        pub(super) resource: Option<Arc<Resource>>,
-        pub(super) put_back: bool,
-    }
+    /// The registry read last; dropped as the thread exits, when `FOUND`
+    /// stops being valid.
+    pub(super) struct Kept(pub(super) Cell<Option<Arc<Registry>>>);
 
-    impl Drop for Out {
-        #[inline]
+    impl Drop for Kept {
         fn drop(&mut self) {
-            if self.put_back {
-                let found = self.resource.take();
-                let _ = FOUND.try_with(|c| c.set(found));
+            // Cells without a destructor stay usable while others go.
+            STAMP.set(0);
+            FOUND.set(std::ptr::null());
+        }
+    }
+
+    /// The resource a call looked up, for as long as the call lasts.
+    pub(super) enum Out {
+        /// `FOUND`, with `BUSY` set until the guard drops.
+        Found(*const Arc<Resource>),
+        /// A resource of the call's own (or none).
+        Own(Option<Arc<Resource>>),
+    }
+
+    impl Out {
+        /// `FOUND` in use by this call: `BUSY` is set until the guard drops.
+        #[inline(always)]
+        pub(super) fn found(found: *const Arc<Resource>) -> Self {
+            BUSY.set(true);
+            Out::Found(found)
+        }
+
+        /// The resource, if one is registered under the id.
+        #[inline(always)]
+        pub(super) fn resource(&self) -> Option<&Arc<Resource>> {
+            match self {
+                // SAFETY: `FOUND` points to an entry of the registry
+                // `REGISTRY` keeps (the module's invariant), and no lookup
+                // replaces that registry while `BUSY` is set, until this
+                // guard drops; the guard is not `Send` (a raw pointer).
+                Out::Found(found) => Some(unsafe { &**found }),
+                Out::Own(resource) => resource.as_ref(),
             }
         }
     }
 
-    /// Whether a call further up this thread's stack has the found
-    /// resource out: `FOUND_ONE` says there is one, and `FOUND` is empty.
-    pub(super) fn resource_is_out() -> bool {
-        FOUND_ONE.get()
-            && FOUND
-                .try_with(|c| {
-                    let found = c.take();
-                    let out = found.is_none();
-                    c.set(found);
-                    out
-                })
-                .unwrap_or(false)
+    impl Drop for Out {
+        #[inline(always)]
+        fn drop(&mut self) {
+            if let Out::Found(_) = self {
+                BUSY.set(false);
+            }
+        }
     }
 }
 
@@ -463,7 +490,7 @@ impl ResourceBroker {
     #[inline(always)]
     fn quick_by_id(&self, target: Target<'_>, cost: Cost, permit: &mut Permit) -> Option<Verdict> {
         let out = self.resource_out(target.resource);
-        self.quick(out.resource.as_ref()?, target.key, cost, permit)
+        self.quick(out.resource()?, target.key, cost, permit)
     }
 
     /// The common case of `try_acquire`, kept short: a store that answers
@@ -497,7 +524,7 @@ impl ResourceBroker {
         later: &mut Option<String>,
     ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
         let out = self.resource_out(target.resource);
-        let Some(resource) = out.resource.as_ref() else {
+        let Some(resource) = out.resource() else {
             return Ok(Err(BrokerError::UnknownResource(
                 target.resource.to_owned(),
             )));
@@ -506,70 +533,66 @@ impl ResourceBroker {
             .ok_or_else(|| resource.clone())
     }
 
-    /// The registered resource `id`, out of the thread's cache for as long
-    /// as the guard lives (the guard puts it back). The thread keeps the
-    /// registry it read last while its stamp is unchanged (no atomic
-    /// read-modify-write), and the resource it found last in it, so a
-    /// thread calling one resource again compares the id instead of
-    /// hashing it. Only that case is inlined; the rest is
-    /// [`ResourceBroker::find_resource`]. A guard rather than a closure,
-    /// so that nothing stands between the lookup and the caller's use of
-    /// the resource when both are inlined.
+    /// The registered resource `id`, for as long as the guard lives. The
+    /// thread keeps the registry it read last while its stamp is unchanged
+    /// (no atomic read-modify-write), and the resource it found last in it,
+    /// so a thread calling one resource again compares the id instead of
+    /// hashing it, and uses the resource where the registry holds it. Only
+    /// that case is inlined; the rest is [`ResourceBroker::find_resource`].
+    /// A guard rather than a closure, so that nothing stands between the
+    /// lookup and the caller's use of the resource when both are inlined.
     #[inline(always)]
     fn resource_out(&self, id: &str) -> last_read::Out {
         use std::sync::atomic::Ordering;
         // The stamp is stored after the registry it names, so a registry
         // loaded after reading a stamp is at least as new as that stamp.
         let stamp = self.inner.stamp.load(Ordering::Acquire);
-        // Out for the call: a call made from within it finds the resource
-        // out and leaves the cells as they are (see `find_resource`).
-        let found = match last_read::STAMP.get() == stamp {
-            true => last_read::FOUND.try_with(|c| c.take()).ok().flatten(),
-            false => None,
-        };
-        let found = match found {
-            Some(r) if keys::same(r.id.as_bytes(), id.as_bytes()) => Some(r),
-            // Another resource: back in its cell for `find_resource`.
-            Some(r) => {
-                let _ = last_read::FOUND.try_with(|c| c.set(Some(r)));
-                None
+        if last_read::STAMP.get() == stamp && !last_read::BUSY.get() {
+            let found = last_read::FOUND.get();
+            // SAFETY: with `STAMP` set and `BUSY` clear, `FOUND` is null or
+            // points to an entry of the registry `REGISTRY` keeps (see
+            // `last_read`).
+            if !found.is_null() && keys::same(unsafe { &**found }.id.as_bytes(), id.as_bytes()) {
+                return last_read::Out::found(found);
             }
-            None => None,
-        };
-        let (resource, put_back) = match found {
-            Some(resource) => (Some(resource), true),
-            None => self.find_resource(stamp, id),
-        };
-        last_read::Out { resource, put_back }
+        }
+        self.find_resource(stamp, id)
     }
 
     /// [`ResourceBroker::resource_out`] when the thread's last read is of
     /// another registry or another resource: reads the registry if its
-    /// stamp changed, looks `id` up and keeps what it found, taken out of
-    /// the cells for the call (true in the second place: the caller puts
-    /// it back). While a call further up the stack has the found resource
-    /// out (this is a call made from within it), the registry is read
-    /// afresh and the cells are left alone, so that the resource put back
-    /// still matches them.
+    /// stamp changed, looks `id` up and keeps both in the thread's cells.
+    /// While a call further up the stack uses the cells (this is a call
+    /// made from within it), the registry is read afresh and the cells are
+    /// left alone.
     #[inline(never)]
-    fn find_resource(&self, stamp: u64, id: &str) -> (Option<Arc<Resource>>, bool) {
-        if last_read::resource_is_out() {
-            return (self.inner.resources.load().get(id).cloned(), false);
+    fn find_resource(&self, stamp: u64, id: &str) -> last_read::Out {
+        use last_read::{Out, BUSY, FOUND, REGISTRY, STAMP};
+        if BUSY.get() {
+            return Out::Own(self.inner.resources.load().get(id).cloned());
         }
-        let kept = match last_read::STAMP.get() == stamp {
-            true => last_read::REGISTRY.try_with(|c| c.take()).ok().flatten(),
+        let kept = match STAMP.get() == stamp {
+            true => REGISTRY.try_with(|c| c.0.take()).ok().flatten(),
             false => None,
         };
         let registry = kept.unwrap_or_else(|| self.inner.resources.load_full());
-        let resource = registry.get(id).cloned();
-        // The found resource is out for the call, so `FOUND` is empty. The
-        // thread's cells are gone while it exits: then nothing is kept.
-        let _ = last_read::FOUND.try_with(|c| c.set(None));
-        last_read::FOUND_ONE.set(resource.is_some());
-        let _ = last_read::REGISTRY.try_with(|c| c.set(Some(registry)));
-        last_read::STAMP.set(stamp);
-        let found = resource.is_some();
-        (resource, found)
+        let found = registry
+            .get(id)
+            .map_or(std::ptr::null(), |r| r as *const Arc<Resource>);
+        // The thread's cells are gone while it exits: then nothing is kept.
+        let Ok(before) = REGISTRY.try_with(|c| c.0.replace(Some(registry.clone()))) else {
+            return Out::Own(registry.get(id).cloned());
+        };
+        STAMP.set(stamp);
+        FOUND.set(found);
+        let out = match found.is_null() {
+            true => Out::Own(None),
+            false => Out::found(found),
+        };
+        // The registry read before goes last: whatever its drop runs finds
+        // the cells whole (and left alone while `out` uses them).
+        drop(before);
+        out
     }
 
     /// `try_acquire` on a resource already looked up, without I/O; else
