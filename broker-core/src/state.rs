@@ -243,7 +243,7 @@ pub fn try_acquire(
     };
     // One rate limit (the common case): what `wait_all` then `take_all`
     // compute, with the bucket refilled once.
-    let taken = match take_one(*s, p, now, cost.of(*unit) as f64) {
+    let taken = match take_one(*s, p, now, bucket::to_f64(cost.of(*unit))) {
         Ok(taken) => taken,
         Err(wait) => return Decision::deny(DenyReason::Rate, wait),
     };
@@ -266,7 +266,7 @@ pub fn try_take_one(
     now: Micros,
     cost: Cost,
 ) -> Result<(), Shortfall> {
-    take(bucket, params, now, cost.of(unit) as f64)
+    take(bucket, params, now, bucket::to_f64(cost.of(unit)))
 }
 
 /// One bucket's part of `try`: takes `c` from the bucket, or leaves it and
