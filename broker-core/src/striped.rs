@@ -43,16 +43,16 @@ impl Striped {
     /// Adds one.
     #[inline]
     pub(crate) fn bump(&self) {
-        match STRIPE.try_with(Stripe::index) {
-            Ok(i) if i < OWNED => {
+        match stripe_index() {
+            Some(i) if i < OWNED => {
                 // Only this thread writes this stripe.
                 let c = &self.owned[i].0;
                 c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
             }
             // A thread beyond the owned stripes, or one whose stripe was
             // handed back as it exits.
-            Ok(i) => self.add_shared(i),
-            Err(_) => self.add_shared(0),
+            Some(i) => self.add_shared(i),
+            None => self.add_shared(0),
         }
     }
 
@@ -83,7 +83,28 @@ impl Striped {
 /// ```
 #[inline]
 pub fn owned_stripe() -> Option<usize> {
-    STRIPE.try_with(Stripe::index).ok().filter(|&i| i < OWNED)
+    stripe_index().filter(|&i| i < OWNED)
+}
+
+/// This thread's stripe index, claimed on first use; `None` once its
+/// thread-locals are being destroyed. The common case reads `INDEX`, a
+/// cell without a destructor, so no check of the thread-local's state
+/// comes before it.
+#[inline]
+fn stripe_index() -> Option<usize> {
+    match INDEX.get() {
+        UNCLAIMED => claimed_index(),
+        i => Some(i),
+    }
+}
+
+/// [`stripe_index`] before the thread's first claim, or as it exits.
+#[cold]
+#[inline(never)]
+fn claimed_index() -> Option<usize> {
+    let i = STRIPE.try_with(Stripe::index).ok()?;
+    INDEX.set(i);
+    Some(i)
 }
 
 /// Stripe indices handed back by exited threads.
@@ -100,6 +121,9 @@ const UNCLAIMED: usize = usize::MAX;
 
 thread_local! {
     static STRIPE: Stripe = const { Stripe(Cell::new(UNCLAIMED)) };
+    /// `STRIPE`'s index once claimed, and `UNCLAIMED` again once it is
+    /// handed back.
+    static INDEX: Cell<usize> = const { Cell::new(UNCLAIMED) };
 }
 
 impl Stripe {
@@ -122,6 +146,9 @@ impl Stripe {
 
 impl Drop for Stripe {
     fn drop(&mut self) {
+        // Later calls on this thread (from other thread-locals'
+        // destructors) find no index, and use a shared stripe.
+        INDEX.set(UNCLAIMED);
         let i = self.0.get();
         if i < OWNED {
             FREE.lock().unwrap_or_else(PoisonError::into_inner).push(i);
