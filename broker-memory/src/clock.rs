@@ -51,13 +51,18 @@ fn calibrated() -> quanta::Clock {
 #[cfg(target_arch = "x86_64")]
 fn reads_the_tsc(clock: &quanta::Clock) -> bool {
     (0..3).all(|_| {
-        // SAFETY: `rdtsc` is on every x86-64 processor.
-        let before = unsafe { std::arch::x86_64::_rdtsc() };
+        let before = tsc();
         let raw = clock.raw();
-        // SAFETY: as above.
-        let after = unsafe { std::arch::x86_64::_rdtsc() };
-        before <= raw && raw <= after
+        before <= raw && raw <= tsc()
     })
+}
+
+/// The time-stamp counter.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tsc() -> u64 {
+    // SAFETY: `rdtsc` is on every x86-64 processor.
+    unsafe { std::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -91,10 +96,15 @@ impl QuantaClock {
     fn raw(&self) -> u64 {
         #[cfg(target_arch = "x86_64")]
         if self.tsc {
-            // SAFETY: `rdtsc` is on every x86-64 processor.
-            return unsafe { std::arch::x86_64::_rdtsc() };
+            return tsc();
         }
         self.clock.raw()
+    }
+
+    /// `ticks` of the counter in µs.
+    #[inline(always)]
+    fn micros(&self, ticks: u64) -> Micros {
+        ((u128::from(ticks) * u128::from(self.micros_per_tick)) >> SHIFT) as Micros
     }
 }
 
@@ -109,9 +119,7 @@ impl Clock for QuantaClock {
     /// multiplication (no division by 1000 after quanta's scaling to ns).
     #[inline]
     fn now(&self) -> Micros {
-        let ticks = self.raw().saturating_sub(self.origin);
-        let micros = (u128::from(ticks) * u128::from(self.micros_per_tick)) >> SHIFT;
-        self.origin_unix + micros as Micros
+        self.origin_unix + self.micros(self.raw().saturating_sub(self.origin))
     }
 }
 
@@ -160,7 +168,7 @@ mod tests {
             1 << 32,
             (86_400e9 / nanos_per_tick) as u64,
         ] {
-            let ours = ((u128::from(ticks) * u128::from(c.micros_per_tick)) >> SHIFT) as u64;
+            let ours = c.micros(ticks);
             let theirs = c.clock.delta_as_nanos(c.origin, c.origin + ticks) / 1000;
             let slack = 1 + theirs / 100_000_000;
             assert!(
