@@ -144,7 +144,9 @@ pub fn ceil_micros(x: f64) -> Micros {
         return 0;
     }
     // Below 2^63 (every wait that occurs) the signed conversions, one
-    // instruction each way, give what the unsigned ones give.
+    // instruction each way, give what the unsigned ones give. The rule is
+    // written once per range: one expression for both (the truncation
+    // picked by range, then `to_f64`) cost ~4 ns per denial.
     if x < I64_END {
         let whole = x as i64;
         return whole as Micros + Micros::from(x - whole as f64 >= 1e-3);
