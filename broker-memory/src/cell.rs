@@ -12,9 +12,11 @@
 //!   bucket, and writes nothing. A denial leaves the cell's cache line
 //!   shared, so two threads denied on one key do not pass it back and forth.
 //!
-//! Every other transition runs under the shard's write lock, with no
-//! decision in flight, through `&mut` (plain loads and stores). `nb` is
-//! changed only there, so a decision reads it as a plain field.
+//! Every other transition runs either under the shard's write lock, with
+//! no decision in flight, through `&mut` (plain loads and stores), or, on a
+//! resource's own state that decisions reach without the table (see
+//! [`crate::pinned`]), through [`BucketCell::update`], which claims the
+//! cell as a taking decision does.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -32,7 +34,8 @@ pub(crate) struct BucketCell {
     /// `tokens`, as its bits.
     tokens: AtomicU64,
     ts: AtomicU64,
-    nb: Micros,
+    /// Changed by other transitions only, never by a decision.
+    nb: AtomicU64,
 }
 
 impl BucketCell {
@@ -41,7 +44,7 @@ impl BucketCell {
             seq: AtomicU64::new(0),
             tokens: AtomicU64::new(b.tokens.to_bits()),
             ts: AtomicU64::new(b.ts),
-            nb: b.nb,
+            nb: AtomicU64::new(b.nb),
         }
     }
 
@@ -51,7 +54,7 @@ impl BucketCell {
         BucketState {
             tokens: f64::from_bits(*self.tokens.get_mut()),
             ts: *self.ts.get_mut(),
-            nb: self.nb,
+            nb: *self.nb.get_mut(),
         }
     }
 
@@ -60,7 +63,32 @@ impl BucketCell {
     pub(crate) fn set(&mut self, b: BucketState) {
         *self.tokens.get_mut() = b.tokens.to_bits();
         *self.ts.get_mut() = b.ts;
-        self.nb = b.nb;
+        *self.nb.get_mut() = b.nb;
+    }
+
+    /// Runs `f` on the bucket while decisions may be in flight: claims the
+    /// cell (decisions wait, or retry on what `f` stored), then stores what
+    /// `f` left.
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut BucketState) -> R) -> R {
+        let mut backoff = Backoff::default();
+        let seq = loop {
+            let seq = self.seq.load(Ordering::Relaxed);
+            if seq & 1 == 0 && self.claim(seq) {
+                break seq;
+            }
+            backoff.snooze();
+        };
+        let mut b = BucketState {
+            tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
+            ts: self.ts.load(Ordering::Relaxed),
+            nb: self.nb.load(Ordering::Relaxed),
+        };
+        let r = f(&mut b);
+        self.tokens.store(b.tokens.to_bits(), Ordering::Relaxed);
+        self.ts.store(b.ts, Ordering::Relaxed);
+        self.nb.store(b.nb, Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+        r
     }
 
     /// The bucket as of one moment, read while decisions may be in flight.
@@ -120,7 +148,7 @@ impl BucketCell {
         let b = BucketState {
             tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
             ts: self.ts.load(Ordering::Relaxed),
-            nb: self.nb,
+            nb: self.nb.load(Ordering::Relaxed),
         };
         Some((b, seq))
     }

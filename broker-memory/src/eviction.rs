@@ -29,7 +29,10 @@ pub(crate) const RECENT: Micros = 50_000;
 pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
     states.retain(|e| {
-        now.saturating_sub(e.state.last_used()) < RECENT || !e.state.is_idle(&e.spec, now)
+        let state = e.state.get();
+        e.state.is_pinned_elsewhere()
+            || now.saturating_sub(state.last_used()) < RECENT
+            || !state.is_idle(&e.spec, now)
     });
     before.saturating_sub(states.len())
 }

@@ -188,7 +188,9 @@ mod tests {
             std::time::Duration::from_secs(1),
         ));
         let entry = || crate::Entry {
-            state: crate::Stored::full(broker_core::state::ResourceState::fresh(&spec, 0)),
+            state: crate::Slot::Table(crate::Stored::full(
+                broker_core::state::ResourceState::fresh(&spec, 0),
+            )),
             spec: spec.clone(),
         };
         let resource: Arc<str> = Arc::from("api");

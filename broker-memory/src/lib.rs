@@ -9,8 +9,11 @@
 //! place with a compare-and-swap, on any other state (several limits, a
 //! concurrency limit) under that state's own lock, which a release takes
 //! as well. Every other transition, and a new state, runs under the
-//! shard's write lock. Idle states (equal to a fresh bucket) are evicted,
-//! so memory stays bounded when keys are not.
+//! shard's write lock. A resource's own state (no sub-key) is pinned by
+//! the registration that decides on it, which then reaches it without the
+//! hash, the lookup or the shard's lock (see `pinned`). Idle states (equal
+//! to a fresh bucket) are evicted, so memory stays bounded when keys are
+//! not.
 #![warn(missing_docs)]
 
 mod backoff;
@@ -20,6 +23,7 @@ mod clock;
 mod eviction;
 mod key;
 mod local;
+mod pinned;
 mod table;
 
 pub use clock::QuantaClock;
@@ -40,6 +44,7 @@ use cell::BucketCell;
 use eviction::Sweeper;
 use key::KeyRef;
 use parking_lot::Mutex;
+use pinned::Slot;
 pub(crate) use table::States;
 
 /// One process's state store.
@@ -83,7 +88,7 @@ impl StoreClock {
 
 #[derive(Debug)]
 pub(crate) struct Entry {
-    pub(crate) state: Stored,
+    pub(crate) state: Slot,
     /// The limits the state was made for (the sweeper needs them to tell an
     /// idle state); a resource re-configured with other buckets starts afresh.
     /// Shared by the states of one resource (see [`shared_spec`]), so
@@ -158,27 +163,67 @@ impl Stored {
         }
     }
 
-    /// [`state::try_acquire`] on this state; a [`Stored::One`] bucket
-    /// through [`BucketCell::try_take`], as on the read path (here under
-    /// the write lock, for a state just made or adopted).
+    /// A state held nowhere, for the moment a slot's state is moved out.
+    fn placeholder() -> Self {
+        Self::One(BucketCell::new(BucketState {
+            tokens: 0.0,
+            ts: 0,
+            nb: 0,
+        }))
+    }
+
+    /// [`Stored::with_full`] through `&self`, while decisions may be in
+    /// flight (a pinned state): under the bucket's claim or the state's
+    /// lock.
+    fn with_shared<R>(&self, f: impl FnOnce(&mut ResourceState) -> R) -> R {
+        match self {
+            Self::Full(s) => f(&mut s.lock()),
+            Self::One(b) => b.update(|b| {
+                let mut s = one_state(*b);
+                let r = f(&mut s);
+                debug_assert!(s.leases.is_empty());
+                *b = s.buckets[0];
+                r
+            }),
+        }
+    }
+
+    /// `try` on this state, made for `spec`, while other decisions may be
+    /// in flight: a one-bucket state by [`BucketCell::try_take`], any other
+    /// under its own lock. `None` for a one-bucket state and a `spec` of
+    /// other limits (a state to adopt first).
     ///
     /// A [`Stored::One`] bucket's denial comes back unrounded: the caller
-    /// rounds it ([`Shortfall::micros`]) once the lock is released.
+    /// rounds it ([`Shortfall::micros`]) once any lock is released.
     #[inline]
-    fn try_acquire(
-        &mut self,
+    pub(crate) fn decide(
+        &self,
         spec: &LimitSpec,
         now: u64,
         cost: Cost,
         lease: LeaseId,
-    ) -> Result<Verdict, Shortfall> {
+    ) -> Option<Result<Verdict, Shortfall>> {
         match (self, spec.buckets.as_slice()) {
             (Self::One(b), [(unit, p)]) => {
-                b.try_take(*unit, p, now, cost).map(|()| Verdict::Allowed)
+                Some(b.try_take(*unit, p, now, cost).map(|()| Verdict::Allowed))
             }
-            (s, _) => Ok(s
-                .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
-                .into()),
+            (Self::Full(s), _) => Some(Ok(state::try_acquire(
+                &mut s.lock(),
+                spec,
+                now,
+                cost,
+                lease,
+            )
+            .into())),
+            (Self::One(_), _) => None,
+        }
+    }
+
+    /// Frees the slot held under `lease`.
+    pub(crate) fn release(&self, lease: LeaseId) -> bool {
+        match self {
+            Self::Full(s) => state::release(&mut s.lock(), lease),
+            Self::One(_) => false,
         }
     }
 
@@ -201,7 +246,28 @@ impl Stored {
     }
 }
 
-/// The verdict of [`Stored::try_acquire`], a denial's wait rounded (once
+impl Slot {
+    /// [`state::try_acquire`] on the state, made for `spec` (under the
+    /// shard's write lock, for a state just made or adopted). A one-bucket
+    /// denial comes back unrounded, as from [`Stored::decide`].
+    #[inline]
+    fn try_acquire(
+        &mut self,
+        spec: &LimitSpec,
+        now: u64,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Result<Verdict, Shortfall> {
+        match self.get().decide(spec, now, cost, lease) {
+            Some(decided) => decided,
+            None => Ok(self
+                .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
+                .into()),
+        }
+    }
+}
+
+/// The verdict of [`Slot::try_acquire`], a denial's wait rounded (once
 /// the lock is released).
 #[inline]
 fn rounded(v: Result<Verdict, Shortfall>) -> Verdict {
@@ -266,7 +332,7 @@ impl MemoryBackend {
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
         key::with_parsed(key, |key| {
-            self.store.states.get(key, |e| e.state.to_state())
+            self.store.states.get(key, |e| e.state.get().to_state())
         })
     }
 
@@ -315,14 +381,14 @@ impl Store {
         resource: Option<&Arc<str>>,
         spec: &LimitSpec,
         shared: impl Fn() -> Arc<LimitSpec>,
-        f: impl FnOnce(&mut Stored, u64) -> R,
+        f: impl FnOnce(&mut Slot, u64) -> R,
     ) -> R {
         let now = self.clock.now();
         let (result, inserted) = self.states.upsert(
             key,
             || key.to_owned_with(resource),
             || Entry {
-                state: Stored::fresh(spec, now),
+                state: Slot::Table(Stored::fresh(spec, now)),
                 spec: shared(),
             },
             |e| f(e.current(spec, &shared, now), now),
@@ -360,20 +426,7 @@ impl Store {
             if !current {
                 return None;
             }
-            match (&e.state, spec.buckets.as_slice()) {
-                (Stored::One(b), [(unit, p)]) => {
-                    Some(b.try_take(*unit, p, now, cost).map(|()| Verdict::Allowed))
-                }
-                (Stored::Full(s), _) => Some(Ok(state::try_acquire(
-                    &mut s.lock(),
-                    spec,
-                    now,
-                    cost,
-                    lease,
-                )
-                .into())),
-                (Stored::One(_), _) => None,
-            }
+            e.state.get().decide(spec, now, cost, lease)
         });
         if let Some(Some(decided)) = decided {
             self.sweeper.after_write(&self.states, now, false);
@@ -387,11 +440,20 @@ impl Store {
     /// Frees the slot held under `lease` on the state of `key`.
     fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         self.states
-            .read(key, |e| match &e.state {
-                Stored::Full(s) => state::release(&mut s.lock(), lease),
-                Stored::One(_) => false,
-            })
+            .read(key, |e| e.state.get().release(lease))
             .unwrap_or(false)
+    }
+
+    /// The state of `key`, made for `spec`, pinned for the registration
+    /// that calls (arguments as for [`Store::with_state`]).
+    fn pin(
+        &self,
+        key: KeyRef<'_>,
+        resource: &Arc<str>,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+    ) -> Arc<pinned::Pinned> {
+        self.with_state(key, Some(resource), spec, shared, |s, _| s.pin())
     }
 }
 
@@ -422,7 +484,7 @@ fn next_lease() -> LeaseId {
 
 /// A lease id for a `try` under `spec` (none needed without a concurrency
 /// limit).
-fn lease_for(spec: &LimitSpec) -> LeaseId {
+pub(crate) fn lease_for(spec: &LimitSpec) -> LeaseId {
     if spec.max_concurrent.is_some() {
         next_lease()
     } else {
@@ -463,7 +525,7 @@ impl Entry {
         spec: &LimitSpec,
         shared: impl Fn() -> Arc<LimitSpec>,
         now: u64,
-    ) -> &mut Stored {
+    ) -> &mut Slot {
         // The entry holds its spec alive, so an equal address is the same
         // allocation, not a new one at a freed address.
         if !std::ptr::eq(Arc::as_ptr(&self.spec), spec) {
@@ -476,17 +538,17 @@ impl Entry {
     #[cold]
     fn adopt(&mut self, spec: &LimitSpec, shared: impl Fn() -> Arc<LimitSpec>, now: u64) {
         if self.spec.buckets.len() != spec.buckets.len() {
-            self.state = Stored::fresh(spec, now);
-        } else if one_bucket(spec) != matches!(self.state, Stored::One(_)) {
+            self.state.replace(Stored::fresh(spec, now));
+        } else if one_bucket(spec) != matches!(self.state.get(), Stored::One(_)) {
             // As many buckets, held the other way: the buckets are kept (a
             // one-bucket state keeps its live leases by staying full).
-            let full = self.state.to_state();
-            self.state = match full.buckets.as_slice() {
+            let full = self.state.get().to_state();
+            self.state.replace(match full.buckets.as_slice() {
                 [b] if one_bucket(spec) && full.leases.is_empty() => {
                     Stored::One(BucketCell::new(*b))
                 }
                 _ => Stored::full(full),
-            };
+            });
         }
         self.spec = shared();
     }

@@ -1,14 +1,16 @@
 //! [`ResourceStates`]: one resource's states, reached by sub-key without a
 //! joined state key (the broker's fast path, see
-//! [`broker_core::Backend::local_states`]).
+//! [`broker_core::Backend::local_states`]), and its own state through a
+//! pin, without the table (see [`crate::pinned`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use broker_core::state::LimitSpec;
 use broker_core::{Cost, LeaseId, LocalStates, Verdict};
 
 use crate::key::KeyRef;
-use crate::Store;
+use crate::pinned::Pinned;
+use crate::{lease_for, Store};
 
 /// The states of one resource, for one registration's limits.
 pub(crate) struct ResourceStates {
@@ -18,6 +20,8 @@ pub(crate) struct ResourceStates {
     resource: Arc<str>,
     resource_hash: u64,
     spec: Arc<LimitSpec>,
+    /// The resource's own state, pinned by the first decision on it.
+    own: OnceLock<Arc<Pinned>>,
 }
 
 impl ResourceStates {
@@ -27,6 +31,7 @@ impl ResourceStates {
             resource: resource.into(),
             resource_hash: crate::key::resource_hash(resource),
             spec,
+            own: OnceLock::new(),
         }
     }
 }
@@ -35,11 +40,41 @@ impl ResourceStates {
     fn key<'a>(&'a self, sub: Option<&'a str>) -> KeyRef<'a> {
         KeyRef::local(&self.resource, self.resource_hash, sub)
     }
+
+    /// The own state, pinned on first use; `None` once the table holds
+    /// another state for it (a re-configuration of other buckets).
+    #[inline]
+    fn own(&self) -> Option<&Pinned> {
+        match self.own.get() {
+            Some(own) => Some(&**own).filter(|own| own.is_live()),
+            None => self.pin(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pin(&self) -> Option<&Pinned> {
+        let spec = &self.spec;
+        let pinned = self
+            .store
+            .pin(self.key(None), &self.resource, spec, || spec.clone());
+        // Another thread may have pinned first: the same state.
+        let own = self.own.get_or_init(|| pinned);
+        Some(&**own).filter(|own| own.is_live())
+    }
 }
 
 impl LocalStates for ResourceStates {
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
         let spec = &self.spec;
+        if sub.is_none() {
+            if let Some(own) = self.own() {
+                let now = self.store.clock.now();
+                if let Some(decided) = own.state().decide(spec, now, cost, lease_for(spec)) {
+                    return crate::rounded(decided);
+                }
+            }
+        }
         crate::rounded(self.store.try_acquire(
             self.key(sub),
             Some(&self.resource),
@@ -50,6 +85,11 @@ impl LocalStates for ResourceStates {
     }
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
+        if sub.is_none() {
+            if let Some(own) = self.own.get().filter(|own| own.is_live()) {
+                return own.state().release(lease);
+            }
+        }
         self.store.release(self.key(sub), lease)
     }
 }
