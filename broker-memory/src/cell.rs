@@ -106,7 +106,9 @@ impl BucketCell {
 
     /// [`state::try_take_one`] on the bucket, while other decisions may be
     /// in flight: the same decision as under a lock, one at a time.
-    #[inline]
+    /// Inlined into each caller (the table's path and the pin's), which it
+    /// is most of.
+    #[inline(always)]
     pub(crate) fn try_take(
         &self,
         unit: Unit,

@@ -195,7 +195,7 @@ impl Stored {
     ///
     /// A [`Stored::One`] bucket's denial comes back unrounded: the caller
     /// rounds it ([`Shortfall::micros`]) once any lock is released.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn decide(
         &self,
         spec: &LimitSpec,

@@ -51,6 +51,19 @@ impl ResourceStates {
         }
     }
 
+    /// `try` on the own state through its pin; `None` when there is none
+    /// (a dead pin) or the state is not one made for this registration's
+    /// limits. Apart from the sub-keys' path, so that path keeps its
+    /// registers to itself.
+    #[inline(never)]
+    fn try_own(&self, cost: Cost) -> Option<Verdict> {
+        let spec = &self.spec;
+        let own = self.own()?;
+        let now = self.store.clock.now();
+        let decided = own.state().decide(spec, now, cost, lease_for(spec))?;
+        Some(crate::rounded(decided))
+    }
+
     #[cold]
     #[inline(never)]
     fn pin(&self) -> Option<&Pinned> {
@@ -66,15 +79,12 @@ impl ResourceStates {
 
 impl LocalStates for ResourceStates {
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
-        let spec = &self.spec;
         if sub.is_none() {
-            if let Some(own) = self.own() {
-                let now = self.store.clock.now();
-                if let Some(decided) = own.state().decide(spec, now, cost, lease_for(spec)) {
-                    return crate::rounded(decided);
-                }
+            if let Some(decided) = self.try_own(cost) {
+                return decided;
             }
         }
+        let spec = &self.spec;
         crate::rounded(self.store.try_acquire(
             self.key(sub),
             Some(&self.resource),
