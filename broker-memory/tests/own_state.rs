@@ -103,17 +103,19 @@ fn decisions_through_the_pin_are_exact_while_settlements_change_the_state() {
 /// The sweeper keeps a registered resource's own state though it is idle
 /// (its registration decides on it without the table), and evicts it once
 /// no registration holds it: here, once its broker is gone. The decision
-/// is made on a thread of its own, since a thread keeps the registry it
-/// read last until it reads another one or exits.
+/// is made on a thread of its own, joined (so its thread-locals are gone
+/// too), since a thread keeps the registry it read last until it reads
+/// another one or exits.
 #[test]
 fn an_idle_own_state_is_kept_while_registered_and_evicted_after() {
     let clock = ManualClock::new();
     let (broker, backend) = broker(&clock);
     let limits = Limits::new().rate(RateLimit::per_second(10));
     broker.register_limit("gw", limits).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| assert!(take(&broker, "gw").allowed));
-    });
+    let on_thread = broker.clone();
+    std::thread::spawn(move || assert!(take(&on_thread, "gw").allowed))
+        .join()
+        .unwrap();
     clock.advance(Duration::from_secs(60));
     assert_eq!(backend.evict_idle(), 0, "pinned by its registration");
     assert_eq!(backend.len(), 1);
