@@ -86,8 +86,9 @@ pub(crate) fn resource_hash(resource: &str) -> u64 {
 }
 
 impl StateKey {
-    /// Whether this is the key `key` names.
-    #[inline]
+    /// Whether this is the key `key` names. Inlined into the table's
+    /// probe: out of line it was a call per probed slot.
+    #[inline(always)]
     pub(crate) fn is(&self, key: KeyRef<'_>) -> bool {
         // The fast path's keys share the resource's allocation.
         let same_resource =
