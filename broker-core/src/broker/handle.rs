@@ -136,7 +136,7 @@ impl ResourceHandle {
     /// }
     /// # Ok(()) }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_now<'a>(
         &self,
         key: impl Into<Option<&'a str>>,
@@ -147,6 +147,18 @@ impl ResourceHandle {
         if let Some(v) = self.quick(key, cost, &mut permit) {
             return Some(Ok(acquisition(v, permit)));
         }
+        self.try_acquire_now_in_full(key, cost)
+    }
+
+    /// [`ResourceHandle::try_acquire_now`] past its common case, out of
+    /// the callers' line.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_now_in_full(
+        &self,
+        key: Option<&str>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
         if self.resource.retired.load(Ordering::Acquire) {
             let target = Target {
                 resource: &self.resource.id,

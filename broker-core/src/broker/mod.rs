@@ -471,7 +471,7 @@ impl ResourceBroker {
     /// }
     /// # Ok(()) }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_now<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -482,6 +482,18 @@ impl ResourceBroker {
         if let Some(v) = self.quick_by_id(target, cost, &mut permit) {
             return Some(Ok(acquisition(v, permit)));
         }
+        self.try_acquire_now_in_full(target, cost)
+    }
+
+    /// [`ResourceBroker::try_acquire_now`] past its common case, out of
+    /// the callers' line.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_now_in_full(
+        &self,
+        target: Target<'_>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
         self.now_or_later(target, cost, &mut None).ok()
     }
 
