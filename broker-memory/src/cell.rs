@@ -1,5 +1,7 @@
-//! [`BucketCell`]: a one-bucket state that threads holding its shard's
-//! read lock update at once, without a lock of their own.
+//! [`BucketCell`]: a one-bucket state that deciding threads update at
+//! once, without a lock of their own: threads holding the shard's read
+//! lock, or, for a resource's own state, the registration's decisions
+//! through its pin (see [`crate::pinned`]).
 //!
 //! The cell is a sequence lock whose writers are the `try` decisions
 //! themselves. A decision reads the bucket, runs broker-core's reference
@@ -14,9 +16,10 @@
 //!
 //! Every other transition runs either under the shard's write lock, with
 //! no decision in flight, through `&mut` (plain loads and stores), or, on a
-//! resource's own state that decisions reach without the table (see
-//! [`crate::pinned`]), through [`BucketCell::update`], which claims the
-//! cell as a taking decision does.
+//! pinned state, through [`BucketCell::update`], which claims the cell as a
+//! taking decision does. A pinned cell the table stops holding is retired
+//! ([`BucketCell::retire`]) under such a claim: from then on no decision
+//! takes from it, and the decisions through the pin go to the table.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -25,6 +28,11 @@ use broker_core::state;
 use broker_core::{Cost, Micros, Unit};
 
 use crate::backoff::Backoff;
+
+/// Set in the sequence of a retired cell (with the sequence even). The
+/// sequence moves by 2 per write and would reach this bit after 2^62
+/// writes, centuries of decisions at any rate one cell sees.
+const RETIRED: u64 = 1 << 63;
 
 /// One bucket, updated in place by concurrent decisions.
 #[derive(Debug)]
@@ -68,27 +76,51 @@ impl BucketCell {
 
     /// Runs `f` on the bucket while decisions may be in flight: claims the
     /// cell (decisions wait, or retry on what `f` stored), then stores what
-    /// `f` left.
+    /// `f` left. Should `f` panic, the claim is let go with the bucket as
+    /// it was.
     pub(crate) fn update<R>(&self, f: impl FnOnce(&mut BucketState) -> R) -> R {
-        let mut backoff = Backoff::default();
-        let seq = loop {
-            let seq = self.seq.load(Ordering::Relaxed);
-            if seq & 1 == 0 && self.claim(seq) {
-                break seq;
-            }
-            backoff.snooze();
-        };
-        let mut b = BucketState {
-            tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
-            ts: self.ts.load(Ordering::Relaxed),
-            nb: self.nb.load(Ordering::Relaxed),
-        };
+        let claimed = self.claim_any();
+        let mut b = self.bucket();
         let r = f(&mut b);
         self.tokens.store(b.tokens.to_bits(), Ordering::Relaxed);
         self.ts.store(b.ts, Ordering::Relaxed);
         self.nb.store(b.nb, Ordering::Relaxed);
-        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+        drop(claimed);
         r
+    }
+
+    /// Retires the cell: no decision takes from it from now on (each goes
+    /// to the table instead, see [`BucketCell::try_take`]), and the
+    /// bucket as of the last one is returned.
+    pub(crate) fn retire(&self) -> BucketState {
+        let mut claimed = self.claim_any();
+        claimed.retire = true;
+        self.bucket()
+    }
+
+    /// Claims the cell once no decision is storing, whatever it read.
+    fn claim_any(&self) -> Claimed<'_> {
+        let mut backoff = Backoff::default();
+        loop {
+            let seq = self.seq.load(Ordering::Relaxed);
+            if seq & 1 == 0 && self.claim(seq) {
+                return Claimed {
+                    cell: self,
+                    seq,
+                    retire: false,
+                };
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// The bucket's fields, read with the cell claimed.
+    fn bucket(&self) -> BucketState {
+        BucketState {
+            tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
+            ts: self.ts.load(Ordering::Relaxed),
+            nb: self.nb.load(Ordering::Relaxed),
+        }
     }
 
     /// The bucket as of one moment, read while decisions may be in flight.
@@ -105,9 +137,9 @@ impl BucketCell {
     }
 
     /// [`state::try_take_one`] on the bucket, while other decisions may be
-    /// in flight: the same decision as under a lock, one at a time.
-    /// Inlined into each caller (the table's path and the pin's), which it
-    /// is most of.
+    /// in flight: the same decision as under a lock, one at a time; `None`
+    /// once the cell is retired. Inlined into each caller (the table's
+    /// path and the pin's), which it is most of.
     #[inline(always)]
     pub(crate) fn try_take(
         &self,
@@ -115,22 +147,25 @@ impl BucketCell {
         params: &BucketParams,
         now: Micros,
         cost: Cost,
-    ) -> Result<(), Shortfall> {
+    ) -> Option<Result<(), Shortfall>> {
         let mut backoff = Backoff::default();
         loop {
             if let Some((mut b, seq)) = self.read() {
+                if seq & RETIRED != 0 {
+                    return None;
+                }
                 match state::try_take_one(&mut b, unit, params, now, cost) {
                     Ok(()) => {
                         if self.claim(seq) {
                             self.tokens.store(b.tokens.to_bits(), Ordering::Relaxed);
                             self.ts.store(b.ts, Ordering::Relaxed);
                             self.seq.store(seq.wrapping_add(2), Ordering::Release);
-                            return Ok(());
+                            return Some(Ok(()));
                         }
                     }
                     Err(short) => {
                         if self.unchanged(seq) {
-                            return Err(short);
+                            return Some(Err(short));
                         }
                     }
                 }
@@ -177,6 +212,26 @@ impl BucketCell {
     }
 }
 
+/// The cell claimed by [`BucketCell::update`] or [`BucketCell::retire`]:
+/// let go on drop, also when unwinding (the sequence moves on to even
+/// again, retired if asked).
+struct Claimed<'a> {
+    cell: &'a BucketCell,
+    /// The even sequence the claim started from.
+    seq: u64,
+    retire: bool,
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        let mut next = self.seq.wrapping_add(2);
+        if self.retire {
+            next |= RETIRED;
+        }
+        self.cell.seq.store(next, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,7 +257,7 @@ mod tests {
                     for _ in 0..10_000 {
                         if cell
                             .try_take(Unit::Requests, &p, 5, Cost::requests(1))
-                            .is_ok()
+                            .is_some_and(|taken| taken.is_ok())
                         {
                             taken.fetch_add(1, Ordering::Relaxed);
                         }
@@ -229,8 +284,8 @@ mod tests {
                 state::try_take_one(&mut reference, Unit::Requests, &p, now, Cost::requests(1));
             let got = cell.try_take(Unit::Requests, &p, now, Cost::requests(1));
             assert_eq!(
-                got.map_err(Shortfall::micros),
-                want.map_err(Shortfall::micros)
+                got.map(|got| got.map_err(Shortfall::micros)),
+                Some(want.map_err(Shortfall::micros))
             );
             assert_eq!(cell.load(), reference);
         }
@@ -244,7 +299,66 @@ mod tests {
         b.nb = 700;
         cell.set(b);
         let wait = cell.try_take(Unit::Requests, &p, 200, Cost::requests(1));
-        assert_eq!(wait.map_err(Shortfall::micros), Err(500));
+        assert_eq!(wait.map(|w| w.map_err(Shortfall::micros)), Some(Err(500)));
         assert_eq!(cell.load().tokens, 3.0);
+    }
+
+    /// Threads taking while another thread updates (gives a token back
+    /// each time) and then retires the cell: every token given back is
+    /// taken or left, and no decision takes from the retired cell.
+    #[test]
+    fn updates_and_retirement_lose_no_decision() {
+        let p = params(1_000_000.0);
+        let mut drained = BucketState::fresh(&p, 5);
+        drained.tokens = 0.0;
+        let cell = BucketCell::new(drained);
+        let taken = AtomicUsize::new(0);
+        let after_retirement = AtomicUsize::new(0);
+        let retired = std::sync::atomic::AtomicBool::new(false);
+        let left = std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| loop {
+                    let was_retired = retired.load(Ordering::Acquire);
+                    match cell.try_take(Unit::Requests, &p, 5, Cost::requests(1)) {
+                        Some(Ok(())) => {
+                            taken.fetch_add(1, Ordering::Relaxed);
+                            if was_retired {
+                                after_retirement.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Some(Err(_)) => {}
+                        None => break,
+                    }
+                });
+            }
+            for _ in 0..5_000 {
+                cell.update(|b| b.tokens += 1.0);
+            }
+            let left = cell.retire();
+            retired.store(true, Ordering::Release);
+            left
+        });
+        assert_eq!(taken.load(Ordering::Relaxed) as f64 + left.tokens, 5_000.0);
+        assert_eq!(after_retirement.load(Ordering::Relaxed), 0);
+        assert!(cell
+            .try_take(Unit::Requests, &p, 5, Cost::requests(1))
+            .is_none());
+    }
+
+    /// An update whose transition panics lets the cell go as it was.
+    #[test]
+    fn a_panicking_update_leaves_the_cell_usable() {
+        let p = params(3.0);
+        let cell = BucketCell::new(BucketState::fresh(&p, 0));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cell.update(|b| {
+                b.tokens = 0.0;
+                panic!("a transition that fails");
+            })
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(cell.load().tokens, 3.0);
+        let taken = cell.try_take(Unit::Requests, &p, 0, Cost::requests(1));
+        assert_eq!(taken.map(|t| t.is_ok()), Some(true));
     }
 }

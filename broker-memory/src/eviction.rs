@@ -9,6 +9,10 @@
 //! and with many such keys the map would grow back to the sweep threshold
 //! at once, a sweep every few thousand calls.
 //!
+//! A resource's own state pinned by a registration (see [`crate::pinned`])
+//! is kept too: the registration decides on it without the table, and
+//! there is one per registered resource.
+//!
 //! The decision costs two relaxed atomic loads per write: the number of
 //! states is tracked by counting inserts (and re-read exactly after each
 //! sweep), so no write has to lock every shard to learn the map's length.
@@ -25,7 +29,8 @@ const SWEEP_INTERVAL: Micros = 10_000_000;
 /// A state used this recently (µs) is not evicted.
 pub(crate) const RECENT: Micros = 50_000;
 
-/// Drops every idle state not used within [`RECENT`]; returns how many.
+/// Drops every idle state not used within [`RECENT`] and not pinned by a
+/// registration (see [`crate::pinned`]); returns how many.
 pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
     states.retain(|e| {

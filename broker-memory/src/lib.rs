@@ -100,21 +100,24 @@ pub(crate) struct Entry {
 #[derive(Debug)]
 pub(crate) enum Stored {
     /// The one bucket of a resource with one rate limit and no concurrency
-    /// limit (the common case), held in the table's slot itself, where
-    /// `try` decisions update it under the shard's read lock.
+    /// limit (the common case), held in the table's slot itself (or, for a
+    /// resource's own state, shared with its registration's pin), where
+    /// `try` decisions update it under the shard's read lock (or through
+    /// the pin, with no lock).
     One(BucketCell),
     /// Any other state (several limits, or a concurrency limit), behind a
     /// lock of its own: `try` decisions and releases take it under the
-    /// shard's read lock, so they wait only for calls on the same state;
-    /// under the write lock, transitions reach it through `&mut`, and reads
-    /// take the lock, which no one else can hold then.
+    /// shard's read lock (or through a pin), so they wait only for calls on
+    /// the same state. Under the write lock, transitions on a state in the
+    /// table's slot reach it through `&mut`, and reads take the lock, which
+    /// no one else can hold then; on a pinned state, both take the lock.
     Full(Box<Mutex<ResourceState>>),
 }
 
 /// The `ResourceState` of a [`Stored::One`] bucket (one small allocation:
 /// the keyed transitions on such a state pay it, `try_acquire` through
 /// [`LocalStates`] does not).
-fn one_state(bucket: BucketState) -> ResourceState {
+pub(crate) fn one_state(bucket: BucketState) -> ResourceState {
     ResourceState {
         buckets: vec![bucket],
         leases: Vec::new(),
@@ -191,7 +194,8 @@ impl Stored {
     /// `try` on this state, made for `spec`, while other decisions may be
     /// in flight: a one-bucket state by [`BucketCell::try_take`], any other
     /// under its own lock. `None` for a one-bucket state and a `spec` of
-    /// other limits (a state to adopt first).
+    /// other limits (a state to adopt first), and for a retired one (a
+    /// pinned state the table no longer holds).
     ///
     /// A [`Stored::One`] bucket's denial comes back unrounded: the caller
     /// rounds it ([`Shortfall::micros`]) once any lock is released.
@@ -204,9 +208,9 @@ impl Stored {
         lease: LeaseId,
     ) -> Option<Result<Verdict, Shortfall>> {
         match (self, spec.buckets.as_slice()) {
-            (Self::One(b), [(unit, p)]) => {
-                Some(b.try_take(*unit, p, now, cost).map(|()| Verdict::Allowed))
-            }
+            (Self::One(b), [(unit, p)]) => b
+                .try_take(*unit, p, now, cost)
+                .map(|taken| taken.map(|()| Verdict::Allowed)),
             (Self::Full(s), _) => Some(Ok(state::try_acquire(
                 &mut s.lock(),
                 spec,
@@ -319,8 +323,10 @@ impl MemoryBackend {
 
     /// Drops every state that equals a fresh one (full buckets, no penalty,
     /// no live lease) and was not used in the last 50 ms (a key in use is
-    /// kept though its bucket refills between calls). Runs by itself as
-    /// the map grows; call it to bound memory at a moment of your choosing.
+    /// kept though its bucket refills between calls). A resource's own
+    /// state is kept while a registration of the resource decides on it
+    /// (one per registered resource). Runs by itself as the map grows;
+    /// call it to bound memory at a moment of your choosing.
     pub fn evict_idle(&self) -> usize {
         let store = &self.store;
         let now = store.clock.now();
@@ -541,9 +547,11 @@ impl Entry {
             self.state.replace(Stored::fresh(spec, now));
         } else if one_bucket(spec) != matches!(self.state.get(), Stored::One(_)) {
             // As many buckets, held the other way: the buckets are kept (a
-            // one-bucket state keeps its live leases by staying full).
-            let full = self.state.get().to_state();
-            self.state.replace(match full.buckets.as_slice() {
+            // one-bucket state keeps its live leases by staying full). A
+            // pinned state is retired as it is read, so no decision through
+            // its pin lands on it after.
+            let full = self.state.take();
+            self.state = Slot::Table(match full.buckets.as_slice() {
                 [b] if one_bucket(spec) && full.leases.is_empty() => {
                     Stored::One(BucketCell::new(*b))
                 }

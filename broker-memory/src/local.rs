@@ -42,7 +42,8 @@ impl ResourceStates {
     }
 
     /// The own state, pinned on first use; `None` once the table holds
-    /// another state for it (a re-configuration of other buckets).
+    /// another state for it (a re-configuration replaced it, and retired
+    /// the pinned one).
     #[inline]
     fn own(&self) -> Option<&Pinned> {
         match self.own.get() {
@@ -60,7 +61,7 @@ impl ResourceStates {
         let spec = &self.spec;
         let own = self.own()?;
         let now = self.store.clock.now();
-        let decided = own.state().decide(spec, now, cost, lease_for(spec))?;
+        let decided = own.decide(spec, now, cost, lease_for(spec))?;
         Some(crate::rounded(decided))
     }
 
@@ -96,8 +97,8 @@ impl LocalStates for ResourceStates {
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
         if sub.is_none() {
-            if let Some(own) = self.own.get().filter(|own| own.is_live()) {
-                return own.state().release(lease);
+            if let Some(released) = self.own.get().and_then(|own| own.release(lease)) {
+                return released;
             }
         }
         self.store.release(self.key(sub), lease)

@@ -11,17 +11,24 @@
 //! a one-bucket state's [`crate::cell::BucketCell::update`] (which claims
 //! the cell as a taking decision does), any other state's mutex.
 //!
-//! A pinned state stays in the table while a registration holds it: one
-//! state per registered resource, so memory stays bounded. A
-//! re-configuration that replaces the state (other buckets) marks the pin
-//! dead, and its holder goes through the table from then on.
+//! A pinned state stays in the table while anything besides the table
+//! holds it (a registration, or a retired one still kept alive by a
+//! thread's cached registry or a handle): one state per registered
+//! resource, so memory stays bounded. A re-configuration that replaces the
+//! state (another number of buckets, or a concurrency limit that comes or
+//! goes) retires the pinned one under its guard, as it reads it: a
+//! decision through the pin that comes later, or was in flight, finds it
+//! retired and goes to the table, so none is lost. The registration then
+//! decides through the table for good (it is most often a retired one).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use broker_core::state::ResourceState;
+use broker_core::bucket::Shortfall;
+use broker_core::state::{self, ResourceState};
+use broker_core::{Cost, LeaseId, LimitSpec, Verdict};
 
-use crate::Stored;
+use crate::{one_state, Stored};
 
 /// A state shared by the table and a registration.
 #[derive(Debug)]
@@ -38,10 +45,57 @@ impl Pinned {
         self.live.load(Ordering::Acquire)
     }
 
-    /// The state.
-    #[inline]
-    pub(crate) fn state(&self) -> &Stored {
-        &self.state
+    /// [`Stored::decide`] through the pin; `None` once the state is
+    /// retired (the table no longer holds it), checked under the state's
+    /// guard.
+    #[inline(always)]
+    pub(crate) fn decide(
+        &self,
+        spec: &LimitSpec,
+        now: u64,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Option<Result<Verdict, Shortfall>> {
+        match &self.state {
+            // The cell refuses decisions once retired.
+            Stored::One(_) => self.state.decide(spec, now, cost, lease),
+            Stored::Full(s) => {
+                let mut s = s.lock();
+                if !self.live.load(Ordering::Relaxed) {
+                    return None;
+                }
+                Some(Ok(state::try_acquire(&mut s, spec, now, cost, lease).into()))
+            }
+        }
+    }
+
+    /// Frees the slot held under `lease`; `None` once the state is
+    /// retired (the lease, if held, went to the table's state with it).
+    pub(crate) fn release(&self, lease: LeaseId) -> Option<bool> {
+        match &self.state {
+            Stored::One(_) => Some(false),
+            Stored::Full(s) => {
+                let mut s = s.lock();
+                self.live
+                    .load(Ordering::Relaxed)
+                    .then(|| state::release(&mut s, lease))
+            }
+        }
+    }
+
+    /// Retires the state, under its guard, and returns it as the last
+    /// decision left it.
+    fn retire(&self) -> ResourceState {
+        let retired = match &self.state {
+            Stored::One(b) => one_state(b.retire()),
+            Stored::Full(s) => {
+                let s = s.lock();
+                self.live.store(false, Ordering::Relaxed);
+                s.clone()
+            }
+        };
+        self.live.store(false, Ordering::Release);
+        retired
     }
 }
 
@@ -74,10 +128,19 @@ impl Slot {
         }
     }
 
-    /// Replaces the state; a pinned one is marked dead.
+    /// Replaces the state; a pinned one is retired.
     pub(crate) fn replace(&mut self, state: Stored) {
         if let Self::Pinned(p) = std::mem::replace(self, Self::Table(state)) {
-            p.live.store(false, Ordering::Release);
+            p.retire();
+        }
+    }
+
+    /// The state as the reference transitions take it, for a state about
+    /// to be replaced: a pinned one is retired as it is read.
+    pub(crate) fn take(&mut self) -> ResourceState {
+        match self {
+            Self::Table(s) => s.to_state(),
+            Self::Pinned(p) => p.retire(),
         }
     }
 
@@ -94,8 +157,53 @@ impl Slot {
         pinned
     }
 
-    /// Whether a registration holds the state: the sweeper keeps it.
+    /// Whether anything besides the table holds the state (a registration,
+    /// live or retired): the sweeper keeps it.
     pub(crate) fn is_pinned_elsewhere(&self) -> bool {
         matches!(self, Self::Pinned(p) if Arc::strong_count(p) > 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use broker_core::{Limits, RateLimit};
+    use std::time::Duration;
+
+    fn spec(limits: Limits) -> LimitSpec {
+        LimitSpec::new(&limits, Duration::from_secs(60))
+    }
+
+    /// Once the table replaces a pinned state, decisions and releases
+    /// through the pin are refused (they go to the table), for a
+    /// one-bucket state and for one with a concurrency limit; what the pin
+    /// took before is in the state the replacement read.
+    #[test]
+    fn a_replaced_pin_refuses_decisions_and_releases() {
+        let one = spec(Limits::new().rate(RateLimit::per_second(5)));
+        let held = spec(
+            Limits::new()
+                .rate(RateLimit::per_second(5))
+                .max_concurrent(2),
+        );
+        for spec in [one, held] {
+            let mut slot = Slot::Table(Stored::fresh(&spec, 0));
+            let pin = slot.pin();
+            let lease = u64::from(spec.max_concurrent.is_some());
+            let first = pin.decide(&spec, 0, Cost::default(), lease);
+            assert!(matches!(first, Some(Ok(_))));
+            let read = slot.take();
+            assert_eq!(read.buckets[0].tokens, 4.0, "the pin's decision is in it");
+            assert!(!pin.is_live());
+            assert!(pin.decide(&spec, 0, Cost::default(), 7).is_none());
+            // A one-bucket state holds no lease to give the table.
+            let released = pin.release(lease);
+            let expected = if spec.max_concurrent.is_some() {
+                None
+            } else {
+                Some(false)
+            };
+            assert_eq!(released, expected);
+        }
     }
 }
