@@ -438,6 +438,22 @@ impl Store {
             self.sweeper.after_write(&self.states, now, false);
             return decided;
         }
+        self.try_acquire_written(key, resource, spec, shared, cost, lease)
+    }
+
+    /// [`Store::try_acquire`] under the write lock (a new state, or one to
+    /// adopt), out of the read path's line.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_written(
+        &self,
+        key: KeyRef<'_>,
+        resource: Option<&Arc<str>>,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Result<Verdict, Shortfall> {
         self.with_state(key, resource, spec, shared, |s, now| {
             s.try_acquire(spec, now, cost, lease)
         })
