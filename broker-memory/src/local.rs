@@ -65,6 +65,8 @@ impl ResourceStates {
         Some(crate::rounded(decided))
     }
 
+    /// Pins the own state (made if need be, under the shard's write lock)
+    /// on the first decision on it.
     #[cold]
     #[inline(never)]
     fn pin(&self) -> Option<&Pinned> {

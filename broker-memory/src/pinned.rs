@@ -136,7 +136,8 @@ impl Slot {
     }
 
     /// The state as the reference transitions take it, for a state about
-    /// to be replaced: a pinned one is retired as it is read.
+    /// to be replaced (the caller puts the new one in this slot): a pinned
+    /// one is retired as it is read.
     pub(crate) fn take(&mut self) -> ResourceState {
         match self {
             Self::Table(s) => s.to_state(),
