@@ -193,9 +193,11 @@ impl Stored {
 
     /// `try` on this state, made for `spec`, while other decisions may be
     /// in flight: a one-bucket state by [`BucketCell::try_take`], any other
-    /// under its own lock. `None` for a one-bucket state and a `spec` of
-    /// other limits (a state to adopt first), and for a retired one (a
-    /// pinned state the table no longer holds).
+    /// under its own lock, once `held` (asked under that lock) says the
+    /// table still holds the state. `None` for a one-bucket state and a
+    /// `spec` of other limits (a state to adopt first), and for a retired
+    /// one (a pinned state the table no longer holds: a retired cell
+    /// refuses by itself, see [`crate::pinned`]).
     ///
     /// A [`Stored::One`] bucket's denial comes back unrounded: the caller
     /// rounds it ([`Shortfall::micros`]) once any lock is released.
@@ -206,19 +208,16 @@ impl Stored {
         now: u64,
         cost: Cost,
         lease: LeaseId,
+        held: impl FnOnce() -> bool,
     ) -> Option<Result<Verdict, Shortfall>> {
         match (self, spec.buckets.as_slice()) {
             (Self::One(b), [(unit, p)]) => b
                 .try_take(*unit, p, now, cost)
                 .map(|taken| taken.map(|()| Verdict::Allowed)),
-            (Self::Full(s), _) => Some(Ok(state::try_acquire(
-                &mut s.lock(),
-                spec,
-                now,
-                cost,
-                lease,
-            )
-            .into())),
+            (Self::Full(s), _) => {
+                let mut s = s.lock();
+                held().then(|| Ok(state::try_acquire(&mut s, spec, now, cost, lease).into()))
+            }
             (Self::One(_), _) => None,
         }
     }
@@ -262,7 +261,7 @@ impl Slot {
         cost: Cost,
         lease: LeaseId,
     ) -> Result<Verdict, Shortfall> {
-        match self.get().decide(spec, now, cost, lease) {
+        match self.get().decide(spec, now, cost, lease, || true) {
             Some(decided) => decided,
             None => Ok(self
                 .with_full(|s| state::try_acquire(s, spec, now, cost, lease))
@@ -432,28 +431,12 @@ impl Store {
             if !current {
                 return None;
             }
-            e.state.get().decide(spec, now, cost, lease)
+            e.state.get().decide(spec, now, cost, lease, || true)
         });
         if let Some(Some(decided)) = decided {
             self.sweeper.after_write(&self.states, now, false);
             return decided;
         }
-        self.try_acquire_written(key, resource, spec, shared, cost, lease)
-    }
-
-    /// [`Store::try_acquire`] under the write lock (a new state, or one to
-    /// adopt), out of the read path's line.
-    #[cold]
-    #[inline(never)]
-    fn try_acquire_written(
-        &self,
-        key: KeyRef<'_>,
-        resource: Option<&Arc<str>>,
-        spec: &LimitSpec,
-        shared: impl Fn() -> Arc<LimitSpec>,
-        cost: Cost,
-        lease: LeaseId,
-    ) -> Result<Verdict, Shortfall> {
         self.with_state(key, resource, spec, shared, |s, now| {
             s.try_acquire(spec, now, cost, lease)
         })

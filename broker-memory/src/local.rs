@@ -61,7 +61,9 @@ impl ResourceStates {
         let spec = &self.spec;
         let own = self.own()?;
         let now = self.store.clock.now();
-        let decided = own.decide(spec, now, cost, lease_for(spec))?;
+        let decided = own
+            .state()
+            .decide(spec, now, cost, lease_for(spec), || own.is_live())?;
         Some(crate::rounded(decided))
     }
 

@@ -24,9 +24,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use broker_core::bucket::Shortfall;
 use broker_core::state::{self, ResourceState};
-use broker_core::{Cost, LeaseId, LimitSpec, Verdict};
+use broker_core::LeaseId;
 
 use crate::{one_state, Stored};
 
@@ -45,28 +44,12 @@ impl Pinned {
         self.live.load(Ordering::Acquire)
     }
 
-    /// [`Stored::decide`] through the pin; `None` once the state is
-    /// retired (the table no longer holds it), checked under the state's
-    /// guard.
-    #[inline(always)]
-    pub(crate) fn decide(
-        &self,
-        spec: &LimitSpec,
-        now: u64,
-        cost: Cost,
-        lease: LeaseId,
-    ) -> Option<Result<Verdict, Shortfall>> {
-        match &self.state {
-            // The cell refuses decisions once retired.
-            Stored::One(_) => self.state.decide(spec, now, cost, lease),
-            Stored::Full(s) => {
-                let mut s = s.lock();
-                if !self.live.load(Ordering::Relaxed) {
-                    return None;
-                }
-                Some(Ok(state::try_acquire(&mut s, spec, now, cost, lease).into()))
-            }
-        }
+    /// The state. A decision through the pin asks [`Pinned::is_live`]
+    /// under the state's lock ([`Stored::decide`]'s `held`); a retired
+    /// one-bucket cell refuses decisions by itself.
+    #[inline]
+    pub(crate) fn state(&self) -> &Stored {
+        &self.state
     }
 
     /// Frees the slot held under `lease`; `None` once the state is
@@ -168,7 +151,7 @@ impl Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker_core::{Limits, RateLimit};
+    use broker_core::{Cost, LimitSpec, Limits, RateLimit};
     use std::time::Duration;
 
     fn spec(limits: Limits) -> LimitSpec {
@@ -191,12 +174,16 @@ mod tests {
             let mut slot = Slot::Table(Stored::fresh(&spec, 0));
             let pin = slot.pin();
             let lease = u64::from(spec.max_concurrent.is_some());
-            let first = pin.decide(&spec, 0, Cost::default(), lease);
+            let decide = |lease| {
+                pin.state()
+                    .decide(&spec, 0, Cost::default(), lease, || pin.is_live())
+            };
+            let first = decide(lease);
             assert!(matches!(first, Some(Ok(_))));
             let read = slot.take();
             assert_eq!(read.buckets[0].tokens, 4.0, "the pin's decision is in it");
             assert!(!pin.is_live());
-            assert!(pin.decide(&spec, 0, Cost::default(), 7).is_none());
+            assert!(decide(7).is_none());
             // A one-bucket state holds no lease to give the table.
             let released = pin.release(lease);
             let expected = if spec.max_concurrent.is_some() {
