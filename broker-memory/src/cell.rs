@@ -114,7 +114,10 @@ impl BucketCell {
         }
     }
 
-    /// The bucket's fields, read with the cell claimed.
+    /// The bucket's fields as loaded now: one whole bucket with the cell
+    /// claimed, or once [`BucketCell::unchanged`] confirms the sequence
+    /// read before them.
+    #[inline(always)]
     fn bucket(&self) -> BucketState {
         BucketState {
             tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
@@ -182,12 +185,7 @@ impl BucketCell {
         if seq & 1 == 1 {
             return None;
         }
-        let b = BucketState {
-            tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
-            ts: self.ts.load(Ordering::Relaxed),
-            nb: self.nb.load(Ordering::Relaxed),
-        };
-        Some((b, seq))
+        Some((self.bucket(), seq))
     }
 
     /// Whether no decision stored since the sequence read `seq` (the reads

@@ -222,11 +222,17 @@ impl Stored {
         }
     }
 
-    /// Frees the slot held under `lease`.
-    pub(crate) fn release(&self, lease: LeaseId) -> bool {
+    /// Frees the slot held under `lease`, once `held` (asked under the
+    /// state's lock, as for [`Stored::decide`]) says the table still holds
+    /// the state; `None` when it does not. A one-bucket state holds no
+    /// slot.
+    pub(crate) fn release(&self, lease: LeaseId, held: impl FnOnce() -> bool) -> Option<bool> {
         match self {
-            Self::Full(s) => state::release(&mut s.lock(), lease),
-            Self::One(_) => false,
+            Self::Full(s) => {
+                let mut s = s.lock();
+                held().then(|| state::release(&mut s, lease))
+            }
+            Self::One(_) => Some(false),
         }
     }
 
@@ -445,7 +451,8 @@ impl Store {
     /// Frees the slot held under `lease` on the state of `key`.
     fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         self.states
-            .read(key, |e| e.state.get().release(lease))
+            .read(key, |e| e.state.get().release(lease, || true))
+            .flatten()
             .unwrap_or(false)
     }
 

@@ -46,10 +46,11 @@ impl ResourceStates {
     /// the pinned one).
     #[inline]
     fn own(&self) -> Option<&Pinned> {
-        match self.own.get() {
-            Some(own) => Some(&**own).filter(|own| own.is_live()),
+        let own = match self.own.get() {
+            Some(own) => own,
             None => self.pin(),
-        }
+        };
+        Some(&**own).filter(|own| own.is_live())
     }
 
     /// `try` on the own state through its pin; `None` when there is none
@@ -71,14 +72,13 @@ impl ResourceStates {
     /// on the first decision on it.
     #[cold]
     #[inline(never)]
-    fn pin(&self) -> Option<&Pinned> {
+    fn pin(&self) -> &Arc<Pinned> {
         let spec = &self.spec;
         let pinned = self
             .store
             .pin(self.key(None), &self.resource, spec, || spec.clone());
         // Another thread may have pinned first: the same state.
-        let own = self.own.get_or_init(|| pinned);
-        Some(&**own).filter(|own| own.is_live())
+        self.own.get_or_init(|| pinned)
     }
 }
 

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use broker_core::state::{self, ResourceState};
+use broker_core::state::ResourceState;
 use broker_core::LeaseId;
 
 use crate::{one_state, Stored};
@@ -55,15 +55,7 @@ impl Pinned {
     /// Frees the slot held under `lease`; `None` once the state is
     /// retired (the lease, if held, went to the table's state with it).
     pub(crate) fn release(&self, lease: LeaseId) -> Option<bool> {
-        match &self.state {
-            Stored::One(_) => Some(false),
-            Stored::Full(s) => {
-                let mut s = s.lock();
-                self.live
-                    .load(Ordering::Relaxed)
-                    .then(|| state::release(&mut s, lease))
-            }
-        }
+        self.state.release(lease, || self.is_live())
     }
 
     /// Retires the state, under its guard, and returns it as the last
