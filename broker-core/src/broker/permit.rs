@@ -73,6 +73,7 @@ pub(crate) enum HeldKey {
 }
 
 impl HeldKey {
+    #[inline(always)]
     pub(crate) fn sub(key: Option<&str>) -> Self {
         Self::Sub(key.map(Box::from))
     }
@@ -93,7 +94,10 @@ impl Permit {
     }
 
     /// The permit of `lease` (`backend` is cloned only for a lease that
-    /// keeps it).
+    /// keeps it). The own state's lease of a resource decided in process
+    /// (a route's concurrency limit) is built in the caller's line; any
+    /// other, boxed, out of it.
+    #[inline(always)]
     pub(crate) fn held(
         backend: &Arc<dyn Backend>,
         resource: Arc<Resource>,
@@ -104,17 +108,12 @@ impl Permit {
         if counted {
             bump(&resource.counters.in_flight);
         }
-        let held = match key {
-            HeldKey::Sub(None) if counted && resource.local.is_some() => {
-                Held::Own { resource, lease }
-            }
-            key => Held::Other(Box::new(HeldElsewhere {
-                backend: backend.clone(),
-                resource,
-                key,
-                lease,
-                counted,
-            })),
+        let held = if counted && resource.local.is_some() && matches!(key, HeldKey::Sub(None)) {
+            // `Sub(None)` owns nothing: no drop to run.
+            std::mem::forget(key);
+            Held::Own { resource, lease }
+        } else {
+            held_elsewhere(backend, resource, key, lease, counted)
         };
         Self {
             held: ManuallyDrop::new(held),
@@ -139,6 +138,24 @@ impl Permit {
             release_held(std::mem::take(&mut *self.held));
         }
     }
+}
+
+/// The boxed lease of [`Permit::held`].
+#[inline(never)]
+fn held_elsewhere(
+    backend: &Arc<dyn Backend>,
+    resource: Arc<Resource>,
+    key: HeldKey,
+    lease: LeaseId,
+    counted: bool,
+) -> Held {
+    Held::Other(Box::new(HeldElsewhere {
+        backend: backend.clone(),
+        resource,
+        key,
+        lease,
+        counted,
+    }))
 }
 
 fn release_held(held: Held) {
