@@ -8,6 +8,12 @@
 # one core, the wrk processes the other, so a slow spell on the machine
 # slows every variant alike, and the ratios within a round are the
 # figures to read. `TOGETHER=0` loads the variants one after another.
+# A server keeps its place in memory and on the core for the whole run,
+# and runs of the same binaries differed by ~1% depending on the order
+# the servers were started in: `RESTART=1` starts them afresh before
+# every round, in an order rotated each round, so that each variant
+# starts first, second and third equally often (use a multiple of 3
+# rounds). Without it, the servers start once, in the order of `LAYERS`.
 # Limits are far above the offered load,
 # so every request is admitted and the run measures what the limiter
 # costs; `SCENARIO=deny` sets the route limit to 100 rps instead, so most
@@ -24,7 +30,7 @@
 # valgrind's, not the server's). `CALLGRIND_KEEP=<dir>` also keeps each
 # run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate.
 #
-# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 TOGETHER=1; SERVER_WORKERS=1: a pinned server's tokio workers)
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 TOGETHER=1 RESTART=0; SERVER_WORKERS=1: a pinned server's tokio workers)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +40,11 @@ CONNS=${CONNS:-64}
 ROUNDS=${ROUNDS:-3}
 SCENARIO=${SCENARIO:-admit}
 CALLGRIND=${CALLGRIND:-0}
+RESTART=${RESTART:-0}
+if [ "$CALLGRIND" = 1 ] && [ "$RESTART" = 1 ]; then
+    echo "RESTART=1 needs CALLGRIND=0 (a dump counts from one server's start)" >&2
+    exit 2
+fi
 read -r -a LAYERS <<< "${LAYERS:-none pressure governor}"
 
 if ! command -v wrk >/dev/null 2>&1; then
@@ -120,6 +131,11 @@ start_server() {
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$(url "$layer")" > /dev/null
 }
 
+stop_server() {
+    kill "${PID[$1]}" 2>/dev/null || true
+    wait "${PID[$1]}" 2>/dev/null || true
+}
+
 url() {
     echo "http://127.0.0.1:${PORT[$1]}/api/v1/webhooks/stripe"
 }
@@ -169,15 +185,19 @@ load_finish() {
     echo "$layer $rps ${non2xx:-0} $per_req"
 }
 
-echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES together=$TOGETHER" >&2
+echo "scenario=$SCENARIO duration=$DURATION connections=$CONNS rounds=$ROUNDS cores=$CORES together=$TOGETHER restart=$RESTART" >&2
 for layer in "${LAYERS[@]}"; do start_server "$layer"; done
 for round in $(seq 1 "$ROUNDS"); do
-    if [ "$TOGETHER" = 1 ]; then
-        for layer in "${LAYERS[@]}"; do load_start "$layer"; done
-    fi
-    # One after another: rotate the order each round so no variant
-    # always runs first.
+    # Every round rotates the order the variants are loaded in, so that no
+    # variant always starts first (one after another) or last (together).
     n=${#LAYERS[@]}
+    if [ "$RESTART" = 1 ] && [ "$round" -gt 1 ]; then
+        for layer in "${LAYERS[@]}"; do stop_server "$layer"; done
+        for i in $(seq 0 $((n - 1))); do start_server "${LAYERS[$(((i + round - 1) % n))]}"; done
+    fi
+    if [ "$TOGETHER" = 1 ]; then
+        for i in $(seq 0 $((n - 1))); do load_start "${LAYERS[$(((i + round - 1) % n))]}"; done
+    fi
     for i in $(seq 0 $((n - 1))); do
         layer=${LAYERS[$(((i + round - 1) % n))]}
         if [ "$TOGETHER" != 1 ]; then load_start "$layer"; fi
@@ -221,6 +241,22 @@ for a, b in PAIRS:
         ahead = sum(r >= 1 for r in pairs)
         print(f"per round: throughput {a} / {b} median {statistics.median(pairs):.3f}, "
               f"range {min(pairs):.3f}-{max(pairs):.3f}, {a} >= {b} in {ahead} of {len(pairs)}")
+# Sharing the servers' core (`TOGETHER=1`), a variant's throughput is its
+# share of that core over its CPU per request, and the scheduler need not
+# give the servers equal shares (a few percent apart in a round is
+# common): the CPU per request, per round, is the cost of the layer
+# itself, and the shares say how much of a throughput ratio they made.
+print()
+for a, b in PAIRS:
+    pairs = [x[2] / y[2] for x, y in zip(by.get(a, []), by.get(b, []))]
+    if pairs:
+        below = sum(r <= 1 for r in pairs)
+        print(f"per round: {unit} {a} / {b} median {statistics.median(pairs):.3f}, "
+              f"range {min(pairs):.3f}-{max(pairs):.3f}, {a} <= {b} in {below} of {len(pairs)}")
+if sys.argv[2] != "1":
+    shares = {k: statistics.median(r * c / 1e6 for r, _, c in v) for k, v in by.items()}
+    print("server CPU share (cores, median per round): "
+          + ", ".join(f"{k} {shares[k]:.3f}" for k in ("none", "pressure", "governor") if k in shares))
 # Each variant's fastest round: other work on the machine only slows a
 # round down, so the best round of each is the nearest to a quiet machine.
 print()
