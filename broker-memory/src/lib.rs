@@ -549,6 +549,9 @@ impl Entry {
     /// [`Entry::current`] for a spec at another address.
     #[cold]
     fn adopt(&mut self, spec: &LimitSpec, shared: impl Fn() -> Arc<LimitSpec>, now: u64) {
+        // The spec first: the state below is then replaced last, with
+        // nothing after it that could leave the two out of step.
+        let shared = shared();
         if self.spec.buckets.len() != spec.buckets.len() {
             self.state.replace(Stored::fresh(spec, now));
         } else if one_bucket(spec) != matches!(self.state.get(), Stored::One(_)) {
@@ -564,7 +567,7 @@ impl Entry {
                 _ => Stored::full(full),
             });
         }
-        self.spec = shared();
+        self.spec = shared;
     }
 }
 
@@ -574,7 +577,7 @@ fn shared_spec(spec: &LimitSpec) -> Arc<LimitSpec> {
     thread_local! {
         static LAST: std::cell::RefCell<Option<Arc<LimitSpec>>> = const { std::cell::RefCell::new(None) };
     }
-    LAST.with(|last| {
+    LAST.try_with(|last| {
         let mut last = last.borrow_mut();
         match &*last {
             Some(s) if **s == *spec => s.clone(),
@@ -585,6 +588,9 @@ fn shared_spec(spec: &LimitSpec) -> Arc<LimitSpec> {
             }
         }
     })
+    // A call from another thread-local's destructor, once `LAST` is gone:
+    // a copy of its own.
+    .unwrap_or_else(|_| Arc::new(spec.clone()))
 }
 
 #[async_trait]
