@@ -3,7 +3,8 @@
 //! [`broker_core::Backend::local_states`]), and its own state through a
 //! pin, without the table (see [`crate::pinned`]).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use broker_core::state::LimitSpec;
 use broker_core::{Cost, LeaseId, LocalStates, Verdict};
@@ -20,9 +21,24 @@ pub(crate) struct ResourceStates {
     resource: Arc<str>,
     resource_hash: u64,
     spec: Arc<LimitSpec>,
-    /// The resource's own state, pinned by the first decision on it.
-    own: OnceLock<Arc<Pinned>>,
+    /// The resource's own state, pinned by the first decision on it, and
+    /// pinned again (up to [`PINS`] times in all) when a pin is found
+    /// dead: a decision through another registration of the resource
+    /// with a concurrency limit that came or went (made as the
+    /// registrations changed) replaced the state and retired the pin.
+    /// Earlier pins are kept, dead, until the registration is dropped.
+    own: [OnceLock<Arc<Pinned>>; PINS],
+    /// The pin in use: the state of one of `own`'s pins, so valid for as
+    /// long as `self` (a pin is set once and dropped with `self`); null
+    /// before the first decision.
+    current: AtomicPtr<Pinned>,
+    /// Held while pinning, so that a dead pin is replaced once.
+    pinning: Mutex<()>,
 }
+
+/// How many times a registration pins its own state at most; past that,
+/// it decides through the table.
+const PINS: usize = 4;
 
 impl ResourceStates {
     pub(crate) fn new(store: Arc<Store>, resource: &str, spec: Arc<LimitSpec>) -> Self {
@@ -31,7 +47,9 @@ impl ResourceStates {
             resource: resource.into(),
             resource_hash: crate::key::resource_hash(resource),
             spec,
-            own: OnceLock::new(),
+            own: Default::default(),
+            current: AtomicPtr::new(std::ptr::null_mut()),
+            pinning: Mutex::new(()),
         }
     }
 }
@@ -41,16 +59,23 @@ impl ResourceStates {
         KeyRef::local(&self.resource, self.resource_hash, sub)
     }
 
-    /// The own state, pinned on first use; `None` once the table holds
-    /// another state for it (a re-configuration replaced it, and retired
-    /// the pinned one).
+    /// The own state, pinned on first use and again when its pin is
+    /// found dead; `None` once [`PINS`] pins have died (then the table
+    /// decides).
     #[inline]
     fn own(&self) -> Option<&Pinned> {
-        let own = match self.own.get() {
-            Some(own) => own,
-            None => self.pin(),
-        };
-        Some(&**own).filter(|own| own.is_live())
+        match self.current() {
+            Some(own) if own.is_live() => Some(own),
+            seen => self.pin(seen.map_or(std::ptr::null(), |own| own as *const Pinned)),
+        }
+    }
+
+    /// The pin in use (dead or alive), if any.
+    #[inline]
+    fn current(&self) -> Option<&Pinned> {
+        // SAFETY: `current` is null or the state of an `Arc` that `own`
+        // holds until `self` is dropped (see the field).
+        unsafe { self.current.load(Ordering::Acquire).as_ref() }
     }
 
     /// `try` on the own state through its pin; `None` when there is none
@@ -69,16 +94,28 @@ impl ResourceStates {
     }
 
     /// Pins the own state (made if need be, under the shard's write lock)
-    /// on the first decision on it.
+    /// when the pin in use is still `seen` (null: none yet, else a dead
+    /// one), by one thread, in the next free place of `own`; the own state
+    /// if live, else `None` (no place left, or retired again already).
     #[cold]
     #[inline(never)]
-    fn pin(&self) -> &Arc<Pinned> {
-        let spec = &self.spec;
-        let pinned = self
-            .store
-            .pin(self.key(None), &self.resource, spec, || spec.clone());
-        // Another thread may have pinned first: the same state.
-        self.own.get_or_init(|| pinned)
+    fn pin(&self, seen: *const Pinned) -> Option<&Pinned> {
+        if self.own[PINS - 1].get().is_some() {
+            // Every place taken: the table decides, with no lock taken here.
+            return self.current().filter(|own| own.is_live());
+        }
+        let _one = self.pinning.lock().unwrap_or_else(PoisonError::into_inner);
+        if std::ptr::eq(self.current.load(Ordering::Acquire), seen) {
+            let free = self.own.iter().find(|place| place.get().is_none())?;
+            let spec = &self.spec;
+            let pinned = self
+                .store
+                .pin(self.key(None), &self.resource, spec, || spec.clone());
+            let pinned = free.get_or_init(|| pinned);
+            self.current
+                .store(Arc::as_ptr(pinned).cast_mut(), Ordering::Release);
+        }
+        self.current().filter(|own| own.is_live())
     }
 }
 
@@ -101,7 +138,7 @@ impl LocalStates for ResourceStates {
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
         if sub.is_none() {
-            if let Some(released) = self.own.get().and_then(|own| own.release(lease)) {
+            if let Some(released) = self.current().and_then(|own| own.release(lease)) {
                 return released;
             }
         }

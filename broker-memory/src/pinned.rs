@@ -19,7 +19,10 @@
 //! goes) retires the pinned one under its guard, as it reads it: a
 //! decision through the pin that comes later, or was in flight, finds it
 //! retired and goes to the table, so none is lost. The registration then
-//! decides through the table for good (it is most often a retired one).
+//! pins the state again on its next decision (a few times at most, see
+//! [`crate::local::ResourceStates`]): when the retiring decision came
+//! through an older registration still in flight, the current one keeps
+//! its pin.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

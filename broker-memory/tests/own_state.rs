@@ -166,3 +166,54 @@ fn the_own_state_follows_re_registration() {
     }
     assert!(!take(&broker, "api").allowed);
 }
+
+/// A decision through the previous registration, in flight as a
+/// re-registration adds a concurrency limit, replaces the state and
+/// retires the new registration's pin: the new registration pins it again,
+/// and so keeps it (the sweeper leaves it alone), with its leases exact.
+#[test]
+fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
+    use broker_core::state::LimitSpec;
+    use broker_core::Verdict;
+
+    let clock = ManualClock::new();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    let rate = || RateLimit::per_second(10);
+    let ttl = Duration::from_secs(60);
+    let old = Arc::new(LimitSpec::new(&Limits::new().rate(rate()), ttl));
+    let new = Arc::new(LimitSpec::new(
+        &Limits::new().rate(rate()).max_concurrent(5),
+        ttl,
+    ));
+    let lease = |v: Verdict| match v {
+        Verdict::Leased(l) => l,
+        other => panic!("expected a lease, got {other:?}"),
+    };
+    let r1 = backend.local_states("api", old).unwrap();
+    assert!(r1.try_acquire(None, Cost::default()).allowed());
+    let r2 = backend.local_states("api", new).unwrap();
+    assert!(r2.release(None, lease(r2.try_acquire(None, Cost::default()))));
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(backend.evict_idle(), 0, "pinned by the new registration");
+
+    // The late decision through the old registration.
+    assert!(r1.try_acquire(None, Cost::default()).allowed());
+    drop(r1);
+    let held = lease(r2.try_acquire(None, Cost::default()));
+    clock.advance(Duration::from_secs(1));
+    assert!(r2.release(None, held), "the lease is found");
+    assert!(!r2.release(None, held), "a lease is released once");
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        backend.evict_idle(),
+        0,
+        "still pinned by the new registration"
+    );
+    assert_eq!(backend.len(), 1);
+    drop(r2);
+    assert_eq!(
+        backend.evict_idle(),
+        1,
+        "evicted once no registration holds it"
+    );
+}
