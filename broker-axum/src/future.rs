@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::fields::{field, has_field};
+use crate::fields::field;
 use crate::policy::{Limited, Policy, Refund, Stage};
 use crate::response;
 use crate::tenant::TenantId;
@@ -62,7 +62,8 @@ pin_project! {
             fut: S::Future,
             // Empty when the stage holds nothing.
             permit: Permit,
-            long_lived: bool,
+            // The request is a `CONNECT` (see `is_long_lived`).
+            connect: bool,
             // Set on the route/service stage when a tenant stage follows.
             refundable: Option<Refund>,
         },
@@ -103,16 +104,15 @@ async fn refund(policy: Arc<Policy>, stage: Stage) {
     }
 }
 
-/// A request that would hold a slot for its whole lifetime: a WebSocket
-/// (or other) upgrade, or an HTTP/2 extended CONNECT.
-fn is_long_lived_request<B>(req: &Request<B>) -> bool {
-    req.method() == Method::CONNECT || has_field(req.headers(), &header::UPGRADE)
-}
-
-/// A response that streams for as long as the client stays: switching
-/// protocols, or server-sent events.
-fn is_long_lived_response<B>(res: &Response<B>) -> bool {
+/// A response that keeps its connection for as long as the client stays,
+/// so holds no slot: protocols switched (a WebSocket or other upgrade), a
+/// tunnel that a `CONNECT` request (`connect`: an HTTP/2 extended CONNECT)
+/// opened with a 2xx, or server-sent events. Decided by the response, not
+/// by what the request asked for: a request with an `Upgrade` field that
+/// is answered as any other holds its slot to the end of the body.
+fn is_long_lived<B>(connect: bool, res: &Response<B>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
+        || (connect && res.status().is_success())
         || field(res.headers(), &header::CONTENT_TYPE).is_some_and(|v| {
             let ct = v.as_bytes();
             ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
@@ -131,7 +131,7 @@ where
             state: State::Calling {
                 fut,
                 permit: Permit::empty(),
-                long_lived: false,
+                connect: false,
                 refundable: None,
             },
         }
@@ -150,12 +150,12 @@ where
     ) -> Self {
         match verdict {
             Ok(permit) => {
-                let long_lived = permit.is_held() && is_long_lived_request(&req);
+                let connect = permit.is_held() && req.method() == Method::CONNECT;
                 Self {
                     state: State::Calling {
                         fut: inner.call(req),
                         permit,
-                        long_lived,
+                        connect,
                         refundable,
                     },
                 }
@@ -359,7 +359,7 @@ where
                 StateProj::Calling {
                     fut,
                     permit,
-                    long_lived,
+                    connect,
                     refundable,
                 } => {
                     if !permit.is_held() && refundable.is_none() {
@@ -369,7 +369,7 @@ where
                     let mut res = ready!(fut.poll(cx))?;
                     // Released here, at once, unless the body takes it along.
                     let permit = std::mem::take(permit);
-                    if permit.is_held() && !*long_lived && !is_long_lived_response(&res) {
+                    if permit.is_held() && !is_long_lived(*connect, &res) {
                         res = res.map(|b| b.with_permit(permit));
                     }
                     if let Some(refund_of) = refundable.take() {
@@ -405,21 +405,20 @@ mod tests {
     use crate::fields::tests::map;
 
     #[test]
-    fn long_lived_messages_are_recognised_among_many_fields() {
-        let mut req = Request::new(());
-        *req.headers_mut() = map(20, Some((header::UPGRADE, "websocket")));
-        assert!(is_long_lived_request(&req));
-        *req.headers_mut() = map(20, None);
-        assert!(!is_long_lived_request(&req));
-        *req.method_mut() = Method::CONNECT;
-        assert!(is_long_lived_request(&req));
-
+    fn long_lived_responses_are_recognised_among_many_fields() {
         let mut res = Response::new(());
         *res.headers_mut() = map(20, Some((header::CONTENT_TYPE, "Text/Event-Stream; x=1")));
-        assert!(is_long_lived_response(&res));
+        assert!(is_long_lived(false, &res));
         *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
-        assert!(!is_long_lived_response(&res));
+        assert!(!is_long_lived(false, &res));
         *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        assert!(is_long_lived_response(&res));
+        assert!(is_long_lived(false, &res));
+        // A tunnel opened by CONNECT; the same status for any other request
+        // holds its slot, and a refused CONNECT too.
+        *res.status_mut() = StatusCode::OK;
+        assert!(is_long_lived(true, &res));
+        assert!(!is_long_lived(false, &res));
+        *res.status_mut() = StatusCode::FORBIDDEN;
+        assert!(!is_long_lived(true, &res));
     }
 }

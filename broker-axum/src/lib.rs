@@ -14,8 +14,11 @@
 //!   request denied by the tenant stage gets its route/service cost back.
 //! - `maxConcurrentRequests`: the permit travels in the response body
 //!   ([`PressureBody`], via [`PermitBody`]) and is released when the body
-//!   ends, fails or is dropped (client abort). Upgrades (WebSocket) and `text/event-stream`
-//!   responses release it as soon as the response head is ready.
+//!   ends, fails or is dropped (client abort). A response that switches
+//!   protocols (`101`: a WebSocket), a `CONNECT` answered `2xx` and a
+//!   `text/event-stream` response release it as soon as the response
+//!   head is ready. It is the response that decides: a request with an
+//!   `Upgrade` field answered as any other holds its slot to the end.
 //! - A backend failure the broker does not absorb (`BrokerError::Backend`)
 //!   answers [`Responses::backend_error_status`] (default `503` with
 //!   `Retry-After: 1`); the broker counts it (`backendErrors` in the stats)

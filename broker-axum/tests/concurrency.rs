@@ -34,7 +34,24 @@ fn app(pressure: &Pressure) -> Router {
             }),
         )
         .route("/one/small", get(|| async { "small" }))
+        .route("/one/ws", get(switch_protocols))
         .layer(pressure.layer())
+}
+
+/// Answers an upgrade request with 101 and keeps the upgraded connection
+/// open (as a WebSocket would) for longer than a test runs.
+async fn switch_protocols(mut req: axum::extract::Request) -> Response {
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let _upgraded = upgrade.await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+    Response::builder()
+        .status(101)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .body(Body::empty())
+        .unwrap()
 }
 
 /// Opens a connection, sends a GET for `path` (with extra header lines),
@@ -138,16 +155,28 @@ async fn event_stream_holds_no_slot() {
 }
 
 #[tokio::test]
-async fn upgrade_request_holds_no_slot() {
+async fn an_upgraded_connection_holds_no_slot() {
     let t = TestBroker::new();
     let pressure = t.pressure(CONFIG);
     let addr = serve(app(&pressure)).await;
-    let _ws = start_streaming(
-        addr,
-        "/one/drip",
-        "Connection: upgrade\r\nUpgrade: websocket\r\n",
+    let mut ws = TcpStream::connect(addr).await.unwrap();
+    ws.write_all(
+        b"GET /one/ws HTTP/1.1\r\nHost: test\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
     )
-    .await;
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&head).contains("\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), ws.read(&mut buf))
+            .await
+            .expect("the server answers")
+            .unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&head));
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"));
+    // The upgraded connection stays open and holds no slot.
     assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
     let got = statuses(
         &reqwest::Client::new(),
@@ -157,4 +186,30 @@ async fn upgrade_request_holds_no_slot() {
     )
     .await;
     assert_eq!(got, [200]);
+    drop(ws);
+}
+
+/// An `Upgrade` field does not buy a request out of the limit: answered
+/// as any other request (no protocol switched), it holds its slot to the
+/// end of its body.
+#[tokio::test]
+async fn an_upgrade_field_answered_without_an_upgrade_holds_its_slot() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let _stream = start_streaming(
+        addr,
+        "/one/drip",
+        "Connection: upgrade\r\nUpgrade: websocket\r\n",
+    )
+    .await;
+    assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 1);
+    let got = statuses(
+        &reqwest::Client::new(),
+        &format!("http://{addr}/one/small"),
+        None,
+        1,
+    )
+    .await;
+    assert_eq!(got, [429]);
 }
