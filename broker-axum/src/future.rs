@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use broker_core::{Acquisition, BrokerError, Cost, Permit};
+use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Permit};
 use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -250,6 +250,8 @@ pub(crate) struct Refusal {
     stage: Stage,
     /// The wait of a denial; none for a backend failure.
     wait: Option<Duration>,
+    /// Denied by the concurrency limit, not by a rate.
+    by_concurrency: bool,
 }
 
 impl Refusal {
@@ -262,11 +264,13 @@ impl Refusal {
             policy,
             stage,
             wait,
+            by_concurrency,
         } = self;
         let (Some(wait), Some(limited)) = (wait, policy.limited(stage)) else {
             return response::backend_failed(&policy.responses);
         };
-        let mut response = response::denied(&policy.responses, &limited.headers, wait);
+        let mut response =
+            response::denied(&policy.responses, &limited.headers, wait, by_concurrency);
         if matches!(stage, Stage::Tenant) {
             response.extensions_mut().insert(TenantDenied { policy });
         }
@@ -285,8 +289,10 @@ fn refusal(
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
 ) -> Refusal {
+    let mut by_concurrency = false;
     let wait = match result {
         Ok(acquisition) => {
+            by_concurrency = acquisition.denied_by == Some(DenyReason::Concurrency);
             tracing::info!(
                 resource = %limited.id,
                 layer = stage.name(),
@@ -314,6 +320,7 @@ fn refusal(
         policy: policy.clone(),
         stage,
         wait,
+        by_concurrency,
     }
 }
 

@@ -9,8 +9,10 @@
 //!   the per-service limit), and [`Pressure::tenant_layer`], the per-tenant
 //!   stage after it, keyed by a [`TenantExtractor`].
 //! - A denial answers at once: `429` with `Retry-After` in whole seconds
-//!   rounded up (never 0) and the draft `RateLimit-Policy` / `RateLimit`
-//!   headers ([`Responses`] configures status, body, legacy headers). A
+//!   rounded up (never 0) and the draft `RateLimit-Policy` header (each
+//!   rate's quota per window) with, when the limit that ran out is known
+//!   (one rate limit, and not a concurrency denial), the `RateLimit`
+//!   header ([`Responses`] configures status, body, legacy headers). A
 //!   request denied by the tenant stage gets its route/service cost back.
 //! - `maxConcurrentRequests`: the permit travels in the response body
 //!   ([`PressureBody`], via [`PermitBody`]) and is released when the body

@@ -79,10 +79,12 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 pub(crate) struct RateHeaders {
     /// `RateLimit-Policy`, when the resource has rate limits.
     policy: Option<HeaderValue>,
-    /// The quoted name of the first policy, for `RateLimit`.
-    first_name: String,
-    /// The first rate limit's amount, for `X-RateLimit-Limit`.
-    first_amount: Option<u64>,
+    /// The quoted name of the policy, for `RateLimit`, when the resource
+    /// has one rate limit: with several, a denial does not say which one
+    /// ran out, and `Retry-After` alone gives the wait.
+    only_name: Option<String>,
+    /// The amount of that one rate limit, for `X-RateLimit-Limit`.
+    only_amount: Option<u64>,
 }
 
 /// A structured-field string: printable ASCII, `"` and `\` escaped.
@@ -117,16 +119,20 @@ impl RateHeaders {
                 .iter()
                 .zip(&names)
                 .map(|(r, name)| {
+                    // The quota is what a window refills, not the bucket's
+                    // capacity: a client pacing itself by it keeps within
+                    // the limit for good.
                     let w = retry_after_secs(r.period);
-                    format!("{name};q={};w={w}", r.burst())
+                    format!("{name};q={};w={w}", r.amount)
                 })
                 .collect();
             HeaderValue::from_str(&items.join(", ")).ok()
         });
+        let only = (limits.rates.len() == 1).then_some(());
         Self {
             policy: policy.flatten(),
-            first_name: names.into_iter().next().unwrap_or_default(),
-            first_amount: limits.rates.first().map(|r| r.burst()),
+            only_name: only.and_then(|()| names.into_iter().next()),
+            only_amount: only.and_then(|()| limits.rates.first().map(|r| r.amount)),
         }
     }
 }
@@ -135,11 +141,14 @@ fn header_num(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
 
-/// The denial response.
+/// The denial response: by a rate limit after `wait`, or by the
+/// concurrency limit (`by_concurrency`; no rate ran out, so no `RateLimit`
+/// field and no remaining count of 0 are sent).
 pub(crate) fn denied<B: PermitBody>(
     responses: &Responses,
     headers: &RateHeaders,
     wait: Duration,
+    by_concurrency: bool,
 ) -> Response<B> {
     let secs = retry_after_secs(wait);
     let mut res = Response::new(B::from_bytes(responses.denied_body.clone()));
@@ -149,16 +158,20 @@ pub(crate) fn denied<B: PermitBody>(
     h.insert(RETRY_AFTER, header_num(secs));
     if let Some(policy) = &headers.policy {
         h.insert(RATELIMIT_POLICY, policy.clone());
-        if let Ok(v) = HeaderValue::from_str(&format!("{};r=0;t={secs}", headers.first_name)) {
-            h.insert(RATELIMIT, v);
-        }
+    }
+    let ran_out = headers.only_name.as_ref().filter(|_| !by_concurrency);
+    if let Some(v) = ran_out.and_then(|n| HeaderValue::from_str(&format!("{n};r=0;t={secs}")).ok())
+    {
+        h.insert(RATELIMIT, v);
     }
     if responses.legacy_headers {
-        if let Some(limit) = headers.first_amount {
+        if let Some(limit) = headers.only_amount {
             h.insert(X_RATELIMIT_LIMIT, header_num(limit));
         }
-        h.insert(X_RATELIMIT_REMAINING, header_num(0));
-        h.insert(X_RATELIMIT_RESET, header_num(secs));
+        if !by_concurrency {
+            h.insert(X_RATELIMIT_REMAINING, header_num(0));
+            h.insert(X_RATELIMIT_RESET, header_num(secs));
+        }
     }
     res
 }
@@ -211,11 +224,52 @@ mod tests {
             ..Responses::default()
         };
         let res: Response<crate::PressureBody<String>> =
-            denied(&responses, &h, Duration::from_millis(29_001));
+            denied(&responses, &h, Duration::from_millis(29_001), false);
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
         assert_eq!(res.headers()[RATELIMIT], r#""r";r=0;t=30"#);
         assert_eq!(res.headers()[X_RATELIMIT_LIMIT], "2");
         assert_eq!(res.headers()[X_RATELIMIT_RESET], "30");
+    }
+
+    #[test]
+    fn the_quota_is_what_a_window_refills_not_the_burst() {
+        let limits = Limits::new().rate(RateLimit::per_minute(10).with_burst(1));
+        let h = RateHeaders::new("b", &limits);
+        assert_eq!(h.policy.unwrap().to_str().unwrap(), r#""b";q=10;w=60"#);
+    }
+
+    /// A denial names the policy that ran out only when it is known: with
+    /// one rate limit. With several, or when the concurrency limit denied,
+    /// `Retry-After` alone says when to come back.
+    #[test]
+    fn a_denial_names_no_policy_it_cannot_tell_ran_out() {
+        let responses = Responses {
+            legacy_headers: true,
+            ..Responses::default()
+        };
+        let wait = Duration::from_secs(30);
+        let two = Limits::new()
+            .rate(RateLimit::per_second(100))
+            .rate(RateLimit::per_minute(2));
+        let res: Response<crate::PressureBody<String>> =
+            denied(&responses, &RateHeaders::new("two", &two), wait, false);
+        assert_eq!(res.headers()[RETRY_AFTER], "30");
+        assert!(res.headers().contains_key(RATELIMIT_POLICY));
+        assert!(!res.headers().contains_key(RATELIMIT));
+        assert!(!res.headers().contains_key(X_RATELIMIT_LIMIT));
+        assert_eq!(res.headers()[X_RATELIMIT_REMAINING], "0");
+
+        let one = Limits::new().rate(RateLimit::per_minute(1000));
+        let res: Response<crate::PressureBody<String>> = denied(
+            &responses,
+            &RateHeaders::new("one", &one),
+            Duration::ZERO,
+            true,
+        );
+        assert_eq!(res.headers()[RETRY_AFTER], "1");
+        assert!(!res.headers().contains_key(RATELIMIT));
+        assert!(!res.headers().contains_key(X_RATELIMIT_REMAINING));
+        assert_eq!(res.headers()[X_RATELIMIT_LIMIT], "1000");
     }
 }

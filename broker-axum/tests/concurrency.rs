@@ -213,3 +213,26 @@ async fn an_upgrade_field_answered_without_an_upgrade_holds_its_slot() {
     .await;
     assert_eq!(got, [429]);
 }
+
+/// A concurrency denial on a resource that also has a rate limit does not
+/// claim that the rate ran out.
+#[tokio::test]
+async fn a_concurrency_denial_names_no_exhausted_rate() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [{ "resource": "route:one", "pathPrefix": "/one",
+             "limits": { "requestsPerMinute": 1000, "maxConcurrentRequests": 1 } }] }"#,
+    );
+    let addr = serve(app(&pressure)).await;
+    let _stream = start_streaming(addr, "/one/drip", "").await;
+    let res = reqwest::get(format!("http://{addr}/one/small"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        r#""route:one";q=1000;w=60"#
+    );
+    assert!(res.headers().get("ratelimit").is_none());
+}
