@@ -287,3 +287,70 @@ async fn lazy_connect_is_refused_for_a_cluster_and_checks_the_url() {
         .expect_err("bad url");
     assert!(err.message.contains("redis url"), "{err}");
 }
+
+/// A concurrency decision that times out while Redis hangs (its caller is
+/// told it failed), or whose caller goes away before the reply, may still
+/// be granted once Redis runs its script: that lease is released, so the
+/// slot is free again soon after Redis answers, not after the lease's TTL
+/// (60 s here). With coalescing on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
+    let server = RedisServer::start();
+    for coalesce in [true, false] {
+        let backend = RedisBackend::builder(&server.url())
+            .prefix(format!("slot{coalesce}"))
+            .coalesce(coalesce)
+            .response_timeout(Duration::from_millis(300))
+            .probe_interval(Duration::from_millis(20))
+            .connect()
+            .await
+            .expect("connect");
+        let broker = ResourceBroker::new(backend);
+        broker
+            .register_limit("api", Limits::new().max_concurrent(1))
+            .unwrap();
+        let take = || async {
+            broker
+                .try_acquire("api", Cost::default())
+                .await
+                .map(|a| a.allowed)
+        };
+        // Free once its permit is dropped (released by a task of its own).
+        let free_again = || async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(true) = take().await {
+                    return true;
+                }
+                if Instant::now() > deadline {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        assert!(free_again().await, "coalesce {coalesce}: the slot is free at first");
+
+        // Timed out: the caller gets the failure policy's answer (closed).
+        server.pause();
+        let timed_out = take().await;
+        assert!(
+            !matches!(timed_out, Ok(true)),
+            "coalesce {coalesce}: no slot while Redis hangs"
+        );
+        server.resume();
+        assert!(
+            free_again().await,
+            "coalesce {coalesce}: the slot is free again after a timeout"
+        );
+
+        // Dropped: the caller goes away while the decision is in flight.
+        server.pause();
+        let dropped = tokio::time::timeout(Duration::from_millis(100), take()).await;
+        assert!(dropped.is_err(), "coalesce {coalesce}: still in flight");
+        server.resume();
+        assert!(
+            free_again().await,
+            "coalesce {coalesce}: the slot is free again after a dropped call"
+        );
+    }
+}

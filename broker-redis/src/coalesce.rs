@@ -187,7 +187,9 @@ impl Coalescer {
             answered: false,
         };
         let reply = send(&self.conn, self.op_timeout, script, &cmd).await;
-        guard.answered = true;
+        // A timed-out decision's lease is released as its caller's would
+        // be: the caller is told the call failed, and never holds it.
+        guard.answered = !matches!(reply, Reply::TimedOut);
         reply
     }
 
@@ -284,31 +286,81 @@ impl Coalescer {
     }
 
     /// Hands `reply` to the caller of `pending`; if it went away and the
-    /// decision was allowed with a lease, releases the lease.
+    /// decision was allowed with a lease, or the call timed out (the caller
+    /// is told it failed, and the script may still grant the lease),
+    /// releases the lease.
     fn answer(&self, pending: Pending, reply: Reply) {
-        if let Err(reply) = pending.tx.send(reply) {
-            if matches!(reply, Reply::Done(Ok(Value::Int(1)))) {
-                if let Some(lease) = pending.lease {
-                    self.release_later(lease);
-                }
-            }
+        let timed_out = matches!(reply, Reply::TimedOut);
+        let release = match pending.tx.send(reply) {
+            Ok(()) => timed_out,
+            Err(reply) => timed_out || matches!(reply, Reply::Done(Ok(Value::Int(1)))),
+        };
+        if let (true, Some(lease)) = (release, pending.lease) {
+            self.release_later(lease);
         }
     }
 
     /// Releases a lease whose holder went away, from a task of its own.
-    fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // The lease expires after its TTL.
-        };
-        let conn = self.conn.clone();
-        let timeout = self.op_timeout;
-        runtime.spawn(async move {
-            let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
-            cmd.arg(lease);
-            if let Reply::Done(Err(e)) = send(&conn, timeout, &scripts::RELEASE, &cmd).await {
-                tracing::debug!(error = %e, "releasing the lease of a dropped decision failed; it expires after its ttl");
-            }
-        });
+    fn release_later(&self, lease: (KeyPair, LeaseId)) {
+        release_later(&self.conn, self.op_timeout, lease);
+    }
+}
+
+/// Releases `lease` from a task of its own: its holder went away, or never
+/// learnt whether it was granted (the call timed out, and its script may
+/// still run). Sent on the connection the decision went on, so Redis runs
+/// it after that decision's script. Without a runtime, or if the release
+/// fails, the lease expires after its TTL.
+pub(crate) fn release_later(conn: &Conn, timeout: Duration, (keys, lease): (KeyPair, LeaseId)) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let conn = conn.clone();
+    runtime.spawn(async move {
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        if let Reply::Done(Err(e)) = send(&conn, timeout, &scripts::RELEASE, &cmd).await {
+            tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
+        }
+    });
+}
+
+/// A lease a decision in flight may be granted, released (by
+/// [`release_later`]) unless the decision's answer is known: when the
+/// caller goes away first, or the call times out.
+pub(crate) struct Unsettled<'a> {
+    conn: &'a Conn,
+    timeout: Duration,
+    lease: Option<(KeyPair, LeaseId)>,
+}
+
+impl<'a> Unsettled<'a> {
+    pub(crate) fn new(
+        conn: &'a Conn,
+        timeout: Duration,
+        lease: Option<(KeyPair, LeaseId)>,
+    ) -> Self {
+        Self {
+            conn,
+            timeout,
+            lease,
+        }
+    }
+
+    /// The answer came (`reply`): the lease is the caller's to keep or
+    /// release, unless the call timed out.
+    pub(crate) fn settle(mut self, reply: &Reply) {
+        if !matches!(reply, Reply::TimedOut) {
+            self.lease = None;
+        }
+    }
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            release_later(self.conn, self.timeout, lease);
+        }
     }
 }
 

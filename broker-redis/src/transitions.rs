@@ -13,7 +13,7 @@ use broker_core::{
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Script, Value};
 
-use crate::coalesce::Reply;
+use crate::coalesce::{Reply, Unsettled};
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy};
 use crate::keys::{self, KeyPair};
@@ -71,13 +71,26 @@ impl RedisBackend {
     /// Runs one script call: one `EVALSHA`, bounded by the timeouts, unless
     /// Redis is down and this is not the probe's turn.
     async fn run(&self, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+        self.run_leased(script, cmd, None).await
+    }
+
+    /// [`Self::run`] for a call that may grant `lease`: released if the
+    /// call times out or is dropped before its answer.
+    async fn run_leased(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+    ) -> Result<Value, Failure> {
         self.gate()?;
         let inner = &self.inner;
+        let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
         let reply =
             match tokio::time::timeout(inner.op_timeout, inner.conn.evalsha(script, &cmd)).await {
                 Ok(r) => Reply::Done(r),
                 Err(_) => Reply::TimedOut,
             };
+        unsettled.settle(&reply);
         self.outcome(reply)
     }
 
@@ -91,11 +104,11 @@ impl RedisBackend {
         keys: &KeyPair,
         lease: Option<LeaseId>,
     ) -> Result<Value, Failure> {
+        let lease = lease.map(|l| (keys.clone(), l));
         let Some(coalescer) = &self.inner.coalescer else {
-            return self.run(script, cmd).await;
+            return self.run_leased(script, cmd, lease).await;
         };
         self.gate()?;
-        let lease = lease.map(|l| (keys.clone(), l));
         self.outcome(coalescer.run(script, cmd, lease).await)
     }
 
@@ -335,7 +348,9 @@ impl Backend for RedisBackend {
             None => cmd.arg(""),
         };
         cmd.arg(spec.lease_ttl).arg(lease);
-        let result = async { parse::<i64>(self.run(&scripts::HOLD_SLOT, cmd).await?) }.await;
+        let leased = Some((keys.clone(), lease));
+        let result =
+            async { parse::<i64>(self.run_leased(&scripts::HOLD_SLOT, cmd, leased).await?) }.await;
         match result {
             Ok(held) => Ok((held == 1).then_some(lease)),
             Err(f) => match self.policy("hold_slot", f, spec)? {
