@@ -328,7 +328,10 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
-        assert!(free_again().await, "coalesce {coalesce}: the slot is free at first");
+        assert!(
+            free_again().await,
+            "coalesce {coalesce}: the slot is free at first"
+        );
 
         // Timed out: the caller gets the failure policy's answer (closed).
         server.pause();

@@ -13,6 +13,23 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// A point in time, in microseconds since a clock-defined origin.
 pub type Micros = u64;
 
+/// How far ahead a wait without a representable end is taken to end (30
+/// years, as tokio's own far future).
+const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// The tokio instant `d` from now; a `d` too long to add (`Duration::MAX`
+/// meaning "no limit") ends in the far future instead of panicking.
+pub(crate) fn tokio_after(d: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(d).unwrap_or_else(|| now + FAR.min(d))
+}
+
+/// The system time `d` from now, as [`tokio_after`].
+pub(crate) fn system_after(d: Duration) -> SystemTime {
+    let now = SystemTime::now();
+    now.checked_add(d).unwrap_or_else(|| now + FAR.min(d))
+}
+
 /// Converts a [`Duration`] to whole microseconds, saturating.
 pub fn micros(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)

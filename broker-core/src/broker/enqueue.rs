@@ -307,7 +307,7 @@ impl ResourceBroker {
             while let Some(until) = resource.holds.until(&key) {
                 tokio::time::sleep_until(until).await;
             }
-            let deadline = tokio::time::Instant::now() + ceiling;
+            let deadline = crate::clock::tokio_after(ceiling);
             let permit = match wait_slot(self, &resource, &key, deadline).await? {
                 SlotOutcome::Unlimited => Permit::empty(),
                 SlotOutcome::Held(lease) => {
@@ -407,7 +407,7 @@ impl ResourceBroker {
     ) {
         bump(&resource.counters.upstream_429);
         telemetry::count(&resource.id, Signal::Upstream429);
-        resource.holds.hold(key, tokio::time::Instant::now() + hold);
+        resource.holds.hold(key, crate::clock::tokio_after(hold));
         tracing::info!(
             resource = %resource.id,
             attempt,
@@ -448,9 +448,7 @@ impl ResourceBroker {
         for (unit, _) in &resource.spec.buckets {
             if let Some(o) = observed.of(*unit).filter(|o| o.remaining == Some(0)) {
                 if let Some(reset) = o.reset {
-                    resource
-                        .holds
-                        .hold(key, tokio::time::Instant::now() + reset);
+                    resource.holds.hold(key, crate::clock::tokio_after(reset));
                 }
             }
         }

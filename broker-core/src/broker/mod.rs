@@ -282,23 +282,29 @@ impl ResourceBroker {
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),
         });
-        let _guard = self
-            .inner
-            .register
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let mut map = HashMap::clone(&self.inner.resources.load());
-        let replaced = map.insert(id.to_owned(), resource);
-        self.inner.resources.store(Arc::new(map));
-        self.inner
-            .stamp
-            .store(next_stamp(), std::sync::atomic::Ordering::Release);
-        if let Some(old) = replaced {
-            // After the new registry is stored: a handle that sees the flag
-            // finds the new resource.
-            old.retired
-                .store(true, std::sync::atomic::Ordering::Release);
-        }
+        let replaced = {
+            let _guard = self
+                .inner
+                .register
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut map = HashMap::clone(&self.inner.resources.load());
+            let replaced = map.insert(id.to_owned(), resource);
+            self.inner.resources.store(Arc::new(map));
+            self.inner
+                .stamp
+                .store(next_stamp(), std::sync::atomic::Ordering::Release);
+            if let Some(old) = &replaced {
+                // After the new registry is stored: a handle that sees the
+                // flag finds the new resource.
+                old.retired
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            replaced
+        };
+        // Dropped once the lock is let go: a store's states may register
+        // again from their destructor.
+        drop(replaced);
         Ok(())
     }
 
@@ -714,7 +720,7 @@ impl ResourceBroker {
         resource.config.limits.check_fits(&resource.id, cost)?;
         let owned_key = state_key(&resource, target.key);
         let key = owned_key.as_deref().unwrap_or(&resource.key).to_owned();
-        let deadline = tokio::time::Instant::now() + max_wait;
+        let deadline = crate::clock::tokio_after(max_wait);
         let booking = match enqueue::Booking::book(self, &resource, key, cost, max_wait).await? {
             Ok(booking) => booking,
             Err(wait) => {
@@ -761,7 +767,7 @@ impl ResourceBroker {
         crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
-        resource.holds.hold(key, tokio::time::Instant::now() + hold);
+        resource.holds.hold(key, crate::clock::tokio_after(hold));
         self.inner
             .backend
             .penalize(key, &resource.spec, hold)

@@ -298,7 +298,7 @@ impl SupplierBuckets {
             "skip and reschedule"
         );
         Ok(Admission::Skipped {
-            retry_at: SystemTime::now() + retry_in,
+            retry_at: crate::clock::system_after(retry_in),
             retry_in,
             backoff,
         })
