@@ -10,76 +10,43 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, EnqueueError, LeaseId, LimitSpec, Limits, Observed,
-    ObservedLimit, Outcome, OutcomeClass, RateLimit, Reservation, ResourceBroker, ResourceConfig,
-    TokioClock,
+    BackendError, Cost, EnqueueError, Limits, Observed, ObservedLimit, Outcome, OutcomeClass,
+    RateLimit, ResourceBroker, ResourceConfig, TokioClock,
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::upstream::no_time_passes;
-use broker_testkit::{Quota, Upstream, UpstreamConfig};
+use broker_testkit::{Hooks, Quota, Upstream, UpstreamConfig, Wrapped};
 use tokio::time::Instant;
 use upstream_support::{call_now, http_client, Headers};
 
 /// The in-memory store, with `reconcile` and `settle` failing on demand and
 /// `reconcile` calls counted.
 struct Flaky {
-    inner: MemoryBackend,
     fail: bool,
     reconciles: Arc<AtomicU64>,
 }
 
-#[async_trait]
-impl Backend for Flaky {
-    async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
-        self.inner.try_acquire(k, s, c).await
+impl Hooks for Flaky {
+    fn settle(&self) -> Option<Result<(), BackendError>> {
+        self.fail.then(|| Err(BackendError::new("settle failed")))
     }
-    async fn reserve(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        c: Cost,
-        w: Duration,
-    ) -> Result<Reservation, BackendError> {
-        self.inner.reserve(k, s, c, w).await
-    }
-    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        self.inner.hold_slot(k, s).await
-    }
-    async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
-        self.inner.release(k, l).await
-    }
-    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
-        if self.fail {
-            return Err(BackendError::new("settle failed"));
-        }
-        self.inner.settle(k, s, r, a).await
-    }
-    async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
-        self.inner.penalize(k, s, h).await
-    }
-    async fn reconcile(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        o: &ObservedLimit,
-    ) -> Result<(), BackendError> {
+    fn reconcile(&self) -> Option<Result<(), BackendError>> {
         self.reconciles.fetch_add(1, Ordering::SeqCst);
-        if self.fail {
-            return Err(BackendError::new("reconcile failed"));
-        }
-        self.inner.reconcile(k, s, o).await
+        self.fail
+            .then(|| Err(BackendError::new("reconcile failed")))
     }
 }
 
 fn flaky(fail: bool) -> (ResourceBroker, Arc<AtomicU64>) {
     let reconciles = Arc::new(AtomicU64::new(0));
-    let backend = Flaky {
-        inner: MemoryBackend::with_clock(TokioClock::new()),
-        fail,
-        reconciles: reconciles.clone(),
-    };
+    let backend = Wrapped::new(
+        Arc::new(MemoryBackend::with_clock(TokioClock::new())),
+        Flaky {
+            fail,
+            reconciles: reconciles.clone(),
+        },
+    );
     let broker = ResourceBroker::new(backend);
     let limits = Limits::new()
         .rate(RateLimit::per_minute(60))

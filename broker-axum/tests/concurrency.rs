@@ -57,12 +57,25 @@ async fn switch_protocols(mut req: axum::extract::Request) -> Response {
 /// Opens a connection, sends a GET for `path` (with extra header lines),
 /// and reads until the first body chunk arrived. Returns the open stream.
 async fn start_streaming(addr: std::net::SocketAddr, path: &str, extra: &str) -> TcpStream {
+    open(addr, path, extra, "tick", "HTTP/1.1 200").await
+}
+
+/// Opens a connection, sends a GET for `path` (with extra header lines),
+/// reads until `until` arrived and checks the answer starts with `status`.
+/// Returns the open stream.
+async fn open(
+    addr: std::net::SocketAddr,
+    path: &str,
+    extra: &str,
+    until: &str,
+    status: &str,
+) -> TcpStream {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\n{extra}\r\n");
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("tick") {
+    while !String::from_utf8_lossy(&seen).contains(until) {
         let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
             .await
             .expect("the server answers")
@@ -74,8 +87,19 @@ async fn start_streaming(addr: std::net::SocketAddr, path: &str, extra: &str) ->
         );
         seen.extend_from_slice(&buf[..n]);
     }
-    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    assert!(String::from_utf8_lossy(&seen).starts_with(status));
     stream
+}
+
+/// The statuses of `n` requests, one after another, for the small route.
+async fn small(addr: std::net::SocketAddr, n: usize) -> Vec<u16> {
+    statuses(
+        &reqwest::Client::new(),
+        &format!("http://{addr}/one/small"),
+        None,
+        n,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -120,16 +144,23 @@ async fn finished_body_frees_its_slot() {
     assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
 }
 
-#[tokio::test]
-async fn concurrency_denial_says_retry_after_one_second() {
+/// The answer to a request while an endless body holds the only slot of
+/// `config`'s route.
+async fn denied_while_the_slot_is_held(config: &str) -> reqwest::Response {
     let t = TestBroker::new();
-    let pressure = t.pressure(CONFIG);
+    let pressure = t.pressure(config);
     let addr = serve(app(&pressure)).await;
     let _stream = start_streaming(addr, "/one/drip", "").await;
     let res = reqwest::get(format!("http://{addr}/one/small"))
         .await
         .unwrap();
     assert_eq!(res.status(), 429);
+    res
+}
+
+#[tokio::test]
+async fn concurrency_denial_says_retry_after_one_second() {
+    let res = denied_while_the_slot_is_held(CONFIG).await;
     assert_eq!(res.headers()["retry-after"], "1");
 }
 
@@ -140,13 +171,7 @@ async fn event_stream_holds_no_slot() {
     let addr = serve(app(&pressure)).await;
     let _sse = start_streaming(addr, "/one/events", "Accept: text/event-stream\r\n").await;
     assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
-    let got = statuses(
-        &reqwest::Client::new(),
-        &format!("http://{addr}/one/small"),
-        None,
-        2,
-    )
-    .await;
+    let got = small(addr, 2).await;
     assert_eq!(
         got,
         [200, 200],
@@ -159,32 +184,11 @@ async fn an_upgraded_connection_holds_no_slot() {
     let t = TestBroker::new();
     let pressure = t.pressure(CONFIG);
     let addr = serve(app(&pressure)).await;
-    let mut ws = TcpStream::connect(addr).await.unwrap();
-    ws.write_all(
-        b"GET /one/ws HTTP/1.1\r\nHost: test\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&head).contains("\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(10), ws.read(&mut buf))
-            .await
-            .expect("the server answers")
-            .unwrap();
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&head));
-        head.extend_from_slice(&buf[..n]);
-    }
-    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"));
+    let upgrade = "Connection: upgrade\r\nUpgrade: websocket\r\n";
+    let ws = open(addr, "/one/ws", upgrade, "\r\n\r\n", "HTTP/1.1 101").await;
     // The upgraded connection stays open and holds no slot.
     assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 0);
-    let got = statuses(
-        &reqwest::Client::new(),
-        &format!("http://{addr}/one/small"),
-        None,
-        1,
-    )
-    .await;
+    let got = small(addr, 1).await;
     assert_eq!(got, [200]);
     drop(ws);
 }
@@ -197,20 +201,10 @@ async fn an_upgrade_field_answered_without_an_upgrade_holds_its_slot() {
     let t = TestBroker::new();
     let pressure = t.pressure(CONFIG);
     let addr = serve(app(&pressure)).await;
-    let _stream = start_streaming(
-        addr,
-        "/one/drip",
-        "Connection: upgrade\r\nUpgrade: websocket\r\n",
-    )
-    .await;
+    let upgrade = "Connection: upgrade\r\nUpgrade: websocket\r\n";
+    let _stream = start_streaming(addr, "/one/drip", upgrade).await;
     assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 1);
-    let got = statuses(
-        &reqwest::Client::new(),
-        &format!("http://{addr}/one/small"),
-        None,
-        1,
-    )
-    .await;
+    let got = small(addr, 1).await;
     assert_eq!(got, [429]);
 }
 
@@ -218,17 +212,11 @@ async fn an_upgrade_field_answered_without_an_upgrade_holds_its_slot() {
 /// claim that the rate ran out.
 #[tokio::test]
 async fn a_concurrency_denial_names_no_exhausted_rate() {
-    let t = TestBroker::new();
-    let pressure = t.pressure(
+    let res = denied_while_the_slot_is_held(
         r#"{ "perRoute": [{ "resource": "route:one", "pathPrefix": "/one",
              "limits": { "requestsPerMinute": 1000, "maxConcurrentRequests": 1 } }] }"#,
-    );
-    let addr = serve(app(&pressure)).await;
-    let _stream = start_streaming(addr, "/one/drip", "").await;
-    let res = reqwest::get(format!("http://{addr}/one/small"))
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 429);
+    )
+    .await;
     assert_eq!(res.headers()["retry-after"], "1");
     assert_eq!(
         res.headers()["ratelimit-policy"],

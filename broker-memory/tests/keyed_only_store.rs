@@ -6,72 +6,34 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Limits, ManualClock, ObservedLimit,
-    RateLimit, Reservation, ResourceBroker,
-};
+use broker_core::{Cost, Limits, LocalStates, ManualClock, RateLimit, ResourceBroker};
 use broker_memory::MemoryBackend;
+use broker_testkit::{Hooks, Wrapped};
 
-/// `MemoryBackend` with its keyed calls only. With a broker in the second
-/// place, its `try_acquire_now` first makes a call on that broker (a store
-/// that calls a broker from within a decision).
-struct KeyedOnly(Arc<MemoryBackend>, Option<ResourceBroker>);
+/// `MemoryBackend` with its keyed calls only. With a broker, its
+/// `try_acquire_now` first makes a call on that broker (a store that calls
+/// a broker from within a decision).
+struct KeyedOnly(Option<ResourceBroker>);
 
-#[async_trait]
-impl Backend for KeyedOnly {
-    async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
-        self.0.try_acquire(k, s, c).await
-    }
-    fn try_acquire_now(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        c: Cost,
-    ) -> Option<Result<Decision, BackendError>> {
-        if let Some(nested) = &self.1 {
+impl Hooks for KeyedOnly {
+    fn before_try_acquire_now(&self) {
+        if let Some(nested) = &self.0 {
             let _ = nested.try_acquire_now("nested", Cost::default());
         }
-        self.0.try_acquire_now(k, s, c)
     }
-    async fn reserve(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        c: Cost,
-        w: Duration,
-    ) -> Result<Reservation, BackendError> {
-        self.0.reserve(k, s, c, w).await
+    fn local_states(&self, _: Arc<dyn LocalStates>) -> Option<Arc<dyn LocalStates>> {
+        None
     }
-    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        self.0.hold_slot(k, s).await
-    }
-    async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
-        self.0.release(k, l).await
-    }
-    fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
-        self.0.release_now(k, l)
-    }
-    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
-        self.0.settle(k, s, r, a).await
-    }
-    async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
-        self.0.penalize(k, s, h).await
-    }
-    async fn reconcile(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        o: &ObservedLimit,
-    ) -> Result<(), BackendError> {
-        self.0.reconcile(k, s, o).await
-    }
+}
+
+fn keyed_only(store: Arc<MemoryBackend>, nested: Option<ResourceBroker>) -> Wrapped<KeyedOnly> {
+    Wrapped::new(store, KeyedOnly(nested))
 }
 
 #[test]
 fn a_store_without_local_states_answers_and_releases_by_the_joined_key() {
     let store = Arc::new(MemoryBackend::with_clock(ManualClock::new()));
-    let broker = ResourceBroker::new(KeyedOnly(store.clone(), None));
+    let broker = ResourceBroker::new(keyed_only(store.clone(), None));
     let limits = Limits::new()
         .rate(RateLimit::per_second(2).with_burst(2))
         .max_concurrent(1);
@@ -109,7 +71,7 @@ fn a_call_made_from_within_a_call_leaves_each_broker_its_own_resources() {
         .register_limit("nested", Limits::new().rate(RateLimit::per_second(1)))
         .unwrap();
     let outer_store = Arc::new(MemoryBackend::with_clock(ManualClock::new()));
-    let outer = ResourceBroker::new(KeyedOnly(outer_store, Some(inner.clone())));
+    let outer = ResourceBroker::new(keyed_only(outer_store, Some(inner.clone())));
     outer
         .register_limit(
             "outer",

@@ -6,20 +6,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Limits, LocalStates, ObservedLimit,
-    RateLimit, Reservation, ResourceBroker, Verdict,
-};
+use broker_core::{Cost, LeaseId, Limits, LocalStates, RateLimit, ResourceBroker, Verdict};
 use broker_memory::MemoryBackend;
+use broker_testkit::{Hooks, Wrapped};
 
 type DropHook = Arc<dyn Fn() + Send + Sync>;
 
-/// `MemoryBackend`, whose per-resource states run `on_drop` when dropped.
-struct Hooked {
-    inner: MemoryBackend,
-    on_drop: Mutex<Option<DropHook>>,
-}
+/// Hands out per-resource states that run `on_drop` when dropped.
+struct OnDrop(Mutex<Option<DropHook>>);
 
 struct HookedStates {
     inner: Arc<dyn LocalStates>,
@@ -43,51 +37,9 @@ impl Drop for HookedStates {
     }
 }
 
-#[async_trait]
-impl Backend for Hooked {
-    async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
-        self.inner.try_acquire(k, s, c).await
-    }
-    fn try_acquire_now(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        c: Cost,
-    ) -> Option<Result<Decision, BackendError>> {
-        self.inner.try_acquire_now(k, s, c)
-    }
-    async fn reserve(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        c: Cost,
-        max_wait: Duration,
-    ) -> Result<Reservation, BackendError> {
-        self.inner.reserve(k, s, c, max_wait).await
-    }
-    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        self.inner.hold_slot(k, s).await
-    }
-    async fn release(&self, k: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        self.inner.release(k, lease).await
-    }
-    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
-        self.inner.settle(k, s, r, a).await
-    }
-    async fn penalize(&self, k: &str, s: &LimitSpec, hold: Duration) -> Result<(), BackendError> {
-        self.inner.penalize(k, s, hold).await
-    }
-    async fn reconcile(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        o: &ObservedLimit,
-    ) -> Result<(), BackendError> {
-        self.inner.reconcile(k, s, o).await
-    }
-    fn local_states(&self, key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
-        let inner = self.inner.local_states(key, spec)?;
-        let on_drop = self.on_drop.lock().unwrap().clone();
+impl Hooks for OnDrop {
+    fn local_states(&self, inner: Arc<dyn LocalStates>) -> Option<Arc<dyn LocalStates>> {
+        let on_drop = self.0.lock().unwrap().clone();
         Some(Arc::new(HookedStates { inner, on_drop }))
     }
 }
@@ -104,10 +56,10 @@ fn states_that_register_from_their_destructor_do_not_deadlock_re_registration() 
                 .unwrap();
         }
     });
-    let store = Hooked {
-        inner: MemoryBackend::new(),
-        on_drop: Mutex::new(Some(hook)),
-    };
+    let store = Wrapped::new(
+        Arc::new(MemoryBackend::new()),
+        OnDrop(Mutex::new(Some(hook))),
+    );
     let broker = ResourceBroker::new(store);
     *broker_slot.lock().unwrap() = Some(broker.clone());
     let limits = |n| Limits::new().rate(RateLimit::per_second(n));

@@ -7,6 +7,8 @@
 //!   strictly on *receive*, answering 200 or 429.
 //! - [`upstream`]: the same idea as a real HTTP server on loopback, with
 //!   rate-limit headers, a foreign client and an outage mode.
+//! - [`Wrapped`]: a state store passing its calls on to another, with the
+//!   test's [`Hooks`] where it steps in.
 #![warn(missing_docs)]
 
 mod down_backend;
@@ -14,8 +16,10 @@ mod redis_server;
 pub mod seed_table;
 mod strict_server;
 pub mod upstream;
+mod wrapped;
 
 pub use down_backend::DownBackend;
 pub use redis_server::{command_calls, free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};
 pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};
+pub use wrapped::{Hooks, Wrapped};

@@ -1,0 +1,126 @@
+//! [`Wrapped`]: a state store that passes every call on to another one,
+//! except where the test's [`Hooks`] step in (a transition that fails on
+//! demand, a store that calls a broker from within a decision, states that
+//! call back from their destructor, a store without per-resource states).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use broker_core::stats::BackendHealth;
+use broker_core::{
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, ObservedLimit,
+    Reservation,
+};
+
+/// What a [`Wrapped`] store does besides passing each call on. Every hook
+/// defaults to passing the call on unchanged.
+pub trait Hooks: Send + Sync + 'static {
+    /// Runs before each synchronous keyed `try_acquire`.
+    fn before_try_acquire_now(&self) {}
+
+    /// The answer `settle` gives instead of the wrapped store's (`None`:
+    /// the wrapped store's).
+    fn settle(&self) -> Option<Result<(), BackendError>> {
+        None
+    }
+
+    /// The answer `reconcile` gives instead of the wrapped store's.
+    fn reconcile(&self) -> Option<Result<(), BackendError>> {
+        None
+    }
+
+    /// The per-resource states handed out in place of the wrapped store's
+    /// `states` (`None`: none, as a store that needs I/O).
+    fn local_states(&self, states: Arc<dyn LocalStates>) -> Option<Arc<dyn LocalStates>> {
+        Some(states)
+    }
+}
+
+/// A store that passes every call on to `inner`, except where `hooks`
+/// step in.
+pub struct Wrapped<H> {
+    /// The store the calls go to.
+    pub inner: Arc<dyn Backend>,
+    /// Where the test steps in.
+    pub hooks: H,
+}
+
+impl<H: Hooks> Wrapped<H> {
+    /// `inner` with `hooks`.
+    pub fn new(inner: Arc<dyn Backend>, hooks: H) -> Self {
+        Self { inner, hooks }
+    }
+}
+
+#[async_trait]
+impl<H: Hooks> Backend for Wrapped<H> {
+    async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
+        self.inner.try_acquire(k, s, c).await
+    }
+    fn try_acquire_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+    ) -> Option<Result<Decision, BackendError>> {
+        self.hooks.before_try_acquire_now();
+        self.inner.try_acquire_now(k, s, c)
+    }
+    async fn reserve(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+        w: Duration,
+    ) -> Result<Reservation, BackendError> {
+        self.inner.reserve(k, s, c, w).await
+    }
+    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+        self.inner.hold_slot(k, s).await
+    }
+    async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
+        self.inner.release(k, l).await
+    }
+    fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
+        self.inner.release_now(k, l)
+    }
+    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
+        match self.hooks.settle() {
+            Some(answer) => answer,
+            None => self.inner.settle(k, s, r, a).await,
+        }
+    }
+    fn settle_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        r: Cost,
+        a: Cost,
+    ) -> Option<Result<(), BackendError>> {
+        match self.hooks.settle() {
+            Some(answer) => Some(answer),
+            None => self.inner.settle_now(k, s, r, a),
+        }
+    }
+    async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
+        self.inner.penalize(k, s, h).await
+    }
+    async fn reconcile(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        o: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        match self.hooks.reconcile() {
+            Some(answer) => answer,
+            None => self.inner.reconcile(k, s, o).await,
+        }
+    }
+    fn local_states(&self, key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
+        self.hooks.local_states(self.inner.local_states(key, spec)?)
+    }
+    fn health(&self) -> BackendHealth {
+        self.inner.health()
+    }
+}
