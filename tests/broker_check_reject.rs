@@ -315,3 +315,46 @@ fn a_call_made_as_the_thread_exits_is_answered_on_the_same_state() {
     let exit = stats.resources.get("exit").expect("registered");
     assert_eq!((exit.allowed, exit.denied), (1, 1));
 }
+
+/// `acquire` booked before a penalty is not allowed inside it: it waits
+/// for the penalty's end within its `max_wait`, and is denied with the
+/// wait beyond it.
+#[tokio::test(start_paused = true)]
+async fn acquire_waits_out_a_penalty_or_is_denied() {
+    for (max_wait, allowed) in [(5, false), (15, true)] {
+        let broker = ResourceBroker::new(MemoryBackend::with_clock(broker_core::TokioClock::new()));
+        let limits = Limits::new().rate(RateLimit::per_second(1));
+        broker.register_limit("api", limits).unwrap();
+        let t0 = tokio::time::Instant::now();
+        assert!(
+            broker
+                .try_acquire("api", Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        );
+        let b = broker.clone();
+        let waiting = tokio::spawn(async move {
+            let a = b
+                .acquire("api", Cost::default(), Duration::from_secs(max_wait))
+                .await
+                .unwrap();
+            (t0.elapsed(), a)
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        broker
+            .penalize("api", Duration::from_secs(10))
+            .await
+            .unwrap();
+        let (at, a) = waiting.await.unwrap();
+        assert_eq!(a.allowed, allowed, "max_wait {max_wait} s: {a:?} at {at:?}");
+        if allowed {
+            assert!(
+                at >= Duration::from_millis(10_500),
+                "inside the penalty: {at:?}"
+            );
+        } else {
+            assert!(a.wait_time >= Duration::from_secs(9), "{a:?}");
+        }
+    }
+}

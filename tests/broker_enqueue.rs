@@ -311,3 +311,109 @@ async fn a_released_slot_wakes_a_waiting_enqueue_at_once() {
     let started_after = waiter.await.unwrap().unwrap();
     assert_eq!(started_after, Duration::from_millis(3));
 }
+
+/// The send times (ms) of `jobs` calls of `enqueue` on "api", started in
+/// order; the first `holding` of them keep their work (and slot) until
+/// `until` after the start; `meanwhile` runs while they wait.
+async fn send_times(
+    broker: &ResourceBroker,
+    jobs: usize,
+    (holding, until): (usize, Duration),
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> Vec<u128> {
+    let t0 = Instant::now();
+    let log: Arc<Mutex<Vec<u128>>> = Arc::default();
+    let mut running = Vec::new();
+    for i in 0..jobs {
+        let (b, log) = (broker.clone(), log.clone());
+        running.push(tokio::spawn(async move {
+            b.enqueue("api", Cost::default(), |_| {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push(t0.elapsed().as_millis());
+                    if i < holding {
+                        tokio::time::sleep_until(t0 + until).await;
+                    }
+                    Outcome::<(), ()>::ok(())
+                }
+            })
+            .await
+        }));
+        tokio::task::yield_now().await;
+    }
+    meanwhile.await;
+    for job in running {
+        job.await.unwrap().unwrap();
+    }
+    let times = log.lock().unwrap().clone();
+    times
+}
+
+fn spaced_a_second_apart(times: &[u128]) -> bool {
+    times.windows(2).all(|w| w[1] >= w[0] + 1000)
+}
+
+/// Calls booked at spaced times and then held by a penalty leave spaced
+/// after it, not all at its end.
+#[tokio::test(start_paused = true)]
+async fn calls_held_by_a_penalty_leave_spaced_when_it_ends() {
+    let broker = broker();
+    let limits = Limits::new().rate(RateLimit::per_second(1));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let penalty = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        broker
+            .penalize("api", Duration::from_secs(10))
+            .await
+            .unwrap();
+    };
+    let times = send_times(&broker, 5, (0, Duration::ZERO), penalty).await;
+    assert_eq!(times[0], 0);
+    assert!(times[1] >= 10_500, "held to the penalty's end: {times:?}");
+    assert!(spaced_a_second_apart(&times), "{times:?}");
+}
+
+/// Calls whose booked time passes while they wait for a concurrency slot
+/// leave spaced when slots free together.
+#[tokio::test(start_paused = true)]
+async fn calls_kept_waiting_for_a_slot_leave_spaced() {
+    let broker = broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1))
+        .max_concurrent(2);
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    // The first two hold their slots until t = 10 s.
+    let times = send_times(&broker, 4, (2, Duration::from_secs(10)), async {}).await;
+    assert_eq!(&times[..3], &[0, 1000, 10_000], "{times:?}");
+    assert!(spaced_a_second_apart(&times), "{times:?}");
+}
+
+/// A call booked before a penalty longer than its wait ceiling ends at the
+/// ceiling, with `WaitTooLong`, as a call made during the penalty does.
+#[tokio::test(start_paused = true)]
+async fn a_penalty_beyond_the_ceiling_ends_a_booked_call_at_the_ceiling() {
+    for hold in [Duration::from_secs(3600), Duration::MAX] {
+        let broker = broker();
+        let limits = Limits::new().rate(RateLimit::per_second(1));
+        broker.register("api", ResourceConfig::new(limits)).unwrap();
+        let ok = |_| async { Outcome::<(), ()>::ok(()) };
+        broker.enqueue("api", Cost::default(), ok).await.unwrap();
+        let t0 = Instant::now();
+        let b = broker.clone();
+        let booked = tokio::spawn(async move {
+            let r = b.enqueue("api", Cost::default(), ok).await;
+            (t0.elapsed(), r)
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        broker.penalize("api", hold).await.unwrap();
+        let (after, result) = booked.await.unwrap();
+        assert!(
+            matches!(
+                result,
+                Err(EnqueueError::Broker(BrokerError::WaitTooLong { .. }))
+            ),
+            "{result:?}"
+        );
+        assert!(after <= Duration::from_secs(61), "{hold:?}: {after:?}");
+    }
+}

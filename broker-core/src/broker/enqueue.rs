@@ -1,5 +1,6 @@
-//! Queue + execute: `enqueue` reserves, sleeps to the booked time, runs the
-//! work and retries it by the resource's [`RetryPolicy`]. Cancellation-safe:
+//! Queue + execute: `enqueue` takes a concurrency slot, reserves, sleeps
+//! to the booked time (and out of a hold an upstream 429 set meanwhile),
+//! runs the work and retries it by the resource's [`RetryPolicy`]. Cancellation-safe:
 //! the guards here refund an unused reservation and free a held slot when
 //! the future is dropped at any await point.
 
@@ -99,10 +100,6 @@ impl Booking {
         }))
     }
 
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
-
     /// Sleeps until the booked time, counting it as a local limiter wait.
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
@@ -149,6 +146,62 @@ pub(crate) enum SlotOutcome {
     Unlimited,
     Held(LeaseId),
     TimedOut,
+}
+
+/// What one attempt of `enqueue` or `acquire` was given by
+/// [`admit_until`].
+pub(crate) enum Admitted {
+    /// The booked cost, due now, and the slot (an empty permit without a
+    /// concurrency limit).
+    Go(Booking, Permit),
+    /// The cost does not fit before the deadline (a wait or a hold beyond
+    /// it): the wait, nothing booked.
+    TooLong(Micros),
+    /// No slot came free before the deadline.
+    NoSlot,
+}
+
+/// Takes a slot, books `cost` on `key` and waits for its time, all before
+/// `deadline`. The slot comes first, so that calls kept waiting for slots
+/// book their time when they can go, and leave spaced as the bucket
+/// spaces them rather than together when slots free at once. A hold (an
+/// upstream 429 or an exhausted counter) that came after the booking
+/// voids its time: the booking stays spent (its time has come, as a sent
+/// call's would), and the cost is booked again when the hold ends, so the
+/// calls the hold kept leave spaced too.
+///
+/// `slot` makes the permit of a slot (`Permit::held` with the caller's
+/// key and count).
+pub(crate) async fn admit_until(
+    broker: &ResourceBroker,
+    resource: &Arc<Resource>,
+    key: &str,
+    cost: Cost,
+    deadline: tokio::time::Instant,
+    slot: impl Fn(LeaseId) -> Permit,
+) -> Result<Admitted, BrokerError> {
+    let permit = match wait_slot(broker, resource, key, deadline).await? {
+        SlotOutcome::Unlimited => Permit::empty(),
+        SlotOutcome::Held(lease) => slot(lease),
+        SlotOutcome::TimedOut => return Ok(Admitted::NoSlot),
+    };
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let booking = match Booking::book(broker, resource, key.to_owned(), cost, left).await? {
+            Ok(booking) => booking,
+            Err(wait) => return Ok(Admitted::TooLong(wait)),
+        };
+        booking.sleep_until_due().await;
+        let Some(until) = resource.holds.until(key) else {
+            return Ok(Admitted::Go(booking, permit));
+        };
+        booking.consume();
+        if until > deadline {
+            let now = tokio::time::Instant::now();
+            return Ok(Admitted::TooLong(crate::clock::micros(until - now)));
+        }
+        tokio::time::sleep_until(until).await;
+    }
 }
 
 /// How often a waiter re-checks a slot held by another process (local
@@ -291,38 +344,38 @@ impl ResourceBroker {
         let mut number = 0;
         let result = loop {
             number += 1;
-            let booking = match Booking::book(self, &resource, key.clone(), cost, ceiling).await? {
-                Ok(b) => b,
-                Err(wait) => {
-                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
-                        resource: resource.id.clone(),
-                        wait: Duration::from_micros(wait),
-                        ceiling,
-                    }))
-                }
-            };
-            booking.sleep_until_due().await;
-            // Booked before a 429 or an exhausted counter came back: wait
-            // with the bucket (the booking keeps its place).
-            while let Some(until) = resource.holds.until(&key) {
-                tokio::time::sleep_until(until).await;
-            }
+            // One ceiling bounds the waits of an attempt: its booked time, a
+            // hold, a slot.
             let deadline = crate::clock::tokio_after(ceiling);
-            let permit = match wait_slot(self, &resource, &key, deadline).await? {
-                SlotOutcome::Unlimited => Permit::empty(),
-                SlotOutcome::Held(lease) => {
-                    let k = super::HeldKey::State(target.key.map(|_| key.clone()));
-                    // The queue place counts this work as in flight.
-                    Permit::held(&self.inner.backend, resource.clone(), k, lease, false)
-                }
-                SlotOutcome::TimedOut => {
-                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
-                        resource: resource.id.clone(),
-                        wait: ceiling,
-                        ceiling,
-                    }))
-                }
+            let held_key = || super::HeldKey::State(target.key.map(|_| key.clone()));
+            // The queue place counts this work as in flight.
+            let slot = |lease| {
+                Permit::held(
+                    &self.inner.backend,
+                    resource.clone(),
+                    held_key(),
+                    lease,
+                    false,
+                )
             };
+            let (booking, permit) =
+                match admit_until(self, &resource, &key, cost, deadline, slot).await? {
+                    Admitted::Go(booking, permit) => (booking, permit),
+                    Admitted::TooLong(wait) => {
+                        break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
+                            resource: resource.id.clone(),
+                            wait: Duration::from_micros(wait),
+                            ceiling,
+                        }))
+                    }
+                    Admitted::NoSlot => {
+                        break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
+                            resource: resource.id.clone(),
+                            wait: ceiling,
+                            ceiling,
+                        }))
+                    }
+                };
             booking.consume();
             bump(&resource.counters.allowed);
             place.set_running(true);

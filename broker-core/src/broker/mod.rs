@@ -27,7 +27,7 @@ use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, DenyReason, LimitSpec, Verdict};
+use crate::state::{DenyReason, LimitSpec, Verdict};
 use crate::stats::{bump, BrokerStats, Counters, ResourceKind};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
@@ -721,33 +721,31 @@ impl ResourceBroker {
         let owned_key = state_key(&resource, target.key);
         let key = owned_key.as_deref().unwrap_or(&resource.key).to_owned();
         let deadline = crate::clock::tokio_after(max_wait);
-        let booking = match enqueue::Booking::book(self, &resource, key, cost, max_wait).await? {
-            Ok(booking) => booking,
-            Err(wait) => {
-                bump(&resource.counters.denied);
-                return Ok(Acquisition {
-                    allowed: false,
-                    wait_time: Duration::from_micros(wait),
-                    denied_by: Some(crate::state::DenyReason::Rate),
-                    permit: Permit::empty(),
-                });
-            }
+        let held_key = || HeldKey::State(owned_key.clone());
+        let slot = |lease| {
+            Permit::held(
+                &self.inner.backend,
+                resource.clone(),
+                held_key(),
+                lease,
+                true,
+            )
         };
-        booking.sleep_until_due().await;
-        let lease = match enqueue::wait_slot(self, &resource, booking.key(), deadline).await? {
-            enqueue::SlotOutcome::Unlimited => None,
-            enqueue::SlotOutcome::Held(lease) => Some(lease),
-            enqueue::SlotOutcome::TimedOut => {
-                bump(&resource.counters.denied);
-                return Ok(denied(DenyReason::Concurrency, 0));
-            }
-        };
+        let (booking, permit) =
+            match enqueue::admit_until(self, &resource, &key, cost, deadline, slot).await? {
+                enqueue::Admitted::Go(booking, permit) => (booking, permit),
+                enqueue::Admitted::TooLong(wait) => {
+                    bump(&resource.counters.denied);
+                    return Ok(denied(DenyReason::Rate, wait));
+                }
+                enqueue::Admitted::NoSlot => {
+                    bump(&resource.counters.denied);
+                    return Ok(denied(DenyReason::Concurrency, 0));
+                }
+            };
         booking.consume();
-        Ok(self.answer(
-            &resource,
-            || HeldKey::State(owned_key),
-            Decision::allow(lease).into(),
-        ))
+        bump(&resource.counters.allowed);
+        Ok(acquisition(Verdict::Allowed, permit))
     }
 }
 
@@ -838,6 +836,7 @@ impl ResourceBroker {
 mod tests {
     use super::*;
     use crate::limits::{RateLimit, Unit};
+    use crate::state::Decision;
     use proptest::prelude::*;
 
     #[derive(Debug)]
