@@ -210,11 +210,14 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
 }
 
 #[tokio::test]
-async fn an_allkeys_eviction_policy_is_flagged_at_connect() {
-    let risky = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let backend = RedisBackend::connect(&risky.url()).await.unwrap();
-    assert_eq!(backend.maxmemory_policy(), Some("allkeys-lru"));
-    assert!(backend.eviction_risk());
+async fn an_evicting_policy_is_flagged_at_connect() {
+    // volatile-* too: every key of the broker has a TTL.
+    for policy in ["allkeys-lru", "volatile-ttl", "volatile-lru"] {
+        let risky = RedisServer::start_with(&["--maxmemory-policy", policy]);
+        let backend = RedisBackend::connect(&risky.url()).await.unwrap();
+        assert_eq!(backend.maxmemory_policy(), Some(policy));
+        assert!(backend.eviction_risk(), "{policy}");
+    }
     let safe = RedisServer::start();
     let backend = RedisBackend::connect(&safe.url()).await.unwrap();
     assert_eq!(backend.maxmemory_policy(), Some("noeviction"));

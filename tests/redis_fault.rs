@@ -292,13 +292,18 @@ async fn lazy_connect_is_refused_for_a_cluster_and_checks_the_url() {
 /// told it failed), or whose caller goes away before the reply, may still
 /// be granted once Redis runs its script: that lease is released, so the
 /// slot is free again soon after Redis answers, not after the lease's TTL
-/// (60 s here). With coalescing on and off.
+/// (60 s here). With coalescing on and off, and with every call through
+/// the shared connection (a RESP3 URL: its own timeout answers first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
     let server = RedisServer::start();
-    for coalesce in [true, false] {
-        let backend = RedisBackend::builder(&server.url())
-            .prefix(format!("slot{coalesce}"))
+    let urls = [server.url(), format!("{}?protocol=resp3", server.url())];
+    for (coalesce, url) in [true, false]
+        .into_iter()
+        .flat_map(|c| urls.iter().map(move |u| (c, u)))
+    {
+        let backend = RedisBackend::builder(url)
+            .prefix(format!("slot{coalesce}{}", url.len()))
             .coalesce(coalesce)
             .response_timeout(Duration::from_millis(300))
             .probe_interval(Duration::from_millis(20))
@@ -356,4 +361,24 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
             "coalesce {coalesce}: the slot is free again after a dropped call"
         );
     }
+}
+
+/// A primary that refuses writes (`min-replicas-to-write` with no replica:
+/// `NOREPLICAS`) is unavailable to the failure policy, as a down one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_refuses_writes_is_answered_by_the_failure_policy() {
+    let server = RedisServer::start_with(&["--min-replicas-to-write", "1"]);
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect()
+        .await
+        .expect("connect");
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new().rate(RateLimit::per_minute(1).with_burst(1));
+    broker.register_limit("api", limits).unwrap();
+    for _ in 0..3 {
+        let a = broker.try_acquire("api", Cost::default()).await;
+        assert!(a.is_ok_and(|a| a.allowed), "fail-open answers");
+    }
+    assert!(broker.backend().health().down);
 }

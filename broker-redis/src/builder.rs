@@ -250,8 +250,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Connects, checks `maxmemory-policy` (a warning on `allkeys-*`) and
-    /// returns the backend. Fails if Redis cannot be reached now.
+    /// Connects, checks `maxmemory-policy` (a warning on any policy but
+    /// `noeviction`) and returns the backend. Fails if Redis cannot be
+    /// reached now.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         keys::check_prefix(&self.prefix)?;
         self.policy.validate()?;

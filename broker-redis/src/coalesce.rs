@@ -65,6 +65,20 @@ pub(crate) enum Reply {
     TimedOut,
 }
 
+impl Reply {
+    /// Whether the call's script may have run without its caller learning
+    /// of it: no reply in time, or the connection failed under it (a
+    /// timeout of the connection's own, a reset). A lease it may have
+    /// granted is then released.
+    fn unknown(&self) -> bool {
+        match self {
+            Reply::TimedOut => true,
+            Reply::Done(Err(e)) => crate::connection::is_unavailable(e),
+            Reply::Done(Ok(_)) => false,
+        }
+    }
+}
+
 /// Where [`Coalescer::enter`] put a decision.
 enum Entered {
     /// In flight alone: its caller sends it.
@@ -187,9 +201,10 @@ impl Coalescer {
             answered: false,
         };
         let reply = send(&self.conn, self.op_timeout, script, &cmd).await;
-        // A timed-out decision's lease is released as its caller's would
-        // be: the caller is told the call failed, and never holds it.
-        guard.answered = !matches!(reply, Reply::TimedOut);
+        // The lease of a decision whose outcome is unknown (no reply in
+        // time, a failed connection) is released as its caller's would be:
+        // the caller is told the call failed, and never holds it.
+        guard.answered = !reply.unknown();
         reply
     }
 
@@ -286,14 +301,14 @@ impl Coalescer {
     }
 
     /// Hands `reply` to the caller of `pending`; if it went away and the
-    /// decision was allowed with a lease, or the call timed out (the caller
-    /// is told it failed, and the script may still grant the lease),
-    /// releases the lease.
+    /// decision was allowed with a lease, or the outcome is unknown (the
+    /// caller is told the call failed, and the script may still grant the
+    /// lease), releases the lease.
     fn answer(&self, pending: Pending, reply: Reply) {
-        let timed_out = matches!(reply, Reply::TimedOut);
+        let unknown = reply.unknown();
         let release = match pending.tx.send(reply) {
-            Ok(()) => timed_out,
-            Err(reply) => timed_out || matches!(reply, Reply::Done(Ok(Value::Int(1)))),
+            Ok(()) => unknown,
+            Err(reply) => unknown || matches!(reply, Reply::Done(Ok(Value::Int(1)))),
         };
         if let (true, Some(lease)) = (release, pending.lease) {
             self.release_later(lease);
@@ -307,10 +322,14 @@ impl Coalescer {
 }
 
 /// Releases `lease` from a task of its own: its holder went away, or never
-/// learnt whether it was granted (the call timed out, and its script may
-/// still run). Sent on the connection the decision went on, so Redis runs
-/// it after that decision's script. Without a runtime, or if the release
-/// fails, the lease expires after its TTL.
+/// learnt whether it was granted (no reply in time, and its script may
+/// still run). Sent through the same connection as the decision: where
+/// that connection is still the one the decision went on, Redis runs the
+/// release after the decision's script. Where it is not (the direct link
+/// is closed on a timeout, and the release goes through the shared
+/// connection), the release may arrive first, and a lease the late script
+/// then grants expires after its TTL, as it does without a runtime or when
+/// the release fails.
 pub(crate) fn release_later(conn: &Conn, timeout: Duration, (keys, lease): (KeyPair, LeaseId)) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
@@ -327,7 +346,8 @@ pub(crate) fn release_later(conn: &Conn, timeout: Duration, (keys, lease): (KeyP
 
 /// A lease a decision in flight may be granted, released (by
 /// [`release_later`]) unless the decision's answer is known: when the
-/// caller goes away first, or the call times out.
+/// caller goes away first, or the outcome is unknown (no reply in time, a
+/// failed connection).
 pub(crate) struct Unsettled<'a> {
     conn: &'a Conn,
     timeout: Duration,
@@ -348,9 +368,9 @@ impl<'a> Unsettled<'a> {
     }
 
     /// The answer came (`reply`): the lease is the caller's to keep or
-    /// release, unless the call timed out.
+    /// release, unless the outcome is unknown.
     pub(crate) fn settle(mut self, reply: &Reply) {
-        if !matches!(reply, Reply::TimedOut) {
+        if !reply.unknown() {
             self.lease = None;
         }
     }

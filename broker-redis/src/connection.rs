@@ -150,5 +150,8 @@ pub(crate) fn is_unavailable(e: &RedisError) -> bool {
                     | ServerErrorKind::ClusterDown
             ) | ErrorKind::ClusterConnectionNotFound
         )
-        || e.code() == Some("OOM")
+        // Writes refused: out of memory, a failed background save
+        // (`stop-writes-on-bgsave-error`), too few replicas
+        // (`min-replicas-to-write`).
+        || matches!(e.code(), Some("OOM" | "MISCONF" | "NOREPLICAS"))
 }

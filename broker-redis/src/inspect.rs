@@ -21,11 +21,11 @@ impl RedisBackend {
         self.inner.maxmemory_policy.as_deref()
     }
 
-    /// Whether the startup check found an `allkeys-*` eviction policy,
-    /// which may evict a bucket mid-window (a warning was logged).
+    /// Whether the startup check found an eviction policy other than
+    /// `noeviction`, which may evict a bucket mid-window (`volatile-*`
+    /// ones too: the broker's keys all have a TTL); a warning was logged.
     pub fn eviction_risk(&self) -> bool {
-        self.maxmemory_policy()
-            .is_some_and(|p| p.starts_with("allkeys-"))
+        self.maxmemory_policy().is_some_and(crate::startup::evicts)
     }
 
     /// The failure policy in force.

@@ -1,6 +1,7 @@
-//! The startup check of `maxmemory-policy`: an `allkeys-*` policy may evict
-//! a bucket in the middle of its window, and an evicted bucket reads as a
-//! fresh, full one.
+//! The startup check of `maxmemory-policy`: any policy but `noeviction`
+//! may evict a bucket in the middle of its window (`volatile-*` ones too:
+//! every bucket and lease key has a TTL, and `volatile-ttl` takes the
+//! shortest first), and an evicted bucket reads as a fresh, full one.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,7 @@ use crate::builder::RedisBackendBuilder;
 use crate::connection::Conn;
 
 /// Reads `maxmemory-policy` (on every given node for a cluster), warns on
-/// `allkeys-*`, and returns the first policy read. A store that refuses
+/// any policy that evicts, and returns the first policy read. A store that refuses
 /// `CONFIG` (managed services often do) is noted at debug level.
 pub(crate) async fn check_maxmemory_policy(
     conn: &Conn,
@@ -42,12 +43,13 @@ fn note(url: &str, policy: redis::RedisResult<HashMap<String, String>>) -> Optio
     match policy {
         Ok(map) => {
             let policy = map.get("maxmemory-policy").cloned()?;
-            if policy.starts_with("allkeys-") {
+            if evicts(&policy) {
                 tracing::warn!(
                     url,
                     policy,
                     "redis maxmemory-policy may evict bucket keys mid-window (an evicted bucket \
-                     reads as full); use noeviction or a volatile-* policy"
+                     reads as full; they all have a TTL, so volatile-* policies evict them too); \
+                     use noeviction"
                 );
             }
             Some(policy)
@@ -67,6 +69,12 @@ fn redacted(url: &str) -> String {
         }
         _ => url.to_owned(),
     }
+}
+
+/// Whether `policy` may evict the broker's keys: every policy but
+/// `noeviction`.
+pub(crate) fn evicts(policy: &str) -> bool {
+    policy != "noeviction"
 }
 
 #[cfg(test)]
