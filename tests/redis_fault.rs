@@ -382,3 +382,42 @@ async fn a_primary_that_refuses_writes_is_answered_by_the_failure_policy() {
     }
     assert!(broker.backend().health().down);
 }
+
+/// A server that closes idle connections (`timeout 1`, as a proxy's idle
+/// timeout would): a call after an idle gap goes through on a fresh
+/// connection, with no outage recorded and no call answered by the
+/// failure policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_closed_while_idle_are_replaced_without_an_outage() {
+    let server = RedisServer::start_with(&["--timeout", "1"]);
+    for coalesce in [true, false] {
+        let backend = RedisBackend::builder(&server.url())
+            .prefix(format!("idle{coalesce}"))
+            .coalesce(coalesce)
+            .connect()
+            .await
+            .expect("connect");
+        let broker = ResourceBroker::new(backend);
+        let limits = Limits::new().rate(RateLimit::per_second(1000));
+        broker.register_limit("api", limits).unwrap();
+        for _ in 0..2 {
+            // Two at once: one on the direct connection, one on the
+            // shared one; both were idle past the server's timeout.
+            let (a, b) = tokio::join!(
+                broker.try_acquire("api", Cost::default()),
+                broker.try_acquire("api", Cost::default())
+            );
+            assert!(
+                a.as_ref().is_ok_and(|a| a.allowed),
+                "coalesce {coalesce}: {a:?}"
+            );
+            assert!(
+                b.as_ref().is_ok_and(|b| b.allowed),
+                "coalesce {coalesce}: {b:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+        }
+        let health = broker.backend().health();
+        assert_eq!(health.outages, 0, "coalesce {coalesce}: {health:?}");
+    }
+}

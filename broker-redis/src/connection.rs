@@ -83,12 +83,12 @@ impl Conn {
         match self {
             Conn::Single(c, direct) => {
                 let Some(direct) = direct else {
-                    return cmd.query_async(&mut c.clone()).await;
+                    return managed(c, cmd).await;
                 };
                 if let Some(reply) = direct.query(cmd).await {
                     return reply;
                 }
-                direct.beside(cmd.query_async(&mut c.clone())).await
+                direct.beside(managed(c, cmd)).await
             }
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
@@ -115,6 +115,30 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// `cmd` through the manager, sent again once if the connection it found
+/// had been closed under it (a server's or a proxy's idle timeout): a
+/// broken pipe means the command was not written, so it never ran, and the
+/// manager reconnects for the second try.
+async fn managed(c: &ConnectionManager, cmd: &Cmd) -> RedisResult<Value> {
+    match cmd.query_async(&mut c.clone()).await {
+        Err(e) if is_broken_pipe(&e) => cmd.query_async(&mut c.clone()).await,
+        other => other,
+    }
+}
+
+/// Whether `e` is a write on a connection the other side had closed.
+fn is_broken_pipe(e: &RedisError) -> bool {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let Some(source) = std::error::Error::source(e) else {
+        return false;
+    };
+    let io = match source.downcast_ref::<Shared>() {
+        Some(shared) => shared.downcast_ref::<std::io::Error>(),
+        None => source.downcast_ref::<std::io::Error>(),
+    };
+    io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// The connection manager's settings: the timeouts, one quick retry.

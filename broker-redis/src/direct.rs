@@ -37,6 +37,10 @@ use crate::poll_guard::PollGuard;
 /// How long a failed (re)connection waits before the next attempt.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// A link unused for this long is checked for a close by the server (its
+/// idle `timeout`, a proxy's) before a call is written on it.
+const IDLE_CHECK: Duration = Duration::from_millis(500);
+
 /// Where to connect, and what to say first.
 #[derive(Debug)]
 struct Target {
@@ -95,6 +99,21 @@ struct Link {
     stream: Stream,
     buf: Vec<u8>,
     guard: PollGuard,
+    /// When the last call on it ended.
+    used: Instant,
+}
+
+impl Link {
+    /// Whether the link can take a call: one idle for a while is checked
+    /// first for a close by the server (read at once: nothing to read is
+    /// a live link; an end of file, stray bytes or an error is not).
+    fn fit(&mut self) -> bool {
+        if self.used.elapsed() < IDLE_CHECK {
+            return true;
+        }
+        self.buf.clear();
+        matches!(self.stream.try_read_buf(&mut self.buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
 }
 
 enum Slot {
@@ -212,9 +231,15 @@ impl Direct {
             link: Some(link),
         };
         let link = held.link.as_mut()?;
+        if !link.fit() {
+            // Closed while idle: `held` closes it too, and this call goes
+            // through the manager.
+            return None;
+        }
         // A reply, an error reply included: the connection is in step, and
         // handed back. An I/O or protocol error: `held` closes it.
         let reply = exchange(link, cmd, self.target.busy_poll, &self.others).await;
+        link.used = Instant::now();
         if reply.is_ok() {
             held.give_back();
         }
@@ -301,6 +326,7 @@ async fn connect(target: &Target) -> RedisResult<Link> {
         stream,
         buf: Vec::with_capacity(512),
         guard: PollGuard::default(),
+        used: Instant::now(),
     };
     if target.handshake_replies > 0 {
         link.stream.write_all(&target.handshake).await?;
