@@ -421,3 +421,32 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
         assert_eq!(health.outages, 0, "coalesce {coalesce}: {health:?}");
     }
 }
+
+/// `reserve_at` answered by the failure policy (the server is down) gives
+/// this process's time in place of the server's, not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_at_answered_by_the_policy_gives_the_local_time() {
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    server.kill();
+    let spec = broker_core::LimitSpec::new(
+        &Limits::new().rate(RateLimit::per_second(1)),
+        Duration::from_secs(60),
+    );
+    let (reservation, at) = backend
+        .reserve_at("k", &spec, Cost::default(), Duration::from_secs(1))
+        .await
+        .expect("fail-open answers");
+    assert!(reservation.booked);
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(at.abs_diff(unix) < 10_000_000, "{at} against {unix}");
+}

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use broker_core::clock::micros;
+use broker_core::clock::{micros, Clock, SystemClock};
 use broker_core::state::DenyReason;
 use broker_core::stats::BackendHealth;
 use broker_core::{
@@ -238,7 +238,9 @@ impl RedisBackend {
 
     /// `reserve`, also returning the store's time of the decision, so the
     /// wait can be turned into an absolute time on the store's clock
-    /// (`now + wait`): the server's `TIME`, or the client clock.
+    /// (`now + wait`): the server's `TIME`, or the client clock. When the
+    /// failure policy answers instead of the server, this process's clock
+    /// (Unix time) stands in for the server's.
     pub async fn reserve_at(
         &self,
         key: &str,
@@ -250,7 +252,10 @@ impl RedisBackend {
         match self.reserve_redis(&keys, spec, cost, max_wait).await {
             Ok(r) => Ok(r),
             Err(f) => {
-                let now = self.inner.clock.as_ref().map_or(0, |c| c.now());
+                let now = match &self.inner.clock {
+                    Some(c) => c.now(),
+                    None => SystemClock::new().now(),
+                };
                 match self.policy("reserve", f, spec)? {
                     Fallback::Open => Ok((
                         Reservation {
