@@ -113,7 +113,10 @@ pub struct ResourceConfig {
     /// The limits.
     pub limits: Limits,
     /// At most this many `enqueue` calls waiting at once; more get
-    /// `QueueFull` at once.
+    /// `QueueFull` at once. A call keeps its place while it runs and
+    /// between its retries (it counts as waiting again then), so the
+    /// calls waiting can exceed this by the number retrying; no new call
+    /// is let in while they do.
     #[serde(default = "default_queue_capacity")]
     pub queue_capacity: usize,
     /// A concurrency lease not released within this time expires (its
