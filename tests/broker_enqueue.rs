@@ -417,3 +417,53 @@ async fn a_penalty_beyond_the_ceiling_ends_a_booked_call_at_the_ceiling() {
         assert!(after <= Duration::from_secs(61), "{hold:?}: {after:?}");
     }
 }
+
+/// Calls cancelled while they wait for the only slot, across a penalty,
+/// leave the bucket as if they had never been made (they book nothing
+/// before they hold a slot, so nothing the penalty drained comes back).
+#[tokio::test(start_paused = true)]
+async fn calls_cancelled_across_a_penalty_do_not_widen_the_bucket() {
+    async fn allowed_after_the_penalty(cancelled: usize) -> usize {
+        let broker = broker();
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(5))
+            .max_concurrent(1);
+        broker.register("api", ResourceConfig::new(limits)).unwrap();
+        let held = broker.try_acquire("api", Cost::default()).await.unwrap();
+        assert!(held.allowed);
+        let mut calls = Vec::new();
+        for _ in 0..cancelled {
+            let b = broker.clone();
+            calls.push(tokio::spawn(async move {
+                let ok = |_| async { Outcome::<(), ()>::ok(()) };
+                b.enqueue("api", Cost::default(), ok).await
+            }));
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        broker
+            .penalize("api", Duration::from_secs(2))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for call in calls {
+            call.abort();
+            let _ = call.await;
+        }
+        drop(held);
+        // The penalty ends at 2.5 s.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut allowed = 0;
+        while broker
+            .try_acquire("api", Cost::default())
+            .await
+            .unwrap()
+            .allowed
+        {
+            allowed += 1;
+        }
+        allowed
+    }
+    let baseline = allowed_after_the_penalty(0).await;
+    assert_eq!(allowed_after_the_penalty(4).await, baseline);
+}
