@@ -10,6 +10,21 @@ use broker_core::{BrokerError, Cost, Limits, ManualClock, RateLimit, ResourceBro
 use broker_redis::{FailurePolicy, RedisBackend};
 use broker_testkit::{free_port, RedisServer};
 
+/// A backend on `url` that gives up on a call after 300 ms and probes a
+/// down server every 20 ms.
+async fn quick(url: &str, prefix: &str, coalesce: bool, policy: FailurePolicy) -> RedisBackend {
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .coalesce(coalesce)
+        .failure_policy(policy)
+        .connect_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(300))
+        .probe_interval(Duration::from_millis(20))
+        .connect()
+        .await
+        .expect("connect")
+}
+
 const UP: u8 = 0;
 const DOWN: u8 = 1;
 const BACK: u8 = 2;
@@ -302,14 +317,8 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
         .into_iter()
         .flat_map(|c| urls.iter().map(move |u| (c, u)))
     {
-        let backend = RedisBackend::builder(url)
-            .prefix(format!("slot{coalesce}{}", url.len()))
-            .coalesce(coalesce)
-            .response_timeout(Duration::from_millis(300))
-            .probe_interval(Duration::from_millis(20))
-            .connect()
-            .await
-            .expect("connect");
+        let prefix = format!("slot{coalesce}{}", url.len());
+        let backend = quick(url, &prefix, coalesce, FailurePolicy::FailClosed).await;
         let broker = ResourceBroker::new(backend);
         broker
             .register_limit("api", Limits::new().max_concurrent(1))
@@ -368,11 +377,7 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_that_refuses_writes_is_answered_by_the_failure_policy() {
     let server = RedisServer::start_with(&["--min-replicas-to-write", "1"]);
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
-        .connect()
-        .await
-        .expect("connect");
+    let backend = quick(&server.url(), "rb", true, FailurePolicy::FailOpen).await;
     let broker = ResourceBroker::new(backend);
     let limits = Limits::new().rate(RateLimit::per_minute(1).with_burst(1));
     broker.register_limit("api", limits).unwrap();
@@ -391,12 +396,8 @@ async fn a_primary_that_refuses_writes_is_answered_by_the_failure_policy() {
 async fn connections_closed_while_idle_are_replaced_without_an_outage() {
     let server = RedisServer::start_with(&["--timeout", "1"]);
     for coalesce in [true, false] {
-        let backend = RedisBackend::builder(&server.url())
-            .prefix(format!("idle{coalesce}"))
-            .coalesce(coalesce)
-            .connect()
-            .await
-            .expect("connect");
+        let prefix = format!("idle{coalesce}");
+        let backend = quick(&server.url(), &prefix, coalesce, FailurePolicy::FailClosed).await;
         let broker = ResourceBroker::new(backend);
         let limits = Limits::new().rate(RateLimit::per_second(1000));
         broker.register_limit("api", limits).unwrap();
@@ -427,13 +428,7 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserve_at_answered_by_the_policy_gives_the_local_time() {
     let mut server = RedisServer::start();
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
-        .connect_timeout(Duration::from_millis(300))
-        .response_timeout(Duration::from_millis(300))
-        .connect()
-        .await
-        .expect("connect");
+    let backend = quick(&server.url(), "rb", true, FailurePolicy::FailOpen).await;
     server.kill();
     let spec = broker_core::LimitSpec::new(
         &Limits::new().rate(RateLimit::per_second(1)),

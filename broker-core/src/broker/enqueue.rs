@@ -170,19 +170,23 @@ pub(crate) enum Admitted {
 /// call's would), and the cost is booked again when the hold ends, so the
 /// calls the hold kept leave spaced too.
 ///
-/// `slot` makes the permit of a slot (`Permit::held` with the caller's
-/// key and count).
+/// The slot's permit is released on `held_key`, and counted in flight if
+/// `counted` (see [`Permit::held`]).
 pub(crate) async fn admit_until(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
+    held_key: super::HeldKey,
     cost: Cost,
     deadline: tokio::time::Instant,
-    slot: impl Fn(LeaseId) -> Permit,
+    counted: bool,
 ) -> Result<Admitted, BrokerError> {
+    let backend = &broker.inner.backend;
     let permit = match wait_slot(broker, resource, key, deadline).await? {
         SlotOutcome::Unlimited => Permit::empty(),
-        SlotOutcome::Held(lease) => slot(lease),
+        SlotOutcome::Held(lease) => {
+            Permit::held(backend, resource.clone(), held_key, lease, counted)
+        }
         SlotOutcome::TimedOut => return Ok(Admitted::NoSlot),
     };
     loop {
@@ -347,19 +351,11 @@ impl ResourceBroker {
             // One ceiling bounds the waits of an attempt: its booked time, a
             // hold, a slot.
             let deadline = crate::clock::tokio_after(ceiling);
-            let held_key = || super::HeldKey::State(target.key.map(|_| key.clone()));
-            // The queue place counts this work as in flight.
-            let slot = |lease| {
-                Permit::held(
-                    &self.inner.backend,
-                    resource.clone(),
-                    held_key(),
-                    lease,
-                    false,
-                )
-            };
+            let held_key = super::HeldKey::State(target.key.map(|_| key.clone()));
+            // The slot is not counted in flight: the queue place counts
+            // this work.
             let (booking, permit) =
-                match admit_until(self, &resource, &key, cost, deadline, slot).await? {
+                match admit_until(self, &resource, &key, held_key, cost, deadline, false).await? {
                     Admitted::Go(booking, permit) => (booking, permit),
                     Admitted::TooLong(wait) => {
                         break Err(EnqueueError::Broker(BrokerError::WaitTooLong {

@@ -721,18 +721,11 @@ impl ResourceBroker {
         let owned_key = state_key(&resource, target.key);
         let key = owned_key.as_deref().unwrap_or(&resource.key).to_owned();
         let deadline = crate::clock::tokio_after(max_wait);
-        let held_key = || HeldKey::State(owned_key.clone());
-        let slot = |lease| {
-            Permit::held(
-                &self.inner.backend,
-                resource.clone(),
-                held_key(),
-                lease,
-                true,
-            )
-        };
+        let held_key = HeldKey::State(owned_key);
         let (booking, permit) =
-            match enqueue::admit_until(self, &resource, &key, cost, deadline, slot).await? {
+            match enqueue::admit_until(self, &resource, &key, held_key, cost, deadline, true)
+                .await?
+            {
                 enqueue::Admitted::Go(booking, permit) => (booking, permit),
                 enqueue::Admitted::TooLong(wait) => {
                     bump(&resource.counters.denied);
