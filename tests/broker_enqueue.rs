@@ -373,21 +373,6 @@ async fn calls_held_by_a_penalty_leave_spaced_when_it_ends() {
     assert!(spaced_a_second_apart(&times), "{times:?}");
 }
 
-/// Calls whose booked time passes while they wait for a concurrency slot
-/// leave spaced when slots free together.
-#[tokio::test(start_paused = true)]
-async fn calls_kept_waiting_for_a_slot_leave_spaced() {
-    let broker = broker();
-    let limits = Limits::new()
-        .rate(RateLimit::per_second(1))
-        .max_concurrent(2);
-    broker.register("api", ResourceConfig::new(limits)).unwrap();
-    // The first two hold their slots until t = 10 s.
-    let times = send_times(&broker, 4, (2, Duration::from_secs(10)), async {}).await;
-    assert_eq!(&times[..3], &[0, 1000, 10_000], "{times:?}");
-    assert!(spaced_a_second_apart(&times), "{times:?}");
-}
-
 /// A call booked before a penalty longer than its wait ceiling ends at the
 /// ceiling, with `WaitTooLong`, as a call made during the penalty does.
 #[tokio::test(start_paused = true)]
@@ -419,8 +404,8 @@ async fn a_penalty_beyond_the_ceiling_ends_a_booked_call_at_the_ceiling() {
 }
 
 /// Calls cancelled while they wait for the only slot, across a penalty,
-/// leave the bucket as if they had never been made (they book nothing
-/// before they hold a slot, so nothing the penalty drained comes back).
+/// leave the bucket as if they had never been made: their bookings are not
+/// given back under the penalty, so nothing it drained comes back.
 #[tokio::test(start_paused = true)]
 async fn calls_cancelled_across_a_penalty_do_not_widen_the_bucket() {
     async fn allowed_after_the_penalty(cancelled: usize) -> usize {
@@ -466,4 +451,46 @@ async fn calls_cancelled_across_a_penalty_do_not_widen_the_bucket() {
     }
     let baseline = allowed_after_the_penalty(0).await;
     assert_eq!(allowed_after_the_penalty(4).await, baseline);
+}
+
+/// A call that waits out a penalty longer than a slot's lease TTL (90 s
+/// against 60 s, within the 121 s ceiling) takes its slot only once it
+/// can go: a second call never runs beside it on `max_concurrent(1)`.
+#[tokio::test(start_paused = true)]
+async fn a_long_penalty_wait_does_not_outlive_the_slot() {
+    let broker = broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(60))
+        .max_concurrent(1);
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    broker
+        .penalize("api", Duration::from_secs(90))
+        .await
+        .unwrap();
+    let running = Arc::new(Mutex::new((0usize, 0usize)));
+    let call = || {
+        let (b, running) = (broker.clone(), running.clone());
+        async move {
+            b.enqueue("api", Cost::default(), |_| {
+                let running = running.clone();
+                async move {
+                    {
+                        let mut r = running.lock().unwrap();
+                        r.0 += 1;
+                        r.1 = r.1.max(r.0);
+                    }
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    running.lock().unwrap().0 -= 1;
+                    Outcome::<(), ()>::ok(())
+                }
+            })
+            .await
+        }
+    };
+    let first = tokio::spawn(call());
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let second = tokio::spawn(call());
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(running.lock().unwrap().1, 1, "max_concurrent(1) breached");
 }

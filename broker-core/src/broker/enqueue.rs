@@ -1,6 +1,6 @@
-//! Queue + execute: `enqueue` takes a concurrency slot, reserves, sleeps
-//! to the booked time (and out of a hold an upstream 429 set meanwhile),
-//! runs the work and retries it by the resource's [`RetryPolicy`]. Cancellation-safe:
+//! Queue + execute: `enqueue` reserves, sleeps to the booked time (and out
+//! of a hold an upstream 429 set meanwhile), takes a concurrency slot, runs
+//! the work and retries it by the resource's [`RetryPolicy`]. Cancellation-safe:
 //! the guards here refund an unused reservation and free a held slot when
 //! the future is dropped at any await point.
 
@@ -62,7 +62,7 @@ const NO_COST: Cost = Cost {
 };
 
 /// A booked reservation. Dropped before [`Booking::consume`], it refunds
-/// the cost.
+/// the cost, unless a hold is on (see its `Drop`).
 pub(crate) struct Booking {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
@@ -118,7 +118,11 @@ impl Booking {
 
 impl Drop for Booking {
     fn drop(&mut self) {
-        if !self.armed {
+        // Under a hold (an upstream 429, most often after this booking),
+        // giving the cost back could return tokens the hold drained: the
+        // booking stays spent instead, at worst one call's cost given to
+        // the hold.
+        if !self.armed || self.resource.holds.until(&self.key).is_some() {
             return;
         }
         let spec = &self.resource.spec;
@@ -161,14 +165,12 @@ pub(crate) enum Admitted {
     NoSlot,
 }
 
-/// Takes a slot, books `cost` on `key` and waits for its time, all before
-/// `deadline`. The slot comes first, so that calls kept waiting for slots
-/// book their time when they can go, and leave spaced as the bucket
-/// spaces them rather than together when slots free at once. A hold (an
-/// upstream 429 or an exhausted counter) that came after the booking
-/// voids its time: the booking stays spent (its time has come, as a sent
-/// call's would), and the cost is booked again when the hold ends, so the
-/// calls the hold kept leave spaced too.
+/// Books `cost` on `key`, waits for its time, then for a slot, all before
+/// `deadline`. A hold (an upstream 429 or an exhausted counter) that came
+/// after the booking voids its time: the booking stays spent (its time has
+/// come, as a sent call's would), and the cost is booked again when the
+/// hold ends, so the calls the hold kept leave spaced as the bucket spaces
+/// them, not together when it ends.
 ///
 /// The slot's permit is released on `held_key`, and counted in flight if
 /// `counted` (see [`Permit::held`]).
@@ -181,15 +183,7 @@ pub(crate) async fn admit_until(
     deadline: tokio::time::Instant,
     counted: bool,
 ) -> Result<Admitted, BrokerError> {
-    let backend = &broker.inner.backend;
-    let permit = match wait_slot(broker, resource, key, deadline).await? {
-        SlotOutcome::Unlimited => Permit::empty(),
-        SlotOutcome::Held(lease) => {
-            Permit::held(backend, resource.clone(), held_key, lease, counted)
-        }
-        SlotOutcome::TimedOut => return Ok(Admitted::NoSlot),
-    };
-    loop {
+    let booking = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let booking = match Booking::book(broker, resource, key.to_owned(), cost, left).await? {
             Ok(booking) => booking,
@@ -197,7 +191,7 @@ pub(crate) async fn admit_until(
         };
         booking.sleep_until_due().await;
         let Some(until) = resource.holds.until(key) else {
-            return Ok(Admitted::Go(booking, permit));
+            break booking;
         };
         booking.consume();
         if until > deadline {
@@ -205,7 +199,16 @@ pub(crate) async fn admit_until(
             return Ok(Admitted::TooLong(crate::clock::micros(until - now)));
         }
         tokio::time::sleep_until(until).await;
-    }
+    };
+    let backend = &broker.inner.backend;
+    Ok(match wait_slot(broker, resource, key, deadline).await? {
+        SlotOutcome::Unlimited => Admitted::Go(booking, Permit::empty()),
+        SlotOutcome::Held(lease) => {
+            let permit = Permit::held(backend, resource.clone(), held_key, lease, counted);
+            Admitted::Go(booking, permit)
+        }
+        SlotOutcome::TimedOut => Admitted::NoSlot,
+    })
 }
 
 /// How often a waiter re-checks a slot held by another process (local
