@@ -197,6 +197,42 @@ fn bad_limits_are_rejected_with_the_field_named() {
     );
     let negative = serde_json::from_str::<Limits>(r#"{"requestsPerSecond": -5}"#);
     assert!(negative.is_err());
+    // Inside a rate too: a misspelt `burst` or `unit` is no silent default.
+    for typo in [
+        r#"{"rates": [{"amount": 100, "period": "1m", "brust": 5}]}"#,
+        r#"{"rates": [{"amount": 100, "period": "1m", "units": "tokens"}]}"#,
+    ] {
+        let err = serde_json::from_str::<Limits>(typo).unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{typo}: {err}");
+    }
+    // A shorthand says why it was refused, and an explicit rate is named
+    // by the index its author wrote.
+    let too_big = serde_json::from_str::<Limits>(r#"{"requestsPerSecond": 2199023255553}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        too_big.contains("requestsPerSecond") && !too_big.contains("greater than zero"),
+        "{too_big}"
+    );
+    let shifted = serde_json::from_str::<Limits>(
+        r#"{"requestsPerSecond": 10, "tokensPerMinute": 1000,
+            "rates": [{"amount": 5, "period": "1s", "burst": 0}]}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(shifted.contains("rates[0].burst"), "{shifted}");
+}
+
+/// A lease TTL shorter than the µs the states count in would let every
+/// lease expire at once: refused.
+#[test]
+fn a_lease_ttl_below_a_microsecond_is_refused() {
+    let config = r#"{"limits": {"maxConcurrentRequests": 1}, "leaseTtl": "500ns"}"#;
+    let err = serde_json::from_str::<broker_core::ResourceConfig>(config)
+        .map_err(|e| e.to_string())
+        .and_then(|c| c.validate().map_err(|e| e.to_string()))
+        .unwrap_err();
+    assert!(err.contains("leaseTtl"), "{err}");
 }
 
 #[tokio::test(start_paused = true)]

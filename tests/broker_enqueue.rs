@@ -494,3 +494,20 @@ async fn a_long_penalty_wait_does_not_outlive_the_slot() {
     second.await.unwrap().unwrap();
     assert_eq!(running.lock().unwrap().1, 1, "max_concurrent(1) breached");
 }
+
+/// A call ended by a backend error counts as failed, and leaves nothing
+/// queued or in flight.
+#[tokio::test]
+async fn an_enqueue_ended_by_a_backend_error_is_counted_failed() {
+    let broker = ResourceBroker::new(broker_testkit::DownBackend::new("down"));
+    let limits = Limits::new().rate(RateLimit::per_second(1));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let ok = |_| async { Outcome::<(), ()>::ok(()) };
+    let result = broker.enqueue("api", Cost::default(), ok).await;
+    assert!(
+        matches!(result, Err(EnqueueError::Broker(BrokerError::Backend(_)))),
+        "{result:?}"
+    );
+    let stats = &broker.stats().resources["api"];
+    assert_eq!((stats.failed, stats.queued, stats.in_flight), (1, 0, 0));
+}

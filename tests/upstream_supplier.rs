@@ -147,3 +147,15 @@ async fn egress_bucket_only_counts_and_notices_a_new_ip() {
     assert_eq!(counts[&b], 1);
     assert!(logs.text().contains("new egress IP"), "{}", logs.text());
 }
+
+/// A supplier's buckets are limit-only resources in the stats (they are
+/// checked, never queued).
+#[tokio::test(start_paused = true)]
+async fn supplier_buckets_are_limit_only_in_the_stats() {
+    let etm = etm();
+    let stats = etm.broker().stats();
+    assert!(!stats.resources.is_empty());
+    for (id, s) in &stats.resources {
+        assert_eq!(s.kind, broker_core::ResourceKind::LimitOnly, "{id}");
+    }
+}

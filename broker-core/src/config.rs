@@ -67,12 +67,24 @@ impl TryFrom<LimitsConfig> for Limits {
             ),
             ("tokensPerMinute", c.tokens_per_minute, 60, Unit::Tokens),
         ];
+        // The explicit rates first, by the indices their author wrote.
+        for (i, rate) in c.rates.iter().enumerate() {
+            rate.validate(&format!("rates[{i}]"))?;
+        }
         for (field, amount, secs, unit) in shorthands {
             let Some(amount) = amount else { continue };
             let rate = RateLimit::per(amount, Duration::from_secs(secs)).unit(unit);
-            rate.validate(field).map_err(|_| ConfigError::NotPositive {
-                field: field.into(),
-                value: amount.to_string(),
+            // The shorthand's own name, with the reason the rate's check gave.
+            rate.validate(field).map_err(|e| match e {
+                ConfigError::NotPositive { .. } => ConfigError::NotPositive {
+                    field: field.into(),
+                    value: amount.to_string(),
+                },
+                ConfigError::Invalid { reason, .. } => ConfigError::Invalid {
+                    field: field.into(),
+                    reason,
+                },
+                other => other,
             })?;
             rates.push(rate);
         }
@@ -221,10 +233,12 @@ impl ResourceConfig {
                 value: "0".into(),
             });
         }
-        if self.lease_ttl.is_zero() {
+        // Counted in whole µs: a shorter one would let every lease expire
+        // at once (no concurrency limit at all).
+        if crate::clock::micros(self.lease_ttl) == 0 {
             return Err(ConfigError::NotPositive {
                 field: "leaseTtl".into(),
-                value: "0s".into(),
+                value: format!("{:?}", self.lease_ttl),
             });
         }
         crate::pacing::validate(self.pacing_margin)?;

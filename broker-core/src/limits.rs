@@ -39,6 +39,7 @@ impl Unit {
 /// assert_eq!(RateLimit::per(90_000, Duration::from_secs(60)).unit(Unit::Tokens).burst(), 90_000);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RateLimit {
     /// How many units are refilled per `period`.
     pub amount: u64,

@@ -357,24 +357,26 @@ impl ResourceBroker {
             let held_key = super::HeldKey::State(target.key.map(|_| key.clone()));
             // The slot is not counted in flight: the queue place counts
             // this work.
-            let (booking, permit) =
-                match admit_until(self, &resource, &key, held_key, cost, deadline, false).await? {
-                    Admitted::Go(booking, permit) => (booking, permit),
-                    Admitted::TooLong(wait) => {
-                        break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
-                            resource: resource.id.clone(),
-                            wait: Duration::from_micros(wait),
-                            ceiling,
-                        }))
-                    }
-                    Admitted::NoSlot => {
-                        break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
-                            resource: resource.id.clone(),
-                            wait: ceiling,
-                            ceiling,
-                        }))
-                    }
-                };
+            let admitted = admit_until(self, &resource, &key, held_key, cost, deadline, false);
+            let (booking, permit) = match admitted.await {
+                Ok(Admitted::Go(booking, permit)) => (booking, permit),
+                Ok(Admitted::TooLong(wait)) => {
+                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
+                        resource: resource.id.clone(),
+                        wait: Duration::from_micros(wait),
+                        ceiling,
+                    }))
+                }
+                Ok(Admitted::NoSlot) => {
+                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
+                        resource: resource.id.clone(),
+                        wait: ceiling,
+                        ceiling,
+                    }))
+                }
+                // A backend error ends the call as a failed one, counted below.
+                Err(e) => break Err(EnqueueError::Broker(e)),
+            };
             booking.consume();
             bump(&resource.counters.allowed);
             place.set_running(true);

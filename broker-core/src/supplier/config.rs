@@ -71,13 +71,18 @@ impl Backoff {
     /// assert_eq!(b.delay(0), Duration::from_millis(500));
     /// assert_eq!(b.delay(3), Duration::from_secs(4));
     /// assert_eq!(b.delay(60), Duration::from_secs(30));
+    /// // A factor below 1, built in code unchecked, never panics.
+    /// let odd = Backoff { factor: -2.0, ..Backoff::default() };
+    /// assert_eq!(odd.delay(1), Duration::ZERO);
     /// ```
     pub fn delay(&self, skips: u32) -> Duration {
         let grown = self.initial.as_secs_f64() * self.factor.powi(skips.min(1000) as i32);
         if !grown.is_finite() || grown >= self.max.as_secs_f64() {
             return self.max;
         }
-        Duration::from_secs_f64(grown).min(self.max)
+        // A factor below 0 (a `Backoff` built in code, unchecked) gives a
+        // negative product: no backoff rather than a panic.
+        Duration::from_secs_f64(grown.max(0.0)).min(self.max)
     }
 
     fn validate(&self) -> Result<(), String> {

@@ -26,7 +26,6 @@ use std::time::{Duration, SystemTime};
 pub use config::{AuthBucket, Backoff, DataBucket, Mode, RateLimitClasses, SupplierConfig};
 
 use crate::broker::{Acquisition, Permit, ResourceBroker};
-use crate::config::ResourceConfig;
 use crate::error::{BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
@@ -212,11 +211,11 @@ impl SupplierBuckets {
         }
         for (endpoint, bucket) in &config.rate_limit.auth {
             let id = resource_id(supplier, BucketClass::Auth, endpoint);
-            broker.register(&id, ResourceConfig::new(bucket.limits.clone()))?;
+            broker.register_limit(&id, bucket.limits.clone())?;
         }
         for (endpoint, bucket) in &config.rate_limit.data {
             let id = resource_id(supplier, BucketClass::Data, endpoint);
-            broker.register(&id, ResourceConfig::new(bucket.limits.clone()))?;
+            broker.register_limit(&id, bucket.limits.clone())?;
         }
         Ok(Self {
             broker: broker.clone(),
