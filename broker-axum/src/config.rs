@@ -193,6 +193,7 @@ impl PressureConfig {
             check_id(&id).map_err(|r| bad(format!("perService.{name}"), r))?;
             ids.insert(id);
         }
+        let mut prefixes = HashSet::new();
         for (i, route) in self.per_route.iter().enumerate() {
             let field = format!("perRoute[{i}]");
             check_id(&route.resource).map_err(|r| bad(format!("{field}.resource"), r))?;
@@ -204,6 +205,19 @@ impl PressureConfig {
             }
             if !route.path_prefix.starts_with('/') {
                 return Err(bad(format!("{field}.pathPrefix"), "must start with `/`"));
+            }
+            // Matched against the path alone, which holds neither.
+            if route.path_prefix.contains(['?', '#']) {
+                return Err(bad(
+                    format!("{field}.pathPrefix"),
+                    "is matched against the path: it cannot hold `?` or `#`",
+                ));
+            }
+            if !prefixes.insert(route.path_prefix.as_str()) {
+                return Err(bad(
+                    format!("{field}.pathPrefix"),
+                    "used twice (the second route would never match)",
+                ));
             }
         }
         let tenant = &self.per_tenant;
@@ -333,6 +347,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("perRoute[1].resource"), "{e}");
+    }
+
+    #[test]
+    fn a_prefix_that_could_never_match_is_rejected() {
+        for (a, b, field) in [
+            ("/a", "/a", "perRoute[1].pathPrefix"),
+            ("/a?x=1", "/b", "perRoute[0].pathPrefix"),
+            ("/a", "/b#top", "perRoute[1].pathPrefix"),
+        ] {
+            let text = format!(
+                r#"{{"perRoute": [
+                {{"resource": "r1", "pathPrefix": "{a}", "limits": {{}}}},
+                {{"resource": "r2", "pathPrefix": "{b}", "limits": {{}}}}]}}"#
+            );
+            let e = PressureConfig::from_json("p.json", &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{a} {b}: {e}");
+        }
     }
 
     #[test]

@@ -41,8 +41,15 @@
 //! registered resource; the backend creates its state on first sight and
 //! evicts it once idle (broker-memory sweeps idle states as the map grows;
 //! broker-redis keys expire). Tenant ids are user data: [`tenant_key`]
-//! keeps short safe ids and hashes everything else, so a flood of random or
-//! hostile ids costs bounded memory and cannot touch another tenant's state.
+//! keeps short safe ids and hashes everything else (at most 64 bytes), so a
+//! flood of random or hostile ids cannot touch another tenant's state. Its
+//! memory is bounded by time, not by count: a state is idle, and evicted,
+//! once its bucket has refilled (for one request, `period ÷ amount`: 10 ms
+//! at 6,000 a minute, 6 minutes at 10 an hour), so a flood of R new ids a
+//! second keeps about R × that many states. Evicting one earlier would hand
+//! its tenant a fresh bucket; with long per-tenant periods, bound the
+//! flood before the tenant stage (the route/service stage counts every
+//! request).
 //!
 //! ## Semantics worth knowing
 //! - The route/service stage runs before authentication, so it counts every
