@@ -176,3 +176,58 @@ async fn registry_below_the_real_limit_logs_the_divergence_and_never_widens() {
     assert!(lines[0].contains("observed_limit=300"), "{}", lines[0]);
     assert!(lines[0].contains("configured=60"), "{}", lines[0]);
 }
+
+/// An upstream counter describes one window: with 10 a second and 1,000 a
+/// day of one unit, a per-second counter at 0 narrows the per-second
+/// bucket only, on the in-memory store and on Redis alike, and the daily
+/// budget stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_narrows_only_the_window_it_describes() {
+    use broker_core::{Backend, Observed, ObservedLimit};
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(10))
+        .rate(RateLimit::per(1000, Duration::from_secs(86_400)));
+    let spec = broker_core::LimitSpec::new(&limits, Duration::from_secs(60));
+    let per_second = |limit| ObservedLimit {
+        requests: Some(Observed {
+            limit,
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(1)),
+        }),
+        ..ObservedLimit::default()
+    };
+    let server = broker_testkit::RedisServer::start();
+    let redis = broker_redis::RedisBackend::connect(&server.url())
+        .await
+        .unwrap();
+    let memory = broker_memory::MemoryBackend::new();
+    let stores: [(&str, &dyn Backend); 2] = [("memory", &memory), ("redis", &redis)];
+    for (name, store) in stores {
+        for (i, limit) in [Some(10), None].into_iter().enumerate() {
+            let key = format!("k{i}");
+            assert!(
+                store
+                    .try_acquire(&key, &spec, Cost::default())
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            store
+                .reconcile(&key, &spec, &per_second(limit))
+                .await
+                .unwrap();
+            // Once the second has passed, the day still has its budget.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            let mut allowed = 0;
+            while store
+                .try_acquire(&key, &spec, Cost::default())
+                .await
+                .unwrap()
+                .allowed
+            {
+                allowed += 1;
+            }
+            assert!(allowed >= 10, "{name}, limit {limit:?}: {allowed} allowed");
+        }
+    }
+}

@@ -37,9 +37,8 @@ impl LimitSpec {
     /// True if no observed counter is narrower than its bucket's capacity:
     /// then [`reconcile`] would change nothing and the call can be skipped.
     pub fn reconcile_is_noop(&self, observed: &ObservedLimit) -> bool {
-        self.buckets.iter().all(|(unit, p)| {
-            observed
-                .of(*unit)
+        self.buckets.iter().enumerate().all(|(i, (_, p))| {
+            observed_for(self, observed, i)
                 .and_then(|o| o.remaining)
                 .is_none_or(|r| r as f64 >= p.capacity())
         })
@@ -393,15 +392,49 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
     }
 }
 
-/// `reconcile`: narrows each bucket to the upstream counter of its unit.
+/// The upstream counter that describes bucket `i` of `spec`, if any. An
+/// upstream reports one window per unit; with several buckets of a unit
+/// (10 a second and 1,000 a day), it describes one of them: the bucket
+/// whose burst is nearest the reported limit, or without a limit the
+/// shortest window (ties: the shorter window). The others are left alone,
+/// so a per-second counter at 0 does not drain the daily budget.
+pub fn observed_for<'o>(
+    spec: &LimitSpec,
+    observed: &'o ObservedLimit,
+    i: usize,
+) -> Option<&'o crate::observed::Observed> {
+    let (unit, _) = spec.buckets.get(i)?;
+    let o = observed.of(*unit)?;
+    let distance = |p: &BucketParams| match o.limit {
+        Some(limit) => (p.capacity() - limit as f64).abs(),
+        None => 0.0,
+    };
+    let described = spec
+        .buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, (u, _))| u == unit)
+        .min_by(|(_, (_, a)), (_, (_, b))| {
+            distance(a)
+                .total_cmp(&distance(b))
+                .then(a.period().total_cmp(&b.period()))
+        })
+        .map(|(j, _)| j);
+    (described == Some(i)).then_some(o)
+}
+
+/// `reconcile`: narrows each bucket to the upstream counter that describes
+/// it (see [`observed_for`]).
 pub fn reconcile(
     state: &mut ResourceState,
     spec: &LimitSpec,
     now: Micros,
     observed: &ObservedLimit,
 ) {
-    for (i, (u, p)) in spec.buckets.iter().enumerate() {
-        let Some(o) = observed.of(*u) else { continue };
+    for (i, (_, p)) in spec.buckets.iter().enumerate() {
+        let Some(o) = observed_for(spec, observed, i) else {
+            continue;
+        };
         let Some(remaining) = o.remaining else {
             continue;
         };

@@ -444,7 +444,7 @@ impl Backend for RedisBackend {
         observed: &ObservedLimit,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
-        let counter = |i: usize| observed.of(spec.buckets[i].0);
+        let counter = |i: usize| broker_core::state::observed_for(spec, observed, i);
         let mut cmd = scripts::evalsha(
             &scripts::RECONCILE,
             &keys,
