@@ -101,21 +101,30 @@ pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
 }
 
 /// Of several readings of one counter, the one with the lowest `remaining`
-/// (or, when none has a `remaining`, the first that says anything).
+/// and, among those, the latest reset (two exhausted windows: the longer
+/// hold is the one the upstream enforces); when none has a `remaining`, the
+/// first that says anything.
 fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
     let seen = candidates.into_iter().filter(|o| *o != Observed::default());
     let mut best: Option<Observed> = None;
     for o in seen {
         best = Some(match best {
             None => o,
-            Some(b) => match (b.remaining, o.remaining) {
-                (Some(br), Some(or)) if or < br => o,
-                (None, Some(_)) => o,
-                _ => b,
-            },
+            Some(b) if more_restrictive(&o, &b) => o,
+            Some(b) => b,
         });
     }
     best
+}
+
+/// Whether reading `o` says less is left than `b`: a lower `remaining`,
+/// or as low with a later reset.
+fn more_restrictive(o: &Observed, b: &Observed) -> bool {
+    match (b.remaining, o.remaining) {
+        (Some(br), Some(or)) => or < br || (or == br && o.reset > b.reset),
+        (None, Some(_)) => true,
+        _ => false,
+    }
 }
 
 /// A non-negative integer count no larger than `MAX_AMOUNT`.
@@ -332,7 +341,7 @@ fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemT
             remaining: Some(remaining),
             reset: m.get("t").and_then(|t| parse_seconds(t, now)),
         };
-        if best.is_none_or(|b| b.remaining > o.remaining) {
+        if best.is_none_or(|b| more_restrictive(&o, &b)) {
             best = Some(o);
         }
     }
@@ -404,6 +413,32 @@ mod tests {
             at(now),
         );
         assert_eq!(seen.requests.unwrap().reset, Some(Duration::from_secs(42)));
+    }
+
+    /// Two exhausted windows: the longer hold is the one the upstream
+    /// enforces, in one field and across header families.
+    #[test]
+    fn of_two_exhausted_counters_the_later_reset_is_kept() {
+        let one_field = parse(
+            &map(&[("RateLimit", r#""burst";r=0;t=1, "daily";r=0;t=3600"#)]),
+            at(0),
+        );
+        let families = parse(
+            &map(&[
+                ("X-Ratelimit-Remaining", "0"),
+                ("X-Ratelimit-Reset", "1"),
+                ("RateLimit-Remaining", "0"),
+                ("RateLimit-Reset", "3600"),
+            ]),
+            at(0),
+        );
+        for seen in [one_field, families] {
+            assert_eq!(
+                seen.requests.and_then(|o| o.reset),
+                Some(Duration::from_secs(3600)),
+                "{seen:?}"
+            );
+        }
     }
 
     #[test]
