@@ -90,6 +90,11 @@ impl ResourceStates {
         let decided = own
             .state()
             .decide(spec, now, cost, lease_for(spec), || own.is_live())?;
+        // A sweep is due on time too, and traffic on the own state alone
+        // must keep idle sub-keys from piling up.
+        self.store
+            .sweeper
+            .after_write(&self.store.states, now, false);
         Some(crate::rounded(decided))
     }
 

@@ -217,3 +217,29 @@ fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
         "evicted once no registration holds it"
     );
 }
+
+/// Traffic on the own state alone (through its pin, no table write) still
+/// sweeps idle sub-keys once a sweep is due.
+#[test]
+fn traffic_on_the_own_state_alone_sweeps_idle_sub_keys() {
+    let clock = ManualClock::new();
+    let (broker, backend) = broker(&clock);
+    let limits = Limits::new().rate(RateLimit::per_second(1000));
+    broker.register_limit("api", limits).unwrap();
+    assert!(take(&broker, "api").allowed);
+    for i in 0..20_000 {
+        let tenant = format!("t{i}");
+        let _ = broker.try_acquire_now(("api", tenant.as_str()), Cost::default());
+    }
+    let flooded = backend.len();
+    assert!(flooded > 10_000, "{flooded}");
+    clock.advance(Duration::from_secs(3600));
+    for _ in 0..10 {
+        assert!(take(&broker, "api").allowed);
+    }
+    assert!(
+        backend.len() < 10,
+        "{} states left of {flooded}",
+        backend.len()
+    );
+}
