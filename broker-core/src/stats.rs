@@ -131,7 +131,10 @@ pub struct ResourceStats {
     pub retries_exhausted: u64,
     /// Acquisitions answered with skip-and-reschedule.
     pub skipped: u64,
-    /// Backend errors (handled by the failure policy or returned).
+    /// Backend errors that reached the broker (returned by the backend).
+    /// Errors a backend's own failure policy answered (broker-redis's
+    /// fail-open or local fallback) are counted by that backend instead:
+    /// `BackendHealth::handled_errors`.
     pub backend_errors: u64,
     /// `enqueue` calls that finished successfully.
     pub completed: u64,
