@@ -195,16 +195,15 @@ impl Coalescer {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
-        let mut guard = Alone {
-            coalescer: self,
-            lease,
-            answered: false,
-        };
+        let _place = Alone { coalescer: self };
+        // Declared after the place, so dropped first: a lease is released
+        // before the place is handed on.
+        let unsettled = Unsettled::new(&self.conn, self.op_timeout, lease);
         let reply = send(&self.conn, self.op_timeout, script, &cmd).await;
         // The lease of a decision whose outcome is unknown (no reply in
         // time, a failed connection) is released as its caller's would be:
         // the caller is told the call failed, and never holds it.
-        guard.answered = !reply.unknown();
+        unsettled.settle(&reply);
         reply
     }
 
@@ -384,28 +383,20 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// A lone decision in flight. When dropped (answered, or its caller gone),
-/// it frees its place in flight or hands the queue on; a caller gone before
-/// the answer has its possible lease released.
+/// A lone decision's place in flight. When dropped (answered, or its
+/// caller gone), it frees the place or hands the queue on.
 struct Alone<'a> {
     coalescer: &'a Arc<Coalescer>,
-    lease: Option<(KeyPair, LeaseId)>,
-    answered: bool,
 }
 
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
-        if !self.answered {
-            if let Some(lease) = self.lease.take() {
-                self.coalescer.release_later(lease);
-            }
-        }
         self.coalescer.returned();
     }
 }
 
 /// One `EVALSHA` (reloading the script on `NOSCRIPT`) within `timeout`.
-async fn send(conn: &Conn, timeout: Duration, script: &Script, cmd: &Cmd) -> Reply {
+pub(crate) async fn send(conn: &Conn, timeout: Duration, script: &Script, cmd: &Cmd) -> Reply {
     match tokio::time::timeout(timeout, conn.evalsha(script, cmd)).await {
         Ok(r) => Reply::Done(r),
         Err(_) => Reply::TimedOut,

@@ -13,7 +13,7 @@ use broker_core::{
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Script, Value};
 
-use crate::coalesce::{Reply, Unsettled};
+use crate::coalesce::{send, Reply, Unsettled};
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy};
 use crate::keys::{self, KeyPair};
@@ -85,11 +85,7 @@ impl RedisBackend {
         self.gate()?;
         let inner = &self.inner;
         let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
-        let reply =
-            match tokio::time::timeout(inner.op_timeout, inner.conn.evalsha(script, &cmd)).await {
-                Ok(r) => Reply::Done(r),
-                Err(_) => Reply::TimedOut,
-            };
+        let reply = send(&inner.conn, inner.op_timeout, script, &cmd).await;
         unsettled.settle(&reply);
         self.outcome(reply)
     }
