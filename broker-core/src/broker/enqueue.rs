@@ -172,13 +172,13 @@ pub(crate) enum Admitted {
 /// hold ends, so the calls the hold kept leave spaced as the bucket spaces
 /// them, not together when it ends.
 ///
-/// The slot's permit is released on `held_key`, and counted in flight if
-/// `counted` (see [`Permit::held`]).
+/// The slot's permit is released on state `key` (`keyed`: a sub-key's
+/// state, else the resource's own), and counted in flight if `counted`
+/// (see [`Permit::held`]).
 pub(crate) async fn admit_until(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
-    key: &str,
-    held_key: super::HeldKey,
+    (key, keyed): (&str, bool),
     cost: Cost,
     deadline: tokio::time::Instant,
     counted: bool,
@@ -204,6 +204,7 @@ pub(crate) async fn admit_until(
     Ok(match wait_slot(broker, resource, key, deadline).await? {
         SlotOutcome::Unlimited => Admitted::Go(booking, Permit::empty()),
         SlotOutcome::Held(lease) => {
+            let held_key = super::HeldKey::State(keyed.then(|| key.to_owned()));
             let permit = Permit::held(backend, resource.clone(), held_key, lease, counted);
             Admitted::Go(booking, permit)
         }
@@ -354,10 +355,10 @@ impl ResourceBroker {
             // One ceiling bounds the waits of an attempt: its booked time, a
             // hold, a slot.
             let deadline = crate::clock::tokio_after(ceiling);
-            let held_key = super::HeldKey::State(target.key.map(|_| key.clone()));
             // The slot is not counted in flight: the queue place counts
             // this work.
-            let admitted = admit_until(self, &resource, &key, held_key, cost, deadline, false);
+            let state = (key.as_str(), target.key.is_some());
+            let admitted = admit_until(self, &resource, state, cost, deadline, false);
             let (booking, permit) = match admitted.await {
                 Ok(Admitted::Go(booking, permit)) => (booking, permit),
                 Ok(Admitted::TooLong(wait)) => {

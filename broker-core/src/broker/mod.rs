@@ -719,13 +719,13 @@ impl ResourceBroker {
         let resource = self.resource(target.resource)?;
         resource.config.limits.check_fits(&resource.id, cost)?;
         let owned_key = state_key(&resource, target.key);
-        let key = owned_key.as_deref().unwrap_or(&resource.key).to_owned();
+        let state = match &owned_key {
+            Some(key) => (key.as_str(), true),
+            None => (resource.key.as_str(), false),
+        };
         let deadline = crate::clock::tokio_after(max_wait);
-        let held_key = HeldKey::State(owned_key);
         let (booking, permit) =
-            match enqueue::admit_until(self, &resource, &key, held_key, cost, deadline, true)
-                .await?
-            {
+            match enqueue::admit_until(self, &resource, state, cost, deadline, true).await? {
                 enqueue::Admitted::Go(booking, permit) => (booking, permit),
                 enqueue::Admitted::TooLong(wait) => {
                     bump(&resource.counters.denied);
