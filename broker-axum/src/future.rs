@@ -289,10 +289,8 @@ fn refusal(
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
 ) -> Refusal {
-    let mut by_concurrency = false;
-    let wait = match result {
+    let (wait, by_concurrency) = match result {
         Ok(acquisition) => {
-            by_concurrency = acquisition.denied_by == Some(DenyReason::Concurrency);
             tracing::info!(
                 resource = %limited.id,
                 layer = stage.name(),
@@ -301,7 +299,8 @@ fn refusal(
                 denied_by = ?acquisition.denied_by,
                 "request denied"
             );
-            Some(acquisition.wait_time)
+            let by_concurrency = acquisition.denied_by == Some(DenyReason::Concurrency);
+            (Some(acquisition.wait_time), by_concurrency)
         }
         Err(error) => {
             // The broker counts backend errors and warns about them (at
@@ -313,7 +312,7 @@ fn refusal(
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            None
+            (None, false)
         }
     };
     Refusal {

@@ -79,12 +79,11 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 pub(crate) struct RateHeaders {
     /// `RateLimit-Policy`, when the resource has rate limits.
     policy: Option<HeaderValue>,
-    /// The quoted name of the policy, for `RateLimit`, when the resource
-    /// has one rate limit: with several, a denial does not say which one
-    /// ran out, and `Retry-After` alone gives the wait.
-    only_name: Option<String>,
-    /// The amount of that one rate limit, for `X-RateLimit-Limit`.
-    only_amount: Option<u64>,
+    /// The quoted name (for `RateLimit`) and the amount (for
+    /// `X-RateLimit-Limit`) of the resource's rate limit when it has one:
+    /// with several, a denial does not say which one ran out, and
+    /// `Retry-After` alone gives the wait.
+    only: Option<(String, u64)>,
 }
 
 /// A structured-field string: printable ASCII, `"` and `\` escaped.
@@ -128,11 +127,13 @@ impl RateHeaders {
                 .collect();
             HeaderValue::from_str(&items.join(", ")).ok()
         });
-        let only = (limits.rates.len() == 1).then_some(());
+        let only = match (limits.rates.as_slice(), names.into_iter().next()) {
+            ([rate], Some(name)) => Some((name, rate.amount)),
+            _ => None,
+        };
         Self {
             policy: policy.flatten(),
-            only_name: only.and_then(|()| names.into_iter().next()),
-            only_amount: only.and_then(|()| limits.rates.first().map(|r| r.amount)),
+            only,
         }
     }
 }
@@ -159,13 +160,13 @@ pub(crate) fn denied<B: PermitBody>(
     if let Some(policy) = &headers.policy {
         h.insert(RATELIMIT_POLICY, policy.clone());
     }
-    let ran_out = headers.only_name.as_ref().filter(|_| !by_concurrency);
-    if let Some(v) = ran_out.and_then(|n| HeaderValue::from_str(&format!("{n};r=0;t={secs}")).ok())
-    {
-        h.insert(RATELIMIT, v);
+    if let (Some((name, _)), false) = (&headers.only, by_concurrency) {
+        if let Ok(v) = HeaderValue::from_str(&format!("{name};r=0;t={secs}")) {
+            h.insert(RATELIMIT, v);
+        }
     }
     if responses.legacy_headers {
-        if let Some(limit) = headers.only_amount {
+        if let Some((_, limit)) = headers.only {
             h.insert(X_RATELIMIT_LIMIT, header_num(limit));
         }
         if !by_concurrency {
