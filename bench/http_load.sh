@@ -191,15 +191,16 @@ for round in $(seq 1 "$ROUNDS"); do
     # Every round rotates the order the variants are loaded in, so that no
     # variant always starts first (one after another) or last (together).
     n=${#LAYERS[@]}
+    ORDER=()
+    for i in $(seq 0 $((n - 1))); do ORDER+=("${LAYERS[$(((i + round - 1) % n))]}"); done
     if [ "$RESTART" = 1 ] && [ "$round" -gt 1 ]; then
         for layer in "${LAYERS[@]}"; do stop_server "$layer"; done
-        for i in $(seq 0 $((n - 1))); do start_server "${LAYERS[$(((i + round - 1) % n))]}"; done
+        for layer in "${ORDER[@]}"; do start_server "$layer"; done
     fi
     if [ "$TOGETHER" = 1 ]; then
-        for i in $(seq 0 $((n - 1))); do load_start "${LAYERS[$(((i + round - 1) % n))]}"; done
+        for layer in "${ORDER[@]}"; do load_start "$layer"; done
     fi
-    for i in $(seq 0 $((n - 1))); do
-        layer=${LAYERS[$(((i + round - 1) % n))]}
+    for layer in "${ORDER[@]}"; do
         if [ "$TOGETHER" != 1 ]; then load_start "$layer"; fi
         # Not in a subshell: `load_finish` counts the callgrind dumps.
         load_finish "$layer" > "$WORK/line"
