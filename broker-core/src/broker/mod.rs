@@ -381,7 +381,7 @@ mod last_read {
         /// `FOUND` in use by this call: `BUSY` is set until the guard drops.
         #[inline(always)]
         pub(super) fn found(found: *const Arc<Resource>) -> Self {
-            BUSY.set(true);
+            BUSY.with(|busy| busy.set(true));
             Out::Found(found)
         }
 
@@ -403,7 +403,7 @@ mod last_read {
         #[inline(always)]
         fn drop(&mut self) {
             if let Out::Found(_) = self {
-                BUSY.set(false);
+                BUSY.with(|busy| busy.set(false));
             }
         }
     }
