@@ -19,9 +19,9 @@
 //! the synchronous `try_acquire_now`. The `*_awaited` cases run their
 //! calls inside one async block, each `.await`ed as an application's
 //! handler awaits it, and poll that block once: the cost of a call as
-//! used. The other async cases poll one future per call with
-//! `now_or_never`, which moves the future in and the 64-byte answer out
-//! on every call.
+//! used. The other async cases answer one future per call with its own
+//! `now_or_never` (`TryAcquire::now_or_never`, which makes the call
+//! synchronously, as `try_acquire_now` does).
 //!
 //! `memory_local_states_try_acquire` is the store's decision alone, through
 //! the per-resource states the broker calls (`Backend::local_states`): the
@@ -90,7 +90,6 @@ fn subjects(per_second: u32, burst: u32) -> Subjects {
 /// Polls our `try_acquire` to completion. The in-memory backend answers on
 /// the first poll; anything else is a bench bug.
 fn ours(broker: &ResourceBroker, target: impl Into<broker_core::Target<'static>>) -> bool {
-    use futures::FutureExt;
     broker
         .try_acquire(target, Cost::default())
         .now_or_never()
@@ -108,7 +107,6 @@ fn store(s: &Subjects, i: usize) -> bool {
 
 /// Our keyed `try_acquire` through the pre-resolved handle.
 fn ours_handle(tenants: &ResourceHandle, key: &str) -> bool {
-    use futures::FutureExt;
     tenants
         .try_acquire(key, Cost::default())
         .now_or_never()
@@ -155,7 +153,6 @@ where
 
 /// Our keyed `try_acquire` on `("tenants", key)`.
 fn ours_keyed(broker: &ResourceBroker, key: &str) -> bool {
-    use futures::FutureExt;
     broker
         .try_acquire(("tenants", key), Cost::default())
         .now_or_never()

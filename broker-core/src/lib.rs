@@ -28,7 +28,8 @@ pub mod telemetry;
 
 pub use backend::{Backend, LocalStates};
 pub use broker::{
-    Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, ResourceHandle, Target,
+    Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, ResourceHandle, Target, TryAcquire,
+    TryAcquireOnHandle,
 };
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
 pub use config::{LimitsConfig, ResourceConfig};

@@ -19,6 +19,15 @@ pub trait Hooks: Send + Sync + 'static {
     /// Runs before each synchronous keyed `try_acquire`.
     fn before_try_acquire_now(&self) {}
 
+    /// Whether the store answers `try_acquire` only asynchronously, as a
+    /// store that needs I/O: its synchronous `try_acquire_now` says it
+    /// cannot (`None`), and its asynchronous `try_acquire` is pending on
+    /// its first poll (it wakes its task at once) before it passes the
+    /// call on.
+    fn asynchronous(&self) -> bool {
+        false
+    }
+
     /// The answer `settle` gives instead of the wrapped store's (`None`:
     /// the wrapped store's).
     fn settle(&self) -> Option<Result<(), BackendError>> {
@@ -56,6 +65,17 @@ impl<H: Hooks> Wrapped<H> {
 #[async_trait]
 impl<H: Hooks> Backend for Wrapped<H> {
     async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
+        if self.hooks.asynchronous() {
+            let mut polled = false;
+            std::future::poll_fn(|cx| match std::mem::replace(&mut polled, true) {
+                true => std::task::Poll::Ready(()),
+                false => {
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                }
+            })
+            .await;
+        }
         self.inner.try_acquire(k, s, c).await
     }
     fn try_acquire_now(
@@ -65,6 +85,9 @@ impl<H: Hooks> Backend for Wrapped<H> {
         c: Cost,
     ) -> Option<Result<Decision, BackendError>> {
         self.hooks.before_try_acquire_now();
+        if self.hooks.asynchronous() {
+            return None;
+        }
         self.inner.try_acquire_now(k, s, c)
     }
     async fn reserve(

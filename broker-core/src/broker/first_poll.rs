@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use super::{Acquisition, Permit};
@@ -27,6 +27,10 @@ pub(super) trait Call<'s>: Send + Unpin + 's {
 
     /// The call in full: the answer, or the call to poll from then on.
     fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>>;
+
+    /// The call's synchronous form (`try_acquire_now`): the answer made
+    /// without I/O, or `None` with nothing consumed.
+    fn now(self) -> Option<Result<Acquisition, BrokerError>>;
 }
 
 /// The future of a [`Call`]: [`Call::quick`] on the first poll, whose
@@ -46,7 +50,100 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
     pub(super) fn new(call: C) -> Self {
         Self::Unpolled(call)
     }
+
+    /// The answer made without I/O, or `None` if the backend must be
+    /// asked asynchronously: then nothing was consumed. A future polled
+    /// already is polled once more, and dropped if still pending.
+    #[inline(always)]
+    fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
+        match self {
+            FirstPoll::Unpolled(call) => call.now(),
+            polled => polled.poll_once(),
+        }
+    }
+
+    /// [`FirstPoll::now_or_never`] past its common case: one poll with a
+    /// waker that does nothing, out of the callers' line.
+    #[cold]
+    #[inline(never)]
+    fn poll_once(mut self) -> Option<Result<Acquisition, BrokerError>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self).poll(&mut cx) {
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => None,
+        }
+    }
 }
+
+/// Declares the public future of one kind of `try_acquire` call: a
+/// [`FirstPoll`] of it, with its own `now_or_never`.
+macro_rules! try_acquire_future {
+    ($(#[$doc:meta])* $name:ident, $call:ty, $example:literal) => {
+        $(#[$doc])*
+        #[must_use = "futures do nothing unless polled"]
+        pub struct $name<'s>(pub(super) FirstPoll<'s, $call>);
+
+        impl<'s> $name<'s> {
+            /// The answer now, or `None` if the backend must be asked
+            /// asynchronously: the call made synchronously, as
+            /// `try_acquire_now` makes it, so a `None` has consumed
+            /// nothing. This method takes precedence over `futures`'
+            /// `FutureExt::now_or_never`, which would poll the future once
+            /// with a waker that does nothing (starting, then dropping, a
+            /// call to a store that needs I/O); the in-memory store
+            /// answers either way. A future polled already is polled once
+            /// more, and dropped if still pending.
+            ///
+            /// ```
+            /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+            /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+            /// let broker = ResourceBroker::new(backend);
+            /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+            #[doc = $example]
+            /// match answer {
+            ///     Some(answer) => println!("allowed: {}", answer?.allowed),
+            ///     None => println!("the backend is asked asynchronously"),
+            /// }
+            /// # Ok(()) }
+            /// ```
+            #[inline(always)]
+            pub fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
+                self.0.now_or_never()
+            }
+        }
+
+        impl Future for $name<'_> {
+            type Output = Result<Acquisition, BrokerError>;
+
+            #[inline]
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+                Pin::new(&mut self.get_mut().0).poll(cx)
+            }
+        }
+
+        impl std::fmt::Debug for $name<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name)).finish_non_exhaustive()
+            }
+        }
+    };
+}
+
+try_acquire_future!(
+    /// The future of [`super::ResourceBroker::try_acquire`]: the call is
+    /// made when it is first polled, never before.
+    TryAcquire,
+    super::ById<'s>,
+    "let answer = broker.try_acquire((\"tenants\", \"acme\"), Cost::default()).now_or_never();"
+);
+
+try_acquire_future!(
+    /// The future of [`super::ResourceHandle::try_acquire`]: the call is
+    /// made when it is first polled, never before.
+    TryAcquireOnHandle,
+    super::handle::OnHandle<'s>,
+    "let answer = broker.resource_handle(\"tenants\")?.try_acquire(\"acme\", Cost::default()).now_or_never();"
+);
 
 impl<'s, C: Call<'s>> Future for FirstPoll<'s, C> {
     type Output = Result<Acquisition, BrokerError>;

@@ -1,12 +1,12 @@
 //! [`ResourceHandle`]: one registered resource, looked up once, for callers
 //! that check the same resource on every request.
 
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{
     acquisition, Acquisition, Call, FirstPoll, Later, Permit, Resource, ResourceBroker, Target,
+    TryAcquireOnHandle,
 };
 use crate::error::BrokerError;
 use crate::limits::Cost;
@@ -101,12 +101,12 @@ impl ResourceHandle {
         &'s self,
         key: impl Into<Option<&'a str>>,
         cost: Cost,
-    ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
-        FirstPoll::new(OnHandle {
+    ) -> TryAcquireOnHandle<'s> {
+        TryAcquireOnHandle(FirstPoll::new(OnHandle {
             handle: self,
             key: key.into(),
             cost,
-        })
+        }))
     }
 
     /// [`ResourceBroker::quick`] on this resource, unless a registration
@@ -172,7 +172,7 @@ impl ResourceHandle {
 }
 
 /// `try_acquire` on a handle, as its future holds it.
-struct OnHandle<'s> {
+pub(super) struct OnHandle<'s> {
     handle: &'s ResourceHandle,
     key: Option<&'s str>,
     cost: Cost,
@@ -182,6 +182,11 @@ impl<'s> Call<'s> for OnHandle<'s> {
     #[inline(always)]
     fn quick(&self, permit: &mut Permit) -> Option<Verdict> {
         self.handle.quick(self.key, self.cost, permit)
+    }
+
+    #[inline(always)]
+    fn now(self) -> Option<Result<Acquisition, BrokerError>> {
+        self.handle.try_acquire_now(self.key, self.cost)
     }
 
     fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {

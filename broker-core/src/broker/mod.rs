@@ -8,7 +8,6 @@ mod permit;
 mod target;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use arc_swap::ArcSwap;
 
 pub use enqueue::{Attempt, EnqueueError};
 use first_poll::{acquisition, denied, Call, FirstPoll, Later};
+pub use first_poll::{TryAcquire, TryAcquireOnHandle};
 pub use handle::ResourceHandle;
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
@@ -432,6 +432,11 @@ impl<'s> Call<'s> for ById<'s> {
         self.broker.quick_by_id(self.target, self.cost, permit)
     }
 
+    #[inline(always)]
+    fn now(self) -> Option<Result<Acquisition, BrokerError>> {
+        self.broker.try_acquire_now(self.target, self.cost)
+    }
+
     fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {
         let (broker, cost) = (self.broker, self.cost);
         let mut state_key = None;
@@ -452,12 +457,12 @@ impl ResourceBroker {
         &'s self,
         target: impl Into<Target<'a>>,
         cost: Cost,
-    ) -> impl Future<Output = Result<Acquisition, BrokerError>> + Send + 's {
-        FirstPoll::new(ById {
+    ) -> TryAcquire<'s> {
+        TryAcquire(FirstPoll::new(ById {
             broker: self,
             target: target.into(),
             cost,
-        })
+        }))
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting, for callers that
