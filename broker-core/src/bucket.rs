@@ -292,9 +292,19 @@ pub fn reserve(
 
 /// `settle`: corrects a charge after the work. `delta = reserved - actual`:
 /// positive refunds (capped at capacity), negative charges the difference.
+///
+/// No refund is made while the bucket is held (`nb` after `now`): a
+/// charge is settled after its work, which ran once `nb` had passed, so a
+/// hold still on was put on since, by a penalty or an exhausted upstream
+/// counter, and its drain took the unused tokens along with the rest.
+/// Refunding them would undo part of the drain. A charge of more is made
+/// whatever the hold.
 pub fn settle(state: BucketState, params: &BucketParams, now: Micros, delta: f64) -> BucketState {
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
+    if delta > 0.0 && s.nb > now {
+        return s;
+    }
     s.tokens = (s.tokens + delta).min(params.capacity);
     s
 }

@@ -89,6 +89,31 @@ proptest! {
         }
     }
 
+    /// Settlements made while a penalty holds the bucket never give back
+    /// what its drain took: when the penalty ends, the bucket holds no more
+    /// than it would have without them.
+    #[test]
+    fn refunds_during_a_penalty_give_nothing_back(
+        p in params(),
+        before in -5.0f64..20.0, hold in 1u64..10_000_000,
+        settles in prop::collection::vec((0u64..10_000_000, -3.0f64..30.0), 1..20),
+    ) {
+        let fresh = BucketState { tokens: before.min(p.capacity()), ts: 0, nb: 0 };
+        let penalized = bucket::penalize(fresh, &p, 0, hold);
+        let mut s = penalized;
+        let mut settles = settles;
+        settles.sort_by_key(|(at, _)| *at);
+        for (at, delta) in settles.into_iter().filter(|(at, _)| *at < hold) {
+            s = bucket::settle(s, &p, at, delta);
+        }
+        let settled = bucket::refill(s, &p, hold).tokens;
+        let untouched = bucket::refill(penalized, &p, hold).tokens;
+        prop_assert!(
+            settled <= untouched + 1e-9,
+            "{settled} tokens when the penalty ends, {untouched} without the settlements"
+        );
+    }
+
     /// Reconcile only narrows: tokens never rise above what refill gives,
     /// and `nb` never moves back.
     #[test]

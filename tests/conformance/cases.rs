@@ -203,6 +203,40 @@ pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
     assert_eq!(d.wait, 510_000, "50 tokens of debt, then one more");
 }
 
+/// A refund settled while a hold is on is not made (the hold's drain took
+/// the unused tokens); a charge is; after the hold, refunds are made again.
+pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("settle-held"));
+    // 60 tokens a minute: one a second, a burst of 60.
+    let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
+    let tokens = |n| Cost::tokens(n);
+    assert!(
+        b.try_acquire(&key, &spec, tokens(60))
+            .await
+            .unwrap()
+            .allowed
+    );
+    b.penalize(&key, &spec, Duration::from_secs(2))
+        .await
+        .unwrap();
+    // The call used 10 of its 60: the 50 are not given back during the hold.
+    b.settle(&key, &spec, tokens(60), tokens(10)).await.unwrap();
+    // Another used one more than it booked: charged.
+    b.settle(&key, &spec, tokens(0), tokens(1)).await.unwrap();
+    env.advance_ms(2_000);
+    // -1 + 2 refilled = 1 token.
+    let d = b.try_acquire(&key, &spec, tokens(2)).await.unwrap();
+    assert_eq!((d.allowed, d.wait), (false, S), "one token, not 51");
+    b.settle(&key, &spec, tokens(10), tokens(0)).await.unwrap();
+    assert!(
+        b.try_acquire(&key, &spec, tokens(11))
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(!b.try_acquire(&key, &spec, tokens(1)).await.unwrap().allowed);
+}
+
 pub async fn a_penalty_is_never_shortened(env: &Env) {
     let (b, key, spec) = (&*env.backend, env.key("p"), seed_quota());
     b.penalize(&key, &spec, Duration::from_secs(10))
@@ -321,6 +355,7 @@ macro_rules! for_each_case {
             a_dead_holders_lease_expires_after_lease_ttl,
             reserve_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
+            a_refund_is_not_made_while_a_hold_is_on,
             a_penalty_is_never_shortened,
             a_penalty_longer_than_the_window_survives_other_acquires,
             reconcile_narrows_and_never_widens,
