@@ -511,3 +511,36 @@ async fn an_enqueue_ended_by_a_backend_error_is_counted_failed() {
     let stats = &broker.stats().resources["api"];
     assert_eq!((stats.failed, stats.queued, stats.in_flight), (1, 0, 0));
 }
+
+/// A call booked under a penalty that another broker put on the shared
+/// store (so this broker holds nothing locally), for after the penalty,
+/// and cancelled while it waits: its cost is given back in full (the
+/// penalty's drain left it as booked debt), so the bucket comes out of the
+/// penalty as if the call had never been made.
+#[tokio::test(start_paused = true)]
+async fn a_call_booked_under_another_brokers_penalty_is_given_back_when_cancelled() {
+    struct Shared;
+    impl broker_testkit::Hooks for Shared {}
+    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let on_store = || ResourceBroker::new(broker_testkit::Wrapped::new(store.clone(), Shared));
+    let (a, b) = (on_store(), on_store());
+    let limits = || Limits::new().rate(RateLimit::per_second(1).with_burst(10));
+    a.register("api", ResourceConfig::new(limits())).unwrap();
+    b.register("api", ResourceConfig::new(limits())).unwrap();
+    a.penalize("api", Duration::from_secs(2)).await.unwrap();
+    // Booked for 5 s (five tokens at one a second), past the penalty.
+    let call = tokio::spawn(async move {
+        let ok = |_| async { Outcome::<(), ()>::ok(()) };
+        b.enqueue("api", Cost::requests(5), ok).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    // 2.5 s after the drain: 2.5 tokens, as without the call.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut allowed = 0;
+    while a.try_acquire("api", Cost::default()).await.unwrap().allowed {
+        allowed += 1;
+    }
+    assert_eq!(allowed, 2);
+}

@@ -25,7 +25,9 @@ enum Op {
     Reserve(Cost, u64),
     HoldSlot,
     Release(usize),
-    Settle(Cost, Cost),
+    /// Reserved, actual, and the booking's due time as an offset from now
+    /// (in µs, may be negative), if given.
+    Settle(Cost, Cost, Option<i64>),
     Penalize(u64),
     Reconcile(Option<u64>, Option<u64>, Option<u64>),
 }
@@ -42,7 +44,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(c, w)| Op::Reserve(c, w)),
         1 => Just(Op::HoldSlot),
         1 => (0usize..4).prop_map(Op::Release),
-        1 => (cost(), cost()).prop_map(|(a, b)| Op::Settle(a, b)),
+        1 => (cost(), cost(), prop::option::of(-5_000_000i64..5_000_000))
+            .prop_map(|(a, b, at)| Op::Settle(a, b, at)),
         1 => (0u64..10_000_000).prop_map(Op::Penalize),
         1 => (prop::option::of(0u64..30), prop::option::of(0u64..60), prop::option::of(0u64..5_000_000))
             .prop_map(|(r, t, reset)| Op::Reconcile(r, t, reset)),
@@ -163,12 +166,14 @@ async fn run_case(
                     .is_some_and(|s| state::release(s, lease));
                 prop_assert_eq!(got, want, "release {}", lease);
             }
-            Op::Settle(reserved, actual) => {
+            Op::Settle(reserved, actual, at) => {
+                let booked = at.map(|d| now.saturating_add_signed(d));
                 redis
-                    .settle(key, &spec, reserved, actual)
+                    .settle(key, &spec, reserved, actual, booked)
                     .await
                     .expect("settle");
-                state::settle(reference.get(&spec, now), &spec, now, reserved, actual);
+                let state = reference.get(&spec, now);
+                state::settle(state, &spec, now, reserved, actual, booked);
             }
             Op::Penalize(hold) => {
                 redis

@@ -1,7 +1,7 @@
 //! `try_acquire(..).now_or_never()`: the futures of `try_acquire` answer
-//! one poll as `.await` would, in the caller's line on the in-memory store,
-//! and a call that must wait for its store gives `None` and consumes
-//! nothing.
+//! one poll as `.await` would (in the caller's line on the in-memory store),
+//! a call still pending on its store gives `None`, and a store that answers
+//! on the first poll without a synchronous form answers as well.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,4 +101,20 @@ async fn a_call_that_waits_for_its_store_gives_none_and_consumes_nothing() {
         .await
         .unwrap();
     assert_eq!(a.denied_by, Some(DenyReason::Rate));
+}
+
+/// A store with no synchronous form whose call completes on its first poll
+/// (here, one that is down) answers through `now_or_never` as well, as one
+/// poll of the future does.
+#[test]
+fn a_store_that_answers_on_the_first_poll_answers() {
+    let broker = ResourceBroker::new(broker_testkit::DownBackend::new("down"));
+    broker.register_limit("tenants", limits()).unwrap();
+    let answer = broker
+        .try_acquire(("tenants", "acme"), Cost::default())
+        .now_or_never();
+    assert!(
+        matches!(answer, Some(Err(BrokerError::Backend(_)))),
+        "{answer:?}"
+    );
 }

@@ -148,7 +148,7 @@ async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
     );
     clock.advance(Duration::from_secs(121));
     backend
-        .settle("p", &spec, Cost::requests(0), Cost::requests(0))
+        .settle("p", &spec, Cost::requests(0), Cost::requests(0), None)
         .await
         .unwrap();
     assert_eq!(

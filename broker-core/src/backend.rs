@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
@@ -68,13 +69,17 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// `settle`: correct the charge from `reserved` to `actual`.
+    /// `settle`: correct the charge from `reserved` to `actual`. `booked`:
+    /// the [`Reservation::due`] of the reservation settled, when there was
+    /// one; a refund is not made if the bucket is held past it (see
+    /// [`crate::bucket::settle`]), nor, without it, while a hold is on.
     async fn settle(
         &self,
         key: &str,
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
+        booked: Option<Micros>,
     ) -> Result<(), BackendError>;
 
     /// Synchronous [`Backend::settle`], when the store can answer without
@@ -85,6 +90,7 @@ pub trait Backend: Send + Sync + 'static {
         _spec: &LimitSpec,
         _reserved: Cost,
         _actual: Cost,
+        _booked: Option<Micros>,
     ) -> Option<Result<(), BackendError>> {
         None
     }

@@ -293,16 +293,25 @@ pub fn reserve(
 /// `settle`: corrects a charge after the work. `delta = reserved - actual`:
 /// positive refunds (capped at capacity), negative charges the difference.
 ///
-/// No refund is made while the bucket is held (`nb` after `now`): a
-/// charge is settled after its work, which ran once `nb` had passed, so a
-/// hold still on was put on since, by a penalty or an exhausted upstream
-/// counter, and its drain took the unused tokens along with the rest.
-/// Refunding them would undo part of the drain. A charge of more is made
+/// `booked` is the time the settled cost was booked for (a reservation's
+/// due time), `None` when unknown (then `now`). No refund is made if the
+/// bucket is held past that time (`nb` after it): a reservation is booked
+/// for `nb` or later, so that hold was put on after the booking, by a
+/// penalty or an exhausted upstream counter, and its drain took the
+/// booked tokens along with the rest; refunding them would undo part of
+/// the drain. A cost booked under a hold, for after it, is refunded
+/// exactly (the drain left it as booked debt). A charge of more is made
 /// whatever the hold.
-pub fn settle(state: BucketState, params: &BucketParams, now: Micros, delta: f64) -> BucketState {
+pub fn settle(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    delta: f64,
+    booked: Option<Micros>,
+) -> BucketState {
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
-    if delta > 0.0 && s.nb > now {
+    if delta > 0.0 && s.nb > booked.unwrap_or(now) {
         return s;
     }
     s.tokens = (s.tokens + delta).min(params.capacity);

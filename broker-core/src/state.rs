@@ -185,6 +185,10 @@ pub struct Reservation {
     pub wait: Micros,
     /// False when the wait exceeded `max_wait` and nothing was booked.
     pub booked: bool,
+    /// The store's time the booked cost may be used at: its now plus
+    /// `wait`, on the store's clock. Given back to `settle` (`booked`) for
+    /// a settlement of this reservation.
+    pub due: Micros,
 }
 
 fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
@@ -328,14 +332,20 @@ pub fn reserve(
     max_wait: Micros,
 ) -> Reservation {
     let wait = wait_all(state, spec, now, cost);
+    let due = now.saturating_add(wait);
     if wait > max_wait {
         return Reservation {
             wait,
             booked: false,
+            due,
         };
     }
     book_all(state, spec, now, cost, wait);
-    Reservation { wait, booked: true }
+    Reservation {
+        wait,
+        booked: true,
+        due,
+    }
 }
 
 /// Takes a concurrency slot under `lease` if one is free. True when held
@@ -369,18 +379,21 @@ pub fn release(state: &mut ResourceState, lease: LeaseId) -> bool {
     }
 }
 
-/// `settle`: corrects the charge of every bucket from `reserved` to `actual`.
+/// `settle`: corrects the charge of every bucket from `reserved` to
+/// `actual`. `booked`: the reservation's due time, if known (see
+/// [`bucket::settle`]).
 pub fn settle(
     state: &mut ResourceState,
     spec: &LimitSpec,
     now: Micros,
     reserved: Cost,
     actual: Cost,
+    booked: Option<Micros>,
 ) {
     for (i, (u, p)) in spec.buckets.iter().enumerate() {
         let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
         if delta != 0.0 {
-            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta);
+            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, booked);
         }
     }
 }

@@ -37,7 +37,7 @@ use broker_core::bucket::{BucketState, Shortfall};
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, ObservedLimit,
+    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, Micros, ObservedLimit,
     Reservation, Verdict,
 };
 use cell::BucketCell;
@@ -651,9 +651,10 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
+        booked: Option<Micros>,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual)
+            state::settle(s, spec, now, reserved, actual, booked)
         });
         Ok(())
     }
@@ -664,9 +665,10 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
+        booked: Option<Micros>,
     ) -> Option<Result<(), BackendError>> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual)
+            state::settle(s, spec, now, reserved, actual, booked)
         });
         Some(Ok(()))
     }

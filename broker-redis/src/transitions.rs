@@ -257,6 +257,7 @@ impl RedisBackend {
                         Reservation {
                             wait: 0,
                             booked: true,
+                            due: now,
                         },
                         now,
                     )),
@@ -283,19 +284,23 @@ impl RedisBackend {
         let reply = self.run(script, cmd).await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
+            let now = micros_of(&now)?;
             let booked = Reservation {
                 wait: 0,
                 booked: true,
+                due: now,
             };
-            return Ok((booked, micros_of(&now)?));
+            return Ok((booked, now));
         }
         let (booked, wait, now): (i64, String, String) = parse(reply)?;
+        let (wait, now) = (micros_of(&wait)?, micros_of(&now)?);
         Ok((
             Reservation {
-                wait: micros_of(&wait)?,
+                wait,
                 booked: booked == 1,
+                due: now.saturating_add(wait),
             },
-            micros_of(&now)?,
+            now,
         ))
     }
 }
@@ -386,9 +391,10 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
+        booked: Option<Micros>,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
-        let cmd = scripts::evalsha(
+        let mut cmd = scripts::evalsha(
             &scripts::SETTLE,
             &keys,
             self.now_arg(),
@@ -399,11 +405,17 @@ impl Backend for RedisBackend {
                 Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
             },
         );
+        match booked {
+            Some(due) => cmd.arg(due),
+            None => cmd.arg(""),
+        };
         match self.run(&scripts::SETTLE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {
                 Fallback::Open => Ok(()),
-                Fallback::Local(m, scaled) => m.settle(key, &scaled, reserved, actual).await,
+                Fallback::Local(m, scaled) => {
+                    m.settle(key, &scaled, reserved, actual, booked).await
+                }
             },
         }
     }

@@ -47,7 +47,7 @@ async fn every_script_runs_and_takes_effect() {
         .await
         .unwrap();
     assert_eq!(r.wait, 500_000);
-    b.settle("k", &spec, Cost::requests(1), Cost::requests(0))
+    b.settle("k", &spec, Cost::requests(1), Cost::requests(0), None)
         .await
         .unwrap();
     b.penalize("k", &spec, Duration::from_secs(5))

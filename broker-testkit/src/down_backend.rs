@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, ObservedLimit, Reservation,
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Micros, ObservedLimit, Reservation,
 };
 
 /// Every call fails with [`DownBackend::message`].
@@ -46,7 +46,14 @@ impl Backend for DownBackend {
     async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {
         self.fail()
     }
-    async fn settle(&self, _: &str, _: &LimitSpec, _: Cost, _: Cost) -> Result<(), BackendError> {
+    async fn settle(
+        &self,
+        _: &str,
+        _: &LimitSpec,
+        _: Cost,
+        _: Cost,
+        _: Option<Micros>,
+    ) -> Result<(), BackendError> {
         self.fail()
     }
     async fn penalize(&self, _: &str, _: &LimitSpec, _: Duration) -> Result<(), BackendError> {

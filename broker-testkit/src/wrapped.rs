@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, ObservedLimit,
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, Micros, ObservedLimit,
     Reservation,
 };
 
@@ -108,10 +108,17 @@ impl<H: Hooks> Backend for Wrapped<H> {
     fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
         self.inner.release_now(k, l)
     }
-    async fn settle(&self, k: &str, s: &LimitSpec, r: Cost, a: Cost) -> Result<(), BackendError> {
+    async fn settle(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        r: Cost,
+        a: Cost,
+        b: Option<Micros>,
+    ) -> Result<(), BackendError> {
         match self.hooks.settle() {
             Some(answer) => answer,
-            None => self.inner.settle(k, s, r, a).await,
+            None => self.inner.settle(k, s, r, a, b).await,
         }
     }
     fn settle_now(
@@ -120,10 +127,11 @@ impl<H: Hooks> Backend for Wrapped<H> {
         s: &LimitSpec,
         r: Cost,
         a: Cost,
+        b: Option<Micros>,
     ) -> Option<Result<(), BackendError>> {
         match self.hooks.settle() {
             Some(answer) => Some(answer),
-            None => self.inner.settle_now(k, s, r, a),
+            None => self.inner.settle_now(k, s, r, a, b),
         }
     }
     async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {

@@ -181,7 +181,7 @@ pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
             .unwrap()
             .allowed
     );
-    b.settle(&key, &spec, Cost::tokens(100), Cost::tokens(40))
+    b.settle(&key, &spec, Cost::tokens(100), Cost::tokens(40), None)
         .await
         .unwrap();
     assert!(
@@ -196,7 +196,7 @@ pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
             .unwrap()
             .allowed
     );
-    b.settle(&key, &spec, Cost::tokens(0), Cost::tokens(50))
+    b.settle(&key, &spec, Cost::tokens(0), Cost::tokens(50), None)
         .await
         .unwrap();
     let d = b.try_acquire(&key, &spec, Cost::tokens(1)).await.unwrap();
@@ -220,14 +220,20 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
         .await
         .unwrap();
     // The call used 10 of its 60: the 50 are not given back during the hold.
-    b.settle(&key, &spec, tokens(60), tokens(10)).await.unwrap();
+    b.settle(&key, &spec, tokens(60), tokens(10), None)
+        .await
+        .unwrap();
     // Another used one more than it booked: charged.
-    b.settle(&key, &spec, tokens(0), tokens(1)).await.unwrap();
+    b.settle(&key, &spec, tokens(0), tokens(1), None)
+        .await
+        .unwrap();
     env.advance_ms(2_000);
     // -1 + 2 refilled = 1 token.
     let d = b.try_acquire(&key, &spec, tokens(2)).await.unwrap();
     assert_eq!((d.allowed, d.wait), (false, S), "one token, not 51");
-    b.settle(&key, &spec, tokens(10), tokens(0)).await.unwrap();
+    b.settle(&key, &spec, tokens(10), tokens(0), None)
+        .await
+        .unwrap();
     assert!(
         b.try_acquire(&key, &spec, tokens(11))
             .await
@@ -235,6 +241,45 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
             .allowed
     );
     assert!(!b.try_acquire(&key, &spec, tokens(1)).await.unwrap().allowed);
+}
+
+/// With the booking's due time, a refund follows the holds put on after
+/// the booking: a cost booked under a hold, for after it, is given back
+/// (the drain left it as booked debt); a cost booked before a hold that
+/// lasted past its due time is not, even once the hold has ended.
+pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("settle-booked"));
+    let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
+    let tokens = |n| Cost::tokens(n);
+    let within = Duration::from_secs(60);
+    let before = b.reserve(&key, &spec, tokens(60), within).await.unwrap();
+    assert_eq!((before.booked, before.wait), (true, 0));
+    b.penalize(&key, &spec, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let under = b.reserve(&key, &spec, tokens(5), within).await.unwrap();
+    assert_eq!((under.booked, under.wait), (true, 5 * S));
+    assert_eq!(
+        under.due - before.due,
+        5 * S,
+        "due times on the store's clock"
+    );
+    // Cancelled: given back in full.
+    b.settle(&key, &spec, tokens(5), tokens(0), Some(under.due))
+        .await
+        .unwrap();
+    env.advance_ms(3_000);
+    // The first used 10 of its 60, settled after the hold: nothing back.
+    b.settle(&key, &spec, tokens(60), tokens(10), Some(before.due))
+        .await
+        .unwrap();
+    let d = b.try_acquire(&key, &spec, tokens(4)).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.wait),
+        (false, S),
+        "3 tokens refilled, no more"
+    );
+    assert!(b.try_acquire(&key, &spec, tokens(3)).await.unwrap().allowed);
 }
 
 pub async fn a_penalty_is_never_shortened(env: &Env) {
@@ -356,6 +401,7 @@ macro_rules! for_each_case {
             reserve_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
             a_refund_is_not_made_while_a_hold_is_on,
+            a_refund_follows_the_holds_put_on_after_the_booking,
             a_penalty_is_never_shortened,
             a_penalty_longer_than_the_window_survives_other_acquires,
             reconcile_narrows_and_never_widens,

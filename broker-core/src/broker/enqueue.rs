@@ -62,13 +62,17 @@ const NO_COST: Cost = Cost {
 };
 
 /// A booked reservation. Dropped before [`Booking::consume`], it refunds
-/// the cost, unless a hold is on (see its `Drop`).
+/// the cost, unless a hold put on since has drained it (see its `Drop`).
 pub(crate) struct Booking {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
     key: String,
     cost: Cost,
     wait: Micros,
+    /// The store's time the cost is due at ([`crate::state::Reservation::due`]).
+    due: Micros,
+    /// The same time on this process's clock.
+    due_here: tokio::time::Instant,
     armed: bool,
 }
 
@@ -96,6 +100,8 @@ impl Booking {
             key,
             cost,
             wait: r.wait,
+            due: r.due,
+            due_here: tokio::time::Instant::now() + Duration::from_micros(r.wait),
             armed: true,
         }))
     }
@@ -110,23 +116,36 @@ impl Booking {
         }
     }
 
-    /// The reservation is used: no refund on drop.
-    pub(crate) fn consume(mut self) {
+    /// The reservation is used: no refund on drop. Its due time on the
+    /// store's clock, for a settlement of its cost.
+    pub(crate) fn consume(mut self) -> Micros {
         self.armed = false;
+        self.due
     }
 }
 
 impl Drop for Booking {
     fn drop(&mut self) {
-        // Under a hold (an upstream 429, most often after this booking),
-        // giving the cost back could return tokens the hold drained: the
-        // booking stays spent instead, at worst one call's cost given to
-        // the hold.
-        if !self.armed || self.resource.holds.until(&self.key).is_some() {
+        // Under a hold put on after this booking (an upstream 429), which
+        // lasts past its due time, giving the cost back could return tokens
+        // the hold drained: the booking stays spent instead. A booking made
+        // under the hold, for after it, is given back. The store decides by
+        // its own hold (`settle` with the due time); this process's hold
+        // covers a store that failed to take it.
+        if !self.armed
+            || self
+                .resource
+                .holds
+                .until(&self.key)
+                .is_some_and(|until| until > self.due_here)
+        {
             return;
         }
-        let spec = &self.resource.spec;
-        match self.backend.settle_now(&self.key, spec, self.cost, NO_COST) {
+        let (spec, due) = (&self.resource.spec, Some(self.due));
+        match self
+            .backend
+            .settle_now(&self.key, spec, self.cost, NO_COST, due)
+        {
             Some(Ok(())) => {}
             Some(Err(e)) => note_backend_error(&self.resource, "refund", &e),
             None => {
@@ -136,7 +155,8 @@ impl Drop for Booking {
                     let key = std::mem::take(&mut self.key);
                     let cost = self.cost;
                     rt.spawn(async move {
-                        if let Err(e) = backend.settle(&key, &resource.spec, cost, NO_COST).await {
+                        let settled = backend.settle(&key, &resource.spec, cost, NO_COST, due);
+                        if let Err(e) = settled.await {
                             note_backend_error(&resource, "refund", &e);
                         }
                     });
@@ -378,7 +398,7 @@ impl ResourceBroker {
                 // A backend error ends the call as a failed one, counted below.
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
-            booking.consume();
+            let due = booking.consume();
             bump(&resource.counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
@@ -397,7 +417,7 @@ impl ResourceBroker {
                         if let Err(e) = self
                             .inner
                             .backend
-                            .settle(&key, &resource.spec, cost, actual)
+                            .settle(&key, &resource.spec, cost, actual, Some(due))
                             .await
                         {
                             note_backend_error(&resource, "settle", &e);

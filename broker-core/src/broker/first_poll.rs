@@ -30,7 +30,7 @@ pub(super) trait Call<'s>: Send + Unpin + 's {
 
     /// The call's synchronous form (`try_acquire_now`): the answer made
     /// without I/O, or `None` with nothing consumed.
-    fn now(self) -> Option<Result<Acquisition, BrokerError>>;
+    fn now(&self) -> Option<Result<Acquisition, BrokerError>>;
 }
 
 /// The future of a [`Call`]: [`Call::quick`] on the first poll, whose
@@ -51,13 +51,17 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
         Self::Unpolled(call)
     }
 
-    /// The answer made without I/O, or `None` if the backend must be
-    /// asked asynchronously: then nothing was consumed. A future polled
-    /// already is polled once more, and dropped if still pending.
+    /// The answer of one poll, or `None` if the call is still pending
+    /// (then dropped). The answer made without I/O comes from the call's
+    /// synchronous form, in the caller's line; else the future is polled
+    /// once.
     #[inline(always)]
     fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
         match self {
-            FirstPoll::Unpolled(call) => call.now(),
+            FirstPoll::Unpolled(call) => match call.now() {
+                Some(answer) => Some(answer),
+                None => FirstPoll::Unpolled(call).poll_once(),
+            },
             polled => polled.poll_once(),
         }
     }
@@ -84,15 +88,21 @@ macro_rules! try_acquire_future {
         pub struct $name<'s>(pub(super) FirstPoll<'s, $call>);
 
         impl<'s> $name<'s> {
-            /// The answer now, or `None` if the backend must be asked
-            /// asynchronously: the call made synchronously, as
-            /// `try_acquire_now` makes it, so a `None` has consumed
-            /// nothing. This method takes precedence over `futures`'
-            /// `FutureExt::now_or_never`, which would poll the future once
-            /// with a waker that does nothing (starting, then dropping, a
-            /// call to a store that needs I/O); the in-memory store
-            /// answers either way. A future polled already is polled once
-            /// more, and dropped if still pending.
+            /// The answer of one poll, or `None` if the call is still
+            /// pending on its backend (the call is then dropped, as a
+            /// dropped `try_acquire` is): what `futures`'
+            /// `FutureExt::now_or_never` gives, which this method takes
+            /// precedence over. A store that answers without I/O (the
+            /// in-memory one) is asked synchronously, as
+            /// `try_acquire_now` asks it, in the caller's line: no waker,
+            /// no move of the future. A store that needs I/O has been sent
+            /// the call when `None` comes back; use `try_acquire_now` to
+            /// ask only a store that answers at once.
+            ///
+            /// # Panics
+            ///
+            /// If the future has already completed, as polling it again
+            /// would.
             ///
             /// ```
             /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};

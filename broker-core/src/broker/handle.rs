@@ -185,7 +185,7 @@ impl<'s> Call<'s> for OnHandle<'s> {
     }
 
     #[inline(always)]
-    fn now(self) -> Option<Result<Acquisition, BrokerError>> {
+    fn now(&self) -> Option<Result<Acquisition, BrokerError>> {
         self.handle.try_acquire_now(self.key, self.cost)
     }
 

@@ -433,7 +433,7 @@ impl<'s> Call<'s> for ById<'s> {
     }
 
     #[inline(always)]
-    fn now(self) -> Option<Result<Acquisition, BrokerError>> {
+    fn now(&self) -> Option<Result<Acquisition, BrokerError>> {
         self.broker.try_acquire_now(self.target, self.cost)
     }
 
@@ -804,7 +804,7 @@ impl ResourceBroker {
         let key = owned.as_deref().unwrap_or(&resource.key);
         self.inner
             .backend
-            .settle(key, &resource.spec, reserved, actual)
+            .settle(key, &resource.spec, reserved, actual, None)
             .await
             .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
         Ok(())
@@ -875,6 +875,7 @@ mod tests {
             _: &LimitSpec,
             _: Cost,
             _: Cost,
+            _: Option<crate::clock::Micros>,
         ) -> Result<(), BackendError> {
             Err(BackendError::new("unused"))
         }
