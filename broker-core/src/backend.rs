@@ -69,17 +69,18 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// `settle`: correct the charge from `reserved` to `actual`. `booked`:
-    /// the [`Reservation::due`] of the reservation settled, when there was
-    /// one; a refund is not made if the bucket is held past it (see
-    /// [`crate::bucket::settle`]), nor, without it, while a hold is on.
+    /// `settle`: correct the charge from `reserved` to `actual`. `since`:
+    /// the [`Reservation::since`] of the reservation settled, when there
+    /// was one; a refund is not made if the bucket is held past it (a hold
+    /// put on after the booking, see [`crate::bucket::settle`]), nor,
+    /// without it, while a hold is on.
     async fn settle(
         &self,
         key: &str,
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        booked: Option<Micros>,
+        since: Option<Micros>,
     ) -> Result<(), BackendError>;
 
     /// Synchronous [`Backend::settle`], when the store can answer without
@@ -90,7 +91,7 @@ pub trait Backend: Send + Sync + 'static {
         _spec: &LimitSpec,
         _reserved: Cost,
         _actual: Cost,
-        _booked: Option<Micros>,
+        _since: Option<Micros>,
     ) -> Option<Result<(), BackendError>> {
         None
     }

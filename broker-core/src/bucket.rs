@@ -293,25 +293,29 @@ pub fn reserve(
 /// `settle`: corrects a charge after the work. `delta = reserved - actual`:
 /// positive refunds (capped at capacity), negative charges the difference.
 ///
-/// `booked` is the time the settled cost was booked for (a reservation's
-/// due time), `None` when unknown (then `now`). No refund is made if the
-/// bucket is held past that time (`nb` after it): a reservation is booked
-/// for `nb` or later, so that hold was put on after the booking, by a
-/// penalty or an exhausted upstream counter, and its drain took the
-/// booked tokens along with the rest; refunding them would undo part of
-/// the drain. A cost booked under a hold, for after it, is refunded
-/// exactly (the drain left it as booked debt). A charge of more is made
-/// whatever the hold.
+/// `since` is the settled reservation's mark
+/// ([`crate::state::Reservation::since`]: the store's time of the booking,
+/// or the end of the hold it was booked under if later), `None` when there
+/// is none (then `now`). No refund is made if the bucket is held past the
+/// mark (`nb` after it): that hold, by a penalty or an exhausted upstream
+/// counter, was put on after the booking, and its drain took tokens the
+/// refund would give back. A cost booked under a hold is refunded while
+/// no other hold has come since (the drain came before the booking). A
+/// charge of more is made whatever the hold.
+///
+/// Not seen: a second drain within a hold, ending no later than it (a
+/// penalty never shortens `nb`, so such a drain leaves no mark); a refund
+/// after it can give back up to the refill of the hold so far.
 pub fn settle(
     state: BucketState,
     params: &BucketParams,
     now: Micros,
     delta: f64,
-    booked: Option<Micros>,
+    since: Option<Micros>,
 ) -> BucketState {
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
-    if delta > 0.0 && s.nb > booked.unwrap_or(now) {
+    if delta > 0.0 && s.nb > since.unwrap_or(now) {
         return s;
     }
     s.tokens = (s.tokens + delta).min(params.capacity);

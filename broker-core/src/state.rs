@@ -185,10 +185,12 @@ pub struct Reservation {
     pub wait: Micros,
     /// False when the wait exceeded `max_wait` and nothing was booked.
     pub booked: bool,
-    /// The store's time the booked cost may be used at: its now plus
-    /// `wait`, on the store's clock. Given back to `settle` (`booked`) for
-    /// a settlement of this reservation.
-    pub due: Micros,
+    /// The booking's mark on the store's clock, for a settlement of this
+    /// reservation (`settle`'s `since`): the store's now, or the end of the
+    /// hold the cost was booked under if later (the latest `nb` of the
+    /// buckets it is charged to). A hold that ends after the mark was put
+    /// on after the booking.
+    pub since: Micros,
 }
 
 fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
@@ -332,19 +334,25 @@ pub fn reserve(
     max_wait: Micros,
 ) -> Reservation {
     let wait = wait_all(state, spec, now, cost);
-    let due = now.saturating_add(wait);
+    let since = spec
+        .buckets
+        .iter()
+        .zip(costs(spec, cost))
+        .zip(&state.buckets)
+        .filter(|((_, c), _)| *c > 0.0)
+        .fold(now, |since, (_, s)| since.max(s.nb));
     if wait > max_wait {
         return Reservation {
             wait,
             booked: false,
-            due,
+            since,
         };
     }
     book_all(state, spec, now, cost, wait);
     Reservation {
         wait,
         booked: true,
-        due,
+        since,
     }
 }
 
@@ -380,20 +388,20 @@ pub fn release(state: &mut ResourceState, lease: LeaseId) -> bool {
 }
 
 /// `settle`: corrects the charge of every bucket from `reserved` to
-/// `actual`. `booked`: the reservation's due time, if known (see
-/// [`bucket::settle`]).
+/// `actual`. `since`: the settled reservation's [`Reservation::since`], if
+/// there was one (see [`bucket::settle`]).
 pub fn settle(
     state: &mut ResourceState,
     spec: &LimitSpec,
     now: Micros,
     reserved: Cost,
     actual: Cost,
-    booked: Option<Micros>,
+    since: Option<Micros>,
 ) {
     for (i, (u, p)) in spec.buckets.iter().enumerate() {
         let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
         if delta != 0.0 {
-            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, booked);
+            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, since);
         }
     }
 }

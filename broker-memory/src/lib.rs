@@ -651,10 +651,10 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        booked: Option<Micros>,
+        since: Option<Micros>,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, booked)
+            state::settle(s, spec, now, reserved, actual, since)
         });
         Ok(())
     }
@@ -665,10 +665,10 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        booked: Option<Micros>,
+        since: Option<Micros>,
     ) -> Option<Result<(), BackendError>> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, booked)
+            state::settle(s, spec, now, reserved, actual, since)
         });
         Some(Ok(()))
     }

@@ -257,7 +257,7 @@ impl RedisBackend {
                         Reservation {
                             wait: 0,
                             booked: true,
-                            due: now,
+                            since: now,
                         },
                         now,
                     )),
@@ -279,8 +279,8 @@ impl RedisBackend {
         let (script, mut cmd) =
             self.cost_call(&scripts::RESERVE_ONE, &scripts::RESERVE, keys, spec, cost);
         cmd.arg(micros(max_wait));
-        // The store's time alone when booked with no wait; else
-        // {booked, wait, now}.
+        // The store's time alone when booked with no wait and no hold;
+        // else {booked, wait, now, since}.
         let reply = self.run(script, cmd).await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
@@ -288,19 +288,18 @@ impl RedisBackend {
             let booked = Reservation {
                 wait: 0,
                 booked: true,
-                due: now,
+                since: now,
             };
             return Ok((booked, now));
         }
-        let (booked, wait, now): (i64, String, String) = parse(reply)?;
-        let (wait, now) = (micros_of(&wait)?, micros_of(&now)?);
+        let (booked, wait, now, since): (i64, String, String, String) = parse(reply)?;
         Ok((
             Reservation {
-                wait,
+                wait: micros_of(&wait)?,
                 booked: booked == 1,
-                due: now.saturating_add(wait),
+                since: micros_of(&since)?,
             },
-            now,
+            micros_of(&now)?,
         ))
     }
 }
@@ -391,7 +390,7 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        booked: Option<Micros>,
+        since: Option<Micros>,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha(
@@ -405,17 +404,15 @@ impl Backend for RedisBackend {
                 Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
             },
         );
-        match booked {
-            Some(due) => cmd.arg(due),
+        match since {
+            Some(since) => cmd.arg(since),
             None => cmd.arg(""),
         };
         match self.run(&scripts::SETTLE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {
                 Fallback::Open => Ok(()),
-                Fallback::Local(m, scaled) => {
-                    m.settle(key, &scaled, reserved, actual, booked).await
-                }
+                Fallback::Local(m, scaled) => m.settle(key, &scaled, reserved, actual, since).await,
             },
         }
     }

@@ -243,10 +243,11 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
     assert!(!b.try_acquire(&key, &spec, tokens(1)).await.unwrap().allowed);
 }
 
-/// With the booking's due time, a refund follows the holds put on after
-/// the booking: a cost booked under a hold, for after it, is given back
-/// (the drain left it as booked debt); a cost booked before a hold that
-/// lasted past its due time is not, even once the hold has ended.
+/// With the booking's mark (`Reservation::since`), a refund follows the
+/// holds put on after the booking: a cost booked under a hold is given
+/// back (the drain came first); a cost booked before a hold is not, even
+/// once the hold has ended, and even when the hold ended before the cost
+/// was due.
 pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-booked"));
     let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
@@ -259,18 +260,14 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
         .unwrap();
     let under = b.reserve(&key, &spec, tokens(5), within).await.unwrap();
     assert_eq!((under.booked, under.wait), (true, 5 * S));
-    assert_eq!(
-        under.due - before.due,
-        5 * S,
-        "due times on the store's clock"
-    );
+    assert_eq!(under.since - before.since, 2 * S, "booked under the hold");
     // Cancelled: given back in full.
-    b.settle(&key, &spec, tokens(5), tokens(0), Some(under.due))
+    b.settle(&key, &spec, tokens(5), tokens(0), Some(under.since))
         .await
         .unwrap();
     env.advance_ms(3_000);
     // The first used 10 of its 60, settled after the hold: nothing back.
-    b.settle(&key, &spec, tokens(60), tokens(10), Some(before.due))
+    b.settle(&key, &spec, tokens(60), tokens(10), Some(before.since))
         .await
         .unwrap();
     let d = b.try_acquire(&key, &spec, tokens(4)).await.unwrap();
@@ -280,6 +277,27 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
         "3 tokens refilled, no more"
     );
     assert!(b.try_acquire(&key, &spec, tokens(3)).await.unwrap().allowed);
+    // A cost booked 10 s ahead, then a 1 s hold that ends before it is due,
+    // then the booking cancelled: the hold's drain is not undone.
+    env.advance_ms(60_000);
+    assert!(
+        b.try_acquire(&key, &spec, tokens(60))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let ahead = b.reserve(&key, &spec, tokens(10), within).await.unwrap();
+    assert_eq!(ahead.wait, 10 * S);
+    env.advance_ms(8_000);
+    b.penalize(&key, &spec, Duration::from_secs(1))
+        .await
+        .unwrap();
+    b.settle(&key, &spec, tokens(10), tokens(0), Some(ahead.since))
+        .await
+        .unwrap();
+    env.advance_ms(1_000);
+    let d = b.try_acquire(&key, &spec, tokens(1)).await.unwrap();
+    assert_eq!((d.allowed, d.wait), (false, 2 * S), "still 1 token of debt");
 }
 
 pub async fn a_penalty_is_never_shortened(env: &Env) {

@@ -69,10 +69,12 @@ pub(crate) struct Booking {
     key: String,
     cost: Cost,
     wait: Micros,
-    /// The store's time the cost is due at ([`crate::state::Reservation::due`]).
-    due: Micros,
-    /// The same time on this process's clock.
-    due_here: tokio::time::Instant,
+    /// The booking's mark on the store's clock
+    /// ([`crate::state::Reservation::since`]).
+    since: Micros,
+    /// The same on this process's clock and holds: the time of the
+    /// booking, or the end of the local hold it was made under if later.
+    since_here: tokio::time::Instant,
     armed: bool,
 }
 
@@ -94,14 +96,15 @@ impl Booking {
         if !r.booked {
             return Ok(Err(r.wait));
         }
+        let since_here = (resource.holds.until(&key)).unwrap_or_else(tokio::time::Instant::now);
         Ok(Ok(Booking {
             backend,
             resource: resource.clone(),
             key,
             cost,
             wait: r.wait,
-            due: r.due,
-            due_here: tokio::time::Instant::now() + Duration::from_micros(r.wait),
+            since: r.since,
+            since_here,
             armed: true,
         }))
     }
@@ -116,35 +119,34 @@ impl Booking {
         }
     }
 
-    /// The reservation is used: no refund on drop. Its due time on the
-    /// store's clock, for a settlement of its cost.
+    /// The reservation is used: no refund on drop. Its mark, for a
+    /// settlement of its cost.
     pub(crate) fn consume(mut self) -> Micros {
         self.armed = false;
-        self.due
+        self.since
     }
 }
 
 impl Drop for Booking {
     fn drop(&mut self) {
-        // Under a hold put on after this booking (an upstream 429), which
-        // lasts past its due time, giving the cost back could return tokens
-        // the hold drained: the booking stays spent instead. A booking made
-        // under the hold, for after it, is given back. The store decides by
-        // its own hold (`settle` with the due time); this process's hold
-        // covers a store that failed to take it.
+        // After a hold put on since this booking (an upstream 429), giving
+        // the cost back could return tokens the hold drained: the booking
+        // stays spent instead. A booking made under a hold is given back.
+        // The store decides by its own holds (`settle` with the booking's
+        // mark); this process's holds cover a store that failed to take one.
         if !self.armed
             || self
                 .resource
                 .holds
                 .until(&self.key)
-                .is_some_and(|until| until > self.due_here)
+                .is_some_and(|until| until > self.since_here)
         {
             return;
         }
-        let (spec, due) = (&self.resource.spec, Some(self.due));
+        let (spec, since) = (&self.resource.spec, Some(self.since));
         match self
             .backend
-            .settle_now(&self.key, spec, self.cost, NO_COST, due)
+            .settle_now(&self.key, spec, self.cost, NO_COST, since)
         {
             Some(Ok(())) => {}
             Some(Err(e)) => note_backend_error(&self.resource, "refund", &e),
@@ -155,7 +157,7 @@ impl Drop for Booking {
                     let key = std::mem::take(&mut self.key);
                     let cost = self.cost;
                     rt.spawn(async move {
-                        let settled = backend.settle(&key, &resource.spec, cost, NO_COST, due);
+                        let settled = backend.settle(&key, &resource.spec, cost, NO_COST, since);
                         if let Err(e) = settled.await {
                             note_backend_error(&resource, "refund", &e);
                         }
@@ -398,7 +400,7 @@ impl ResourceBroker {
                 // A backend error ends the call as a failed one, counted below.
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
-            let due = booking.consume();
+            let since = booking.consume();
             bump(&resource.counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
@@ -417,7 +419,7 @@ impl ResourceBroker {
                         if let Err(e) = self
                             .inner
                             .backend
-                            .settle(&key, &resource.spec, cost, actual, Some(due))
+                            .settle(&key, &resource.spec, cost, actual, Some(since))
                             .await
                         {
                             note_backend_error(&resource, "settle", &e);
