@@ -544,3 +544,41 @@ async fn a_call_booked_under_another_brokers_penalty_is_given_back_when_cancelle
     }
     assert_eq!(allowed, 2);
 }
+
+/// A call booked 10 s ahead, then a 1 s penalty that ends before the call
+/// is due, then the call cancelled: its cost stays spent. Giving it back
+/// would undo the penalty's drain (the booking's debt hid the tokens the
+/// drain should have taken): 9 calls would pass when the penalty ends,
+/// where 1 passes without the cancelled call.
+#[tokio::test(start_paused = true)]
+async fn a_call_cancelled_after_a_shorter_penalty_does_not_undo_its_drain() {
+    let broker = broker();
+    let limits = Limits::new().rate(RateLimit::per_second(1).with_burst(10));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let all = broker.try_acquire("api", Cost::requests(10)).await.unwrap();
+    assert!(all.allowed);
+    let b = broker.clone();
+    let call = tokio::spawn(async move {
+        let ok = |_| async { Outcome::<(), ()>::ok(()) };
+        b.enqueue("api", Cost::requests(10), ok).await
+    });
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    broker
+        .penalize("api", Duration::from_secs(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut allowed = 0;
+    while broker
+        .try_acquire("api", Cost::default())
+        .await
+        .unwrap()
+        .allowed
+    {
+        allowed += 1;
+    }
+    assert_eq!(allowed, 0, "the cancelled call's cost stays spent");
+}
