@@ -546,10 +546,12 @@ async fn a_call_booked_under_another_brokers_penalty_is_given_back_when_cancelle
 }
 
 /// A call booked 10 s ahead, then a 1 s penalty that ends before the call
-/// is due, then the call cancelled: its cost stays spent. Giving it back
-/// would undo the penalty's drain (the booking's debt hid the tokens the
-/// drain should have taken): 9 calls would pass when the penalty ends,
-/// where 1 passes without the cancelled call.
+/// is due, then the call cancelled: no more passes when the penalty ends
+/// than without the call (1). Giving its cost back would undo the
+/// penalty's drain (the booking's debt hid the tokens the drain should
+/// have taken): 9 would pass. The cost stays spent instead, so 0 pass:
+/// a refund after a later hold is refused whole, even the part of it the
+/// drain did not take.
 #[tokio::test(start_paused = true)]
 async fn a_call_cancelled_after_a_shorter_penalty_does_not_undo_its_drain() {
     let broker = broker();
@@ -580,5 +582,5 @@ async fn a_call_cancelled_after_a_shorter_penalty_does_not_undo_its_drain() {
     {
         allowed += 1;
     }
-    assert_eq!(allowed, 0, "the cancelled call's cost stays spent");
+    assert!(allowed <= 1, "{allowed} passed, 1 without the call");
 }

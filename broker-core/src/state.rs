@@ -187,9 +187,10 @@ pub struct Reservation {
     pub booked: bool,
     /// The booking's mark on the store's clock, for a settlement of this
     /// reservation (`settle`'s `since`): the store's now, or the end of the
-    /// hold the cost was booked under if later (the latest `nb` of the
-    /// buckets it is charged to). A hold that ends after the mark was put
-    /// on after the booking.
+    /// hold the cost was booked under if later (the earliest `nb` of the
+    /// buckets it is charged to, so that a hold put on any of them after
+    /// the booking ends after the mark). A bucket held past the mark was
+    /// held after the booking.
     pub since: Micros,
 }
 
@@ -334,13 +335,15 @@ pub fn reserve(
     max_wait: Micros,
 ) -> Reservation {
     let wait = wait_all(state, spec, now, cost);
-    let since = spec
+    let held = spec
         .buckets
         .iter()
         .zip(costs(spec, cost))
         .zip(&state.buckets)
         .filter(|((_, c), _)| *c > 0.0)
-        .fold(now, |since, (_, s)| since.max(s.nb));
+        .map(|(_, s)| s.nb)
+        .min();
+    let since = held.map_or(now, |nb| nb.max(now));
     if wait > max_wait {
         return Reservation {
             wait,

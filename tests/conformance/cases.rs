@@ -300,6 +300,53 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
     assert_eq!((d.allowed, d.wait), (false, 2 * S), "still 1 token of debt");
 }
 
+/// The mark of a cost charged to two buckets, one of them held when it was
+/// booked, is the earlier of their holds: a shorter penalty afterwards,
+/// which holds the other bucket for less than the first hold, is seen, and
+/// a cancelled booking gives nothing back to the bucket it drained.
+pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("settle-two"));
+    let spec = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(10))
+            .rate(RateLimit::per_minute(60).unit(Unit::Tokens)),
+    );
+    // The tokens counter is out until 2 s.
+    let out = ObservedLimit {
+        tokens: Some(Observed {
+            limit: Some(60),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(2)),
+        }),
+        ..Default::default()
+    };
+    b.reconcile(&key, &spec, &out).await.unwrap();
+    let cost = Cost {
+        requests: 5,
+        tokens: 1,
+    };
+    let r = b
+        .reserve(&key, &spec, cost, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((r.booked, r.wait), (true, 2 * S));
+    env.advance_ms(1_000);
+    b.penalize(&key, &spec, Duration::from_millis(500))
+        .await
+        .unwrap();
+    b.settle(&key, &spec, cost, Cost::requests(0), Some(r.since))
+        .await
+        .unwrap();
+    env.advance_ms(500);
+    let requests = Cost::requests(1);
+    let d = b.try_acquire(&key, &spec, requests).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.wait),
+        (false, S / 2),
+        "half a request refilled since the drain, none given back"
+    );
+}
+
 pub async fn a_penalty_is_never_shortened(env: &Env) {
     let (b, key, spec) = (&*env.backend, env.key("p"), seed_quota());
     b.penalize(&key, &spec, Duration::from_secs(10))
@@ -420,6 +467,7 @@ macro_rules! for_each_case {
             settle_refunds_unused_cost_and_charges_extra,
             a_refund_is_not_made_while_a_hold_is_on,
             a_refund_follows_the_holds_put_on_after_the_booking,
+            a_refund_sees_a_hold_on_any_bucket_it_charged,
             a_penalty_is_never_shortened,
             a_penalty_longer_than_the_window_survives_other_acquires,
             reconcile_narrows_and_never_widens,

@@ -1,15 +1,19 @@
 -- reserve (state::reserve): book c in every bucket at the latest of their
 -- earliest times, or nothing if that is beyond max_wait.
 -- ARGV[REST] max_wait. Returns {booked, wait, now, since} as strings (since:
--- now, or the latest nb of the buckets charged if later); when booked with
--- no wait and since is now, now alone (no reply table to build).
+-- now, or the earliest nb of the buckets charged if later); when booked
+-- with no wait and since is now, now alone (no reply table to build).
 local now = read_now()
 load(now)
-local since = now
+local held = nil
 for i = 1, N do
-  if tonumber(c[i]) > 0 and nb[i] > since then
-    since = nb[i]
+  if tonumber(c[i]) > 0 and (held == nil or nb[i] < held) then
+    held = nb[i]
   end
+end
+local since = now
+if held ~= nil and held > now then
+  since = held
 end
 local wait = wait_all(now)
 if wait > tonumber(ARGV[REST]) then
