@@ -18,6 +18,21 @@ fn seed_limits() -> Limits {
     Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3))
 }
 
+/// How many calls `try_acquire` lets through on `api` now, one after
+/// another until the first denial.
+async fn passing(broker: &ResourceBroker) -> usize {
+    let mut allowed = 0;
+    while broker
+        .try_acquire("api", Cost::default())
+        .await
+        .unwrap()
+        .allowed
+    {
+        allowed += 1;
+    }
+    allowed
+}
+
 type Started = Arc<Mutex<Vec<(String, Duration)>>>;
 
 #[tokio::test(start_paused = true)]
@@ -438,16 +453,7 @@ async fn calls_cancelled_across_a_penalty_do_not_widen_the_bucket() {
         drop(held);
         // The penalty ends at 2.5 s.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let mut allowed = 0;
-        while broker
-            .try_acquire("api", Cost::default())
-            .await
-            .unwrap()
-            .allowed
-        {
-            allowed += 1;
-        }
-        allowed
+        passing(&broker).await
     }
     let baseline = allowed_after_the_penalty(0).await;
     assert_eq!(allowed_after_the_penalty(4).await, baseline);
@@ -538,11 +544,7 @@ async fn a_call_booked_under_another_brokers_penalty_is_given_back_when_cancelle
     assert!(call.await.unwrap_err().is_cancelled());
     // 2.5 s after the drain: 2.5 tokens, as without the call.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut allowed = 0;
-    while a.try_acquire("api", Cost::default()).await.unwrap().allowed {
-        allowed += 1;
-    }
-    assert_eq!(allowed, 2);
+    assert_eq!(passing(&a).await, 2);
 }
 
 /// A call booked 10 s ahead, then a 1 s penalty that ends before the call
@@ -573,14 +575,6 @@ async fn a_call_cancelled_after_a_shorter_penalty_does_not_undo_its_drain() {
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut allowed = 0;
-    while broker
-        .try_acquire("api", Cost::default())
-        .await
-        .unwrap()
-        .allowed
-    {
-        allowed += 1;
-    }
+    let allowed = passing(&broker).await;
     assert!(allowed <= 1, "{allowed} passed, 1 without the call");
 }
