@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::bucket::{self, BucketParams, BucketState};
-use broker_core::state::{self, Lease, ResourceState};
+use broker_core::state::{self, Lease, Marks, ResourceState};
 use broker_core::{
     Backend, Clock, Cost, LimitSpec, ManualClock, Micros, Observed, ObservedLimit, Unit,
 };
@@ -167,7 +167,7 @@ async fn run_case(
                 prop_assert_eq!(got, want, "release {}", lease);
             }
             Op::Settle(reserved, actual, at) => {
-                let booked = at.map(|d| now.saturating_add_signed(d));
+                let booked = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
                 redis
                     .settle(key, &spec, reserved, actual, booked)
                     .await

@@ -12,11 +12,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LeaseId, LimitSpec, Reservation, Verdict};
+use crate::state::{Decision, LeaseId, LimitSpec, Marks, Reservation, Verdict};
 use crate::stats::BackendHealth;
 
 /// A state store for resource buckets.
@@ -70,17 +69,17 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// `settle`: correct the charge from `reserved` to `actual`. `since`:
-    /// the [`Reservation::since`] of the reservation settled, when there
-    /// was one; a refund is not made if the bucket is held past it (a hold
-    /// put on after the booking, see [`crate::bucket::settle`]), nor,
-    /// without it, while a hold is on.
+    /// the [`Reservation::since`] marks of the reservation settled, when
+    /// there was one; a refund is not made to a bucket held past its mark
+    /// (a hold put on after the booking, see [`crate::bucket::settle`]),
+    /// nor, without marks, while a hold is on.
     async fn settle(
         &self,
         key: &str,
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        since: Option<Micros>,
+        since: Option<Marks>,
     ) -> Result<(), BackendError>;
 
     /// Synchronous [`Backend::settle`], when the store can answer without
@@ -91,7 +90,7 @@ pub trait Backend: Send + Sync + 'static {
         _spec: &LimitSpec,
         _reserved: Cost,
         _actual: Cost,
-        _since: Option<Micros>,
+        _since: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
         None
     }

@@ -293,10 +293,10 @@ pub fn reserve(
 /// `settle`: corrects a charge after the work. `delta = reserved - actual`:
 /// positive refunds (capped at capacity), negative charges the difference.
 ///
-/// `since` is the settled reservation's mark
-/// ([`crate::state::Reservation::since`]: the store's time of the booking,
-/// or the end of the hold it was booked under if later), `None` when there
-/// is none (then `now`). No refund is made if the bucket is held past the
+/// `since` is this bucket's mark of the settled reservation
+/// ([`crate::state::Marks`]: the store's time of the booking, or the end of
+/// the hold the bucket was under then if later), `None` when there is none
+/// (then `now`). No refund is made if the bucket is held past the
 /// mark (`nb` after it): that hold, by a penalty or an exhausted upstream
 /// counter, was put on after the booking, and its drain took tokens the
 /// refund would give back. A cost booked under a hold is refunded while

@@ -185,13 +185,52 @@ pub struct Reservation {
     pub wait: Micros,
     /// False when the wait exceeded `max_wait` and nothing was booked.
     pub booked: bool,
-    /// The booking's mark on the store's clock, for a settlement of this
-    /// reservation (`settle`'s `since`): the store's now, or the end of the
-    /// hold the cost was booked under if later (the earliest `nb` of the
-    /// buckets it is charged to, so that a hold put on any of them after
-    /// the booking ends after the mark). A bucket held past the mark was
-    /// held after the booking.
-    pub since: Micros,
+    /// The booking's marks on the store's clock, one per bucket, for a
+    /// settlement of this reservation (`settle`'s `since`).
+    pub since: Marks,
+}
+
+/// How many buckets of a booking have a mark of their own in [`Marks`].
+pub const MARKED: usize = 4;
+
+/// A booking's marks, one per bucket: the store's now at the booking, or,
+/// for a bucket the cost is charged to, the end of the hold the bucket was
+/// under then if later. A bucket held past its mark was held after the
+/// booking (a hold never shortens `nb`). Buckets from the fourth on share
+/// the fourth mark, the earliest of theirs.
+///
+/// ```
+/// use broker_core::state::Marks;
+/// let m = Marks::new(1_000, [1_000, 5_000]);
+/// assert_eq!((m.of(0), m.of(1), m.of(2)), (1_000, 5_000, 1_000));
+/// assert_eq!(Marks::uniform(7).of(9), 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marks(pub [Micros; MARKED]);
+
+impl Marks {
+    /// The same mark for every bucket: a booking at `at` under no hold.
+    pub fn uniform(at: Micros) -> Self {
+        Self([at; MARKED])
+    }
+
+    /// The marks of buckets `0, 1, ...` in order, as of `now` (a bucket
+    /// past the last given has `now`).
+    pub fn new(now: Micros, marks: impl IntoIterator<Item = Micros>) -> Self {
+        let mut out = [now; MARKED];
+        for (i, m) in marks.into_iter().enumerate() {
+            match out.get_mut(i) {
+                Some(slot) => *slot = m,
+                None => out[MARKED - 1] = out[MARKED - 1].min(m),
+            }
+        }
+        Self(out)
+    }
+
+    /// Bucket `i`'s mark.
+    pub fn of(&self, i: usize) -> Micros {
+        self.0[i.min(MARKED - 1)]
+    }
 }
 
 fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
@@ -335,15 +374,11 @@ pub fn reserve(
     max_wait: Micros,
 ) -> Reservation {
     let wait = wait_all(state, spec, now, cost);
-    let held = spec
-        .buckets
-        .iter()
-        .zip(costs(spec, cost))
-        .zip(&state.buckets)
-        .filter(|((_, c), _)| *c > 0.0)
-        .map(|(_, s)| s.nb)
-        .min();
-    let since = held.map_or(now, |nb| nb.max(now));
+    let marks =
+        costs(spec, cost)
+            .zip(&state.buckets)
+            .map(|(c, s)| if c > 0.0 { s.nb.max(now) } else { now });
+    let since = Marks::new(now, marks);
     if wait > max_wait {
         return Reservation {
             wait,
@@ -399,12 +434,13 @@ pub fn settle(
     now: Micros,
     reserved: Cost,
     actual: Cost,
-    since: Option<Micros>,
+    since: Option<Marks>,
 ) {
     for (i, (u, p)) in spec.buckets.iter().enumerate() {
         let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
         if delta != 0.0 {
-            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, since);
+            let mark = since.map(|m| m.of(i));
+            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, mark);
         }
     }
 }

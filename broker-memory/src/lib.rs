@@ -37,7 +37,7 @@ use broker_core::bucket::{BucketState, Shortfall};
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, Micros, ObservedLimit,
+    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, Marks, ObservedLimit,
     Reservation, Verdict,
 };
 use cell::BucketCell;
@@ -651,7 +651,7 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        since: Option<Micros>,
+        since: Option<Marks>,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
             state::settle(s, spec, now, reserved, actual, since)
@@ -665,7 +665,7 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        since: Option<Micros>,
+        since: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
         self.with_state(key, spec, |s, now| {
             state::settle(s, spec, now, reserved, actual, since)

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::clock::{micros, Clock, SystemClock};
-use broker_core::state::DenyReason;
+use broker_core::state::{DenyReason, MARKED};
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Micros, ObservedLimit, Reservation,
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
+    Reservation,
 };
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Script, Value};
@@ -257,7 +258,7 @@ impl RedisBackend {
                         Reservation {
                             wait: 0,
                             booked: true,
-                            since: now,
+                            since: Marks::uniform(now),
                         },
                         now,
                     )),
@@ -280,7 +281,7 @@ impl RedisBackend {
             self.cost_call(&scripts::RESERVE_ONE, &scripts::RESERVE, keys, spec, cost);
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
-        // else {booked, wait, now, since}.
+        // else {booked, wait, now, mark 1, .., mark 4} (Marks).
         let reply = self.run(script, cmd).await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
@@ -288,16 +289,19 @@ impl RedisBackend {
             let booked = Reservation {
                 wait: 0,
                 booked: true,
-                since: now,
+                since: Marks::uniform(now),
             };
             return Ok((booked, now));
         }
-        let (booked, wait, now, since): (i64, String, String, String) = parse(reply)?;
+        type Reply = (i64, String, String, String, String, String, String);
+        let (booked, wait, now, m1, m2, m3, m4): Reply = parse(reply)?;
+        let marks = [&m1, &m2, &m3, &m4].map(|m| micros_of(m));
+        let [m1, m2, m3, m4] = marks;
         Ok((
             Reservation {
                 wait: micros_of(&wait)?,
                 booked: booked == 1,
-                since: micros_of(&since)?,
+                since: Marks([m1?, m2?, m3?, m4?]),
             },
             micros_of(&now)?,
         ))
@@ -390,7 +394,7 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
         reserved: Cost,
         actual: Cost,
-        since: Option<Micros>,
+        since: Option<Marks>,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha(
@@ -404,10 +408,12 @@ impl Backend for RedisBackend {
                 Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
             },
         );
-        match since {
-            Some(since) => cmd.arg(since),
-            None => cmd.arg(""),
-        };
+        for i in 0..MARKED {
+            match since {
+                Some(marks) => cmd.arg(marks.of(i)),
+                None => cmd.arg(""),
+            };
+        }
         match self.run(&scripts::SETTLE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {

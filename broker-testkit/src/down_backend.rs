@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Micros, ObservedLimit, Reservation,
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Reservation,
 };
 
 /// Every call fails with [`DownBackend::message`].
@@ -52,7 +52,7 @@ impl Backend for DownBackend {
         _: &LimitSpec,
         _: Cost,
         _: Cost,
-        _: Option<Micros>,
+        _: Option<Marks>,
     ) -> Result<(), BackendError> {
         self.fail()
     }

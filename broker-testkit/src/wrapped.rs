@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, Micros, ObservedLimit,
+    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, Marks, ObservedLimit,
     Reservation,
 };
 
@@ -114,7 +114,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         s: &LimitSpec,
         r: Cost,
         a: Cost,
-        b: Option<Micros>,
+        b: Option<Marks>,
     ) -> Result<(), BackendError> {
         match self.hooks.settle() {
             Some(answer) => answer,
@@ -127,7 +127,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         s: &LimitSpec,
         r: Cost,
         a: Cost,
-        b: Option<Micros>,
+        b: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
         match self.hooks.settle() {
             Some(answer) => Some(answer),

@@ -260,7 +260,11 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
         .unwrap();
     let under = b.reserve(&key, &spec, tokens(5), within).await.unwrap();
     assert_eq!((under.booked, under.wait), (true, 5 * S));
-    assert_eq!(under.since - before.since, 2 * S, "booked under the hold");
+    assert_eq!(
+        under.since.of(0) - before.since.of(0),
+        2 * S,
+        "booked under the hold"
+    );
     // Cancelled: given back in full.
     b.settle(&key, &spec, tokens(5), tokens(0), Some(under.since))
         .await
@@ -344,6 +348,50 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
         (d.allowed, d.wait),
         (false, S / 2),
         "half a request refilled since the drain, none given back"
+    );
+}
+
+/// Each bucket has its own mark: a cost booked while only its tokens
+/// counter is out (held until the reset) gives its unused tokens back, and
+/// its requests too, when no hold came since.
+pub async fn a_refund_reaches_the_one_bucket_booked_under_a_hold(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("settle-one-held"));
+    let spec = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(10))
+            .rate(RateLimit::per_minute(60).unit(Unit::Tokens)),
+    );
+    let out = ObservedLimit {
+        tokens: Some(Observed {
+            limit: Some(60),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(2)),
+        }),
+        ..Default::default()
+    };
+    b.reconcile(&key, &spec, &out).await.unwrap();
+    let estimate = Cost {
+        requests: 1,
+        tokens: 10,
+    };
+    let r = b
+        .reserve(&key, &spec, estimate, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((r.booked, r.wait), (true, 10 * S));
+    assert_eq!(r.since.of(1) - r.since.of(0), 2 * S, "the tokens' hold");
+    // Used 4 of its 10 tokens: 6 back.
+    b.settle(&key, &spec, estimate, Cost::tokens(4), Some(r.since))
+        .await
+        .unwrap();
+    env.advance_ms(12_000);
+    let d = b.try_acquire(&key, &spec, Cost::tokens(9)).await.unwrap();
+    assert_eq!((d.allowed, d.wait), (false, S), "12 refilled, 4 used: 8");
+    assert!(
+        b.try_acquire(&key, &spec, Cost::tokens(8))
+            .await
+            .unwrap()
+            .allowed
     );
 }
 
@@ -468,6 +516,7 @@ macro_rules! for_each_case {
             a_refund_is_not_made_while_a_hold_is_on,
             a_refund_follows_the_holds_put_on_after_the_booking,
             a_refund_sees_a_hold_on_any_bucket_it_charged,
+            a_refund_reaches_the_one_bucket_booked_under_a_hold,
             a_penalty_is_never_shortened,
             a_penalty_longer_than_the_window_survives_other_acquires,
             reconcile_narrows_and_never_widens,

@@ -16,7 +16,7 @@ use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
-use crate::state::LeaseId;
+use crate::state::{LeaseId, Marks};
 use crate::stats::{add, bump, drop_one};
 use crate::telemetry::{self, Signal};
 
@@ -69,9 +69,9 @@ pub(crate) struct Booking {
     key: String,
     cost: Cost,
     wait: Micros,
-    /// The booking's mark on the store's clock
+    /// The booking's marks on the store's clock
     /// ([`crate::state::Reservation::since`]).
-    since: Micros,
+    since: Marks,
     /// The same on this process's clock and holds: the time of the
     /// booking, or the end of the local hold it was made under if later.
     since_here: tokio::time::Instant,
@@ -119,9 +119,9 @@ impl Booking {
         }
     }
 
-    /// The reservation is used: no refund on drop. Its mark, for a
+    /// The reservation is used: no refund on drop. Its marks, for a
     /// settlement of its cost.
-    pub(crate) fn consume(mut self) -> Micros {
+    pub(crate) fn consume(mut self) -> Marks {
         self.armed = false;
         self.since
     }

@@ -875,7 +875,7 @@ mod tests {
             _: &LimitSpec,
             _: Cost,
             _: Cost,
-            _: Option<crate::clock::Micros>,
+            _: Option<crate::state::Marks>,
         ) -> Result<(), BackendError> {
             Err(BackendError::new("unused"))
         }

@@ -1,27 +1,36 @@
 -- reserve (state::reserve): book c in every bucket at the latest of their
 -- earliest times, or nothing if that is beyond max_wait.
--- ARGV[REST] max_wait. Returns {booked, wait, now, since} as strings (since:
--- now, or the earliest nb of the buckets charged if later); when booked
--- with no wait and since is now, now alone (no reply table to build).
+-- ARGV[REST] max_wait. Returns {booked, wait, now, mark 1, .., mark 4} as
+-- strings (state::Marks: a bucket's mark is now, or its nb if charged and
+-- later; buckets from the fourth on share the fourth, the earliest of
+-- theirs); when booked with no wait and every mark is now, now alone (no
+-- reply table to build).
 local now = read_now()
 load(now)
-local held = nil
+local marks = { now, now, now, now }
+local marked = false
 for i = 1, N do
-  if tonumber(c[i]) > 0 and (held == nil or nb[i] < held) then
-    held = nb[i]
+  local m = now
+  if tonumber(c[i]) > 0 and nb[i] > now then
+    m = nb[i]
+    marked = true
+  end
+  if i <= 4 then
+    marks[i] = m
+  else
+    marks[4] = min(marks[4], m)
   end
 end
-local since = now
-if held ~= nil and held > now then
-  since = held
-end
 local wait = wait_all(now)
+local function reply(booked)
+  return { booked, fmt(wait), fmt(now), fmt(marks[1]), fmt(marks[2]), fmt(marks[3]), fmt(marks[4]) }
+end
 if wait > tonumber(ARGV[REST]) then
-  return { 0, fmt(wait), fmt(now), fmt(since) }
+  return reply(0)
 end
 book_all(now, wait)
 save(now)
-if wait == 0 and since == now then
+if wait == 0 and not marked then
   return fmt(now)
 end
-return { 1, fmt(wait), fmt(now), fmt(since) }
+return reply(1)

@@ -1,16 +1,17 @@
 -- settle (state::settle, bucket::settle): c is delta = reserved - actual;
 -- a positive delta refunds (capped at capacity), a negative one charges.
--- ARGV[REST] is the settled reservation's mark in us (Reservation::since;
--- '' when there is none: now). No refund if the bucket is held past it (nb
--- after it): the hold came after the booking, and its drain took tokens.
+-- ARGV[REST .. REST + 3] are the settled reservation's marks in us
+-- (state::Marks; buckets from the fourth on share the fourth; '' when
+-- there are none: now). No refund to a bucket held past its mark (nb after
+-- it): the hold came after the booking, and its drain took tokens.
 local now = read_now()
 load(now)
-local since = tonumber(ARGV[REST])
 for i = 1, N do
   local delta = tonumber(c[i])
   if delta ~= 0 then
     local n = max(now, ts[i])
     tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
+    local since = tonumber(ARGV[REST + min(i, 4) - 1])
     if delta < 0 or nb[i] <= (since or n) then
       tokens[i] = min(tokens[i] + delta, capacity[i])
     end
