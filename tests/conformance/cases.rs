@@ -304,18 +304,14 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
     assert_eq!((d.allowed, d.wait), (false, 2 * S), "still 1 token of debt");
 }
 
-/// The mark of a cost charged to two buckets, one of them held when it was
-/// booked, is the earlier of their holds: a shorter penalty afterwards,
-/// which holds the other bucket for less than the first hold, is seen, and
-/// a cancelled booking gives nothing back to the bucket it drained.
-pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
-    let (b, key) = (&*env.backend, env.key("settle-two"));
+/// A limit of one request a second (burst 10) and 60 tokens a minute on
+/// `key`, its tokens counter reported out until 2 s from now.
+async fn tokens_out_for_two_seconds(b: &dyn Backend, key: &str) -> LimitSpec {
     let spec = spec(
         Limits::new()
             .rate(RateLimit::per_second(1).with_burst(10))
             .rate(RateLimit::per_minute(60).unit(Unit::Tokens)),
     );
-    // The tokens counter is out until 2 s.
     let out = ObservedLimit {
         tokens: Some(Observed {
             limit: Some(60),
@@ -324,7 +320,17 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
         }),
         ..Default::default()
     };
-    b.reconcile(&key, &spec, &out).await.unwrap();
+    b.reconcile(key, &spec, &out).await.unwrap();
+    spec
+}
+
+/// The mark of a cost charged to two buckets, one of them held when it was
+/// booked, is the earlier of their holds: a shorter penalty afterwards,
+/// which holds the other bucket for less than the first hold, is seen, and
+/// a cancelled booking gives nothing back to the bucket it drained.
+pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("settle-two"));
+    let spec = tokens_out_for_two_seconds(b, &key).await;
     let cost = Cost {
         requests: 5,
         tokens: 1,
@@ -356,20 +362,7 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
 /// its requests too, when no hold came since.
 pub async fn a_refund_reaches_the_one_bucket_booked_under_a_hold(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-one-held"));
-    let spec = spec(
-        Limits::new()
-            .rate(RateLimit::per_second(1).with_burst(10))
-            .rate(RateLimit::per_minute(60).unit(Unit::Tokens)),
-    );
-    let out = ObservedLimit {
-        tokens: Some(Observed {
-            limit: Some(60),
-            remaining: Some(0),
-            reset: Some(Duration::from_secs(2)),
-        }),
-        ..Default::default()
-    };
-    b.reconcile(&key, &spec, &out).await.unwrap();
+    let spec = tokens_out_for_two_seconds(b, &key).await;
     let estimate = Cost {
         requests: 1,
         tokens: 10,
