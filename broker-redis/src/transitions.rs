@@ -295,13 +295,17 @@ impl RedisBackend {
         }
         type Reply = (i64, String, String, String, String, String, String);
         let (booked, wait, now, m1, m2, m3, m4): Reply = parse(reply)?;
-        let marks = [&m1, &m2, &m3, &m4].map(|m| micros_of(m));
-        let [m1, m2, m3, m4] = marks;
+        let marks = [
+            micros_of(&m1)?,
+            micros_of(&m2)?,
+            micros_of(&m3)?,
+            micros_of(&m4)?,
+        ];
         Ok((
             Reservation {
                 wait: micros_of(&wait)?,
                 booked: booked == 1,
-                since: Marks([m1?, m2?, m3?, m4?]),
+                since: Marks(marks),
             },
             micros_of(&now)?,
         ))
