@@ -27,10 +27,6 @@ pub(super) trait Call<'s>: Send + Unpin + 's {
 
     /// The call in full: the answer, or the call to poll from then on.
     fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>>;
-
-    /// The call's synchronous form (`try_acquire_now`): the answer made
-    /// without I/O, or `None` with nothing consumed.
-    fn now(&self) -> Option<Result<Acquisition, BrokerError>>;
 }
 
 /// The future of a [`Call`]: [`Call::quick`] on the first poll, whose
@@ -52,16 +48,20 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
     }
 
     /// The answer of one poll, or `None` if the call is still pending
-    /// (then dropped). The answer made without I/O comes from the call's
-    /// synchronous form, in the caller's line; else the future is polled
-    /// once.
+    /// (then dropped). The common case, [`Call::quick`], is made in the
+    /// caller's line, as the call's synchronous form makes it; else the
+    /// future is polled once, out of the line, which makes the call in
+    /// full.
     #[inline(always)]
     fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
         match self {
-            FirstPoll::Unpolled(call) => match call.now() {
-                Some(answer) => Some(answer),
-                None => FirstPoll::Unpolled(call).poll_once(),
-            },
+            FirstPoll::Unpolled(call) => {
+                let mut permit = Permit::empty();
+                if let Some(v) = call.quick(&mut permit) {
+                    return Some(Ok(acquisition(v, permit)));
+                }
+                FirstPoll::Unpolled(call).poll_once()
+            }
             polled => polled.poll_once(),
         }
     }

@@ -184,11 +184,6 @@ impl<'s> Call<'s> for OnHandle<'s> {
         self.handle.quick(self.key, self.cost, permit)
     }
 
-    #[inline(always)]
-    fn now(&self) -> Option<Result<Acquisition, BrokerError>> {
-        self.handle.try_acquire_now(self.key, self.cost)
-    }
-
     fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {
         let (handle, key, cost) = (self.handle, self.key, self.cost);
         let broker = &handle.broker;

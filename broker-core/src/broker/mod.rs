@@ -432,11 +432,6 @@ impl<'s> Call<'s> for ById<'s> {
         self.broker.quick_by_id(self.target, self.cost, permit)
     }
 
-    #[inline(always)]
-    fn now(&self) -> Option<Result<Acquisition, BrokerError>> {
-        self.broker.try_acquire_now(self.target, self.cost)
-    }
-
     fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {
         let (broker, cost) = (self.broker, self.cost);
         let mut state_key = None;
