@@ -86,14 +86,18 @@ impl StoreClock {
     }
 }
 
+/// A state and the limits it was made for. In this order (`repr(C)`):
+/// the table's rows place a one-bucket state's cell by it (see
+/// `table::Row`).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Entry {
-    pub(crate) state: Slot,
     /// The limits the state was made for (the sweeper needs them to tell an
     /// idle state); a resource re-configured with other buckets starts afresh.
     /// Shared by the states of one resource (see [`shared_spec`]), so
     /// checking it reads memory that is already in cache.
     pub(crate) spec: Arc<LimitSpec>,
+    pub(crate) state: Slot,
 }
 
 /// A state as the table holds it.

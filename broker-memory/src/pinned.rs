@@ -32,12 +32,16 @@ use broker_core::LeaseId;
 
 use crate::{one_state, Stored};
 
-/// A state shared by the table and a registration.
+/// A state shared by the table and a registration. It starts a cache line
+/// of its own, the state first, so that a one-bucket state's cell (32
+/// bytes, after the state's tag) lies within one line, apart from the
+/// `Arc`'s counts (see `table::Row` for why).
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub(crate) struct Pinned {
+    state: Stored,
     /// Cleared once the table no longer holds this state.
     live: AtomicBool,
-    state: Stored,
 }
 
 impl Pinned {
