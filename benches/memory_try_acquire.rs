@@ -8,7 +8,9 @@
 //! - `deny/one_key`, `deny/keys_10k`: every state exhausted first, a quota
 //!   of 1/s, so (almost) every call is denied;
 //! - `threads2/one_key`, `threads2/keys_10k`: two threads at once (one
-//!   iteration = one decision on each thread).
+//!   iteration = one decision on each thread); on one key, the resource's
+//!   own state (`broker_try_acquire`, against governor's direct limiter)
+//!   and one keyed state.
 //!
 //! `handle_try_acquire_keyed` is the same keyed call through
 //! `ResourceBroker::resource_handle("tenants")`, which skips the lookup of
@@ -283,6 +285,13 @@ fn threads2(c: &mut Criterion, s: &Subjects) {
     let one = s.keys[0].clone();
     let mut g = c.benchmark_group("threads2/one_key");
     g.throughput(Throughput::Elements(2));
+    g.bench_function("broker_try_acquire", |b| {
+        b.iter_custom(|n| {
+            two_threads(n, |_, _| {
+                black_box(ours(&s.broker, "one"));
+            })
+        })
+    });
     g.bench_function("broker_try_acquire_keyed", |b| {
         b.iter_custom(|n| {
             two_threads(n, |_, _| {
