@@ -37,7 +37,7 @@ use crate::{one_state, Stored};
 /// cell (32 bytes, after the state's tag) lies within one line, apart from
 /// the `Arc`'s counts and from whatever is allocated next to it. Two
 /// threads deciding on one resource's own state took 650–670 ns per pair
-/// of decisions when the cell followed the counts, 190–220 ns so
+/// of decisions when the cell followed the counts, 150–210 ns so
 /// (`threads2/one_key/broker_try_acquire` in `benches/memory_try_acquire.rs`).
 #[derive(Debug)]
 #[repr(C, align(128))]
