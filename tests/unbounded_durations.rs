@@ -51,3 +51,24 @@ async fn enqueue_runs_under_a_ceiling_of_500_billion_years() {
         .await;
     assert_eq!(got.unwrap(), 7);
 }
+
+#[test]
+fn a_manual_clock_stops_at_the_largest_time_instead_of_wrapping() {
+    let clock = broker_core::ManualClock::new();
+    clock.advance(Duration::from_secs(5));
+    clock.advance(Duration::MAX);
+    assert_eq!(broker_core::Clock::now(&clock), u64::MAX);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(broker_core::Clock::now(&clock), u64::MAX);
+}
+
+/// Buckets count whole microseconds: a period with a fraction of one is
+/// rounded up, never down (1,999 ns taken as 1 µs would nearly double
+/// the rate).
+#[test]
+fn a_period_with_a_fraction_of_a_microsecond_is_rounded_up() {
+    let rate = RateLimit::per(1, Duration::from_nanos(1_999));
+    assert_eq!(rate.params().period(), 2.0);
+    let whole = RateLimit::per(1, Duration::from_micros(3));
+    assert_eq!(whole.params().period(), 3.0);
+}

@@ -68,9 +68,12 @@ impl Default for Responses {
 /// assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
 /// assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
 /// assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+/// assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
 /// ```
 pub fn retry_after_secs(wait: Duration) -> u64 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let secs = wait
+        .as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0));
     secs.max(1)
 }
 

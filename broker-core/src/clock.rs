@@ -97,9 +97,16 @@ impl ManualClock {
         Self::default()
     }
 
-    /// Moves time forward by `by`.
+    /// Moves time forward by `by`, up to the largest time there is (time
+    /// never wraps around).
     pub fn advance(&self, by: Duration) {
-        self.now.fetch_add(micros(by), Ordering::SeqCst);
+        let by = micros(by);
+        // `fetch_update` with a closure that always answers never fails.
+        let _ = self
+            .now
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(now.saturating_add(by))
+            });
     }
 
     /// Sets the time to `at` microseconds if that is later than now (time

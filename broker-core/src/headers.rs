@@ -49,10 +49,12 @@ const UNIX_TIME_FROM: u64 = 1_000_000_000;
 /// assert_eq!(seen.retry_after, None);
 /// ```
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
+    // As UTF-8, not as visible ASCII (`to_str`): a Go duration's `µs` is
+    // not ASCII.
     let text = |name: &str| {
         headers
             .get(name)
-            .and_then(|v| v.to_str().ok())
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(str::trim)
     };
     let count = |name: &str| text(name).and_then(parse_count);

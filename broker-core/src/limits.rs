@@ -127,12 +127,14 @@ impl RateLimit {
         Ok(())
     }
 
-    /// The bucket parameters this limit compiles to.
+    /// The bucket parameters this limit compiles to. Buckets count time in
+    /// whole microseconds: a period with a fraction of one is rounded up,
+    /// so the rate is never faster than configured.
     pub fn params(&self) -> BucketParams {
         BucketParams::new(
             self.burst() as f64,
             self.amount as f64,
-            micros(self.period) as f64,
+            self.period.as_nanos().div_ceil(1_000) as f64,
         )
     }
 }

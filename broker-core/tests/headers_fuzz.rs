@@ -85,3 +85,21 @@ proptest! {
         prop_assert_eq!(r.reset, Some(Duration::from_secs(reset)));
     }
 }
+
+/// OpenAI's reset fields are Go durations, whose microseconds are written
+/// `µs` (not ASCII): such a field is read, not dropped.
+#[test]
+fn a_reset_in_microseconds_written_with_the_micro_sign_is_read() {
+    let mut h = HeaderMap::new();
+    h.insert(
+        "x-ratelimit-reset-requests",
+        HeaderValue::from_bytes("500µs".as_bytes()).unwrap(),
+    );
+    h.insert(
+        "x-ratelimit-remaining-requests",
+        HeaderValue::from_static("0"),
+    );
+    let seen = headers::parse(&h, UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+    let requests = seen.requests.expect("the requests fields are read");
+    assert_eq!(requests.reset, Some(Duration::from_micros(500)));
+}
