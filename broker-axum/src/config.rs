@@ -14,14 +14,15 @@
 //! ```
 //!
 //! Limits use broker-core's shorthands (`requestsPerSecond`,
-//! `requestsPerMinute`, `tokensPerMinute`, `maxConcurrentRequests`) or
-//! explicit `rates`. Every error names the field it is about, e.g.
+//! `requestsPerMinute`, `maxConcurrentRequests`) or explicit `rates` in
+//! requests; a rate in tokens (`tokensPerMinute`) is refused, as the
+//! layers charge one request per request and no tokens. Every error names the field it is about, e.g.
 //! `gateway.pressure.perRoute[0].limits: requestsPerSecond: must be greater
 //! than zero (got 0)`.
 
 use std::collections::{BTreeMap, HashSet};
 
-use broker_core::{ConfigError, Limits};
+use broker_core::{ConfigError, Limits, Unit};
 use serde::{Deserialize, Serialize};
 
 /// Resource id prefix of per-service resources: `pressure:service:<name>`.
@@ -185,18 +186,20 @@ impl PressureConfig {
             reason: reason.to_owned(),
         };
         let mut ids = HashSet::new();
-        for name in self.per_service.keys() {
+        for (name, limits) in &self.per_service {
             if name.is_empty() {
                 return Err(bad("perService".into(), "a service name is empty"));
             }
             let id = service_resource(name);
             check_id(&id).map_err(|r| bad(format!("perService.{name}"), r))?;
+            check_requests(limits).map_err(|r| bad(format!("perService.{name}"), r))?;
             ids.insert(id);
         }
         let mut prefixes = HashSet::new();
         for (i, route) in self.per_route.iter().enumerate() {
             let field = format!("perRoute[{i}]");
             check_id(&route.resource).map_err(|r| bad(format!("{field}.resource"), r))?;
+            check_requests(&route.limits).map_err(|r| bad(format!("{field}.limits"), r))?;
             if !ids.insert(route.resource.clone()) {
                 return Err(bad(
                     format!("{field}.resource"),
@@ -229,6 +232,7 @@ impl PressureConfig {
                     "is also a route or service resource",
                 ));
             }
+            check_requests(&tenant.limits).map_err(|r| bad("perTenant.limits".into(), r))?;
             if tenant.limits.rates.is_empty() && tenant.limits.max_concurrent.is_none() {
                 return Err(bad(
                     "perTenant.limits".into(),
@@ -237,6 +241,18 @@ impl PressureConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The layers charge one request per request and no tokens: a rate in
+/// tokens would never be charged, so would limit nothing.
+fn check_requests(limits: &Limits) -> Result<(), &'static str> {
+    match limits.rates.iter().any(|r| r.unit == Unit::Tokens) {
+        true => Err(
+            "a rate in tokens (`tokensPerMinute`) limits nothing here: the layers \
+                     charge one request per request and no tokens; use a rate in requests",
+        ),
+        false => Ok(()),
     }
 }
 
@@ -328,6 +344,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("gateway.pressure.perRoute[0].pathPrefix"), "{e}");
+    }
+
+    /// A rate in tokens would never be charged by the layers (one request,
+    /// no tokens, per request): refused where it stands, at each level.
+    #[test]
+    fn a_rate_in_tokens_is_rejected_with_its_path() {
+        for (text, path) in [
+            (
+                r#"{"perService": {"rest": {"tokensPerMinute": 2}}}"#,
+                "perService.rest",
+            ),
+            (
+                r#"{"perRoute": [{"resource": "r", "pathPrefix": "/a",
+                    "limits": {"requestsPerSecond": 5, "tokensPerMinute": 2}}]}"#,
+                "perRoute[0].limits",
+            ),
+            (
+                r#"{"perTenant": {"enabled": true, "limits": {"tokensPerMinute": 1}}}"#,
+                "perTenant.limits",
+            ),
+        ] {
+            let e = PressureConfig::from_json("p.json", text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(path), "{e}");
+            assert!(e.contains("tokens"), "{e}");
+        }
     }
 
     #[test]
