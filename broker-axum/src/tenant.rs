@@ -102,7 +102,9 @@ where
 
 /// The tenant is the value of a request header (only sound behind a proxy
 /// that sets it, since clients can send anything). A value that is not
-/// UTF-8 is reduced to a fingerprint; a missing header means no tenant.
+/// visible ASCII is reduced to a fingerprint of its bytes, marked with a
+/// character no such header value can hold (`U+FFFD`), so that no other
+/// value reaches its state; a missing header means no tenant.
 ///
 /// ```
 /// use broker_axum::FromHeader;
@@ -126,7 +128,9 @@ impl TenantExtractor for FromHeader {
         let value = field(headers, &self.name)?;
         Some(match value.to_str() {
             Ok(s) => Cow::Borrowed(s),
-            Err(_) => Cow::Owned(hashed(value.as_bytes())),
+            // `to_str` takes visible ASCII only: the mark keeps the
+            // fingerprint apart from a client sending its text.
+            Err(_) => Cow::Owned(format!("\u{FFFD}{}", hashed(value.as_bytes()))),
         })
     }
 }
@@ -266,7 +270,27 @@ mod tests {
         );
         let extensions = Extensions::new();
         let t = FromHeader::new(name).tenant(&headers, &extensions).unwrap();
-        assert!(t.starts_with('~'));
+        assert!(t.starts_with('\u{FFFD}'));
         assert_eq!(tenant_key(&t).len(), 33);
+    }
+
+    /// A client that sends, as text, what a value that is not visible
+    /// ASCII is reduced to does not reach that value's state.
+    #[test]
+    fn the_text_of_a_fingerprint_is_another_tenant() {
+        let name = HeaderName::from_static("x-tenant");
+        let extract = FromHeader::new(name.clone());
+        let key_of = |value: http::HeaderValue| {
+            let mut headers = HeaderMap::new();
+            headers.insert(name.clone(), value);
+            let extensions = Extensions::new();
+            tenant_key(&extract.tenant(&headers, &extensions).unwrap()).into_owned()
+        };
+        let bytes = [0xff, 0xfe, b'a'];
+        let odd = key_of(http::HeaderValue::from_bytes(&bytes).unwrap());
+        for text in [hashed(&bytes), odd.clone()] {
+            let sent = key_of(http::HeaderValue::from_str(&text).unwrap());
+            assert_ne!(sent, odd, "{text} reaches the state of {bytes:?}");
+        }
     }
 }
