@@ -389,3 +389,25 @@ async fn acquire_waits_out_a_penalty_or_is_denied() {
         }
     }
 }
+
+/// On the in-memory store a slot is held for as long as its permit lives,
+/// however long past the resource's `lease_ttl` (60 s by default): its
+/// holder cannot die apart from the store, and expiring it would let a
+/// second holder in beside the first.
+#[tokio::test]
+async fn an_in_memory_permit_holds_its_slot_past_the_lease_ttl() {
+    let clock = ManualClock::new();
+    let broker = broker_at(clock.clone());
+    broker
+        .register_limit("r", Limits::new().max_concurrent(1))
+        .unwrap();
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed);
+    clock.advance(Duration::from_secs(3600));
+    let second = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(!second.allowed, "a second holder beside the first");
+    assert_eq!(second.denied_by, Some(DenyReason::Concurrency));
+    drop(first);
+    let third = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(third.allowed, "the slot is free once the permit is gone");
+}

@@ -578,3 +578,41 @@ async fn a_call_cancelled_after_a_shorter_penalty_does_not_undo_its_drain() {
     let allowed = passing(&broker).await;
     assert!(allowed <= 1, "{allowed} passed, 1 without the call");
 }
+
+/// Work that runs longer than the resource's `lease_ttl` keeps its slot
+/// on the in-memory store: with one slot, calls of 90 s each never run
+/// two at a time.
+#[tokio::test(start_paused = true)]
+async fn work_longer_than_the_lease_ttl_keeps_its_slot() {
+    let broker = broker();
+    let json = r#"{ "limits": { "maxConcurrentRequests": 1 }, "retry": { "waitCeiling": "10m" } }"#;
+    let config: ResourceConfig =
+        broker_core::config::parse("llm.json", json, broker_core::config::Format::Json).unwrap();
+    assert_eq!(config.lease_ttl, Duration::from_secs(60));
+    broker.register("llm", config).unwrap();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let calls = (0..3).map(|_| {
+        let (broker, running, most) = (broker.clone(), running.clone(), most.clone());
+        tokio::spawn(async move {
+            broker
+                .enqueue("llm", Cost::default(), move |_| {
+                    let (running, most) = (running.clone(), most.clone());
+                    async move {
+                        use std::sync::atomic::Ordering::SeqCst;
+                        let now = running.fetch_add(1, SeqCst) + 1;
+                        most.fetch_max(now, SeqCst);
+                        tokio::time::sleep(Duration::from_secs(90)).await;
+                        running.fetch_sub(1, SeqCst);
+                        Outcome::<(), ()>::ok(())
+                    }
+                })
+                .await
+        })
+    });
+    let calls: Vec<_> = calls.collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -133,6 +133,28 @@ async fn aborted_response_frees_its_slot() {
     assert_eq!(statuses(&client, &small, None, 1).await, [200]);
 }
 
+/// A body sent for longer than the resource's lease TTL (60 s by
+/// default) keeps its slot on the in-memory store: the slot is the
+/// response's until its body ends.
+#[tokio::test]
+async fn a_body_sent_past_the_lease_ttl_keeps_its_slot() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let stream = start_streaming(addr, "/one/drip", "").await;
+    t.clock.advance(Duration::from_secs(3600));
+    assert_eq!(small(addr, 1).await, [429], "the body still holds the slot");
+    drop(stream);
+    assert!(
+        eventually(Duration::from_secs(10), || t
+            .stat(RESOURCE, |s| s.in_flight)
+            == 0)
+        .await,
+        "the dropped body released the slot"
+    );
+    assert_eq!(small(addr, 1).await, [200]);
+}
+
 #[tokio::test]
 async fn finished_body_frees_its_slot() {
     let t = TestBroker::new();

@@ -128,6 +128,16 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Whether the store lives and dies with the process that holds its
+    /// leases (the in-memory store): then a lease ends only when its
+    /// permit is released or dropped, and never expires, since its holder
+    /// cannot die apart from it. `false` (the default) for stores shared
+    /// by processes, where a lease not released within the resource's
+    /// `lease_ttl` expires, as its holder may have died.
+    fn leases_end_with_holders(&self) -> bool {
+        false
+    }
+
     /// Reachability of the store and the calls its failure policy answered
     /// (for stores that can be unreachable; the default is always up).
     fn health(&self) -> BackendHealth {

@@ -131,8 +131,10 @@ pub struct ResourceConfig {
     /// is let in while they do.
     #[serde(default = "default_queue_capacity")]
     pub queue_capacity: usize,
-    /// A concurrency lease not released within this time expires (its
-    /// holder died).
+    /// On a store shared by processes (Redis), a concurrency lease not
+    /// released within this time expires (its holder died). On the
+    /// in-memory store a lease ends only when its permit is released or
+    /// dropped (see [`crate::Backend::leases_end_with_holders`]).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// How `enqueue` retries.

@@ -710,6 +710,12 @@ impl broker_core::Backend for MemoryBackend {
             spec,
         )))
     }
+
+    /// The store is in the process of every permit on it: a lease ends
+    /// when its permit is released or dropped, however long it runs.
+    fn leases_end_with_holders(&self) -> bool {
+        true
+    }
 }
 
 impl MemoryBackend {

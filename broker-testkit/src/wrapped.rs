@@ -151,6 +151,9 @@ impl<H: Hooks> Backend for Wrapped<H> {
     fn local_states(&self, key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
         self.hooks.local_states(self.inner.local_states(key, spec)?)
     }
+    fn leases_end_with_holders(&self) -> bool {
+        self.inner.leases_end_with_holders()
+    }
     fn health(&self) -> BackendHealth {
         self.inner.health()
     }

@@ -266,7 +266,11 @@ impl ResourceBroker {
         }
         config.validate()?;
         let key = keys::resource_key(id);
-        let spec = Arc::new(LimitSpec::new(&config.paced_limits(), config.lease_ttl));
+        let lease_ttl = match self.inner.backend.leases_end_with_holders() {
+            true => Duration::MAX,
+            false => config.lease_ttl,
+        };
+        let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
         let resource = Arc::new(Resource {
             id: id.to_owned(),
             local: self.inner.backend.local_states(&key, spec.clone()),
