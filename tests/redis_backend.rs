@@ -45,6 +45,7 @@ const INSIDE_SCRIPTS: &[&str] = &[
     "zadd",
     "zrange",
     "zrem",
+    "zscore",
 ];
 
 #[tokio::test]
@@ -242,4 +243,76 @@ async fn a_prefix_with_a_brace_is_refused() {
         .await
         .expect_err("braces would move the hash tag");
     assert!(err.message.contains("prefix"), "{err}");
+}
+
+/// A broker on Redis with one concurrency slot on `r`, whose leases expire
+/// after `ttl` unless renewed.
+async fn one_slot(server: &RedisServer, ttl: Duration) -> ResourceBroker {
+    let broker = ResourceBroker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
+    config.lease_ttl = ttl;
+    broker.register("r", config).unwrap();
+    broker
+}
+
+async fn slot_free(broker: &ResourceBroker) -> bool {
+    broker
+        .try_acquire("r", Cost::default())
+        .await
+        .unwrap()
+        .allowed
+}
+
+/// A permit held for several lease TTLs keeps its slot: the broker renews
+/// its lease while it lives (Redis's own clock runs in real time, so the
+/// test waits in real time). Released, the slot is free again.
+#[tokio::test]
+async fn a_permit_held_past_the_lease_ttl_keeps_its_slot() {
+    let server = RedisServer::start();
+    let broker = one_slot(&server, Duration::from_millis(300)).await;
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed);
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!slot_free(&broker).await, "the slot is still the permit's");
+    }
+    drop(first);
+    let mut free = false;
+    for _ in 0..100 {
+        free = slot_free(&broker).await;
+        if free {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(free, "the released slot is free again");
+}
+
+/// The lease of a holder that died (its process gone, here its runtime
+/// shut down with the permit never released) is no longer renewed and
+/// expires after its TTL, and another broker takes the slot.
+#[test]
+fn the_lease_of_a_dead_holder_still_expires() {
+    let server = RedisServer::start();
+    let dying = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    dying.block_on(async {
+        let broker = one_slot(&server, Duration::from_millis(300)).await;
+        let held = broker.try_acquire("r", Cost::default()).await.unwrap();
+        assert!(held.allowed);
+        std::mem::forget(held);
+    });
+    drop(dying);
+    let alive = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    alive.block_on(async {
+        let broker = one_slot(&server, Duration::from_millis(300)).await;
+        assert!(!slot_free(&broker).await, "the dead holder's lease is live");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(slot_free(&broker).await, "its lease expired unrenewed");
+    });
 }

@@ -62,6 +62,22 @@ pub trait Backend: Send + Sync + 'static {
     /// Frees the slot held under `lease`. Idempotent; true if it was held.
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
 
+    /// Extends `lease`, if it is still held on the state at `key`, to the
+    /// spec's `lease_ttl` from now; true when it was held. The broker
+    /// renews the leases of live permits on a store whose leases expire
+    /// (see [`Backend::leases_end_with_holders`]), so that a hold longer
+    /// than `lease_ttl` keeps its slot while a dead holder's still
+    /// expires. The default, for a store whose leases end with their
+    /// holders, has nothing to extend.
+    async fn renew(
+        &self,
+        _key: &str,
+        _spec: &LimitSpec,
+        _lease: LeaseId,
+    ) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+
     /// Synchronous [`Backend::release`], when the store can answer without
     /// I/O (used from `Drop`).
     fn release_now(&self, _key: &str, _lease: LeaseId) -> Option<Result<bool, BackendError>> {

@@ -132,9 +132,11 @@ pub struct ResourceConfig {
     #[serde(default = "default_queue_capacity")]
     pub queue_capacity: usize,
     /// On a store shared by processes (Redis), a concurrency lease not
-    /// released within this time expires (its holder died). On the
-    /// in-memory store a lease ends only when its permit is released or
-    /// dropped (see [`crate::Backend::leases_end_with_holders`]).
+    /// released or renewed within this time expires (its holder died): the
+    /// broker renews the leases of its live permits three times per
+    /// `lease_ttl`, so a hold may last longer. On the in-memory store a
+    /// lease ends only when its permit is released or dropped (see
+    /// [`crate::Backend::leases_end_with_holders`]).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// How `enqueue` retries.

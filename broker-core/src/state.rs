@@ -425,6 +425,20 @@ pub fn release(state: &mut ResourceState, lease: LeaseId) -> bool {
     }
 }
 
+/// `renew`: extends `lease`, while it is live (held, and not expired at
+/// `now`), to the spec's `lease_ttl` from `now`; true when it was live. An
+/// expired lease is not brought back, even before a purge removes it: its
+/// slot may be another holder's.
+pub fn renew(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease: LeaseId) -> bool {
+    match state.leases.iter_mut().find(|l| l.id == lease) {
+        Some(l) if l.expires > now => {
+            l.expires = now.saturating_add(spec.lease_ttl);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// `settle`: corrects the charge of every bucket from `reserved` to
 /// `actual`. `since`: the settled reservation's [`Reservation::since`], if
 /// there was one (see [`bucket::settle`]).

@@ -649,6 +649,15 @@ impl broker_core::Backend for MemoryBackend {
         Some(Ok(self.release_sync(key, lease)))
     }
 
+    async fn renew(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        lease: LeaseId,
+    ) -> Result<bool, BackendError> {
+        Ok(self.with_state(key, spec, |s, now| state::renew(s, spec, now, lease)))
+    }
+
     async fn settle(
         &self,
         key: &str,

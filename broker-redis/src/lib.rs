@@ -44,7 +44,9 @@
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.
 //! - **Concurrency leases** live in a sorted set by expiry: a crashed
-//!   holder's slot frees itself after `lease_ttl`; `release` is idempotent.
+//!   holder's slot frees itself after `lease_ttl`; a live permit's lease is
+//!   renewed by the broker (`renew`, three times per `lease_ttl`), so a
+//!   hold may last longer; `release` is idempotent.
 //! - **Outages**: an explicit [`FailurePolicy`] (default
 //!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
 //!   [`Backend::health`](broker_core::Backend::health); recovery is automatic.

@@ -78,6 +78,7 @@ script!(
 );
 script!(HOLD_SLOT, ["common", "lease", "args", "hold_slot"]);
 script!(RELEASE, ["common", "args", "release"]);
+script!(RENEW, ["common", "args", "renew"]);
 script!(SETTLE, ["common", "bucket", "state", "args", "settle"]);
 script!(PENALIZE, ["common", "bucket", "state", "args", "penalize"]);
 script!(
@@ -154,13 +155,26 @@ pub(crate) fn evalsha(
 
 /// Like [`evalsha`] for scripts that read no buckets (`release`).
 pub(crate) fn evalsha_no_buckets(script: &Script, keys: &KeyPair) -> Cmd {
+    evalsha_leases(script, keys, None, 0)
+}
+
+/// Like [`evalsha`] for scripts that read no buckets but may read the
+/// clock and set the lease set's expiry (`renew`).
+pub(crate) fn evalsha_leases(
+    script: &Script,
+    keys: &KeyPair,
+    now: Option<Micros>,
+    margin_ms: u64,
+) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
         .arg(2)
         .arg(&keys.buckets)
-        .arg(&keys.leases)
-        .arg("")
-        .arg(0)
-        .arg(0);
+        .arg(&keys.leases);
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(margin_ms).arg(0);
     cmd
 }

@@ -392,6 +392,25 @@ impl Backend for RedisBackend {
         }
     }
 
+    async fn renew(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        lease: LeaseId,
+    ) -> Result<bool, BackendError> {
+        let keys = self.keys(key)?;
+        let mut cmd =
+            scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::RENEW, cmd).await?) }.await;
+        match result {
+            Ok(held) => Ok(held == 1),
+            // Unreachable: the lease is as the store last left it, and the
+            // next renewal tries again.
+            Err(f) => self.policy("renew", f, &NO_LIMITS).map(|_| true),
+        }
+    }
+
     async fn settle(
         &self,
         key: &str,

@@ -155,6 +155,36 @@ pub async fn a_dead_holders_lease_expires_after_lease_ttl(env: &Env) {
     );
 }
 
+/// Whether one more holder gets the slot of `key` now.
+async fn slot_taken(b: &dyn Backend, key: &str, spec: &LimitSpec) -> bool {
+    b.try_acquire(key, spec, Cost::default())
+        .await
+        .unwrap()
+        .allowed
+}
+
+pub async fn a_renewed_lease_outlives_its_ttl_and_an_expired_one_stays_gone(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("renew"));
+    let spec = spec(Limits::new().max_concurrent(1));
+    let held = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    let lease = held.lease.unwrap();
+    env.advance_ms(4_000);
+    assert!(b.renew(&key, &spec, lease).await.unwrap(), "live: renewed");
+    env.advance_ms(4_999);
+    assert!(
+        !slot_taken(b, &key, &spec).await,
+        "held to 5 s after the renewal"
+    );
+    env.advance_ms(1);
+    assert!(
+        !b.renew(&key, &spec, lease).await.unwrap(),
+        "expired, though not purged yet: not brought back"
+    );
+    assert!(slot_taken(b, &key, &spec).await, "the slot is free");
+    assert!(!b.renew(&key, &spec, lease).await.unwrap(), "purged");
+    assert!(!b.renew(&key, &spec, 12_345).await.unwrap(), "never held");
+}
+
 pub async fn reserve_beyond_max_wait_books_nothing(env: &Env) {
     let (b, key, spec) = (&*env.backend, env.key("r"), seed_quota());
     try_n(b, &key, &spec, Cost::default(), 3).await;
@@ -504,6 +534,7 @@ macro_rules! for_each_case {
             zero_cost_for_a_unit_leaves_its_bucket_alone,
             concurrency_slots_are_limited_and_release_is_idempotent,
             a_dead_holders_lease_expires_after_lease_ttl,
+            a_renewed_lease_outlives_its_ttl_and_an_expired_one_stays_gone,
             reserve_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
             a_refund_is_not_made_while_a_hold_is_on,

@@ -4,6 +4,7 @@ mod enqueue;
 mod first_poll;
 mod handle;
 mod hold;
+mod keeper;
 mod permit;
 mod target;
 
@@ -64,6 +65,8 @@ struct Inner {
     /// value with every registration, so a thread may keep the registry it
     /// read last and skip `ArcSwap::load` while the stamp is unchanged.
     stamp: std::sync::atomic::AtomicU64,
+    /// Renews the leases of live permits, on a store whose leases expire.
+    keeper: Option<Arc<keeper::Keeper>>,
 }
 
 /// A registered resource: its limits compiled once, its counters.
@@ -95,6 +98,9 @@ pub(crate) struct Resource {
     /// Set once a registration under the same id replaced this resource:
     /// a [`ResourceHandle`] holding it then goes through the registry.
     pub(crate) retired: std::sync::atomic::AtomicBool,
+    /// Renews the leases of this resource's live permits, on a store whose
+    /// leases expire (see `keeper.rs`).
+    pub(crate) keeper: Option<Arc<keeper::Keeper>>,
 }
 
 impl Resource {
@@ -219,8 +225,11 @@ impl ResourceBroker {
 
     /// A broker over a shared backend.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        let keeper = (!backend.leases_end_with_holders())
+            .then(|| Arc::new(keeper::Keeper::new(backend.clone())));
         Self {
             inner: Arc::new(Inner {
+                keeper,
                 backend,
                 resources: ArcSwap::from_pointee(Registry::default()),
                 register: std::sync::Mutex::new(()),
@@ -285,6 +294,7 @@ impl ResourceBroker {
             holds: hold::Holds::default(),
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),
+            keeper: self.inner.keeper.clone(),
         });
         let replaced = {
             let _guard = self

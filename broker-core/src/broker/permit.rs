@@ -129,7 +129,9 @@ impl Permit {
     ///
     /// On an in-memory backend this is immediate. On a remote backend the
     /// release is sent on the current tokio runtime; without one, the lease
-    /// expires after the resource's `lease_ttl`.
+    /// expires after the resource's `lease_ttl`. Until it is released, a
+    /// permit's lease on a remote backend is renewed (on the runtime it
+    /// was made on), so it does not expire while held.
     #[inline]
     pub fn release(&mut self) {
         // The empty permit (no concurrency limit, or denied) is the common
@@ -149,6 +151,9 @@ fn held_elsewhere(
     lease: LeaseId,
     counted: bool,
 ) -> Held {
+    if let Some(keeper) = &resource.keeper {
+        keeper.keep(&resource, state_key(&resource, &key), lease);
+    }
     Held::Other(Box::new(HeldElsewhere {
         backend: backend.clone(),
         resource,
@@ -168,6 +173,9 @@ fn release_held(held: Held) {
         }
         Held::Other(h) => *h,
     };
+    if let Some(keeper) = &h.resource.keeper {
+        keeper.forget(h.lease);
+    }
     if h.counted {
         drop_one(&h.resource.counters.in_flight);
     }
@@ -203,6 +211,15 @@ fn release_held(held: Held) {
                 });
             }
         }
+    }
+}
+
+/// The state key a lease held under `key` is on.
+fn state_key(resource: &Resource, key: &HeldKey) -> String {
+    match key {
+        HeldKey::Sub(Some(sub)) => crate::keys::keyed(&resource.id, sub),
+        HeldKey::State(Some(key)) => key.clone(),
+        HeldKey::Sub(None) | HeldKey::State(None) => resource.key.clone(),
     }
 }
 

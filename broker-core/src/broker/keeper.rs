@@ -1,0 +1,148 @@
+//! [`Keeper`]: renews the leases this process holds on a store whose
+//! leases expire (Redis), each every third of its resource's `lease_ttl`,
+//! so that a hold longer than the TTL (a long LLM call, a response body
+//! sent for minutes) keeps its slot, while the lease of a holder that
+//! died is no longer renewed and expires as before.
+//!
+//! A permit holding such a lease is kept from its making to its release
+//! (see `permit.rs`). One task per broker renews them, on the tokio
+//! runtime the first of them was made on; it runs while leases are kept.
+//! A permit made outside a runtime is not kept: its lease lives for its
+//! TTL, as a lease always did.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Resource;
+use crate::backend::Backend;
+use crate::state::LeaseId;
+
+/// The leases kept, and the renewing task's state.
+pub(crate) struct Keeper {
+    backend: Arc<dyn Backend>,
+    held: Mutex<Held>,
+    /// Wakes the task when a lease is kept, which may be due before the
+    /// task's next wake-up (a resource with a shorter TTL).
+    kept: Notify,
+}
+
+#[derive(Default)]
+struct Held {
+    leases: HashMap<LeaseId, Kept>,
+    /// Whether the renewing task runs. It stops once no lease is kept.
+    running: bool,
+}
+
+/// One lease kept: its state, and when to renew it next.
+struct Kept {
+    resource: Arc<Resource>,
+    key: String,
+    due: Instant,
+}
+
+/// The shortest time between two renewals of one lease.
+const MIN_EVERY: Duration = Duration::from_millis(10);
+
+/// How often a lease of `resource` is renewed: three times per TTL, so
+/// that one late or failed renewal does not let it expire.
+fn every(resource: &Resource) -> Duration {
+    (Duration::from_micros(resource.spec.lease_ttl) / 3).max(MIN_EVERY)
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper")
+            .field("leases", &self.lock().leases.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keeper {
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            backend,
+            held: Mutex::new(Held::default()),
+            kept: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Renews `lease`, on the state at `key` of `resource`, until it is
+    /// forgotten; nothing outside a tokio runtime.
+    pub(crate) fn keep(self: &Arc<Self>, resource: &Arc<Resource>, key: String, lease: LeaseId) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let kept = Kept {
+            resource: resource.clone(),
+            key,
+            due: Instant::now() + every(resource),
+        };
+        let mut held = self.lock();
+        held.leases.insert(lease, kept);
+        if !held.running {
+            held.running = true;
+            runtime.spawn(renew_while_kept(self.clone()));
+        }
+        drop(held);
+        self.kept.notify_one();
+    }
+
+    /// Stops renewing `lease` (its permit is being released).
+    pub(crate) fn forget(&self, lease: LeaseId) {
+        self.lock().leases.remove(&lease);
+    }
+}
+
+/// Renews every kept lease when it is due, until none is kept.
+async fn renew_while_kept(keeper: Arc<Keeper>) {
+    loop {
+        let now = Instant::now();
+        let (due, next) = {
+            let mut held = keeper.lock();
+            if held.leases.is_empty() {
+                held.running = false;
+                return;
+            }
+            let mut due = Vec::new();
+            for (lease, kept) in held.leases.iter_mut() {
+                if kept.due <= now {
+                    due.push((*lease, kept.resource.clone(), kept.key.clone()));
+                    kept.due = now + every(&kept.resource);
+                }
+            }
+            let next = held.leases.values().map(|k| k.due).min();
+            (due, next.unwrap_or(now))
+        };
+        for (lease, resource, key) in due {
+            match keeper.backend.renew(&key, &resource.spec, lease).await {
+                Ok(true) => {}
+                // Gone from the store while its permit lives: it expired
+                // before a renewal reached the store (the store was out of
+                // reach for longer than the TTL). Its slot may be another
+                // holder's now.
+                Ok(false) => {
+                    if keeper.lock().leases.remove(&lease).is_some() {
+                        tracing::warn!(
+                            resource = %resource.id,
+                            "a concurrency lease expired while its permit was held; \
+                             the slot may be held twice until the permit is released"
+                        );
+                    }
+                }
+                Err(e) => super::note_backend_error(&resource, "renew", &e),
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = keeper.kept.notified() => {}
+        }
+    }
+}
