@@ -108,6 +108,9 @@ impl<H: Hooks> Backend for Wrapped<H> {
     fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
         self.inner.release_now(k, l)
     }
+    async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
+        self.inner.renew(k, s, l).await
+    }
     async fn settle(
         &self,
         k: &str,
