@@ -316,3 +316,36 @@ fn the_lease_of_a_dead_holder_still_expires() {
         assert!(slot_free(&broker).await, "its lease expired unrenewed");
     });
 }
+
+/// The task that renews leases is lost with the runtime it ran on; the
+/// next permit, on another runtime, starts another, and its lease is
+/// renewed past its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_go_on_after_the_runtime_of_their_task_shut_down() {
+    let server = RedisServer::start();
+    let broker = one_slot(&server, Duration::from_millis(300)).await;
+    let on_another = broker.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let held = on_another.try_acquire("r", Cost::default()).await.unwrap();
+            assert!(held.allowed);
+            // The renewing task starts on this runtime and waits.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(held);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+        // Shut down while the task waits for its next renewal.
+    })
+    .join()
+    .unwrap();
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed);
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!slot_free(&broker).await, "the slot is still the permit's");
+    }
+}

@@ -445,3 +445,45 @@ async fn reserve_at_answered_by_the_policy_gives_the_local_time() {
         .as_micros() as u64;
     assert!(at.abs_diff(unix) < 10_000_000, "{at} against {unix}");
 }
+
+/// A lease the local fallback granted while Redis was down is renewed
+/// where it is held: a permit kept past the lease TTL keeps its slot, and
+/// no second holder gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_fallback_permit_keeps_its_slot_past_the_lease_ttl() {
+    let mut server = RedisServer::start();
+    let backend = quick(
+        &server.url(),
+        "fallback-lease",
+        true,
+        FailurePolicy::LocalFallback { share: 1.0 },
+    )
+    .await;
+    let broker = ResourceBroker::new(backend);
+    let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
+    config.lease_ttl = Duration::from_millis(300);
+    broker.register("r", config).unwrap();
+    let free = |broker: &ResourceBroker| {
+        let broker = broker.clone();
+        async move {
+            broker
+                .try_acquire("r", Cost::default())
+                .await
+                .unwrap()
+                .allowed
+        }
+    };
+    assert!(free(&broker).await, "one slot, free (released at once)");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.kill();
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed, "granted by the local fallback");
+    assert!(!free(&broker).await, "held locally");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !free(&broker).await,
+        "the fallback's lease is renewed past its TTL"
+    );
+    server.restart();
+    drop(first);
+}

@@ -398,6 +398,15 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
+        // A lease the local fallback granted is renewed where it is held,
+        // as `release` frees it there.
+        if let (FailurePolicy::LocalFallback { share }, Some(m)) =
+            (self.inner.policy, &self.inner.fallback)
+        {
+            if m.renew(key, &failure::scaled(spec, share), lease).await? {
+                return Ok(true);
+            }
+        }
         let keys = self.keys(key)?;
         let mut cmd =
             scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);

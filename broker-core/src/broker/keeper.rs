@@ -101,14 +101,35 @@ impl Keeper {
     }
 }
 
+/// Clears [`Held::running`] when the renewing task is dropped before it
+/// finished (its runtime shut down), so that the next `keep` starts
+/// another; disarmed when the task stops by itself.
+struct Stopped<'a> {
+    keeper: &'a Keeper,
+    armed: bool,
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.keeper.lock().running = false;
+        }
+    }
+}
+
 /// Renews every kept lease when it is due, until none is kept.
 async fn renew_while_kept(keeper: Arc<Keeper>) {
+    let mut stopped = Stopped {
+        keeper: &keeper,
+        armed: true,
+    };
     loop {
         let now = Instant::now();
         let (due, next) = {
             let mut held = keeper.lock();
             if held.leases.is_empty() {
                 held.running = false;
+                stopped.armed = false;
                 return;
             }
             let mut due = Vec::new();
@@ -124,16 +145,18 @@ async fn renew_while_kept(keeper: Arc<Keeper>) {
         for (lease, resource, key) in due {
             match keeper.backend.renew(&key, &resource.spec, lease).await {
                 Ok(true) => {}
-                // Gone from the store while its permit lives: it expired
+                // Not in the store while its permit lives: it expired
                 // before a renewal reached the store (the store was out of
-                // reach for longer than the TTL). Its slot may be another
-                // holder's now.
+                // reach for longer than the TTL), or it was granted while
+                // the store was out of reach and its failure policy let the
+                // call through. Its slot may be another holder's.
                 Ok(false) => {
                     if keeper.lock().leases.remove(&lease).is_some() {
                         tracing::warn!(
                             resource = %resource.id,
-                            "a concurrency lease expired while its permit was held; \
-                             the slot may be held twice until the permit is released"
+                            "a concurrency lease is not in the store while its permit is held \
+                             (it expired, or was granted while the store was unreachable); \
+                             the limit may be exceeded until the permit is released"
                         );
                     }
                 }
