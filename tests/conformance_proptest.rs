@@ -25,6 +25,7 @@ enum Op {
     Reserve(Cost, u64),
     HoldSlot,
     Release(usize),
+    Renew(usize),
     /// Reserved, actual, and the booking's due time as an offset from now
     /// (in µs, may be negative), if given.
     Settle(Cost, Cost, Option<i64>),
@@ -44,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(c, w)| Op::Reserve(c, w)),
         1 => Just(Op::HoldSlot),
         1 => (0usize..4).prop_map(Op::Release),
+        1 => (0usize..4).prop_map(Op::Renew),
         1 => (cost(), cost(), prop::option::of(-5_000_000i64..5_000_000))
             .prop_map(|(a, b, at)| Op::Settle(a, b, at)),
         1 => (0u64..10_000_000).prop_map(Op::Penalize),
@@ -165,6 +167,15 @@ async fn run_case(
                     .as_mut()
                     .is_some_and(|s| state::release(s, lease));
                 prop_assert_eq!(got, want, "release {}", lease);
+            }
+            Op::Renew(i) => {
+                let lease = held.get(i).copied().unwrap_or(12345);
+                let got = redis.renew(key, &spec, lease).await.expect("renew");
+                let want = reference
+                    .state
+                    .as_mut()
+                    .is_some_and(|s| state::renew(s, &spec, now, lease));
+                prop_assert_eq!(got, want, "renew {} at {}", lease, now);
             }
             Op::Settle(reserved, actual, at) => {
                 let booked = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
