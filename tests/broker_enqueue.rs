@@ -616,3 +616,57 @@ async fn work_longer_than_the_lease_ttl_keeps_its_slot() {
     }
     assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// How many `try_acquire` on `("api", "t")` pass now, one after another.
+async fn drained(broker: &ResourceBroker) -> usize {
+    let mut n = 0;
+    while broker
+        .try_acquire(("api", "t"), Cost::default())
+        .await
+        .unwrap()
+        .allowed
+    {
+        n += 1;
+    }
+    n
+}
+
+/// A call that began under a registration replaced by one with other
+/// buckets makes its later transitions with the new limits: its refund
+/// does not make the state start afresh again (for the old limits), and
+/// the new registration's next call does not either. Before, each swap of
+/// limits refilled the bucket: 30 calls passed a limit of 10 a minute.
+#[tokio::test(start_paused = true)]
+async fn a_call_from_a_replaced_registration_does_not_refill_the_new_one() {
+    let broker = broker();
+    let ten = Limits::new().rate(RateLimit::per_minute(10));
+    broker
+        .register("api", ResourceConfig::new(ten.clone()))
+        .unwrap();
+    assert_eq!(drained(&broker).await, 10);
+    let waiting = broker.clone();
+    let old = tokio::spawn(async move {
+        waiting
+            .enqueue(("api", "t"), Cost::default(), |_| async {
+                Outcome::<(), ()>::ok(())
+            })
+            .await
+    });
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    let with_tokens = ten.rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
+    broker
+        .register("api", ResourceConfig::new(with_tokens))
+        .unwrap();
+    assert_eq!(drained(&broker).await, 10, "other buckets: a fresh state");
+    old.abort();
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        drained(&broker).await,
+        0,
+        "the old call's refund refilled it"
+    );
+}

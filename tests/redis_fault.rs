@@ -318,8 +318,8 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
         .flat_map(|c| urls.iter().map(move |u| (c, u)))
     {
         let prefix = format!("slot{coalesce}{}", url.len());
-        let backend = quick(url, &prefix, coalesce, FailurePolicy::FailClosed).await;
-        let broker = ResourceBroker::new(backend);
+        let backend = Arc::new(quick(url, &prefix, coalesce, FailurePolicy::FailClosed).await);
+        let broker = ResourceBroker::from_arc(backend.clone());
         broker
             .register_limit("api", Limits::new().max_concurrent(1))
             .unwrap();
@@ -342,10 +342,24 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
+        // The release of the permit `free_again` took (sent by a task of
+        // its own) has landed: none is in flight when the server pauses.
+        let released = || async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let state = backend.state("api").await.unwrap();
+                if state.is_none_or(|s| s.leases.is_empty()) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("coalesce {coalesce}: a released permit's lease is still held");
+        };
         assert!(
             free_again().await,
             "coalesce {coalesce}: the slot is free at first"
         );
+        released().await;
 
         // Timed out: the caller gets the failure policy's answer (closed).
         server.pause();
@@ -359,6 +373,7 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
             free_again().await,
             "coalesce {coalesce}: the slot is free again after a timeout"
         );
+        released().await;
 
         // Dropped: the caller goes away while the decision is in flight.
         server.pause();

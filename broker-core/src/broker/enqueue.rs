@@ -16,7 +16,7 @@ use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
-use crate::state::{LeaseId, Marks};
+use crate::state::{LeaseId, LimitSpec, Marks};
 use crate::stats::{add, bump, drop_one};
 use crate::telemetry::{self, Signal};
 
@@ -66,6 +66,9 @@ const NO_COST: Cost = Cost {
 pub(crate) struct Booking {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
+    /// The limits it was booked under: the latest registration's then
+    /// (see [`Resource::latest`]).
+    spec: Arc<LimitSpec>,
     key: String,
     cost: Cost,
     wait: Micros,
@@ -88,9 +91,10 @@ impl Booking {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<Result<Booking, Micros>, BrokerError> {
+        let spec = resource.latest().spec.clone();
         let backend = broker.inner.backend.clone();
         let r = backend
-            .reserve(&key, &resource.spec, cost, max_wait)
+            .reserve(&key, &spec, cost, max_wait)
             .await
             .inspect_err(|e| note_backend_error(resource, "reserve", e))?;
         if !r.booked {
@@ -100,6 +104,7 @@ impl Booking {
         Ok(Ok(Booking {
             backend,
             resource: resource.clone(),
+            spec,
             key,
             cost,
             wait: r.wait,
@@ -119,11 +124,81 @@ impl Booking {
         }
     }
 
-    /// The reservation is used: no refund on drop. Its marks, for a
-    /// settlement of its cost.
-    pub(crate) fn consume(mut self) -> Marks {
+    /// The reservation is used: no refund on drop. What a settlement of its
+    /// cost needs.
+    pub(crate) fn consume(mut self) -> Booked {
         self.armed = false;
-        self.since
+        Booked {
+            since: self.since,
+            spec: self.spec.clone(),
+        }
+    }
+
+    /// The limits to refund under, or `None` when no refund is due: the
+    /// booking's state was started afresh by a registration with other
+    /// buckets, so holds none of its cost.
+    fn refund_under(&self) -> Option<(&Arc<LimitSpec>, Option<Marks>)> {
+        match under(&self.resource, &self.spec, self.since) {
+            Under::Same(spec, since) => Some((spec, since)),
+            Under::Afresh(_) => None,
+        }
+    }
+}
+
+/// A used reservation, for the settlement of its cost.
+pub(crate) struct Booked {
+    since: Marks,
+    /// The limits it was booked under.
+    spec: Arc<LimitSpec>,
+}
+
+impl Booked {
+    /// How the work's `usage` (`None`: the booked `cost`) settles on
+    /// `resource`'s latest limits: the settlement of the booking, or, when
+    /// the booking's state was started afresh by a registration with
+    /// other buckets (so holds none of it), a charge of the whole usage.
+    /// `None` when there is nothing to settle.
+    fn settlement<'r>(
+        &self,
+        resource: &'r Arc<Resource>,
+        cost: Cost,
+        usage: Option<Cost>,
+    ) -> Option<(&'r Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
+        match under(resource, &self.spec, self.since) {
+            Under::Same(spec, since) => {
+                let actual = usage.filter(|u| *u != cost)?;
+                Some((spec, cost, actual, since))
+            }
+            Under::Afresh(spec) => Some((spec, NO_COST, usage.unwrap_or(cost), None)),
+        }
+    }
+}
+
+/// What a booking's state is now, against the limits it was booked under.
+enum Under<'r> {
+    /// The latest limits keep the buckets it was booked in (as many; a
+    /// store starts a state afresh only for another number of buckets),
+    /// with its marks if the limits are the same.
+    Same(&'r Arc<LimitSpec>, Option<Marks>),
+    /// The latest limits have other buckets: the state was started afresh.
+    Afresh(&'r Arc<LimitSpec>),
+}
+
+/// [`Under`] for a booking made under `booked_under` with marks `since`,
+/// on `resource`'s latest limits (see [`Resource::latest`]).
+fn under<'r>(
+    resource: &'r Arc<Resource>,
+    booked_under: &Arc<LimitSpec>,
+    since: Marks,
+) -> Under<'r> {
+    let latest = &resource.latest().spec;
+    if Arc::ptr_eq(latest, booked_under) || **latest == **booked_under {
+        Under::Same(latest, Some(since))
+    } else if latest.buckets.len() == booked_under.buckets.len() {
+        // Marks name the buckets of the limits they were made under.
+        Under::Same(latest, None)
+    } else {
+        Under::Afresh(latest)
     }
 }
 
@@ -143,7 +218,9 @@ impl Drop for Booking {
         {
             return;
         }
-        let (spec, since) = (&self.resource.spec, Some(self.since));
+        let Some((spec, since)) = self.refund_under() else {
+            return;
+        };
         match self
             .backend
             .settle_now(&self.key, spec, self.cost, NO_COST, since)
@@ -154,10 +231,11 @@ impl Drop for Booking {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     let backend = self.backend.clone();
                     let resource = self.resource.clone();
+                    let spec = spec.clone();
                     let key = std::mem::take(&mut self.key);
                     let cost = self.cost;
                     rt.spawn(async move {
-                        let settled = backend.settle(&key, &resource.spec, cost, NO_COST, since);
+                        let settled = backend.settle(&key, &spec, cost, NO_COST, since);
                         if let Err(e) = settled.await {
                             note_backend_error(&resource, "refund", &e);
                         }
@@ -245,7 +323,8 @@ pub(crate) async fn wait_slot(
     key: &str,
     deadline: tokio::time::Instant,
 ) -> Result<SlotOutcome, BrokerError> {
-    if resource.spec.max_concurrent.is_none() {
+    let spec = &resource.latest().spec;
+    if spec.max_concurrent.is_none() {
         return Ok(SlotOutcome::Unlimited);
     }
     let backend = &broker.inner.backend;
@@ -255,7 +334,7 @@ pub(crate) async fn wait_slot(
         tokio::pin!(freed);
         freed.as_mut().enable();
         let held = backend
-            .hold_slot(key, &resource.spec)
+            .hold_slot(key, spec)
             .await
             .inspect_err(|e| note_backend_error(resource, "hold_slot", e))?;
         if let Some(lease) = held {
@@ -400,7 +479,7 @@ impl ResourceBroker {
                 // A backend error ends the call as a failed one, counted below.
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
-            let since = booking.consume();
+            let booked = booking.consume();
             bump(&resource.counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
@@ -414,12 +493,14 @@ impl ResourceBroker {
                     usage,
                     observed,
                 } => {
-                    if let Some(actual) = usage.filter(|u| *u != cost) {
+                    if let Some((spec, reserved, actual, since)) =
+                        booked.settlement(&resource, cost, usage)
+                    {
                         // The work succeeded; a failed correction is logged, not returned.
                         if let Err(e) = self
                             .inner
                             .backend
-                            .settle(&key, &resource.spec, cost, actual, Some(since))
+                            .settle(&key, spec, reserved, actual, since)
                             .await
                         {
                             note_backend_error(&resource, "settle", &e);
@@ -492,7 +573,8 @@ impl ResourceBroker {
             hold_ms = hold.as_millis() as u64,
             "upstream 429"
         );
-        if let Err(e) = self.inner.backend.penalize(key, &resource.spec, hold).await {
+        let spec = &resource.latest().spec;
+        if let Err(e) = self.inner.backend.penalize(key, spec, hold).await {
             note_backend_error(resource, "penalize", &e);
         }
     }
@@ -509,7 +591,8 @@ impl ResourceBroker {
         observed: &ObservedLimit,
     ) -> Result<(), BrokerError> {
         note_calibration(resource, observed);
-        if resource.spec.reconcile_is_noop(observed) {
+        let spec = &resource.latest().spec;
+        if spec.reconcile_is_noop(observed) {
             return Ok(());
         }
         // The one ceiling bounds this hold as it bounds a Retry-After: a
@@ -522,7 +605,7 @@ impl ResourceBroker {
         let observed = &capped;
         // `remaining == 0` holds the bucket until the reset (see
         // `state::reconcile`); hold what is already booked here too.
-        for (unit, _) in &resource.spec.buckets {
+        for (unit, _) in &spec.buckets {
             if let Some(o) = observed.of(*unit).filter(|o| o.remaining == Some(0)) {
                 if let Some(reset) = o.reset {
                     resource.holds.hold(key, crate::clock::tokio_after(reset));
@@ -531,7 +614,7 @@ impl ResourceBroker {
         }
         self.inner
             .backend
-            .reconcile(key, &resource.spec, observed)
+            .reconcile(key, spec, observed)
             .await
             .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
         bump(&resource.counters.reconciles);

@@ -101,9 +101,26 @@ pub(crate) struct Resource {
     /// Renews the leases of this resource's live permits, on a store whose
     /// leases expire (see `keeper.rs`).
     pub(crate) keeper: Option<Arc<keeper::Keeper>>,
+    /// The registration that replaced this one under its id, once one did.
+    next: std::sync::OnceLock<Arc<Resource>>,
 }
 
 impl Resource {
+    /// The latest registration under this resource's id: itself, or the
+    /// one that replaced it (and so on). A call that began under a
+    /// replaced registration makes its later transitions (its refund, its
+    /// settlement, a retry's booking, a penalty) with the latest limits: a
+    /// store keeps a state for one set of limits, and one made for other
+    /// buckets starts afresh, so transitions under two sets in turn would
+    /// start it afresh again and again.
+    pub(crate) fn latest(self: &Arc<Self>) -> &Arc<Self> {
+        let mut latest = self;
+        while let Some(next) = latest.next.get() {
+            latest = next;
+        }
+        latest
+    }
+
     /// `config.limits.check_fits`, answered from `fits` when it passes.
     #[inline]
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
@@ -295,6 +312,7 @@ impl ResourceBroker {
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),
             keeper: self.inner.keeper.clone(),
+            next: std::sync::OnceLock::new(),
         });
         let replaced = {
             let _guard = self
@@ -303,7 +321,11 @@ impl ResourceBroker {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             let mut map = HashMap::clone(&self.inner.resources.load());
-            let replaced = map.insert(id.to_owned(), resource);
+            let replaced = map.insert(id.to_owned(), resource.clone());
+            if let Some(old) = &replaced {
+                // Set once: each registration is replaced at most once.
+                let _ = old.next.set(resource);
+            }
             self.inner.resources.store(Arc::new(map));
             self.inner
                 .stamp
