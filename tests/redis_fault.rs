@@ -502,3 +502,92 @@ async fn a_local_fallback_permit_keeps_its_slot_past_the_lease_ttl() {
     server.restart();
     drop(first);
 }
+
+/// How many calls of 100 tokens `broker` gets on `api` now, one after
+/// another.
+async fn drained_by_hundreds(broker: &ResourceBroker) -> usize {
+    let mut n = 0;
+    while n < 100
+        && broker
+            .try_acquire("api", Cost::tokens(100))
+            .await
+            .unwrap()
+            .allowed
+    {
+        n += 1;
+    }
+    n
+}
+
+/// Waits until `broker`'s backend sees Redis up again.
+async fn until_up(broker: &ResourceBroker) {
+    for _ in 0..400 {
+        let _ = broker.try_acquire("probe", Cost::default()).await;
+        if !broker.backend().health().down {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("Redis never came back");
+}
+
+/// A booking made while Redis was down (by the local fallback, or let
+/// through open) is settled after Redis is back: its unused cost is not
+/// given to Redis, which never charged it. Replica `a` (fail-closed)
+/// drains the shared 1,000 tokens a minute once Redis is back; replica
+/// `b`'s work, booked at 500 tokens during the outage, then reports 10
+/// used. Before, Redis gained the 490: `a` got 4 more calls of 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_answered_during_an_outage_is_not_refunded_to_redis() {
+    for policy in [
+        FailurePolicy::LocalFallback { share: 0.5 },
+        FailurePolicy::FailOpen,
+    ] {
+        let mut server = RedisServer::start();
+        let a =
+            ResourceBroker::new(quick(&server.url(), "rb", true, FailurePolicy::FailClosed).await);
+        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+        let tokens =
+            Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
+        for broker in [&a, &b] {
+            broker
+                .register("api", broker_core::ResourceConfig::new(tokens.clone()))
+                .unwrap();
+            broker
+                .register_limit("probe", Limits::new().rate(RateLimit::per_second(1000)))
+                .unwrap();
+        }
+        server.kill();
+        let (started, has_started) = tokio::sync::oneshot::channel();
+        let (go, goes) = tokio::sync::oneshot::channel::<()>();
+        let on_b = b.clone();
+        let job = tokio::spawn(async move {
+            let (mut started, mut goes) = (Some(started), Some(goes));
+            on_b.enqueue("api", Cost::tokens(500), move |_| {
+                let (started, goes) = (started.take(), goes.take());
+                async move {
+                    started.unwrap().send(()).unwrap();
+                    goes.unwrap().await.unwrap();
+                    broker_core::Outcome::<(), ()>::ok_with_usage((), Cost::tokens(10))
+                }
+            })
+            .await
+        });
+        has_started.await.unwrap();
+        server.restart();
+        until_up(&b).await;
+        until_up(&a).await;
+        assert_eq!(
+            drained_by_hundreds(&a).await,
+            10,
+            "{policy:?}: the whole burst"
+        );
+        go.send(()).unwrap();
+        job.await.unwrap().unwrap();
+        assert_eq!(
+            drained_by_hundreds(&a).await,
+            0,
+            "{policy:?}: Redis gained tokens it never lost"
+        );
+    }
+}

@@ -50,6 +50,11 @@ fn micros_of(s: &str) -> Result<Micros, Failure> {
         .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
 }
 
+/// The marks of a booking the failure policy answered while Redis was out
+/// of reach (held by the local fallback, or by no store): a time neither
+/// Redis nor a clock of this process gives, so `settle` knows it.
+const ANSWERED_HERE: Marks = Marks([Micros::MAX; broker_core::state::MARKED]);
+
 const NO_LIMITS: LimitSpec = LimitSpec {
     buckets: Vec::new(),
     max_concurrent: None,
@@ -172,6 +177,28 @@ impl RedisBackend {
         }
     }
 
+    /// The settlement of a booking the failure policy answered while Redis
+    /// was out of reach: Redis never charged it, so giving its cost back
+    /// there would add tokens no call took. The local fallback's booking
+    /// is settled in the fallback store (without its marks, which name
+    /// that store's own holds: no refund while a hold is on there); a
+    /// fail-open booking charged nothing anywhere, and is left so.
+    async fn settle_here(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+    ) -> Result<(), BackendError> {
+        match (self.inner.policy, &self.inner.fallback) {
+            (FailurePolicy::LocalFallback { share }, Some(m)) => {
+                m.settle(key, &failure::scaled(spec, share), reserved, actual, None)
+                    .await
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The call of a transition that takes `cost` in every bucket: the
     /// table-free `one` script for a single rate limit, else `many`, with
     /// the bucket operands filled in.
@@ -253,17 +280,21 @@ impl RedisBackend {
                     Some(c) => c.now(),
                     None => SystemClock::new().now(),
                 };
+                // Marked as answered here, not by Redis: its settlement
+                // goes where its cost went (see `settle`).
                 match self.policy("reserve", f, spec)? {
                     Fallback::Open => Ok((
                         Reservation {
                             wait: 0,
                             booked: true,
-                            since: Marks::uniform(now),
+                            since: ANSWERED_HERE,
                         },
                         now,
                     )),
                     Fallback::Local(m, scaled) => {
-                        Ok((m.reserve(key, &scaled, cost, max_wait).await?, now))
+                        let booked = m.reserve(key, &scaled, cost, max_wait).await?;
+                        let since = ANSWERED_HERE;
+                        Ok((Reservation { since, ..booked }, now))
                     }
                 }
             }
@@ -428,6 +459,9 @@ impl Backend for RedisBackend {
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
+        if since == Some(ANSWERED_HERE) {
+            return self.settle_here(key, spec, reserved, actual).await;
+        }
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha(
             &scripts::SETTLE,
