@@ -670,3 +670,49 @@ async fn a_call_from_a_replaced_registration_does_not_refill_the_new_one() {
         "the old call's refund refilled it"
     );
 }
+
+/// A booking made under limits A, refunded after A was replaced by B
+/// (other buckets) and B by C (A's limits again): the state was started
+/// afresh twice since and holds none of its cost, so nothing is refunded.
+#[tokio::test(start_paused = true)]
+async fn a_refund_after_the_limits_went_and_came_back_is_not_made() {
+    let broker = broker();
+    let ten = Limits::new().rate(RateLimit::per_minute(10));
+    broker
+        .register("api", ResourceConfig::new(ten.clone()))
+        .unwrap();
+    assert_eq!(drained(&broker).await, 10);
+    let waiting = broker.clone();
+    let old = tokio::spawn(async move {
+        waiting
+            .enqueue(("api", "t"), Cost::default(), |_| async {
+                Outcome::<(), ()>::ok(())
+            })
+            .await
+    });
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    let with_tokens = ten
+        .clone()
+        .rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
+    broker
+        .register("api", ResourceConfig::new(with_tokens))
+        .unwrap();
+    assert_eq!(drained(&broker).await, 10, "other buckets: afresh");
+    broker.register("api", ResourceConfig::new(ten)).unwrap();
+    assert_eq!(
+        drained(&broker).await,
+        10,
+        "the first buckets again: afresh"
+    );
+    old.abort();
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        drained(&broker).await,
+        0,
+        "the old call's refund refilled it"
+    );
+}

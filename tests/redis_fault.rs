@@ -533,61 +533,132 @@ async fn until_up(broker: &ResourceBroker) {
 
 /// A booking made while Redis was down (by the local fallback, or let
 /// through open) is settled after Redis is back: its unused cost is not
-/// given to Redis, which never charged it. Replica `a` (fail-closed)
-/// drains the shared 1,000 tokens a minute once Redis is back; replica
-/// `b`'s work, booked at 500 tokens during the outage, then reports 10
-/// used. Before, Redis gained the 490: `a` got 4 more calls of 100.
+/// given to Redis, which never charged it, also when the resource was
+/// re-registered meanwhile with other limits on the same buckets. Replica
+/// `a` (fail-closed) drains the shared 1,000 tokens a minute once Redis is
+/// back; replica `b`'s work, booked at 500 tokens during the outage, then
+/// reports 10 used. The calls `a` gets after that settlement.
+async fn calls_after_a_settlement_of_an_outage(policy: FailurePolicy, reregister: bool) -> usize {
+    let mut server = RedisServer::start();
+    let a = ResourceBroker::new(quick(&server.url(), "rb", true, FailurePolicy::FailClosed).await);
+    let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+    let tokens = Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
+    for broker in [&a, &b] {
+        broker
+            .register("api", broker_core::ResourceConfig::new(tokens.clone()))
+            .unwrap();
+        broker
+            .register_limit("probe", Limits::new().rate(RateLimit::per_second(1000)))
+            .unwrap();
+    }
+    server.kill();
+    let (started, has_started) = tokio::sync::oneshot::channel();
+    let (go, goes) = tokio::sync::oneshot::channel::<()>();
+    let on_b = b.clone();
+    let job = tokio::spawn(async move {
+        let (mut started, mut goes) = (Some(started), Some(goes));
+        on_b.enqueue("api", Cost::tokens(500), move |_| {
+            let (started, goes) = (started.take(), goes.take());
+            async move {
+                started.unwrap().send(()).unwrap();
+                goes.unwrap().await.unwrap();
+                broker_core::Outcome::<(), ()>::ok_with_usage((), Cost::tokens(10))
+            }
+        })
+        .await
+    });
+    has_started.await.unwrap();
+    if reregister {
+        // The same buckets, other limits (the lease TTL alone).
+        let mut config = broker_core::ResourceConfig::new(tokens);
+        config.lease_ttl = Duration::from_secs(61);
+        b.register("api", config).unwrap();
+    }
+    server.restart();
+    until_up(&b).await;
+    until_up(&a).await;
+    assert_eq!(
+        drained_by_hundreds(&a).await,
+        10,
+        "{policy:?}: the whole burst"
+    );
+    go.send(()).unwrap();
+    job.await.unwrap().unwrap();
+    drained_by_hundreds(&a).await
+}
+
+/// Before, Redis gained the 490 tokens: `a` got 4 more calls of 100.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_booking_answered_during_an_outage_is_not_refunded_to_redis() {
     for policy in [
         FailurePolicy::LocalFallback { share: 0.5 },
         FailurePolicy::FailOpen,
     ] {
-        let mut server = RedisServer::start();
-        let a =
-            ResourceBroker::new(quick(&server.url(), "rb", true, FailurePolicy::FailClosed).await);
-        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
-        let tokens =
-            Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
-        for broker in [&a, &b] {
-            broker
-                .register("api", broker_core::ResourceConfig::new(tokens.clone()))
-                .unwrap();
-            broker
-                .register_limit("probe", Limits::new().rate(RateLimit::per_second(1000)))
-                .unwrap();
-        }
-        server.kill();
-        let (started, has_started) = tokio::sync::oneshot::channel();
-        let (go, goes) = tokio::sync::oneshot::channel::<()>();
-        let on_b = b.clone();
-        let job = tokio::spawn(async move {
-            let (mut started, mut goes) = (Some(started), Some(goes));
-            on_b.enqueue("api", Cost::tokens(500), move |_| {
-                let (started, goes) = (started.take(), goes.take());
-                async move {
-                    started.unwrap().send(()).unwrap();
-                    goes.unwrap().await.unwrap();
-                    broker_core::Outcome::<(), ()>::ok_with_usage((), Cost::tokens(10))
-                }
-            })
-            .await
-        });
-        has_started.await.unwrap();
-        server.restart();
-        until_up(&b).await;
-        until_up(&a).await;
-        assert_eq!(
-            drained_by_hundreds(&a).await,
-            10,
-            "{policy:?}: the whole burst"
-        );
-        go.send(()).unwrap();
-        job.await.unwrap().unwrap();
-        assert_eq!(
-            drained_by_hundreds(&a).await,
-            0,
-            "{policy:?}: Redis gained tokens it never lost"
-        );
+        let more = calls_after_a_settlement_of_an_outage(policy, false).await;
+        assert_eq!(more, 0, "{policy:?}: Redis gained tokens it never lost");
     }
+}
+
+/// The same with a re-registration during the outage: the booking's
+/// marks say where it was answered whatever the limits are now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nor_after_a_re_registration() {
+    for policy in [
+        FailurePolicy::LocalFallback { share: 0.5 },
+        FailurePolicy::FailOpen,
+    ] {
+        let more = calls_after_a_settlement_of_an_outage(policy, true).await;
+        assert_eq!(more, 0, "{policy:?}: Redis gained tokens it never lost");
+    }
+}
+
+/// A slot taken by a call of a replaced registration, under the latest
+/// limits' lease TTL (shorter), is renewed on that TTL: no second holder
+/// gets it while the work runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_under_new_limits_is_renewed_on_their_ttl() {
+    let server = RedisServer::start();
+    let broker =
+        ResourceBroker::new(quick(&server.url(), "keep", true, FailurePolicy::FailClosed).await);
+    let limits = Limits::new()
+        .rate(RateLimit::per(1, Duration::from_secs(1)))
+        .max_concurrent(1);
+    let config = |ttl| {
+        let mut config = broker_core::ResourceConfig::new(limits.clone());
+        config.lease_ttl = ttl;
+        config
+    };
+    broker
+        .register("r", config(Duration::from_secs(30)))
+        .unwrap();
+    // The rate's one token: the call below waits a second for its booking.
+    drop(broker.try_acquire("r", Cost::default()).await.unwrap());
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (started, has_started) = tokio::sync::oneshot::channel();
+    let (on, counted) = (broker.clone(), running.clone());
+    let job = tokio::spawn(async move {
+        let mut started = Some(started);
+        on.enqueue("r", Cost::default(), move |_| {
+            let (started, counted) = (started.take(), counted.clone());
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                started.unwrap().send(()).unwrap();
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                counted.fetch_sub(1, Ordering::SeqCst);
+                broker_core::Outcome::<(), ()>::ok(())
+            }
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    broker
+        .register("r", config(Duration::from_millis(300)))
+        .unwrap();
+    has_started.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let second = broker.try_acquire("r", Cost::default()).await.unwrap();
+    let both = second.allowed && running.load(Ordering::SeqCst) == 1;
+    drop(second);
+    job.await.unwrap().unwrap();
+    assert!(!both, "two holders under max_concurrent 1");
 }

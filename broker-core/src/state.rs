@@ -209,6 +209,13 @@ pub const MARKED: usize = 4;
 pub struct Marks(pub [Micros; MARKED]);
 
 impl Marks {
+    /// The marks of a booking a store's failure policy answered outside the
+    /// store (its local fallback, or no store at all) while the store was
+    /// out of reach: a time no store gives. The store settles such a
+    /// booking where its cost went, and the broker passes these marks on
+    /// whatever the limits are now.
+    pub const ANSWERED_HERE: Self = Self([Micros::MAX; MARKED]);
+
     /// The same mark for every bucket: a booking at `at` under no hold.
     pub fn uniform(at: Micros) -> Self {
         Self([at; MARKED])

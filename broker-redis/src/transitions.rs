@@ -50,11 +50,6 @@ fn micros_of(s: &str) -> Result<Micros, Failure> {
         .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
 }
 
-/// The marks of a booking the failure policy answered while Redis was out
-/// of reach (held by the local fallback, or by no store): a time neither
-/// Redis nor a clock of this process gives, so `settle` knows it.
-const ANSWERED_HERE: Marks = Marks([Micros::MAX; broker_core::state::MARKED]);
-
 const NO_LIMITS: LimitSpec = LimitSpec {
     buckets: Vec::new(),
     max_concurrent: None,
@@ -287,13 +282,13 @@ impl RedisBackend {
                         Reservation {
                             wait: 0,
                             booked: true,
-                            since: ANSWERED_HERE,
+                            since: Marks::ANSWERED_HERE,
                         },
                         now,
                     )),
                     Fallback::Local(m, scaled) => {
                         let booked = m.reserve(key, &scaled, cost, max_wait).await?;
-                        let since = ANSWERED_HERE;
+                        let since = Marks::ANSWERED_HERE;
                         Ok((Reservation { since, ..booked }, now))
                     }
                 }
@@ -459,7 +454,7 @@ impl Backend for RedisBackend {
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
-        if since == Some(ANSWERED_HERE) {
+        if since == Some(Marks::ANSWERED_HERE) {
             return self.settle_here(key, spec, reserved, actual).await;
         }
         let keys = self.keys(key)?;

@@ -66,9 +66,9 @@ const NO_COST: Cost = Cost {
 pub(crate) struct Booking {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
-    /// The limits it was booked under: the latest registration's then
-    /// (see [`Resource::latest`]).
-    spec: Arc<LimitSpec>,
+    /// The registration it was booked under: the latest then (see
+    /// [`Resource::latest`]).
+    booked_under: Arc<Resource>,
     key: String,
     cost: Cost,
     wait: Micros,
@@ -91,10 +91,10 @@ impl Booking {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<Result<Booking, Micros>, BrokerError> {
-        let spec = resource.latest().spec.clone();
+        let booked_under = resource.latest().clone();
         let backend = broker.inner.backend.clone();
         let r = backend
-            .reserve(&key, &spec, cost, max_wait)
+            .reserve(&key, &booked_under.spec, cost, max_wait)
             .await
             .inspect_err(|e| note_backend_error(resource, "reserve", e))?;
         if !r.booked {
@@ -104,7 +104,7 @@ impl Booking {
         Ok(Ok(Booking {
             backend,
             resource: resource.clone(),
-            spec,
+            booked_under,
             key,
             cost,
             wait: r.wait,
@@ -130,7 +130,7 @@ impl Booking {
         self.armed = false;
         Booked {
             since: self.since,
-            spec: self.spec.clone(),
+            booked_under: self.booked_under.clone(),
         }
     }
 
@@ -138,7 +138,7 @@ impl Booking {
     /// booking's state was started afresh by a registration with other
     /// buckets, so holds none of its cost.
     fn refund_under(&self) -> Option<(&Arc<LimitSpec>, Option<Marks>)> {
-        match under(&self.resource, &self.spec, self.since) {
+        match under(&self.booked_under, self.since) {
             Under::Same(spec, since) => Some((spec, since)),
             Under::Afresh(_) => None,
         }
@@ -148,23 +148,22 @@ impl Booking {
 /// A used reservation, for the settlement of its cost.
 pub(crate) struct Booked {
     since: Marks,
-    /// The limits it was booked under.
-    spec: Arc<LimitSpec>,
+    /// The registration it was booked under.
+    booked_under: Arc<Resource>,
 }
 
 impl Booked {
-    /// How the work's `usage` (`None`: the booked `cost`) settles on
-    /// `resource`'s latest limits: the settlement of the booking, or, when
-    /// the booking's state was started afresh by a registration with
-    /// other buckets (so holds none of it), a charge of the whole usage.
-    /// `None` when there is nothing to settle.
-    fn settlement<'r>(
+    /// How the work's `usage` (`None`: the booked `cost`) settles on the
+    /// latest limits: the settlement of the booking, or, when the
+    /// booking's state may have been started afresh since by a
+    /// registration with other buckets (so holds none of it), a charge of
+    /// the whole usage. `None` when there is nothing to settle.
+    fn settlement(
         &self,
-        resource: &'r Arc<Resource>,
         cost: Cost,
         usage: Option<Cost>,
-    ) -> Option<(&'r Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
-        match under(resource, &self.spec, self.since) {
+    ) -> Option<(&Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
+        match under(&self.booked_under, self.since) {
             Under::Same(spec, since) => {
                 let actual = usage.filter(|u| *u != cost)?;
                 Some((spec, cost, actual, since))
@@ -176,30 +175,36 @@ impl Booked {
 
 /// What a booking's state is now, against the limits it was booked under.
 enum Under<'r> {
-    /// The latest limits keep the buckets it was booked in (as many; a
-    /// store starts a state afresh only for another number of buckets),
-    /// with its marks if the limits are the same.
+    /// Every registration since kept the buckets it was booked in (the
+    /// same units in the same order: a store starts a state afresh only
+    /// for another number of buckets, and keeps buckets by place): the
+    /// latest limits, with its marks if no registration since changed the
+    /// limits (marks name the buckets of the limits they were made under),
+    /// or if a failure policy answered it (see [`Marks::ANSWERED_HERE`]).
     Same(&'r Arc<LimitSpec>, Option<Marks>),
-    /// The latest limits have other buckets: the state was started afresh.
+    /// A registration since had other buckets: the state may have been
+    /// started afresh. The latest limits.
     Afresh(&'r Arc<LimitSpec>),
 }
 
-/// [`Under`] for a booking made under `booked_under` with marks `since`,
-/// on `resource`'s latest limits (see [`Resource::latest`]).
-fn under<'r>(
-    resource: &'r Arc<Resource>,
-    booked_under: &Arc<LimitSpec>,
-    since: Marks,
-) -> Under<'r> {
-    let latest = &resource.latest().spec;
-    if Arc::ptr_eq(latest, booked_under) || **latest == **booked_under {
-        Under::Same(latest, Some(since))
-    } else if latest.buckets.len() == booked_under.buckets.len() {
-        // Marks name the buckets of the limits they were made under.
-        Under::Same(latest, None)
-    } else {
-        Under::Afresh(latest)
+/// [`Under`] for a booking made under registration `booked_under` with
+/// marks `since`, walking the registrations that replaced it.
+fn under(booked_under: &Arc<Resource>, since: Marks) -> Under<'_> {
+    let booked = &booked_under.spec;
+    let units = |spec: &LimitSpec| spec.buckets.iter().map(|(u, _)| *u).collect::<Vec<_>>();
+    let mut latest = booked_under;
+    let mut same_limits = true;
+    while let Some(next) = latest.next.get() {
+        if !Arc::ptr_eq(&next.spec, booked) && *next.spec != **booked {
+            if units(&next.spec) != units(booked) {
+                return Under::Afresh(&booked_under.latest().spec);
+            }
+            same_limits = false;
+        }
+        latest = next;
     }
+    let keep = same_limits || since == Marks::ANSWERED_HERE;
+    Under::Same(&latest.spec, keep.then_some(since))
 }
 
 impl Drop for Booking {
@@ -493,9 +498,7 @@ impl ResourceBroker {
                     usage,
                     observed,
                 } => {
-                    if let Some((spec, reserved, actual, since)) =
-                        booked.settlement(&resource, cost, usage)
-                    {
+                    if let Some((spec, reserved, actual, since)) = booked.settlement(cost, usage) {
                         // The work succeeded; a failed correction is logged, not returned.
                         if let Err(e) = self
                             .inner

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::Resource;
 use crate::backend::Backend;
-use crate::state::LeaseId;
+use crate::state::{LeaseId, LimitSpec};
 
 /// The leases kept, and the renewing task's state.
 pub(crate) struct Keeper {
@@ -37,20 +37,22 @@ struct Held {
     running: bool,
 }
 
-/// One lease kept: its state, and when to renew it next.
+/// One lease kept: its state, the limits it was taken under (its TTL),
+/// and when to renew it next.
 struct Kept {
     resource: Arc<Resource>,
     key: String,
+    spec: Arc<LimitSpec>,
     due: Instant,
 }
 
 /// The shortest time between two renewals of one lease.
 const MIN_EVERY: Duration = Duration::from_millis(10);
 
-/// How often a lease of `resource` is renewed: three times per TTL, so
-/// that one late or failed renewal does not let it expire.
-fn every(resource: &Resource) -> Duration {
-    (Duration::from_micros(resource.spec.lease_ttl) / 3).max(MIN_EVERY)
+/// How often a lease taken under `spec` is renewed: three times per TTL,
+/// so that one late or failed renewal does not let it expire.
+fn every(spec: &LimitSpec) -> Duration {
+    (Duration::from_micros(spec.lease_ttl) / 3).max(MIN_EVERY)
 }
 
 impl std::fmt::Debug for Keeper {
@@ -74,16 +76,19 @@ impl Keeper {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Renews `lease`, on the state at `key` of `resource`, until it is
-    /// forgotten; nothing outside a tokio runtime.
+    /// Renews `lease`, taken under the latest limits of `resource` on the
+    /// state at `key`, until it is forgotten; nothing outside a tokio
+    /// runtime.
     pub(crate) fn keep(self: &Arc<Self>, resource: &Arc<Resource>, key: String, lease: LeaseId) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let spec = resource.latest().spec.clone();
         let kept = Kept {
             resource: resource.clone(),
             key,
-            due: Instant::now() + every(resource),
+            due: Instant::now() + every(&spec),
+            spec,
         };
         let mut held = self.lock();
         held.leases.insert(lease, kept);
@@ -135,15 +140,16 @@ async fn renew_while_kept(keeper: Arc<Keeper>) {
             let mut due = Vec::new();
             for (lease, kept) in held.leases.iter_mut() {
                 if kept.due <= now {
-                    due.push((*lease, kept.resource.clone(), kept.key.clone()));
-                    kept.due = now + every(&kept.resource);
+                    let renewal = (kept.resource.clone(), kept.key.clone(), kept.spec.clone());
+                    due.push((*lease, renewal));
+                    kept.due = now + every(&kept.spec);
                 }
             }
             let next = held.leases.values().map(|k| k.due).min();
             (due, next.unwrap_or(now))
         };
-        for (lease, resource, key) in due {
-            match keeper.backend.renew(&key, &resource.spec, lease).await {
+        for (lease, (resource, key, spec)) in due {
+            match keeper.backend.renew(&key, &spec, lease).await {
                 Ok(true) => {}
                 // Not in the store while its permit lives: it expired
                 // before a renewal reached the store (the store was out of

@@ -822,7 +822,17 @@ impl ResourceBroker {
     }
 
     /// `settle`: correct a charge after the work, from `reserved` to
-    /// `actual` (refund or charge the difference).
+    /// `actual` (refund or charge the difference). A refund is not made
+    /// while a hold is on (a penalty or an exhausted upstream counter drained
+    /// what it would give back).
+    ///
+    /// The correction goes to the store as it is now. A cost a shared
+    /// store's failure policy answered while the store was out of reach (a
+    /// `try_acquire` let through open, or taken by the local fallback) was
+    /// never in the store, and a refund of it made once the store is back
+    /// gives the store tokens no call took: this call cannot tell such a
+    /// cost apart. `enqueue` settles its own bookings where their cost
+    /// went.
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
