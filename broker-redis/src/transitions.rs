@@ -259,7 +259,9 @@ impl RedisBackend {
     /// wait can be turned into an absolute time on the store's clock
     /// (`now + wait`): the server's `TIME`, or the client clock. When the
     /// failure policy answers instead of the server, this process's clock
-    /// (Unix time) stands in for the server's.
+    /// (Unix time) stands in for the server's, and the reservation's marks
+    /// are [`Marks::ANSWERED_HERE`], not times: pass them to `settle` as
+    /// they are, which settles such a booking where its cost went.
     pub async fn reserve_at(
         &self,
         key: &str,
