@@ -631,6 +631,40 @@ async fn drained(broker: &ResourceBroker) -> usize {
     n
 }
 
+/// Ten calls a minute on `("api", "t")`, all taken, and an `enqueue` on
+/// it waiting for its booked time; then `limits` registered in turn (each
+/// with other buckets than the one before, so each starts the state
+/// afresh: 10 pass again), and the waiting call cancelled. How many calls
+/// pass after that.
+async fn passing_after_a_cancelled_call_outlived(limits: &[Limits]) -> usize {
+    let broker = broker();
+    let ten = Limits::new().rate(RateLimit::per_minute(10));
+    broker.register("api", ResourceConfig::new(ten)).unwrap();
+    assert_eq!(drained(&broker).await, 10);
+    let waiting = broker.clone();
+    let old = tokio::spawn(async move {
+        waiting
+            .enqueue(("api", "t"), Cost::default(), |_| async {
+                Outcome::<(), ()>::ok(())
+            })
+            .await
+    });
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    for l in limits {
+        broker
+            .register("api", ResourceConfig::new(l.clone()))
+            .unwrap();
+        assert_eq!(drained(&broker).await, 10, "other buckets: a fresh state");
+    }
+    old.abort();
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    drained(&broker).await
+}
+
 /// A call that began under a registration replaced by one with other
 /// buckets makes its later transitions with the new limits: its refund
 /// does not make the state start afresh again (for the old limits), and
@@ -638,37 +672,10 @@ async fn drained(broker: &ResourceBroker) -> usize {
 /// limits refilled the bucket: 30 calls passed a limit of 10 a minute.
 #[tokio::test(start_paused = true)]
 async fn a_call_from_a_replaced_registration_does_not_refill_the_new_one() {
-    let broker = broker();
     let ten = Limits::new().rate(RateLimit::per_minute(10));
-    broker
-        .register("api", ResourceConfig::new(ten.clone()))
-        .unwrap();
-    assert_eq!(drained(&broker).await, 10);
-    let waiting = broker.clone();
-    let old = tokio::spawn(async move {
-        waiting
-            .enqueue(("api", "t"), Cost::default(), |_| async {
-                Outcome::<(), ()>::ok(())
-            })
-            .await
-    });
-    for _ in 0..5 {
-        tokio::task::yield_now().await;
-    }
     let with_tokens = ten.rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
-    broker
-        .register("api", ResourceConfig::new(with_tokens))
-        .unwrap();
-    assert_eq!(drained(&broker).await, 10, "other buckets: a fresh state");
-    old.abort();
-    for _ in 0..5 {
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(
-        drained(&broker).await,
-        0,
-        "the old call's refund refilled it"
-    );
+    let passing = passing_after_a_cancelled_call_outlived(&[with_tokens]).await;
+    assert_eq!(passing, 0, "the old call's refund refilled it");
 }
 
 /// A booking made under limits A, refunded after A was replaced by B
@@ -676,43 +683,10 @@ async fn a_call_from_a_replaced_registration_does_not_refill_the_new_one() {
 /// afresh twice since and holds none of its cost, so nothing is refunded.
 #[tokio::test(start_paused = true)]
 async fn a_refund_after_the_limits_went_and_came_back_is_not_made() {
-    let broker = broker();
     let ten = Limits::new().rate(RateLimit::per_minute(10));
-    broker
-        .register("api", ResourceConfig::new(ten.clone()))
-        .unwrap();
-    assert_eq!(drained(&broker).await, 10);
-    let waiting = broker.clone();
-    let old = tokio::spawn(async move {
-        waiting
-            .enqueue(("api", "t"), Cost::default(), |_| async {
-                Outcome::<(), ()>::ok(())
-            })
-            .await
-    });
-    for _ in 0..5 {
-        tokio::task::yield_now().await;
-    }
     let with_tokens = ten
         .clone()
         .rate(RateLimit::per_minute(1000).unit(Unit::Tokens));
-    broker
-        .register("api", ResourceConfig::new(with_tokens))
-        .unwrap();
-    assert_eq!(drained(&broker).await, 10, "other buckets: afresh");
-    broker.register("api", ResourceConfig::new(ten)).unwrap();
-    assert_eq!(
-        drained(&broker).await,
-        10,
-        "the first buckets again: afresh"
-    );
-    old.abort();
-    for _ in 0..5 {
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(
-        drained(&broker).await,
-        0,
-        "the old call's refund refilled it"
-    );
+    let passing = passing_after_a_cancelled_call_outlived(&[with_tokens, ten]).await;
+    assert_eq!(passing, 0, "the old call's refund refilled it");
 }
