@@ -90,13 +90,20 @@ impl Keeper {
             due: Instant::now() + every(&spec),
             spec,
         };
-        let mut held = self.lock();
-        held.leases.insert(lease, kept);
-        if !held.running {
-            held.running = true;
-            runtime.spawn(renew_while_kept(self.clone()));
+        let start = {
+            let mut held = self.lock();
+            held.leases.insert(lease, kept);
+            !std::mem::replace(&mut held.running, true)
+        };
+        if start {
+            // Spawned with the lock let go: a runtime shutting down drops
+            // the task at once, and its guard takes the lock to say so.
+            let stopped = Stopped {
+                keeper: self.clone(),
+                armed: true,
+            };
+            runtime.spawn(renew_while_kept(stopped));
         }
-        drop(held);
         self.kept.notify_one();
     }
 
@@ -106,15 +113,16 @@ impl Keeper {
     }
 }
 
-/// Clears [`Held::running`] when the renewing task is dropped before it
-/// finished (its runtime shut down), so that the next `keep` starts
-/// another; disarmed when the task stops by itself.
-struct Stopped<'a> {
-    keeper: &'a Keeper,
+/// The renewing task's hold on its keeper: clears [`Held::running`] when
+/// the task is dropped before it finished (its runtime shut down, maybe
+/// before it ever ran), so that the next `keep` starts another; disarmed
+/// when the task stops by itself.
+struct Stopped {
+    keeper: Arc<Keeper>,
     armed: bool,
 }
 
-impl Drop for Stopped<'_> {
+impl Drop for Stopped {
     fn drop(&mut self) {
         if self.armed {
             self.keeper.lock().running = false;
@@ -123,11 +131,8 @@ impl Drop for Stopped<'_> {
 }
 
 /// Renews every kept lease when it is due, until none is kept.
-async fn renew_while_kept(keeper: Arc<Keeper>) {
-    let mut stopped = Stopped {
-        keeper: &keeper,
-        armed: true,
-    };
+async fn renew_while_kept(mut stopped: Stopped) {
+    let keeper = stopped.keeper.clone();
     loop {
         let now = Instant::now();
         let (due, next) = {
