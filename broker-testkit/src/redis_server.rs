@@ -76,8 +76,31 @@ impl RedisServer {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
-        server.spawn();
-        server
+        // A port found free can be taken by another test's server before
+        // this one binds it: this one then exits, and the other answers.
+        // Another port is tried until the server answering is this one.
+        for _ in 0..10 {
+            server.spawn();
+            if server.answering_is_own() {
+                return server;
+            }
+            server.kill();
+            server.port = free_port();
+        }
+        panic!("no redis-server of this test's own came up on a free port");
+    }
+
+    /// Whether the server answering on the port is the one this value
+    /// started (its `process_id`).
+    fn answering_is_own(&self) -> bool {
+        let Some(child) = &self.child else {
+            return false;
+        };
+        let info = raw_command(self.port, "INFO server").unwrap_or_default();
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+            == Some(child.id())
     }
 
     fn spawn(&mut self) {
