@@ -77,6 +77,15 @@ impl HeldKey {
     pub(crate) fn sub(key: Option<&str>) -> Self {
         Self::Sub(key.map(Box::from))
     }
+
+    /// The state key of `resource` the lease is on; `None` for the
+    /// resource's own state (`resource.key`).
+    fn state_key(&self, resource: &Resource) -> Option<String> {
+        match self {
+            HeldKey::Sub(sub) => super::state_key(resource, sub.as_deref()),
+            HeldKey::State(key) => key.clone(),
+        }
+    }
 }
 
 impl std::fmt::Debug for dyn Backend {
@@ -152,7 +161,8 @@ fn held_elsewhere(
     counted: bool,
 ) -> Held {
     if let Some(keeper) = &resource.keeper {
-        keeper.keep(&resource, state_key(&resource, &key), lease);
+        let on = key.state_key(&resource);
+        keeper.keep(&resource, on.unwrap_or_else(|| resource.key.clone()), lease);
     }
     Held::Other(Box::new(HeldElsewhere {
         backend: backend.clone(),
@@ -185,10 +195,7 @@ fn release_held(held: Held) {
             return;
         }
     }
-    let key = match h.key {
-        HeldKey::Sub(sub) => sub.map(|k| crate::keys::keyed(&resource.id, &k)),
-        HeldKey::State(key) => key,
-    };
+    let key = h.key.state_key(resource);
     match h
         .backend
         .release_now(key.as_deref().unwrap_or(&resource.key), h.lease)
@@ -211,15 +218,6 @@ fn release_held(held: Held) {
                 });
             }
         }
-    }
-}
-
-/// The state key a lease held under `key` is on.
-fn state_key(resource: &Resource, key: &HeldKey) -> String {
-    match key {
-        HeldKey::Sub(Some(sub)) => crate::keys::keyed(&resource.id, sub),
-        HeldKey::State(Some(key)) => key.clone(),
-        HeldKey::Sub(None) | HeldKey::State(None) => resource.key.clone(),
     }
 }
 
