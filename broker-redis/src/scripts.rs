@@ -78,7 +78,7 @@ script!(
 );
 script!(HOLD_SLOT, ["common", "lease", "args", "hold_slot"]);
 script!(RELEASE, ["common", "args", "release"]);
-script!(RENEW, ["common", "args", "renew"]);
+script!(RENEW, ["common", "lease", "args", "renew"]);
 script!(SETTLE, ["common", "bucket", "state", "args", "settle"]);
 script!(PENALIZE, ["common", "bucket", "state", "args", "penalize"]);
 script!(

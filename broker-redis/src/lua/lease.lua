@@ -1,3 +1,12 @@
+-- Keeps the lease set as long as its latest lease, plus the margin.
+local function keep_lease_set(now)
+  local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local keep = tonumber(last[2]) - now
+  if keep < 0 then keep = 0 end
+  local ms = min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
+  call('PEXPIRE', KEYS[2], ms)
+end
+
 -- state::hold_slot over the lease set; max_concurrent == '' means no
 -- concurrency limit.
 local function hold_slot(now, max_concurrent, lease_ttl, lease)
@@ -9,10 +18,6 @@ local function hold_slot(now, max_concurrent, lease_ttl, lease)
     return false
   end
   call('ZADD', KEYS[2], sat_add(now, lease_ttl), lease)
-  local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local keep = tonumber(last[2]) - now
-  if keep < 0 then keep = 0 end
-  local ms = min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
-  call('PEXPIRE', KEYS[2], ms)
+  keep_lease_set(now)
   return true
 end

@@ -1,6 +1,6 @@
 -- renew (state::renew): extend a lease while it is live (in the set, its
 -- expiry after now) to now + lease_ttl, and the set's expiry with it (as
--- hold_slot sets it). An expired lease is not brought back, even before a
+-- hold_slot keeps it). An expired lease is not brought back, even before a
 -- purge removes it: its slot may be another holder's.
 -- ARGV[REST] lease_ttl, ARGV[REST+1] lease id. Returns 1 if it was live.
 local now = read_now()
@@ -10,8 +10,5 @@ if not expires or tonumber(expires) <= now then
   return 0
 end
 call('ZADD', KEYS[2], 'XX', sat_add(now, tonumber(ARGV[REST])), lease)
-local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local keep = tonumber(last[2]) - now
-if keep < 0 then keep = 0 end
-call('PEXPIRE', KEYS[2], min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2]))
+keep_lease_set(now)
 return 1
