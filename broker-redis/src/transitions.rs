@@ -161,14 +161,25 @@ impl RedisBackend {
             Failure::Other(e) => return Err(e),
             Failure::Unavailable(why) => why,
         };
-        match (self.inner.policy, &self.inner.fallback) {
-            (FailurePolicy::FailOpen, _) => Ok(Fallback::Open),
-            (FailurePolicy::LocalFallback { share }, Some(store)) => {
-                Ok(Fallback::Local(store, failure::scaled(spec, share)))
-            }
-            _ => Err(BackendError::new(format!(
+        if self.inner.policy == FailurePolicy::FailOpen {
+            return Ok(Fallback::Open);
+        }
+        match self.local_fallback(spec) {
+            Some((store, scaled)) => Ok(Fallback::Local(store, scaled)),
+            None => Err(BackendError::new(format!(
                 "redis unreachable, {op} refused (fail-closed): {why}"
             ))),
+        }
+    }
+
+    /// The local fallback's store and its share of `spec`, under the local
+    /// fallback policy.
+    fn local_fallback(&self, spec: &LimitSpec) -> Option<(&MemoryBackend, LimitSpec)> {
+        match (self.inner.policy, &self.inner.fallback) {
+            (FailurePolicy::LocalFallback { share }, Some(store)) => {
+                Some((store, failure::scaled(spec, share)))
+            }
+            _ => None,
         }
     }
 
@@ -185,12 +196,9 @@ impl RedisBackend {
         reserved: Cost,
         actual: Cost,
     ) -> Result<(), BackendError> {
-        match (self.inner.policy, &self.inner.fallback) {
-            (FailurePolicy::LocalFallback { share }, Some(m)) => {
-                m.settle(key, &failure::scaled(spec, share), reserved, actual, None)
-                    .await
-            }
-            _ => Ok(()),
+        match self.local_fallback(spec) {
+            Some((m, scaled)) => m.settle(key, &scaled, reserved, actual, None).await,
+            None => Ok(()),
         }
     }
 
@@ -428,10 +436,8 @@ impl Backend for RedisBackend {
     ) -> Result<bool, BackendError> {
         // A lease the local fallback granted is renewed where it is held,
         // as `release` frees it there.
-        if let (FailurePolicy::LocalFallback { share }, Some(m)) =
-            (self.inner.policy, &self.inner.fallback)
-        {
-            if m.renew(key, &failure::scaled(spec, share), lease).await? {
+        if let Some((m, scaled)) = self.local_fallback(spec) {
+            if m.renew(key, &scaled, lease).await? {
                 return Ok(true);
             }
         }
