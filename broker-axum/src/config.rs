@@ -16,7 +16,8 @@
 //! Limits use broker-core's shorthands (`requestsPerSecond`,
 //! `requestsPerMinute`, `maxConcurrentRequests`) or explicit `rates` in
 //! requests; a rate in tokens (`tokensPerMinute`) is refused, as the
-//! layers charge one request per request and no tokens. Every error names the field it is about, e.g.
+//! layers charge one request per request and no tokens. Every error names
+//! the field it is about, e.g.
 //! `gateway.pressure.perRoute[0].limits: requestsPerSecond: must be greater
 //! than zero (got 0)`.
 

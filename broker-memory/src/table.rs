@@ -39,10 +39,9 @@ type Table = HashTable<Row>;
 /// One entry of a table, with its key. Laid out so that a one-bucket
 /// state's [`crate::cell::BucketCell`] (32 bytes) never spans two cache
 /// lines, at no cost in size (on 64-bit targets): a row is 96 bytes
-/// aligned to 32, so rows
-/// start at 0 or 32 in a line, and the cell sits 64 bytes into the row
-/// (the key's 48 bytes, then [`Entry`]'s `spec`, then the state, whose
-/// cell follows its tag). A cell split across two lines costs two lines
+/// aligned to 32, so rows start at 0 or 32 in a line, and the cell sits
+/// 64 bytes into the row (the key's 48 bytes, then [`Entry`]'s `spec`,
+/// then the state, whose cell follows its tag). A cell split across two lines costs two lines
 /// passed back and forth per decision when threads share a key: two
 /// threads on one key took 0.9 to 1.6 times governor's time in the runs
 /// whose table landed that way, and 0.3 to 0.55 otherwise. The test
