@@ -191,12 +191,11 @@ enum Under<'r> {
 /// marks `since`, walking the registrations that replaced it.
 fn under(booked_under: &Arc<Resource>, since: Marks) -> Under<'_> {
     let booked = &booked_under.spec;
-    let units = |spec: &LimitSpec| spec.buckets.iter().map(|(u, _)| *u).collect::<Vec<_>>();
     let mut latest = booked_under;
     let mut same_limits = true;
     while let Some(next) = latest.next.get() {
         if !Arc::ptr_eq(&next.spec, booked) && *next.spec != **booked {
-            if units(&next.spec) != units(booked) {
+            if !same_units(&next.spec, booked) {
                 return Under::Afresh(&booked_under.latest().spec);
             }
             same_limits = false;
@@ -205,6 +204,12 @@ fn under(booked_under: &Arc<Resource>, since: Marks) -> Under<'_> {
     }
     let keep = same_limits || since == Marks::ANSWERED_HERE;
     Under::Same(&latest.spec, keep.then_some(since))
+}
+
+/// Whether `a` and `b` have buckets of the same units in the same order.
+fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
+    a.buckets.len() == b.buckets.len()
+        && (a.buckets.iter().zip(&b.buckets)).all(|((ua, _), (ub, _))| ua == ub)
 }
 
 impl Drop for Booking {
