@@ -28,7 +28,8 @@
 # (counted from after the warm-up to the end of the measured run): a figure
 # other work on the machine does not disturb (requests/s are then
 # valgrind's, not the server's). `CALLGRIND_KEEP=<dir>` also keeps each
-# run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate.
+# run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate;
+# `CALLGRIND_ARGS` adds options to valgrind's (e.g. `--dump-instr=yes`).
 #
 # Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 TOGETHER=1 RESTART=0; SERVER_WORKERS=1: a pinned server's tokio workers)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
@@ -117,7 +118,10 @@ start_server() {
     local VG=()
     CG[$layer]="$WORK/callgrind.$layer"
     DUMPS[$layer]=0
-    if [ "$CALLGRIND" = 1 ]; then VG=(valgrind --tool=callgrind "--callgrind-out-file=${CG[$layer]}"); fi
+    if [ "$CALLGRIND" = 1 ]; then
+        read -r -a VG_ARGS <<< "${CALLGRIND_ARGS:-}"
+        VG=(valgrind --tool=callgrind "${VG_ARGS[@]}" "--callgrind-out-file=${CG[$layer]}")
+    fi
     "${PRIO[@]}" "${SERVER_PIN[@]}" "${VG[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
     PID[$layer]=$!
     local port=""
