@@ -115,7 +115,11 @@ fn is_long_lived<B>(connect: bool, res: &Response<B>) -> bool {
         || (connect && res.status().is_success())
         || field(res.headers(), &header::CONTENT_TYPE).is_some_and(|v| {
             let ct = v.as_bytes();
-            ct.len() >= 17 && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
+            // The letter after `text/` first: most types are told apart by
+            // it, without comparing 17 bytes.
+            ct.len() >= 17
+                && ct[5].eq_ignore_ascii_case(&b'e')
+                && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
         })
 }
 
@@ -417,6 +421,15 @@ mod tests {
         assert!(is_long_lived(false, &res));
         *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
         assert!(!is_long_lived(false, &res));
+        for (ct, long_lived) in [
+            ("text/plain; charset=utf-8", false),
+            ("text/eventx-stream", false),
+            ("TEXT/EVENT-STREAM;charset=utf-8", true),
+        ] {
+            *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, ct)));
+            assert_eq!(is_long_lived(false, &res), long_lived, "{ct}");
+        }
+        *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
         *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         assert!(is_long_lived(false, &res));
         // A tunnel opened by CONNECT; the same status for any other request
