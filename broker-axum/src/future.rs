@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Permit};
+use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Permit, Verdict};
 use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -153,22 +153,89 @@ where
         req: Request<ReqB>,
     ) -> Self {
         match verdict {
-            Ok(permit) => {
-                let connect = permit.is_held() && req.method() == Method::CONNECT;
-                Self {
-                    state: State::Calling {
-                        fut: inner.call(req),
-                        permit,
-                        connect,
-                        refundable,
-                    },
-                }
-            }
-            Err(refusal) => Self {
-                state: State::Answered {
-                    refusal: Some(refusal),
-                },
+            Ok(permit) => Self::admitted(permit, refundable, inner, req),
+            Err(refusal) => Self::refused(refusal),
+        }
+    }
+
+    /// Calls `inner` with `req`, the response taking `permit` along.
+    /// `refundable`: set on the route/service stage when a tenant stage
+    /// follows.
+    #[inline(always)]
+    pub(crate) fn admitted(
+        permit: Permit,
+        refundable: Option<Refund>,
+        inner: &mut S,
+        req: Request<ReqB>,
+    ) -> Self {
+        let connect = permit.is_held() && req.method() == Method::CONNECT;
+        Self {
+            state: State::Calling {
+                fut: inner.call(req),
+                permit,
+                connect,
+                refundable,
             },
+        }
+    }
+
+    /// Answers `refusal` when polled.
+    #[inline(always)]
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        Self {
+            state: State::Answered {
+                refusal: Some(refusal),
+            },
+        }
+    }
+
+    /// Goes on from the broker's compact answer for `stage` (its
+    /// resource `limited`, the tenant key `tenant` if any): admitted with
+    /// `permit` (`verdict` allowed), refused, or, with no compact answer
+    /// (`None`: a store that needs I/O, a cost that never fits), the call
+    /// made in full.
+    #[inline(always)]
+    pub(crate) fn from_verdict(
+        policy: &Arc<Policy>,
+        stage: Stage,
+        limited: &Limited,
+        verdict: Option<broker_core::Verdict>,
+        permit: Permit,
+        inner: &mut S,
+        req: Request<ReqB>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        match verdict {
+            Some(v) if v.allowed() => Self::admitted(permit, policy.refund_for(stage), inner, req),
+            Some(v) => Self::refused(denial(policy, stage, limited, v, None)),
+            None => Self::in_full(policy, stage, limited, inner, req),
+        }
+    }
+
+    /// [`ResponseFuture::from_verdict`] without a compact answer: the
+    /// broker's answer in full, or, from a store that needs I/O, the
+    /// admission once it has answered. For the route/service stage only
+    /// (no tenant key).
+    #[cold]
+    #[inline(never)]
+    fn in_full(
+        policy: &Arc<Policy>,
+        stage: Stage,
+        limited: &Limited,
+        inner: &mut S,
+        req: Request<ReqB>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        match limited.handle.try_acquire_now(None, Cost::default()) {
+            Some(result) => {
+                let verdict = judge(policy, stage, limited, result, None);
+                Self::decided(verdict, policy.refund_for(stage), inner, req)
+            }
+            None => Self::admit_later(policy, stage, None, inner, req),
         }
     }
 
@@ -282,6 +349,50 @@ impl Refusal {
     }
 }
 
+/// The refusal of a denial given as a compact [`Verdict`] (not allowed),
+/// logged once, as an event.
+#[cold]
+#[inline(never)]
+pub(crate) fn denial(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    limited: &Limited,
+    verdict: Verdict,
+    tenant: Option<&str>,
+) -> Refusal {
+    let (wait, reason) = match verdict {
+        Verdict::Rate(wait) => (Duration::from_micros(wait), DenyReason::Rate),
+        _ => (Duration::ZERO, DenyReason::Concurrency),
+    };
+    logged_denial(policy, stage, limited, wait, Some(reason), tenant)
+}
+
+/// The refusal of a denial that waits `wait`, denied by `denied_by`,
+/// logged once, as an event.
+fn logged_denial(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    limited: &Limited,
+    wait: Duration,
+    denied_by: Option<DenyReason>,
+    tenant: Option<&str>,
+) -> Refusal {
+    tracing::info!(
+        resource = %limited.id,
+        layer = stage.name(),
+        wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        tenant,
+        denied_by = ?denied_by,
+        "request denied"
+    );
+    Refusal {
+        policy: policy.clone(),
+        stage,
+        wait: Some(wait),
+        by_concurrency: denied_by == Some(DenyReason::Concurrency),
+    }
+}
+
 /// The refusal of a denied or failed admission, logged (a denial once, as
 /// an event; a backend failure at debug level, the broker warns).
 #[cold]
@@ -293,19 +404,8 @@ fn refusal(
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
 ) -> Refusal {
-    let (wait, by_concurrency) = match result {
-        Ok(acquisition) => {
-            tracing::info!(
-                resource = %limited.id,
-                layer = stage.name(),
-                wait_ms = u64::try_from(acquisition.wait_time.as_millis()).unwrap_or(u64::MAX),
-                tenant,
-                denied_by = ?acquisition.denied_by,
-                "request denied"
-            );
-            let by_concurrency = acquisition.denied_by == Some(DenyReason::Concurrency);
-            (Some(acquisition.wait_time), by_concurrency)
-        }
+    match result {
+        Ok(a) => logged_denial(policy, stage, limited, a.wait_time, a.denied_by, tenant),
         Err(error) => {
             // The broker counts backend errors and warns about them (at
             // most once per 10 s per resource); per request, this is detail.
@@ -316,14 +416,13 @@ fn refusal(
                 %error,
                 "pressure check failed; answering the backend-error status"
             );
-            (None, false)
+            Refusal {
+                policy: policy.clone(),
+                stage,
+                wait: None,
+                by_concurrency: false,
+            }
         }
-    };
-    Refusal {
-        policy: policy.clone(),
-        stage,
-        wait,
-        by_concurrency,
     }
 }
 

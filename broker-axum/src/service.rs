@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use broker_core::Cost;
+use broker_core::{Cost, Permit};
 use http::{Request, Response};
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::future::{judge, ResponseFuture};
-use crate::policy::{Policy, Stage};
+use crate::future::{denial, judge, Refusal, ResponseFuture};
+use crate::policy::{Limited, Policy, Stage};
 use crate::tenant::{tenant_key, TenantExtractor, TenantId};
 
 /// The route/service stage: maps a request to its per-route resource
@@ -54,11 +54,19 @@ where
         };
         // The in-memory store answers at once: no boxed future, no extra
         // poll, no clone of the inner service.
-        let Some(result) = limited.handle.try_acquire_now(None, Cost::default()) else {
-            return ResponseFuture::admit_later(policy, stage, None, &mut self.inner, req);
-        };
-        let verdict = judge(policy, stage, limited, result, None);
-        ResponseFuture::decided(verdict, policy.refund_for(stage), &mut self.inner, req)
+        let mut permit = Permit::empty();
+        let verdict = limited
+            .handle
+            .verdict_now(None, Cost::default(), &mut permit);
+        ResponseFuture::from_verdict(
+            policy,
+            stage,
+            limited,
+            verdict,
+            permit,
+            &mut self.inner,
+            req,
+        )
     }
 }
 
@@ -111,19 +119,30 @@ where
         // The tenant's key borrows from the request, so the broker's
         // answer (when it comes without I/O) is judged before the request
         // moves on: no copy of the key per request.
+        let mut permit = Permit::empty();
         let judged = self
             .extractor
             .tenant(req.headers(), req.extensions())
             .map(|raw| {
                 let key = tenant_key(&raw);
-                match limited.handle.try_acquire_now(Some(&*key), Cost::default()) {
-                    Some(result) => Ok(judge(policy, Stage::Tenant, limited, result, Some(&key))),
-                    None => Err(TenantId::new(&raw)),
+                match limited
+                    .handle
+                    .verdict_now(Some(&key), Cost::default(), &mut permit)
+                {
+                    Some(v) if v.allowed() => Judged::Admitted,
+                    Some(v) => {
+                        Judged::Refused(denial(policy, Stage::Tenant, limited, v, Some(&key)))
+                    }
+                    None => in_full(policy, limited, &raw, &key),
                 }
             });
         match judged {
-            Some(Ok(verdict)) => ResponseFuture::decided(verdict, None, &mut self.inner, req),
-            Some(Err(tenant)) => ResponseFuture::admit_later(
+            Some(Judged::Admitted) => ResponseFuture::admitted(permit, None, &mut self.inner, req),
+            Some(Judged::Refused(refusal)) => ResponseFuture::refused(refusal),
+            Some(Judged::Decided(verdict)) => {
+                ResponseFuture::decided(verdict, None, &mut self.inner, req)
+            }
+            Some(Judged::Later(tenant)) => ResponseFuture::admit_later(
                 policy,
                 Stage::Tenant,
                 Some(tenant),
@@ -132,5 +151,30 @@ where
             ),
             None => ResponseFuture::pass(self.inner.call(req)),
         }
+    }
+}
+
+/// What the tenant stage made of a request with a tenant, before the
+/// request moves on (the tenant's key borrows from it).
+enum Judged {
+    /// Allowed, with the compact answer (the permit is the caller's).
+    Admitted,
+    /// Denied, with the compact answer.
+    Refused(Refusal),
+    /// The broker's answer in full (no compact one).
+    Decided(Result<Permit, Refusal>),
+    /// The store needs I/O: admitted once it has answered.
+    Later(TenantId),
+}
+
+/// The tenant stage without a compact answer: the broker's answer in
+/// full for the tenant key `key` (of the tenant `raw`), or the call to
+/// make asynchronously.
+#[cold]
+#[inline(never)]
+fn in_full(policy: &Arc<Policy>, limited: &Limited, raw: &str, key: &str) -> Judged {
+    match limited.handle.try_acquire_now(Some(key), Cost::default()) {
+        Some(result) => Judged::Decided(judge(policy, Stage::Tenant, limited, result, Some(key))),
+        None => Judged::Later(TenantId::new(raw)),
     }
 }

@@ -119,6 +119,41 @@ impl ResourceHandle {
         self.broker.quick(&self.resource, key, cost, permit)
     }
 
+    /// The common case of [`ResourceHandle::try_acquire_now`], in its
+    /// compact form for a caller on a hot path (a tower service deciding
+    /// in `call`): when the store answers in process and the cost fits,
+    /// the [`Verdict`], counted in the stats, with the slot of a
+    /// [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
+    /// consumed or counted: `try_acquire_now` (or `try_acquire`) then
+    /// makes the call in full, and gives the error if there is one. A
+    /// verdict is two words and comes back in registers; an
+    /// [`Acquisition`] inside its `Result` is 64 bytes, written out and
+    /// read back.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let tenants = broker.resource_handle("tenants")?;
+    /// let mut permit = Permit::empty();
+    /// match tenants.verdict_now(Some("acme"), Cost::default(), &mut permit) {
+    ///     Some(v) if v.allowed() => println!("admitted"),
+    ///     Some(v) => println!("denied: {v:?}"),
+    ///     None => println!("{:?}", tenants.try_acquire_now("acme", Cost::default())),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[inline(always)]
+    pub fn verdict_now(
+        &self,
+        key: Option<&str>,
+        cost: Cost,
+        permit: &mut Permit,
+    ) -> Option<Verdict> {
+        self.quick(key, cost, permit)
+    }
+
     /// [`ResourceBroker::try_acquire_now`] on this resource: `Some(answer)`
     /// when the backend answered without I/O, `None` when it must be asked
     /// asynchronously (nothing was consumed; call
