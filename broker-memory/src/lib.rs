@@ -444,7 +444,11 @@ impl Store {
             e.state.get().decide(spec, now, cost, lease, || true)
         });
         if let Some(Some(decided)) = decided {
-            self.sweeper.after_write(&self.states, now, false);
+            // A rate denial changed nothing and added no state: no sweep
+            // can be due on its account.
+            if decided.is_ok() {
+                self.sweeper.after_write(&self.states, now, false);
+            }
             return decided;
         }
         self.with_state(key, resource, spec, shared, |s, now| {
