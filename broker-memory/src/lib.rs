@@ -429,6 +429,9 @@ impl Store {
     ) -> Result<Verdict, Shortfall> {
         let now = self.clock.now();
         let lease = lease_for(spec);
+        // Every decision, a denial too, checks whether a sweep is due: one
+        // is due on time as well as on growth, and traffic of denials
+        // alone must not keep idle states from being swept.
         let decided = self.states.read(key, |e| {
             // The broker's calls (`resource` given) pass the allocation the
             // state keeps: another one, even if equal (a registration
@@ -444,11 +447,7 @@ impl Store {
             e.state.get().decide(spec, now, cost, lease, || true)
         });
         if let Some(Some(decided)) = decided {
-            // A rate denial changed nothing and added no state: no sweep
-            // can be due on its account.
-            if decided.is_ok() {
-                self.sweeper.after_write(&self.states, now, false);
-            }
+            self.sweeper.after_write(&self.states, now, false);
             return decided;
         }
         self.with_state(key, resource, spec, shared, |s, now| {

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker};
 use broker_memory::MemoryBackend;
 
 fn spec(limits: &Limits) -> LimitSpec {
@@ -344,4 +344,45 @@ async fn a_key_in_use_is_kept_though_its_bucket_refills_between_calls() {
     clock.advance(Duration::from_millis(40));
     assert_eq!(backend.evict_idle(), 1, "unused for 50 ms");
     assert!(backend.is_empty());
+}
+
+/// A sweep due on time runs under traffic made only of rate denials on
+/// existing states: idle states do not stay until the next allowed call.
+#[test]
+fn idle_states_are_swept_on_time_under_denials_alone() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let store = Arc::new(MemoryBackend::with_clock(clock.clone()));
+    let shared: Arc<dyn Backend> = store.clone();
+    let broker = ResourceBroker::from_arc(shared);
+    broker
+        .register_limit("tenants", Limits::new().rate(RateLimit::per_second(1000)))
+        .unwrap();
+    broker
+        .register_limit(
+            "hot",
+            Limits::new().rate(RateLimit::per_minute(1).with_burst(1)),
+        )
+        .unwrap();
+    let tenants = broker.resource_handle("tenants").unwrap();
+    let hot = broker.resource_handle("hot").unwrap();
+    for i in 0..6000 {
+        let key = format!("t{i}");
+        let a = tenants.try_acquire_now(key.as_str(), Cost::default());
+        assert!(a.unwrap().unwrap().allowed);
+    }
+    assert!(
+        hot.try_acquire_now("x", Cost::default())
+            .unwrap()
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(store.len(), 6001);
+    // Past the sweep interval, only denials on the hot key.
+    clock.advance(Duration::from_secs(11));
+    for _ in 0..100 {
+        let a = hot.try_acquire_now("x", Cost::default());
+        assert!(!a.unwrap().unwrap().allowed);
+    }
+    assert_eq!(store.len(), 1, "only the hot key's state is left");
 }
