@@ -450,6 +450,24 @@ impl Store {
             self.sweeper.after_write(&self.states, now, false);
             return decided;
         }
+        self.try_acquire_in_full(key, resource, spec, shared, cost, lease)
+    }
+
+    /// [`Store::try_acquire`] past its common case (a new state, one made
+    /// for other limits, or a state decided under its own lock), out of
+    /// the callers' line: its inserts and their allocations would
+    /// otherwise widen the common case's frame.
+    #[cold]
+    #[inline(never)]
+    fn try_acquire_in_full(
+        &self,
+        key: KeyRef<'_>,
+        resource: Option<&Arc<str>>,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+        cost: Cost,
+        lease: LeaseId,
+    ) -> Result<Verdict, Shortfall> {
         self.with_state(key, resource, spec, shared, |s, now| {
             s.try_acquire(spec, now, cost, lease)
         })
