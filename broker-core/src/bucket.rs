@@ -305,7 +305,11 @@ pub fn reserve(
 ///
 /// Not seen: a second drain within a hold, ending no later than it (a
 /// penalty never shortens `nb`, so such a drain leaves no mark); a refund
-/// after it can give back up to the refill of the hold so far.
+/// after it can give back up to the refill of the hold so far. Nor a hold
+/// whose bucket was then dropped as idle (full, the hold passed: see
+/// [`is_idle`]; the stores drop such states): a booking made before the
+/// hold and settled after the drop is refunded, by its unused part at
+/// most.
 pub fn settle(
     state: BucketState,
     params: &BucketParams,
