@@ -262,14 +262,19 @@ async fn compare(
     Ok(())
 }
 
-#[test]
-fn lua_scripts_decide_exactly_as_the_rust_reference() {
-    let server = RedisServer::start();
-    let url = server.url();
+/// A redis-server of the test's own, and the runtime its cases run on.
+fn server_and_runtime() -> (RedisServer, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    (RedisServer::start(), rt)
+}
+
+#[test]
+fn lua_scripts_decide_exactly_as_the_rust_reference() {
+    let (server, rt) = server_and_runtime();
+    let url = server.url();
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
@@ -295,12 +300,8 @@ fn lua_scripts_decide_exactly_as_the_rust_reference() {
 /// Cases the random search found, run on every run.
 #[test]
 fn lua_scripts_decide_as_the_reference_in_found_cases() {
-    let server = RedisServer::start();
+    let (server, rt) = server_and_runtime();
     let url = server.url();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let one_bucket = |capacity: f64, amount: f64, period: f64| LimitSpec {
         buckets: vec![(Unit::Requests, BucketParams::new(capacity, amount, period))],
         max_concurrent: None,
