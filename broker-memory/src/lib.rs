@@ -429,9 +429,6 @@ impl Store {
     ) -> Result<Verdict, Shortfall> {
         let now = self.clock.now();
         let lease = lease_for(spec);
-        // Every decision, a denial too, checks whether a sweep is due: one
-        // is due on time as well as on growth, and traffic of denials
-        // alone must not keep idle states from being swept.
         let decided = self.states.read(key, |e| {
             // The broker's calls (`resource` given) pass the allocation the
             // state keeps: another one, even if equal (a registration
@@ -447,6 +444,9 @@ impl Store {
             e.state.get().decide(spec, now, cost, lease, || true)
         });
         if let Some(Some(decided)) = decided {
+            // Every decision, a denial too, checks whether a sweep is due: one
+            // is due on time as well as on growth, and traffic of denials
+            // alone must not keep idle states from being swept.
             self.sweeper.after_write(&self.states, now, false);
             return decided;
         }
