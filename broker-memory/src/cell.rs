@@ -172,6 +172,13 @@ impl BucketCell {
                         }
                     }
                 }
+                // Another decision stored since the read: once it is done
+                // (the sequence even again), decide again at once, on the
+                // line the failed check just fetched, as a compare-and-swap
+                // loop does; wait only while one is storing.
+                if self.seq.load(Ordering::Relaxed) & 1 == 0 {
+                    continue;
+                }
             }
             backoff.snooze();
         }
