@@ -412,6 +412,20 @@ impl Store {
         result
     }
 
+    /// [`Store::with_state`] on a state that exists: `None`, and nothing
+    /// made, when `key` has none.
+    fn with_existing<R>(
+        &self,
+        key: KeyRef<'_>,
+        spec: &LimitSpec,
+        shared: impl Fn() -> Arc<LimitSpec>,
+        f: impl FnOnce(&mut Slot, u64) -> R,
+    ) -> Option<R> {
+        let now = self.clock.now();
+        self.states
+            .get(key, |e| f(e.current(spec, &shared, now), now))
+    }
+
     /// `try` on the state of `key` (arguments as for [`Store::with_state`]):
     /// a state made for `spec` is decided under its shard's read lock, so
     /// decisions on one shard run at once (a one-bucket state by
@@ -676,7 +690,18 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
-        Ok(self.with_state(key, spec, |s, now| state::renew(s, spec, now, lease)))
+        // A lease is renewed where it is held: a key with no state holds
+        // none, and gets no state made for the question.
+        Ok(key::with_parsed(key, |key| {
+            self.store
+                .with_existing(
+                    key,
+                    spec,
+                    || shared_spec(spec),
+                    |s, now| s.with_full(|s| state::renew(s, spec, now, lease)),
+                )
+                .unwrap_or(false)
+        }))
     }
 
     async fn settle(

@@ -386,3 +386,33 @@ fn idle_states_are_swept_on_time_under_denials_alone() {
     }
     assert_eq!(store.len(), 1, "only the hot key's state is left");
 }
+
+/// `renew` answers whether a lease is held, where it is held: a key with
+/// no state holds none, and the question makes no state for it; a held
+/// lease is renewed, a released one is not.
+#[tokio::test]
+async fn renew_makes_no_state_for_a_key_that_has_none() {
+    let backend = MemoryBackend::with_clock(ManualClock::new());
+    let spec = spec(
+        &Limits::new()
+            .rate(RateLimit::per_second(10))
+            .max_concurrent(2),
+    );
+    assert!(!backend.renew("nobody", &spec, 7).await.unwrap());
+    assert!(
+        backend.is_empty(),
+        "{} states after renewing on an unknown key",
+        backend.len()
+    );
+
+    let d = backend
+        .try_acquire("held", &spec, Cost::default())
+        .await
+        .unwrap();
+    let lease = d.lease.expect("a concurrency limit leases a slot");
+    assert!(backend.renew("held", &spec, lease).await.unwrap());
+    assert!(!backend.renew("held", &spec, lease + 1).await.unwrap());
+    assert!(backend.release("held", lease).await.unwrap());
+    assert!(!backend.renew("held", &spec, lease).await.unwrap());
+    assert_eq!(backend.len(), 1);
+}
