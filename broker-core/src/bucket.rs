@@ -186,14 +186,15 @@ fn signed_to_f64(x: i64) -> f64 {
         // SAFETY: `cvtsi2sd` (SSE2, on every x86-64 processor) only reads
         // `x` and writes `f`; the `xorps` first clears the register, as the
         // compiler does, so that the conversion does not wait on its old
-        // contents.
+        // contents. Not `preserves_flags`: an inexact conversion (from
+        // 2^53 up) sets MXCSR's precision flag.
         unsafe {
             std::arch::asm!(
                 "xorps {f}, {f}",
                 "cvtsi2sd {f}, {x}",
                 x = in(reg) x,
                 f = out(xmm_reg) f,
-                options(pure, nomem, nostack, preserves_flags),
+                options(pure, nomem, nostack),
             );
         }
         f
