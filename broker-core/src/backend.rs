@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LeaseId, LimitSpec, Marks, Reservation, Verdict};
+use crate::state::{Decision, LeaseId, LimitSpec, LocalVerdict, Marks, Reservation};
 use crate::stats::BackendHealth;
 
 /// A state store for resource buckets.
@@ -166,8 +166,9 @@ pub trait Backend: Send + Sync + 'static {
 /// (not escaped), `None` for the resource's own state.
 pub trait LocalStates: Send + Sync + 'static {
     /// [`Backend::try_acquire`] on the state of `sub`, answered as a
-    /// [`Verdict`]: the same decision in two words, returned in registers.
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict;
+    /// [`LocalVerdict`]: the same decision in two words, returned in
+    /// registers, a rate denial's wait possibly not yet rounded.
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict;
 
     /// [`Backend::release`] on the state of `sub`: frees the slot held
     /// under `lease`. Idempotent; true if it was held.

@@ -11,6 +11,7 @@
 //! conformance suite checks that both agree.
 
 use crate::clock::Micros;
+use crate::state::{LocalVerdict, RefillTime};
 
 /// Static parameters of one bucket: `amount` tokens per `period` µs, at most
 /// `capacity` tokens held. All three are exact integers stored as `f64`.
@@ -230,6 +231,18 @@ impl Shortfall {
     #[inline]
     pub fn micros(self) -> Micros {
         ceil_micros(self.rate).max(self.held)
+    }
+
+    /// The denial as a store that answers in process gives it: with no
+    /// hold in force, the refill time before rounding
+    /// ([`LocalVerdict::Short`]), whose rounding gives [`Shortfall::micros`];
+    /// else the wait rounded at once.
+    #[inline]
+    pub fn local_verdict(self) -> LocalVerdict {
+        match self.held {
+            0 => LocalVerdict::Short(RefillTime::new(self.rate)),
+            _ => LocalVerdict::Rate(self.micros()),
+        }
     }
 }
 

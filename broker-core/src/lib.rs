@@ -37,5 +37,7 @@ pub use error::{BackendError, BrokerError, ConfigError};
 pub use limits::{Cost, Limits, RateLimit, Unit};
 pub use observed::{Observed, ObservedLimit};
 pub use retry::{Outcome, OutcomeClass, RetryPolicy};
-pub use state::{Decision, DenyReason, LeaseId, LimitSpec, Marks, Reservation, Verdict};
+pub use state::{
+    Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, RefillTime, Reservation, Verdict,
+};
 pub use stats::{BrokerStats, ResourceKind, ResourceStats};

@@ -154,6 +154,103 @@ impl Verdict {
     }
 }
 
+/// A [`Verdict`] as a store that answers in process gives it
+/// ([`LocalStates::try_acquire`](crate::LocalStates::try_acquire)): a
+/// rate denial's wait may come as the refill time before rounding
+/// ([`LocalVerdict::Short`]), and is rounded by [`LocalVerdict::verdict`]
+/// where the caller reads it, so a caller that only asks whether the cost
+/// was taken does not wait for the rounding. Two words, returned in
+/// registers.
+///
+/// ```
+/// use broker_core::{LocalVerdict, RefillTime, Verdict};
+/// assert_eq!(LocalVerdict::Short(RefillTime::new(2.5)).verdict(), Verdict::Rate(3));
+/// assert_eq!(LocalVerdict::Short(RefillTime::new(4.0004)).verdict(), Verdict::Rate(4));
+/// assert!(!LocalVerdict::Short(RefillTime::new(2.5)).allowed());
+/// assert_eq!(LocalVerdict::from(Verdict::Rate(7)).verdict(), Verdict::Rate(7));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalVerdict {
+    /// Allowed, holding no slot.
+    Allowed,
+    /// Allowed, holding a concurrency slot under this lease.
+    Leased(LeaseId),
+    /// Denied by a rate limit: how long until the cost would fit, in whole
+    /// µs.
+    Rate(Micros),
+    /// Denied by a rate limit with no hold in force: the refill time the
+    /// missing tokens need, not yet rounded.
+    Short(RefillTime),
+    /// Denied: every concurrency slot is held.
+    Concurrency,
+}
+
+impl LocalVerdict {
+    /// The verdict, a denial's wait rounded up to whole µs.
+    #[inline(always)]
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Self::Allowed => Verdict::Allowed,
+            Self::Leased(lease) => Verdict::Leased(lease),
+            Self::Rate(wait) => Verdict::Rate(wait),
+            Self::Short(refill) => Verdict::Rate(refill.micros()),
+            Self::Concurrency => Verdict::Concurrency,
+        }
+    }
+
+    /// Whether the cost was taken.
+    #[inline]
+    pub fn allowed(self) -> bool {
+        matches!(self, Self::Allowed | Self::Leased(_))
+    }
+}
+
+/// The refill time a denied cost needs, in µs, before rounding: kept as
+/// the bits of an `f64` so that a [`LocalVerdict`] holding it stays two
+/// words of one kind, which are returned in registers (an `f64` in one
+/// variant and an integer in others would send it through memory).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RefillTime(u64);
+
+impl RefillTime {
+    /// The refill time of `micros` µs (positive, unrounded).
+    #[inline(always)]
+    pub fn new(micros: f64) -> Self {
+        Self(micros.to_bits())
+    }
+
+    /// The refill time in µs, unrounded.
+    #[inline(always)]
+    pub fn as_f64(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+
+    /// The wait in whole µs, rounded up by
+    /// [`bucket::ceil_micros`](crate::bucket::ceil_micros).
+    #[inline(always)]
+    pub fn micros(self) -> Micros {
+        crate::bucket::ceil_micros(self.as_f64())
+    }
+}
+
+impl std::fmt::Debug for RefillTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefillTime({} µs)", self.as_f64())
+    }
+}
+
+impl From<Verdict> for LocalVerdict {
+    #[inline]
+    fn from(v: Verdict) -> Self {
+        match v {
+            Verdict::Allowed => Self::Allowed,
+            Verdict::Leased(lease) => Self::Leased(lease),
+            Verdict::Rate(wait) => Self::Rate(wait),
+            Verdict::Concurrency => Self::Concurrency,
+        }
+    }
+}
+
 impl From<Decision> for Verdict {
     #[inline]
     fn from(d: Decision) -> Self {

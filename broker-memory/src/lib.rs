@@ -37,8 +37,8 @@ use broker_core::bucket::{BucketState, Shortfall};
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, Marks, ObservedLimit,
-    Reservation, Verdict,
+    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalVerdict, Marks,
+    ObservedLimit, Reservation, Verdict,
 };
 use cell::BucketCell;
 use eviction::Sweeper;
@@ -285,6 +285,16 @@ impl Slot {
 #[inline]
 fn rounded(v: Result<Verdict, Shortfall>) -> Verdict {
     v.unwrap_or_else(|short| Verdict::Rate(short.micros()))
+}
+
+/// The verdict of [`Slot::try_acquire`] as [`LocalStates`] answers it: a
+/// denial's wait left for the caller to round where it reads it.
+#[inline]
+fn unrounded(v: Result<Verdict, Shortfall>) -> LocalVerdict {
+    match v {
+        Ok(v) => v.into(),
+        Err(short) => short.local_verdict(),
+    }
 }
 
 impl Default for MemoryBackend {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use broker_core::state::LimitSpec;
-use broker_core::{Cost, LeaseId, LocalStates, Verdict};
+use broker_core::{Cost, LeaseId, LocalStates, LocalVerdict};
 
 use crate::key::KeyRef;
 use crate::pinned::Pinned;
@@ -83,7 +83,7 @@ impl ResourceStates {
     /// limits. Apart from the sub-keys' path, so that path keeps its
     /// registers to itself.
     #[inline(never)]
-    fn try_own(&self, cost: Cost) -> Option<Verdict> {
+    fn try_own(&self, cost: Cost) -> Option<LocalVerdict> {
         let spec = &self.spec;
         let own = self.own()?;
         let now = self.store.clock.now();
@@ -95,7 +95,7 @@ impl ResourceStates {
         self.store
             .sweeper
             .after_write(&self.store.states, now, false);
-        Some(crate::rounded(decided))
+        Some(crate::unrounded(decided))
     }
 
     /// Pins the own state (made if need be, under the shard's write lock)
@@ -125,14 +125,14 @@ impl ResourceStates {
 }
 
 impl LocalStates for ResourceStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict {
         if sub.is_none() {
             if let Some(decided) = self.try_own(cost) {
                 return decided;
             }
         }
         let spec = &self.spec;
-        crate::rounded(self.store.try_acquire(
+        crate::unrounded(self.store.try_acquire(
             self.key(sub),
             Some(&self.resource),
             spec,

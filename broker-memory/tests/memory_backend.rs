@@ -416,3 +416,40 @@ async fn renew_makes_no_state_for_a_key_that_has_none() {
     assert!(!backend.renew("held", &spec, lease).await.unwrap());
     assert_eq!(backend.len(), 1);
 }
+
+/// The unrounded denials `LocalStates` gives round to the waits the
+/// backend's keyed call gives: two stores on one clock see the same calls
+/// (costs, fractional refills, holds) and answer alike, call by call.
+#[tokio::test]
+async fn unrounded_local_denials_round_to_the_backends_waits() {
+    use broker_core::{Verdict, keys};
+    let clock = ManualClock::new();
+    let local_store = MemoryBackend::with_clock(clock.clone());
+    let keyed_store = MemoryBackend::with_clock(clock.clone());
+    let limits = Limits::new().rate(RateLimit::per(7, Duration::from_millis(900)).with_burst(3));
+    let spec = Arc::new(spec(&limits));
+    let local = local_store.local_states("r", spec.clone()).unwrap();
+    let joined = keys::keyed("r", "k");
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let (mut denials, mut held) = (0, 0);
+    for step in 0..5_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        clock.advance(Duration::from_micros(seed % 200_000));
+        if step % 500 == 499 {
+            let hold = Duration::from_micros(seed % 300_000);
+            local_store.penalize(&joined, &spec, hold).await.unwrap();
+            keyed_store.penalize(&joined, &spec, hold).await.unwrap();
+        }
+        let cost = Cost::requests(1 + seed % 3);
+        let ours = local.try_acquire(Some("k"), cost).verdict();
+        let theirs = Verdict::from(keyed_store.try_acquire(&joined, &spec, cost).await.unwrap());
+        assert_eq!(ours, theirs, "step {step}");
+        if let Verdict::Rate(wait) = ours {
+            denials += 1;
+            held += usize::from(wait >= 100_000);
+        }
+    }
+    assert!(denials > 1_000 && held > 0, "{denials} denials, {held} long");
+}

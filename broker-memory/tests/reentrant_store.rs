@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_core::{Cost, LeaseId, Limits, LocalStates, RateLimit, ResourceBroker, Verdict};
+use broker_core::{Cost, LeaseId, Limits, LocalStates, LocalVerdict, RateLimit, ResourceBroker};
 use broker_memory::MemoryBackend;
 use broker_testkit::{Hooks, Wrapped};
 
@@ -21,7 +21,7 @@ struct HookedStates {
 }
 
 impl LocalStates for HookedStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict {
         self.inner.try_acquire(sub, cost)
     }
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {

@@ -131,7 +131,7 @@ macro_rules! try_acquire_future {
         impl Future for $name<'_> {
             type Output = Result<Acquisition, BrokerError>;
 
-            #[inline]
+            #[inline(always)]
             fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
                 Pin::new(&mut self.get_mut().0).poll(cx)
             }
@@ -164,7 +164,7 @@ try_acquire_future!(
 impl<'s, C: Call<'s>> Future for FirstPoll<'s, C> {
     type Output = Result<Acquisition, BrokerError>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if let FirstPoll::Unpolled(call) = &*this {

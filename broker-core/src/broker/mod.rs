@@ -564,7 +564,7 @@ impl ResourceBroker {
         if !resource.fits(cost) {
             return None;
         }
-        let v = local.try_acquire(key, cost);
+        let v = local.try_acquire(key, cost).verdict();
         Some(self.judge(resource, || HeldKey::sub(key), v, permit))
     }
 
