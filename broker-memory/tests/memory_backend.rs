@@ -422,7 +422,7 @@ async fn renew_makes_no_state_for_a_key_that_has_none() {
 /// (costs, fractional refills, holds) and answer alike, call by call.
 #[tokio::test]
 async fn unrounded_local_denials_round_to_the_backends_waits() {
-    use broker_core::{Verdict, keys};
+    use broker_core::{keys, Verdict};
     let clock = ManualClock::new();
     let local_store = MemoryBackend::with_clock(clock.clone());
     let keyed_store = MemoryBackend::with_clock(clock.clone());
@@ -451,5 +451,8 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
             held += usize::from(wait >= 100_000);
         }
     }
-    assert!(denials > 1_000 && held > 0, "{denials} denials, {held} long");
+    assert!(
+        denials > 1_000 && held > 0,
+        "{denials} denials, {held} long"
+    );
 }
