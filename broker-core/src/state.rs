@@ -226,7 +226,7 @@ impl RefillTime {
     }
 
     /// The wait in whole µs, rounded up by
-    /// [`bucket::ceil_micros`](crate::bucket::ceil_micros).
+    /// [`crate::bucket::ceil_micros`].
     #[inline(always)]
     pub fn micros(self) -> Micros {
         crate::bucket::ceil_micros(self.as_f64())

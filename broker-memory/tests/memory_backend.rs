@@ -419,7 +419,9 @@ async fn renew_makes_no_state_for_a_key_that_has_none() {
 
 /// The unrounded denials `LocalStates` gives round to the waits the
 /// backend's keyed call gives: two stores on one clock see the same calls
-/// (costs, fractional refills, holds) and answer alike, call by call.
+/// (costs, fractional refills, holds) and answer alike, call by call, both
+/// while no hold is in force (the wait comes unrounded) and right after a
+/// hold longer than the refill (the hold's end, rounded at once).
 #[tokio::test]
 async fn unrounded_local_denials_round_to_the_backends_waits() {
     use broker_core::{keys, Verdict};
@@ -431,16 +433,18 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
     let local = local_store.local_states("r", spec.clone()).unwrap();
     let joined = keys::keyed("r", "k");
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let (mut denials, mut held) = (0, 0);
+    let (mut denials, mut at_hold_end) = (0, 0);
     for step in 0..5_000 {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         clock.advance(Duration::from_micros(seed % 200_000));
-        if step % 500 == 499 {
-            let hold = Duration::from_micros(seed % 300_000);
-            local_store.penalize(&joined, &spec, hold).await.unwrap();
-            keyed_store.penalize(&joined, &spec, hold).await.unwrap();
+        let mut hold = None;
+        if step % 100 == 99 {
+            let h = Duration::from_micros(seed % 600_000);
+            local_store.penalize(&joined, &spec, h).await.unwrap();
+            keyed_store.penalize(&joined, &spec, h).await.unwrap();
+            hold = Some(h.as_micros() as u64);
         }
         let cost = Cost::requests(1 + seed % 3);
         let ours = local.try_acquire(Some("k"), cost).verdict();
@@ -448,11 +452,14 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
         assert_eq!(ours, theirs, "step {step}");
         if let Verdict::Rate(wait) = ours {
             denials += 1;
-            held += usize::from(wait >= 100_000);
+            // The clock has not moved since the hold was put on: a wait of
+            // exactly the hold is the hold's end.
+            at_hold_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
         }
     }
+    assert!(denials > 1_000, "{denials} denials");
     assert!(
-        denials > 1_000 && held > 0,
-        "{denials} denials, {held} long"
+        at_hold_end > 5,
+        "{at_hold_end} denials waited for a hold's end"
     );
 }
