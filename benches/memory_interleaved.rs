@@ -140,129 +140,108 @@ fn batch(c: &Case, s: usize, n: usize, threads: usize, wait: bool) -> Duration {
     start.elapsed()
 }
 
-/// `n` calls of subject `s` on this thread, from key `offset` on; the
-/// wall time.
-#[inline(never)]
-fn batch_from(c: &Case, s: usize, n: usize, offset: usize) -> Duration {
-    let keys = &c.keys;
-    // Governor's keys are `String`s; ours are taken as `&str`.
-    let owned_key = |i: usize| &keys[(offset + i) % keys.len()];
-    let key = |i: usize| owned_key(i).as_str();
-    let start = Instant::now();
-    match s {
-        0 => (0..n).for_each(|i| {
-            black_box(c.governor.check_key(owned_key(i)).is_ok());
-        }),
-        1 => (0..n).for_each(|i| {
-            let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
-            black_box(a.now_or_never().unwrap().unwrap().allowed);
-        }),
-        2 => async {
-            for i in 0..n {
-                let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
-                black_box(a.await.unwrap().allowed);
+/// Defines `$name(c, s, n, offset)`: `n` calls of subject `s` on this
+/// thread, from key `offset` on; the wall time. Each answer is kept from
+/// the optimizer by `$keep` (`allowed`, or `wait`: the denial's wait).
+/// Each kind is a function of its own, out of line, so that one does not
+/// change how the other is compiled.
+macro_rules! batch_from {
+    ($(#[$doc:meta])* $name:ident, $keep:ident) => {
+        $(#[$doc])*
+        #[inline(never)]
+        fn $name(c: &Case, s: usize, n: usize, offset: usize) -> Duration {
+            let keys = &c.keys;
+            // Governor's keys are `String`s; ours are taken as `&str`.
+            let owned_key = |i: usize| &keys[(offset + i) % keys.len()];
+            let key = |i: usize| owned_key(i).as_str();
+            let start = Instant::now();
+            match s {
+                0 => (0..n).for_each(|i| {
+                    keep!($keep, governor c, c.governor.check_key(owned_key(i)));
+                }),
+                1 => (0..n).for_each(|i| {
+                    let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
+                    keep!($keep, a.now_or_never().unwrap().unwrap());
+                }),
+                2 => async {
+                    for i in 0..n {
+                        let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
+                        keep!($keep, a.await.unwrap());
+                    }
+                }
+                .now_or_never()
+                .unwrap(),
+                3 => (0..n).for_each(|i| {
+                    let a = c
+                        .broker
+                        .try_acquire_now(("tenants", key(i)), Cost::default());
+                    keep!($keep, a.unwrap().unwrap());
+                }),
+                4 => (0..n).for_each(|i| {
+                    let a = c.handle.try_acquire(key(i), Cost::default());
+                    keep!($keep, a.now_or_never().unwrap().unwrap());
+                }),
+                5 => async {
+                    for i in 0..n {
+                        let a = c.handle.try_acquire(key(i), Cost::default());
+                        keep!($keep, a.await.unwrap());
+                    }
+                }
+                .now_or_never()
+                .unwrap(),
+                6 => (0..n).for_each(|i| {
+                    let a = c.handle.try_acquire_now(key(i), Cost::default());
+                    keep!($keep, a.unwrap().unwrap());
+                }),
+                7 => (0..n).for_each(|i| {
+                    keep!($keep, store c.store.try_acquire(Some(key(i)), Cost::default()));
+                }),
+                _ => (0..n).for_each(|i| {
+                    let joined = &c.joined[(offset + i) % keys.len()];
+                    let d = c.backend.try_acquire_now(joined, &c.spec, Cost::default());
+                    keep!($keep, decision d.unwrap().unwrap());
+                }),
             }
+            start.elapsed()
         }
-        .now_or_never()
-        .unwrap(),
-        3 => (0..n).for_each(|i| {
-            let a = c
-                .broker
-                .try_acquire_now(("tenants", key(i)), Cost::default());
-            black_box(a.unwrap().unwrap().allowed);
-        }),
-        4 => (0..n).for_each(|i| {
-            let a = c.handle.try_acquire(key(i), Cost::default());
-            black_box(a.now_or_never().unwrap().unwrap().allowed);
-        }),
-        5 => async {
-            for i in 0..n {
-                let a = c.handle.try_acquire(key(i), Cost::default());
-                black_box(a.await.unwrap().allowed);
-            }
-        }
-        .now_or_never()
-        .unwrap(),
-        6 => (0..n).for_each(|i| {
-            let a = c.handle.try_acquire_now(key(i), Cost::default());
-            black_box(a.unwrap().unwrap().allowed);
-        }),
-        7 => (0..n).for_each(|i| {
-            black_box(c.store.try_acquire(Some(key(i)), Cost::default()).allowed());
-        }),
-        _ => (0..n).for_each(|i| {
-            let joined = &c.joined[(offset + i) % keys.len()];
-            let d = c.backend.try_acquire_now(joined, &c.spec, Cost::default());
-            black_box(d.unwrap().unwrap().allowed);
-        }),
-    }
-    start.elapsed()
+    };
 }
 
-/// [`batch_from`] with each answer's wait read (governor's asked from its
-/// denial with the limiter's clock, as a caller answering `Retry-After`
-/// asks it), not only whether it allowed. A function of its own, so that
-/// `batch_from` is compiled as it was before this one existed.
-#[inline(never)]
-fn wait_batch_from(c: &Case, s: usize, n: usize, offset: usize) -> Duration {
-    let keys = &c.keys;
-    // Governor's keys are `String`s; ours are taken as `&str`.
-    let owned_key = |i: usize| &keys[(offset + i) % keys.len()];
-    let key = |i: usize| owned_key(i).as_str();
-    let start = Instant::now();
-    match s {
-        0 => (0..n).for_each(|i| {
-            let answer = c.governor.check_key(owned_key(i));
-            black_box(answer.map_or_else(
-                |not_until| not_until.wait_time_from(c.governor.clock().now()),
-                |()| Duration::ZERO,
-            ));
-        }),
-        1 => (0..n).for_each(|i| {
-            let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
-            black_box(a.now_or_never().unwrap().unwrap().wait_time);
-        }),
-        2 => async {
-            for i in 0..n {
-                let a = c.broker.try_acquire(("tenants", key(i)), Cost::default());
-                black_box(a.await.unwrap().wait_time);
-            }
-        }
-        .now_or_never()
-        .unwrap(),
-        3 => (0..n).for_each(|i| {
-            let a = c
-                .broker
-                .try_acquire_now(("tenants", key(i)), Cost::default());
-            black_box(a.unwrap().unwrap().wait_time);
-        }),
-        4 => (0..n).for_each(|i| {
-            let a = c.handle.try_acquire(key(i), Cost::default());
-            black_box(a.now_or_never().unwrap().unwrap().wait_time);
-        }),
-        5 => async {
-            for i in 0..n {
-                let a = c.handle.try_acquire(key(i), Cost::default());
-                black_box(a.await.unwrap().wait_time);
-            }
-        }
-        .now_or_never()
-        .unwrap(),
-        6 => (0..n).for_each(|i| {
-            let a = c.handle.try_acquire_now(key(i), Cost::default());
-            black_box(a.unwrap().unwrap().wait_time);
-        }),
-        7 => (0..n).for_each(|i| {
-            black_box(c.store.try_acquire(Some(key(i)), Cost::default()).verdict());
-        }),
-        _ => (0..n).for_each(|i| {
-            let joined = &c.joined[(offset + i) % keys.len()];
-            let d = c.backend.try_acquire_now(joined, &c.spec, Cost::default());
-            black_box(d.unwrap().unwrap().wait);
-        }),
-    }
-    start.elapsed()
+/// Keeps one answer from the optimizer: whether it allowed, or its wait
+/// (governor's asked from its denial with the limiter's clock, as a
+/// caller answering `Retry-After` asks it).
+macro_rules! keep {
+    (allowed, governor $c:ident, $answer:expr) => {
+        black_box($answer.is_ok())
+    };
+    (wait, governor $c:ident, $answer:expr) => {
+        black_box($answer.map_or_else(
+            |not_until| not_until.wait_time_from($c.governor.clock().now()),
+            |()| Duration::ZERO,
+        ))
+    };
+    (allowed, store $v:expr) => {
+        black_box($v.allowed())
+    };
+    (wait, store $v:expr) => {
+        black_box($v.verdict())
+    };
+    (allowed, decision $d:expr) => {
+        black_box($d.allowed)
+    };
+    (wait, decision $d:expr) => {
+        black_box($d.wait)
+    };
+    (allowed, $a:expr) => {
+        black_box($a.allowed)
+    };
+    (wait, $a:expr) => {
+        black_box($a.wait_time)
+    };
 }
+
+batch_from!(batch_from, allowed);
+batch_from!(wait_batch_from, wait);
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
