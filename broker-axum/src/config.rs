@@ -155,7 +155,7 @@ impl PressureConfig {
         let (prefix, value) = find_pressure(doc).ok_or_else(|| {
             fail("no `pressure` object at the top level or one level down".into())
         })?;
-        let config: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+        let config: Self = broker_core::config::from_value(&value).map_err(|e| {
             let path = e.path().to_string();
             let at = if path.is_empty() || path == "." {
                 prefix.clone()
@@ -283,6 +283,33 @@ fn find_pressure(doc: serde_json::Value) -> Option<(String, serde_json::Value)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn routes_and_stages_written_as_lists_are_refused_with_their_path() {
+        for (text, needle) in [
+            (
+                r#"{"perRoute": [["r", "/a", {"requestsPerSecond": 5}]]}"#,
+                "perRoute[0]",
+            ),
+            (
+                r#"{"perTenant": [true, {"requestsPerMinute": 60}]}"#,
+                "perTenant",
+            ),
+            (r#"[true, {}]"#, "inline"),
+        ] {
+            let e = PressureConfig::from_json("inline", text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{text}: {e:?} should name {needle}");
+            assert!(e.contains("an object with named fields"), "{text}: {e:?}");
+        }
+        let doc = r#"{"pressure": {"perRoute": [["r", "/a", {"requestsPerSecond": 5}]]}}"#;
+        let e = PressureConfig::from_document("kb.json", doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pressure.perRoute[0]"), "{e:?}");
+        assert!(e.contains("an object with named fields"), "{e:?}");
+    }
 
     const SEED: &str = r#"{
       "gateway": {

@@ -301,7 +301,7 @@ pub fn parse<T: DeserializeOwned>(
             format!("at {path}: {inner}")
         }
     };
-    match format {
+    let parsed = match format {
         Format::Json => {
             let de = &mut serde_json::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de)
@@ -317,7 +317,43 @@ pub fn parse<T: DeserializeOwned>(
             serde_path_to_error::deserialize(de)
                 .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
         }
+    }?;
+    // Read as written, the document may still hold a settings object
+    // written as a list, which serde takes field by field in declaration
+    // order: read again from its tree with structs from objects only. A
+    // document whose tree has no JSON form (a YAML key that is not a
+    // string, a TOML date) keeps the first reading.
+    let tree: Option<serde_json::Value> = match format {
+        Format::Json => serde_json::from_str(text).ok(),
+        Format::Yaml => serde_norway::from_str(text).ok(),
+        Format::Toml => toml::from_str(text).ok(),
+    };
+    if let Some(tree) = tree {
+        from_value::<T>(&tree)
+            .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))?;
     }
+    Ok(parsed)
+}
+
+/// Reads `T` from a document already parsed into a JSON tree, every
+/// struct from an object only (a list where a struct stands is an error at
+/// its path, where serde's derived structs would read the list's items as
+/// the fields in order). The error carries the path inside the tree.
+///
+/// ```
+/// use broker_core::config::from_value;
+/// use broker_core::RateLimit;
+/// let tree = serde_json::json!({"amount": 5, "period": "1s"});
+/// assert_eq!(from_value::<RateLimit>(&tree).unwrap(), RateLimit::per_second(5));
+/// let listed = serde_json::json!([[5, "1s"]]);
+/// let e = from_value::<Vec<RateLimit>>(&listed).unwrap_err();
+/// assert_eq!(e.path().to_string(), "[0]");
+/// assert!(e.inner().to_string().contains("an object with named fields"));
+/// ```
+pub fn from_value<T: DeserializeOwned>(
+    tree: &serde_json::Value,
+) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    serde_path_to_error::deserialize(crate::named_fields::NamedFields(tree))
 }
 
 /// Reads and parses a config file; the format comes from its extension.

@@ -17,6 +17,7 @@ pub mod error;
 pub mod headers;
 pub mod keys;
 pub mod limits;
+mod named_fields;
 pub mod observed;
 pub mod pacing;
 pub mod retry;

@@ -90,3 +90,62 @@ fn errors_name_the_file_and_the_path_inside_it() {
         assert!(err.contains(needle), "{err:?} should name {needle}");
     }
 }
+
+/// A settings object written as a list is refused where it stands, in every
+/// format, rather than read field by field in declaration order (serde's
+/// default for structs), which would take `[5, "1s", 10]` for a rate and
+/// silently read two fields of one type in the order the code declares
+/// them. Written as objects, the same settings read.
+#[test]
+fn settings_written_as_lists_are_refused_with_their_path() {
+    let cases = [
+        (
+            Format::Json,
+            r#"{"limits": {"rates": [[5, "1s", 10]]}}"#,
+            "limits.rates[0]",
+        ),
+        (
+            Format::Json,
+            r#"{"limits": [null, null, null, null, []]}"#,
+            "limits",
+        ),
+        (
+            Format::Json,
+            r#"{"limits": {}, "retry": [3, "100ms"]}"#,
+            "retry",
+        ),
+        (Format::Json, r#"[{"rates": []}, 50]"#, "broker.json"),
+        (
+            Format::Yaml,
+            "limits:\n  rates:\n    - [5, 1s, 10]\n",
+            "limits.rates[0]",
+        ),
+        (
+            Format::Toml,
+            "[limits]\nrates = [[5, \"1s\", 10]]\n",
+            "limits.rates[0]",
+        ),
+    ];
+    for (format, text, needle) in cases {
+        let err = parse::<ResourceConfig>("broker.json", text, format)
+            .map(|c| format!("{c:?}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(needle),
+            "{format:?} {text}: {err:?} should name {needle}"
+        );
+        // YAML's reader refuses a list for a struct itself, in its words.
+        assert!(
+            err.contains("an object with named fields") || err.contains("expected struct"),
+            "{format:?} {text}: {err:?} should say what is expected"
+        );
+    }
+    let read = parse::<ResourceConfig>(
+        "broker.json",
+        r#"{"limits": {"rates": [{"amount": 5, "period": "1s", "burst": 10}]}}"#,
+        Format::Json,
+    )
+    .unwrap();
+    assert_eq!(read.limits.rates, [RateLimit::per_second(5).with_burst(10)]);
+}

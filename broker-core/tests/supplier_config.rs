@@ -145,3 +145,15 @@ fn pressure_json_and_supplier_yaml_load_into_the_same_limits() {
     assert!(err.starts_with("kb.config.json: "), "{err}");
     assert!(err.contains("requestsPerSecond"), "{err}");
 }
+
+/// A bucket written as a list is refused with its path, not read by field
+/// position (JSON; YAML's reader refuses a list for a struct itself).
+#[test]
+fn a_bucket_written_as_a_list_is_refused_with_its_path() {
+    let json = r#"{"rate_limit": {"auth": {"login": [1, "120s", 5, "wait"]}}}"#;
+    let err = parse::<SupplierConfig>("etm.json", json, Format::Json)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rate_limit.auth.login"), "{err:?}");
+    assert!(err.contains("an object with named fields"), "{err:?}");
+}

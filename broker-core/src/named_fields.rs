@@ -1,0 +1,309 @@
+//! [`NamedFields`]: a config document, already parsed into a
+//! [`serde_json::Value`], read into a type with every struct taken from an
+//! object only. serde's derived structs also take a list and read its
+//! items as the fields in declaration order, so `[5, "1s", 10]` would pass
+//! for a rate and two fields of one type could be swapped without a word;
+//! read through this, a list where a struct stands is an error at its path.
+//! Everything else reads as from the value itself.
+
+use serde::de::value::StrDeserializer;
+use serde::de::{
+    self, DeserializeSeed, EnumAccess, Error as _, IntoDeserializer, MapAccess, SeqAccess,
+    Unexpected, VariantAccess, Visitor,
+};
+use serde::forward_to_deserialize_any;
+use serde_json::{Map, Value};
+
+/// What a struct is read from.
+const EXPECTED: &str = "an object with named fields";
+
+/// A [`Value`] as a deserializer whose structs come from objects only.
+pub(crate) struct NamedFields<'a>(pub(crate) &'a Value);
+
+impl<'de> de::Deserializer<'de> for NamedFields<'_> {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.0 {
+            Value::Null => visitor.visit_unit(),
+            Value::Bool(b) => visitor.visit_bool(*b),
+            Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(u), _, _) => visitor.visit_u64(u),
+                (None, Some(i), _) => visitor.visit_i64(i),
+                (None, None, Some(f)) => visitor.visit_f64(f),
+                (None, None, None) => Err(Self::Error::custom(format!("unreadable number {n}"))),
+            },
+            Value::String(s) => visitor.visit_str(s),
+            Value::Array(items) => visitor.visit_seq(Items(items.iter())),
+            Value::Object(map) => visitor.visit_map(Fields::new(map)),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self.0 {
+            Value::Null => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        match self.0 {
+            Value::Object(map) => visitor.visit_map(Fields::new(map)),
+            Value::Array(_) => Err(Self::Error::invalid_type(Unexpected::Seq, &EXPECTED)),
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        match self.0 {
+            Value::String(s) => visitor.visit_enum(s.as_str().into_deserializer()),
+            Value::Object(map) if map.len() == 1 => match map.iter().next() {
+                Some((variant, value)) => visitor.visit_enum(Variant { variant, value }),
+                None => Err(Self::Error::invalid_length(0, &"one variant")),
+            },
+            other => Err(Self::Error::invalid_type(
+                unexpected(other),
+                &"a variant name, or an object with one variant",
+            )),
+        }
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf unit unit_struct seq tuple tuple_struct map identifier
+        ignored_any
+    }
+}
+
+/// How a value is named in a type error.
+fn unexpected(value: &Value) -> Unexpected<'_> {
+    match value {
+        Value::Null => Unexpected::Unit,
+        Value::Bool(b) => Unexpected::Bool(*b),
+        Value::Number(_) => Unexpected::Other("a number"),
+        Value::String(s) => Unexpected::Str(s),
+        Value::Array(_) => Unexpected::Seq,
+        Value::Object(_) => Unexpected::Map,
+    }
+}
+
+/// The items of a list.
+struct Items<'a>(std::slice::Iter<'a, Value>);
+
+impl<'de> SeqAccess<'de> for Items<'_> {
+    type Error = serde_json::Error;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, Self::Error> {
+        self.0
+            .next()
+            .map(|item| seed.deserialize(NamedFields(item)))
+            .transpose()
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+/// The entries of an object.
+struct Fields<'a> {
+    entries: serde_json::map::Iter<'a>,
+    value: Option<&'a Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(map: &'a Map<String, Value>) -> Self {
+        Self {
+            entries: map.iter(),
+            value: None,
+        }
+    }
+}
+
+impl<'de> MapAccess<'de> for Fields<'_> {
+    type Error = serde_json::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        let Some((key, value)) = self.entries.next() else {
+            return Ok(None);
+        };
+        self.value = Some(value);
+        let key: StrDeserializer<'_, Self::Error> = key.as_str().into_deserializer();
+        seed.deserialize(key).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, Self::Error> {
+        match self.value.take() {
+            Some(value) => seed.deserialize(NamedFields(value)),
+            None => Err(Self::Error::custom("a value asked for before its key")),
+        }
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.entries.len())
+    }
+}
+
+/// An enum written as an object with one entry: the variant and its value.
+struct Variant<'a> {
+    variant: &'a String,
+    value: &'a Value,
+}
+
+impl<'de, 'a> EnumAccess<'de> for Variant<'a> {
+    type Error = serde_json::Error;
+    type Variant = NamedFields<'a>;
+
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, Self::Variant), Self::Error> {
+        let name: StrDeserializer<'_, Self::Error> = self.variant.as_str().into_deserializer();
+        Ok((seed.deserialize(name)?, NamedFields(self.value)))
+    }
+}
+
+impl<'de> VariantAccess<'de> for NamedFields<'_> {
+    type Error = serde_json::Error;
+
+    fn unit_variant(self) -> Result<(), Self::Error> {
+        match self.0 {
+            Value::Null => Ok(()),
+            other => Err(Self::Error::invalid_type(unexpected(other), &"no value")),
+        }
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(
+        self,
+        seed: T,
+    ) -> Result<T::Value, Self::Error> {
+        seed.deserialize(self)
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(
+        self,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        de::Deserializer::deserialize_seq(self, visitor)
+    }
+
+    fn struct_variant<V: Visitor<'de>>(
+        self,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        de::Deserializer::deserialize_struct(self, "", fields, visitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Rate {
+        amount: u64,
+        burst: Option<u64>,
+        unit: Unit,
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Unit {
+        Requests,
+        Tokens,
+    }
+
+    #[derive(Debug, PartialEq, Deserialize)]
+    enum Shape {
+        Fixed { every: u64 },
+        Pair(u64, u64),
+        One(u64),
+        None,
+    }
+
+    fn read<T: de::DeserializeOwned>(json: &str) -> Result<T, String> {
+        let value: Value = serde_json::from_str(json).unwrap();
+        serde_path_to_error::deserialize(NamedFields(&value))
+            .map_err(|e| format!("{}: {}", e.path(), e.inner()))
+    }
+
+    #[test]
+    fn objects_read_as_from_the_value_and_lists_are_refused_where_a_struct_stands() {
+        let rate = r#"{"amount": 5, "burst": null, "unit": "tokens"}"#;
+        assert_eq!(
+            read::<Rate>(rate).unwrap(),
+            Rate {
+                amount: 5,
+                burst: None,
+                unit: Unit::Tokens
+            }
+        );
+        assert_eq!(
+            read::<Vec<Rate>>(r#"[{"amount": 1, "burst": 2, "unit": "requests"}]"#).unwrap(),
+            [Rate {
+                amount: 1,
+                burst: Some(2),
+                unit: Unit::Requests
+            }]
+        );
+        // serde_json itself reads the list by position.
+        assert!(serde_json::from_str::<Rate>(r#"[5, 10, "tokens"]"#).is_ok());
+        let e = read::<Vec<Rate>>(r#"[[5, 10, "tokens"]]"#).unwrap_err();
+        assert!(
+            e.starts_with("[0]: invalid type: sequence, expected an object"),
+            "{e}"
+        );
+        let e = read::<Rate>(r#"{"amount": -1, "burst": null, "unit": "tokens"}"#).unwrap_err();
+        assert!(e.starts_with("amount: invalid value: integer `-1`"), "{e}");
+        let e = read::<Rate>(r#"{"amount": 1, "unit": "tokens", "extra": 1}"#).unwrap_err();
+        assert!(e.contains("unknown field `extra`"), "{e}");
+    }
+
+    #[test]
+    fn enums_read_from_a_name_or_an_object_of_one_variant() {
+        assert_eq!(read::<Shape>(r#""None""#).unwrap(), Shape::None);
+        assert_eq!(read::<Shape>(r#"{"One": 3}"#).unwrap(), Shape::One(3));
+        assert_eq!(
+            read::<Shape>(r#"{"Pair": [1, 2]}"#).unwrap(),
+            Shape::Pair(1, 2)
+        );
+        assert_eq!(
+            read::<Shape>(r#"{"Fixed": {"every": 4}}"#).unwrap(),
+            Shape::Fixed { every: 4 }
+        );
+        let e = read::<Shape>(r#"{"Fixed": [4]}"#).unwrap_err();
+        assert!(e.contains("expected an object with named fields"), "{e}");
+        assert!(read::<Shape>(r#"{"One": 1, "None": null}"#).is_err());
+    }
+}
