@@ -318,19 +318,23 @@ pub fn parse<T: DeserializeOwned>(
                 .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
         }
     }?;
-    // Read as written, the document may still hold a settings object
-    // written as a list, which serde takes field by field in declaration
-    // order: read again from its tree with structs from objects only. A
-    // document whose tree has no JSON form (a YAML key that is not a
-    // string, a TOML date) keeps the first reading.
+    // Read as written, a JSON or TOML document may still hold a settings
+    // object written as a list, which serde takes field by field in
+    // declaration order: read again from its tree with structs from
+    // objects only, and refused if a list stands for one. Only that refusal
+    // counts: the tree reads some things otherwise (a map's number keys,
+    // say), which the first reading has settled. YAML's reader refuses a
+    // list for a struct itself, and its tree would turn unquoted scalars
+    // into numbers; a document without a JSON tree keeps the first reading.
     let tree: Option<serde_json::Value> = match format {
         Format::Json => serde_json::from_str(text).ok(),
-        Format::Yaml => serde_norway::from_str(text).ok(),
         Format::Toml => toml::from_str(text).ok(),
+        Format::Yaml => None,
     };
-    if let Some(tree) = tree {
-        from_value::<T>(&tree)
-            .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))?;
+    if let Some(Err(e)) = tree.map(|tree| from_value::<T>(&tree)) {
+        if crate::named_fields::refuses_a_list(e.inner()) {
+            return Err(fail(located(e.path().to_string(), e.inner().to_string())));
+        }
     }
     Ok(parsed)
 }

@@ -17,6 +17,11 @@ use serde_json::{Map, Value};
 /// What a struct is read from.
 const EXPECTED: &str = "an object with named fields";
 
+/// Whether `e` is the refusal of a list where a struct stands.
+pub(crate) fn refuses_a_list(e: &serde_json::Error) -> bool {
+    e.to_string().contains(EXPECTED)
+}
+
 /// A [`Value`] as a deserializer whose structs come from objects only.
 pub(crate) struct NamedFields<'a>(pub(crate) &'a Value);
 
@@ -75,10 +80,18 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
     ) -> Result<V::Value, Self::Error> {
         match self.0 {
             Value::String(s) => visitor.visit_enum(s.as_str().into_deserializer()),
-            Value::Object(map) if map.len() == 1 => match map.iter().next() {
-                Some((variant, value)) => visitor.visit_enum(Variant { variant, value }),
-                None => Err(Self::Error::invalid_length(0, &"one variant")),
-            },
+            Value::Object(map) => {
+                let mut entries = map.iter();
+                match (entries.next(), entries.next()) {
+                    (Some((variant, value)), None) => {
+                        visitor.visit_enum(Variant { variant, value })
+                    }
+                    _ => Err(Self::Error::invalid_type(
+                        Unexpected::Map,
+                        &"a variant name, or an object with one variant",
+                    )),
+                }
+            }
             other => Err(Self::Error::invalid_type(
                 unexpected(other),
                 &"a variant name, or an object with one variant",
@@ -98,7 +111,12 @@ fn unexpected(value: &Value) -> Unexpected<'_> {
     match value {
         Value::Null => Unexpected::Unit,
         Value::Bool(b) => Unexpected::Bool(*b),
-        Value::Number(_) => Unexpected::Other("a number"),
+        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => Unexpected::Unsigned(u),
+            (None, Some(i), _) => Unexpected::Signed(i),
+            (None, None, Some(f)) => Unexpected::Float(f),
+            (None, None, None) => Unexpected::Other("a number"),
+        },
         Value::String(s) => Unexpected::Str(s),
         Value::Array(_) => Unexpected::Seq,
         Value::Object(_) => Unexpected::Map,

@@ -149,3 +149,22 @@ fn settings_written_as_lists_are_refused_with_their_path() {
     .unwrap();
     assert_eq!(read.limits.rates, [RateLimit::per_second(5).with_burst(10)]);
 }
+
+/// Reading a document's tree a second time (to refuse lists for
+/// settings) refuses nothing else: an unquoted YAML scalar where a string
+/// is expected, and a map whose keys are numbers, read as they did.
+#[test]
+fn the_second_reading_refuses_only_lists() {
+    use std::collections::BTreeMap;
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Named {
+        name: String,
+        by_id: BTreeMap<u32, String>,
+    }
+    let yaml = "name: 2024\nby_id: {1: a}\n";
+    let read = parse::<Named>("x.yaml", yaml, Format::Yaml).unwrap();
+    assert_eq!(read.name, "2024");
+    let json = r#"{"name": "n", "by_id": {"1": "a"}}"#;
+    let read = parse::<Named>("x.json", json, Format::Json).unwrap();
+    assert_eq!(read.by_id, BTreeMap::from([(1, "a".to_owned())]));
+}
