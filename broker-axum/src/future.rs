@@ -199,7 +199,7 @@ where
         policy: &Arc<Policy>,
         stage: Stage,
         limited: &Limited,
-        verdict: Option<broker_core::Verdict>,
+        verdict: Option<Verdict>,
         permit: Permit,
         inner: &mut S,
         req: Request<ReqB>,

@@ -280,15 +280,9 @@ impl Slot {
     }
 }
 
-/// The verdict of [`Slot::try_acquire`], a denial's wait rounded (once
-/// the lock is released).
-#[inline]
-fn rounded(v: Result<Verdict, Shortfall>) -> Verdict {
-    v.unwrap_or_else(|short| Verdict::Rate(short.micros()))
-}
-
-/// The verdict of [`Slot::try_acquire`] as [`LocalStates`] answers it: a
-/// denial's wait left for the caller to round where it reads it.
+/// The verdict of [`Slot::try_acquire`] as [`LocalStates`] answers it (once
+/// the lock is released): a denial's wait left for the caller to round
+/// where it reads it ([`LocalVerdict::verdict`]).
 #[inline]
 fn unrounded(v: Result<Verdict, Shortfall>) -> LocalVerdict {
     match v {
@@ -382,10 +376,11 @@ impl MemoryBackend {
 
     /// `try_acquire` on the joined state `key`.
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        rounded(key::with_parsed(key, |key| {
+        unrounded(key::with_parsed(key, |key| {
             self.store
                 .try_acquire(key, None, spec, || shared_spec(spec), cost)
         }))
+        .verdict()
         .into()
     }
 
@@ -441,7 +436,7 @@ impl Store {
     /// decisions on one shard run at once (a one-bucket state by
     /// [`BucketCell::try_take`], any other under its own lock); a new
     /// state, or one made for other limits, under the write lock. A
-    /// one-bucket denial comes back unrounded (see [`rounded`]).
+    /// one-bucket denial comes back unrounded (see [`unrounded`]).
     #[inline]
     fn try_acquire(
         &self,
