@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Permit, Verdict};
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
 
@@ -39,13 +39,13 @@ pin_project! {
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
         #[pin]
-        state: State<S, ReqB, ResB>,
+        pub(crate) state: State<S, ReqB, ResB>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, ReqB, ResB>
+    pub(crate) enum State<S, ReqB, ResB>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
@@ -72,6 +72,28 @@ pin_project! {
         },
     }
 }
+
+/// [`ResponseFuture::admitted`] written out where the caller returns the
+/// future, for the services' common case: the request moves once, straight
+/// into the inner call. Through the function, inlined as it is, the
+/// compiler copied the request and the inner future once more per stage
+/// (51 instructions more per request through the example's two stages,
+/// counted in process with `benches/http_layer.rs`).
+macro_rules! admitted {
+    ($inner:expr, $req:expr, $permit:expr, $refundable:expr) => {{
+        let permit: broker_core::Permit = $permit;
+        let connect = permit.is_held() && $req.method() == http::Method::CONNECT;
+        $crate::future::ResponseFuture {
+            state: $crate::future::State::Calling {
+                fut: $inner.call($req),
+                permit,
+                connect,
+                refundable: $refundable,
+            },
+        }
+    }};
+}
+pub(crate) use admitted;
 
 /// What the inner call needs once admitted.
 struct Call<S, ReqB> {
@@ -168,15 +190,7 @@ where
         inner: &mut S,
         req: Request<ReqB>,
     ) -> Self {
-        let connect = permit.is_held() && req.method() == Method::CONNECT;
-        Self {
-            state: State::Calling {
-                fut: inner.call(req),
-                permit,
-                connect,
-                refundable,
-            },
-        }
+        admitted!(inner, req, permit, refundable)
     }
 
     /// Answers `refusal` when polled.
@@ -189,38 +203,13 @@ where
         }
     }
 
-    /// Goes on from the broker's compact answer for `stage` (its
-    /// resource `limited`, the tenant key `tenant` if any): admitted with
-    /// `permit` (`verdict` allowed), refused, or, with no compact answer
-    /// (`None`: a store that needs I/O, a cost that never fits), the call
-    /// made in full.
-    #[inline(always)]
-    pub(crate) fn from_verdict(
-        policy: &Arc<Policy>,
-        stage: Stage,
-        limited: &Limited,
-        verdict: Option<Verdict>,
-        permit: Permit,
-        inner: &mut S,
-        req: Request<ReqB>,
-    ) -> Self
-    where
-        S: Clone,
-    {
-        match verdict {
-            Some(v) if v.allowed() => Self::admitted(permit, policy.refund_for(stage), inner, req),
-            Some(v) => Self::refused(denial(policy, stage, limited, v, None)),
-            None => Self::in_full(policy, stage, limited, inner, req),
-        }
-    }
-
-    /// [`ResponseFuture::from_verdict`] without a compact answer: the
+    /// The route/service stage without a compact answer from
+    /// `verdict_now` (a store that needs I/O, a cost that never fits): the
     /// broker's answer in full, or, from a store that needs I/O, the
-    /// admission once it has answered. For the route/service stage only
-    /// (no tenant key).
+    /// admission once it has answered.
     #[cold]
     #[inline(never)]
-    fn in_full(
+    pub(crate) fn in_full(
         policy: &Arc<Policy>,
         stage: Stage,
         limited: &Limited,

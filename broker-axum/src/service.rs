@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::future::{denial, judge, Refusal, ResponseFuture};
+use crate::future::{admitted, denial, judge, Refusal, ResponseFuture};
 use crate::policy::{Limited, Policy, Stage};
 use crate::tenant::{tenant_key, TenantExtractor, TenantId};
 
@@ -58,15 +58,11 @@ where
         let verdict = limited
             .handle
             .verdict_now(None, Cost::default(), &mut permit);
-        ResponseFuture::from_verdict(
-            policy,
-            stage,
-            limited,
-            verdict,
-            permit,
-            &mut self.inner,
-            req,
-        )
+        match verdict {
+            Some(v) if v.allowed() => admitted!(self.inner, req, permit, policy.refund_for(stage)),
+            Some(v) => ResponseFuture::refused(denial(policy, stage, limited, v, None)),
+            None => ResponseFuture::in_full(policy, stage, limited, &mut self.inner, req),
+        }
     }
 }
 
@@ -137,7 +133,7 @@ where
                 }
             });
         match judged {
-            Some(Judged::Admitted) => ResponseFuture::admitted(permit, None, &mut self.inner, req),
+            Some(Judged::Admitted) => admitted!(self.inner, req, permit, None),
             Some(Judged::Refused(refusal)) => ResponseFuture::refused(refusal),
             Some(Judged::Decided(verdict)) => {
                 ResponseFuture::decided(verdict, None, &mut self.inner, req)
