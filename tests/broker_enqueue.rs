@@ -690,3 +690,51 @@ async fn a_refund_after_the_limits_went_and_came_back_is_not_made() {
     let passing = passing_after_a_cancelled_call_outlived(&[with_tokens, ten]).await;
     assert_eq!(passing, 0, "the old call's refund refilled it");
 }
+
+/// A call refused because the queue is full ended in an error: counted
+/// as failed.
+#[tokio::test(start_paused = true)]
+async fn a_queue_full_refusal_is_counted_as_failed() {
+    let broker = broker();
+    let config =
+        ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1))).queue_capacity(1);
+    broker.register("slow", config).unwrap();
+    let ok = |_| async { Outcome::<(), ()>::ok(()) };
+    broker.enqueue("slow", Cost::default(), ok).await.unwrap();
+    let b = broker.clone();
+    let waiting = tokio::spawn(async move { b.enqueue("slow", Cost::default(), ok).await });
+    tokio::task::yield_now().await;
+    let err = broker
+        .enqueue("slow", Cost::default(), ok)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EnqueueError::Broker(BrokerError::QueueFull { .. })
+    ));
+    let stats = broker.stats().resources["slow"].clone();
+    assert_eq!((stats.completed, stats.failed, stats.queued), (1, 1, 1));
+    waiting.abort();
+}
+
+/// The total wait counts the time waited: a call dropped one second into
+/// a minute's wait adds one second.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_wait_counts_the_time_it_waited() {
+    let broker = broker();
+    let config = ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1)));
+    broker.register("slow", config).unwrap();
+    let ok = |_| async { Outcome::<(), ()>::ok(()) };
+    broker.enqueue("slow", Cost::default(), ok).await.unwrap();
+    let b = broker.clone();
+    let waiting = tokio::spawn(async move { b.enqueue("slow", Cost::default(), ok).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    waiting.abort();
+    let _ = waiting.await;
+    let stats = broker.stats().resources["slow"].clone();
+    assert_eq!((stats.local_waits, stats.total_wait_ms), (1, 1_000));
+    // A wait to its end counts in full: 59 s more to the next token.
+    broker.enqueue("slow", Cost::default(), ok).await.unwrap();
+    let stats = broker.stats().resources["slow"].clone();
+    assert_eq!((stats.local_waits, stats.total_wait_ms), (2, 60_000));
+}

@@ -106,14 +106,19 @@ impl BucketState {
     }
 }
 
-/// Refills `state` to `now` (clamped to `state.ts`), capped at capacity.
+/// Refills `state` to `now` (clamped to `state.ts`), capped at capacity:
+/// also with no time passed, so a bucket kept across a re-registration
+/// with a smaller burst holds no more than the new burst.
 #[inline]
 pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
-    if now <= state.ts {
-        return state;
-    }
-    let gained = to_f64(now - state.ts) * params.tokens_per_micro;
-    let tokens = state.tokens + gained;
+    let (tokens, ts) = if now <= state.ts {
+        (state.tokens, state.ts)
+    } else {
+        (
+            state.tokens + to_f64(now - state.ts) * params.tokens_per_micro,
+            now,
+        )
+    };
     BucketState {
         // `f64::min` but for a NaN capacity (never valid): one instruction
         // where `min` takes four.
@@ -122,7 +127,7 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
         } else {
             params.capacity
         },
-        ts: now,
+        ts,
         nb: state.nb,
     }
 }
@@ -563,6 +568,11 @@ mod tests {
         assert_eq!(refill(s, &P, 1_500_000).tokens, 1.0);
         assert_eq!(refill(s, &P, 9_000_000).tokens, 3.0);
         assert_eq!(refill(s, &P, 10), s, "an earlier now changes nothing");
+        // More tokens than the capacity (a burst lowered since): capped,
+        // also with no time passed.
+        let over = BucketState { tokens: 9.0, ..s };
+        assert_eq!(refill(over, &P, 10).tokens, 3.0);
+        assert_eq!(refill(over, &P, 1_000_000).tokens, 3.0);
     }
 
     #[test]

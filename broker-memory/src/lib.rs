@@ -93,7 +93,8 @@ impl StoreClock {
 #[repr(C)]
 pub(crate) struct Entry {
     /// The limits the state was made for (the sweeper needs them to tell an
-    /// idle state); a resource re-configured with other buckets starts afresh.
+    /// idle state); a resource re-configured with other buckets starts with
+    /// full buckets and keeps its held slots.
     /// Shared by the states of one resource (see [`shared_spec`]), so
     /// checking it reads memory that is already in cache.
     pub(crate) spec: Arc<LimitSpec>,
@@ -573,8 +574,9 @@ impl Entry {
 
     /// The state, made for `spec` (`shared` gives the allocation to keep):
     /// a resource re-configured with the same number of buckets keeps its
-    /// state, one with other buckets starts afresh. The common case, a
-    /// state made for this very allocation, is one pointer comparison.
+    /// state, one with other buckets starts with full buckets and keeps its
+    /// held slots. The common case, a state made for this very allocation,
+    /// is one pointer comparison.
     #[inline]
     fn current(
         &mut self,
@@ -597,7 +599,17 @@ impl Entry {
         // nothing after it that could leave the two out of step.
         let shared = shared();
         if self.spec.buckets.len() != spec.buckets.len() {
-            self.state.replace(Stored::fresh(spec, now));
+            // Other buckets start full; the slots held stay held, so the
+            // concurrency limit still counts them until they are released.
+            let leases = self.state.take().leases;
+            self.state = Slot::Table(if leases.is_empty() {
+                Stored::fresh(spec, now)
+            } else {
+                Stored::full(ResourceState {
+                    leases,
+                    ..ResourceState::fresh(spec, now)
+                })
+            });
         } else if one_bucket(spec) != matches!(self.state.get(), Stored::One(_)) {
             // As many buckets, held the other way: the buckets are kept (a
             // one-bucket state keeps its live leases by staying full). A

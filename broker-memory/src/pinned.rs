@@ -113,13 +113,6 @@ impl Slot {
         }
     }
 
-    /// Replaces the state; a pinned one is retired.
-    pub(crate) fn replace(&mut self, state: Stored) {
-        if let Self::Pinned(p) = std::mem::replace(self, Self::Table(state)) {
-            p.retire();
-        }
-    }
-
     /// The state as the reference transitions take it, for a state about
     /// to be replaced (the caller puts the new one in this slot): a pinned
     /// one is retired as it is read.

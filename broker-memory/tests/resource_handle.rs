@@ -378,8 +378,8 @@ fn lookups_by_id_reach_the_resource_named_whatever_was_found_before() {
 /// A lease outlives registrations that keep its state (the concurrency
 /// limit going, the state used without it, and the limit coming back, all
 /// while the lease is held): its release frees the slot of the state in
-/// use. A state that another number of limits replaced keeps its own
-/// slots, whatever an earlier permit releases.
+/// use. Another number of limits starts the buckets full and keeps the
+/// slots held.
 #[test]
 fn a_lease_outlives_registrations_that_keep_its_state() {
     let clock = ManualClock::new();
@@ -419,13 +419,14 @@ fn a_lease_outlives_registrations_that_keep_its_state() {
                 .max_concurrent(1),
         )
         .unwrap();
-    let fresh = take("a");
-    assert!(fresh.allowed, "another number of limits: a fresh state");
-    drop(again);
     assert!(
         !take("a").allowed,
-        "the earlier permit's release left the fresh state's slot alone"
+        "another number of limits: full buckets, the slot still held"
     );
+    drop(again);
+    let fresh = take("a");
+    assert!(fresh.allowed, "the earlier permit's release freed it");
+    assert!(!take("a").allowed);
     drop(fresh);
     assert!(take("a").allowed);
 }

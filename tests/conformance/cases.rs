@@ -521,6 +521,50 @@ pub async fn a_bucket_idle_until_full_behaves_as_fresh(env: &Env) {
     );
 }
 
+/// A bucket kept under a smaller burst (a re-registration with the same
+/// number of rate limits) holds no more than the new burst, also at the
+/// instant of its last decision.
+pub async fn a_smaller_burst_caps_a_kept_bucket_at_once(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("shrunk"));
+    let wide = spec(Limits::new().rate(RateLimit::per_second(10)));
+    assert_eq!(try_n(b, &key, &wide, Cost::default(), 1).await, [true]);
+    let narrow = spec(Limits::new().rate(RateLimit::per_second(1)));
+    assert_eq!(
+        try_n(b, &key, &narrow, Cost::default(), 3).await,
+        [true, false, false]
+    );
+}
+
+/// A slot held stays held when the rate limits change in number.
+pub async fn a_slot_held_survives_another_number_of_rate_limits(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("slots"));
+    let one = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(100))
+            .max_concurrent(1),
+    );
+    let held = b.try_acquire(&key, &one, Cost::default()).await.unwrap();
+    assert!(held.allowed);
+    let two = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(100))
+            .rate(RateLimit::per_minute(1000))
+            .max_concurrent(1),
+    );
+    let d = b.try_acquire(&key, &two, Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by),
+        (false, Some(DenyReason::Concurrency))
+    );
+    assert!(b.release(&key, held.lease.unwrap()).await.unwrap());
+    assert!(
+        b.try_acquire(&key, &two, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
 /// Calls `$m!(case, case, ...)` with every case of the suite.
 #[macro_export]
 macro_rules! for_each_case {
@@ -545,7 +589,9 @@ macro_rules! for_each_case {
             a_penalty_longer_than_the_window_survives_other_acquires,
             reconcile_narrows_and_never_widens,
             keys_with_separators_never_share_state,
-            a_bucket_idle_until_full_behaves_as_fresh
+            a_bucket_idle_until_full_behaves_as_fresh,
+            a_smaller_burst_caps_a_kept_bucket_at_once,
+            a_slot_held_survives_another_number_of_rate_limits
         );
     };
 }

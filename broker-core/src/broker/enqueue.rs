@@ -114,12 +114,17 @@ impl Booking {
         }))
     }
 
-    /// Sleeps until the booked time, counting it as a local limiter wait.
+    /// Sleeps until the booked time, counting it as a local limiter wait:
+    /// the time it waited, also when the call is dropped before the end.
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
             bump(&self.resource.counters.waits);
             telemetry::count(&self.resource.id, Signal::LocalWait);
-            add(&self.resource.counters.wait_micros, self.wait);
+            let _waited = Waited {
+                total: &self.resource.counters.wait_micros,
+                since: tokio::time::Instant::now(),
+                booked: self.wait,
+            };
             tokio::time::sleep(Duration::from_micros(self.wait)).await;
         }
     }
@@ -366,12 +371,30 @@ struct QueuePlace<'r> {
     running: bool,
 }
 
+/// Adds the time since `since` (the booked wait at most) to `total`, in
+/// µs, when dropped: at the end of a wait, or when its call is dropped
+/// during it.
+struct Waited<'a> {
+    total: &'a std::sync::atomic::AtomicU64,
+    since: tokio::time::Instant,
+    booked: Micros,
+}
+
+impl Drop for Waited<'_> {
+    fn drop(&mut self) {
+        let waited = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        add(self.total, waited.min(self.booked));
+    }
+}
+
 impl<'r> QueuePlace<'r> {
     fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
         let capacity = resource.config.queue_capacity;
         let queued = &resource.counters.queued;
         if queued.fetch_add(1, Ordering::AcqRel) >= capacity as u64 {
             drop_one(queued);
+            // A call refused at once still ended in an error.
+            bump(&resource.counters.failed);
             return Err(BrokerError::QueueFull {
                 resource: resource.id.clone(),
                 capacity,

@@ -86,8 +86,9 @@ pub(crate) struct Resource {
     slot_notify: tokio::sync::Notify,
     /// How many calls are in `enqueue::wait_slot` now.
     slot_waiters: std::sync::atomic::AtomicUsize,
-    /// Holds on attempts already booked in this process (see `hold.rs`).
-    pub(crate) holds: hold::Holds,
+    /// Holds on attempts already booked in this process (see `hold.rs`),
+    /// shared by every registration of this id.
+    pub(crate) holds: Arc<hold::Holds>,
     /// The largest cost of each unit that can ever fit (the smallest burst
     /// of the limits counting it): a cost within it passes
     /// `Limits::check_fits`, so the hot path compares two numbers.
@@ -297,6 +298,18 @@ impl ResourceBroker {
             false => config.lease_ttl,
         };
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
+        let guard = self
+            .inner
+            .register
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // The holds belong to the resource id, not to one registration: a
+        // call still running on an earlier registration sees a hold set
+        // through this one, and the other way round.
+        let holds = match self.inner.resources.load().get(id) {
+            Some(old) => old.holds.clone(),
+            None => Arc::default(),
+        };
         let resource = Arc::new(Resource {
             id: id.to_owned(),
             local: self.inner.backend.local_states(&key, spec.clone()),
@@ -308,18 +321,14 @@ impl ResourceBroker {
             counters: Counters::default(),
             slot_notify: tokio::sync::Notify::new(),
             slot_waiters: std::sync::atomic::AtomicUsize::new(0),
-            holds: hold::Holds::default(),
+            holds,
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),
             keeper: self.inner.keeper.clone(),
             next: std::sync::OnceLock::new(),
         });
         let replaced = {
-            let _guard = self
-                .inner
-                .register
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let _guard = guard;
             let mut map = HashMap::clone(&self.inner.resources.load());
             let replaced = map.insert(id.to_owned(), resource.clone());
             if let Some(old) = &replaced {

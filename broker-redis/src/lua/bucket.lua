@@ -6,13 +6,14 @@
 
 -- bucket::refill: returns tokens, ts.
 local function refill(tokens, ts, now, capacity, amount, period)
-  if now <= ts then
-    return tokens, ts
+  if now > ts then
+    tokens = tokens + (now - ts) * (amount / period)
+    ts = now
   end
-  local gained = (now - ts) * (amount / period)
-  tokens = tokens + gained
+  -- Capped also with no time passed: a burst lowered since (a
+  -- re-registration) holds no more than the new burst.
   if capacity < tokens then tokens = capacity end
-  return tokens, now
+  return tokens, ts
 end
 
 -- bucket::ceil_micros: up to a whole us, except within a nanosecond of one
