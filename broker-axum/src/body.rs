@@ -114,23 +114,22 @@ impl<B: Body> Body for HeldBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let mut this = self.project();
-        let polled = this.inner.as_mut().poll_frame(cx);
-        if let Poll::Ready(frame) = &polled {
-            let finished = match frame {
-                None | Some(Err(_)) => true,
-                Some(Ok(_)) => this.inner.is_end_stream(),
-            };
-            if finished {
-                this.permit.release();
-            }
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(None | Some(Err(_))) = &polled {
+            this.permit.release();
         }
         polled
     }
 
+    /// False while the permit is held: the server then polls once more
+    /// after it has taken the last frame in (once its write buffer has
+    /// room again), and that poll's end frees the slot. Freed as the last
+    /// frame was handed over, the slot of a large response would be free
+    /// before most of it was sent.
     #[inline]
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        !self.permit.is_held() && self.inner.is_end_stream()
     }
 
     #[inline]
@@ -198,23 +197,19 @@ where
             return Poll::Ready(this.fixed.take().map(|b| Ok(Frame::data(B::Data::from(b)))));
         };
         let frame = ready!(body.poll_frame(cx));
-        let finished = match &frame {
-            None | Some(Err(_)) => true,
-            Some(Ok(_)) => inner
-                .as_ref()
-                .as_pin_ref()
-                .is_none_or(|b| b.is_end_stream()),
-        };
-        if finished {
+        if let None | Some(Err(_)) = &frame {
             *this.permit = None;
             this.more.clear();
         }
         Poll::Ready(frame)
     }
 
+    /// False while a permit is held, as for the boxed bodies' wrapper: the
+    /// permits are let go by the poll that finds the end, after the server
+    /// took the last frame in.
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Some(b) => b.is_end_stream(),
+            Some(b) => !self.holds_permit() && b.is_end_stream(),
             None => self.fixed.is_none(),
         }
     }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
@@ -21,6 +21,9 @@ const CONFIG: &str = r#"{
 
 const RESOURCE: &str = "route:one";
 
+/// A body in one frame, larger than a socket's buffers take.
+const BIG: usize = 32 << 20;
+
 fn app(pressure: &Pressure) -> Router {
     Router::new()
         .route("/one/drip", get(|| async { Body::new(Drip::new()) }))
@@ -34,6 +37,7 @@ fn app(pressure: &Pressure) -> Router {
             }),
         )
         .route("/one/small", get(|| async { "small" }))
+        .route("/one/big", get(|| async { Bytes::from(vec![b'x'; BIG]) }))
         .route("/one/ws", get(switch_protocols))
         .layer(pressure.layer())
 }
@@ -156,6 +160,37 @@ async fn a_body_sent_past_the_lease_ttl_keeps_its_slot() {
     t.clock.advance(Duration::from_secs(3600));
     assert_eq!(small(addr, 1).await, [429], "the body still holds the slot");
     the_slot_comes_free_when_dropped(&t, addr, stream).await;
+}
+
+/// A large body in one frame holds its slot while it is being sent, not
+/// only until the server took the frame in: a client that reads slowly
+/// keeps it, and the slot comes free once the body has gone out.
+#[tokio::test]
+async fn a_large_body_holds_its_slot_until_it_is_sent() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(CONFIG);
+    let addr = serve(app(&pressure)).await;
+    let mut slow = open(addr, "/one/big", "", "\r\n\r\n", "HTTP/1.1 200").await;
+    assert_eq!(t.stat(RESOURCE, |s| s.in_flight), 1);
+    assert_eq!(small(addr, 1).await, [429], "most of the body is unsent");
+    // Reads the body (`open` read the head and at most 1 KiB more): what
+    // is left then fits the socket's buffers, so the body goes out, and
+    // its slot comes free.
+    let mut left = BIG - 1024;
+    let mut buf = vec![0u8; 1 << 16];
+    while left > 0 {
+        let n = slow.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed with {left} bytes to come");
+        left = left.saturating_sub(n);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || t
+            .stat(RESOURCE, |s| s.in_flight)
+            == 0)
+        .await,
+        "the body was sent, its slot freed"
+    );
+    assert_eq!(small(addr, 1).await, [200]);
 }
 
 #[tokio::test]
