@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use axum::routing::get;
 use axum::{Json, Router};
-use broker_core::{ResourceBroker, ResourceKind, ResourceStats};
+use broker_core::{BackendHealth, ResourceBroker, ResourceKind, ResourceStats};
 use serde::{Deserialize, Serialize};
 
 /// The path [`stats_router`] serves.
@@ -16,6 +16,11 @@ pub const STATS_PATH: &str = "/admin/pressure/stats";
 pub struct PressureStats {
     /// Per resource id.
     pub resources: BTreeMap<String, ResourceView>,
+    /// The state store's reachability, and the calls its failure policy
+    /// answered while it was out of reach: during an outage answered
+    /// fail-open, the resources count every request allowed and no
+    /// backend error, and this says why.
+    pub backend: BackendHealth,
 }
 
 /// One resource's counters, marked when it is limit-only.
@@ -33,8 +38,8 @@ pub struct ResourceView {
 impl PressureStats {
     /// A snapshot of `broker`.
     pub fn of(broker: &ResourceBroker) -> Self {
-        let resources = broker
-            .stats()
+        let stats = broker.stats();
+        let resources = stats
             .resources
             .into_iter()
             .map(|(id, stats)| {
@@ -45,7 +50,10 @@ impl PressureStats {
                 (id, view)
             })
             .collect();
-        Self { resources }
+        Self {
+            resources,
+            backend: stats.backend,
+        }
     }
 }
 

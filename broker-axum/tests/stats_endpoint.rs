@@ -37,3 +37,61 @@ async fn stats_endpoint_serves_counters_and_marks_limit_only_resources() {
     assert!(!stats.resources["llm"].limit_only);
     assert!(text.contains("\"limitOnly\":true"), "{text}");
 }
+
+/// During a store outage answered fail-open, the resources count every
+/// request allowed and no backend error; the endpoint also serves the
+/// store's health, which says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_endpoint_serves_the_store_health_during_an_outage() {
+    use broker_redis::{FailurePolicy, RedisBackend};
+    use std::time::Duration;
+
+    let mut redis = broker_testkit::RedisServer::start();
+    let backend = RedisBackend::builder(&redis.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .response_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let broker = broker_core::ResourceBroker::new(backend);
+    let config = broker_axum::PressureConfig::from_json(
+        "t",
+        r#"{ "perService": { "rest": { "requestsPerSecond": 100 } } }"#,
+    )
+    .unwrap();
+    let pressure = broker_axum::Pressure::new(broker.clone(), &config).unwrap();
+    let app = Router::new()
+        .route("/work", get(|| async { "ok" }))
+        .layer(pressure.layer())
+        .merge(stats_router(broker.clone()));
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let stats = || async {
+        let text = client
+            .get(format!("http://{addr}{STATS_PATH}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        serde_json::from_str::<PressureStats>(&text).unwrap()
+    };
+    assert_eq!(
+        statuses(&client, &format!("http://{addr}/work"), None, 1).await,
+        [200]
+    );
+    let up = stats().await;
+    assert!(!up.backend.down && up.backend.handled_errors == 0);
+
+    redis.kill();
+    let got = statuses(&client, &format!("http://{addr}/work"), None, 3).await;
+    assert_eq!(got, [200; 3], "fail-open answers");
+    let down = stats().await;
+    assert!(down.backend.down, "{:?}", down.backend);
+    assert!(down.backend.outages >= 1 && down.backend.handled_errors >= 3);
+    assert_eq!(
+        down.resources["pressure:service:rest"].stats.backend_errors,
+        0
+    );
+}

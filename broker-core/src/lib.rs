@@ -41,4 +41,4 @@ pub use retry::{Outcome, OutcomeClass, RetryPolicy};
 pub use state::{
     Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, RefillTime, Reservation, Verdict,
 };
-pub use stats::{BrokerStats, ResourceKind, ResourceStats};
+pub use stats::{BackendHealth, BrokerStats, ResourceKind, ResourceStats};
