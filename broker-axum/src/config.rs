@@ -152,6 +152,9 @@ impl PressureConfig {
             message,
         };
         let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
+        // The tree keeps one value per key: a service named twice is
+        // refused from the text.
+        broker_core::config::refuse_repeated_keys(source_name, text)?;
         let (prefix, value) = find_pressure(doc).ok_or_else(|| {
             fail("no `pressure` object at the top level or one level down".into())
         })?;
@@ -309,6 +312,28 @@ mod tests {
             .to_string();
         assert!(e.contains("pressure.perRoute[0]"), "{e:?}");
         assert!(e.contains("an object with named fields"), "{e:?}");
+    }
+
+    /// A JSON reader keeps the last of two keys: a service named twice is
+    /// refused at its object, from `from_json` and from `from_document`.
+    #[test]
+    fn a_service_named_twice_is_refused_with_its_path() {
+        let twice = r#"{"perService": {"rest": {"requestsPerSecond": 5}, "rest": {"requestsPerSecond": 500}}}"#;
+        let e = PressureConfig::from_json("p.json", twice)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("at perService: the key `rest` is written twice"),
+            "{e}"
+        );
+        let doc = format!(r#"{{"gateway": {{"pressure": {twice}}}}}"#);
+        let e = PressureConfig::from_document("kb.json", &doc)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("at gateway.pressure.perService: the key `rest` is written twice"),
+            "{e}"
+        );
     }
 
     const SEED: &str = r#"{

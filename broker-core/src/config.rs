@@ -294,13 +294,6 @@ pub fn parse<T: DeserializeOwned>(
         source_name: source_name.to_owned(),
         message,
     };
-    let located = |path: String, inner: String| {
-        if path.is_empty() || path == "." {
-            inner
-        } else {
-            format!("at {path}: {inner}")
-        }
-    };
     let parsed = match format {
         Format::Json => {
             let de = &mut serde_json::Deserializer::from_str(text);
@@ -318,6 +311,16 @@ pub fn parse<T: DeserializeOwned>(
                 .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
         }
     }?;
+    match format {
+        Format::Json => refuse_repeated_keys(source_name, text)?,
+        Format::Yaml => {
+            let de = serde_norway::Deserializer::from_str(text);
+            serde_path_to_error::deserialize::<_, crate::unique_keys::UniqueKeys>(de)
+                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))?;
+        }
+        // TOML's reader refuses a repeated key itself.
+        Format::Toml => {}
+    }
     // Read as written, a JSON or TOML document may still hold a settings
     // object written as a list, which serde takes field by field in
     // declaration order: read again from its tree with structs from
@@ -337,6 +340,40 @@ pub fn parse<T: DeserializeOwned>(
         }
     }
     Ok(parsed)
+}
+
+/// Refuses a JSON document with an object whose key is written twice, at
+/// that object's path: a JSON reader keeps the last value, so a map of
+/// names (resources, services) would take the second entry without a
+/// word. [`parse`] checks JSON documents with it (and YAML ones the same
+/// way; TOML's reader refuses a repeated key itself); call it on a JSON
+/// document that is read into a tree first (a tree keeps one value per
+/// key).
+///
+/// ```
+/// use broker_core::config::refuse_repeated_keys;
+/// assert!(refuse_repeated_keys("ok.json", r#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok());
+/// let e = refuse_repeated_keys("twice.json", r#"{"services": {"rest": 1, "rest": 2}}"#)
+///     .unwrap_err();
+/// assert!(e.to_string().contains("at services: the key `rest` is written twice"), "{e}");
+/// ```
+pub fn refuse_repeated_keys(source_name: &str, text: &str) -> Result<(), ConfigError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize::<_, crate::unique_keys::UniqueKeys>(de)
+        .map(|_| ())
+        .map_err(|e| ConfigError::Parse {
+            source_name: source_name.to_owned(),
+            message: located(e.path().to_string(), e.inner().to_string()),
+        })
+}
+
+/// An error's message with the path it is at, if any.
+fn located(path: String, inner: String) -> String {
+    if path.is_empty() || path == "." {
+        inner
+    } else {
+        format!("at {path}: {inner}")
+    }
 }
 
 /// Reads `T` from a document already parsed into a JSON tree, every

@@ -26,6 +26,7 @@ pub mod stats;
 pub mod striped;
 pub mod supplier;
 pub mod telemetry;
+mod unique_keys;
 
 pub use backend::{Backend, LocalStates};
 pub use broker::{

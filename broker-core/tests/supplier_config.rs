@@ -157,3 +157,24 @@ fn a_bucket_written_as_a_list_is_refused_with_its_path() {
     assert!(err.contains("rate_limit.auth.login"), "{err:?}");
     assert!(err.contains("an object with named fields"), "{err:?}");
 }
+
+/// A bucket named twice is refused at its mapping, in JSON and in YAML
+/// (either reader would keep the second one).
+#[test]
+fn a_bucket_named_twice_is_refused_with_its_path() {
+    let bucket = r#"{"rate": 1, "period": "1s", "mode": "skip_and_reschedule"}"#;
+    let json = format!(r#"{{"rate_limit": {{"data": {{"price": {bucket}, "price": {bucket}}}}}}}"#);
+    let err = parse::<SupplierConfig>("etm.json", &json, Format::Json)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("at rate_limit.data: the key `price` is written twice"),
+        "{err:?}"
+    );
+    let yaml = "rate_limit:\n  data:\n    price: {rate: 1, period: 1s, mode: skip_and_reschedule}\n    price: {rate: 2, period: 1s, mode: skip_and_reschedule}\n";
+    let err = parse::<SupplierConfig>("etm.yaml", yaml, Format::Yaml)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at rate_limit.data"), "{err:?}");
+    assert!(err.contains("the key `price` is written twice"), "{err:?}");
+}

@@ -1,0 +1,173 @@
+//! [`UniqueKeys`]: a reading of a JSON or YAML document that refuses a
+//! mapping with a key written twice. JSON and YAML readers keep the last
+//! of them (serde's derived structs refuse a repeated field, but a map of
+//! names, such as a config's buckets or services, takes the second value
+//! silently), so a limit written twice would be the second one without a
+//! word.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// Any JSON value, read only to find an object with a repeated key (an
+/// error at that object's path).
+pub(crate) struct UniqueKeys;
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Values)
+    }
+}
+
+struct Values;
+
+impl<'de> Visitor<'de> for Values {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(Key(key)) = map.next_key::<Key>()? {
+            let Some(key) = key else {
+                // A key that is itself a list or a mapping (YAML): its
+                // value is still read.
+                map.next_value::<UniqueKeys>()?;
+                continue;
+            };
+            if !seen.insert(key.clone()) {
+                return Err(de::Error::custom(format_args!(
+                    "the key `{key}` is written twice"
+                )));
+            }
+            map.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
+}
+
+/// A mapping's key as text: a string, or a YAML scalar key written as
+/// one; `None` for a key that is a list or a mapping.
+struct Key(Option<String>);
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(KeyText)
+    }
+}
+
+struct KeyText;
+
+impl<'de> Visitor<'de> for KeyText {
+    type Value = Key;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Key, E> {
+        Ok(Key(Some(v.to_string())))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Key, E> {
+        Ok(Key(Some(v.to_string())))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Key, E> {
+        Ok(Key(Some(v.to_string())))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Key, E> {
+        Ok(Key(Some(v.to_string())))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+        Ok(Key(Some(v.to_owned())))
+    }
+
+    fn visit_unit<E>(self) -> Result<Key, E> {
+        Ok(Key(Some("~".to_owned())))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Key, A::Error> {
+        Values.visit_seq(seq).map(|_| Key(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Key, A::Error> {
+        Values.visit_map(map).map(|_| Key(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str) -> Result<(), String> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize::<_, UniqueKeys>(de)
+            .map(|_| ())
+            .map_err(|e| format!("{}: {}", e.path(), e.inner()))
+    }
+
+    #[test]
+    fn a_key_written_twice_is_refused_at_its_object() {
+        assert_eq!(
+            check(r#"{"a": 1, "b": [true, null, "x", 2.5, -3]}"#),
+            Ok(())
+        );
+        let e = check(r#"{"s": {"rest": {"n": 1}, "rest": {"n": 2}}}"#).unwrap_err();
+        assert!(e.starts_with("s: the key `rest` is written twice"), "{e}");
+        let e = check(r#"[{"a": 1}, {"a": 1, "a": 1}]"#).unwrap_err();
+        assert!(e.contains("the key `a` is written twice"), "{e}");
+        // The same key in two objects is not repeated.
+        assert_eq!(check(r#"{"x": {"a": 1}, "y": {"a": 1}}"#), Ok(()));
+    }
+
+    #[test]
+    fn a_yaml_key_written_twice_is_refused_whatever_its_scalar() {
+        let check = |text: &str| {
+            let de = serde_norway::Deserializer::from_str(text);
+            serde_path_to_error::deserialize::<_, UniqueKeys>(de)
+                .map(|_| ())
+                .map_err(|e| format!("{}: {}", e.path(), e.inner()))
+        };
+        assert_eq!(check("a: 1\nb: [x, {c: 2}]\n1: one\n"), Ok(()));
+        let e = check("s:\n  rest: 1\n  rest: 2\n").unwrap_err();
+        assert!(e.starts_with("s: "), "{e}");
+        assert!(e.contains("the key `rest` is written twice"), "{e}");
+        let e = check("1: one\n1: two\n").unwrap_err();
+        assert!(e.contains("the key `1` is written twice"), "{e}");
+    }
+}
