@@ -81,7 +81,11 @@ pub struct RouteConfig {
     pub resource: String,
     /// Requests whose path is this prefix, or continues it after a `/`,
     /// match (`/api/webhooks` matches `/api/webhooks` and
-    /// `/api/webhooks/stripe`, not `/api/webhooksx`). Must start with `/`.
+    /// `/api/webhooks/stripe`, not `/api/webhooksx`). Must start with `/`
+    /// and hold visible ASCII only, as request paths do (other characters
+    /// percent-encoded). Both are compared with their percent-encoded
+    /// letters, digits, `-`, `.`, `_` and `~` decoded, so `/hooks/%73tripe`
+    /// meets the limit of `/hooks/stripe`.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,
@@ -220,7 +224,15 @@ impl PressureConfig {
                     "is matched against the path: it cannot hold `?` or `#`",
                 ));
             }
-            if !prefixes.insert(route.path_prefix.as_str()) {
+            if !route.path_prefix.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(bad(
+                    format!("{field}.pathPrefix"),
+                    "holds a character a request's path never holds (a space, a control \
+                     or non-ASCII character): write it percent-encoded, as requests send it",
+                ));
+            }
+            // Compared as paths are (see `policy::normal_path`).
+            if !prefixes.insert(crate::policy::normal_path(&route.path_prefix).into_owned()) {
                 return Err(bad(
                     format!("{field}.pathPrefix"),
                     "used twice (the second route would never match)",
@@ -451,6 +463,12 @@ mod tests {
             ("/a", "/a", "perRoute[1].pathPrefix"),
             ("/a?x=1", "/b", "perRoute[0].pathPrefix"),
             ("/a", "/b#top", "perRoute[1].pathPrefix"),
+            // Characters requests send percent-encoded.
+            ("/caf\u{e9}", "/b", "perRoute[0].pathPrefix"),
+            ("/a", "/my hooks", "perRoute[1].pathPrefix"),
+            ("/a", "/b\t", "perRoute[1].pathPrefix"),
+            // The same path as the first, once unreserved letters are decoded.
+            ("/ab", "/a%62", "perRoute[1].pathPrefix"),
         ] {
             let text = format!(
                 r#"{{"perRoute": [

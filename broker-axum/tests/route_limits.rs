@@ -44,6 +44,43 @@ async fn route_override_beats_service_limit() {
     assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 1);
 }
 
+/// A letter written percent-encoded reaches the same handler (the router
+/// decodes the path parameter), so it meets the same route limit: the
+/// route is chosen on the path with its unreserved characters decoded.
+#[tokio::test]
+async fn a_percent_encoded_letter_meets_the_same_route_limit() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:stripe", "pathPrefix": "/hooks/stripe", "limits": { "requestsPerMinute": 2 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route(
+            "/hooks/{name}",
+            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
+        )
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let plain = client
+        .get(format!("http://{addr}/hooks/stripe"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 200);
+    let encoded = client
+        .get(format!("http://{addr}/hooks/%73tri%70e"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(encoded.status(), 200);
+    assert_eq!(encoded.text().await.unwrap(), "stripe", "the same handler");
+    let again = statuses(&client, &format!("http://{addr}/hooks/%73tripe"), None, 1).await;
+    assert_eq!(again, [429], "the route's 2/min are used");
+    assert_eq!(t.stat("route:stripe", |s| s.allowed), 2);
+}
+
 #[tokio::test]
 async fn longest_prefix_wins_and_boundaries_are_segments() {
     let t = TestBroker::new();
