@@ -138,12 +138,18 @@ async fn the_slot_comes_free_when_dropped(
     stream: TcpStream,
 ) {
     drop(stream);
+    the_slot_comes_free(t, addr, "the dropped body released the slot").await;
+}
+
+/// Checks that the slot comes free: nothing in flight, and the next
+/// request admitted.
+async fn the_slot_comes_free(t: &TestBroker, addr: std::net::SocketAddr, why: &str) {
     assert!(
         eventually(Duration::from_secs(10), || t
             .stat(RESOURCE, |s| s.in_flight)
             == 0)
         .await,
-        "the dropped body released the slot"
+        "{why}"
     );
     assert_eq!(small(addr, 1).await, [200]);
 }
@@ -183,14 +189,7 @@ async fn a_large_body_holds_its_slot_until_it_is_sent() {
         assert!(n > 0, "closed with {left} bytes to come");
         left = left.saturating_sub(n);
     }
-    assert!(
-        eventually(Duration::from_secs(10), || t
-            .stat(RESOURCE, |s| s.in_flight)
-            == 0)
-        .await,
-        "the body was sent, its slot freed"
-    );
-    assert_eq!(small(addr, 1).await, [200]);
+    the_slot_comes_free(&t, addr, "the body was sent, its slot freed").await;
 }
 
 #[tokio::test]
