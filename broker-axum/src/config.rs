@@ -142,7 +142,9 @@ impl PressureConfig {
 
     /// Parses a whole config document and takes its `pressure` object, found
     /// at the top level or one level down (e.g. `gateway.pressure`), then
-    /// validates it. Errors name the full path.
+    /// validates it. Errors name the full path. A key written twice
+    /// anywhere in the document is refused: the document's tree would keep
+    /// only the last of them.
     ///
     /// ```
     /// use broker_axum::PressureConfig;

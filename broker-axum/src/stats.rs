@@ -19,7 +19,9 @@ pub struct PressureStats {
     /// The state store's reachability, and the calls its failure policy
     /// answered while it was out of reach: during an outage answered
     /// fail-open, the resources count every request allowed and no
-    /// backend error, and this says why.
+    /// backend error, and this says why. Absent from an older document:
+    /// read as up, with nothing counted.
+    #[serde(default)]
     pub backend: BackendHealth,
 }
 
@@ -77,4 +79,19 @@ where
             async move { Json(stats) }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A document from before the store's health was served still reads,
+    /// as `BrokerStats` does.
+    #[test]
+    fn a_document_without_the_store_health_reads_as_up() {
+        let older = r#"{"resources": {}}"#;
+        let stats: PressureStats = serde_json::from_str(older).unwrap();
+        assert_eq!(stats.backend, BackendHealth::default());
+        assert!(!stats.backend.down);
+    }
 }

@@ -314,9 +314,9 @@ pub fn parse<T: DeserializeOwned>(
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
         Format::Yaml => {
+            // YAML's messages name the path themselves.
             let de = serde_norway::Deserializer::from_str(text);
-            serde_path_to_error::deserialize::<_, crate::unique_keys::UniqueKeys>(de)
-                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))?;
+            crate::unique_keys::UniqueKeys::deserialize(de).map_err(|e| fail(e.to_string()))?;
         }
         // TOML's reader refuses a repeated key itself.
         Format::Toml => {}

@@ -8,7 +8,10 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, Deserialize, Deserializer, EnumAccess, IgnoredAny, MapAccess, SeqAccess, VariantAccess,
+    Visitor,
+};
 
 /// Any JSON value, read only to find an object with a repeated key (an
 /// error at that object's path).
@@ -49,8 +52,35 @@ impl<'de> Visitor<'de> for Values {
         Ok(UniqueKeys)
     }
 
+    fn visit_i128<E>(self, _: i128) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u128<E>(self, _: u128) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_bytes<E>(self, _: &[u8]) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
     fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
         Ok(UniqueKeys)
+    }
+
+    /// An empty YAML document.
+    fn visit_none<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<UniqueKeys, D::Error> {
+        UniqueKeys::deserialize(d)
+    }
+
+    /// A YAML value with a tag (`!name value`): the value is read.
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<UniqueKeys, A::Error> {
+        let (IgnoredAny, value) = data.variant::<IgnoredAny>()?;
+        value.newtype_variant::<UniqueKeys>()
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
@@ -62,8 +92,7 @@ impl<'de> Visitor<'de> for Values {
         let mut seen = HashSet::new();
         while let Some(Key(key)) = map.next_key::<Key>()? {
             let Some(key) = key else {
-                // A key that is itself a list or a mapping (YAML): its
-                // value is still read.
+                // Not a string (see `Key`): its value is still read.
                 map.next_value::<UniqueKeys>()?;
                 continue;
             };
@@ -78,8 +107,11 @@ impl<'de> Visitor<'de> for Values {
     }
 }
 
-/// A mapping's key as text: a string, or a YAML scalar key written as
-/// one; `None` for a key that is a list or a mapping.
+/// A mapping's key, when it is a string; `None` for any other key (a YAML
+/// number, boolean, null, tagged value, list or mapping). Only string keys
+/// are compared: the typed reading takes a number key as it is written
+/// (`1.1` and `1.10`, `0x10` and `16` are two names), which its parsed
+/// value no longer tells.
 struct Key(Option<String>);
 
 impl<'de> Deserialize<'de> for Key {
@@ -97,28 +129,52 @@ impl<'de> Visitor<'de> for KeyText {
         f.write_str("a key")
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Key, E> {
-        Ok(Key(Some(v.to_string())))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Key, E> {
-        Ok(Key(Some(v.to_string())))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Key, E> {
-        Ok(Key(Some(v.to_string())))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Key, E> {
-        Ok(Key(Some(v.to_string())))
-    }
-
     fn visit_str<E>(self, v: &str) -> Result<Key, E> {
         Ok(Key(Some(v.to_owned())))
     }
 
+    fn visit_bool<E>(self, _: bool) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_i128<E>(self, _: i128) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_u128<E>(self, _: u128) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_bytes<E>(self, _: &[u8]) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
     fn visit_unit<E>(self) -> Result<Key, E> {
-        Ok(Key(Some("~".to_owned())))
+        Ok(Key(None))
+    }
+
+    fn visit_none<E>(self) -> Result<Key, E> {
+        Ok(Key(None))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Key, D::Error> {
+        UniqueKeys::deserialize(d).map(|_| Key(None))
+    }
+
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Key, A::Error> {
+        Values.visit_enum(data).map(|_| Key(None))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Key, A::Error> {
@@ -156,18 +212,30 @@ mod tests {
     }
 
     #[test]
-    fn a_yaml_key_written_twice_is_refused_whatever_its_scalar() {
+    fn a_yaml_key_written_twice_is_refused_and_other_documents_read() {
         let check = |text: &str| {
             let de = serde_norway::Deserializer::from_str(text);
             serde_path_to_error::deserialize::<_, UniqueKeys>(de)
                 .map(|_| ())
                 .map_err(|e| format!("{}: {}", e.path(), e.inner()))
         };
-        assert_eq!(check("a: 1\nb: [x, {c: 2}]\n1: one\n"), Ok(()));
         let e = check("s:\n  rest: 1\n  rest: 2\n").unwrap_err();
         assert!(e.starts_with("s: "), "{e}");
         assert!(e.contains("the key `rest` is written twice"), "{e}");
-        let e = check("1: one\n1: two\n").unwrap_err();
-        assert!(e.contains("the key `1` is written twice"), "{e}");
+        // A quoted and a plain string are one key.
+        let e = check("\"a\": 1\na: 2\n").unwrap_err();
+        assert!(e.contains("the key `a` is written twice"), "{e}");
+        for fine in [
+            "a: 1\nb: [x, {c: 2}]\n1: one\n",
+            // Number keys are names as written: not compared.
+            "1.1: a\n1.10: b\n0x10: c\n16: d\n",
+            "123456789012345678901234: big\n",
+            "mode: !skip_and_reschedule\nother: !tag {a: 1}\n",
+            "# nothing yet\n",
+            "",
+            "? [a, b]\n: complex\n",
+        ] {
+            assert_eq!(check(fine), Ok(()), "{fine:?}");
+        }
     }
 }

@@ -175,6 +175,33 @@ fn a_bucket_named_twice_is_refused_with_its_path() {
     let err = parse::<SupplierConfig>("etm.yaml", yaml, Format::Yaml)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("at rate_limit.data"), "{err:?}");
-    assert!(err.contains("the key `price` is written twice"), "{err:?}");
+    assert!(
+        err.contains("rate_limit.data: the key `price` is written twice"),
+        "{err:?}"
+    );
+}
+
+/// YAML documents the repeated-key check must leave alone: number keys
+/// that read alike (names as written), a number key beyond 64 bits, a
+/// tagged value, an empty document.
+#[test]
+fn yaml_documents_without_a_repeated_name_still_load() {
+    const B: &str = "{rate: 1, period: 1s, mode: skip_and_reschedule}";
+    for (keys, n) in [(["1.1", "1.10"], 2), (["0x10", "16"], 2)] {
+        let yaml = format!(
+            "rate_limit:\n  data:\n    {}: {B}\n    {}: {B}\n",
+            keys[0], keys[1]
+        );
+        let c = parse::<SupplierConfig>("v.yaml", &yaml, Format::Yaml).unwrap();
+        assert_eq!(c.rate_limit.data.len(), n, "{keys:?}");
+    }
+    let yaml = format!("rate_limit:\n  data:\n    123456789012345678901234: {B}\n");
+    let c = parse::<SupplierConfig>("v.yaml", &yaml, Format::Yaml).unwrap();
+    assert_eq!(c.rate_limit.data.len(), 1);
+    let yaml = "rate_limit:\n  data:\n    price:\n      rate: 1\n      period: 1s\n      mode: !skip_and_reschedule\n";
+    let c = parse::<SupplierConfig>("v.yaml", yaml, Format::Yaml).unwrap();
+    assert_eq!(c.rate_limit.data["price"].mode, Mode::SkipAndReschedule);
+    let empty: std::collections::BTreeMap<String, u32> =
+        parse("e.yaml", "# nothing yet\n", Format::Yaml).unwrap();
+    assert!(empty.is_empty());
 }

@@ -1,8 +1,10 @@
-//! A store whose per-resource states call back into the broker from their
-//! destructor (a store of the user's own, over `MemoryBackend`): replacing
-//! a registration drops the old states outside the registry's lock, so
-//! such a call registers instead of waiting on that lock forever.
+//! A store whose per-resource states call back into the broker (a store
+//! of the user's own, over `MemoryBackend`), from their destructor or as
+//! they are made: replacing a registration drops the old states, and a
+//! registration asks for its states, outside the registry's lock, so such
+//! a call registers instead of waiting on that lock forever.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -77,4 +79,50 @@ fn states_that_register_from_their_destructor_do_not_deadlock_re_registration() 
     *broker_slot.lock().unwrap() = None;
     assert!(registered.is_ok(), "re-registration did not finish");
     assert!(broker.stats().resources.contains_key("other"));
+}
+
+/// Registers a companion resource the first time it is asked for a
+/// resource's states.
+struct RegistersCompanion {
+    broker: Arc<Mutex<Option<ResourceBroker>>>,
+    done: AtomicBool,
+}
+
+impl Hooks for RegistersCompanion {
+    fn local_states(&self, inner: Arc<dyn LocalStates>) -> Option<Arc<dyn LocalStates>> {
+        let broker = self.broker.lock().unwrap().clone();
+        if let Some(broker) = broker {
+            if !self.done.swap(true, Ordering::SeqCst) {
+                broker
+                    .register_limit("companion", Limits::new().rate(RateLimit::per_second(5)))
+                    .unwrap();
+            }
+        }
+        Some(inner)
+    }
+}
+
+#[test]
+fn states_made_for_a_registration_may_register_another_resource() {
+    let slot: Arc<Mutex<Option<ResourceBroker>>> = Arc::default();
+    let store = Wrapped::new(
+        Arc::new(MemoryBackend::new()),
+        RegistersCompanion {
+            broker: slot.clone(),
+            done: AtomicBool::new(false),
+        },
+    );
+    let broker = ResourceBroker::new(store);
+    *slot.lock().unwrap() = Some(broker.clone());
+    let (done, finished) = std::sync::mpsc::channel();
+    let b = broker.clone();
+    std::thread::spawn(move || {
+        b.register_limit("r", Limits::new().rate(RateLimit::per_second(10)))
+            .unwrap();
+        done.send(()).unwrap();
+    });
+    let registered = finished.recv_timeout(Duration::from_secs(10));
+    *slot.lock().unwrap() = None;
+    assert!(registered.is_ok(), "the registration did not finish");
+    assert!(broker.is_registered("r") && broker.is_registered("companion"));
 }

@@ -535,6 +535,20 @@ pub async fn a_smaller_burst_caps_a_kept_bucket_at_once(env: &Env) {
     );
 }
 
+/// The same for a cost above the new burst's tokens: the tokens kept
+/// count as the new burst, and the wait is for the rest.
+pub async fn a_smaller_burst_caps_a_large_cost_at_once(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("shrunk_cost"));
+    let wide = spec(Limits::new().rate(RateLimit::per_second(10)));
+    assert_eq!(try_n(b, &key, &wide, Cost::default(), 1).await, [true]);
+    let narrow = spec(Limits::new().rate(RateLimit::per_second(1)));
+    let d = b
+        .try_acquire(&key, &narrow, Cost::requests(5))
+        .await
+        .unwrap();
+    assert_eq!((d.allowed, d.wait), (false, 4 * S));
+}
+
 /// A slot held stays held when the rate limits change in number.
 pub async fn a_slot_held_survives_another_number_of_rate_limits(env: &Env) {
     let (b, key) = (&*env.backend, env.key("slots"));
@@ -591,6 +605,7 @@ macro_rules! for_each_case {
             keys_with_separators_never_share_state,
             a_bucket_idle_until_full_behaves_as_fresh,
             a_smaller_burst_caps_a_kept_bucket_at_once,
+            a_smaller_burst_caps_a_large_cost_at_once,
             a_slot_held_survives_another_number_of_rate_limits
         );
     };

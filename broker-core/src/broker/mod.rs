@@ -298,6 +298,9 @@ impl ResourceBroker {
             false => config.lease_ttl,
         };
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
+        // Asked before the lock: a store's states may register another
+        // resource from here.
+        let local = self.inner.backend.local_states(&key, spec.clone());
         let guard = self
             .inner
             .register
@@ -312,7 +315,7 @@ impl ResourceBroker {
         };
         let resource = Arc::new(Resource {
             id: id.to_owned(),
-            local: self.inner.backend.local_states(&key, spec.clone()),
+            local,
             key,
             spec,
             fits: largest_fit(&config.limits),

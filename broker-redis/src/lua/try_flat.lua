@@ -66,12 +66,12 @@ local cost = ARGV[7] + 0
 if cost > 0 then
   local n = now
   if n < ts then n = ts end
-  -- refill(tokens, ts, n)
+  -- refill(tokens, ts, n): capped also with no time passed.
   if n > ts then
     tokens = tokens + (n - ts) * tokens_per_micro
-    if capacity < tokens then tokens = capacity end
     ts = n
   end
+  if capacity < tokens then tokens = capacity end
   local wait = wait_for(tokens, nb, n, cost)
   if wait > 0 then
     return { 1, string.format('%.17g', wait) }
@@ -89,8 +89,8 @@ if n < ts then n = ts end
 local r = tokens
 if n > ts then
   r = tokens + (n - ts) * tokens_per_micro
-  if capacity < r then r = capacity end
 end
+if capacity < r then r = capacity end
 if r >= capacity and nb <= now then
   call('DEL', KEYS[1])
   return 1
