@@ -691,6 +691,27 @@ async fn a_refund_after_the_limits_went_and_came_back_is_not_made() {
     assert_eq!(passing, 0, "the old call's refund refilled it");
 }
 
+/// A call refused because its cost can never fit ended in an error:
+/// counted as failed.
+#[tokio::test(start_paused = true)]
+async fn a_cost_that_never_fits_is_counted_as_failed() {
+    let broker = broker();
+    broker
+        .register("api", ResourceConfig::new(seed_limits()))
+        .unwrap();
+    let err = broker
+        .enqueue("api", Cost::requests(4), |_| async {
+            Outcome::<(), ()>::ok(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EnqueueError::Broker(BrokerError::CostNeverFits { .. })
+    ));
+    assert_eq!(broker.stats().resources["api"].failed, 1);
+}
+
 /// A call refused because the queue is full ended in an error: counted
 /// as failed.
 #[tokio::test(start_paused = true)]

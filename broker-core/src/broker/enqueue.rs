@@ -473,7 +473,12 @@ impl ResourceBroker {
     {
         let target = target.into();
         let resource = self.resource(target.resource)?;
-        resource.config.limits.check_fits(&resource.id, cost)?;
+        // A cost that never fits ends the call in an error, counted.
+        resource
+            .config
+            .limits
+            .check_fits(&resource.id, cost)
+            .inspect_err(|_| bump(&resource.counters.failed))?;
         let key = match target.key {
             Some(k) => crate::keys::keyed(&resource.id, k),
             None => resource.key.clone(),
