@@ -662,3 +662,85 @@ async fn a_slot_taken_under_new_limits_is_renewed_on_their_ttl() {
     job.await.unwrap().unwrap();
     assert!(!both, "two holders under max_concurrent 1");
 }
+
+/// A booking Redis charged, settled while Redis is down under the local
+/// fallback: its unused cost is not given to the fallback's bucket, which
+/// never took it (the local share would then hand out the full burst),
+/// and a use beyond the booking is charged there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
+    use broker_core::{Backend, LimitSpec};
+
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let backend = RedisBackend::builder(&server.url())
+        .client_time(Arc::new(clock.clone()))
+        .failure_policy(FailurePolicy::LocalFallback { share: 0.5 })
+        .connect_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(300))
+        .probe_interval(Duration::from_secs(3600))
+        .connect()
+        .await
+        .expect("connect");
+    let spec = LimitSpec::new(
+        &Limits::new().rate(RateLimit::per_minute(10).with_burst(10)),
+        Duration::from_secs(60),
+    );
+    let allowed_now = |key: &'static str| {
+        let (backend, spec) = (backend.clone(), spec.clone());
+        async move {
+            let mut n = 0;
+            while n < 100
+                && backend
+                    .try_acquire(key, &spec, Cost::requests(1))
+                    .await
+                    .unwrap()
+                    .allowed
+            {
+                n += 1;
+            }
+            n
+        }
+    };
+    // Booked in Redis before the outage.
+    let mut bookings = Vec::new();
+    for key in ["unused", "overused"] {
+        let booking = backend
+            .reserve(key, &spec, Cost::requests(5), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(booking.booked && booking.wait == 0);
+        bookings.push(booking);
+    }
+    server.kill();
+    // The work used nothing: the local share (5 of burst 10) stays 5.
+    assert_eq!(allowed_now("unused").await, 5);
+    backend
+        .settle(
+            "unused",
+            &spec,
+            Cost::requests(5),
+            Cost::requests(0),
+            Some(bookings[0].since),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        allowed_now("unused").await,
+        0,
+        "no refund into the fallback"
+    );
+    // The work used 7 of 5: the 2 more are charged to the local share.
+    backend
+        .settle(
+            "overused",
+            &spec,
+            Cost::requests(5),
+            Cost::requests(7),
+            Some(bookings[1].since),
+        )
+        .await
+        .unwrap();
+    assert_eq!(allowed_now("overused").await, 3);
+}

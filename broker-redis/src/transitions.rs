@@ -487,7 +487,18 @@ impl Backend for RedisBackend {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {
                 Fallback::Open => Ok(()),
-                Fallback::Local(m, scaled) => m.settle(key, &scaled, reserved, actual, since).await,
+                // Charged in Redis, not here: what the work did not use
+                // goes back nowhere (the fallback's bucket never took it,
+                // and would then hand out more than its share); what it
+                // used beyond the booking is charged here too, which only
+                // narrows the share.
+                Fallback::Local(m, scaled) => {
+                    let used = Cost {
+                        requests: actual.requests.max(reserved.requests),
+                        tokens: actual.tokens.max(reserved.tokens),
+                    };
+                    m.settle(key, &scaled, reserved, used, None).await
+                }
             },
         }
     }
