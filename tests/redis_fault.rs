@@ -714,33 +714,30 @@ async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
         bookings.push(booking);
     }
     server.kill();
+    let settle = |key: &'static str, used: u64, since| {
+        let (backend, spec) = (backend.clone(), spec.clone());
+        async move {
+            backend
+                .settle(
+                    key,
+                    &spec,
+                    Cost::requests(5),
+                    Cost::requests(used),
+                    Some(since),
+                )
+                .await
+                .unwrap()
+        }
+    };
     // The work used nothing: the local share (5 of burst 10) stays 5.
     assert_eq!(allowed_now("unused").await, 5);
-    backend
-        .settle(
-            "unused",
-            &spec,
-            Cost::requests(5),
-            Cost::requests(0),
-            Some(bookings[0].since),
-        )
-        .await
-        .unwrap();
+    settle("unused", 0, bookings[0].since).await;
     assert_eq!(
         allowed_now("unused").await,
         0,
         "no refund into the fallback"
     );
     // The work used 7 of 5: the 2 more are charged to the local share.
-    backend
-        .settle(
-            "overused",
-            &spec,
-            Cost::requests(5),
-            Cost::requests(7),
-            Some(bookings[1].since),
-        )
-        .await
-        .unwrap();
+    settle("overused", 7, bookings[1].since).await;
     assert_eq!(allowed_now("overused").await, 3);
 }
