@@ -138,15 +138,19 @@ fn decoded(path: &str) -> Cow<'_, str> {
     let bytes = path.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
+    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
     while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                let c = (hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8;
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(h), Some(l)) => {
+                let c = (h * 16 + l) as u8;
                 if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
                     out.push(c);
                 } else {
-                    out.extend([b'%', h.to_ascii_uppercase(), l.to_ascii_uppercase()]);
+                    out.extend([
+                        b'%',
+                        bytes[i + 1].to_ascii_uppercase(),
+                        bytes[i + 2].to_ascii_uppercase(),
+                    ]);
                 }
                 i += 3;
             }
@@ -242,20 +246,11 @@ impl Policy {
             return None;
         }
         if !self.routes.is_empty() {
-            // A path with a `%` is matched in its normal form, made out of
-            // line.
-            let normal;
-            let path = match has_percent(path.as_bytes()) {
-                false => path,
-                true => {
-                    normal = decoded(path);
-                    &*normal
-                }
-            };
+            let path = normal_path(path);
             if let Some(i) = self
                 .routes
                 .iter()
-                .position(|r| prefix_matches(path, &r.prefix))
+                .position(|r| prefix_matches(&path, &r.prefix))
             {
                 return Some((Stage::Route(i), &self.routes[i].limited));
             }
