@@ -13,8 +13,8 @@ use serde::de::{
     Visitor,
 };
 
-/// Any JSON value, read only to find an object with a repeated key (an
-/// error at that object's path).
+/// Any JSON or YAML value, read only to find a mapping with a repeated
+/// key (an error at that mapping's path).
 pub(crate) struct UniqueKeys;
 
 impl<'de> Deserialize<'de> for UniqueKeys {
@@ -29,7 +29,7 @@ impl<'de> Visitor<'de> for Values {
     type Value = UniqueKeys;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
+        f.write_str("a JSON or YAML value")
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
@@ -96,7 +96,7 @@ impl<'de> Visitor<'de> for Values {
                 map.next_value::<UniqueKeys>()?;
                 continue;
             };
-            if !seen.insert(key.clone()) {
+            if let Some(key) = seen.replace(key) {
                 return Err(de::Error::custom(format_args!(
                     "the key `{key}` is written twice"
                 )));
