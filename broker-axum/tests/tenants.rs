@@ -120,6 +120,54 @@ async fn random_tenant_flood_keeps_bounded_state_and_denies_no_one() {
     assert_eq!(t.backend.len(), 0, "no per-tenant state survives idleness");
 }
 
+/// Past the store's bound, a flood of new tenant ids over a socket keeps
+/// the store at the bound, and a tenant dropped to make room comes back
+/// with no more than it had: no tenant's limit is multiplied by the flood.
+#[tokio::test]
+async fn a_flood_past_the_state_bound_keeps_memory_and_every_tenant_limit() {
+    const BOUND: usize = 64;
+    let t = TestBroker::bounded(BOUND);
+    let pressure =
+        t.pressure(r#"{ "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 5 } } }"#);
+    let addr = serve(app(&pressure)).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/work");
+    let tenant = |id: &'static str| Some(("x-tenant", id));
+    assert_eq!(
+        statuses(&client, &url, tenant("drained"), 5).await,
+        [200; 5]
+    );
+    assert_eq!(statuses(&client, &url, tenant("steady"), 2).await, [200; 2]);
+
+    let mut admitted = 0;
+    for i in 0..300u32 {
+        let id = format!("random-{}", i.wrapping_mul(2_654_435_761));
+        let got = statuses(&client, &url, Some(("x-tenant", &id)), 1).await;
+        admitted += count(&got, 200);
+    }
+    // The store's places (1,024 at this bound) hold the dropped states:
+    // 300 new tenants seldom share one, and nothing refills (the clock
+    // stands), so nearly every new tenant is admitted.
+    assert!(admitted >= 290, "{admitted} of 300 new tenants admitted");
+    assert!(
+        t.backend.len() <= BOUND + 1,
+        "{} states held",
+        t.backend.len()
+    );
+    assert!(t.backend.folded() > 200);
+
+    let res = client
+        .get(&url)
+        .header("x-tenant", "drained")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "still drained");
+    assert_eq!(res.headers()["retry-after"], "12");
+    let steady = count(&statuses(&client, &url, tenant("steady"), 5).await, 200);
+    assert!((1..=3).contains(&steady), "steady had 3 left, got {steady}");
+}
+
 #[tokio::test]
 async fn hostile_tenant_ids_never_panic_and_stay_apart() {
     let t = TestBroker::new();

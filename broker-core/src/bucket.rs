@@ -420,6 +420,39 @@ pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool 
     s.tokens >= params.capacity && s.nb <= now
 }
 
+/// The tighter of two states of one bucket: from `max(a.ts, b.ts)` on,
+/// it never holds more tokens than either (the fewer of the two, both
+/// refilled to that time) and is held until the later not-before. A store
+/// that keeps a bounded number of states folds a state it must drop into
+/// such a merge, so the key's next state never holds more than its own
+/// would have (see broker-memory's bound). Refill is monotone, so the
+/// merge stays the tighter of the two at every later time too (as any
+/// bucket refilled in steps does, up to the rounding of a step).
+///
+/// ```
+/// use broker_core::bucket::{refill, tighter, BucketParams, BucketState};
+/// let p = BucketParams::new(5.0, 5.0, 60_000_000.0); // 5 a minute
+/// let drained = BucketState { tokens: 0.0, ts: 1_000, nb: 0 };
+/// let used_one = BucketState { tokens: 4.0, ts: 2_000, nb: 0 };
+/// let t = tighter(drained, used_one, &p);
+/// assert_eq!(t.ts, 2_000);
+/// assert!(t.tokens <= refill(drained, &p, 2_000).tokens);
+/// ```
+#[inline]
+pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketState {
+    let ts = a.ts.max(b.ts);
+    let (a, b) = (refill(a, params, ts), refill(b, params, ts));
+    BucketState {
+        tokens: if a.tokens < b.tokens {
+            a.tokens
+        } else {
+            b.tokens
+        },
+        ts,
+        nb: a.nb.max(b.nb),
+    }
+}
+
 /// How long the state must be kept: until it is full again and `nb` has
 /// passed. After that, dropping it equals a fresh bucket.
 pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
@@ -434,6 +467,63 @@ mod tests {
     use super::*;
 
     const P: BucketParams = BucketParams::new(3.0, 2.0, 1_000_000.0);
+
+    /// The merge never allows more than either state, now or later, and
+    /// equals a state merged with a fresh bucket (or itself).
+    #[test]
+    fn tighter_allows_no_more_than_either_state_at_any_later_time() {
+        let states = [
+            BucketState {
+                tokens: 0.0,
+                ts: 10,
+                nb: 0,
+            },
+            BucketState {
+                tokens: 2.5,
+                ts: 400_000,
+                nb: 0,
+            },
+            BucketState {
+                tokens: -4.0,
+                ts: 50,
+                nb: 0,
+            },
+            BucketState {
+                tokens: 3.0,
+                ts: 0,
+                nb: 2_000_000,
+            },
+            BucketState {
+                tokens: 1.0,
+                ts: 900_000,
+                nb: 950_000,
+            },
+            BucketState::fresh(&P, 700_000),
+        ];
+        for a in states {
+            for b in states {
+                let t = tighter(a, b, &P);
+                assert_eq!(t, tighter(b, a, &P), "{a:?} {b:?}");
+                for now in [t.ts, t.ts + 1, t.ts + 333_333, t.ts + 5_000_000] {
+                    let (rt, ra, rb) = (refill(t, &P, now), refill(a, &P, now), refill(b, &P, now));
+                    // A refill in two steps rounds apart from one in one
+                    // step, by an ulp or so.
+                    const ULPS: f64 = 1e-12;
+                    assert!(
+                        rt.tokens <= ra.tokens + ULPS && rt.tokens <= rb.tokens + ULPS,
+                        "{a:?} {b:?} {now}"
+                    );
+                    assert!(rt.nb >= ra.nb.max(rb.nb));
+                }
+            }
+            let alone = tighter(a, BucketState::fresh(&P, 0), &P);
+            assert_eq!(
+                alone,
+                refill(a, &P, a.ts),
+                "a fresh bucket takes nothing off"
+            );
+        }
+    }
 
     #[test]
     fn ceil_micros_is_the_rounding_it_describes() {

@@ -1,7 +1,9 @@
-//! Idle-state eviction. A state that, refilled to now, is full with no
-//! penalty and no live lease equals a fresh one, so dropping it loses
-//! nothing. Sweeps are amortized: one runs when the map has doubled since
-//! the last sweep, or when it holds many states and a while has passed.
+//! Idle-state eviction and the bound on the number of states. A state
+//! that, refilled to now, is full with no penalty and no live lease equals
+//! a fresh one, so dropping it loses nothing. Sweeps are amortized: one
+//! runs when the map has doubled since the last sweep, or when it holds
+//! many states and a while has passed, or when it reaches the store's
+//! bound.
 //!
 //! A state used within the last [`RECENT`] is kept even if idle: a key in
 //! use whose bucket refills between calls (a generous limit) would
@@ -13,27 +15,40 @@
 //! is kept too: the registration decides on it without the table, and
 //! there is one per registered resource.
 //!
+//! At the bound, a sweep drops idle states first; if that leaves more than
+//! seven eighths of the bound, it drops the least recently used states
+//! that still count, down to seven eighths, folding each into its
+//! resource's places (see [`crate::spill`]), so the next sweep is an
+//! eighth of the bound of new states away. A state holding a slot is
+//! never dropped (a release must find it): those are as many as the
+//! requests in flight, so the bound can be passed by that many.
+//!
 //! The decision costs two relaxed atomic loads per write: the number of
 //! states is tracked by counting inserts (and re-read exactly after each
 //! sweep), so no write has to lock every shard to learn the map's length.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::States;
+use crate::spill::Spills;
+use crate::{Entry, States};
 use broker_core::Micros;
 
-/// Below this many states no sweep runs.
+/// Below this many states no sweep runs but at the bound.
 const MIN_SWEEP_LEN: usize = 4096;
 /// A map this large is swept at least this often (µs).
 const SWEEP_INTERVAL: Micros = 10_000_000;
 /// A state used this recently (µs) is not evicted.
 pub(crate) const RECENT: Micros = 50_000;
+/// The bound a store starts with.
+pub(crate) const DEFAULT_MAX_STATES: usize = 1 << 20;
+/// The lowest bound a store takes.
+pub(crate) const MIN_MAX_STATES: usize = 64;
 
 /// Drops every idle state not used within [`RECENT`] and not pinned by a
 /// registration (see [`crate::pinned`]); returns how many.
 pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     let before = states.len();
-    states.retain(|e| {
+    states.retain(|_, e| {
         let state = e.state.get();
         e.state.is_pinned_elsewhere()
             || now.saturating_sub(state.last_used()) < RECENT
@@ -42,38 +57,120 @@ pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     before.saturating_sub(states.len())
 }
 
+/// Whether a state may be folded away: not pinned by a registration and
+/// holding no live slot.
+fn foldable(e: &Entry, now: Micros) -> bool {
+    !e.state.is_pinned_elsewhere() && !e.state.get().holds_slot(now)
+}
+
+/// Drops idle states, then folds the least recently used states that still
+/// count (see [`crate::spill`]) until at most `keep` are left; returns how
+/// many were folded.
+pub(crate) fn fold_to(
+    states: &States,
+    spills: &Spills,
+    now: Micros,
+    keep: usize,
+    places: usize,
+) -> usize {
+    evict_idle(states, now);
+    let len = states.len();
+    if len <= keep {
+        return 0;
+    }
+    let mut ages = Vec::with_capacity(len);
+    states.for_each(|e| {
+        if foldable(e, now) {
+            ages.push(e.state.get().last_used());
+        }
+    });
+    let excess = (len - keep).min(ages.len());
+    if excess == 0 {
+        return 0;
+    }
+    let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
+    drop(ages);
+    let mut left = excess;
+    states.retain(|k, e| {
+        if left == 0 || !foldable(e, now) || e.state.get().last_used() > cutoff {
+            return true;
+        }
+        let hash = states.hash_of(k.as_ref());
+        spills.fold(
+            k.resource(),
+            hash,
+            &e.state.get().to_state(),
+            &e.spec,
+            places,
+        );
+        left -= 1;
+        false
+    });
+    excess - left
+}
+
 /// Decides when to sweep.
 #[derive(Debug)]
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.
     len: AtomicUsize,
     threshold: AtomicUsize,
+    /// No sweep runs below this many states: [`MIN_SWEEP_LEN`], or the
+    /// bound if lower.
+    floor: AtomicUsize,
+    /// The bound.
+    max: AtomicUsize,
     last: AtomicU64,
     running: AtomicBool,
 }
 
 impl Default for Sweeper {
     fn default() -> Self {
-        Self {
+        let s = Self {
             len: AtomicUsize::new(0),
             threshold: AtomicUsize::new(MIN_SWEEP_LEN),
+            floor: AtomicUsize::new(MIN_SWEEP_LEN),
+            max: AtomicUsize::new(DEFAULT_MAX_STATES),
             last: AtomicU64::new(0),
             running: AtomicBool::new(false),
-        }
+        };
+        s.set_max(DEFAULT_MAX_STATES);
+        s
     }
 }
 
 impl Sweeper {
+    /// Bounds the store at `max` states (at least [`MIN_MAX_STATES`]).
+    pub(crate) fn set_max(&self, max: usize) {
+        let max = max.max(MIN_MAX_STATES);
+        self.max.store(max, Ordering::Relaxed);
+        self.floor.store(MIN_SWEEP_LEN.min(max), Ordering::Relaxed);
+        let len = self.len.load(Ordering::Relaxed);
+        self.threshold
+            .store((len * 2).max(MIN_SWEEP_LEN).min(max), Ordering::Relaxed);
+    }
+
+    /// The bound.
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+
     /// Called after each write, with no shard lock held; `inserted` when the
     /// write created a state.
     #[inline]
-    pub(crate) fn after_write(&self, states: &States, now: Micros, inserted: bool) {
+    pub(crate) fn after_write(
+        &self,
+        states: &States,
+        spills: &Spills,
+        now: Micros,
+        inserted: bool,
+    ) {
         let len = if inserted {
             self.len.fetch_add(1, Ordering::Relaxed) + 1
         } else {
             self.len.load(Ordering::Relaxed)
         };
-        if len < MIN_SWEEP_LEN {
+        if len < self.floor.load(Ordering::Relaxed) {
             return;
         }
         let grown = len > self.threshold.load(Ordering::Relaxed);
@@ -81,18 +178,31 @@ impl Sweeper {
         if !(grown || stale) || self.running.swap(true, Ordering::Acquire) {
             return;
         }
-        evict_idle(states, now);
+        let max = self.max();
+        if len >= max {
+            fold_to(states, spills, now, max - max / 8, Spills::places_for(max));
+        } else {
+            evict_idle(states, now);
+        }
         self.after_sweep(states, now);
         self.running.store(false, Ordering::Release);
     }
 
     /// Re-reads the exact number of states after a sweep (also one run
-    /// through [`crate::MemoryBackend::evict_idle`]).
+    /// through [`crate::MemoryBackend::evict_idle`]). The next sweep is due
+    /// when the map has doubled, or has reached the bound, or (when even
+    /// a fold left it at the bound: states holding slots) has grown by an
+    /// eighth of the bound.
     pub(crate) fn after_sweep(&self, states: &States, now: Micros) {
         let kept = states.len();
+        let max = self.max();
+        let next = if kept + max / 8 > max {
+            kept + max / 8
+        } else {
+            (kept * 2).max(MIN_SWEEP_LEN).min(max)
+        };
         self.len.store(kept, Ordering::Relaxed);
-        self.threshold
-            .store((kept * 2).max(MIN_SWEEP_LEN), Ordering::Relaxed);
+        self.threshold.store(next, Ordering::Relaxed);
         self.last.store(now, Ordering::Relaxed);
     }
 }

@@ -96,6 +96,11 @@ impl StateKey {
         same_resource && self.kind == key.kind && keys::same(self.sub.as_bytes(), key.sub)
     }
 
+    /// The resource part.
+    pub(crate) fn resource(&self) -> &Arc<str> {
+        &self.resource
+    }
+
     /// The key as a lookup would name it (hashing the resource part again).
     pub(crate) fn as_ref(&self) -> KeyRef<'_> {
         KeyRef {

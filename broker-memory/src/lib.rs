@@ -24,6 +24,7 @@ mod eviction;
 mod key;
 mod local;
 mod pinned;
+mod spill;
 mod table;
 
 pub use clock::QuantaClock;
@@ -45,6 +46,7 @@ use eviction::Sweeper;
 use key::KeyRef;
 use parking_lot::Mutex;
 use pinned::Slot;
+use spill::Spills;
 pub(crate) use table::States;
 
 /// One process's state store.
@@ -66,6 +68,7 @@ struct Store {
     states: States,
     clock: StoreClock,
     sweeper: Sweeper,
+    spills: Spills,
 }
 
 /// The clock of a store: the default one read in line (it is read on
@@ -130,7 +133,7 @@ pub(crate) fn one_state(bucket: BucketState) -> ResourceState {
 }
 
 /// Whether states made for `spec` are held as [`Stored::One`].
-fn one_bucket(spec: &LimitSpec) -> bool {
+pub(crate) fn one_bucket(spec: &LimitSpec) -> bool {
     spec.buckets.len() == 1 && spec.max_concurrent.is_none()
 }
 
@@ -250,6 +253,15 @@ impl Stored {
         }
     }
 
+    /// Whether the state holds a slot that has not expired by `now` (a
+    /// one-bucket state holds none).
+    pub(crate) fn holds_slot(&self, now: u64) -> bool {
+        match self {
+            Self::One(_) => false,
+            Self::Full(s) => s.lock().leases.iter().any(|l| l.expires > now),
+        }
+    }
+
     /// [`state::is_idle`].
     pub(crate) fn is_idle(&self, spec: &LimitSpec, now: u64) -> bool {
         match (self, spec.buckets.as_slice()) {
@@ -321,8 +333,44 @@ impl MemoryBackend {
                 states: States::new(),
                 clock,
                 sweeper: Sweeper::default(),
+                spills: Spills::new(),
             }),
         }
+    }
+
+    /// Bounds the number of states the store holds at `max` (at least 64;
+    /// 1,048,576 unless set). Past the bound, idle states are dropped
+    /// first; then the least recently used states that still count (not
+    /// idle, holding no slot, not a registered resource's own state) are
+    /// dropped down to seven eighths of the bound, each folded into one of
+    /// its resource's places: a key dropped so never comes back with more
+    /// than it had, possibly with less (what the keys folded into the same
+    /// place took, until the place refills). A flood of new keys
+    /// (random tenant ids) so cannot grow memory past the bound, nor give
+    /// any key a fresh bucket; a flood heavy enough to fill the places is
+    /// denied rather than let through (see the `spill` module), while the
+    /// keys in use stay held. States holding slots are never dropped, so
+    /// the bound can be passed by as many as the slots held.
+    ///
+    /// ```
+    /// use broker_memory::MemoryBackend;
+    /// let backend = MemoryBackend::new().max_states(100_000);
+    /// assert_eq!(backend.state_bound(), 100_000);
+    /// ```
+    pub fn max_states(self, max: usize) -> Self {
+        self.store.sweeper.set_max(max);
+        self
+    }
+
+    /// The bound on the number of states (see [`MemoryBackend::max_states`]).
+    pub fn state_bound(&self) -> usize {
+        self.store.sweeper.max()
+    }
+
+    /// How many states were dropped at the bound and folded into their
+    /// resource's places so far (see [`MemoryBackend::max_states`]).
+    pub fn folded(&self) -> u64 {
+        self.store.spills.folded()
     }
 
     /// Number of states held now (idle ones not yet evicted included).
@@ -409,12 +457,17 @@ impl Store {
             key,
             || key.to_owned_with(resource),
             || Entry {
-                state: Slot::Table(Stored::fresh(spec, now)),
+                state: Slot::Table(
+                    self.spills
+                        .restore(key.resource, self.states.hash_of(key), spec, now)
+                        .unwrap_or_else(|| Stored::fresh(spec, now)),
+                ),
                 spec: shared(),
             },
             |e| f(e.current(spec, &shared, now), now),
         );
-        self.sweeper.after_write(&self.states, now, inserted);
+        self.sweeper
+            .after_write(&self.states, &self.spills, now, inserted);
         result
     }
 
@@ -467,7 +520,8 @@ impl Store {
             // Every decision, a denial too, checks whether a sweep is due: one
             // is due on time as well as on growth, and traffic of denials
             // alone must not keep idle states from being swept.
-            self.sweeper.after_write(&self.states, now, false);
+            self.sweeper
+                .after_write(&self.states, &self.spills, now, false);
             return decided;
         }
         self.try_acquire_in_full(key, resource, spec, shared, cost, lease)

@@ -94,7 +94,7 @@ impl ResourceStates {
         // must keep idle sub-keys from piling up.
         self.store
             .sweeper
-            .after_write(&self.store.states, now, false);
+            .after_write(&self.store.states, &self.store.spills, now, false);
         Some(crate::unrounded(decided))
     }
 

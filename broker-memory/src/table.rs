@@ -146,11 +146,26 @@ impl States {
         self.shards.iter().map(|s| s.0.read().len()).sum()
     }
 
+    /// The hash `key` is found by: random per table, so a client cannot
+    /// pick keys that share one (see [`crate::spill`], which places a
+    /// dropped state by it).
+    #[inline]
+    pub(crate) fn hash_of(&self, key: KeyRef<'_>) -> u64 {
+        self.hash(key)
+    }
+
+    /// Runs `f` on every entry, one shard at a time under its read lock.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&Entry)) {
+        for s in self.shards.iter() {
+            s.0.read().iter().for_each(|Row(_, e)| f(e));
+        }
+    }
+
     /// Keeps the entries for which `keep` says so, one shard at a time.
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&Entry) -> bool) {
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&StateKey, &Entry) -> bool) {
         for s in self.shards.iter() {
             let mut shard = s.0.write();
-            shard.retain(|Row(_, e)| keep(e));
+            shard.retain(|Row(k, e)| keep(k, e));
             if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
                 shard.shrink_to_fit(|Row(k, _)| self.hash(k.as_ref()));
             }
@@ -204,7 +219,7 @@ mod tests {
                     |_| (),
                 );
             }
-            states.retain(|e| {
+            states.retain(|_, e| {
                 let Slot::Table(Stored::One(cell)) = &e.state else {
                     panic!("a one-bucket state is held as a cell in its row");
                 };

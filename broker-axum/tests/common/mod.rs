@@ -24,9 +24,14 @@ pub struct TestBroker {
 
 impl TestBroker {
     pub fn new() -> Self {
+        Self::bounded(MemoryBackend::new().state_bound())
+    }
+
+    /// A broker whose store holds at most `max_states` states.
+    pub fn bounded(max_states: usize) -> Self {
         let clock = ManualClock::new();
         clock.set(1_000_000_000);
-        let backend = Arc::new(MemoryBackend::with_clock(clock.clone()));
+        let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(max_states));
         let shared: Arc<dyn Backend> = backend.clone();
         Self {
             broker: ResourceBroker::from_arc(shared),
