@@ -42,14 +42,20 @@
 //! evicts it once idle (broker-memory sweeps idle states as the map grows;
 //! broker-redis keys expire). Tenant ids are user data: [`tenant_key`]
 //! keeps short safe ids and hashes everything else (at most 64 bytes), so a
-//! flood of random or hostile ids cannot touch another tenant's state. Its
-//! memory is bounded by time, not by count: a state is idle, and evicted,
-//! once its bucket has refilled (for one request, `period ÷ amount`: 10 ms
-//! at 6,000 a minute, 6 minutes at 10 an hour), so a flood of R new ids a
-//! second keeps about R × that many states. Evicting one earlier would hand
-//! its tenant a fresh bucket; with long per-tenant periods, bound the
-//! flood before the tenant stage (the route/service stage counts every
-//! request).
+//! flood of random or hostile ids cannot touch another tenant's state.
+//!
+//! A state is idle once its bucket has refilled (for one request,
+//! `period ÷ amount`: 10 ms at 6,000 a minute, 6 minutes at 10 an hour),
+//! so a flood of R new ids a second keeps about R × that many states. The
+//! in-memory store also bounds their number
+//! (`MemoryBackend::max_states`, 1,048,576 unless set): past it, the least
+//! recently used tenants' states are folded into a fixed table of places,
+//! and a tenant made again starts from its place, never with more than it
+//! had (no tenant's limit is multiplied by a flood), possibly with less
+//! when a heavy flood of new ids fills the places. Tenants in use stay
+//! held. On Redis, tenant states are keys that expire once idle: size
+//! Redis's memory for R × that time, with the `noeviction` policy (the
+//! backend warns on any other).
 //!
 //! ## Semantics worth knowing
 //! - The route/service stage runs before authentication, so it counts every

@@ -145,9 +145,10 @@ async fn a_flood_past_the_state_bound_keeps_memory_and_every_tenant_limit() {
         let got = statuses(&client, &url, Some(("x-tenant", &id)), 1).await;
         admitted += count(&got, 200);
     }
-    // The store's places (1,024 at this bound) hold the dropped states:
-    // 300 new tenants seldom share one, and nothing refills (the clock
-    // stands), so nearly every new tenant is admitted.
+    // The tenant resource's places (512 at this bound: half the budget)
+    // hold the dropped states: 300 new tenants seldom share one, and
+    // nothing refills (the clock stands), so nearly every new tenant is
+    // admitted.
     assert!(admitted >= 290, "{admitted} of 300 new tenants admitted");
     assert!(
         t.backend.len() <= BOUND + 1,

@@ -23,9 +23,10 @@
 //! never dropped (a release must find it): those are as many as the
 //! requests in flight, so the bound can be passed by that many.
 //!
-//! The decision costs two relaxed atomic loads per write: the number of
+//! The decision costs a few relaxed atomic loads per write: the number of
 //! states is tracked by counting inserts (and re-read exactly after each
 //! sweep), so no write has to lock every shard to learn the map's length.
+//! Each sweep also drops the place sets whose places have all refilled.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -71,7 +72,7 @@ pub(crate) fn fold_to(
     spills: &Spills,
     now: Micros,
     keep: usize,
-    places: usize,
+    budget: usize,
 ) -> usize {
     evict_idle(states, now);
     let len = states.len();
@@ -89,20 +90,26 @@ pub(crate) fn fold_to(
         return 0;
     }
     let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
+    // Every state older than the cutoff goes; of those used at the cutoff,
+    // only as many as make up the excess (in shard order).
+    let older = ages.iter().filter(|&&a| a < cutoff).count();
     drop(ages);
+    let mut ties = excess - older;
     let mut left = excess;
     states.retain(|k, e| {
-        if left == 0 || !foldable(e, now) || e.state.get().last_used() > cutoff {
+        if left == 0 || !foldable(e, now) {
+            return true;
+        }
+        let used = e.state.get().last_used();
+        if used > cutoff || (used == cutoff && ties == 0) {
             return true;
         }
         let hash = states.hash_of(k.as_ref());
-        spills.fold(
-            k.resource(),
-            hash,
-            &e.state.get().to_state(),
-            &e.spec,
-            places,
-        );
+        let state = e.state.get().to_state();
+        spills.fold(k.resource(), hash, &state, &e.spec, now, budget);
+        if used == cutoff {
+            ties -= 1;
+        }
         left -= 1;
         false
     });
@@ -180,10 +187,11 @@ impl Sweeper {
         }
         let max = self.max();
         if len >= max {
-            fold_to(states, spills, now, max - max / 8, Spills::places_for(max));
+            fold_to(states, spills, now, max - max / 8, Spills::budget_for(max));
         } else {
             evict_idle(states, now);
         }
+        spills.drop_idle(now);
         self.after_sweep(states, now);
         self.running.store(false, Ordering::Release);
     }
@@ -197,7 +205,7 @@ impl Sweeper {
         let kept = states.len();
         let max = self.max();
         let next = if kept + max / 8 > max {
-            kept + max / 8
+            kept + kept.max(max) / 8
         } else {
             (kept * 2).max(MIN_SWEEP_LEN).min(max)
         };

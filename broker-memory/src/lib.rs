@@ -12,7 +12,10 @@
 //! shard's write lock. A resource's own state (no sub-key) is pinned by
 //! the registration that decides on it, which then reaches it without the
 //! hash, the lookup or the shard's lock (see `pinned`). Idle states (equal
-//! to a fresh bucket) are evicted, so memory stays bounded when keys are
+//! to a fresh bucket) are evicted, and the number of states is bounded
+//! ([`MemoryBackend::max_states`]): past the bound, the least recently
+//! used states are folded into a fixed table that never hands a key back
+//! more than it had (see `spill`), so memory stays bounded when keys are
 //! not.
 #![warn(missing_docs)]
 
@@ -393,6 +396,7 @@ impl MemoryBackend {
         let store = &self.store;
         let now = store.clock.now();
         let evicted = eviction::evict_idle(&store.states, now);
+        store.spills.drop_idle(now);
         store.sweeper.after_sweep(&store.states, now);
         evicted
     }

@@ -1,0 +1,69 @@
+//! The memory a bounded store holds under a flood of keys that are each a
+//! resource part of their own (keyed calls with state keys without `:`,
+//! e.g. `ip-10.0.0.7`): the states stay within the bound, and the places
+//! their folds go to stay within their budget (the sets' budget, then the
+//! places shared by every resource).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_memory::MemoryBackend;
+
+/// The system allocator, counting the bytes live.
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+#[test]
+fn a_flood_of_resource_parts_stays_within_the_bound_and_the_budget() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let backend = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let spec = LimitSpec::new(
+        &Limits::new().rate(RateLimit::per_minute(5)),
+        std::time::Duration::from_secs(60),
+    );
+    // The table at the bound, and the budget of places taken.
+    for i in 0..1_000 {
+        backend.try_acquire_now(&format!("warm-{i}"), &spec, Cost::default());
+    }
+    let base = LIVE.load(Ordering::Relaxed);
+    let (mut most, mut allowed) = (0, 0);
+    for i in 0..4_000 {
+        let decided = backend.try_acquire_now(&format!("ip-{i}"), &spec, Cost::default());
+        allowed += usize::from(decided.unwrap().unwrap().allowed);
+        most = most.max(backend.len());
+    }
+    // Each new key took one token of five: its shared place (4,096 of
+    // them) seldom holds enough others to deny it.
+    assert!(allowed >= 3_900, "{allowed} of 4,000 new keys allowed");
+    let grown = LIVE.load(Ordering::Relaxed) - base;
+    assert!(most <= 65, "{most} states held");
+    assert!(backend.folded() > 4_000);
+    assert!(
+        grown < 64 << 10,
+        "{grown} bytes more for a store of 64 states"
+    );
+}
