@@ -78,27 +78,15 @@ struct Later {
 
 impl Later {
     /// When every bucket of `buckets` (made for `params`), refilled to
-    /// `now`, is full again, rounded up and one µs later (so that the
-    /// rounding of the refill read back never adds a token), and the
-    /// latest not-before.
+    /// `now`, is full again ([`bucket::full_again_at`]), and the latest
+    /// not-before.
     fn of(buckets: &[BucketState], params: &[BucketParams], now: Micros) -> Self {
         buckets
             .iter()
             .zip(params)
-            .fold(Self::default(), |acc, (b, p)| {
-                let s = bucket::refill(*b, p, now);
-                let owed = (p.capacity() - s.tokens).max(0.0);
-                let full = if owed > 0.0 {
-                    // A float past `u64::MAX` converts to `u64::MAX`.
-                    s.ts.saturating_add((owed * p.micros_per_token()).ceil() as Micros)
-                        .saturating_add(1)
-                } else {
-                    s.ts
-                };
-                Self {
-                    full: acc.full.max(full),
-                    nb: acc.nb.max(s.nb),
-                }
+            .fold(Self::default(), |acc, (b, p)| Self {
+                full: acc.full.max(bucket::full_again_at(*b, p, now)),
+                nb: acc.nb.max(b.nb),
             })
     }
 
@@ -117,12 +105,7 @@ impl Later {
 
     /// A bucket of `p` at `now` that is full no sooner than `full`.
     fn restored(self, p: &BucketParams, now: Micros) -> BucketState {
-        let owed = self.full.saturating_sub(now) as f64 * p.tokens_per_micro();
-        BucketState {
-            tokens: p.capacity() - owed,
-            ts: now,
-            nb: self.nb,
-        }
+        bucket::full_by(self.full, self.nb, p, now)
     }
 }
 

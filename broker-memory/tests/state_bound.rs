@@ -304,3 +304,38 @@ fn the_least_recently_used_state_is_folded_first() {
         "times the oldest state outlived a sweep that folded newer ones"
     );
 }
+
+/// Keys that are each a resource part of their own (keyed calls with state
+/// keys without `:`) past the budget's place sets are folded into the
+/// places shared by every resource: a drained one still comes back
+/// drained, and waits no less than its own refill.
+#[test]
+fn a_resource_part_past_the_budget_comes_back_drained() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let backend = MemoryBackend::with_clock(clock.clone()).max_states(BOUND);
+    let spec = broker_core::LimitSpec::new(&five_a_minute(), Duration::from_secs(60));
+    let try_once = |key: &str| {
+        backend
+            .try_acquire_now(key, &spec, Cost::default())
+            .expect("in-memory answers at once")
+            .unwrap()
+    };
+    // The first resource parts to fold take the whole budget.
+    for i in 0..2_000 {
+        try_once(&format!("warm-{i}"));
+    }
+    assert!((0..5).all(|_| try_once("drained").allowed));
+    for i in 0..2_000 {
+        try_once(&format!("ip-{i}"));
+    }
+    assert!(backend.state("drained").is_none(), "folded");
+    let again = try_once("drained");
+    assert!(!again.allowed, "dropped and made again, still drained");
+    let wait = Duration::from_micros(again.wait);
+    assert!(
+        wait >= Duration::from_secs(12)
+            && wait <= Duration::from_secs(12) + Duration::from_millis(1),
+        "{wait:?}"
+    );
+}
