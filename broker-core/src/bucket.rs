@@ -514,6 +514,22 @@ mod tests {
 
     const P: BucketParams = BucketParams::new(3.0, 2.0, 1_000_000.0);
 
+    /// States of [`P`] to check the merges on: drained, partly used,
+    /// booked ahead (negative), held (`nb`), fresh; at assorted times.
+    fn sample_states() -> [BucketState; 8] {
+        let at = |tokens, ts, nb| BucketState { tokens, ts, nb };
+        [
+            at(0.0, 10, 0),
+            at(1.0, 999_999, 0),
+            at(2.5, 400_000, 0),
+            at(2.999_999, 5, 0),
+            at(-4.5, 123_456_789, 0),
+            at(3.0, 0, 2_000_000),
+            at(0.25, 77, 9_000_000),
+            BucketState::fresh(&P, 700_000),
+        ]
+    }
+
     /// A bucket read back from the time it is full again never holds more
     /// than the state, at any later time, also when that time is the
     /// latest of states of other limits.
@@ -521,34 +537,7 @@ mod tests {
     fn full_by_never_holds_more_than_the_state_it_was_made_of() {
         let slow = BucketParams::new(10.0, 10.0, 3_600_000_000.0);
         let odd = BucketParams::new(7.0, 3.0, 1_000_003.0);
-        let states = [
-            BucketState {
-                tokens: 0.0,
-                ts: 10,
-                nb: 0,
-            },
-            BucketState {
-                tokens: 1.0,
-                ts: 999_999,
-                nb: 0,
-            },
-            BucketState {
-                tokens: 2.999_999,
-                ts: 5,
-                nb: 0,
-            },
-            BucketState {
-                tokens: -4.5,
-                ts: 123_456_789,
-                nb: 0,
-            },
-            BucketState {
-                tokens: 0.25,
-                ts: 77,
-                nb: 9_000_000,
-            },
-            BucketState::fresh(&P, 1_000),
-        ];
+        let states = sample_states();
         for p in [P, slow, odd] {
             for s in states {
                 for now in [0, s.ts, s.ts + 1, s.ts + 400_001] {
@@ -571,34 +560,7 @@ mod tests {
     /// equals a state merged with a fresh bucket (or itself).
     #[test]
     fn tighter_allows_no_more_than_either_state_at_any_later_time() {
-        let states = [
-            BucketState {
-                tokens: 0.0,
-                ts: 10,
-                nb: 0,
-            },
-            BucketState {
-                tokens: 2.5,
-                ts: 400_000,
-                nb: 0,
-            },
-            BucketState {
-                tokens: -4.0,
-                ts: 50,
-                nb: 0,
-            },
-            BucketState {
-                tokens: 3.0,
-                ts: 0,
-                nb: 2_000_000,
-            },
-            BucketState {
-                tokens: 1.0,
-                ts: 900_000,
-                nb: 950_000,
-            },
-            BucketState::fresh(&P, 700_000),
-        ];
+        let states = sample_states();
         for a in states {
             for b in states {
                 let t = tighter(a, b, &P);
