@@ -49,7 +49,7 @@
 //! so a flood of R new ids a second keeps about R × that many states. The
 //! in-memory store also bounds their number
 //! (`MemoryBackend::max_states`, 1,048,576 unless set): past it, the least
-//! recently used tenants' states are folded into a fixed table of places,
+//! recently taken-from tenants' states are folded into a fixed table of places,
 //! and a tenant made again starts from its place, never with more than it
 //! had (no tenant's limit is multiplied by a flood), possibly with less
 //! when a heavy flood of new ids fills the places. Tenants in use stay

@@ -453,52 +453,6 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
     }
 }
 
-/// When the bucket, refilled to `now`, is full again: its `ts` (from
-/// `now` on) plus the refill time of what it lacks, rounded up and one µs
-/// later, so that a bucket read back by [`full_by`] never holds more
-/// than this one at any later time, the rounding of either refill
-/// included. A form of the state that holds for any limits: a store
-/// keeps it where states of other limits share a place (see
-/// broker-memory's bound).
-///
-/// ```
-/// use broker_core::bucket::{full_again_at, BucketParams, BucketState};
-/// let p = BucketParams::new(5.0, 5.0, 60_000_000.0); // 5 a minute
-/// let used_two = BucketState { tokens: 3.0, ts: 1_000, nb: 0 };
-/// assert_eq!(full_again_at(used_two, &p, 1_000), 1_000 + 24_000_000 + 1);
-/// assert_eq!(full_again_at(BucketState::fresh(&p, 7), &p, 9), 9);
-/// ```
-pub fn full_again_at(state: BucketState, params: &BucketParams, now: Micros) -> Micros {
-    let s = refill(state, params, now.max(state.ts));
-    let owed = params.capacity - s.tokens;
-    if owed > 0.0 {
-        // A float past `u64::MAX` converts to `u64::MAX`.
-        s.ts.saturating_add((owed * params.micros_per_token).ceil() as Micros)
-            .saturating_add(1)
-    } else {
-        s.ts
-    }
-}
-
-/// The fullest bucket of `params` at `now` that is full no sooner than
-/// `full` ([`full_again_at`] of a state, or the latest of several) and
-/// held until `nb`.
-///
-/// ```
-/// use broker_core::bucket::{full_again_at, full_by, BucketParams, BucketState};
-/// let p = BucketParams::new(5.0, 5.0, 60_000_000.0);
-/// let drained = BucketState { tokens: 0.0, ts: 0, nb: 0 };
-/// let back = full_by(full_again_at(drained, &p, 0), 0, &p, 0);
-/// assert!(back.tokens <= 0.0 && back.tokens > -1e-6);
-/// ```
-pub fn full_by(full: Micros, nb: Micros, params: &BucketParams, now: Micros) -> BucketState {
-    BucketState {
-        tokens: params.capacity - to_f64(full.saturating_sub(now)) * params.tokens_per_micro,
-        ts: now,
-        nb,
-    }
-}
-
 /// How long the state must be kept: until it is full again and `nb` has
 /// passed. After that, dropping it equals a fresh bucket.
 pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
@@ -528,32 +482,6 @@ mod tests {
             at(0.25, 77, 9_000_000),
             BucketState::fresh(&P, 700_000),
         ]
-    }
-
-    /// A bucket read back from the time it is full again never holds more
-    /// than the state, at any later time, also when that time is the
-    /// latest of states of other limits.
-    #[test]
-    fn full_by_never_holds_more_than_the_state_it_was_made_of() {
-        let slow = BucketParams::new(10.0, 10.0, 3_600_000_000.0);
-        let odd = BucketParams::new(7.0, 3.0, 1_000_003.0);
-        let states = sample_states();
-        for p in [P, slow, odd] {
-            for s in states {
-                for now in [0, s.ts, s.ts + 1, s.ts + 400_001] {
-                    let full = full_again_at(s, &p, now);
-                    for other in [full, full + 1, full + 10_000_000] {
-                        let back = full_by(other, s.nb, &p, now.max(s.ts));
-                        for later in [0, 1, 499_999, 1_000_000, 86_400_000_000] {
-                            let at = now.max(s.ts) + later;
-                            let (b, t) = (refill(back, &p, at), refill(s, &p, at));
-                            assert!(b.tokens <= t.tokens, "{p:?} {s:?} {now} {later}");
-                            assert!(b.nb >= t.nb);
-                        }
-                    }
-                }
-            }
-        }
     }
 
     /// The merge never allows more than either state, now or later, and

@@ -16,10 +16,10 @@
 //! there is one per registered resource.
 //!
 //! At the bound, a sweep drops idle states first; if that leaves more than
-//! seven eighths of the bound, it drops the least recently used states
-//! that still count, down to seven eighths, folding each into its
-//! resource's places (see [`crate::spill`]), so the next sweep is an
-//! eighth of the bound of new states away. A state holding a slot is
+//! seven eighths of the bound, it drops the states least recently taken
+//! from (a denial takes nothing) that still count, down to seven eighths,
+//! folding each into a place (see [`crate::spill`]), so the next sweep is
+//! an eighth of the bound of new states away. A state holding a slot is
 //! never dropped (a release must find it): those are as many as the
 //! requests in flight, so the bound can be passed by that many.
 //!
@@ -64,9 +64,9 @@ fn foldable(e: &Entry, now: Micros) -> bool {
     !e.state.is_pinned_elsewhere() && !e.state.get().holds_slot(now)
 }
 
-/// Drops idle states, then folds the least recently used states that still
-/// count (see [`crate::spill`]) until at most `keep` are left; returns how
-/// many were folded.
+/// Drops idle states, then folds the states least recently taken from that
+/// still count (see [`crate::spill`]) until at most `keep` are left;
+/// returns how many were folded.
 pub(crate) fn fold_to(
     states: &States,
     spills: &Spills,
@@ -106,7 +106,10 @@ pub(crate) fn fold_to(
         }
         let hash = states.hash_of(k.as_ref());
         let state = e.state.get().to_state();
-        spills.fold(k.resource(), hash, &state, &e.spec, now, budget);
+        if !spills.fold(k.resource(), hash, &state, &e.spec, now, budget) {
+            // Nowhere to fold it without losing what it holds: kept.
+            return true;
+        }
         if used == cutoff {
             ties -= 1;
         }

@@ -343,17 +343,19 @@ impl MemoryBackend {
 
     /// Bounds the number of states the store holds at `max` (at least 64;
     /// 1,048,576 unless set). Past the bound, idle states are dropped
-    /// first; then the least recently used states that still count (not
-    /// idle, holding no slot, not a registered resource's own state) are
-    /// dropped down to seven eighths of the bound, each folded into one of
-    /// its resource's places: a key dropped so never comes back with more
-    /// than it had, possibly with less (what the keys folded into the same
-    /// place took, until the place refills). A flood of new keys
-    /// (random tenant ids) so cannot grow memory past the bound, nor give
-    /// any key a fresh bucket; a flood heavy enough to fill the places is
-    /// denied rather than let through (see the `spill` module), while the
-    /// keys in use stay held. States holding slots are never dropped, so
-    /// the bound can be passed by as many as the slots held.
+    /// first; then the states least recently taken from that still count
+    /// (not idle, holding no slot, not a registered resource's own state)
+    /// are dropped down to seven eighths of the bound, each folded into a
+    /// place kept for its resource and limits: a key dropped so never
+    /// comes back with more than it had, possibly with less (what the keys
+    /// folded into the same place took, until the place refills). A flood
+    /// of new keys (random tenant ids) so cannot grow memory past the
+    /// bound, nor give any key a fresh bucket; a flood heavy enough to fill
+    /// the places is denied rather than let through (see the `spill`
+    /// module), while the keys in use stay held. States holding slots are
+    /// never dropped, nor (rarely) a state whose place is held under other
+    /// limits once the places' budget is spent, so the bound can be passed
+    /// by those.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;

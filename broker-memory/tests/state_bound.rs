@@ -308,7 +308,7 @@ fn the_least_recently_used_state_is_folded_first() {
 /// Keys that are each a resource part of their own (keyed calls with state
 /// keys without `:`) past the budget's place sets are folded into the
 /// places shared by every resource: a drained one still comes back
-/// drained, and waits no less than its own refill.
+/// drained, and waits its own refill.
 #[test]
 fn a_resource_part_past_the_budget_comes_back_drained() {
     let clock = ManualClock::new();
@@ -325,17 +325,15 @@ fn a_resource_part_past_the_budget_comes_back_drained() {
     for i in 0..2_000 {
         try_once(&format!("warm-{i}"));
     }
-    assert!((0..5).all(|_| try_once("drained").allowed));
+    // A new key may start below its burst (its shared place holds flood
+    // keys that took a token each); drained either way.
+    let first = (0..6).filter(|_| try_once("drained").allowed).count();
+    assert!((1..=5).contains(&first), "{first}");
     for i in 0..2_000 {
         try_once(&format!("ip-{i}"));
     }
     assert!(backend.state("drained").is_none(), "folded");
     let again = try_once("drained");
     assert!(!again.allowed, "dropped and made again, still drained");
-    let wait = Duration::from_micros(again.wait);
-    assert!(
-        wait >= Duration::from_secs(12)
-            && wait <= Duration::from_secs(12) + Duration::from_millis(1),
-        "{wait:?}"
-    );
+    assert_eq!(Duration::from_micros(again.wait), Duration::from_secs(12));
 }

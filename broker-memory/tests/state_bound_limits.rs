@@ -1,0 +1,245 @@
+//! The state bound with keys of several limits under one resource part
+//! (tiers of keyed calls, or states made before a reload): a place is
+//! judged and merged under the limits it was made for, and read under a
+//! reload's new limits as a state kept in the table is.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_memory::MemoryBackend;
+
+fn spec(l: Limits) -> LimitSpec {
+    LimitSpec::new(&l, Duration::from_secs(60))
+}
+
+fn tries(b: &MemoryBackend, key: &str, s: &LimitSpec, n: usize) -> usize {
+    (0..n)
+        .filter(|_| {
+            b.try_acquire_now(key, s, Cost::default())
+                .unwrap()
+                .unwrap()
+                .allowed
+        })
+        .count()
+}
+
+/// Two tiers of tenants under one resource part ("api"), both one
+/// bucket: 5 a minute and 5 a second. A slow tenant drained and folded,
+/// then fast tenants folded after it, and a sweep 2 s later: the slow
+/// tenant's place is judged by its own limits, kept, and the tenant is
+/// still drained (at 5 a minute, 0.17 of a token has come back).
+#[test]
+fn a_set_is_judged_by_its_own_limits_not_another_tiers() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
+    let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
+    assert_eq!(tries(&b, "api:victim", &slow, 9), 5);
+    let mut i = 0;
+    while b.state("api:victim").is_some() {
+        clock.advance(Duration::from_micros(1));
+        tries(&b, &format!("api:fast-{i}"), &fast, 1);
+        i += 1;
+    }
+    // One more sweep, folding fast tenants only.
+    for j in 0..20 {
+        tries(&b, &format!("api:more-{j}"), &fast, 1);
+    }
+    clock.advance(Duration::from_secs(2));
+    b.evict_idle();
+    let got = tries(&b, "api:victim", &slow, 5);
+    assert_eq!(
+        got, 0,
+        "drained tenant came back with {got} tokens after 2 s at 5/min"
+    );
+}
+
+/// Fast tenants folded 2 s after a drained slow tenant, while a penalized
+/// fast tenant keeps the fast set alive: they go to the fast set, never
+/// merged into the slow tenant's place under the fast limits (which
+/// would refill it at their rate). Ten runs (the hash differs per
+/// store), the slow tenant is still drained in each.
+#[tokio::test]
+async fn a_fold_under_other_limits_never_refills_a_drained_place() {
+    let mut handed = 0;
+    for _ in 0..10 {
+        let clock = ManualClock::new();
+        clock.set(1_000_000_000);
+        let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+        let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
+        let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
+        b.penalize("api:penalized", &fast, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        assert_eq!(tries(&b, "api:victim", &slow, 9), 5);
+        let mut i = 0;
+        while b.state("api:victim").is_some() || b.state("api:penalized").is_some() {
+            clock.advance(Duration::from_micros(1));
+            tries(&b, &format!("api:fast-{i}"), &fast, 1);
+            i += 1;
+        }
+        clock.advance(Duration::from_secs(2));
+        for j in 0..512 {
+            tries(&b, &format!("api:late-{j}"), &fast, 1);
+        }
+        handed += tries(&b, "api:victim", &slow, 5);
+    }
+    assert_eq!(
+        handed, 0,
+        "tokens handed to a drained 5/min tenant 2 s later, 10 runs"
+    );
+}
+
+/// A drained key folded into a shared place (the budget's sets taken),
+/// then its limits reloaded to the same rate with a doubled burst (10
+/// per 2 minutes). Kept in the table it keeps its 0 tokens (a reload with
+/// as many buckets keeps the state); read back from the shared place it
+/// has 0 too.
+#[test]
+fn a_key_in_a_shared_place_comes_back_as_the_table_would_keep_it() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let old = spec(Limits::new().rate(RateLimit::per_minute(5)));
+    let new = spec(Limits::new().rate(RateLimit::per(10, Duration::from_secs(120))));
+    for i in 0..2_000 {
+        tries(&b, &format!("warm-{i}"), &old, 1);
+    }
+    // A new key may start below its burst (its shared place holds warm
+    // keys that took a token each); drained either way.
+    let first = tries(&b, "drained", &old, 9);
+    assert!((1..=5).contains(&first), "{first}");
+    for i in 0..2_000 {
+        tries(&b, &format!("ip-{i}"), &old, 1);
+    }
+    assert!(b.state("drained").is_none(), "folded");
+    // Control: a drained key kept in a store, reloaded the same way.
+    let c = MemoryBackend::with_clock(clock.clone());
+    assert_eq!(tries(&c, "kept", &old, 9), 5);
+    assert_eq!(tries(&c, "kept", &new, 10), 0, "kept in the table: 0");
+    let got = tries(&b, "drained", &new, 10);
+    assert_eq!(got, 0, "folded key came back with {got} tokens");
+}
+
+/// The broker's own path: a reload tightens a tenant limit (5 a second
+/// to 5 a minute) while requests made under the old limits hold slots.
+/// A tenant drained under the new limits is folded; the old requests
+/// end and their states (old limits, one bucket) are folded last, into a
+/// set of their own. 2 s later `evict_idle` drops only what has refilled,
+/// and the drained tenant is still drained.
+#[test]
+fn a_reload_that_tightens_a_limit_keeps_drained_tenants_drained() {
+    use broker_core::keys::keyed;
+    use broker_core::ResourceBroker;
+    use std::sync::Arc;
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(64));
+    let shared: Arc<dyn Backend> = backend.clone();
+    let broker = ResourceBroker::from_arc(shared);
+    let take = |key: &str, n: usize| {
+        (0..n)
+            .filter(|_| {
+                broker
+                    .try_acquire_now(("tenant", key), Cost::default())
+                    .unwrap()
+                    .unwrap()
+                    .allowed
+            })
+            .count()
+    };
+    let old = Limits::new()
+        .rate(RateLimit::per_second(5))
+        .max_concurrent(10);
+    broker.register_limit("tenant", old).unwrap();
+    let held: Vec<_> = (0..20)
+        .map(|i| {
+            let a = broker
+                .try_acquire_now(("tenant", format!("long-{i}").as_str()), Cost::default())
+                .unwrap()
+                .unwrap();
+            assert!(a.allowed && a.permit.is_held());
+            a.permit
+        })
+        .collect();
+    clock.advance(Duration::from_millis(1));
+    let new = Limits::new()
+        .rate(RateLimit::per_minute(5))
+        .max_concurrent(10);
+    broker.register_limit("tenant", new).unwrap();
+    assert_eq!(take("victim", 9), 5);
+    clock.advance(Duration::from_millis(1));
+    let mut i = 0;
+    while backend.state(&keyed("tenant", "victim")).is_some() {
+        clock.advance(Duration::from_micros(1));
+        take(&format!("a-{i}"), 1);
+        i += 1;
+    }
+    drop(held);
+    clock.advance(Duration::from_millis(1));
+    // One sweep: the 8 least recently used, old requests' states.
+    let before = backend.folded();
+    let mut j = 0;
+    while backend.folded() == before {
+        take(&format!("c-{j}"), 1);
+        j += 1;
+    }
+    clock.advance(Duration::from_secs(2));
+    backend.evict_idle();
+    let got = take("victim", 5);
+    assert_eq!(got, 0, "drained at 5/min, back with {got} tokens 2 s later");
+}
+
+/// Threads folding, restoring, dropping sets (sweeps and evict_idle) with
+/// time passing, one spec: no hot key is allowed more than its burst plus
+/// its refill.
+#[test]
+fn threads_with_time_passing_never_pass_a_keys_limit() {
+    use std::sync::atomic::AtomicUsize;
+    let clock = ManualClock::new();
+    let start = 1_000_000_000u64;
+    clock.set(start);
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let s = spec(Limits::new().rate(RateLimit::per_second(5)));
+    const HOT: usize = 8;
+    let allowed: Vec<AtomicUsize> = (0..HOT).map(|_| AtomicUsize::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                b.evict_idle();
+                std::thread::yield_now();
+            }
+        });
+        let hs: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (b, s, clock, allowed) = (&b, &s, &clock, &allowed);
+                sc.spawn(move || {
+                    for i in 0..60_000u64 {
+                        tries(b, &format!("t:f{t}-{i}"), s, 1);
+                        let h = (i as usize * 3 + t as usize) % HOT;
+                        if tries(b, &format!("t:hot-{h}"), s, 1) == 1 {
+                            allowed[h].fetch_add(1, Ordering::Relaxed);
+                        }
+                        if t == 0 && i % 50 == 0 {
+                            clock.advance(Duration::from_micros(20_000));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let elapsed = (broker_core::Clock::now(&clock) - start) as f64 / 1e6;
+    let most = (5.0 + elapsed * 5.0).floor() as usize;
+    for (h, n) in allowed.iter().enumerate() {
+        let n = n.load(Ordering::Relaxed);
+        assert!(n <= most, "hot-{h} allowed {n}, at most {most}");
+    }
+    eprintln!("folded {} elapsed {elapsed}", b.folded());
+}
