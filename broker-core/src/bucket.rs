@@ -453,6 +453,33 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
     }
 }
 
+/// A state that never holds more than `a` or `b` under any limits: the
+/// fewer tokens, at the later refill time, held until the later
+/// not-before. Merged without refilling either, so it holds whatever
+/// rate refills it afterwards (a state kept across a reload is refilled
+/// under the new limits, so no refill under the old ones may be read
+/// into it); [`tighter`] is the closer merge for states of one set of
+/// limits.
+///
+/// ```
+/// use broker_core::bucket::{fewest, BucketState};
+/// let a = BucketState { tokens: 0.0, ts: 1_000, nb: 0 };
+/// let b = BucketState { tokens: 4.0, ts: 2_000, nb: 5 };
+/// assert_eq!(fewest(a, b), BucketState { tokens: 0.0, ts: 2_000, nb: 5 });
+/// ```
+#[inline]
+pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
+    BucketState {
+        tokens: if a.tokens < b.tokens {
+            a.tokens
+        } else {
+            b.tokens
+        },
+        ts: a.ts.max(b.ts),
+        nb: a.nb.max(b.nb),
+    }
+}
+
 /// How long the state must be kept: until it is full again and `nb` has
 /// passed. After that, dropping it equals a fresh bucket.
 pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
@@ -482,6 +509,36 @@ mod tests {
             at(0.25, 77, 9_000_000),
             BucketState::fresh(&P, 700_000),
         ]
+    }
+
+    /// The raw merge never allows more than either state, under any limits,
+    /// at any later time.
+    #[test]
+    fn fewest_allows_no_more_than_either_state_under_any_limits() {
+        let limits = [
+            P,
+            BucketParams::new(10.0, 10.0, 3_600_000_000.0),
+            BucketParams::new(7.0, 3.0, 1_000_003.0),
+            BucketParams::new(1.0, 1000.0, 1_000_000.0),
+        ];
+        let states = sample_states();
+        for a in states {
+            for b in states {
+                let f = fewest(a, b);
+                for q in limits {
+                    for later in [0, 1, 333_333, 5_000_000, 86_400_000_000] {
+                        let now = f.ts + later;
+                        let (rf, ra, rb) =
+                            (refill(f, &q, now), refill(a, &q, now), refill(b, &q, now));
+                        assert!(
+                            rf.tokens <= ra.tokens && rf.tokens <= rb.tokens,
+                            "{a:?} {b:?} {q:?}"
+                        );
+                        assert!(rf.nb >= ra.nb.max(rb.nb));
+                    }
+                }
+            }
+        }
     }
 
     /// The merge never allows more than either state, now or later, and

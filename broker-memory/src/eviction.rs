@@ -106,10 +106,7 @@ pub(crate) fn fold_to(
         }
         let hash = states.hash_of(k.as_ref());
         let state = e.state.get().to_state();
-        if !spills.fold(k.resource(), hash, &state, &e.spec, now, budget) {
-            // Nowhere to fold it without losing what it holds: kept.
-            return true;
-        }
+        spills.fold(k.resource(), hash, &state, &e.spec, now, budget);
         if used == cutoff {
             ties -= 1;
         }

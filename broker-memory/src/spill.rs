@@ -3,19 +3,25 @@
 //! states; past that, the states least recently taken from that are not
 //! idle (and hold no slot and are not pinned) are dropped, and each is
 //! folded into a place: one of the places kept for its resource part and
-//! its exact limits, picked by the table's random hash of its key. A place
-//! keeps, bucket by bucket, the tightest of the states folded into it
-//! ([`bucket::tighter`], under the set's own limits); a state made later
-//! for a key of that place starts from it. So a dropped key never comes
-//! back with more than it had (no limit is multiplied by dropping it); it
-//! may come back with less, when a key it shares the place with had used
-//! more, until the place refills.
+//! its exact limits, picked by the table's random hash of its key. A
+//! state made later for a key starts from its places, so a dropped key
+//! never comes back with more than the table would have kept for it (no
+//! limit is multiplied by dropping it); it may come back with less, when
+//! a key it shares a place with had used more, until the place refills.
+//!
+//! A place keeps each bucket twice:
+//! - *tight*: the tightest of the states folded in, under the set's own
+//!   limits ([`bucket::tighter`]), read by a key of those limits;
+//! - *raw*: the fewest tokens, the latest refill time and the latest
+//!   not-before of the states folded in, merged without refilling
+//!   ([`bucket::fewest`]), read by a key of other limits (a reload, or
+//!   keyed calls of several tiers under one resource part): the table
+//!   keeps a state's buckets across a reload with as many buckets and
+//!   refills them under the new limits, so no refill under the old ones
+//!   may be read into it, and the raw form holds none.
 //!
 //! A new state starts from the tightest of every place its key has under
-//! its resource part with as many buckets: a place of other limits (a
-//! reload, or keyed calls of several tiers under one resource part) is
-//! read as the table reads a state kept across a reload, its buckets kept
-//! and refilled under the new limits from then on.
+//! its resource part with as many buckets, and of its shared place.
 //!
 //! What a key may lose so is what the keys folded into its place took
 //! while the place refills: a new key made from a place takes on its
@@ -31,14 +37,14 @@
 //! dropped first).
 //!
 //! A set is dropped by the next sweep after its places have all refilled
-//! (a refilled place equals a fresh bucket). When the budget has no room
-//! for a new set (more resource parts and limits folding at once than the
-//! budget's worth of smallest sets: only keyed calls that make up their
-//! resource parts get there; the broker's resource parts are its
-//! registered resources), the state goes to one of [`SHARED`] places
-//! shared by every resource, each holding the states of one set of limits
-//! at a time; a state that finds its shared place held under other limits
-//! is kept in the table, past the bound, rather than lose what it holds.
+//! under its limits and none was folded into within [`RECENT`] (the
+//! table keeps a state that long, idle or not). When the budget has no
+//! room for a new set (more resource parts and limits folding at once
+//! than the budget's worth of smallest sets), the state goes to one of
+//! [`SHARED`] places shared by every resource, in the raw form only, for
+//! states of any limits with as many buckets; such a place is judged
+//! refilled under the slowest refill and the largest burst of the limits
+//! folded into it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -50,6 +56,7 @@ use broker_core::Micros;
 use parking_lot::{Mutex, RwLock};
 
 use crate::cell::BucketCell;
+use crate::eviction::RECENT;
 use crate::{one_bucket, Stored};
 
 /// Places shared by every resource.
@@ -73,9 +80,9 @@ const EMPTY: BucketState = BucketState {
 pub(crate) struct Spills {
     /// The sets of each resource part, one per set of limits.
     by_resource: RwLock<HashMap<Arc<str>, Vec<Arc<Places>>>>,
-    /// The places shared by every resource, each held under one set of
-    /// limits at a time (`None`: nothing held).
-    shared: Mutex<Box<[Option<Held>]>>,
+    /// The places shared by every resource: in each, one entry per
+    /// number of buckets folded in.
+    shared: Mutex<Box<[Vec<Held>]>>,
     /// Whether anything is folded: until then a new state looks nowhere.
     any: AtomicBool,
     /// Places held in sets.
@@ -93,19 +100,46 @@ struct Places {
 
 #[derive(Debug)]
 struct Table {
-    /// `places × buckets` states.
-    states: Box<[BucketState]>,
+    /// `places × buckets` states, merged under the set's limits.
+    tight: Box<[BucketState]>,
+    /// `places × buckets` states, merged without refilling.
+    raw: Box<[BucketState]>,
     mask: usize,
+    /// The latest time a state was folded in.
+    last: Micros,
     /// Dropped from the store (all its places had refilled): a fold that
     /// finds it so looks the set up again.
     retired: bool,
 }
 
-/// A shared place: the tightest of the states of `params` folded in.
+/// A shared place's states of one number of buckets, merged without
+/// refilling, and the limits it is judged refilled under: per bucket, the
+/// largest burst and the slowest refill of the limits folded in.
 #[derive(Debug)]
 struct Held {
-    params: Box<[BucketParams]>,
-    states: Box<[BucketState]>,
+    raw: Box<[BucketState]>,
+    slowest: Box<[BucketParams]>,
+    /// The latest time a state was folded in.
+    last: Micros,
+}
+
+impl Held {
+    /// Whether the place may be emptied at `now`.
+    fn spent(&self, now: Micros) -> bool {
+        now.saturating_sub(self.last) >= RECENT && idle(&self.raw, &self.slowest, now)
+    }
+}
+
+/// Per bucket, the largest burst and the slowest refill of `a` and `b`.
+fn slowest(a: &mut [BucketParams], b: &[BucketParams]) {
+    for (a, b) in a.iter_mut().zip(b) {
+        let slow = if b.tokens_per_micro() < a.tokens_per_micro() {
+            *b
+        } else {
+            *a
+        };
+        *a = BucketParams::new(a.capacity().max(b.capacity()), slow.amount(), slow.period());
+    }
 }
 
 /// The limits of `spec`, bucket by bucket.
@@ -125,6 +159,13 @@ fn idle(states: &[BucketState], params: &[BucketParams], now: Micros) -> bool {
 fn merge(place: &mut [BucketState], kept: &[BucketState], params: &[BucketParams]) {
     for ((place, kept), p) in place.iter_mut().zip(kept).zip(params) {
         *place = bucket::tighter(*place, *kept, p);
+    }
+}
+
+/// Folds `kept` into `place` without refilling either (for any limits).
+fn merge_raw(place: &mut [BucketState], kept: &[BucketState]) {
+    for (place, kept) in place.iter_mut().zip(kept) {
+        *place = bucket::fewest(*place, *kept);
     }
 }
 
@@ -148,12 +189,15 @@ impl Table {
 }
 
 impl Places {
-    /// Whether every place, refilled to `now`, equals a fresh bucket.
-    fn idle(&self, table: &Table, now: Micros) -> bool {
-        table
-            .states
-            .chunks_exact(self.params.len())
-            .all(|place| idle(place, &self.params, now))
+    /// Whether the set may be dropped at `now`: nothing folded in within
+    /// [`RECENT`], and every place, refilled to `now` under the set's
+    /// limits, equal to a fresh bucket.
+    fn spent(&self, table: &Table, now: Micros) -> bool {
+        now.saturating_sub(table.last) >= RECENT
+            && table
+                .tight
+                .chunks_exact(self.params.len())
+                .all(|place| idle(place, &self.params, now))
     }
 }
 
@@ -161,7 +205,7 @@ impl Spills {
     pub(crate) fn new() -> Self {
         Self {
             by_resource: RwLock::new(HashMap::new()),
-            shared: Mutex::new((0..SHARED).map(|_| None).collect()),
+            shared: Mutex::new((0..SHARED).map(|_| Vec::new()).collect()),
             any: AtomicBool::new(false),
             used: AtomicUsize::new(0),
             folded: AtomicU64::new(0),
@@ -169,7 +213,7 @@ impl Spills {
     }
 
     /// How many places the sets of a store bounded at `max` states hold
-    /// at most: as many as the bound (24 bytes a bucket each), within
+    /// at most: as many as the bound (48 bytes a bucket each), within
     /// [`MIN_BUDGET`] and [`MAX_BUDGET`].
     pub(crate) fn budget_for(max: usize) -> usize {
         max.next_power_of_two().clamp(MIN_BUDGET, MAX_BUDGET)
@@ -214,8 +258,10 @@ impl Spills {
         let made = Arc::new(Places {
             params: params.into(),
             table: Mutex::new(Table {
-                states: vec![EMPTY; size * params.len()].into_boxed_slice(),
+                tight: vec![EMPTY; size * params.len()].into_boxed_slice(),
+                raw: vec![EMPTY; size * params.len()].into_boxed_slice(),
                 mask: size - 1,
+                last: 0,
                 retired: false,
             }),
         });
@@ -226,8 +272,8 @@ impl Spills {
 
     /// Folds `state` (made for `spec`, of the key with table hash `hash`
     /// under `resource`) into its place, as of `now`; the sets hold at
-    /// most `budget` places. False when the state must be kept: no room
-    /// for its set, and its shared place held under other limits.
+    /// most `budget` places, and past that the state goes to its shared
+    /// place.
     pub(crate) fn fold(
         &self,
         resource: &Arc<str>,
@@ -236,32 +282,32 @@ impl Spills {
         spec: &LimitSpec,
         now: Micros,
         budget: usize,
-    ) -> bool {
+    ) {
         let n = spec.buckets.len();
         if n == 0 || state.buckets.len() != n {
             // Nothing a rate limit counts (a concurrency limit alone,
             // whose slots are all free): dropping it loses nothing.
-            return true;
+            return;
         }
         let params: Vec<BucketParams> = params_of(spec).copied().collect();
         // A set retired between its lookup and its lock is looked up (and
         // made) again; a retired set is never written.
-        let folded = loop {
+        loop {
             let Some(places) = self.set_for(resource, &params, budget) else {
-                break self.fold_shared(hash, &state.buckets, &params, now);
+                self.fold_shared(hash, &state.buckets, &params, now);
+                break;
             };
             let mut table = places.table.lock();
             if table.retired {
                 continue;
             }
             let at = table.range(hash, n);
-            merge(&mut table.states[at], &state.buckets, &params);
-            break true;
-        };
-        if folded {
-            self.folded.fetch_add(1, Ordering::Relaxed);
+            merge(&mut table.tight[at.clone()], &state.buckets, &params);
+            merge_raw(&mut table.raw[at], &state.buckets);
+            table.last = table.last.max(now);
+            break;
         }
-        folded
+        self.folded.fetch_add(1, Ordering::Relaxed);
     }
 
     /// [`Spills::fold`] into the shared place of `hash`.
@@ -271,21 +317,22 @@ impl Spills {
         buckets: &[BucketState],
         params: &[BucketParams],
         now: Micros,
-    ) -> bool {
+    ) {
         let mut shared = self.shared.lock();
         let place = &mut shared[hash as usize % SHARED];
-        match place {
-            Some(held) if *held.params == *params => merge(&mut held.states, buckets, params),
-            Some(held) if !idle(&held.states, &held.params, now) => return false,
-            _ => {
-                *place = Some(Held {
-                    params: params.into(),
-                    states: buckets.into(),
-                })
+        match place.iter_mut().find(|h| h.raw.len() == buckets.len()) {
+            Some(held) => {
+                merge_raw(&mut held.raw, buckets);
+                slowest(&mut held.slowest, params);
+                held.last = held.last.max(now);
             }
+            None => place.push(Held {
+                raw: buckets.into(),
+                slowest: params.into(),
+                last: now,
+            }),
         }
         self.any.store(true, Ordering::Release);
-        true
     }
 
     /// Drops the sets whose places have all refilled by `now`, and empties
@@ -299,7 +346,7 @@ impl Spills {
         map.retain(|_, sets| {
             sets.retain(|places| {
                 let mut table = places.table.lock();
-                if !places.idle(&table, now) {
+                if !places.spent(&table, now) {
                     return true;
                 }
                 table.retired = true;
@@ -310,12 +357,10 @@ impl Spills {
         });
         let mut shared = self.shared.lock();
         for place in shared.iter_mut() {
-            if matches!(place, Some(held) if idle(&held.states, &held.params, now)) {
-                *place = None;
-            }
+            place.retain(|held| !held.spent(now));
         }
         // Both locks held: nothing is folded meanwhile.
-        if map.is_empty() && shared.iter().all(Option::is_none) {
+        if map.is_empty() && shared.iter().all(Vec::is_empty) {
             self.any.store(false, Ordering::Release);
         }
     }
@@ -364,13 +409,23 @@ impl Spills {
             .unwrap_or_default();
         for places in sets {
             let table = places.table.lock();
-            narrow(&mut buckets, &table.states[table.range(hash, n)], spec, now);
+            let at = table.range(hash, n);
+            let same = params_of(spec).eq(places.params.iter());
+            let place = if same {
+                &table.tight[at]
+            } else {
+                &table.raw[at]
+            };
+            narrow(&mut buckets, place, spec, now);
         }
-        if let Some(held) = &self.shared.lock()[hash as usize % SHARED] {
-            if held.params.len() == n {
-                narrow(&mut buckets, &held.states, spec, now);
-            }
+        let shared = self.shared.lock();
+        if let Some(held) = shared[hash as usize % SHARED]
+            .iter()
+            .find(|h| h.raw.len() == n)
+        {
+            narrow(&mut buckets, &held.raw, spec, now);
         }
+        drop(shared);
         if idle(&buckets, &params_of(spec).copied().collect::<Vec<_>>(), now) {
             return None;
         }

@@ -1,7 +1,7 @@
 //! The state bound with keys of several limits under one resource part
 //! (tiers of keyed calls, or states made before a reload): a place is
-//! judged and merged under the limits it was made for, and read under a
-//! reload's new limits as a state kept in the table is.
+//! judged and merged under the limits it was made for, and read under
+//! other limits in its raw form, which holds no refill under its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -242,4 +242,92 @@ fn threads_with_time_passing_never_pass_a_keys_limit() {
         assert!(n <= most, "hot-{h} allowed {n}, at most {most}");
     }
     eprintln!("folded {} elapsed {elapsed}", b.folded());
+}
+
+/// A place merged under limits F (5 a second) and read after a reload to
+/// S (5 a minute): the table refills a kept state lazily, under the
+/// limits of its next call, so it holds ~0 tokens; the place is read in
+/// its raw form (no refill under F), and holds ~0 too. Within 0.9 s of
+/// the drain the victim is not idle under F, so the table would have kept
+/// it.
+#[test]
+fn a_place_merged_under_fast_limits_is_read_raw_under_slower_ones() {
+    let mut handed = 0;
+    for _ in 0..10 {
+        let clock = ManualClock::new();
+        clock.set(1_000_000_000);
+        let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+        let c = MemoryBackend::with_clock(clock.clone()); // control: keeps every state
+        let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
+        let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
+        assert_eq!(tries(&b, "api:victim", &fast, 9), 5);
+        assert_eq!(tries(&c, "api:victim", &fast, 9), 5);
+        // Other tenants, one call each, 500 us apart, over 0.9 s.
+        for i in 0..1_800 {
+            clock.advance(Duration::from_micros(500));
+            tries(&b, &format!("api:f-{i}"), &fast, 1);
+        }
+        assert!(b.state("api:victim").is_none(), "folded");
+        // Reload: the resource part's limits are now 5 a minute.
+        let kept = tries(&c, "api:victim", &slow, 5);
+        assert_eq!(kept, 0, "the table keeps it drained");
+        handed += tries(&b, "api:victim", &slow, 5);
+    }
+    assert_eq!(
+        handed, 0,
+        "a drained tenant, read under 5/min 0.9 s later: {handed} tokens over 10 runs"
+    );
+}
+
+/// A set is kept while anything was folded into it within the table's
+/// RECENT (50 ms), idle or not: the table keeps a state that long, and a
+/// reload to slower limits reads it.
+#[test]
+fn a_set_folded_into_within_recent_is_kept_for_a_reload() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let quick = spec(Limits::new().rate(RateLimit::per(5, Duration::from_millis(5))));
+    let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
+    assert_eq!(tries(&b, "api:victim", &quick, 9), 5);
+    clock.advance(Duration::from_micros(1));
+    for i in 0..63 {
+        tries(&b, &format!("api:k-{i}"), &quick, 1);
+    }
+    clock.advance(Duration::from_millis(10));
+    let before = b.folded();
+    let mut i = 0;
+    while b.folded() == before {
+        tries(&b, &format!("api:n-{i}"), &quick, 1);
+        i += 1;
+    }
+    assert!(b.state("api:victim").is_none(), "folded");
+    // Control: the same store's table would keep the victim (used 10 ms
+    // ago, < RECENT), and reading it under 5/min gives ~0 tokens.
+    let got = tries(&b, "api:victim", &slow, 5);
+    assert_eq!(
+        got, 0,
+        "folded victim came back with {got} tokens 10 ms after draining"
+    );
+}
+
+/// With the places' budget spent, the states of resource parts of twelve
+/// limits share the shared places (raw form, judged under the slowest
+/// refill and largest burst folded in): the store stays at its bound.
+#[test]
+fn resource_parts_of_many_limits_stay_within_the_bound() {
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let specs: Vec<LimitSpec> = (0..12)
+        .map(|j| spec(Limits::new().rate(RateLimit::per_minute(5 + j))))
+        .collect();
+    let mut most = 0;
+    for i in 0..30_000usize {
+        clock.advance(Duration::from_micros(1));
+        let j = i % 12;
+        tries(&b, &format!("r{j}:{i}"), &specs[j], 1);
+        most = most.max(b.len());
+    }
+    assert!(most <= 65, "bound 64, held {most}");
 }
