@@ -353,9 +353,8 @@ impl MemoryBackend {
     /// bound, nor give any key a fresh bucket; a flood heavy enough to fill
     /// the places is denied rather than let through (see the `spill`
     /// module), while the keys in use stay held. States holding slots are
-    /// never dropped, nor (rarely) a state whose place is held under other
-    /// limits once the places' budget is spent, so the bound can be passed
-    /// by those.
+    /// never dropped, so the bound can be passed by as many as the slots
+    /// held.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;
