@@ -353,8 +353,8 @@ impl MemoryBackend {
     /// bound, nor give any key a fresh bucket; a flood heavy enough to fill
     /// the places is denied rather than let through (see the `spill`
     /// module), while the keys in use stay held. States holding slots are
-    /// never dropped, so the bound can be passed by as many as the slots
-    /// held.
+    /// never dropped, nor a registered resource's own state, so the bound
+    /// can be passed by as many as those.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;
