@@ -2,33 +2,14 @@
 //! within it, and a key dropped at the bound comes back with no more than
 //! it had (no limit is multiplied by dropping its state).
 
-use std::sync::Arc;
+mod bound_support;
+
 use std::time::Duration;
 
+use bound_support::{bounded, clock, hold, take, BOUND};
 use broker_core::keys::keyed;
 use broker_core::{Backend, Cost, Limits, ManualClock, RateLimit, ResourceBroker};
 use broker_memory::MemoryBackend;
-
-const BOUND: usize = 64;
-
-fn bounded(clock: &ManualClock) -> (Arc<MemoryBackend>, ResourceBroker) {
-    let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(BOUND));
-    let shared: Arc<dyn Backend> = backend.clone();
-    (backend, ResourceBroker::from_arc(shared))
-}
-
-/// `n` tries of tenant `key`; how many were allowed.
-fn take(broker: &ResourceBroker, key: &str, n: usize) -> usize {
-    (0..n)
-        .filter(|_| {
-            broker
-                .try_acquire_now(("tenant", key), Cost::default())
-                .expect("in-memory answers at once")
-                .unwrap()
-                .allowed
-        })
-        .count()
-}
 
 /// One try each of `keys` new keys; how many were allowed.
 fn flood(broker: &ResourceBroker, keys: usize) -> usize {
@@ -43,8 +24,7 @@ fn five_a_minute() -> Limits {
 
 #[test]
 fn a_flood_of_new_keys_stays_within_the_bound() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let (backend, broker) = bounded(&clock);
     broker.register_limit("tenant", five_a_minute()).unwrap();
     let mut most = 0;
@@ -59,8 +39,7 @@ fn a_flood_of_new_keys_stays_within_the_bound() {
 
 #[test]
 fn a_key_dropped_at_the_bound_comes_back_with_no_more_than_it_had() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let (backend, broker) = bounded(&clock);
     broker.register_limit("tenant", five_a_minute()).unwrap();
     assert_eq!(take(&broker, "drained", 9), 5);
@@ -99,21 +78,11 @@ fn a_key_dropped_at_the_bound_comes_back_with_no_more_than_it_had() {
 
 #[test]
 fn a_state_holding_a_slot_is_never_dropped() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let (backend, broker) = bounded(&clock);
     let limits = five_a_minute().max_concurrent(1);
     broker.register_limit("tenant", limits).unwrap();
-    let held: Vec<_> = (0..10)
-        .map(|i| {
-            let a = broker
-                .try_acquire_now(("tenant", format!("holder-{i}").as_str()), Cost::default())
-                .unwrap()
-                .unwrap();
-            assert!(a.allowed && a.permit.is_held());
-            a.permit
-        })
-        .collect();
+    let held = hold(&broker, "holder", 10);
     for i in 0..200 {
         let key = format!("flood-{i}");
         let mut a = broker
@@ -144,8 +113,7 @@ fn a_state_holding_a_slot_is_never_dropped() {
 /// A state of several rate limits is folded bucket by bucket.
 #[test]
 fn every_bucket_of_a_dropped_state_is_kept() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let (backend, broker) = bounded(&clock);
     let limits = Limits::new()
         .rate(RateLimit::per_second(100).with_burst(100))
@@ -201,23 +169,13 @@ fn a_fold_of_a_state_of_another_bucket_count_keeps_the_places() {
 }
 
 fn slot_scenario() -> usize {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let (backend, broker) = bounded(&clock);
     let old = Limits::new()
         .rate(RateLimit::per_minute(5))
         .max_concurrent(10);
     broker.register_limit("tenant", old).unwrap();
-    let held: Vec<_> = (0..20)
-        .map(|i| {
-            let a = broker
-                .try_acquire_now(("tenant", format!("long-{i}").as_str()), Cost::default())
-                .unwrap()
-                .unwrap();
-            assert!(a.allowed && a.permit.is_held());
-            a.permit
-        })
-        .collect();
+    let held = hold(&broker, "long", 20);
     clock.advance(Duration::from_millis(1));
     // Reload: one more limit.
     let new = Limits::new()
@@ -250,8 +208,7 @@ fn slot_scenario() -> usize {
 fn a_reload_that_adds_a_limit_keeps_drained_tenants_drained() {
     let mut refilled = 0;
     for _ in 0..20 {
-        let clock = ManualClock::new();
-        clock.set(1_000_000_000);
+        let clock = clock();
         let (_backend, broker) = bounded(&clock);
         broker
             .register_limit("tenant", Limits::new().rate(RateLimit::per_minute(5)))
@@ -282,8 +239,7 @@ fn a_reload_that_adds_a_limit_keeps_drained_tenants_drained() {
 fn the_least_recently_used_state_is_folded_first() {
     let mut survived = 0;
     for _ in 0..20 {
-        let clock = ManualClock::new();
-        clock.set(1_000_000_000);
+        let clock = clock();
         let (backend, broker) = bounded(&clock);
         broker
             .register_limit("tenant", Limits::new().rate(RateLimit::per_minute(5)))
@@ -311,8 +267,7 @@ fn the_least_recently_used_state_is_folded_first() {
 /// drained, and waits its own refill.
 #[test]
 fn a_resource_part_past_the_budget_comes_back_drained() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let backend = MemoryBackend::with_clock(clock.clone()).max_states(BOUND);
     let spec = broker_core::LimitSpec::new(&five_a_minute(), Duration::from_secs(60));
     let try_once = |key: &str| {

@@ -6,23 +6,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+mod bound_support;
+
+use bound_support::{bounded, clock, hold, spec, take, tries};
+use broker_core::{Backend, LimitSpec, Limits, ManualClock, RateLimit};
 use broker_memory::MemoryBackend;
-
-fn spec(l: Limits) -> LimitSpec {
-    LimitSpec::new(&l, Duration::from_secs(60))
-}
-
-fn tries(b: &MemoryBackend, key: &str, s: &LimitSpec, n: usize) -> usize {
-    (0..n)
-        .filter(|_| {
-            b.try_acquire_now(key, s, Cost::default())
-                .unwrap()
-                .unwrap()
-                .allowed
-        })
-        .count()
-}
 
 /// Two tiers of tenants under one resource part ("api"), both one
 /// bucket: 5 a minute and 5 a second. A slow tenant drained and folded,
@@ -31,8 +19,7 @@ fn tries(b: &MemoryBackend, key: &str, s: &LimitSpec, n: usize) -> usize {
 /// still drained (at 5 a minute, 0.17 of a token has come back).
 #[test]
 fn a_set_is_judged_by_its_own_limits_not_another_tiers() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
     let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
     let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
@@ -65,8 +52,7 @@ fn a_set_is_judged_by_its_own_limits_not_another_tiers() {
 async fn a_fold_under_other_limits_never_refills_a_drained_place() {
     let mut handed = 0;
     for _ in 0..10 {
-        let clock = ManualClock::new();
-        clock.set(1_000_000_000);
+        let clock = clock();
         let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
         let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
         let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
@@ -99,8 +85,7 @@ async fn a_fold_under_other_limits_never_refills_a_drained_place() {
 /// has 0 too.
 #[test]
 fn a_key_in_a_shared_place_comes_back_as_the_table_would_keep_it() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
     let old = spec(Limits::new().rate(RateLimit::per_minute(5)));
     let new = spec(Limits::new().rate(RateLimit::per(10, Duration::from_secs(120))));
@@ -132,38 +117,14 @@ fn a_key_in_a_shared_place_comes_back_as_the_table_would_keep_it() {
 #[test]
 fn a_reload_that_tightens_a_limit_keeps_drained_tenants_drained() {
     use broker_core::keys::keyed;
-    use broker_core::ResourceBroker;
-    use std::sync::Arc;
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
-    let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(64));
-    let shared: Arc<dyn Backend> = backend.clone();
-    let broker = ResourceBroker::from_arc(shared);
-    let take = |key: &str, n: usize| {
-        (0..n)
-            .filter(|_| {
-                broker
-                    .try_acquire_now(("tenant", key), Cost::default())
-                    .unwrap()
-                    .unwrap()
-                    .allowed
-            })
-            .count()
-    };
+    let clock = clock();
+    let (backend, broker) = bounded(&clock);
+    let take = |key: &str, n: usize| take(&broker, key, n);
     let old = Limits::new()
         .rate(RateLimit::per_second(5))
         .max_concurrent(10);
     broker.register_limit("tenant", old).unwrap();
-    let held: Vec<_> = (0..20)
-        .map(|i| {
-            let a = broker
-                .try_acquire_now(("tenant", format!("long-{i}").as_str()), Cost::default())
-                .unwrap()
-                .unwrap();
-            assert!(a.allowed && a.permit.is_held());
-            a.permit
-        })
-        .collect();
+    let held = hold(&broker, "long", 20);
     clock.advance(Duration::from_millis(1));
     let new = Limits::new()
         .rate(RateLimit::per_minute(5))
@@ -254,8 +215,7 @@ fn threads_with_time_passing_never_pass_a_keys_limit() {
 fn a_place_merged_under_fast_limits_is_read_raw_under_slower_ones() {
     let mut handed = 0;
     for _ in 0..10 {
-        let clock = ManualClock::new();
-        clock.set(1_000_000_000);
+        let clock = clock();
         let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
         let c = MemoryBackend::with_clock(clock.clone()); // control: keeps every state
         let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
@@ -284,8 +244,7 @@ fn a_place_merged_under_fast_limits_is_read_raw_under_slower_ones() {
 /// reload to slower limits reads it.
 #[test]
 fn a_set_folded_into_within_recent_is_kept_for_a_reload() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
     let quick = spec(Limits::new().rate(RateLimit::per(5, Duration::from_millis(5))));
     let slow = spec(Limits::new().rate(RateLimit::per_minute(5)));
@@ -316,8 +275,7 @@ fn a_set_folded_into_within_recent_is_kept_for_a_reload() {
 /// refill and largest burst folded in): the store stays at its bound.
 #[test]
 fn resource_parts_of_many_limits_stay_within_the_bound() {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
+    let clock = clock();
     let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
     let specs: Vec<LimitSpec> = (0..12)
         .map(|j| spec(Limits::new().rate(RateLimit::per_minute(5 + j))))
