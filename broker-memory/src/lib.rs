@@ -13,10 +13,10 @@
 //! the registration that decides on it, which then reaches it without the
 //! hash, the lookup or the shard's lock (see `pinned`). Idle states (equal
 //! to a fresh bucket) are evicted, and the number of states is bounded
-//! ([`MemoryBackend::max_states`]): past the bound, the least recently
-//! used states are folded into a fixed table that never hands a key back
-//! more than it had (see `spill`), so memory stays bounded when keys are
-//! not.
+//! ([`MemoryBackend::max_states`]): past the bound, the states least
+//! recently taken from are folded into a fixed table that never hands a
+//! key back more than it had (see `spill`), so memory stays bounded when
+//! keys are not.
 #![warn(missing_docs)]
 
 mod backoff;
