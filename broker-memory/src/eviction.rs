@@ -104,7 +104,7 @@ pub(crate) fn fold_to(
         if used > cutoff || (used == cutoff && ties == 0) {
             return true;
         }
-        let hash = states.hash_of(k.as_ref());
+        let hash = states.hash(k.as_ref());
         let state = e.state.get().to_state();
         spills.fold(k.resource(), hash, &state, &e.spec, now, budget);
         if used == cutoff {
@@ -133,16 +133,16 @@ pub(crate) struct Sweeper {
 
 impl Default for Sweeper {
     fn default() -> Self {
-        let s = Self {
+        // What `set_max(DEFAULT_MAX_STATES)` sets on an empty store (the
+        // default bound is above `MIN_SWEEP_LEN`).
+        Self {
             len: AtomicUsize::new(0),
             threshold: AtomicUsize::new(MIN_SWEEP_LEN),
             floor: AtomicUsize::new(MIN_SWEEP_LEN),
             max: AtomicUsize::new(DEFAULT_MAX_STATES),
             last: AtomicU64::new(0),
             running: AtomicBool::new(false),
-        };
-        s.set_max(DEFAULT_MAX_STATES);
-        s
+        }
     }
 }
 

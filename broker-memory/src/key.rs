@@ -193,7 +193,7 @@ mod tests {
             &broker_core::Limits::new().rate(broker_core::RateLimit::per_second(1)),
             std::time::Duration::from_secs(1),
         ));
-        let entry = || crate::Entry {
+        let entry = |_| crate::Entry {
             state: crate::Slot::Table(crate::Stored::full(
                 broker_core::state::ResourceState::fresh(&spec, 0),
             )),

@@ -461,10 +461,10 @@ impl Store {
         let (result, inserted) = self.states.upsert(
             key,
             || key.to_owned_with(resource),
-            || Entry {
+            |hash| Entry {
                 state: Slot::Table(
                     self.spills
-                        .restore(key.resource, self.states.hash_of(key), spec, now)
+                        .restore(key.resource, hash, spec, now)
                         .unwrap_or_else(|| Stored::fresh(spec, now)),
                 ),
                 spec: shared(),

@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use broker_core::bucket::{self, BucketParams, BucketState};
-use broker_core::state::{LimitSpec, ResourceState};
+use broker_core::state::{self, LimitSpec, ResourceState};
 use broker_core::Micros;
 use parking_lot::{Mutex, RwLock};
 
@@ -170,10 +170,11 @@ fn merge_raw(place: &mut [BucketState], kept: &[BucketState]) {
 }
 
 /// Narrows `into` (made for `spec`, at `now`) to `place`, read under
-/// `spec`'s limits as a state kept across a reload is.
-fn narrow(into: &mut [BucketState], place: &[BucketState], spec: &LimitSpec, now: Micros) {
+/// `spec`'s limits as a state kept across a reload is (`tighter` refills
+/// it to `now` under them).
+fn narrow(into: &mut [BucketState], place: &[BucketState], spec: &LimitSpec) {
     for ((b, read), p) in into.iter_mut().zip(place).zip(params_of(spec)) {
-        *b = bucket::tighter(*b, bucket::refill(*read, p, now), p);
+        *b = bucket::tighter(*b, *read, p);
     }
 }
 
@@ -416,25 +417,26 @@ impl Spills {
             } else {
                 &table.raw[at]
             };
-            narrow(&mut buckets, place, spec, now);
+            narrow(&mut buckets, place, spec);
         }
         let shared = self.shared.lock();
         if let Some(held) = shared[hash as usize % SHARED]
             .iter()
             .find(|h| h.raw.len() == n)
         {
-            narrow(&mut buckets, &held.raw, spec, now);
+            narrow(&mut buckets, &held.raw, spec);
         }
         drop(shared);
-        if idle(&buckets, &params_of(spec).copied().collect::<Vec<_>>(), now) {
+        let restored = ResourceState {
+            buckets,
+            leases: Vec::new(),
+        };
+        if state::is_idle(&restored, spec, now) {
             return None;
         }
-        Some(match buckets.as_slice() {
+        Some(match restored.buckets.as_slice() {
             [b] if one_bucket(spec) => Stored::One(BucketCell::new(*b)),
-            _ => Stored::full(ResourceState {
-                buckets,
-                leases: Vec::new(),
-            }),
+            _ => Stored::full(restored),
         })
     }
 }

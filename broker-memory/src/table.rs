@@ -71,8 +71,11 @@ impl States {
         }
     }
 
+    /// The hash `key` is found by: random per table, so a client cannot
+    /// pick keys that share one (see [`crate::spill`], which places a
+    /// dropped state by it).
     #[inline]
-    fn hash(&self, key: KeyRef<'_>) -> u64 {
+    pub(crate) fn hash(&self, key: KeyRef<'_>) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write_u64(key.resource_hash ^ key.kind as u64);
         h.write(key.sub);
@@ -119,14 +122,15 @@ impl States {
     }
 
     /// Runs `f` on the entry of `key` under its shard's write lock, inserting
-    /// `make()` under the key `owned()` when there is none; true in the
+    /// `make(hash)` (`hash`: the key's [`States::hash`]) under the key
+    /// `owned()` when there is none; true in the
     /// second place when it inserted.
     #[inline]
     pub(crate) fn upsert<R>(
         &self,
         key: KeyRef<'_>,
         owned: impl FnOnce() -> StateKey,
-        make: impl FnOnce() -> Entry,
+        make: impl FnOnce(u64) -> Entry,
         f: impl FnOnce(&mut Entry) -> R,
     ) -> (R, bool) {
         let hash = self.hash(key);
@@ -137,21 +141,13 @@ impl States {
             return (f(e), false);
         }
         let rehash = |Row(k, _): &Row| self.hash(k.as_ref());
-        let mut slot = shard.insert_unique(hash, Row(owned(), make()), rehash);
+        let mut slot = shard.insert_unique(hash, Row(owned(), make(hash)), rehash);
         (f(&mut slot.get_mut().1), true)
     }
 
     /// Number of entries (each shard counted under its lock in turn).
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.0.read().len()).sum()
-    }
-
-    /// The hash `key` is found by: random per table, so a client cannot
-    /// pick keys that share one (see [`crate::spill`], which places a
-    /// dropped state by it).
-    #[inline]
-    pub(crate) fn hash_of(&self, key: KeyRef<'_>) -> u64 {
-        self.hash(key)
     }
 
     /// Runs `f` on every entry, one shard at a time under its read lock.
@@ -212,7 +208,7 @@ mod tests {
                 states.upsert(
                     key,
                     || key.to_owned_with(None),
-                    || Entry {
+                    |_| Entry {
                         spec: spec.clone(),
                         state: Slot::Table(Stored::fresh(&spec, 0)),
                     },
