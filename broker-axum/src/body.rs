@@ -27,19 +27,28 @@ use pin_project_lite::pin_project;
 /// body, map the inner service's responses into one of these (e.g.
 /// `ServiceBuilder::map_response_body(BodyExt::boxed)`).
 pub trait PermitBody: Sized {
+    /// Makes this body hold `permit` until it ends, fails or is dropped,
+    /// in place (the response around it is not moved).
+    fn hold(&mut self, permit: Permit);
+
     /// This body, holding `permit` until it ends, fails or is dropped.
-    fn with_permit(self, permit: Permit) -> Self;
+    fn with_permit(mut self, permit: Permit) -> Self {
+        self.hold(permit);
+        self
+    }
 
     /// A body of fixed bytes.
     fn from_bytes(bytes: Bytes) -> Self;
 }
 
 impl PermitBody for axum::body::Body {
-    fn with_permit(self, permit: Permit) -> Self {
-        // Boxed as the `UnsyncBoxBody<Bytes, axum::Error>` axum's body is
-        // made of, so `Body::new` takes it as is (no second box, no error
-        // mapping layer).
-        axum::body::Body::new(HeldBody::new(self, permit).boxed_unsync())
+    fn hold(&mut self, permit: Permit) {
+        // The empty body put in meanwhile is a box of nothing: no
+        // allocation. Boxed as the `UnsyncBoxBody<Bytes, axum::Error>`
+        // axum's body is made of, so `Body::new` takes it as is (no second
+        // box, no error mapping layer).
+        let body = std::mem::take(self);
+        *self = axum::body::Body::new(HeldBody::new(body, permit).boxed_unsync());
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -51,8 +60,10 @@ impl<E> PermitBody for BoxBody<Bytes, E>
 where
     E: 'static,
 {
-    fn with_permit(self, permit: Permit) -> Self {
-        HeldBody::new(self, permit).boxed()
+    fn hold(&mut self, permit: Permit) {
+        // The default body is an empty one, a box of nothing: no allocation.
+        let body = std::mem::take(self);
+        *self = HeldBody::new(body, permit).boxed();
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -64,8 +75,9 @@ impl<E> PermitBody for UnsyncBoxBody<Bytes, E>
 where
     E: 'static,
 {
-    fn with_permit(self, permit: Permit) -> Self {
-        HeldBody::new(self, permit).boxed_unsync()
+    fn hold(&mut self, permit: Permit) {
+        let body = std::mem::take(self);
+        *self = HeldBody::new(body, permit).boxed_unsync();
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -76,12 +88,11 @@ where
 }
 
 impl<B> PermitBody for PressureBody<B> {
-    fn with_permit(mut self, permit: Permit) -> Self {
+    fn hold(&mut self, permit: Permit) {
         match self.permit {
             None => self.permit = Some(permit),
             Some(_) => self.more.push(permit),
         }
-        self
     }
 
     fn from_bytes(bytes: Bytes) -> Self {

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Permit, Verdict};
@@ -422,76 +422,117 @@ where
 {
     type Output = Result<Response<ResB>, S::Error>;
 
+    /// The inner call's poll, in line (the common state): its output is
+    /// returned where it was written, with the permit put in the body and
+    /// the refund looked for in place; every other state is polled out of
+    /// line.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         loop {
-            match state.as_mut().project() {
-                StateProj::Admitting { acquire, call } => {
-                    let answer = ready!(acquire.as_mut().poll(cx));
-                    let call = call.take().expect("ResponseFuture polled after completion");
-                    let Call {
-                        mut inner,
-                        req,
-                        stage,
-                    } = *call;
-                    let Answer {
-                        result,
-                        tenant,
-                        policy,
-                    } = answer;
-                    let tenant = tenant.as_ref().map(TenantId::as_str);
-                    let verdict = match policy.limited(stage) {
-                        Some(limited) => judge(&policy, stage, limited, result, tenant),
-                        None => Ok(Permit::empty()),
+            let StateProj::Calling {
+                fut,
+                permit,
+                connect,
+                refundable,
+            } = state.as_mut().project()
+            else {
+                match Self::poll_other(state.as_mut(), cx) {
+                    Some(out) => return out,
+                    None => continue,
+                }
+            };
+            if !permit.is_held() && refundable.is_none() {
+                // Nothing to add to the response: pass it as is.
+                return fut.poll(cx);
+            }
+            let mut out = fut.poll(cx);
+            let Poll::Ready(Ok(res)) = &mut out else {
+                return out;
+            };
+            // Released here, at once, unless the body takes it along.
+            let permit = std::mem::take(permit);
+            if permit.is_held() && !is_long_lived(*connect, res) {
+                res.body_mut().hold(permit);
+            }
+            if let Some(refund_of) = refundable.take() {
+                if let Some(refund) = refund_for(res, refund_of) {
+                    let Poll::Ready(Ok(res)) = out else {
+                        unreachable!("matched above")
                     };
-                    let refundable = policy.refund_for(stage);
-                    state.set(Self::decided(verdict, refundable, &mut inner, req).state);
+                    state.set(State::Refunding {
+                        refund,
+                        response: Some(Box::new(res)),
+                    });
+                    continue;
                 }
-                StateProj::Refunding { refund, response } => {
-                    ready!(refund.as_mut().poll(cx));
-                    let response = response.take();
-                    return Poll::Ready(Ok(
-                        *response.expect("ResponseFuture polled after completion")
-                    ));
+            }
+            return out;
+        }
+    }
+}
+
+/// The refund of the route/service stage `refund_of` when `res` is a
+/// denial by the tenant stage of the same policy.
+#[inline]
+fn refund_for<B>(res: &Response<B>, refund_of: Refund) -> Option<RefundFuture> {
+    let denied = res.extensions().get::<TenantDenied>()?;
+    (denied.policy.id == refund_of.policy)
+        .then(|| Box::pin(refund(denied.policy.clone(), refund_of.stage)) as RefundFuture)
+}
+
+impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
+{
+    /// Polls a state other than the inner call: its output, or `None`
+    /// once it has moved on to the inner call (to be polled next).
+    #[inline(never)]
+    fn poll_other(
+        mut state: Pin<&mut State<S, ReqB, ResB>>,
+        cx: &mut Context<'_>,
+    ) -> Option<Poll<Result<Response<ResB>, S::Error>>> {
+        match state.as_mut().project() {
+            StateProj::Admitting { acquire, call } => {
+                let Poll::Ready(answer) = acquire.as_mut().poll(cx) else {
+                    return Some(Poll::Pending);
+                };
+                let call = call.take().expect("ResponseFuture polled after completion");
+                let Call {
+                    mut inner,
+                    req,
+                    stage,
+                } = *call;
+                let Answer {
+                    result,
+                    tenant,
+                    policy,
+                } = answer;
+                let tenant = tenant.as_ref().map(TenantId::as_str);
+                let verdict = match policy.limited(stage) {
+                    Some(limited) => judge(&policy, stage, limited, result, tenant),
+                    None => Ok(Permit::empty()),
+                };
+                let refundable = policy.refund_for(stage);
+                state.set(Self::decided(verdict, refundable, &mut inner, req).state);
+                None
+            }
+            StateProj::Refunding { refund, response } => {
+                if refund.as_mut().poll(cx).is_pending() {
+                    return Some(Poll::Pending);
                 }
-                StateProj::Calling {
-                    fut,
-                    permit,
-                    connect,
-                    refundable,
-                } => {
-                    if !permit.is_held() && refundable.is_none() {
-                        // Nothing to add to the response: pass it as is.
-                        return fut.poll(cx);
-                    }
-                    let mut res = ready!(fut.poll(cx))?;
-                    // Released here, at once, unless the body takes it along.
-                    let permit = std::mem::take(permit);
-                    if permit.is_held() && !is_long_lived(*connect, &res) {
-                        res = res.map(|b| b.with_permit(permit));
-                    }
-                    if let Some(refund_of) = refundable.take() {
-                        if let Some(denied) = res.extensions().get::<TenantDenied>() {
-                            if denied.policy.id == refund_of.policy {
-                                state.set(State::Refunding {
-                                    refund: Box::pin(refund(
-                                        denied.policy.clone(),
-                                        refund_of.stage,
-                                    )),
-                                    response: Some(Box::new(res)),
-                                });
-                                continue;
-                            }
-                        }
-                    }
-                    return Poll::Ready(Ok(res));
-                }
-                StateProj::Answered { refusal } => {
-                    let refusal = refusal.take();
-                    return Poll::Ready(Ok(refusal
-                        .expect("ResponseFuture polled after completion")
-                        .respond()));
-                }
+                let response = response.take();
+                Some(Poll::Ready(Ok(
+                    *response.expect("ResponseFuture polled after completion")
+                )))
+            }
+            StateProj::Calling { .. } => None,
+            StateProj::Answered { refusal } => {
+                let refusal = refusal.take();
+                Some(Poll::Ready(Ok(refusal
+                    .expect("ResponseFuture polled after completion")
+                    .respond())))
             }
         }
     }
