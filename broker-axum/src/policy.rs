@@ -265,6 +265,7 @@ impl Policy {
     }
 
     /// Whether the tenant stage limits anything.
+    #[inline]
     pub(crate) fn has_tenant_stage(&self) -> bool {
         self.tenant_stage().is_some()
     }
