@@ -25,7 +25,9 @@ use pin_project_lite::pin_project;
 /// Implemented for `axum::body::Body`, http-body-util's [`BoxBody`] and
 /// [`UnsyncBoxBody`] over [`Bytes`], and [`PressureBody`]. For any other
 /// body, map the inner service's responses into one of these (e.g.
-/// `ServiceBuilder::map_response_body(BodyExt::boxed)`).
+/// `ServiceBuilder::map_response_body(BodyExt::boxed)`), or implement
+/// this trait: [`PermitBody::hold`] and [`PermitBody::from_bytes`]
+/// ([`PermitBody::with_permit`] is provided).
 pub trait PermitBody: Sized {
     /// Makes this body hold `permit` until it ends, fails or is dropped,
     /// in place (the response around it is not moved).

@@ -487,7 +487,8 @@ where
     ResB: PermitBody,
 {
     /// Polls a state other than the inner call: its output, or `None`
-    /// once it has moved on to the inner call (to be polled next).
+    /// once it has moved on to another state (the inner call, or the
+    /// answer to a refusal), to be polled next.
     #[inline(never)]
     fn poll_other(
         mut state: Pin<&mut State<S, ReqB, ResB>>,

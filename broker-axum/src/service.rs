@@ -70,7 +70,7 @@ where
 /// [`TenantExtractor`] finds (after [`crate::tenant_key`]), so each tenant has its
 /// own state, created on first sight and evicted by the backend when idle.
 /// Requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TenantService<S, E> {
     inner: S,
     policy: Arc<Policy>,
@@ -85,6 +85,16 @@ pub struct TenantService<S, E> {
     /// `_int_malloc` and `malloc_consolidate` in the example server
     /// (BENCHMARKS.md, "Allocator size class").
     _size: u64,
+}
+
+impl<S: std::fmt::Debug, E: std::fmt::Debug> std::fmt::Debug for TenantService<S, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantService")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .field("extractor", &self.extractor)
+            .finish()
+    }
 }
 
 impl<S, E> TenantService<S, E> {
@@ -206,5 +216,30 @@ mod tests {
         }
         assert_eq!(std::mem::size_of_val(&extractor), 0);
         assert!(size_of_service(&extractor) > 24);
+    }
+
+    #[test]
+    fn the_tenant_stage_debug_output_has_no_padding() {
+        use tower::Layer;
+        #[derive(Debug)]
+        struct Inner;
+        let config = crate::PressureConfig::from_json(
+            "test",
+            r#"{ "enabled": true,
+                 "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 5 } } }"#,
+        )
+        .unwrap();
+        let broker = broker_core::ResourceBroker::new(broker_memory::MemoryBackend::new());
+        let pressure = crate::Pressure::new(broker, &config).unwrap();
+        let header = http::HeaderName::from_static("x-tenant");
+        let svc = pressure
+            .tenant_layer(crate::FromHeader::new(header))
+            .layer(Inner);
+        let shown = format!("{svc:?}");
+        assert!(shown.starts_with("TenantService { inner: Inner"), "{shown}");
+        assert!(
+            shown.contains("x-tenant") && !shown.contains("_size"),
+            "{shown}"
+        );
     }
 }
