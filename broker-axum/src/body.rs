@@ -10,10 +10,10 @@
 //! wrapping, no allocation).
 
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use broker_core::Permit;
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Full};
@@ -109,12 +109,50 @@ pin_project! {
         #[pin]
         inner: B,
         permit: Permit,
+        // Data bytes handed to the server so far (see `SMALL_BODY`).
+        handed: usize,
     }
 }
 
 impl<B> HeldBody<B> {
     fn new(inner: B, permit: Permit) -> Self {
-        Self { inner, permit }
+        Self {
+            inner,
+            permit,
+            handed: 0,
+        }
+    }
+}
+
+/// Bodies of at most this many bytes may report their end as their last
+/// frame is handed over (see [`may_end`]).
+pub(crate) const SMALL_BODY: usize = 16 << 10;
+
+/// Whether a body whose inner body is at its end (`inner_ended`), holding
+/// a permit or not (`held`), after handing `handed` data bytes to the
+/// server, reports its end, so that the server drops it (which releases
+/// the permit) with the frame it has just taken.
+///
+/// A body holding a permit reports its end only once all of it fits
+/// [`SMALL_BODY`]: the server's write buffer (hundreds of KiB) and a
+/// socket's send buffer take such a body whole, so it is sent as it is
+/// handed over, and the slot comes free then, as it would one poll later.
+/// A larger body keeps reporting more to come: the server then polls once
+/// more after it has taken the last frame in, once its write buffer has
+/// room again, and that poll's end frees the slot. Freed as the last frame
+/// was handed over, the slot of a large response would be free before
+/// most of it was sent.
+#[inline]
+fn may_end(inner_ended: bool, held: bool, handed: usize) -> bool {
+    inner_ended && (!held || handed <= SMALL_BODY)
+}
+
+/// The data bytes of `frame`, if polled.
+#[inline]
+fn data_len<D: Buf, E>(frame: &Poll<Option<Result<Frame<D>, E>>>) -> usize {
+    match frame {
+        Poll::Ready(Some(Ok(f))) => f.data_ref().map_or(0, Buf::remaining),
+        _ => 0,
     }
 }
 
@@ -132,17 +170,18 @@ impl<B: Body> Body for HeldBody<B> {
         if let Poll::Ready(None | Some(Err(_))) = &polled {
             this.permit.release();
         }
+        *this.handed = this.handed.saturating_add(data_len(&polled));
         polled
     }
 
-    /// False while the permit is held: the server then polls once more
-    /// after it has taken the last frame in (once its write buffer has
-    /// room again), and that poll's end frees the slot. Freed as the last
-    /// frame was handed over, the slot of a large response would be free
-    /// before most of it was sent.
+    /// See [`may_end`].
     #[inline]
     fn is_end_stream(&self) -> bool {
-        !self.permit.is_held() && self.inner.is_end_stream()
+        may_end(
+            self.inner.is_end_stream(),
+            self.permit.is_held(),
+            self.handed,
+        )
     }
 
     #[inline]
@@ -161,6 +200,8 @@ pin_project! {
         fixed: Option<Bytes>,
         permit: Option<Permit>,
         more: Vec<Permit>,
+        // Data bytes handed to the server so far (see `may_end`).
+        handed: usize,
     }
 }
 
@@ -173,6 +214,7 @@ impl<B> PressureBody<B> {
             fixed: None,
             permit,
             more: Vec::new(),
+            handed: 0,
         }
     }
 
@@ -183,6 +225,7 @@ impl<B> PressureBody<B> {
             fixed: Some(bytes),
             permit: None,
             more: Vec::new(),
+            handed: 0,
         }
     }
 
@@ -209,20 +252,21 @@ where
         let Some(body) = inner.as_mut().as_pin_mut() else {
             return Poll::Ready(this.fixed.take().map(|b| Ok(Frame::data(B::Data::from(b)))));
         };
-        let frame = ready!(body.poll_frame(cx));
-        if let None | Some(Err(_)) = &frame {
+        let frame = body.poll_frame(cx);
+        if let Poll::Ready(None | Some(Err(_))) = &frame {
             *this.permit = None;
             this.more.clear();
         }
-        Poll::Ready(frame)
+        *this.handed = this.handed.saturating_add(data_len(&frame));
+        frame
     }
 
-    /// False while a permit is held, as for the boxed bodies' wrapper: the
-    /// permits are let go by the poll that finds the end, after the server
-    /// took the last frame in.
+    /// As for the boxed bodies' wrapper: while a permit is held, the end
+    /// of a body of more than [`SMALL_BODY`] bytes is reported by the poll
+    /// after the last frame, which lets the permits go (see [`may_end`]).
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Some(b) => !self.holds_permit() && b.is_end_stream(),
+            Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),
             None => self.fixed.is_none(),
         }
     }
@@ -273,5 +317,50 @@ mod tests {
         let body: UnsyncBoxBody<Bytes, std::io::Error> =
             PermitBody::from_bytes(Bytes::from_static(b"y"));
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"y");
+    }
+
+    /// A body of at most [`SMALL_BODY`] bytes ends with its last frame, so
+    /// the server drops it then (releasing the permit); a larger one ends
+    /// with the poll after it.
+    #[tokio::test]
+    async fn only_a_small_body_ends_with_its_last_frame() {
+        use broker_core::{Cost, Limits, ResourceBroker};
+        let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
+        broker
+            .register_limit("r", Limits::new().max_concurrent(2))
+            .unwrap();
+        let in_flight = || broker.stats().resources["r"].in_flight;
+        let permit = || async {
+            let a = broker.try_acquire("r", Cost::default()).await.unwrap();
+            assert!(a.permit.is_held());
+            a.permit
+        };
+
+        let body = axum::body::Body::from(vec![b'x'; SMALL_BODY]);
+        let mut small = body.with_permit(permit().await);
+        assert!(!small.is_end_stream());
+        assert!(small.frame().await.unwrap().unwrap().is_data());
+        assert!(small.is_end_stream(), "all of a small body was handed over");
+        assert_eq!(in_flight(), 1, "held until the server drops the body");
+        drop(small);
+        assert_eq!(in_flight(), 0);
+
+        let body = axum::body::Body::from(vec![b'x'; SMALL_BODY + 1]);
+        let mut large = body.with_permit(permit().await);
+        assert!(large.frame().await.unwrap().unwrap().is_data());
+        assert!(!large.is_end_stream(), "a large body ends one poll later");
+        assert!(large.frame().await.is_none());
+        assert!(large.is_end_stream());
+        assert_eq!(in_flight(), 0, "the poll that found the end let go");
+
+        let mut own = PressureBody::new(Full::new(Bytes::from_static(b"ok")), None);
+        own.hold(permit().await);
+        assert!(own.frame().await.unwrap().unwrap().is_data());
+        assert!(own.is_end_stream());
+        let mut own = PressureBody::new(Full::new(Bytes::from(vec![0; SMALL_BODY + 1])), None);
+        own.hold(permit().await);
+        assert!(own.frame().await.unwrap().unwrap().is_data());
+        assert!(!own.is_end_stream());
+        assert_eq!(in_flight(), 2);
     }
 }
