@@ -41,6 +41,14 @@ pub trait PermitBody: Sized {
 
     /// A body of fixed bytes.
     fn from_bytes(bytes: Bytes) -> Self;
+
+    /// Whether this body's length is known before it is sent (an exact
+    /// size hint): such a body ends by itself once that many bytes are
+    /// out, so its response holds its slot to the end whatever its content
+    /// type. The default, `false`, leaves that to the response's fields.
+    fn has_exact_length(&self) -> bool {
+        false
+    }
 }
 
 impl PermitBody for axum::body::Body {
@@ -55,6 +63,11 @@ impl PermitBody for axum::body::Body {
 
     fn from_bytes(bytes: Bytes) -> Self {
         axum::body::Body::from(bytes)
+    }
+
+    #[inline]
+    fn has_exact_length(&self) -> bool {
+        Body::size_hint(self).exact().is_some()
     }
 }
 
@@ -71,6 +84,11 @@ where
     fn from_bytes(bytes: Bytes) -> Self {
         Full::new(bytes).map_err(|never| match never {}).boxed()
     }
+
+    #[inline]
+    fn has_exact_length(&self) -> bool {
+        self.size_hint().exact().is_some()
+    }
 }
 
 impl<E> PermitBody for UnsyncBoxBody<Bytes, E>
@@ -86,6 +104,11 @@ where
         Full::new(bytes)
             .map_err(|never| match never {})
             .boxed_unsync()
+    }
+
+    #[inline]
+    fn has_exact_length(&self) -> bool {
+        self.size_hint().exact().is_some()
     }
 }
 

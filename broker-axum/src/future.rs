@@ -129,20 +129,30 @@ async fn refund(policy: Arc<Policy>, stage: Stage) {
 /// A response that keeps its connection for as long as the client stays,
 /// so holds no slot: protocols switched (a WebSocket or other upgrade), a
 /// tunnel that a `CONNECT` request (`connect`: an HTTP/2 extended CONNECT)
-/// opened with a 2xx, or server-sent events. Decided by the response, not
-/// by what the request asked for: a request with an `Upgrade` field that
-/// is answered as any other holds its slot to the end of the body.
-fn is_long_lived<B>(connect: bool, res: &Response<B>) -> bool {
+/// opened with a 2xx, or server-sent events of no set length. Decided by
+/// the response, not by what the request asked for: a request with an
+/// `Upgrade` field that is answered as any other holds its slot to the end
+/// of the body. A body of known length ends by itself, so its response
+/// holds its slot whatever its type says (and is told apart without a
+/// look at the fields).
+#[inline]
+fn is_long_lived<B: PermitBody>(connect: bool, res: &Response<B>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
         || (connect && res.status().is_success())
-        || field(res.headers(), &header::CONTENT_TYPE).is_some_and(|v| {
-            let ct = v.as_bytes();
-            // The letter after `text/` first: most types are told apart by
-            // it, without comparing 17 bytes.
-            ct.len() >= 17
-                && ct[5].eq_ignore_ascii_case(&b'e')
-                && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
-        })
+        || (!res.body().has_exact_length() && is_event_stream(res))
+}
+
+/// Whether `res` says it is a stream of server-sent events.
+#[inline(never)]
+fn is_event_stream<B>(res: &Response<B>) -> bool {
+    field(res.headers(), &header::CONTENT_TYPE).is_some_and(|v| {
+        let ct = v.as_bytes();
+        // The letter after `text/` first: most types are told apart by
+        // it, without comparing 17 bytes.
+        ct.len() >= 17
+            && ct[5].eq_ignore_ascii_case(&b'e')
+            && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
+    })
 }
 
 impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
@@ -546,7 +556,9 @@ mod tests {
 
     #[test]
     fn long_lived_responses_are_recognised_among_many_fields() {
-        let mut res = Response::new(());
+        // A body of no set length: the fields decide.
+        let unsized_body = || crate::PressureBody::new(String::new(), None);
+        let mut res = Response::new(unsized_body());
         *res.headers_mut() = map(20, Some((header::CONTENT_TYPE, "Text/Event-Stream; x=1")));
         assert!(is_long_lived(false, &res));
         *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
@@ -569,5 +581,37 @@ mod tests {
         assert!(!is_long_lived(false, &res));
         *res.status_mut() = StatusCode::FORBIDDEN;
         assert!(!is_long_lived(true, &res));
+    }
+
+    /// An event stream of known length ends by itself: it holds its slot.
+    #[test]
+    fn an_event_stream_of_known_length_is_not_long_lived() {
+        struct Endless;
+        impl http_body::Body for Endless {
+            type Data = bytes::Bytes;
+            type Error = std::convert::Infallible;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+                Poll::Pending
+            }
+        }
+        let events = |body: axum::body::Body| {
+            let mut res = Response::new(body);
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/event-stream"),
+            );
+            res
+        };
+        assert!(is_long_lived(
+            false,
+            &events(axum::body::Body::new(Endless))
+        ));
+        assert!(!is_long_lived(
+            false,
+            &events(axum::body::Body::from("data: x\n\n"))
+        ));
     }
 }
