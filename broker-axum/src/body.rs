@@ -284,9 +284,12 @@ where
         frame
     }
 
-    /// As for the boxed bodies' wrapper: while a permit is held, the end
-    /// of a body of more than [`SMALL_BODY`] bytes is reported by the poll
-    /// after the last frame, which lets the permits go (see [`may_end`]).
+    /// While a permit is held, the end of a body of more than 16 KiB is
+    /// reported by the poll after the last frame, which lets the permits
+    /// go once the server's write buffer has room again; a smaller body
+    /// reports its end with its last frame, and the server drops it (and
+    /// the permits) as it takes that frame in, as the boxed bodies' wrapper
+    /// does.
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),
