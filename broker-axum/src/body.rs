@@ -112,7 +112,7 @@ where
     }
 }
 
-impl<B> PermitBody for PressureBody<B> {
+impl<B: Body> PermitBody for PressureBody<B> {
     fn hold(&mut self, permit: Permit) {
         match self.permit {
             None => self.permit = Some(permit),
@@ -122,6 +122,13 @@ impl<B> PermitBody for PressureBody<B> {
 
     fn from_bytes(bytes: Bytes) -> Self {
         Self::fixed(bytes)
+    }
+
+    fn has_exact_length(&self) -> bool {
+        // Fixed bytes have the length of their bytes.
+        self.inner
+            .as_ref()
+            .is_none_or(|b| b.size_hint().exact().is_some())
     }
 }
 

@@ -557,8 +557,7 @@ mod tests {
     #[test]
     fn long_lived_responses_are_recognised_among_many_fields() {
         // A body of no set length: the fields decide.
-        let unsized_body = || crate::PressureBody::new(String::new(), None);
-        let mut res = Response::new(unsized_body());
+        let mut res = Response::new(axum::body::Body::new(Endless));
         *res.headers_mut() = map(20, Some((header::CONTENT_TYPE, "Text/Event-Stream; x=1")));
         assert!(is_long_lived(false, &res));
         *res.headers_mut() = map(1, Some((header::CONTENT_TYPE, "text/plain")));
@@ -583,35 +582,56 @@ mod tests {
         assert!(!is_long_lived(true, &res));
     }
 
-    /// An event stream of known length ends by itself: it holds its slot.
+    /// A body of no set length.
+    struct Endless;
+
+    impl http_body::Body for Endless {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    /// An event stream of known length ends by itself: it holds its slot,
+    /// in every body type the layer answers with.
     #[test]
     fn an_event_stream_of_known_length_is_not_long_lived() {
-        struct Endless;
-        impl http_body::Body for Endless {
-            type Data = bytes::Bytes;
-            type Error = std::convert::Infallible;
-            fn poll_frame(
-                self: Pin<&mut Self>,
-                _: &mut Context<'_>,
-            ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-                Poll::Pending
-            }
-        }
-        let events = |body: axum::body::Body| {
+        use crate::PressureBody;
+        use http_body_util::{BodyExt, Full};
+        fn events<B: PermitBody>(body: B) -> Response<B> {
             let mut res = Response::new(body);
             res.headers_mut().insert(
                 header::CONTENT_TYPE,
                 http::HeaderValue::from_static("text/event-stream"),
             );
             res
-        };
+        }
+        let text = || bytes::Bytes::from_static(b"data: x\n\n");
         assert!(is_long_lived(
             false,
             &events(axum::body::Body::new(Endless))
         ));
         assert!(!is_long_lived(
             false,
-            &events(axum::body::Body::from("data: x\n\n"))
+            &events(axum::body::Body::from(text()))
         ));
+        assert!(is_long_lived(
+            false,
+            &events(PressureBody::new(Endless, None))
+        ));
+        let sized = PressureBody::new(Full::new(text()), None);
+        assert!(!is_long_lived(false, &events(sized)));
+        let fixed: PressureBody<Endless> = PressureBody::fixed(text());
+        assert!(!is_long_lived(false, &events(fixed)));
+        let boxed = || Full::new(text()).map_err(|never| match never {});
+        assert!(!is_long_lived(false, &events(boxed().boxed())));
+        assert!(!is_long_lived(false, &events(boxed().boxed_unsync())));
+        let endless = || Endless.map_err(|never| match never {});
+        assert!(is_long_lived(false, &events(endless().boxed())));
+        assert!(is_long_lived(false, &events(endless().boxed_unsync())));
     }
 }

@@ -20,7 +20,18 @@
 //!   protocols (`101`: a WebSocket), a `CONNECT` answered `2xx` and a
 //!   `text/event-stream` response release it as soon as the response
 //!   head is ready. It is the response that decides: a request with an
-//!   `Upgrade` field answered as any other holds its slot to the end.
+//!   `Upgrade` field answered as any other holds its slot to the end; a
+//!   body of known length holds it whatever its content type.
+//!   Over HTTP/1 the slot is held while the body goes out: a body of more
+//!   than 16 KiB frees it once the server has taken its last frame and
+//!   its write buffer has room again (a client that stops reading keeps
+//!   it), a smaller one as the server takes its last frame in. Over
+//!   HTTP/2, hyper hands a body's frames to the connection's send buffer
+//!   once the stream has a byte of flow-control window, and drops the
+//!   body at its end: the slot comes free when the body has been
+//!   produced, not when the client has read it. Bound what clients that
+//!   stall their window can hold with the server's HTTP/2 settings
+//!   (`max_concurrent_streams`, `max_send_buf_size`).
 //! - A backend failure the broker does not absorb (`BrokerError::Backend`)
 //!   answers [`Responses::backend_error_status`] (default `503` with
 //!   `Retry-After: 1`); the broker counts it (`backendErrors` in the stats)
