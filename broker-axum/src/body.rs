@@ -27,7 +27,8 @@ use pin_project_lite::pin_project;
 /// body, map the inner service's responses into one of these (e.g.
 /// `ServiceBuilder::map_response_body(BodyExt::boxed)`), or implement
 /// this trait: [`PermitBody::hold`] and [`PermitBody::from_bytes`]
-/// ([`PermitBody::with_permit`] is provided).
+/// ([`PermitBody::with_permit`] and [`PermitBody::has_exact_length`] are
+/// provided; override the latter for a body that knows its length).
 pub trait PermitBody: Sized {
     /// Makes this body hold `permit` until it ends, fails or is dropped,
     /// in place (the response around it is not moved).
