@@ -140,7 +140,7 @@ pin_project! {
         #[pin]
         inner: B,
         permit: Permit,
-        // Data bytes handed to the server so far (see `SMALL_BODY`).
+        // Data bytes handed to the server so far (see `may_end`).
         handed: usize,
     }
 }
@@ -157,7 +157,7 @@ impl<B> HeldBody<B> {
 
 /// Bodies of at most this many bytes may report their end as their last
 /// frame is handed over (see [`may_end`]).
-pub(crate) const SMALL_BODY: usize = 16 << 10;
+const SMALL_BODY: usize = 16 << 10;
 
 /// Whether a body whose inner body is at its end (`inner_ended`), holding
 /// a permit or not (`held`), after handing `handed` data bytes to the
