@@ -80,9 +80,8 @@ impl ResourceStates {
 
     /// `try` on the own state through its pin; `None` when there is none
     /// (a dead pin) or the state is not one made for this registration's
-    /// limits. Apart from the sub-keys' path, so that path keeps its
-    /// registers to itself.
-    #[inline(never)]
+    /// limits.
+    #[inline]
     fn try_own(&self, cost: Cost) -> Option<LocalVerdict> {
         let spec = &self.spec;
         let own = self.own()?;
@@ -124,13 +123,12 @@ impl ResourceStates {
     }
 }
 
-impl LocalStates for ResourceStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict {
-        if sub.is_none() {
-            if let Some(decided) = self.try_own(cost) {
-                return decided;
-            }
-        }
+impl ResourceStates {
+    /// `try` on the state of `sub` (or on the own state) in the store's
+    /// table. Out of line, apart from the own state's path: each keeps its
+    /// registers (and its stack frame, a large one here) to itself.
+    #[inline(never)]
+    fn try_in_table(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict {
         let spec = &self.spec;
         crate::unrounded(self.store.try_acquire(
             self.key(sub),
@@ -139,6 +137,17 @@ impl LocalStates for ResourceStates {
             || spec.clone(),
             cost,
         ))
+    }
+}
+
+impl LocalStates for ResourceStates {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict {
+        if sub.is_none() {
+            if let Some(decided) = self.try_own(cost) {
+                return decided;
+            }
+        }
+        self.try_in_table(sub, cost)
     }
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
