@@ -48,23 +48,10 @@ if [ "$CALLGRIND" = 1 ] && [ "$RESTART" = 1 ]; then
 fi
 read -r -a LAYERS <<< "${LAYERS:-none pressure governor}"
 
-if ! command -v wrk >/dev/null 2>&1; then
-    SUDO=""
-    [ "$(id -u)" -ne 0 ] && SUDO=sudo
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq wrk >/dev/null
-fi
-
-cargo build --release --example webhook_server >&2
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-BIN="$TARGET_DIR/release/examples/webhook_server"
-
-case "$SCENARIO" in
-    admit) LIMITS=(--rps 1000000000 --concurrency 100000 --tenant-rpm 1000000000000) ;;
-    admit-rate) LIMITS=(--rps 1000000000 --concurrency 0 --tenant-rpm 1000000000000) ;;
-    deny) LIMITS=(--rps 100 --concurrency 200 --tenant-rpm 1000000000000) ;;
-    *) echo "SCENARIO must be admit, admit-rate or deny" >&2; exit 2 ;;
-esac
+. bench/webhook_lib.sh
+install_missing wrk
+build_webhook_server
+scenario_limits "$SCENARIO"
 
 WORK=$(mktemp -d)
 declare -A PORT PID CG DUMPS CPU0 WRK_PID
@@ -75,13 +62,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-TOKEN=$("$BIN" --print-token acme)
-cat > "$WORK/post.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"type":"invoice.paid"}'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer $TOKEN"
-LUA
+write_post_lua "$WORK/post.lua"
 
 # With two or more cores, the server gets one core and wrk the other; as
 # root, both run at a raised priority so other work on the machine disturbs
