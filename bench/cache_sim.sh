@@ -54,17 +54,12 @@ fi
 # prints the requests served and cachegrind's totals
 # (Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw).
 measure() {
-    local layer=$1 secs=$2 out="$WORK/cg.$1.$2" log="$WORK/server.$1.$2" port=""
+    local layer=$1 secs=$2 out="$WORK/cg.$1.$2" log="$WORK/server.$1.$2" port
     TOKIO_WORKER_THREADS=1 "${SERVER_PIN[@]}" valgrind --tool=cachegrind --cache-sim=yes \
         --I1=32768,8,64 --D1=32768,8,64 --LL=33554432,16,64 \
         --cachegrind-out-file="$out" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$log" 2>&1 &
     SERVER=$!
-    for _ in $(seq 1 600); do
-        port=$(grep -o '127\.0\.0\.1:[0-9]*' "$log" 2>/dev/null | head -1 | cut -d: -f2 || true)
-        [ -n "$port" ] && break
-        sleep 0.1
-    done
-    [ -n "$port" ] || { echo "server did not start: $(cat "$log")" >&2; exit 1; }
+    port=$(server_port "$log") || exit 1
     "${WRK_PIN[@]}" wrk -t1 -c"$CONNS" -d"${secs}s" -s "$WORK/post.lua" \
         "http://127.0.0.1:$port/api/v1/webhooks/stripe" > "$WORK/wrk.$layer.$secs"
     # SIGTERM: the example shuts down gracefully and cachegrind writes its counts.

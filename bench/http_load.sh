@@ -105,14 +105,7 @@ start_server() {
     fi
     "${PRIO[@]}" "${SERVER_PIN[@]}" "${VG[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
     PID[$layer]=$!
-    local port=""
-    for _ in $(seq 1 300); do
-        port=$(grep -o '127\.0\.0\.1:[0-9]*' "$out" 2>/dev/null | head -1 | cut -d: -f2 || true)
-        [ -n "$port" ] && break
-        sleep 0.1
-    done
-    [ -n "$port" ] || { echo "server did not start: $(cat "$out")" >&2; exit 1; }
-    PORT[$layer]=$port
+    PORT[$layer]=$(server_port "$out") || exit 1
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$(url "$layer")" > /dev/null
 }
 

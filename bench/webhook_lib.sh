@@ -45,3 +45,16 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $token"
 LUA
 }
+
+# Prints the port of the example server whose output goes to `log`,
+# once it has bound (at most 60 s); fails, with the log, if it has not.
+server_port() {
+    local port=""
+    for _ in $(seq 1 600); do
+        port=$(grep -o '127\.0\.0\.1:[0-9]*' "$1" 2>/dev/null | head -1 | cut -d: -f2 || true)
+        [ -n "$port" ] && { echo "$port"; return 0; }
+        sleep 0.1
+    done
+    echo "server did not start: $(cat "$1")" >&2
+    return 1
+}
