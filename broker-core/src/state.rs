@@ -189,6 +189,23 @@ impl LocalVerdict {
     /// The verdict, a denial's wait rounded up to whole µs.
     #[inline(always)]
     pub fn verdict(self) -> Verdict {
+        // The two admissions tested for in turn, a denial made out of
+        // line: a `match` of every variant compiled to a jump table in
+        // static data, one cache line more read per decision (a server's
+        // request finds it evicted by the one before).
+        if let Self::Allowed = self {
+            return Verdict::Allowed;
+        }
+        if let Self::Leased(lease) = self {
+            return Verdict::Leased(lease);
+        }
+        self.denial()
+    }
+
+    /// [`LocalVerdict::verdict`] of a denial (or of any verdict).
+    #[cold]
+    #[inline(never)]
+    fn denial(self) -> Verdict {
         match self {
             Self::Allowed => Verdict::Allowed,
             Self::Leased(lease) => Verdict::Leased(lease),
