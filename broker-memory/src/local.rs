@@ -121,9 +121,7 @@ impl ResourceStates {
         }
         self.current().filter(|own| own.is_live())
     }
-}
 
-impl ResourceStates {
     /// `try` on the state of `sub` (or on the own state) in the store's
     /// table. Out of line, apart from the own state's path: each keeps its
     /// registers (and its stack frame, a large one here) to itself.
