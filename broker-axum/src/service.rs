@@ -153,11 +153,15 @@ where
                     .handle
                     .verdict_now(Some(&key), Cost::default(), &mut permit)
                 {
-                    Some(v) if v.allowed() => Judged::Admitted,
-                    Some(v) => {
-                        Judged::Refused(denial(policy, Stage::Tenant, limited, v, Some(&key)))
-                    }
-                    None => in_full(policy, limited, &raw, &key),
+                    Some(v) if v.allowed() => Ok(()),
+                    Some(v) => Err(NotAdmitted::Refused(denial(
+                        policy,
+                        Stage::Tenant,
+                        limited,
+                        v,
+                        Some(&key),
+                    ))),
+                    None => Err(in_full(policy, limited, &raw, &key)),
                 }
             });
         // Three cases here, the others out of line: a `match` of every
@@ -165,9 +169,9 @@ where
         // read per request (a server's request finds it evicted by the one
         // before).
         match judged {
-            Some(Judged::Admitted) => admitted!(self.inner, req, permit, None),
+            Some(Ok(())) => admitted!(self.inner, req, permit, None),
             None => ResponseFuture::pass(self.inner.call(req)),
-            Some(other) => not_admitted(policy, other, &mut self.inner, req),
+            Some(Err(not)) => not_admitted(policy, not, &mut self.inner, req),
         }
     }
 }
@@ -178,7 +182,7 @@ where
 #[inline(never)]
 fn not_admitted<S, ReqB, ResB>(
     policy: &Arc<Policy>,
-    judged: Judged,
+    not: NotAdmitted,
     inner: &mut S,
     req: Request<ReqB>,
 ) -> ResponseFuture<S, ReqB, ResB>
@@ -186,22 +190,20 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     ResB: PermitBody,
 {
-    match judged {
-        // Not reached (the caller admits), but an admission all the same.
-        Judged::Admitted => ResponseFuture::admitted(Permit::empty(), None, inner, req),
-        Judged::Refused(refusal) => ResponseFuture::refused(refusal),
-        Judged::Decided(verdict) => ResponseFuture::decided(verdict, None, inner, req),
-        Judged::Later(tenant) => {
+    match not {
+        NotAdmitted::Refused(refusal) => ResponseFuture::refused(refusal),
+        NotAdmitted::Decided(verdict) => ResponseFuture::decided(verdict, None, inner, req),
+        NotAdmitted::Later(tenant) => {
             ResponseFuture::admit_later(policy, Stage::Tenant, Some(tenant), inner, req)
         }
     }
 }
 
-/// What the tenant stage made of a request with a tenant, before the
-/// request moves on (the tenant's key borrows from it).
-enum Judged {
-    /// Allowed, with the compact answer (the permit is the caller's).
-    Admitted,
+/// What the tenant stage made of a request with a tenant that the compact
+/// answer did not admit, before the request moves on (the tenant's key
+/// borrows from it). An admission by the compact answer is `Ok(())` beside
+/// it, its permit the caller's.
+enum NotAdmitted {
     /// Denied, with the compact answer.
     Refused(Refusal),
     /// The broker's answer in full (no compact one).
@@ -215,10 +217,12 @@ enum Judged {
 /// make asynchronously.
 #[cold]
 #[inline(never)]
-fn in_full(policy: &Arc<Policy>, limited: &Limited, raw: &str, key: &str) -> Judged {
+fn in_full(policy: &Arc<Policy>, limited: &Limited, raw: &str, key: &str) -> NotAdmitted {
     match limited.handle.try_acquire_now(Some(key), Cost::default()) {
-        Some(result) => Judged::Decided(judge(policy, Stage::Tenant, limited, result, Some(key))),
-        None => Judged::Later(TenantId::new(raw)),
+        Some(result) => {
+            NotAdmitted::Decided(judge(policy, Stage::Tenant, limited, result, Some(key)))
+        }
+        None => NotAdmitted::Later(TenantId::new(raw)),
     }
 }
 
