@@ -18,7 +18,7 @@
 # are the difference of the two runs divided by the difference of their
 # requests: start-up, warm-up and shut-down cancel out.
 #
-# Usage: bench/cache_sim.sh   (env: SCENARIO=admit|admit-rate|deny SHORT=4 LONG=12 CONNS=32 LAYERS="none pressure governor")
+# Usage: bench/cache_sim.sh   (env: SCENARIO=admit|admit-rate|deny SHORT=4 LONG=12 CONNS=32 LAYERS="none pressure governor"; BIN=<a saved webhook_server build> to measure it instead of building)
 # Needs root or sudo for `apt-get install wrk valgrind` when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,8 +15,10 @@ install_missing() {
     done
 }
 
-# Builds examples/webhook_server in release and sets BIN to it.
+# Builds examples/webhook_server in release and sets BIN to it; with BIN
+# already set (a saved build, for an A/B of two builds), uses that.
 build_webhook_server() {
+    if [ -n "${BIN:-}" ]; then return 0; fi
     cargo build --release --example webhook_server >&2
     BIN="${CARGO_TARGET_DIR:-target}/release/examples/webhook_server"
 }

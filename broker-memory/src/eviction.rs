@@ -118,13 +118,16 @@ pub(crate) fn fold_to(
 
 /// Decides when to sweep.
 #[derive(Debug)]
+/// `repr(C)`: the two counts every decision reads come first (see
+/// `Store`).
+#[repr(C)]
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.
     len: AtomicUsize,
-    threshold: AtomicUsize,
     /// No sweep runs below this many states: [`MIN_SWEEP_LEN`], or the
     /// bound if lower.
     floor: AtomicUsize,
+    threshold: AtomicUsize,
     /// The bound.
     max: AtomicUsize,
     last: AtomicU64,

@@ -66,17 +66,25 @@ pub struct MemoryBackend {
 }
 
 /// What the backend and the [`LocalStates`] it hands out share.
+///
+/// `repr(C)`, in this order: a decision reads the clock and the sweeper's
+/// first two counts on the store's first cache line, and the table's
+/// seeds and shards on the one [`States`] starts (two lines in all; in
+/// the compiler's order, the clock alone spanned two).
 #[derive(Debug)]
+#[repr(C)]
 struct Store {
-    states: States,
     clock: StoreClock,
     sweeper: Sweeper,
+    states: States,
     spills: Spills,
 }
 
 /// The clock of a store: the default one read in line (it is read on
-/// every decision), any other through its trait object.
+/// every decision), any other through its trait object. `repr(C, u8)`:
+/// its tag comes first, then the clock (see [`Store`]).
 #[derive(Debug)]
+#[repr(C, u8)]
 enum StoreClock {
     Quanta(QuantaClock),
     Shared(Arc<dyn Clock>),
@@ -877,5 +885,24 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), ids.len());
         assert!(!ids.contains(&0));
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// A decision's reads of the store lie on two cache lines (see
+    /// [`Store`]): the clock and the sweeper's counts on the first, the
+    /// table's on the line [`States`] starts.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_decisions_reads_of_the_store_lie_on_two_lines() {
+        assert_eq!(align_of::<Store>() % 64, 0);
+        assert!(size_of::<StoreClock>() <= 48, "{}", size_of::<StoreClock>());
+        let sweeper = offset_of!(Store, sweeper);
+        assert!(sweeper + 2 * size_of::<usize>() <= 64, "{sweeper}");
+        assert_eq!(offset_of!(Store, states) % 64, 0);
     }
 }

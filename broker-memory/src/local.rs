@@ -14,13 +14,22 @@ use crate::pinned::Pinned;
 use crate::{lease_for, Store};
 
 /// The states of one resource, for one registration's limits.
+///
+/// `repr(C, align(64))`, in this order: what a decision reads here (the
+/// store, the pin in use, the limits, the resource's key) lies on one
+/// cache line; in the compiler's order it spanned two.
+#[repr(C, align(64))]
 pub(crate) struct ResourceStates {
     store: Arc<Store>,
+    /// The pin in use: the state of one of `own`'s pins, so valid for as
+    /// long as `self` (a pin is set once and dropped with `self`); null
+    /// before the first decision.
+    current: AtomicPtr<Pinned>,
+    spec: Arc<LimitSpec>,
     /// The resource's state key (its escaped id), shared by the keys of
     /// the states this handle creates.
     resource: Arc<str>,
     resource_hash: u64,
-    spec: Arc<LimitSpec>,
     /// The resource's own state, pinned by the first decision on it, and
     /// pinned again (up to [`PINS`] times in all) when a pin is found
     /// dead: a decision through another registration of the resource
@@ -28,10 +37,6 @@ pub(crate) struct ResourceStates {
     /// registrations changed) replaced the state and retired the pin.
     /// Earlier pins are kept, dead, until the registration is dropped.
     own: [OnceLock<Arc<Pinned>>; PINS],
-    /// The pin in use: the state of one of `own`'s pins, so valid for as
-    /// long as `self` (a pin is set once and dropped with `self`); null
-    /// before the first decision.
-    current: AtomicPtr<Pinned>,
     /// Held while pinning, so that a dead pin is replaced once.
     pinning: Mutex<()>,
 }
@@ -155,5 +160,26 @@ impl LocalStates for ResourceStates {
             }
         }
         self.store.release(self.key(sub), lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a decision reads of a resource's states lies on one cache
+    /// line (see [`ResourceStates`]).
+    #[test]
+    fn a_decisions_fields_share_one_cache_line() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<ResourceStates>(), 64);
+        let ends = [
+            offset_of!(ResourceStates, store) + size_of::<Arc<Store>>(),
+            offset_of!(ResourceStates, current) + size_of::<AtomicPtr<Pinned>>(),
+            offset_of!(ResourceStates, spec) + size_of::<Arc<LimitSpec>>(),
+            offset_of!(ResourceStates, resource) + size_of::<Arc<str>>(),
+            offset_of!(ResourceStates, resource_hash) + size_of::<u64>(),
+        ];
+        assert!(ends.iter().all(|&end| end <= 64), "{ends:?}");
     }
 }

@@ -70,35 +70,41 @@ struct Inner {
 }
 
 /// A registered resource: its limits compiled once, its counters.
+///
+/// `repr(C)`, in this order: the fields a decision in process reads (and
+/// a release of its slot) come first and share one cache line, as the
+/// compiler's own order spread them over three of this large struct
+/// (its counters are striped over lines of their own).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Resource {
+    /// The backend's states of this resource, when it answers without I/O
+    /// (see [`Backend::local_states`]).
+    pub(crate) local: Option<Arc<dyn LocalStates>>,
+    /// The largest cost of each unit that can ever fit (the smallest burst
+    /// of the limits counting it): a cost within it passes
+    /// `Limits::check_fits`, so the hot path compares two numbers.
+    pub(crate) fits: Cost,
+    /// How many calls are in `enqueue::wait_slot` now.
+    slot_waiters: std::sync::atomic::AtomicUsize,
+    /// Set once a registration under the same id replaced this resource:
+    /// a [`ResourceHandle`] holding it then goes through the registry.
+    pub(crate) retired: std::sync::atomic::AtomicBool,
     pub(crate) id: String,
     pub(crate) key: String,
     pub(crate) config: ResourceConfig,
     pub(crate) spec: Arc<LimitSpec>,
-    /// The backend's states of this resource, when it answers without I/O
-    /// (see [`Backend::local_states`]).
-    pub(crate) local: Option<Arc<dyn LocalStates>>,
     pub(crate) kind: ResourceKind,
     pub(crate) counters: Counters,
     /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot;
     /// notified only while `slot_waiters` says someone waits.
     slot_notify: tokio::sync::Notify,
-    /// How many calls are in `enqueue::wait_slot` now.
-    slot_waiters: std::sync::atomic::AtomicUsize,
     /// Holds on attempts already booked in this process (see `hold.rs`),
     /// shared by every registration of this id.
     pub(crate) holds: Arc<hold::Holds>,
-    /// The largest cost of each unit that can ever fit (the smallest burst
-    /// of the limits counting it): a cost within it passes
-    /// `Limits::check_fits`, so the hot path compares two numbers.
-    pub(crate) fits: Cost,
     /// When this resource last logged a backend error at warn level (ms
     /// since the process-wide origin), `u64::MAX` for never.
     pub(crate) warned_at_ms: std::sync::atomic::AtomicU64,
-    /// Set once a registration under the same id replaced this resource:
-    /// a [`ResourceHandle`] holding it then goes through the registry.
-    pub(crate) retired: std::sync::atomic::AtomicBool,
     /// Renews the leases of this resource's live permits, on a store whose
     /// leases expire (see `keeper.rs`).
     pub(crate) keeper: Option<Arc<keeper::Keeper>>,
@@ -889,6 +895,22 @@ mod tests {
     use crate::limits::{RateLimit, Unit};
     use crate::state::Decision;
     use proptest::prelude::*;
+
+    /// The fields a decision in process and a release read lie on the
+    /// first cache line of a resource, which starts a line (see
+    /// [`Resource`]).
+    #[test]
+    fn a_decisions_fields_of_a_resource_share_one_cache_line() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<Resource>() % 64, 0);
+        let ends = [
+            offset_of!(Resource, local) + size_of::<Option<Arc<dyn LocalStates>>>(),
+            offset_of!(Resource, fits) + size_of::<Cost>(),
+            offset_of!(Resource, slot_waiters) + size_of::<usize>(),
+            offset_of!(Resource, retired) + 1,
+        ];
+        assert!(ends.iter().all(|&end| end <= 64), "{ends:?}");
+    }
 
     #[derive(Debug)]
     struct NoStore;
