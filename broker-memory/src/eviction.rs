@@ -116,10 +116,9 @@ pub(crate) fn fold_to(
     excess - left
 }
 
-/// Decides when to sweep.
+/// Decides when to sweep. `repr(C)`: the two counts every decision reads
+/// come first (see `Store`).
 #[derive(Debug)]
-/// `repr(C)`: the two counts every decision reads come first (see
-/// `Store`).
 #[repr(C)]
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.

@@ -886,12 +886,6 @@ mod tests {
         assert_eq!(unique.len(), ids.len());
         assert!(!ids.contains(&0));
     }
-}
-
-#[cfg(test)]
-mod layout_tests {
-    use super::*;
-    use std::mem::{align_of, offset_of, size_of};
 
     /// A decision's reads of the store lie on two cache lines (see
     /// [`Store`]): the clock and the sweeper's counts on the first, the
@@ -899,6 +893,7 @@ mod layout_tests {
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_decisions_reads_of_the_store_lie_on_two_lines() {
+        use std::mem::{align_of, offset_of, size_of};
         assert_eq!(align_of::<Store>() % 64, 0);
         assert!(size_of::<StoreClock>() <= 48, "{}", size_of::<StoreClock>());
         let sweeper = offset_of!(Store, sweeper);
