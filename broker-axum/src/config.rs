@@ -82,10 +82,11 @@ pub struct RouteConfig {
     /// Requests whose path is this prefix, or continues it after a `/`,
     /// match (`/api/webhooks` matches `/api/webhooks` and
     /// `/api/webhooks/stripe`, not `/api/webhooksx`). Must start with `/`
-    /// and hold visible ASCII only, as request paths do (other characters
-    /// percent-encoded). Both are compared with their percent-encoded
-    /// letters, digits, `-`, `.`, `_` and `~` decoded, so `/hooks/%73tripe`
-    /// meets the limit of `/hooks/stripe`.
+    /// and hold no `?`, `#`, space or control character. Both are compared
+    /// with every `%XX` decoded, as a router decodes path parameters: a
+    /// prefix `/hooks/stripe` limits `/hooks/%73tripe` too, and
+    /// `/hooks/café` (written raw or as `/hooks/caf%C3%A9`) limits both
+    /// spellings of it.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,
@@ -142,9 +143,10 @@ impl PressureConfig {
 
     /// Parses a whole config document and takes its `pressure` object, found
     /// at the top level or one level down (e.g. `gateway.pressure`), then
-    /// validates it. Errors name the full path. A key written twice
-    /// anywhere in the document is refused: the document's tree would keep
-    /// only the last of them.
+    /// validates it. Errors name the full path. Two `pressure` objects (say
+    /// `staging.pressure` and `gateway.pressure`) are an error naming both.
+    /// A key written twice anywhere in the document is refused: the
+    /// document's tree would keep only the last of them.
     ///
     /// ```
     /// use broker_axum::PressureConfig;
@@ -161,9 +163,16 @@ impl PressureConfig {
         // The tree keeps one value per key: a service named twice is
         // refused from the text.
         broker_core::config::refuse_repeated_keys(source_name, text)?;
-        let (prefix, value) = find_pressure(doc).ok_or_else(|| {
-            fail("no `pressure` object at the top level or one level down".into())
-        })?;
+        let (prefix, value) = find_pressure(doc)
+            .map_err(|(a, b)| {
+                fail(format!(
+                    "two `pressure` objects, at {a} and at {b}: keep one, or pass the one \
+                     meant to PressureConfig::from_json"
+                ))
+            })?
+            .ok_or_else(|| {
+                fail("no `pressure` object at the top level or one level down".into())
+            })?;
         let config: Self = broker_core::config::from_value(&value).map_err(|e| {
             let path = e.path().to_string();
             let at = if path.is_empty() || path == "." {
@@ -226,11 +235,15 @@ impl PressureConfig {
                     "is matched against the path: it cannot hold `?` or `#`",
                 ));
             }
-            if !route.path_prefix.bytes().all(|b| b.is_ascii_graphic()) {
+            if route
+                .path_prefix
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+            {
                 return Err(bad(
                     format!("{field}.pathPrefix"),
-                    "holds a character a request's path never holds (a space, a control \
-                     or non-ASCII character): write it percent-encoded, as requests send it",
+                    "holds a character a request's path never holds (a space or a control \
+                     character): write it percent-encoded, as requests send it",
                 ));
             }
             // Compared as paths are (see `policy::normal_path`).
@@ -282,19 +295,32 @@ fn check_id(id: &str) -> Result<(), &'static str> {
     }
 }
 
-fn find_pressure(doc: serde_json::Value) -> Option<(String, serde_json::Value)> {
-    let serde_json::Value::Object(mut root) = doc else {
-        return None;
+/// The `pressure` object of `doc`, with its path: at the top level or one
+/// level down. More than one is an error naming two of them (keys in
+/// order): picking one would apply a config the reader may not have meant.
+fn find_pressure(
+    doc: serde_json::Value,
+) -> Result<Option<(String, serde_json::Value)>, (String, String)> {
+    let serde_json::Value::Object(root) = doc else {
+        return Ok(None);
     };
-    if let Some(p) = root.remove("pressure") {
-        return Some(("pressure".into(), p));
-    }
-    root.into_iter().find_map(|(k, v)| match v {
-        serde_json::Value::Object(mut o) => {
-            o.remove("pressure").map(|p| (format!("{k}.pressure"), p))
+    let mut found = Vec::new();
+    for (k, v) in root {
+        match v {
+            v if k == "pressure" => found.push((k, v)),
+            serde_json::Value::Object(mut o) => {
+                if let Some(p) = o.remove("pressure") {
+                    found.push((format!("{k}.pressure"), p));
+                }
+            }
+            _ => {}
         }
-        _ => None,
-    })
+    }
+    let mut found = found.into_iter();
+    match (found.next(), found.next()) {
+        (Some((a, _)), Some((b, _))) => Err((a, b)),
+        (one, _) => Ok(one),
+    }
 }
 
 #[cfg(test)]
@@ -466,11 +492,12 @@ mod tests {
             ("/a?x=1", "/b", "perRoute[0].pathPrefix"),
             ("/a", "/b#top", "perRoute[1].pathPrefix"),
             // Characters requests send percent-encoded.
-            ("/caf\u{e9}", "/b", "perRoute[0].pathPrefix"),
             ("/a", "/my hooks", "perRoute[1].pathPrefix"),
             ("/a", "/b\t", "perRoute[1].pathPrefix"),
             // The same path as the first, once unreserved letters are decoded.
             ("/ab", "/a%62", "perRoute[1].pathPrefix"),
+            ("/caf\u{e9}", "/caf%C3%A9", "perRoute[1].pathPrefix"),
+            ("/users/%40me", "/users/@me", "perRoute[1].pathPrefix"),
         ] {
             let text = format!(
                 r#"{{"perRoute": [
@@ -482,6 +509,30 @@ mod tests {
                 .to_string();
             assert!(e.contains(field), "{a} {b}: {e}");
         }
+    }
+
+    #[test]
+    fn a_document_with_two_pressure_objects_is_an_error_naming_both() {
+        let doc = r#"{"staging": {"pressure": {"enabled": true}},
+                      "gateway": {"pressure": {"enabled": false}}}"#;
+        let e = PressureConfig::from_document("x.json", doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gateway.pressure"), "{e}");
+        assert!(e.contains("staging.pressure"), "{e}");
+        let doc = r#"{"pressure": {}, "gateway": {"pressure": {}}}"#;
+        let e = PressureConfig::from_document("x.json", doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at pressure"), "{e}");
+        assert!(e.contains("gateway.pressure"), "{e}");
+        // One, at either depth, is found.
+        let one = r#"{"gateway": {"pressure": {"enabled": false}}, "other": {"x": 1}}"#;
+        assert!(
+            !PressureConfig::from_document("x.json", one)
+                .unwrap()
+                .enabled
+        );
     }
 
     #[test]

@@ -37,7 +37,8 @@ impl Limited {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Route {
-    prefix: Box<str>,
+    /// In the form of [`normal_path`].
+    prefix: Box<[u8]>,
     pub(crate) limited: Limited,
 }
 
@@ -85,19 +86,23 @@ pub(crate) struct Policy {
     pub(crate) responses: Responses,
 }
 
-/// `path` in the form paths and prefixes are compared in: each
-/// percent-encoded unreserved character (RFC 3986 §2.3: a letter, a digit,
-/// `-`, `.`, `_`, `~`) decoded, the hex digits of every other
-/// percent-encoding in upper case (§6.2.2). So `/hooks/%73tripe` is
-/// `/hooks/stripe`, the path the router serves it as: a client cannot
-/// step around a route's limit by encoding a letter. A path without `%`
-/// is its own form.
+/// `path` in the form paths and prefixes are compared in: the bytes it
+/// spells, each `%XX` decoded once (RFC 3986 §2.1). A router hands a
+/// handler its path parameters decoded the same way, so `/hooks/%73tripe`,
+/// `/users/%40me` and `/hooks/caf%C3%A9` reach the handlers of
+/// `/hooks/stripe`, `/users/@me` and `/hooks/café` (sent raw, as clients
+/// may), and a client cannot step around a route's limit by spelling a
+/// path differently. `%2F` is decoded too: a wildcard route hands
+/// `/files/a%2Fb` to its handler as `a/b`, so the limit of `/files/a/b`
+/// covers it (at worst a limit covers a path that is not quite its own,
+/// never the other way round). A `%` not followed by two hex digits is
+/// left as it is. A path without `%` is its own form.
 #[inline]
-pub(crate) fn normal_path(path: &str) -> Cow<'_, str> {
+pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     if !has_percent(path.as_bytes()) {
-        return Cow::Borrowed(path);
+        return Cow::Borrowed(path.as_bytes());
     }
-    decoded(path)
+    Cow::Owned(decoded(path.as_bytes()))
 }
 
 /// Whether `b` holds a `%`, eight bytes at a time (the last eight
@@ -134,24 +139,15 @@ fn has_percent(b: &[u8]) -> bool {
 /// [`normal_path`] of a path with a `%`.
 #[cold]
 #[inline(never)]
-fn decoded(path: &str) -> Cow<'_, str> {
-    let bytes = path.as_bytes();
+fn decoded(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
     while i < bytes.len() {
         match (bytes[i], hex(i + 1), hex(i + 2)) {
             (b'%', Some(h), Some(l)) => {
-                let c = (h * 16 + l) as u8;
-                if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
-                    out.push(c);
-                } else {
-                    out.extend([
-                        b'%',
-                        bytes[i + 1].to_ascii_uppercase(),
-                        bytes[i + 2].to_ascii_uppercase(),
-                    ]);
-                }
+                // Two hex digits: at most 255.
+                out.push((h * 16 + l) as u8);
                 i += 3;
             }
             (b, _, _) => {
@@ -160,14 +156,12 @@ fn decoded(path: &str) -> Cow<'_, str> {
             }
         }
     }
-    // Only ASCII replaced ASCII: still UTF-8.
-    Cow::Owned(String::from_utf8(out).unwrap_or_else(|_| path.to_owned()))
+    out
 }
 
 /// `path` is `prefix` or continues it after a `/`.
 #[inline]
-fn prefix_matches(path: &str, prefix: &str) -> bool {
-    let (path, prefix) = (path.as_bytes(), prefix.as_bytes());
+fn prefix_matches(path: &[u8], prefix: &[u8]) -> bool {
     // Compared in line (a prefix is mostly 16 bytes or fewer), not by a
     // call to `memcmp`.
     path.len() >= prefix.len()
@@ -239,14 +233,19 @@ impl Policy {
 
     /// The stage that limits a request to `path` before authentication,
     /// with its resource: the longest matching route, else the service,
-    /// else none (also none when the config is disabled).
+    /// else none (also none when the config is disabled). A path that is
+    /// not one (`*` of `OPTIONS *`, the empty path of `CONNECT host:port`)
+    /// is taken as `/`: a route on `/` covers every request.
     #[inline]
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
             return None;
         }
         if !self.routes.is_empty() {
-            let path = normal_path(path);
+            let path = match path.starts_with('/') {
+                true => normal_path(path),
+                false => Cow::Borrowed(&b"/"[..]),
+            };
             if let Some(i) = self
                 .routes
                 .iter()
@@ -300,12 +299,12 @@ mod tests {
 
     #[test]
     fn prefix_matches_on_segment_boundaries_only() {
-        assert!(prefix_matches("/api/hooks", "/api/hooks"));
-        assert!(prefix_matches("/api/hooks/stripe", "/api/hooks"));
-        assert!(!prefix_matches("/api/hooksx", "/api/hooks"));
-        assert!(prefix_matches("/api/hooks/x", "/api/"));
-        assert!(prefix_matches("/anything", "/"));
-        assert!(!prefix_matches("/api", "/api/hooks"));
+        assert!(prefix_matches(b"/api/hooks", b"/api/hooks"));
+        assert!(prefix_matches(b"/api/hooks/stripe", b"/api/hooks"));
+        assert!(!prefix_matches(b"/api/hooksx", b"/api/hooks"));
+        assert!(prefix_matches(b"/api/hooks/x", b"/api/"));
+        assert!(prefix_matches(b"/anything", b"/"));
+        assert!(!prefix_matches(b"/api", b"/api/hooks"));
     }
 
     #[test]
@@ -327,14 +326,42 @@ mod tests {
     }
 
     #[test]
-    fn normal_paths_decode_unreserved_characters_only() {
-        assert_eq!(normal_path("/hooks/stripe"), "/hooks/stripe");
+    fn normal_paths_decode_every_percent_encoding_once() {
+        let form = |p: &str| normal_path(p).into_owned();
+        assert_eq!(form("/hooks/stripe"), b"/hooks/stripe");
         assert!(matches!(normal_path("/a/b"), Cow::Borrowed(_)));
-        assert_eq!(normal_path("/hooks/%73tripe"), "/hooks/stripe");
-        assert_eq!(normal_path("/%41%7a%30%2D%2e%5F%7e"), "/Az0-._~");
-        // Reserved and other characters stay encoded, in upper case.
-        assert_eq!(normal_path("/a%2fb%3Fc%c3%a9"), "/a%2Fb%3Fc%C3%A9");
+        assert_eq!(form("/hooks/%73tripe"), b"/hooks/stripe");
+        assert_eq!(form("/%41%7a%30%2D%2e%5F%7e"), b"/Az0-._~");
+        // Reserved and other characters too, in either case of hex digit,
+        // the same bytes as the character sent raw.
+        assert_eq!(form("/users/%40me"), form("/users/@me"));
+        assert_eq!(form("/hooks/caf%c3%A9"), form("/hooks/caf\u{e9}"));
+        assert_eq!(form("/q/%7Bx%7d%22"), b"/q/{x}\"");
+        assert_eq!(form("/files/a%2fb"), b"/files/a/b");
+        // Once: `%25` is a `%`, not the start of another encoding.
+        assert_eq!(form("/a%2541"), b"/a%41");
+        // Bytes that are not UTF-8 are compared as bytes.
+        assert_eq!(form("/x%FF"), b"/x\xff");
         // Not an encoding: left as it is.
-        assert_eq!(normal_path("/100%/%zz/%4"), "/100%/%zz/%4");
+        assert_eq!(form("/100%/%zz/%4"), b"/100%/%zz/%4");
+    }
+
+    #[test]
+    fn a_path_that_is_not_one_meets_the_route_on_slash() {
+        let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
+        let config = PressureConfig::from_json(
+            "p.json",
+            r#"{"perRoute": [
+                {"resource": "all", "pathPrefix": "/", "limits": {"requestsPerSecond": 5}},
+                {"resource": "hooks", "pathPrefix": "/hooks", "limits": {"requestsPerSecond": 5}}]}"#,
+        )
+        .unwrap();
+        let policy = Policy::new(broker, &config, None).unwrap();
+        for path in ["*", "", "/", "/x"] {
+            let (_, limited) = policy.stage_for(path).expect(path);
+            assert_eq!(&*limited.id, "all", "{path:?}");
+        }
+        let (_, limited) = policy.stage_for("/hook%73/x").unwrap();
+        assert_eq!(&*limited.id, "hooks");
     }
 }

@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use broker_axum::{Pressure, PressureConfig, Responses};
 use broker_core::ResourceBroker;
-use common::{count, serve, statuses, TestBroker};
+use common::{count, raw_status, serve, statuses, TestBroker};
 
 fn app(pressure: &Pressure) -> Router {
     Router::new()
@@ -79,6 +79,83 @@ async fn a_percent_encoded_letter_meets_the_same_route_limit() {
     let again = statuses(&client, &format!("http://{addr}/hooks/%73tripe"), None, 1).await;
     assert_eq!(again, [429], "the route's 2/min are used");
     assert_eq!(t.stat("route:stripe", |s| s.allowed), 2);
+}
+
+/// Every spelling of a path meets the limit of its prefix: a reserved
+/// character percent-encoded, a non-ASCII one sent raw or encoded, and
+/// characters hyper takes raw that a prefix may hold encoded. Sent as raw
+/// request lines, which a client library would re-encode.
+#[tokio::test]
+async fn every_spelling_of_a_path_meets_the_same_route_limit() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:me", "pathPrefix": "/users/@me", "limits": { "requestsPerMinute": 1 } },
+            { "resource": "route:cafe", "pathPrefix": "/hooks/caf%C3%A9", "limits": { "requestsPerMinute": 1 } },
+            { "resource": "route:raw", "pathPrefix": "/q/{x}", "limits": { "requestsPerMinute": 1 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route(
+            "/users/{name}",
+            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
+        )
+        .route(
+            "/hooks/{name}",
+            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
+        )
+        .route(
+            "/q/{name}",
+            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
+        )
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let get = |path: &[u8]| {
+        let mut head = b"GET ".to_vec();
+        head.extend_from_slice(path);
+        head.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        head
+    };
+    for (first, second, resource) in [
+        (&b"/users/@me"[..], &b"/users/%40me"[..], "route:me"),
+        (
+            "/hooks/caf\u{e9}".as_bytes(),
+            &b"/hooks/caf%c3%a9"[..],
+            "route:cafe",
+        ),
+        (&b"/q/%7Bx%7D"[..], &b"/q/{x}"[..], "route:raw"),
+    ] {
+        let what = String::from_utf8_lossy(second).into_owned();
+        assert_eq!(raw_status(addr, &get(first)).await, 200, "{what}");
+        assert_eq!(raw_status(addr, &get(second)).await, 429, "{what}");
+        assert_eq!(t.stat(resource, |s| s.allowed), 1, "{what}");
+        assert_eq!(t.stat(resource, |s| s.denied), 1, "{what}");
+    }
+}
+
+/// `OPTIONS *` and `CONNECT host:port` carry no path: they meet the limit
+/// of a route on `/`, as every other request does.
+#[tokio::test]
+async fn requests_without_a_path_meet_the_route_on_slash() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:all", "pathPrefix": "/", "limits": { "requestsPerMinute": 2 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .fallback(|| async { "any" })
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let options = b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let connect =
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nConnection: close\r\n\r\n";
+    assert_ne!(raw_status(addr, options).await, 429);
+    assert_ne!(raw_status(addr, connect).await, 429);
+    assert_eq!(t.stat("route:all", |s| s.allowed), 2, "both were counted");
+    assert_eq!(raw_status(addr, options).await, 429);
+    assert_eq!(raw_status(addr, connect).await, 429);
+    assert_eq!(t.stat("route:all", |s| s.denied), 2);
 }
 
 #[tokio::test]

@@ -123,3 +123,25 @@ impl http_body::Body for Drip {
         }
     }
 }
+
+/// Sends `head` (a request line and headers, written as they go on the
+/// wire, with `Connection: close`) on a new connection to `addr` and
+/// returns the response's status: for requests a client library will not
+/// write (raw UTF-8 in the path, `OPTIONS *`, `CONNECT host:port`).
+pub async fn raw_status(addr: SocketAddr, head: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before a status line: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&got);
+    line.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line:?}"))
+}
