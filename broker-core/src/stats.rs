@@ -117,7 +117,8 @@ pub struct ResourceStats {
     pub denied: u64,
     /// `enqueue` calls waiting now.
     pub queued: u64,
-    /// Work running (or permits held) now.
+    /// Work running (or permits held) now, also on a registration of the
+    /// resource that a later one replaced.
     pub in_flight: u64,
     /// Times a caller waited on the local limiter.
     pub local_waits: u64,

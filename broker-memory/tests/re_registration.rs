@@ -1,6 +1,7 @@
 //! What a re-registration of a resource keeps: the slots held (also when
 //! the rate limits change in number), no more tokens than the new burst,
-//! and the holds set after a 429 for the calls booked before it.
+//! the holds set after a 429 for the calls booked before it, and the count
+//! of the permits held on it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,6 +52,44 @@ fn a_new_number_of_rate_limits_keeps_the_slots_held() {
         .unwrap();
     assert!(take(&broker, "api").allowed);
     assert!(!take(&broker, "api").allowed);
+}
+
+/// `stats().in_flight` counts the permits held on the registrations a
+/// re-registration replaced, until they are released; the other counters
+/// start at the latest registration.
+#[test]
+fn in_flight_counts_the_permits_held_across_re_registrations() {
+    let clock = ManualClock::new();
+    let broker = broker(&clock);
+    let limits = |n| {
+        Limits::new()
+            .rate(RateLimit::per_second(100))
+            .max_concurrent(n)
+    };
+    let in_flight = |b: &ResourceBroker| b.stats().resources["api"].in_flight;
+    broker.register_limit("api", limits(3)).unwrap();
+    let mut first = take(&broker, "api");
+    broker.register_limit("api", limits(4)).unwrap();
+    let mut second = take(&broker, "api");
+    broker.register_limit("api", limits(5)).unwrap();
+    assert_eq!(
+        in_flight(&broker),
+        2,
+        "one permit on each replaced registration"
+    );
+    assert_eq!(
+        broker.stats().resources["api"].allowed,
+        0,
+        "counted from the latest"
+    );
+    let mut third = take(&broker, "api");
+    assert_eq!(in_flight(&broker), 3);
+    first.permit.release();
+    assert_eq!(in_flight(&broker), 2);
+    second.permit.release();
+    assert_eq!(in_flight(&broker), 1);
+    third.permit.release();
+    assert_eq!(in_flight(&broker), 0);
 }
 
 /// A smaller burst applies at once, also at the instant of the last

@@ -29,7 +29,7 @@ use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
 use crate::state::{DenyReason, LimitSpec, Verdict};
-use crate::stats::{bump, BrokerStats, Counters, ResourceKind};
+use crate::stats::{bump, BrokerStats, Counters, ResourceKind, ResourceStats};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
 /// `try_acquire` / `acquire` (check + reject) on the same resources.
@@ -110,6 +110,10 @@ pub(crate) struct Resource {
     pub(crate) keeper: Option<Arc<keeper::Keeper>>,
     /// The registration that replaced this one under its id, once one did.
     next: std::sync::OnceLock<Arc<Resource>>,
+    /// The registration this one replaced (weak: it lives while a call or
+    /// permit made on it does), whose running work [`Resource::stats`]
+    /// still counts.
+    replaced: std::sync::Weak<Resource>,
 }
 
 impl Resource {
@@ -126,6 +130,22 @@ impl Resource {
             latest = next;
         }
         latest
+    }
+
+    /// The counters of this registration, with the calls waiting and the
+    /// work running (or permits held) on the registrations it replaced,
+    /// as long as any lives: those are still queued and in flight under
+    /// this id.
+    fn stats(&self) -> ResourceStats {
+        let mut stats = self.counters.snapshot(self.kind);
+        let mut earlier = self.replaced.upgrade();
+        while let Some(r) = earlier {
+            let theirs = r.counters.snapshot(r.kind);
+            stats.queued += theirs.queued;
+            stats.in_flight += theirs.in_flight;
+            earlier = r.replaced.upgrade();
+        }
+        stats
     }
 
     /// `config.limits.check_fits`, answered from `fits` when it passes.
@@ -315,9 +335,9 @@ impl ResourceBroker {
         // The holds belong to the resource id, not to one registration: a
         // call still running on an earlier registration sees a hold set
         // through this one, and the other way round.
-        let holds = match self.inner.resources.load().get(id) {
-            Some(old) => old.holds.clone(),
-            None => Arc::default(),
+        let (holds, replaced) = match self.inner.resources.load().get(id) {
+            Some(old) => (old.holds.clone(), Arc::downgrade(old)),
+            None => (Arc::default(), std::sync::Weak::new()),
         };
         let resource = Arc::new(Resource {
             id: id.to_owned(),
@@ -335,6 +355,7 @@ impl ResourceBroker {
             retired: std::sync::atomic::AtomicBool::new(false),
             keeper: self.inner.keeper.clone(),
             next: std::sync::OnceLock::new(),
+            replaced,
         });
         let replaced = {
             let _guard = guard;
@@ -873,14 +894,17 @@ impl ResourceBroker {
 /// # Observability
 impl ResourceBroker {
     /// Counters of every resource, and the state store's health (calls
-    /// answered by its failure policy while it was unreachable).
+    /// answered by its failure policy while it was unreachable). A
+    /// resource's counts start at its latest registration, save `queued`
+    /// and `in_flight`, which also count the calls and permits still
+    /// running on a registration it replaced.
     pub fn stats(&self) -> BrokerStats {
         let resources = self
             .inner
             .resources
             .load()
             .values()
-            .map(|r| (r.id.clone(), r.counters.snapshot(r.kind)))
+            .map(|r| (r.id.clone(), r.stats()))
             .collect();
         BrokerStats {
             resources,
