@@ -57,7 +57,7 @@ fn field<'a>(event: &'a [(String, String)], name: &str) -> Option<&'a str> {
 async fn one_event_per_denial_and_none_per_allowed_request() {
     let events = Events::default();
     let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+        broker_testkit::capture_scoped(tracing_subscriber::registry().with(events.clone()));
 
     let t = TestBroker::new();
     let pressure = t.pressure(

@@ -9,9 +9,12 @@
 //!   rate-limit headers, a foreign client and an outage mode.
 //! - [`Wrapped`]: a state store passing its calls on to another, with the
 //!   test's [`Hooks`] where it steps in.
+//! - [`capture_scoped`]: a thread's own `tracing` subscriber that no other
+//!   test thread can blind.
 #![warn(missing_docs)]
 
 mod down_backend;
+mod log_capture;
 mod redis_server;
 pub mod seed_table;
 mod strict_server;
@@ -19,6 +22,7 @@ pub mod upstream;
 mod wrapped;
 
 pub use down_backend::DownBackend;
+pub use log_capture::capture_scoped;
 pub use redis_server::{command_calls, free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};
 pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};

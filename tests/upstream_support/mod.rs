@@ -111,7 +111,8 @@ impl std::io::Write for Captured {
 }
 
 /// Captures `tracing` events of `level` and above on this thread until the
-/// guard drops.
+/// guard drops (none lost to another test's thread: see
+/// [`broker_testkit::capture_scoped`]).
 pub fn capture_logs(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
     let sink = Captured::default();
     let writer = sink.clone();
@@ -120,6 +121,5 @@ pub fn capture_logs(level: tracing::Level) -> (Captured, tracing::subscriber::De
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
-    (sink, guard)
+    (sink, broker_testkit::capture_scoped(subscriber))
 }

@@ -1,0 +1,54 @@
+//! Capturing `tracing` events in a test that runs beside others in one
+//! process, without losing any.
+//!
+//! `tracing` caches, per callsite and for the whole process, whether any
+//! subscriber wants its events, and works it out the first time any thread
+//! reaches the callsite. While at most one dispatcher is registered it asks
+//! only the reaching thread's default: a sibling test's thread with no
+//! subscriber answers "never", and the event is then skipped everywhere,
+//! also on a thread that captures it. [`capture_scoped`] first makes a
+//! global default that answers "sometimes" for every callsite and wants no
+//! event, so every callsite is checked per event against the thread's own
+//! subscriber.
+
+use tracing::span;
+use tracing::subscriber::{DefaultGuard, Interest};
+use tracing::{Event, Metadata, Subscriber};
+
+/// Wants no event, and asks for every callsite to be checked per event.
+struct PerEvent;
+
+impl Subscriber for PerEvent {
+    fn register_callsite(&self, _: &'static Metadata<'static>) -> Interest {
+        Interest::sometimes()
+    }
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &span::Id) {}
+    fn exit(&self, _: &span::Id) {}
+}
+
+/// Makes `subscriber` this thread's default until the guard drops, so that
+/// it sees every event of this thread that it wants, whatever other
+/// threads of the process reach first (see the module's doc). Sets the
+/// process's global default once (to a subscriber that wants nothing).
+pub fn capture_scoped(subscriber: impl Subscriber + Send + Sync + 'static) -> DefaultGuard {
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        // Fails only if a global default is set already: then that one
+        // answers for threads without their own.
+        let _ = tracing::subscriber::set_global_default(PerEvent);
+    });
+    let guard = tracing::subscriber::set_default(subscriber);
+    // Registering a dispatcher rebuilt the cache; once more, from every
+    // live dispatcher, for a callsite a thread was registering meanwhile.
+    tracing::callsite::rebuild_interest_cache();
+    guard
+}
