@@ -83,10 +83,10 @@ pub struct RouteConfig {
     /// match (`/api/webhooks` matches `/api/webhooks` and
     /// `/api/webhooks/stripe`, not `/api/webhooksx`). Must start with `/`
     /// and hold no `?`, `#`, space or control character. Both are compared
-    /// with every `%XX` decoded, as a router decodes path parameters: a
-    /// prefix `/hooks/stripe` limits `/hooks/%73tripe` too, and
-    /// `/hooks/café` (written raw or as `/hooks/caf%C3%A9`) limits both
-    /// spellings of it.
+    /// with every `%XX` but `%2F` decoded, as a router decodes path
+    /// parameters: a prefix `/hooks/stripe` limits `/hooks/%73tripe` too,
+    /// and `/hooks/café` (written raw or as `/hooks/caf%C3%A9`) limits both
+    /// spellings of it. `%2F` is a `/` inside a segment, not a boundary.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,
@@ -295,9 +295,11 @@ fn check_id(id: &str) -> Result<(), &'static str> {
     }
 }
 
-/// The `pressure` object of `doc`, with its path: at the top level or one
-/// level down. More than one is an error naming two of them (keys in
-/// order): picking one would apply a config the reader may not have meant.
+/// The `pressure` object of `doc`, with its path: the value of a top-level
+/// `pressure` key, or an object under a `pressure` key one level down (a
+/// `pressure` number there, say a boiler's, is not one). More than one is
+/// an error naming two of them (keys in order): picking one would apply a
+/// config the reader may not have meant.
 fn find_pressure(
     doc: serde_json::Value,
 ) -> Result<Option<(String, serde_json::Value)>, (String, String)> {
@@ -309,7 +311,7 @@ fn find_pressure(
         match v {
             v if k == "pressure" => found.push((k, v)),
             serde_json::Value::Object(mut o) => {
-                if let Some(p) = o.remove("pressure") {
+                if let Some(p @ serde_json::Value::Object(_)) = o.remove("pressure") {
                     found.push((format!("{k}.pressure"), p));
                 }
             }
@@ -486,6 +488,16 @@ mod tests {
     }
 
     #[test]
+    fn a_slash_inside_a_segment_is_a_prefix_of_its_own() {
+        let text = r#"{"perRoute": [
+            {"resource": "r1", "pathPrefix": "/files/a%2Fb", "limits": {}},
+            {"resource": "r2", "pathPrefix": "/files/a/b", "limits": {}},
+            {"resource": "r3", "pathPrefix": "/files/caf\u00e9", "limits": {}}]}"#;
+        let config = PressureConfig::from_json("p.json", text).unwrap();
+        assert_eq!(config.per_route.len(), 3);
+    }
+
+    #[test]
     fn a_prefix_that_could_never_match_is_rejected() {
         for (a, b, field) in [
             ("/a", "/a", "perRoute[1].pathPrefix"),
@@ -498,6 +510,7 @@ mod tests {
             ("/ab", "/a%62", "perRoute[1].pathPrefix"),
             ("/caf\u{e9}", "/caf%C3%A9", "perRoute[1].pathPrefix"),
             ("/users/%40me", "/users/@me", "perRoute[1].pathPrefix"),
+            ("/a/b%2F", "/a/b%2f", "perRoute[1].pathPrefix"),
         ] {
             let text = format!(
                 r#"{{"perRoute": [
@@ -526,8 +539,9 @@ mod tests {
             .to_string();
         assert!(e.contains("at pressure"), "{e}");
         assert!(e.contains("gateway.pressure"), "{e}");
-        // One, at either depth, is found.
-        let one = r#"{"gateway": {"pressure": {"enabled": false}}, "other": {"x": 1}}"#;
+        // One, at either depth, is found; a `pressure` one level down that
+        // is no object is something else's.
+        let one = r#"{"boiler": {"pressure": 3.2}, "gateway": {"pressure": {"enabled": false}}}"#;
         assert!(
             !PressureConfig::from_document("x.json", one)
                 .unwrap()

@@ -87,16 +87,16 @@ pub(crate) struct Policy {
 }
 
 /// `path` in the form paths and prefixes are compared in: the bytes it
-/// spells, each `%XX` decoded once (RFC 3986 §2.1). A router hands a
-/// handler its path parameters decoded the same way, so `/hooks/%73tripe`,
-/// `/users/%40me` and `/hooks/caf%C3%A9` reach the handlers of
-/// `/hooks/stripe`, `/users/@me` and `/hooks/café` (sent raw, as clients
-/// may), and a client cannot step around a route's limit by spelling a
-/// path differently. `%2F` is decoded too: a wildcard route hands
-/// `/files/a%2Fb` to its handler as `a/b`, so the limit of `/files/a/b`
-/// covers it (at worst a limit covers a path that is not quite its own,
-/// never the other way round). A `%` not followed by two hex digits is
-/// left as it is. A path without `%` is its own form.
+/// spells, each `%XX` decoded once (RFC 3986 §2.1), save `%2F`. A router
+/// hands a handler its path parameters decoded the same way, so
+/// `/hooks/%73tripe`, `/users/%40me` and `/hooks/caf%C3%A9` reach the
+/// handlers of `/hooks/stripe`, `/users/@me` and `/hooks/café` (sent raw,
+/// as clients may), and a client cannot step around a route's limit by
+/// spelling a path differently. `%2F` stays as it is (in upper case): the
+/// router splits segments on a `/` only, so `/files/public%2Fx` is the one
+/// segment `public/x` under `/files`, and meets the limit of `/files`, not
+/// that of `/files/public`. A `%` not followed by two hex digits is left
+/// as it is. A path without `%` is its own form.
 #[inline]
 pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     if !has_percent(path.as_bytes()) {
@@ -147,7 +147,10 @@ fn decoded(bytes: &[u8]) -> Vec<u8> {
         match (bytes[i], hex(i + 1), hex(i + 2)) {
             (b'%', Some(h), Some(l)) => {
                 // Two hex digits: at most 255.
-                out.push((h * 16 + l) as u8);
+                match (h * 16 + l) as u8 {
+                    b'/' => out.extend_from_slice(b"%2F"),
+                    c => out.push(c),
+                }
                 i += 3;
             }
             (b, _, _) => {
@@ -337,7 +340,9 @@ mod tests {
         assert_eq!(form("/users/%40me"), form("/users/@me"));
         assert_eq!(form("/hooks/caf%c3%A9"), form("/hooks/caf\u{e9}"));
         assert_eq!(form("/q/%7Bx%7d%22"), b"/q/{x}\"");
-        assert_eq!(form("/files/a%2fb"), b"/files/a/b");
+        // A `/` inside a segment stays encoded: not a segment boundary.
+        assert_eq!(form("/files/a%2fb"), b"/files/a%2Fb");
+        assert_ne!(form("/files/a%2Fb"), form("/files/a/b"));
         // Once: `%25` is a `%`, not the start of another encoding.
         assert_eq!(form("/a%2541"), b"/a%41");
         // Bytes that are not UTF-8 are compared as bytes.

@@ -133,6 +133,39 @@ async fn every_spelling_of_a_path_meets_the_same_route_limit() {
     }
 }
 
+/// A `/` sent as `%2F` is inside a segment, as the router takes it: the
+/// request meets the limit of the shorter prefix whose handler serves it,
+/// not a longer prefix's (looser) one.
+#[tokio::test]
+async fn an_encoded_slash_does_not_reach_a_longer_prefixs_limit() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:files", "pathPrefix": "/files", "limits": { "requestsPerMinute": 1 } },
+            { "resource": "route:public", "pathPrefix": "/files/public", "limits": { "requestsPerMinute": 1000 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route(
+            "/files/{name}",
+            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
+        )
+        .route("/files/public/{*rest}", get(|| async { "public" }))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let get = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes()
+    };
+    assert_eq!(raw_status(addr, &get("/files/secret")).await, 200);
+    assert_eq!(
+        raw_status(addr, &get("/files/public%2Fanything")).await,
+        429
+    );
+    assert_eq!(raw_status(addr, &get("/files/public/anything")).await, 200);
+    assert_eq!(t.stat("route:files", |s| s.denied), 1);
+    assert_eq!(t.stat("route:public", |s| s.allowed), 1);
+}
+
 /// `OPTIONS *` and `CONNECT host:port` carry no path: they meet the limit
 /// of a route on `/`, as every other request does.
 #[tokio::test]
