@@ -92,6 +92,38 @@ fn in_flight_counts_the_permits_held_across_re_registrations() {
     assert_eq!(in_flight(&broker), 0);
 }
 
+/// A long chain of re-registrations, kept alive by a permit on the first
+/// (a thread's kept registry can hold an old one the same way), is freed
+/// without running out of stack.
+#[test]
+fn a_long_chain_of_re_registrations_drops_without_overflow() {
+    let run = || {
+        let clock = ManualClock::new();
+        let broker = broker(&clock);
+        let limits = |n| {
+            Limits::new()
+                .rate(RateLimit::per_second(100))
+                .max_concurrent(n)
+        };
+        broker.register_limit("api", limits(3)).unwrap();
+        let mut first = take(&broker, "api");
+        for i in 0..100_000u32 {
+            broker.register_limit("api", limits(3 + i % 2)).unwrap();
+        }
+        assert_eq!(broker.stats().resources["api"].in_flight, 1);
+        first.permit.release();
+        drop(first);
+        drop(broker);
+    };
+    // A small stack, as a worker thread's may be.
+    std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(run)
+        .unwrap()
+        .join()
+        .expect("no overflow");
+}
+
 /// A smaller burst applies at once, also at the instant of the last
 /// decision (no time passed to refill and cap the bucket).
 #[test]

@@ -116,6 +116,21 @@ pub(crate) struct Resource {
     replaced: std::sync::Weak<Resource>,
 }
 
+impl Drop for Resource {
+    /// Drops the registrations that replaced this one one after another,
+    /// not one inside the other: a thread's kept registry can hold an old
+    /// registration, and through `next` every later one, and a chain of
+    /// thousands of re-registrations dropped recursively overflowed the
+    /// stack.
+    fn drop(&mut self) {
+        let mut next = self.next.take();
+        while let Some(resource) = next {
+            // The last owner takes the one after it out before dropping it.
+            next = Arc::into_inner(resource).and_then(|mut r| r.next.take());
+        }
+    }
+}
+
 impl Resource {
     /// The latest registration under this resource's id: itself, or the
     /// one that replaced it (and so on). A call that began under a
