@@ -263,6 +263,25 @@ async fn slot_free(broker: &ResourceBroker) -> bool {
         .allowed
 }
 
+/// A permit dropped, then a decision at once from the same process: the
+/// slot is free. The permit's release goes out from a task of its own, and
+/// the decision sends it first rather than overtake it (a client sending
+/// its requests one after another at a limit of 1 is never denied).
+#[tokio::test]
+async fn a_slot_released_here_is_free_to_the_next_decision_here() {
+    let server = RedisServer::start();
+    let broker = one_slot(&server, Duration::from_secs(30)).await;
+    for i in 0..200 {
+        let a = broker.try_acquire("r", Cost::default()).await.unwrap();
+        assert!(a.allowed, "decision {i} found the slot held");
+        drop(a);
+    }
+    // And the releases all landed: the slot is free, no lease is left.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let leases = server.command("KEYS *");
+    assert!(slot_free(&broker).await, "{leases}");
+}
+
 /// A permit held for several lease TTLs keeps its slot: the broker renews
 /// its lease while it lives (Redis's own clock runs in real time, so the
 /// test waits in real time). Released, the slot is free again.

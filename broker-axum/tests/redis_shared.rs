@@ -97,3 +97,32 @@ async fn two_instances_on_one_redis_enforce_one_shared_limit() {
         [200, 429]
     );
 }
+
+/// At a concurrency limit of 1 on Redis, a client that sends its requests
+/// one after another on one keep-alive connection is never denied: each
+/// response's slot is free again before the next request is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_after_another_at_a_concurrency_of_one_is_never_denied() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::connect(&redis.url()).await.unwrap();
+    let config = PressureConfig::from_json(
+        "t.json",
+        r#"{ "perService": { "rest": { "maxConcurrentRequests": 1 } } }"#,
+    )
+    .unwrap();
+    let pressure = Pressure::new(ResourceBroker::new(backend), &config).unwrap();
+    let app = Router::new()
+        .route("/hooks/{name}", post(|| async { "queued" }))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/hooks/a");
+    let mut denied = Vec::new();
+    for i in 0..200 {
+        let status = client.post(&url).send().await.unwrap().status();
+        if status != 200 {
+            denied.push((i, status.as_u16()));
+        }
+    }
+    assert!(denied.is_empty(), "denied: {denied:?}");
+}

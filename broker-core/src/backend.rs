@@ -84,6 +84,15 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Told, without I/O, that a [`Backend::release`] of `lease` on `key`
+    /// is about to be sent from a task of its own (a permit dropped where
+    /// [`Backend::release_now`] had no answer). A store whose next
+    /// decision could overtake that release (another connection, a batch)
+    /// keeps it, and sends it ahead of a later decision on `key` from this
+    /// process: a slot freed here is free to the next caller here. The
+    /// default does nothing.
+    fn release_sent(&self, _key: &str, _lease: LeaseId) {}
+
     /// `settle`: correct the charge from `reserved` to `actual`. `since`:
     /// the [`Reservation::since`] marks of the reservation settled, when
     /// there was one; a refund is not made to a bucket held past its mark

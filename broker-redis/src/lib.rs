@@ -59,6 +59,7 @@ mod direct;
 mod failure;
 mod inspect;
 mod keys;
+mod pending;
 mod poll_guard;
 mod scripts;
 mod startup;
@@ -94,6 +95,8 @@ struct Inner {
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
     coalescer: Option<Arc<coalesce::Coalescer>>,
+    /// Releases sent from tasks, not yet answered.
+    pending: pending::Pending,
 }
 
 /// # Connecting
@@ -155,6 +158,7 @@ impl RedisBackend {
                 op_timeout,
                 maxmemory_policy,
                 coalescer,
+                pending: pending::Pending::default(),
             }),
         }
     }

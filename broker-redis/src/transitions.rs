@@ -225,6 +225,36 @@ impl RedisBackend {
         (script, cmd)
     }
 
+    /// Frees `lease` where it is held: the local fallback, else Redis.
+    async fn release_lease(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Some(Some(Ok(true))) = self
+            .inner
+            .fallback
+            .as_ref()
+            .map(|m| m.release_now(key, lease))
+        {
+            return Ok(true);
+        }
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
+        }
+    }
+
+    /// Sends the releases of `key` that tasks have in flight (see
+    /// `pending.rs`) ahead of a decision on it. Their outcome is the
+    /// tasks' to report; a failed one expires with its lease.
+    async fn send_pending_releases(&self, key: &str) {
+        for lease in self.inner.pending.on(key) {
+            let _ = self.release_lease(key, lease).await;
+            self.inner.pending.remove(key, lease);
+        }
+    }
+
     async fn try_redis(
         &self,
         keys: &KeyPair,
@@ -357,6 +387,9 @@ impl Backend for RedisBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let keys = self.keys(key)?;
+        if spec.max_concurrent.is_some() {
+            self.send_pending_releases(key).await;
+        }
         let lease = new_lease();
         match self.try_redis(&keys, spec, cost, lease).await {
             Ok(d) => Ok(d),
@@ -383,6 +416,7 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
+        self.send_pending_releases(key).await;
         let lease = new_lease();
         let mut cmd = scripts::evalsha(
             &scripts::HOLD_SLOT,
@@ -410,22 +444,13 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(Some(Ok(true))) = self
-            .inner
-            .fallback
-            .as_ref()
-            .map(|m| m.release_now(key, lease))
-        {
-            return Ok(true);
-        }
-        let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
-        cmd.arg(lease);
-        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
-        match result {
-            Ok(n) => Ok(n == 1),
-            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
-        }
+        let released = self.release_lease(key, lease).await;
+        self.inner.pending.remove(key, lease);
+        released
+    }
+
+    fn release_sent(&self, key: &str, lease: LeaseId) {
+        self.inner.pending.add(key, lease);
     }
 
     async fn renew(

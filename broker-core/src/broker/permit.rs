@@ -209,6 +209,7 @@ fn release_held(held: Held) {
         None => {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let key = key.unwrap_or_else(|| h.resource.key.clone());
+                h.backend.release_sent(&key, h.lease);
                 let (backend, resource) = (h.backend, h.resource);
                 rt.spawn(async move {
                     if let Err(e) = backend.release(&key, h.lease).await {
