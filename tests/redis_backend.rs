@@ -307,6 +307,52 @@ async fn a_permit_held_past_the_lease_ttl_keeps_its_slot() {
     assert!(free, "the released slot is free again");
 }
 
+/// A live permit's lease lost with the store's data (a restart without
+/// persistence) is taken again at a renewal once the store is back, while
+/// its slot is free: the store counts the work running again, and another
+/// broker is denied until the permit ends. (The store is watched, not
+/// asked for the slot, so that no other holder takes it first.)
+#[tokio::test]
+async fn a_lease_lost_in_a_restart_is_taken_again() {
+    let mut server = RedisServer::start();
+    let holder = one_slot(&server, Duration::from_millis(300)).await;
+    let other = one_slot(&server, Duration::from_millis(300)).await;
+    let first = holder.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed);
+    server.restart();
+    assert_eq!(server.command("DBSIZE"), ":0", "the restart lost the lease");
+    let mut back = false;
+    for _ in 0..300 {
+        back = server.command("DBSIZE") != ":0";
+        if back {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(back, "the lease is in the store again");
+    // The other broker's connection learns of the restart with one error
+    // (fail-closed), then reconnects.
+    let mut answer = None;
+    for _ in 0..100 {
+        if let Ok(a) = other.try_acquire("r", Cost::default()).await {
+            answer = Some(a.allowed);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(answer, Some(false), "the slot is the live permit's");
+    drop(first);
+    let mut free = false;
+    for _ in 0..100 {
+        free = slot_free(&other).await;
+        if free {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(free, "released, the slot is free");
+}
+
 /// The lease of a holder that died (its process gone, here its runtime
 /// shut down with the permit never released) is no longer renewed and
 /// expires after its TTL, and another broker takes the slot.

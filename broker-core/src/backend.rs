@@ -78,6 +78,25 @@ pub trait Backend: Send + Sync + 'static {
         Ok(true)
     }
 
+    /// Takes a concurrency slot again under `lease`, the lease of a live
+    /// permit that [`Backend::renew`] found gone (it expired while the
+    /// store was out of reach, was lost with the store's data in a restart
+    /// or a failover, or was granted by a failure policy and never
+    /// stored): true when a slot was free and is now held under it, as
+    /// [`Backend::hold_slot`] would take it (false, with nothing taken,
+    /// when the slots are all held: the limit is then exceeded until the
+    /// permit ends). So the store counts the work that is really running
+    /// again. The default, for a store whose leases end with their
+    /// holders, has nothing to take again.
+    async fn retake(
+        &self,
+        _key: &str,
+        _spec: &LimitSpec,
+        _lease: LeaseId,
+    ) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
     /// Synchronous [`Backend::release`], when the store can answer without
     /// I/O (used from `Drop`).
     fn release_now(&self, _key: &str, _lease: LeaseId) -> Option<Result<bool, BackendError>> {

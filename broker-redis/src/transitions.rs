@@ -225,6 +225,31 @@ impl RedisBackend {
         (script, cmd)
     }
 
+    /// `hold_slot` in Redis, under `lease`: true when held.
+    async fn hold_slot_as(
+        &self,
+        keys: &KeyPair,
+        spec: &LimitSpec,
+        lease: LeaseId,
+    ) -> Result<bool, Failure> {
+        let mut cmd = scripts::evalsha(
+            &scripts::HOLD_SLOT,
+            keys,
+            self.now_arg(),
+            self.inner.margin_ms,
+            spec,
+            |_| Operand::Int(0),
+        );
+        match spec.max_concurrent {
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let leased = Some((keys.clone(), lease));
+        let held = parse::<i64>(self.run_leased(&scripts::HOLD_SLOT, cmd, leased).await?)?;
+        Ok(held == 1)
+    }
+
     /// Frees `lease` where it is held: the local fallback, else Redis.
     async fn release_lease(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
         if let Some(Some(Ok(true))) = self
@@ -418,28 +443,26 @@ impl Backend for RedisBackend {
         let keys = self.keys(key)?;
         self.send_pending_releases(key).await;
         let lease = new_lease();
-        let mut cmd = scripts::evalsha(
-            &scripts::HOLD_SLOT,
-            &keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |_| Operand::Int(0),
-        );
-        match spec.max_concurrent {
-            Some(max) => cmd.arg(max),
-            None => cmd.arg(""),
-        };
-        cmd.arg(spec.lease_ttl).arg(lease);
-        let leased = Some((keys.clone(), lease));
-        let result =
-            async { parse::<i64>(self.run_leased(&scripts::HOLD_SLOT, cmd, leased).await?) }.await;
-        match result {
-            Ok(held) => Ok((held == 1).then_some(lease)),
+        match self.hold_slot_as(&keys, spec, lease).await {
+            Ok(held) => Ok(held.then_some(lease)),
             Err(f) => match self.policy("hold_slot", f, spec)? {
                 Fallback::Open => Ok(Some(lease)),
                 Fallback::Local(m, scaled) => m.hold_slot(key, &scaled).await,
             },
+        }
+    }
+
+    async fn retake(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        lease: LeaseId,
+    ) -> Result<bool, BackendError> {
+        let keys = self.keys(key)?;
+        match self.hold_slot_as(&keys, spec, lease).await {
+            Ok(held) => Ok(held),
+            // Out of reach: the next renewal tries again.
+            Err(f) => self.policy("retake", f, &NO_LIMITS).map(|_| true),
         }
     }
 

@@ -108,8 +108,14 @@ impl<H: Hooks> Backend for Wrapped<H> {
     fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
         self.inner.release_now(k, l)
     }
+    fn release_sent(&self, k: &str, l: LeaseId) {
+        self.inner.release_sent(k, l)
+    }
     async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
         self.inner.renew(k, s, l).await
+    }
+    async fn retake(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
+        self.inner.retake(k, s, l).await
     }
     async fn settle(
         &self,

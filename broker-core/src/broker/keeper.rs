@@ -158,19 +158,34 @@ async fn renew_while_kept(mut stopped: Stopped) {
                 Ok(true) => {}
                 // Not in the store while its permit lives: it expired
                 // before a renewal reached the store (the store was out of
-                // reach for longer than the TTL), or it was granted while
-                // the store was out of reach and its failure policy let the
-                // call through. Its slot may be another holder's.
-                Ok(false) => {
-                    if keeper.lock().leases.remove(&lease).is_some() {
-                        tracing::warn!(
-                            resource = %resource.id,
-                            "a concurrency lease is not in the store while its permit is held \
-                             (it expired, or was granted while the store was unreachable); \
-                             the limit may be exceeded until the permit is released"
-                        );
+                // reach for longer than the TTL), it was lost with the
+                // store's data (a restart, a failover), or it was granted
+                // while the store was out of reach and its failure policy
+                // let the call through. Taken again if a slot is free, so
+                // the store counts the work running; else its slot is
+                // another holder's.
+                Ok(false) => match keeper.backend.retake(&key, &spec, lease).await {
+                    Ok(true) => tracing::warn!(
+                        resource = %resource.id,
+                        "a concurrency lease was not in the store while its permit is held \
+                         (it expired, was lost with the store's data, or was granted while \
+                         the store was unreachable) and is taken again; the limit may have \
+                         been exceeded meanwhile"
+                    ),
+                    Ok(false) => {
+                        if keeper.lock().leases.remove(&lease).is_some() {
+                            tracing::warn!(
+                                resource = %resource.id,
+                                "a concurrency lease is not in the store while its permit is \
+                                 held (it expired, was lost with the store's data, or was \
+                                 granted while the store was unreachable) and every slot is \
+                                 taken; the limit may be exceeded until the permit is released"
+                            );
+                        }
                     }
-                }
+                    // Tried again at the next renewal.
+                    Err(e) => super::note_backend_error(&resource, "retake", &e),
+                },
                 Err(e) => super::note_backend_error(&resource, "renew", &e),
             }
         }
