@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Permit, Verdict};
+use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Marks, Permit, Verdict};
 use http::{header, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -119,9 +119,17 @@ async fn refund(policy: Arc<Policy>, stage: Stage) {
     if let Some(limited) = policy.limited(stage) {
         // Errors are counted and logged by the broker; a failed refund
         // only leaves the cost charged, as without a refund.
-        let _ = policy
-            .broker
-            .settle(&*limited.id, Cost::default(), Cost::requests(0))
+        // While the store is out of reach its failure policy answered the
+        // admission too (microseconds before): the cost went to this
+        // process's fallback bucket, or nowhere, and goes back there.
+        let broker = &policy.broker;
+        let since = broker
+            .backend()
+            .health()
+            .down
+            .then_some(Marks::ANSWERED_HERE);
+        let _ = broker
+            .settle_since(&*limited.id, Cost::default(), Cost::requests(0), since)
             .await;
     }
 }

@@ -126,3 +126,47 @@ async fn one_request_after_another_at_a_concurrency_of_one_is_never_denied() {
     }
     assert!(denied.is_empty(), "denied: {denied:?}");
 }
+
+/// Redis down, the local fallback answering: a tenant's refused flood still
+/// gives the route's cost back, there (where the admissions were charged),
+/// so another tenant is not denied by the route limit the flood used up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_tenant_flood_is_refunded_where_the_fallback_charged_it() {
+    let mut redis = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let backend = RedisBackend::builder(&redis.url())
+        .client_time(shared)
+        .failure_policy(broker_redis::FailurePolicy::LocalFallback { share: 1.0 })
+        .connect()
+        .await
+        .unwrap();
+    let config = PressureConfig::from_json(
+        "t.json",
+        r#"{
+        "perRoute": [{ "resource": "route:hooks", "pathPrefix": "/hooks", "limits": { "requestsPerMinute": 5 } }],
+        "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
+    }"#,
+    )
+    .unwrap();
+    let broker = ResourceBroker::new(backend);
+    let pressure = Pressure::new(broker.clone(), &config).unwrap();
+    let app = Router::new()
+        .route("/hooks/{name}", post(|| async { "queued" }))
+        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    redis.kill();
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/hooks/a");
+    let flood = post_n(&client, &url, "flooder", 8).await;
+    assert_eq!(flood[0], 200);
+    assert!(flood[1..].iter().all(|&s| s == 429), "{flood:?}");
+    assert!(broker.stats().backend.down, "the fallback answered");
+    assert_eq!(
+        post_n(&client, &url, "other", 1).await,
+        [200],
+        "the route's 5/min were given back"
+    );
+}

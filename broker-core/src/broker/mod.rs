@@ -28,7 +28,7 @@ use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
-use crate::state::{DenyReason, LimitSpec, Verdict};
+use crate::state::{DenyReason, LimitSpec, Marks, Verdict};
 use crate::stats::{bump, BrokerStats, Counters, ResourceKind, ResourceStats};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
@@ -885,13 +885,41 @@ impl ResourceBroker {
     /// `try_acquire` let through open, or taken by the local fallback) was
     /// never in the store, and a refund of it made once the store is back
     /// gives the store tokens no call took: this call cannot tell such a
-    /// cost apart. `enqueue` settles its own bookings where their cost
-    /// went.
+    /// cost apart ([`ResourceBroker::settle_since`] can be told). `enqueue`
+    /// settles its own bookings where their cost went.
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
         reserved: Cost,
         actual: Cost,
+    ) -> Result<(), BrokerError> {
+        self.settle_since(target, reserved, actual, None).await
+    }
+
+    /// [`ResourceBroker::settle`], told where the cost went: `since` are the
+    /// marks of the booking settled ([`crate::Reservation::since`]), or
+    /// [`Marks::ANSWERED_HERE`] for a cost the store's failure policy
+    /// answered (the store was out of reach: [`crate::BackendHealth::down`]
+    /// when it was decided), which is then settled where it went (this
+    /// process's fallback bucket, or nowhere), not in the store.
+    ///
+    /// ```
+    /// # use broker_core::{Cost, Marks, ResourceBroker};
+    /// # async fn refund(broker: &ResourceBroker) -> Result<(), broker_core::BrokerError> {
+    /// // A request admitted, then refused further on: its cost goes back
+    /// // where it was taken.
+    /// let since = broker.backend().health().down.then_some(Marks::ANSWERED_HERE);
+    /// broker
+    ///     .settle_since("webhooks", Cost::requests(1), Cost::requests(0), since)
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn settle_since<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        reserved: Cost,
+        actual: Cost,
+        since: Option<Marks>,
     ) -> Result<(), BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
@@ -899,7 +927,7 @@ impl ResourceBroker {
         let key = owned.as_deref().unwrap_or(&resource.key);
         self.inner
             .backend
-            .settle(key, &resource.spec, reserved, actual, None)
+            .settle(key, &resource.spec, reserved, actual, since)
             .await
             .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
         Ok(())
