@@ -11,19 +11,9 @@
 //! ```
 //!
 //! Two instances share one limit with `--redis redis://127.0.0.1:6379/`
-//! (each on its own `--port`). Flags:
-//!
-//! - `--port N` (default 3000; 0 picks a free port), always on 127.0.0.1
-//! - `--redis URL`: keep the limits in Redis instead of in memory
-//! - `--config FILE`: read the `pressure` object from a JSON config document
-//!   instead of the flags below
-//! - `--rps N` (100), `--concurrency N` (200; 0: no concurrency limit),
-//!   `--tenant-rpm N` (6000)
-//! - `--layer pressure|none|governor`: this crate's layers (default), no
-//!   limiter at all, or tower_governor (global rate + per-tenant rate) with
-//!   tower's concurrency limit, configured with the same numbers, for load
-//!   comparisons
-//! - `--admin-token T` (dev-admin): the token the stats endpoint requires
+//! (each on its own `--port`). `--layer none` and `--layer governor`
+//! (tower_governor with tower's concurrency limit, the same numbers) are
+//! the load comparisons; `--help` lists every flag.
 //!
 //! Stops cleanly on Ctrl-C or SIGTERM.
 
@@ -116,7 +106,23 @@ struct Args {
     layer: String,
     admin_token: String,
     print_token: Option<String>,
+    help: bool,
 }
+
+const USAGE: &str = "\
+usage: webhook_server [flags]
+  --port N             port on 127.0.0.1 (3000; 0 picks a free one)
+  --redis URL          keep the limits in Redis instead of in memory
+  --config FILE        read the `pressure` object from a JSON config document
+  --rps N              the webhook route's requests per second (100)
+  --concurrency N      its concurrent requests (200; 0: no concurrency limit)
+  --tenant-rpm N       each tenant's requests per minute (6000)
+  --layer L            pressure (default), none, or governor (tower_governor
+                       with tower's concurrency limit, the same numbers)
+  --admin-token T      the token the stats endpoint requires (dev-admin)
+  --print-token TENANT print a bearer token for TENANT and exit
+  --help               this text
+";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
@@ -129,6 +135,7 @@ fn parse_args() -> Result<Args, String> {
         layer: "pressure".into(),
         admin_token: "dev-admin".into(),
         print_token: None,
+        help: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -148,7 +155,8 @@ fn parse_args() -> Result<Args, String> {
             "--layer" => args.layer = value()?,
             "--admin-token" => args.admin_token = value()?,
             "--print-token" => args.print_token = Some(value()?),
-            other => return Err(format!("unknown flag {other}")),
+            "--help" | "-h" => args.help = true,
+            other => return Err(format!("unknown flag {other} (--help lists them)")),
         }
     }
     Ok(args)
@@ -249,21 +257,24 @@ fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
             use tower_governor::governor::GovernorConfigBuilder;
             use tower_governor::key_extractor::GlobalKeyExtractor;
             use tower_governor::GovernorLayer;
-            let per = |amount: u64, period: Duration| {
-                let amount = amount.max(1);
-                (
-                    period / u32::try_from(amount).unwrap_or(u32::MAX),
-                    u32::try_from(amount).unwrap_or(u32::MAX),
-                )
+            // As this crate's config does, a limit of 0 is refused, not
+            // raised to 1.
+            let per = |flag: &str, amount: u64, period: Duration| match amount {
+                0 => Err(format!("{flag} 0: a limit must be at least 1")),
+                n => {
+                    let n = u32::try_from(n).unwrap_or(u32::MAX);
+                    Ok((period / n, n))
+                }
             };
-            let (route_period, route_burst) = per(args.rps, Duration::from_secs(1));
+            let (route_period, route_burst) = per("--rps", args.rps, Duration::from_secs(1))?;
             let route = GovernorConfigBuilder::default()
                 .period(route_period)
                 .burst_size(route_burst)
                 .key_extractor(GlobalKeyExtractor)
                 .finish()
                 .ok_or("bad governor route config")?;
-            let (tenant_period, tenant_burst) = per(args.tenant_rpm, Duration::from_secs(60));
+            let (tenant_period, tenant_burst) =
+                per("--tenant-rpm", args.tenant_rpm, Duration::from_secs(60))?;
             let tenant = GovernorConfigBuilder::default()
                 .period(tenant_period)
                 .burst_size(tenant_burst)
@@ -329,6 +340,10 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if args.help {
+        print!("{USAGE}");
+        return;
+    }
     if let Some(tenant) = &args.print_token {
         println!("{}", sign(tenant));
         return;
