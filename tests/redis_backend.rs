@@ -263,6 +263,17 @@ async fn slot_free(broker: &ResourceBroker) -> bool {
         .allowed
 }
 
+/// Whether the slot of `r` is free within a second (asked every 10 ms).
+async fn slot_free_soon(broker: &ResourceBroker) -> bool {
+    for _ in 0..100 {
+        if slot_free(broker).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 /// A permit dropped, then a decision at once from the same process: the
 /// slot is free. The permit's release goes out from a task of its own, and
 /// the decision sends it first rather than overtake it (a client sending
@@ -296,15 +307,10 @@ async fn a_permit_held_past_the_lease_ttl_keeps_its_slot() {
         assert!(!slot_free(&broker).await, "the slot is still the permit's");
     }
     drop(first);
-    let mut free = false;
-    for _ in 0..100 {
-        free = slot_free(&broker).await;
-        if free {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(free, "the released slot is free again");
+    assert!(
+        slot_free_soon(&broker).await,
+        "the released slot is free again"
+    );
 }
 
 /// A live permit's lease lost with the store's data (a restart without
@@ -342,15 +348,7 @@ async fn a_lease_lost_in_a_restart_is_taken_again() {
     }
     assert_eq!(answer, Some(false), "the slot is the live permit's");
     drop(first);
-    let mut free = false;
-    for _ in 0..100 {
-        free = slot_free(&other).await;
-        if free {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(free, "released, the slot is free");
+    assert!(slot_free_soon(&other).await, "released, the slot is free");
 }
 
 /// The lease of a holder that died (its process gone, here its runtime

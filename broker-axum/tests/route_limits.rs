@@ -9,13 +9,18 @@ use axum::routing::get;
 use axum::Router;
 use broker_axum::{Pressure, PressureConfig, Responses};
 use broker_core::ResourceBroker;
-use common::{count, raw_status, serve, statuses, TestBroker};
+use common::{count, get_line, raw_status, serve, statuses, TestBroker};
 
 fn app(pressure: &Pressure) -> Router {
     Router::new()
         .route("/hooks/{name}", get(|| async { "hook" }))
         .route("/other", get(|| async { "other" }))
         .layer(pressure.layer())
+}
+
+/// A GET that answers with its `{name}` path parameter, decoded.
+fn echo_name() -> axum::routing::MethodRouter {
+    get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name })
 }
 
 #[tokio::test]
@@ -46,7 +51,7 @@ async fn route_override_beats_service_limit() {
 
 /// A letter written percent-encoded reaches the same handler (the router
 /// decodes the path parameter), so it meets the same route limit: the
-/// route is chosen on the path with its unreserved characters decoded.
+/// route is chosen on the path with its percent-encodings decoded.
 #[tokio::test]
 async fn a_percent_encoded_letter_meets_the_same_route_limit() {
     let t = TestBroker::new();
@@ -56,10 +61,7 @@ async fn a_percent_encoded_letter_meets_the_same_route_limit() {
         ] }"#,
     );
     let app = Router::new()
-        .route(
-            "/hooks/{name}",
-            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
-        )
+        .route("/hooks/{name}", echo_name())
         .layer(pressure.layer());
     let addr = serve(app).await;
     let client = reqwest::Client::new();
@@ -96,26 +98,11 @@ async fn every_spelling_of_a_path_meets_the_same_route_limit() {
         ] }"#,
     );
     let app = Router::new()
-        .route(
-            "/users/{name}",
-            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
-        )
-        .route(
-            "/hooks/{name}",
-            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
-        )
-        .route(
-            "/q/{name}",
-            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
-        )
+        .route("/users/{name}", echo_name())
+        .route("/hooks/{name}", echo_name())
+        .route("/q/{name}", echo_name())
         .layer(pressure.layer());
     let addr = serve(app).await;
-    let get = |path: &[u8]| {
-        let mut head = b"GET ".to_vec();
-        head.extend_from_slice(path);
-        head.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        head
-    };
     for (first, second, resource) in [
         (&b"/users/@me"[..], &b"/users/%40me"[..], "route:me"),
         (
@@ -126,8 +113,8 @@ async fn every_spelling_of_a_path_meets_the_same_route_limit() {
         (&b"/q/%7Bx%7D"[..], &b"/q/{x}"[..], "route:raw"),
     ] {
         let what = String::from_utf8_lossy(second).into_owned();
-        assert_eq!(raw_status(addr, &get(first)).await, 200, "{what}");
-        assert_eq!(raw_status(addr, &get(second)).await, 429, "{what}");
+        assert_eq!(raw_status(addr, &get_line(first)).await, 200, "{what}");
+        assert_eq!(raw_status(addr, &get_line(second)).await, 429, "{what}");
         assert_eq!(t.stat(resource, |s| s.allowed), 1, "{what}");
         assert_eq!(t.stat(resource, |s| s.denied), 1, "{what}");
     }
@@ -146,22 +133,19 @@ async fn an_encoded_slash_does_not_reach_a_longer_prefixs_limit() {
         ] }"#,
     );
     let app = Router::new()
-        .route(
-            "/files/{name}",
-            get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name }),
-        )
+        .route("/files/{name}", echo_name())
         .route("/files/public/{*rest}", get(|| async { "public" }))
         .layer(pressure.layer());
     let addr = serve(app).await;
-    let get = |path: &str| {
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes()
-    };
-    assert_eq!(raw_status(addr, &get("/files/secret")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/secret")).await, 200);
     assert_eq!(
-        raw_status(addr, &get("/files/public%2Fanything")).await,
+        raw_status(addr, &get_line(b"/files/public%2Fanything")).await,
         429
     );
-    assert_eq!(raw_status(addr, &get("/files/public/anything")).await, 200);
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/public/anything")).await,
+        200
+    );
     assert_eq!(t.stat("route:files", |s| s.denied), 1);
     assert_eq!(t.stat("route:public", |s| s.allowed), 1);
 }

@@ -54,6 +54,13 @@ fn a_new_number_of_rate_limits_keeps_the_slots_held() {
     assert!(!take(&broker, "api").allowed);
 }
 
+/// 100 a second and `n` concurrent.
+fn slots(n: u32) -> Limits {
+    Limits::new()
+        .rate(RateLimit::per_second(100))
+        .max_concurrent(n)
+}
+
 /// `stats().in_flight` counts the permits held on the registrations a
 /// re-registration replaced, until they are released; the other counters
 /// start at the latest registration.
@@ -61,17 +68,12 @@ fn a_new_number_of_rate_limits_keeps_the_slots_held() {
 fn in_flight_counts_the_permits_held_across_re_registrations() {
     let clock = ManualClock::new();
     let broker = broker(&clock);
-    let limits = |n| {
-        Limits::new()
-            .rate(RateLimit::per_second(100))
-            .max_concurrent(n)
-    };
     let in_flight = |b: &ResourceBroker| b.stats().resources["api"].in_flight;
-    broker.register_limit("api", limits(3)).unwrap();
+    broker.register_limit("api", slots(3)).unwrap();
     let mut first = take(&broker, "api");
-    broker.register_limit("api", limits(4)).unwrap();
+    broker.register_limit("api", slots(4)).unwrap();
     let mut second = take(&broker, "api");
-    broker.register_limit("api", limits(5)).unwrap();
+    broker.register_limit("api", slots(5)).unwrap();
     assert_eq!(
         in_flight(&broker),
         2,
@@ -100,15 +102,10 @@ fn a_long_chain_of_re_registrations_drops_without_overflow() {
     let run = || {
         let clock = ManualClock::new();
         let broker = broker(&clock);
-        let limits = |n| {
-            Limits::new()
-                .rate(RateLimit::per_second(100))
-                .max_concurrent(n)
-        };
-        broker.register_limit("api", limits(3)).unwrap();
+        broker.register_limit("api", slots(3)).unwrap();
         let mut first = take(&broker, "api");
         for i in 0..100_000u32 {
-            broker.register_limit("api", limits(3 + i % 2)).unwrap();
+            broker.register_limit("api", slots(3 + i % 2)).unwrap();
         }
         assert_eq!(broker.stats().resources["api"].in_flight, 1);
         first.permit.release();

@@ -124,6 +124,15 @@ impl http_body::Body for Drip {
     }
 }
 
+/// A GET of `path` as it goes on the wire (its bytes as they are), with
+/// `Connection: close`.
+pub fn get_line(path: &[u8]) -> Vec<u8> {
+    let mut head = b"GET ".to_vec();
+    head.extend_from_slice(path);
+    head.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    head
+}
+
 /// Sends `head` (a request line and headers, written as they go on the
 /// wire, with `Connection: close`) on a new connection to `addr` and
 /// returns the response's status: for requests a client library will not
