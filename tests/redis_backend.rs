@@ -351,6 +351,34 @@ async fn a_lease_lost_in_a_restart_is_taken_again() {
     assert!(slot_free_soon(&other).await, "released, the slot is free");
 }
 
+/// A permit released while the renewal of its lease is on its way: the
+/// renewal finds the lease gone, and the re-take that follows must not
+/// leave it in the store with nobody holding it (the slot would be lost
+/// to every caller until the lease's TTL ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_released_during_its_renewal_leaves_no_lease() {
+    struct SlowRenewal;
+    impl broker_testkit::Hooks for SlowRenewal {
+        fn renew_delay(&self) -> Duration {
+            Duration::from_millis(100)
+        }
+    }
+    let server = RedisServer::start();
+    let redis: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(redis, SlowRenewal));
+    let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
+    config.lease_ttl = Duration::from_millis(600);
+    broker.register("r", config).unwrap();
+    let held = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(held.allowed);
+    // Renewed every 200 ms; released 50 ms into the first renewal's delay.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.command("DBSIZE"), ":0", "no lease is left");
+    assert!(slot_free(&broker).await);
+}
+
 /// The lease of a holder that died (its process gone, here its runtime
 /// shut down with the permit never released) is no longer renewed and
 /// expires after its TTL, and another broker takes the slot.

@@ -95,8 +95,13 @@ pub(crate) struct Policy {
 /// spelling a path differently. `%2F` stays as it is (in upper case): the
 /// router splits segments on a `/` only, so `/files/public%2Fx` is the one
 /// segment `public/x` under `/files`, and meets the limit of `/files`, not
-/// that of `/files/public`. A `%` not followed by two hex digits is left
-/// as it is. A path without `%` is its own form.
+/// that of `/files/public`. A wildcard route (`/files/{*path}`) hands its
+/// handler `private%2Fx` as `private/x`, the same as `/files/private/x`,
+/// but that request meets the limit of `/files`: under a wildcard route,
+/// a deeper prefix's limit holds for a client that does not encode its
+/// slashes, so put the limit on the wildcard's own prefix, or refuse `%2F`
+/// in front of it. A `%` not followed by two hex digits is left as it is.
+/// A path without `%` is its own form.
 #[inline]
 pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     if !has_percent(path.as_bytes()) {

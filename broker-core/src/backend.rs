@@ -112,6 +112,18 @@ pub trait Backend: Send + Sync + 'static {
     /// default does nothing.
     fn release_sent(&self, _key: &str, _lease: LeaseId) {}
 
+    /// The release [`Backend::release_sent`] announced will not be sent
+    /// (its task was dropped before it ran), or was: forget it, without
+    /// I/O. The default does nothing.
+    fn release_unsent(&self, _key: &str, _lease: LeaseId) {}
+
+    /// The release [`Backend::release_sent`] announced, sent from its task:
+    /// nothing to do if a decision already sent it. The default is
+    /// [`Backend::release`].
+    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        self.release(key, lease).await
+    }
+
     /// `settle`: correct the charge from `reserved` to `actual`. `since`:
     /// the [`Reservation::since`] marks of the reservation settled, when
     /// there was one; a refund is not made to a bucket held past its mark

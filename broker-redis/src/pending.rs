@@ -34,30 +34,40 @@ impl Pending {
 
     /// A release of `lease` on `key` was answered (or failed: the lease
     /// then expires after its TTL).
-    pub(crate) fn remove(&self, key: &str, lease: LeaseId) {
+    /// Whether it was still here (not taken by a decision, which sent it).
+    pub(crate) fn remove(&self, key: &str, lease: LeaseId) -> bool {
         if self.count.load(Ordering::Acquire) == 0 {
-            return;
+            return false;
         }
         let mut map = self.lock();
         let Some(leases) = map.get_mut(key) else {
-            return;
+            return false;
         };
-        if let Some(at) = leases.iter().position(|&l| l == lease) {
-            leases.swap_remove(at);
-            self.count.fetch_sub(1, Ordering::Release);
-        }
+        let found = match leases.iter().position(|&l| l == lease) {
+            Some(at) => {
+                leases.swap_remove(at);
+                self.count.fetch_sub(1, Ordering::Release);
+                true
+            }
+            None => false,
+        };
         if leases.is_empty() {
             map.remove(key);
         }
+        found
     }
 
-    /// The leases on `key` whose release is in flight (none, without a
-    /// lock or an allocation, when no release is).
-    pub(crate) fn on(&self, key: &str) -> Vec<LeaseId> {
+    /// Takes out the leases on `key` whose release is in flight, for the
+    /// caller to send (none, without a lock or an allocation, when no
+    /// release is): each is sent by at most one decision, besides its own
+    /// task.
+    pub(crate) fn take(&self, key: &str) -> Vec<LeaseId> {
         if self.count.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
-        self.lock().get(key).cloned().unwrap_or_default()
+        let taken = self.lock().remove(key).unwrap_or_default();
+        self.count.fetch_sub(taken.len(), Ordering::Release);
+        taken
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
@@ -70,20 +80,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn leases_are_kept_by_key_until_answered() {
+    fn leases_are_kept_by_key_until_answered_or_taken() {
         let pending = Pending::default();
-        assert!(pending.on("a").is_empty());
+        assert!(pending.take("a").is_empty());
         pending.add("a", 1);
         pending.add("a", 2);
         pending.add("b", 3);
-        assert_eq!(pending.on("a"), [1, 2]);
-        assert_eq!(pending.on("b"), [3]);
-        pending.remove("a", 1);
-        pending.remove("a", 1);
-        assert_eq!(pending.on("a"), [2]);
-        pending.remove("a", 2);
-        pending.remove("b", 3);
-        assert!(pending.on("a").is_empty() && pending.on("b").is_empty());
+        assert!(pending.remove("a", 1));
+        assert!(!pending.remove("a", 1));
+        assert_eq!(pending.take("a"), [2]);
+        assert!(pending.take("a").is_empty(), "taken once");
+        assert!(!pending.remove("a", 2), "a decision sent it");
+        assert_eq!(pending.take("b"), [3]);
+        assert!(!pending.remove("b", 3));
+        assert_eq!(pending.count.load(Ordering::Relaxed), 0);
+        assert!(pending.lock().is_empty());
+    }
+
+    /// Permits dropped as their runtime ends: their release tasks are
+    /// dropped unrun, and tell the store so; nothing stays pending.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_whose_task_never_ran_does_not_stay_pending() {
+        use broker_core::{Cost, Limits, ResourceBroker};
+        let server = broker_testkit::RedisServer::start();
+        let backend = crate::RedisBackend::connect(&server.url()).await.unwrap();
+        let broker = ResourceBroker::new(backend.clone());
+        broker
+            .register_limit("tenants", Limits::new().max_concurrent(1))
+            .unwrap();
+        let b = broker.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut permits = Vec::new();
+                for i in 0..100 {
+                    let t = format!("t{i}");
+                    let a = b
+                        .try_acquire(("tenants", t.as_str()), Cost::default())
+                        .await
+                        .unwrap();
+                    assert!(a.allowed);
+                    permits.push(a);
+                }
+                // Their release tasks are spawned, and dropped unrun with
+                // the runtime.
+                drop(permits);
+            });
+        })
+        .join()
+        .unwrap();
+        let pending = &backend.inner.pending;
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.lock().is_empty());
     }

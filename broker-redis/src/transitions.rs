@@ -274,9 +274,8 @@ impl RedisBackend {
     /// `pending.rs`) ahead of a decision on it. Their outcome is the
     /// tasks' to report; a failed one expires with its lease.
     async fn send_pending_releases(&self, key: &str) {
-        for lease in self.inner.pending.on(key) {
+        for lease in self.inner.pending.take(key) {
             let _ = self.release_lease(key, lease).await;
-            self.inner.pending.remove(key, lease);
         }
     }
 
@@ -467,9 +466,22 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        let released = self.release_lease(key, lease).await;
+        self.release_lease(key, lease).await
+    }
+
+    fn release_unsent(&self, key: &str, lease: LeaseId) {
+        // The lease then expires after its TTL.
         self.inner.pending.remove(key, lease);
-        released
+    }
+
+    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        // Taken out first: a decision that comes meanwhile does not send it
+        // again.
+        match self.inner.pending.remove(key, lease) {
+            true => self.release_lease(key, lease).await,
+            // A decision on the key sent it.
+            false => Ok(true),
+        }
     }
 
     fn release_sent(&self, key: &str, lease: LeaseId) {

@@ -34,6 +34,12 @@ pub trait Hooks: Send + Sync + 'static {
         None
     }
 
+    /// How long a `renew` waits before it is passed on (the time between
+    /// the renewing task's pick of a lease and its renewal's arrival).
+    fn renew_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// The answer `reconcile` gives instead of the wrapped store's.
     fn reconcile(&self) -> Option<Result<(), BackendError>> {
         None
@@ -111,7 +117,17 @@ impl<H: Hooks> Backend for Wrapped<H> {
     fn release_sent(&self, k: &str, l: LeaseId) {
         self.inner.release_sent(k, l)
     }
+    fn release_unsent(&self, k: &str, l: LeaseId) {
+        self.inner.release_unsent(k, l)
+    }
+    async fn release_announced(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
+        self.inner.release_announced(k, l).await
+    }
     async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
+        let delay = self.hooks.renew_delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         self.inner.renew(k, s, l).await
     }
     async fn retake(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {

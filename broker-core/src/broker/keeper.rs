@@ -165,6 +165,14 @@ async fn renew_while_kept(mut stopped: Stopped) {
                 // the store counts the work running; else its slot is
                 // another holder's.
                 Ok(false) => match keeper.backend.retake(&key, &spec, lease).await {
+                    // Its permit was released meanwhile (it was forgotten
+                    // before its release was sent, so that release may
+                    // have gone out before the retake): freed again here.
+                    Ok(true) if !keeper.lock().leases.contains_key(&lease) => {
+                        if let Err(e) = keeper.backend.release(&key, lease).await {
+                            super::note_backend_error(&resource, "release", &e);
+                        }
+                    }
                     Ok(true) => tracing::warn!(
                         resource = %resource.id,
                         "a concurrency lease was not in the store while its permit is held \

@@ -210,15 +210,37 @@ fn release_held(held: Held) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let key = key.unwrap_or_else(|| h.resource.key.clone());
                 h.backend.release_sent(&key, h.lease);
-                let (backend, resource) = (h.backend, h.resource);
+                let announced = Announced {
+                    backend: h.backend,
+                    key,
+                    lease: h.lease,
+                };
+                let resource = h.resource;
                 rt.spawn(async move {
-                    if let Err(e) = backend.release(&key, h.lease).await {
+                    let a = &announced;
+                    if let Err(e) = a.backend.release_announced(&a.key, a.lease).await {
                         super::note_backend_error(&resource, "release", &e);
                     }
                     resource.slot_freed();
                 });
             }
         }
+    }
+}
+
+/// A release announced with [`Backend::release_sent`], owned by the task
+/// that sends it: a task dropped unrun (its runtime shut down) tells the
+/// store the release will not come ([`Backend::release_unsent`]); after a
+/// run, that is a no-op.
+struct Announced {
+    backend: Arc<dyn Backend>,
+    key: String,
+    lease: LeaseId,
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        self.backend.release_unsent(&self.key, self.lease);
     }
 }
 
