@@ -95,7 +95,7 @@ struct Inner {
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
     coalescer: Option<Arc<coalesce::Coalescer>>,
-    /// Releases sent from tasks, not yet answered.
+    /// Releases handed to tasks, not yet sent.
     pending: pending::Pending,
 }
 

@@ -1,13 +1,13 @@
-//! Releases sent from a task of their own, not yet answered: a decision on
-//! the same key from this process sends them first, so a slot a permit
-//! freed is free to the next caller here.
+//! Releases handed to a task of their own, not yet sent: a decision on the
+//! same key from this process takes them out and sends them first, so a
+//! slot a permit freed is free to the next caller here.
 //!
 //! A permit dropped with no synchronous release to make hands its release
 //! to a spawned task. The next decision may go out before it, on another
 //! connection or in a batch, and Redis would then still count the slot:
 //! with a limit of 1, a client that sends its requests one after another
-//! on a keep-alive connection was denied its second. `release` is
-//! idempotent, so the slot may be released twice.
+//! on a keep-alive connection was denied its second. Each release is sent
+//! once: by the decision that takes it out, or else by its task.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,9 +32,9 @@ impl Pending {
         self.count.fetch_add(1, Ordering::Release);
     }
 
-    /// A release of `lease` on `key` was answered (or failed: the lease
-    /// then expires after its TTL).
-    /// Whether it was still here (not taken by a decision, which sent it).
+    /// Takes out the release of `lease` on `key` (its task sends it, or
+    /// will not run): whether it was still here, not taken out by a
+    /// decision that sent it.
     pub(crate) fn remove(&self, key: &str, lease: LeaseId) -> bool {
         if self.count.load(Ordering::Acquire) == 0 {
             return false;

@@ -250,32 +250,12 @@ impl RedisBackend {
         Ok(held == 1)
     }
 
-    /// Frees `lease` where it is held: the local fallback, else Redis.
-    async fn release_lease(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(Some(Ok(true))) = self
-            .inner
-            .fallback
-            .as_ref()
-            .map(|m| m.release_now(key, lease))
-        {
-            return Ok(true);
-        }
-        let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
-        cmd.arg(lease);
-        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
-        match result {
-            Ok(n) => Ok(n == 1),
-            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
-        }
-    }
-
     /// Sends the releases of `key` that tasks have in flight (see
     /// `pending.rs`) ahead of a decision on it. Their outcome is the
     /// tasks' to report; a failed one expires with its lease.
     async fn send_pending_releases(&self, key: &str) {
         for lease in self.inner.pending.take(key) {
-            let _ = self.release_lease(key, lease).await;
+            let _ = self.release(key, lease).await;
         }
     }
 
@@ -466,7 +446,22 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        self.release_lease(key, lease).await
+        if let Some(Some(Ok(true))) = self
+            .inner
+            .fallback
+            .as_ref()
+            .map(|m| m.release_now(key, lease))
+        {
+            return Ok(true);
+        }
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
+        }
     }
 
     fn release_unsent(&self, key: &str, lease: LeaseId) {
@@ -478,7 +473,7 @@ impl Backend for RedisBackend {
         // Taken out first: a decision that comes meanwhile does not send it
         // again.
         match self.inner.pending.remove(key, lease) {
-            true => self.release_lease(key, lease).await,
+            true => self.release(key, lease).await,
             // A decision on the key sent it.
             false => Ok(true),
         }
