@@ -6,8 +6,10 @@
 //! to a spawned task. The next decision may go out before it, on another
 //! connection or in a batch, and Redis would then still count the slot:
 //! with a limit of 1, a client that sends its requests one after another
-//! on a keep-alive connection was denied its second. Each release is sent
-//! once: by the decision that takes it out, or else by its task.
+//! on a keep-alive connection was denied its second. A release stays here
+//! until its task's send is answered, so a decision meanwhile still finds
+//! it; a decision takes it out, so it is sent by one decision at most, and
+//! by its task only if no decision took it first.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,9 +34,8 @@ impl Pending {
         self.count.fetch_add(1, Ordering::Release);
     }
 
-    /// Takes out the release of `lease` on `key` (its task sends it, or
-    /// will not run): whether it was still here, not taken out by a
-    /// decision that sent it.
+    /// Takes out the release of `lease` on `key` (its task sent it, or will
+    /// not run): whether it was still here, not taken out by a decision.
     pub(crate) fn remove(&self, key: &str, lease: LeaseId) -> bool {
         if self.count.load(Ordering::Acquire) == 0 {
             return false;
@@ -55,6 +56,13 @@ impl Pending {
             map.remove(key);
         }
         found
+    }
+
+    /// Whether the release of `lease` on `key` is still here: not taken out
+    /// by a decision, which sent it.
+    pub(crate) fn contains(&self, key: &str, lease: LeaseId) -> bool {
+        self.count.load(Ordering::Acquire) != 0
+            && self.lock().get(key).is_some_and(|l| l.contains(&lease))
     }
 
     /// Takes out the leases on `key` whose release is in flight, for the
@@ -86,8 +94,10 @@ mod tests {
         pending.add("a", 1);
         pending.add("a", 2);
         pending.add("b", 3);
+        assert!(pending.contains("a", 1));
         assert!(pending.remove("a", 1));
         assert!(!pending.remove("a", 1));
+        assert!(!pending.contains("a", 1));
         assert_eq!(pending.take("a"), [2]);
         assert!(pending.take("a").is_empty(), "taken once");
         assert!(!pending.remove("a", 2), "a decision sent it");

@@ -470,13 +470,15 @@ impl Backend for RedisBackend {
     }
 
     async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        // Taken out first: a decision that comes meanwhile does not send it
-        // again.
-        match self.inner.pending.remove(key, lease) {
-            true => self.release(key, lease).await,
-            // A decision on the key sent it.
-            false => Ok(true),
+        // A decision on the key took it out and sent it.
+        if !self.inner.pending.contains(key, lease) {
+            return Ok(true);
         }
+        // Kept while it is on its way, so a decision meanwhile sends it
+        // ahead of itself too rather than overtake it.
+        let released = self.release(key, lease).await;
+        self.inner.pending.remove(key, lease);
+        released
     }
 
     fn release_sent(&self, key: &str, lease: LeaseId) {
