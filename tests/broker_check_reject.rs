@@ -90,6 +90,40 @@ async fn permit_holds_a_slot_until_released_and_release_is_idempotent() {
     assert!(e.allowed && f.allowed, "dropped permits freed both slots");
 }
 
+/// A permit joined from two holds both slots and releases both together.
+#[tokio::test]
+async fn joined_permits_release_both_slots_together() {
+    use broker_core::Permit;
+    let broker = ResourceBroker::new(MemoryBackend::new());
+    for id in ["a", "b"] {
+        broker
+            .register_limit(id, Limits::new().max_concurrent(1))
+            .unwrap();
+    }
+    let take = |id: &'static str| {
+        let broker = broker.clone();
+        async move {
+            let a = broker.try_acquire(id, Cost::default()).await.unwrap();
+            (a.allowed, a.permit)
+        }
+    };
+    let (_, a) = take("a").await;
+    let (_, b) = take("b").await;
+    let mut both = a.join(b).join(Permit::empty());
+    assert!(both.is_held());
+    assert!(!take("a").await.0 && !take("b").await.0, "both slots held");
+    assert_eq!(broker.stats().resources["b"].in_flight, 1);
+    both.release();
+    assert!(!both.is_held());
+    assert_eq!(broker.stats().resources["b"].in_flight, 0);
+    assert!(take("a").await.0 && take("b").await.0, "both slots free");
+    let (_, a) = take("a").await;
+    let alone = Permit::empty().join(a);
+    assert!(alone.is_held() && !take("a").await.0);
+    drop(alone);
+    assert!(take("a").await.0);
+}
+
 #[tokio::test]
 async fn sub_key_permits_hold_their_own_slot_and_free_it_when_released() {
     let broker = broker_at(ManualClock::new());

@@ -23,6 +23,9 @@ use crate::tenant::TenantId;
 /// The broker's answer for one stage, when it came asynchronously.
 struct Answer {
     result: Result<Acquisition, BrokerError>,
+    /// The stage answered: the one asked for, or, for [`Stage::Both`]
+    /// denied, the part that denied.
+    stage: Stage,
     tenant: Option<TenantId>,
     policy: Arc<Policy>,
 }
@@ -99,7 +102,6 @@ pub(crate) use admitted;
 struct Call<S, ReqB> {
     inner: S,
     req: Request<ReqB>,
-    stage: Stage,
 }
 
 /// Put in the extensions of a tenant-stage denial, naming the policy that
@@ -114,9 +116,12 @@ struct TenantDenied {
     policy: Arc<Policy>,
 }
 
-/// Gives `stage` of `policy` its cost back.
+/// Gives `stage` of `policy` (each of [`Stage::Both`]) its cost back.
 async fn refund(policy: Arc<Policy>, stage: Stage) {
-    if let Some(limited) = policy.limited(stage) {
+    for stage in stage.parts() {
+        let Some(limited) = policy.limited(stage) else {
+            continue;
+        };
         // Errors are counted and logged by the broker; a failed refund
         // only leaves the cost charged, as without a refund.
         // While the store is out of reach its failure policy answered the
@@ -246,8 +251,9 @@ where
         }
     }
 
-    /// Admits `req` on `stage` once the broker has answered asynchronously,
-    /// then calls a ready clone of `inner`.
+    /// Admits `req` on `stage` (on each part of [`Stage::Both`]) once the
+    /// broker has answered asynchronously, then calls a ready clone of
+    /// `inner`.
     #[cold]
     #[inline(never)]
     pub(crate) fn admit_later(
@@ -265,20 +271,13 @@ where
         let call = Call {
             inner: std::mem::replace(inner, clone),
             req,
-            stage,
         };
         let acquire: AcquireFuture = Box::pin(async move {
-            let result = match policy.limited(stage) {
-                Some(limited) => {
-                    limited
-                        .handle
-                        .try_acquire(tenant.as_ref().map(TenantId::as_str), Cost::default())
-                        .await
-                }
-                None => Ok(unlimited()),
-            };
+            let tenant_key = tenant.as_ref().map(TenantId::as_str);
+            let (stage, result) = acquire(&policy, stage, tenant_key).await;
             Answer {
                 result,
+                stage,
                 tenant,
                 policy,
             }
@@ -289,6 +288,49 @@ where
                 call: Some(Box::new(call)),
             },
         }
+    }
+}
+
+/// The broker's answer on `stage` of `policy` for the tenant key
+/// `tenant`, if given, with the stage it is of. [`Stage::Both`] is asked
+/// part by part: the first part's denial; else the second part's, with
+/// the first part's cost given back and its permit released; else the
+/// admission, holding both parts' permits.
+async fn acquire(
+    policy: &Arc<Policy>,
+    stage: Stage,
+    tenant: Option<&str>,
+) -> (Stage, Result<Acquisition, BrokerError>) {
+    let mut parts = stage.parts();
+    let (Some(first), Some(second)) = (parts.next(), parts.next()) else {
+        return (stage, acquire_on(policy, stage, tenant).await);
+    };
+    let admitted = match acquire_on(policy, first, tenant).await {
+        Ok(a) if a.allowed => a,
+        refused => return (first, refused),
+    };
+    match acquire_on(policy, second, tenant).await {
+        Ok(mut both) if both.allowed => {
+            both.permit = admitted.permit.join(both.permit);
+            (stage, Ok(both))
+        }
+        refused => {
+            drop(admitted);
+            refund(policy.clone(), first).await;
+            (second, refused)
+        }
+    }
+}
+
+/// The broker's answer on the one resource of `stage`.
+async fn acquire_on(
+    policy: &Policy,
+    stage: Stage,
+    tenant: Option<&str>,
+) -> Result<Acquisition, BrokerError> {
+    match policy.limited(stage) {
+        Some(limited) => limited.handle.try_acquire(tenant, Cost::default()).await,
+        None => Ok(unlimited()),
     }
 }
 
@@ -518,20 +560,19 @@ where
                     return Some(Poll::Pending);
                 };
                 let call = call.take().expect("ResponseFuture polled after completion");
-                let Call {
-                    mut inner,
-                    req,
-                    stage,
-                } = *call;
+                let Call { mut inner, req } = *call;
                 let Answer {
                     result,
+                    stage,
                     tenant,
                     policy,
                 } = answer;
                 let tenant = tenant.as_ref().map(TenantId::as_str);
                 let verdict = match policy.limited(stage) {
                     Some(limited) => judge(&policy, stage, limited, result, tenant),
-                    None => Ok(Permit::empty()),
+                    // No resource (always allowed), or both parts of
+                    // `Stage::Both` allowed.
+                    None => Ok(result.map(|a| a.permit).unwrap_or_default()),
                 };
                 let refundable = policy.refund_for(stage);
                 state.set(Self::decided(verdict, refundable, &mut inner, req).state);

@@ -43,7 +43,7 @@ pub(crate) struct Route {
 }
 
 /// Which resource an admission is for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
     /// The per-route override at this index.
     Route(usize),
@@ -51,7 +51,15 @@ pub(crate) enum Stage {
     Service,
     /// The per-tenant limit.
     Tenant,
+    /// Two route/service stages, each a route's index or [`SERVICE`], in
+    /// the order they are charged: a path with an encoded `/` that the
+    /// router and a wildcard handler read as paths of different limits
+    /// (see [`Policy::stage_for`]) meets both.
+    Both(u32, u32),
 }
+
+/// The service stage in [`Stage::Both`].
+const SERVICE: u32 = u32::MAX;
 
 /// A route/service admission that a denial by the tenant stage of the same
 /// policy (`policy`, its [`Policy::id`]) refunds.
@@ -65,9 +73,32 @@ impl Stage {
     /// The `layer` field of log events.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Stage::Route(_) => "route",
+            Stage::Route(_) | Stage::Both(..) => "route",
             Stage::Service => "service",
             Stage::Tenant => "tenant",
+        }
+    }
+
+    /// The stages this one is made of: itself, or the two of
+    /// [`Stage::Both`].
+    pub(crate) fn parts(self) -> impl Iterator<Item = Stage> {
+        let at = |place: u32| match place {
+            SERVICE => Stage::Service,
+            i => Stage::Route(i as usize),
+        };
+        let (first, second) = match self {
+            Stage::Both(a, b) => (at(a), Some(at(b))),
+            single => (single, None),
+        };
+        std::iter::once(first).chain(second)
+    }
+
+    /// This route/service stage in [`Stage::Both`]; `None` for any other.
+    fn place(self) -> Option<u32> {
+        match self {
+            Stage::Route(i) => u32::try_from(i).ok().filter(|&i| i != SERVICE),
+            Stage::Service => Some(SERVICE),
+            Stage::Tenant | Stage::Both(..) => None,
         }
     }
 }
@@ -94,20 +125,23 @@ pub(crate) struct Policy {
 /// as clients may), and a client cannot step around a route's limit by
 /// spelling a path differently. `%2F` stays as it is (in upper case): the
 /// router splits segments on a `/` only, so `/files/public%2Fx` is the one
-/// segment `public/x` under `/files`, and meets the limit of `/files`, not
-/// that of `/files/public`. A wildcard route (`/files/{*path}`) hands its
-/// handler `private%2Fx` as `private/x`, the same as `/files/private/x`,
-/// but that request meets the limit of `/files`: under a wildcard route,
-/// a deeper prefix's limit holds for a client that does not encode its
-/// slashes, so put the limit on the wildcard's own prefix, or refuse `%2F`
-/// in front of it. A `%` not followed by two hex digits is left as it is.
-/// A path without `%` is its own form.
+/// segment `public/x` under `/files`. A wildcard route (`/files/{*path}`)
+/// hands its handler `private%2Fx` as `private/x`, the same as
+/// `/files/private/x`, so a path with a `%2F` is also read with it decoded
+/// (see [`Policy::stage_for`]). A `%` not followed by two hex digits is
+/// left as it is. A path without `%` is its own form.
 #[inline]
 pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     if !has_percent(path.as_bytes()) {
         return Cow::Borrowed(path.as_bytes());
     }
-    Cow::Owned(decoded(path.as_bytes()))
+    Cow::Owned(decoded(path.as_bytes(), false))
+}
+
+/// Whether `path` holds an encoded `/` (`%2F`, in either case).
+fn has_encoded_slash(path: &[u8]) -> bool {
+    path.windows(3)
+        .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
 }
 
 /// Whether `b` holds a `%`, eight bytes at a time (the last eight
@@ -141,10 +175,11 @@ fn has_percent(b: &[u8]) -> bool {
     zero_byte(word(last))
 }
 
-/// [`normal_path`] of a path with a `%`.
+/// [`normal_path`] of a path with a `%`; with `slashes`, `%2F` is
+/// decoded too.
 #[cold]
 #[inline(never)]
-fn decoded(bytes: &[u8]) -> Vec<u8> {
+fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
@@ -153,7 +188,7 @@ fn decoded(bytes: &[u8]) -> Vec<u8> {
             (b'%', Some(h), Some(l)) => {
                 // Two hex digits: at most 255.
                 match (h * 16 + l) as u8 {
-                    b'/' => out.extend_from_slice(b"%2F"),
+                    b'/' if !slashes => out.extend_from_slice(b"%2F"),
                     c => out.push(c),
                 }
                 i += 3;
@@ -244,25 +279,74 @@ impl Policy {
     /// else none (also none when the config is disabled). A path that is
     /// not one (`*` of `OPTIONS *`, the empty path of `CONNECT host:port`)
     /// is taken as `/`: a route on `/` covers every request.
+    ///
+    /// A path with an encoded `/` (`%2F`) is read twice: as the router
+    /// reads it (`%2F` inside a segment, see [`normal_path`]) and as a
+    /// wildcard route's handler gets it (`%2F` a `/`). When the two meet
+    /// different stages, the answer is [`Stage::Both`] (with the first
+    /// one's resource): the request is charged on both, so neither a
+    /// looser deeper prefix (`/files/public%2Fx` under a stricter
+    /// `/files`) nor a looser shorter one (`/files/private%2Fx` under a
+    /// stricter `/files/private`, served by `/files/{*path}`) steps around
+    /// a limit.
     #[inline]
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
             return None;
         }
         if !self.routes.is_empty() {
-            let path = match path.starts_with('/') {
+            let form = match path.starts_with('/') {
                 true => normal_path(path),
                 false => Cow::Borrowed(&b"/"[..]),
             };
-            if let Some(i) = self
-                .routes
-                .iter()
-                .position(|r| prefix_matches(&path, &r.prefix))
-            {
+            let found = self.route_for(&form);
+            if let Cow::Owned(_) = form {
+                return self.read_both_ways(path, found);
+            }
+            if let Some(i) = found {
                 return Some((Stage::Route(i), &self.routes[i].limited));
             }
         }
         self.service.as_ref().map(|s| (Stage::Service, s))
+    }
+
+    /// The index of the longest route whose prefix `form` (in the form of
+    /// [`normal_path`]) matches.
+    #[inline]
+    fn route_for(&self, form: &[u8]) -> Option<usize> {
+        self.routes
+            .iter()
+            .position(|r| prefix_matches(form, &r.prefix))
+    }
+
+    /// The route (`found`), else the service stage.
+    #[inline]
+    fn route_or_service(&self, found: Option<usize>) -> Option<(Stage, &Limited)> {
+        match found {
+            Some(i) => Some((Stage::Route(i), &self.routes[i].limited)),
+            None => self.service.as_ref().map(|s| (Stage::Service, s)),
+        }
+    }
+
+    /// [`Policy::stage_for`] of a path with a `%`, whose route as the
+    /// router reads it is `found`.
+    #[cold]
+    #[inline(never)]
+    fn read_both_ways(&self, path: &str, found: Option<usize>) -> Option<(Stage, &Limited)> {
+        let routed = self.route_or_service(found);
+        if !has_encoded_slash(path.as_bytes()) {
+            return routed;
+        }
+        let slashed = self.route_or_service(self.route_for(&decoded(path.as_bytes(), true)));
+        match (routed, slashed) {
+            (Some((a, limited)), Some((b, _))) if a != b => match (a.place(), b.place()) {
+                (Some(a), Some(b)) => Some((Stage::Both(a, b), limited)),
+                // More routes than a `u32` counts: the router's reading.
+                _ => Some((a, limited)),
+            },
+            (None, slashed) => slashed,
+            (routed, _) => routed,
+        }
     }
 
     /// The tenant stage's resource, when the tenant stage limits anything.
@@ -283,20 +367,24 @@ impl Policy {
     #[inline]
     pub(crate) fn refund_for(&self, stage: Stage) -> Option<Refund> {
         match stage {
-            Stage::Route(_) | Stage::Service if self.has_tenant_stage() => Some(Refund {
-                policy: self.id,
-                stage,
-            }),
+            Stage::Route(_) | Stage::Service | Stage::Both(..) if self.has_tenant_stage() => {
+                Some(Refund {
+                    policy: self.id,
+                    stage,
+                })
+            }
             _ => None,
         }
     }
 
-    /// The resource of `stage`.
+    /// The resource of `stage` (none for [`Stage::Both`]: see its
+    /// [`Stage::parts`]).
     pub(crate) fn limited(&self, stage: Stage) -> Option<&Limited> {
         match stage {
             Stage::Route(i) => self.routes.get(i).map(|r| &r.limited),
             Stage::Service => self.service.as_ref(),
             Stage::Tenant => self.tenant.as_ref(),
+            Stage::Both(..) => None,
         }
     }
 }
@@ -354,6 +442,40 @@ mod tests {
         assert_eq!(form("/x%FF"), b"/x\xff");
         // Not an encoding: left as it is.
         assert_eq!(form("/100%/%zz/%4"), b"/100%/%zz/%4");
+    }
+
+    #[test]
+    fn a_path_with_an_encoded_slash_is_read_both_ways() {
+        let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
+        let config = PressureConfig::from_json(
+            "p.json",
+            r#"{"perService": {"api": {"requestsPerSecond": 5}},
+                "perRoute": [
+                {"resource": "files", "pathPrefix": "/files", "limits": {"requestsPerSecond": 5}},
+                {"resource": "private", "pathPrefix": "/files/private", "limits": {"requestsPerSecond": 5}}]}"#,
+        )
+        .unwrap();
+        let policy = Policy::new(broker, &config, None).unwrap();
+        let names = |path: &str| {
+            let (stage, limited) = policy.stage_for(path).expect(path);
+            let parts: Vec<_> = stage
+                .parts()
+                .map(|s| policy.limited(s).unwrap().id.to_string())
+                .collect();
+            (parts, limited.id.to_string())
+        };
+        let both = (vec!["files".into(), "private".into()], "files".into());
+        assert_eq!(names("/files/private%2Fx"), both);
+        assert_eq!(names("/files/private%2fx"), both);
+        assert_eq!(
+            names("/files%2Fprivate/x").0,
+            ["pressure:service:api", "private"]
+        );
+        // One reading: no `%2F`, or both readings meet the same stage.
+        assert_eq!(names("/files/private/x").0, ["private"]);
+        assert_eq!(names("/files/a%2Fb").0, ["files"]);
+        assert_eq!(names("/files/private%252Fx").0, ["files"]);
+        assert_eq!(names("/other%2Fx").0, ["pressure:service:api"]);
     }
 
     #[test]

@@ -58,6 +58,10 @@ where
         let Some((stage, limited)) = policy.stage_for(req.uri().path()) else {
             return ResponseFuture::pass(self.inner.call(req));
         };
+        if let Stage::Both(..) = stage {
+            // Two stages for one path (see `Policy::stage_for`).
+            return ResponseFuture::admit_later(policy, stage, None, &mut self.inner, req);
+        }
         // The in-memory store answers at once: no boxed future, no extra
         // poll, no clone of the inner service.
         let mut permit = Permit::empty();

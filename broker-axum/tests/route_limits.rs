@@ -150,6 +150,117 @@ async fn an_encoded_slash_does_not_reach_a_longer_prefixs_limit() {
     assert_eq!(t.stat("route:public", |s| s.allowed), 1);
 }
 
+/// A wildcard route hands its handler a `%2F` as a `/`: such a path also
+/// meets the limit of the deeper prefix it then reads as, and a denial
+/// there gives back what the router's reading (the shorter prefix) took.
+#[tokio::test]
+async fn an_encoded_slash_under_a_wildcard_meets_the_deeper_prefixs_limit() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:files", "pathPrefix": "/files", "limits": { "requestsPerMinute": 2 } },
+            { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 1 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route(
+            "/files/{*path}",
+            get(|axum::extract::Path(path): axum::extract::Path<String>| async move { path }),
+        )
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
+    for spelling in [
+        &b"/files/private%2Fb"[..],
+        b"/files/private%2fb",
+        b"/files/%70rivate%2Fb",
+    ] {
+        let what = String::from_utf8_lossy(spelling).into_owned();
+        assert_eq!(raw_status(addr, &get_line(spelling)).await, 429, "{what}");
+    }
+    assert_eq!(t.stat("route:private", |s| s.allowed), 1);
+    assert_eq!(t.stat("route:private", |s| s.denied), 3);
+    // Each of the three took from `/files` first, and got it back.
+    assert_eq!(raw_status(addr, &get_line(b"/files/x")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/y")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/z")).await, 429);
+    // A `%2F` that is not one (`%252F` is the three bytes `%2F`) is the
+    // router's reading only.
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%252Fc")).await,
+        429
+    );
+    assert_eq!(t.stat("route:private", |s| s.denied), 3);
+    assert_eq!(t.stat("route:files", |s| s.denied), 2);
+}
+
+/// With no limit for the router's reading at all (no shorter route, no
+/// service limit), a `%2F` path does not pass unlimited: it meets the
+/// deeper prefix's limit.
+#[tokio::test]
+async fn an_encoded_slash_does_not_pass_unlimited() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 1 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route("/files/{*path}", get(|| async { "file" }))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%2Fa")).await,
+        200
+    );
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/b")).await, 429);
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%2Fc")).await,
+        429
+    );
+    assert_eq!(raw_status(addr, &get_line(b"/files/public%2Fc")).await, 200);
+    assert_eq!(t.stat("route:private", |s| s.allowed), 1);
+    assert_eq!(t.stat("route:private", |s| s.denied), 2);
+}
+
+/// A request charged on both readings holds a concurrency slot of each
+/// until its response ends, and frees both when the client goes away.
+#[tokio::test]
+async fn an_encoded_slash_holds_the_slots_of_both_readings() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:files", "pathPrefix": "/files", "limits": { "maxConcurrentRequests": 5 } },
+            { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "maxConcurrentRequests": 1 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route(
+            "/files/{*path}",
+            get(|| async { axum::body::Body::new(common::Drip::new()) }),
+        )
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let mut held = tokio::net::TcpStream::connect(addr).await.unwrap();
+    held.write_all(&get_line(b"/files/private%2Fa"))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = held.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let in_flight = |id: &str| t.stat(id, |s| s.in_flight);
+    assert_eq!(
+        (in_flight("route:files"), in_flight("route:private")),
+        (1, 1)
+    );
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/b")).await, 429);
+    drop(held);
+    let freed = || in_flight("route:files") == 0 && in_flight("route:private") == 0;
+    assert!(common::eventually(Duration::from_secs(5), freed).await);
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/b")).await, 200);
+}
+
 /// `OPTIONS *` and `CONNECT host:port` carry no path: they meet the limit
 /// of a route on `/`, as every other request does.
 #[tokio::test]

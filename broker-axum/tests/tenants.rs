@@ -44,6 +44,48 @@ async fn tenant_a_flood_does_not_deny_tenant_b() {
     assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 0);
 }
 
+/// A path with an encoded `/` under a wildcard route is charged on two
+/// routes (see `route_limits.rs`); a tenant denial gives both their cost
+/// back, so one tenant's refused flood of such paths leaves the routes'
+/// limits to the others.
+#[tokio::test]
+async fn a_tenant_denial_gives_both_readings_of_a_path_their_cost_back() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{
+        "perRoute": [
+            { "resource": "route:files", "pathPrefix": "/files", "limits": { "requestsPerMinute": 3 } },
+            { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 2 } }
+        ],
+        "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
+    }"#,
+    );
+    let app = Router::new()
+        .route("/files/{*path}", get(|| async { "file" }))
+        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let status = |path: &'static str, tenant: &'static str| async move {
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nx-tenant: {tenant}\r\nConnection: close\r\n\r\n"
+        );
+        common::raw_status(addr, head.as_bytes()).await
+    };
+    assert_eq!(status("/files/private%2Fa", "a").await, 200);
+    for _ in 0..4 {
+        assert_eq!(status("/files/private%2Fb", "a").await, 429);
+    }
+    assert_eq!(t.stat("pressure:tenant", |s| s.denied), 4);
+    // Both routes got the refused four back: `b` has the second of
+    // `/files/private`'s two, and `c` and `d` the rest of `/files`'s three.
+    assert_eq!(status("/files/private%2Fc", "b").await, 200);
+    assert_eq!(status("/files/private/d", "c").await, 429);
+    assert_eq!(t.stat("route:private", |s| s.denied), 1);
+    assert_eq!(status("/files/x", "d").await, 200);
+    assert_eq!(status("/files/y", "e").await, 429);
+    assert_eq!(t.stat("route:files", |s| s.denied), 1);
+}
+
 #[tokio::test]
 async fn tenant_retry_after_follows_its_refill_and_quota_returns_with_time() {
     let t = TestBroker::new();

@@ -52,6 +52,8 @@ enum Held {
     },
     /// Any other lease.
     Other(Box<HeldElsewhere>),
+    /// The slots of two permits, released together (see [`Permit::join`]).
+    Both(Box<[Permit; 2]>),
 }
 
 #[derive(Debug)]
@@ -129,6 +131,35 @@ impl Permit {
         }
     }
 
+    /// One permit holding the slots of both `self` and `other`, released
+    /// together: a request admitted on two resources holds both to its
+    /// end. Joined with an empty permit, a permit stays as it is.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, ResourceBroker};
+    /// # async fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("route", Limits::new().max_concurrent(10))?;
+    /// broker.register_limit("files", Limits::new().max_concurrent(2))?;
+    /// let route = broker.try_acquire("route", Cost::default()).await?;
+    /// let files = broker.try_acquire("files", Cost::default()).await?;
+    /// if route.allowed && files.allowed {
+    ///     let both = route.permit.join(files.permit);
+    ///     // ... the work; dropping `both` releases both slots.
+    ///     drop(both);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn join(self, other: Permit) -> Permit {
+        match (self.is_held(), other.is_held()) {
+            (_, false) => self,
+            (false, true) => other,
+            (true, true) => Self {
+                held: ManuallyDrop::new(Held::Both(Box::new([self, other]))),
+            },
+        }
+    }
+
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
         !matches!(*self.held, Held::Nothing)
@@ -182,6 +213,8 @@ fn release_held(held: Held) {
             return;
         }
         Held::Other(h) => *h,
+        // Each released as it is dropped.
+        Held::Both(both) => return drop(both),
     };
     if let Some(keeper) = &h.resource.keeper {
         keeper.forget(h.lease);
