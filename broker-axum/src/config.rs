@@ -86,7 +86,10 @@ pub struct RouteConfig {
     /// with every `%XX` but `%2F` decoded, as a router decodes path
     /// parameters: a prefix `/hooks/stripe` limits `/hooks/%73tripe` too,
     /// and `/hooks/café` (written raw or as `/hooks/caf%C3%A9`) limits both
-    /// spellings of it. `%2F` is a `/` inside a segment, not a boundary.
+    /// spellings of it. `%2F` is a `/` inside a segment, not a boundary,
+    /// as the router reads it; as a wildcard route's handler gets it, it
+    /// is a `/`, and a request meets the limits of both readings (a prefix
+    /// `/files/a%2Fb` limits `/files/a/b/x` too).
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,

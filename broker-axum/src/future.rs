@@ -26,6 +26,9 @@ struct Answer {
     /// The stage answered: the one asked for, or, for [`Stage::Both`]
     /// denied, the part that denied.
     stage: Stage,
+    /// Its parts the store's failure policy answered (see
+    /// [`Refund::answered_here`]).
+    answered_here: u8,
     tenant: Option<TenantId>,
     policy: Arc<Policy>,
 }
@@ -116,27 +119,31 @@ struct TenantDenied {
     policy: Arc<Policy>,
 }
 
-/// Gives `stage` of `policy` (each of [`Stage::Both`]) its cost back.
-async fn refund(policy: Arc<Policy>, stage: Stage) {
-    for stage in stage.parts() {
+/// Gives `stage` of `policy` (each part of [`Stage::Both`]) its cost
+/// back, where it was charged: the parts whose bit is set in
+/// `answered_here` were answered by the store's failure policy (their
+/// cost went to this process's fallback bucket, or nowhere), the others
+/// by the store.
+async fn refund(policy: Arc<Policy>, stage: Stage, answered_here: u8) {
+    for (i, stage) in stage.parts().enumerate() {
         let Some(limited) = policy.limited(stage) else {
             continue;
         };
         // Errors are counted and logged by the broker; a failed refund
         // only leaves the cost charged, as without a refund.
-        // While the store is out of reach its failure policy answered the
-        // admission too (microseconds before): the cost went to this
-        // process's fallback bucket, or nowhere, and goes back there.
-        let broker = &policy.broker;
-        let since = broker
-            .backend()
-            .health()
-            .down
-            .then_some(Marks::ANSWERED_HERE);
-        let _ = broker
+        let since = (answered_here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
+        let _ = policy
+            .broker
             .settle_since(&*limited.id, Cost::default(), Cost::requests(0), since)
             .await;
     }
+}
+
+/// Whether the store of `policy` is out of reach, so that a decision just
+/// made was answered by its failure policy: `1` if so, else `0`. Read
+/// right after the decision, before a later call can change it.
+fn answered_here(policy: &Policy) -> u8 {
+    u8::from(policy.broker.backend().health().down)
 }
 
 /// A response that keeps its connection for as long as the client stays,
@@ -244,8 +251,10 @@ where
     {
         match limited.handle.try_acquire_now(None, Cost::default()) {
             Some(result) => {
+                let here = answered_here(policy);
                 let verdict = judge(policy, stage, limited, result, None);
-                Self::decided(verdict, policy.refund_for(stage), inner, req)
+                let refundable = policy.refund_for(stage).map(|r| r.answered_here(here));
+                Self::decided(verdict, refundable, inner, req)
             }
             None => Self::admit_later(policy, stage, None, inner, req),
         }
@@ -274,10 +283,11 @@ where
         };
         let acquire: AcquireFuture = Box::pin(async move {
             let tenant_key = tenant.as_ref().map(TenantId::as_str);
-            let (stage, result) = acquire(&policy, stage, tenant_key).await;
+            let (stage, result, answered_here) = acquire(&policy, stage, tenant_key).await;
             Answer {
                 result,
                 stage,
+                answered_here,
                 tenant,
                 policy,
             }
@@ -292,32 +302,37 @@ where
 }
 
 /// The broker's answer on `stage` of `policy` for the tenant key
-/// `tenant`, if given, with the stage it is of. [`Stage::Both`] is asked
-/// part by part: the first part's denial; else the second part's, with
-/// the first part's cost given back and its permit released; else the
-/// admission, holding both parts' permits.
+/// `tenant`, if given, with the stage it is of and the parts of it the
+/// store's failure policy answered (see [`Refund::answered_here`]).
+/// [`Stage::Both`] is asked part by part: the first part's denial; else
+/// the second part's, with the first part's cost given back and its
+/// permit released; else the admission, holding both parts' permits.
 async fn acquire(
     policy: &Arc<Policy>,
     stage: Stage,
     tenant: Option<&str>,
-) -> (Stage, Result<Acquisition, BrokerError>) {
+) -> (Stage, Result<Acquisition, BrokerError>, u8) {
     let mut parts = stage.parts();
     let (Some(first), Some(second)) = (parts.next(), parts.next()) else {
-        return (stage, acquire_on(policy, stage, tenant).await);
+        let result = acquire_on(policy, stage, tenant).await;
+        return (stage, result, answered_here(policy));
     };
     let admitted = match acquire_on(policy, first, tenant).await {
         Ok(a) if a.allowed => a,
-        refused => return (first, refused),
+        refused => return (first, refused, answered_here(policy)),
     };
-    match acquire_on(policy, second, tenant).await {
+    let first_here = answered_here(policy);
+    let result = acquire_on(policy, second, tenant).await;
+    let second_here = answered_here(policy);
+    match result {
         Ok(mut both) if both.allowed => {
             both.permit = admitted.permit.join(both.permit);
-            (stage, Ok(both))
+            (stage, Ok(both), first_here | second_here << 1)
         }
         refused => {
             drop(admitted);
-            refund(policy.clone(), first).await;
-            (second, refused)
+            refund(policy.clone(), first, first_here).await;
+            (second, refused, second_here)
         }
     }
 }
@@ -537,8 +552,14 @@ where
 #[inline]
 fn refund_for<B>(res: &Response<B>, refund_of: Refund) -> Option<RefundFuture> {
     let denied = res.extensions().get::<TenantDenied>()?;
-    (denied.policy.id == refund_of.policy)
-        .then(|| Box::pin(refund(denied.policy.clone(), refund_of.stage)) as RefundFuture)
+    (denied.policy.id == refund_of.policy).then(|| {
+        let refund = refund(
+            denied.policy.clone(),
+            refund_of.stage,
+            refund_of.answered_here,
+        );
+        Box::pin(refund) as RefundFuture
+    })
 }
 
 impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
@@ -564,6 +585,7 @@ where
                 let Answer {
                     result,
                     stage,
+                    answered_here,
                     tenant,
                     policy,
                 } = answer;
@@ -574,7 +596,9 @@ where
                     // `Stage::Both` allowed.
                     None => Ok(result.map(|a| a.permit).unwrap_or_default()),
                 };
-                let refundable = policy.refund_for(stage);
+                let refundable = policy
+                    .refund_for(stage)
+                    .map(|r| r.answered_here(answered_here));
                 state.set(Self::decided(verdict, refundable, &mut inner, req).state);
                 None
             }

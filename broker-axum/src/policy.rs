@@ -39,20 +39,31 @@ impl Limited {
 pub(crate) struct Route {
     /// In the form of [`normal_path`].
     prefix: Box<[u8]>,
+    /// The prefix with its `%2F` read as `/`, when it has one (see
+    /// [`Policy::stage_for`]).
+    slashed: Option<Box<[u8]>>,
     pub(crate) limited: Limited,
+}
+
+impl Route {
+    /// The prefix as a wildcard handler reads it: `%2F` a `/`.
+    fn slashed(&self) -> &[u8] {
+        self.slashed.as_deref().unwrap_or(&self.prefix)
+    }
 }
 
 /// Which resource an admission is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
     /// The per-route override at this index.
-    Route(usize),
+    Route(u32),
     /// The per-service limit.
     Service,
     /// The per-tenant limit.
     Tenant,
-    /// Two route/service stages, each a route's index or [`SERVICE`], in
-    /// the order they are charged: a path with an encoded `/` that the
+    /// Two route/service stages, each a route's index or [`SERVICE`] (no
+    /// route's: at most `u32::MAX - 1` routes), in the order they are
+    /// charged: a path with an encoded `/` that the
     /// router and a wildcard handler read as paths of different limits
     /// (see [`Policy::stage_for`]) meets both.
     Both(u32, u32),
@@ -67,6 +78,20 @@ const SERVICE: u32 = u32::MAX;
 pub(crate) struct Refund {
     pub(crate) policy: u64,
     pub(crate) stage: Stage,
+    /// Bit `i` set: part `i` of the stage ([`Stage::parts`]) was answered
+    /// by the store's failure policy (the store was out of reach when it
+    /// was decided), so its cost goes back to this process, not the store.
+    pub(crate) answered_here: u8,
+}
+
+impl Refund {
+    /// This refund, with its parts answered here as `here` says.
+    pub(crate) fn answered_here(self, here: u8) -> Self {
+        Self {
+            answered_here: here,
+            ..self
+        }
+    }
 }
 
 impl Stage {
@@ -84,7 +109,7 @@ impl Stage {
     pub(crate) fn parts(self) -> impl Iterator<Item = Stage> {
         let at = |place: u32| match place {
             SERVICE => Stage::Service,
-            i => Stage::Route(i as usize),
+            i => Stage::Route(i),
         };
         let (first, second) = match self {
             Stage::Both(a, b) => (at(a), Some(at(b))),
@@ -96,7 +121,7 @@ impl Stage {
     /// This route/service stage in [`Stage::Both`]; `None` for any other.
     fn place(self) -> Option<u32> {
         match self {
-            Stage::Route(i) => u32::try_from(i).ok().filter(|&i| i != SERVICE),
+            Stage::Route(i) => Some(i),
             Stage::Service => Some(SERVICE),
             Stage::Tenant | Stage::Both(..) => None,
         }
@@ -112,6 +137,8 @@ pub(crate) struct Policy {
     pub(crate) enabled: bool,
     /// Longest prefix first.
     routes: Vec<Route>,
+    /// Whether a route's prefix holds a `%2F`.
+    slashed_prefixes: bool,
     service: Option<Limited>,
     tenant: Option<Limited>,
     pub(crate) responses: Responses,
@@ -139,7 +166,7 @@ pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
 }
 
 /// Whether `path` holds an encoded `/` (`%2F`, in either case).
-fn has_encoded_slash(path: &[u8]) -> bool {
+pub(crate) fn has_encoded_slash(path: &[u8]) -> bool {
     path.windows(3)
         .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
 }
@@ -245,17 +272,27 @@ impl Policy {
                 None => None,
             },
         };
+        if config.per_route.len() >= SERVICE as usize {
+            return Err(ConfigError::invalid(
+                "perRoute",
+                "more routes than a u32 counts",
+            ));
+        }
         let mut routes = config
             .per_route
             .iter()
             .map(|r| {
+                let slashed = has_encoded_slash(r.path_prefix.as_bytes())
+                    .then(|| decoded(r.path_prefix.as_bytes(), true).into());
                 Ok(Route {
                     prefix: normal_path(&r.path_prefix).into(),
+                    slashed,
                     limited: Limited::register(&broker, &r.resource, &r.limits)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
         let tenant = if config.per_tenant.enabled {
             let t = &config.per_tenant;
             Some(Limited::register(&broker, &t.resource, &t.limits)?)
@@ -268,6 +305,7 @@ impl Policy {
             broker,
             enabled: config.enabled,
             routes,
+            slashed_prefixes,
             service,
             tenant,
             responses: Responses::default(),
@@ -280,15 +318,17 @@ impl Policy {
     /// not one (`*` of `OPTIONS *`, the empty path of `CONNECT host:port`)
     /// is taken as `/`: a route on `/` covers every request.
     ///
-    /// A path with an encoded `/` (`%2F`) is read twice: as the router
-    /// reads it (`%2F` inside a segment, see [`normal_path`]) and as a
-    /// wildcard route's handler gets it (`%2F` a `/`). When the two meet
-    /// different stages, the answer is [`Stage::Both`] (with the first
-    /// one's resource): the request is charged on both, so neither a
-    /// looser deeper prefix (`/files/public%2Fx` under a stricter
+    /// A path is read twice when a `/` may be spelled `%2F` in it or in a
+    /// prefix: as the router reads it (`%2F` inside a segment, see
+    /// [`normal_path`]) and as a wildcard route's handler gets it (`%2F`
+    /// a `/`, in the path and in the prefixes). When the two readings
+    /// meet different stages, the answer is [`Stage::Both`] (with the
+    /// first one's resource): the request is charged on both, so neither
+    /// a looser deeper prefix (`/files/public%2Fx` under a stricter
     /// `/files`) nor a looser shorter one (`/files/private%2Fx` under a
-    /// stricter `/files/private`, served by `/files/{*path}`) steps around
-    /// a limit.
+    /// stricter `/files/private`, or `/files/a/b/x` under a stricter
+    /// `/files/a%2Fb`, served by `/files/{*path}`) steps around a limit.
+    /// A path without `%` under prefixes without `%2F` is read once.
     #[inline]
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
@@ -300,11 +340,11 @@ impl Policy {
                 false => Cow::Borrowed(&b"/"[..]),
             };
             let found = self.route_for(&form);
-            if let Cow::Owned(_) = form {
+            if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
                 return self.read_both_ways(path, found);
             }
             if let Some(i) = found {
-                return Some((Stage::Route(i), &self.routes[i].limited));
+                return Some((Stage::Route(i), &self.routes[i as usize].limited));
             }
         }
         self.service.as_ref().map(|s| (Stage::Service, s))
@@ -313,37 +353,53 @@ impl Policy {
     /// The index of the longest route whose prefix `form` (in the form of
     /// [`normal_path`]) matches.
     #[inline]
-    fn route_for(&self, form: &[u8]) -> Option<usize> {
-        self.routes
+    fn route_for(&self, form: &[u8]) -> Option<u32> {
+        let i = self
+            .routes
             .iter()
-            .position(|r| prefix_matches(form, &r.prefix))
+            .position(|r| prefix_matches(form, &r.prefix))?;
+        // At most `u32::MAX - 1` routes (`Policy::new`).
+        Some(i as u32)
     }
 
     /// The route (`found`), else the service stage.
     #[inline]
-    fn route_or_service(&self, found: Option<usize>) -> Option<(Stage, &Limited)> {
+    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
         match found {
-            Some(i) => Some((Stage::Route(i), &self.routes[i].limited)),
+            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
             None => self.service.as_ref().map(|s| (Stage::Service, s)),
         }
     }
 
-    /// [`Policy::stage_for`] of a path with a `%`, whose route as the
+    /// [`Policy::stage_for`] of a path read twice, whose route as the
     /// router reads it is `found`.
     #[cold]
     #[inline(never)]
-    fn read_both_ways(&self, path: &str, found: Option<usize>) -> Option<(Stage, &Limited)> {
+    fn read_both_ways(&self, path: &str, found: Option<u32>) -> Option<(Stage, &Limited)> {
         let routed = self.route_or_service(found);
-        if !has_encoded_slash(path.as_bytes()) {
+        let path = path.as_bytes();
+        if !path.starts_with(b"/") || !(self.slashed_prefixes || has_encoded_slash(path)) {
             return routed;
         }
-        let slashed = self.route_or_service(self.route_for(&decoded(path.as_bytes(), true)));
+        // The longest slashed prefix that matches; of two as long, the
+        // first (the longer as the router reads them).
+        let slashed_path = decoded(path, true);
+        let mut best: Option<(usize, u32)> = None;
+        for (i, route) in (0u32..).zip(&self.routes) {
+            let prefix = route.slashed();
+            if prefix_matches(&slashed_path, prefix)
+                && best.is_none_or(|(len, _)| prefix.len() > len)
+            {
+                best = Some((prefix.len(), i));
+            }
+        }
+        let slashed = self.route_or_service(best.map(|(_, i)| i));
         match (routed, slashed) {
-            (Some((a, limited)), Some((b, _))) if a != b => match (a.place(), b.place()) {
-                (Some(a), Some(b)) => Some((Stage::Both(a, b), limited)),
-                // More routes than a `u32` counts: the router's reading.
-                _ => Some((a, limited)),
-            },
+            (Some((a, limited)), Some((b, _))) if a != b => {
+                // Route and service stages always have a place.
+                let both = a.place().zip(b.place()).map(|(a, b)| Stage::Both(a, b));
+                Some((both.unwrap_or(a), limited))
+            }
             (None, slashed) => slashed,
             (routed, _) => routed,
         }
@@ -371,6 +427,7 @@ impl Policy {
                 Some(Refund {
                     policy: self.id,
                     stage,
+                    answered_here: 0,
                 })
             }
             _ => None,
@@ -381,7 +438,7 @@ impl Policy {
     /// [`Stage::parts`]).
     pub(crate) fn limited(&self, stage: Stage) -> Option<&Limited> {
         match stage {
-            Stage::Route(i) => self.routes.get(i).map(|r| &r.limited),
+            Stage::Route(i) => self.routes.get(i as usize).map(|r| &r.limited),
             Stage::Service => self.service.as_ref(),
             Stage::Tenant => self.tenant.as_ref(),
             Stage::Both(..) => None,
@@ -471,6 +528,27 @@ mod tests {
             names("/files%2Fprivate/x").0,
             ["pressure:service:api", "private"]
         );
+        // A path without `%` under a prefix that has `%2F`.
+        let config = PressureConfig::from_json(
+            "p.json",
+            r#"{"perRoute": [
+                {"resource": "files", "pathPrefix": "/files", "limits": {"requestsPerSecond": 5}},
+                {"resource": "ab", "pathPrefix": "/files/a%2Fb", "limits": {"requestsPerSecond": 5}},
+                {"resource": "abc", "pathPrefix": "/files/a/b/c", "limits": {"requestsPerSecond": 5}}]}"#,
+        )
+        .unwrap();
+        let slashed = Policy::new(policy.broker.clone(), &config, None).unwrap();
+        let parts = |path: &str| -> Vec<String> {
+            let (stage, _) = slashed.stage_for(path).expect(path);
+            let limited = |s| slashed.limited(s).unwrap().id.to_string();
+            stage.parts().map(limited).collect()
+        };
+        assert_eq!(parts("/files/a/b/y"), ["files", "ab"]);
+        assert_eq!(parts("/files/a%2Fb/y"), ["ab"]);
+        assert_eq!(parts("/files/a/b/c/d"), ["abc"]);
+        assert_eq!(parts("/files/a%2Fb/c/d"), ["ab", "abc"]);
+        assert_eq!(parts("/files/a/bc"), ["files"]);
+        assert!(slashed.stage_for("*").is_none(), "no route on `/`");
         // One reading: no `%2F`, or both readings meet the same stage.
         assert_eq!(names("/files/private/x").0, ["private"]);
         assert_eq!(names("/files/a%2Fb").0, ["files"]);

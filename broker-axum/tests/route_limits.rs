@@ -223,6 +223,36 @@ async fn an_encoded_slash_does_not_pass_unlimited() {
     assert_eq!(t.stat("route:private", |s| s.denied), 2);
 }
 
+/// A prefix that spells its `/` as `%2F` limits the paths a wildcard
+/// handler reads the same: `/files/a/b/y` reaches `/files/{*path}` as
+/// `a/b/y`, as `/files/a%2Fb/y` does, and meets `/files/a%2Fb`'s limit.
+#[tokio::test]
+async fn a_prefix_with_an_encoded_slash_limits_the_plain_spelling_too() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:files", "pathPrefix": "/files", "limits": { "requestsPerMinute": 100 } },
+            { "resource": "route:ab", "pathPrefix": "/files/a%2Fb", "limits": { "requestsPerMinute": 1 } }
+        ] }"#,
+    );
+    let app = Router::new()
+        .route(
+            "/files/{*path}",
+            get(|axum::extract::Path(path): axum::extract::Path<String>| async move { path }),
+        )
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/a%2Fb/x")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a/b/y")).await, 429);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a%2Fb/z")).await, 429);
+    assert_eq!(t.stat("route:ab", |s| s.denied), 2);
+    // Other paths are read as before: `/files` admitted them, and
+    // `/files/a/b/y` (given back when `/files/a%2Fb` denied it).
+    assert_eq!(raw_status(addr, &get_line(b"/files/a/c")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/ab")).await, 200);
+    assert_eq!(t.stat("route:files", |s| s.allowed), 3);
+}
+
 /// A request charged on both readings holds a concurrency slot of each
 /// until its response ends, and frees both when the client goes away.
 #[tokio::test]

@@ -1,0 +1,211 @@
+//! Refunds of the route stage go where its cost was charged, in the store
+//! or in this process's fallback, whatever the store's health is by the
+//! time they are made: the refund of a path read two ways (an encoded
+//! `/`, see `route_limits.rs`) whose second reading denies or fails, and
+//! the refund a tenant denial makes.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::routing::get;
+use axum::Router;
+use broker_axum::{FromHeader, Pressure, PressureConfig};
+use broker_core::state::{Decision, LeaseId, LimitSpec, Marks, Reservation};
+use broker_core::{Backend, BackendError, BackendHealth, Cost, ObservedLimit, ResourceBroker};
+use broker_memory::MemoryBackend;
+use common::{get_line, raw_status, serve};
+use http::HeaderName;
+
+/// An in-memory store whose calls on the `private` route can fail, whose
+/// next call on a key holding `flip_on` changes the health it reports (as
+/// the call that finds a shared store gone, or the probe that finds it
+/// back), and which records each settle.
+#[derive(Default)]
+struct Flaky {
+    inner: MemoryBackend,
+    fail_private: AtomicBool,
+    flip_on: Mutex<Option<&'static str>>,
+    down: AtomicBool,
+    settles: Mutex<Vec<(String, Option<Marks>)>>,
+}
+
+#[async_trait]
+impl Backend for Flaky {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Decision, BackendError> {
+        if key.contains("private") && self.fail_private.load(Ordering::SeqCst) {
+            return Err(BackendError::new("store unreachable"));
+        }
+        {
+            let mut flip_on = self.flip_on.lock().unwrap();
+            if flip_on.is_some_and(|on| key.contains(on)) {
+                *flip_on = None;
+                self.down.fetch_xor(true, Ordering::SeqCst);
+            }
+        }
+        self.inner.try_acquire(key, spec, cost).await
+    }
+    async fn reserve(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        w: Duration,
+    ) -> Result<Reservation, BackendError> {
+        self.inner.reserve(key, spec, cost, w).await
+    }
+    async fn hold_slot(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Result<Option<LeaseId>, BackendError> {
+        self.inner.hold_slot(key, spec).await
+    }
+    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        self.inner.release(key, lease).await
+    }
+    async fn settle(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        r: Cost,
+        a: Cost,
+        since: Option<Marks>,
+    ) -> Result<(), BackendError> {
+        self.settles.lock().unwrap().push((key.to_owned(), since));
+        self.inner.settle(key, spec, r, a, since).await
+    }
+    async fn penalize(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        hold: Duration,
+    ) -> Result<(), BackendError> {
+        self.inner.penalize(key, spec, hold).await
+    }
+    async fn reconcile(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        o: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        self.inner.reconcile(key, spec, o).await
+    }
+    fn leases_end_with_holders(&self) -> bool {
+        true
+    }
+    fn health(&self) -> BackendHealth {
+        BackendHealth {
+            down: self.down.load(Ordering::SeqCst),
+            ..Default::default()
+        }
+    }
+}
+
+const CONFIG: &str = r#"{ "perRoute": [
+    { "resource": "route:files", "pathPrefix": "/files", "limits": { "requestsPerMinute": 2, "maxConcurrentRequests": 1 } },
+    { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 1 } }
+],
+  "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } } }"#;
+
+/// The stages of `CONFIG` over a [`Flaky`] store, the tenant named by the
+/// `x-tenant` field.
+async fn serve_flaky() -> (Arc<Flaky>, ResourceBroker, std::net::SocketAddr) {
+    let flaky = Arc::new(Flaky::default());
+    let broker = ResourceBroker::from_arc(flaky.clone() as Arc<dyn Backend>);
+    let config = PressureConfig::from_json("t.json", CONFIG).unwrap();
+    let pressure = Pressure::new(broker.clone(), &config).unwrap();
+    let tenant = FromHeader::new(HeaderName::from_static("x-tenant"));
+    let app = Router::new()
+        .route("/files/{*path}", get(|| async { "file" }))
+        .layer(pressure.tenant_layer(tenant))
+        .layer(pressure.layer());
+    (flaky, broker, serve(app).await)
+}
+
+/// A GET of `path` by `tenant`, with `Connection: close`.
+fn get_as(tenant: &str, path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nx-tenant: {tenant}\r\nConnection: close\r\n\r\n")
+        .into_bytes()
+}
+
+/// The store fails on the second reading: the backend-error answer, and
+/// the first reading's rate and slot given back.
+#[tokio::test]
+async fn a_failure_on_the_second_reading_gives_the_first_its_cost_back() {
+    let (flaky, broker, addr) = serve_flaky().await;
+    flaky.fail_private.store(true, Ordering::SeqCst);
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%2Fx")).await,
+        503
+    );
+    assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/b")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/c")).await, 429);
+}
+
+/// The store is reached for the first reading, then found gone by the
+/// second: the first's cost goes back to the store, not to this process's
+/// fallback, which never took it.
+#[tokio::test]
+async fn a_refund_goes_to_the_store_that_charged_it() {
+    let (flaky, _broker, addr) = serve_flaky().await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
+    *flaky.flip_on.lock().unwrap() = Some("private");
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%2Fb")).await,
+        429
+    );
+    let settles = flaky.settles.lock().unwrap().clone();
+    assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
+}
+
+/// The first reading is answered by the failure policy (the store is
+/// down), and the second is the call that finds it back: the first's cost
+/// goes back where the failure policy took it, not to the store.
+#[tokio::test]
+async fn a_refund_of_a_fallback_answer_stays_here() {
+    let (flaky, _broker, addr) = serve_flaky().await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
+    flaky.down.store(true, Ordering::SeqCst);
+    *flaky.flip_on.lock().unwrap() = Some("private");
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%2Fc")).await,
+        429
+    );
+    let settles = flaky.settles.lock().unwrap().clone();
+    assert_eq!(
+        settles,
+        [("route%3Afiles".to_owned(), Some(Marks::ANSWERED_HERE))]
+    );
+}
+
+/// A tenant denial's refund of the route stage, when the route stage was
+/// answered by the failure policy and the tenant stage's call is the one
+/// that finds the store back: the cost goes back where it was taken.
+#[tokio::test]
+async fn a_tenant_denial_refunds_where_the_route_stage_was_answered() {
+    let (flaky, _broker, addr) = serve_flaky().await;
+    assert_eq!(raw_status(addr, &get_as("a", "/files/x")).await, 200);
+    flaky.down.store(true, Ordering::SeqCst);
+    *flaky.flip_on.lock().unwrap() = Some("tenant");
+    assert_eq!(raw_status(addr, &get_as("a", "/files/y")).await, 429);
+    assert!(
+        !flaky.down.load(Ordering::SeqCst),
+        "the tenant call found it back"
+    );
+    let settles = flaky.settles.lock().unwrap().clone();
+    assert_eq!(
+        settles,
+        [("route%3Afiles".to_owned(), Some(Marks::ANSWERED_HERE))]
+    );
+}
