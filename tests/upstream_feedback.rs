@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::{
-    BackendError, Cost, EnqueueError, Limits, Observed, ObservedLimit, Outcome, OutcomeClass,
-    RateLimit, ResourceBroker, ResourceConfig, TokioClock,
+    BackendError, Cost, EnqueueError, Limits, Marks, Observed, ObservedLimit, Outcome,
+    OutcomeClass, RateLimit, ResourceBroker, ResourceConfig, TokioClock,
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::upstream::no_time_passes;
@@ -28,7 +28,7 @@ struct Flaky {
 }
 
 impl Hooks for Flaky {
-    fn settle(&self) -> Option<Result<(), BackendError>> {
+    fn settle(&self, _: &str, _: Option<Marks>) -> Option<Result<(), BackendError>> {
         self.fail.then(|| Err(BackendError::new("settle failed")))
     }
     fn reconcile(&self) -> Option<Result<(), BackendError>> {

@@ -8,104 +8,59 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::routing::get;
 use axum::Router;
 use broker_axum::{FromHeader, Pressure, PressureConfig};
-use broker_core::state::{Decision, LeaseId, LimitSpec, Marks, Reservation};
-use broker_core::{Backend, BackendError, BackendHealth, Cost, ObservedLimit, ResourceBroker};
+use broker_core::state::{Decision, Marks};
+use broker_core::{BackendError, BackendHealth, ResourceBroker};
 use broker_memory::MemoryBackend;
+use broker_testkit::{Hooks, Wrapped};
 use common::{get_line, raw_status, serve};
 use http::HeaderName;
 
-/// An in-memory store whose calls on the `private` route can fail, whose
-/// next call on a key holding `flip_on` changes the health it reports (as
-/// the call that finds a shared store gone, or the probe that finds it
-/// back), and which records each settle.
+/// Over the in-memory store, answered asynchronously: its calls on the
+/// `private` route fail on demand, its next call on a key holding
+/// `flip_on` changes the health it reports (as the call that finds a
+/// shared store gone, or the probe that finds it back), and each settle
+/// is recorded.
 #[derive(Default)]
 struct Flaky {
-    inner: MemoryBackend,
     fail_private: AtomicBool,
     flip_on: Mutex<Option<&'static str>>,
     down: AtomicBool,
     settles: Mutex<Vec<(String, Option<Marks>)>>,
 }
 
-#[async_trait]
-impl Backend for Flaky {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        cost: Cost,
-    ) -> Result<Decision, BackendError> {
-        if key.contains("private") && self.fail_private.load(Ordering::SeqCst) {
-            return Err(BackendError::new("store unreachable"));
-        }
-        {
-            let mut flip_on = self.flip_on.lock().unwrap();
-            if flip_on.is_some_and(|on| key.contains(on)) {
-                *flip_on = None;
-                self.down.fetch_xor(true, Ordering::SeqCst);
-            }
-        }
-        self.inner.try_acquire(key, spec, cost).await
-    }
-    async fn reserve(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        cost: Cost,
-        w: Duration,
-    ) -> Result<Reservation, BackendError> {
-        self.inner.reserve(key, spec, cost, w).await
-    }
-    async fn hold_slot(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-    ) -> Result<Option<LeaseId>, BackendError> {
-        self.inner.hold_slot(key, spec).await
-    }
-    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        self.inner.release(key, lease).await
-    }
-    async fn settle(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        r: Cost,
-        a: Cost,
-        since: Option<Marks>,
-    ) -> Result<(), BackendError> {
-        self.settles.lock().unwrap().push((key.to_owned(), since));
-        self.inner.settle(key, spec, r, a, since).await
-    }
-    async fn penalize(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        hold: Duration,
-    ) -> Result<(), BackendError> {
-        self.inner.penalize(key, spec, hold).await
-    }
-    async fn reconcile(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        o: &ObservedLimit,
-    ) -> Result<(), BackendError> {
-        self.inner.reconcile(key, spec, o).await
-    }
-    fn leases_end_with_holders(&self) -> bool {
+impl Hooks for Flaky {
+    fn asynchronous(&self) -> bool {
         true
     }
-    fn health(&self) -> BackendHealth {
+    fn local_states(
+        &self,
+        _: Arc<dyn broker_core::LocalStates>,
+    ) -> Option<Arc<dyn broker_core::LocalStates>> {
+        None
+    }
+    fn try_acquire(&self, key: &str) -> Option<Result<Decision, BackendError>> {
+        if key.contains("private") && self.fail_private.load(Ordering::SeqCst) {
+            return Some(Err(BackendError::new("store unreachable")));
+        }
+        let mut flip_on = self.flip_on.lock().unwrap();
+        if flip_on.is_some_and(|on| key.contains(on)) {
+            *flip_on = None;
+            self.down.fetch_xor(true, Ordering::SeqCst);
+        }
+        None
+    }
+    fn settle(&self, key: &str, since: Option<Marks>) -> Option<Result<(), BackendError>> {
+        self.settles.lock().unwrap().push((key.to_owned(), since));
+        None
+    }
+    fn health(&self, inner: BackendHealth) -> BackendHealth {
         BackendHealth {
             down: self.down.load(Ordering::SeqCst),
-            ..Default::default()
+            ..inner
         }
     }
 }
@@ -118,9 +73,12 @@ const CONFIG: &str = r#"{ "perRoute": [
 
 /// The stages of `CONFIG` over a [`Flaky`] store, the tenant named by the
 /// `x-tenant` field.
-async fn serve_flaky() -> (Arc<Flaky>, ResourceBroker, std::net::SocketAddr) {
-    let flaky = Arc::new(Flaky::default());
-    let broker = ResourceBroker::from_arc(flaky.clone() as Arc<dyn Backend>);
+async fn serve_flaky() -> (Arc<Wrapped<Flaky>>, ResourceBroker, std::net::SocketAddr) {
+    let flaky = Arc::new(Wrapped::new(
+        Arc::new(MemoryBackend::new()),
+        Flaky::default(),
+    ));
+    let broker = ResourceBroker::from_arc(flaky.clone());
     let config = PressureConfig::from_json("t.json", CONFIG).unwrap();
     let pressure = Pressure::new(broker.clone(), &config).unwrap();
     let tenant = FromHeader::new(HeaderName::from_static("x-tenant"));
@@ -142,7 +100,7 @@ fn get_as(tenant: &str, path: &str) -> Vec<u8> {
 #[tokio::test]
 async fn a_failure_on_the_second_reading_gives_the_first_its_cost_back() {
     let (flaky, broker, addr) = serve_flaky().await;
-    flaky.fail_private.store(true, Ordering::SeqCst);
+    flaky.hooks.fail_private.store(true, Ordering::SeqCst);
     assert_eq!(
         raw_status(addr, &get_line(b"/files/private%2Fx")).await,
         503
@@ -160,12 +118,12 @@ async fn a_failure_on_the_second_reading_gives_the_first_its_cost_back() {
 async fn a_refund_goes_to_the_store_that_charged_it() {
     let (flaky, _broker, addr) = serve_flaky().await;
     assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
-    *flaky.flip_on.lock().unwrap() = Some("private");
+    *flaky.hooks.flip_on.lock().unwrap() = Some("private");
     assert_eq!(
         raw_status(addr, &get_line(b"/files/private%2Fb")).await,
         429
     );
-    let settles = flaky.settles.lock().unwrap().clone();
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
     assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
 }
 
@@ -176,13 +134,13 @@ async fn a_refund_goes_to_the_store_that_charged_it() {
 async fn a_refund_of_a_fallback_answer_stays_here() {
     let (flaky, _broker, addr) = serve_flaky().await;
     assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
-    flaky.down.store(true, Ordering::SeqCst);
-    *flaky.flip_on.lock().unwrap() = Some("private");
+    flaky.hooks.down.store(true, Ordering::SeqCst);
+    *flaky.hooks.flip_on.lock().unwrap() = Some("private");
     assert_eq!(
         raw_status(addr, &get_line(b"/files/private%2Fc")).await,
         429
     );
-    let settles = flaky.settles.lock().unwrap().clone();
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
     assert_eq!(
         settles,
         [("route%3Afiles".to_owned(), Some(Marks::ANSWERED_HERE))]
@@ -196,14 +154,14 @@ async fn a_refund_of_a_fallback_answer_stays_here() {
 async fn a_tenant_denial_refunds_where_the_route_stage_was_answered() {
     let (flaky, _broker, addr) = serve_flaky().await;
     assert_eq!(raw_status(addr, &get_as("a", "/files/x")).await, 200);
-    flaky.down.store(true, Ordering::SeqCst);
-    *flaky.flip_on.lock().unwrap() = Some("tenant");
+    flaky.hooks.down.store(true, Ordering::SeqCst);
+    *flaky.hooks.flip_on.lock().unwrap() = Some("tenant");
     assert_eq!(raw_status(addr, &get_as("a", "/files/y")).await, 429);
     assert!(
-        !flaky.down.load(Ordering::SeqCst),
+        !flaky.hooks.down.load(Ordering::SeqCst),
         "the tenant call found it back"
     );
-    let settles = flaky.settles.lock().unwrap().clone();
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
     assert_eq!(
         settles,
         [("route%3Afiles".to_owned(), Some(Marks::ANSWERED_HERE))]

@@ -23,6 +23,16 @@ fn echo_name() -> axum::routing::MethodRouter {
     get(|axum::extract::Path(name): axum::extract::Path<String>| async move { name })
 }
 
+/// A server of `/files/{*path}` behind `pressure`, answering with the
+/// path its handler got (decoded, `%2F` a `/`).
+async fn serve_files(pressure: &Pressure) -> std::net::SocketAddr {
+    let path = |axum::extract::Path(path): axum::extract::Path<String>| async move { path };
+    let app = Router::new()
+        .route("/files/{*path}", get(path))
+        .layer(pressure.layer());
+    serve(app).await
+}
+
 #[tokio::test]
 async fn route_override_beats_service_limit() {
     let t = TestBroker::new();
@@ -162,13 +172,7 @@ async fn an_encoded_slash_under_a_wildcard_meets_the_deeper_prefixs_limit() {
             { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 1 } }
         ] }"#,
     );
-    let app = Router::new()
-        .route(
-            "/files/{*path}",
-            get(|axum::extract::Path(path): axum::extract::Path<String>| async move { path }),
-        )
-        .layer(pressure.layer());
-    let addr = serve(app).await;
+    let addr = serve_files(&pressure).await;
     assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
     for spelling in [
         &b"/files/private%2Fb"[..],
@@ -205,10 +209,7 @@ async fn an_encoded_slash_does_not_pass_unlimited() {
             { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 1 } }
         ] }"#,
     );
-    let app = Router::new()
-        .route("/files/{*path}", get(|| async { "file" }))
-        .layer(pressure.layer());
-    let addr = serve(app).await;
+    let addr = serve_files(&pressure).await;
     assert_eq!(
         raw_status(addr, &get_line(b"/files/private%2Fa")).await,
         200
@@ -235,13 +236,7 @@ async fn a_prefix_with_an_encoded_slash_limits_the_plain_spelling_too() {
             { "resource": "route:ab", "pathPrefix": "/files/a%2Fb", "limits": { "requestsPerMinute": 1 } }
         ] }"#,
     );
-    let app = Router::new()
-        .route(
-            "/files/{*path}",
-            get(|axum::extract::Path(path): axum::extract::Path<String>| async move { path }),
-        )
-        .layer(pressure.layer());
-    let addr = serve(app).await;
+    let addr = serve_files(&pressure).await;
     assert_eq!(raw_status(addr, &get_line(b"/files/a%2Fb/x")).await, 200);
     assert_eq!(raw_status(addr, &get_line(b"/files/a/b/y")).await, 429);
     assert_eq!(raw_status(addr, &get_line(b"/files/a%2Fb/z")).await, 429);

@@ -28,10 +28,22 @@ pub trait Hooks: Send + Sync + 'static {
         false
     }
 
-    /// The answer `settle` gives instead of the wrapped store's (`None`:
-    /// the wrapped store's).
-    fn settle(&self) -> Option<Result<(), BackendError>> {
+    /// The answer an asynchronous `try_acquire` on `key` gives instead of
+    /// the wrapped store's (`None`: the wrapped store's), asked before the
+    /// call is passed on.
+    fn try_acquire(&self, _key: &str) -> Option<Result<Decision, BackendError>> {
         None
+    }
+
+    /// The answer a `settle` on `key` of a booking marked `since` gives
+    /// instead of the wrapped store's (`None`: the wrapped store's).
+    fn settle(&self, _key: &str, _since: Option<Marks>) -> Option<Result<(), BackendError>> {
+        None
+    }
+
+    /// The health the store reports, given the wrapped store's.
+    fn health(&self, inner: BackendHealth) -> BackendHealth {
+        inner
     }
 
     /// How long a `renew` waits before it is passed on (the time between
@@ -81,6 +93,9 @@ impl<H: Hooks> Backend for Wrapped<H> {
                 }
             })
             .await;
+        }
+        if let Some(answer) = self.hooks.try_acquire(k) {
+            return answer;
         }
         self.inner.try_acquire(k, s, c).await
     }
@@ -141,7 +156,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         a: Cost,
         b: Option<Marks>,
     ) -> Result<(), BackendError> {
-        match self.hooks.settle() {
+        match self.hooks.settle(k, b) {
             Some(answer) => answer,
             None => self.inner.settle(k, s, r, a, b).await,
         }
@@ -154,7 +169,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         a: Cost,
         b: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
-        match self.hooks.settle() {
+        match self.hooks.settle(k, b) {
             Some(answer) => Some(answer),
             None => self.inner.settle_now(k, s, r, a, b),
         }
@@ -180,6 +195,6 @@ impl<H: Hooks> Backend for Wrapped<H> {
         self.inner.leases_end_with_holders()
     }
     fn health(&self) -> BackendHealth {
-        self.inner.health()
+        self.hooks.health(self.inner.health())
     }
 }
