@@ -404,8 +404,12 @@ impl Refusal {
         let (Some(wait), Some(limited)) = (wait, policy.limited(stage)) else {
             return response::backend_failed(&policy.responses);
         };
-        let mut response =
-            response::denied(&policy.responses, &limited.headers, wait, by_concurrency);
+        let mut response = response::denied(
+            &policy.responses,
+            &limited.headers(&policy.broker),
+            wait,
+            by_concurrency,
+        );
         if matches!(stage, Stage::Tenant) {
             response.extensions_mut().insert(TenantDenied { policy });
         }

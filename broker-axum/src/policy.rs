@@ -7,13 +7,14 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::{keys, ConfigError, Limits, ResourceBroker, ResourceHandle};
+use broker_core::{keys, ConfigError, Limits, ResourceBroker, ResourceHandle, ResourceKind};
 
 use crate::config::{service_resource, PressureConfig};
 use crate::response::{RateHeaders, Responses};
 
 /// A resource the layer acquires on, looked up once (a handle follows a
-/// later re-registration of the same id), with its headers built once.
+/// later re-registration of the same id), with its headers built once
+/// (and again after such a re-registration, see [`Limited::headers`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
     pub(crate) id: Arc<str>,
@@ -21,7 +22,65 @@ pub(crate) struct Limited {
     pub(crate) headers: RateHeaders,
 }
 
+/// How [`Policy::new`] treats a resource id already registered on the
+/// broker with other limits, or as a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// Refused, naming the field: another config's (or the application's)
+    /// resource of the same id would silently take these limits.
+    Refuse,
+    /// Re-configured with these limits (a reload).
+    Replace,
+}
+
+/// A resource of a config, before it is registered: the field that gives
+/// its id, the id, its limits.
+struct Wanted<'c> {
+    field: String,
+    id: String,
+    limits: &'c Limits,
+}
+
+impl Wanted<'_> {
+    /// An error if `broker` holds a resource of this id with other limits,
+    /// or one with a queue.
+    fn check(&self, broker: &ResourceBroker) -> Result<(), ConfigError> {
+        let (Ok(limits), Ok(kind)) = (broker.limits(&self.id), broker.kind(&self.id)) else {
+            return Ok(());
+        };
+        if limits == *self.limits && kind == ResourceKind::LimitOnly {
+            return Ok(());
+        }
+        Err(ConfigError::invalid(
+            &self.field,
+            format!(
+                "resource {:?} is already registered on this broker with other limits \
+                 (another config's, or the application's own): give it an id of its own, \
+                 or build with Pressure::reload to re-configure it",
+                self.id
+            ),
+        ))
+    }
+
+    fn register(&self, broker: &ResourceBroker) -> Result<Limited, ConfigError> {
+        Limited::register(broker, &self.id, self.limits)
+    }
+}
+
 impl Limited {
+    /// The headers of this resource's limits: the ones built with it, or,
+    /// once its id has been registered again (a reload), the ones of the
+    /// limits now in force.
+    pub(crate) fn headers(&self, broker: &ResourceBroker) -> Cow<'_, RateHeaders> {
+        if self.handle.is_current() {
+            return Cow::Borrowed(&self.headers);
+        }
+        match broker.limits(&self.id) {
+            Ok(limits) => Cow::Owned(RateHeaders::new(&self.id, &limits)),
+            Err(_) => Cow::Borrowed(&self.headers),
+        }
+    }
+
     fn register(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
         broker.register_limit(id, limits.clone())?;
         let handle = broker
@@ -242,11 +301,15 @@ fn prefix_matches(path: &[u8], prefix: &[u8]) -> bool {
 }
 
 impl Policy {
-    /// Registers the resources of `config` (limit-only) on `broker`.
+    /// Registers the resources of `config` (limit-only) on `broker`. An
+    /// id already registered there with other limits, or as a queue, is
+    /// refused or re-configured as `taken` says, and nothing is
+    /// registered before every id has been checked.
     pub(crate) fn new(
         broker: ResourceBroker,
         config: &PressureConfig,
         service: Option<&str>,
+        taken: Taken,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let service = match service {
@@ -257,7 +320,7 @@ impl Policy {
                         "no such service in the config",
                     )
                 })?;
-                Some(Limited::register(&broker, &service_resource(name), limits)?)
+                Some((name, limits))
             }
             None if config.per_service.len() > 1 => {
                 return Err(ConfigError::invalid(
@@ -265,12 +328,11 @@ impl Policy {
                     "several services are configured: pick one with Pressure::for_service",
                 ))
             }
-            None => match config.per_service.iter().next() {
-                Some((name, limits)) => {
-                    Some(Limited::register(&broker, &service_resource(name), limits)?)
-                }
-                None => None,
-            },
+            None => config
+                .per_service
+                .iter()
+                .next()
+                .map(|(n, l)| (n.as_str(), l)),
         };
         if config.per_route.len() >= SERVICE as usize {
             return Err(ConfigError::invalid(
@@ -278,27 +340,42 @@ impl Policy {
                 "more routes than a u32 counts",
             ));
         }
-        let mut routes = config
-            .per_route
-            .iter()
-            .map(|r| {
+        let service = service.map(|(name, limits)| Wanted {
+            field: format!("perService.{name}"),
+            id: service_resource(name),
+            limits,
+        });
+        let routes: Vec<_> = (config.per_route.iter().enumerate())
+            .map(|(i, r)| Wanted {
+                field: format!("perRoute[{i}].resource"),
+                id: r.resource.clone(),
+                limits: &r.limits,
+            })
+            .collect();
+        let tenant = config.per_tenant.enabled.then(|| Wanted {
+            field: "perTenant.resource".to_owned(),
+            id: config.per_tenant.resource.clone(),
+            limits: &config.per_tenant.limits,
+        });
+        if taken == Taken::Refuse {
+            let mut all = service.iter().chain(&routes).chain(&tenant);
+            all.try_for_each(|w| w.check(&broker))?;
+        }
+        let service = service.map(|w| w.register(&broker)).transpose()?;
+        let mut routes = (config.per_route.iter().zip(&routes))
+            .map(|(r, wanted)| {
                 let slashed = has_encoded_slash(r.path_prefix.as_bytes())
                     .then(|| decoded(r.path_prefix.as_bytes(), true).into());
                 Ok(Route {
                     prefix: normal_path(&r.path_prefix).into(),
                     slashed,
-                    limited: Limited::register(&broker, &r.resource, &r.limits)?,
+                    limited: wanted.register(&broker)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
-        let tenant = if config.per_tenant.enabled {
-            let t = &config.per_tenant;
-            Some(Limited::register(&broker, &t.resource, &t.limits)?)
-        } else {
-            None
-        };
+        let tenant = tenant.map(|w| w.register(&broker)).transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -512,7 +589,7 @@ mod tests {
                 {"resource": "private", "pathPrefix": "/files/private", "limits": {"requestsPerSecond": 5}}]}"#,
         )
         .unwrap();
-        let policy = Policy::new(broker, &config, None).unwrap();
+        let policy = Policy::new(broker, &config, None, Taken::Refuse).unwrap();
         let names = |path: &str| {
             let (stage, limited) = policy.stage_for(path).expect(path);
             let parts: Vec<_> = stage
@@ -537,7 +614,7 @@ mod tests {
                 {"resource": "abc", "pathPrefix": "/files/a/b/c", "limits": {"requestsPerSecond": 5}}]}"#,
         )
         .unwrap();
-        let slashed = Policy::new(policy.broker.clone(), &config, None).unwrap();
+        let slashed = Policy::new(policy.broker.clone(), &config, None, Taken::Refuse).unwrap();
         let parts = |path: &str| -> Vec<String> {
             let (stage, _) = slashed.stage_for(path).expect(path);
             let limited = |s| slashed.limited(s).unwrap().id.to_string();
@@ -566,7 +643,7 @@ mod tests {
                 {"resource": "hooks", "pathPrefix": "/hooks", "limits": {"requestsPerSecond": 5}}]}"#,
         )
         .unwrap();
-        let policy = Policy::new(broker, &config, None).unwrap();
+        let policy = Policy::new(broker, &config, None, Taken::Refuse).unwrap();
         for path in ["*", "", "/", "/x"] {
             let (_, limited) = policy.stage_for(path).expect(path);
             assert_eq!(&*limited.id, "all", "{path:?}");

@@ -7,7 +7,7 @@ use broker_core::{ConfigError, ResourceBroker};
 
 use crate::config::PressureConfig;
 use crate::layer::{PressureLayer, TenantLayer};
-use crate::policy::Policy;
+use crate::policy::{Policy, Taken};
 use crate::response::Responses;
 use crate::tenant::TenantExtractor;
 
@@ -42,21 +42,62 @@ impl Pressure {
     /// Registers `config` on `broker`. The per-service limit is the only
     /// `perService` entry (none: only routes are limited); a config with
     /// several services needs [`Pressure::for_service`].
+    ///
+    /// A resource id of `config` that `broker` already holds with other
+    /// limits (another `Pressure`'s, say two configs that both keep the
+    /// default `perTenant.resource`, or the application's own resource)
+    /// is refused, naming the field, and nothing is registered: taken as
+    /// it is, one config's limits would silently replace the other's. The
+    /// same id with the same limits is shared (two `Pressure`s of one
+    /// config enforce one limit). [`Pressure::reload`] re-configures.
     pub fn new(broker: ResourceBroker, config: &PressureConfig) -> Result<Self, ConfigError> {
         Ok(Self {
-            policy: Arc::new(Policy::new(broker, config, None)?),
+            policy: Arc::new(Policy::new(broker, config, None, Taken::Refuse)?),
+        })
+    }
+
+    /// A reload: [`Pressure::new`] (or, with `service`,
+    /// [`Pressure::for_service`]) that re-configures the resources `broker`
+    /// already holds under the ids of `config` with its limits. Layers made
+    /// from an earlier `Pressure` on those ids follow the new limits, in
+    /// their decisions and in the headers of their denials; they keep
+    /// their own route table (make the app's layers anew from this one to
+    /// route by the new config).
+    ///
+    /// ```
+    /// use broker_axum::{Pressure, PressureConfig};
+    /// use broker_core::ResourceBroker;
+    /// use broker_memory::MemoryBackend;
+    ///
+    /// let broker = ResourceBroker::new(MemoryBackend::new());
+    /// let v1 = PressureConfig::from_json("v1", r#"{"perService": {"rest": {"requestsPerSecond": 50}}}"#)?;
+    /// let v2 = PressureConfig::from_json("v2", r#"{"perService": {"rest": {"requestsPerSecond": 80}}}"#)?;
+    /// let first = Pressure::new(broker.clone(), &v1)?;
+    /// assert!(Pressure::new(broker.clone(), &v2).is_err(), "other limits, same id");
+    /// let reloaded = Pressure::reload(broker.clone(), &v2, None)?;
+    /// # let _ = (first, reloaded);
+    /// # Ok::<(), broker_core::ConfigError>(())
+    /// ```
+    pub fn reload(
+        broker: ResourceBroker,
+        config: &PressureConfig,
+        service: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self {
+            policy: Arc::new(Policy::new(broker, config, service, Taken::Replace)?),
         })
     }
 
     /// Registers `config` on `broker`, taking the `perService` entry named
-    /// `service` as the per-service limit.
+    /// `service` as the per-service limit. An id `broker` already holds
+    /// with other limits is refused, as by [`Pressure::new`].
     pub fn for_service(
         broker: ResourceBroker,
         config: &PressureConfig,
         service: &str,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
-            policy: Arc::new(Policy::new(broker, config, Some(service))?),
+            policy: Arc::new(Policy::new(broker, config, Some(service), Taken::Refuse)?),
         })
     }
 

@@ -82,6 +82,13 @@ impl ResourceHandle {
         &self.resource.id
     }
 
+    /// Whether the registration this handle was made on is still the
+    /// resource's: false once the id has been registered again (calls on
+    /// the handle then follow the newer registration, its limits too).
+    pub fn is_current(&self) -> bool {
+        !self.resource.retired.load(Ordering::Acquire)
+    }
+
     /// [`ResourceBroker::try_acquire`] on this resource: `key` is a sub-key
     /// (`"acme"`, `Some(tenant)`) or `None` for the resource's own state.
     ///

@@ -411,6 +411,12 @@ impl ResourceBroker {
     pub fn limits(&self, resource: &str) -> Result<Limits, BrokerError> {
         Ok(self.resource(resource)?.config.limits.clone())
     }
+
+    /// How a resource was registered: with [`ResourceBroker::register`]
+    /// (a queue) or [`ResourceBroker::register_limit`] (limit-only).
+    pub fn kind(&self, resource: &str) -> Result<ResourceKind, BrokerError> {
+        Ok(self.resource(resource)?.kind)
+    }
 }
 
 /// What a thread read last from a broker's registry (see
