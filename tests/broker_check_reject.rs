@@ -124,6 +124,85 @@ async fn joined_permits_release_both_slots_together() {
     assert!(take("a").await.0);
 }
 
+/// A batch registers every entry or none; an id taken with other limits,
+/// or as a queue, refuses it; the same limits (a burst written out as the
+/// amount it defaults to) keep the registration there, state and counters
+/// too.
+#[tokio::test]
+async fn a_batch_registers_all_or_nothing_and_keeps_what_is_the_same() {
+    use broker_core::{ConfigError, OnOtherLimits, ResourceConfig};
+    let broker = ResourceBroker::new(MemoryBackend::new());
+    let five = Limits::new().rate(RateLimit::per_second(5));
+    let ten = Limits::new().rate(RateLimit::per_second(10));
+    broker
+        .register_limits(&[("a", &five)], OnOtherLimits::Refuse)
+        .unwrap();
+    assert!(allowed(&broker, "a", Cost::default()).await);
+    let refused = broker
+        .register_limits(&[("b", &five), ("a", &ten)], OnOtherLimits::Refuse)
+        .unwrap_err();
+    assert_eq!(refused.index, 1);
+    assert!(
+        matches!(refused.error, ConfigError::Taken { .. }),
+        "{refused}"
+    );
+    assert!(!broker.is_registered("b"), "none of the batch");
+    let mut written_out = RateLimit::per_second(5);
+    written_out.burst = Some(5);
+    let same = Limits::new().rate(written_out);
+    broker
+        .register_limits(&[("a", &same), ("b", &five)], OnOtherLimits::Refuse)
+        .unwrap();
+    assert_eq!(
+        broker.stats().resources["a"].allowed,
+        1,
+        "kept, not re-registered"
+    );
+    broker
+        .register_limits(&[("a", &ten)], OnOtherLimits::Replace)
+        .unwrap();
+    assert_eq!(broker.limits("a").unwrap(), ten);
+    broker
+        .register("q", ResourceConfig::new(five.clone()))
+        .unwrap();
+    for on_other in [OnOtherLimits::Refuse, OnOtherLimits::Replace] {
+        let e = broker
+            .register_limits(&[("q", &five)], on_other)
+            .unwrap_err();
+        assert!(e.to_string().contains("queue"), "{e}");
+    }
+}
+
+/// Two batches of other limits on the same ids at once: one is
+/// registered, whole, and the other refused.
+#[test]
+fn of_two_batches_at_once_one_is_refused() {
+    use broker_core::OnOtherLimits;
+    let ids: Vec<String> = (0..200).map(|i| format!("r{i}")).collect();
+    for _ in 0..50 {
+        let broker = ResourceBroker::new(MemoryBackend::new());
+        let barrier = std::sync::Barrier::new(2);
+        let results: Vec<_> = std::thread::scope(|s| {
+            let batches = [1, 1000].map(|per_second| {
+                let (broker, ids, barrier) = (&broker, &ids, &barrier);
+                s.spawn(move || {
+                    let limits = Limits::new().rate(RateLimit::per_second(per_second));
+                    let entries: Vec<_> = ids.iter().map(|id| (id.as_str(), &limits)).collect();
+                    barrier.wait();
+                    broker
+                        .register_limits(&entries, OnOtherLimits::Refuse)
+                        .map(|_| per_second)
+                })
+            });
+            batches.map(|b| b.join().unwrap()).into_iter().collect()
+        });
+        let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(won.len(), 1, "{results:?}");
+        let limits = Limits::new().rate(RateLimit::per_second(*won[0]));
+        assert!(ids.iter().all(|id| broker.limits(id).unwrap() == limits));
+    }
+}
+
 #[tokio::test]
 async fn sub_key_permits_hold_their_own_slot_and_free_it_when_released() {
     let broker = broker_at(ManualClock::new());

@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::{keys, ConfigError, Limits, ResourceBroker, ResourceHandle, ResourceKind};
+use broker_core::{
+    keys, ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle,
+};
 
 use crate::config::{service_resource, PressureConfig};
 use crate::response::{RateHeaders, Responses};
@@ -22,17 +24,6 @@ pub(crate) struct Limited {
     pub(crate) headers: RateHeaders,
 }
 
-/// How [`Policy::new`] treats a resource id already registered on the
-/// broker with other limits, or as a queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Taken {
-    /// Refused, naming the field: another config's (or the application's)
-    /// resource of the same id would silently take these limits.
-    Refuse,
-    /// Re-configured with these limits (a reload).
-    Replace,
-}
-
 /// A resource of a config, before it is registered: the field that gives
 /// its id, the id, its limits.
 struct Wanted<'c> {
@@ -41,29 +32,28 @@ struct Wanted<'c> {
     limits: &'c Limits,
 }
 
-impl Wanted<'_> {
-    /// An error if `broker` holds a resource of this id with other limits,
-    /// or one with a queue.
-    fn check(&self, broker: &ResourceBroker) -> Result<(), ConfigError> {
-        let (Ok(limits), Ok(kind)) = (broker.limits(&self.id), broker.kind(&self.id)) else {
-            return Ok(());
-        };
-        if limits == *self.limits && kind == ResourceKind::LimitOnly {
-            return Ok(());
+/// The error of [`ResourceBroker::register_limits`] on `wanted`, naming
+/// the field that gives the id.
+fn not_registered(
+    error: EntryError,
+    wanted: &[&Wanted<'_>],
+    on_other: OnOtherLimits,
+) -> ConfigError {
+    let Some(w) = wanted.get(error.index) else {
+        return error.error;
+    };
+    match error.error {
+        taken @ ConfigError::Taken { .. } => {
+            let reload = match on_other {
+                OnOtherLimits::Refuse => ", or build with Pressure::reload to re-configure it",
+                OnOtherLimits::Replace => "",
+            };
+            ConfigError::invalid(
+                &w.field,
+                format!("{taken} (another config's, or the application's own): give it an id of its own{reload}"),
+            )
         }
-        Err(ConfigError::invalid(
-            &self.field,
-            format!(
-                "resource {:?} is already registered on this broker with other limits \
-                 (another config's, or the application's own): give it an id of its own, \
-                 or build with Pressure::reload to re-configure it",
-                self.id
-            ),
-        ))
-    }
-
-    fn register(&self, broker: &ResourceBroker) -> Result<Limited, ConfigError> {
-        Limited::register(broker, &self.id, self.limits)
+        other => other,
     }
 }
 
@@ -81,8 +71,8 @@ impl Limited {
         }
     }
 
-    fn register(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
-        broker.register_limit(id, limits.clone())?;
+    /// The registered resource `id` (of `limits`).
+    fn on(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
         let handle = broker
             .resource_handle(id)
             .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
@@ -301,15 +291,15 @@ fn prefix_matches(path: &[u8], prefix: &[u8]) -> bool {
 }
 
 impl Policy {
-    /// Registers the resources of `config` (limit-only) on `broker`. An
-    /// id already registered there with other limits, or as a queue, is
-    /// refused or re-configured as `taken` says, and nothing is
-    /// registered before every id has been checked.
+    /// Registers the resources of `config` (limit-only) on `broker`, as
+    /// one step ([`ResourceBroker::register_limits`]): an id registered
+    /// there already is kept with the same limits, refused as a queue, and
+    /// refused or re-configured with other limits as `on_other` says.
     pub(crate) fn new(
         broker: ResourceBroker,
         config: &PressureConfig,
         service: Option<&str>,
-        taken: Taken,
+        on_other: OnOtherLimits,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let service = match service {
@@ -357,11 +347,12 @@ impl Policy {
             id: config.per_tenant.resource.clone(),
             limits: &config.per_tenant.limits,
         });
-        if taken == Taken::Refuse {
-            let mut all = service.iter().chain(&routes).chain(&tenant);
-            all.try_for_each(|w| w.check(&broker))?;
-        }
-        let service = service.map(|w| w.register(&broker)).transpose()?;
+        let wanted: Vec<&Wanted> = service.iter().chain(&routes).chain(&tenant).collect();
+        let entries: Vec<(&str, &Limits)> = wanted.iter().map(|w| (&*w.id, w.limits)).collect();
+        (broker.register_limits(&entries, on_other))
+            .map_err(|e| not_registered(e, &wanted, on_other))?;
+        let limited = |w: &Wanted| Limited::on(&broker, &w.id, w.limits);
+        let service = service.as_ref().map(limited).transpose()?;
         let mut routes = (config.per_route.iter().zip(&routes))
             .map(|(r, wanted)| {
                 let slashed = has_encoded_slash(r.path_prefix.as_bytes())
@@ -369,13 +360,13 @@ impl Policy {
                 Ok(Route {
                     prefix: normal_path(&r.path_prefix).into(),
                     slashed,
-                    limited: wanted.register(&broker)?,
+                    limited: limited(wanted)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
-        let tenant = tenant.map(|w| w.register(&broker)).transpose()?;
+        let tenant = tenant.as_ref().map(limited).transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -458,15 +449,18 @@ impl Policy {
         if !path.starts_with(b"/") || !(self.slashed_prefixes || has_encoded_slash(path)) {
             return routed;
         }
-        // The longest slashed prefix that matches; of two as long, the
-        // first (the longer as the router reads them).
+        // The longest slashed prefix that matches; of two as long (one
+        // spells a `/` as `%2F` where the other has `/`: the same prefix
+        // to a wildcard handler), one other than the router's, so that
+        // both are charged.
         let slashed_path = decoded(path, true);
         let mut best: Option<(usize, u32)> = None;
         for (i, route) in (0u32..).zip(&self.routes) {
             let prefix = route.slashed();
-            if prefix_matches(&slashed_path, prefix)
-                && best.is_none_or(|(len, _)| prefix.len() > len)
-            {
+            let better = best.is_none_or(|(len, at)| {
+                prefix.len() > len || (prefix.len() == len && Some(at) == found)
+            });
+            if better && prefix_matches(&slashed_path, prefix) {
                 best = Some((prefix.len(), i));
             }
         }
@@ -589,7 +583,7 @@ mod tests {
                 {"resource": "private", "pathPrefix": "/files/private", "limits": {"requestsPerSecond": 5}}]}"#,
         )
         .unwrap();
-        let policy = Policy::new(broker, &config, None, Taken::Refuse).unwrap();
+        let policy = Policy::new(broker, &config, None, OnOtherLimits::Refuse).unwrap();
         let names = |path: &str| {
             let (stage, limited) = policy.stage_for(path).expect(path);
             let parts: Vec<_> = stage
@@ -614,7 +608,8 @@ mod tests {
                 {"resource": "abc", "pathPrefix": "/files/a/b/c", "limits": {"requestsPerSecond": 5}}]}"#,
         )
         .unwrap();
-        let slashed = Policy::new(policy.broker.clone(), &config, None, Taken::Refuse).unwrap();
+        let slashed =
+            Policy::new(policy.broker.clone(), &config, None, OnOtherLimits::Refuse).unwrap();
         let parts = |path: &str| -> Vec<String> {
             let (stage, _) = slashed.stage_for(path).expect(path);
             let limited = |s| slashed.limited(s).unwrap().id.to_string();
@@ -643,7 +638,7 @@ mod tests {
                 {"resource": "hooks", "pathPrefix": "/hooks", "limits": {"requestsPerSecond": 5}}]}"#,
         )
         .unwrap();
-        let policy = Policy::new(broker, &config, None, Taken::Refuse).unwrap();
+        let policy = Policy::new(broker, &config, None, OnOtherLimits::Refuse).unwrap();
         for path in ["*", "", "/", "/x"] {
             let (_, limited) = policy.stage_for(path).expect(path);
             assert_eq!(&*limited.id, "all", "{path:?}");

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use broker_core::{ConfigError, ResourceBroker};
+use broker_core::{ConfigError, OnOtherLimits, ResourceBroker};
 
 use crate::config::PressureConfig;
 use crate::layer::{PressureLayer, TenantLayer};
-use crate::policy::{Policy, Taken};
+use crate::policy::Policy;
 use crate::response::Responses;
 use crate::tenant::TenantExtractor;
 
@@ -45,20 +45,22 @@ impl Pressure {
     ///
     /// A resource id of `config` that `broker` already holds with other
     /// limits (another `Pressure`'s, say two configs that both keep the
-    /// default `perTenant.resource`, or the application's own resource)
-    /// is refused, naming the field, and nothing is registered: taken as
-    /// it is, one config's limits would silently replace the other's. The
-    /// same id with the same limits is shared (two `Pressure`s of one
-    /// config enforce one limit). [`Pressure::reload`] re-configures.
+    /// default `perTenant.resource`) or as a queue (the application's own
+    /// resource) is refused, naming the field, and nothing is registered:
+    /// taken as it is, one config's limits would silently replace the
+    /// other's. The same id with the same limits is shared, its state and
+    /// counters kept (two `Pressure`s of one config enforce one limit).
+    /// [`Pressure::reload`] re-configures.
     pub fn new(broker: ResourceBroker, config: &PressureConfig) -> Result<Self, ConfigError> {
         Ok(Self {
-            policy: Arc::new(Policy::new(broker, config, None, Taken::Refuse)?),
+            policy: Arc::new(Policy::new(broker, config, None, OnOtherLimits::Refuse)?),
         })
     }
 
     /// A reload: [`Pressure::new`] (or, with `service`,
-    /// [`Pressure::for_service`]) that re-configures the resources `broker`
-    /// already holds under the ids of `config` with its limits. Layers made
+    /// [`Pressure::for_service`]) that re-configures the limit-only
+    /// resources `broker` already holds under the ids of `config` with its
+    /// limits (an id of a queue is still refused). Layers made
     /// from an earlier `Pressure` on those ids follow the new limits, in
     /// their decisions and in the headers of their denials; they keep
     /// their own route table (make the app's layers anew from this one to
@@ -84,7 +86,12 @@ impl Pressure {
         service: Option<&str>,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
-            policy: Arc::new(Policy::new(broker, config, service, Taken::Replace)?),
+            policy: Arc::new(Policy::new(
+                broker,
+                config,
+                service,
+                OnOtherLimits::Replace,
+            )?),
         })
     }
 
@@ -97,7 +104,12 @@ impl Pressure {
         service: &str,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
-            policy: Arc::new(Policy::new(broker, config, Some(service), Taken::Refuse)?),
+            policy: Arc::new(Policy::new(
+                broker,
+                config,
+                Some(service),
+                OnOtherLimits::Refuse,
+            )?),
         })
     }
 

@@ -248,6 +248,28 @@ async fn a_prefix_with_an_encoded_slash_limits_the_plain_spelling_too() {
     assert_eq!(t.stat("route:files", |s| s.allowed), 3);
 }
 
+/// Two prefixes that read the same to a wildcard handler, one with `/`
+/// and one with `%2F`: a path in either spelling meets both limits.
+#[tokio::test]
+async fn prefixes_that_read_the_same_both_limit_either_spelling() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perRoute": [
+            { "resource": "route:plain", "pathPrefix": "/files/a/b", "limits": { "requestsPerMinute": 1 } },
+            { "resource": "route:encoded", "pathPrefix": "/files/a%2Fb", "limits": { "requestsPerMinute": 100 } }
+        ] }"#,
+    );
+    let addr = serve_files(&pressure).await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/a%2Fb/y")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a%2Fb/z")).await, 429);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a/b/z")).await, 429);
+    assert_eq!(t.stat("route:plain", |s| s.allowed), 1);
+    assert_eq!(t.stat("route:plain", |s| s.denied), 2);
+    // The encoded route was charged by the first, and by the second before
+    // the plain one denied it (and got it back).
+    assert_eq!(t.stat("route:encoded", |s| s.allowed), 2);
+}
+
 /// A request charged on both readings holds a concurrency slot of each
 /// until its response ends, and frees both when the client goes away.
 #[tokio::test]

@@ -67,6 +67,12 @@ async fn other_limits_under_a_taken_id_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("perRoute[0].resource"), "{e}");
+    let e = Pressure::reload(t.broker.clone(), &over, None).unwrap_err();
+    assert!(e.to_string().contains("queue"), "a reload neither: {e}");
+    assert_eq!(
+        t.broker.kind("llm").unwrap(),
+        broker_core::ResourceKind::Queue
+    );
 }
 
 /// The same config twice on one broker: one limit, shared.
@@ -80,6 +86,13 @@ async fn the_same_limits_under_one_id_are_one_limit() {
     let from_a = statuses(&client, &format!("http://{a}/x"), None, 2).await;
     let from_b = statuses(&client, &format!("http://{b}/x"), None, 2).await;
     assert_eq!((from_a, from_b), (vec![200, 200], vec![200, 429]));
+    // A third of the same config keeps the resource as it is: its state
+    // (still spent) and its counters.
+    let c = serve(app(&t.pressure(json))).await;
+    let from_c = statuses(&client, &format!("http://{c}/x"), None, 1).await;
+    assert_eq!(from_c, [429]);
+    assert_eq!(t.stat("pressure:service:rest", |s| s.allowed), 3);
+    assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 2);
 }
 
 /// A reload re-configures the ids it shares with an earlier config: the

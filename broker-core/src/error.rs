@@ -22,6 +22,16 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// The resource id is registered already, in a way that a batch
+    /// registration may not change (see
+    /// [`crate::ResourceBroker::register_limits`]).
+    #[error("resource {id:?} is already registered {reason}")]
+    Taken {
+        /// The resource id.
+        id: String,
+        /// How it is registered, e.g. `with other limits`.
+        reason: String,
+    },
     /// The resource id is empty or too long.
     #[error("resource id {0:?} is invalid: it must be 1..=256 bytes")]
     BadResourceId(String),

@@ -30,8 +30,8 @@ mod unique_keys;
 
 pub use backend::{Backend, LocalStates};
 pub use broker::{
-    Acquisition, Attempt, EnqueueError, Permit, ResourceBroker, ResourceHandle, Target, TryAcquire,
-    TryAcquireOnHandle,
+    Acquisition, Attempt, EnqueueError, EntryError, OnOtherLimits, Permit, ResourceBroker,
+    ResourceHandle, Target, TryAcquire, TryAcquireOnHandle,
 };
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
 pub use config::{LimitsConfig, ResourceConfig};

@@ -6,6 +6,7 @@ mod handle;
 mod hold;
 mod keeper;
 mod permit;
+mod register;
 mod target;
 
 use std::collections::HashMap;
@@ -20,6 +21,7 @@ pub use first_poll::{TryAcquire, TryAcquireOnHandle};
 pub use handle::ResourceHandle;
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
+pub use register::{EntryError, OnOtherLimits};
 pub use target::Target;
 
 use crate::backend::{Backend, LocalStates};
@@ -321,81 +323,6 @@ impl ResourceBroker {
     /// Whether `resource` is registered.
     pub fn is_registered(&self, resource: &str) -> bool {
         self.inner.resources.load().contains_key(resource)
-    }
-
-    fn insert(
-        &self,
-        id: &str,
-        config: ResourceConfig,
-        kind: ResourceKind,
-    ) -> Result<(), ConfigError> {
-        if id.is_empty() || id.len() > 256 {
-            return Err(ConfigError::BadResourceId(id.to_owned()));
-        }
-        config.validate()?;
-        let key = keys::resource_key(id);
-        let lease_ttl = match self.inner.backend.leases_end_with_holders() {
-            true => Duration::MAX,
-            false => config.lease_ttl,
-        };
-        let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
-        // Asked before the lock: a store's states may register another
-        // resource from here.
-        let local = self.inner.backend.local_states(&key, spec.clone());
-        let guard = self
-            .inner
-            .register
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        // The holds belong to the resource id, not to one registration: a
-        // call still running on an earlier registration sees a hold set
-        // through this one, and the other way round.
-        let (holds, replaced) = match self.inner.resources.load().get(id) {
-            Some(old) => (old.holds.clone(), Arc::downgrade(old)),
-            None => (Arc::default(), std::sync::Weak::new()),
-        };
-        let resource = Arc::new(Resource {
-            id: id.to_owned(),
-            local,
-            key,
-            spec,
-            fits: largest_fit(&config.limits),
-            config,
-            kind,
-            counters: Counters::default(),
-            slot_notify: tokio::sync::Notify::new(),
-            slot_waiters: std::sync::atomic::AtomicUsize::new(0),
-            holds,
-            warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
-            retired: std::sync::atomic::AtomicBool::new(false),
-            keeper: self.inner.keeper.clone(),
-            next: std::sync::OnceLock::new(),
-            replaced,
-        });
-        let replaced = {
-            let _guard = guard;
-            let mut map = HashMap::clone(&self.inner.resources.load());
-            let replaced = map.insert(id.to_owned(), resource.clone());
-            if let Some(old) = &replaced {
-                // Set once: each registration is replaced at most once.
-                let _ = old.next.set(resource);
-            }
-            self.inner.resources.store(Arc::new(map));
-            self.inner
-                .stamp
-                .store(next_stamp(), std::sync::atomic::Ordering::Release);
-            if let Some(old) = &replaced {
-                // After the new registry is stored: a handle that sees the
-                // flag finds the new resource.
-                old.retired
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
-            replaced
-        };
-        // Dropped once the lock is let go: a store's states may register
-        // again from their destructor.
-        drop(replaced);
-        Ok(())
     }
 
     pub(crate) fn resource(&self, id: &str) -> Result<Arc<Resource>, BrokerError> {

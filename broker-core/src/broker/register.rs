@@ -1,0 +1,237 @@
+//! Registration: one resource at a time ([`ResourceBroker::register`],
+//! [`ResourceBroker::register_limit`]), or limit-only resources as one
+//! step that refuses ids already taken ([`ResourceBroker::register_limits`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{largest_fit, next_stamp, Registry, Resource, ResourceBroker};
+use crate::backend::LocalStates;
+use crate::config::ResourceConfig;
+use crate::error::ConfigError;
+use crate::keys;
+use crate::limits::Limits;
+use crate::state::LimitSpec;
+use crate::stats::{Counters, ResourceKind};
+
+/// What [`ResourceBroker::register_limits`] does with an id the broker
+/// already holds as a limit-only resource with other limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOtherLimits {
+    /// Refuses the whole batch ([`ConfigError::Taken`]).
+    Refuse,
+    /// Re-configures the resource with the new limits (a reload).
+    Replace,
+}
+
+/// The entry of a [`ResourceBroker::register_limits`] batch that could not
+/// be registered; none of the batch was.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("entry {index}: {error}")]
+pub struct EntryError {
+    /// The entry's place in the batch.
+    pub index: usize,
+    /// Why it could not be registered.
+    pub error: ConfigError,
+}
+
+/// A registration made ready outside the registry's lock.
+struct Ready {
+    id: String,
+    config: ResourceConfig,
+    kind: ResourceKind,
+    key: String,
+    spec: Arc<LimitSpec>,
+    local: Option<Arc<dyn LocalStates>>,
+}
+
+/// Whether two limits decide alike: the same rates in the same order
+/// (a burst left out is the amount) and the same concurrency limit.
+fn same_limits(a: &Limits, b: &Limits) -> bool {
+    a.max_concurrent == b.max_concurrent
+        && a.rates.len() == b.rates.len()
+        && a.rates.iter().zip(&b.rates).all(|(x, y)| {
+            (x.amount, x.period, x.burst(), x.unit) == (y.amount, y.period, y.burst(), y.unit)
+        })
+}
+
+impl ResourceBroker {
+    /// Registers limit-only resources, `(id, limits)` each, as one step:
+    /// either every entry is registered or none is. An id the broker
+    /// already holds is kept as it is (its state and counters too) when
+    /// it is a limit-only resource whose limits decide alike, refused when
+    /// it is a queue ([`ResourceBroker::register`]), and refused or
+    /// re-configured as `on_other` says when its limits differ. The error
+    /// names the first entry that could not be registered.
+    ///
+    /// ```
+    /// use broker_core::{Limits, OnOtherLimits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::EntryError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// let five = Limits::new().rate(RateLimit::per_second(5));
+    /// let ten = Limits::new().rate(RateLimit::per_second(10));
+    /// broker.register_limits(&[("a", &five), ("b", &five)], OnOtherLimits::Refuse)?;
+    /// // "b" is taken with other limits: "c" is not registered either.
+    /// let refused = broker.register_limits(&[("c", &five), ("b", &ten)], OnOtherLimits::Refuse);
+    /// assert_eq!(refused.unwrap_err().index, 1);
+    /// assert!(!broker.is_registered("c"));
+    /// # Ok(()) }
+    /// ```
+    pub fn register_limits(
+        &self,
+        entries: &[(&str, &Limits)],
+        on_other: OnOtherLimits,
+    ) -> Result<(), EntryError> {
+        loop {
+            let seen = self.inner.resources.load_full();
+            let mut ready = Vec::with_capacity(entries.len());
+            for (index, &(id, limits)) in entries.iter().enumerate() {
+                let taken = |reason: &str| EntryError {
+                    index,
+                    error: ConfigError::Taken {
+                        id: id.to_owned(),
+                        reason: reason.to_owned(),
+                    },
+                };
+                match seen.get(id) {
+                    Some(old) if old.kind == ResourceKind::Queue => {
+                        return Err(taken("as a resource with a queue"));
+                    }
+                    Some(old) if same_limits(&old.config.limits, limits) => continue,
+                    Some(_) if on_other == OnOtherLimits::Refuse => {
+                        return Err(taken("with other limits"));
+                    }
+                    _ => {}
+                }
+                let config = ResourceConfig::new(limits.clone());
+                let made = self.ready(id, config, ResourceKind::LimitOnly);
+                ready.push(made.map_err(|error| EntryError { index, error })?);
+            }
+            let guard = self
+                .inner
+                .register
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if !Arc::ptr_eq(&seen, &self.inner.resources.load()) {
+                // Registered meanwhile: decide again on what is there now.
+                continue;
+            }
+            let mut map = HashMap::clone(&seen);
+            let replaced: Vec<_> = (ready.into_iter())
+                .filter_map(|r| self.install(&mut map, r))
+                .collect();
+            self.publish(map, &replaced);
+            // Dropped once the lock is let go: a store's states may
+            // register again from their destructor.
+            drop(guard);
+            drop(replaced);
+            return Ok(());
+        }
+    }
+
+    /// Registers (or re-configures) `id` with `config` as a `kind`
+    /// resource.
+    pub(super) fn insert(
+        &self,
+        id: &str,
+        config: ResourceConfig,
+        kind: ResourceKind,
+    ) -> Result<(), ConfigError> {
+        let ready = self.ready(id, config, kind)?;
+        let guard = self
+            .inner
+            .register
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut map = HashMap::clone(&self.inner.resources.load());
+        let replaced = self.install(&mut map, ready);
+        self.publish(map, replaced.as_slice());
+        // Dropped once the lock is let go: a store's states may register
+        // again from their destructor.
+        drop(guard);
+        drop(replaced);
+        Ok(())
+    }
+
+    /// Checks `id` and `config` and makes what a registration needs from
+    /// the store, before the registry's lock is taken: a store's states
+    /// may register another resource from here.
+    fn ready(
+        &self,
+        id: &str,
+        config: ResourceConfig,
+        kind: ResourceKind,
+    ) -> Result<Ready, ConfigError> {
+        if id.is_empty() || id.len() > 256 {
+            return Err(ConfigError::BadResourceId(id.to_owned()));
+        }
+        config.validate()?;
+        let key = keys::resource_key(id);
+        let lease_ttl = match self.inner.backend.leases_end_with_holders() {
+            true => Duration::MAX,
+            false => config.lease_ttl,
+        };
+        let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
+        let local = self.inner.backend.local_states(&key, spec.clone());
+        Ok(Ready {
+            id: id.to_owned(),
+            config,
+            kind,
+            key,
+            spec,
+            local,
+        })
+    }
+
+    /// Puts `ready` in `map` (under the registry's lock), in place of the
+    /// registration of its id there, which it returns.
+    fn install(&self, map: &mut Registry, ready: Ready) -> Option<Arc<Resource>> {
+        // The holds belong to the resource id, not to one registration: a
+        // call still running on an earlier registration sees a hold set
+        // through this one, and the other way round.
+        let (holds, replaced) = match map.get(&ready.id) {
+            Some(old) => (old.holds.clone(), Arc::downgrade(old)),
+            None => (Arc::default(), std::sync::Weak::new()),
+        };
+        let resource = Arc::new(Resource {
+            id: ready.id.clone(),
+            local: ready.local,
+            key: ready.key,
+            spec: ready.spec,
+            fits: largest_fit(&ready.config.limits),
+            config: ready.config,
+            kind: ready.kind,
+            counters: Counters::default(),
+            slot_notify: tokio::sync::Notify::new(),
+            slot_waiters: std::sync::atomic::AtomicUsize::new(0),
+            holds,
+            warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+            retired: std::sync::atomic::AtomicBool::new(false),
+            keeper: self.inner.keeper.clone(),
+            next: std::sync::OnceLock::new(),
+            replaced,
+        });
+        let old = map.insert(ready.id, resource.clone());
+        if let Some(old) = &old {
+            // Set once: each registration is replaced at most once.
+            let _ = old.next.set(resource);
+        }
+        old
+    }
+
+    /// Makes `map` the registry (under its lock) and retires the
+    /// registrations it replaced.
+    fn publish(&self, map: Registry, replaced: &[Arc<Resource>]) {
+        self.inner.resources.store(Arc::new(map));
+        self.inner
+            .stamp
+            .store(next_stamp(), std::sync::atomic::Ordering::Release);
+        for old in replaced {
+            // After the new registry is stored: a handle that sees the
+            // flag finds the new resource.
+            old.retired
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
