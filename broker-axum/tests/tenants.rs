@@ -179,7 +179,12 @@ async fn a_flood_past_the_state_bound_keeps_memory_and_every_tenant_limit() {
         statuses(&client, &url, tenant("drained"), 5).await,
         [200; 5]
     );
-    assert_eq!(statuses(&client, &url, tenant("steady"), 2).await, [200; 2]);
+    // Tenants that used 2 of their 5 before the flood.
+    let steady: Vec<String> = (0..8).map(|i| format!("steady-{i}")).collect();
+    for id in &steady {
+        let got = statuses(&client, &url, Some(("x-tenant", id)), 2).await;
+        assert_eq!(got, [200; 2]);
+    }
 
     let mut admitted = 0;
     for i in 0..300u32 {
@@ -207,8 +212,22 @@ async fn a_flood_past_the_state_bound_keeps_memory_and_every_tenant_limit() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "still drained");
     assert_eq!(res.headers()["retry-after"], "12");
-    let steady = count(&statuses(&client, &url, tenant("steady"), 5).await, 200);
-    assert!((1..=3).contains(&steady), "steady had 3 left, got {steady}");
+    // A folded tenant gets back no more than it had; one whose place it
+    // came to share with `drained` (one chance in 512) gets nothing for
+    // now, so most, not all, get some.
+    let mut left = Vec::new();
+    for id in &steady {
+        left.push(count(
+            &statuses(&client, &url, Some(("x-tenant", id)), 5).await,
+            200,
+        ));
+    }
+    assert!(
+        left.iter().all(|&n| n <= 3),
+        "no more than the 3 they had: {left:?}"
+    );
+    let some = left.iter().filter(|&&n| n >= 1).count();
+    assert!(some >= 7, "{left:?}");
 }
 
 #[tokio::test]
