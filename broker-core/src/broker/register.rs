@@ -108,6 +108,11 @@ impl ResourceBroker {
                 let made = self.ready(id, config, ResourceKind::LimitOnly);
                 ready.push(made.map_err(|error| EntryError { index, error })?);
             }
+            if ready.is_empty() {
+                // Every entry is there already as it would be: the
+                // registry (and the stamp the threads read it by) stays.
+                return Ok(());
+            }
             let guard = self
                 .inner
                 .register
