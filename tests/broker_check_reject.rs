@@ -170,6 +170,16 @@ async fn a_batch_registers_all_or_nothing_and_keeps_what_is_the_same() {
             .register_limits(&[("q", &five)], on_other)
             .unwrap_err();
         assert!(e.to_string().contains("queue"), "{e}");
+        // An id named twice, a bad id or bad limits: the entry named,
+        // nothing registered.
+        let twice = broker.register_limits(&[("c", &five), ("c", &ten)], on_other);
+        assert_eq!(twice.unwrap_err().index, 1);
+        let bad_id = broker.register_limits(&[("c", &five), ("", &five)], on_other);
+        assert_eq!(bad_id.unwrap_err().index, 1);
+        let zero = Limits::new().rate(RateLimit::per(0, Duration::from_secs(1)));
+        let bad = broker.register_limits(&[("c", &five), ("d", &zero)], on_other);
+        assert_eq!(bad.unwrap_err().index, 1);
+        assert!(!broker.is_registered("c") && !broker.is_registered("d"));
     }
 }
 

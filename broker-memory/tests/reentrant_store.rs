@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_core::{Cost, LeaseId, Limits, LocalStates, LocalVerdict, RateLimit, ResourceBroker};
+use broker_core::{
+    Cost, LeaseId, Limits, LocalStates, LocalVerdict, OnOtherLimits, RateLimit, ResourceBroker,
+};
 use broker_memory::MemoryBackend;
 use broker_testkit::{Hooks, Wrapped};
 
@@ -81,11 +83,13 @@ fn states_that_register_from_their_destructor_do_not_deadlock_re_registration() 
     assert!(broker.stats().resources.contains_key("other"));
 }
 
-/// Registers a companion resource the first time it is asked for a
-/// resource's states.
+/// Registers a companion resource when it is asked for a resource's
+/// states: the first time, or, with `every_time`, every time but from
+/// within its own registration.
 struct RegistersCompanion {
     broker: Arc<Mutex<Option<ResourceBroker>>>,
     done: AtomicBool,
+    every_time: bool,
 }
 
 impl Hooks for RegistersCompanion {
@@ -96,20 +100,29 @@ impl Hooks for RegistersCompanion {
                 broker
                     .register_limit("companion", Limits::new().rate(RateLimit::per_second(5)))
                     .unwrap();
+                if self.every_time {
+                    self.done.store(false, Ordering::SeqCst);
+                }
             }
         }
         Some(inner)
     }
 }
 
-#[test]
-fn states_made_for_a_registration_may_register_another_resource() {
+/// A broker over a store whose states register a companion resource (see
+/// [`RegistersCompanion`]), and whether `register` on it finished within
+/// 10 s.
+fn finishes(
+    every_time: bool,
+    register: impl FnOnce(&ResourceBroker) + Send + 'static,
+) -> (bool, ResourceBroker) {
     let slot: Arc<Mutex<Option<ResourceBroker>>> = Arc::default();
     let store = Wrapped::new(
         Arc::new(MemoryBackend::new()),
         RegistersCompanion {
             broker: slot.clone(),
             done: AtomicBool::new(false),
+            every_time,
         },
     );
     let broker = ResourceBroker::new(store);
@@ -117,12 +130,34 @@ fn states_made_for_a_registration_may_register_another_resource() {
     let (done, finished) = std::sync::mpsc::channel();
     let b = broker.clone();
     std::thread::spawn(move || {
-        b.register_limit("r", Limits::new().rate(RateLimit::per_second(10)))
-            .unwrap();
+        register(&b);
         done.send(()).unwrap();
     });
     let registered = finished.recv_timeout(Duration::from_secs(10));
     *slot.lock().unwrap() = None;
-    assert!(registered.is_ok(), "the registration did not finish");
+    (registered.is_ok(), broker)
+}
+
+#[test]
+fn states_made_for_a_registration_may_register_another_resource() {
+    let (finished, broker) = finishes(false, |b| {
+        b.register_limit("r", Limits::new().rate(RateLimit::per_second(10)))
+            .unwrap()
+    });
+    assert!(finished, "the registration did not finish");
     assert!(broker.is_registered("r") && broker.is_registered("companion"));
+}
+
+/// A batch registration is decided under the registry's lock on what is
+/// there then: states that register a resource each time they are made
+/// do not keep it from finishing.
+#[test]
+fn a_batch_finishes_beside_states_that_register_every_time() {
+    let (finished, broker) = finishes(true, |b| {
+        let limits = Limits::new().rate(RateLimit::per_second(10));
+        b.register_limits(&[("r", &limits), ("s", &limits)], OnOtherLimits::Refuse)
+            .unwrap()
+    });
+    assert!(finished, "the batch did not finish");
+    assert!(broker.is_registered("r") && broker.is_registered("s"));
 }

@@ -62,8 +62,9 @@ impl ResourceBroker {
     /// already holds is kept as it is (its state and counters too) when
     /// it is a limit-only resource whose limits decide alike, refused when
     /// it is a queue ([`ResourceBroker::register`]), and refused or
-    /// re-configured as `on_other` says when its limits differ. The error
-    /// names the first entry that could not be registered.
+    /// re-configured as `on_other` says when its limits differ. An id
+    /// named twice in one batch is refused. The error names the first
+    /// entry that could not be registered.
     ///
     /// ```
     /// use broker_core::{Limits, OnOtherLimits, RateLimit, ResourceBroker};
@@ -83,56 +84,79 @@ impl ResourceBroker {
         entries: &[(&str, &Limits)],
         on_other: OnOtherLimits,
     ) -> Result<(), EntryError> {
-        loop {
-            let seen = self.inner.resources.load_full();
-            let mut ready = Vec::with_capacity(entries.len());
-            for (index, &(id, limits)) in entries.iter().enumerate() {
+        let mut ids = std::collections::HashSet::with_capacity(entries.len());
+        if let Some(index) = entries.iter().position(|(id, _)| !ids.insert(*id)) {
+            let id = entries[index].0;
+            let error = ConfigError::invalid(id, "named twice in one batch");
+            return Err(EntryError { index, error });
+        }
+        // Every entry made ready before the lock (a store's states may
+        // register another resource from here), then decided on the
+        // registry as it is under the lock: no entry is decided on a
+        // registry that may change before it is installed.
+        let ready = (entries.iter().enumerate())
+            .map(|(index, &(id, limits))| {
+                let config = ResourceConfig::new(limits.clone());
+                (self.ready(id, config, ResourceKind::LimitOnly))
+                    .map_err(|error| EntryError { index, error })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let guard = self
+            .inner
+            .register
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let current = self.inner.resources.load_full();
+        let decided = (ready.iter().enumerate())
+            .map(|(index, r)| {
                 let taken = |reason: &str| EntryError {
                     index,
                     error: ConfigError::Taken {
-                        id: id.to_owned(),
+                        id: r.id.clone(),
                         reason: reason.to_owned(),
                     },
                 };
-                match seen.get(id) {
+                match current.get(&r.id) {
+                    None => Ok(true),
                     Some(old) if old.kind == ResourceKind::Queue => {
-                        return Err(taken("as a resource with a queue"));
+                        Err(taken("as a resource with a queue"))
                     }
-                    Some(old) if same_limits(&old.config.limits, limits) => continue,
-                    Some(_) if on_other == OnOtherLimits::Refuse => {
-                        return Err(taken("with other limits"));
-                    }
-                    _ => {}
+                    Some(old) if same_limits(&old.config.limits, &r.config.limits) => Ok(false),
+                    Some(_) if on_other == OnOtherLimits::Refuse => Err(taken("with other limits")),
+                    Some(_) => Ok(true),
                 }
-                let config = ResourceConfig::new(limits.clone());
-                let made = self.ready(id, config, ResourceKind::LimitOnly);
-                ready.push(made.map_err(|error| EntryError { index, error })?);
+            })
+            .collect::<Result<Vec<bool>, _>>();
+        let install = match decided {
+            Ok(install) => install,
+            Err(e) => {
+                // The prepared entries go once the lock is let go: a
+                // store's states may register again from their destructor.
+                drop(guard);
+                drop(ready);
+                return Err(e);
             }
-            if ready.is_empty() {
-                // Every entry is there already as it would be: the
-                // registry (and the stamp the threads read it by) stays.
-                return Ok(());
+        };
+        let (mut replaced, mut unused) = (Vec::new(), Vec::new());
+        if install.iter().any(|&i| i) {
+            let mut map = HashMap::clone(&current);
+            for (r, install) in ready.into_iter().zip(install) {
+                match install {
+                    true => replaced.extend(self.install(&mut map, r)),
+                    false => unused.push(r),
+                }
             }
-            let guard = self
-                .inner
-                .register
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if !Arc::ptr_eq(&seen, &self.inner.resources.load()) {
-                // Registered meanwhile: decide again on what is there now.
-                continue;
-            }
-            let mut map = HashMap::clone(&seen);
-            let replaced: Vec<_> = (ready.into_iter())
-                .filter_map(|r| self.install(&mut map, r))
-                .collect();
             self.publish(map, &replaced);
-            // Dropped once the lock is let go: a store's states may
-            // register again from their destructor.
-            drop(guard);
-            drop(replaced);
-            return Ok(());
+        } else {
+            // Every entry is there already as it would be: the registry
+            // (and the stamp the threads read it by) stays.
+            unused = ready;
         }
+        // Dropped once the lock is let go: a store's states may register
+        // again from their destructor.
+        drop(guard);
+        drop((replaced, unused));
+        Ok(())
     }
 
     /// Registers (or re-configures) `id` with `config` as a `kind`
