@@ -215,7 +215,7 @@ pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
 }
 
 /// Whether `path` holds an encoded `/` (`%2F`, in either case).
-pub(crate) fn has_encoded_slash(path: &[u8]) -> bool {
+fn has_encoded_slash(path: &[u8]) -> bool {
     path.windows(3)
         .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
 }
@@ -402,20 +402,18 @@ impl Policy {
         if !self.enabled {
             return None;
         }
-        if !self.routes.is_empty() {
-            let form = match path.starts_with('/') {
-                true => normal_path(path),
-                false => Cow::Borrowed(&b"/"[..]),
-            };
-            let found = self.route_for(&form);
-            if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
-                return self.read_both_ways(path, found);
-            }
-            if let Some(i) = found {
-                return Some((Stage::Route(i), &self.routes[i as usize].limited));
-            }
+        if self.routes.is_empty() {
+            return self.route_or_service(None);
         }
-        self.service.as_ref().map(|s| (Stage::Service, s))
+        let form = match path.starts_with('/') {
+            true => normal_path(path),
+            false => Cow::Borrowed(&b"/"[..]),
+        };
+        let found = self.route_for(&form);
+        if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
+            return self.read_both_ways(path, found);
+        }
+        self.route_or_service(found)
     }
 
     /// The index of the longest route whose prefix `form` (in the form of

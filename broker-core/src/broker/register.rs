@@ -101,11 +101,7 @@ impl ResourceBroker {
                     .map_err(|error| EntryError { index, error })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let guard = self
-            .inner
-            .register
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let guard = self.lock_registry();
         let current = self.inner.resources.load_full();
         let decided = (ready.iter().enumerate())
             .map(|(index, r)| {
@@ -168,11 +164,7 @@ impl ResourceBroker {
         kind: ResourceKind,
     ) -> Result<(), ConfigError> {
         let ready = self.ready(id, config, kind)?;
-        let guard = self
-            .inner
-            .register
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let guard = self.lock_registry();
         let mut map = HashMap::clone(&self.inner.resources.load());
         let replaced = self.install(&mut map, ready);
         self.publish(map, replaced.as_slice());
@@ -181,6 +173,14 @@ impl ResourceBroker {
         drop(guard);
         drop(replaced);
         Ok(())
+    }
+
+    /// The registry's lock: registrations are made one after another.
+    fn lock_registry(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .register
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Checks `id` and `config` and makes what a registration needs from
