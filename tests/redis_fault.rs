@@ -741,3 +741,62 @@ async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
     settle("overused", 7, bookings[1].since).await;
     assert_eq!(allowed_now("overused").await, 3);
 }
+
+/// An acquisition says where its cost went: one a failure policy answered
+/// while Redis was down is marked so (`settle_marks`), and its settlement
+/// once Redis is back gives Redis nothing (Redis never charged it), while
+/// one Redis answered is settled in Redis. Before, `try_acquire` told
+/// neither apart, and its caller could only read the store's health after
+/// the call, which another call may have changed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_says_where_its_cost_went() {
+    for policy in [
+        FailurePolicy::LocalFallback { share: 0.5 },
+        FailurePolicy::FailOpen,
+    ] {
+        let mut server = RedisServer::start();
+        let a =
+            ResourceBroker::new(quick(&server.url(), "rb", true, FailurePolicy::FailClosed).await);
+        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+        let tokens =
+            Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
+        for broker in [&a, &b] {
+            broker.register_limit("api", tokens.clone()).unwrap();
+            broker
+                .register_limit("probe", Limits::new().rate(RateLimit::per_second(1000)))
+                .unwrap();
+        }
+        server.kill();
+        let down = b.try_acquire("api", Cost::tokens(400)).await.unwrap();
+        assert!(down.allowed && down.answered_here, "{policy:?}");
+        assert_eq!(down.settle_marks(), Some(broker_core::Marks::ANSWERED_HERE));
+        server.restart();
+        until_up(&b).await;
+        until_up(&a).await;
+        let up = b.try_acquire("api", Cost::tokens(100)).await.unwrap();
+        assert!(up.allowed && !up.answered_here, "{policy:?}");
+        assert_eq!(up.settle_marks(), None);
+        assert_eq!(drained_by_hundreds(&a).await, 9, "{policy:?}");
+        b.settle_since(
+            "api",
+            Cost::tokens(400),
+            Cost::tokens(10),
+            down.settle_marks(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            drained_by_hundreds(&a).await,
+            0,
+            "{policy:?}: Redis gained tokens it never lost"
+        );
+        b.settle_since("api", Cost::tokens(100), Cost::tokens(0), up.settle_marks())
+            .await
+            .unwrap();
+        assert_eq!(
+            drained_by_hundreds(&a).await,
+            1,
+            "{policy:?}: the refund of Redis's answer goes to Redis"
+        );
+    }
+}

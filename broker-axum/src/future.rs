@@ -139,11 +139,11 @@ async fn refund(policy: Arc<Policy>, stage: Stage, answered_here: u8) {
     }
 }
 
-/// Whether the store of `policy` is out of reach, so that a decision just
-/// made was answered by its failure policy: `1` if so, else `0`. Read
-/// right after the decision, before a later call can change it.
-fn answered_here(policy: &Policy) -> u8 {
-    u8::from(policy.broker.backend().health().down)
+/// Whether the store's failure policy answered `result` (its cost is not
+/// in the store): `1` if so, else `0`. Told by the answer itself, not by
+/// the store's health, which another call may change at any time.
+fn answered_here(result: &Result<Acquisition, BrokerError>) -> u8 {
+    result.as_ref().map_or(0, |a| u8::from(a.answered_here))
 }
 
 /// A response that keeps its connection for as long as the client stays,
@@ -251,7 +251,7 @@ where
     {
         match limited.handle.try_acquire_now(None, Cost::default()) {
             Some(result) => {
-                let here = answered_here(policy);
+                let here = answered_here(&result);
                 let verdict = judge(policy, stage, limited, result, None);
                 let refundable = policy.refund_for(stage).map(|r| r.answered_here(here));
                 Self::decided(verdict, refundable, inner, req)
@@ -315,15 +315,19 @@ async fn acquire(
     let mut parts = stage.parts();
     let (Some(first), Some(second)) = (parts.next(), parts.next()) else {
         let result = acquire_on(policy, stage, tenant).await;
-        return (stage, result, answered_here(policy));
+        let here = answered_here(&result);
+        return (stage, result, here);
     };
     let admitted = match acquire_on(policy, first, tenant).await {
         Ok(a) if a.allowed => a,
-        refused => return (first, refused, answered_here(policy)),
+        refused => {
+            let here = answered_here(&refused);
+            return (first, refused, here);
+        }
     };
-    let first_here = answered_here(policy);
+    let first_here = u8::from(admitted.answered_here);
     let result = acquire_on(policy, second, tenant).await;
-    let second_here = answered_here(policy);
+    let second_here = answered_here(&result);
     match result {
         Ok(mut both) if both.allowed => {
             both.permit = admitted.permit.join(both.permit);
@@ -356,6 +360,7 @@ fn unlimited() -> Acquisition {
         wait_time: Duration::ZERO,
         denied_by: None,
         permit: Permit::empty(),
+        answered_here: false,
     }
 }
 

@@ -20,13 +20,16 @@ use common::{get_line, raw_status, serve};
 use http::HeaderName;
 
 /// Over the in-memory store, answered asynchronously: its calls on the
-/// `private` route fail on demand, its next call on a key holding
-/// `flip_on` changes the health it reports (as the call that finds a
-/// shared store gone, or the probe that finds it back), and each settle
-/// is recorded.
+/// `private` route fail on demand; while `open`, its calls are answered
+/// as a failure policy answers them (let through, marked answered here);
+/// its next call on a key holding `flip_on` changes the health it reports
+/// (as the probe that finds a shared store back, which the store then
+/// answers, or another call finding it gone meanwhile), and each settle is
+/// recorded.
 #[derive(Default)]
 struct Flaky {
     fail_private: AtomicBool,
+    open: AtomicBool,
     flip_on: Mutex<Option<&'static str>>,
     down: AtomicBool,
     settles: Mutex<Vec<(String, Option<Marks>)>>,
@@ -49,9 +52,14 @@ impl Hooks for Flaky {
         let mut flip_on = self.flip_on.lock().unwrap();
         if flip_on.is_some_and(|on| key.contains(on)) {
             *flip_on = None;
-            self.down.fetch_xor(true, Ordering::SeqCst);
+            if self.down.fetch_xor(true, Ordering::SeqCst) {
+                // Found back: the store answers from now on.
+                self.open.store(false, Ordering::SeqCst);
+            }
         }
-        None
+        self.open
+            .load(Ordering::SeqCst)
+            .then(|| Ok(Decision::allow(None).by_failure_policy()))
     }
     fn settle(&self, key: &str, since: Option<Marks>) -> Option<Result<(), BackendError>> {
         self.settles.lock().unwrap().push((key.to_owned(), since));
@@ -127,6 +135,27 @@ async fn a_refund_goes_to_the_store_that_charged_it() {
     assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
 }
 
+/// The store answers the first reading, and another call finds the
+/// store gone meanwhile: the first's cost still goes back to the store,
+/// which took it (the answer says where it was made; the store's health
+/// by the time it is read does not).
+#[tokio::test]
+async fn a_refund_goes_to_the_store_though_an_outage_is_found_meanwhile() {
+    let (flaky, _broker, addr) = serve_flaky().await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
+    *flaky.hooks.flip_on.lock().unwrap() = Some("files");
+    assert_eq!(
+        raw_status(addr, &get_line(b"/files/private%2Fb")).await,
+        429
+    );
+    assert!(
+        flaky.hooks.down.load(Ordering::SeqCst),
+        "found gone meanwhile"
+    );
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
+    assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
+}
+
 /// The first reading is answered by the failure policy (the store is
 /// down), and the second is the call that finds it back: the first's cost
 /// goes back where the failure policy took it, not to the store.
@@ -135,6 +164,7 @@ async fn a_refund_of_a_fallback_answer_stays_here() {
     let (flaky, _broker, addr) = serve_flaky().await;
     assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
     flaky.hooks.down.store(true, Ordering::SeqCst);
+    flaky.hooks.open.store(true, Ordering::SeqCst);
     *flaky.hooks.flip_on.lock().unwrap() = Some("private");
     assert_eq!(
         raw_status(addr, &get_line(b"/files/private%2Fc")).await,
@@ -155,6 +185,7 @@ async fn a_tenant_denial_refunds_where_the_route_stage_was_answered() {
     let (flaky, _broker, addr) = serve_flaky().await;
     assert_eq!(raw_status(addr, &get_as("a", "/files/x")).await, 200);
     flaky.hooks.down.store(true, Ordering::SeqCst);
+    flaky.hooks.open.store(true, Ordering::SeqCst);
     *flaky.hooks.flip_on.lock().unwrap() = Some("tenant");
     assert_eq!(raw_status(addr, &get_as("a", "/files/y")).await, 429);
     assert!(

@@ -99,6 +99,12 @@ pub struct Decision {
     pub denied_by: Option<DenyReason>,
     /// The lease taken when the resource has a concurrency limit.
     pub lease: Option<LeaseId>,
+    /// Whether a shared store's failure policy answered in this process
+    /// while the store was out of reach, so that the cost is not in the
+    /// store (it went to this process's fallback bucket, or nowhere):
+    /// settle it with [`Marks::ANSWERED_HERE`]. Set by the store, never by
+    /// the state machine.
+    pub answered_here: bool,
 }
 
 impl Decision {
@@ -109,6 +115,7 @@ impl Decision {
             wait: 0,
             denied_by: None,
             lease,
+            answered_here: false,
         }
     }
 
@@ -119,6 +126,16 @@ impl Decision {
             wait,
             denied_by: Some(reason),
             lease: None,
+            answered_here: false,
+        }
+    }
+
+    /// This decision, marked as answered by a shared store's failure
+    /// policy (see [`Decision::answered_here`]).
+    pub fn by_failure_policy(self) -> Self {
+        Self {
+            answered_here: true,
+            ..self
         }
     }
 }
@@ -126,7 +143,8 @@ impl Decision {
 /// A [`Decision`] in two words, so that it is returned in registers: the
 /// answer of [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
 /// the in-memory fast path, which converts to and from a [`Decision`]
-/// without loss.
+/// without loss (save [`Decision::answered_here`], which only a shared
+/// store's failure policy sets).
 ///
 /// ```
 /// use broker_core::{Decision, DenyReason, Verdict};

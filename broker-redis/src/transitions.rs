@@ -397,10 +397,13 @@ impl Backend for RedisBackend {
         let lease = new_lease();
         match self.try_redis(&keys, spec, cost, lease).await {
             Ok(d) => Ok(d),
+            // Marked as answered here, not by Redis: a settle of its cost
+            // goes where the cost went (see `settle`).
             Err(f) => match self.policy("try_acquire", f, spec)? {
                 Fallback::Open => Ok(Decision::allow(spec.max_concurrent.map(|_| lease))),
                 Fallback::Local(m, scaled) => m.try_acquire(key, &scaled, cost).await,
-            },
+            }
+            .map(Decision::by_failure_policy),
         }
     }
 

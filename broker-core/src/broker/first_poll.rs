@@ -200,6 +200,7 @@ pub(super) fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
             wait_time: Duration::ZERO,
             denied_by: None,
             permit,
+            answered_here: false,
         },
         Verdict::Rate(wait) => denied(DenyReason::Rate, wait),
         Verdict::Concurrency => denied(DenyReason::Concurrency, 0),
@@ -214,5 +215,6 @@ pub(super) fn denied(reason: DenyReason, wait: Micros) -> Acquisition {
         wait_time: Duration::from_micros(wait),
         denied_by: Some(reason),
         permit: Permit::empty(),
+        answered_here: false,
     }
 }

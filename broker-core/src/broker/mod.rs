@@ -30,7 +30,7 @@ use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
-use crate::state::{DenyReason, LimitSpec, Marks, Verdict};
+use crate::state::{Decision, DenyReason, LimitSpec, Marks, Verdict};
 use crate::stats::{bump, BrokerStats, Counters, ResourceKind, ResourceStats};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
@@ -669,7 +669,7 @@ impl ResourceBroker {
             return None;
         };
         Some(match decision {
-            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d.into())),
+            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -691,20 +691,23 @@ impl ResourceBroker {
             .try_acquire(key, &resource.spec, cost)
             .await
             .inspect_err(|e| note_backend_error(&resource, "try_acquire", e))?;
-        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision.into()))
+        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
     }
 
-    /// The acquisition of verdict `v`; `key` names the state a held lease
-    /// is released on (made only when a lease is held).
+    /// The acquisition of the store's decision `d`; `key` names the state
+    /// a held lease is released on (made only when a lease is held).
     fn answer(
         &self,
         resource: &Arc<Resource>,
         key: impl FnOnce() -> HeldKey,
-        v: Verdict,
+        d: Decision,
     ) -> Acquisition {
         let mut permit = Permit::empty();
-        let v = self.judge(resource, key, v, &mut permit);
-        acquisition(v, permit)
+        let v = self.judge(resource, key, d.into(), &mut permit);
+        Acquisition {
+            answered_here: d.answered_here,
+            ..acquisition(v, permit)
+        }
     }
 
     /// Counts verdict `v` in the resource's stats and returns it, with the
@@ -817,9 +820,10 @@ impl ResourceBroker {
     /// store's failure policy answered while the store was out of reach (a
     /// `try_acquire` let through open, or taken by the local fallback) was
     /// never in the store, and a refund of it made once the store is back
-    /// gives the store tokens no call took: this call cannot tell such a
-    /// cost apart ([`ResourceBroker::settle_since`] can be told). `enqueue`
-    /// settles its own bookings where their cost went.
+    /// would give the store tokens no call took: this call cannot tell such
+    /// a cost apart; [`ResourceBroker::settle_since`] with the
+    /// acquisition's [`Acquisition::settle_marks`] settles it where it
+    /// went. `enqueue` settles its own bookings where their cost went.
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -831,19 +835,20 @@ impl ResourceBroker {
 
     /// [`ResourceBroker::settle`], told where the cost went: `since` are the
     /// marks of the booking settled ([`crate::Reservation::since`]), or
+    /// those of an acquisition ([`Acquisition::settle_marks`]):
     /// [`Marks::ANSWERED_HERE`] for a cost the store's failure policy
-    /// answered (the store was out of reach: [`crate::BackendHealth::down`]
-    /// when it was decided), which is then settled where it went (this
-    /// process's fallback bucket, or nowhere), not in the store.
+    /// answered while the store was out of reach, which is then settled
+    /// where it went (this process's fallback bucket, or nowhere), not in
+    /// the store.
     ///
     /// ```
-    /// # use broker_core::{Cost, Marks, ResourceBroker};
+    /// # use broker_core::{Cost, ResourceBroker};
     /// # async fn refund(broker: &ResourceBroker) -> Result<(), broker_core::BrokerError> {
-    /// // A request admitted, then refused further on: its cost goes back
-    /// // where it was taken.
-    /// let since = broker.backend().health().down.then_some(Marks::ANSWERED_HERE);
+    /// let taken = broker.try_acquire("webhooks", Cost::requests(1)).await?;
+    /// // Admitted, then refused further on: the cost goes back where it
+    /// // was taken.
     /// broker
-    ///     .settle_since("webhooks", Cost::requests(1), Cost::requests(0), since)
+    ///     .settle_since("webhooks", Cost::requests(1), Cost::requests(0), taken.settle_marks())
     ///     .await
     /// # }
     /// ```
