@@ -759,3 +759,50 @@ async fn a_dropped_wait_counts_the_time_it_waited() {
     let stats = broker.stats().resources["slow"].clone();
     assert_eq!((stats.local_waits, stats.total_wait_ms), (2, 60_000));
 }
+
+/// A call waiting for the only slot while the call holding it gets a 429
+/// was booked before the 429: it waits the penalty out too, instead of
+/// taking the slot the 429'd call frees and going out during the penalty.
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_a_slot_waits_out_a_429_of_the_call_holding_it() {
+    let broker = broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(10))
+        .max_concurrent(1);
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let t0 = Instant::now();
+    let sends: Arc<Mutex<Vec<(usize, u32, Duration)>>> = Arc::default();
+    let call = |id: usize| {
+        let (b, sends) = (broker.clone(), sends.clone());
+        async move {
+            b.enqueue("api", Cost::default(), |attempt| {
+                let sends = sends.clone();
+                async move {
+                    let at = t0.elapsed();
+                    sends.lock().unwrap().push((id, attempt.number, at));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if id == 0 && attempt.number == 1 {
+                        Outcome::rate_limited("429", Some(Duration::from_secs(5)))
+                    } else {
+                        Outcome::<(), &str>::ok(())
+                    }
+                }
+            })
+            .await
+        }
+    };
+    let first = tokio::spawn(call(0));
+    tokio::task::yield_now().await;
+    let second = tokio::spawn(call(1));
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    let sends = sends.lock().unwrap().clone();
+    assert_eq!(sends[0], (0, 1, Duration::ZERO), "{sends:?}");
+    // The 429 came back at 100 ms and holds the resource until 5.1 s.
+    for &(id, attempt, at) in &sends[1..] {
+        assert!(
+            at >= Duration::from_millis(5100),
+            "call {id}, attempt {attempt} went out at {at:?}, during the penalty: {sends:?}"
+        );
+    }
+}

@@ -285,7 +285,9 @@ pub(crate) enum Admitted {
 /// after the booking voids its time: the booking stays spent (its time has
 /// come, as a sent call's would), and the cost is booked again when the
 /// hold ends, so the calls the hold kept leave spaced as the bucket spaces
-/// them, not together when it ends.
+/// them, not together when it ends. A hold that came while the call waited
+/// for its slot (the call that held the slot got a 429) voids it as well:
+/// the slot is given back, and the call waits the hold out.
 ///
 /// The slot's permit is released on state `key` (`keyed`: a sub-key's
 /// state, else the resource's own), and counted in flight if `counted`
@@ -298,15 +300,33 @@ pub(crate) async fn admit_until(
     deadline: tokio::time::Instant,
     counted: bool,
 ) -> Result<Admitted, BrokerError> {
-    let booking = loop {
+    let backend = &broker.inner.backend;
+    loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let booking = match Booking::book(broker, resource, key.to_owned(), cost, left).await? {
             Ok(booking) => booking,
             Err(wait) => return Ok(Admitted::TooLong(wait)),
         };
         booking.sleep_until_due().await;
-        let Some(until) = resource.holds.until(key) else {
-            break booking;
+        let until = match resource.holds.until(key) {
+            Some(until) => until,
+            None => {
+                let permit = match wait_slot(broker, resource, key, deadline).await? {
+                    SlotOutcome::Unlimited => Permit::empty(),
+                    SlotOutcome::Held(lease) => {
+                        let held_key = super::HeldKey::State(keyed.then(|| key.to_owned()));
+                        Permit::held(backend, resource.clone(), held_key, lease, counted)
+                    }
+                    SlotOutcome::TimedOut => return Ok(Admitted::NoSlot),
+                };
+                match resource.holds.until(key) {
+                    None => return Ok(Admitted::Go(booking, permit)),
+                    Some(until) => {
+                        drop(permit);
+                        until
+                    }
+                }
+            }
         };
         booking.consume();
         if until > deadline {
@@ -314,17 +334,7 @@ pub(crate) async fn admit_until(
             return Ok(Admitted::TooLong(crate::clock::micros(until - now)));
         }
         tokio::time::sleep_until(until).await;
-    };
-    let backend = &broker.inner.backend;
-    Ok(match wait_slot(broker, resource, key, deadline).await? {
-        SlotOutcome::Unlimited => Admitted::Go(booking, Permit::empty()),
-        SlotOutcome::Held(lease) => {
-            let held_key = super::HeldKey::State(keyed.then(|| key.to_owned()));
-            let permit = Permit::held(backend, resource.clone(), held_key, lease, counted);
-            Admitted::Go(booking, permit)
-        }
-        SlotOutcome::TimedOut => Admitted::NoSlot,
-    })
+    }
 }
 
 /// How often a waiter re-checks a slot held by another process (local
