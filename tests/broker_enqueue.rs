@@ -806,3 +806,65 @@ async fn a_call_waiting_for_a_slot_waits_out_a_429_of_the_call_holding_it() {
         );
     }
 }
+
+/// A store whose settlements and penalties take a second to arrive (a
+/// store across a network).
+struct SlowCorrections;
+
+impl broker_testkit::Hooks for SlowCorrections {
+    fn correction_delay(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// An `enqueue` given up by a timeout around it while its settlement is on
+/// its way still charges the usage above its estimate. Before, the
+/// settlement was cut off with the call: 90 tokens used, 10 charged.
+#[tokio::test(start_paused = true)]
+async fn a_settlement_cut_off_by_a_timeout_is_still_made() {
+    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(store, SlowCorrections));
+    let limits = Limits::new().rate(RateLimit::per_minute(100).unit(Unit::Tokens));
+    broker.register_limit("api", limits).unwrap();
+    let used = |_| async { Outcome::<(), ()>::ok_with_usage((), Cost::tokens(90)) };
+    let call = broker.enqueue("api", Cost::tokens(10), used);
+    let cut = tokio::time::timeout(Duration::from_millis(500), call).await;
+    assert!(
+        cut.is_err(),
+        "the timeout cuts the call off during its settlement"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // 90 charged and about 4 refilled: 14 tokens, not 50.
+    let left = broker.try_acquire("api", Cost::tokens(50)).await.unwrap();
+    assert!(!left.allowed, "usage above the estimate went uncharged");
+    let some = broker.try_acquire("api", Cost::tokens(10)).await.unwrap();
+    assert!(some.allowed);
+}
+
+/// An `enqueue` given up by a timeout around it while the penalty of its
+/// upstream 429 is on its way to the shared store still penalizes the
+/// store, so another broker on it holds off too. Before, the penalty was
+/// cut off with the call, and the other broker went on sending.
+#[tokio::test(start_paused = true)]
+async fn a_penalty_cut_off_by_a_timeout_still_reaches_the_store() {
+    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let on_store = || {
+        let broker =
+            ResourceBroker::new(broker_testkit::Wrapped::new(store.clone(), SlowCorrections));
+        let limits = Limits::new().rate(RateLimit::per_second(10));
+        broker.register_limit("api", limits).unwrap();
+        broker
+    };
+    let (a, b) = (on_store(), on_store());
+    let refused =
+        |_| async { Outcome::<(), &str>::rate_limited("429", Some(Duration::from_secs(10))) };
+    let call = a.enqueue("api", Cost::default(), refused);
+    let cut = tokio::time::timeout(Duration::from_millis(500), call).await;
+    assert!(
+        cut.is_err(),
+        "the timeout cuts the call off during its penalty"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let other = b.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(!other.allowed, "the store was never penalized");
+}

@@ -52,6 +52,13 @@ pub trait Hooks: Send + Sync + 'static {
         Duration::ZERO
     }
 
+    /// How long a `settle` or a `penalize` waits before it is passed on
+    /// (a store across a network); while it is non-zero, `settle_now`
+    /// cannot answer in process.
+    fn correction_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// The answer `reconcile` gives instead of the wrapped store's.
     fn reconcile(&self) -> Option<Result<(), BackendError>> {
         None
@@ -156,6 +163,10 @@ impl<H: Hooks> Backend for Wrapped<H> {
         a: Cost,
         b: Option<Marks>,
     ) -> Result<(), BackendError> {
+        let delay = self.hooks.correction_delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         match self.hooks.settle(k, b) {
             Some(answer) => answer,
             None => self.inner.settle(k, s, r, a, b).await,
@@ -169,12 +180,19 @@ impl<H: Hooks> Backend for Wrapped<H> {
         a: Cost,
         b: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
+        if !self.hooks.correction_delay().is_zero() {
+            return None;
+        }
         match self.hooks.settle(k, b) {
             Some(answer) => Some(answer),
             None => self.inner.settle_now(k, s, r, a, b),
         }
     }
     async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
+        let delay = self.hooks.correction_delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         self.inner.penalize(k, s, h).await
     }
     async fn reconcile(

@@ -543,13 +543,22 @@ impl ResourceBroker {
                 } => {
                     if let Some((spec, reserved, actual, since)) = booked.settlement(cost, usage) {
                         // The work succeeded; a failed correction is logged, not returned.
-                        if let Err(e) = self
-                            .inner
-                            .backend
-                            .settle(&key, spec, reserved, actual, since)
-                            .await
-                        {
-                            note_backend_error(&resource, "settle", &e);
+                        let backend = &self.inner.backend;
+                        match backend.settle_now(&key, spec, reserved, actual, since) {
+                            Some(Ok(())) => {}
+                            Some(Err(e)) => note_backend_error(&resource, "settle", &e),
+                            None => {
+                                let (backend, resource) = (backend.clone(), resource.clone());
+                                let (key, spec) = (key.clone(), spec.clone());
+                                to_the_end(async move {
+                                    let settled =
+                                        backend.settle(&key, &spec, reserved, actual, since);
+                                    if let Err(e) = settled.await {
+                                        note_backend_error(&resource, "settle", &e);
+                                    }
+                                })
+                                .await;
+                            }
                         }
                     }
                     if let Some(observed) = observed {
@@ -619,10 +628,14 @@ impl ResourceBroker {
             hold_ms = hold.as_millis() as u64,
             "upstream 429"
         );
-        let spec = &resource.latest().spec;
-        if let Err(e) = self.inner.backend.penalize(key, spec, hold).await {
-            note_backend_error(resource, "penalize", &e);
-        }
+        let (backend, resource) = (self.inner.backend.clone(), resource.clone());
+        let (key, spec) = (key.to_owned(), resource.latest().spec.clone());
+        to_the_end(async move {
+            if let Err(e) = backend.penalize(&key, &spec, hold).await {
+                note_backend_error(&resource, "penalize", &e);
+            }
+        })
+        .await;
     }
 
     /// `reconcile` with the checks every caller gets: an observed limit
@@ -757,5 +770,21 @@ fn exhausted<E>(
         error,
         attempts,
         last,
+    }
+}
+
+/// Runs `call`, a correction of the store (a settlement, a penalty), to its
+/// end even if its caller stops waiting for it (an `enqueue` dropped by a
+/// timeout around it): as a task of its own, which the caller awaits.
+/// Cut off with its caller, a settlement of usage above the estimate would
+/// leave that usage uncharged, and a penalty would leave the other
+/// replicas sending into the upstream's refusal.
+async fn to_the_end(call: impl Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            // The task's own panic is the store's; the work is done.
+            let _ = rt.spawn(call).await;
+        }
+        Err(_) => call.await,
     }
 }
