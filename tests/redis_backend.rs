@@ -440,3 +440,40 @@ async fn renewals_go_on_after_the_runtime_of_their_task_shut_down() {
         assert!(!slot_free(&broker).await, "the slot is still the permit's");
     }
 }
+
+/// Two permits dropped, then a decision on their resource that goes away
+/// after its first poll (a client that disconnects, a timeout around the
+/// call): the decision took both releases from their tasks to send them
+/// first, and sent only the first before it was dropped. The second must
+/// still reach Redis; before, its task found it taken and sent nothing, so
+/// the slot stayed held with no permit until the lease's TTL (30 s here).
+#[tokio::test]
+async fn a_decision_dropped_while_it_sends_the_releases_before_it_loses_none() {
+    let server = RedisServer::start();
+    let broker = ResourceBroker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(2));
+    config.lease_ttl = Duration::from_secs(30);
+    broker.register("r", config).unwrap();
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    let second = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed && second.allowed);
+    // Their releases are handed to tasks, which have not run yet (one
+    // thread, no await since).
+    drop(first);
+    drop(second);
+    // Redis holds the first release's reply back, so the decision is
+    // still sending it when it is dropped after its one poll.
+    server.pause();
+    assert!(broker
+        .try_acquire("r", Cost::default())
+        .now_or_never()
+        .is_none());
+    server.resume();
+    // The release tasks run, and whatever was sent lands.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = server.command("ZCARD rb:{r}:l");
+    assert_eq!(held, ":0", "a lease is left with no permit");
+    let a = broker.try_acquire("r", Cost::default()).await.unwrap();
+    let b = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(a.allowed && b.allowed, "both slots are free");
+}

@@ -800,3 +800,93 @@ async fn an_acquisition_says_where_its_cost_went() {
         );
     }
 }
+
+/// A TCP proxy to Redis on `upstream` (as a load balancer or a Redis proxy
+/// in front of a server): it passes bytes both ways, but once `cut` is
+/// set, the next command it forwards gets no reply: when Redis's reply
+/// comes, the proxy closes the client's connection instead (a proxy
+/// restarting, a connection reset after the command went through).
+async fn cutting_proxy(upstream: u16, cut: Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                continue;
+            };
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
+                let mut doomed = false;
+                loop {
+                    tokio::select! {
+                        n = cr.read(&mut up) => match n {
+                            Ok(n) if n > 0 => {
+                                doomed |= cut.swap(false, Ordering::SeqCst);
+                                if sw.write_all(&up[..n]).await.is_err() { return; }
+                            }
+                            _ => return,
+                        },
+                        n = sr.read(&mut down) => match n {
+                            // Redis ran the command and replied: the
+                            // client never sees the reply.
+                            Ok(_) if doomed => return,
+                            Ok(n) if n > 0 => {
+                                if cw.write_all(&down[..n]).await.is_err() { return; }
+                            }
+                            _ => return,
+                        },
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A settlement that Redis ran, whose reply was lost with its connection
+/// (closed under it before the reply came): the refund is made once. The
+/// shared connection reports such a loss as a broken pipe, as it reports
+/// a command never written on a connection closed while idle; sending it
+/// again gave the refund twice, and the bucket more than the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_whose_reply_was_lost_is_not_applied_twice() {
+    use broker_core::Backend;
+    let server = RedisServer::start();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = cutting_proxy(server.port(), cut.clone()).await;
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    // RESP3: every call through the shared connection.
+    let backend = RedisBackend::builder(&format!("redis://127.0.0.1:{port}/?protocol=resp3"))
+        .client_time(Arc::new(clock.clone()))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    let limits = Limits::new().rate(RateLimit::per(10, Duration::from_secs(3600)).with_burst(10));
+    let spec = broker_core::LimitSpec::new(&limits, Duration::from_secs(60));
+    let key = "settled";
+    let all = backend
+        .try_acquire(key, &spec, Cost::requests(10))
+        .await
+        .unwrap();
+    assert!(all.allowed);
+    let drained = backend.state(key).await.unwrap().expect("a state");
+    assert_eq!(drained.buckets[0].tokens, 0.0);
+    // Loads the settle script, changes nothing.
+    backend
+        .settle(key, &spec, Cost::requests(1), Cost::requests(1), None)
+        .await
+        .unwrap();
+    cut.store(true, Ordering::SeqCst);
+    // Whatever the caller is told (the reply never came), Redis ran it.
+    let _ = backend
+        .settle(key, &spec, Cost::requests(3), Cost::requests(0), None)
+        .await;
+    assert!(!backend.health().down, "a lost reply is not an outage");
+    let state = backend.state(key).await.unwrap().expect("a state");
+    assert_eq!(state.buckets[0].tokens, 3.0, "the refund of 3, once");
+}

@@ -191,8 +191,9 @@ impl RedisBackendBuilder {
     ///
     /// On: while a `try_acquire` is waiting for Redis, the ones that start
     /// meanwhile queue, and go out together as one `EVALSHA` of a batch
-    /// script when a call in flight returns (at most 2 calls in flight, at
-    /// most 64 decisions per batch). The batch script applies each decision
+    /// script when a call in flight returns (by default at most 5 calls in
+    /// flight and 32 decisions per batch: see
+    /// [`RedisBackendBuilder::coalesce_limits`]). The batch script applies each decision
     /// in order, exactly as its own script would, and answers each caller
     /// apart; every decision stays atomic and takes one round trip (a
     /// queued one waits, at most, for the call in flight when it queued). A

@@ -80,15 +80,21 @@ impl Conn {
     /// Sends one command: on one server, through the direct connection if
     /// it is free, else through the manager.
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.query_resending(cmd, true).await
+    }
+
+    /// [`Conn::query`]; `resend`: whether the manager may send the
+    /// command again after a broken pipe (see [`managed`]).
+    async fn query_resending(&self, cmd: &Cmd, resend: bool) -> RedisResult<Value> {
         match self {
             Conn::Single(c, direct) => {
                 let Some(direct) = direct else {
-                    return managed(c, cmd).await;
+                    return managed(c, cmd, resend).await;
                 };
                 if let Some(reply) = direct.query(cmd).await {
                     return reply;
                 }
-                direct.beside(managed(c, cmd)).await
+                direct.beside(managed(c, cmd, resend)).await
             }
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
@@ -107,23 +113,48 @@ impl Conn {
     /// `SCRIPT LOAD` and a second try only when the server answers
     /// `NOSCRIPT` (a new or restarted server, or `SCRIPT FLUSH`).
     pub(crate) async fn evalsha(&self, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
-        match self.query(cmd).await {
+        let resend = resendable(script);
+        match self.query_resending(cmd, resend).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(script).await?;
-                self.query(cmd).await
+                self.query_resending(cmd, resend).await
             }
             other => other,
         }
     }
 }
 
-/// `cmd` through the manager, sent again once if the connection it found
-/// had been closed under it (a server's or a proxy's idle timeout): a
-/// broken pipe means the command was not written, so it never ran, and the
-/// manager reconnects for the second try.
-async fn managed(c: &ConnectionManager, cmd: &Cmd) -> RedisResult<Value> {
+/// Whether a call of `script` may be sent again after a broken pipe on
+/// the shared connection, which may have run it (see [`managed`]): every
+/// transition but `settle` leaves the same state when run twice in a row
+/// (a second `try` or `reserve` only takes more, conservatively; a lease
+/// is added or removed once), while a second `settle` refunds or charges
+/// again.
+fn resendable(script: &Script) -> bool {
+    script.get_hash() != crate::scripts::SETTLE.get_hash()
+}
+
+/// `cmd` through the manager, sent again once (when `resend`) if the
+/// connection failed under it with a broken pipe, which the manager
+/// reconnects for the second try. That is what a connection closed while
+/// idle (a server's or a proxy's idle timeout) gives the next command,
+/// never written; but a connection closed while a command waits for its
+/// reply gives the same error, and that command may have run. So a
+/// command that must not run twice is not sent again: its caller gets an
+/// error of its own, not an outage (the connection is replaced for the
+/// next call, and a server that is really gone is found by that call), so
+/// a closed idle connection does not make the failure policy answer the
+/// other calls.
+async fn managed(c: &ConnectionManager, cmd: &Cmd, resend: bool) -> RedisResult<Value> {
     match cmd.query_async(&mut c.clone()).await {
-        Err(e) if is_broken_pipe(&e) => cmd.query_async(&mut c.clone()).await,
+        Err(e) if is_broken_pipe(&e) => match resend {
+            true => cmd.query_async(&mut c.clone()).await,
+            false => Err(RedisError::from((
+                ErrorKind::Client,
+                "the connection closed before the reply; not sent again (it may have run)",
+                e.to_string(),
+            ))),
+        },
         other => other,
     }
 }

@@ -60,6 +60,38 @@ fn new_lease() -> LeaseId {
     rand::random()
 }
 
+/// The releases a decision took out of the pending ones to send ahead of
+/// itself, not yet answered. Their tasks no longer send them (a decision
+/// took them), so if the decision goes away first (its caller dropped
+/// it), they are sent from a task of their own; one already on its way is
+/// sent again, which `release`'s idempotence makes harmless.
+struct TakenReleases<'a> {
+    backend: &'a RedisBackend,
+    key: &'a str,
+    leases: Vec<LeaseId>,
+}
+
+impl Drop for TakenReleases<'_> {
+    fn drop(&mut self) {
+        if self.leases.is_empty() {
+            return;
+        }
+        // Without a runtime (it is shutting down), the leases expire
+        // after their TTL.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let key = self.key.to_owned();
+        let leases = std::mem::take(&mut self.leases);
+        runtime.spawn(async move {
+            for lease in leases {
+                let _ = backend.release(&key, lease).await;
+            }
+        });
+    }
+}
+
 impl RedisBackend {
     pub(crate) fn keys(&self, key: &str) -> Result<KeyPair, BackendError> {
         keys::key_pair(&self.inner.prefix, key)
@@ -252,10 +284,18 @@ impl RedisBackend {
 
     /// Sends the releases of `key` that tasks have in flight (see
     /// `pending.rs`) ahead of a decision on it. Their outcome is the
-    /// tasks' to report; a failed one expires with its lease.
+    /// tasks' to report; a failed one expires with its lease. Taken out,
+    /// they are this call's to send: if it goes away before they are
+    /// answered, the rest are sent from a task (see [`TakenReleases`]).
     async fn send_pending_releases(&self, key: &str) {
-        for lease in self.inner.pending.take(key) {
+        let mut taken = TakenReleases {
+            backend: self,
+            key,
+            leases: self.inner.pending.take(key),
+        };
+        while let Some(&lease) = taken.leases.last() {
             let _ = self.release(key, lease).await;
+            taken.leases.pop();
         }
     }
 
