@@ -868,3 +868,56 @@ async fn a_penalty_cut_off_by_a_timeout_still_reaches_the_store() {
     let other = b.try_acquire("api", Cost::default()).await.unwrap();
     assert!(!other.allowed, "the store was never penalized");
 }
+
+/// A call whose work used less than its estimate, finished after another
+/// call's upstream 429 that the store failed to take as a penalty: the
+/// unused estimate stays spent, as this process's hold says (as a
+/// cancelled booking's does), instead of going back to the bucket the
+/// upstream just refused. Before, 40 tokens went back.
+#[tokio::test(start_paused = true)]
+async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
+    struct NoPenalty;
+    impl broker_testkit::Hooks for NoPenalty {
+        fn penalize(&self) -> Option<Result<(), broker_core::BackendError>> {
+            Some(Err(broker_core::BackendError::new("store unreachable")))
+        }
+    }
+    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(store, NoPenalty));
+    let limits = Limits::new().rate(RateLimit::per_minute(100).unit(Unit::Tokens));
+    broker.register_limit("api", limits).unwrap();
+    let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<()>();
+    let refused_rx = Arc::new(Mutex::new(Some(refused_rx)));
+    let long = broker.enqueue("api", Cost::tokens(50), |_| {
+        let refused = refused_rx.lock().unwrap().take();
+        async move {
+            if let Some(refused) = refused {
+                refused.await.unwrap();
+            }
+            Outcome::<(), &str>::ok_with_usage((), Cost::tokens(10))
+        }
+    });
+    let mut refused_tx = Some(refused_tx);
+    let short = broker.enqueue("api", Cost::tokens(10), |attempt| {
+        let refused = refused_tx.take();
+        async move {
+            if attempt.number > 1 {
+                return Outcome::ok(());
+            }
+            let out = Outcome::rate_limited("429", Some(Duration::from_millis(500)));
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                refused.unwrap().send(()).unwrap();
+            });
+            out
+        }
+    });
+    let (long, short) = tokio::join!(long, short);
+    long.unwrap();
+    short.unwrap();
+    // 50 + 10 + 10 spent, about 2 refilled: 32 left, not 72.
+    let left = broker.try_acquire("api", Cost::tokens(50)).await.unwrap();
+    assert!(!left.allowed, "the unused estimate went back");
+    let some = broker.try_acquire("api", Cost::tokens(25)).await.unwrap();
+    assert!(some.allowed);
+}

@@ -59,6 +59,12 @@ pub trait Hooks: Send + Sync + 'static {
         Duration::ZERO
     }
 
+    /// The answer `penalize` gives instead of the wrapped store's
+    /// (`None`: the wrapped store's).
+    fn penalize(&self) -> Option<Result<(), BackendError>> {
+        None
+    }
+
     /// The answer `reconcile` gives instead of the wrapped store's.
     fn reconcile(&self) -> Option<Result<(), BackendError>> {
         None
@@ -193,7 +199,10 @@ impl<H: Hooks> Backend for Wrapped<H> {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        self.inner.penalize(k, s, h).await
+        match self.hooks.penalize() {
+            Some(answer) => answer,
+            None => self.inner.penalize(k, s, h).await,
+        }
     }
     async fn reconcile(
         &self,

@@ -135,6 +135,7 @@ impl Booking {
         self.armed = false;
         Booked {
             since: self.since,
+            since_here: self.since_here,
             booked_under: self.booked_under.clone(),
         }
     }
@@ -153,6 +154,9 @@ impl Booking {
 /// A used reservation, for the settlement of its cost.
 pub(crate) struct Booked {
     since: Marks,
+    /// The booking's time on this process's clock and holds (see
+    /// [`Booking`]).
+    since_here: tokio::time::Instant,
     /// The registration it was booked under.
     booked_under: Arc<Resource>,
 }
@@ -163,15 +167,27 @@ impl Booked {
     /// booking's state may have been started afresh since by a
     /// registration with other buckets (so holds none of it), a charge of
     /// the whole usage. `None` when there is nothing to settle.
+    ///
+    /// `held_until` is this process's hold on the booking's state, if
+    /// any: one put on after the booking (an upstream 429 since) keeps
+    /// the unused part of the cost spent, as a cancelled booking's is
+    /// (see `Booking`'s `Drop`): the store decides by its own holds, and
+    /// this one covers a store that failed to take one. Usage above the
+    /// estimate is charged whatever the hold.
     fn settlement(
         &self,
         cost: Cost,
         usage: Option<Cost>,
+        held_until: Option<tokio::time::Instant>,
     ) -> Option<(&Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
         match under(&self.booked_under, self.since) {
             Under::Same(spec, since) => {
-                let actual = usage.filter(|u| *u != cost)?;
-                Some((spec, cost, actual, since))
+                let mut actual = usage?;
+                if held_until.is_some_and(|until| until > self.since_here) {
+                    actual.requests = actual.requests.max(cost.requests);
+                    actual.tokens = actual.tokens.max(cost.tokens);
+                }
+                (actual != cost).then_some((spec, cost, actual, since))
             }
             Under::Afresh(spec) => Some((spec, NO_COST, usage.unwrap_or(cost), None)),
         }
@@ -541,7 +557,9 @@ impl ResourceBroker {
                     usage,
                     observed,
                 } => {
-                    if let Some((spec, reserved, actual, since)) = booked.settlement(cost, usage) {
+                    if let Some((spec, reserved, actual, since)) =
+                        booked.settlement(cost, usage, resource.holds.until(&key))
+                    {
                         // The work succeeded; a failed correction is logged, not returned.
                         let backend = &self.inner.backend;
                         match backend.settle_now(&key, spec, reserved, actual, since) {
