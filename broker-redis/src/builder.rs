@@ -100,7 +100,12 @@ impl RedisBackendBuilder {
     /// scripts, for stores that reject `TIME` in scripts (and for tests on
     /// a [`broker_core::ManualClock`]). Replicas' clocks should agree; a
     /// bucket never runs backwards (`now` is clamped to its `ts`), but a
-    /// replica whose clock lags waits longer than needed.
+    /// replica whose clock lags waits longer than needed. A concurrency
+    /// lease expires on the clock of the replica that looks at it: one
+    /// whose clock runs ahead of another's by `d` takes that replica's
+    /// leases for expired `d` early, so keep the skew well under the
+    /// lease TTL (a third of it, the renewal interval, keeps every live
+    /// lease live).
     pub fn client_time(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
