@@ -159,3 +159,21 @@ async fn supplier_buckets_are_limit_only_in_the_stats() {
         assert_eq!(s.kind, broker_core::ResourceKind::LimitOnly, "{id}");
     }
 }
+
+/// A supplier's buckets are registered as one step: one that cannot be
+/// (its id is the application's queue) leaves none of them registered.
+/// Before, the supplier took the queue over as a bucket of its own, and
+/// its registration succeeded.
+#[test]
+fn a_supplier_whose_bucket_is_refused_registers_none() {
+    let broker = memory_broker();
+    let queue = broker_core::ResourceConfig::new(
+        broker_core::Limits::new().rate(broker_core::RateLimit::per_second(5)),
+    );
+    broker.register("etm/data/price", queue).unwrap();
+    let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let refused = SupplierBuckets::register(&broker, "etm", &config).unwrap_err();
+    assert!(refused.to_string().contains("etm/data/price"), "{refused}");
+    assert!(!broker.is_registered("etm/auth/login"));
+    assert!(!broker.is_registered("etm/data/goods"));
+}

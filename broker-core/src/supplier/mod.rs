@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 pub use config::{AuthBucket, Backoff, DataBucket, Mode, RateLimitClasses, SupplierConfig};
 
-use crate::broker::{Acquisition, Permit, ResourceBroker};
+use crate::broker::{Acquisition, OnOtherLimits, Permit, ResourceBroker};
 use crate::error::{BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
@@ -200,7 +200,11 @@ pub struct SupplierBuckets {
 }
 
 impl SupplierBuckets {
-    /// Registers every bucket class of `config` for `supplier` on `broker`.
+    /// Registers every bucket class of `config` for `supplier` on `broker`,
+    /// as one step ([`ResourceBroker::register_limits`]): either every
+    /// bucket is registered or none is. A bucket registered already with
+    /// the same limits keeps its state; one with other limits takes the
+    /// new ones; one the broker holds as a queue is refused.
     pub fn register(
         broker: &ResourceBroker,
         supplier: &str,
@@ -209,14 +213,23 @@ impl SupplierBuckets {
         if supplier.is_empty() {
             return Err(ConfigError::invalid("supplier", "must not be empty"));
         }
-        for (endpoint, bucket) in &config.rate_limit.auth {
-            let id = resource_id(supplier, BucketClass::Auth, endpoint);
-            broker.register_limit(&id, bucket.limits.clone())?;
-        }
-        for (endpoint, bucket) in &config.rate_limit.data {
-            let id = resource_id(supplier, BucketClass::Data, endpoint);
-            broker.register_limit(&id, bucket.limits.clone())?;
-        }
+        // As one step: a bucket that cannot be registered leaves none of
+        // this supplier's registered.
+        let auth = (config.rate_limit.auth.iter()).map(|(endpoint, b)| {
+            (
+                resource_id(supplier, BucketClass::Auth, endpoint),
+                &b.limits,
+            )
+        });
+        let data = (config.rate_limit.data.iter()).map(|(endpoint, b)| {
+            (
+                resource_id(supplier, BucketClass::Data, endpoint),
+                &b.limits,
+            )
+        });
+        let buckets: Vec<(String, &Limits)> = auth.chain(data).collect();
+        let entries: Vec<(&str, &Limits)> = buckets.iter().map(|(id, l)| (&**id, *l)).collect();
+        (broker.register_limits(&entries, OnOtherLimits::Replace)).map_err(|e| e.error)?;
         Ok(Self {
             broker: broker.clone(),
             supplier: supplier.to_owned(),
