@@ -314,9 +314,16 @@ pub fn parse<T: DeserializeOwned>(
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
         Format::Yaml => {
-            // YAML's messages name the path themselves.
+            // YAML's messages name the path themselves. Only a repeated
+            // key counts: the check stops at a key that is no scalar (a
+            // list or a mapping), which the typed reading has settled.
             let de = serde_norway::Deserializer::from_str(text);
-            crate::unique_keys::UniqueKeys::deserialize(de).map_err(|e| fail(e.to_string()))?;
+            if let Err(e) = crate::unique_keys::UniqueKeys::deserialize(de) {
+                let message = e.to_string();
+                if crate::unique_keys::refuses_a_repeated_key(&message) {
+                    return Err(fail(message));
+                }
+            }
         }
         // TOML's reader refuses a repeated key itself.
         Format::Toml => {}

@@ -112,11 +112,16 @@ impl RateLimit {
                 value: "0".into(),
             });
         }
-        if self.amount > MAX_AMOUNT || self.burst() > MAX_AMOUNT {
-            return Err(ConfigError::invalid(
-                field,
-                format!("amount and burst must be at most {MAX_AMOUNT}"),
-            ));
+        // Named by the field that is too large: a config's own reader
+        // renames `amount` (a shorthand, a supplier's `rate`), and an
+        // error naming both would point at a field its file has not.
+        for (name, value) in [("amount", self.amount), ("burst", self.burst())] {
+            if value > MAX_AMOUNT {
+                return Err(ConfigError::invalid(
+                    format!("{field}.{name}"),
+                    format!("must be at most {MAX_AMOUNT} (got {value})"),
+                ));
+            }
         }
         if self.period > MAX_PERIOD {
             return Err(ConfigError::invalid(

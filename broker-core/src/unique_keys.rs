@@ -25,6 +25,16 @@ impl<'de> Deserialize<'de> for UniqueKeys {
 
 struct Values;
 
+/// What the refusal of a repeated key says of it.
+const TWICE: &str = "is written twice";
+
+/// Whether `message` (an error of reading [`UniqueKeys`]) is the refusal
+/// of a repeated key, not a key it could not read as text (a YAML list or
+/// mapping as a key: there the check stops).
+pub(crate) fn refuses_a_repeated_key(message: &str) -> bool {
+    message.contains(TWICE)
+}
+
 impl<'de> Visitor<'de> for Values {
     type Value = UniqueKeys;
 
@@ -97,9 +107,7 @@ impl<'de> Visitor<'de> for Values {
                 continue;
             };
             if let Some(key) = seen.replace(key) {
-                return Err(de::Error::custom(format_args!(
-                    "the key `{key}` is written twice"
-                )));
+                return Err(de::Error::custom(format_args!("the key `{key}` {TWICE}")));
             }
             map.next_value::<UniqueKeys>()?;
         }
@@ -107,16 +115,20 @@ impl<'de> Visitor<'de> for Values {
     }
 }
 
-/// A mapping's key, when it is a string; `None` for any other key (a YAML
-/// number, boolean, null, tagged value, list or mapping). Only string keys
-/// are compared: the typed reading takes a number key as it is written
-/// (`1.1` and `1.10`, `0x10` and `16` are two names), which its parsed
-/// value no longer tells.
+/// A mapping's key as the text it is written with, the name a typed
+/// reading into a map of names takes it for: a YAML scalar, plain or
+/// quoted, number or not (`1` and `"1"` are one name; `1.1` and `1.10`,
+/// `0x10` and `16` are two). Read as a string, not as any value: a number
+/// read as one would no longer tell how it was written, and a number key
+/// written twice would pass. `None` for a key a reader hands over as
+/// something else. A YAML list or mapping as a key is an error here (no
+/// text): the check stops there, and [`refuses_a_repeated_key`] tells
+/// that error from a refusal.
 struct Key(Option<String>);
 
 impl<'de> Deserialize<'de> for Key {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(KeyText)
+        d.deserialize_str(KeyText)
     }
 }
 
@@ -233,9 +245,22 @@ mod tests {
             "mode: !skip_and_reschedule\nother: !tag {a: 1}\n",
             "# nothing yet\n",
             "",
-            "? [a, b]\n: complex\n",
         ] {
             assert_eq!(check(fine), Ok(()), "{fine:?}");
         }
+        // A number, boolean or null key written twice as the same text is
+        // one name twice, as is a plain key and its quoted text.
+        for twice in [
+            "1: a\n1: b\n",
+            "1: a\n\"1\": b\n",
+            "true: a\n\"true\": b\n",
+            "~: a\n~: b\n",
+        ] {
+            let e = check(twice).unwrap_err();
+            assert!(refuses_a_repeated_key(&e), "{twice:?}: {e}");
+        }
+        // A key with no text stops the check, without a refusal.
+        let e = check("? [a, b]\n: complex\n").unwrap_err();
+        assert!(!refuses_a_repeated_key(&e), "{e}");
     }
 }

@@ -117,6 +117,42 @@ fn bad_values_are_refused_with_file_path_and_reason() {
     }
 }
 
+/// A rate or burst above the largest amount a bucket holds is refused
+/// naming the field the file writes (`rate` or `burst`), not the
+/// `rates[0]` of the limits it compiles to, which the file has no such
+/// field as; in the `pressure` shorthands, the shorthand alone.
+#[test]
+fn a_rate_or_burst_too_large_names_its_own_field() {
+    let huge = broker_core::limits::MAX_AMOUNT + 1;
+    for (bucket, field) in [
+        (
+            format!("{{ rate: {huge}, period: 1s }}"),
+            ": rate: must be at most",
+        ),
+        (
+            format!("{{ rate: 1, period: 1s, burst: {huge} }}"),
+            ": burst: must be at most",
+        ),
+    ] {
+        let text = format!("rate_limit:\n  data:\n    price: {bucket}\n");
+        let err = SupplierConfig::parse("supplier.yaml", &text, Format::Yaml)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{text}: {err}");
+        assert!(!err.contains("rates[0]"), "{text}: {err}");
+    }
+    let text = format!(r#"{{"requestsPerSecond": {huge}}}"#);
+    let err = parse::<Limits>("p.json", &text, Format::Json)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("requestsPerSecond: must be at most"), "{err}");
+    let text = format!(r#"{{"rates": [{{"amount": 1, "period": "1s", "burst": {huge}}}]}}"#);
+    let err = parse::<Limits>("p.json", &text, Format::Json)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rates[0].burst: must be at most"), "{err}");
+}
+
 #[test]
 fn pressure_json_and_supplier_yaml_load_into_the_same_limits() {
     // A `limits` object of the gateway's `pressure` config and a supplier
@@ -179,6 +215,36 @@ fn a_bucket_named_twice_is_refused_with_its_path() {
         err.contains("rate_limit.data: the key `price` is written twice"),
         "{err:?}"
     );
+}
+
+/// A bucket whose name YAML reads as a number (or a boolean, or null)
+/// written twice, or once plain and once quoted, is refused like any
+/// other name written twice: the reader would keep the second bucket
+/// (here a hundred times the first's rate) without a word.
+#[test]
+fn a_bucket_with_a_number_name_written_twice_is_refused() {
+    const SLOW: &str = "{rate: 1, period: 1s, mode: skip_and_reschedule}";
+    const FAST: &str = "{rate: 100, period: 1s, mode: skip_and_reschedule}";
+    for (first, second) in [
+        ("1", "1"),
+        ("1", "\"1\""),
+        ("true", "'true'"),
+        ("2.5", "2.5"),
+    ] {
+        let yaml = format!("rate_limit:\n  data:\n    {first}: {SLOW}\n    {second}: {FAST}\n");
+        let read = parse::<SupplierConfig>("etm.yaml", &yaml, Format::Yaml)
+            .map(|c| format!("{:?}", c.rate_limit.data));
+        let err = read.unwrap_err().to_string();
+        assert!(
+            err.contains("rate_limit.data: the key") && err.contains("is written twice"),
+            "{first} {second}: {err:?}"
+        );
+    }
+    // A list as a key is no name (the check stops there): the document
+    // still loads when its type reads it.
+    let listed: std::collections::BTreeMap<Vec<String>, u32> =
+        parse("k.yaml", "? [a, b]\n: 1\n", Format::Yaml).unwrap();
+    assert_eq!(listed.len(), 1);
 }
 
 /// YAML documents the repeated-key check must leave alone: number keys
