@@ -173,7 +173,11 @@ fn a_supplier_whose_bucket_is_refused_registers_none() {
     broker.register("etm/data/price", queue).unwrap();
     let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
     let refused = SupplierBuckets::register(&broker, "etm", &config).unwrap_err();
-    assert!(refused.to_string().contains("etm/data/price"), "{refused}");
+    assert!(
+        refused.to_string().starts_with("rate_limit.data.price: ")
+            && refused.to_string().contains("etm/data/price"),
+        "{refused}"
+    );
     assert!(!broker.is_registered("etm/auth/login"));
     assert!(!broker.is_registered("etm/data/goods"));
 }

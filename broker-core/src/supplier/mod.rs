@@ -214,22 +214,21 @@ impl SupplierBuckets {
             return Err(ConfigError::invalid("supplier", "must not be empty"));
         }
         // As one step: a bucket that cannot be registered leaves none of
-        // this supplier's registered.
-        let auth = (config.rate_limit.auth.iter()).map(|(endpoint, b)| {
-            (
-                resource_id(supplier, BucketClass::Auth, endpoint),
-                &b.limits,
-            )
-        });
-        let data = (config.rate_limit.data.iter()).map(|(endpoint, b)| {
-            (
-                resource_id(supplier, BucketClass::Data, endpoint),
-                &b.limits,
-            )
-        });
-        let buckets: Vec<(String, &Limits)> = auth.chain(data).collect();
-        let entries: Vec<(&str, &Limits)> = buckets.iter().map(|(id, l)| (&**id, *l)).collect();
-        (broker.register_limits(&entries, OnOtherLimits::Replace)).map_err(|e| e.error)?;
+        // this supplier's registered. The error names the bucket's field.
+        let auth = (config.rate_limit.auth.iter()).map(|(e, b)| (BucketClass::Auth, e, &b.limits));
+        let data = (config.rate_limit.data.iter()).map(|(e, b)| (BucketClass::Data, e, &b.limits));
+        let buckets: Vec<_> = auth.chain(data).collect();
+        let ids: Vec<String> = (buckets.iter())
+            .map(|(class, endpoint, _)| resource_id(supplier, *class, endpoint))
+            .collect();
+        let entries: Vec<(&str, &Limits)> = (ids.iter().zip(&buckets))
+            .map(|(id, (_, _, limits))| (&**id, *limits))
+            .collect();
+        (broker.register_limits(&entries, OnOtherLimits::Replace)).map_err(|e| {
+            let (class, endpoint, _) = buckets[e.index];
+            let field = format!("rate_limit.{}.{endpoint}", class.as_str());
+            ConfigError::invalid(field, e.error.to_string())
+        })?;
         Ok(Self {
             broker: broker.clone(),
             supplier: supplier.to_owned(),
