@@ -21,7 +21,11 @@
 //! folding each into a place (see [`crate::spill`]), so the next sweep is
 //! an eighth of the bound of new states away. A state holding a slot is
 //! never dropped (a release must find it): those are as many as the
-//! requests in flight, so the bound can be passed by that many.
+//! requests in flight, so the bound can be passed by that many. A sweep
+//! does not see the states made after it counted them: an insert that
+//! finds the store an eighth past the bound while another thread sweeps
+//! waits for that sweep and then sweeps in turn, so threads flooding new
+//! keys cannot outgrow a sweep.
 //!
 //! The decision costs a few relaxed atomic loads per write: the number of
 //! states is tracked by counting inserts (and re-read exactly after each
@@ -131,6 +135,9 @@ pub(crate) struct Sweeper {
     max: AtomicUsize,
     last: AtomicU64,
     running: AtomicBool,
+    /// Inserts waiting for a sweep to end (see [`Sweeper::wait_for_sweep`]).
+    #[cfg(test)]
+    pub(crate) waiting: AtomicUsize,
 }
 
 impl Default for Sweeper {
@@ -144,6 +151,8 @@ impl Default for Sweeper {
             max: AtomicUsize::new(DEFAULT_MAX_STATES),
             last: AtomicU64::new(0),
             running: AtomicBool::new(false),
+            #[cfg(test)]
+            waiting: AtomicUsize::new(0),
         }
     }
 }
@@ -184,9 +193,30 @@ impl Sweeper {
         }
         let grown = len > self.threshold.load(Ordering::Relaxed);
         let stale = now.saturating_sub(self.last.load(Ordering::Relaxed)) > SWEEP_INTERVAL;
-        if !(grown || stale) || self.running.swap(true, Ordering::Acquire) {
+        if !(grown || stale) {
             return;
         }
+        if self.running.swap(true, Ordering::Acquire) {
+            if inserted {
+                self.wait_for_sweep(states, spills, now, len);
+            }
+            return;
+        }
+        self.sweep(states, spills, now, len);
+    }
+
+    /// One sweep, by the thread that set `running` (cleared on return,
+    /// also when unwinding, so that inserts never wait for a sweep that
+    /// is gone).
+    #[cold]
+    fn sweep(&self, states: &States, spills: &Spills, now: Micros, len: usize) {
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _done = Done(&self.running);
         let max = self.max();
         if len >= max {
             fold_to(states, spills, now, max - max / 8, Spills::budget_for(max));
@@ -195,7 +225,32 @@ impl Sweeper {
         }
         spills.drop_idle(now);
         self.after_sweep(states, now);
-        self.running.store(false, Ordering::Release);
+    }
+
+    /// An insert that finds the store an eighth past its bound while
+    /// another thread sweeps: waits for that sweep to end, then sweeps
+    /// itself if one is still due. A sweep does not see the states made
+    /// after it counted them, so without this wait threads inserting new
+    /// keys while one thread folds could grow the store past its bound
+    /// by as many as they insert meanwhile (and the sweep after, due
+    /// only an eighth past what was kept, further still). Called with no
+    /// shard lock held; costs nothing below the bound.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_sweep(&self, states: &States, spills: &Spills, now: Micros, len: usize) {
+        let max = self.max();
+        if len < max + max / 8 {
+            return;
+        }
+        #[cfg(test)]
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let mut backoff = crate::backoff::Backoff::default();
+        while self.running.load(Ordering::Acquire) {
+            backoff.snooze();
+        }
+        #[cfg(test)]
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.after_write(states, spills, now, false);
     }
 
     /// Re-reads the exact number of states after a sweep (also one run

@@ -456,4 +456,73 @@ mod tests {
         assert!(spills.by_resource.read().is_empty());
         assert!(!spills.any.load(Ordering::Relaxed));
     }
+
+    /// New keys made while another thread folds, past the states it
+    /// counted, are not let past the bound: an insert an eighth past it
+    /// waits for the fold to end and then folds in turn. Here the fold
+    /// is held at a place set's lock (taken by the test) after it has
+    /// counted the states, while another thread makes 200 new keys;
+    /// before, the fold ended with all 200 kept and the next one due only
+    /// an eighth past them.
+    #[test]
+    fn keys_made_during_a_fold_do_not_pass_the_bound() {
+        use crate::key::with_parsed;
+        use broker_core::{Backend, Cost, Limits, ManualClock, RateLimit};
+        use std::time::Duration;
+
+        let clock = ManualClock::new();
+        clock.set(1_000_000);
+        let backend = crate::MemoryBackend::with_clock(clock.clone()).max_states(64);
+        let store = backend.store.clone();
+        let spec = LimitSpec::new(
+            &Limits::new().rate(RateLimit::per_minute(5)),
+            Duration::from_secs(60),
+        );
+        let shard = |key: &str| with_parsed(key, |k| store.states.shard_index(k));
+        // Keys of `part` in shard 0 (`in_zero`) or in any other.
+        let keys = |part: &'static str, in_zero: bool, n: usize| {
+            (0..)
+                .map(move |i| format!("{part}:k{i}"))
+                .filter(move |k| (shard(k) == 0) == in_zero)
+                .take(n)
+                .collect::<Vec<_>>()
+        };
+        let take = |key: &str| {
+            backend
+                .try_acquire_now(key, &spec, Cost::default())
+                .unwrap()
+                .unwrap()
+        };
+        // 65 keys of `r` in shard 0: the 65th folds 9 of them, which
+        // makes `r`'s place set; 8 more bring the store to its bound.
+        for key in keys("r", true, 73) {
+            assert!(take(&key).allowed);
+        }
+        assert_eq!(backend.len(), 64);
+        let set = store.spills.by_resource.read()["r"][0].clone();
+        let held = set.table.lock();
+        // One more key (another part, no place set to read): its insert
+        // folds, and waits at the set's lock once it has counted the states.
+        let s_key = keys("s", true, 1).pop().unwrap();
+        let flood = keys("other", false, 200);
+        std::thread::scope(|s| {
+            let folding = s.spawn(|| take(&s_key));
+            while Arc::strong_count(&set) < 3 {
+                std::thread::yield_now();
+            }
+            // Meanwhile, 200 new keys in other shards.
+            let inserting = s.spawn(|| {
+                flood.iter().for_each(|k| {
+                    take(k);
+                })
+            });
+            while !inserting.is_finished() && store.sweeper.waiting.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            drop(held);
+            folding.join().unwrap();
+            inserting.join().unwrap();
+        });
+        assert!(backend.len() <= 65, "{} states, bound 64", backend.len());
+    }
 }

@@ -93,6 +93,12 @@ impl States {
         h.finish()
     }
 
+    /// The index of the shard `key` is held in.
+    #[cfg(test)]
+    pub(crate) fn shard_index(&self, key: KeyRef<'_>) -> usize {
+        ((self.hash(key) << 7) >> self.shift) as usize
+    }
+
     #[inline]
     fn shard_of(&self, hash: u64) -> &Shard {
         // The table takes its tags from the top 7 bits and its positions
