@@ -477,3 +477,58 @@ async fn a_decision_dropped_while_it_sends_the_releases_before_it_loses_none() {
     let b = broker.try_acquire("r", Cost::default()).await.unwrap();
     assert!(a.allowed && b.allowed, "both slots are free");
 }
+
+/// Two runtimes share a broker: the renewing task starts on the first
+/// that makes a permit, and a permit made on the second meanwhile is
+/// renewed by that task. When the first runtime shuts down, the second's
+/// permit, still held, must go on being renewed on its own runtime; before,
+/// nothing renewed it until another permit was made, its lease expired
+/// after its TTL and another replica took its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_renewed_after_another_runtime_that_renewed_it_shut_down() {
+    let server = RedisServer::start();
+    let broker = one_slot(&server, Duration::from_millis(300)).await;
+    broker
+        .register_limit("first", Limits::new().max_concurrent(1))
+        .unwrap();
+    let (made, has_made) = std::sync::mpsc::channel();
+    let (go, goes) = std::sync::mpsc::channel::<()>();
+    let on_another = broker.clone();
+    let other = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            // The renewing task starts on this runtime.
+            let held = on_another
+                .try_acquire("first", Cost::default())
+                .await
+                .unwrap();
+            assert!(held.allowed);
+            made.send(()).unwrap();
+            // Runs (and renews) until told to end.
+            while goes.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            drop(held);
+        });
+        // Shut down while the renewing task waits for its next renewal.
+    });
+    has_made.recv().unwrap();
+    let held = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(held.allowed);
+    go.send(()).unwrap();
+    other.join().unwrap();
+    // Another replica, asking for the slot while the permit is held.
+    let replica = one_slot(&server, Duration::from_millis(300)).await;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !slot_free(&replica).await,
+            "the held permit's lease expired unrenewed"
+        );
+    }
+    drop(held);
+    assert!(slot_free_soon(&replica).await, "released, the slot is free");
+}

@@ -62,6 +62,8 @@ pin_project! {
         Refunding {
             refund: RefundFuture,
             response: Option<Box<Response<ResB>>>,
+            // Whether `refund` runs as a task of its own (see `detach`).
+            detached: bool,
         },
         Calling {
             #[pin]
@@ -107,12 +109,13 @@ struct Call<S, ReqB> {
     req: Request<ReqB>,
 }
 
-/// Put in the extensions of a tenant-stage denial, naming the policy that
-/// denied. The route/service stage of the same [`crate::Pressure`] sees it
-/// on the way out and gives its own cost back, so one tenant's rejected
-/// flood does not use up the limit every tenant shares. Nothing is added
-/// to admitted requests or responses, and an admitted request holds no
-/// reference to the policy for it.
+/// Put in the extensions of a tenant-stage refusal (a denial, or a backend
+/// failure), naming the policy that refused. The route/service stage of
+/// the same [`crate::Pressure`] sees it on the way out and gives its own
+/// cost back, so one tenant's rejected flood does not use up the limit
+/// every tenant shares. Nothing is added to admitted requests or
+/// responses, and an admitted request holds no reference to the policy
+/// for it.
 #[derive(Clone)]
 struct TenantDenied {
     /// The denying policy (its `id` names its [`crate::Pressure`]).
@@ -395,8 +398,9 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    /// The response: the denial (a tenant denial names its policy, so the
-    /// route/service stage gives its cost back) or the backend failure.
+    /// The response: the denial or the backend failure (a tenant-stage
+    /// refusal of either kind names its policy, so the route/service stage
+    /// gives its cost back).
     #[cold]
     #[inline(never)]
     fn respond<ResB: PermitBody>(self) -> Response<ResB> {
@@ -406,15 +410,18 @@ impl Refusal {
             wait,
             by_concurrency,
         } = self;
-        let (Some(wait), Some(limited)) = (wait, policy.limited(stage)) else {
-            return response::backend_failed(&policy.responses);
+        let mut response = match (wait, policy.limited(stage)) {
+            (Some(wait), Some(limited)) => response::denied(
+                &policy.responses,
+                &limited.headers(&policy.broker),
+                wait,
+                by_concurrency,
+            ),
+            _ => response::backend_failed(&policy.responses),
         };
-        let mut response = response::denied(
-            &policy.responses,
-            &limited.headers(&policy.broker),
-            wait,
-            by_concurrency,
-        );
+        // A tenant-stage refusal, a denial or a backend failure, lets the
+        // request go no further: the route/service stage gives its cost
+        // back, as a second reading's failure gives the first's back.
         if matches!(stage, Stage::Tenant) {
             response.extensions_mut().insert(TenantDenied { policy });
         }
@@ -547,6 +554,7 @@ where
                     state.set(State::Refunding {
                         refund,
                         response: Some(Box::new(res)),
+                        detached: false,
                     });
                     continue;
                 }
@@ -554,6 +562,26 @@ where
             return out;
         }
     }
+}
+
+/// Moves a refund that is waiting for its store (one that needs I/O) to a
+/// task of its own, and makes `refund` the wait for that task: a client
+/// that leaves meanwhile (which drops the response future) no longer cuts
+/// the refund off, which would leave the route/service stage's cost
+/// charged for a request the tenant stage refused. False outside a tokio
+/// runtime (the refund then stays where it is).
+#[cold]
+fn detach(refund: &mut RefundFuture) -> bool {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let rest = std::mem::replace(refund, Box::pin(std::future::ready(())));
+    let task = runtime.spawn(rest);
+    *refund = Box::pin(async move {
+        // A refund that panicked only leaves the cost charged.
+        let _ = task.await;
+    });
+    true
 }
 
 /// The refund of the route/service stage `refund_of` when `res` is a
@@ -611,9 +639,19 @@ where
                 state.set(Self::decided(verdict, refundable, &mut inner, req).state);
                 None
             }
-            StateProj::Refunding { refund, response } => {
+            StateProj::Refunding {
+                refund,
+                response,
+                detached,
+            } => {
                 if refund.as_mut().poll(cx).is_pending() {
-                    return Some(Poll::Pending);
+                    if *detached || !detach(refund) {
+                        return Some(Poll::Pending);
+                    }
+                    *detached = true;
+                    if refund.as_mut().poll(cx).is_pending() {
+                        return Some(Poll::Pending);
+                    }
                 }
                 let response = response.take();
                 Some(Poll::Ready(Ok(

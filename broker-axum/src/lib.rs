@@ -13,7 +13,8 @@
 //!   rate's quota per window) with, when the limit that ran out is known
 //!   (one rate limit, and not a concurrency denial), the `RateLimit`
 //!   header ([`Responses`] configures status, body, legacy headers). A
-//!   request denied by the tenant stage gets its route/service cost back.
+//!   request denied by the tenant stage, or refused there on a backend
+//!   failure, gets its route/service cost back.
 //! - `maxConcurrentRequests`: the permit travels in the response body
 //!   ([`PressureBody`], via [`PermitBody`]) and is released when the body
 //!   ends, fails or is dropped (client abort). A response that switches

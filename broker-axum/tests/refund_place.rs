@@ -20,7 +20,7 @@ use common::{get_line, raw_status, serve};
 use http::HeaderName;
 
 /// Over the in-memory store, answered asynchronously: its calls on the
-/// `private` route fail on demand; while `open`, its calls are answered
+/// `private` route and on the tenant stage fail on demand; while `open`, its calls are answered
 /// as a failure policy answers them (let through, marked answered here);
 /// its next call on a key holding `flip_on` changes the health it reports
 /// (as the probe that finds a shared store back, which the store then
@@ -29,10 +29,15 @@ use http::HeaderName;
 #[derive(Default)]
 struct Flaky {
     fail_private: AtomicBool,
+    fail_tenant: AtomicBool,
     open: AtomicBool,
     flip_on: Mutex<Option<&'static str>>,
     down: AtomicBool,
     settles: Mutex<Vec<(String, Option<Marks>)>>,
+    // While set, a settle takes 300 ms to reach the store; `settling` is
+    // set once one has set out.
+    slow_settles: AtomicBool,
+    settling: AtomicBool,
 }
 
 impl Hooks for Flaky {
@@ -46,7 +51,9 @@ impl Hooks for Flaky {
         None
     }
     fn try_acquire(&self, key: &str) -> Option<Result<Decision, BackendError>> {
-        if key.contains("private") && self.fail_private.load(Ordering::SeqCst) {
+        if key.contains("private") && self.fail_private.load(Ordering::SeqCst)
+            || key.contains("tenant") && self.fail_tenant.load(Ordering::SeqCst)
+        {
             return Some(Err(BackendError::new("store unreachable")));
         }
         let mut flip_on = self.flip_on.lock().unwrap();
@@ -64,6 +71,13 @@ impl Hooks for Flaky {
     fn settle(&self, key: &str, since: Option<Marks>) -> Option<Result<(), BackendError>> {
         self.settles.lock().unwrap().push((key.to_owned(), since));
         None
+    }
+    fn correction_delay(&self) -> std::time::Duration {
+        if !self.slow_settles.load(Ordering::SeqCst) {
+            return std::time::Duration::ZERO;
+        }
+        self.settling.store(true, Ordering::SeqCst);
+        std::time::Duration::from_millis(300)
     }
     fn health(&self, inner: BackendHealth) -> BackendHealth {
         BackendHealth {
@@ -197,4 +211,52 @@ async fn a_tenant_denial_refunds_where_the_route_stage_was_answered() {
         settles,
         [("route%3Afiles".to_owned(), Some(Marks::ANSWERED_HERE))]
     );
+}
+
+/// The store fails on the tenant stage's call (after the route stage was
+/// charged): the backend-error answer, and the route stage's cost given
+/// back there, as a denial by the tenant stage gives it back, so requests
+/// the tenant stage let go no further do not use up the shared limit.
+#[tokio::test]
+async fn a_tenant_stage_failure_gives_the_route_stage_its_cost_back() {
+    let (flaky, broker, addr) = serve_flaky().await;
+    flaky.hooks.fail_tenant.store(true, Ordering::SeqCst);
+    for tenant in ["a", "b"] {
+        assert_eq!(raw_status(addr, &get_as(tenant, "/files/x")).await, 503);
+    }
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
+    let refund = ("route%3Afiles".to_owned(), None);
+    assert_eq!(settles, [refund.clone(), refund]);
+    assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
+    flaky.hooks.fail_tenant.store(false, Ordering::SeqCst);
+    assert_eq!(raw_status(addr, &get_as("c", "/files/y")).await, 200);
+    assert_eq!(raw_status(addr, &get_as("d", "/files/z")).await, 200);
+    assert_eq!(raw_status(addr, &get_as("e", "/files/w")).await, 429);
+}
+
+/// A client that leaves while the refund of its tenant denial is on its
+/// way to the store does not cut the refund off: the route stage still
+/// gets its cost back. Before, the refund went with the response future
+/// that the leaving client's connection dropped.
+#[tokio::test]
+async fn a_refund_outlives_a_client_that_leaves_meanwhile() {
+    use tokio::io::AsyncWriteExt;
+    let (flaky, broker, addr) = serve_flaky().await;
+    assert_eq!(raw_status(addr, &get_as("a", "/files/x")).await, 200);
+    flaky.hooks.slow_settles.store(true, Ordering::SeqCst);
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client.write_all(&get_as("a", "/files/y")).await.unwrap();
+    while !flaky.hooks.settling.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    drop(client);
+    for _ in 0..200 {
+        if !flaky.hooks.settles.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
+    assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
+    assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
 }

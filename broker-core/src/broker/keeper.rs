@@ -5,15 +5,18 @@
 //! died is no longer renewed and expires as before.
 //!
 //! A permit holding such a lease is kept from its making to its release
-//! (see `permit.rs`). One task per broker renews them, on the tokio
-//! runtime the first of them was made on; it runs while leases are kept.
-//! A permit made outside a runtime is not kept: its lease lives for its
-//! TTL, as a lease always did.
+//! (see `permit.rs`). One task per runtime renews the leases of the
+//! permits made on it, on that runtime; it runs while such leases are
+//! kept. A task is lost with its runtime: the leases it renewed are handed
+//! to the task of another runtime, or, with none running, to the next one
+//! started. A permit made outside a runtime is not kept: its lease lives
+//! for its TTL, as a lease always did.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use tokio::runtime::Id;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -21,20 +24,50 @@ use super::Resource;
 use crate::backend::Backend;
 use crate::state::{LeaseId, LimitSpec};
 
-/// The leases kept, and the renewing task's state.
+/// The leases kept, and the renewing tasks' state.
 pub(crate) struct Keeper {
     backend: Arc<dyn Backend>,
     held: Mutex<Held>,
-    /// Wakes the task when a lease is kept, which may be due before the
-    /// task's next wake-up (a resource with a shorter TTL).
-    kept: Notify,
 }
 
 #[derive(Default)]
 struct Held {
+    /// The runtimes whose renewing task runs, with the leases it renews.
+    /// A task stops, and its runtime leaves, once it renews none.
+    runtimes: Vec<OnRuntime>,
+    /// Leases whose task was lost with its runtime while no other ran:
+    /// taken up by the next task started.
+    orphans: HashMap<LeaseId, Kept>,
+}
+
+/// A runtime's renewing task and the leases it renews.
+struct OnRuntime {
+    id: Id,
     leases: HashMap<LeaseId, Kept>,
-    /// Whether the renewing task runs. It stops once no lease is kept.
-    running: bool,
+    /// Wakes the task when a lease is kept, which may be due before the
+    /// task's next wake-up (a resource with a shorter TTL).
+    kept: Arc<Notify>,
+}
+
+impl Held {
+    fn on(&mut self, id: Id) -> Option<&mut OnRuntime> {
+        self.runtimes.iter_mut().find(|r| r.id == id)
+    }
+
+    /// Whether `lease` is kept (its permit not released).
+    fn keeps(&self, lease: LeaseId) -> bool {
+        self.orphans.contains_key(&lease)
+            || self.runtimes.iter().any(|r| r.leases.contains_key(&lease))
+    }
+
+    /// Stops keeping `lease`: whether it was kept.
+    fn remove(&mut self, lease: LeaseId) -> bool {
+        self.orphans.remove(&lease).is_some()
+            || self
+                .runtimes
+                .iter_mut()
+                .any(|r| r.leases.remove(&lease).is_some())
+    }
 }
 
 /// One lease kept: its state, the limits it was taken under (its TTL),
@@ -57,8 +90,11 @@ fn every(spec: &LimitSpec) -> Duration {
 
 impl std::fmt::Debug for Keeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.lock();
+        let on_runtimes: usize = held.runtimes.iter().map(|r| r.leases.len()).sum();
         f.debug_struct("Keeper")
-            .field("leases", &self.lock().leases.len())
+            .field("leases", &(on_runtimes + held.orphans.len()))
+            .field("runtimes", &held.runtimes.len())
             .finish_non_exhaustive()
     }
 }
@@ -68,7 +104,6 @@ impl Keeper {
         Self {
             backend,
             held: Mutex::new(Held::default()),
-            kept: Notify::new(),
         }
     }
 
@@ -77,12 +112,13 @@ impl Keeper {
     }
 
     /// Renews `lease`, taken under the latest limits of `resource` on the
-    /// state at `key`, until it is forgotten; nothing outside a tokio
-    /// runtime.
+    /// state at `key`, until it is forgotten, from the current runtime's
+    /// task; nothing outside a tokio runtime.
     pub(crate) fn keep(self: &Arc<Self>, resource: &Arc<Resource>, key: String, lease: LeaseId) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let id = runtime.id();
         let spec = resource.latest().spec.clone();
         let kept = Kept {
             resource: resource.clone(),
@@ -90,67 +126,109 @@ impl Keeper {
             due: Instant::now() + every(&spec),
             spec,
         };
-        let start = {
-            let mut held = self.lock();
-            held.leases.insert(lease, kept);
-            !std::mem::replace(&mut held.running, true)
+        let (notify, start) = {
+            let mut guard = self.lock();
+            let held = &mut *guard;
+            let start = held.on(id).is_none();
+            if start {
+                held.runtimes.push(OnRuntime {
+                    id,
+                    leases: std::mem::take(&mut held.orphans),
+                    kept: Arc::new(Notify::new()),
+                });
+            }
+            let on = held.on(id).expect("pushed above");
+            on.leases.insert(lease, kept);
+            (on.kept.clone(), start)
         };
         if start {
             // Spawned with the lock let go: a runtime shutting down drops
             // the task at once, and its guard takes the lock to say so.
             let stopped = Stopped {
                 keeper: self.clone(),
+                id,
                 armed: true,
             };
-            runtime.spawn(renew_while_kept(stopped));
+            runtime.spawn(renew_while_kept(stopped, notify.clone()));
         }
-        self.kept.notify_one();
+        notify.notify_one();
     }
 
     /// Stops renewing `lease` (its permit is being released).
     pub(crate) fn forget(&self, lease: LeaseId) {
-        self.lock().leases.remove(&lease);
+        self.lock().remove(lease);
     }
 }
 
-/// The renewing task's hold on its keeper: clears [`Held::running`] when
-/// the task is dropped before it finished (its runtime shut down, maybe
-/// before it ever ran), so that the next `keep` starts another; disarmed
-/// when the task stops by itself.
+/// A renewing task's hold on its keeper: when the task is dropped before
+/// it finished (its runtime shut down, maybe before it ever ran), takes
+/// its runtime out, so that the next `keep` there starts another, and
+/// hands the leases it renewed to another runtime's task (or, with none
+/// running, to the next one started); disarmed when the task stops by
+/// itself.
 struct Stopped {
     keeper: Arc<Keeper>,
+    id: Id,
     armed: bool,
 }
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        if self.armed {
-            self.keeper.lock().running = false;
+        if !self.armed {
+            return;
+        }
+        let wake = {
+            let mut guard = self.keeper.lock();
+            let held = &mut *guard;
+            let Some(at) = held.runtimes.iter().position(|r| r.id == self.id) else {
+                return;
+            };
+            let gone = held.runtimes.swap_remove(at);
+            match held.runtimes.first_mut() {
+                Some(other) => {
+                    other.leases.extend(gone.leases);
+                    Some(other.kept.clone())
+                }
+                None => {
+                    held.orphans.extend(gone.leases);
+                    None
+                }
+            }
+        };
+        if let Some(other) = wake {
+            other.notify_one();
         }
     }
 }
 
-/// Renews every kept lease when it is due, until none is kept.
-async fn renew_while_kept(mut stopped: Stopped) {
+/// Renews every lease kept on its runtime when it is due, until none is.
+async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
     let keeper = stopped.keeper.clone();
+    let id = stopped.id;
     loop {
         let now = Instant::now();
         let (due, next) = {
-            let mut held = keeper.lock();
-            if held.leases.is_empty() {
-                held.running = false;
+            let mut guard = keeper.lock();
+            let held = &mut *guard;
+            let Some(at) = held.runtimes.iter().position(|r| r.id == id) else {
+                stopped.armed = false;
+                return;
+            };
+            let on = &mut held.runtimes[at];
+            if on.leases.is_empty() {
+                held.runtimes.swap_remove(at);
                 stopped.armed = false;
                 return;
             }
             let mut due = Vec::new();
-            for (lease, kept) in held.leases.iter_mut() {
+            for (lease, kept) in on.leases.iter_mut() {
                 if kept.due <= now {
                     let renewal = (kept.resource.clone(), kept.key.clone(), kept.spec.clone());
                     due.push((*lease, renewal));
                     kept.due = now + every(&kept.spec);
                 }
             }
-            let next = held.leases.values().map(|k| k.due).min();
+            let next = on.leases.values().map(|k| k.due).min();
             (due, next.unwrap_or(now))
         };
         for (lease, (resource, key, spec)) in due {
@@ -168,7 +246,7 @@ async fn renew_while_kept(mut stopped: Stopped) {
                     // Its permit was released meanwhile (it was forgotten
                     // before its release was sent, so that release may
                     // have gone out before the retake): freed again here.
-                    Ok(true) if !keeper.lock().leases.contains_key(&lease) => {
+                    Ok(true) if !keeper.lock().keeps(lease) => {
                         if let Err(e) = keeper.backend.release(&key, lease).await {
                             super::note_backend_error(&resource, "release", &e);
                         }
@@ -181,7 +259,7 @@ async fn renew_while_kept(mut stopped: Stopped) {
                          been exceeded meanwhile"
                     ),
                     Ok(false) => {
-                        if keeper.lock().leases.remove(&lease).is_some() {
+                        if keeper.lock().remove(lease) {
                             tracing::warn!(
                                 resource = %resource.id,
                                 "a concurrency lease is not in the store while its permit is \
@@ -199,7 +277,7 @@ async fn renew_while_kept(mut stopped: Stopped) {
         }
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
-            () = keeper.kept.notified() => {}
+            () = kept.notified() => {}
         }
     }
 }
