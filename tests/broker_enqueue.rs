@@ -254,6 +254,47 @@ async fn upstream_429_penalizes_the_bucket_for_everyone_and_is_retried() {
     );
 }
 
+/// A 429 on the last attempt still penalizes the bucket, though no retry
+/// follows: the next run of the job (or any other consumer) must not start
+/// into the upstream's closed window.
+#[tokio::test(start_paused = true)]
+async fn a_429_on_the_last_attempt_still_penalizes_the_bucket() {
+    let broker = broker();
+    let retry = RetryPolicy {
+        max_attempts: 2,
+        ..RetryPolicy::default()
+    };
+    let limits = Limits::new().rate(RateLimit::per_second(10));
+    broker
+        .register("api", ResourceConfig::new(limits).retry(retry))
+        .unwrap();
+    let t0 = Instant::now();
+    let err = broker
+        .enqueue("api", Cost::default(), |_| async {
+            Outcome::<(), _>::rate_limited("429", Some(Duration::from_secs(5)))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EnqueueError::RetriesExhausted {
+                attempts: 2,
+                last: OutcomeClass::RateLimited,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The second attempt ran after the first one's 5 s pause; its own 429
+    // holds the bucket for another Retry-After, though the budget is spent.
+    assert_eq!(t0.elapsed(), Duration::from_secs(5));
+    let after = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(!after.allowed, "the last 429 holds the bucket");
+    assert_eq!(after.wait_time, Duration::from_secs(5));
+    assert_eq!(broker.stats().resources["api"].upstream_429, 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     let broker = broker();

@@ -231,3 +231,45 @@ async fn a_counter_narrows_only_the_window_it_describes() {
         }
     }
 }
+
+/// With several limits of one unit (10 a second and 1,000 a day), an
+/// upstream `limit` is calibration material for the one bucket its counter
+/// describes (the nearest burst): a limit equal to that bucket's capacity
+/// is no divergence, and one that differs is logged against that bucket's
+/// capacity, not against the daily one.
+#[tokio::test(start_paused = true)]
+async fn a_limit_is_compared_with_the_bucket_its_counter_describes() {
+    use broker_core::{Observed, ObservedLimit};
+    let (logs, _guard) = capture_logs(tracing::Level::DEBUG);
+    let broker = memory_broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(10))
+        .rate(RateLimit::per(1000, Duration::from_secs(86_400)));
+    broker.register_limit("api", limits).unwrap();
+    let seen = |limit| ObservedLimit {
+        requests: Some(Observed {
+            limit: Some(limit),
+            remaining: Some(5),
+            reset: Some(Duration::from_secs(1)),
+        }),
+        ..ObservedLimit::default()
+    };
+    let divergences = || {
+        let text = logs.text();
+        text.lines()
+            .filter(|l| l.contains("upstream reports a limit other than the configured one"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    broker.reconcile("api", &seen(10)).await.unwrap();
+    assert_eq!(
+        divergences(),
+        Vec::<String>::new(),
+        "10 is the per-second burst"
+    );
+    broker.reconcile("api", &seen(12)).await.unwrap();
+    let lines = divergences();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("observed_limit=12"), "{}", lines[0]);
+    assert!(lines[0].contains("configured=10"), "{}", lines[0]);
+}

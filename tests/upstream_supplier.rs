@@ -181,3 +181,20 @@ fn a_supplier_whose_bucket_is_refused_registers_none() {
     assert!(!broker.is_registered("etm/auth/login"));
     assert!(!broker.is_registered("etm/data/goods"));
 }
+
+/// No two (supplier, class, endpoint) share a bucket: a `/` in a
+/// supplier's or an endpoint's name is escaped in the bucket's id. Before,
+/// supplier `a/auth` with data endpoint `x` and supplier `a` with auth
+/// endpoint `data/x` were both `a/auth/data/x`, and the second one's
+/// registration re-configured the first's bucket.
+#[test]
+fn a_slash_in_a_name_does_not_make_two_buckets_one() {
+    let broker = memory_broker();
+    let data = "rate_limit:\n  data:\n    x: { rate: 1, period: 1s }\n";
+    let auth = "rate_limit:\n  auth:\n    \"data/x\": { rate: 5, period: 1s, mode: wait }\n";
+    let parse = |text| SupplierConfig::parse("s.yaml", text, Format::Yaml).unwrap();
+    SupplierBuckets::register(&broker, "a/auth", &parse(data)).unwrap();
+    SupplierBuckets::register(&broker, "a", &parse(auth)).unwrap();
+    let ids: Vec<String> = broker.stats().resources.into_keys().collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+}

@@ -363,6 +363,30 @@ mod tests {
         assert_eq!(pause, Duration::from_secs(60));
     }
 
+    /// The third term of `max(retry_after, refill_one_token, exponential)`:
+    /// once `base × 2^(n-1)` passes both the `Retry-After` and one token's
+    /// refill, it sets the pause, up to the ceiling.
+    #[test]
+    fn a_429_pause_grows_exponentially_past_retry_after_and_refill() {
+        // One token's refill: 100 ms; ceiling: max(60 s, 2 × 1 s + 1 s).
+        let limits = Limits::new().rate(RateLimit::per_second(10));
+        let p = RetryPolicy::default();
+        let retry_after = Some(Duration::from_millis(150));
+        let pauses: Vec<_> = (1..=6)
+            .map(|n| p.rate_limited_pause(n, retry_after, &limits))
+            .collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            pauses,
+            [ms(150), ms(200), ms(400), ms(800), ms(1_600), ms(3_200)]
+        );
+        assert_eq!(
+            p.rate_limited_pause(20, retry_after, &limits),
+            p.ceiling(&limits),
+            "the exponential step stops at the ceiling"
+        );
+    }
+
     #[test]
     fn every_pause_is_bounded_by_the_ceiling() {
         let limits = Limits::new().rate(RateLimit::per_second(10));

@@ -716,12 +716,15 @@ fn cap_resets(observed: &ObservedLimit, ceiling: Duration) -> ObservedLimit {
 }
 
 /// Logs, at debug level, an upstream limit that differs from the configured
-/// capacity of the bucket of the same unit: material for a deliberate edit
-/// of the registry, never applied automatically (a wider bucket could let
-/// several of our buckets under one upstream budget overspend it).
+/// capacity of the bucket its counter describes (with several limits of
+/// one unit, the one [`crate::state::observed_for`] picks, as `reconcile`
+/// does): material for a deliberate edit of the registry, never applied
+/// automatically (a wider bucket could let several of our buckets under
+/// one upstream budget overspend it).
 fn note_calibration(resource: &Resource, observed: &ObservedLimit) {
-    for rate in &resource.config.limits.rates {
-        let Some(limit) = observed.of(rate.unit).and_then(|o| o.limit) else {
+    for (i, rate) in resource.config.limits.rates.iter().enumerate() {
+        let described = crate::state::observed_for(&resource.spec, observed, i);
+        let Some(limit) = described.and_then(|o| o.limit) else {
             continue;
         };
         let configured = rate.burst();

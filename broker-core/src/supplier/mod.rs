@@ -18,6 +18,7 @@
 
 mod config;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -130,10 +131,22 @@ impl BucketKey {
 fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
     format!(
         "{}/{}/{}",
-        keys::escape(supplier),
+        id_part(supplier),
         class.as_str(),
-        keys::escape(endpoint)
+        id_part(endpoint)
     )
+}
+
+/// A supplier's or an endpoint's name as a part of a resource id: escaped
+/// ([`keys::escape`], which escapes `%`) and with `/`, the parts'
+/// separator, escaped too, so that no two (supplier, class, endpoint)
+/// make one id (supplier `a/auth` with endpoint `x`, supplier `a` with
+/// endpoint `data/x`).
+fn id_part(name: &str) -> Cow<'_, str> {
+    match keys::escape(name) {
+        escaped if escaped.contains('/') => Cow::Owned(escaped.replace('/', "%2F")),
+        escaped => escaped,
+    }
 }
 
 /// The answer of a data bucket.
