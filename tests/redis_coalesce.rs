@@ -391,3 +391,51 @@ async fn on_a_cluster_a_batch_is_split_by_resource_and_admits_exactly_each_quota
         "coalesced: {evalsha} EVALSHAs for 300 decisions"
     );
 }
+
+/// A queued caller that goes away after its batch answered it, but before
+/// it read that answer (its task was woken, and dropped before it ran: a
+/// timeout or a client gone at that moment): the lease it was granted is
+/// released. Before, the answer sat in the dropped channel, and the slot
+/// stayed taken until the lease's TTL (30 s here), by no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_with_its_answer_unread_leaks_no_lease() {
+    let server = RedisServer::start();
+    // One call in flight: the next one queues behind it.
+    let backend = backend(&server, |b| b.coalesce_limits(32, 1)).await;
+    let rate = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+    let slots = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(1000).with_burst(1_000_000))
+            .max_concurrent(1),
+    );
+    // Loads the scripts.
+    concurrent_tries(&backend, "warm", &slots, 3).await;
+    concurrent_tries(&backend, "warm", &rate, 3).await;
+    server.command("DEL rb:{warm}:l");
+
+    server.pause();
+    // In flight, while the server is frozen.
+    let first = {
+        let (b, s) = (backend.clone(), rate.clone());
+        tokio::spawn(async move { b.try_acquire("other", &s, Cost::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Queued behind it: polled once, then never again.
+    let mut queued = Box::pin(backend.try_acquire("slots", &slots, Cost::default()));
+    assert!(futures::poll!(queued.as_mut()).is_pending());
+    server.resume();
+    assert!(first.await.unwrap().unwrap().allowed);
+    // The queued decision ran (its lease is in the set) and its answer is
+    // sent to it meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.command("ZCARD rb:{slots}:l") != ":1" {
+        assert!(Instant::now() < deadline, "the queued decision ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(queued);
+    assert!(
+        lease_set_empties(&server, "slots").await,
+        "the lease of a caller gone with its answer unread was released"
+    );
+}

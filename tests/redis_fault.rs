@@ -890,3 +890,67 @@ async fn a_settlement_whose_reply_was_lost_is_not_applied_twice() {
     let state = backend.state(key).await.unwrap().expect("a state");
     assert_eq!(state.buckets[0].tokens, 3.0, "the refund of 3, once");
 }
+
+/// A concurrency decision that Redis ran and granted, whose reply was lost
+/// with its connection: the shared connection sends it again (a broken
+/// pipe), and the second run finds the slot taken by the first run's
+/// lease. The caller must hold that lease or be told of no slot that is
+/// still taken: denied while its own lease held the last slot, the slot
+/// stayed taken until the lease's TTL (60 s here), by no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not_given() {
+    use broker_core::Backend;
+    let server = RedisServer::start();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = cutting_proxy(server.port(), cut.clone()).await;
+    // RESP3: every call through the shared connection.
+    let url = format!("redis://127.0.0.1:{port}/?protocol=resp3");
+    for (coalesce, rate) in [(true, false), (false, false), (true, true)] {
+        let prefix = format!("again{coalesce}{rate}");
+        let backend = RedisBackend::builder(&url)
+            .prefix(&prefix)
+            .coalesce(coalesce)
+            .client_time(Arc::new(ManualClock::new()))
+            .connect()
+            .await
+            .expect("connect through the proxy");
+        // With `rate`, the second run is refused by the rate limit first
+        // (a burst of one, taken by the first run).
+        let burst = if rate { 1 } else { 1000 };
+        let limits = Limits::new()
+            .rate(RateLimit::per(1, Duration::from_secs(3600)).with_burst(burst))
+            .max_concurrent(1);
+        let spec = broker_core::LimitSpec::new(&limits, Duration::from_secs(60));
+        // Loads the script.
+        let warm = backend
+            .try_acquire("warm", &spec, Cost::default())
+            .await
+            .unwrap();
+        assert!(warm.allowed);
+        cut.store(true, Ordering::SeqCst);
+        let decision = backend.try_acquire("api", &spec, Cost::default()).await;
+        let held = server.command(&format!("ZCARD {prefix}:{{api}}:l"));
+        match decision {
+            Ok(d) if d.allowed => {
+                assert!(d.lease.is_some());
+                assert_eq!(held, ":1");
+            }
+            other => assert_eq!(
+                held, ":0",
+                "coalesce {coalesce}, rate {rate}: told {other:?}, yet a lease holds the slot"
+            ),
+        }
+        // The same for `hold_slot` (loaded first).
+        let _ = backend.hold_slot("loaded", &spec).await.unwrap();
+        cut.store(true, Ordering::SeqCst);
+        let slot = backend.hold_slot("slot", &spec).await;
+        let held = server.command(&format!("ZCARD {prefix}:{{slot}}:l"));
+        match slot {
+            Ok(Some(_)) => assert_eq!(held, ":1"),
+            other => assert_eq!(
+                held, ":0",
+                "hold_slot told {other:?}, yet a lease holds the slot"
+            ),
+        }
+    }
+}

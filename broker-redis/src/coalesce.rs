@@ -84,15 +84,21 @@ enum Entered {
     /// In flight alone: its caller sends it.
     Alone(Cmd, Option<(KeyPair, LeaseId)>),
     /// Queued: the answer comes through the channel.
-    Queued(oneshot::Receiver<Reply>),
+    Queued(oneshot::Receiver<Answer>),
 }
+
+/// A queued decision's reply, and the lease it may have been granted: the
+/// lease goes with the reply, so that whichever side finds the caller gone
+/// (the batch, or the caller's side of the channel, see [`Queued`])
+/// releases it.
+type Answer = (Reply, Option<(KeyPair, LeaseId)>);
 
 /// A decision waiting for its batch.
 struct Pending {
     script: &'static Script,
     cmd: Cmd,
     lease: Option<(KeyPair, LeaseId)>,
-    tx: oneshot::Sender<Reply>,
+    tx: oneshot::Sender<Answer>,
 }
 
 #[derive(Default)]
@@ -145,16 +151,20 @@ impl Coalescer {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
-        let rx = match self.enter(script, cmd, lease) {
+        let mut queued = match self.enter(script, cmd, lease) {
             Entered::Alone(cmd, lease) => return self.run_alone(script, cmd, lease).await,
-            Entered::Queued(rx) => rx,
+            Entered::Queued(rx) => Queued {
+                coalescer: self,
+                rx,
+            },
         };
-        rx.await.unwrap_or_else(|_| {
-            Reply::Done(Err(RedisError::from((
+        match (&mut queued.rx).await {
+            Ok((reply, _lease)) => reply,
+            Err(_) => Reply::Done(Err(RedisError::from((
                 ErrorKind::Client,
                 "the batch of this decision was dropped (runtime shutting down)",
-            ))))
-        })
+            )))),
+        }
     }
 
     /// Takes a place in flight for a lone decision, or queues it.
@@ -302,15 +312,19 @@ impl Coalescer {
     /// Hands `reply` to the caller of `pending`; if it went away and the
     /// decision was allowed with a lease, or the outcome is unknown (the
     /// caller is told the call failed, and the script may still grant the
-    /// lease), releases the lease.
+    /// lease), releases the lease. A caller that goes away after this,
+    /// with the reply unread, has its lease released by [`Queued`].
     fn answer(&self, pending: Pending, reply: Reply) {
-        let unknown = reply.unknown();
-        let release = match pending.tx.send(reply) {
-            Ok(()) => unknown,
-            Err(reply) => unknown || matches!(reply, Reply::Done(Ok(Value::Int(1)))),
-        };
-        if let (true, Some(lease)) = (release, pending.lease) {
-            self.release_later(lease);
+        let Pending { tx, mut lease, .. } = pending;
+        if reply.unknown() {
+            if let Some(lease) = lease.take() {
+                self.release_later(lease);
+            }
+        }
+        if let Err((reply, Some(lease))) = tx.send((reply, lease)) {
+            if granted(&reply) {
+                self.release_later(lease);
+            }
         }
     }
 
@@ -379,6 +393,34 @@ impl Drop for Unsettled<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
             release_later(self.conn, self.timeout, lease);
+        }
+    }
+}
+
+/// Whether `reply` is an allowed `try` (which holds its lease, if any).
+fn granted(reply: &Reply) -> bool {
+    matches!(reply, Reply::Done(Ok(Value::Int(1))))
+}
+
+/// A queued decision's side of its channel. Dropped before its reply was
+/// read (its caller went away), it releases the lease the reply granted:
+/// the batch sees a caller gone only before it sends the reply, and one
+/// that goes away after (its task woken by the reply, and dropped before
+/// it ran) would keep the slot taken until the lease's TTL.
+struct Queued<'a> {
+    coalescer: &'a Coalescer,
+    rx: oneshot::Receiver<Answer>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        // Closed first: a reply not sent yet is refused, and released by
+        // the batch (`answer`); one already sent is here.
+        self.rx.close();
+        if let Ok((reply, Some(lease))) = self.rx.try_recv() {
+            if granted(&reply) {
+                self.coalescer.release_later(lease);
+            }
         }
     }
 }

@@ -78,9 +78,14 @@ impl Conn {
     }
 
     /// Sends one command: on one server, through the direct connection if
-    /// it is free, else through the manager.
-    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.query_resending(cmd, true).await
+    /// it is free, else through the manager; a timeout error after
+    /// `timeout` (the direct connection has no response timeout of its
+    /// own: a decision gets it from [`crate::coalesce::send`]).
+    pub(crate) async fn query(&self, cmd: &Cmd, timeout: Duration) -> RedisResult<Value> {
+        match tokio::time::timeout(timeout, self.query_resending(cmd, true)).await {
+            Ok(reply) => reply,
+            Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+        }
     }
 
     /// [`Conn::query`]; `resend`: whether the manager may send the
@@ -128,8 +133,9 @@ impl Conn {
 /// the shared connection, which may have run it (see [`managed`]): every
 /// transition but `settle` leaves the same state when run twice in a row
 /// (a second `try` or `reserve` only takes more, conservatively; a lease
-/// is added or removed once), while a second `settle` refunds or charges
-/// again.
+/// is added or removed once, and a second run that finds its own lease held
+/// answers as the first did, see `held` in `lua/lease.lua`), while a second
+/// `settle` refunds or charges again.
 fn resendable(script: &Script) -> bool {
     script.get_hash() != crate::scripts::SETTLE.get_hash()
 }

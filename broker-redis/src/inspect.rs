@@ -3,6 +3,7 @@
 //! hot path.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use broker_core::bucket::BucketState;
 use broker_core::state::{Lease, ResourceState};
@@ -48,7 +49,7 @@ impl RedisBackend {
     /// exist, `buckets` is empty. Not atomic with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
-        let conn = &self.inner.conn;
+        let conn = (&self.inner.conn, self.inner.op_timeout);
         let hash: HashMap<String, String> =
             query(conn, redis::cmd("HGETALL").arg(&keys.buckets)).await?;
         let leases: Vec<(String, f64)> = query(
@@ -90,7 +91,10 @@ impl RedisBackend {
     }
 }
 
-async fn query<T: redis::FromRedisValue>(conn: &Conn, cmd: &Cmd) -> Result<T, BackendError> {
-    let v = conn.query(cmd).await.map_err(redis_error)?;
+async fn query<T: redis::FromRedisValue>(
+    (conn, timeout): (&Conn, Duration),
+    cmd: &Cmd,
+) -> Result<T, BackendError> {
+    let v = conn.query(cmd, timeout).await.map_err(redis_error)?;
     redis::from_redis_value(v).map_err(|e| BackendError::new(format!("redis reply: {e}")))
 }

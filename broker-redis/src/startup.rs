@@ -29,8 +29,9 @@ pub(crate) async fn check_maxmemory_policy(
             found = found.or(note(url, policy));
         }
     } else {
+        let timeout = builder.timeouts.connect + builder.timeouts.response;
         let policy = conn
-            .query(&cmd)
+            .query(&cmd, timeout)
             .await
             .and_then(|v| Ok(redis::from_redis_value::<HashMap<String, String>>(v)?));
         found = note(&builder.urls[0], policy);

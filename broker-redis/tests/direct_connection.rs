@@ -200,3 +200,54 @@ async fn busy_polling_on_by_default_gives_the_answers_of_polling_off() {
         assert!(states.iter().all(|s| *s == states[0]), "{key}: {states:?}");
     }
 }
+
+/// A TCP proxy to Redis on `upstream` that passes the first connection
+/// (the shared one) and holds every later one (the direct connection) open
+/// without passing a byte: a server that stops answering on it.
+async fn silent_after_first(upstream: u16) -> u16 {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut client, _)) = listener.accept().await {
+            if !std::mem::take(&mut first) {
+                tokio::spawn(async move {
+                    let mut sink = vec![0u8; 4096];
+                    while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+                });
+                continue;
+            }
+            let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+            else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    port
+}
+
+/// The calls that are not decisions (the `maxmemory-policy` check of
+/// `connect`, `state`) get the response timeout too when they go through
+/// the direct connection: before, they waited for a reply forever, so
+/// `connect` hung on a server that stopped answering.
+#[tokio::test]
+async fn calls_that_are_not_decisions_do_not_wait_forever() {
+    let server = RedisServer::start();
+    let port = silent_after_first(server.port()).await;
+    let backend = tokio::time::timeout(
+        Duration::from_secs(20),
+        RedisBackend::builder(&format!("redis://127.0.0.1:{port}/"))
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300))
+            .connect(),
+    )
+    .await
+    .expect("connect returns")
+    .expect("connected (the policy check is skipped)");
+    let state = tokio::time::timeout(Duration::from_secs(20), backend.state("k")).await;
+    assert!(state.is_ok(), "state returns");
+}

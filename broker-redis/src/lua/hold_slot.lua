@@ -2,7 +2,8 @@
 -- ARGV[REST] max_concurrent, ARGV[REST+1] lease_ttl, ARGV[REST+2] lease id.
 -- Returns 1 when held.
 local now = read_now()
-if hold_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
+local lease = ARGV[REST + 2]
+if hold_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), lease) or held(now, lease) then
   return 1
 end
 return 0

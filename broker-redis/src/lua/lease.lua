@@ -21,3 +21,15 @@ local function hold_slot(now, max_concurrent, lease_ttl, lease)
   keep_lease_set(now)
   return true
 end
+
+-- Whether `lease` is held and live. A decision's lease id is new, so it is
+-- held only if this very decision ran before: the shared connection sends
+-- a command again when its reply was lost with a broken pipe (see
+-- connection.rs), and the first run may have granted the lease. A second
+-- run that would deny answers as the first did instead, since a denied
+-- caller never releases the lease that holds the slot. Asked on denials
+-- only.
+local function held(now, lease)
+  local expiry = call('ZSCORE', KEYS[2], lease)
+  return expiry and tonumber(expiry) > now
+end

@@ -11,11 +11,13 @@ if cost > 0 then
   tokens, ts = refill(tokens, ts, n, capacity, amount, period)
   local wait = wait_for(tokens, nb, n, cost, amount, period)
   if wait > 0 then
+    if ARGV[8] ~= nil and held(now, ARGV[10]) then return 1 end
     return { 1, fmt(wait) }
   end
   tokens, ts = book(tokens, ts, n, cost, 0, capacity, amount, period)
 end
 if ARGV[8] ~= nil and not hold_slot(now, ARGV[8], tonumber(ARGV[9]), ARGV[10]) then
+  if held(now, ARGV[10]) then return 1 end
   return { 2, '0' }
 end
 save(tokens, ts, nb, now)
