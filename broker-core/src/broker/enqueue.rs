@@ -547,10 +547,18 @@ impl ResourceBroker {
             bump(&resource.counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
-            drop(permit);
-            place.set_running(false);
             let class = outcome.class();
             let retry_after = outcome.retry_after();
+            // A 429's hold goes on before the slot is freed: a call waiting
+            // for the slot on another thread would otherwise take it, find
+            // no hold yet, and go out during the penalty.
+            let hold = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
+                let hold = policy.rate_limited_pause(number, retry_after, &limits);
+                resource.holds.hold(&key, crate::clock::tokio_after(hold));
+                hold
+            });
+            drop(permit);
+            place.set_running(false);
             let error = match outcome {
                 Outcome::Ok {
                     value,
@@ -588,7 +596,8 @@ impl ResourceBroker {
                 Outcome::RateLimited {
                     error, observed, ..
                 } => {
-                    let hold = policy.rate_limited_pause(number, retry_after, &limits);
+                    // Put on above, before the slot was freed.
+                    let hold = hold.unwrap_or_default();
                     self.note_upstream_429(&resource, &key, number, retry_after, hold)
                         .await;
                     if let Some(observed) = observed {
@@ -625,8 +634,10 @@ impl ResourceBroker {
     }
 
     /// After a real upstream 429: count it, log it, and penalize the bucket
-    /// for `hold` (protects every other consumer of it). Runs on the last
-    /// attempt too, so the next run does not start into the closed window.
+    /// for `hold` (protects every other consumer of it); this process's own
+    /// hold is on already, put on before the call's slot was freed. Runs on
+    /// the last attempt too, so the next run does not start into the closed
+    /// window.
     /// A failed penalize is logged; the 429 stays the caller's outcome.
     async fn note_upstream_429(
         &self,
@@ -638,7 +649,6 @@ impl ResourceBroker {
     ) {
         bump(&resource.counters.upstream_429);
         telemetry::count(&resource.id, Signal::Upstream429);
-        resource.holds.hold(key, crate::clock::tokio_after(hold));
         tracing::info!(
             resource = %resource.id,
             attempt,
