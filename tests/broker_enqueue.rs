@@ -779,6 +779,43 @@ async fn a_queue_full_refusal_is_counted_as_failed() {
     waiting.abort();
 }
 
+/// The queue stays bounded across a re-registration: the calls still
+/// waiting on the replaced registration fill the resource's queue, so the
+/// same config registered again does not make room for as many more
+/// (before, 4 calls waited in a queue of 2, and `stats()` said so).
+#[tokio::test(start_paused = true)]
+async fn a_re_registration_does_not_make_room_in_a_full_queue() {
+    let broker = broker();
+    let config = || {
+        let limits = Limits::new().rate(RateLimit::per_minute(10).with_burst(1));
+        ResourceConfig::new(limits).queue_capacity(2)
+    };
+    broker.register("slow", config()).unwrap();
+    let ok = |_| async { Outcome::<(), ()>::ok(()) };
+    broker.enqueue("slow", Cost::default(), ok).await.unwrap();
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let b = broker.clone();
+            tokio::spawn(async move { b.enqueue("slow", Cost::default(), ok).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(broker.stats().resources["slow"].queued, 2);
+    broker.register("slow", config()).unwrap();
+    let err = broker
+        .enqueue("slow", Cost::default(), ok)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EnqueueError::Broker(BrokerError::QueueFull { .. })),
+        "{err:?}"
+    );
+    assert_eq!(broker.stats().resources["slow"].queued, 2);
+    for call in waiting {
+        call.abort();
+    }
+}
+
 /// The total wait counts the time waited: a call dropped one second into
 /// a minute's wait adds one second.
 #[tokio::test(start_paused = true)]

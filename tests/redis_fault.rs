@@ -742,6 +742,35 @@ async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
     assert_eq!(allowed_now("overused").await, 3);
 }
 
+/// `acquire` says where its cost went as `try_acquire` does: a booking a
+/// failure policy answered while Redis was down is marked so (before, an
+/// `acquire` always said Redis had it, and its settlement went there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_says_where_its_cost_went() {
+    for policy in [
+        FailurePolicy::LocalFallback { share: 0.5 },
+        FailurePolicy::FailOpen,
+    ] {
+        let mut server = RedisServer::start();
+        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+        let tokens =
+            Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
+        b.register_limit("api", tokens).unwrap();
+        let up = b
+            .acquire("api", Cost::tokens(100), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(up.allowed && !up.answered_here, "{policy:?}");
+        server.kill();
+        let down = b
+            .acquire("api", Cost::tokens(100), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(down.allowed && down.answered_here, "{policy:?}");
+        assert_eq!(down.settle_marks(), Some(broker_core::Marks::ANSWERED_HERE));
+    }
+}
+
 /// An acquisition says where its cost went: one a failure policy answered
 /// while Redis was down is marked so (`settle_marks`), and its settlement
 /// once Redis is back gives Redis nothing (Redis never charged it), while

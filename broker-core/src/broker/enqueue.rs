@@ -162,6 +162,12 @@ pub(crate) struct Booked {
 }
 
 impl Booked {
+    /// Whether a shared store's failure policy answered the booking while
+    /// the store was out of reach (see [`Marks::ANSWERED_HERE`]).
+    pub(crate) fn answered_here(&self) -> bool {
+        self.since == Marks::ANSWERED_HERE
+    }
+
     /// How the work's `usage` (`None`: the booked `cost`) settles on the
     /// latest limits: the settlement of the booking, or, when the
     /// booking's state may have been started afresh since by a
@@ -417,7 +423,11 @@ impl<'r> QueuePlace<'r> {
     fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
         let capacity = resource.config.queue_capacity;
         let queued = &resource.counters.queued;
-        if queued.fetch_add(1, Ordering::AcqRel) >= capacity as u64 {
+        // The calls still waiting on a registration this one replaced are
+        // in this resource's queue too: a re-registration does not make
+        // room for more.
+        let earlier = resource.queued_on_replaced();
+        if queued.fetch_add(1, Ordering::AcqRel) + earlier >= capacity as u64 {
             drop_one(queued);
             // A call refused at once still ended in an error.
             bump(&resource.counters.failed);

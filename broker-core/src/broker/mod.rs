@@ -165,6 +165,18 @@ impl Resource {
         stats
     }
 
+    /// The `enqueue` calls still waiting on the registrations this one
+    /// replaced: they wait in this resource's queue too.
+    pub(crate) fn queued_on_replaced(&self) -> u64 {
+        let mut queued = 0;
+        let mut earlier = self.replaced.upgrade();
+        while let Some(r) = earlier {
+            queued += r.counters.queued.load(std::sync::atomic::Ordering::Relaxed);
+            earlier = r.replaced.upgrade();
+        }
+        queued
+    }
+
     /// `config.limits.check_fits`, answered from `fits` when it passes.
     #[inline]
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
@@ -762,9 +774,12 @@ impl ResourceBroker {
                     return Ok(denied(DenyReason::Concurrency, 0));
                 }
             };
-        booking.consume();
+        let booked = booking.consume();
         bump(&resource.counters.allowed);
-        Ok(acquisition(Verdict::Allowed, permit))
+        Ok(Acquisition {
+            answered_here: booked.answered_here(),
+            ..acquisition(Verdict::Allowed, permit)
+        })
     }
 }
 
