@@ -10,8 +10,10 @@
 //! | `resource_broker_reconciles_total` | `resource` | upstream headers that narrowed a bucket |
 //! | `resource_broker_backend_errors_total` | `resource`, `op` | backend errors seen by the broker |
 //! | `resource_broker_backend_fallbacks_total` | `policy`, `op` | backend errors a backend handled by its failure policy |
+//! | `resource_broker_egress_requests_total` | `supplier`, `ip` | requests a supplier's egress IP counter saw ([`crate::supplier`]) |
 //!
-//! The same events are in [`crate::ResourceBroker::stats`] per resource.
+//! The same events are in [`crate::ResourceBroker::stats`] per resource
+//! (the egress counts in the supplier's own counter).
 //! No metric or log is emitted per allowed request. Without an installed
 //! recorder every call here is a no-op.
 
