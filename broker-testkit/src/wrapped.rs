@@ -152,10 +152,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         self.inner.release_announced(k, l).await
     }
     async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
-        let delay = self.hooks.renew_delay();
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
+        pause(self.hooks.renew_delay()).await;
         self.inner.renew(k, s, l).await
     }
     async fn retake(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
@@ -169,10 +166,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         a: Cost,
         b: Option<Marks>,
     ) -> Result<(), BackendError> {
-        let delay = self.hooks.correction_delay();
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
+        pause(self.hooks.correction_delay()).await;
         match self.hooks.settle(k, b) {
             Some(answer) => answer,
             None => self.inner.settle(k, s, r, a, b).await,
@@ -195,10 +189,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
         }
     }
     async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
-        let delay = self.hooks.correction_delay();
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
+        pause(self.hooks.correction_delay()).await;
         match self.hooks.penalize() {
             Some(answer) => answer,
             None => self.inner.penalize(k, s, h).await,
@@ -223,5 +214,12 @@ impl<H: Hooks> Backend for Wrapped<H> {
     }
     fn health(&self) -> BackendHealth {
         self.hooks.health(self.inner.health())
+    }
+}
+
+/// Waits `delay` (a hook's), without a timer when it is zero.
+async fn pause(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
 }

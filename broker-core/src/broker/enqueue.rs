@@ -258,27 +258,48 @@ impl Drop for Booking {
         let Some((spec, since)) = self.refund_under() else {
             return;
         };
-        match self
-            .backend
-            .settle_now(&self.key, spec, self.cost, NO_COST, since)
-        {
-            Some(Ok(())) => {}
-            Some(Err(e)) => note_backend_error(&self.resource, "refund", &e),
-            None => {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let backend = self.backend.clone();
-                    let resource = self.resource.clone();
-                    let spec = spec.clone();
-                    let key = std::mem::take(&mut self.key);
-                    let cost = self.cost;
-                    rt.spawn(async move {
-                        let settled = backend.settle(&key, &spec, cost, NO_COST, since);
-                        if let Err(e) = settled.await {
-                            note_backend_error(&resource, "refund", &e);
-                        }
-                    });
+        let change = (self.cost, NO_COST, since);
+        // Dropped: nothing waits for the task.
+        let _ = settle_or_spawn(
+            &self.backend,
+            &self.resource,
+            &self.key,
+            spec,
+            change,
+            "refund",
+        );
+    }
+}
+
+/// Settles `change` (reserved, actual, the booking's marks) on the state at
+/// `key` under `spec`: at once when the store answers in process, else as
+/// a task of its own, returned, so that no caller going away cuts the
+/// correction off (`None`: made at once, or no runtime to run it). A
+/// failure is logged as `op`.
+fn settle_or_spawn(
+    backend: &Arc<dyn Backend>,
+    resource: &Arc<Resource>,
+    key: &str,
+    spec: &Arc<LimitSpec>,
+    (reserved, actual, since): (Cost, Cost, Option<Marks>),
+    op: &'static str,
+) -> Option<tokio::task::JoinHandle<()>> {
+    match backend.settle_now(key, spec, reserved, actual, since) {
+        Some(Ok(())) => None,
+        Some(Err(e)) => {
+            note_backend_error(resource, op, &e);
+            None
+        }
+        None => {
+            let rt = tokio::runtime::Handle::try_current().ok()?;
+            let (backend, resource) = (backend.clone(), resource.clone());
+            let (key, spec) = (key.to_owned(), spec.clone());
+            Some(rt.spawn(async move {
+                let settled = backend.settle(&key, &spec, reserved, actual, since);
+                if let Err(e) = settled.await {
+                    note_backend_error(&resource, op, &e);
                 }
-            }
+            }))
         }
     }
 }
@@ -579,22 +600,14 @@ impl ResourceBroker {
                         booked.settlement(cost, usage, resource.holds.until(&key))
                     {
                         // The work succeeded; a failed correction is logged, not returned.
+                        let change = (reserved, actual, since);
                         let backend = &self.inner.backend;
-                        match backend.settle_now(&key, spec, reserved, actual, since) {
-                            Some(Ok(())) => {}
-                            Some(Err(e)) => note_backend_error(&resource, "settle", &e),
-                            None => {
-                                let (backend, resource) = (backend.clone(), resource.clone());
-                                let (key, spec) = (key.clone(), spec.clone());
-                                to_the_end(async move {
-                                    let settled =
-                                        backend.settle(&key, &spec, reserved, actual, since);
-                                    if let Err(e) = settled.await {
-                                        note_backend_error(&resource, "settle", &e);
-                                    }
-                                })
-                                .await;
-                            }
+                        if let Some(task) =
+                            settle_or_spawn(backend, &resource, &key, spec, change, "settle")
+                        {
+                            // Awaited, but run to its end if this call is
+                            // dropped meanwhile (a timeout around it).
+                            let _ = task.await;
                         }
                     }
                     if let Some(observed) = observed {

@@ -50,8 +50,13 @@ struct OnRuntime {
 }
 
 impl Held {
+    /// The place of runtime `id`'s task in `runtimes`, if it runs.
+    fn at(&self, id: Id) -> Option<usize> {
+        self.runtimes.iter().position(|r| r.id == id)
+    }
+
     fn on(&mut self, id: Id) -> Option<&mut OnRuntime> {
-        self.runtimes.iter_mut().find(|r| r.id == id)
+        self.at(id).map(|i| &mut self.runtimes[i])
     }
 
     /// Whether `lease` is kept (its permit not released).
@@ -180,7 +185,7 @@ impl Drop for Stopped {
         let wake = {
             let mut guard = self.keeper.lock();
             let held = &mut *guard;
-            let Some(at) = held.runtimes.iter().position(|r| r.id == self.id) else {
+            let Some(at) = held.at(self.id) else {
                 return;
             };
             let gone = held.runtimes.swap_remove(at);
@@ -210,7 +215,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
         let (due, next) = {
             let mut guard = keeper.lock();
             let held = &mut *guard;
-            let Some(at) = held.runtimes.iter().position(|r| r.id == id) else {
+            let Some(at) = held.at(id) else {
                 stopped.armed = false;
                 return;
             };
