@@ -213,3 +213,78 @@ async fn headers_of_a_failed_response_are_reconciled_too() {
     assert!(!a.allowed);
     assert!(a.wait_time > Duration::from_secs(25), "{:?}", a.wait_time);
 }
+
+/// A store across a network: its corrections (settle, penalize) take
+/// `delay` to arrive.
+struct Distant {
+    delay: Duration,
+}
+
+impl Hooks for Distant {
+    fn correction_delay(&self) -> Duration {
+        self.delay
+    }
+}
+
+/// A success whose headers say the upstream's counter is spent (remaining
+/// 0, reset in 10 s), on a store whose settlement is a round trip: the
+/// call waiting for the only slot must wait the reset out, not take the
+/// slot the first call frees and go out while that call is still settling
+/// (before, it went out at once, into the spent window: the exhausted
+/// counter's hold was put on only after the settlement, the slot freed
+/// before both).
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_the_slot_waits_out_a_counter_a_success_reported_spent() {
+    let backend = Wrapped::new(
+        Arc::new(MemoryBackend::with_clock(TokioClock::new())),
+        Distant {
+            delay: Duration::from_millis(50),
+        },
+    );
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(100))
+        .rate(RateLimit::per(10_000, Duration::from_secs(60)).unit(broker_core::Unit::Tokens))
+        .max_concurrent(1);
+    broker.register("llm", ResourceConfig::new(limits)).unwrap();
+    let spent = ObservedLimit {
+        requests: Some(Observed {
+            limit: Some(100),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(10)),
+        }),
+        ..ObservedLimit::default()
+    };
+    let answered = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let first = {
+        let (broker, answered) = (broker.clone(), answered.clone());
+        tokio::spawn(async move {
+            broker
+                .enqueue("llm", Cost::tokens(500), |_| {
+                    let answered = answered.clone();
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        *answered.lock().unwrap() = Some(Instant::now());
+                        Outcome::<(), &str>::ok_with_usage((), Cost::tokens(100))
+                            .with_observed(spent)
+                    }
+                })
+                .await
+        })
+    };
+    // The first call holds the slot; the second waits for it.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let second: Result<Instant, EnqueueError<&str>> = broker
+        .enqueue("llm", Cost::tokens(500), |_| async {
+            Outcome::ok(Instant::now())
+        })
+        .await;
+    first.await.unwrap().unwrap();
+    let went = second.unwrap();
+    let answered = answered.lock().unwrap().unwrap();
+    assert!(
+        went >= answered + Duration::from_secs(10),
+        "the waiting call went out {:?} after the upstream said its counter was spent for 10 s",
+        went - answered
+    );
+}

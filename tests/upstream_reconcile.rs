@@ -273,3 +273,47 @@ async fn a_limit_is_compared_with_the_bucket_its_counter_describes() {
     assert!(lines[0].contains("observed_limit=12"), "{}", lines[0]);
     assert!(lines[0].contains("configured=10"), "{}", lines[0]);
 }
+
+/// With 10 a second and 1,000 a day of one unit, a counter whose reset is
+/// hours away describes the day, not the second, whatever limit it
+/// reports (none, or 500: nearer the second's burst of 10 than the day's
+/// 1,000): 20 left in the upstream's day narrow the daily bucket, and at
+/// most those 20 (and the day's refill of under one a minute) go out in
+/// the next minute, not ten a second (before, the counter was read as the
+/// per-second bucket's, where 20 left narrow nothing).
+#[tokio::test(start_paused = true)]
+async fn a_counter_with_a_reset_of_hours_is_not_read_as_the_per_second_window() {
+    use broker_core::{Observed, ObservedLimit};
+    for limit in [Some(500), None] {
+        let broker = memory_broker();
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per(1000, Duration::from_secs(86_400)));
+        broker.register_limit("api", limits).unwrap();
+        let daily = ObservedLimit {
+            requests: Some(Observed {
+                limit,
+                remaining: Some(20),
+                reset: Some(Duration::from_secs(5 * 3600)),
+            }),
+            ..ObservedLimit::default()
+        };
+        broker.reconcile("api", &daily).await.unwrap();
+        let mut allowed = 0;
+        for _ in 0..600 {
+            while broker
+                .try_acquire("api", Cost::default())
+                .await
+                .unwrap()
+                .allowed
+            {
+                allowed += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            allowed <= 21,
+            "limit {limit:?}: {allowed} sent in a minute with 20 left in the upstream's day"
+        );
+    }
+}

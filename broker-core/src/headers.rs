@@ -15,7 +15,9 @@
 //! [`MAX_AMOUNT`], a time above 366 days) is
 //! ignored as if it were absent. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
-//! two retry delays the longer one.
+//! two retry delays the longer one. A list field (`RateLimit`,
+//! `RateLimit-Policy`) sent as several lines is read as one list; of any
+//! other header sent more than once, the first line counts.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -57,6 +59,16 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
             .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(str::trim)
     };
+    // A list field (`RateLimit`, `RateLimit-Policy`) may come as several
+    // lines, which make one list (RFC 9110, section 5.3): all of them, a
+    // line that is not UTF-8 left out.
+    let list = |name: &str| {
+        let lines: Vec<&str> = (headers.get_all(name).iter())
+            .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
+            .map(str::trim)
+            .collect();
+        (!lines.is_empty()).then(|| lines.join(", "))
+    };
     let count = |name: &str| text(name).and_then(parse_count);
     let seconds = |name: &str| text(name).and_then(|v| parse_seconds(v, now));
 
@@ -70,7 +82,11 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
         remaining: count("ratelimit-remaining"),
         reset: seconds("ratelimit-reset"),
     };
-    let structured = structured_fields(text("ratelimit"), text("ratelimit-policy"), now);
+    let structured = structured_fields(
+        list("ratelimit").as_deref(),
+        list("ratelimit-policy").as_deref(),
+        now,
+    );
     let openai_requests = Observed {
         limit: count("x-ratelimit-limit-requests"),
         remaining: count("x-ratelimit-remaining-requests"),
@@ -155,16 +171,14 @@ fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
         return None;
     }
     let whole: u64 = int.parse().ok()?;
-    if whole >= UNIX_TIME_FROM {
-        if !frac.is_empty() {
-            return None;
-        }
-        let at = UNIX_EPOCH.checked_add(Duration::from_secs(whole))?;
-        return bounded(at.duration_since(now).unwrap_or_default());
-    }
     let mut nanos = 0u32;
     for (i, b) in frac.bytes().take(9).enumerate() {
         nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
+    }
+    if whole >= UNIX_TIME_FROM {
+        // With a fraction too (Discord's `1470173023.123`).
+        let at = UNIX_EPOCH.checked_add(Duration::new(whole, nanos))?;
+        return bounded(at.duration_since(now).unwrap_or_default());
     }
     bounded(Duration::new(whole, nanos))
 }
@@ -417,6 +431,24 @@ mod tests {
         assert_eq!(seen.requests.unwrap().reset, Some(Duration::from_secs(42)));
     }
 
+    /// A Unix time with a fraction (Discord's `X-RateLimit-Reset:
+    /// 1470173023.123`) is a Unix time still, not a malformed value: a
+    /// spent counter keeps its reset.
+    #[test]
+    fn a_reset_given_as_a_fractional_unix_time_becomes_a_delay() {
+        let seen = parse(
+            &map(&[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1700000042.250"),
+            ]),
+            at(1_700_000_000),
+        );
+        assert_eq!(
+            seen.requests.unwrap().reset,
+            Some(Duration::from_millis(42_250))
+        );
+    }
+
     /// Two exhausted windows: the longer hold is the one the upstream
     /// enforces, in one field and across header families.
     #[test]
@@ -460,6 +492,31 @@ mod tests {
             Some(Observed {
                 limit: Some(1000),
                 remaining: Some(7),
+                reset: Some(Duration::from_secs(3600)),
+            })
+        );
+    }
+
+    /// `RateLimit` and `RateLimit-Policy` are lists (structured fields),
+    /// which a server or a proxy on the way may send as several lines:
+    /// every line is read, so a spent policy on the second line is not lost
+    /// behind a roomy one on the first.
+    #[test]
+    fn a_list_field_sent_as_several_lines_is_read_whole() {
+        let seen = parse(
+            &map(&[
+                ("RateLimit-Policy", r#""burst";q=100;w=60"#),
+                ("RateLimit-Policy", r#""daily";q=1000;w=86400"#),
+                ("RateLimit", r#""burst";r=40;t=30"#),
+                ("RateLimit", r#""daily";r=0;t=3600"#),
+            ]),
+            at(0),
+        );
+        assert_eq!(
+            seen.requests,
+            Some(Observed {
+                limit: Some(1000),
+                remaining: Some(0),
                 reset: Some(Duration::from_secs(3600)),
             })
         );

@@ -609,8 +609,11 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
 /// upstream reports one window per unit; with several buckets of a unit
 /// (10 a second and 1,000 a day), it describes one of them: the bucket
 /// whose burst is nearest the reported limit, or without a limit the
-/// shortest window (ties: the shorter window). The others are left alone,
-/// so a per-second counter at 0 does not drain the daily budget.
+/// shortest window (ties: the shorter window), of the buckets whose window
+/// can last until the counter's reset (see [`can_last_until`]; when none
+/// can, of those slowest to fill). The others are left alone, so a per-second
+/// counter at 0 does not drain the daily budget, and a daily counter,
+/// whose reset is hours away, is not read as the per-second bucket's.
 pub fn observed_for<'o>(
     spec: &LimitSpec,
     observed: &'o ObservedLimit,
@@ -622,11 +625,24 @@ pub fn observed_for<'o>(
         Some(limit) => (p.capacity() - limit as f64).abs(),
         None => 0.0,
     };
-    let described = spec
-        .buckets
-        .iter()
-        .enumerate()
-        .filter(|(_, (u, _))| u == unit)
+    let of_unit = || {
+        spec.buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, (u, _))| u == unit)
+    };
+    let lasts = |p: &BucketParams| o.reset.is_none_or(|reset| can_last_until(p, reset));
+    let longest = of_unit()
+        .map(|(_, (_, p))| full_after(p))
+        .fold(0.0, f64::max);
+    // Of the buckets that can last until the reset; when none can, the
+    // ones that come nearest (the longest to fill).
+    let some_lasts = of_unit().any(|(_, (_, p))| lasts(p));
+    let described = of_unit()
+        .filter(|(_, (_, p))| match some_lasts {
+            true => lasts(p),
+            false => full_after(p) >= longest,
+        })
         .min_by(|(_, (_, a)), (_, (_, b))| {
             distance(a)
                 .total_cmp(&distance(b))
@@ -634,6 +650,20 @@ pub fn observed_for<'o>(
         })
         .map(|(j, _)| j);
     (described == Some(i)).then_some(o)
+}
+
+/// Whether a counter that resets `reset` from now can count the window of
+/// a bucket of `params`: the bucket refills from empty to full no faster
+/// than half as fast as that, with a second to spare for a reset rounded
+/// up to whole seconds. A bucket full again in one second cannot be the
+/// window of a counter that resets in five hours.
+pub fn can_last_until(params: &BucketParams, reset: std::time::Duration) -> bool {
+    micros(reset) as f64 <= 2.0 * full_after(params) + 1e6
+}
+
+/// How long a bucket of `params` takes to refill from empty to full, in µs.
+fn full_after(params: &BucketParams) -> f64 {
+    params.capacity() * params.micros_per_token()
 }
 
 /// `reconcile`: narrows each bucket to the upstream counter that describes

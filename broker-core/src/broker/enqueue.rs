@@ -580,14 +580,22 @@ impl ResourceBroker {
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
             let retry_after = outcome.retry_after();
-            // A 429's hold goes on before the slot is freed: a call waiting
-            // for the slot on another thread would otherwise take it, find
-            // no hold yet, and go out during the penalty.
+            // This process's hold on the state before the answer's own
+            // holds: what the settlement of a success goes by.
+            let held_until = resource.holds.until(&key);
+            // A 429's hold, and that of a counter the answer reports spent,
+            // go on before the slot is freed: a call waiting for the slot
+            // would otherwise take it, find no hold yet, and go out during
+            // the penalty or into the spent window (the settlement and the
+            // penalty before the reconcile are round trips to the store).
             let hold = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
                 let hold = policy.rate_limited_pause(number, retry_after, &limits);
                 resource.holds.hold(&key, crate::clock::tokio_after(hold));
                 hold
             });
+            if let Some(observed) = outcome.observed() {
+                hold_spent_counters(&resource, &key, observed);
+            }
             drop(permit);
             place.set_running(false);
             let error = match outcome {
@@ -597,7 +605,7 @@ impl ResourceBroker {
                     observed,
                 } => {
                     if let Some((spec, reserved, actual, since)) =
-                        booked.settlement(cost, usage, resource.holds.until(&key))
+                        booked.settlement(cost, usage, held_until)
                     {
                         // The work succeeded; a failed correction is logged, not returned.
                         let change = (reserved, actual, since);
@@ -700,28 +708,15 @@ impl ResourceBroker {
         key: &str,
         observed: &ObservedLimit,
     ) -> Result<(), BrokerError> {
+        // One reading for every step: the resets capped, as the store is
+        // given them (a reset picks the bucket a counter describes).
+        let observed = &capped_resets(resource, observed);
         note_calibration(resource, observed);
         let spec = &resource.latest().spec;
         if spec.reconcile_is_noop(observed) {
             return Ok(());
         }
-        // The one ceiling bounds this hold as it bounds a Retry-After: a
-        // reset of hours must not fail the next attempt's wait on our side.
-        let ceiling = resource
-            .config
-            .retry
-            .ceiling(&resource.config.paced_limits());
-        let capped = cap_resets(observed, ceiling);
-        let observed = &capped;
-        // `remaining == 0` holds the bucket until the reset (see
-        // `state::reconcile`); hold what is already booked here too.
-        for (unit, _) in &spec.buckets {
-            if let Some(o) = observed.of(*unit).filter(|o| o.remaining == Some(0)) {
-                if let Some(reset) = o.reset {
-                    resource.holds.hold(key, crate::clock::tokio_after(reset));
-                }
-            }
-        }
+        hold_spent_counters(resource, key, observed);
         self.inner
             .backend
             .reconcile(key, spec, observed)
@@ -730,6 +725,34 @@ impl ResourceBroker {
         bump(&resource.counters.reconciles);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
+    }
+}
+
+/// `observed` with every reset at most the resource's wait ceiling: the
+/// one ceiling bounds a hold for a spent counter as it bounds a
+/// `Retry-After`, so a reset of hours does not fail the next attempt's
+/// wait on our side.
+fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> ObservedLimit {
+    let ceiling = resource
+        .config
+        .retry
+        .ceiling(&resource.config.paced_limits());
+    cap_resets(observed, ceiling)
+}
+
+/// Holds `key` in this process until the reset (capped: see
+/// [`capped_resets`]) of every counter of `observed` that is spent
+/// (`remaining == 0`) and has a bucket of its unit in the resource's
+/// latest limits, so that what is booked here already waits as the
+/// store's `reconcile` makes new bookings wait (see `state::reconcile`).
+fn hold_spent_counters(resource: &Arc<Resource>, key: &str, observed: &ObservedLimit) {
+    let capped = capped_resets(resource, observed);
+    for (unit, _) in &resource.latest().spec.buckets {
+        if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
+            if let Some(reset) = o.reset {
+                resource.holds.hold(key, crate::clock::tokio_after(reset));
+            }
+        }
     }
 }
 
