@@ -313,6 +313,32 @@ async fn a_permit_held_past_the_lease_ttl_keeps_its_slot() {
     );
 }
 
+/// A lease TTL the broker cannot renew in time is refused on Redis, where
+/// leases expire: at 10 ms, a live permit's lease would expire as its
+/// first renewal comes due, and a second holder would take the slot. The
+/// in-memory store, where a lease ends only with its permit, takes it.
+#[tokio::test]
+async fn a_lease_ttl_too_short_to_renew_is_refused_on_redis() {
+    let server = RedisServer::start();
+    let broker = ResourceBroker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let config = |ms| {
+        let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
+        config.lease_ttl = Duration::from_millis(ms);
+        config
+    };
+    let err = broker.register("r", config(10)).unwrap_err().to_string();
+    assert!(err.starts_with("leaseTtl: must be at least 30ms"), "{err}");
+    assert!(!broker.is_registered("r"));
+    let err = broker
+        .register_limit("r", Limits::new().max_concurrent(1))
+        .and_then(|()| broker.register("r", config(29)));
+    assert!(err.is_err(), "a re-registration is checked too");
+    broker.register("r", config(30)).unwrap();
+
+    let in_memory = ResourceBroker::new(broker_memory::MemoryBackend::new());
+    in_memory.register("r", config(10)).unwrap();
+}
+
 /// A live permit's lease lost with the store's data (a restart without
 /// persistence) is taken again at a renewal once the store is back, while
 /// its slot is free: the store counts the work running again, and another

@@ -134,7 +134,9 @@ pub struct ResourceConfig {
     /// On a store shared by processes (Redis), a concurrency lease not
     /// released or renewed within this time expires (its holder died): the
     /// broker renews the leases of its live permits three times per
-    /// `lease_ttl`, so a hold may last longer. On the in-memory store a
+    /// `lease_ttl`, so a hold may last longer. There, registration refuses
+    /// a TTL under 30 ms (renewals come at most every 10 ms, and a shorter
+    /// lease would expire under a live permit). On the in-memory store a
     /// lease ends only when its permit is released or dropped (see
     /// [`crate::Backend::leases_end_with_holders`]).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]

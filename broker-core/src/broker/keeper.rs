@@ -87,6 +87,12 @@ struct Kept {
 /// The shortest time between two renewals of one lease.
 const MIN_EVERY: Duration = Duration::from_millis(10);
 
+/// The shortest lease TTL on a store whose leases expire: one that is
+/// renewed three times per TTL at [`MIN_EVERY`]. A shorter one would
+/// expire between two renewals of a live permit, and another holder would
+/// take its slot.
+pub(crate) const MIN_LEASE_TTL: Duration = MIN_EVERY.saturating_mul(3);
+
 /// How often a lease taken under `spec` is renewed: three times per TTL,
 /// so that one late or failed renewal does not let it expire.
 fn every(spec: &LimitSpec) -> Duration {

@@ -56,6 +56,24 @@ fn same_limits(a: &Limits, b: &Limits) -> bool {
         })
 }
 
+/// `lease_ttl` on a store whose leases expire, if the broker can renew a
+/// live permit's lease before it does (see [`super::keeper`]).
+fn renewable(lease_ttl: Duration) -> Result<Duration, ConfigError> {
+    let least = super::keeper::MIN_LEASE_TTL;
+    if lease_ttl < least {
+        return Err(ConfigError::invalid(
+            "leaseTtl",
+            format!(
+                "must be at least {least:?} on a store shared by processes, whose leases \
+                 expire (got {lease_ttl:?}): a live permit's lease is renewed every third \
+                 of it, at most every {:?}",
+                least / 3
+            ),
+        ));
+    }
+    Ok(lease_ttl)
+}
+
 impl ResourceBroker {
     /// Registers limit-only resources, `(id, limits)` each, as one step:
     /// either every entry is registered or none is. An id the broker
@@ -199,7 +217,7 @@ impl ResourceBroker {
         let key = keys::resource_key(id);
         let lease_ttl = match self.inner.backend.leases_end_with_holders() {
             true => Duration::MAX,
-            false => config.lease_ttl,
+            false => renewable(config.lease_ttl)?,
         };
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
         let local = self.inner.backend.local_states(&key, spec.clone());
