@@ -11,9 +11,10 @@
 //! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
 //!
 //! Nothing here fails or panics: a value that is malformed, negative, the
-//! sentinel `-1`, not valid UTF-8, or absurd (a count above
-//! [`MAX_AMOUNT`], a time above 366 days) is
-//! ignored as if it were absent. When several families report the same
+//! sentinel `-1`, not valid UTF-8, or a count above [`MAX_AMOUNT`] is
+//! ignored as if it were absent. A well-formed time above 366 days is read
+//! as 366 days (a caller's wait ceiling bounds it further): a longer wait
+//! never reads as a shorter one, nor as none. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
 //! two retry delays the longer one. A list field (`RateLimit`,
 //! `RateLimit-Policy`) sent as several lines is read as one list; of any
@@ -153,9 +154,9 @@ fn parse_count(v: &str) -> Option<u64> {
     v.parse::<u64>().ok().filter(|n| *n <= MAX_AMOUNT)
 }
 
-/// A duration no longer than 366 days.
+/// `d`, at most 366 days.
 fn bounded(d: Duration) -> Option<Duration> {
-    (d <= MAX_PERIOD).then_some(d)
+    Some(d.min(MAX_PERIOD))
 }
 
 /// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
@@ -170,14 +171,17 @@ fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     if int.is_empty() || !digits(int) || !digits(frac) || (v.contains('.') && frac.is_empty()) {
         return None;
     }
-    let whole: u64 = int.parse().ok()?;
+    // Digits only: a number too large for `u64` is a time too long.
+    let whole: u64 = int.parse().unwrap_or(u64::MAX);
     let mut nanos = 0u32;
     for (i, b) in frac.bytes().take(9).enumerate() {
         nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
     }
     if whole >= UNIX_TIME_FROM {
         // With a fraction too (Discord's `1470173023.123`).
-        let at = UNIX_EPOCH.checked_add(Duration::new(whole, nanos))?;
+        let Some(at) = UNIX_EPOCH.checked_add(Duration::new(whole, nanos)) else {
+            return bounded(MAX_PERIOD);
+        };
         return bounded(at.duration_since(now).unwrap_or_default());
     }
     bounded(Duration::new(whole, nanos))
@@ -243,28 +247,33 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
             "ns" => 1,
             _ => return None,
         };
-        total_nanos = total_nanos.checked_add(scaled(number, unit_nanos)?)?;
-        if total_nanos > MAX_PERIOD.as_nanos() {
-            return None;
-        }
+        total_nanos = total_nanos.saturating_add(scaled(number, unit_nanos)?);
         rest = tail;
     }
+    let total_nanos = total_nanos.min(MAX_PERIOD.as_nanos());
+    // At most 366 days: fits.
     let secs = u64::try_from(total_nanos / 1_000_000_000).ok()?;
     bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
 }
 
-/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds.
+/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds
+/// (`u128::MAX` for more than that holds).
 fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
-    if int.is_empty() && frac.is_empty() || frac.contains('.') || int.len() > 20 {
+    if int.is_empty() && frac.is_empty() || frac.contains('.') {
         return None;
     }
-    let whole: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let mut value = whole.checked_mul(unit_nanos)?;
+    // Digits only (the caller's): a number too large is a time too long.
+    let whole: u128 = if int.is_empty() {
+        0
+    } else {
+        int.parse().unwrap_or(u128::MAX)
+    };
+    let mut value = whole.saturating_mul(unit_nanos);
     let mut place = unit_nanos;
     for b in frac.bytes().take(18) {
         place /= 10;
-        value = value.checked_add(u128::from(b - b'0') * place)?;
+        value = value.saturating_add(u128::from(b - b'0') * place);
     }
     Some(value)
 }
@@ -596,16 +605,53 @@ mod tests {
             &map(&[
                 ("X-Ratelimit-Limit", "-1"),
                 ("X-Ratelimit-Remaining", "lots"),
-                ("X-Ratelimit-Reset", "99999999"),
+                ("X-Ratelimit-Reset", "soon"),
                 ("X-Ratelimit-Retry", "1e3"),
                 ("Retry-After", "-5"),
                 ("x-ratelimit-remaining-tokens", "99999999999999999999999"),
-                ("x-ratelimit-reset-tokens", "9999999h"),
+                ("x-ratelimit-reset-tokens", "9999999d"),
                 ("RateLimit", r#""p";r=-3;t=abc"#),
             ]),
             at(0),
         );
         assert!(seen.is_empty(), "{seen:?}");
+    }
+
+    /// A well-formed time beyond 366 days is 366 days, however it is
+    /// written: a longer wait never reads as a shorter one (a 370-day
+    /// `Retry-After`, read as none, left the next attempt the short pause
+    /// of a 429 without one, where one of 359 days got the wait ceiling).
+    #[test]
+    fn a_time_beyond_a_year_is_read_as_a_year() {
+        let year = MAX_PERIOD;
+        let days = |d: u64| Duration::from_secs(d * 86_400);
+        let now = at(1_700_000_000);
+        for (v, expected) in [
+            ("31017600", days(359)),
+            ("31968000", year),
+            ("99999999", year),
+            ("99999999999999999999999", year),
+            ("99999999999999999999999.5", year),
+            ("9999999999", year),
+            ("99999999999999999999999999", year),
+            ("Fri, 31 Dec 9999 23:59:59 GMT", year),
+        ] {
+            assert_eq!(parse_retry_after(v, now), Some(expected), "{v}");
+        }
+        for v in ["9999999h", "99999999999999999999999999h", "1.5h9999999m"] {
+            assert_eq!(parse_go_duration(v), Some(year), "{v}");
+        }
+        let seen = parse(
+            &map(&[
+                ("X-Ratelimit-Remaining", "0"),
+                ("X-Ratelimit-Reset", "99999999"),
+                ("x-ratelimit-remaining-tokens", "0"),
+                ("x-ratelimit-reset-tokens", "9999999h"),
+            ]),
+            now,
+        );
+        assert_eq!(seen.requests.unwrap().reset, Some(year));
+        assert_eq!(seen.tokens.unwrap().reset, Some(year));
     }
 
     #[test]
