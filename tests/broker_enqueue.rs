@@ -21,16 +21,7 @@ fn seed_limits() -> Limits {
 /// How many calls `try_acquire` lets through on `api` now, one after
 /// another until the first denial.
 async fn passing(broker: &ResourceBroker) -> usize {
-    let mut allowed = 0;
-    while broker
-        .try_acquire("api", Cost::default())
-        .await
-        .unwrap()
-        .allowed
-    {
-        allowed += 1;
-    }
-    allowed
+    broker_testkit::allowed_in_a_row(broker, "api").await
 }
 
 type Started = Arc<Mutex<Vec<(String, Duration)>>>;

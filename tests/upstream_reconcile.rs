@@ -301,14 +301,7 @@ async fn a_counter_with_a_reset_of_hours_is_not_read_as_the_per_second_window() 
         broker.reconcile("api", &daily).await.unwrap();
         let mut allowed = 0;
         for _ in 0..600 {
-            while broker
-                .try_acquire("api", Cost::default())
-                .await
-                .unwrap()
-                .allowed
-            {
-                allowed += 1;
-            }
+            allowed += broker_testkit::allowed_in_a_row(&broker, "api").await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert!(

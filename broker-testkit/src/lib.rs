@@ -11,6 +11,7 @@
 //!   test's [`Hooks`] where it steps in.
 //! - [`capture_scoped`]: a thread's own `tracing` subscriber that no other
 //!   test thread can blind.
+//! - [`allowed_in_a_row`]: how many calls a resource lets through now.
 #![warn(missing_docs)]
 
 mod down_backend;
@@ -27,3 +28,21 @@ pub use redis_server::{command_calls, free_port, raw_command, RedisCluster, Redi
 pub use strict_server::{StrictServer, Tally};
 pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};
 pub use wrapped::{Hooks, Wrapped};
+
+/// How many calls `try_acquire` lets through on `resource` now, one after
+/// another until the first denial (each permit released as it is taken).
+///
+/// # Panics
+/// When the broker fails (a test's store is expected to answer).
+pub async fn allowed_in_a_row(broker: &broker_core::ResourceBroker, resource: &str) -> usize {
+    let mut allowed = 0;
+    while broker
+        .try_acquire(resource, broker_core::Cost::default())
+        .await
+        .expect("the broker answers")
+        .allowed
+    {
+        allowed += 1;
+    }
+    allowed
+}
