@@ -210,6 +210,66 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
     assert_eq!(state.buckets[0].ts, 10_000_000);
 }
 
+/// A hold put on by a replica whose clock lags the bucket's `ts` (clamped
+/// to it) lasts as long from the bucket's time as the replica asked from
+/// its own: a 429's penalty, and an upstream counter reported out until its
+/// reset. Measured from the lagging clock, both would have ended 5 s before
+/// the bucket's now, for every replica.
+#[tokio::test]
+async fn a_lagging_client_clock_does_not_shorten_a_hold() {
+    let server = RedisServer::start();
+    let ahead = ManualClock::new();
+    ahead.set(10_000_000);
+    let behind = ManualClock::new();
+    behind.set(5_000_000);
+    let connect = |clock: &ManualClock| {
+        RedisBackend::builder(&server.url())
+            .client_time(Arc::new(clock.clone()))
+            .connect()
+    };
+    let (a, b) = (
+        connect(&ahead).await.unwrap(),
+        connect(&behind).await.unwrap(),
+    );
+    // 1,000 a second: a drained bucket refills one in 1 ms.
+    let limits = Limits::new().rate(RateLimit::per_second(1000).with_burst(10));
+    let spec = LimitSpec::new(&limits, Duration::from_secs(30));
+    assert!(allowed(&a, "penalized", &spec).await, "ts = 10 s");
+    b.penalize("penalized", &spec, Duration::from_secs(2))
+        .await
+        .unwrap();
+    for (replica, clock) in [("ahead", &a), ("behind", &b)] {
+        let d = clock
+            .try_acquire("penalized", &spec, Cost::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            (d.allowed, d.wait),
+            (false, 2_000_000),
+            "the replica {replica}: held 2 s from the bucket's now"
+        );
+    }
+    assert!(allowed(&a, "reported", &spec).await, "ts = 10 s");
+    let out = broker_core::ObservedLimit {
+        requests: Some(broker_core::Observed {
+            limit: Some(10),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(2)),
+        }),
+        ..Default::default()
+    };
+    b.reconcile("reported", &spec, &out).await.unwrap();
+    let d = a
+        .try_acquire("reported", &spec, Cost::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (d.allowed, d.wait),
+        (false, 2_000_000),
+        "out until 2 s from the bucket's now"
+    );
+}
+
 #[tokio::test]
 async fn an_evicting_policy_is_flagged_at_connect() {
     // volatile-* too: every key of the broker has a TTL.

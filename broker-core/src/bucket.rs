@@ -384,15 +384,28 @@ pub fn settle(
     s
 }
 
+/// `at`, a time on the caller's clock, which reads `now`, as a time on the
+/// bucket's: moved forward by as much as `now` is clamped to `ts` (a
+/// caller whose clock lags the one that last wrote the bucket). So a hold
+/// asked for `at - now` from the caller's now lasts as long from the
+/// bucket's, instead of ending the lag early (or having ended already)
+/// for everyone. Saturating.
+#[inline]
+pub fn on_bucket_time(state: &BucketState, now: Micros, at: Micros) -> Micros {
+    at.saturating_add(state.ts.saturating_sub(now))
+}
+
 /// `penalize`: after a real upstream 429. Drains the bucket to zero (keeping
 /// any booked debt) and moves `nb` to `until` unless it is already later:
-/// a penalty is never shortened.
+/// a penalty is never shortened. `until` is on the caller's clock, as
+/// [`on_bucket_time`] reads it.
 pub fn penalize(
     state: BucketState,
     params: &BucketParams,
     now: Micros,
     until: Micros,
 ) -> BucketState {
+    let until = on_bucket_time(&state, now, until);
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     s.tokens = s.tokens.min(0.0);
@@ -402,7 +415,8 @@ pub fn penalize(
 
 /// `reconcile`: narrows the bucket to what the upstream says remains.
 /// Never widens: `tokens = min(tokens, remaining)`. `remaining == 0` also
-/// holds the bucket until `reset_at` (monotone like [`penalize`]).
+/// holds the bucket until `reset_at` (monotone like [`penalize`]; on the
+/// caller's clock, as [`on_bucket_time`] reads it).
 pub fn reconcile(
     state: BucketState,
     params: &BucketParams,
@@ -410,6 +424,7 @@ pub fn reconcile(
     remaining: f64,
     reset_at: Option<Micros>,
 ) -> BucketState {
+    let reset_at = reset_at.map(|at| on_bucket_time(&state, now, at));
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     s.tokens = s.tokens.min(remaining);
@@ -756,6 +771,24 @@ mod tests {
         let short = penalize(long, &P, 1, 2_000_000);
         assert_eq!(short.nb, 10_000_000);
         assert_eq!(short.tokens, 0.0);
+    }
+
+    /// A hold asked from a `now` behind the bucket's `ts` lasts as long
+    /// from `ts`: time does not run backwards for a penalty either.
+    #[test]
+    fn a_hold_from_a_lagging_now_lasts_as_long_from_ts() {
+        let s = BucketState {
+            tokens: 1.0,
+            ts: 10_000_000,
+            nb: 0,
+        };
+        let held = penalize(s, &P, 5_000_000, 7_000_000);
+        assert_eq!((held.tokens, held.nb), (0.0, 12_000_000));
+        assert_eq!(try_take(held, &P, 10_000_000, 1.0).1, 2_000_000);
+        let out = reconcile(s, &P, 5_000_000, 0.0, Some(7_000_000));
+        assert_eq!((out.tokens, out.nb), (0.0, 12_000_000));
+        let saturated = penalize(s, &P, 5_000_000, u64::MAX);
+        assert_eq!(saturated.nb, u64::MAX);
     }
 
     #[test]

@@ -99,8 +99,10 @@ impl RedisBackendBuilder {
     /// Client-time mode: `now` comes from `clock` and is passed to the
     /// scripts, for stores that reject `TIME` in scripts (and for tests on
     /// a [`broker_core::ManualClock`]). Replicas' clocks should agree; a
-    /// bucket never runs backwards (`now` is clamped to its `ts`), but a
-    /// replica whose clock lags waits longer than needed. A concurrency
+    /// bucket never runs backwards (`now` is clamped to its `ts`, and a
+    /// hold a lagging replica puts on, a penalty or a counter reported out,
+    /// lasts as long from that `ts`), but a replica whose clock lags waits
+    /// longer than needed. A concurrency
     /// lease expires on the clock of the replica that looks at it: one
     /// whose clock runs ahead of another's by `d` takes that replica's
     /// leases for expired `d` early, so keep the skew well under the

@@ -23,12 +23,20 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), BackendError> {
 }
 
 /// The keys of the state `key` (a key built by `broker_core::keys`, which
-/// escapes braces, so no user id can reach into another's hash tag).
+/// escapes braces, so no user id can reach into another's hash tag). An
+/// empty key is refused: `{}` is no hash tag (Redis Cluster then hashes
+/// the whole name), so its two keys would land on different slots and
+/// every script on them would fail with `CROSSSLOT`.
 pub(crate) fn key_pair(prefix: &str, key: &str) -> Result<KeyPair, BackendError> {
     if key.contains(['{', '}']) {
         return Err(BackendError::new(format!(
             "state key {key:?} contains a brace: build keys with broker_core::keys"
         )));
+    }
+    if key.is_empty() {
+        return Err(BackendError::new(
+            "the state key is empty: it would give no hash tag (CROSSSLOT on Redis Cluster)",
+        ));
     }
     let mut buckets = String::with_capacity(prefix.len() + key.len() + 5);
     buckets.push_str(prefix);
@@ -50,6 +58,33 @@ mod tests {
         let k = key_pair("rb", "tenants:acme").unwrap();
         assert_eq!(k.buckets, "rb:{tenants:acme}:b");
         assert_eq!(k.leases, "rb:{tenants:acme}:l");
+    }
+
+    /// On Redis Cluster both keys of a state hash to one slot (the hash
+    /// tag's), whatever the key; an empty key, which has no hash tag, is
+    /// refused.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn both_keys_land_on_one_cluster_slot() {
+        use redis::cluster_routing::Slot;
+        let long = "t".repeat(10_000);
+        let keys = [
+            "a",
+            "tenants:acme",
+            &broker_core::keys::keyed("a:b{c}", "d e\u{e9}"),
+            &broker_core::keys::keyed("api", ""),
+            &long,
+        ];
+        for key in keys {
+            let k = key_pair("rb", key).unwrap();
+            assert_eq!(
+                Slot::for_key(&k.buckets),
+                Slot::for_key(&k.leases),
+                "{key:?}"
+            );
+        }
+        assert!(key_pair("rb", "").is_err());
+        assert!(key_pair("", "").is_err());
     }
 
     #[test]

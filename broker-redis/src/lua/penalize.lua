@@ -6,9 +6,12 @@ load(now)
 local until_ = sat_add(now, tonumber(ARGV[REST]))
 for i = 1, N do
   local n = max(now, ts[i])
+  -- bucket::on_bucket_time: until, on this caller's clock, moved forward
+  -- by as much as now is clamped to ts (n - now).
+  local until_i = sat_add(until_, n - now)
   tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
   tokens[i] = min(tokens[i], 0)
-  nb[i] = max(nb[i], until_)
+  nb[i] = max(nb[i], until_i)
 end
 save(now)
 return 1

@@ -6,12 +6,14 @@ load(now)
 for i = 1, N do
   local remaining = tonumber(c[i])
   if remaining ~= nil and remaining < capacity[i] then
+    local n = max(now, ts[i])
     local reset = tonumber(ARGV[REST + i - 1])
     local reset_at = nil
     if reset ~= nil then
-      reset_at = sat_add(now, reset)
+      -- On the bucket's time (bucket::on_bucket_time): moved forward by as
+      -- much as now is clamped to ts.
+      reset_at = sat_add(sat_add(now, reset), n - now)
     end
-    local n = max(now, ts[i])
     tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
     tokens[i] = min(tokens[i], remaining)
     if remaining <= 0 and reset_at ~= nil then
