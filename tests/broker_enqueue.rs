@@ -990,3 +990,136 @@ async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
     let some = broker.try_acquire("api", Cost::tokens(25)).await.unwrap();
     assert!(some.allowed);
 }
+
+/// A store over the in-memory one that answers as one across a network:
+/// `try_acquire` only asynchronously (pending on its first poll), and a
+/// settlement or a penalty 50 ms late, so refunds are made by tasks.
+struct Remote;
+
+impl broker_testkit::Hooks for Remote {
+    fn asynchronous(&self) -> bool {
+        true
+    }
+    fn local_states(
+        &self,
+        _: Arc<dyn broker_core::LocalStates>,
+    ) -> Option<Arc<dyn broker_core::LocalStates>> {
+        None
+    }
+    fn correction_delay(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+}
+
+/// Polls `fut` up to `polls` times, virtual time advancing `step` after
+/// each poll, then drops it: whether it completed.
+async fn poll_then_drop<F: std::future::Future>(fut: F, polls: usize, step: Duration) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    for _ in 0..polls {
+        let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx)));
+        if polled.await.is_ready() {
+            return true;
+        }
+        tokio::time::advance(step).await;
+    }
+    false
+}
+
+/// Every call dropped at every point it can be: after `polls` polls, for
+/// 0, 1, 2, ... until the call completes, on the in-memory store and on
+/// one that answers as a remote store. Once the drop has settled, nothing
+/// is left taken: no count of queued or running work, no slot, and no
+/// cost but that of the attempts that went out (a limit of two calls a
+/// minute, so refills do not hide a lost token).
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_at_any_point_leaks_nothing() {
+    let calls = [
+        "try_acquire",
+        "acquire",
+        "enqueue",
+        "enqueue_waiting_for_the_slot",
+    ];
+    for remote in [false, true] {
+        for call in calls {
+            let mut polls = 0;
+            loop {
+                let memory = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+                let broker = match remote {
+                    false => ResourceBroker::from_arc(memory),
+                    true => ResourceBroker::new(broker_testkit::Wrapped::new(memory, Remote)),
+                };
+                let limits = Limits::new()
+                    .rate(RateLimit::per_minute(2))
+                    .max_concurrent(1);
+                let config = ResourceConfig::new(limits);
+                broker.register("api", config).unwrap();
+                // Held 500 ms by another caller, for the call that waits.
+                let holder = match call {
+                    "enqueue_waiting_for_the_slot" => {
+                        let a = broker.acquire("api", Cost::requests(0), Duration::ZERO);
+                        let permit = a.await.unwrap().permit;
+                        assert!(permit.is_held());
+                        Some(tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            drop(permit);
+                        }))
+                    }
+                    _ => None,
+                };
+                let attempts = Arc::new(Mutex::new(0u64));
+                let counted = attempts.clone();
+                // The first attempt fails after 1 s of work, the second succeeds.
+                let work = move |a: broker_core::Attempt| {
+                    *counted.lock().unwrap() += 1;
+                    async move {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        match a.number {
+                            1 => Outcome::<(), ()>::transient(()),
+                            _ => Outcome::ok(()),
+                        }
+                    }
+                };
+                let step = Duration::from_millis(100);
+                let (done, kept) = match call {
+                    "try_acquire" => {
+                        let a = broker.try_acquire("api", Cost::default());
+                        (poll_then_drop(a, polls, step).await, None)
+                    }
+                    "acquire" => {
+                        let kept = Arc::new(Mutex::new(None));
+                        let into = kept.clone();
+                        let a = async {
+                            let a = broker.acquire("api", Cost::default(), Duration::from_secs(5));
+                            *into.lock().unwrap() = Some(a.await.unwrap().allowed);
+                        };
+                        let done = poll_then_drop(a, polls, step).await;
+                        let allowed = kept.lock().unwrap().take();
+                        (done, allowed)
+                    }
+                    _ => {
+                        let e = broker.enqueue("api", Cost::default(), work);
+                        (poll_then_drop(e, polls, step).await, None)
+                    }
+                };
+                // Refunds and releases made by tasks land.
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                if let Some(holder) = holder {
+                    holder.await.unwrap();
+                }
+                let where_ = format!("{call}, remote {remote}, dropped after {polls} polls");
+                let stats = &broker.stats().resources["api"];
+                assert_eq!((stats.queued, stats.in_flight), (0, 0), "{where_}");
+                let went_out = *attempts.lock().unwrap()
+                    + u64::from(kept == Some(true))
+                    + u64::from(done && call == "try_acquire");
+                let left = passing(&broker).await as u64;
+                assert_eq!(left, 2 - went_out.min(2), "{where_}: a cost was kept");
+                if done {
+                    break;
+                }
+                polls += 1;
+                assert!(polls < 200, "{where_}: never completed");
+            }
+        }
+    }
+}

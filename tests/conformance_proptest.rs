@@ -3,7 +3,9 @@
 //! redis-server: every decision must be identical, and after every step the
 //! stored state must equal the reference's (bit for bit, once both are
 //! refilled to now; a key Redis deleted as idle must be idle in the
-//! reference too).
+//! reference too). The sequences run once on one client clock, and once on
+//! two replicas of the backend whose clocks differ, each operation issued
+//! by either: the reference is fed the `now` of the replica that issued it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,8 +35,23 @@ enum Op {
     Reconcile(Option<u64>, Option<u64>, Option<u64>),
 }
 
+/// The replica of the backend that issues an operation. Both share the
+/// redis-server; the lagging one's clock reads a fixed lag behind the
+/// leading one's, so the buckets' `ts` it meets is often ahead of its now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replica {
+    Leading,
+    Lagging,
+}
+
 fn cost() -> impl Strategy<Value = Cost> {
     (0u64..4, 0u64..40).prop_map(|(requests, tokens)| Cost { requests, tokens })
+}
+
+/// What an upstream says remains: often 0, which holds the bucket until
+/// the reset.
+fn remaining(below: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0u64), 0..below]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -49,9 +66,19 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (cost(), cost(), prop::option::of(-5_000_000i64..5_000_000))
             .prop_map(|(a, b, at)| Op::Settle(a, b, at)),
         1 => (0u64..10_000_000).prop_map(Op::Penalize),
-        1 => (prop::option::of(0u64..30), prop::option::of(0u64..60), prop::option::of(0u64..5_000_000))
+        1 => (prop::option::of(remaining(30)), prop::option::of(remaining(60)), prop::option::of(0u64..5_000_000))
             .prop_map(|(r, t, reset)| Op::Reconcile(r, t, reset)),
     ]
+}
+
+/// A sequence of operations, each issued by a replica `replica` picks.
+fn steps(replica: impl Strategy<Value = Replica>) -> impl Strategy<Value = Vec<(Replica, Op)>> {
+    prop::collection::vec((replica, op()), 1..40)
+}
+
+/// How far the lagging replica's clock is behind: up to 20 s.
+fn lag() -> impl Strategy<Value = Micros> {
+    prop_oneof![Just(1u64), 0u64..=20_000_000, Just(20_000_000)]
 }
 
 fn params() -> impl Strategy<Value = BucketParams> {
@@ -84,14 +111,23 @@ fn spec() -> impl Strategy<Value = LimitSpec> {
 }
 
 /// The reference's state, created fresh on first use like MemoryBackend.
+/// Buckets Redis dropped as idle are made fresh again by the next
+/// operation that uses them, as of its now, as the scripts do (a lagging
+/// replica's now is behind the one they were dropped at).
 struct Reference {
     state: Option<ResourceState>,
+    buckets_dropped: bool,
 }
 
 impl Reference {
     fn get(&mut self, spec: &LimitSpec, now: Micros) -> &mut ResourceState {
-        self.state
-            .get_or_insert_with(|| ResourceState::fresh(spec, now))
+        let state = self
+            .state
+            .get_or_insert_with(|| ResourceState::fresh(spec, now));
+        if std::mem::take(&mut self.buckets_dropped) {
+            state.buckets = ResourceState::fresh(spec, now).buckets;
+        }
+        state
     }
 }
 
@@ -110,26 +146,52 @@ fn sorted(mut leases: Vec<Lease>) -> Vec<Lease> {
     leases
 }
 
-async fn run_case(
-    url: &str,
-    key: &str,
-    spec: LimitSpec,
-    ops: Vec<Op>,
-) -> Result<(), TestCaseError> {
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
-    let redis = RedisBackend::builder(url)
+/// A replica of the Redis backend on its own client clock.
+async fn replica(url: &str, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(url)
         .client_time(Arc::new(clock.clone()))
         .ttl_margin(Duration::from_secs(600))
         .connect()
         .await
-        .expect("connect");
-    let mut reference = Reference { state: None };
+        .expect("connect")
+}
+
+/// Runs `steps` on two replicas, the lagging one's clock `lag` behind the
+/// leading one's (with no step by the lagging replica, the single-clock
+/// case), comparing every result and, after every step, the stored state
+/// with the reference's.
+async fn run_case(
+    url: &str,
+    key: &str,
+    spec: LimitSpec,
+    lag: Micros,
+    steps: Vec<(Replica, Op)>,
+) -> Result<(), TestCaseError> {
+    let leading_clock = ManualClock::new();
+    leading_clock.set(1_000_000_000);
+    let lagging_clock = ManualClock::new();
+    lagging_clock.set(leading_clock.now() - lag);
+    let leading = replica(url, &leading_clock).await;
+    let lagging = if steps.iter().any(|(r, _)| *r == Replica::Lagging) {
+        Some(replica(url, &lagging_clock).await)
+    } else {
+        None
+    };
+    let mut reference = Reference {
+        state: None,
+        buckets_dropped: false,
+    };
     let mut held: Vec<u64> = Vec::new();
-    for op in ops {
-        let now = clock.now();
+    for (by, op) in steps {
+        let (redis, now) = match by {
+            Replica::Leading => (&leading, leading_clock.now()),
+            Replica::Lagging => (lagging.as_ref().unwrap(), lagging_clock.now()),
+        };
         match op {
-            Op::Advance(us) => clock.advance(Duration::from_micros(us)),
+            Op::Advance(us) => {
+                leading_clock.advance(Duration::from_micros(us));
+                lagging_clock.advance(Duration::from_micros(us));
+            }
             Op::Try(cost) => {
                 let got = redis.try_acquire(key, &spec, cost).await.expect("try");
                 let lease = got.lease.unwrap_or(0);
@@ -214,17 +276,18 @@ async fn run_case(
                 state::reconcile(reference.get(&spec, now), &spec, now, &observed);
             }
         }
-        compare(&redis, key, &spec, &mut reference, clock.now()).await?;
+        compare(&leading, key, &spec, &mut reference, leading_clock.now()).await?;
     }
     Ok(())
 }
 
-/// Compares the state Redis holds with the reference's. Redis drops the
+/// Compares the state Redis holds with the reference's, as of `now`, the
+/// leading replica's (the latest any replica reads). Redis drops the
 /// buckets once every one is idle (`bucket::is_idle`: full, any hold
 /// passed), as the in-memory store's sweep does: from then on they are
 /// fresh ones, and so are the reference's, which would otherwise remember
 /// the end of a passed hold (a later settle compares its booking's mark
-/// with it).
+/// with it) and the time they were dropped at.
 async fn compare(
     redis: &RedisBackend,
     key: &str,
@@ -233,7 +296,7 @@ async fn compare(
     now: Micros,
 ) -> Result<(), TestCaseError> {
     let stored = redis.state(key).await.expect("read state");
-    let Some(want) = &mut reference.state else {
+    let Some(want) = &reference.state else {
         prop_assert!(
             stored.is_none(),
             "redis holds a state the reference never made"
@@ -252,7 +315,7 @@ async fn compare(
                 s
             );
         }
-        want.buckets = ResourceState::fresh(spec, now).buckets;
+        reference.buckets_dropped = true;
     } else {
         for (((_, p), got), want) in spec.buckets.iter().zip(&stored.buckets).zip(&want.buckets) {
             prop_assert_eq!(normalized(got, p, now), normalized(want, p, now));
@@ -271,14 +334,19 @@ fn server_and_runtime() -> (RedisServer, tokio::runtime::Runtime) {
     (RedisServer::start(), rt)
 }
 
-#[test]
-fn lua_scripts_decide_exactly_as_the_rust_reference() {
+/// A case: the limits, how far the lagging replica's clock is behind, and
+/// the steps.
+type Case = (LimitSpec, Micros, Vec<(Replica, Op)>);
+
+/// Runs `PROPTEST_CASES` (else `cases`) random cases of `strategy`, each on
+/// a key of its own.
+fn run_random_cases(cases: u32, strategy: impl Strategy<Value = Case>) {
     let (server, rt) = server_and_runtime();
     let url = server.url();
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(cases);
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
@@ -286,15 +354,26 @@ fn lua_scripts_decide_exactly_as_the_rust_reference() {
     });
     let case = std::sync::atomic::AtomicU64::new(0);
     runner
-        .run(
-            &(spec(), prop::collection::vec(op(), 1..40)),
-            |(spec, ops)| {
-                let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let key = format!("case-{n}");
-                rt.block_on(run_case(&url, &key, spec, ops))
-            },
-        )
+        .run(&strategy, |(spec, lag, steps)| {
+            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let key = format!("case-{n}");
+            rt.block_on(run_case(&url, &key, spec, lag, steps))
+        })
         .unwrap();
+}
+
+#[test]
+fn lua_scripts_decide_exactly_as_the_rust_reference() {
+    run_random_cases(200, (spec(), Just(0), steps(Just(Replica::Leading))));
+}
+
+/// Two replicas whose clocks differ by up to 20 s, each operation issued by
+/// either: the lagging one's now is clamped to the buckets' `ts`, and a hold
+/// it puts on lasts as long from `ts` (`bucket::on_bucket_time`).
+#[test]
+fn lua_scripts_decide_as_the_reference_on_replicas_with_lagging_clocks() {
+    let replica = prop_oneof![Just(Replica::Leading), Just(Replica::Lagging)];
+    run_random_cases(200, (spec(), lag(), steps(replica)));
 }
 
 /// Cases the random search found, run on every run.
@@ -307,20 +386,53 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
         max_concurrent: None,
         lease_ttl: 1_000,
     };
-    let cases = [(
-        // A refund after a penalty's end, settled for a booking due 1 µs
-        // before now.
-        one_bucket(1.0, 11.0, 1_000.0),
-        vec![
-            Op::Penalize(713_513),
-            Op::Advance(713_513),
-            Op::Try(Cost::requests(0)),
-            Op::Reserve(Cost::requests(1), 0),
-            Op::Settle(Cost::requests(1), Cost::requests(0), Some(-1)),
-        ],
-    )];
-    for (n, (spec, ops)) in cases.into_iter().enumerate() {
-        rt.block_on(run_case(&url, &format!("found-{n}"), spec, ops))
+    let on_one_clock = |ops: Vec<Op>| ops.into_iter().map(|op| (Replica::Leading, op)).collect();
+    let cases: [Case; 4] = [
+        (
+            // A refund after a penalty's end, settled for a booking due 1 µs
+            // before now.
+            one_bucket(1.0, 11.0, 1_000.0),
+            0,
+            on_one_clock(vec![
+                Op::Penalize(713_513),
+                Op::Advance(713_513),
+                Op::Try(Cost::requests(0)),
+                Op::Reserve(Cost::requests(1), 0),
+                Op::Settle(Cost::requests(1), Cost::requests(0), Some(-1)),
+            ]),
+        ),
+        (
+            // A penalty from a replica 1 µs behind the bucket's ts (lasts its
+            // 1 µs from ts; penalize.lua once ended it at ts).
+            one_bucket(1.0, 1.0, 1_000.0),
+            1,
+            vec![
+                (Replica::Leading, Op::Try(Cost::requests(1))),
+                (Replica::Lagging, Op::Penalize(1)),
+            ],
+        ),
+        (
+            // Likewise a counter at 0 reported to that replica (reconcile.lua).
+            one_bucket(2.0, 1.0, 1_000.0),
+            1,
+            vec![
+                (Replica::Leading, Op::Try(Cost::requests(1))),
+                (Replica::Lagging, Op::Reconcile(Some(0), None, Some(1))),
+            ],
+        ),
+        (
+            // A key denied at the leading replica's now (stored nothing), then
+            // made fresh by the lagging one at its own, earlier now.
+            one_bucket(1.0, 1.0, 1_000.0),
+            1,
+            vec![
+                (Replica::Leading, Op::Try(Cost::requests(2))),
+                (Replica::Lagging, Op::Try(Cost::requests(1))),
+            ],
+        ),
+    ];
+    for (n, (spec, lag, steps)) in cases.into_iter().enumerate() {
+        rt.block_on(run_case(&url, &format!("found-{n}"), spec, lag, steps))
             .unwrap_or_else(|e| panic!("found case {n}: {e}"));
     }
 }

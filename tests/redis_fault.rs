@@ -983,3 +983,88 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
         }
     }
 }
+
+/// The tokens of `api` as stored, once the refund of a call dropped in
+/// flight has had time to land (at most 10 s): `None` when the state is
+/// fresh (a full bucket).
+async fn tokens_settled(backend: &RedisBackend, full: f64) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tokens = backend
+            .state("api")
+            .await
+            .unwrap()
+            .and_then(|s| s.buckets.first().map(|b| b.tokens));
+        if tokens.is_none_or(|t| t >= full) || Instant::now() > deadline {
+            return tokens;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A call dropped while its decision is in flight (its caller's timeout
+/// fired while Redis was slow to answer): Redis still runs the decision
+/// once it answers, and the cost it took is given back, as a dropped
+/// `enqueue`'s unused reservation is: no work went out for it. Before, a
+/// `try_acquire`, an `acquire` or an `enqueue` dropped there left its cost
+/// taken (a 2-per-minute limit lost one call of its two for 30 s), with
+/// coalescing on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_while_its_decision_is_in_flight_is_not_charged() {
+    use broker_core::{Outcome, ResourceConfig};
+    let server = RedisServer::start();
+    for coalesce in [true, false] {
+        for call in ["try_acquire", "acquire", "enqueue"] {
+            let prefix = format!("inflight{coalesce}{call}");
+            let backend =
+                Arc::new(quick(&server.url(), &prefix, coalesce, FailurePolicy::FailClosed).await);
+            let broker = ResourceBroker::from_arc(backend.clone());
+            let limits = Limits::new().rate(RateLimit::per_minute(2));
+            broker.register("api", ResourceConfig::new(limits)).unwrap();
+            // Loads the scripts, takes nothing.
+            let warm = broker.try_acquire("api", Cost::requests(0)).await.unwrap();
+            assert!(warm.allowed);
+            let none = Cost::requests(0);
+            let warm = broker.acquire("api", none, Duration::ZERO).await.unwrap();
+            assert!(warm.allowed);
+            broker
+                .settle("api", Cost::requests(0), Cost::requests(0))
+                .await
+                .unwrap();
+            server.pause();
+            let limit = Duration::from_millis(100);
+            let dropped = match call {
+                "try_acquire" => {
+                    tokio::time::timeout(limit, async {
+                        drop(broker.try_acquire("api", Cost::default()).await);
+                    })
+                    .await
+                }
+                "acquire" => {
+                    tokio::time::timeout(limit, async {
+                        let a = broker.acquire("api", Cost::default(), Duration::from_secs(5));
+                        drop(a.await);
+                    })
+                    .await
+                }
+                _ => {
+                    tokio::time::timeout(limit, async {
+                        let work = |_| async { Outcome::<(), ()>::ok(()) };
+                        drop(broker.enqueue("api", Cost::default(), work).await);
+                    })
+                    .await
+                }
+            };
+            assert!(
+                dropped.is_err(),
+                "{call}, coalesce {coalesce}: still in flight"
+            );
+            server.resume();
+            let tokens = tokens_settled(&backend, 1.99).await;
+            assert!(
+                tokens.is_none_or(|t| t >= 1.99),
+                "{call}, coalesce {coalesce}: the dropped call kept its cost: {tokens:?} tokens left"
+            );
+        }
+    }
+}

@@ -338,7 +338,8 @@ async fn acquire(
         }
         refused => {
             drop(admitted);
-            refund(policy.clone(), first, first_here).await;
+            let refund: RefundFuture = Box::pin(refund(policy.clone(), first, first_here));
+            to_the_end(refund).await;
             (second, refused, second_here)
         }
     }
@@ -582,6 +583,26 @@ fn detach(refund: &mut RefundFuture) -> bool {
         let _ = task.await;
     });
     true
+}
+
+/// Waits for `refund`, which runs to its end if the wait is dropped (a
+/// client that leaves, which drops the response future): polled here
+/// first, and moved to a task of its own if it waits for its store (see
+/// [`detach`]). Cut off, it would leave a stage's cost charged for a
+/// request that was refused.
+async fn to_the_end(mut refund: RefundFuture) {
+    let mut detached = false;
+    std::future::poll_fn(|cx| {
+        if refund.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if detached || !detach(&mut refund) {
+            return Poll::Pending;
+        }
+        detached = true;
+        refund.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// The refund of the route/service stage `refund_of` when `res` is a

@@ -260,3 +260,37 @@ async fn a_refund_outlives_a_client_that_leaves_meanwhile() {
     assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
     assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
 }
+
+/// A client that leaves while the refund of a path read two ways, whose
+/// second reading denied, is on its way to the store does not cut the
+/// refund off: the first reading's route still gets its cost back, as it
+/// does after a tenant denial. Before, that refund was made inside the
+/// admission, and went with the response future the leaving client's
+/// connection dropped: the route kept a cost for a request it never
+/// served.
+#[tokio::test]
+async fn a_second_readings_refund_outlives_a_client_that_leaves_meanwhile() {
+    use tokio::io::AsyncWriteExt;
+    let (flaky, broker, addr) = serve_flaky().await;
+    // Spends `private`'s one call a minute; `files` is not charged.
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
+    flaky.hooks.slow_settles.store(true, Ordering::SeqCst);
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(&get_line(b"/files/private%2Fb"))
+        .await
+        .unwrap();
+    while !flaky.hooks.settling.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    drop(client);
+    for _ in 0..200 {
+        if !flaky.hooks.settles.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let settles = flaky.hooks.settles.lock().unwrap().clone();
+    assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
+    assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
+}

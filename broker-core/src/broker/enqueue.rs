@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::in_flight::to_its_answer;
 use super::{note_backend_error, Permit, Resource, ResourceBroker, Target};
 use crate::backend::Backend;
 use crate::clock::Micros;
@@ -56,7 +57,7 @@ pub enum EnqueueError<E> {
     },
 }
 
-const NO_COST: Cost = Cost {
+pub(super) const NO_COST: Cost = Cost {
     requests: 0,
     tokens: 0,
 };
@@ -93,25 +94,31 @@ impl Booking {
     ) -> Result<Result<Booking, Micros>, BrokerError> {
         let booked_under = resource.latest().clone();
         let backend = broker.inner.backend.clone();
-        let r = backend
-            .reserve(&key, &booked_under.spec, cost, max_wait)
-            .await
-            .inspect_err(|e| note_backend_error(resource, "reserve", e))?;
-        if !r.booked {
-            return Ok(Err(r.wait));
-        }
-        let since_here = (resource.holds.until(&key)).unwrap_or_else(tokio::time::Instant::now);
-        Ok(Ok(Booking {
-            backend,
-            resource: resource.clone(),
-            booked_under,
-            key,
-            cost,
-            wait: r.wait,
-            since: r.since,
-            since_here,
-            armed: true,
-        }))
+        let resource = resource.clone();
+        // Run to its answer if the caller goes away meanwhile: a booking
+        // the store makes then is dropped there, which refunds it.
+        to_its_answer(async move {
+            let r = backend
+                .reserve(&key, &booked_under.spec, cost, max_wait)
+                .await
+                .inspect_err(|e| note_backend_error(&resource, "reserve", e))?;
+            if !r.booked {
+                return Ok(Err(r.wait));
+            }
+            let since_here = (resource.holds.until(&key)).unwrap_or_else(tokio::time::Instant::now);
+            Ok(Ok(Booking {
+                backend,
+                resource,
+                booked_under,
+                key,
+                cost,
+                wait: r.wait,
+                since: r.since,
+                since_here,
+                armed: true,
+            }))
+        })
+        .await
     }
 
     /// Sleeps until the booked time, counting it as a local limiter wait:
@@ -276,7 +283,7 @@ impl Drop for Booking {
 /// a task of its own, returned, so that no caller going away cuts the
 /// correction off (`None`: made at once, or no runtime to run it). A
 /// failure is logged as `op`.
-fn settle_or_spawn(
+pub(super) fn settle_or_spawn(
     backend: &Arc<dyn Backend>,
     resource: &Arc<Resource>,
     key: &str,

@@ -4,6 +4,7 @@ mod enqueue;
 mod first_poll;
 mod handle;
 mod hold;
+mod in_flight;
 mod keeper;
 mod permit;
 mod register;
@@ -696,13 +697,22 @@ impl ResourceBroker {
         owned_key: Option<String>,
         cost: Cost,
     ) -> Result<Acquisition, BrokerError> {
-        let key = owned_key.as_deref().unwrap_or(&resource.key);
-        let decision = self
-            .inner
-            .backend
-            .try_acquire(key, &resource.spec, cost)
-            .await
-            .inspect_err(|e| note_backend_error(&resource, "try_acquire", e))?;
+        let backend = self.inner.backend.clone();
+        let asked = resource.clone();
+        // Run to its answer if the caller goes away meanwhile: a decision
+        // that took a cost or a slot then gives them back, unclaimed.
+        let decided = in_flight::to_its_answer(async move {
+            let key = owned_key.as_deref().unwrap_or(&asked.key);
+            let held_until = asked.holds.until(key);
+            let decision = backend
+                .try_acquire(key, &asked.spec, cost)
+                .await
+                .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
+            let unclaimed =
+                in_flight::Unclaimed::new(decision, backend, asked, owned_key, cost, held_until);
+            Ok::<_, BackendError>(unclaimed)
+        });
+        let (decision, owned_key) = decided.await?.claim();
         Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
     }
 

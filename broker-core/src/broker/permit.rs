@@ -234,6 +234,24 @@ fn held_elsewhere(
     }))
 }
 
+/// Releases `lease` on state `key` of `resource` as a dropped permit
+/// would: a lease the store granted to a caller that went away before it
+/// was told (see `in_flight.rs`), so never kept nor counted in flight.
+pub(super) fn release_untold(
+    backend: &Arc<dyn Backend>,
+    resource: Arc<Resource>,
+    key: HeldKey,
+    lease: LeaseId,
+) {
+    release_held(Held::Other(Box::new(HeldElsewhere {
+        backend: backend.clone(),
+        resource,
+        key,
+        lease,
+        counted: false,
+    })));
+}
+
 fn release_held(held: Held) {
     let h = match held {
         Held::Nothing => return,

@@ -1,0 +1,139 @@
+//! A call to the store that takes something when it is answered (a cost,
+//! a booking), run to its answer when its caller goes away while it is in
+//! flight (a timeout around `try_acquire`, `acquire` or `enqueue`, a
+//! dropped request): the store decides it anyway once it has it, and
+//! cut off, what it took would stay taken for work that never goes out.
+//! Run to its end on a task of its own, its answer is dropped there,
+//! and an answer that took something gives it back when dropped unused
+//! (a [`super::enqueue::Booking`] refunds its cost, an [`Unclaimed`]
+//! decision its cost and its slot).
+//!
+//! A store that answers in process answers on the first poll: nothing is
+//! ever left in flight there.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::enqueue::{settle_or_spawn, NO_COST};
+use super::permit::release_untold;
+use super::{HeldKey, Resource};
+use crate::backend::Backend;
+use crate::limits::Cost;
+use crate::state::{Decision, Marks};
+
+/// `call`'s answer; if the caller goes away after it was first polled
+/// (sent) and before it was answered, `call` is run to its end on a task
+/// of its own, and its answer dropped there. Without a runtime (it is
+/// shutting down), it is dropped where it is.
+pub(crate) fn to_its_answer<T: Send + 'static>(
+    call: impl Future<Output = T> + Send + 'static,
+) -> InFlight<T> {
+    InFlight {
+        call: Some(Box::pin(call)),
+        sent: false,
+    }
+}
+
+/// The future of [`to_its_answer`].
+pub(crate) struct InFlight<T: Send + 'static> {
+    /// The call, until it is answered.
+    call: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    /// Whether it was polled: it may have reached the store.
+    sent: bool,
+}
+
+impl<T: Send + 'static> Future for InFlight<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let call = this.call.as_mut().expect("a call polled after its answer");
+        this.sent = true;
+        let Poll::Ready(answer) = call.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        this.call = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl<T: Send + 'static> Drop for InFlight<T> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take().filter(|_| self.sent) else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { drop(call.await) });
+        }
+    }
+}
+
+/// A `try` decision of the store for a caller that may have gone away
+/// before it was told: dropped without [`Unclaimed::claim`], an allowed
+/// decision gives its cost back and frees its slot, as a permit dropped
+/// unused would (its cost is not made good unless a hold was put on since
+/// it was asked: then the store's drain stands, as a cancelled booking's
+/// does).
+pub(crate) struct Unclaimed {
+    decision: Option<Decision>,
+    backend: Arc<dyn Backend>,
+    resource: Arc<Resource>,
+    /// The state asked (`None`: the resource's own).
+    key: Option<String>,
+    cost: Cost,
+    /// The end of this process's hold on the state when it was asked.
+    held_until: Option<tokio::time::Instant>,
+}
+
+impl Unclaimed {
+    /// `decision` on state `key` (`None`: the resource's own), asked for
+    /// `cost`.
+    pub(crate) fn new(
+        decision: Decision,
+        backend: Arc<dyn Backend>,
+        resource: Arc<Resource>,
+        key: Option<String>,
+        cost: Cost,
+        held_until: Option<tokio::time::Instant>,
+    ) -> Self {
+        Self {
+            decision: Some(decision),
+            backend,
+            resource,
+            key,
+            cost,
+            held_until,
+        }
+    }
+
+    /// The decision, told to its caller (which now holds what it took),
+    /// and the state key it was made on.
+    pub(crate) fn claim(mut self) -> (Decision, Option<String>) {
+        let decision = self.decision.take().expect("claimed once");
+        (decision, self.key.take())
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(d) = self.decision.take().filter(|d| d.allowed) else {
+            return;
+        };
+        let resource = &self.resource;
+        if let Some(lease) = d.lease {
+            let key = HeldKey::State(self.key.clone());
+            release_untold(&self.backend, resource.clone(), key, lease);
+        }
+        let key = self.key.as_deref().unwrap_or(&resource.key);
+        let held = resource.holds.until(key);
+        if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.held_until) {
+            return;
+        }
+        let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
+        let change = (self.cost, NO_COST, since);
+        let spec = &resource.spec;
+        let _ = settle_or_spawn(&self.backend, resource, key, spec, change, "refund");
+    }
+}
