@@ -329,8 +329,15 @@ async fn acquire(
         }
     };
     let first_here = u8::from(admitted.answered_here);
+    // Until the second part has answered: a client that leaves meanwhile
+    // (the response future dropped) gets the first part's cost given back,
+    // as an admission dropped in flight is not charged.
+    let mut unanswered = FirstPart {
+        refund: Some((policy.clone(), first, first_here)),
+    };
     let result = acquire_on(policy, second, tenant).await;
     let second_here = answered_here(&result);
+    let refund = unanswered.refund.take();
     match result {
         Ok(mut both) if both.allowed => {
             both.permit = admitted.permit.join(both.permit);
@@ -338,9 +345,30 @@ async fn acquire(
         }
         refused => {
             drop(admitted);
-            let refund: RefundFuture = Box::pin(refund(policy.clone(), first, first_here));
-            to_the_end(refund).await;
+            if let Some((policy, first, here)) = refund {
+                to_the_end(Box::pin(self::refund(policy, first, here))).await;
+            }
             (second, refused, second_here)
+        }
+    }
+}
+
+/// The first part of a [`Stage::Both`] admission, admitted, while the
+/// second is asked: dropped before that answer, it gives the first part's
+/// cost back from a task of its own (its permit goes with the dropped
+/// acquisition).
+struct FirstPart {
+    refund: Option<(Arc<Policy>, Stage, u8)>,
+}
+
+impl Drop for FirstPart {
+    fn drop(&mut self) {
+        let Some((policy, first, here)) = self.refund.take() else {
+            return;
+        };
+        // Without a runtime (it is shutting down), the cost stays charged.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(refund(policy, first, here));
         }
     }
 }

@@ -38,6 +38,10 @@ struct Flaky {
     // set once one has set out.
     slow_settles: AtomicBool,
     settling: AtomicBool,
+    // While set, a decision on the `private` route takes 300 ms to reach
+    // the store; `trying_private` is set once one has set out.
+    slow_private_tries: AtomicBool,
+    trying_private: AtomicBool,
 }
 
 impl Hooks for Flaky {
@@ -67,6 +71,13 @@ impl Hooks for Flaky {
         self.open
             .load(Ordering::SeqCst)
             .then(|| Ok(Decision::allow(None).by_failure_policy()))
+    }
+    fn try_acquire_delay(&self, key: &str) -> std::time::Duration {
+        if !key.contains("private") || !self.slow_private_tries.load(Ordering::SeqCst) {
+            return std::time::Duration::ZERO;
+        }
+        self.trying_private.store(true, Ordering::SeqCst);
+        std::time::Duration::from_millis(300)
     }
     fn settle(&self, key: &str, since: Option<Marks>) -> Option<Result<(), BackendError>> {
         self.settles.lock().unwrap().push((key.to_owned(), since));
@@ -293,4 +304,46 @@ async fn a_second_readings_refund_outlives_a_client_that_leaves_meanwhile() {
     let settles = flaky.hooks.settles.lock().unwrap().clone();
     assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
     assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
+}
+
+/// A client that leaves while the second reading of a path read two ways
+/// is on its way to the store does not leave the first reading's cost
+/// charged: the request never reached its handler, as with a client that
+/// leaves while a one-stage admission is in flight. Before, the first
+/// reading's route kept its cost.
+#[tokio::test]
+async fn a_client_that_leaves_before_the_second_reading_answers_costs_the_first_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let (flaky, broker, addr) = serve_flaky().await;
+    flaky.hooks.slow_private_tries.store(true, Ordering::SeqCst);
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(&get_line(b"/files/private%2Fb"))
+        .await
+        .unwrap();
+    while !flaky.hooks.trying_private.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    drop(client);
+    for _ in 0..200 {
+        if flaky.hooks.settles.lock().unwrap().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let mut settles = flaky.hooks.settles.lock().unwrap().clone();
+    settles.sort_by(|a, b| a.0.cmp(&b.0));
+    let refunded = |key: &str| (key.to_owned(), None);
+    assert_eq!(
+        settles,
+        [refunded("route%3Afiles"), refunded("route%3Aprivate")],
+        "both readings' costs given back"
+    );
+    assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
+    flaky
+        .hooks
+        .slow_private_tries
+        .store(false, Ordering::SeqCst);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/b")).await, 200);
 }

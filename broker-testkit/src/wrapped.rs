@@ -35,6 +35,12 @@ pub trait Hooks: Send + Sync + 'static {
         None
     }
 
+    /// How long an asynchronous `try_acquire` on `key` waits before it is
+    /// passed on (a decision across a network).
+    fn try_acquire_delay(&self, _key: &str) -> Duration {
+        Duration::ZERO
+    }
+
     /// The answer a `settle` on `key` of a booking marked `since` gives
     /// instead of the wrapped store's (`None`: the wrapped store's).
     fn settle(&self, _key: &str, _since: Option<Marks>) -> Option<Result<(), BackendError>> {
@@ -107,6 +113,7 @@ impl<H: Hooks> Backend for Wrapped<H> {
             })
             .await;
         }
+        pause(self.hooks.try_acquire_delay(k)).await;
         if let Some(answer) = self.hooks.try_acquire(k) {
             return answer;
         }
