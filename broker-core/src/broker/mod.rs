@@ -483,7 +483,10 @@ impl<'s> Call<'s> for ById<'s> {
 impl ResourceBroker {
     /// Answers at once: takes `cost` (and a concurrency slot) if available,
     /// else says how long until it would fit. Nothing is consumed when
-    /// denied.
+    /// denied. Dropped before it answers (a caller's timeout while a shared
+    /// store is slow), it consumes nothing either: a decision already sent
+    /// runs to its answer on a task of its own, which gives back what it
+    /// took.
     pub fn try_acquire<'s, 'a: 's>(
         &'s self,
         target: impl Into<Target<'a>>,
