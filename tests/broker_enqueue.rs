@@ -1123,3 +1123,60 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
         }
     }
 }
+
+/// A store across a network whose `try_acquire` replies 100 ms after it
+/// has decided.
+struct SlowReply;
+
+impl broker_testkit::Hooks for SlowReply {
+    fn asynchronous(&self) -> bool {
+        true
+    }
+    fn local_states(
+        &self,
+        _: Arc<dyn broker_core::LocalStates>,
+    ) -> Option<Arc<dyn broker_core::LocalStates>> {
+        None
+    }
+    fn try_acquire_reply_delay(&self, _: &str) -> Duration {
+        Duration::from_millis(100)
+    }
+}
+
+/// A `try_acquire` dropped while its reply is on the way, the resource
+/// registered meanwhile with other buckets (a tokens limit added), which
+/// starts its state afresh: the unclaimed decision gives nothing back, as
+/// a booking cancelled then does not. Before, it was refunded under the
+/// limits it was asked under, and the store started the state afresh
+/// again for them: the five calls the new limits had let out in the
+/// minute were forgotten, and five more went out.
+#[tokio::test(start_paused = true)]
+async fn an_unclaimed_decision_is_not_refunded_under_limits_registered_over() {
+    let memory = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(memory, SlowReply));
+    broker
+        .register_limit("api", Limits::new().rate(RateLimit::per_minute(5)))
+        .unwrap();
+    // Decided at once, its reply 100 ms away: the caller leaves at 50 ms.
+    let left = tokio::time::timeout(
+        Duration::from_millis(50),
+        broker.try_acquire("api", Cost::default()),
+    );
+    assert!(left.await.is_err(), "answered before its caller left");
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(5))
+        .rate(RateLimit::per_minute(1_000).unit(Unit::Tokens));
+    broker.register_limit("api", limits).unwrap();
+    // The whole minute's five, decided before the unclaimed reply lands.
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let broker = broker.clone();
+            tokio::spawn(async move { broker.try_acquire("api", Cost::default()).await })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.await.unwrap().unwrap().allowed);
+    }
+    let more = broker_testkit::allowed_in_a_row(&broker, "api").await;
+    assert_eq!(more, 0, "{more} calls went out beyond the five a minute");
+}

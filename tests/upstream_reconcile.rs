@@ -310,3 +310,42 @@ async fn a_counter_with_a_reset_of_hours_is_not_read_as_the_per_second_window() 
         );
     }
 }
+
+/// With 150,000 tokens a minute and 10,000,000 a day, a counter that
+/// reports the minute's limit of 150,000 describes the minute whatever its
+/// reset (OpenAI's per-minute token counter reports resets such as
+/// "6m0s"): spent, it holds the per-minute bucket until the reset, and the
+/// minute after that refills it, not the day's (before, the reset too long
+/// for a minute's window read it as the day's counter: the daily bucket
+/// was drained, and a call of 100,000 tokens 7 minutes later was refused,
+/// the day's budget refilling at under 120 tokens a second).
+#[tokio::test(start_paused = true)]
+async fn a_counter_naming_the_minutes_limit_is_the_minutes_whatever_its_reset() {
+    use broker_core::{Observed, ObservedLimit, Unit};
+    let broker = memory_broker();
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(150_000).unit(Unit::Tokens))
+        .rate(RateLimit::per(10_000_000, Duration::from_secs(86_400)).unit(Unit::Tokens));
+    broker.register_limit("llm", limits).unwrap();
+    let spent = ObservedLimit {
+        tokens: Some(Observed {
+            limit: Some(150_000),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(6 * 60)),
+        }),
+        ..ObservedLimit::default()
+    };
+    broker.reconcile("llm", &spent).await.unwrap();
+    let held = broker.try_acquire("llm", Cost::tokens(1)).await.unwrap();
+    assert!(!held.allowed, "the spent counter holds nothing");
+    tokio::time::sleep(Duration::from_secs(7 * 60)).await;
+    let a = broker
+        .try_acquire("llm", Cost::tokens(100_000))
+        .await
+        .unwrap();
+    assert!(
+        a.allowed,
+        "refused for {:?}: the per-minute counter drained the day",
+        a.wait_time
+    );
+}

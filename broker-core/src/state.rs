@@ -611,9 +611,12 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
 /// whose burst is nearest the reported limit, or without a limit the
 /// shortest window (ties: the shorter window), of the buckets whose window
 /// can last until the counter's reset (see [`can_last_until`]; when none
-/// can, of those slowest to fill). The others are left alone, so a per-second
-/// counter at 0 does not drain the daily budget, and a daily counter,
-/// whose reset is hours away, is not read as the per-second bucket's.
+/// can, of those slowest to fill), and of the buckets whose burst is the
+/// reported limit if there are any, whatever the reset. The others are
+/// left alone, so a per-second counter at 0 does not drain the daily
+/// budget, a per-minute one reporting a reset of minutes neither, and a
+/// daily counter, whose reset is hours away, is not read as the
+/// per-second bucket's.
 pub fn observed_for<'o>(
     spec: &LimitSpec,
     observed: &'o ObservedLimit,
@@ -631,14 +634,21 @@ pub fn observed_for<'o>(
             .enumerate()
             .filter(|(_, (u, _))| u == unit)
     };
+    // A limit that is a bucket's burst names the bucket: a counter's reset
+    // may outlast its window (OpenAI's per-minute counters report resets
+    // such as "6m0s"), and a per-minute counter read as the day's would
+    // drain the daily budget.
+    let names = |p: &BucketParams| o.limit.is_some_and(|l| p.capacity() == l as f64);
+    let named = of_unit().any(|(_, (_, p))| names(p));
+    let candidates = || of_unit().filter(move |(_, (_, p))| !named || names(p));
     let lasts = |p: &BucketParams| o.reset.is_none_or(|reset| can_last_until(p, reset));
-    let longest = of_unit()
+    let longest = candidates()
         .map(|(_, (_, p))| full_after(p))
         .fold(0.0, f64::max);
     // Of the buckets that can last until the reset; when none can, the
     // ones that come nearest (the longest to fill).
-    let some_lasts = of_unit().any(|(_, (_, p))| lasts(p));
-    let described = of_unit()
+    let some_lasts = candidates().any(|(_, (_, p))| lasts(p));
+    let described = candidates()
         .filter(|(_, (_, p))| match some_lasts {
             true => lasts(p),
             false => full_after(p) >= longest,

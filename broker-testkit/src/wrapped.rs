@@ -41,6 +41,13 @@ pub trait Hooks: Send + Sync + 'static {
         Duration::ZERO
     }
 
+    /// How long an asynchronous `try_acquire` on `key` waits after the
+    /// wrapped store has decided it, before it answers (a reply across a
+    /// network: the store has decided, the caller does not know yet).
+    fn try_acquire_reply_delay(&self, _key: &str) -> Duration {
+        Duration::ZERO
+    }
+
     /// The answer a `settle` on `key` of a booking marked `since` gives
     /// instead of the wrapped store's (`None`: the wrapped store's).
     fn settle(&self, _key: &str, _since: Option<Marks>) -> Option<Result<(), BackendError>> {
@@ -117,7 +124,9 @@ impl<H: Hooks> Backend for Wrapped<H> {
         if let Some(answer) = self.hooks.try_acquire(k) {
             return answer;
         }
-        self.inner.try_acquire(k, s, c).await
+        let answer = self.inner.try_acquire(k, s, c).await;
+        pause(self.hooks.try_acquire_reply_delay(k)).await;
+        answer
     }
     fn try_acquire_now(
         &self,

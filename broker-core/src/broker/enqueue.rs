@@ -240,6 +240,19 @@ fn under(booked_under: &Arc<Resource>, since: Marks) -> Under<'_> {
     Under::Same(&latest.spec, keep.then_some(since))
 }
 
+/// The limits to give back a cost taken, without a booking's marks, under
+/// registration `taken_under` (see [`Under`]): the latest, or `None` when a
+/// registration since had other buckets (the state may have been started
+/// afresh, and holds none of it; a refund under the limits it was taken
+/// under would start it afresh again, as a cancelled booking's would: see
+/// [`Booking::refund_under`]).
+pub(super) fn refund_spec(taken_under: &Arc<Resource>) -> Option<&Arc<LimitSpec>> {
+    match under(taken_under, Marks::ANSWERED_HERE) {
+        Under::Same(spec, _) => Some(spec),
+        Under::Afresh(_) => None,
+    }
+}
+
 /// Whether `a` and `b` have buckets of the same units in the same order.
 fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
     a.buckets.len() == b.buckets.len()

@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::enqueue::{settle_or_spawn, NO_COST};
+use super::enqueue::{refund_spec, settle_or_spawn, NO_COST};
 use super::permit::release_untold;
 use super::{HeldKey, Resource};
 use crate::backend::Backend;
@@ -73,9 +73,10 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 /// A `try` decision of the store for a caller that may have gone away
 /// before it was told: dropped without [`Unclaimed::claim`], an allowed
 /// decision gives its cost back and frees its slot, as a permit dropped
-/// unused would (its cost is not made good unless a hold was put on since
+/// unused would (its cost is not given back if a hold was put on since
 /// it was asked: then the store's drain stands, as a cancelled booking's
-/// does).
+/// does; nor if a registration since had other buckets: then the state
+/// may have been started afresh).
 pub(crate) struct Unclaimed {
     decision: Option<Decision>,
     backend: Arc<dyn Backend>,
@@ -131,9 +132,13 @@ impl Drop for Unclaimed {
         if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.held_until) {
             return;
         }
+        // Under the latest limits, none if a registration since the call
+        // was asked had other buckets (see `refund_spec`).
+        let Some(spec) = refund_spec(resource) else {
+            return;
+        };
         let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
         let change = (self.cost, NO_COST, since);
-        let spec = &resource.spec;
         let _ = settle_or_spawn(&self.backend, resource, key, spec, change, "refund");
     }
 }
