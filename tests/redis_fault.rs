@@ -1068,3 +1068,129 @@ async fn a_call_dropped_while_its_decision_is_in_flight_is_not_charged() {
         }
     }
 }
+
+/// A decision that gets no reply within the operation timeout (Redis
+/// hangs) is answered by the failure policy: refused (fail-closed), or
+/// counted in this process's share (local fallback). Redis runs it once it
+/// answers again: what it took there is given back, for a `try` and a
+/// `reserve`, alone, in a batch and with coalescing off. Before, Redis
+/// kept the cost of a call that was refused or counted here (a
+/// 2-per-minute limit lost one of its two calls for 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
+    use broker_core::{Backend, LimitSpec};
+    let server = RedisServer::start();
+    let spec = LimitSpec::new(
+        &Limits::new().rate(RateLimit::per_minute(2)),
+        Duration::from_secs(60),
+    );
+    for policy in [
+        FailurePolicy::FailClosed,
+        FailurePolicy::LocalFallback { share: 0.5 },
+    ] {
+        for mode in ["alone", "batch", "off"] {
+            for call in ["try", "reserve"] {
+                let prefix = format!("late{}{mode}{call}", policy.name());
+                let mut builder = RedisBackend::builder(&server.url())
+                    .prefix(&prefix)
+                    .coalesce(mode != "off")
+                    .failure_policy(policy)
+                    .connect_timeout(Duration::from_millis(150))
+                    .response_timeout(Duration::from_millis(150))
+                    .probe_interval(Duration::from_millis(20));
+                if mode == "batch" {
+                    builder = builder.coalesce_every_call();
+                }
+                let backend = builder.connect().await.expect("connect");
+                // Loads the scripts, takes nothing.
+                let none = Cost::requests(0);
+                assert!(
+                    backend
+                        .try_acquire("api", &spec, none)
+                        .await
+                        .unwrap()
+                        .allowed
+                );
+                let warm = backend.reserve("api", &spec, none, Duration::ZERO);
+                assert!(warm.await.unwrap().booked);
+                backend
+                    .settle("api", &spec, none, none, None)
+                    .await
+                    .unwrap();
+
+                server.pause();
+                let told = match call {
+                    "try" => backend
+                        .try_acquire("api", &spec, Cost::default())
+                        .await
+                        .map(|d| d.allowed),
+                    _ => backend
+                        .reserve("api", &spec, Cost::default(), Duration::from_secs(5))
+                        .await
+                        .map(|r| r.booked),
+                };
+                assert!(
+                    backend.health().down,
+                    "{policy:?} {mode} {call}: answered by the policy ({told:?})"
+                );
+                server.resume();
+                let tokens = tokens_settled(&backend, 1.99).await;
+                assert!(
+                    tokens.is_none_or(|t| t >= 1.99),
+                    "{policy:?} {mode} {call}: told {told:?}, yet Redis kept the cost: {tokens:?} tokens left"
+                );
+            }
+        }
+    }
+}
+
+/// A limit too small for the local fallback to split by its share (1 a
+/// minute at a share of 0.5: a bucket of half a token; one slot: none)
+/// admits nothing locally while Redis is down, and says so with an error.
+/// Before, `try_acquire` was denied with a wait of about a minute that
+/// never came true (the bucket never holds a whole token), so a caller
+/// that honoured it retried forever, and `reserve` booked the call after
+/// that wait: two replicas at that share sent two calls at once against a
+/// burst of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
+    use broker_core::{Backend, LimitSpec};
+    let mut server = RedisServer::start();
+    let policy = FailurePolicy::LocalFallback { share: 0.5 };
+    let backend = quick(&server.url(), "tiny", true, policy).await;
+    let spec = |limits: Limits| LimitSpec::new(&limits, Duration::from_secs(60));
+    let rate = spec(Limits::new().rate(RateLimit::per_minute(1)));
+    let slot = spec(Limits::new().max_concurrent(1));
+    let tokens =
+        spec(Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens)));
+    server.kill();
+    let refused = |r: Result<String, broker_core::BackendError>| match r {
+        Err(e) => assert!(e.message.contains("admits nothing"), "{e}"),
+        Ok(told) => panic!("told {told} by a share that admits nothing"),
+    };
+    let one = Cost::default();
+    let d = backend.try_acquire("rate", &rate, one).await;
+    refused(d.map(|d| format!("{d:?}")));
+    let r = backend
+        .reserve("rate", &rate, one, Duration::from_secs(120))
+        .await;
+    refused(r.map(|r| format!("{r:?}")));
+    let d = backend.try_acquire("slot", &slot, one).await;
+    refused(d.map(|d| format!("{d:?}")));
+    let h = backend.hold_slot("slot", &slot).await;
+    refused(h.map(|h| format!("{h:?}")));
+    // 600 tokens of a share of 500.
+    let d = backend
+        .try_acquire("tokens", &tokens, Cost::tokens(600))
+        .await;
+    refused(d.map(|d| format!("{d:?}")));
+    // What fits the share is still decided here.
+    let fits = backend
+        .try_acquire("tokens", &tokens, Cost::tokens(500))
+        .await;
+    assert!(fits.unwrap().allowed);
+    let spent = backend
+        .try_acquire("tokens", &tokens, Cost::tokens(500))
+        .await;
+    assert!(!spent.unwrap().allowed, "the share is spent");
+}

@@ -19,6 +19,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use broker_core::state::MARKED;
 use broker_core::LeaseId;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, Value};
 use tokio::sync::oneshot;
@@ -112,6 +113,9 @@ pub(crate) struct Coalescer {
     conn: Conn,
     op_timeout: Duration,
     settings: Settings,
+    /// Whether the cost of a decision granted after its caller was told it
+    /// timed out is given back (see [`Late`]).
+    refund_late: bool,
     state: Mutex<State>,
 }
 
@@ -124,10 +128,16 @@ impl std::fmt::Debug for Coalescer {
 }
 
 impl Coalescer {
-    pub(crate) fn new(conn: Conn, op_timeout: Duration, settings: Settings) -> Self {
+    pub(crate) fn new(
+        conn: Conn,
+        op_timeout: Duration,
+        settings: Settings,
+        refund_late: bool,
+    ) -> Self {
         Self {
             conn,
             op_timeout,
+            refund_late,
             settings: Settings {
                 max_batch: settings.max_batch.max(1),
                 max_in_flight: settings.max_in_flight.max(1),
@@ -206,15 +216,26 @@ impl Coalescer {
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
         let _place = Alone { coalescer: self };
+        let late = Undo::One(self.late(lease.as_ref()));
         // Declared after the place, so dropped first: a lease is released
         // before the place is handed on.
         let unsettled = Unsettled::new(&self.conn, self.op_timeout, lease);
-        let reply = send(&self.conn, self.op_timeout, script, &cmd).await;
+        let reply = send_or_later(&self.conn, self.op_timeout, script, cmd, late).await;
         // The lease of a decision whose outcome is unknown (no reply in
         // time, a failed connection) is released as its caller's would be:
         // the caller is told the call failed, and never holds it.
         unsettled.settle(&reply);
         reply
+    }
+
+    /// What to give back of a `try` decision (which may be granted
+    /// `lease`) granted after its caller was told it timed out.
+    fn late(&self, lease: Option<&(KeyPair, LeaseId)>) -> Late {
+        Late {
+            takes: Takes::Try,
+            lease: lease.map(|l| l.1),
+            refund: self.refund_late,
+        }
     }
 
     /// Takes the next batch off the queue, skipping decisions whose caller
@@ -283,14 +304,29 @@ impl Coalescer {
     /// Sends decisions whose keys share a slot as one call.
     async fn flush_group(&self, mut batch: Vec<Pending>) {
         if batch.len() == 1 && !self.settings.batch_every_call {
-            if let Some(one) = batch.pop() {
-                let reply = send(&self.conn, self.op_timeout, one.script, &one.cmd).await;
+            if let Some(mut one) = batch.pop() {
+                let cmd = std::mem::take(&mut one.cmd);
+                let late = Undo::One(self.late(one.lease.as_ref()));
+                let reply = send_or_later(&self.conn, self.op_timeout, one.script, cmd, late).await;
                 self.answer(one, reply);
                 return;
             }
         }
         let cmd = batch_cmd(&batch);
-        let replies = match send(&self.conn, self.op_timeout, &scripts::TRY_BATCH, &cmd).await {
+        // Each decision's own call, to give back what it took if the
+        // batch's reply comes late.
+        let late = batch
+            .iter_mut()
+            .map(|p| (std::mem::take(&mut p.cmd), self.late(p.lease.as_ref())))
+            .collect();
+        let sent = send_or_later(
+            &self.conn,
+            self.op_timeout,
+            &scripts::TRY_BATCH,
+            cmd,
+            Undo::Batch(late),
+        );
+        let replies = match sent.await {
             Reply::Done(Ok(Value::Array(items))) if items.len() == batch.len() => items
                 .into_iter()
                 .map(|item| Reply::Done(decision_reply(item)))
@@ -434,6 +470,140 @@ struct Alone<'a> {
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
         self.coalescer.returned();
+    }
+}
+
+/// How long a decision that got no reply within the operation timeout is
+/// still waited for, on a task of its own, so that what Redis took for it
+/// when it ran late is given back (see [`Late`]). A decision Redis runs
+/// later still keeps what it took (a lease until its TTL).
+pub(crate) const LATE: Duration = Duration::from_secs(30);
+
+/// What a decision takes in Redis when it is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Takes {
+    /// A `try`: its cost, and its lease if it asks for one.
+    Try,
+    /// A `reserve`: its cost.
+    Reserve,
+    /// A `hold_slot`: its lease.
+    Slot,
+}
+
+/// What to give back of a decision that Redis granted after its caller
+/// was told it got no reply in time (and was answered by the failure
+/// policy: denied, counted in the local fallback, or let through open):
+/// its lease, which no caller holds, and, when `refund`, its cost, which
+/// paid for no call that went out under Redis's count (fail-closed denied
+/// it; the local fallback counted it, or denied it, itself). Fail-open
+/// keeps the cost in Redis: the call went out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Late {
+    pub(crate) takes: Takes,
+    pub(crate) lease: Option<LeaseId>,
+    pub(crate) refund: bool,
+}
+
+impl Late {
+    /// Gives back what `reply`, the late reply to `cmd`, took.
+    async fn give_back(self, conn: &Conn, timeout: Duration, cmd: &Cmd, reply: &Value) {
+        let granted = |v: &Value| matches!(v, Value::Int(1));
+        let refund = match (self.takes, reply) {
+            (Takes::Slot, v) => {
+                if granted(v) {
+                    self.release(conn, timeout, cmd).await;
+                }
+                return;
+            }
+            (Takes::Try, v) if granted(v) => {
+                self.release(conn, timeout, cmd).await;
+                scripts::refund_of(cmd, [b""; MARKED])
+            }
+            (Takes::Try, _) => return,
+            // Booked with no wait and no hold: the store's time alone.
+            (Takes::Reserve, Value::BulkString(now)) => {
+                scripts::refund_of(cmd, [now.as_slice(); MARKED])
+            }
+            // {booked, wait, now, mark 1, .., mark 4}
+            (Takes::Reserve, Value::Array(items)) => match items.as_slice() {
+                [Value::Int(1), _, _, rest @ ..] => {
+                    let mut marks = [&b""[..]; MARKED];
+                    for (m, v) in marks.iter_mut().zip(rest) {
+                        if let Value::BulkString(b) = v {
+                            *m = b;
+                        }
+                    }
+                    scripts::refund_of(cmd, marks)
+                }
+                _ => return,
+            },
+            (Takes::Reserve, _) => return,
+        };
+        if let Some(undo) = refund.filter(|_| self.refund) {
+            if let Reply::Done(Err(e)) = send(conn, timeout, &scripts::SETTLE, &undo).await {
+                tracing::debug!(error = %e, "giving back the cost of a timed-out decision failed");
+            }
+        }
+    }
+
+    async fn release(&self, conn: &Conn, timeout: Duration, cmd: &Cmd) {
+        if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
+            let _ = send(conn, timeout, &scripts::RELEASE, &undo).await;
+        }
+    }
+}
+
+/// What to give back if a call's reply comes late: one decision's, or
+/// each of a batch's (their own calls, in the batch's order).
+pub(crate) enum Undo {
+    One(Late),
+    Batch(Vec<(Cmd, Late)>),
+}
+
+/// A decision's `EVALSHA` (`cmd`, of `script`) within `timeout`, as
+/// [`send`]; with no reply by then, the call goes on, on a task of its own,
+/// for up to [`LATE`], and what its late reply took is given back (see
+/// [`Late`]): its caller was answered without it.
+pub(crate) async fn send_or_later(
+    conn: &Conn,
+    timeout: Duration,
+    script: &'static Script,
+    cmd: Cmd,
+    undo: Undo,
+) -> Reply {
+    let on = conn.clone();
+    let mut call = Box::pin(async move {
+        let reply = on.evalsha(script, &cmd).await;
+        (reply, cmd)
+    });
+    match tokio::time::timeout(timeout, &mut call).await {
+        Ok((reply, _)) => Reply::Done(reply),
+        Err(_) => {
+            // Without a runtime (it is shutting down), what it took stays.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let conn = conn.clone();
+                runtime.spawn(async move {
+                    let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
+                        return;
+                    };
+                    match undo {
+                        Undo::One(late) => late.give_back(&conn, timeout, &cmd, &reply).await,
+                        Undo::Batch(decisions) => {
+                            let Value::Array(items) = reply else { return };
+                            if items.len() != decisions.len() {
+                                return;
+                            }
+                            for (item, (cmd, late)) in items.into_iter().zip(decisions) {
+                                if let Ok(reply) = decision_reply(item) {
+                                    late.give_back(&conn, timeout, &cmd, &reply).await;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            Reply::TimedOut
+        }
     }
 }
 

@@ -179,11 +179,16 @@ fn is_broken_pipe(e: &RedisError) -> bool {
     io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
-/// The connection manager's settings: the timeouts, one quick retry.
+/// The connection manager's settings: the timeouts, one quick retry. Its
+/// response timeout is past the operation timeout and the wait for a late
+/// reply ([`crate::coalesce::LATE`]): every call is bounded by the
+/// operation timeout of its own, and a decision with no reply by then
+/// still reads its reply, to give back what it took (the manager's own
+/// timeout would drop it, and the cost with it).
 fn manager_config(t: Timeouts) -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
-        .set_response_timeout(Some(t.response))
+        .set_response_timeout(Some(t.connect + t.response + crate::coalesce::LATE))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100))

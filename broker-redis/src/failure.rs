@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use broker_core::bucket::BucketParams;
 use broker_core::stats::BackendHealth;
-use broker_core::{BackendError, LimitSpec};
+use broker_core::{BackendError, Cost, LimitSpec};
 
 /// What the backend answers while Redis is unreachable (connection refused
 /// or dropped, timeouts, cluster down, a loading or read-only server).
@@ -35,8 +35,11 @@ pub enum FailurePolicy {
     /// (rounded up to a whole µs), concurrency limits times `share` rounded
     /// down. A limit too small to split (a burst times `share` below the
     /// cost, a concurrency limit that rounds down to 0) admits nothing
-    /// locally: a full bucket per process is never handed out. Set `share`
-    /// to `1 / replicas` or less to keep the sum within the quota.
+    /// locally: a full bucket per process is never handed out, and such a
+    /// call fails with a [`BackendError`] that says so, as under
+    /// [`FailurePolicy::FailClosed`] (not a denial whose wait would never
+    /// come true, nor a booking that would take more than the share). Set
+    /// `share` to `1 / replicas` or less to keep the sum within the quota.
     LocalFallback {
         /// The fraction of every limit this process may use alone.
         share: f64,
@@ -88,6 +91,27 @@ pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
             .map(|m| (m as f64 * share).floor() as u32),
         lease_ttl: spec.lease_ttl,
     }
+}
+
+/// Why the local fallback's `scaled` limits (at `share`) can never admit
+/// `cost`: a bucket whose share is smaller than the cost, or a
+/// concurrency limit that rounds down to no slot. `None` when they can.
+pub(crate) fn never_admits(scaled: &LimitSpec, share: f64, cost: Cost) -> Option<String> {
+    if scaled.max_concurrent == Some(0) {
+        return Some(format!(
+            "the local fallback's share {share} of the concurrency limit is no slot"
+        ));
+    }
+    scaled.buckets.iter().find_map(|(unit, p)| {
+        let c = cost.of(*unit);
+        (c as f64 > p.capacity()).then(|| {
+            format!(
+                "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
+                p.capacity(),
+                unit.as_str()
+            )
+        })
+    })
 }
 
 /// Reachability of the store, as seen by the calls.

@@ -140,7 +140,13 @@ impl RedisBackend {
                 group_by_tag: b.cluster,
                 ..b.coalesce
             };
-            Arc::new(coalesce::Coalescer::new(conn.clone(), op_timeout, settings))
+            let refund_late = b.policy != FailurePolicy::FailOpen;
+            Arc::new(coalesce::Coalescer::new(
+                conn.clone(),
+                op_timeout,
+                settings,
+                refund_late,
+            ))
         });
         Self {
             inner: Arc::new(Inner {

@@ -178,3 +178,47 @@ pub(crate) fn evalsha_leases(
     cmd.arg(margin_ms).arg(0);
     cmd
 }
+
+/// The arguments of `cmd`, an `EVALSHA` built by [`evalsha`], as bytes.
+fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
+    cmd.args_iter()
+        .map(|a| match a {
+            redis::Arg::Simple(b) => b,
+            _ => &[][..],
+        })
+        .collect()
+}
+
+/// The `settle` that gives back the cost `cmd` took: `cmd` a `try` or
+/// `reserve` call built by [`evalsha`], whose operand for each bucket is
+/// its cost (so, as a `settle`'s delta, a refund of all of it), under the
+/// booking's `marks` (`""` for a `try`: none). `None` when `cmd` is not
+/// such a call.
+pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -> Option<Cmd> {
+    let args = args_of(cmd);
+    // EVALSHA sha 2 buckets leases now margin n, then 4 per bucket.
+    let n: usize = std::str::from_utf8(args.get(7)?).ok()?.parse().ok()?;
+    let head = args.get(2..8 + 4 * n)?;
+    let mut undo = redis::cmd("EVALSHA");
+    undo.arg(SETTLE.get_hash());
+    for a in head {
+        undo.arg(*a);
+    }
+    for m in marks {
+        undo.arg(m);
+    }
+    Some(undo)
+}
+
+/// The `release` of `lease` on the keys of `cmd`, a call built by
+/// [`evalsha`]; `None` when `cmd` is not such a call.
+pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
+    let args = args_of(cmd);
+    let keys = KeyPair {
+        buckets: String::from_utf8(args.get(3)?.to_vec()).ok()?,
+        leases: String::from_utf8(args.get(4)?.to_vec()).ok()?,
+    };
+    let mut undo = evalsha_no_buckets(&RELEASE, &keys);
+    undo.arg(lease);
+    Some(undo)
+}

@@ -14,7 +14,7 @@ use broker_core::{
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Script, Value};
 
-use crate::coalesce::{send, Reply, Unsettled};
+use crate::coalesce::{send, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy};
 use crate::keys::{self, KeyPair};
@@ -123,6 +123,38 @@ impl RedisBackend {
         self.outcome(reply)
     }
 
+    /// [`Self::run_leased`] for a decision that `takes` something when
+    /// granted: with no reply within the timeout (the failure policy
+    /// answers its caller), its late reply is still read, and what it took
+    /// given back (see [`Late`]).
+    async fn run_decision(
+        &self,
+        script: &'static Script,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+        takes: Takes,
+    ) -> Result<Value, Failure> {
+        self.gate()?;
+        let inner = &self.inner;
+        let late = Late {
+            takes,
+            lease: lease.as_ref().map(|l| l.1),
+            refund: self.refunds_late(),
+        };
+        let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
+        let reply = send_or_later(&inner.conn, inner.op_timeout, script, cmd, Undo::One(late));
+        let reply = reply.await;
+        unsettled.settle(&reply);
+        self.outcome(reply)
+    }
+
+    /// Whether a decision granted in Redis after its caller was answered
+    /// by the failure policy gives its cost back: not under fail-open,
+    /// whose call went out.
+    fn refunds_late(&self) -> bool {
+        self.inner.policy != FailurePolicy::FailOpen
+    }
+
     /// Runs a `try` call, coalesced with the concurrent ones when
     /// coalescing is on; else as [`Self::run`]. `lease` is the lease the
     /// decision may be granted.
@@ -135,7 +167,7 @@ impl RedisBackend {
     ) -> Result<Value, Failure> {
         let lease = lease.map(|l| (keys.clone(), l));
         let Some(coalescer) = &self.inner.coalescer else {
-            return self.run_leased(script, cmd, lease).await;
+            return self.run_decision(script, cmd, lease, Takes::Try).await;
         };
         self.gate()?;
         self.outcome(coalescer.run(script, cmd, lease).await)
@@ -204,6 +236,27 @@ impl RedisBackend {
         }
     }
 
+    /// Refuses `op` of `cost` when the local fallback's `scaled` limits can
+    /// never admit it (see [`failure::never_admits`]): a denial would
+    /// promise a wait that never ends, a booking would take more than the
+    /// share.
+    fn admissible_here(
+        &self,
+        op: &str,
+        scaled: &LimitSpec,
+        cost: Cost,
+    ) -> Result<(), BackendError> {
+        let FailurePolicy::LocalFallback { share } = self.inner.policy else {
+            return Ok(());
+        };
+        match failure::never_admits(scaled, share, cost) {
+            None => Ok(()),
+            Some(why) => Err(BackendError::new(format!(
+                "redis unreachable, {op} refused: {why}, so it admits nothing while redis is out of reach (raise the share or the limit)"
+            ))),
+        }
+    }
+
     /// The local fallback's store and its share of `spec`, under the local
     /// fallback policy.
     fn local_fallback(&self, spec: &LimitSpec) -> Option<(&MemoryBackend, LimitSpec)> {
@@ -257,12 +310,16 @@ impl RedisBackend {
         (script, cmd)
     }
 
-    /// `hold_slot` in Redis, under `lease`: true when held.
+    /// `hold_slot` in Redis, under `lease`: true when held. `fresh`: a new
+    /// lease (`hold_slot`), released if granted after the caller was told
+    /// the call timed out; else a live permit's (`retake`), whose next
+    /// renewal takes it again.
     async fn hold_slot_as(
         &self,
         keys: &KeyPair,
         spec: &LimitSpec,
         lease: LeaseId,
+        fresh: bool,
     ) -> Result<bool, Failure> {
         let mut cmd = scripts::evalsha(
             &scripts::HOLD_SLOT,
@@ -278,7 +335,14 @@ impl RedisBackend {
         };
         cmd.arg(spec.lease_ttl).arg(lease);
         let leased = Some((keys.clone(), lease));
-        let held = parse::<i64>(self.run_leased(&scripts::HOLD_SLOT, cmd, leased).await?)?;
+        let reply = match fresh {
+            true => {
+                self.run_decision(&scripts::HOLD_SLOT, cmd, leased, Takes::Slot)
+                    .await?
+            }
+            false => self.run_leased(&scripts::HOLD_SLOT, cmd, leased).await?,
+        };
+        let held = parse::<i64>(reply)?;
         Ok(held == 1)
     }
 
@@ -371,6 +435,7 @@ impl RedisBackend {
                         now,
                     )),
                     Fallback::Local(m, scaled) => {
+                        self.admissible_here("reserve", &scaled, cost)?;
                         let booked = m.reserve(key, &scaled, cost, max_wait).await?;
                         let since = Marks::ANSWERED_HERE;
                         Ok((Reservation { since, ..booked }, now))
@@ -392,7 +457,7 @@ impl RedisBackend {
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
-        let reply = self.run(script, cmd).await?;
+        let reply = self.run_decision(script, cmd, None, Takes::Reserve).await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
             let now = micros_of(&now)?;
@@ -441,7 +506,10 @@ impl Backend for RedisBackend {
             // goes where the cost went (see `settle`).
             Err(f) => match self.policy("try_acquire", f, spec)? {
                 Fallback::Open => Ok(Decision::allow(spec.max_concurrent.map(|_| lease))),
-                Fallback::Local(m, scaled) => m.try_acquire(key, &scaled, cost).await,
+                Fallback::Local(m, scaled) => {
+                    self.admissible_here("try_acquire", &scaled, cost)?;
+                    m.try_acquire(key, &scaled, cost).await
+                }
             }
             .map(Decision::by_failure_policy),
         }
@@ -465,11 +533,14 @@ impl Backend for RedisBackend {
         let keys = self.keys(key)?;
         self.send_pending_releases(key).await;
         let lease = new_lease();
-        match self.hold_slot_as(&keys, spec, lease).await {
+        match self.hold_slot_as(&keys, spec, lease, true).await {
             Ok(held) => Ok(held.then_some(lease)),
             Err(f) => match self.policy("hold_slot", f, spec)? {
                 Fallback::Open => Ok(Some(lease)),
-                Fallback::Local(m, scaled) => m.hold_slot(key, &scaled).await,
+                Fallback::Local(m, scaled) => {
+                    self.admissible_here("hold_slot", &scaled, Cost::requests(0))?;
+                    m.hold_slot(key, &scaled).await
+                }
             },
         }
     }
@@ -481,7 +552,7 @@ impl Backend for RedisBackend {
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
-        match self.hold_slot_as(&keys, spec, lease).await {
+        match self.hold_slot_as(&keys, spec, lease, false).await {
             Ok(held) => Ok(held),
             // Out of reach: the next renewal tries again.
             Err(f) => self.policy("retake", f, &NO_LIMITS).map(|_| true),
