@@ -31,6 +31,11 @@ use crate::observed::{Observed, ObservedLimit};
 /// time (as GitHub's `X-RateLimit-Reset` is), not as a delay.
 const UNIX_TIME_FROM: u64 = 1_000_000_000;
 
+/// A Unix time at or above this is in milliseconds (1,000 times
+/// [`UNIX_TIME_FROM`]: in seconds, a time more than 30,000 years away),
+/// and at or above 1,000 times that in microseconds, then nanoseconds.
+const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
+
 /// Reads the rate-limit headers of one response. `now` is the wall-clock
 /// time the response arrived, used for `Retry-After` HTTP-dates and resets
 /// given as Unix times.
@@ -160,8 +165,9 @@ fn bounded(d: Duration) -> Option<Duration> {
 }
 
 /// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
-/// [`UNIX_TIME_FROM`] is read as a Unix time and turned into a delay from
-/// `now` (zero if already past).
+/// [`UNIX_TIME_FROM`] is read as a Unix time (in milliseconds, microseconds
+/// or nanoseconds from [`UNIX_MILLIS_FROM`] up) and turned into a delay
+/// from `now` (zero if already past).
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     let (int, frac) = match v.split_once('.') {
         Some((i, f)) => (i, f),
@@ -179,12 +185,29 @@ fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     }
     if whole >= UNIX_TIME_FROM {
         // With a fraction too (Discord's `1470173023.123`).
-        let Some(at) = UNIX_EPOCH.checked_add(Duration::new(whole, nanos)) else {
+        let Some(at) = UNIX_EPOCH.checked_add(unix_time(whole, nanos)) else {
             return bounded(MAX_PERIOD);
         };
         return bounded(at.duration_since(now).unwrap_or_default());
     }
     bounded(Duration::new(whole, nanos))
+}
+
+/// A Unix time of `whole` units and `nanos` billionths of one, in
+/// seconds below [`UNIX_MILLIS_FROM`], else in the unit its size says
+/// (milliseconds, microseconds, nanoseconds).
+fn unix_time(whole: u64, nanos: u32) -> Duration {
+    let mut per_second = 1u64;
+    let mut from = UNIX_MILLIS_FROM;
+    while whole >= from && per_second < 1_000_000_000 {
+        per_second *= 1_000;
+        from = from.saturating_mul(1_000);
+    }
+    let units = u128::from(whole) * 1_000_000_000 + u128::from(nanos);
+    let total = units / u128::from(per_second);
+    let secs = u64::try_from(total / 1_000_000_000).unwrap_or(u64::MAX);
+    // Below a billion: fits.
+    Duration::new(secs, (total % 1_000_000_000) as u32)
 }
 
 /// `Retry-After`: delay-seconds, or an HTTP-date turned into a delay from
@@ -615,6 +638,35 @@ mod tests {
             at(0),
         );
         assert!(seen.is_empty(), "{seen:?}");
+    }
+
+    /// A Unix time in milliseconds (or finer), which some APIs send, is
+    /// read in its unit, not as seconds 30,000 years away.
+    #[test]
+    fn a_unix_time_in_milliseconds_or_finer_is_read_in_its_unit() {
+        let now = at(1_700_000_000);
+        for v in [
+            "1700000042",
+            "1700000042000",
+            "1700000042000.0",
+            "1700000042000000",
+            "1700000042000000000",
+        ] {
+            assert_eq!(
+                parse_retry_after(v, now),
+                Some(Duration::from_secs(42)),
+                "{v}"
+            );
+        }
+        assert_eq!(
+            parse_retry_after("1700000000250", now),
+            Some(Duration::from_millis(250))
+        );
+        // Past: no wait.
+        assert_eq!(
+            parse_retry_after("1699999999000", now),
+            Some(Duration::ZERO)
+        );
     }
 
     /// A well-formed time beyond 366 days is 366 days, however it is
