@@ -992,8 +992,9 @@ async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
 }
 
 /// A store over the in-memory one that answers as one across a network:
-/// `try_acquire` only asynchronously (pending on its first poll), and a
-/// settlement or a penalty 50 ms late, so refunds are made by tasks.
+/// `try_acquire` only asynchronously (pending on its first poll), a
+/// settlement or a penalty 50 ms late, so refunds are made by tasks, and
+/// the reply to a `hold_slot` 50 ms after the slot was taken.
 struct Remote;
 
 impl broker_testkit::Hooks for Remote {
@@ -1007,6 +1008,9 @@ impl broker_testkit::Hooks for Remote {
         None
     }
     fn correction_delay(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+    fn hold_slot_reply_delay(&self, _: &str) -> Duration {
         Duration::from_millis(50)
     }
 }
@@ -1112,6 +1116,9 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
                 let went_out = *attempts.lock().unwrap()
                     + u64::from(kept == Some(true))
                     + u64::from(done && call == "try_acquire");
+                let slot = broker.try_acquire("api", Cost::requests(0)).await.unwrap();
+                assert!(slot.allowed, "{where_}: a slot was kept");
+                drop(slot);
                 let left = passing(&broker).await as u64;
                 assert_eq!(left, 2 - went_out.min(2), "{where_}: a cost was kept");
                 if done {
@@ -1121,6 +1128,59 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
                 assert!(polls < 200, "{where_}: never completed");
             }
         }
+    }
+}
+
+/// A store across a network whose `hold_slot` replies 100 ms after it has
+/// taken the slot.
+struct SlowSlotReply;
+
+impl broker_testkit::Hooks for SlowSlotReply {
+    fn local_states(
+        &self,
+        _: Arc<dyn broker_core::LocalStates>,
+    ) -> Option<Arc<dyn broker_core::LocalStates>> {
+        None
+    }
+    fn hold_slot_reply_delay(&self, _: &str) -> Duration {
+        Duration::from_millis(100)
+    }
+}
+
+/// An `acquire` or an `enqueue` dropped while the reply to its `hold_slot`
+/// is on the way (a client timeout while the store is slow): the store has
+/// granted the lease, and it is released for the caller that went away.
+/// Before, nobody released it, and the slot stayed taken until the lease
+/// expired (never, on a store whose leases end with their holders).
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_its_slot_is_on_the_way_leaves_the_slot_free() {
+    for call in ["acquire", "enqueue"] {
+        let memory = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+        let broker = ResourceBroker::new(broker_testkit::Wrapped::new(memory, SlowSlotReply));
+        let limits = Limits::new().max_concurrent(1);
+        broker.register_limit("api", limits).unwrap();
+        // The slot taken at once, its reply 100 ms away: the caller leaves
+        // at 50 ms.
+        let within = Duration::from_millis(50);
+        let left = match call {
+            "acquire" => {
+                let a = broker.acquire("api", Cost::default(), Duration::from_secs(5));
+                tokio::time::timeout(within, a).await.is_err()
+            }
+            _ => {
+                let e = broker.enqueue("api", Cost::default(), |_| async {
+                    Outcome::<(), ()>::ok(())
+                });
+                tokio::time::timeout(within, e).await.is_err()
+            }
+        };
+        assert!(left, "{call}: answered before its caller left");
+        // The reply lands, and the lease it grants is given back.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stats = &broker.stats().resources["api"];
+        assert_eq!((stats.queued, stats.in_flight), (0, 0), "{call}");
+        let next = broker.try_acquire("api", Cost::default()).await.unwrap();
+        assert!(next.allowed, "{call}: the slot stayed taken: {next:?}");
     }
 }
 

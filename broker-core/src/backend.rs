@@ -59,6 +59,17 @@ pub trait Backend: Send + Sync + 'static {
     async fn hold_slot(&self, key: &str, spec: &LimitSpec)
         -> Result<Option<LeaseId>, BackendError>;
 
+    /// Synchronous [`Backend::hold_slot`], when the store can answer
+    /// without I/O: a call the broker makes in its caller's line, which
+    /// no caller going away can leave in flight.
+    fn hold_slot_now(
+        &self,
+        _key: &str,
+        _spec: &LimitSpec,
+    ) -> Option<Result<Option<LeaseId>, BackendError>> {
+        None
+    }
+
     /// Frees the slot held under `lease`. Idempotent; true if it was held.
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
 

@@ -754,10 +754,15 @@ impl broker_core::Backend for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        let lease = self.lease();
-        Ok(self
-            .with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease))
-            .then_some(lease))
+        Ok(self.hold_slot_sync(key, spec))
+    }
+
+    fn hold_slot_now(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Option<Result<Option<LeaseId>, BackendError>> {
+        Some(Ok(self.hold_slot_sync(key, spec)))
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
@@ -858,6 +863,13 @@ impl broker_core::Backend for MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// `hold_slot` on the joined state `key`: the lease, when held.
+    fn hold_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
+        let lease = self.lease();
+        self.with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease))
+            .then_some(lease)
+    }
+
     fn release_sync(&self, key: &str, lease: LeaseId) -> bool {
         key::with_parsed(key, |key| self.store.release(key, lease))
     }

@@ -48,6 +48,15 @@ pub trait Hooks: Send + Sync + 'static {
         Duration::ZERO
     }
 
+    /// How long a `hold_slot` on `key` waits after the wrapped store has
+    /// taken the slot (or found none), before it answers (a reply across a
+    /// network: the store holds the lease, the caller does not know it
+    /// yet); while it is non-zero, `hold_slot_now` cannot answer in
+    /// process.
+    fn hold_slot_reply_delay(&self, _key: &str) -> Duration {
+        Duration::ZERO
+    }
+
     /// The answer a `settle` on `key` of a booking marked `since` gives
     /// instead of the wrapped store's (`None`: the wrapped store's).
     fn settle(&self, _key: &str, _since: Option<Marks>) -> Option<Result<(), BackendError>> {
@@ -150,7 +159,19 @@ impl<H: Hooks> Backend for Wrapped<H> {
         self.inner.reserve(k, s, c, w).await
     }
     async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        self.inner.hold_slot(k, s).await
+        let answer = self.inner.hold_slot(k, s).await;
+        pause(self.hooks.hold_slot_reply_delay(k)).await;
+        answer
+    }
+    fn hold_slot_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+    ) -> Option<Result<Option<LeaseId>, BackendError>> {
+        if !self.hooks.hold_slot_reply_delay(k).is_zero() {
+            return None;
+        }
+        self.inner.hold_slot_now(k, s)
     }
     async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
         self.inner.release(k, l).await

@@ -9,11 +9,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::in_flight::to_its_answer;
+use super::in_flight::{to_its_answer, UntoldLease};
 use super::{note_backend_error, Permit, Resource, ResourceBroker, Target};
 use crate::backend::Backend;
 use crate::clock::Micros;
-use crate::error::BrokerError;
+use crate::error::{BackendError, BrokerError};
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
@@ -421,10 +421,12 @@ pub(crate) async fn wait_slot(
         let freed = resource.slot_notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
-        let held = backend
-            .hold_slot(key, spec)
-            .await
-            .inspect_err(|e| note_backend_error(resource, "hold_slot", e))?;
+        // A store that answers in process, in the caller's line; any other
+        // through `hold_slot_later`.
+        let held = match backend.hold_slot_now(key, spec) {
+            Some(held) => held.inspect_err(|e| note_backend_error(resource, "hold_slot", e))?,
+            None => hold_slot_later(backend, resource, key, spec).await?,
+        };
         if let Some(lease) = held {
             return Ok(SlotOutcome::Held(lease));
         }
@@ -435,6 +437,29 @@ pub(crate) async fn wait_slot(
         let until = deadline.min(now + SLOT_POLL);
         let _ = tokio::time::timeout_at(until, freed).await;
     }
+}
+
+/// `hold_slot` on state `key` through the store's asynchronous call, run
+/// to its answer if the caller goes away meanwhile (a timeout around
+/// `acquire` or `enqueue` while the store is slow): a lease the store
+/// grants then is released there, untold, not left held until it expires.
+async fn hold_slot_later(
+    backend: &Arc<dyn Backend>,
+    resource: &Arc<Resource>,
+    key: &str,
+    spec: &Arc<LimitSpec>,
+) -> Result<Option<LeaseId>, BrokerError> {
+    let (backend, resource) = (backend.clone(), resource.clone());
+    let (key, spec) = (key.to_owned(), spec.clone());
+    let held = to_its_answer(async move {
+        let held = backend
+            .hold_slot(&key, &spec)
+            .await
+            .inspect_err(|e| note_backend_error(&resource, "hold_slot", e))?;
+        let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));
+        Ok::<_, BackendError>(untold)
+    });
+    Ok(held.await?.map(UntoldLease::claim))
 }
 
 /// Counts an `enqueue` call as queued, then as running, and undoes the

@@ -6,7 +6,7 @@
 //! Run to its end on a task of its own, its answer is dropped there,
 //! and an answer that took something gives it back when dropped unused
 //! (a [`super::enqueue::Booking`] refunds its cost, an [`Unclaimed`]
-//! decision its cost and its slot).
+//! decision its cost and its slot, an [`UntoldLease`] its slot).
 //!
 //! A store that answers in process answers on the first poll: nothing is
 //! ever left in flight there.
@@ -21,7 +21,7 @@ use super::permit::release_untold;
 use super::{HeldKey, Resource};
 use crate::backend::Backend;
 use crate::limits::Cost;
-use crate::state::{Decision, Marks};
+use crate::state::{Decision, LeaseId, Marks};
 
 /// `call`'s answer; if the caller goes away after it was first polled
 /// (sent) and before it was answered, `call` is run to its end on a task
@@ -140,5 +140,47 @@ impl Drop for Unclaimed {
         let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
         let change = (self.cost, NO_COST, since);
         let _ = settle_or_spawn(&self.backend, resource, key, spec, change, "refund");
+    }
+}
+
+/// A lease `hold_slot` took on state `key` for a caller that may have
+/// gone away before it was told: dropped without [`UntoldLease::claim`],
+/// it is released, as a permit dropped unused would be.
+pub(crate) struct UntoldLease {
+    lease: Option<LeaseId>,
+    backend: Arc<dyn Backend>,
+    resource: Arc<Resource>,
+    key: String,
+}
+
+impl UntoldLease {
+    /// `lease`, held on state `key` of `resource`.
+    pub(crate) fn new(
+        lease: LeaseId,
+        backend: Arc<dyn Backend>,
+        resource: Arc<Resource>,
+        key: String,
+    ) -> Self {
+        Self {
+            lease: Some(lease),
+            backend,
+            resource,
+            key,
+        }
+    }
+
+    /// The lease, told to its caller (which now holds it).
+    pub(crate) fn claim(mut self) -> LeaseId {
+        self.lease.take().expect("claimed once")
+    }
+}
+
+impl Drop for UntoldLease {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let key = HeldKey::State(Some(std::mem::take(&mut self.key)));
+        release_untold(&self.backend, self.resource.clone(), key, lease);
     }
 }
