@@ -1194,3 +1194,78 @@ async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
         .await;
     assert!(!spent.unwrap().allowed, "the share is spent");
 }
+
+/// The state of `api` once what a late decision took has had time to come
+/// back (at most 10 s): every bucket's tokens and the leases held, or
+/// `None` when the state is fresh (full buckets, no lease).
+async fn given_back(backend: &RedisBackend, full: &[f64]) -> Option<(Vec<f64>, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = backend.state("api").await.unwrap().map(|s| {
+            let tokens: Vec<f64> = s.buckets.iter().map(|b| b.tokens).collect();
+            (tokens, s.leases.len())
+        });
+        let back = state.as_ref().is_none_or(|(tokens, leases)| {
+            *leases == 0 && tokens.iter().zip(full).all(|(t, f)| t >= f)
+        });
+        if back || Instant::now() > deadline {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The give-back of a late decision on limits of two units and a
+/// concurrency limit: a `try` of 1 request and 300 tokens that Redis ran
+/// after the fail-closed policy had refused it gives back both buckets'
+/// cost and its lease, alone, in a batch and with coalescing off (the
+/// refund is built from the decision's own call: each bucket's operand is
+/// its own unit's cost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
+    use broker_core::{Backend, LimitSpec, Unit};
+    let server = RedisServer::start();
+    let limits = Limits::new()
+        .rate(RateLimit::per_minute(2))
+        .rate(RateLimit::per_minute(1000).unit(Unit::Tokens))
+        .max_concurrent(2);
+    let spec = LimitSpec::new(&limits, Duration::from_secs(60));
+    let cost = Cost {
+        requests: 1,
+        tokens: 300,
+    };
+    for mode in ["alone", "batch", "off"] {
+        let mut builder = RedisBackend::builder(&server.url())
+            .prefix(&format!("late2{mode}"))
+            .coalesce(mode != "off")
+            .failure_policy(FailurePolicy::FailClosed)
+            .connect_timeout(Duration::from_millis(150))
+            .response_timeout(Duration::from_millis(150))
+            .probe_interval(Duration::from_millis(20));
+        if mode == "batch" {
+            builder = builder.coalesce_every_call();
+        }
+        let backend = builder.connect().await.expect("connect");
+        // Loads the scripts; its lease is released at once.
+        let warm = backend.try_acquire("api", &spec, Cost::requests(0)).await;
+        let lease = warm.unwrap().lease.expect("a slot");
+        assert!(backend.release("api", lease).await.unwrap());
+        let none = Cost::requests(0);
+        backend
+            .settle("api", &spec, none, none, None)
+            .await
+            .unwrap();
+
+        server.pause();
+        let told = backend.try_acquire("api", &spec, cost).await;
+        assert!(told.is_err(), "{mode}: refused by the policy ({told:?})");
+        server.resume();
+        let state = given_back(&backend, &[1.99, 999.9]).await;
+        assert!(
+            state
+                .as_ref()
+                .is_none_or(|(t, leases)| *leases == 0 && t[0] >= 1.99 && t[1] >= 999.9),
+            "{mode}: Redis kept some of a refused call: {state:?} (tokens, leases)"
+        );
+    }
+}
