@@ -991,15 +991,32 @@ async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
     assert!(some.allowed);
 }
 
-/// A store over the in-memory one that answers as one across a network:
-/// `try_acquire` only asynchronously (pending on its first poll), a
-/// settlement or a penalty 50 ms late, so refunds are made by tasks, and
-/// the reply to a `hold_slot` 50 ms after the slot was taken.
-struct Remote;
+/// A store over the in-memory one that answers as one across a network,
+/// with no states in process: `try_acquire` only asynchronously (pending
+/// on its first poll) when `asynchronous`, a settlement or a penalty
+/// `correction` late, the reply to a `try_acquire` `reply` after the store
+/// decided it, and to a `hold_slot` `slot_reply` after the slot was taken.
+struct Remote {
+    asynchronous: bool,
+    correction: Duration,
+    reply: Duration,
+    slot_reply: Duration,
+}
+
+impl Remote {
+    /// Settlements and penalties 50 ms late (so refunds are made by
+    /// tasks), and the reply to a `hold_slot` 50 ms after the slot.
+    const LATE: Remote = Remote {
+        asynchronous: true,
+        correction: Duration::from_millis(50),
+        reply: Duration::ZERO,
+        slot_reply: Duration::from_millis(50),
+    };
+}
 
 impl broker_testkit::Hooks for Remote {
     fn asynchronous(&self) -> bool {
-        true
+        self.asynchronous
     }
     fn local_states(
         &self,
@@ -1008,10 +1025,13 @@ impl broker_testkit::Hooks for Remote {
         None
     }
     fn correction_delay(&self) -> Duration {
-        Duration::from_millis(50)
+        self.correction
+    }
+    fn try_acquire_reply_delay(&self, _: &str) -> Duration {
+        self.reply
     }
     fn hold_slot_reply_delay(&self, _: &str) -> Duration {
-        Duration::from_millis(50)
+        self.slot_reply
     }
 }
 
@@ -1050,7 +1070,7 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
                 let memory = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
                 let broker = match remote {
                     false => ResourceBroker::from_arc(memory),
-                    true => ResourceBroker::new(broker_testkit::Wrapped::new(memory, Remote)),
+                    true => ResourceBroker::new(broker_testkit::Wrapped::new(memory, Remote::LATE)),
                 };
                 let limits = Limits::new()
                     .rate(RateLimit::per_minute(2))
@@ -1131,22 +1151,6 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
     }
 }
 
-/// A store across a network whose `hold_slot` replies 100 ms after it has
-/// taken the slot.
-struct SlowSlotReply;
-
-impl broker_testkit::Hooks for SlowSlotReply {
-    fn local_states(
-        &self,
-        _: Arc<dyn broker_core::LocalStates>,
-    ) -> Option<Arc<dyn broker_core::LocalStates>> {
-        None
-    }
-    fn hold_slot_reply_delay(&self, _: &str) -> Duration {
-        Duration::from_millis(100)
-    }
-}
-
 /// An `acquire` or an `enqueue` dropped while the reply to its `hold_slot`
 /// is on the way (a client timeout while the store is slow): the store has
 /// granted the lease, and it is released for the caller that went away.
@@ -1156,7 +1160,15 @@ impl broker_testkit::Hooks for SlowSlotReply {
 async fn a_call_dropped_while_its_slot_is_on_the_way_leaves_the_slot_free() {
     for call in ["acquire", "enqueue"] {
         let memory = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-        let broker = ResourceBroker::new(broker_testkit::Wrapped::new(memory, SlowSlotReply));
+        let broker = ResourceBroker::new(broker_testkit::Wrapped::new(
+            memory,
+            Remote {
+                asynchronous: false,
+                correction: Duration::ZERO,
+                reply: Duration::ZERO,
+                slot_reply: Duration::from_millis(100),
+            },
+        ));
         let limits = Limits::new().max_concurrent(1);
         broker.register_limit("api", limits).unwrap();
         // The slot taken at once, its reply 100 ms away: the caller leaves
@@ -1184,25 +1196,6 @@ async fn a_call_dropped_while_its_slot_is_on_the_way_leaves_the_slot_free() {
     }
 }
 
-/// A store across a network whose `try_acquire` replies 100 ms after it
-/// has decided.
-struct SlowReply;
-
-impl broker_testkit::Hooks for SlowReply {
-    fn asynchronous(&self) -> bool {
-        true
-    }
-    fn local_states(
-        &self,
-        _: Arc<dyn broker_core::LocalStates>,
-    ) -> Option<Arc<dyn broker_core::LocalStates>> {
-        None
-    }
-    fn try_acquire_reply_delay(&self, _: &str) -> Duration {
-        Duration::from_millis(100)
-    }
-}
-
 /// A `try_acquire` dropped while its reply is on the way, the resource
 /// registered meanwhile with other buckets (a tokens limit added), which
 /// starts its state afresh: the unclaimed decision gives nothing back, as
@@ -1213,7 +1206,15 @@ impl broker_testkit::Hooks for SlowReply {
 #[tokio::test(start_paused = true)]
 async fn an_unclaimed_decision_is_not_refunded_under_limits_registered_over() {
     let memory = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(memory, SlowReply));
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(
+        memory,
+        Remote {
+            asynchronous: true,
+            correction: Duration::ZERO,
+            reply: Duration::from_millis(100),
+            slot_reply: Duration::ZERO,
+        },
+    ));
     broker
         .register_limit("api", Limits::new().rate(RateLimit::per_minute(5)))
         .unwrap();

@@ -1069,6 +1069,28 @@ async fn a_call_dropped_while_its_decision_is_in_flight_is_not_charged() {
     }
 }
 
+/// A backend on `server` under `policy` whose calls time out after
+/// 150 ms: its decisions go one by one (`"alone"`), each through the batch
+/// script (`"batch"`), or uncoalesced (`"off"`).
+async fn timing_out(
+    server: &RedisServer,
+    prefix: String,
+    mode: &str,
+    policy: FailurePolicy,
+) -> RedisBackend {
+    let mut builder = RedisBackend::builder(&server.url())
+        .prefix(prefix)
+        .coalesce(mode != "off")
+        .failure_policy(policy)
+        .connect_timeout(Duration::from_millis(150))
+        .response_timeout(Duration::from_millis(150))
+        .probe_interval(Duration::from_millis(20));
+    if mode == "batch" {
+        builder = builder.coalesce_every_call();
+    }
+    builder.connect().await.expect("connect")
+}
+
 /// A decision that gets no reply within the operation timeout (Redis
 /// hangs) is answered by the failure policy: refused (fail-closed), or
 /// counted in this process's share (local fallback). Redis runs it once it
@@ -1091,17 +1113,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
         for mode in ["alone", "batch", "off"] {
             for call in ["try", "reserve"] {
                 let prefix = format!("late{}{mode}{call}", policy.name());
-                let mut builder = RedisBackend::builder(&server.url())
-                    .prefix(&prefix)
-                    .coalesce(mode != "off")
-                    .failure_policy(policy)
-                    .connect_timeout(Duration::from_millis(150))
-                    .response_timeout(Duration::from_millis(150))
-                    .probe_interval(Duration::from_millis(20));
-                if mode == "batch" {
-                    builder = builder.coalesce_every_call();
-                }
-                let backend = builder.connect().await.expect("connect");
+                let backend = timing_out(&server, prefix, mode, policy).await;
                 // Loads the scripts, takes nothing.
                 let none = Cost::requests(0);
                 assert!(
@@ -1235,17 +1247,8 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
         tokens: 300,
     };
     for mode in ["alone", "batch", "off"] {
-        let mut builder = RedisBackend::builder(&server.url())
-            .prefix(&format!("late2{mode}"))
-            .coalesce(mode != "off")
-            .failure_policy(FailurePolicy::FailClosed)
-            .connect_timeout(Duration::from_millis(150))
-            .response_timeout(Duration::from_millis(150))
-            .probe_interval(Duration::from_millis(20));
-        if mode == "batch" {
-            builder = builder.coalesce_every_call();
-        }
-        let backend = builder.connect().await.expect("connect");
+        let prefix = format!("late2{mode}");
+        let backend = timing_out(&server, prefix, mode, FailurePolicy::FailClosed).await;
         // Loads the scripts; its lease is released at once.
         let warm = backend.try_acquire("api", &spec, Cost::requests(0)).await;
         let lease = warm.unwrap().lease.expect("a slot");

@@ -245,29 +245,42 @@ async fn a_tenant_stage_failure_gives_the_route_stage_its_cost_back() {
     assert_eq!(raw_status(addr, &get_as("e", "/files/w")).await, 429);
 }
 
+/// Sends `request` to `addr` and leaves (closes the connection) once
+/// `set_out` is set: while the server is on its way to its store.
+async fn leave_once(addr: std::net::SocketAddr, request: &[u8], set_out: &AtomicBool) {
+    use tokio::io::AsyncWriteExt;
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client.write_all(request).await.unwrap();
+    while !set_out.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// The settles `flaky` recorded, by key, once there are `n` of them (or
+/// after 2 s).
+async fn settles_once(flaky: &Wrapped<Flaky>, n: usize) -> Vec<(String, Option<Marks>)> {
+    for _ in 0..200 {
+        if flaky.hooks.settles.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let mut settles = flaky.hooks.settles.lock().unwrap().clone();
+    settles.sort_by(|a, b| a.0.cmp(&b.0));
+    settles
+}
+
 /// A client that leaves while the refund of its tenant denial is on its
 /// way to the store does not cut the refund off: the route stage still
 /// gets its cost back. Before, the refund went with the response future
 /// that the leaving client's connection dropped.
 #[tokio::test]
 async fn a_refund_outlives_a_client_that_leaves_meanwhile() {
-    use tokio::io::AsyncWriteExt;
     let (flaky, broker, addr) = serve_flaky().await;
     assert_eq!(raw_status(addr, &get_as("a", "/files/x")).await, 200);
     flaky.hooks.slow_settles.store(true, Ordering::SeqCst);
-    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
-    client.write_all(&get_as("a", "/files/y")).await.unwrap();
-    while !flaky.hooks.settling.load(Ordering::SeqCst) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    drop(client);
-    for _ in 0..200 {
-        if !flaky.hooks.settles.lock().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let settles = flaky.hooks.settles.lock().unwrap().clone();
+    leave_once(addr, &get_as("a", "/files/y"), &flaky.hooks.settling).await;
+    let settles = settles_once(&flaky, 1).await;
     assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
     assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
 }
@@ -281,27 +294,13 @@ async fn a_refund_outlives_a_client_that_leaves_meanwhile() {
 /// served.
 #[tokio::test]
 async fn a_second_readings_refund_outlives_a_client_that_leaves_meanwhile() {
-    use tokio::io::AsyncWriteExt;
     let (flaky, broker, addr) = serve_flaky().await;
     // Spends `private`'s one call a minute; `files` is not charged.
     assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
     flaky.hooks.slow_settles.store(true, Ordering::SeqCst);
-    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
-    client
-        .write_all(&get_line(b"/files/private%2Fb"))
-        .await
-        .unwrap();
-    while !flaky.hooks.settling.load(Ordering::SeqCst) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    drop(client);
-    for _ in 0..200 {
-        if !flaky.hooks.settles.lock().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let settles = flaky.hooks.settles.lock().unwrap().clone();
+    let path = get_line(b"/files/private%2Fb");
+    leave_once(addr, &path, &flaky.hooks.settling).await;
+    let settles = settles_once(&flaky, 1).await;
     assert_eq!(settles, [("route%3Afiles".to_owned(), None)]);
     assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
 }
@@ -313,26 +312,11 @@ async fn a_second_readings_refund_outlives_a_client_that_leaves_meanwhile() {
 /// reading's route kept its cost.
 #[tokio::test]
 async fn a_client_that_leaves_before_the_second_reading_answers_costs_the_first_nothing() {
-    use tokio::io::AsyncWriteExt;
     let (flaky, broker, addr) = serve_flaky().await;
     flaky.hooks.slow_private_tries.store(true, Ordering::SeqCst);
-    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
-    client
-        .write_all(&get_line(b"/files/private%2Fb"))
-        .await
-        .unwrap();
-    while !flaky.hooks.trying_private.load(Ordering::SeqCst) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    drop(client);
-    for _ in 0..200 {
-        if flaky.hooks.settles.lock().unwrap().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let mut settles = flaky.hooks.settles.lock().unwrap().clone();
-    settles.sort_by(|a, b| a.0.cmp(&b.0));
+    let path = get_line(b"/files/private%2Fb");
+    leave_once(addr, &path, &flaky.hooks.trying_private).await;
+    let settles = settles_once(&flaky, 2).await;
     let refunded = |key: &str| (key.to_owned(), None);
     assert_eq!(
         settles,
