@@ -180,22 +180,23 @@ async fn replicas_share_the_servers_clock() {
     );
 }
 
+/// Two replicas on `server` in client-time mode: one whose clock reads
+/// 10 s, and one whose clock lags it by 5 s.
+async fn ahead_and_behind(server: &RedisServer) -> (RedisBackend, RedisBackend) {
+    let at = |us: u64| {
+        let clock = ManualClock::new();
+        clock.set(us);
+        RedisBackend::builder(&server.url())
+            .client_time(Arc::new(clock))
+            .connect()
+    };
+    (at(10_000_000).await.unwrap(), at(5_000_000).await.unwrap())
+}
+
 #[tokio::test]
 async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
     let server = RedisServer::start();
-    let ahead = ManualClock::new();
-    ahead.set(10_000_000);
-    let behind = ManualClock::new();
-    behind.set(5_000_000);
-    let connect = |clock: &ManualClock| {
-        RedisBackend::builder(&server.url())
-            .client_time(Arc::new(clock.clone()))
-            .connect()
-    };
-    let (a, b) = (
-        connect(&ahead).await.unwrap(),
-        connect(&behind).await.unwrap(),
-    );
+    let (a, b) = ahead_and_behind(&server).await;
     let spec = seed_spec();
     for _ in 0..3 {
         assert!(allowed(&a, "k", &spec).await);
@@ -218,19 +219,7 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
 #[tokio::test]
 async fn a_lagging_client_clock_does_not_shorten_a_hold() {
     let server = RedisServer::start();
-    let ahead = ManualClock::new();
-    ahead.set(10_000_000);
-    let behind = ManualClock::new();
-    behind.set(5_000_000);
-    let connect = |clock: &ManualClock| {
-        RedisBackend::builder(&server.url())
-            .client_time(Arc::new(clock.clone()))
-            .connect()
-    };
-    let (a, b) = (
-        connect(&ahead).await.unwrap(),
-        connect(&behind).await.unwrap(),
-    );
+    let (a, b) = ahead_and_behind(&server).await;
     // 1,000 a second: a drained bucket refills one in 1 ms.
     let limits = Limits::new().rate(RateLimit::per_second(1000).with_burst(10));
     let spec = LimitSpec::new(&limits, Duration::from_secs(30));
