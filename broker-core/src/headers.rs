@@ -73,7 +73,7 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
             .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(str::trim)
             .collect();
-        (!lines.is_empty()).then(|| lines.join(", "))
+        (!lines.is_empty()).then(|| lines.join("\n"))
     };
     let count = |name: &str| text(name).and_then(parse_count);
     let seconds = |name: &str| text(name).and_then(|v| parse_seconds(v, now));
@@ -344,8 +344,12 @@ fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
 }
 
 fn members(field: &str) -> Vec<Member<'_>> {
-    split_unquoted(field, b',')
-        .into_iter()
+    // Line by line (a field sent as several lines comes joined by `\n`,
+    // which no header value holds): a quote left open on one line does
+    // not take in the lines after it.
+    field
+        .split('\n')
+        .flat_map(|line| split_unquoted(line, b','))
         .map(|item| {
             let mut m = Member::default();
             for (i, part) in split_unquoted(item, b';').into_iter().enumerate() {
@@ -527,6 +531,22 @@ mod tests {
                 reset: Some(Duration::from_secs(3600)),
             })
         );
+    }
+
+    /// A quote left open on one line of a list field spoils that line
+    /// only: the spent policy on the next line is still read.
+    #[test]
+    fn a_quote_left_open_on_one_line_spoils_that_line_only() {
+        let seen = parse(
+            &map(&[
+                ("RateLimit", r#""burst;r=40;t=30"#),
+                ("RateLimit", r#""daily";r=0;t=3600"#),
+            ]),
+            at(0),
+        );
+        let requests = seen.requests.unwrap();
+        assert_eq!(requests.remaining, Some(0));
+        assert_eq!(requests.reset, Some(Duration::from_secs(3600)));
     }
 
     /// `RateLimit` and `RateLimit-Policy` are lists (structured fields),
