@@ -1191,6 +1191,12 @@ async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
     refused(d.map(|d| format!("{d:?}")));
     let h = backend.hold_slot("slot", &slot).await;
     refused(h.map(|h| format!("{h:?}")));
+    // A booking takes no slot: on a concurrency limit alone, it is booked.
+    let r = backend.reserve("slot", &slot, one, Duration::ZERO).await;
+    assert!(
+        r.unwrap().booked,
+        "a booking refused for a slot it never takes"
+    );
     // 600 tokens of a share of 500.
     let d = backend
         .try_acquire("tokens", &tokens, Cost::tokens(600))

@@ -435,7 +435,12 @@ impl RedisBackend {
                         now,
                     )),
                     Fallback::Local(m, scaled) => {
-                        self.admissible_here("reserve", &scaled, cost)?;
+                        // A booking takes no slot: only the rates count.
+                        let rates = LimitSpec {
+                            max_concurrent: None,
+                            ..scaled.clone()
+                        };
+                        self.admissible_here("reserve", &rates, cost)?;
                         let booked = m.reserve(key, &scaled, cost, max_wait).await?;
                         let since = Marks::ANSWERED_HERE;
                         Ok((Reservation { since, ..booked }, now))
