@@ -639,7 +639,7 @@ impl ResourceBroker {
                 hold
             });
             if let Some(observed) = outcome.observed() {
-                hold_spent_counters(&resource, &key, observed);
+                hold_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
             drop(permit);
             place.set_running(false);
@@ -734,7 +734,10 @@ impl ResourceBroker {
         );
         let (backend, resource) = (self.inner.backend.clone(), resource.clone());
         let (key, spec) = (key.to_owned(), resource.latest().spec.clone());
-        to_the_end(async move {
+        // Run to its end even if this call is dropped meanwhile (a timeout
+        // around `enqueue`): cut off, the penalty would leave the other
+        // replicas sending into the upstream's refusal.
+        to_its_answer(async move {
             if let Err(e) = backend.penalize(&key, &spec, hold).await {
                 note_backend_error(&resource, "penalize", &e);
             }
@@ -785,13 +788,12 @@ fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> ObservedLimit
     cap_resets(observed, ceiling)
 }
 
-/// Holds `key` in this process until the reset (capped: see
-/// [`capped_resets`]) of every counter of `observed` that is spent
+/// Holds `key` in this process until the reset of every counter of
+/// `capped` (`observed` as [`capped_resets`] gives it) that is spent
 /// (`remaining == 0`) and has a bucket of its unit in the resource's
 /// latest limits, so that what is booked here already waits as the
 /// store's `reconcile` makes new bookings wait (see `state::reconcile`).
-fn hold_spent_counters(resource: &Arc<Resource>, key: &str, observed: &ObservedLimit) {
-    let capped = capped_resets(resource, observed);
+fn hold_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
     for (unit, _) in &resource.latest().spec.buckets {
         if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
             if let Some(reset) = o.reset {
@@ -892,21 +894,5 @@ fn exhausted<E>(
         error,
         attempts,
         last,
-    }
-}
-
-/// Runs `call`, a correction of the store (a settlement, a penalty), to its
-/// end even if its caller stops waiting for it (an `enqueue` dropped by a
-/// timeout around it): as a task of its own, which the caller awaits.
-/// Cut off with its caller, a settlement of usage above the estimate would
-/// leave that usage uncharged, and a penalty would leave the other
-/// replicas sending into the upstream's refusal.
-async fn to_the_end(call: impl Future<Output = ()> + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            // The task's own panic is the store's; the work is done.
-            let _ = rt.spawn(call).await;
-        }
-        Err(_) => call.await,
     }
 }

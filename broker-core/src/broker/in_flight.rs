@@ -6,7 +6,8 @@
 //! Run to its end on a task of its own, its answer is dropped there,
 //! and an answer that took something gives it back when dropped unused
 //! (a [`super::enqueue::Booking`] refunds its cost, an [`Unclaimed`]
-//! decision its cost and its slot, an [`UntoldLease`] its slot).
+//! decision its cost and its slot, an [`UntoldLease`] its slot). A
+//! correction of the store (a 429's penalty) runs to its end the same way.
 //!
 //! A store that answers in process answers on the first poll: nothing is
 //! ever left in flight there.
