@@ -56,6 +56,13 @@ impl FailurePolicy {
         }
     }
 
+    /// Whether a decision Redis granted after its caller was answered by
+    /// this policy (a timeout) gives its cost back: not under fail-open,
+    /// whose call went out (see `coalesce::Late`).
+    pub(crate) fn refunds_late(&self) -> bool {
+        *self != FailurePolicy::FailOpen
+    }
+
     /// Checks `share` of [`FailurePolicy::LocalFallback`].
     pub(crate) fn validate(&self) -> Result<(), BackendError> {
         if let FailurePolicy::LocalFallback { share } = *self {
@@ -94,10 +101,16 @@ pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
 }
 
 /// Why the local fallback's `scaled` limits (at `share`) can never admit
-/// `cost`: a bucket whose share is smaller than the cost, or a
-/// concurrency limit that rounds down to no slot. `None` when they can.
-pub(crate) fn never_admits(scaled: &LimitSpec, share: f64, cost: Cost) -> Option<String> {
-    if scaled.max_concurrent == Some(0) {
+/// `cost`, with a slot if `slot`: a bucket whose share is smaller than the
+/// cost, or a concurrency limit that rounds down to no slot. `None` when
+/// they can.
+pub(crate) fn never_admits(
+    scaled: &LimitSpec,
+    share: f64,
+    cost: Cost,
+    slot: bool,
+) -> Option<String> {
+    if slot && scaled.max_concurrent == Some(0) {
         return Some(format!(
             "the local fallback's share {share} of the concurrency limit is no slot"
         ));

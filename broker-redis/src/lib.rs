@@ -140,7 +140,7 @@ impl RedisBackend {
                 group_by_tag: b.cluster,
                 ..b.coalesce
             };
-            let refund_late = b.policy != FailurePolicy::FailOpen;
+            let refund_late = b.policy.refunds_late();
             Arc::new(coalesce::Coalescer::new(
                 conn.clone(),
                 op_timeout,

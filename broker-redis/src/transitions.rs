@@ -139,20 +139,13 @@ impl RedisBackend {
         let late = Late {
             takes,
             lease: lease.as_ref().map(|l| l.1),
-            refund: self.refunds_late(),
+            refund: inner.policy.refunds_late(),
         };
         let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
         let reply = send_or_later(&inner.conn, inner.op_timeout, script, cmd, Undo::One(late));
         let reply = reply.await;
         unsettled.settle(&reply);
         self.outcome(reply)
-    }
-
-    /// Whether a decision granted in Redis after its caller was answered
-    /// by the failure policy gives its cost back: not under fail-open,
-    /// whose call went out.
-    fn refunds_late(&self) -> bool {
-        self.inner.policy != FailurePolicy::FailOpen
     }
 
     /// Runs a `try` call, coalesced with the concurrent ones when
@@ -236,20 +229,21 @@ impl RedisBackend {
         }
     }
 
-    /// Refuses `op` of `cost` when the local fallback's `scaled` limits can
-    /// never admit it (see [`failure::never_admits`]): a denial would
-    /// promise a wait that never ends, a booking would take more than the
-    /// share.
+    /// Refuses `op` of `cost` (with a slot if `slot`) when the local
+    /// fallback's `scaled` limits can never admit it (see
+    /// [`failure::never_admits`]): a denial would promise a wait that never
+    /// ends, a booking would take more than the share.
     fn admissible_here(
         &self,
         op: &str,
         scaled: &LimitSpec,
         cost: Cost,
+        slot: bool,
     ) -> Result<(), BackendError> {
         let FailurePolicy::LocalFallback { share } = self.inner.policy else {
             return Ok(());
         };
-        match failure::never_admits(scaled, share, cost) {
+        match failure::never_admits(scaled, share, cost, slot) {
             None => Ok(()),
             Some(why) => Err(BackendError::new(format!(
                 "redis unreachable, {op} refused: {why}, so it admits nothing while redis is out of reach (raise the share or the limit)"
@@ -436,11 +430,7 @@ impl RedisBackend {
                     )),
                     Fallback::Local(m, scaled) => {
                         // A booking takes no slot: only the rates count.
-                        let rates = LimitSpec {
-                            max_concurrent: None,
-                            ..scaled.clone()
-                        };
-                        self.admissible_here("reserve", &rates, cost)?;
+                        self.admissible_here("reserve", &scaled, cost, false)?;
                         let booked = m.reserve(key, &scaled, cost, max_wait).await?;
                         let since = Marks::ANSWERED_HERE;
                         Ok((Reservation { since, ..booked }, now))
@@ -512,7 +502,7 @@ impl Backend for RedisBackend {
             Err(f) => match self.policy("try_acquire", f, spec)? {
                 Fallback::Open => Ok(Decision::allow(spec.max_concurrent.map(|_| lease))),
                 Fallback::Local(m, scaled) => {
-                    self.admissible_here("try_acquire", &scaled, cost)?;
+                    self.admissible_here("try_acquire", &scaled, cost, true)?;
                     m.try_acquire(key, &scaled, cost).await
                 }
             }
@@ -543,7 +533,7 @@ impl Backend for RedisBackend {
             Err(f) => match self.policy("hold_slot", f, spec)? {
                 Fallback::Open => Ok(Some(lease)),
                 Fallback::Local(m, scaled) => {
-                    self.admissible_here("hold_slot", &scaled, Cost::requests(0))?;
+                    self.admissible_here("hold_slot", &scaled, Cost::requests(0), true)?;
                     m.hold_slot(key, &scaled).await
                 }
             },
