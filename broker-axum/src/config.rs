@@ -471,6 +471,21 @@ mod tests {
         }
     }
 
+    /// An object closed one brace early leaves the rest of the text after
+    /// it: refused, not read up to there (which dropped `perRoute`).
+    #[test]
+    fn text_after_the_config_is_refused_not_dropped() {
+        let text = r#"{"perService": {"rest": {"requestsPerSecond": 50}}},
+            "perRoute": [{"resource": "r", "pathPrefix": "/a", "limits": {"requestsPerSecond": 1}}]}"#;
+        let e = PressureConfig::from_json("p.json", text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.json: "), "{e}");
+        assert!(e.contains("trailing characters at line 1"), "{e}");
+        // Whitespace after the object is no text.
+        assert!(PressureConfig::from_json("p.json", "{}\n\t ").is_ok());
+    }
+
     #[test]
     fn enabled_tenant_stage_without_limits_is_rejected() {
         let e = PressureConfig::from_json("p.json", r#"{"perTenant": {"enabled": true}}"#)

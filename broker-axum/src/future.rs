@@ -3,6 +3,7 @@
 //! denial first gives the route/service cost back) or the inner call,
 //! whose response body takes the concurrency permit along.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -47,6 +48,21 @@ pin_project! {
         #[pin]
         pub(crate) state: State<S, ReqB, ResB>,
     }
+    impl<S, ReqB, ResB> PinnedDrop for ResponseFuture<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        // A route/service admission dropped before its response (the
+        // client left): see `leave`. Any other state drops as it is.
+        fn drop(this: Pin<&mut Self>) {
+            let mut state = this.project().state;
+            if let StateProj::Calling { refundable, .. } = state.as_mut().project() {
+                if let Some(refund) = refundable.take() {
+                    leave(refund, || state.set(State::Answered { refusal: None }));
+                }
+            }
+        }
+    }
 }
 
 pin_project! {
@@ -89,19 +105,27 @@ pin_project! {
 /// counted in process with `benches/http_layer.rs`).
 macro_rules! admitted {
     ($inner:expr, $req:expr, $permit:expr, $refundable:expr) => {{
-        let permit: broker_core::Permit = $permit;
-        let connect = permit.is_held() && $req.method() == http::Method::CONNECT;
         $crate::future::ResponseFuture {
-            state: $crate::future::State::Calling {
-                fut: $inner.call($req),
-                permit,
-                connect,
-                refundable: $refundable,
-            },
+            state: $crate::future::calling!($inner, $req, $permit, $refundable),
         }
     }};
 }
 pub(crate) use admitted;
+
+/// The state of [`admitted!`].
+macro_rules! calling {
+    ($inner:expr, $req:expr, $permit:expr, $refundable:expr) => {{
+        let permit: broker_core::Permit = $permit;
+        let connect = permit.is_held() && $req.method() == http::Method::CONNECT;
+        $crate::future::State::Calling {
+            fut: $inner.call($req),
+            permit,
+            connect,
+            refundable: $refundable,
+        }
+    }};
+}
+pub(crate) use calling;
 
 /// What the inner call needs once admitted.
 struct Call<S, ReqB> {
@@ -286,7 +310,10 @@ where
         };
         let acquire: AcquireFuture = Box::pin(async move {
             let tenant_key = tenant.as_ref().map(TenantId::as_str);
+            let mut unanswered = Unanswered((stage == Stage::Tenant).then_some(&policy));
             let (stage, result, answered_here) = acquire(&policy, stage, tenant_key).await;
+            unanswered.0 = None;
+            drop(unanswered);
             Answer {
                 result,
                 stage,
@@ -370,6 +397,74 @@ impl Drop for FirstPart {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(refund(policy, first, here));
         }
+    }
+}
+
+thread_local! {
+    /// While a route/service stage drops the inner call it admitted (see
+    /// [`leave`]): the id of its policy.
+    static LEAVING: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The policy of that id, once a tenant stage of it was dropped
+    /// meanwhile with its decision in flight (see [`Unanswered`]).
+    static LEFT_UNANSWERED: Cell<Option<Arc<Policy>>> = const { Cell::new(None) };
+}
+
+/// The tenant stage's decision while it is in flight (the policy, until
+/// it is answered): dropped before its answer, it tells the route/service
+/// stage of the same policy whose inner call is being dropped (see
+/// [`leave`]). A store that answers in process never leaves one in flight.
+struct Unanswered<'p>(Option<&'p Arc<Policy>>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        let Some(policy) = self.0 else {
+            return;
+        };
+        if LEAVING.get() == Some(policy.id) {
+            LEFT_UNANSWERED.set(Some(policy.clone()));
+        }
+    }
+}
+
+/// What [`leave`] sets aside while it drops an inner call, put back once
+/// it is dropped (a panic on the way included).
+struct Leaving {
+    outer: Option<u64>,
+    outer_left: Option<Arc<Policy>>,
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        LEAVING.set(self.outer);
+        LEFT_UNANSWERED.set(self.outer_left.take());
+    }
+}
+
+/// Drops (with `drop_call`) the inner call of a route/service admission
+/// that `refund` describes, before its response: the client left. If a
+/// tenant stage of the same policy inside it is dropped meanwhile with its
+/// decision in flight, the request never reached its handler, so the
+/// route/service stage gets its cost back, from a task of its own, as a
+/// tenant denial gives it back (and as the first reading of a path read
+/// two ways does when the client leaves before the second answers); the
+/// tenant stage's own decision gives its cost back in the broker. Its
+/// slot goes with its permit, dropped here. Without a runtime (it is
+/// shutting down), the cost stays charged.
+#[cold]
+#[inline(never)]
+fn leave(refund: Refund, drop_call: impl FnOnce()) {
+    let scope = Leaving {
+        outer: LEAVING.replace(Some(refund.policy)),
+        outer_left: LEFT_UNANSWERED.take(),
+    };
+    drop_call();
+    let left = LEFT_UNANSWERED.take();
+    drop(scope);
+    let Some(policy) = left else {
+        return;
+    };
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(self::refund(policy, refund.stage, refund.answered_here));
     }
 }
 
@@ -685,7 +780,12 @@ where
                 let refundable = policy
                     .refund_for(stage)
                     .map(|r| r.answered_here(answered_here));
-                state.set(Self::decided(verdict, refundable, &mut inner, req).state);
+                state.set(match verdict {
+                    Ok(permit) => calling!(inner, req, permit, refundable),
+                    Err(refusal) => State::Answered {
+                        refusal: Some(refusal),
+                    },
+                });
                 None
             }
             StateProj::Refunding {

@@ -73,7 +73,9 @@
 //! - The route/service stage runs before authentication, so it counts every
 //!   request, authenticated or not: it is the floor against floods. A
 //!   request the tenant stage denies gives that cost back (`settle` to
-//!   zero), so one tenant's rejected flood does not use up the shared limit.
+//!   zero), so one tenant's rejected flood does not use up the shared limit;
+//!   so does one whose client leaves while the tenant stage's decision is
+//!   in flight (it never reached its handler).
 //! - Route prefixes match the request path as the layer sees it (put the
 //!   layer on the outermost router, not inside a `nest`), on segment
 //!   boundaries; the longest matching prefix wins.

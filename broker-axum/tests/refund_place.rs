@@ -42,6 +42,10 @@ struct Flaky {
     // the store; `trying_private` is set once one has set out.
     slow_private_tries: AtomicBool,
     trying_private: AtomicBool,
+    // While set, a decision on the tenant stage takes 300 ms to reach the
+    // store; `trying_tenant` is set once one has set out.
+    slow_tenant_tries: AtomicBool,
+    trying_tenant: AtomicBool,
 }
 
 impl Hooks for Flaky {
@@ -73,10 +77,15 @@ impl Hooks for Flaky {
             .then(|| Ok(Decision::allow(None).by_failure_policy()))
     }
     fn try_acquire_delay(&self, key: &str) -> std::time::Duration {
-        if !key.contains("private") || !self.slow_private_tries.load(Ordering::SeqCst) {
+        let (slow, trying) = match key {
+            k if k.contains("private") => (&self.slow_private_tries, &self.trying_private),
+            k if k.contains("tenant") => (&self.slow_tenant_tries, &self.trying_tenant),
+            _ => return std::time::Duration::ZERO,
+        };
+        if !slow.load(Ordering::SeqCst) {
             return std::time::Duration::ZERO;
         }
-        self.trying_private.store(true, Ordering::SeqCst);
+        trying.store(true, Ordering::SeqCst);
         std::time::Duration::from_millis(300)
     }
     fn settle(&self, key: &str, since: Option<Marks>) -> Option<Result<(), BackendError>> {
@@ -330,4 +339,28 @@ async fn a_client_that_leaves_before_the_second_reading_answers_costs_the_first_
         .store(false, Ordering::SeqCst);
     assert_eq!(raw_status(addr, &get_line(b"/files/a")).await, 200);
     assert_eq!(raw_status(addr, &get_line(b"/files/b")).await, 200);
+}
+
+/// A client that leaves while the tenant stage's decision is on its way to
+/// the store does not leave the route stage's cost charged: the request
+/// never reached its handler, as with a client that leaves while the
+/// second reading of a path read two ways is in flight (the tenant
+/// stage's own cost goes back too). Before, the route kept a cost for a
+/// request it never served.
+#[tokio::test]
+async fn a_client_that_leaves_before_the_tenant_stage_answers_costs_the_route_nothing() {
+    let (flaky, broker, addr) = serve_flaky().await;
+    flaky.hooks.slow_tenant_tries.store(true, Ordering::SeqCst);
+    leave_once(addr, &get_as("a", "/files/x"), &flaky.hooks.trying_tenant).await;
+    let settles = settles_once(&flaky, 2).await;
+    assert_eq!(broker.stats().resources["route:files"].in_flight, 0);
+    let keys: Vec<_> = settles.iter().map(|(k, m)| (k.as_str(), *m)).collect();
+    assert!(
+        keys.contains(&("route%3Afiles", None)),
+        "the route's cost given back: {keys:?}"
+    );
+    flaky.hooks.slow_tenant_tries.store(false, Ordering::SeqCst);
+    assert_eq!(raw_status(addr, &get_as("b", "/files/a")).await, 200);
+    assert_eq!(raw_status(addr, &get_as("c", "/files/b")).await, 200);
+    assert_eq!(raw_status(addr, &get_as("d", "/files/c")).await, 429);
 }

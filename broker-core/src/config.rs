@@ -299,8 +299,11 @@ pub fn parse<T: DeserializeOwned>(
     let parsed = match format {
         Format::Json => {
             let de = &mut serde_json::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de)
-                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
+            let parsed = serde_path_to_error::deserialize(&mut *de)
+                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())));
+            // Text after the value (an object closed early, say) would be
+            // left unread, and what it holds dropped without a word.
+            parsed.and_then(|v| de.end().map(|()| v).map_err(|e| fail(e.to_string())))
         }
         Format::Yaml => {
             let de = serde_norway::Deserializer::from_str(text);
