@@ -1241,3 +1241,72 @@ async fn an_unclaimed_decision_is_not_refunded_under_limits_registered_over() {
     let more = broker_testkit::allowed_in_a_row(&broker, "api").await;
     assert_eq!(more, 0, "{more} calls went out beyond the five a minute");
 }
+
+/// A resource registered with `register_limit` (limit-only) is queued
+/// too, as `register_limit` says: with the default queue capacity and
+/// retry policy of `ResourceConfig::new`, and still marked limit-only in
+/// the stats.
+#[tokio::test(start_paused = true)]
+async fn enqueue_on_a_limit_only_resource_uses_the_default_queue() {
+    let broker = broker();
+    broker.register_limit("hook", seed_limits()).unwrap();
+    let refused = |attempt: broker_core::Attempt| async move {
+        match attempt.number {
+            1 => Outcome::<u32, ()>::rate_limited((), Some(Duration::from_millis(100))),
+            n => Outcome::ok(n),
+        }
+    };
+    let attempts = broker.enqueue("hook", Cost::default(), refused).await;
+    assert_eq!(attempts.unwrap(), 2, "retried by the default policy");
+    let stats = &broker.stats().resources["hook"];
+    assert_eq!(stats.kind, broker_core::ResourceKind::LimitOnly);
+    assert_eq!((stats.completed, stats.retries, stats.queued), (1, 1, 0));
+}
+
+/// What happens to a call after its resource is registered again (a
+/// config reload while it runs) is in the stats the broker reports, as it
+/// is in the metrics (by resource id): its 429, its retry, its second
+/// admission and its completion. Before, they went to the replaced
+/// registration's counters, which `stats()` no longer reports: the call
+/// left the queue and never showed as completed.
+#[tokio::test(start_paused = true)]
+async fn a_call_running_across_a_re_registration_is_counted_in_the_new_stats() {
+    let broker = broker();
+    broker
+        .register("api", ResourceConfig::new(seed_limits()))
+        .unwrap();
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let wait = Arc::new(Mutex::new(Some(wait)));
+    let b = broker.clone();
+    let call = tokio::spawn(async move {
+        b.enqueue("api", Cost::default(), |attempt| {
+            let wait = wait.lock().unwrap().take();
+            async move {
+                if attempt.number > 1 {
+                    return Outcome::<(), ()>::ok(());
+                }
+                wait.unwrap().await.unwrap();
+                Outcome::rate_limited((), Some(Duration::from_millis(100)))
+            }
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(broker.stats().resources["api"].in_flight, 1);
+    broker
+        .register("api", ResourceConfig::new(seed_limits()))
+        .unwrap();
+    go.send(()).unwrap();
+    call.await.unwrap().unwrap();
+    let stats = broker.stats().resources["api"].clone();
+    assert_eq!(
+        (stats.upstream_429, stats.retries, stats.allowed),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(
+        (stats.completed, stats.queued, stats.in_flight),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+}

@@ -20,8 +20,6 @@ pub struct Counters {
     pub(crate) allowed: Striped,
     /// Striped: bumped on every decision, from every thread.
     pub(crate) denied: Striped,
-    pub(crate) queued: AtomicU64,
-    pub(crate) in_flight: AtomicU64,
     pub(crate) waits: AtomicU64,
     pub(crate) wait_micros: AtomicU64,
     pub(crate) upstream_429: AtomicU64,
@@ -36,6 +34,15 @@ pub struct Counters {
     pub(crate) observed_request_limit: AtomicU64,
     /// The last upstream token limit logged as calibration material.
     pub(crate) observed_token_limit: AtomicU64,
+}
+
+/// The calls waiting and the work running (or permits held) under one
+/// resource id, shared by its registrations: a call made on a registration
+/// that a later one replaced is still queued or in flight under the id.
+#[derive(Debug, Default)]
+pub(crate) struct Live {
+    pub(crate) queued: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
 }
 
 /// A counter that can be bumped: a plain atomic, or a [`Striped`] one.
@@ -71,15 +78,16 @@ pub(crate) fn drop_one(c: &AtomicU64) {
 }
 
 impl Counters {
-    /// A snapshot of the counters.
-    pub fn snapshot(&self, kind: ResourceKind) -> ResourceStats {
+    /// A snapshot of the counters, with the calls queued and in flight
+    /// under the resource id (`live`).
+    pub(crate) fn snapshot(&self, kind: ResourceKind, live: &Live) -> ResourceStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ResourceStats {
             kind,
             allowed: self.allowed.get(),
             denied: self.denied.get(),
-            queued: get(&self.queued),
-            in_flight: get(&self.in_flight),
+            queued: get(&live.queued),
+            in_flight: get(&live.in_flight),
             local_waits: get(&self.waits),
             total_wait_ms: get(&self.wait_micros) / 1000,
             upstream_429: get(&self.upstream_429),
@@ -100,8 +108,9 @@ impl Counters {
 pub enum ResourceKind {
     /// Registered with `register`: has a queue (`enqueue`).
     Queue,
-    /// Registered with `register_limit`: check + reject only, no queue, so
-    /// an empty queue says nothing about its health.
+    /// Registered with `register_limit`: for check + reject, no queue
+    /// configured (an `enqueue` on it gets the default queue), so an empty
+    /// queue says nothing about its health.
     LimitOnly,
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::in_flight::{to_its_answer, UntoldLease};
-use super::{note_backend_error, Permit, Resource, ResourceBroker, Target};
+use super::{note_backend_error, Epochs, Latest, Permit, Resource, ResourceBroker, Target};
 use crate::backend::Backend;
 use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
@@ -69,7 +69,7 @@ pub(crate) struct Booking {
     resource: Arc<Resource>,
     /// The registration it was booked under: the latest then (see
     /// [`Resource::latest`]).
-    booked_under: Arc<Resource>,
+    booked_under: Arc<Latest>,
     key: String,
     cost: Cost,
     wait: Micros,
@@ -92,7 +92,7 @@ impl Booking {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<Result<Booking, Micros>, BrokerError> {
-        let booked_under = resource.latest().clone();
+        let booked_under = resource.latest();
         let backend = broker.inner.backend.clone();
         let resource = resource.clone();
         // Run to its answer if the caller goes away meanwhile: a booking
@@ -125,10 +125,11 @@ impl Booking {
     /// the time it waited, also when the call is dropped before the end.
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
-            bump(&self.resource.counters.waits);
+            let tally = self.resource.tally();
+            bump(&tally.counters.waits);
             telemetry::count(&self.resource.id, Signal::LocalWait);
             let _waited = Waited {
-                total: &self.resource.counters.wait_micros,
+                total: &tally.counters.wait_micros,
                 since: tokio::time::Instant::now(),
                 booked: self.wait,
             };
@@ -143,15 +144,19 @@ impl Booking {
         Booked {
             since: self.since,
             since_here: self.since_here,
-            booked_under: self.booked_under.clone(),
+            booked_under: self.booked_under.epochs,
         }
     }
 
     /// The limits to refund under, or `None` when no refund is due: the
     /// booking's state was started afresh by a registration with other
     /// buckets, so holds none of its cost.
-    fn refund_under(&self) -> Option<(&Arc<LimitSpec>, Option<Marks>)> {
-        match under(&self.booked_under, self.since) {
+    fn refund_under(&self) -> Option<(Arc<LimitSpec>, Option<Marks>)> {
+        match under(
+            &self.resource.latest(),
+            self.booked_under.epochs,
+            self.since,
+        ) {
             Under::Same(spec, since) => Some((spec, since)),
             Under::Afresh(_) => None,
         }
@@ -164,8 +169,8 @@ pub(crate) struct Booked {
     /// The booking's time on this process's clock and holds (see
     /// [`Booking`]).
     since_here: tokio::time::Instant,
-    /// The registration it was booked under.
-    booked_under: Arc<Resource>,
+    /// The epochs of the registration it was booked under.
+    booked_under: Epochs,
 }
 
 impl Booked {
@@ -176,7 +181,8 @@ impl Booked {
     }
 
     /// How the work's `usage` (`None`: the booked `cost`) settles on the
-    /// latest limits: the settlement of the booking, or, when the
+    /// latest limits of `resource` (the registration booked on, or one it
+    /// replaced): the settlement of the booking, or, when the
     /// booking's state may have been started afresh since by a
     /// registration with other buckets (so holds none of it), a charge of
     /// the whole usage. `None` when there is nothing to settle.
@@ -189,11 +195,12 @@ impl Booked {
     /// estimate is charged whatever the hold.
     fn settlement(
         &self,
+        resource: &Resource,
         cost: Cost,
         usage: Option<Cost>,
         held_until: Option<tokio::time::Instant>,
-    ) -> Option<(&Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
-        match under(&self.booked_under, self.since) {
+    ) -> Option<(Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
+        match under(&resource.latest(), self.booked_under, self.since) {
             Under::Same(spec, since) => {
                 let mut actual = usage?;
                 if held_until.is_some_and(|until| until > self.since_here) {
@@ -208,36 +215,30 @@ impl Booked {
 }
 
 /// What a booking's state is now, against the limits it was booked under.
-enum Under<'r> {
+enum Under {
     /// Every registration since kept the buckets it was booked in (the
     /// same units in the same order: a store starts a state afresh only
     /// for another number of buckets, and keeps buckets by place): the
     /// latest limits, with its marks if no registration since changed the
     /// limits (marks name the buckets of the limits they were made under),
     /// or if a failure policy answered it (see [`Marks::ANSWERED_HERE`]).
-    Same(&'r Arc<LimitSpec>, Option<Marks>),
+    Same(Arc<LimitSpec>, Option<Marks>),
     /// A registration since had other buckets: the state may have been
     /// started afresh. The latest limits.
-    Afresh(&'r Arc<LimitSpec>),
+    Afresh(Arc<LimitSpec>),
 }
 
-/// [`Under`] for a booking made under registration `booked_under` with
-/// marks `since`, walking the registrations that replaced it.
-fn under(booked_under: &Arc<Resource>, since: Marks) -> Under<'_> {
-    let booked = &booked_under.spec;
-    let mut latest = booked_under;
-    let mut same_limits = true;
-    while let Some(next) = latest.next.get() {
-        if !Arc::ptr_eq(&next.spec, booked) && *next.spec != **booked {
-            if !same_units(&next.spec, booked) {
-                return Under::Afresh(&booked_under.latest().spec);
-            }
-            same_limits = false;
-        }
-        latest = next;
+/// [`Under`] for a booking made under a registration of epochs
+/// `booked_under` with marks `since`, now that `latest` is the latest
+/// registration (see [`Epochs`]).
+fn under(latest: &Latest, booked_under: Epochs, since: Marks) -> Under {
+    let spec = latest.spec.clone();
+    if latest.epochs.buckets != booked_under.buckets {
+        return Under::Afresh(spec);
     }
+    let same_limits = latest.epochs.limits == booked_under.limits;
     let keep = same_limits || since == Marks::ANSWERED_HERE;
-    Under::Same(&latest.spec, keep.then_some(since))
+    Under::Same(spec, keep.then_some(since))
 }
 
 /// The limits to give back a cost taken, without a booking's marks, under
@@ -246,15 +247,19 @@ fn under(booked_under: &Arc<Resource>, since: Marks) -> Under<'_> {
 /// afresh, and holds none of it; a refund under the limits it was taken
 /// under would start it afresh again, as a cancelled booking's would: see
 /// [`Booking::refund_under`]).
-pub(super) fn refund_spec(taken_under: &Arc<Resource>) -> Option<&Arc<LimitSpec>> {
-    match under(taken_under, Marks::ANSWERED_HERE) {
+pub(super) fn refund_spec(taken_under: &Resource) -> Option<Arc<LimitSpec>> {
+    match under(
+        &taken_under.latest(),
+        taken_under.epochs,
+        Marks::ANSWERED_HERE,
+    ) {
         Under::Same(spec, _) => Some(spec),
         Under::Afresh(_) => None,
     }
 }
 
 /// Whether `a` and `b` have buckets of the same units in the same order.
-fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
+pub(super) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
     a.buckets.len() == b.buckets.len()
         && (a.buckets.iter().zip(&b.buckets)).all(|((ua, _), (ub, _))| ua == ub)
 }
@@ -284,7 +289,7 @@ impl Drop for Booking {
             &self.backend,
             &self.resource,
             &self.key,
-            spec,
+            &spec,
             change,
             "refund",
         );
@@ -488,12 +493,11 @@ impl Drop for Waited<'_> {
 impl<'r> QueuePlace<'r> {
     fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
         let capacity = resource.config.queue_capacity;
-        let queued = &resource.counters.queued;
-        // The calls still waiting on a registration this one replaced are
-        // in this resource's queue too: a re-registration does not make
-        // room for more.
-        let earlier = resource.queued_on_replaced();
-        if queued.fetch_add(1, Ordering::AcqRel) + earlier >= capacity as u64 {
+        // Counted for the resource id: the calls still waiting on a
+        // registration this one replaced are in this resource's queue
+        // too, so a re-registration does not make room for more.
+        let queued = &resource.live.queued;
+        if queued.fetch_add(1, Ordering::AcqRel) >= capacity as u64 {
             drop_one(queued);
             // A call refused at once still ended in an error.
             bump(&resource.counters.failed);
@@ -513,15 +517,9 @@ impl<'r> QueuePlace<'r> {
             return;
         }
         let (from, to) = if running {
-            (
-                &self.resource.counters.queued,
-                &self.resource.counters.in_flight,
-            )
+            (&self.resource.live.queued, &self.resource.live.in_flight)
         } else {
-            (
-                &self.resource.counters.in_flight,
-                &self.resource.counters.queued,
-            )
+            (&self.resource.live.in_flight, &self.resource.live.queued)
         };
         drop_one(from);
         bump(to);
@@ -531,7 +529,7 @@ impl<'r> QueuePlace<'r> {
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
-        let c = &self.resource.counters;
+        let c = &self.resource.live;
         drop_one(if self.running {
             &c.in_flight
         } else {
@@ -551,6 +549,11 @@ impl ResourceBroker {
     ///
     /// Dropping the returned future at any point refunds an unused
     /// reservation and frees a held concurrency slot.
+    ///
+    /// A resource registered with [`ResourceBroker::register_limit`] is
+    /// queued too, with the queue capacity and retry policy of
+    /// [`crate::ResourceConfig::new`]; [`ResourceBroker::register`]
+    /// chooses them.
     ///
     /// ```
     /// use broker_core::{Cost, Outcome, ResourceBroker};
@@ -620,7 +623,7 @@ impl ResourceBroker {
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
             let booked = booking.consume();
-            bump(&resource.counters.allowed);
+            bump(&resource.tally().counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
@@ -650,13 +653,13 @@ impl ResourceBroker {
                     observed,
                 } => {
                     if let Some((spec, reserved, actual, since)) =
-                        booked.settlement(cost, usage, held_until)
+                        booked.settlement(&resource, cost, usage, held_until)
                     {
                         // The work succeeded; a failed correction is logged, not returned.
                         let change = (reserved, actual, since);
                         let backend = &self.inner.backend;
                         if let Some(task) =
-                            settle_or_spawn(backend, &resource, &key, spec, change, "settle")
+                            settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
                         {
                             // Awaited, but run to its end if this call is
                             // dropped meanwhile (a timeout around it).
@@ -698,13 +701,14 @@ impl ResourceBroker {
             let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
                 break Err(exhausted(&resource, error, number, class));
             };
-            bump(&resource.counters.retries);
+            bump(&resource.tally().counters.retries);
             tokio::time::sleep(pause).await;
         };
+        let tally = resource.tally();
         bump(if result.is_ok() {
-            &resource.counters.completed
+            &tally.counters.completed
         } else {
-            &resource.counters.failed
+            &tally.counters.failed
         });
         result
     }
@@ -723,7 +727,7 @@ impl ResourceBroker {
         retry_after: Option<Duration>,
         hold: Duration,
     ) {
-        bump(&resource.counters.upstream_429);
+        bump(&resource.tally().counters.upstream_429);
         telemetry::count(&resource.id, Signal::Upstream429);
         tracing::info!(
             resource = %resource.id,
@@ -770,7 +774,7 @@ impl ResourceBroker {
             .reconcile(key, spec, observed)
             .await
             .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
-        bump(&resource.counters.reconciles);
+        bump(&resource.tally().counters.reconciles);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
     }
@@ -887,7 +891,7 @@ fn exhausted<E>(
     attempts: u32,
     last: OutcomeClass,
 ) -> EnqueueError<E> {
-    bump(&resource.counters.retries_exhausted);
+    bump(&resource.tally().counters.retries_exhausted);
     telemetry::count(&resource.id, Signal::RetriesExhausted);
     tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
     EnqueueError::RetriesExhausted {

@@ -50,12 +50,15 @@ impl<T: Send + 'static> Future for InFlight<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        let call = this.call.as_mut().expect("a call polled after its answer");
+        // Out of its place while polled: a call that panics is dropped as
+        // the panic unwinds, not run again on a task of its own (polled
+        // after its panic, it would only panic again there).
+        let mut call = this.call.take().expect("a call polled after its answer");
         this.sent = true;
         let Poll::Ready(answer) = call.as_mut().poll(cx) else {
+            this.call = Some(call);
             return Poll::Pending;
         };
-        this.call = None;
         Poll::Ready(answer)
     }
 }
@@ -140,7 +143,7 @@ impl Drop for Unclaimed {
         };
         let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
         let change = (self.cost, NO_COST, since);
-        let _ = settle_or_spawn(&self.backend, resource, key, spec, change, "refund");
+        let _ = settle_or_spawn(&self.backend, resource, key, &spec, change, "refund");
     }
 }
 
@@ -183,5 +186,39 @@ impl Drop for UntoldLease {
         };
         let key = HeldKey::State(Some(std::mem::take(&mut self.key)));
         release_untold(&self.backend, self.resource.clone(), key, lease);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A call that panics on every poll, counting them.
+    struct Panics(Arc<AtomicUsize>);
+
+    impl Future for Panics {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            panic!("the store's call panicked");
+        }
+    }
+
+    /// A call that panicked is not run again when its caller's task is
+    /// dropped by the panic: polled again on a task of its own, it would
+    /// only panic a second time (or, for an `async` block, report that it
+    /// was resumed after panicking).
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_panicked_is_not_run_again() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let call = to_its_answer(Panics(polls.clone()));
+        let caller = tokio::spawn(call).await;
+        assert!(caller.unwrap_err().is_panic());
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
     }
 }

@@ -90,6 +90,10 @@ pub(crate) struct Resource {
     pub(crate) fits: Cost,
     /// How many calls are in `enqueue::wait_slot` now.
     slot_waiters: std::sync::atomic::AtomicUsize,
+    /// The calls waiting and the work running (or permits held) under
+    /// this id, shared by its registrations (a permit counts itself in
+    /// flight here).
+    pub(crate) live: Arc<crate::stats::Live>,
     /// Set once a registration under the same id replaced this resource:
     /// a [`ResourceHandle`] holding it then goes through the registry.
     pub(crate) retired: std::sync::atomic::AtomicBool,
@@ -111,71 +115,135 @@ pub(crate) struct Resource {
     /// Renews the leases of this resource's live permits, on a store whose
     /// leases expire (see `keeper.rs`).
     pub(crate) keeper: Option<Arc<keeper::Keeper>>,
-    /// The registration that replaced this one under its id, once one did.
-    next: std::sync::OnceLock<Arc<Resource>>,
-    /// The registration this one replaced (weak: it lives while a call or
-    /// permit made on it does), whose running work [`Resource::stats`]
-    /// still counts.
-    replaced: std::sync::Weak<Resource>,
+    /// The latest registration of this id, shared by all its
+    /// registrations.
+    pub(crate) lineage: Arc<Lineage>,
+    /// This registration's changes of limits since the first of its id.
+    pub(crate) epochs: Epochs,
 }
 
-impl Drop for Resource {
-    /// Drops the registrations that replaced this one one after another,
-    /// not one inside the other: a thread's kept registry can hold an old
-    /// registration, and through `next` every later one, and a chain of
-    /// thousands of re-registrations dropped recursively overflowed the
-    /// stack.
-    fn drop(&mut self) {
-        let mut next = self.next.take();
-        while let Some(resource) = next {
-            // The last owner takes the one after it out before dropping it.
-            next = Arc::into_inner(resource).and_then(|mut r| r.next.take());
+/// What the registrations of one resource id share: the latest of them.
+/// Each registration holds it, never the registrations after it, so one
+/// kept alive by a call, a permit or a [`ResourceHandle`] made on it keeps
+/// nothing else alive (before, it kept every later registration, and a
+/// service that re-configured a resource every second grew without end).
+#[derive(Debug)]
+pub(crate) struct Lineage {
+    latest: ArcSwap<Latest>,
+}
+
+/// The latest registration of an id, as an earlier one sees it.
+#[derive(Debug)]
+pub(crate) struct Latest {
+    /// Its limits.
+    pub(crate) spec: Arc<LimitSpec>,
+    /// Its changes of limits since the first registration of the id.
+    pub(crate) epochs: Epochs,
+    /// The registration (the registry holds it), whose counters count
+    /// what happens to a call made on an earlier one.
+    resource: std::sync::Weak<Resource>,
+}
+
+/// How many registrations of an id, since its first, came with other
+/// limits than the one before them (`limits`), and how many of those with
+/// other buckets (`buckets`: other units, or another number of them).
+/// Two registrations have the same limits (buckets) if and only if no
+/// registration from the one to the other changed them: equal epochs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Epochs {
+    pub(crate) limits: u64,
+    pub(crate) buckets: u64,
+}
+
+impl Epochs {
+    /// The epochs of a registration of `spec` made over one of `before`
+    /// with these epochs.
+    pub(crate) fn after(self, before: &Arc<LimitSpec>, spec: &Arc<LimitSpec>) -> Self {
+        if Arc::ptr_eq(before, spec) || **before == **spec {
+            return self;
+        }
+        Self {
+            limits: self.limits + 1,
+            buckets: self.buckets + u64::from(!enqueue::same_units(before, spec)),
+        }
+    }
+}
+
+impl Lineage {
+    /// The lineage of a first registration, of `spec`, until
+    /// [`Lineage::install`] names it.
+    pub(crate) fn new(spec: Arc<LimitSpec>) -> Self {
+        Self {
+            latest: ArcSwap::from_pointee(Latest {
+                spec,
+                epochs: Epochs::default(),
+                resource: std::sync::Weak::new(),
+            }),
+        }
+    }
+
+    /// Makes `resource` the latest registration of the id.
+    pub(crate) fn install(&self, resource: &Arc<Resource>) {
+        self.latest.store(Arc::new(Latest {
+            spec: resource.spec.clone(),
+            epochs: resource.epochs,
+            resource: Arc::downgrade(resource),
+        }));
+    }
+}
+
+/// The registration whose counters count an event of a call (see
+/// [`Resource::tally`]).
+pub(crate) enum Tally<'r> {
+    /// The registration the call was made on, still the latest.
+    Own(&'r Resource),
+    /// The latest, which replaced it.
+    Latest(Arc<Resource>),
+}
+
+impl std::ops::Deref for Tally<'_> {
+    type Target = Resource;
+
+    fn deref(&self) -> &Resource {
+        match self {
+            Tally::Own(r) => r,
+            Tally::Latest(r) => r,
         }
     }
 }
 
 impl Resource {
-    /// The latest registration under this resource's id: itself, or the
-    /// one that replaced it (and so on). A call that began under a
+    /// The latest registration under this resource's id: its own, or that
+    /// of the one that replaced it (and so on). A call that began under a
     /// replaced registration makes its later transitions (its refund, its
     /// settlement, a retry's booking, a penalty) with the latest limits: a
     /// store keeps a state for one set of limits, and one made for other
     /// buckets starts afresh, so transitions under two sets in turn would
     /// start it afresh again and again.
-    pub(crate) fn latest(self: &Arc<Self>) -> &Arc<Self> {
-        let mut latest = self;
-        while let Some(next) = latest.next.get() {
-            latest = next;
-        }
-        latest
+    pub(crate) fn latest(&self) -> Arc<Latest> {
+        self.lineage.latest.load_full()
     }
 
-    /// The counters of this registration, with the calls waiting and the
-    /// work running (or permits held) on the registrations it replaced,
-    /// as long as any lives: those are still queued and in flight under
-    /// this id.
+    /// The registration whose counters count what happens now to a call
+    /// made on this one: itself, or, once a registration replaced it, the
+    /// latest, so that the stats the broker reports (those of the latest)
+    /// count every event after it, as the metrics (by id) do.
+    pub(crate) fn tally(&self) -> Tally<'_> {
+        if !self.retired.load(std::sync::atomic::Ordering::Acquire) {
+            return Tally::Own(self);
+        }
+        match self.lineage.latest.load().resource.upgrade() {
+            Some(latest) => Tally::Latest(latest),
+            None => Tally::Own(self),
+        }
+    }
+
+    /// The counters of this registration; `queued` and `in_flight` count
+    /// the calls waiting and the work running (or permits held) on every
+    /// registration of the id, also on one this one replaced: those are
+    /// still queued and in flight under this id.
     fn stats(&self) -> ResourceStats {
-        let mut stats = self.counters.snapshot(self.kind);
-        let mut earlier = self.replaced.upgrade();
-        while let Some(r) = earlier {
-            let theirs = r.counters.snapshot(r.kind);
-            stats.queued += theirs.queued;
-            stats.in_flight += theirs.in_flight;
-            earlier = r.replaced.upgrade();
-        }
-        stats
-    }
-
-    /// The `enqueue` calls still waiting on the registrations this one
-    /// replaced: they wait in this resource's queue too.
-    pub(crate) fn queued_on_replaced(&self) -> u64 {
-        let mut queued = 0;
-        let mut earlier = self.replaced.upgrade();
-        while let Some(r) = earlier {
-            queued += r.counters.queued.load(std::sync::atomic::Ordering::Relaxed);
-            earlier = r.replaced.upgrade();
-        }
-        queued
+        self.counters.snapshot(self.kind, &self.live)
     }
 
     /// `config.limits.check_fits`, answered from `fits` when it passes.
@@ -260,7 +328,7 @@ const BACKEND_WARN_INTERVAL_MS: u64 = 10_000;
 
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
     use std::sync::atomic::Ordering;
-    bump(&resource.counters.backend_errors);
+    bump(&resource.tally().counters.backend_errors);
     crate::telemetry::backend_error(&resource.id, op);
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let now_ms = ORIGIN
@@ -324,7 +392,10 @@ impl ResourceBroker {
     }
 
     /// Registers (or re-configures) a limit-only resource for `try_acquire`
-    /// and `acquire` (no queue).
+    /// and `acquire` (no queue configured). `enqueue` on it still queues,
+    /// with the queue capacity and retry policy of [`ResourceConfig::new`]
+    /// (the same limits, one state): register it with
+    /// [`ResourceBroker::register`] to choose them.
     pub fn register_limit(&self, resource: &str, limits: Limits) -> Result<(), ConfigError> {
         self.insert(
             resource,
@@ -779,16 +850,16 @@ impl ResourceBroker {
             match enqueue::admit_until(self, &resource, state, cost, deadline, true).await? {
                 enqueue::Admitted::Go(booking, permit) => (booking, permit),
                 enqueue::Admitted::TooLong(wait) => {
-                    bump(&resource.counters.denied);
+                    bump(&resource.tally().counters.denied);
                     return Ok(denied(DenyReason::Rate, wait));
                 }
                 enqueue::Admitted::NoSlot => {
-                    bump(&resource.counters.denied);
+                    bump(&resource.tally().counters.denied);
                     return Ok(denied(DenyReason::Concurrency, 0));
                 }
             };
         let booked = booking.consume();
-        bump(&resource.counters.allowed);
+        bump(&resource.tally().counters.allowed);
         Ok(Acquisition {
             answered_here: booked.answered_here(),
             ..acquisition(Verdict::Allowed, permit)
@@ -904,9 +975,10 @@ impl ResourceBroker {
 impl ResourceBroker {
     /// Counters of every resource, and the state store's health (calls
     /// answered by its failure policy while it was unreachable). A
-    /// resource's counts start at its latest registration, save `queued`
-    /// and `in_flight`, which also count the calls and permits still
-    /// running on a registration it replaced.
+    /// resource's counts start at its latest registration (what happens
+    /// since to a call made on a registration it replaced included, as in
+    /// the metrics), save `queued` and `in_flight`, which also count the
+    /// calls and permits still running on a registration it replaced.
     pub fn stats(&self) -> BrokerStats {
         let resources = self
             .inner
@@ -940,6 +1012,7 @@ mod tests {
             offset_of!(Resource, local) + size_of::<Option<Arc<dyn LocalStates>>>(),
             offset_of!(Resource, fits) + size_of::<Cost>(),
             offset_of!(Resource, slot_waiters) + size_of::<usize>(),
+            offset_of!(Resource, live) + size_of::<Arc<crate::stats::Live>>(),
             offset_of!(Resource, retired) + 1,
         ];
         assert!(ends.iter().all(|&end| end <= 64), "{ends:?}");
@@ -998,6 +1071,31 @@ mod tests {
         ) -> Result<(), BackendError> {
             Err(BackendError::new("unused"))
         }
+    }
+
+    /// A service that re-configures a resource again and again (a config
+    /// reload every second for a day) while something made on its first
+    /// registration lives on (a layer's [`ResourceHandle`], a long-held
+    /// permit, a thread's kept registry) keeps that one and the latest
+    /// alive, not every registration in between.
+    #[test]
+    fn re_registrations_are_not_kept_alive_by_an_old_one() {
+        let broker = ResourceBroker::new(NoStore);
+        let limits = |n| Limits::new().rate(RateLimit::per_second(n));
+        broker.register_limit("r", limits(1)).unwrap();
+        let first = broker.resource_handle("r").unwrap();
+        let registrations: Vec<_> = (0..10_000u64)
+            .map(|i| {
+                broker.register_limit("r", limits(2 + i % 2)).unwrap();
+                Arc::downgrade(&broker.resource("r").unwrap())
+            })
+            .collect();
+        let alive = registrations
+            .iter()
+            .filter(|r| r.strong_count() > 0)
+            .count();
+        assert_eq!(alive, 1, "only the latest, besides the first");
+        assert!(!first.is_current());
     }
 
     proptest! {

@@ -147,7 +147,7 @@ impl Permit {
         counted: bool,
     ) -> Self {
         if counted {
-            bump(&resource.counters.in_flight);
+            bump(&resource.live.in_flight);
         }
         let held = if counted && resource.local.is_some() && matches!(key, HeldKey::Sub(None)) {
             // `Sub(None)` owns nothing: no drop to run.
@@ -256,7 +256,7 @@ fn release_held(held: Held) {
     let h = match held {
         Held::Nothing => return,
         Held::Own { resource, lease } => {
-            drop_one(&resource.counters.in_flight);
+            drop_one(&resource.live.in_flight);
             release_in_process(&resource, None, lease);
             return;
         }
@@ -268,7 +268,7 @@ fn release_held(held: Held) {
         keeper.forget(h.lease);
     }
     if h.counted {
-        drop_one(&h.resource.counters.in_flight);
+        drop_one(&h.resource.live.in_flight);
     }
     let resource = &h.resource;
     if let HeldKey::Sub(sub) = &h.key {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{largest_fit, next_stamp, Registry, Resource, ResourceBroker};
+use super::{largest_fit, next_stamp, Epochs, Lineage, Registry, Resource, ResourceBroker};
 use crate::backend::LocalStates;
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
@@ -234,12 +234,23 @@ impl ResourceBroker {
     /// Puts `ready` in `map` (under the registry's lock), in place of the
     /// registration of its id there, which it returns.
     fn install(&self, map: &mut Registry, ready: Ready) -> Option<Arc<Resource>> {
-        // The holds belong to the resource id, not to one registration: a
-        // call still running on an earlier registration sees a hold set
-        // through this one, and the other way round.
-        let (holds, replaced) = match map.get(&ready.id) {
-            Some(old) => (old.holds.clone(), Arc::downgrade(old)),
-            None => (Arc::default(), std::sync::Weak::new()),
+        // The holds, the latest registration and the count of the calls
+        // queued and running belong to the resource id, not to one
+        // registration: a call still running on an earlier registration
+        // sees a hold set through this one, and the other way round.
+        let (holds, lineage, epochs, live) = match map.get(&ready.id) {
+            Some(old) => (
+                old.holds.clone(),
+                old.lineage.clone(),
+                old.epochs.after(&old.spec, &ready.spec),
+                old.live.clone(),
+            ),
+            None => (
+                Arc::default(),
+                Arc::new(Lineage::new(ready.spec.clone())),
+                Epochs::default(),
+                Arc::default(),
+            ),
         };
         let resource = Arc::new(Resource {
             id: ready.id.clone(),
@@ -250,21 +261,18 @@ impl ResourceBroker {
             config: ready.config,
             kind: ready.kind,
             counters: Counters::default(),
+            live,
             slot_notify: tokio::sync::Notify::new(),
             slot_waiters: std::sync::atomic::AtomicUsize::new(0),
             holds,
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),
             keeper: self.inner.keeper.clone(),
-            next: std::sync::OnceLock::new(),
-            replaced,
+            lineage,
+            epochs,
         });
-        let old = map.insert(ready.id, resource.clone());
-        if let Some(old) = &old {
-            // Set once: each registration is replaced at most once.
-            let _ = old.next.set(resource);
-        }
-        old
+        resource.lineage.install(&resource);
+        map.insert(ready.id, resource)
     }
 
     /// Makes `map` the registry (under its lock) and retires the
