@@ -439,3 +439,46 @@ async fn a_caller_gone_with_its_answer_unread_leaks_no_lease() {
         "the lease of a caller gone with its answer unread was released"
     );
 }
+
+/// Callers queued behind calls to a server that hangs are answered by the
+/// failure policy once a call in flight finds it out of reach (no reply
+/// within the operation timeout), as new calls are: in virtual time, every
+/// one of 400 concurrent callers is answered within twice the operation
+/// timeout. Before, the queue was still sent to the hung server a batch at
+/// a time, each batch waiting out its own timeout: with the default limits
+/// (32 a batch, 5 in flight) the last callers waited four timeouts, and
+/// a queue of thousands waited minutes.
+#[tokio::test]
+async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let op_timeout = Duration::from_millis(400);
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+    // Loads the scripts.
+    concurrent_tries(&backend, "api", &spec, 40).await;
+    tokio::time::pause();
+    server.pause();
+    let start = tokio::time::Instant::now();
+    let answers = join_all((0..400).map(|_| async {
+        let a = backend.try_acquire("api", &spec, Cost::default()).await;
+        (a, start.elapsed())
+    }))
+    .await;
+    server.resume();
+    let slowest = answers.iter().map(|(_, t)| *t).max().unwrap();
+    for (a, _) in &answers {
+        assert!(a.as_ref().expect("fail-open answers").allowed);
+    }
+    assert!(backend.health().down);
+    assert_eq!(backend.health().handled_errors, 400);
+    assert!(
+        slowest <= 2 * op_timeout,
+        "the last caller waited {slowest:?} (virtual) for an operation timeout of {op_timeout:?}"
+    );
+}

@@ -403,6 +403,58 @@ async fn a_primary_that_refuses_writes_is_answered_by_the_failure_policy() {
     assert!(broker.backend().health().down);
 }
 
+/// A server busy with a long script (another client's, past
+/// `busy-reply-threshold`) refuses every other command with `BUSY` until
+/// the script ends: it cannot serve now, so the failure policy answers, as
+/// it does for a server that is loading or refuses writes, with an outage
+/// recorded; once the script is killed, Redis decides again. Before, each
+/// call failed with the `BUSY` error whatever the policy (fail-open too),
+/// and the backend was counted up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_busy_with_a_long_script_is_answered_by_the_failure_policy() {
+    use std::io::Write;
+    let server = RedisServer::start_with(&["--busy-reply-threshold", "10"]);
+    for coalesce in [true, false] {
+        let prefix = format!("busy{coalesce}");
+        let backend = quick(&server.url(), &prefix, coalesce, FailurePolicy::FailOpen).await;
+        let broker = ResourceBroker::new(backend);
+        let limits = Limits::new().rate(RateLimit::per_minute(1).with_burst(1));
+        broker.register_limit("api", limits).unwrap();
+        let first = broker.try_acquire("api", Cost::default()).await.unwrap();
+        assert!(first.allowed, "coalesce {coalesce}");
+        // Another client's script that runs until it is killed.
+        let mut busy = std::net::TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        busy.write_all(b"EVAL \"while true do end\" 0\r\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.command("PING").starts_with("-BUSY") {
+            assert!(
+                Instant::now() < deadline,
+                "the script never blocked the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let a = broker.try_acquire("api", Cost::default()).await;
+        assert!(
+            a.as_ref().is_ok_and(|a| a.allowed),
+            "coalesce {coalesce}: fail-open answers a busy server: {a:?}"
+        );
+        assert!(broker.backend().health().down, "coalesce {coalesce}");
+        assert!(server.command("SCRIPT KILL").starts_with("+OK"));
+        drop(busy);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while broker.backend().health().down {
+            assert!(Instant::now() < deadline, "coalesce {coalesce}: never back");
+            let _ = broker.try_acquire("api", Cost::default()).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let a = broker.try_acquire("api", Cost::default()).await.unwrap();
+        assert!(
+            !a.allowed,
+            "coalesce {coalesce}: Redis decides again: empty"
+        );
+    }
+}
+
 /// A server that closes idle connections (`timeout 1`, as a proxy's idle
 /// timeout would): a call after an idle gap goes through on a fresh
 /// connection, with no outage recorded and no call answered by the

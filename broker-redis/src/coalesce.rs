@@ -15,6 +15,10 @@
 //! - A caller that goes away before its decision is sent is skipped; one
 //!   that goes away after it was sent has its lease, if it was granted one,
 //!   released (`release` is idempotent), so no slot leaks.
+//! - A call in flight that gets no reply within the timeout does not hand
+//!   the queue on: the queued decisions are answered at once by the
+//!   failure policy, as new calls are then, instead of each batch waiting
+//!   out a timeout of its own.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -64,6 +68,11 @@ pub(crate) enum Reply {
     Done(RedisResult<Value>),
     /// No reply within the operation timeout.
     TimedOut,
+    /// Not sent: a call in flight when it queued got no reply within the
+    /// timeout, so it is answered as a new call would be then, by the
+    /// failure policy, instead of waiting out a timeout of its own behind
+    /// the ones before it.
+    Unsent,
 }
 
 impl Reply {
@@ -75,7 +84,7 @@ impl Reply {
         match self {
             Reply::TimedOut => true,
             Reply::Done(Err(e)) => crate::connection::is_unavailable(e),
-            Reply::Done(Ok(_)) => false,
+            Reply::Done(Ok(_)) | Reply::Unsent => false,
         }
     }
 }
@@ -215,7 +224,10 @@ impl Coalescer {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
-        let _place = Alone { coalescer: self };
+        let mut place = Alone {
+            coalescer: self,
+            timed_out: false,
+        };
         let late = Undo::One(self.late(lease.as_ref()));
         // Declared after the place, so dropped first: a lease is released
         // before the place is handed on.
@@ -225,6 +237,7 @@ impl Coalescer {
         // time, a failed connection) is released as its caller's would be:
         // the caller is told the call failed, and never holds it.
         unsettled.settle(&reply);
+        place.timed_out = matches!(reply, Reply::TimedOut);
         reply
     }
 
@@ -246,17 +259,36 @@ impl Coalescer {
         state.queue.drain(..n).collect()
     }
 
-    /// A call in flight returned: hands the queue to a flush task, or frees
-    /// its place.
-    fn returned(self: &Arc<Self>) {
+    /// A call in flight returned (`timed_out`: with no reply in time):
+    /// hands the queue to a flush task, or frees its place.
+    fn returned(self: &Arc<Self>, timed_out: bool) {
+        if let Some(batch) = self.next(timed_out) {
+            self.spawn_flush(batch);
+        }
+    }
+
+    /// The next batch for the place in flight of a call that returned, or
+    /// `None` when its place is freed: the queue is empty, or the call got
+    /// no reply in time (`timed_out`), and every queued decision is
+    /// answered [`Reply::Unsent`] at once (each would otherwise wait out a
+    /// timeout of its own, a batch at a time).
+    fn next(&self, timed_out: bool) -> Option<Vec<Pending>> {
         let mut state = self.lock();
+        if timed_out {
+            let unsent = std::mem::take(&mut state.queue);
+            state.in_flight -= 1;
+            drop(state);
+            for pending in unsent {
+                self.answer(pending, Reply::Unsent);
+            }
+            return None;
+        }
         let batch = self.take(&mut state);
         if batch.is_empty() {
             state.in_flight -= 1;
-            return;
+            return None;
         }
-        drop(state);
-        self.spawn_flush(batch);
+        Some(batch)
     }
 
     /// Sends `batch`, then the next queued decisions, until the queue is
@@ -272,12 +304,10 @@ impl Coalescer {
         runtime.spawn(async move {
             let mut batch = batch;
             loop {
-                this.flush(batch).await;
-                let mut state = this.lock();
-                batch = this.take(&mut state);
-                if batch.is_empty() {
-                    state.in_flight -= 1;
-                    return;
+                let timed_out = this.flush(batch).await;
+                match this.next(timed_out) {
+                    Some(next) => batch = next,
+                    None => return,
                 }
             }
         });
@@ -285,8 +315,8 @@ impl Coalescer {
 
     /// Sends one batch and answers each of its callers: as one call, or on
     /// a cluster as one call per hash tag (all keys of a call must be in
-    /// one slot), all at once.
-    async fn flush(&self, batch: Vec<Pending>) {
+    /// one slot), all at once. Whether any call got no reply in time.
+    async fn flush(&self, batch: Vec<Pending>) -> bool {
         if !self.settings.group_by_tag {
             return self.flush_group(batch).await;
         }
@@ -298,18 +328,21 @@ impl Coalescer {
                 None => groups.push((tag, vec![p])),
             }
         }
-        futures::future::join_all(groups.into_iter().map(|(_, g)| self.flush_group(g))).await;
+        let sent = groups.into_iter().map(|(_, g)| self.flush_group(g));
+        futures::future::join_all(sent).await.into_iter().any(|o| o)
     }
 
-    /// Sends decisions whose keys share a slot as one call.
-    async fn flush_group(&self, mut batch: Vec<Pending>) {
+    /// Sends decisions whose keys share a slot as one call. Whether it got
+    /// no reply in time.
+    async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
         if batch.len() == 1 && !self.settings.batch_every_call {
             if let Some(mut one) = batch.pop() {
                 let cmd = std::mem::take(&mut one.cmd);
                 let late = Undo::One(self.late(one.lease.as_ref()));
                 let reply = send_or_later(&self.conn, self.op_timeout, one.script, cmd, late).await;
+                let timed_out = matches!(reply, Reply::TimedOut);
                 self.answer(one, reply);
-                return;
+                return timed_out;
             }
         }
         let cmd = batch_cmd(&batch);
@@ -340,9 +373,11 @@ impl Coalescer {
             }
             other => vec![other; batch.len()],
         };
+        let timed_out = replies.iter().any(|r| matches!(r, Reply::TimedOut));
         for (pending, reply) in batch.into_iter().zip(replies) {
             self.answer(pending, reply);
         }
+        timed_out
     }
 
     /// Hands `reply` to the caller of `pending`; if it went away and the
@@ -465,11 +500,13 @@ impl Drop for Queued<'_> {
 /// caller gone), it frees the place or hands the queue on.
 struct Alone<'a> {
     coalescer: &'a Arc<Coalescer>,
+    /// Whether the decision got no reply in time.
+    timed_out: bool,
 }
 
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
-        self.coalescer.returned();
+        self.coalescer.returned(self.timed_out);
     }
 }
 

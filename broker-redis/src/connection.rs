@@ -219,6 +219,7 @@ pub(crate) fn is_unavailable(e: &RedisError) -> bool {
         )
         // Writes refused: out of memory, a failed background save
         // (`stop-writes-on-bgsave-error`), too few replicas
-        // (`min-replicas-to-write`).
-        || matches!(e.code(), Some("OOM" | "MISCONF" | "NOREPLICAS"))
+        // (`min-replicas-to-write`); or every command refused while a
+        // script runs past `busy-reply-threshold` (`BUSY`).
+        || matches!(e.code(), Some("OOM" | "MISCONF" | "NOREPLICAS" | "BUSY"))
 }

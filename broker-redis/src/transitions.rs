@@ -202,6 +202,12 @@ impl RedisBackend {
                 inner.health.failed(&inner.policy, Some(&msg));
                 Err(Failure::Unavailable(msg))
             }
+            Reply::Unsent => {
+                let msg =
+                    "redis is out of reach (a call sent before this one got no reply in time)";
+                inner.health.failed(&inner.policy, Some(msg));
+                Err(Failure::Unavailable(msg.into()))
+            }
         }
     }
 
