@@ -534,3 +534,40 @@ async fn an_in_memory_permit_holds_its_slot_past_the_lease_ttl() {
     let third = broker.try_acquire("r", Cost::default()).await.unwrap();
     assert!(third.allowed, "the slot is free once the permit is gone");
 }
+
+/// A `try_acquire` that a store needing I/O decides across a
+/// re-registration of its resource (a config reload while the store
+/// answers) is counted in the stats the broker reports, as what happens
+/// to an `enqueue` or an `acquire` across one is. Before, its verdict went
+/// to the replaced registration's counters, which `stats()` no longer
+/// reports: the call was never counted.
+#[tokio::test(start_paused = true)]
+async fn a_decision_in_flight_across_a_re_registration_is_counted_in_the_new_stats() {
+    struct Remote;
+    impl broker_testkit::Hooks for Remote {
+        fn asynchronous(&self) -> bool {
+            true
+        }
+        fn local_states(
+            &self,
+            _: std::sync::Arc<dyn broker_core::LocalStates>,
+        ) -> Option<std::sync::Arc<dyn broker_core::LocalStates>> {
+            None
+        }
+        fn try_acquire_delay(&self, _: &str) -> Duration {
+            Duration::from_millis(100)
+        }
+    }
+    let store = std::sync::Arc::new(MemoryBackend::new());
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(store, Remote));
+    let limits = Limits::new().rate(RateLimit::per_second(1));
+    broker.register_limit("api", limits.clone()).unwrap();
+    let b = broker.clone();
+    let call = tokio::spawn(async move { allowed(&b, "api", Cost::default()).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    broker.register_limit("api", limits).unwrap();
+    assert!(call.await.unwrap());
+    assert!(!allowed(&broker, "api", Cost::default()).await);
+    let stats = &broker.stats().resources["api"];
+    assert_eq!((stats.allowed, stats.denied), (1, 1), "{stats:?}");
+}

@@ -53,12 +53,17 @@ pin_project! {
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
         // A route/service admission dropped before its response (the
-        // client left): see `leave`. Any other state drops as it is.
+        // client left): see `leave`; a tenant admission made once its
+        // store answered: see `fence`. Any other state drops as it is.
         fn drop(this: Pin<&mut Self>) {
             let mut state = this.project().state;
             if let StateProj::Calling { refundable, .. } = state.as_mut().project() {
                 if let Some(refund) = refundable.take() {
-                    leave(refund, || state.set(State::Answered { refusal: None }));
+                    let drop_call = || state.set(State::Answered { refusal: None });
+                    match refund.stage {
+                        Stage::Tenant => fence(drop_call),
+                        _ => leave(refund, drop_call),
+                    }
                 }
             }
         }
@@ -88,7 +93,9 @@ pin_project! {
             permit: Permit,
             // The request is a `CONNECT` (see `is_long_lived`).
             connect: bool,
-            // Set on the route/service stage when a tenant stage follows.
+            // Set on the route/service stage when a tenant stage follows;
+            // on a tenant stage admitted once its store answered, a fence
+            // (of `Stage::Tenant`, see `fence`).
             refundable: Option<Refund>,
         },
         Answered {
@@ -409,6 +416,18 @@ thread_local! {
     static LEFT_UNANSWERED: Cell<Option<Arc<Policy>>> = const { Cell::new(None) };
 }
 
+/// Takes what [`LEFT_UNANSWERED`] holds; nothing once the thread's locals
+/// are being torn down (a future dropped then is dropped as it is).
+fn take_left() -> Option<Arc<Policy>> {
+    LEFT_UNANSWERED.try_with(Cell::take).ok().flatten()
+}
+
+/// Puts `left` in [`LEFT_UNANSWERED`]; dropped instead once the thread's
+/// locals are being torn down.
+fn put_left(left: Option<Arc<Policy>>) {
+    let _ = LEFT_UNANSWERED.try_with(|l| l.set(left));
+}
+
 /// The tenant stage's decision while it is in flight (the policy, until
 /// it is answered): dropped before its answer, it tells the route/service
 /// stage of the same policy whose inner call is being dropped (see
@@ -421,7 +440,7 @@ impl Drop for Unanswered<'_> {
             return;
         };
         if LEAVING.get() == Some(policy.id) {
-            LEFT_UNANSWERED.set(Some(policy.clone()));
+            put_left(Some(policy.clone()));
         }
     }
 }
@@ -436,8 +455,25 @@ struct Leaving {
 impl Drop for Leaving {
     fn drop(&mut self) {
         LEAVING.set(self.outer);
-        LEFT_UNANSWERED.set(self.outer_left.take());
+        put_left(self.outer_left.take());
     }
+}
+
+/// Drops (with `drop_call`) the inner call of a tenant stage admitted once
+/// its store answered: the request's handler, so a tenant stage in flight
+/// in there is another request's (a nested call through the same
+/// policy), not this one's. A route/service stage leaving around it (see
+/// [`leave`]) is not told of it: the request reached its handler. A tenant
+/// stage admitted at once needs no fence: its store answers a nested one
+/// at once too, leaving none in flight.
+#[cold]
+#[inline(never)]
+fn fence(drop_call: impl FnOnce()) {
+    let _scope = Leaving {
+        outer: LEAVING.replace(None),
+        outer_left: take_left(),
+    };
+    drop_call();
 }
 
 /// Drops (with `drop_call`) the inner call of a route/service admission
@@ -455,10 +491,10 @@ impl Drop for Leaving {
 fn leave(refund: Refund, drop_call: impl FnOnce()) {
     let scope = Leaving {
         outer: LEAVING.replace(Some(refund.policy)),
-        outer_left: LEFT_UNANSWERED.take(),
+        outer_left: take_left(),
     };
     drop_call();
-    let left = LEFT_UNANSWERED.take();
+    let left = take_left();
     drop(scope);
     let Some(policy) = left else {
         return;
@@ -777,9 +813,10 @@ where
                     // `Stage::Both` allowed.
                     None => Ok(result.map(|a| a.permit).unwrap_or_default()),
                 };
-                let refundable = policy
-                    .refund_for(stage)
-                    .map(|r| r.answered_here(answered_here));
+                let refundable = match stage {
+                    Stage::Tenant => Some(Refund::FENCE),
+                    _ => (policy.refund_for(stage)).map(|r| r.answered_here(answered_here)),
+                };
                 state.set(match verdict {
                     Ok(permit) => calling!(inner, req, permit, refundable),
                     Err(refusal) => State::Answered {

@@ -134,6 +134,16 @@ pub(crate) struct Refund {
 }
 
 impl Refund {
+    /// The fence of a tenant stage admitted once its store answered (see
+    /// `future::fence`): of no policy (ids count up from 0, one per
+    /// [`Policy::new`], and never reach `u64::MAX`), so no tenant denial
+    /// refunds it.
+    pub(crate) const FENCE: Self = Self {
+        policy: u64::MAX,
+        stage: Stage::Tenant,
+        answered_here: 0,
+    };
+
     /// This refund, with its parts answered here as `here` says.
     pub(crate) fn answered_here(self, here: u8) -> Self {
         Self {

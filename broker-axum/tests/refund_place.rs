@@ -364,3 +364,62 @@ async fn a_client_that_leaves_before_the_tenant_stage_answers_costs_the_route_no
     assert_eq!(raw_status(addr, &get_as("c", "/files/b")).await, 200);
     assert_eq!(raw_status(addr, &get_as("d", "/files/c")).await, 429);
 }
+
+/// The stages of `CONFIG` over a [`Flaky`] store, whose `/files` handler
+/// asks the tenant stage of the same [`Pressure`] again for a part of its
+/// work (a nested service behind that stage alone), once it has set
+/// `reached`.
+async fn serve_nested(reached: Arc<AtomicBool>) -> (Arc<Wrapped<Flaky>>, std::net::SocketAddr) {
+    use tower::ServiceExt;
+    let flaky = Arc::new(Wrapped::new(
+        Arc::new(MemoryBackend::new()),
+        Flaky::default(),
+    ));
+    let broker = ResourceBroker::from_arc(flaky.clone());
+    let config = PressureConfig::from_json("t.json", CONFIG).unwrap();
+    let pressure = Pressure::new(broker, &config).unwrap();
+    let tenant = || FromHeader::new(HeaderName::from_static("x-tenant"));
+    let parts = Router::new()
+        .route("/part", get(|| async { "part" }))
+        .layer(pressure.tenant_layer(tenant()));
+    let handler = move || {
+        let (parts, reached) = (parts.clone(), reached.clone());
+        async move {
+            reached.store(true, Ordering::SeqCst);
+            let part = http::Request::get("/part")
+                .header("x-tenant", "parts")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let _ = parts.oneshot(part).await;
+            "file"
+        }
+    };
+    let app = Router::new()
+        .route("/files/{*path}", get(handler))
+        .layer(pressure.tenant_layer(tenant()))
+        .layer(pressure.layer());
+    (flaky, serve(app).await)
+}
+
+/// A client that leaves while its request's handler waits for a tenant
+/// stage of the same policy further in (a nested call) does not get the
+/// route stage's cost back: the request reached its handler, and only its
+/// own tenant stage, in flight, means it did not. Before, the nested
+/// decision in flight was taken for the request's own, and the route
+/// served a request it no longer counted.
+#[tokio::test]
+async fn a_client_that_leaves_after_its_handler_began_keeps_the_route_charged() {
+    let reached = Arc::new(AtomicBool::new(false));
+    let (flaky, addr) = serve_nested(reached.clone()).await;
+    flaky.hooks.slow_tenant_tries.store(true, Ordering::SeqCst);
+    leave_once(addr, &get_as("a", "/files/x"), &reached).await;
+    // The nested decision, given back once it is answered (300 ms on).
+    let settles = settles_once(&flaky, 1).await;
+    assert!(
+        settles.iter().all(|(k, _)| !k.starts_with("route")),
+        "the route's cost kept: {settles:?}"
+    );
+    flaky.hooks.slow_tenant_tries.store(false, Ordering::SeqCst);
+    assert_eq!(raw_status(addr, &get_as("b", "/files/a")).await, 200);
+    assert_eq!(raw_status(addr, &get_as("c", "/files/b")).await, 429);
+}

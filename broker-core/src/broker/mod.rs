@@ -639,7 +639,8 @@ impl ResourceBroker {
             return None;
         }
         let v = local.try_acquire(key, cost).verdict();
-        Some(self.judge(resource, || HeldKey::sub(key), v, permit))
+        let counters = &resource.counters;
+        Some(self.judge(resource, counters, || HeldKey::sub(key), v, permit))
     }
 
     /// The answer given without I/O, or the resource whose backend must be
@@ -756,7 +757,7 @@ impl ResourceBroker {
             return None;
         };
         Some(match decision {
-            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
+            Ok(d) => Ok(self.answer(resource, &resource.counters, || HeldKey::State(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -787,43 +788,51 @@ impl ResourceBroker {
             Ok::<_, BackendError>(unclaimed)
         });
         let (decision, owned_key) = decided.await?.claim();
-        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
+        // Counted on the latest registration: one may have replaced this
+        // one while the store decided.
+        let tally = resource.tally();
+        let key = || HeldKey::State(owned_key);
+        Ok(self.answer(&resource, &tally.counters, key, decision))
     }
 
-    /// The acquisition of the store's decision `d`; `key` names the state
-    /// a held lease is released on (made only when a lease is held).
+    /// The acquisition of the store's decision `d`, counted in `counters`;
+    /// `key` names the state a held lease is released on (made only when a
+    /// lease is held).
     fn answer(
         &self,
         resource: &Arc<Resource>,
+        counters: &Counters,
         key: impl FnOnce() -> HeldKey,
         d: Decision,
     ) -> Acquisition {
         let mut permit = Permit::empty();
-        let v = self.judge(resource, key, d.into(), &mut permit);
+        let v = self.judge(resource, counters, key, d.into(), &mut permit);
         Acquisition {
             answered_here: d.answered_here,
             ..acquisition(v, permit)
         }
     }
 
-    /// Counts verdict `v` in the resource's stats and returns it, with the
-    /// slot of a [`Verdict::Leased`] put in `permit` (`key` names the state
-    /// it is released on, made only then).
+    /// Counts verdict `v` in `counters` (the resource's, or those of the
+    /// registration that replaced it) and returns it, with the slot of a
+    /// [`Verdict::Leased`] put in `permit` (`key` names the state it is
+    /// released on, made only then).
     #[inline(always)]
     fn judge(
         &self,
         resource: &Arc<Resource>,
+        counters: &Counters,
         key: impl FnOnce() -> HeldKey,
         v: Verdict,
         permit: &mut Permit,
     ) -> Verdict {
         match v {
-            Verdict::Allowed => bump(&resource.counters.allowed),
+            Verdict::Allowed => bump(&counters.allowed),
             Verdict::Leased(lease) => {
-                bump(&resource.counters.allowed);
+                bump(&counters.allowed);
                 *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
             }
-            Verdict::Rate(_) | Verdict::Concurrency => bump(&resource.counters.denied),
+            Verdict::Rate(_) | Verdict::Concurrency => bump(&counters.denied),
         }
         v
     }
