@@ -70,7 +70,8 @@ fn foldable(e: &Entry, now: Micros) -> bool {
 
 /// Drops idle states, then folds the states least recently taken from that
 /// still count (see [`crate::spill`]) until at most `keep` are left;
-/// returns how many were folded.
+/// returns how many of the states it counted no fold may drop (pinned, or
+/// holding a slot), 0 when none had to be folded.
 pub(crate) fn fold_to(
     states: &States,
     spills: &Spills,
@@ -89,9 +90,11 @@ pub(crate) fn fold_to(
             ages.push(e.state.get().last_used());
         }
     });
+    // States made since the count may be among those seen.
+    let held = len.saturating_sub(ages.len());
     let excess = (len - keep).min(ages.len());
     if excess == 0 {
-        return 0;
+        return held;
     }
     let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
     // Every state older than the cutoff goes; of those used at the cutoff,
@@ -117,7 +120,7 @@ pub(crate) fn fold_to(
         left -= 1;
         false
     });
-    excess - left
+    held
 }
 
 /// Decides when to sweep. `repr(C)`: the two counts every decision reads
@@ -218,13 +221,14 @@ impl Sweeper {
         }
         let _done = Done(&self.running);
         let max = self.max();
-        if len >= max {
-            fold_to(states, spills, now, max - max / 8, Spills::budget_for(max));
+        let held = if len >= max {
+            fold_to(states, spills, now, max - max / 8, Spills::budget_for(max))
         } else {
             evict_idle(states, now);
-        }
+            0
+        };
         spills.drop_idle(now);
-        self.after_sweep(states, now);
+        self.after_sweep(states, now, held);
     }
 
     /// An insert that finds the store an eighth past its bound while
@@ -254,15 +258,20 @@ impl Sweeper {
     }
 
     /// Re-reads the exact number of states after a sweep (also one run
-    /// through [`crate::MemoryBackend::evict_idle`]). The next sweep is due
-    /// when the map has doubled, or has reached the bound, or (when even
-    /// a fold left it at the bound: states holding slots) has grown by an
-    /// eighth of the bound.
-    pub(crate) fn after_sweep(&self, states: &States, now: Micros) {
+    /// through [`crate::MemoryBackend::evict_idle`]); `held`: how many
+    /// states the sweep found that no fold may drop (see [`fold_to`]; 0
+    /// for a sweep that folded none). The next sweep is due when the map
+    /// has doubled, or has reached the bound, or (when the states no fold
+    /// may drop leave less than an eighth of the bound: states holding
+    /// slots) has grown by an eighth of the bound past them. Only those
+    /// states move it past the bound: a sweep that drops idle states alone
+    /// (one due on time) leaves many that count, and the next sweep, at
+    /// the bound, folds them.
+    pub(crate) fn after_sweep(&self, states: &States, now: Micros, held: usize) {
         let kept = states.len();
         let max = self.max();
-        let next = if kept + max / 8 > max {
-            kept + kept.max(max) / 8
+        let next = if held + max / 8 > max {
+            held + held.max(max) / 8
         } else {
             (kept * 2).max(MIN_SWEEP_LEN).min(max)
         };

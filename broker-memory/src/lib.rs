@@ -406,7 +406,7 @@ impl MemoryBackend {
         let now = store.clock.now();
         let evicted = eviction::evict_idle(&store.states, now);
         store.spills.drop_idle(now);
-        store.sweeper.after_sweep(&store.states, now);
+        store.sweeper.after_sweep(&store.states, now, 0);
         evicted
     }
 

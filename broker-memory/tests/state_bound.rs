@@ -37,6 +37,56 @@ fn a_flood_of_new_keys_stays_within_the_bound() {
     assert!(backend.folded() >= 10_000 - BOUND as u64);
 }
 
+/// A sweep that drops only idle states (one due on time, or a call of
+/// `evict_idle`) while the store holds more than seven eighths of its
+/// bound, none of them idle, leaves the next sweep due at the bound, not
+/// an eighth past it: the flood that follows stays within the bound.
+#[test]
+fn a_flood_after_a_sweep_of_idle_states_stays_within_the_bound() {
+    let clock = clock();
+    let (backend, broker) = bounded(&clock);
+    broker.register_limit("tenant", five_a_minute()).unwrap();
+    // 60 drained tenants (and the resource's own state): none idle for
+    // a minute.
+    for i in 0..60 {
+        assert_eq!(take(&broker, &format!("drained-{i}"), 5), 5);
+    }
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(backend.evict_idle(), 0);
+    let mut most = 0;
+    for i in 0..40 {
+        take(&broker, &format!("flood-{i}"), 1);
+        most = most.max(backend.len());
+    }
+    assert!(most <= BOUND + 1, "{most} states held at most");
+}
+
+/// The same through the sweep due on time, on a store whose bound is
+/// above the size below which no sweep runs.
+#[test]
+fn a_flood_after_a_sweep_due_on_time_stays_within_the_bound() {
+    const LARGE: usize = 8_192;
+    let clock = clock();
+    let backend = std::sync::Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(LARGE));
+    let shared: std::sync::Arc<dyn Backend> = backend.clone();
+    let broker = ResourceBroker::from_arc(shared);
+    broker.register_limit("tenant", five_a_minute()).unwrap();
+    for i in 0..8_000 {
+        assert_eq!(take(&broker, &format!("drained-{i}"), 5), 5);
+    }
+    // Past the interval of the sweep due on time, the drained tenants
+    // still refilling: the next decision sweeps and drops none.
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(take(&broker, "drained-0", 1), 0);
+    assert_eq!(backend.len(), 8_000);
+    let mut most = 0;
+    for i in 0..2_000 {
+        take(&broker, &format!("flood-{i}"), 1);
+        most = most.max(backend.len());
+    }
+    assert!(most <= LARGE + 1, "{most} states held at most");
+}
+
 #[test]
 fn a_key_dropped_at_the_bound_comes_back_with_no_more_than_it_had() {
     let clock = clock();
