@@ -85,13 +85,11 @@ pub(crate) fn fold_to(
         return 0;
     }
     let mut ages = Vec::with_capacity(len);
-    states.for_each(|e| {
-        if foldable(e, now) {
-            ages.push(e.state.get().last_used());
-        }
+    let mut held = 0;
+    states.for_each(|e| match foldable(e, now) {
+        true => ages.push(e.state.get().last_used()),
+        false => held += 1,
     });
-    // States made since the count may be among those seen.
-    let held = len.saturating_sub(ages.len());
     let excess = (len - keep).min(ages.len());
     if excess == 0 {
         return held;

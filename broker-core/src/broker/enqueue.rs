@@ -67,9 +67,9 @@ pub(super) const NO_COST: Cost = Cost {
 pub(crate) struct Booking {
     backend: Arc<dyn Backend>,
     resource: Arc<Resource>,
-    /// The registration it was booked under: the latest then (see
-    /// [`Resource::latest`]).
-    booked_under: Arc<Latest>,
+    /// The epochs of the registration it was booked under: the latest
+    /// then (see [`Resource::latest`]).
+    booked_under: Epochs,
     key: String,
     cost: Cost,
     wait: Micros,
@@ -92,14 +92,14 @@ impl Booking {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<Result<Booking, Micros>, BrokerError> {
-        let booked_under = resource.latest();
+        let latest = resource.latest();
         let backend = broker.inner.backend.clone();
         let resource = resource.clone();
         // Run to its answer if the caller goes away meanwhile: a booking
         // the store makes then is dropped there, which refunds it.
         to_its_answer(async move {
             let r = backend
-                .reserve(&key, &booked_under.spec, cost, max_wait)
+                .reserve(&key, &latest.spec, cost, max_wait)
                 .await
                 .inspect_err(|e| note_backend_error(&resource, "reserve", e))?;
             if !r.booked {
@@ -109,7 +109,7 @@ impl Booking {
             Ok(Ok(Booking {
                 backend,
                 resource,
-                booked_under,
+                booked_under: latest.epochs,
                 key,
                 cost,
                 wait: r.wait,
@@ -144,7 +144,7 @@ impl Booking {
         Booked {
             since: self.since,
             since_here: self.since_here,
-            booked_under: self.booked_under.epochs,
+            booked_under: self.booked_under,
         }
     }
 
@@ -152,11 +152,7 @@ impl Booking {
     /// booking's state was started afresh by a registration with other
     /// buckets, so holds none of its cost.
     fn refund_under(&self) -> Option<(Arc<LimitSpec>, Option<Marks>)> {
-        match under(
-            &self.resource.latest(),
-            self.booked_under.epochs,
-            self.since,
-        ) {
+        match under(&self.resource.latest(), self.booked_under, self.since) {
             Under::Same(spec, since) => Some((spec, since)),
             Under::Afresh(_) => None,
         }
