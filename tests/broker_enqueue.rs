@@ -1310,3 +1310,83 @@ async fn a_call_running_across_a_re_registration_is_counted_in_the_new_stats() {
         "{stats:?}"
     );
 }
+
+/// A call booked while this process already holds the state (for a spent
+/// counter the call's cost does not draw on, which the store holds only
+/// in that counter's bucket) is charged once: the booking it made under
+/// the hold is given back when it waits the hold out, as a cancelled
+/// one's is, and the cost is booked again when the hold ends. Before,
+/// the first booking stayed spent too: one call took two requests.
+#[tokio::test(start_paused = true)]
+async fn a_call_booked_under_a_hold_is_charged_once() {
+    let broker = broker();
+    // Six requests an hour (one per 10 min: next to no refill in 30 s).
+    let limits = Limits::new()
+        .rate(RateLimit::per(6, Duration::from_secs(3600)))
+        .rate(RateLimit::per(1000, Duration::from_secs(3600)).unit(Unit::Tokens));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let spent_tokens = broker_core::ObservedLimit {
+        tokens: Some(broker_core::Observed {
+            limit: None,
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(30)),
+        }),
+        ..Default::default()
+    };
+    let first = broker
+        .enqueue("api", Cost::tokens(100), |_| async move {
+            Outcome::<(), ()>::ok(()).with_observed(spent_tokens)
+        })
+        .await;
+    first.unwrap();
+    // A call of requests only, during the 30 s hold: it waits it out.
+    let start = Instant::now();
+    let ok = |_| async { Outcome::<(), ()>::ok(()) };
+    broker.enqueue("api", Cost::requests(1), ok).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(30));
+    // Two calls made, two requests spent: four left (not three).
+    assert_eq!(passing(&broker).await, 4);
+}
+
+/// An `acquire` denied because this process holds the state beyond its
+/// `max_wait` (an upstream 429 the store failed to take as a penalty)
+/// books nothing, as a denial says: before, the booking it made under the
+/// hold stayed spent, so every denied call took a request.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_denied_by_a_hold_takes_nothing() {
+    struct NoPenalty;
+    impl broker_testkit::Hooks for NoPenalty {
+        fn penalize(&self) -> Option<Result<(), broker_core::BackendError>> {
+            Some(Err(broker_core::BackendError::new("store unreachable")))
+        }
+    }
+    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(store, NoPenalty));
+    // Six requests an hour: a 429's hold is one token's refill, 10 min.
+    let limits = Limits::new().rate(RateLimit::per(6, Duration::from_secs(3600)));
+    let once = RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    };
+    broker
+        .register("api", ResourceConfig::new(limits).retry(once))
+        .unwrap();
+    let refused = broker
+        .enqueue("api", Cost::default(), |_| async {
+            Outcome::<(), &str>::rate_limited("429", None)
+        })
+        .await;
+    assert!(matches!(
+        refused,
+        Err(EnqueueError::RetriesExhausted { attempts: 1, .. })
+    ));
+    for _ in 0..3 {
+        let a = broker
+            .acquire("api", Cost::default(), Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(!a.allowed, "held for 10 min");
+    }
+    // One request spent (the refused call's): five left, not two.
+    assert_eq!(passing(&broker).await, 5);
+}

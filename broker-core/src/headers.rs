@@ -14,7 +14,8 @@
 //! sentinel `-1`, not valid UTF-8, or a count above [`MAX_AMOUNT`] is
 //! ignored as if it were absent. A well-formed time above 366 days is read
 //! as 366 days (a caller's wait ceiling bounds it further): a longer wait
-//! never reads as a shorter one, nor as none. When several families report the same
+//! never reads as a shorter one, nor as none. A count sent as a decimal
+//! (Reddit's `X-Ratelimit-Remaining: 0.0`) is read rounded down. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
 //! two retry delays the longer one. A list field (`RateLimit`,
 //! `RateLimit-Policy`) sent as several lines is read as one list; of any
@@ -151,12 +152,16 @@ fn more_restrictive(o: &Observed, b: &Observed) -> bool {
     }
 }
 
-/// A non-negative integer count no larger than `MAX_AMOUNT`.
+/// A non-negative count no larger than `MAX_AMOUNT`: an integer, or a
+/// decimal rounded down (Reddit's `X-Ratelimit-Remaining: 0.0`; down,
+/// so what is left never reads as more than it is).
 fn parse_count(v: &str) -> Option<u64> {
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+    let (int, frac) = v.split_once('.').unwrap_or((v, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(int) || !digits(frac) {
         return None;
     }
-    v.parse::<u64>().ok().filter(|n| *n <= MAX_AMOUNT)
+    int.parse::<u64>().ok().filter(|n| *n <= MAX_AMOUNT)
 }
 
 /// `d`, at most 366 days.
@@ -724,6 +729,41 @@ mod tests {
         );
         assert_eq!(seen.requests.unwrap().reset, Some(year));
         assert_eq!(seen.tokens.unwrap().reset, Some(year));
+    }
+
+    /// A count sent as a decimal (Reddit's `X-Ratelimit-Remaining:
+    /// 0.0`) is read, rounded down: a spent counter is not ignored as
+    /// malformed, which let calls go out into the window it closed.
+    #[test]
+    fn a_count_sent_as_a_decimal_is_read_rounded_down() {
+        let spent = parse(
+            &map(&[
+                ("X-Ratelimit-Remaining", "0.0"),
+                ("X-Ratelimit-Used", "600"),
+                ("X-Ratelimit-Reset", "221"),
+            ]),
+            at(0),
+        );
+        assert_eq!(
+            spent.requests,
+            Some(Observed {
+                limit: None,
+                remaining: Some(0),
+                reset: Some(Duration::from_secs(221)),
+            })
+        );
+        let some = parse(
+            &map(&[
+                ("X-Ratelimit-Limit", "600.0"),
+                ("X-Ratelimit-Remaining", "4.9"),
+            ]),
+            at(0),
+        );
+        let some = some.requests.unwrap();
+        assert_eq!((some.limit, some.remaining), (Some(600), Some(4)));
+        for v in ["1.", ".5", "1.2.3", "1e3", "-0.0"] {
+            assert_eq!(parse_count(v), None, "{v}");
+        }
     }
 
     #[test]

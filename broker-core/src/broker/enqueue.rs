@@ -351,7 +351,11 @@ pub(crate) enum Admitted {
 /// hold ends, so the calls the hold kept leave spaced as the bucket spaces
 /// them, not together when it ends. A hold that came while the call waited
 /// for its slot (the call that held the slot got a 429) voids it as well:
-/// the slot is given back, and the call waits the hold out.
+/// the slot is given back, and the call waits the hold out. A booking made
+/// under the hold it then meets (one the store did not make it wait out:
+/// the store missed the penalty, or holds only a bucket this cost does not
+/// draw on) is given back, as a cancelled one is (see `Booking`'s `Drop`):
+/// the call is charged once, by the booking it makes when the hold ends.
 ///
 /// The slot's permit is released on state `key` (`keyed`: a sub-key's
 /// state, else the resource's own), and counted in flight if `counted`
@@ -392,7 +396,8 @@ pub(crate) async fn admit_until(
                 }
             }
         };
-        booking.consume();
+        // Spent if the hold came after it, else given back (its `Drop`).
+        drop(booking);
         if until > deadline {
             let now = tokio::time::Instant::now();
             return Ok(Admitted::TooLong(crate::clock::micros(until - now)));
