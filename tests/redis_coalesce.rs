@@ -482,3 +482,59 @@ async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
         "the last caller waited {slowest:?} (virtual) for an operation timeout of {op_timeout:?}"
     );
 }
+
+/// A decision answered by the failure policy because the call in flight
+/// when it queued got no reply in time ([`Reply::Unsent`] inside the
+/// coalescer) is a stale sign of the outage once Redis has answered a call
+/// since: it neither marks Redis down again nor counts a second outage.
+/// Before, its caller's answer, read after the recovery, flipped the
+/// health back to down (so the next calls were answered by the policy
+/// until the next probe) and counted and logged one outage more than
+/// happened: `outages` was 2 and `down` true here.
+#[tokio::test]
+async fn an_answer_from_before_a_recovery_does_not_mark_redis_down_again() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailClosed)
+        // One call in flight: the second decision queues behind the first.
+        .coalesce_limits(32, 1)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        // Every call is a probe while Redis is down: the recovery is seen
+        // by the first call after it.
+        .probe_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect");
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
+    // Loads the scripts.
+    concurrent_tries(&backend, "api", &spec, 4).await;
+    tokio::time::pause();
+    server.pause();
+    let mut first = Box::pin(backend.try_acquire("api", &spec, Cost::default()));
+    let mut queued = Box::pin(backend.try_acquire("api", &spec, Cost::default()));
+    assert!(futures::poll!(&mut first).is_pending(), "sent alone");
+    assert!(futures::poll!(&mut queued).is_pending(), "queued behind it");
+    // No reply within the timeout (virtual time): the outage starts, and
+    // the queued decision is answered by the policy, unsent; its caller
+    // reads that answer only after the recovery below.
+    first.await.expect_err("fail-closed: no reply in time");
+    assert_eq!((backend.health().down, backend.health().outages), (true, 1));
+    server.resume();
+    tokio::time::resume();
+    let answered = backend.try_acquire("api", &spec, Cost::default()).await;
+    assert!(answered.expect("redis answers again").allowed);
+    assert!(!backend.health().down, "the outage is over");
+    queued
+        .await
+        .expect_err("answered by the policy (fail-closed), unsent");
+    let health = backend.health();
+    assert_eq!(
+        (health.down, health.outages),
+        (false, 1),
+        "an answer to a call from before the recovery ends no outage and starts none"
+    );
+    assert_eq!(health.handled_errors, 2, "both answered by the policy");
+    let after = backend.try_acquire("api", &spec, Cost::default()).await;
+    assert!(after.expect("shared decisions again").allowed);
+}

@@ -1330,3 +1330,145 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
         );
     }
 }
+
+/// A `try_acquire` on a concurrency limit first sends the releases that
+/// dropped permits have on their way (so a freed slot is free to it).
+/// While Redis is down, each of them may be a probe, and against a hung
+/// server each probe waits out the operation timeout: one after another,
+/// they made the caller wait one timeout per release before its own
+/// decision (here 4 × 400 ms, in virtual time), where the failure policy
+/// answers a call within one. While Redis is down they are left to a task
+/// of their own instead.
+#[tokio::test]
+async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
+    use broker_core::{Backend, LimitSpec};
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        // Every call while Redis is down is a probe (virtual time runs
+        // past any interval between two calls here).
+        .probe_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect");
+    let op_timeout = Duration::from_millis(400);
+    let spec = LimitSpec::new(
+        &Limits::new()
+            .rate(RateLimit::per_second(1000).with_burst(1_000_000))
+            .max_concurrent(10),
+        Duration::from_secs(30),
+    );
+    // Loads the scripts.
+    let warm = backend
+        .try_acquire("slots", &spec, Cost::default())
+        .await
+        .unwrap();
+    assert!(warm.allowed);
+    tokio::time::pause();
+    server.pause();
+    // Redis is found out of reach.
+    let first = backend.try_acquire("slots", &spec, Cost::default()).await;
+    assert!(first.expect("fail-open").allowed);
+    assert!(backend.health().down);
+    // Three permits dropped meanwhile: their releases are on their way.
+    for lease in 1..=3 {
+        backend.release_sent("slots", lease);
+    }
+    let start = tokio::time::Instant::now();
+    let answer = backend.try_acquire("slots", &spec, Cost::default()).await;
+    let waited = start.elapsed();
+    server.resume();
+    assert!(answer.expect("fail-open answers").allowed);
+    // Within one timeout (its own probe's), not one per release.
+    assert!(
+        waited < 2 * op_timeout,
+        "the caller waited {waited:?} (virtual) for an operation timeout of {op_timeout:?}"
+    );
+}
+
+/// Timeouts and a probe interval of `Duration::MAX` ("no limit", as
+/// elsewhere in the library: the far future) are taken as such: no panic
+/// on connecting, nor when an outage starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbounded_timeouts_and_probe_interval_do_not_panic() {
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .connect_timeout(Duration::MAX)
+        .response_timeout(Duration::MAX)
+        .probe_interval(Duration::MAX)
+        .connect()
+        .await
+        .expect("connect");
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new().rate(RateLimit::per_minute(1).with_burst(1));
+    broker.register_limit("api", limits).unwrap();
+    let a = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(a.allowed && !a.answered_here);
+    server.kill();
+    let a = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(a.allowed && a.answered_here, "fail-open answers");
+    assert_eq!(broker.backend().health().outages, 1);
+    let a = broker.try_acquire("api", Cost::default()).await.unwrap();
+    assert!(a.allowed && a.answered_here, "no probe within the interval");
+}
+
+/// A permit the local fallback granted while Redis was down is counted in
+/// Redis once Redis is back (its first renewal after that takes its slot
+/// there, as for a permit granted under fail-open): Redis lets no second
+/// holder in under `max_concurrent(1)`, with a share of 1 (one replica).
+/// Before, the permit was renewed in this process only, for as long as it
+/// lived, and Redis, which never saw it, gave its slot to the next caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
+    let mut server = RedisServer::start();
+    let backend = quick(
+        &server.url(),
+        "fallback-moved",
+        true,
+        FailurePolicy::LocalFallback { share: 1.0 },
+    )
+    .await;
+    let broker = ResourceBroker::new(backend);
+    let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
+    config.lease_ttl = Duration::from_millis(300);
+    broker.register("r", config).unwrap();
+    let warm = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(warm.allowed && !warm.answered_here);
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.kill();
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed && first.answered_here, "the local fallback's");
+    server.restart();
+    // Redis is found back by a call on another resource.
+    broker
+        .register_limit("other", Limits::new().rate(RateLimit::per_second(100)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while broker.backend().health().down {
+        assert!(Instant::now() < deadline, "Redis is found back");
+        let _ = broker.try_acquire("other", Cost::default()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewals (every 100 ms) meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(!second.answered_here, "Redis answers again");
+    let both = second.allowed;
+    drop(second);
+    drop(first);
+    assert!(!both, "two holders under max_concurrent 1");
+    // Its slot in Redis is freed with it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let again = broker.try_acquire("r", Cost::default()).await.unwrap();
+        if again.allowed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot is freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

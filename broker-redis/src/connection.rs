@@ -43,6 +43,14 @@ pub(crate) struct Timeouts {
     pub(crate) busy_poll: Duration,
 }
 
+impl Timeouts {
+    /// The bound on one call: the connect and the response timeouts
+    /// together (`Duration::MAX` at most, "no limit").
+    pub(crate) fn operation(&self) -> Duration {
+        self.connect.saturating_add(self.response)
+    }
+}
+
 impl Conn {
     /// Connects to one server.
     pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
@@ -188,7 +196,7 @@ fn is_broken_pipe(e: &RedisError) -> bool {
 fn manager_config(t: Timeouts) -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
-        .set_response_timeout(Some(t.connect + t.response + crate::coalesce::LATE))
+        .set_response_timeout(Some(t.operation().saturating_add(crate::coalesce::LATE)))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100))

@@ -2,7 +2,7 @@
 //! and the [`Health`] tracker that logs once per outage, counts the calls the
 //! policy answered and lets one probe per interval through to Redis.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -130,7 +130,11 @@ pub(crate) fn never_admits(
 /// Reachability of the store, as seen by the calls.
 #[derive(Debug)]
 pub(crate) struct Health {
-    down: AtomicBool,
+    /// Whether the store is down (bit 0), and how many outages have ended
+    /// (the rest, the epoch): one word, so that a failure can start an
+    /// outage only in the epoch its call went out in (see
+    /// [`Health::failed`]).
+    state: AtomicU64,
     origin: Instant,
     /// Milliseconds since `origin` before which no probe is sent.
     next_probe_ms: AtomicU64,
@@ -140,10 +144,16 @@ pub(crate) struct Health {
     down_since: Mutex<Option<Instant>>,
 }
 
+/// The bit of [`Health::state`] that says the store is down.
+const DOWN: u64 = 1;
+
+/// The epoch of a [`Health::state`]: how many outages had ended.
+pub(crate) type Epoch = u64;
+
 impl Health {
     pub(crate) fn new(probe_interval: Duration) -> Self {
         Self {
-            down: AtomicBool::new(false),
+            state: AtomicU64::new(0),
             origin: Instant::now(),
             next_probe_ms: AtomicU64::new(0),
             probe_interval,
@@ -157,69 +167,112 @@ impl Health {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// A probe interval after `ms` (since `origin`), in the far future
+    /// for an interval too long to add.
+    fn after_interval(&self, ms: u64) -> u64 {
+        let interval = u64::try_from(self.probe_interval.as_millis()).unwrap_or(u64::MAX);
+        ms.saturating_add(interval)
+    }
+
     /// Whether this call should go to Redis: always while it is up; while
-    /// it is down, one call per probe interval.
-    pub(crate) fn should_try(&self) -> bool {
-        if !self.down.load(Ordering::Relaxed) {
-            return true;
+    /// it is down, one call per probe interval. `Some` with the epoch the
+    /// call goes out in (to pass to [`Health::failed`]) when it should.
+    pub(crate) fn should_try(&self) -> Option<Epoch> {
+        let state = self.state.load(Ordering::Acquire);
+        let epoch = state >> 1;
+        if state & DOWN == 0 {
+            return Some(epoch);
         }
         let now = self.elapsed_ms();
         let next = self.next_probe_ms.load(Ordering::Relaxed);
-        now >= next
+        let probe = now >= next
             && self
                 .next_probe_ms
                 .compare_exchange(
                     next,
-                    now + self.probe_interval.as_millis() as u64,
+                    self.after_interval(now),
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 )
-                .is_ok()
+                .is_ok();
+        probe.then_some(epoch)
     }
 
     /// A call reached Redis: ends an outage, if there was one.
     pub(crate) fn up(&self) {
-        if self.down.load(Ordering::Relaxed) && self.down.swap(false, Ordering::Relaxed) {
-            let since = self
-                .down_since
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
-            tracing::info!(
-                down_ms,
-                handled = self.handled.load(Ordering::Relaxed),
-                "redis reachable again; decisions are shared again"
-            );
-        }
-    }
-
-    /// Redis could not be reached (`error` is `None` for a call that the
-    /// probe gate kept from trying). Starts an outage on the first failure
-    /// and logs it once; counts the call as handled by the policy.
-    pub(crate) fn failed(&self, policy: &FailurePolicy, error: Option<&str>) {
-        self.handled.fetch_add(1, Ordering::Relaxed);
-        broker_core::telemetry::fallback_used(policy.name(), "call");
-        if let Some(error) = error {
-            if !self.down.swap(true, Ordering::Relaxed) {
-                *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                self.next_probe_ms.store(
-                    self.elapsed_ms() + self.probe_interval.as_millis() as u64,
-                    Ordering::Relaxed,
-                );
-                self.outages.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    ?policy,
-                    error,
-                    "redis unreachable; the failure policy answers until it returns"
-                );
+        let mut state = self.state.load(Ordering::Acquire);
+        while state & DOWN != 0 {
+            // The next epoch, up.
+            let ended = ((state >> 1) + 1) << 1;
+            match self.state.compare_exchange_weak(
+                state,
+                ended,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    let since = self
+                        .down_since
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .take();
+                    let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
+                    tracing::info!(
+                        down_ms,
+                        handled = self.handled.load(Ordering::Relaxed),
+                        "redis reachable again; decisions are shared again"
+                    );
+                    return;
+                }
+                Err(now) => state = now,
             }
         }
     }
 
+    /// A call the probe gate kept from trying (Redis is down): counted
+    /// as handled by the policy.
+    pub(crate) fn kept_back(&self, policy: &FailurePolicy) {
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        broker_core::telemetry::fallback_used(policy.name(), "call");
+    }
+
+    /// Redis could not be reached by a call that went out in `epoch` (see
+    /// [`Health::should_try`]). Starts an outage on the first failure and
+    /// logs it once; counts the call as handled by the policy. A failure
+    /// of a call that went out before the latest outage ended is stale (a
+    /// call since reached Redis): it starts no outage, and a call that
+    /// goes out now finds out for itself.
+    pub(crate) fn failed(&self, policy: &FailurePolicy, error: &str, epoch: Epoch) {
+        self.kept_back(policy);
+        // Only from up in the call's own epoch: not again while down, nor
+        // after a recovery the call went out before.
+        let up = epoch << 1;
+        if self
+            .state
+            .compare_exchange(up, up | DOWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.next_probe_ms
+            .store(self.after_interval(self.elapsed_ms()), Ordering::Relaxed);
+        self.outages.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            ?policy,
+            error,
+            "redis unreachable; the failure policy answers until it returns"
+        );
+    }
+
+    /// Whether the store is down (an outage has started and not ended).
+    pub(crate) fn is_down(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & DOWN != 0
+    }
+
     pub(crate) fn snapshot(&self) -> BackendHealth {
         BackendHealth {
-            down: self.down.load(Ordering::Relaxed),
+            down: self.is_down(),
             outages: self.outages.load(Ordering::Relaxed),
             handled_errors: self.handled.load(Ordering::Relaxed),
         }
@@ -268,14 +321,38 @@ mod tests {
     fn one_outage_is_logged_and_counted_once() {
         let h = Health::new(Duration::from_secs(3600));
         let p = FailurePolicy::FailOpen;
-        h.failed(&p, Some("refused"));
-        h.failed(&p, Some("refused"));
-        assert!(!h.should_try(), "no probe before the interval");
-        h.failed(&p, None);
+        let epoch = h.should_try().expect("up: every call goes out");
+        h.failed(&p, "refused", epoch);
+        h.failed(&p, "refused", epoch);
+        assert!(h.should_try().is_none(), "no probe before the interval");
+        h.kept_back(&p);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
         h.up();
-        assert!(h.should_try());
+        assert!(h.should_try().is_some());
         assert!(!h.snapshot().down);
+    }
+
+    /// A failure of a call that went out before a recovery (a call behind
+    /// the one that timed out, answered by the policy; a probe that timed
+    /// out after a later one was answered) ends no outage and starts none;
+    /// one that went out after it starts the next.
+    #[test]
+    fn a_failure_from_before_a_recovery_starts_no_outage() {
+        let h = Health::new(Duration::ZERO);
+        let p = FailurePolicy::FailClosed;
+        let before = h.should_try().expect("up");
+        h.failed(&p, "no reply in time", before);
+        let probe = h.should_try().expect("a probe");
+        h.up();
+        h.failed(&p, "queued behind the timeout", before);
+        h.failed(&p, "sent before the recovery", probe);
+        let s = h.snapshot();
+        assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 3));
+        let after = h.should_try().expect("up again");
+        assert_ne!(after, before);
+        h.failed(&p, "refused", after);
+        let s = h.snapshot();
+        assert_eq!((s.down, s.outages), (true, 2), "a new outage");
     }
 }

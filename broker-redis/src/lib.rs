@@ -133,7 +133,7 @@ impl RedisBackend {
             }),
             _ => None,
         };
-        let op_timeout = b.timeouts.connect + b.timeouts.response;
+        let op_timeout = b.timeouts.operation();
         // On a cluster, a batch is split by hash tag: one call per slot.
         let coalescer = b.coalesce.enabled.then(|| {
             let settings = coalesce::Settings {

@@ -115,12 +115,12 @@ impl RedisBackend {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Result<Value, Failure> {
-        self.gate()?;
+        let epoch = self.gate()?;
         let inner = &self.inner;
         let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
         let reply = send(&inner.conn, inner.op_timeout, script, &cmd).await;
         unsettled.settle(&reply);
-        self.outcome(reply)
+        self.outcome(reply, epoch)
     }
 
     /// [`Self::run_leased`] for a decision that `takes` something when
@@ -134,7 +134,7 @@ impl RedisBackend {
         lease: Option<(KeyPair, LeaseId)>,
         takes: Takes,
     ) -> Result<Value, Failure> {
-        self.gate()?;
+        let epoch = self.gate()?;
         let inner = &self.inner;
         let late = Late {
             takes,
@@ -145,7 +145,7 @@ impl RedisBackend {
         let reply = send_or_later(&inner.conn, inner.op_timeout, script, cmd, Undo::One(late));
         let reply = reply.await;
         unsettled.settle(&reply);
-        self.outcome(reply)
+        self.outcome(reply, epoch)
     }
 
     /// Runs a `try` call, coalesced with the concurrent ones when
@@ -162,26 +162,30 @@ impl RedisBackend {
         let Some(coalescer) = &self.inner.coalescer else {
             return self.run_decision(script, cmd, lease, Takes::Try).await;
         };
-        self.gate()?;
-        self.outcome(coalescer.run(script, cmd, lease).await)
+        let epoch = self.gate()?;
+        self.outcome(coalescer.run(script, cmd, lease).await, epoch)
     }
 
     /// Lets a call through to Redis, unless it is down and this is not the
-    /// probe's turn.
-    fn gate(&self) -> Result<(), Failure> {
+    /// probe's turn: the health's epoch the call goes out in, for
+    /// [`Self::outcome`].
+    fn gate(&self) -> Result<failure::Epoch, Failure> {
         let inner = &self.inner;
-        if !inner.health.should_try() {
-            inner.health.failed(&inner.policy, None);
-            return Err(Failure::Unavailable(
-                "redis is down (waiting for the next probe)".into(),
-            ));
+        match inner.health.should_try() {
+            Some(epoch) => Ok(epoch),
+            None => {
+                inner.health.kept_back(&inner.policy);
+                Err(Failure::Unavailable(
+                    "redis is down (waiting for the next probe)".into(),
+                ))
+            }
         }
-        Ok(())
     }
 
     /// Sorts a reply into a value, an outage (recorded in the health) or
-    /// another error.
-    fn outcome(&self, reply: Reply) -> Result<Value, Failure> {
+    /// another error. `epoch`: the health's when the call went out (an
+    /// outage ended since then is not started again by its failure).
+    fn outcome(&self, reply: Reply, epoch: failure::Epoch) -> Result<Value, Failure> {
         let inner = &self.inner;
         match reply {
             Reply::Done(Ok(v)) => {
@@ -190,7 +194,7 @@ impl RedisBackend {
             }
             Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
                 let msg = e.to_string();
-                inner.health.failed(&inner.policy, Some(&msg));
+                inner.health.failed(&inner.policy, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Done(Err(e)) => {
@@ -199,13 +203,13 @@ impl RedisBackend {
             }
             Reply::TimedOut => {
                 let msg = format!("no reply within {:?}", inner.op_timeout);
-                inner.health.failed(&inner.policy, Some(&msg));
+                inner.health.failed(&inner.policy, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Unsent => {
                 let msg =
                     "redis is out of reach (a call sent before this one got no reply in time)";
-                inner.health.failed(&inner.policy, Some(msg));
+                inner.health.failed(&inner.policy, msg, epoch);
                 Err(Failure::Unavailable(msg.into()))
             }
         }
@@ -351,6 +355,9 @@ impl RedisBackend {
     /// tasks' to report; a failed one expires with its lease. Taken out,
     /// they are this call's to send: if it goes away before they are
     /// answered, the rest are sent from a task (see [`TakenReleases`]).
+    /// While Redis is down, the rest are sent from that task too: each
+    /// could be a probe that waits out the operation timeout, one after
+    /// another, before the decision is answered.
     async fn send_pending_releases(&self, key: &str) {
         let mut taken = TakenReleases {
             backend: self,
@@ -358,6 +365,9 @@ impl RedisBackend {
             leases: self.inner.pending.take(key),
         };
         while let Some(&lease) = taken.leases.last() {
+            if self.inner.health.is_down() {
+                return;
+            }
             let _ = self.release(key, lease).await;
             taken.leases.pop();
         }
@@ -554,7 +564,14 @@ impl Backend for RedisBackend {
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
         match self.hold_slot_as(&keys, spec, lease, false).await {
-            Ok(held) => Ok(held),
+            Ok(held) => {
+                // A lease the local fallback granted (see `renew`) is held
+                // in Redis now: freed here, so `release` frees it there.
+                if let (true, Some(m)) = (held, &self.inner.fallback) {
+                    let _ = m.release_now(key, lease);
+                }
+                Ok(held)
+            }
             // Out of reach: the next renewal tries again.
             Err(f) => self.policy("retake", f, &NO_LIMITS).map(|_| true),
         }
@@ -607,9 +624,12 @@ impl Backend for RedisBackend {
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
         // A lease the local fallback granted is renewed where it is held,
-        // as `release` frees it there.
+        // as `release` frees it there. Once Redis is up again, Redis is
+        // asked too: the lease is not there, and is taken again there
+        // (see `retake`, which frees it here), so that Redis counts the
+        // work running, as for a lease granted under fail-open.
         if let Some((m, scaled)) = self.local_fallback(spec) {
-            if m.renew(key, &scaled, lease).await? {
+            if m.renew(key, &scaled, lease).await? && self.inner.health.is_down() {
                 return Ok(true);
             }
         }
