@@ -89,7 +89,10 @@ pub struct RouteConfig {
     /// spellings of it. `%2F` is a `/` inside a segment, not a boundary,
     /// as the router reads it; as a wildcard route's handler gets it, it
     /// is a `/`, and a request meets the limits of both readings (a prefix
-    /// `/files/a%2Fb` limits `/files/a/b/x` too).
+    /// `/files/a%2Fb` limits `/files/a/b/x` too). So does a path with a `.`
+    /// or empty segment, which such a handler reading its path as a file
+    /// path skips: `/files/./private/x` and `/files//private/x` meet the
+    /// limit of a prefix `/files/private` too.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,

@@ -53,8 +53,8 @@ pin_project! {
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
         // A route/service admission dropped before its response (the
-        // client left): see `leave`; a tenant admission made once its
-        // store answered: see `fence`. Any other state drops as it is.
+        // client left): see `leave`; a request the tenant stage let in:
+        // see `fence`. Any other state drops as it is.
         fn drop(this: Pin<&mut Self>) {
             let mut state = this.project().state;
             if let StateProj::Calling { refundable, .. } = state.as_mut().project() {
@@ -94,8 +94,8 @@ pin_project! {
             // The request is a `CONNECT` (see `is_long_lived`).
             connect: bool,
             // Set on the route/service stage when a tenant stage follows;
-            // on a tenant stage admitted once its store answered, a fence
-            // (of `Stage::Tenant`, see `fence`).
+            // on a tenant stage that let the request in, a fence (of
+            // `Stage::Tenant`, see `Refund::fence`).
             refundable: Option<Refund>,
         },
         Answered {
@@ -459,13 +459,11 @@ impl Drop for Leaving {
     }
 }
 
-/// Drops (with `drop_call`) the inner call of a tenant stage admitted once
-/// its store answered: the request's handler, so a tenant stage in flight
-/// in there is another request's (a nested call through the same
-/// policy), not this one's. A route/service stage leaving around it (see
-/// [`leave`]) is not told of it: the request reached its handler. A tenant
-/// stage admitted at once needs no fence: its store answers a nested one
-/// at once too, leaving none in flight.
+/// Drops (with `drop_call`) the inner call of a tenant stage that let its
+/// request in: the request's handler, so a tenant stage in flight in there
+/// is another request's (a nested call through the same policy), not this
+/// one's. A route/service stage leaving around it (see [`leave`]) is not
+/// told of it: the request reached its handler.
 #[cold]
 #[inline(never)]
 fn fence(drop_call: impl FnOnce()) {
@@ -702,12 +700,19 @@ where
                 return out;
             };
             // Released here, at once, unless the body takes it along.
-            let permit = std::mem::take(permit);
-            if permit.is_held() && !is_long_lived(*connect, res) {
-                res.body_mut().hold(permit);
+            if permit.is_held() {
+                let permit = std::mem::take(permit);
+                if !is_long_lived(*connect, res) {
+                    res.body_mut().hold(permit);
+                }
             }
             if let Some(refund_of) = refundable.take() {
-                if let Some(refund) = refund_for(res, refund_of) {
+                if refund_of.stage == Stage::Tenant {
+                    // A fence (see `Refund::fence`): nothing to refund.
+                    if res.extensions().get::<TenantDenied>().is_some() {
+                        not_this_requests(res, refund_of.policy);
+                    }
+                } else if let Some(refund) = refund_for(res, refund_of) {
                     let Poll::Ready(Ok(res)) = out else {
                         unreachable!("matched above")
                     };
@@ -779,6 +784,24 @@ fn refund_for<B>(res: &Response<B>, refund_of: Refund) -> Option<RefundFuture> {
     })
 }
 
+/// Takes the tenant denial of the policy `policy` off `res`, a response of
+/// a handler the tenant stage of that policy let its request into (see
+/// [`Refund::fence`]): the denial is a nested call's (a part of the
+/// handler's work, refused), answered as the handler's own response. The
+/// route/service stage around that tenant stage then keeps its cost, as
+/// for any request that reached its handler.
+#[cold]
+#[inline(never)]
+fn not_this_requests<B>(res: &mut Response<B>, policy: u64) {
+    let extensions = res.extensions_mut();
+    if extensions
+        .get::<TenantDenied>()
+        .is_some_and(|d| d.policy.id == policy)
+    {
+        extensions.remove::<TenantDenied>();
+    }
+}
+
 impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -814,7 +837,7 @@ where
                     None => Ok(result.map(|a| a.permit).unwrap_or_default()),
                 };
                 let refundable = match stage {
-                    Stage::Tenant => Some(Refund::FENCE),
+                    Stage::Tenant => Some(Refund::fence(policy.id)),
                     _ => (policy.refund_for(stage)).map(|r| r.answered_here(answered_here)),
                 };
                 state.set(match verdict {

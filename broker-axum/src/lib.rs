@@ -75,13 +75,22 @@
 //!   request the tenant stage denies gives that cost back (`settle` to
 //!   zero), so one tenant's rejected flood does not use up the shared limit;
 //!   so does one whose client leaves while the tenant stage's decision is
-//!   in flight (it never reached its handler).
+//!   in flight (it never reached its handler). A request the tenant stage
+//!   let in keeps the cost, even when its handler answers with a tenant
+//!   denial of a nested call through the same [`Pressure`] (two tenant
+//!   stages of one `Pressure` on one request are one stage here: a denial
+//!   by the inner one refunds the route/service stage nothing).
 //! - Route prefixes match the request path as the layer sees it (put the
 //!   layer on the outermost router, not inside a `nest`), on segment
-//!   boundaries; the longest matching prefix wins.
-//! - A concurrency permit is a lease of the resource's `lease_ttl` (60 s
-//!   by default): a response still streaming after that no longer holds
-//!   its slot. Event streams and upgrades hold none once their head is out.
+//!   boundaries; the longest matching prefix wins. A path a wildcard
+//!   handler may read as another (`%2F` for `/`, a `.` or empty segment)
+//!   meets the limits of both readings.
+//! - A response holds its slot until its body ends, however long that
+//!   takes: in memory the slot is the permit's until it is released; on a
+//!   shared store (Redis) the permit is a lease of the resource's
+//!   `lease_ttl` (60 s by default) that the broker renews while the permit
+//!   lives, so it lapses only when its process dies. Event streams and
+//!   upgrades hold none once their head is out.
 //! - Backend failures: the broker's backend applies its own failure policy
 //!   first (e.g. broker-redis's fail-closed, fail-open or local fallback);
 //!   only an error that policy does not absorb reaches the layer, which

@@ -88,14 +88,19 @@ impl Limited {
 pub(crate) struct Route {
     /// In the form of [`normal_path`].
     prefix: Box<[u8]>,
-    /// The prefix with its `%2F` read as `/`, when it has one (see
-    /// [`Policy::stage_for`]).
+    /// The prefix as a wildcard handler reads it ([`second_reading`]), when
+    /// that differs from `prefix` (see [`Policy::stage_for`]).
     slashed: Option<Box<[u8]>>,
+    /// Whether another route's prefix continues this one's, as a wildcard
+    /// handler reads them: a path this route matches may then meet that
+    /// longer prefix once its dot and empty segments are dropped.
+    deeper: bool,
     pub(crate) limited: Limited,
 }
 
 impl Route {
-    /// The prefix as a wildcard handler reads it: `%2F` a `/`.
+    /// The prefix as a wildcard handler reads it: `%2F` a `/`, no dot or
+    /// empty segments.
     fn slashed(&self) -> &[u8] {
         self.slashed.as_deref().unwrap_or(&self.prefix)
     }
@@ -134,15 +139,21 @@ pub(crate) struct Refund {
 }
 
 impl Refund {
-    /// The fence of a tenant stage admitted once its store answered (see
-    /// `future::fence`): of no policy (ids count up from 0, one per
-    /// [`Policy::new`], and never reach `u64::MAX`), so no tenant denial
-    /// refunds it.
-    pub(crate) const FENCE: Self = Self {
-        policy: u64::MAX,
-        stage: Stage::Tenant,
-        answered_here: 0,
-    };
+    /// What the tenant stage of the policy `policy` keeps for a request it
+    /// let in (admitted, or without a tenant): no refund of its own, but a
+    /// fence around its handler (see `future::fence`), and a denial by a
+    /// tenant stage of that policy that comes out of the handler (a nested
+    /// call's, answered as the handler's own response) is taken off the
+    /// response, so that the route/service stage around it, whose request
+    /// reached its handler, keeps its cost.
+    #[inline]
+    pub(crate) const fn fence(policy: u64) -> Self {
+        Self {
+            policy,
+            stage: Stage::Tenant,
+            answered_here: 0,
+        }
+    }
 
     /// This refund, with its parts answered here as `here` says.
     pub(crate) fn answered_here(self, here: u8) -> Self {
@@ -288,6 +299,55 @@ fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
     out
 }
 
+/// `path` (a path, or a prefix) as a wildcard route's handler that reads
+/// it as a file path gets it: every `%XX` decoded, `%2F` a `/` too (see
+/// [`normal_path`]), and without its empty and `.` segments, which such a
+/// handler skips (`std::path::Path::components`, tower-http's `ServeDir`):
+/// `/files/./private/x`, `/files//private/x` and `/files/%2E/private%2Fx`
+/// all read as `/files/private/x`. A trailing `/` is kept (a last segment
+/// empty or `.` leaves one), so a path without such segments reads as it
+/// is written. A `..` segment is left as it is: a handler that resolves it
+/// serves paths outside its root anyway.
+#[cold]
+#[inline(never)]
+fn second_reading(path: &[u8]) -> Vec<u8> {
+    let path = decoded(path, true);
+    if !path.starts_with(b"/") {
+        return path;
+    }
+    let mut out = Vec::with_capacity(path.len());
+    let mut trailing = false;
+    for segment in path.split(|&b| b == b'/').skip(1) {
+        trailing = segment.is_empty() || segment == b".";
+        if !trailing {
+            out.push(b'/');
+            out.extend_from_slice(segment);
+        }
+    }
+    if trailing || out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+/// Whether `path` has a segment that [`second_reading`] drops: an empty
+/// one (`//`) or `.`, before its end (a trailing `/` is kept there).
+#[inline]
+fn has_dot_or_empty_segment(path: &[u8]) -> bool {
+    let mut at = 0;
+    while at + 1 < path.len() {
+        if path[at] == b'/' {
+            match path[at + 1] {
+                b'/' => return true,
+                b'.' if matches!(path.get(at + 2), None | Some(b'/')) => return true,
+                _ => {}
+            }
+        }
+        at += 1;
+    }
+    false
+}
+
 /// `path` is `prefix` or continues it after a `/`.
 #[inline]
 fn prefix_matches(path: &[u8], prefix: &[u8]) -> bool {
@@ -365,16 +425,27 @@ impl Policy {
         let service = service.as_ref().map(limited).transpose()?;
         let mut routes = (config.per_route.iter().zip(&routes))
             .map(|(r, wanted)| {
-                let slashed = has_encoded_slash(r.path_prefix.as_bytes())
-                    .then(|| decoded(r.path_prefix.as_bytes(), true).into());
+                let prefix: Box<[u8]> = normal_path(&r.path_prefix).into();
+                let second = second_reading(r.path_prefix.as_bytes());
                 Ok(Route {
-                    prefix: normal_path(&r.path_prefix).into(),
-                    slashed,
+                    slashed: (*second != *prefix).then(|| second.into()),
+                    prefix,
+                    deeper: false,
                     limited: limited(wanted)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        let deeper: Vec<bool> = (routes.iter())
+            .map(|of| {
+                let of = of.slashed();
+                (routes.iter())
+                    .any(|r| r.slashed().len() > of.len() && prefix_matches(r.slashed(), of))
+            })
+            .collect();
+        for (route, deeper) in routes.iter_mut().zip(deeper) {
+            route.deeper = deeper;
+        }
         let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
         let tenant = tenant.as_ref().map(limited).transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -406,7 +477,13 @@ impl Policy {
     /// `/files`) nor a looser shorter one (`/files/private%2Fx` under a
     /// stricter `/files/private`, or `/files/a/b/x` under a stricter
     /// `/files/a%2Fb`, served by `/files/{*path}`) steps around a limit.
-    /// A path without `%` under prefixes without `%2F` is read once.
+    /// So is a path with a dot or empty segment (`/files/./private/x`,
+    /// `/files//private/x`), which a wildcard handler that reads its path
+    /// as a file path serves as the path without it (see
+    /// [`second_reading`]). A path without `%` under prefixes without `%2F`
+    /// is read once, unless it has such a segment and is outside every
+    /// route or in one that a longer prefix continues (a path in any other
+    /// route stays in it, read either way).
     #[inline]
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
@@ -421,7 +498,15 @@ impl Policy {
         };
         let found = self.route_for(&form);
         if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
-            return self.read_both_ways(path, found);
+            return self.read_both_ways(path, &form, found);
+        }
+        // A path outside every route, or in one that a longer prefix
+        // continues, may reach another route once a dot or empty segment
+        // is dropped; any other keeps its route (its prefix has none).
+        if found.is_none_or(|i| self.routes[i as usize].deeper)
+            && has_dot_or_empty_segment(path.as_bytes())
+        {
+            return self.read_both_ways(path, &form, found);
         }
         self.route_or_service(found)
     }
@@ -448,20 +533,27 @@ impl Policy {
     }
 
     /// [`Policy::stage_for`] of a path read twice, whose route as the
-    /// router reads it is `found`.
+    /// router reads it (`form`, see [`normal_path`]) is `found`.
     #[cold]
     #[inline(never)]
-    fn read_both_ways(&self, path: &str, found: Option<u32>) -> Option<(Stage, &Limited)> {
+    fn read_both_ways(
+        &self,
+        path: &str,
+        form: &[u8],
+        found: Option<u32>,
+    ) -> Option<(Stage, &Limited)> {
         let routed = self.route_or_service(found);
         let path = path.as_bytes();
-        if !path.starts_with(b"/") || !(self.slashed_prefixes || has_encoded_slash(path)) {
+        let second =
+            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(form);
+        if !path.starts_with(b"/") || !second {
             return routed;
         }
         // The longest slashed prefix that matches; of two as long (one
         // spells a `/` as `%2F` where the other has `/`: the same prefix
         // to a wildcard handler), one other than the router's, so that
         // both are charged.
-        let slashed_path = decoded(path, true);
+        let slashed_path = second_reading(path);
         let mut best: Option<(usize, u32)> = None;
         for (i, route) in (0u32..).zip(&self.routes) {
             let prefix = route.slashed();
@@ -634,6 +726,38 @@ mod tests {
         assert_eq!(names("/files/a%2Fb").0, ["files"]);
         assert_eq!(names("/files/private%252Fx").0, ["files"]);
         assert_eq!(names("/other%2Fx").0, ["pressure:service:api"]);
+    }
+
+    /// A path has a segment the second reading drops exactly when that
+    /// reading differs from it (for paths without `%`), and a path
+    /// without one reads as it is written, trailing `/` and all.
+    #[test]
+    fn the_second_reading_drops_dot_and_empty_segments_only() {
+        let read = |p: &str| String::from_utf8(second_reading(p.as_bytes())).unwrap();
+        for (path, reads) in [
+            ("/", "/"),
+            ("/a", "/a"),
+            ("/a/", "/a/"),
+            ("/a/./b", "/a/b"),
+            ("/a//b", "/a/b"),
+            ("/a/.", "/a/"),
+            ("/a//", "/a/"),
+            ("/./", "/"),
+            ("//", "/"),
+            ("/.a/b./.../c", "/.a/b./.../c"),
+            ("/a/../b", "/a/../b"),
+            ("/a%2F%2E/b", "/a/b"),
+            ("/a%2F.%2F/b", "/a/b"),
+        ] {
+            assert_eq!(read(path), reads, "{path}");
+            if !path.contains('%') {
+                assert_eq!(
+                    has_dot_or_empty_segment(path.as_bytes()),
+                    path != reads,
+                    "{path}"
+                );
+            }
+        }
     }
 
     #[test]

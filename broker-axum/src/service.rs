@@ -10,7 +10,7 @@ use tower::Service;
 
 use crate::body::PermitBody;
 use crate::future::{admitted, denial, judge, Refusal, ResponseFuture};
-use crate::policy::{Limited, Policy, Stage};
+use crate::policy::{Limited, Policy, Refund, Stage};
 use crate::tenant::{tenant_key, TenantExtractor, TenantId};
 
 /// The route/service stage: maps a request to its per-route resource
@@ -168,13 +168,17 @@ where
                     None => Err(in_full(policy, limited, &raw, &key)),
                 }
             });
+        // A request let in keeps a fence (see `Refund::fence`): a tenant
+        // denial its handler answers with is a nested call's, not this
+        // request's, and refunds no route/service stage around it.
+        let fence = Some(Refund::fence(policy.id));
         // Three cases here, the others out of line: a `match` of every
         // case compiled to a jump table in static data, a cache line more
         // read per request (a server's request finds it evicted by the one
         // before).
         match judged {
-            Some(Ok(())) => admitted!(self.inner, req, permit, None),
-            None => ResponseFuture::pass(self.inner.call(req)),
+            Some(Ok(())) => admitted!(self.inner, req, permit, fence),
+            None => admitted!(self.inner, req, Permit::empty(), fence),
             Some(Err(not)) => not_admitted(policy, not, &mut self.inner, req),
         }
     }
@@ -196,7 +200,10 @@ where
 {
     match not {
         NotAdmitted::Refused(refusal) => ResponseFuture::refused(refusal),
-        NotAdmitted::Decided(verdict) => ResponseFuture::decided(verdict, None, inner, req),
+        NotAdmitted::Decided(verdict) => {
+            let fence = Some(Refund::fence(policy.id));
+            ResponseFuture::decided(verdict, fence, inner, req)
+        }
         NotAdmitted::Later(tenant) => {
             ResponseFuture::admit_later(policy, Stage::Tenant, Some(tenant), inner, req)
         }

@@ -198,6 +198,60 @@ async fn an_encoded_slash_under_a_wildcard_meets_the_deeper_prefixs_limit() {
     assert_eq!(t.stat("route:files", |s| s.denied), 2);
 }
 
+/// A wildcard route hands its handler `/files/./private/a` as
+/// `./private/a` and `/files//private/a` as `/private/a`, which a file
+/// server (or any handler that reads its path as a file path) serves as
+/// `private/a`: such a path also meets the deeper prefix's limit, as a
+/// `%2F` does, and so does one outside every route (here under a service
+/// limit) that reads as a limited route's path. A segment that only starts
+/// with a dot is a segment like any other.
+#[tokio::test]
+async fn a_dot_or_empty_segment_does_not_step_around_a_deeper_prefixs_limit() {
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{ "perService": { "rest": { "requestsPerMinute": 100 } },
+             "perRoute": [
+            { "resource": "route:files", "pathPrefix": "/files", "limits": { "requestsPerMinute": 100 } },
+            { "resource": "route:private", "pathPrefix": "/files/private", "limits": { "requestsPerMinute": 1 } }
+        ] }"#,
+    );
+    let file = |axum::extract::Path(path): axum::extract::Path<String>| async move { path };
+    let app = Router::new()
+        .route("/files/{*path}", get(file))
+        .route("/{*path}", get(file))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    assert_eq!(raw_status(addr, &get_line(b"/files/private/a")).await, 200);
+    let spellings = [
+        &b"/files/./private/a"[..],
+        b"/files//private/a",
+        b"/files/.//./private/a",
+        b"/files/%2E/private/a",
+        b"/files/%2e%2Fprivate/a",
+        b"/./files/private/a",
+        b"//files/private/a",
+    ];
+    for spelling in spellings {
+        let what = String::from_utf8_lossy(spelling).into_owned();
+        assert_eq!(raw_status(addr, &get_line(spelling)).await, 429, "{what}");
+    }
+    assert_eq!(
+        t.stat("route:private", |s| s.denied),
+        spellings.len() as u64
+    );
+    // Other paths under dots are limited as they were.
+    for other in [
+        &b"/files/./public/a"[..],
+        b"/files/.private/a",
+        b"/files/private./a",
+        b"/.well-known/private/a",
+    ] {
+        let what = String::from_utf8_lossy(other).into_owned();
+        assert_eq!(raw_status(addr, &get_line(other)).await, 200, "{what}");
+    }
+    assert_eq!(t.stat("route:private", |s| s.allowed), 1);
+}
+
 /// With no limit for the router's reading at all (no shorter route, no
 /// service limit), a `%2F` path does not pass unlimited: it meets the
 /// deeper prefix's limit.

@@ -297,3 +297,72 @@ async fn tenant_from_auth_extension_is_limited_per_namespace() {
         [200]
     );
 }
+
+/// A handler that answers with the denial of a nested call through the
+/// tenant stage of the same [`Pressure`] (a part of its work, refused)
+/// was reached: the route/service stage keeps its cost, whether the
+/// request had a tenant of its own or not. Before, the route/service stage
+/// took that denial for its own request's and gave its cost back, and
+/// served twice its limit.
+#[tokio::test]
+async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{
+        "perService": { "rest": { "requestsPerMinute": 1 } },
+        "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
+    }"#,
+    );
+    let tenant = || FromHeader::new(HeaderName::from_static("x-tenant"));
+    let parts = Router::new()
+        .route("/part", get(|| async { "part" }))
+        .layer(pressure.tenant_layer(tenant()));
+    let part = || {
+        let req = Request::get("/part").header("x-tenant", "parts");
+        req.body(Body::empty()).unwrap()
+    };
+    let reached = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (parts, reached) = (parts.clone(), reached.clone());
+        move || {
+            let (parts, reached) = (parts.clone(), reached.clone());
+            async move {
+                reached.fetch_add(1, Ordering::SeqCst);
+                parts.oneshot(part()).await.unwrap()
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/work", get(handler))
+        .layer(pressure.tenant_layer(tenant()))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/work");
+    // Each request with a tenant of its own (none in the second round),
+    // so no tenant stage of the request's own denies it.
+    for (round, tenants) in [[Some("a"), Some("b"), Some("c")], [None; 3]]
+        .into_iter()
+        .enumerate()
+    {
+        // The part's tenant has spent its quota: the handler answers 429.
+        let spent = parts.clone().oneshot(part()).await.unwrap();
+        assert_eq!(spent.status(), StatusCode::OK, "round {round}");
+        for tenant in tenants {
+            let got = statuses(&client, &url, tenant.map(|t| ("x-tenant", t)), 1).await;
+            assert_eq!(got, [429], "round {round}");
+        }
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            round + 1,
+            "round {round}: one request a minute reaches the handler"
+        );
+        assert_eq!(
+            t.stat("pressure:service:rest", |s| s.denied),
+            2 * (round as u64 + 1)
+        );
+        t.clock.advance(Duration::from_secs(60));
+    }
+}
