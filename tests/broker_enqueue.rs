@@ -1390,3 +1390,41 @@ async fn an_acquire_denied_by_a_hold_takes_nothing() {
     // One request spent (the refused call's): five left, not two.
     assert_eq!(passing(&broker).await, 5);
 }
+
+/// A transient failure that says when the upstream expects to be back (a
+/// 503 with `Retry-After: 30`) is retried no sooner: before, the jittered
+/// step of a few hundred milliseconds spent the attempts within about a
+/// second of an upstream that had said it would be down for 30.
+#[tokio::test(start_paused = true)]
+async fn a_503_with_retry_after_is_retried_no_sooner() {
+    let broker = broker();
+    let limits = Limits::new().rate(RateLimit::per_second(10));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let attempts: Started = Arc::default();
+    let start = Instant::now();
+    let seen = broker_core::ObservedLimit {
+        retry_after: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    let done = broker
+        .enqueue("api", Cost::default(), |a| {
+            let attempts = attempts.clone();
+            async move {
+                let at = start.elapsed();
+                attempts.lock().unwrap().push((a.number.to_string(), at));
+                if a.number == 1 {
+                    Outcome::failed(OutcomeClass::from_status(503), "unavailable", Some(seen))
+                } else {
+                    Outcome::<&str, &str>::ok("done")
+                }
+            }
+        })
+        .await;
+    assert_eq!(done.unwrap(), "done");
+    let attempts = attempts.lock().unwrap().clone();
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert!(
+        attempts[1].1 - attempts[0].1 >= Duration::from_secs(30),
+        "{attempts:?}"
+    );
+}

@@ -3,7 +3,10 @@
 //! One rule decides for every level: [`OutcomeClass::is_retryable`]. The
 //! pauses are:
 //! - rate limited (429): `min(max(retry_after, refill_one_token, exponential), ceiling)`
-//! - transient (5xx, network): full-jitter exponential, at most the ceiling
+//! - transient (5xx, network): full-jitter exponential, at most the ceiling;
+//!   at least the upstream's `Retry-After` when the failure carries one (a
+//!   503's: how long the upstream expects to be unavailable, RFC 9110), up
+//!   to the ceiling
 //! - fatal (401/403/404/400): no retry.
 //!
 //! One ceiling, `max(configured, N × longest window + margin)`, bounds both
@@ -147,8 +150,9 @@ impl<T, E> Outcome<T, E> {
         }
     }
 
-    /// The delay the upstream asked for: `retry_after`, else the one in the
-    /// observed headers.
+    /// The delay the upstream asked for: a 429's `retry_after`, else the
+    /// one in the observed headers of a 429 or a transient failure (a
+    /// 503's `Retry-After`).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Outcome::RateLimited {
@@ -156,6 +160,7 @@ impl<T, E> Outcome<T, E> {
                 observed,
                 ..
             } => retry_after.or(observed.and_then(|o| o.retry_after)),
+            Outcome::Transient { observed, .. } => observed.and_then(|o| o.retry_after),
             _ => None,
         }
     }
@@ -282,6 +287,8 @@ impl RetryPolicy {
     /// The pause before retrying after `attempt` ended in `class`, or `None`
     /// when the class is not retried ([`OutcomeClass::is_retryable`]) or the
     /// retry budget is spent. Every pause is at most [`RetryPolicy::ceiling`].
+    /// After a transient failure it is at least `retry_after` (a 503's
+    /// `Retry-After`) up to the ceiling, else [`RetryPolicy::transient_pause`].
     ///
     /// ```
     /// use broker_core::{Limits, OutcomeClass, RateLimit, RetryPolicy};
@@ -304,7 +311,10 @@ impl RetryPolicy {
         }
         Some(match class {
             OutcomeClass::RateLimited => self.rate_limited_pause(attempt, retry_after, limits),
-            _ => self.transient_pause(attempt, limits),
+            _ => {
+                let asked = retry_after.unwrap_or_default().min(self.ceiling(limits));
+                self.transient_pause(attempt, limits).max(asked)
+            }
         })
     }
 
@@ -398,6 +408,34 @@ mod tests {
             );
             assert!(p.transient_pause(attempt, &limits) <= ceiling);
         }
+    }
+
+    /// A transient failure that says when to come back (a 503's
+    /// `Retry-After`) is retried no sooner, up to the ceiling; without
+    /// one, the jittered step alone.
+    #[test]
+    fn a_transient_failure_waits_at_least_its_retry_after() {
+        let limits = Limits::new().rate(RateLimit::per_second(10));
+        let p = RetryPolicy::default();
+        let transient = OutcomeClass::Transient;
+        for attempt in 1..4 {
+            let asked = Some(Duration::from_secs(30));
+            let pause = p.pause(transient, attempt, asked, &limits).unwrap();
+            assert_eq!(pause, Duration::from_secs(30), "attempt {attempt}");
+            let beyond = Some(Duration::from_secs(3600));
+            let pause = p.pause(transient, attempt, beyond, &limits).unwrap();
+            assert_eq!(pause, p.ceiling(&limits), "attempt {attempt}");
+            let jittered = p.pause(transient, attempt, None, &limits).unwrap();
+            assert!(jittered <= p.exponential(attempt), "attempt {attempt}");
+        }
+        let seen = crate::observed::ObservedLimit {
+            retry_after: Some(Duration::from_secs(30)),
+            ..Default::default()
+        };
+        let unavailable: Outcome<(), &str> = Outcome::failed(transient, "503", Some(seen));
+        assert_eq!(unavailable.retry_after(), Some(Duration::from_secs(30)));
+        let fatal: Outcome<(), &str> = Outcome::failed(OutcomeClass::Fatal, "403", Some(seen));
+        assert_eq!(fatal.retry_after(), None);
     }
 
     #[test]
