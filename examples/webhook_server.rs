@@ -89,10 +89,21 @@ async fn authenticate(mut req: Request, next: Next) -> Response {
     }
 }
 
-async fn receive_webhook(body: Body) -> impl IntoResponse {
-    // A real receiver would put the payload on a queue here.
-    let _ = axum::body::to_bytes(body, 1 << 20).await;
-    (StatusCode::ACCEPTED, "queued\n")
+async fn receive_webhook(body: Body) -> Response {
+    // A real receiver would put the payload on a queue here; one it could
+    // not read whole (over 1 MiB, or the upload cut off) is not queued.
+    match axum::body::to_bytes(body, 1 << 20).await {
+        Ok(_payload) => (StatusCode::ACCEPTED, "queued\n").into_response(),
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                (StatusCode::PAYLOAD_TOO_LARGE, "not queued: over 1 MiB\n").into_response()
+            } else {
+                (StatusCode::BAD_REQUEST, "not queued: body cut off\n").into_response()
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
