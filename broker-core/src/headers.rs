@@ -6,8 +6,8 @@
 //! |---|---|---|
 //! | `X-Ratelimit-*` | `X-Ratelimit-Limit`, `-Remaining`, `-Reset` (seconds, or a Unix time), `-Retry` (seconds) | requests |
 //! | IETF structured fields | `RateLimit-Policy: "p";q=100;w=60`, `RateLimit: "p";r=42;t=30` | requests |
-//! | older IETF drafts | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`; `RateLimit: limit=100, remaining=42, reset=30` | requests |
-//! | OpenAI style | `x-ratelimit-{limit,remaining,reset}-requests`, `x-ratelimit-{limit,remaining,reset}-tokens`, resets as Go durations (`6m0s`, `12ms`) | requests, tokens |
+//! | older IETF drafts | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`; `RateLimit: limit=100, remaining=42, reset=30`; `RateLimit-Policy: 100;w=60` (the quota as the bare integer item when there is no `q`) | requests |
+//! | OpenAI style | `x-ratelimit-{limit,remaining,reset}-requests`, `x-ratelimit-{limit,remaining,reset}-tokens`, resets as Go durations (`6m0s`, `12ms`) or plain seconds (`1`, `0.5`: read as `X-Ratelimit-Reset` is, rounded up to whole µs) | requests, tokens |
 //! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
 //!
 //! Nothing here fails or panics: a value that is malformed, negative, the
@@ -17,7 +17,9 @@
 //! never reads as a shorter one, nor as none. A count sent as a decimal
 //! (Reddit's `X-Ratelimit-Remaining: 0.0`) is read rounded down. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
-//! two retry delays the longer one. A list field (`RateLimit`,
+//! two retry delays the longer one; two that tie on `remaining` and
+//! `reset` are one reading, with the `limit` of whichever gives one (the
+//! first's if both do). A list field (`RateLimit`,
 //! `RateLimit-Policy`) sent as several lines is read as one list; of any
 //! other header sent more than once, the first line counts.
 
@@ -97,12 +99,12 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
     let openai_requests = Observed {
         limit: count("x-ratelimit-limit-requests"),
         remaining: count("x-ratelimit-remaining-requests"),
-        reset: text("x-ratelimit-reset-requests").and_then(parse_go_duration),
+        reset: text("x-ratelimit-reset-requests").and_then(|v| parse_reset(v, now)),
     };
     let openai_tokens = Observed {
         limit: count("x-ratelimit-limit-tokens"),
         remaining: count("x-ratelimit-remaining-tokens"),
-        reset: text("x-ratelimit-reset-tokens").and_then(parse_go_duration),
+        reset: text("x-ratelimit-reset-tokens").and_then(|v| parse_reset(v, now)),
     };
 
     let retry_after = [
@@ -128,7 +130,9 @@ pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
 /// Of several readings of one counter, the one with the lowest `remaining`
 /// and, among those, the latest reset (two exhausted windows: the longer
 /// hold is the one the upstream enforces); when none has a `remaining`, the
-/// first that says anything.
+/// first that says anything. Of two readings that tie on `remaining` and
+/// `reset`, the first is kept with the `limit` of the other if it has none
+/// (the `limit` says which bucket the counter describes).
 fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
     let seen = candidates.into_iter().filter(|o| *o != Observed::default());
     let mut best: Option<Observed> = None;
@@ -136,6 +140,10 @@ fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observe
         best = Some(match best {
             None => o,
             Some(b) if more_restrictive(&o, &b) => o,
+            Some(b) if (b.remaining, b.reset) == (o.remaining, o.reset) => Observed {
+                limit: b.limit.or(o.limit),
+                ..b
+            },
             Some(b) => b,
         });
     }
@@ -284,6 +292,22 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
     bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
 }
 
+/// An OpenAI-style reset: a Go duration, or plain seconds as some
+/// compatible providers send them (`"1"`, `"0.5"`), read as
+/// [`parse_seconds`] reads them and rounded up to whole µs, the clock's
+/// resolution (a fraction of a µs left is a µs to wait, not none).
+fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
+    if let Some(d) = parse_go_duration(v) {
+        return Some(d);
+    }
+    let d = parse_seconds(v, now)?;
+    let below_a_micro = d.subsec_nanos() % 1_000;
+    if below_a_micro == 0 {
+        return Some(d);
+    }
+    bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
+}
+
 /// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds
 /// (`u128::MAX` for more than that holds).
 fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
@@ -311,6 +335,9 @@ fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
 #[derive(Debug, Default)]
 struct Member<'a> {
     name: Option<&'a str>,
+    /// The bare value when it is an integer, not quoted: an older draft's
+    /// quota (`RateLimit-Policy: 10;w=1`).
+    integer: Option<u64>,
     params: Vec<(&'a str, &'a str)>,
 }
 
@@ -361,7 +388,12 @@ fn members(field: &str) -> Vec<Member<'_>> {
                 let part = part.trim();
                 match part.split_once('=') {
                     Some((k, v)) => m.params.push((k.trim(), v.trim().trim_matches('"'))),
-                    None if i == 0 && !part.is_empty() => m.name = Some(part.trim_matches('"')),
+                    None if i == 0 && !part.is_empty() => {
+                        if part.bytes().all(|b| b.is_ascii_digit()) {
+                            m.integer = parse_count(part);
+                        }
+                        m.name = Some(part.trim_matches('"'));
+                    }
                     None => {}
                 }
             }
@@ -371,14 +403,16 @@ fn members(field: &str) -> Vec<Member<'_>> {
 }
 
 /// `RateLimit` / `RateLimit-Policy` of the IETF draft (`r`, `t`; `q`, `w`),
-/// and the older single-field form `RateLimit: limit=.., remaining=.., reset=..`.
+/// and the older single-field form `RateLimit: limit=.., remaining=.., reset=..`
+/// with the older `RateLimit-Policy: 10;w=1` (the quota as the bare item
+/// when there is no `q`).
 fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
     let policies = policy.map(members).unwrap_or_default();
     let quota_of = |name: Option<&str>| {
         policies
             .iter()
             .filter(|p| name.is_none() || p.name == name)
-            .filter_map(|p| p.get("q").and_then(parse_count))
+            .filter_map(|p| p.get("q").map_or(p.integer, parse_count))
             .min()
     };
     let Some(field) = ratelimit else {
@@ -777,6 +811,125 @@ mod tests {
             at(0),
         );
         assert_eq!(seen.requests.unwrap().remaining, Some(3));
+    }
+
+    /// An older draft's `RateLimit-Policy` writes the quota as the bare
+    /// item (`10;w=1`), not as a `q` parameter: it is the limit, as `q`
+    /// is. A quoted item is a policy name, never a quota, and a `q` wins
+    /// over the item.
+    #[test]
+    fn an_older_draft_policy_gives_its_quota_as_the_bare_item() {
+        let limit = |pairs: &[(&'static str, &'static str)]| {
+            parse(&map(pairs), at(0)).requests.and_then(|o| o.limit)
+        };
+        assert_eq!(limit(&[("RateLimit-Policy", "10;w=1")]), Some(10));
+        assert_eq!(
+            limit(&[("RateLimit-Policy", "100;w=60, 1000;w=3600")]),
+            Some(100)
+        );
+        let with_counter = parse(
+            &map(&[
+                ("RateLimit-Policy", "100;w=60"),
+                ("RateLimit", "remaining=5, reset=9"),
+            ]),
+            at(0),
+        );
+        assert_eq!(
+            with_counter.requests,
+            Some(Observed {
+                limit: Some(100),
+                remaining: Some(5),
+                reset: Some(Duration::from_secs(9)),
+            })
+        );
+        // The newer draft, as before.
+        assert_eq!(limit(&[("RateLimit-Policy", r#""10";w=1"#)]), None);
+        assert_eq!(limit(&[("RateLimit-Policy", "burst;w=1")]), None);
+        assert_eq!(limit(&[("RateLimit-Policy", "10;q=5;w=1")]), Some(5));
+        assert_eq!(limit(&[("RateLimit-Policy", "-10;w=1")]), None);
+    }
+
+    /// OpenAI-compatible providers may send a reset in plain seconds
+    /// (`x-ratelimit-reset-requests: 1`) where OpenAI sends a Go duration:
+    /// it is read as `X-Ratelimit-Reset` is, rounded up to whole µs (the
+    /// clock's resolution), so a spent counter keeps its hold.
+    #[test]
+    fn an_openai_reset_in_plain_seconds_is_read() {
+        let now = 1_700_000_000;
+        let resets = |requests: &'static str, tokens: &'static str| {
+            let seen = parse(
+                &map(&[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", requests),
+                    ("x-ratelimit-remaining-tokens", "0"),
+                    ("x-ratelimit-reset-tokens", tokens),
+                ]),
+                at(now),
+            );
+            (
+                seen.requests.and_then(|o| o.reset),
+                seen.tokens.and_then(|o| o.reset),
+            )
+        };
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(resets("1", "30"), (secs(1), secs(30)));
+        assert_eq!(
+            resets("0.5", "2.25"),
+            (
+                Some(Duration::from_millis(500)),
+                Some(Duration::from_millis(2_250))
+            )
+        );
+        assert_eq!(
+            resets("0.0000001", "1.0000015"),
+            (
+                Some(Duration::from_micros(1)),
+                Some(Duration::from_micros(1_000_002))
+            )
+        );
+        assert_eq!(resets("0", "99999999"), (secs(0), Some(MAX_PERIOD)));
+        assert_eq!(resets("1700000042", "6m0s"), (secs(42), secs(360)));
+        for bad in ["-1", "1.", ".5", "1e3", "5d"] {
+            assert_eq!(resets(bad, bad), (None, None), "{bad}");
+        }
+    }
+
+    /// Two families that tie on `remaining` and `reset` describe one
+    /// counter: the `limit` either gives is kept, whichever comes first.
+    #[test]
+    fn a_tie_between_families_keeps_the_limit_either_gives() {
+        let tie = |first_limit: Option<&'static str>, second_limit: Option<&'static str>| {
+            let mut pairs = vec![
+                ("X-Ratelimit-Remaining", "5"),
+                ("X-Ratelimit-Reset", "9"),
+                ("RateLimit-Remaining", "5"),
+                ("RateLimit-Reset", "9"),
+            ];
+            pairs.extend(first_limit.map(|l| ("X-Ratelimit-Limit", l)));
+            pairs.extend(second_limit.map(|l| ("RateLimit-Limit", l)));
+            parse(&map(&pairs), at(0)).requests.unwrap()
+        };
+        let observed = |limit| Observed {
+            limit,
+            remaining: Some(5),
+            reset: Some(Duration::from_secs(9)),
+        };
+        assert_eq!(tie(None, Some("100")), observed(Some(100)));
+        assert_eq!(tie(Some("100"), None), observed(Some(100)));
+        // Both give one: the first, as before.
+        assert_eq!(tie(Some("100"), Some("60")), observed(Some(100)));
+        // No tie: the more restrictive reading, limit and all.
+        let other = parse(
+            &map(&[
+                ("X-Ratelimit-Limit", "100"),
+                ("X-Ratelimit-Remaining", "5"),
+                ("X-Ratelimit-Reset", "9"),
+                ("RateLimit-Remaining", "5"),
+                ("RateLimit-Reset", "10"),
+            ]),
+            at(0),
+        );
+        assert_eq!(other.requests.unwrap().limit, None);
     }
 
     #[test]
