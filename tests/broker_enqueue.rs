@@ -14,6 +14,19 @@ fn broker() -> ResourceBroker {
     ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()))
 }
 
+/// A broker on the in-memory store that fails every penalty (an upstream
+/// 429 the store failed to take): only this process's hold applies.
+fn broker_missing_penalties() -> ResourceBroker {
+    struct NoPenalty;
+    impl broker_testkit::Hooks for NoPenalty {
+        fn penalize(&self) -> Option<Result<(), broker_core::BackendError>> {
+            Some(Err(broker_core::BackendError::new("store unreachable")))
+        }
+    }
+    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    ResourceBroker::new(broker_testkit::Wrapped::new(store, NoPenalty))
+}
+
 fn seed_limits() -> Limits {
     Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3))
 }
@@ -945,14 +958,7 @@ async fn a_penalty_cut_off_by_a_timeout_still_reaches_the_store() {
 /// upstream just refused. Before, 40 tokens went back.
 #[tokio::test(start_paused = true)]
 async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
-    struct NoPenalty;
-    impl broker_testkit::Hooks for NoPenalty {
-        fn penalize(&self) -> Option<Result<(), broker_core::BackendError>> {
-            Some(Err(broker_core::BackendError::new("store unreachable")))
-        }
-    }
-    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(store, NoPenalty));
+    let broker = broker_missing_penalties();
     let limits = Limits::new().rate(RateLimit::per_minute(100).unit(Unit::Tokens));
     broker.register_limit("api", limits).unwrap();
     let (refused_tx, refused_rx) = tokio::sync::oneshot::channel::<()>();
@@ -1354,14 +1360,7 @@ async fn a_call_booked_under_a_hold_is_charged_once() {
 /// hold stayed spent, so every denied call took a request.
 #[tokio::test(start_paused = true)]
 async fn an_acquire_denied_by_a_hold_takes_nothing() {
-    struct NoPenalty;
-    impl broker_testkit::Hooks for NoPenalty {
-        fn penalize(&self) -> Option<Result<(), broker_core::BackendError>> {
-            Some(Err(broker_core::BackendError::new("store unreachable")))
-        }
-    }
-    let store = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let broker = ResourceBroker::new(broker_testkit::Wrapped::new(store, NoPenalty));
+    let broker = broker_missing_penalties();
     // Six requests an hour: a 429's hold is one token's refill, 10 min.
     let limits = Limits::new().rate(RateLimit::per(6, Duration::from_secs(3600)));
     let once = RetryPolicy {

@@ -513,15 +513,12 @@ async fn reserve_at_answered_by_the_policy_gives_the_local_time() {
     assert!(at.abs_diff(unix) < 10_000_000, "{at} against {unix}");
 }
 
-/// A lease the local fallback granted while Redis was down is renewed
-/// where it is held: a permit kept past the lease TTL keeps its slot, and
-/// no second holder gets it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_local_fallback_permit_keeps_its_slot_past_the_lease_ttl() {
-    let mut server = RedisServer::start();
+/// A broker on `server` under the local fallback (a share of 1: one
+/// replica), with resource `r` of one slot and a lease TTL of 300 ms.
+async fn one_slot_under_local_fallback(server: &RedisServer, prefix: &str) -> ResourceBroker {
     let backend = quick(
         &server.url(),
-        "fallback-lease",
+        prefix,
         true,
         FailurePolicy::LocalFallback { share: 1.0 },
     )
@@ -530,6 +527,16 @@ async fn a_local_fallback_permit_keeps_its_slot_past_the_lease_ttl() {
     let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
     config.lease_ttl = Duration::from_millis(300);
     broker.register("r", config).unwrap();
+    broker
+}
+
+/// A lease the local fallback granted while Redis was down is renewed
+/// where it is held: a permit kept past the lease TTL keeps its slot, and
+/// no second holder gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_fallback_permit_keeps_its_slot_past_the_lease_ttl() {
+    let mut server = RedisServer::start();
+    let broker = one_slot_under_local_fallback(&server, "fallback-lease").await;
     let free = |broker: &ResourceBroker| {
         let broker = broker.clone();
         async move {
@@ -1424,17 +1431,7 @@ async fn unbounded_timeouts_and_probe_interval_do_not_panic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
     let mut server = RedisServer::start();
-    let backend = quick(
-        &server.url(),
-        "fallback-moved",
-        true,
-        FailurePolicy::LocalFallback { share: 1.0 },
-    )
-    .await;
-    let broker = ResourceBroker::new(backend);
-    let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
-    config.lease_ttl = Duration::from_millis(300);
-    broker.register("r", config).unwrap();
+    let broker = one_slot_under_local_fallback(&server, "fallback-moved").await;
     let warm = broker.try_acquire("r", Cost::default()).await.unwrap();
     assert!(warm.allowed && !warm.answered_here);
     drop(warm);
