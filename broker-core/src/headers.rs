@@ -86,16 +86,21 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
         remaining: count("x-ratelimit-remaining"),
         reset: seconds("x-ratelimit-reset"),
     };
-    let older_ietf = Observed {
-        limit: count("ratelimit-limit"),
-        remaining: count("ratelimit-remaining"),
-        reset: seconds("ratelimit-reset"),
-    };
     let structured = structured_fields(
         list("ratelimit").as_deref(),
         list("ratelimit-policy").as_deref(),
         now,
     );
+    let older_ietf = Observed {
+        // Without a `RateLimit-Limit`, the quota of a `RateLimit-Policy`
+        // sent beside the separate fields (when no `RateLimit` field says
+        // which policy it counts, that is the lowest quota).
+        limit: count("ratelimit-limit").or(structured
+            .limit
+            .filter(|_| structured.remaining.is_none() && structured.reset.is_none())),
+        remaining: count("ratelimit-remaining"),
+        reset: seconds("ratelimit-reset"),
+    };
     let openai_requests = Observed {
         limit: count("x-ratelimit-limit-requests"),
         remaining: count("x-ratelimit-remaining-requests"),
@@ -811,6 +816,38 @@ mod tests {
             at(0),
         );
         assert_eq!(seen.requests.unwrap().remaining, Some(3));
+    }
+
+    /// The separate fields of an older draft (`RateLimit-Remaining`,
+    /// `RateLimit-Reset`) sent with a `RateLimit-Policy` and no
+    /// `RateLimit-Limit`: the policy's quota is their counter's limit
+    /// (before, it was dropped, and with it which bucket the counter
+    /// describes). A `RateLimit-Limit` wins over it.
+    #[test]
+    fn separate_fields_take_the_limit_of_a_policy_sent_beside_them() {
+        let seen = parse(
+            &map(&[
+                ("RateLimit-Policy", "100;w=60"),
+                ("RateLimit-Remaining", "0"),
+                ("RateLimit-Reset", "30"),
+            ]),
+            at(0),
+        );
+        let requests = seen.requests.unwrap();
+        assert_eq!(
+            (requests.limit, requests.remaining, requests.reset),
+            (Some(100), Some(0), Some(Duration::from_secs(30)))
+        );
+        let seen = parse(
+            &map(&[
+                ("RateLimit-Policy", "\"p\";q=100;w=60"),
+                ("RateLimit-Limit", "50"),
+                ("RateLimit-Remaining", "7"),
+            ]),
+            at(0),
+        );
+        let requests = seen.requests.unwrap();
+        assert_eq!((requests.limit, requests.remaining), (Some(50), Some(7)));
     }
 
     /// An older draft's `RateLimit-Policy` writes the quota as the bare
