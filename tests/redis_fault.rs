@@ -1344,8 +1344,9 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
 /// server each probe waits out the operation timeout: one after another,
 /// they made the caller wait one timeout per release before its own
 /// decision (here 4 × 400 ms, in virtual time), where the failure policy
-/// answers a call within one. While Redis is down they are left to a task
-/// of their own instead.
+/// answers a call within one. While Redis is down at most one of them
+/// goes out (here the probe, which finds Redis still down): the rest are
+/// left to a task of their own, and the decision to the failure policy.
 #[tokio::test]
 async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
     use broker_core::{Backend, LimitSpec};
@@ -1468,4 +1469,92 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
         assert!(Instant::now() < deadline, "the slot is freed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The probe that finds Redis back is a decision whose key has a release
+/// on its way (a permit dropped just before): the release still goes out
+/// ahead of it, so the slot freed here is free to it. Before, while
+/// Redis was marked down the releases were left to a task of their own,
+/// and the decision, the probe, went out first: under `max_concurrent(1)`
+/// it found the freed slot still held and was refused it.
+#[tokio::test]
+async fn a_release_on_its_way_goes_out_ahead_of_the_probe_that_finds_redis_back() {
+    use broker_core::{Backend, LimitSpec};
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailClosed)
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        // Every call while Redis is down is a probe.
+        .probe_interval(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect");
+    let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
+    let held = backend.hold_slot("one", &spec).await.unwrap();
+    let held = held.expect("the slot is free");
+    tokio::time::pause();
+    server.pause();
+    // Redis is found out of reach (no reply in time, virtual time).
+    let lost = backend.hold_slot("one", &spec).await;
+    lost.expect_err("fail-closed: no reply in time");
+    assert!(backend.health().down);
+    server.resume();
+    tokio::time::resume();
+    // The permit is dropped: its release is on its way.
+    backend.release_sent("one", held);
+    let next = backend.hold_slot("one", &spec).await;
+    let next = next.expect("Redis answers the probe");
+    assert!(!backend.health().down, "Redis is found back");
+    assert!(
+        next.is_some(),
+        "the slot freed here is free to the next caller here"
+    );
+}
+
+/// While Redis is down, a permit the local fallback granted and then
+/// dropped (its release on its way, from a task of its own) frees its slot
+/// for the next decision on its key here, as the release of any permit
+/// does ahead of a decision: it is freed in this process, without I/O.
+/// Before, while Redis was down such releases were left to a task, so
+/// under `max_concurrent(1)` the next caller was refused the slot its
+/// predecessor had just freed, for as long as the outage lasted.
+#[tokio::test]
+async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down() {
+    use broker_core::{Backend, LimitSpec};
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::LocalFallback { share: 1.0 })
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200))
+        // No probe during the test: the local fallback answers.
+        .probe_interval(Duration::from_secs(3600))
+        .connect()
+        .await
+        .expect("connect");
+    let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
+    let warm = backend.hold_slot("one", &spec).await.unwrap();
+    backend.release("one", warm.expect("free")).await.unwrap();
+    server.kill();
+    let mut first = None;
+    for _ in 0..10 {
+        // The first call may find the connection gone only on its retry.
+        if let Ok(Some(lease)) = backend.hold_slot("one", &spec).await {
+            if backend.health().down {
+                first = Some(lease);
+                break;
+            }
+            backend.release("one", lease).await.unwrap();
+        }
+    }
+    let first = first.expect("the local fallback's slot, Redis down");
+    // Its permit is dropped: its release is on its way.
+    backend.release_sent("one", first);
+    let next = backend.hold_slot("one", &spec).await;
+    let next = next.expect("the local fallback answers");
+    assert!(backend.health().down);
+    assert!(
+        next.is_some(),
+        "the slot freed here is free to the next caller here"
+    );
 }

@@ -89,8 +89,10 @@
 //!   takes: in memory the slot is the permit's until it is released; on a
 //!   shared store (Redis) the permit is a lease of the resource's
 //!   `lease_ttl` (60 s by default) that the broker renews while the permit
-//!   lives, so it lapses only when its process dies. Event streams and
-//!   upgrades hold none once their head is out.
+//!   lives, so it lapses when its process dies, or when Redis loses it (out
+//!   of reach for longer than the TTL, a restart, a failover) and another
+//!   holder takes the slot before the next renewal takes it again. Event
+//!   streams and upgrades hold none once their head is out.
 //! - Backend failures: the broker's backend applies its own failure policy
 //!   first (e.g. broker-redis's fail-closed, fail-open or local fallback);
 //!   only an error that policy does not absorb reaches the layer, which

@@ -174,7 +174,11 @@ fn parse_count(v: &str) -> Option<u64> {
     if !digits(int) || !digits(frac) {
         return None;
     }
-    int.parse::<u64>().ok().filter(|n| *n <= MAX_AMOUNT)
+    // Above the bound by a fraction is above it too.
+    let whole = frac.bytes().all(|b| b == b'0');
+    int.parse::<u64>()
+        .ok()
+        .filter(|n| *n < MAX_AMOUNT || (*n == MAX_AMOUNT && whole))
 }
 
 /// `d`, at most 366 days.
@@ -803,6 +807,9 @@ mod tests {
         for v in ["1.", ".5", "1.2.3", "1e3", "-0.0"] {
             assert_eq!(parse_count(v), None, "{v}");
         }
+        // The bound holds for decimals too.
+        assert_eq!(parse_count(&format!("{MAX_AMOUNT}.0")), Some(MAX_AMOUNT));
+        assert_eq!(parse_count(&format!("{MAX_AMOUNT}.5")), None);
     }
 
     #[test]

@@ -173,13 +173,15 @@ impl RedisBackend {
         let inner = &self.inner;
         match inner.health.should_try() {
             Some(epoch) => Ok(epoch),
-            None => {
-                inner.health.kept_back(&inner.policy);
-                Err(Failure::Unavailable(
-                    "redis is down (waiting for the next probe)".into(),
-                ))
-            }
+            None => Err(self.kept_back()),
         }
+    }
+
+    /// A call kept from Redis while it is down: counted as handled by the
+    /// failure policy, which answers it.
+    fn kept_back(&self) -> Failure {
+        self.inner.health.kept_back(&self.inner.policy);
+        Failure::Unavailable("redis is down (waiting for the next probe)".into())
     }
 
     /// Sorts a reply into a value, an outage (recorded in the health) or
@@ -355,22 +357,32 @@ impl RedisBackend {
     /// tasks' to report; a failed one expires with its lease. Taken out,
     /// they are this call's to send: if it goes away before they are
     /// answered, the rest are sent from a task (see [`TakenReleases`]).
-    /// While Redis is down, the rest are sent from that task too: each
-    /// could be a probe that waits out the operation timeout, one after
-    /// another, before the decision is answered.
-    async fn send_pending_releases(&self, key: &str) {
+    /// The local fallback's leases are freed at once (no I/O). While Redis
+    /// is down, at most one goes out to Redis (it may be the probe, which
+    /// waits out the operation timeout): if Redis is down after it, the
+    /// rest are sent from that task, and false tells the decision to be
+    /// answered by the failure policy without a call of its own (a second
+    /// timeout). A decision that goes out to Redis so never overtakes the
+    /// releases, not even as the probe that finds Redis back.
+    async fn send_pending_releases(&self, key: &str) -> bool {
         let mut taken = TakenReleases {
             backend: self,
             key,
             leases: self.inner.pending.take(key),
         };
+        if let Some(m) = &self.inner.fallback {
+            taken
+                .leases
+                .retain(|&lease| !matches!(m.release_now(key, lease), Some(Ok(true))));
+        }
         while let Some(&lease) = taken.leases.last() {
-            if self.inner.health.is_down() {
-                return;
-            }
             let _ = self.release(key, lease).await;
             taken.leases.pop();
+            if self.inner.health.is_down() {
+                return false;
+            }
         }
+        true
     }
 
     async fn try_redis(
@@ -507,11 +519,13 @@ impl Backend for RedisBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let keys = self.keys(key)?;
-        if spec.max_concurrent.is_some() {
-            self.send_pending_releases(key).await;
-        }
+        let reached = spec.max_concurrent.is_none() || self.send_pending_releases(key).await;
         let lease = new_lease();
-        match self.try_redis(&keys, spec, cost, lease).await {
+        let decided = match reached {
+            true => self.try_redis(&keys, spec, cost, lease).await,
+            false => Err(self.kept_back()),
+        };
+        match decided {
             Ok(d) => Ok(d),
             // Marked as answered here, not by Redis: a settle of its cost
             // goes where the cost went (see `settle`).
@@ -542,9 +556,13 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
-        self.send_pending_releases(key).await;
+        let reached = self.send_pending_releases(key).await;
         let lease = new_lease();
-        match self.hold_slot_as(&keys, spec, lease, true).await {
+        let held = match reached {
+            true => self.hold_slot_as(&keys, spec, lease, true).await,
+            false => Err(self.kept_back()),
+        };
+        match held {
             Ok(held) => Ok(held.then_some(lease)),
             Err(f) => match self.policy("hold_slot", f, spec)? {
                 Fallback::Open => Ok(Some(lease)),
