@@ -4,6 +4,9 @@
 //! only its own caller, an outage reaches every waiting caller through the
 //! failure policy, and a caller that goes away leaks no lease.
 
+mod redis_support;
+use redis_support::{with_op_timeout, OP_TIMEOUT};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -451,14 +454,11 @@ async fn a_caller_gone_with_its_answer_unread_leaks_no_lease() {
 #[tokio::test]
 async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
+    let backend = with_op_timeout(&server.url(), FailurePolicy::FailOpen)
         .connect()
         .await
         .expect("connect");
-    let op_timeout = Duration::from_millis(400);
+    let op_timeout = OP_TIMEOUT;
     let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
     // Loads the scripts.
     concurrent_tries(&backend, "api", &spec, 40).await;
@@ -494,12 +494,9 @@ async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
 #[tokio::test]
 async fn an_answer_from_before_a_recovery_does_not_mark_redis_down_again() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailClosed)
+    let backend = with_op_timeout(&server.url(), FailurePolicy::FailClosed)
         // One call in flight: the second decision queues behind the first.
         .coalesce_limits(32, 1)
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
         // Every call is a probe while Redis is down: the recovery is seen
         // by the first call after it.
         .probe_interval(Duration::ZERO)

@@ -2,6 +2,9 @@
 //! configured failure policy answers every call made while it is down, and
 //! the same broker recovers on its own when Redis returns.
 
+mod redis_support;
+use redis_support::{with_op_timeout, OP_TIMEOUT};
+
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1351,17 +1354,14 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
 async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
     use broker_core::{Backend, LimitSpec};
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
+    let backend = with_op_timeout(&server.url(), FailurePolicy::FailOpen)
         // Every call while Redis is down is a probe (virtual time runs
         // past any interval between two calls here).
         .probe_interval(Duration::ZERO)
         .connect()
         .await
         .expect("connect");
-    let op_timeout = Duration::from_millis(400);
+    let op_timeout = OP_TIMEOUT;
     let spec = LimitSpec::new(
         &Limits::new()
             .rate(RateLimit::per_second(1000).with_burst(1_000_000))
@@ -1481,10 +1481,7 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
 async fn a_release_on_its_way_goes_out_ahead_of_the_probe_that_finds_redis_back() {
     use broker_core::{Backend, LimitSpec};
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailClosed)
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
+    let backend = with_op_timeout(&server.url(), FailurePolicy::FailClosed)
         // Every call while Redis is down is a probe.
         .probe_interval(Duration::ZERO)
         .connect()
@@ -1523,10 +1520,7 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_probe_that_finds_redis_back(
 async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down() {
     use broker_core::{Backend, LimitSpec};
     let mut server = RedisServer::start();
-    let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::LocalFallback { share: 1.0 })
-        .connect_timeout(Duration::from_millis(200))
-        .response_timeout(Duration::from_millis(200))
+    let backend = with_op_timeout(&server.url(), FailurePolicy::LocalFallback { share: 1.0 })
         // No probe during the test: the local fallback answers.
         .probe_interval(Duration::from_secs(3600))
         .connect()
