@@ -169,16 +169,23 @@ fn more_restrictive(o: &Observed, b: &Observed) -> bool {
 /// decimal rounded down (Reddit's `X-Ratelimit-Remaining: 0.0`; down,
 /// so what is left never reads as more than it is).
 fn parse_count(v: &str) -> Option<u64> {
-    let (int, frac) = v.split_once('.').unwrap_or((v, "0"));
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(int) || !digits(frac) {
-        return None;
-    }
+    let (int, frac) = decimal_parts(v)?;
     // Above the bound by a fraction is above it too.
     let whole = frac.bytes().all(|b| b == b'0');
     int.parse::<u64>()
         .ok()
         .filter(|n| *n < MAX_AMOUNT || (*n == MAX_AMOUNT && whole))
+}
+
+/// The integer and fraction digits of a plain decimal (`"42"`, `"0.5"`;
+/// the fraction `""` without a dot): digits on both sides of at most one
+/// dot, or `None` (`"1."`, `".5"`, `"1.2.3"`, `"1e3"`, `"-1"`).
+fn decimal_parts(v: &str) -> Option<(&str, &str)> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match v.split_once('.') {
+        Some((int, frac)) => (digits(int) && digits(frac)).then_some((int, frac)),
+        None => digits(v).then_some((v, "")),
+    }
 }
 
 /// `d`, at most 366 days.
@@ -191,14 +198,7 @@ fn bounded(d: Duration) -> Option<Duration> {
 /// or nanoseconds from [`UNIX_MILLIS_FROM`] up) and turned into a delay
 /// from `now` (zero if already past).
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
-    let (int, frac) = match v.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (v, ""),
-    };
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if int.is_empty() || !digits(int) || !digits(frac) || (v.contains('.') && frac.is_empty()) {
-        return None;
-    }
+    let (int, frac) = decimal_parts(v)?;
     // Digits only: a number too large for `u64` is a time too long.
     let whole: u64 = int.parse().unwrap_or(u64::MAX);
     let mut nanos = 0u32;
