@@ -200,33 +200,26 @@ impl Health {
 
     /// A call reached Redis: ends an outage, if there was one.
     pub(crate) fn up(&self) {
-        let mut state = self.state.load(Ordering::Acquire);
-        while state & DOWN != 0 {
-            // The next epoch, up.
-            let ended = ((state >> 1) + 1) << 1;
-            match self.state.compare_exchange_weak(
-                state,
-                ended,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    let since = self
-                        .down_since
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .take();
-                    let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
-                    tracing::info!(
-                        down_ms,
-                        handled = self.handled.load(Ordering::Relaxed),
-                        "redis reachable again; decisions are shared again"
-                    );
-                    return;
-                }
-                Err(now) => state = now,
-            }
+        // Down: the next epoch, up.
+        let ended = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                (state & DOWN != 0).then(|| ((state >> 1) + 1) << 1)
+            });
+        if ended.is_err() {
+            return;
         }
+        let since = self
+            .down_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
+        tracing::info!(
+            down_ms,
+            handled = self.handled.load(Ordering::Relaxed),
+            "redis reachable again; decisions are shared again"
+        );
     }
 
     /// A call the probe gate kept from trying (Redis is down): counted

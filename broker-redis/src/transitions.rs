@@ -521,9 +521,10 @@ impl Backend for RedisBackend {
         let keys = self.keys(key)?;
         let reached = spec.max_concurrent.is_none() || self.send_pending_releases(key).await;
         let lease = new_lease();
-        let decided = match reached {
-            true => self.try_redis(&keys, spec, cost, lease).await,
-            false => Err(self.kept_back()),
+        let decided = if reached {
+            self.try_redis(&keys, spec, cost, lease).await
+        } else {
+            Err(self.kept_back())
         };
         match decided {
             Ok(d) => Ok(d),
@@ -558,9 +559,10 @@ impl Backend for RedisBackend {
         let keys = self.keys(key)?;
         let reached = self.send_pending_releases(key).await;
         let lease = new_lease();
-        let held = match reached {
-            true => self.hold_slot_as(&keys, spec, lease, true).await,
-            false => Err(self.kept_back()),
+        let held = if reached {
+            self.hold_slot_as(&keys, spec, lease, true).await
+        } else {
+            Err(self.kept_back())
         };
         match held {
             Ok(held) => Ok(held.then_some(lease)),
