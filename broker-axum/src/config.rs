@@ -92,7 +92,9 @@ pub struct RouteConfig {
     /// `/files/a%2Fb` limits `/files/a/b/x` too). So does a path with a `.`
     /// or empty segment, which such a handler reading its path as a file
     /// path skips: `/files/./private/x` and `/files//private/x` meet the
-    /// limit of a prefix `/files/private` too.
+    /// limit of a prefix `/files/private` too. A prefix is literal: one
+    /// with a route template's parameter as a segment (`:id`, `*rest`,
+    /// `{id}`) is refused.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,
@@ -252,6 +254,17 @@ impl PressureConfig {
                      character): write it percent-encoded, as requests send it",
                 ));
             }
+            if let Some(segment) = template_segment(&route.path_prefix) {
+                return Err(bad(
+                    format!("{field}.pathPrefix"),
+                    &format!(
+                        "holds `{segment}`, a route template's parameter: a prefix is \
+                         matched literally, segment by segment; write the part before the \
+                         parameter (a segment meant literally: percent-encode its first \
+                         character, e.g. `%3A`)"
+                    ),
+                ));
+            }
             // Compared as paths are (see `policy::normal_path`).
             if !prefixes.insert(crate::policy::normal_path(&route.path_prefix).into_owned()) {
                 return Err(bad(
@@ -291,6 +304,18 @@ fn check_requests(limits: &Limits) -> Result<(), &'static str> {
         ),
         false => Ok(()),
     }
+}
+
+/// The first segment of `prefix` that reads as a route template's
+/// parameter (`{id}`, `{*rest}`, `:id`, `*rest`, `*`), which a prefix,
+/// matched literally, would only ever meet in a path that sends it as it
+/// is written.
+fn template_segment(prefix: &str) -> Option<&str> {
+    prefix.split('/').find(|s| {
+        s.starts_with(':') && s.len() > 1
+            || s.starts_with('*')
+            || (s.contains('{') && s.contains('}'))
+    })
 }
 
 fn check_id(id: &str) -> Result<(), &'static str> {
@@ -542,6 +567,45 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(field), "{a} {b}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_written_as_a_route_template_is_rejected() {
+        for (prefix, segment) in [
+            ("/users/:id", ":id"),
+            ("/users/{id}/orders", "{id}"),
+            ("/files/{*rest}", "{*rest}"),
+            ("/files/*", "*"),
+            ("/files/*path", "*path"),
+            ("/v1/item-{n}", "item-{n}"),
+        ] {
+            let text = format!(
+                r#"{{"perRoute": [{{"resource": "r", "pathPrefix": "{prefix}", "limits": {{}}}}]}}"#
+            );
+            let e = PressureConfig::from_json("p.json", &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("perRoute[0].pathPrefix"), "{prefix}: {e}");
+            assert!(e.contains(&format!("holds `{segment}`")), "{prefix}: {e}");
+        }
+        // A `:` or `*` inside a segment, a lone brace, and a parameter's
+        // first character percent-encoded are literal.
+        for prefix in [
+            "/a:b",
+            "/time/12:00",
+            "/x*y",
+            "/a{b",
+            "/users/%3Aid",
+            "/%2A",
+        ] {
+            let text = format!(
+                r#"{{"perRoute": [{{"resource": "r", "pathPrefix": "{prefix}", "limits": {{}}}}]}}"#
+            );
+            assert!(
+                PressureConfig::from_json("p.json", &text).is_ok(),
+                "{prefix}"
+            );
         }
     }
 

@@ -104,7 +104,7 @@ async fn every_spelling_of_a_path_meets_the_same_route_limit() {
         r#"{ "perRoute": [
             { "resource": "route:me", "pathPrefix": "/users/@me", "limits": { "requestsPerMinute": 1 } },
             { "resource": "route:cafe", "pathPrefix": "/hooks/caf%C3%A9", "limits": { "requestsPerMinute": 1 } },
-            { "resource": "route:raw", "pathPrefix": "/q/{x}", "limits": { "requestsPerMinute": 1 } }
+            { "resource": "route:raw", "pathPrefix": "/q/%7Bx%7D", "limits": { "requestsPerMinute": 1 } }
         ] }"#,
     );
     let app = Router::new()
