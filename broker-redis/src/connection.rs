@@ -231,3 +231,36 @@ pub(crate) fn is_unavailable(e: &RedisError) -> bool {
         // script runs past `busy-reply-threshold` (`BUSY`).
         || matches!(e.code(), Some("OOM" | "MISCONF" | "NOREPLICAS" | "BUSY"))
 }
+
+/// Whether Redis itself answered `e` (an error reply, or a reply of a
+/// shape the script does not give): proof that it is up. An error the
+/// client made without an answer (a batch dropped while the runtime shuts
+/// down) says nothing of it.
+pub(crate) fn answered_by_redis(e: &RedisError) -> bool {
+    e.code().is_some()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(_)
+                | ErrorKind::UnexpectedReturnType
+                | ErrorKind::Parse
+                | ErrorKind::AuthenticationFailed
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_error_redis_answered_proves_it_up() {
+        let dropped = RedisError::from((
+            ErrorKind::Client,
+            "the batch of this decision was dropped (runtime shutting down)",
+        ));
+        assert!(!answered_by_redis(&dropped));
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(!answered_by_redis(&io));
+        let shape = RedisError::from((ErrorKind::UnexpectedReturnType, "wrong shape"));
+        assert!(answered_by_redis(&shape));
+    }
+}

@@ -200,7 +200,9 @@ impl RedisBackend {
                 Err(Failure::Unavailable(msg))
             }
             Reply::Done(Err(e)) => {
-                inner.health.up();
+                if connection::answered_by_redis(&e) {
+                    inner.health.up();
+                }
                 Err(Failure::Other(redis_error(e)))
             }
             Reply::TimedOut => {
