@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_core::{
+    Backend, Clock, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker,
+};
 use broker_redis::RedisBackend;
 use broker_testkit::{command_calls, RedisServer};
 
@@ -156,6 +158,54 @@ async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
         server.command(&format!("EXISTS {key}")),
         ":0",
         "an idle bucket is deleted"
+    );
+}
+
+/// A resource with a concurrency limit alone has no bucket to hold: its
+/// penalty is the hash's `hold` field, and the hash lives until the
+/// penalty ends, then is deleted by the first call after.
+#[tokio::test]
+async fn a_penalty_on_a_concurrency_limit_alone_keeps_its_key_until_it_ends() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let backend = RedisBackend::builder(&server.url())
+        .client_time(Arc::new(clock.clone()))
+        .ttl_margin(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    let spec = LimitSpec::new(&Limits::new().max_concurrent(2), Duration::from_secs(5));
+    let key = backend.bucket_key("c").unwrap();
+    backend
+        .penalize("c", &spec, Duration::from_secs(7200))
+        .await
+        .unwrap();
+    let pttl: i64 = server
+        .command(&format!("PTTL {key}"))
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!(
+        pttl > 7_199_000,
+        "the key lives as long as the penalty, got {pttl} ms"
+    );
+    let state = backend.state("c").await.unwrap().unwrap();
+    assert_eq!(
+        (state.buckets.len(), state.hold),
+        (0, clock.now() + 7_200_000_000)
+    );
+    clock.advance(Duration::from_secs(7200));
+    assert!(
+        backend
+            .try_acquire("c", &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert_eq!(
+        server.command(&format!("EXISTS {key}")),
+        ":0",
+        "a hold that has ended is deleted"
     );
 }
 

@@ -163,7 +163,10 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// `penalize`: drain and hold every bucket for `hold` from the store's
-    /// now. Never shortens a longer penalty.
+    /// now; a resource without rate limits has its state held instead
+    /// ([`crate::state::ResourceState::hold`]), so that `try_acquire` and
+    /// `reserve` wait for the end on every user of the store. Never
+    /// shortens a longer penalty.
     async fn penalize(
         &self,
         key: &str,

@@ -61,6 +61,12 @@ pub struct ResourceState {
     pub buckets: Vec<BucketState>,
     /// Held concurrency slots.
     pub leases: Vec<Lease>,
+    /// The end of a penalty on a resource without rate limits (no bucket
+    /// to hold): until then every cost is denied by rate, and a booking
+    /// waits for it. Set by [`penalize`] only when [`LimitSpec::buckets`]
+    /// is empty, and read only then: with rate limits, each bucket's `nb`
+    /// holds the resource, and this stays 0. 0 when none was set.
+    pub hold: Micros,
 }
 
 impl ResourceState {
@@ -73,6 +79,7 @@ impl ResourceState {
                 .map(|(_, p)| BucketState::fresh(p, now))
                 .collect(),
             leases: Vec::new(),
+            hold: 0,
         }
     }
 }
@@ -381,7 +388,12 @@ fn purge_expired(leases: &mut Vec<Lease>, now: Micros) {
 }
 
 /// The longest wait among the buckets for `cost` at `now`, changing nothing.
+/// A resource without rate limits waits for its [`ResourceState::hold`]
+/// alone, whatever the cost.
 pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
+    if spec.buckets.is_empty() {
+        return state.hold.saturating_sub(now);
+    }
     let mut wait = 0;
     for (((_, p), c), s) in spec
         .buckets
@@ -413,7 +425,9 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 
 /// `try` over all limits: takes `cost` from every bucket and, if the
 /// resource has a concurrency limit, a slot under `lease`, or nothing at all.
-/// A zero cost for a bucket skips that bucket.
+/// A zero cost for a bucket skips that bucket. A resource without rate
+/// limits is denied by rate while its [`ResourceState::hold`] lasts, with
+/// the wait to its end (see [`wait_all`]).
 #[inline]
 pub fn try_acquire(
     state: &mut ResourceState,
@@ -505,6 +519,9 @@ fn try_acquire_in_two_passes(
 /// `reserve` over all rate limits: books `cost` in every bucket for the
 /// latest of their earliest times, or books nothing if that is beyond
 /// `max_wait`. Concurrency slots are not reserved (see [`hold_slot`]).
+/// A resource without rate limits books for the end of its
+/// [`ResourceState::hold`] (the wait is the time left of it; nothing to
+/// take, so nothing changes).
 pub fn reserve(
     state: &mut ResourceState,
     spec: &LimitSpec,
@@ -598,8 +615,15 @@ pub fn settle(
     }
 }
 
-/// `penalize`: drains every bucket and holds it until `until`.
+/// `penalize`: drains every bucket and holds it until `until`. A resource
+/// without rate limits has no bucket to hold: its
+/// [`ResourceState::hold`] is set to `until` instead (never shortened), so
+/// that every user of the store waits it out.
 pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
+    if spec.buckets.is_empty() {
+        state.hold = state.hold.max(until);
+        return;
+    }
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
         state.buckets[i] = bucket::penalize(state.buckets[i], p, now, until);
     }
@@ -699,10 +723,12 @@ pub fn reconcile(
     }
 }
 
-/// True when every bucket is idle and no lease is live: the state equals a
-/// fresh one and may be dropped.
+/// True when every bucket is idle, no lease is live and no
+/// [`ResourceState::hold`] is in force: the state equals a fresh one and
+/// may be dropped.
 pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
-    state.leases.iter().all(|l| l.expires <= now)
+    state.hold <= now
+        && state.leases.iter().all(|l| l.expires <= now)
         && spec
             .buckets
             .iter()
@@ -710,7 +736,8 @@ pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
             .all(|((_, p), s)| bucket::is_idle(s, p, now))
 }
 
-/// How long the state must be kept (the longest bucket TTL or lease).
+/// How long the state must be kept (the longest bucket TTL, lease, or
+/// [`ResourceState::hold`]).
 pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
     let buckets = spec
         .buckets
@@ -725,7 +752,7 @@ pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
         .map(|l| l.expires.saturating_sub(now))
         .max()
         .unwrap_or(0);
-    buckets.max(leases)
+    buckets.max(leases).max(state.hold.saturating_sub(now))
 }
 
 #[cfg(test)]
@@ -750,6 +777,64 @@ mod tests {
     }
     use crate::limits::RateLimit;
     use proptest::prelude::*;
+
+    /// A resource with a concurrency limit alone has no bucket for a
+    /// penalty to hold: the state-wide hold denies every `try` by rate,
+    /// with the wait to its end and no slot taken, puts a booking after
+    /// it, is never shortened, keeps the state from being dropped, and
+    /// ends on time.
+    #[test]
+    fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
+        let spec = spec(&[], Some(2));
+        let mut s = ResourceState::fresh(&spec, 0);
+        assert!(try_acquire(&mut s, &spec, 0, Cost::default(), 1).allowed);
+        penalize(&mut s, &spec, 1_000, 5_001_000);
+        penalize(&mut s, &spec, 2_000, 3_000_000);
+        assert_eq!(s.hold, 5_001_000, "never shortened");
+        assert_eq!(
+            try_acquire(&mut s, &spec, 1_000_000, Cost::default(), 2),
+            Decision::deny(DenyReason::Rate, 4_001_000)
+        );
+        assert_eq!(s.leases.len(), 1, "no slot taken while held");
+        let late = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
+        assert_eq!((late.wait, late.booked), (4_001_000, false));
+        let booked = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
+        assert_eq!((booked.wait, booked.booked), (4_001_000, true));
+        assert_eq!(booked.since, Marks::uniform(1_000_000));
+        assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
+        release(&mut s, 1);
+        assert!(!is_idle(&s, &spec, 5_000_999));
+        assert_eq!(ttl(&s, &spec, 5_000_000), 1_000);
+        assert!(is_idle(&s, &spec, 5_001_000));
+        assert_eq!(
+            try_acquire(&mut s, &spec, 5_001_000, Cost::default(), 3),
+            Decision::allow(Some(3))
+        );
+        // Without any limit, the hold is all there is to wait for.
+        let none = self::spec(&[], None);
+        let mut s = ResourceState::fresh(&none, 0);
+        penalize(&mut s, &none, 0, u64::MAX);
+        assert_eq!(
+            try_acquire(&mut s, &none, 7, Cost::default(), 0),
+            Decision::deny(DenyReason::Rate, u64::MAX - 7)
+        );
+    }
+
+    /// With rate limits, a penalty holds the buckets (`nb`) and leaves the
+    /// state-wide hold at 0, so such states are what they were.
+    #[test]
+    fn a_penalty_with_rate_limits_holds_the_buckets_only() {
+        for max_concurrent in [None, Some(2)] {
+            let spec = spec(
+                &[(1, 1_000, 3, false), (10, 1_000, 30, true)],
+                max_concurrent,
+            );
+            let mut s = ResourceState::fresh(&spec, 0);
+            penalize(&mut s, &spec, 0, 2_000_000);
+            assert_eq!(s.hold, 0);
+            assert!(s.buckets.iter().all(|b| b.nb == 2_000_000));
+        }
+    }
 
     fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {
         let mut limits = Limits::new();

@@ -21,11 +21,15 @@
 //! folding each into a place (see [`crate::spill`]), so the next sweep is
 //! an eighth of the bound of new states away. A state holding a slot is
 //! never dropped (a release must find it): those are as many as the
-//! requests in flight, so the bound can be passed by that many. A sweep
-//! does not see the states made after it counted them: an insert that
-//! finds the store an eighth past the bound while another thread sweeps
-//! waits for that sweep and then sweeps in turn, so threads flooding new
-//! keys cannot outgrow a sweep.
+//! requests in flight, so the bound can be passed by that many. Nor is a
+//! state under a penalty of a resource without rate limits
+//! ([`broker_core::state::ResourceState::hold`]), which no place keeps,
+//! until the penalty ends: those are as many as the keys an upstream
+//! answered 429 for within one penalty. A sweep does not see the states
+//! made after it counted them: an insert that finds the store an eighth
+//! past the bound while another thread sweeps waits for that sweep and
+//! then sweeps in turn, so threads flooding new keys cannot outgrow a
+//! sweep.
 //!
 //! The decision costs a few relaxed atomic loads per write: the number of
 //! states is tracked by counting inserts (and re-read exactly after each
@@ -62,10 +66,11 @@ pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
     before.saturating_sub(states.len())
 }
 
-/// Whether a state may be folded away: not pinned by a registration and
-/// holding no live slot.
+/// Whether a state may be folded away: not pinned by a registration,
+/// holding no live slot, and under no state-wide hold (a penalty on a
+/// resource without rate limits, which no place keeps).
 fn foldable(e: &Entry, now: Micros) -> bool {
-    !e.state.is_pinned_elsewhere() && !e.state.get().holds_slot(now)
+    !e.state.is_pinned_elsewhere() && !e.state.get().holds_slot_or_hold(now)
 }
 
 /// Drops idle states, then folds the states least recently taken from that

@@ -140,6 +140,7 @@ pub(crate) fn one_state(bucket: BucketState) -> ResourceState {
     ResourceState {
         buckets: vec![bucket],
         leases: Vec::new(),
+        hold: 0,
     }
 }
 
@@ -264,12 +265,16 @@ impl Stored {
         }
     }
 
-    /// Whether the state holds a slot that has not expired by `now` (a
-    /// one-bucket state holds none).
-    pub(crate) fn holds_slot(&self, now: u64) -> bool {
+    /// Whether the state holds a slot that has not expired by `now`, or is
+    /// under a [`ResourceState::hold`] that has not ended by then (a
+    /// one-bucket state holds neither): what a fold would lose.
+    pub(crate) fn holds_slot_or_hold(&self, now: u64) -> bool {
         match self {
             Self::One(_) => false,
-            Self::Full(s) => s.lock().leases.iter().any(|l| l.expires > now),
+            Self::Full(s) => {
+                let s = s.lock();
+                s.hold > now || s.leases.iter().any(|l| l.expires > now)
+            }
         }
     }
 
@@ -352,17 +357,19 @@ impl MemoryBackend {
     /// Bounds the number of states the store holds at `max` (at least 64;
     /// 1,048,576 unless set). Past the bound, idle states are dropped
     /// first; then the states least recently taken from that still count
-    /// (not idle, holding no slot, not a registered resource's own state)
-    /// are dropped down to seven eighths of the bound, each folded into a
-    /// place kept for its resource and limits: a key dropped so never
+    /// (not idle, holding no slot, under no penalty of a resource without
+    /// rate limits, not a registered resource's own state) are dropped
+    /// down to seven eighths of the bound, each folded into a place kept
+    /// for its resource and limits: a key dropped so never
     /// comes back with more than it had, possibly with less (what the keys
     /// folded into the same place took, until the place refills). A flood
     /// of new keys (random tenant ids) so cannot grow memory past the
     /// bound, nor give any key a fresh bucket; a flood heavy enough to fill
     /// the places is denied rather than let through (see the `spill`
     /// module), while the keys in use stay held. States holding slots are
-    /// never dropped, nor a registered resource's own state, so the bound
-    /// can be passed by as many as those.
+    /// never dropped, nor states under such a penalty until it ends, nor a
+    /// registered resource's own state, so the bound can be passed by as
+    /// many as those.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;

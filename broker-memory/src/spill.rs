@@ -287,7 +287,8 @@ impl Spills {
         let n = spec.buckets.len();
         if n == 0 || state.buckets.len() != n {
             // Nothing a rate limit counts (a concurrency limit alone,
-            // whose slots are all free): dropping it loses nothing.
+            // whose slots are all free and whose hold has ended: a state
+            // with either is not folded): dropping it loses nothing.
             return;
         }
         let params: Vec<BucketParams> = params_of(spec).copied().collect();
@@ -430,6 +431,7 @@ impl Spills {
         let restored = ResourceState {
             buckets,
             leases: Vec::new(),
+            hold: 0,
         };
         if state::is_idle(&restored, spec, now) {
             return None;

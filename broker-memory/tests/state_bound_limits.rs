@@ -289,3 +289,34 @@ fn resource_parts_of_many_limits_stay_within_the_bound() {
     }
     assert!(most <= 65, "bound 64, held {most}");
 }
+
+/// A penalty on a key of a concurrency limit alone has no bucket to fold
+/// into a place: the store keeps the state, through sweeps of idle states
+/// and folds at the bound, until the penalty ends.
+#[tokio::test]
+async fn a_penalty_without_rate_limits_is_kept_through_sweeps_and_folds() {
+    let clock = clock();
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let slots = spec(Limits::new().max_concurrent(1));
+    let fast = spec(Limits::new().rate(RateLimit::per_second(5)));
+    b.penalize("api:held", &slots, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(1));
+    b.evict_idle();
+    for i in 0..512 {
+        clock.advance(Duration::from_micros(1));
+        tries(&b, &format!("api:fast-{i}"), &fast, 1);
+    }
+    assert!(b.folded() > 0, "the bound folded states");
+    let hold = b.state("api:held").expect("kept").hold;
+    assert_eq!(hold, 1_000_000_000 + 3_600_000_000);
+    let d = b
+        .try_acquire("api:held", &slots, broker_core::Cost::default())
+        .await
+        .unwrap();
+    assert!(!d.allowed && d.wait > 3_598_000_000, "{d:?}");
+    clock.set(hold);
+    b.evict_idle();
+    assert!(b.state("api:held").is_none(), "dropped once it ended");
+}

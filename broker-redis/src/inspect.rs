@@ -46,7 +46,8 @@ impl RedisBackend {
 
     /// The state of `key` as stored (for tests and inspection): `None` when
     /// neither key exists (the state equals a fresh one). When only leases
-    /// exist, `buckets` is empty. Not atomic with other calls.
+    /// exist, `buckets` is empty. A state of no bucket under a penalty has
+    /// its end in [`ResourceState::hold`]. Not atomic with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
         let conn = (&self.inner.conn, self.inner.op_timeout);
@@ -78,6 +79,14 @@ impl RedisBackend {
                 nb: field("nb", i)? as Micros,
             });
         }
+        // A hash of no bucket holds the end of a penalty, if any.
+        let hold = match n {
+            0 => hash
+                .get("hold")
+                .and_then(|v| v.parse::<f64>().ok())
+                .map_or(0, |h| h as Micros),
+            _ => 0,
+        };
         let leases = leases
             .into_iter()
             .filter_map(|(id, expires)| {
@@ -87,7 +96,11 @@ impl RedisBackend {
                 })
             })
             .collect();
-        Ok(Some(ResourceState { buckets, leases }))
+        Ok(Some(ResourceState {
+            buckets,
+            leases,
+            hold,
+        }))
     }
 }
 

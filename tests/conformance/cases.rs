@@ -579,6 +579,84 @@ pub async fn a_slot_held_survives_another_number_of_rate_limits(env: &Env) {
     );
 }
 
+/// A concurrency limit alone: no bucket for a penalty to drain or hold.
+fn slots_only(n: u32) -> LimitSpec {
+    spec(Limits::new().max_concurrent(n))
+}
+
+/// A penalty on a resource with a concurrency limit alone holds it for
+/// every user of the store: `try` is denied by rate with the wait to the
+/// penalty's end (no slot taken), a booking waits for that end, a shorter
+/// penalty does not shorten it, and the slot held before it stays held.
+pub async fn a_penalty_holds_a_resource_with_only_a_concurrency_limit(env: &Env) {
+    let (b, key, spec) = (&*env.backend, env.key("slots"), slots_only(2));
+    let held = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert!(held.allowed);
+    b.penalize(&key, &spec, Duration::from_secs(3))
+        .await
+        .unwrap();
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait, d.lease),
+        (false, Some(DenyReason::Rate), 3 * S, None)
+    );
+    env.advance_ms(1_000);
+    b.penalize(&key, &spec, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let within = |ms| Duration::from_millis(ms);
+    let late = b
+        .reserve(&key, &spec, Cost::default(), within(1_999))
+        .await
+        .unwrap();
+    assert_eq!((late.wait, late.booked), (2 * S, false));
+    let booked = b
+        .reserve(&key, &spec, Cost::default(), within(2_000))
+        .await
+        .unwrap();
+    assert_eq!((booked.wait, booked.booked), (2 * S, true));
+    assert!(b.release(&key, held.lease.unwrap()).await.unwrap());
+    env.advance_ms(1_999);
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert_eq!((d.allowed, d.wait), (false, 1_000));
+    env.advance_ms(1);
+    assert_eq!(
+        try_n(b, &key, &spec, Cost::default(), 3).await,
+        [true, true, false]
+    );
+    let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+    assert_eq!(d.denied_by, Some(DenyReason::Concurrency));
+}
+
+/// A penalty on a resource with a concurrency limit alone holds a key no
+/// call has used yet, and a key of the same resource with no penalty is
+/// not held.
+pub async fn a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it(env: &Env) {
+    let (b, spec) = (&*env.backend, slots_only(1));
+    let (held, free) = (env.key("held"), env.key("free"));
+    b.penalize(&held, &spec, Duration::from_millis(1_500))
+        .await
+        .unwrap();
+    let d = b.try_acquire(&held, &spec, Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait),
+        (false, Some(DenyReason::Rate), 3 * S / 2)
+    );
+    assert!(
+        b.try_acquire(&free, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+    env.advance_ms(1_500);
+    assert!(
+        b.try_acquire(&held, &spec, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
 /// Calls `$m!(case, case, ...)` with every case of the suite.
 #[macro_export]
 macro_rules! for_each_case {
@@ -606,7 +684,9 @@ macro_rules! for_each_case {
             a_bucket_idle_until_full_behaves_as_fresh,
             a_smaller_burst_caps_a_kept_bucket_at_once,
             a_smaller_burst_caps_a_large_cost_at_once,
-            a_slot_held_survives_another_number_of_rate_limits
+            a_slot_held_survives_another_number_of_rate_limits,
+            a_penalty_holds_a_resource_with_only_a_concurrency_limit,
+            a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it
         );
     };
 }

@@ -879,8 +879,10 @@ impl ResourceBroker {
 /// # Upstream feedback
 impl ResourceBroker {
     /// `penalize`: after a real upstream 429, drain the resource's buckets
-    /// and hold them for `hold`. Never shortens a longer penalty. Counted as
-    /// an upstream 429 in [`ResourceBroker::stats`].
+    /// and hold them for `hold` (a resource without rate limits: hold its
+    /// state in the store, see [`crate::state::penalize`]). Never shortens
+    /// a longer penalty. Counted as an upstream 429 in
+    /// [`ResourceBroker::stats`].
     pub async fn penalize<'a>(
         &self,
         target: impl Into<Target<'a>>,

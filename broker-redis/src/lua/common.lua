@@ -5,7 +5,8 @@
 -- read back bit for bit; results that are not small integers are returned
 -- as strings.
 --
--- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n
+-- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n; with
+--          n = 0 (no rate limit), hold: the end of a penalty (state.lua)
 -- KEYS[2]  lease set: lease id -> expiry
 -- ARGV[1]  now in us, or '' for the server's TIME
 -- ARGV[2]  ttl margin in ms added to every PEXPIRE

@@ -4,6 +4,10 @@
 
 local capacity, amount, period, c = {}, {}, {}, {}
 local tokens, ts, nb = {}, {}, {}
+-- ResourceState::hold: with no bucket (N = 0, a concurrency limit alone),
+-- the end of a penalty, field `hold` of the hash (with n = 0); 0 for none,
+-- and for a hash without the field. Neither read nor written when N > 0.
+local hold = 0
 
 -- The field names of bucket i.
 local function names(i)
@@ -12,9 +16,18 @@ local function names(i)
   return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
 end
 
--- Reads the buckets; a missing hash, or one made for another number of
--- buckets, is ResourceState::fresh (full buckets as of now).
+-- Reads the buckets (with none, the hold); a missing hash, or one made for
+-- another number of buckets, is ResourceState::fresh (full buckets as of
+-- now, no hold).
 local function load(now)
+  if N == 0 then
+    local v = call('HMGET', KEYS[1], 'n', 'hold')
+    hold = 0
+    if tonumber(v[1]) == 0 then
+      hold = tonumber(v[2]) or 0
+    end
+    return
+  end
   local fields = { 'n' }
   for i = 1, N do
     local f = 3 * i - 1
@@ -38,8 +51,19 @@ local function load(now)
 end
 
 -- Writes the buckets back with the longest TTL among them, or deletes the
--- hash when every bucket is idle.
+-- hash when every bucket is idle. With no bucket, writes the hold until
+-- it ends (state::ttl: its time left, plus the margin), or deletes the
+-- hash once it has ended.
 local function save(now)
+  if N == 0 then
+    if hold <= now then
+      call('DEL', KEYS[1])
+      return
+    end
+    call('HSET', KEYS[1], 'n', 0, 'hold', hold)
+    call('PEXPIRE', KEYS[1], min(ceil((hold - now) / 1000), 1e15) + tonumber(ARGV[2]))
+    return
+  end
   local ms = nil
   local fields = { 'n', N }
   for i = 1, N do
@@ -64,8 +88,13 @@ local function save(now)
   call('PEXPIRE', KEYS[1], ms)
 end
 
--- state::wait_all: the longest wait among buckets with a non-zero cost.
+-- state::wait_all: the longest wait among buckets with a non-zero cost;
+-- with no bucket, the time left of the hold.
 local function wait_all(now)
+  if N == 0 then
+    if hold > now then return hold - now end
+    return 0
+  end
   local wait = 0
   for i = 1, N do
     local cost = tonumber(c[i])

@@ -1,0 +1,119 @@
+//! A 429 on a resource with a concurrency limit alone (no rate limit, so no
+//! bucket for the store to drain and hold): the store holds the state
+//! itself, so every broker sharing the store waits the penalty out, not
+//! only the one that got the 429. Two brokers on one in-memory store (in
+//! tokio's paused time), and two replicas on one redis-server of the
+//! test's own (on one manual client clock).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_core::{
+    Backend, Cost, DenyReason, EnqueueError, Limits, ManualClock, Outcome, ResourceBroker,
+    ResourceConfig, RetryPolicy, TokioClock,
+};
+use broker_memory::MemoryBackend;
+use broker_redis::RedisBackend;
+use broker_testkit::RedisServer;
+use tokio::time::Instant;
+
+/// Four slots, no rate limit; one attempt per call, so that a 429 ends
+/// the call (its penalty is put on all the same).
+fn config() -> ResourceConfig {
+    ResourceConfig::new(Limits::new().max_concurrent(4)).retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    })
+}
+
+/// One call on `broker` that the upstream answers 429 with `retry_after`.
+async fn answered_429(broker: &ResourceBroker, retry_after: Duration) {
+    let r: Result<(), EnqueueError<&str>> = broker
+        .enqueue("llm", Cost::default(), |_| async move {
+            Outcome::rate_limited("429", Some(retry_after))
+        })
+        .await;
+    assert!(
+        matches!(r, Err(EnqueueError::RetriesExhausted { attempts: 1, .. })),
+        "{r:?}"
+    );
+}
+
+/// How long after `since` a call enqueued on `broker` now starts its work.
+async fn enqueued_starts_after(broker: &ResourceBroker, since: Instant) -> Duration {
+    let started = broker
+        .enqueue("llm", Cost::default(), |_| async move {
+            Outcome::<Instant, ()>::ok(Instant::now())
+        })
+        .await
+        .unwrap();
+    started - since
+}
+
+/// The other broker on the same in-memory store: its `try_acquire` is
+/// denied by rate with the wait to the penalty's end (the `Retry-After`),
+/// and its `enqueue` starts the work when the penalty ends.
+#[tokio::test(start_paused = true)]
+async fn a_429_holds_every_broker_on_the_memory_store() {
+    const RETRY_AFTER: Duration = Duration::from_secs(5);
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let a = ResourceBroker::from_arc(store.clone());
+    let b = ResourceBroker::from_arc(store);
+    a.register("llm", config()).unwrap();
+    b.register("llm", config()).unwrap();
+    let before = b.try_acquire("llm", Cost::default()).await.unwrap();
+    assert!(before.allowed, "no hold before the 429");
+    drop(before);
+    answered_429(&a, RETRY_AFTER).await;
+    let at_429 = Instant::now();
+    let d = b.try_acquire("llm", Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait_time),
+        (false, Some(DenyReason::Rate), RETRY_AFTER)
+    );
+    let waited = enqueued_starts_after(&b, at_429).await;
+    assert!(
+        waited >= RETRY_AFTER && waited < RETRY_AFTER + Duration::from_millis(50),
+        "started {waited:?} after the 429"
+    );
+    assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
+}
+
+/// The other replica on the same redis-server: its `try_acquire` is denied
+/// by rate with the wait to the penalty's end (the `Retry-After`, on the
+/// replicas' shared client clock, which stands still), and its `enqueue`
+/// books the call for that end and sleeps until it before the work starts.
+#[tokio::test]
+async fn a_429_holds_every_replica_on_redis() {
+    const RETRY_AFTER: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let replica = || async {
+        let backend = RedisBackend::builder(&server.url())
+            .client_time(Arc::new(clock.clone()))
+            .connect()
+            .await
+            .expect("connect to the test's redis-server");
+        let broker = ResourceBroker::new(backend);
+        broker.register("llm", config()).unwrap();
+        broker
+    };
+    let (a, b) = (replica().await, replica().await);
+    let before = b.try_acquire("llm", Cost::default()).await.unwrap();
+    assert!(before.allowed, "no hold before the 429");
+    drop(before);
+    answered_429(&a, RETRY_AFTER).await;
+    let at_429 = Instant::now();
+    let d = b.try_acquire("llm", Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait_time),
+        (false, Some(DenyReason::Rate), RETRY_AFTER)
+    );
+    let waited = enqueued_starts_after(&b, at_429).await;
+    assert!(waited >= RETRY_AFTER, "started {waited:?} after the 429");
+    let stats = &b.stats().resources["llm"];
+    assert_eq!(stats.local_waits, 1, "the call waited for its booking");
+    // The penalty's end on the store's clock: the replicas go on.
+    clock.advance(RETRY_AFTER);
+    assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
+}
