@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::{
-    Backend, Cost, DenyReason, EnqueueError, Limits, ManualClock, Outcome, ResourceBroker,
-    ResourceConfig, RetryPolicy, TokioClock,
+    Backend, Cost, DenyReason, EnqueueError, Limits, ManualClock, Observed, ObservedLimit, Outcome,
+    ResourceBroker, ResourceConfig, RetryPolicy, TokioClock,
 };
 use broker_memory::MemoryBackend;
 use broker_redis::RedisBackend;
@@ -39,6 +39,19 @@ async fn answered_429(broker: &ResourceBroker, retry_after: Duration) {
     );
 }
 
+/// A spent counter (`remaining` 0, reset in `reset`), as an upstream's
+/// rate-limit headers give it.
+fn spent(reset: Duration) -> ObservedLimit {
+    ObservedLimit {
+        requests: Some(Observed {
+            limit: Some(100),
+            remaining: Some(0),
+            reset: Some(reset),
+        }),
+        ..ObservedLimit::default()
+    }
+}
+
 /// How long after `since` a call enqueued on `broker` now starts its work.
 async fn enqueued_starts_after(broker: &ResourceBroker, since: Instant) -> Duration {
     let started = broker
@@ -48,6 +61,74 @@ async fn enqueued_starts_after(broker: &ResourceBroker, since: Instant) -> Durat
         .await
         .unwrap();
     started - since
+}
+
+/// A success whose headers say the upstream's counter is spent holds the
+/// state in the store until the reset, as a 429 does: the other broker
+/// waits for it too, and no 429 is counted. A counter with requests left
+/// holds nothing.
+#[tokio::test(start_paused = true)]
+async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
+    const RESET: Duration = Duration::from_secs(7);
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let a = ResourceBroker::from_arc(store.clone());
+    let b = ResourceBroker::from_arc(store);
+    a.register("llm", config()).unwrap();
+    b.register("llm", config()).unwrap();
+    let mut left = spent(RESET);
+    left.requests.as_mut().unwrap().remaining = Some(3);
+    a.enqueue("llm", Cost::default(), |_| async move {
+        Outcome::<(), ()>::ok(()).with_observed(left)
+    })
+    .await
+    .unwrap();
+    assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
+    a.enqueue("llm", Cost::default(), |_| async move {
+        Outcome::<(), ()>::ok(()).with_observed(spent(RESET))
+    })
+    .await
+    .unwrap();
+    let at_reply = Instant::now();
+    let d = b.try_acquire("llm", Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait_time),
+        (false, Some(DenyReason::Rate), RESET)
+    );
+    // The broker that read the headers waits too, from its own hold.
+    let waited = enqueued_starts_after(&a, at_reply).await;
+    assert!(
+        waited >= RESET && waited < RESET + Duration::from_millis(50),
+        "started {waited:?} after the reply"
+    );
+    assert_eq!(a.stats().resources["llm"].upstream_429, 0);
+}
+
+/// `reconcile` with a spent counter on one replica holds the other on the
+/// same redis-server until the reset (on their shared client clock).
+#[tokio::test]
+async fn a_spent_counter_holds_every_replica_on_redis() {
+    const RESET: Duration = Duration::from_secs(30);
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let replica = || async {
+        let backend = RedisBackend::builder(&server.url())
+            .client_time(Arc::new(clock.clone()))
+            .connect()
+            .await
+            .expect("connect to the test's redis-server");
+        let broker = ResourceBroker::new(backend);
+        broker.register("llm", config()).unwrap();
+        broker
+    };
+    let (a, b) = (replica().await, replica().await);
+    a.reconcile("llm", &spent(RESET)).await.unwrap();
+    let d = b.try_acquire("llm", Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait_time),
+        (false, Some(DenyReason::Rate), RESET)
+    );
+    clock.advance(RESET);
+    assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
 }
 
 /// The other broker on the same in-memory store: its `try_acquire` is

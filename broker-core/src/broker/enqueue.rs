@@ -766,15 +766,30 @@ impl ResourceBroker {
         let observed = &capped_resets(resource, observed);
         note_calibration(resource, observed);
         let spec = &resource.latest().spec;
-        if spec.reconcile_is_noop(observed) {
-            return Ok(());
+        if spec.buckets.is_empty() {
+            // No bucket for a counter to narrow: a spent one holds the
+            // state until its reset, in the store as a penalty does, so
+            // every replica waits it out.
+            let Some(reset) = spent_reset(observed) else {
+                return Ok(());
+            };
+            hold_spent_counters(resource, key, observed);
+            self.inner
+                .backend
+                .penalize(key, spec, reset)
+                .await
+                .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
+        } else {
+            if spec.reconcile_is_noop(observed) {
+                return Ok(());
+            }
+            hold_spent_counters(resource, key, observed);
+            self.inner
+                .backend
+                .reconcile(key, spec, observed)
+                .await
+                .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
         }
-        hold_spent_counters(resource, key, observed);
-        self.inner
-            .backend
-            .reconcile(key, spec, observed)
-            .await
-            .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
         bump(&resource.tally().counters.reconciles);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
@@ -798,14 +813,35 @@ fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> ObservedLimit
 /// (`remaining == 0`) and has a bucket of its unit in the resource's
 /// latest limits, so that what is booked here already waits as the
 /// store's `reconcile` makes new bookings wait (see `state::reconcile`).
+/// A resource without rate limits is held until the latest reset of any
+/// spent counter, as the store holds it (see `reconcile_key`).
 fn hold_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
-    for (unit, _) in &resource.latest().spec.buckets {
+    let buckets = &resource.latest().spec.buckets;
+    if buckets.is_empty() {
+        if let Some(reset) = spent_reset(capped) {
+            resource.holds.hold(key, crate::clock::tokio_after(reset));
+        }
+        return;
+    }
+    for (unit, _) in buckets {
         if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
             if let Some(reset) = o.reset {
                 resource.holds.hold(key, crate::clock::tokio_after(reset));
             }
         }
     }
+}
+
+/// The latest reset among the counters of `observed` that are spent
+/// (`remaining == 0`), of either unit; `None` when none is spent, or none
+/// that is says when it resets.
+fn spent_reset(observed: &ObservedLimit) -> Option<Duration> {
+    [observed.requests, observed.tokens]
+        .into_iter()
+        .flatten()
+        .filter(|o| o.remaining == Some(0))
+        .filter_map(|o| o.reset)
+        .max()
 }
 
 /// `observed` with every reset at most `ceiling`.

@@ -908,7 +908,9 @@ impl ResourceBroker {
     /// narrower than the configured capacity. A reset longer than the
     /// resource's wait ceiling holds for the ceiling only. An observed
     /// limit other than the configured one is logged at debug level, never
-    /// applied.
+    /// applied. A resource without rate limits has no bucket to narrow: a
+    /// spent counter (`remaining` 0) holds it in the store until its reset,
+    /// as [`ResourceBroker::penalize`] does, without counting a 429.
     pub async fn reconcile<'a>(
         &self,
         target: impl Into<Target<'a>>,
