@@ -75,8 +75,9 @@ fn foldable(e: &Entry, now: Micros) -> bool {
 
 /// Drops idle states, then folds the states least recently taken from that
 /// still count (see [`crate::spill`]) until at most `keep` are left;
-/// returns how many of the states it counted no fold may drop (pinned, or
-/// holding a slot), 0 when none had to be folded.
+/// returns how many of the states it counted no fold may drop (pinned,
+/// holding a slot, or under a state-wide hold), 0 when none had to be
+/// folded.
 pub(crate) fn fold_to(
     states: &States,
     spills: &Spills,

@@ -6,7 +6,8 @@ use broker_core::BackendError;
 /// The two keys of one resource state: the bucket hash and the lease set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyPair {
-    /// `prefix:{key}:b`, a hash of `n`, `tokens:i`, `ts:i`, `nb:i`.
+    /// `prefix:{key}:b`, a hash of `n`, `tokens:i`, `ts:i`, `nb:i`; with
+    /// `n` = 0 (no rate limit), `hold`, the end of a penalty.
     pub(crate) buckets: String,
     /// `prefix:{key}:l`, a sorted set of lease id -> expiry.
     pub(crate) leases: String,

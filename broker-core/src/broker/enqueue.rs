@@ -327,7 +327,9 @@ pub(super) fn settle_or_spawn(
 
 pub(crate) enum SlotOutcome {
     Unlimited,
-    Held(LeaseId),
+    /// The lease, and whether the slot was waited for (the first
+    /// `hold_slot` found every slot held).
+    Held(LeaseId, bool),
     TimedOut,
 }
 
@@ -351,8 +353,10 @@ pub(crate) enum Admitted {
 /// hold ends, so the calls the hold kept leave spaced as the bucket spaces
 /// them, not together when it ends. A hold that came while the call waited
 /// for its slot (the call that held the slot got a 429) voids it as well:
-/// the slot is given back, and the call waits the hold out. A booking made
-/// under the hold it then meets (one the store did not make it wait out:
+/// the slot is given back, and the call waits the hold out; so does, on a
+/// resource without rate limits, the store's hold of a 429 another process
+/// got while the call waited for its slot or its booking's time. A booking
+/// made under the hold it then meets (one the store did not make it wait out:
 /// the store missed the penalty, or holds only a bucket this cost does not
 /// draw on) is given back, as a cancelled one is (see `Booking`'s `Drop`):
 /// the call is charged once, by the booking it makes when the hold ends.
@@ -379,15 +383,23 @@ pub(crate) async fn admit_until(
         let until = match resource.holds.until(key) {
             Some(until) => until,
             None => {
-                let permit = match wait_slot(broker, resource, key, deadline).await? {
-                    SlotOutcome::Unlimited => Permit::empty(),
-                    SlotOutcome::Held(lease) => {
+                let (permit, waited) = match wait_slot(broker, resource, key, deadline).await? {
+                    SlotOutcome::Unlimited => (Permit::empty(), false),
+                    SlotOutcome::Held(lease, waited) => {
                         let held_key = super::HeldKey::State(keyed.then(|| key.to_owned()));
-                        Permit::held(backend, resource.clone(), held_key, lease, counted)
+                        let permit =
+                            Permit::held(backend, resource.clone(), held_key, lease, counted);
+                        (permit, waited)
                     }
                     SlotOutcome::TimedOut => return Ok(Admitted::NoSlot),
                 };
-                match resource.holds.until(key) {
+                // A wait, for the booking's time or for the slot, is when
+                // the store may have been held since the booking.
+                let held = match resource.holds.until(key) {
+                    None if waited || booking.wait > 0 => store_hold(broker, resource, key).await?,
+                    held => held,
+                };
+                match held {
                     None => return Ok(Admitted::Go(booking, permit)),
                     Some(until) => {
                         drop(permit);
@@ -423,6 +435,7 @@ pub(crate) async fn wait_slot(
     }
     let backend = &broker.inner.backend;
     let _waiting = resource.wait_for_slots();
+    let mut waited = false;
     loop {
         let freed = resource.slot_notified();
         tokio::pin!(freed);
@@ -434,8 +447,9 @@ pub(crate) async fn wait_slot(
             None => hold_slot_later(backend, resource, key, spec).await?,
         };
         if let Some(lease) = held {
-            return Ok(SlotOutcome::Held(lease));
+            return Ok(SlotOutcome::Held(lease, waited));
         }
+        waited = true;
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return Ok(SlotOutcome::TimedOut);
@@ -443,6 +457,33 @@ pub(crate) async fn wait_slot(
         let until = deadline.min(now + SLOT_POLL);
         let _ = tokio::time::timeout_at(until, freed).await;
     }
+}
+
+/// The end of a penalty the store holds on state `key` of a resource
+/// without rate limits ([`crate::state::ResourceState::hold`]), if one is
+/// in force: `hold_slot` takes a slot whatever the hold, and a call that
+/// waited for its slot, or for its booking's time, since a 429 another
+/// process got (a call of which then freed the slot, or lengthened the
+/// hold the booking waited for) would otherwise go out during the
+/// penalty. Asked as a booking of nothing within no wait, which books
+/// nothing. `None` at once for a resource with rate limits: the booking
+/// waited for their holds.
+async fn store_hold(
+    broker: &ResourceBroker,
+    resource: &Arc<Resource>,
+    key: &str,
+) -> Result<Option<tokio::time::Instant>, BrokerError> {
+    let spec = resource.latest().spec.clone();
+    if !spec.buckets.is_empty() {
+        return Ok(None);
+    }
+    let r = broker
+        .inner
+        .backend
+        .reserve(key, &spec, NO_COST, Duration::ZERO)
+        .await
+        .inspect_err(|e| note_backend_error(resource, "reserve", e))?;
+    Ok((r.wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(r.wait))))
 }
 
 /// `hold_slot` on state `key` through the store's asynchronous call, run
@@ -645,6 +686,22 @@ impl ResourceBroker {
             if let Some(observed) = outcome.observed() {
                 hold_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
+            // A resource without rate limits is held by the store's state
+            // alone (`ResourceState::hold`): its penalty, and the hold of a
+            // counter the answer reports spent, reach the store before the
+            // slot is freed, or a call of another process waiting for the
+            // slot would take it, find no hold, and go out during the
+            // penalty.
+            let told_first = resource.latest().spec.buckets.is_empty();
+            if told_first {
+                if let Some(hold) = hold {
+                    self.note_upstream_429(&resource, &key, number, retry_after, hold)
+                        .await;
+                }
+                if let Some(observed) = outcome.observed() {
+                    let _ = self.reconcile_key(&resource, &key, observed).await;
+                }
+            }
             drop(permit);
             place.set_running(false);
             let error = match outcome {
@@ -667,7 +724,7 @@ impl ResourceBroker {
                             let _ = task.await;
                         }
                     }
-                    if let Some(observed) = observed {
+                    if let Some(observed) = observed.filter(|_| !told_first) {
                         // Likewise: a failed reconcile never fails the response.
                         let _ = self.reconcile_key(&resource, &key, &observed).await;
                     }
@@ -676,18 +733,21 @@ impl ResourceBroker {
                 Outcome::RateLimited {
                     error, observed, ..
                 } => {
-                    // Put on above, before the slot was freed.
+                    // Put on above, before the slot was freed (and, on a
+                    // resource without rate limits, the penalty as well).
                     let hold = hold.unwrap_or_default();
-                    self.note_upstream_429(&resource, &key, number, retry_after, hold)
-                        .await;
-                    if let Some(observed) = observed {
+                    if !told_first {
+                        self.note_upstream_429(&resource, &key, number, retry_after, hold)
+                            .await;
+                    }
+                    if let Some(observed) = observed.filter(|_| !told_first) {
                         let _ = self.reconcile_key(&resource, &key, &observed).await;
                     }
                     error
                 }
                 Outcome::Transient { error, observed } | Outcome::Fatal { error, observed } => {
                     // A 503 or a 403 may carry the upstream's counters too.
-                    if let Some(observed) = observed {
+                    if let Some(observed) = observed.filter(|_| !told_first) {
                         let _ = self.reconcile_key(&resource, &key, &observed).await;
                     }
                     error
@@ -716,9 +776,10 @@ impl ResourceBroker {
 
     /// After a real upstream 429: count it, log it, and penalize the bucket
     /// for `hold` (protects every other consumer of it); this process's own
-    /// hold is on already, put on before the call's slot was freed. Runs on
-    /// the last attempt too, so the next run does not start into the closed
-    /// window.
+    /// hold is on already, put on before the call's slot was freed (on a
+    /// resource without rate limits, so is this penalty: see the call).
+    /// Runs on the last attempt too, so the next run does not start into
+    /// the closed window.
     /// A failed penalize is logged; the 429 stays the caller's outcome.
     async fn note_upstream_429(
         &self,

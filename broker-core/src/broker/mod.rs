@@ -882,7 +882,10 @@ impl ResourceBroker {
     /// and hold them for `hold` (a resource without rate limits: hold its
     /// state in the store, see [`crate::state::penalize`]). Never shortens
     /// a longer penalty. Counted as an upstream 429 in
-    /// [`ResourceBroker::stats`].
+    /// [`ResourceBroker::stats`]. Call it before the permit of the call
+    /// that got the 429 is dropped: on a resource without rate limits, a
+    /// call of another process waiting for the slot would otherwise take
+    /// it before the store holds the penalty.
     pub async fn penalize<'a>(
         &self,
         target: impl Into<Target<'a>>,
