@@ -39,6 +39,25 @@ async fn answered_429(broker: &ResourceBroker, retry_after: Duration) {
     );
 }
 
+/// Asserts that `broker`'s `try_acquire` is denied by rate, with `wait`.
+async fn denied_by_rate_for(broker: &ResourceBroker, wait: Duration) {
+    let d = broker.try_acquire("llm", Cost::default()).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.denied_by, d.wait_time),
+        (false, Some(DenyReason::Rate), wait)
+    );
+}
+
+/// Asserts that a call enqueued on `broker` now starts its work when a
+/// hold of `hold` from `since` ends (in paused time, within 50 ms of it).
+async fn starts_once_held_for(broker: &ResourceBroker, since: Instant, hold: Duration) {
+    let waited = enqueued_starts_after(broker, since).await;
+    assert!(
+        waited >= hold && waited < hold + Duration::from_millis(50),
+        "started {waited:?} after the hold began"
+    );
+}
+
 /// A spent counter (`remaining` 0, reset in `reset`), as an upstream's
 /// rate-limit headers give it.
 fn spent(reset: Duration) -> ObservedLimit {
@@ -89,18 +108,23 @@ async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
     .await
     .unwrap();
     let at_reply = Instant::now();
-    let d = b.try_acquire("llm", Cost::default()).await.unwrap();
-    assert_eq!(
-        (d.allowed, d.denied_by, d.wait_time),
-        (false, Some(DenyReason::Rate), RESET)
-    );
+    denied_by_rate_for(&b, RESET).await;
     // The broker that read the headers waits too, from its own hold.
-    let waited = enqueued_starts_after(&a, at_reply).await;
-    assert!(
-        waited >= RESET && waited < RESET + Duration::from_millis(50),
-        "started {waited:?} after the reply"
-    );
+    starts_once_held_for(&a, at_reply, RESET).await;
     assert_eq!(a.stats().resources["llm"].upstream_429, 0);
+}
+
+/// A replica on `server`, on the client clock `clock` that every replica
+/// of the test shares, with the resource registered.
+async fn replica(server: &RedisServer, clock: &ManualClock) -> ResourceBroker {
+    let backend = RedisBackend::builder(&server.url())
+        .client_time(Arc::new(clock.clone()))
+        .connect()
+        .await
+        .expect("connect to the test's redis-server");
+    let broker = ResourceBroker::new(backend);
+    broker.register("llm", config()).unwrap();
+    broker
 }
 
 /// `reconcile` with a spent counter on one replica holds the other on the
@@ -110,17 +134,10 @@ async fn a_spent_counter_holds_every_replica_on_redis() {
     const RESET: Duration = Duration::from_secs(30);
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let replica = || async {
-        let backend = RedisBackend::builder(&server.url())
-            .client_time(Arc::new(clock.clone()))
-            .connect()
-            .await
-            .expect("connect to the test's redis-server");
-        let broker = ResourceBroker::new(backend);
-        broker.register("llm", config()).unwrap();
-        broker
-    };
-    let (a, b) = (replica().await, replica().await);
+    let (a, b) = (
+        replica(&server, &clock).await,
+        replica(&server, &clock).await,
+    );
     a.reconcile("llm", &spent(RESET)).await.unwrap();
     let d = b.try_acquire("llm", Cost::default()).await.unwrap();
     assert_eq!(
@@ -147,16 +164,8 @@ async fn a_429_holds_every_broker_on_the_memory_store() {
     drop(before);
     answered_429(&a, RETRY_AFTER).await;
     let at_429 = Instant::now();
-    let d = b.try_acquire("llm", Cost::default()).await.unwrap();
-    assert_eq!(
-        (d.allowed, d.denied_by, d.wait_time),
-        (false, Some(DenyReason::Rate), RETRY_AFTER)
-    );
-    let waited = enqueued_starts_after(&b, at_429).await;
-    assert!(
-        waited >= RETRY_AFTER && waited < RETRY_AFTER + Duration::from_millis(50),
-        "started {waited:?} after the 429"
-    );
+    denied_by_rate_for(&b, RETRY_AFTER).await;
+    starts_once_held_for(&b, at_429, RETRY_AFTER).await;
     assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
 }
 
@@ -170,17 +179,10 @@ async fn a_429_holds_every_replica_on_redis() {
     const RETRY_AFTER: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let replica = || async {
-        let backend = RedisBackend::builder(&server.url())
-            .client_time(Arc::new(clock.clone()))
-            .connect()
-            .await
-            .expect("connect to the test's redis-server");
-        let broker = ResourceBroker::new(backend);
-        broker.register("llm", config()).unwrap();
-        broker
-    };
-    let (a, b) = (replica().await, replica().await);
+    let (a, b) = (
+        replica(&server, &clock).await,
+        replica(&server, &clock).await,
+    );
     let before = b.try_acquire("llm", Cost::default()).await.unwrap();
     assert!(before.allowed, "no hold before the 429");
     drop(before);
@@ -202,65 +204,6 @@ async fn a_429_holds_every_replica_on_redis() {
     let stats = &b.stats().resources["llm"];
     assert_eq!(stats.local_waits, 1, "the call waited for its booking");
     assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
-}
-
-/// A call of the other broker already waiting for the slot when the 429
-/// comes: the slot freed by the call that got it must not let the waiter
-/// start its work during the penalty the store holds.
-#[tokio::test(start_paused = true)]
-async fn a_429_holds_a_call_of_another_broker_waiting_for_the_slot() {
-    const RETRY_AFTER: Duration = Duration::from_secs(5);
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let a = Arc::new(ResourceBroker::from_arc(store.clone()));
-    let b = Arc::new(ResourceBroker::from_arc(store));
-    let one_slot = ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
-    a.register("llm", one_slot.clone()).unwrap();
-    b.register("llm", one_slot).unwrap();
-    let answer = Arc::new(tokio::sync::Notify::new());
-    let first = tokio::spawn({
-        let (a, told) = (a.clone(), answer.clone());
-        async move {
-            let r: Result<(), EnqueueError<&str>> = a
-                .enqueue("llm", Cost::default(), |_| {
-                    let told = told.clone();
-                    async move {
-                        told.notified().await;
-                        Outcome::rate_limited("429", Some(RETRY_AFTER))
-                    }
-                })
-                .await;
-            r
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    let waiting = tokio::spawn({
-        let b = b.clone();
-        async move {
-            b.enqueue("llm", Cost::default(), |_| async move {
-                Outcome::<Instant, ()>::ok(Instant::now())
-            })
-            .await
-            .unwrap()
-        }
-    });
-    // The other broker's call books, then waits for the slot.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiting.is_finished(), "the slot is held");
-    answer.notify_one();
-    let at_429 = Instant::now();
-    assert!(matches!(
-        first.await.unwrap(),
-        Err(EnqueueError::RetriesExhausted { attempts: 1, .. })
-    ));
-    let started = waiting.await.unwrap();
-    assert!(
-        started - at_429 >= RETRY_AFTER,
-        "started {:?} after the 429",
-        started - at_429
-    );
 }
 
 /// A call of the other broker that booked for the end of a penalty, while
@@ -328,13 +271,19 @@ impl broker_testkit::Hooks for SlowPenalty {
     }
 }
 
-/// How long after the upstream's `answer` to a call of one broker (whose
-/// store takes a while to apply a penalty) a call of another broker, which
-/// waited for that call's slot, starts its work.
-async fn started_after_the_answer(answer: fn() -> Outcome<(), &'static str>) -> Duration {
+/// The upstream's answer to a call.
+type Answer = fn() -> Outcome<(), &'static str>;
+
+/// How long after the upstream's `answer` to a call of one broker (on a
+/// store that takes a while to apply a penalty if `slow`) a call of
+/// another broker on the same store, which waited for that call's slot,
+/// starts its work.
+async fn started_after_the_answer(slow: bool, answer: Answer) -> Duration {
     let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let slow: Arc<dyn Backend> = Arc::new(broker_testkit::Wrapped::new(store.clone(), SlowPenalty));
-    let a = Arc::new(ResourceBroker::from_arc(slow));
+    let a = Arc::new(ResourceBroker::from_arc(match slow {
+        true => Arc::new(broker_testkit::Wrapped::new(store.clone(), SlowPenalty)),
+        false => store.clone(),
+    }));
     let b = Arc::new(ResourceBroker::from_arc(store));
     let one_slot = ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
         max_attempts: 1,
@@ -375,29 +324,30 @@ async fn started_after_the_answer(answer: fn() -> Outcome<(), &'static str>) -> 
     waiting.await.unwrap() - at_answer
 }
 
-/// The broker that got the 429 frees its slot: a call of the other broker
-/// waiting for that slot must not take it before the penalty reaches the
-/// store, and go out during the penalty.
+/// A call of the other broker waiting for the slot of a call that gets a
+/// 429, or a success whose headers say the counter is spent: the slot
+/// freed must not let the waiter start its work during the hold the store
+/// then has, neither on a store that applies the penalty at once nor on
+/// one that takes a while (the hold must reach it before the slot is
+/// freed).
 #[tokio::test(start_paused = true)]
-async fn the_slot_of_a_429_is_freed_once_the_store_holds_the_penalty() {
-    let started =
-        started_after_the_answer(|| Outcome::rate_limited("429", Some(Duration::from_secs(5))))
-            .await;
-    assert!(
-        started >= Duration::from_secs(5),
-        "started {started:?} after the 429"
-    );
-}
-
-/// Likewise for a success whose headers say the counter is spent: the
-/// store holds the state before the slot is freed.
-#[tokio::test(start_paused = true)]
-async fn the_slot_of_a_call_that_spent_the_counter_is_freed_once_the_store_holds_it() {
-    let started =
-        started_after_the_answer(|| Outcome::ok(()).with_observed(spent(Duration::from_secs(5))))
-            .await;
-    assert!(
-        started >= Duration::from_secs(5),
-        "started {started:?} after the answer"
-    );
+async fn a_call_waiting_for_the_slot_starts_once_the_stores_hold_ends() {
+    let cases: [(&str, bool, Answer); 3] = [
+        ("429", false, || {
+            Outcome::rate_limited("429", Some(Duration::from_secs(5)))
+        }),
+        ("429, slow store", true, || {
+            Outcome::rate_limited("429", Some(Duration::from_secs(5)))
+        }),
+        ("spent counter, slow store", true, || {
+            Outcome::ok(()).with_observed(spent(Duration::from_secs(5)))
+        }),
+    ];
+    for (what, slow, answer) in cases {
+        let started = started_after_the_answer(slow, answer).await;
+        assert!(
+            started >= Duration::from_secs(5),
+            "{what}: started {started:?} after the answer"
+        );
+    }
 }

@@ -21,6 +21,26 @@ async fn allowed(backend: &RedisBackend, key: &str, spec: &LimitSpec) -> bool {
         .allowed
 }
 
+/// The time to live of `key` on `server`, in ms (`PTTL`).
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server
+        .command(&format!("PTTL {key}"))
+        .trim_start_matches(':')
+        .parse()
+        .unwrap()
+}
+
+/// A backend on `server` that takes its time from `clock`, with no margin
+/// added to its keys' time to live.
+async fn on_client_time(server: &RedisServer, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(&server.url())
+        .client_time(Arc::new(clock.clone()))
+        .ttl_margin(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap()
+}
+
 fn seed_spec() -> LimitSpec {
     let limits = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
     LimitSpec::new(&limits, Duration::from_secs(30))
@@ -114,12 +134,7 @@ async fn scripts_are_reloaded_after_a_script_flush() {
 async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let backend = RedisBackend::builder(&server.url())
-        .client_time(Arc::new(clock.clone()))
-        .ttl_margin(Duration::ZERO)
-        .connect()
-        .await
-        .unwrap();
+    let backend = on_client_time(&server, &clock).await;
     let spec = seed_spec();
     let key = backend.bucket_key("p").unwrap();
     assert_eq!(key, "rb:{p}:b");
@@ -127,27 +142,19 @@ async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
         .try_acquire("p", &spec, Cost::default())
         .await
         .unwrap();
-    let pttl: i64 = server
-        .command(&format!("PTTL {key}"))
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
+    let ttl_ms = pttl(&server, &key);
     assert!(
-        (1..=500).contains(&pttl),
-        "one token short: refilled within 0.5 s, got {pttl}"
+        (1..=500).contains(&ttl_ms),
+        "one token short: refilled within 0.5 s, got {ttl_ms}"
     );
     backend
         .penalize("p", &spec, Duration::from_secs(120))
         .await
         .unwrap();
-    let pttl: i64 = server
-        .command(&format!("PTTL {key}"))
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
+    let ttl_ms = pttl(&server, &key);
     assert!(
-        pttl > 119_000,
-        "the key lives as long as the penalty, got {pttl} ms"
+        ttl_ms > 119_000,
+        "the key lives as long as the penalty, got {ttl_ms} ms"
     );
     clock.advance(Duration::from_secs(121));
     backend
@@ -168,26 +175,17 @@ async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
 async fn a_penalty_on_a_concurrency_limit_alone_keeps_its_key_until_it_ends() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let backend = RedisBackend::builder(&server.url())
-        .client_time(Arc::new(clock.clone()))
-        .ttl_margin(Duration::ZERO)
-        .connect()
-        .await
-        .unwrap();
+    let backend = on_client_time(&server, &clock).await;
     let spec = LimitSpec::new(&Limits::new().max_concurrent(2), Duration::from_secs(5));
     let key = backend.bucket_key("c").unwrap();
     backend
         .penalize("c", &spec, Duration::from_secs(7200))
         .await
         .unwrap();
-    let pttl: i64 = server
-        .command(&format!("PTTL {key}"))
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
+    let ttl_ms = pttl(&server, &key);
     assert!(
-        pttl > 7_199_000,
-        "the key lives as long as the penalty, got {pttl} ms"
+        ttl_ms > 7_199_000,
+        "the key lives as long as the penalty, got {ttl_ms} ms"
     );
     let state = backend.state("c").await.unwrap().unwrap();
     assert_eq!(
