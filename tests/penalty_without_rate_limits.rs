@@ -275,10 +275,11 @@ impl broker_testkit::Hooks for SlowPenalty {
 type Answer = fn() -> Outcome<(), &'static str>;
 
 /// How long after the upstream's `answer` to a call of one broker (on a
-/// store that takes a while to apply a penalty if `slow`) a call of
-/// another broker on the same store, which waited for that call's slot,
-/// starts its work.
-async fn started_after_the_answer(slow: bool, answer: Answer) -> Duration {
+/// store that takes 100 ms to apply a penalty if `slow`; the call dropped
+/// 50 ms after the answer, as by a timeout around `enqueue`, if `cut_off`)
+/// a call of another broker on the same store, which waited for that
+/// call's slot, starts its work.
+async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> Duration {
     let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = Arc::new(ResourceBroker::from_arc(match slow {
         true => Arc::new(broker_testkit::Wrapped::new(store.clone(), SlowPenalty)),
@@ -292,9 +293,15 @@ async fn started_after_the_answer(slow: bool, answer: Answer) -> Duration {
     a.register("llm", one_slot.clone()).unwrap();
     b.register("llm", one_slot).unwrap();
     let told = Arc::new(tokio::sync::Notify::new());
+    // Cut off 50 ms after the answer, while the store applies its hold.
+    let limit = if cut_off {
+        Duration::from_millis(151)
+    } else {
+        Duration::from_secs(3600)
+    };
     let first = tokio::spawn({
         let (a, told) = (a.clone(), told.clone());
-        async move {
+        let call = async move {
             a.enqueue("llm", Cost::default(), |_| {
                 let told = told.clone();
                 async move {
@@ -303,7 +310,8 @@ async fn started_after_the_answer(slow: bool, answer: Answer) -> Duration {
                 }
             })
             .await
-        }
+        };
+        tokio::time::timeout(limit, call)
     });
     tokio::time::sleep(Duration::from_millis(1)).await;
     let waiting = tokio::spawn({
@@ -320,7 +328,8 @@ async fn started_after_the_answer(slow: bool, answer: Answer) -> Duration {
     assert!(!waiting.is_finished(), "the slot is held");
     told.notify_one();
     let at_answer = Instant::now();
-    let _ = first.await.unwrap();
+    let finished = first.await.unwrap().is_ok();
+    assert_eq!(finished, !cut_off, "cut off as asked");
     waiting.await.unwrap() - at_answer
 }
 
@@ -344,10 +353,134 @@ async fn a_call_waiting_for_the_slot_starts_once_the_stores_hold_ends() {
         }),
     ];
     for (what, slow, answer) in cases {
-        let started = started_after_the_answer(slow, answer).await;
+        let started = started_after_the_answer(slow, false, answer).await;
         assert!(
             started >= Duration::from_secs(5),
             "{what}: started {started:?} after the answer"
         );
     }
+}
+
+/// A call dropped after its answer while the store applies the 429's
+/// penalty, or a spent counter's hold: the hold still reaches the store
+/// before the call's slot is freed, so the other broker's call waiting
+/// for the slot starts its work once the hold ends.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_the_store_takes_its_hold_frees_the_slot_after_it() {
+    let cases: [(&str, Answer); 2] = [
+        ("429", || {
+            Outcome::rate_limited("429", Some(Duration::from_secs(5)))
+        }),
+        ("spent counter", || {
+            Outcome::ok(()).with_observed(spent(Duration::from_secs(5)))
+        }),
+    ];
+    for (what, answer) in cases {
+        let started = started_after_the_answer(true, true, answer).await;
+        assert!(
+            started >= Duration::from_secs(5),
+            "{what}: started {started:?} after the answer"
+        );
+    }
+}
+
+/// A 429 with retries left: the call's next attempt starts when the hold
+/// ends, waited for once (this process's hold and the store's end
+/// together), on a store that applies the penalty at once or a while
+/// after; the 429 is counted once, the spent counter it reports
+/// reconciled once.
+#[tokio::test(start_paused = true)]
+async fn a_retried_429_waits_for_its_hold_once() {
+    for slow in [false, true] {
+        let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+        let broker = ResourceBroker::from_arc(match slow {
+            true => Arc::new(broker_testkit::Wrapped::new(store, SlowPenalty)),
+            false => store,
+        });
+        let two_attempts =
+            ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
+                max_attempts: 2,
+                ..RetryPolicy::default()
+            });
+        broker.register("llm", two_attempts).unwrap();
+        let answered = std::sync::Mutex::new(None);
+        let started = broker
+            .enqueue("llm", Cost::default(), |attempt| {
+                let answered = &answered;
+                async move {
+                    if attempt.number == 1 {
+                        *answered.lock().unwrap() = Some(Instant::now());
+                        return Outcome::rate_limited("429", Some(Duration::from_secs(5)))
+                            .with_observed(spent(Duration::from_secs(3)));
+                    }
+                    Outcome::<Instant, &str>::ok(Instant::now())
+                }
+            })
+            .await
+            .unwrap();
+        let waited = started - answered.lock().unwrap().unwrap();
+        let delay = Duration::from_millis(if slow { 200 } else { 0 });
+        assert!(
+            waited >= Duration::from_secs(5) && waited <= Duration::from_secs(5) + delay,
+            "slow {slow}: retried {waited:?} after the 429"
+        );
+        let stats = &broker.stats().resources["llm"];
+        assert_eq!(
+            (stats.upstream_429, stats.reconciles, stats.retries),
+            (1, 1, 1),
+            "slow {slow}"
+        );
+    }
+}
+
+/// A store whose `penalize` fails.
+struct PenaltyFails;
+
+impl broker_testkit::Hooks for PenaltyFails {
+    fn penalize(&self) -> Option<Result<(), broker_core::BackendError>> {
+        Some(Err(broker_core::BackendError::new("down")))
+    }
+}
+
+/// A 429 whose penalty, and a spent counter whose hold, the store fails
+/// to take: the call ends with the upstream's answer (the 429 counted
+/// once, the failures as backend errors) and frees its slot, which the
+/// next call takes.
+#[tokio::test(start_paused = true)]
+async fn a_penalty_the_store_fails_to_take_frees_the_slot() {
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let broker =
+        ResourceBroker::from_arc(Arc::new(broker_testkit::Wrapped::new(store, PenaltyFails)));
+    let one_slot = ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    });
+    broker.register("llm", one_slot).unwrap();
+    let r: Result<(), EnqueueError<&str>> = broker
+        .enqueue("llm", Cost::default(), |_| async move {
+            Outcome::rate_limited("429", Some(Duration::from_secs(5)))
+                .with_observed(spent(Duration::from_secs(5)))
+        })
+        .await;
+    assert!(
+        matches!(r, Err(EnqueueError::RetriesExhausted { attempts: 1, .. })),
+        "{r:?}"
+    );
+    let stats = &broker.stats().resources["llm"];
+    assert_eq!(
+        (
+            stats.upstream_429,
+            stats.reconciles,
+            stats.in_flight,
+            stats.queued
+        ),
+        (1, 0, 0, 0)
+    );
+    assert_eq!(
+        stats.backend_errors, 2,
+        "the penalty and the spent counter's hold"
+    );
+    // This process's own hold still keeps the next call until it ends.
+    let at_429 = Instant::now();
+    starts_once_held_for(&broker, at_429, Duration::from_secs(5)).await;
 }

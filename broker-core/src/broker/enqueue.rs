@@ -585,9 +585,11 @@ impl ResourceBroker {
     /// Waits for a slot on `target`, runs `work`, and retries it on 429 and
     /// transient failures by the resource's retry policy. Before every
     /// attempt the cost is reserved again (FIFO spacing, one backend call
-    /// per attempt). A 429 penalizes the bucket for every other consumer;
-    /// `Outcome::Ok { usage, observed }` settles the actual cost and
-    /// reconciles the upstream's headers.
+    /// per attempt; on a resource without rate limits, an attempt that
+    /// waited for its slot or its booked time asks the store once more,
+    /// for a penalty's hold). A 429 penalizes the bucket for every other
+    /// consumer; `Outcome::Ok { usage, observed }` settles the actual cost
+    /// and reconciles the upstream's headers.
     ///
     /// Dropping the returned future at any point refunds an unused
     /// reservation and frees a held concurrency slot.
@@ -691,18 +693,29 @@ impl ResourceBroker {
             // counter the answer reports spent, reach the store before the
             // slot is freed, or a call of another process waiting for the
             // slot would take it, find no hold, and go out during the
-            // penalty.
+            // penalty. Run to its end, the slot freed after it, even if
+            // this call is dropped meanwhile (a timeout around `enqueue`):
+            // dropped with the call, the slot would be freed before the
+            // store holds the state, and the spent counter's hold lost.
             let told_first = resource.latest().spec.buckets.is_empty();
             if told_first {
-                if let Some(hold) = hold {
-                    self.note_upstream_429(&resource, &key, number, retry_after, hold)
-                        .await;
-                }
-                if let Some(observed) = outcome.observed() {
-                    let _ = self.reconcile_key(&resource, &key, observed).await;
-                }
+                let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
+                let observed = outcome.observed().copied();
+                to_its_answer(async move {
+                    if let Some(hold) = hold {
+                        broker
+                            .note_upstream_429(&resource, &key, number, retry_after, hold)
+                            .await;
+                    }
+                    if let Some(observed) = observed {
+                        let _ = broker.reconcile_key(&resource, &key, &observed).await;
+                    }
+                    drop(permit);
+                })
+                .await;
+            } else {
+                drop(permit);
             }
-            drop(permit);
             place.set_running(false);
             let error = match outcome {
                 Outcome::Ok {

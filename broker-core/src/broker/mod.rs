@@ -913,7 +913,9 @@ impl ResourceBroker {
     /// limit other than the configured one is logged at debug level, never
     /// applied. A resource without rate limits has no bucket to narrow: a
     /// spent counter (`remaining` 0) holds it in the store until its reset,
-    /// as [`ResourceBroker::penalize`] does, without counting a 429.
+    /// as [`ResourceBroker::penalize`] does, without counting a 429; call
+    /// it, as `penalize`, before the permit of the call whose answer it
+    /// reads is dropped.
     pub async fn reconcile<'a>(
         &self,
         target: impl Into<Target<'a>>,
