@@ -5,7 +5,7 @@
 //! failure policy, and a caller that goes away leaks no lease.
 
 mod redis_support;
-use redis_support::{with_op_timeout, OP_TIMEOUT};
+use redis_support::{every_call_a_probe, with_op_timeout, OP_TIMEOUT};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -494,12 +494,9 @@ async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
 #[tokio::test]
 async fn an_answer_from_before_a_recovery_does_not_mark_redis_down_again() {
     let server = RedisServer::start();
-    let backend = with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+    let backend = every_call_a_probe(&server.url(), FailurePolicy::FailClosed)
         // One call in flight: the second decision queues behind the first.
         .coalesce_limits(32, 1)
-        // Every call is a probe while Redis is down: the recovery is seen
-        // by the first call after it.
-        .probe_interval(Duration::ZERO)
         .connect()
         .await
         .expect("connect");

@@ -3,7 +3,7 @@
 //! the same broker recovers on its own when Redis returns.
 
 mod redis_support;
-use redis_support::{with_op_timeout, OP_TIMEOUT};
+use redis_support::{every_call_a_probe, with_op_timeout, OP_TIMEOUT};
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -1354,10 +1354,7 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
 async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
     use broker_core::{Backend, LimitSpec};
     let server = RedisServer::start();
-    let backend = with_op_timeout(&server.url(), FailurePolicy::FailOpen)
-        // Every call while Redis is down is a probe (virtual time runs
-        // past any interval between two calls here).
-        .probe_interval(Duration::ZERO)
+    let backend = every_call_a_probe(&server.url(), FailurePolicy::FailOpen)
         .connect()
         .await
         .expect("connect");
@@ -1481,9 +1478,7 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
 async fn a_release_on_its_way_goes_out_ahead_of_the_probe_that_finds_redis_back() {
     use broker_core::{Backend, LimitSpec};
     let server = RedisServer::start();
-    let backend = with_op_timeout(&server.url(), FailurePolicy::FailClosed)
-        // Every call while Redis is down is a probe.
-        .probe_interval(Duration::ZERO)
+    let backend = every_call_a_probe(&server.url(), FailurePolicy::FailClosed)
         .connect()
         .await
         .expect("connect");

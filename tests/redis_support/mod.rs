@@ -17,3 +17,10 @@ pub fn with_op_timeout(url: &str, policy: FailurePolicy) -> RedisBackendBuilder 
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))
 }
+
+/// [`with_op_timeout`], with every call while Redis is down a probe (no
+/// interval between two probes): a test sees a recovery at the first call
+/// after it, and virtual time running past any interval changes nothing.
+pub fn every_call_a_probe(url: &str, policy: FailurePolicy) -> RedisBackendBuilder {
+    with_op_timeout(url, policy).probe_interval(Duration::ZERO)
+}
