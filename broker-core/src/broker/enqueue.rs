@@ -840,30 +840,24 @@ impl ResourceBroker {
         let observed = &capped_resets(resource, observed);
         note_calibration(resource, observed);
         let spec = &resource.latest().spec;
-        if spec.buckets.is_empty() {
-            // No bucket for a counter to narrow: a spent one holds the
-            // state until its reset, in the store as a penalty does, so
-            // every replica waits it out.
-            let Some(reset) = spent_reset(observed) else {
-                return Ok(());
-            };
-            hold_spent_counters(resource, key, observed);
-            self.inner
-                .backend
-                .penalize(key, spec, reset)
-                .await
-                .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
-        } else {
-            if spec.reconcile_is_noop(observed) {
-                return Ok(());
-            }
-            hold_spent_counters(resource, key, observed);
-            self.inner
-                .backend
-                .reconcile(key, spec, observed)
-                .await
-                .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
+        // No bucket for a counter to narrow: a spent one holds the state
+        // until its reset, in the store as a penalty does, so every
+        // replica waits it out.
+        let spent = spec.buckets.is_empty().then(|| spent_reset(observed));
+        let noop = match spent {
+            Some(reset) => reset.is_none(),
+            None => spec.reconcile_is_noop(observed),
+        };
+        if noop {
+            return Ok(());
         }
+        hold_spent_counters(resource, key, observed);
+        let backend = &self.inner.backend;
+        match spent.flatten() {
+            Some(reset) => backend.penalize(key, spec, reset).await,
+            None => backend.reconcile(key, spec, observed).await,
+        }
+        .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
         bump(&resource.tally().counters.reconciles);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
