@@ -92,10 +92,11 @@ fn a_key_in_a_shared_place_comes_back_as_the_table_would_keep_it() {
     for i in 0..2_000 {
         tries(&b, &format!("warm-{i}"), &old, 1);
     }
-    // A new key may start below its burst (its shared place holds warm
-    // keys that took a token each); drained either way.
+    // A new key may start below its burst, down to none at all (its
+    // shared place holds warm keys that took a token each; which place
+    // depends on the store's hash seed); drained either way.
     let first = tries(&b, "drained", &old, 9);
-    assert!((1..=5).contains(&first), "{first}");
+    assert!(first <= 5, "{first}");
     for i in 0..2_000 {
         tries(&b, &format!("ip-{i}"), &old, 1);
     }
