@@ -629,6 +629,54 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
     }
 }
 
+/// The end of the penalty `state` is under, whatever limits it was made
+/// for: the latest not-before of its buckets (a 429's hold, or a spent
+/// counter's until its reset), or its [`ResourceState::hold`]; 0 for
+/// none. On the state's own clock (see [`bucket::on_bucket_time`]).
+pub fn held_until(state: &ResourceState) -> Micros {
+    (state.buckets.iter())
+        .map(|b| b.nb)
+        .fold(state.hold, Micros::max)
+}
+
+/// `adopt`: the state of a key made for other limits with another number
+/// of rate limits (a reload), taken on under `spec` as of `now`. Its
+/// buckets cannot be matched to the new ones, so they start full, as
+/// [`ResourceState::fresh`]; its leases stay held, so the concurrency
+/// limit still counts them; and the penalty it was under (see
+/// [`held_until`]) holds the new state until the same end, as
+/// [`penalize`] puts it: a reload while an upstream's 429 holds the
+/// resource does not let calls through before the upstream said they may
+/// come.
+///
+/// ```
+/// use broker_core::state::{self, LimitSpec, ResourceState};
+/// use broker_core::{Limits, RateLimit};
+/// use std::time::Duration;
+///
+/// let ttl = Duration::from_secs(60);
+/// let one = LimitSpec::new(&Limits::new().rate(RateLimit::per_second(10)), ttl);
+/// let mut s = ResourceState::fresh(&one, 0);
+/// state::penalize(&mut s, &one, 0, 3_000_000);
+/// let two = LimitSpec::new(
+///     &Limits::new().rate(RateLimit::per_second(10)).rate(RateLimit::per_minute(100)),
+///     ttl,
+/// );
+/// let s = state::adopt(s, &two, 1_000_000);
+/// assert_eq!(state::wait_all(&s, &two, 1_000_000, broker_core::Cost::default()), 2_000_000);
+/// ```
+pub fn adopt(old: ResourceState, spec: &LimitSpec, now: Micros) -> ResourceState {
+    let until = held_until(&old);
+    let mut state = ResourceState {
+        leases: old.leases,
+        ..ResourceState::fresh(spec, now)
+    };
+    if until > now {
+        penalize(&mut state, spec, now, until);
+    }
+    state
+}
+
 /// The upstream counter that describes bucket `i` of `spec`, if any. An
 /// upstream reports one window per unit; with several buckets of a unit
 /// (10 a second and 1,000 a day), it describes one of them: the bucket
@@ -834,6 +882,40 @@ mod tests {
             assert_eq!(s.hold, 0);
             assert!(s.buckets.iter().all(|b| b.nb == 2_000_000));
         }
+    }
+
+    /// A reload to another number of rate limits keeps the penalty, from
+    /// buckets to buckets, from buckets to the state-wide hold and back,
+    /// and the leases; with no penalty in force the state is fresh.
+    #[test]
+    fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
+        let one = spec(&[(1, 1_000, 3, false)], Some(2));
+        let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], Some(2));
+        let none = spec(&[], Some(2));
+        let mut s = ResourceState::fresh(&one, 0);
+        assert!(try_acquire(&mut s, &one, 0, Cost::default(), 7).allowed);
+        penalize(&mut s, &one, 0, 3_000_000);
+        let s = adopt(s, &two, 1_000_000);
+        assert_eq!(s.leases.len(), 1);
+        assert!(s
+            .buckets
+            .iter()
+            .all(|b| b.nb == 3_000_000 && b.tokens == 0.0));
+        assert_eq!(wait_all(&s, &two, 1_000_000, Cost::default()), 2_000_000);
+        let s = adopt(s, &none, 1_500_000);
+        assert_eq!((s.hold, s.leases.len()), (3_000_000, 1));
+        assert_eq!(wait_all(&s, &none, 1_500_000, Cost::default()), 1_500_000);
+        let s = adopt(s, &one, 2_000_000);
+        assert_eq!((s.hold, s.buckets[0].nb), (0, 3_000_000));
+        assert_eq!(wait_all(&s, &one, 2_000_000, Cost::default()), 1_000_000);
+        // Over: a fresh state, the lease kept.
+        let s = adopt(s, &two, 3_000_000);
+        let fresh = ResourceState {
+            leases: s.leases.clone(),
+            ..ResourceState::fresh(&two, 3_000_000)
+        };
+        assert_eq!(s, fresh);
+        assert_eq!(held_until(&s), 0);
     }
 
     fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {

@@ -674,15 +674,15 @@ impl Entry {
         let shared = shared();
         if self.spec.buckets.len() != spec.buckets.len() {
             // Other buckets start full; the slots held stay held, so the
-            // concurrency limit still counts them until they are released.
-            let leases = self.state.take().leases;
-            self.state = Slot::Table(if leases.is_empty() {
-                Stored::fresh(spec, now)
-            } else {
-                Stored::full(ResourceState {
-                    leases,
-                    ..ResourceState::fresh(spec, now)
-                })
+            // concurrency limit still counts them until they are released,
+            // and a penalty holds the new buckets until its end
+            // (`state::adopt`).
+            let adopted = state::adopt(self.state.take(), spec, now);
+            self.state = Slot::Table(match adopted.buckets.as_slice() {
+                [b] if one_bucket(spec) && adopted.leases.is_empty() => {
+                    Stored::One(BucketCell::new(*b))
+                }
+                _ => Stored::full(adopted),
             });
         } else if one_bucket(spec) != matches!(self.state.get(), Stored::One(_)) {
             // As many buckets, held the other way: the buckets are kept (a

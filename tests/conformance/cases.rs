@@ -657,6 +657,77 @@ pub async fn a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it(e
     );
 }
 
+/// A reload to another number of rate limits while a penalty holds the
+/// resource (a 429's, from one rate limit, to two, to a concurrency limit
+/// alone, and back): the new buckets start full but held until the
+/// penalty's end, as the hold of a state without buckets does, so no
+/// reload lets a call through before the upstream said it may come. Each
+/// limits' own penalty, shorter, does not shorten it; the slot held
+/// before stays held.
+pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("reloaded"));
+    let one = spec(Limits::new().rate(RateLimit::per_second(10)));
+    let two = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per_minute(100))
+            .max_concurrent(2),
+    );
+    let slots = slots_only(2);
+    let held = b.try_acquire(&key, &two, Cost::default()).await.unwrap();
+    assert!(held.allowed);
+    let denied_for = |spec: &LimitSpec, ms: u64| {
+        let spec = spec.clone();
+        let key = key.clone();
+        async move {
+            let d = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
+            assert_eq!(
+                (d.allowed, d.denied_by, d.wait),
+                (false, Some(DenyReason::Rate), ms * 1_000),
+                "{spec:?}"
+            );
+        }
+    };
+    b.penalize(&key, &one, Duration::from_secs(3))
+        .await
+        .unwrap();
+    denied_for(&two, 3_000).await;
+    // Each penalty below is shorter than the first: it writes the state
+    // under its limits without shortening the hold.
+    b.penalize(&key, &two, Duration::from_millis(1))
+        .await
+        .unwrap();
+    denied_for(&one, 3_000).await;
+    denied_for(&slots, 3_000).await;
+    env.advance_ms(1_000);
+    b.penalize(&key, &slots, Duration::from_millis(1))
+        .await
+        .unwrap();
+    denied_for(&one, 2_000).await;
+    denied_for(&two, 2_000).await;
+    let late = b
+        .reserve(&key, &two, Cost::default(), Duration::from_millis(1_999))
+        .await
+        .unwrap();
+    assert_eq!((late.wait, late.booked), (2 * S, false));
+    b.penalize(&key, &one, Duration::from_millis(1))
+        .await
+        .unwrap();
+    denied_for(&slots, 2_000).await;
+    env.advance_ms(2_000);
+    assert!(b.release(&key, held.lease.unwrap()).await.unwrap());
+    assert_eq!(
+        try_n(b, &key, &slots, Cost::default(), 3).await,
+        [true, true, false]
+    );
+    assert!(
+        b.try_acquire(&key, &one, Cost::default())
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
 /// Calls `$m!(case, case, ...)` with every case of the suite.
 #[macro_export]
 macro_rules! for_each_case {
@@ -686,7 +757,8 @@ macro_rules! for_each_case {
             a_smaller_burst_caps_a_large_cost_at_once,
             a_slot_held_survives_another_number_of_rate_limits,
             a_penalty_holds_a_resource_with_only_a_concurrency_limit,
-            a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it
+            a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it,
+            a_penalty_outlives_a_reload_to_another_number_of_rate_limits
         );
     };
 }

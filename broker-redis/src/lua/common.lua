@@ -47,3 +47,21 @@ local function read_now()
   local t = call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+
+-- state::held_until of the hash KEYS[1] made for another number of
+-- buckets than N (its field n says `n`): the latest nb of its buckets, or
+-- its hold; 0 for none. What state::adopt carries over to the new
+-- buckets (a reload to another number of rate limits). The buckets read
+-- are bounded by the hash's own size, whatever n says.
+local function held_until(n)
+  local fields = { 'hold' }
+  for i = 1, min(n, call('HLEN', KEYS[1]), 4096) do
+    fields[i + 1] = 'nb:' .. i
+  end
+  local v = call('HMGET', KEYS[1], unpack(fields))
+  local until_ = 0
+  for i = 1, #fields do
+    until_ = max(until_, tonumber(v[i]) or 0)
+  end
+  return until_
+end

@@ -4,11 +4,18 @@
 -- The bucket's parameters, set from ARGV by one_args.lua once per call.
 local capacity, amount, period
 
--- Reads the bucket as tokens, ts, nb; a missing hash, or one made for
--- another number of buckets, is BucketState::fresh (full as of now).
+-- Reads the bucket as tokens, ts, nb; a missing hash is
+-- BucketState::fresh (full as of now), and one made for another number of
+-- buckets is that, under the penalty it holds (state::adopt).
 local function load(now)
   local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
-  if tonumber(v[1]) ~= 1 then
+  local n = tonumber(v[1])
+  if n ~= 1 then
+    local until_ = 0
+    if n ~= nil then until_ = held_until(n) end
+    if until_ > now then
+      return min(capacity, 0), now, until_
+    end
     return capacity, now, 0
   end
   return tonumber(v[2]), tonumber(v[3]), tonumber(v[4])

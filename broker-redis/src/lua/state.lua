@@ -16,15 +16,20 @@ local function names(i)
   return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
 end
 
--- Reads the buckets (with none, the hold); a missing hash, or one made for
--- another number of buckets, is ResourceState::fresh (full buckets as of
--- now, no hold).
+-- Reads the buckets (with none, the hold); a missing hash is
+-- ResourceState::fresh (full buckets as of now, no hold), and one made for
+-- another number of buckets is that, under the penalty it holds
+-- (state::adopt: its held_until, put on as state::penalize does).
 local function load(now)
   if N == 0 then
     local v = call('HMGET', KEYS[1], 'n', 'hold')
+    local n = tonumber(v[1])
     hold = 0
-    if tonumber(v[1]) == 0 then
+    if n == 0 then
       hold = tonumber(v[2]) or 0
+    elseif n ~= nil then
+      local until_ = held_until(n)
+      if until_ > now then hold = until_ end
     end
     return
   end
@@ -37,13 +42,21 @@ local function load(now)
     fields[f + 2] = nb_i
   end
   local v = call('HMGET', KEYS[1], unpack(fields))
-  local fresh = tonumber(v[1]) ~= N
+  local n = tonumber(v[1])
+  local fresh = n ~= N
+  local until_ = 0
+  if fresh and n ~= nil then until_ = held_until(n) end
   for i = 1, N do
     local a = 4 * i
     capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     c[i] = ARGV[a + 3]
     if fresh then
+      -- A fresh bucket; under a penalty (until_ > now), drained and held
+      -- as bucket::penalize leaves a fresh one.
       tokens[i], ts[i], nb[i] = capacity[i], now, 0
+      if until_ > now then
+        tokens[i], nb[i] = min(capacity[i], 0), until_
+      end
     else
       tokens[i], ts[i], nb[i] = tonumber(v[3 * i - 1]), tonumber(v[3 * i]), tonumber(v[3 * i + 1])
     end

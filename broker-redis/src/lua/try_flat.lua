@@ -58,6 +58,26 @@ local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
 local stored = v[1] == '1' or tonumber(v[1]) == 1
 if not stored then
   tokens, ts, nb = capacity, now, 0
+  local n = tonumber(v[1])
+  if n ~= nil then
+    -- A hash made for another number of buckets: state::adopt, its
+    -- penalty (held_until: the latest nb of its buckets, or its hold)
+    -- put on the fresh bucket as bucket::penalize does.
+    local fields = { 'hold' }
+    for i = 1, math.min(n, call('HLEN', KEYS[1]), 4096) do
+      fields[i + 1] = 'nb:' .. i
+    end
+    local held = call('HMGET', KEYS[1], unpack(fields))
+    local until_ = 0
+    for i = 1, #fields do
+      local x = tonumber(held[i]) or 0
+      if x > until_ then until_ = x end
+    end
+    if until_ > now then
+      if capacity > 0 then tokens = 0 end
+      nb = until_
+    end
+  end
 else
   tokens, ts, nb = v[2] + 0, v[3] + 0, v[4] + 0
 end
