@@ -21,7 +21,11 @@
 //!   may be read into it, and the raw form holds none.
 //!
 //! A new state starts from the tightest of every place its key has under
-//! its resource part with as many buckets, and of its shared place.
+//! its resource part with as many buckets, and of its shared place; its
+//! places of another number of buckets (states folded before a reload to
+//! other limits) give it the penalty they hold, their latest not-before,
+//! as a state kept in the table keeps it across such a reload
+//! (`state::adopt`).
 //!
 //! What a key may lose so is what the keys folded into its place took
 //! while the place refills: a new key made from a place takes on its
@@ -402,15 +406,20 @@ impl Spills {
             .by_resource
             .read()
             .get(resource)
-            .map(|sets| {
-                sets.iter()
-                    .filter(|p| p.params.len() == n)
-                    .cloned()
-                    .collect()
-            })
+            .map(|sets| sets.to_vec())
             .unwrap_or_default();
+        // The latest not-before of the key's places of another number of
+        // buckets: the penalty a state folded under other limits held,
+        // kept as `state::adopt` keeps it for a state in the table.
+        let mut held_until: Micros = 0;
+        let latest_nb = |raw: &[BucketState]| raw.iter().map(|b| b.nb).max().unwrap_or(0);
         for places in sets {
             let table = places.table.lock();
+            let m = places.params.len();
+            if m != n {
+                held_until = held_until.max(latest_nb(&table.raw[table.range(hash, m)]));
+                continue;
+            }
             let at = table.range(hash, n);
             let same = params_of(spec).eq(places.params.iter());
             let place = if same {
@@ -421,18 +430,21 @@ impl Spills {
             narrow(&mut buckets, place, spec);
         }
         let shared = self.shared.lock();
-        if let Some(held) = shared[hash as usize % SHARED]
-            .iter()
-            .find(|h| h.raw.len() == n)
-        {
-            narrow(&mut buckets, &held.raw, spec);
+        for held in &shared[hash as usize % SHARED] {
+            match held.raw.len() == n {
+                true => narrow(&mut buckets, &held.raw, spec),
+                false => held_until = held_until.max(latest_nb(&held.raw)),
+            }
         }
         drop(shared);
-        let restored = ResourceState {
+        let mut restored = ResourceState {
             buckets,
             leases: Vec::new(),
             hold: 0,
         };
+        if held_until > now {
+            state::penalize(&mut restored, spec, now, held_until);
+        }
         if state::is_idle(&restored, spec, now) {
             return None;
         }

@@ -321,3 +321,50 @@ async fn a_penalty_without_rate_limits_is_kept_through_sweeps_and_folds() {
     b.evict_idle();
     assert!(b.state("api:held").is_none(), "dropped once it ended");
 }
+
+/// Keys of one bucket penalized for an hour and folded while the penalty
+/// lasts, then read under limits with another number of rate limits (a
+/// reload that adds one, or drops them for a concurrency limit alone):
+/// their places cannot give their buckets to the new ones, but keep the
+/// penalty, as a state kept in the table keeps it (`state::adopt`).
+#[tokio::test]
+async fn a_penalty_folded_away_outlives_a_reload_to_another_number_of_limits() {
+    let clock = clock();
+    let b = MemoryBackend::with_clock(clock.clone()).max_states(64);
+    let one = spec(Limits::new().rate(RateLimit::per_minute(5)));
+    let two = spec(
+        Limits::new()
+            .rate(RateLimit::per_minute(5))
+            .rate(RateLimit::per(100, Duration::from_secs(3600))),
+    );
+    let slots = spec(Limits::new().max_concurrent(2));
+    let hour = Duration::from_secs(3600);
+    for key in ["api:to-two", "api:to-slots"] {
+        b.penalize(key, &one, hour).await.unwrap();
+    }
+    let mut i = 0;
+    while b.state("api:to-two").is_some() || b.state("api:to-slots").is_some() {
+        clock.advance(Duration::from_micros(1));
+        tries(&b, &format!("api:other-{i}"), &one, 1);
+        i += 1;
+    }
+    clock.advance(Duration::from_secs(60));
+    for (key, spec) in [("api:to-two", &two), ("api:to-slots", &slots)] {
+        let d = b
+            .try_acquire_now(key, spec, broker_core::Cost::default())
+            .expect("in-memory answers at once")
+            .unwrap();
+        assert_eq!(
+            (d.allowed, d.denied_by),
+            (false, Some(broker_core::DenyReason::Rate)),
+            "{key}"
+        );
+        let left = Duration::from_micros(d.wait);
+        assert!(
+            left > hour - Duration::from_secs(61) && left <= hour - Duration::from_secs(60),
+            "{key}: {left:?} left"
+        );
+    }
+    // A key that shares none of the penalized keys' places is not held.
+    assert_eq!(tries(&b, "other-part:fresh", &two, 1), 1);
+}
