@@ -218,8 +218,9 @@ impl Resource {
     /// replaced registration makes its later transitions (its refund, its
     /// settlement, a retry's booking, a penalty) with the latest limits: a
     /// store keeps a state for one set of limits, and one made for other
-    /// buckets starts afresh, so transitions under two sets in turn would
-    /// start it afresh again and again.
+    /// buckets starts afresh (but for a penalty, see
+    /// [`crate::state::adopt`]), so transitions under two sets in turn
+    /// would start it afresh again and again.
     pub(crate) fn latest(&self) -> Arc<Latest> {
         self.lineage.latest.load_full()
     }
