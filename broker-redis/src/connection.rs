@@ -127,6 +127,16 @@ impl Conn {
     /// `NOSCRIPT` (a new or restarted server, or `SCRIPT FLUSH`).
     pub(crate) async fn evalsha(&self, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
         let resend = resendable(script);
+        // A cluster's client sends a command again on its own (see
+        // `scripts::run_once`): one that must not run twice gets a key
+        // that makes a second run change nothing.
+        #[cfg(feature = "cluster")]
+        let once = match (self, resend) {
+            (Conn::Cluster(_), false) => crate::scripts::run_once(cmd, rand::random()),
+            _ => None,
+        };
+        #[cfg(feature = "cluster")]
+        let cmd = once.as_ref().unwrap_or(cmd);
         match self.query_resending(cmd, resend).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(script).await?;
@@ -143,7 +153,9 @@ impl Conn {
 /// (a second `try` or `reserve` only takes more, conservatively; a lease
 /// is added or removed once, and a second run that finds its own lease held
 /// answers as the first did, see `held` in `lua/lease.lua`), while a second
-/// `settle` refunds or charges again.
+/// `settle` refunds or charges again. (A cluster's client sends commands
+/// again on its own; there a `settle` is made to run once instead, see
+/// `scripts::run_once`.)
 fn resendable(script: &Script) -> bool {
     // The scripts are statics: one address each (no hash compared per call).
     !std::ptr::eq(script, &*crate::scripts::SETTLE)

@@ -210,6 +210,35 @@ pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -
     Some(undo)
 }
 
+/// `cmd`, a `settle` built by [`evalsha`] or [`refund_of`], made to run
+/// once however often it is sent: with a third key of its own,
+/// `prefix:{key}:s:<id>` (the hash tag of its bucket key, so on its slot),
+/// which the script sets before it settles and finds set if it runs again
+/// (see `lua/settle.lua`). For a cluster, whose client sends a command
+/// again when its reply is lost with the connection or its response
+/// timeout passes, after the command may have run: a second `settle`
+/// would refund or charge again. `None` when `cmd` is not such a call.
+#[cfg(any(feature = "cluster", test))]
+pub(crate) fn run_once(cmd: &Cmd, id: u64) -> Option<Cmd> {
+    let args = args_of(cmd);
+    // EVALSHA sha 2 buckets leases ...
+    if args.get(2).copied() != Some(&b"2"[..]) {
+        return None;
+    }
+    let buckets = std::str::from_utf8(args.get(3)?).ok()?;
+    let tagged = buckets.strip_suffix(":b")?;
+    let mut once = redis::cmd("EVALSHA");
+    once.arg(args[1])
+        .arg(3)
+        .arg(buckets)
+        .arg(*args.get(4)?)
+        .arg(format!("{tagged}:s:{id:016x}"));
+    for a in &args[5..] {
+        once.arg(*a);
+    }
+    Some(once)
+}
+
 /// The `release` of `lease` on the keys of `cmd`, a call built by
 /// [`evalsha`]; `None` when `cmd` is not such a call.
 pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
@@ -221,4 +250,70 @@ pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> 
     let mut undo = evalsha_no_buckets(&RELEASE, &keys);
     undo.arg(lease);
     Some(undo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use broker_core::{Limits, RateLimit};
+
+    /// A `settle` charging 3 tokens of a fresh bucket of 10, for `key`.
+    fn charge_three(key: &KeyPair, spec: &LimitSpec) -> Cmd {
+        let mut cmd = evalsha(&SETTLE, key, Some(1_000_000), 1_000, spec, |_| {
+            Operand::Num(-3.0)
+        });
+        for _ in 0..broker_core::state::MARKED {
+            cmd.arg("");
+        }
+        cmd
+    }
+
+    /// The tokens of the first bucket of `key`.
+    async fn tokens(c: &mut redis::aio::MultiplexedConnection, key: &KeyPair) -> f64 {
+        redis::cmd("HGET")
+            .arg(&key.buckets)
+            .arg("tokens:1")
+            .query_async(c)
+            .await
+            .unwrap()
+    }
+
+    /// A settle sent twice (as a cluster's client sends a command again
+    /// after a lost reply) charges twice; made to run once, it charges
+    /// once, and its key is on its bucket's hash tag.
+    #[tokio::test]
+    async fn a_settle_made_to_run_once_settles_once_when_sent_twice() {
+        let server = broker_testkit::RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let spec = LimitSpec::new(
+            &Limits::new().rate(RateLimit::per_second(10)),
+            std::time::Duration::from_secs(30),
+        );
+        SETTLE.prepare_invoke().load_async(&mut c).await.unwrap();
+        let (twice, once) = (
+            crate::keys::key_pair("t", "twice").unwrap(),
+            crate::keys::key_pair("t", "once").unwrap(),
+        );
+        let plain = charge_three(&twice, &spec);
+        for _ in 0..2 {
+            let _: i64 = plain.query_async(&mut c).await.unwrap();
+        }
+        assert_eq!(tokens(&mut c, &twice).await, 4.0, "charged twice");
+        let one = run_once(&charge_three(&once, &spec), 0xabc).unwrap();
+        let runs: Vec<i64> = [
+            one.query_async(&mut c).await.unwrap(),
+            one.query_async(&mut c).await.unwrap(),
+        ]
+        .into();
+        assert_eq!(runs, [1, 0]);
+        assert_eq!(tokens(&mut c, &once).await, 7.0, "charged once");
+        let own: String = redis::cmd("GET")
+            .arg("t:{once}:s:0000000000000abc")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(own, "1");
+        assert!(run_once(&redis::cmd("PING"), 1).is_none());
+    }
 }

@@ -4,7 +4,13 @@
 -- (state::Marks; buckets from the fourth on share the fourth; '' when
 -- there are none: now). No refund to a bucket held past its mark (nb after
 -- it): the hold came after the booking, and its drain took tokens.
+-- KEYS[3], when given (see scripts::run_once): this settle's own key, set
+-- for a minute as it settles; a settle sent again finds it and changes
+-- nothing.
 local now = read_now()
+if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', 60000) then
+  return 0
+end
 load(now)
 for i = 1, N do
   local delta = tonumber(c[i])
