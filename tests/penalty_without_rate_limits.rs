@@ -8,13 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod penalty_support;
+
 use broker_core::{
     Backend, Cost, DenyReason, EnqueueError, Limits, ManualClock, Observed, ObservedLimit, Outcome,
     ResourceBroker, ResourceConfig, RetryPolicy, TokioClock,
 };
 use broker_memory::MemoryBackend;
-use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
+use penalty_support::{answered_429, denied_by_rate_for, replica};
 use tokio::time::Instant;
 
 /// Four slots, no rate limit; one attempt per call, so that a 429 ends
@@ -24,28 +26,6 @@ fn config() -> ResourceConfig {
         max_attempts: 1,
         ..RetryPolicy::default()
     })
-}
-
-/// One call on `broker` that the upstream answers 429 with `retry_after`.
-async fn answered_429(broker: &ResourceBroker, retry_after: Duration) {
-    let r: Result<(), EnqueueError<&str>> = broker
-        .enqueue("llm", Cost::default(), |_| async move {
-            Outcome::rate_limited("429", Some(retry_after))
-        })
-        .await;
-    assert!(
-        matches!(r, Err(EnqueueError::RetriesExhausted { attempts: 1, .. })),
-        "{r:?}"
-    );
-}
-
-/// Asserts that `broker`'s `try_acquire` is denied by rate, with `wait`.
-async fn denied_by_rate_for(broker: &ResourceBroker, wait: Duration) {
-    let d = broker.try_acquire("llm", Cost::default()).await.unwrap();
-    assert_eq!(
-        (d.allowed, d.denied_by, d.wait_time),
-        (false, Some(DenyReason::Rate), wait)
-    );
 }
 
 /// Asserts that a call enqueued on `broker` now starts its work when a
@@ -114,19 +94,6 @@ async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
     assert_eq!(a.stats().resources["llm"].upstream_429, 0);
 }
 
-/// A replica on `server`, on the client clock `clock` that every replica
-/// of the test shares, with the resource registered.
-async fn replica(server: &RedisServer, clock: &ManualClock) -> ResourceBroker {
-    let backend = RedisBackend::builder(&server.url())
-        .client_time(Arc::new(clock.clone()))
-        .connect()
-        .await
-        .expect("connect to the test's redis-server");
-    let broker = ResourceBroker::new(backend);
-    broker.register("llm", config()).unwrap();
-    broker
-}
-
 /// `reconcile` with a spent counter on one replica holds the other on the
 /// same redis-server until the reset (on their shared client clock).
 #[tokio::test]
@@ -135,8 +102,8 @@ async fn a_spent_counter_holds_every_replica_on_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let (a, b) = (
-        replica(&server, &clock).await,
-        replica(&server, &clock).await,
+        replica(&server, &clock, config()).await,
+        replica(&server, &clock, config()).await,
     );
     a.reconcile("llm", &spent(RESET)).await.unwrap();
     let d = b.try_acquire("llm", Cost::default()).await.unwrap();
@@ -180,8 +147,8 @@ async fn a_429_holds_every_replica_on_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
     let (a, b) = (
-        replica(&server, &clock).await,
-        replica(&server, &clock).await,
+        replica(&server, &clock, config()).await,
+        replica(&server, &clock, config()).await,
     );
     let before = b.try_acquire("llm", Cost::default()).await.unwrap();
     assert!(before.allowed, "no hold before the 429");

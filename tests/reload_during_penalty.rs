@@ -11,13 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod penalty_support;
+
 use broker_core::{
-    Backend, Cost, DenyReason, EnqueueError, Limits, ManualClock, Outcome, RateLimit,
-    ResourceBroker, ResourceConfig, RetryPolicy, TokioClock, Unit,
+    Backend, Cost, Limits, ManualClock, RateLimit, ResourceBroker, ResourceConfig, RetryPolicy,
+    TokioClock, Unit,
 };
 use broker_memory::MemoryBackend;
-use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
+use penalty_support::{answered_429, denied_by_rate_for, replica};
 
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -45,30 +47,6 @@ fn reloads() -> [ResourceConfig; 3] {
     ]
 }
 
-/// One call on `broker` that the upstream answers 429 with `RETRY_AFTER`.
-async fn answered_429(broker: &ResourceBroker) {
-    let r: Result<(), EnqueueError<&str>> = broker
-        .enqueue("llm", Cost::default(), |_| async move {
-            Outcome::rate_limited("429", Some(RETRY_AFTER))
-        })
-        .await;
-    assert!(
-        matches!(r, Err(EnqueueError::RetriesExhausted { attempts: 1, .. })),
-        "{r:?}"
-    );
-}
-
-/// Asserts that `broker`'s `try_acquire` is denied by rate, with `wait`.
-async fn denied_by_rate_for(broker: &ResourceBroker, wait: Duration) {
-    let d = broker.try_acquire("llm", Cost::default()).await.unwrap();
-    assert_eq!(
-        (d.allowed, d.denied_by, d.wait_time),
-        (false, Some(DenyReason::Rate), wait),
-        "{:?}",
-        broker.limits("llm")
-    );
-}
-
 /// `b` reloads to each of [`reloads`] while `a`'s 429 holds the resource:
 /// each reload is denied until the penalty's end (`elapsed` moves the
 /// store's clock by 1 s), then admitted.
@@ -80,7 +58,7 @@ async fn every_reload_keeps_the_penalty(
     let warm = b.try_acquire("llm", Cost::default()).await.unwrap();
     assert!(warm.allowed, "no hold before the 429");
     drop(warm);
-    answered_429(a).await;
+    answered_429(a, RETRY_AFTER).await;
     let mut left = RETRY_AFTER;
     for config in reloads() {
         b.register("llm", config).unwrap();
@@ -108,17 +86,9 @@ async fn a_reload_on_the_memory_store_keeps_the_penalty() {
 async fn a_reload_on_redis_keeps_the_penalty() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    let mut replicas = Vec::new();
-    for _ in 0..2 {
-        let backend = RedisBackend::builder(&server.url())
-            .client_time(Arc::new(clock.clone()))
-            .connect()
-            .await
-            .expect("connect to the test's redis-server");
-        let broker = ResourceBroker::new(backend);
-        broker.register("llm", before()).unwrap();
-        replicas.push(broker);
-    }
-    let elapsed = async |d| clock.advance(d);
-    every_reload_keeps_the_penalty(&replicas[0], &replicas[1], elapsed).await;
+    let (a, b) = (
+        replica(&server, &clock, before()).await,
+        replica(&server, &clock, before()).await,
+    );
+    every_reload_keeps_the_penalty(&a, &b, async |d| clock.advance(d)).await;
 }
