@@ -639,15 +639,35 @@ pub fn held_until(state: &ResourceState) -> Micros {
         .fold(state.hold, Micros::max)
 }
 
+/// `hold_until`: holds `state` (made for `spec`) until `until`, as
+/// [`penalize`] does but without draining a bucket: each bucket's
+/// not-before moves to `until` (on the bucket's time, see
+/// [`bucket::on_bucket_time`]) unless it is later; with no bucket, the
+/// [`ResourceState::hold`] does. Never shortens a hold.
+pub fn hold_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
+    if spec.buckets.is_empty() {
+        state.hold = state.hold.max(until);
+        return;
+    }
+    for b in &mut state.buckets {
+        b.nb = b.nb.max(bucket::on_bucket_time(b, now, until));
+    }
+}
+
 /// `adopt`: the state of a key made for other limits with another number
 /// of rate limits (a reload), taken on under `spec` as of `now`. Its
 /// buckets cannot be matched to the new ones, so they start full, as
 /// [`ResourceState::fresh`]; its leases stay held, so the concurrency
 /// limit still counts them; and the penalty it was under (see
-/// [`held_until`]) holds the new state until the same end, as
-/// [`penalize`] puts it: a reload while an upstream's 429 holds the
-/// resource does not let calls through before the upstream said they may
-/// come.
+/// [`held_until`]) holds the new state until the same end (see
+/// [`hold_until`]): a reload while an upstream's 429 holds the resource
+/// does not let calls through before the upstream said they may come.
+///
+/// The buckets are held, not drained: what `adopt` makes does not depend
+/// on when after the reload it runs (a full bucket stays full), so a
+/// store that does not write the adopted state back on every call (the
+/// Redis scripts write nothing on a denial, and `hold_slot` reads no
+/// bucket) decides as one that does.
 ///
 /// ```
 /// use broker_core::state::{self, LimitSpec, ResourceState};
@@ -672,7 +692,7 @@ pub fn adopt(old: ResourceState, spec: &LimitSpec, now: Micros) -> ResourceState
         ..ResourceState::fresh(spec, now)
     };
     if until > now {
-        penalize(&mut state, spec, now, until);
+        hold_until(&mut state, spec, now, until);
     }
     state
 }
@@ -900,7 +920,8 @@ mod tests {
         assert!(s
             .buckets
             .iter()
-            .all(|b| b.nb == 3_000_000 && b.tokens == 0.0));
+            .zip(&two.buckets)
+            .all(|(b, (_, p))| b.nb == 3_000_000 && b.tokens == p.capacity()));
         assert_eq!(wait_all(&s, &two, 1_000_000, Cost::default()), 2_000_000);
         let s = adopt(s, &none, 1_500_000);
         assert_eq!((s.hold, s.leases.len()), (3_000_000, 1));

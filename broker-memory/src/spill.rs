@@ -443,7 +443,7 @@ impl Spills {
             hold: 0,
         };
         if held_until > now {
-            state::penalize(&mut restored, spec, now, held_until);
+            state::hold_until(&mut restored, spec, now, held_until);
         }
         if state::is_idle(&restored, spec, now) {
             return None;

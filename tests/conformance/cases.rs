@@ -728,6 +728,136 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
     );
 }
 
+/// What the first call under limits with another number of rate limits
+/// made of a state under a penalty is what every later call finds, as
+/// the reference's `state::adopt` keeps it: whether that first call was
+/// a denied `try` (through each `try` script: many buckets, one bucket
+/// with and without a concurrency limit), a `reserve` that booked
+/// nothing, or a `hold_slot`, a call 100 ms later, as the penalty ends,
+/// is decided as the reference decides it on the state it adopted then.
+pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &Env) {
+    use broker_core::state::{self, ResourceState};
+    use broker_core::Clock;
+    let b = &*env.backend;
+    let one = spec(Limits::new().rate(RateLimit::per_second(10)));
+    let two = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per_minute(100)),
+    );
+    let one_held = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10))
+            .max_concurrent(2),
+    );
+    let two_held = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per_minute(100))
+            .max_concurrent(2),
+    );
+    /// The first call under the new limits.
+    #[derive(Clone, Copy, Debug)]
+    enum First {
+        Try,
+        Reserve,
+        HoldSlot,
+    }
+    let cases = [
+        ("to-two", &one, &two, First::Try),
+        ("to-one", &two, &one, First::Try),
+        ("to-one-held", &two, &one_held, First::Try),
+        ("to-one-reserved", &two, &one, First::Reserve),
+        ("to-two-slot", &one, &two_held, First::HoldSlot),
+    ];
+    let hold = Duration::from_millis(100);
+    let t0 = env.clock.now();
+    let mut reference = Vec::new();
+    for (name, old, new, first) in cases {
+        let key = env.key(name);
+        b.penalize(&key, old, hold).await.unwrap();
+        let mut s = ResourceState::fresh(old, t0);
+        state::penalize(&mut s, old, t0, t0 + 100_000);
+        let mut s = state::adopt(s, new, t0);
+        match first {
+            First::Try => {
+                let got = b.try_acquire(&key, new, Cost::default()).await.unwrap();
+                let want = state::try_acquire(&mut s, new, t0, Cost::default(), 1);
+                assert!(!want.allowed);
+                assert_eq!((got.allowed, got.wait), (want.allowed, want.wait), "{name}");
+            }
+            First::Reserve => {
+                let got = b
+                    .reserve(&key, new, Cost::default(), Duration::ZERO)
+                    .await
+                    .unwrap();
+                let want = state::reserve(&mut s, new, t0, Cost::default(), 0);
+                assert!(!want.booked);
+                assert_eq!((got.booked, got.wait), (want.booked, want.wait), "{name}");
+            }
+            First::HoldSlot => {
+                let lease = b.hold_slot(&key, new).await.unwrap();
+                assert!(lease.is_some(), "{name}");
+                assert!(state::hold_slot(&mut s, new, t0, 1));
+            }
+        }
+        reference.push((key, new, s));
+    }
+    env.advance_ms(100);
+    let now = t0 + 100_000;
+    for (key, new, mut s) in reference {
+        for i in 0..3 {
+            let got = b.try_acquire(&key, new, Cost::default()).await.unwrap();
+            let want = state::try_acquire(&mut s, new, now, Cost::default(), 2 + i);
+            assert_eq!(
+                (got.allowed, got.denied_by, got.wait),
+                (want.allowed, want.denied_by, want.wait),
+                "{key}: call {i}"
+            );
+        }
+    }
+}
+
+/// A reload and back while a penalty holds the resource (a replica on the
+/// new limits, one still on the old): the call under the new limits,
+/// denied by the hold, took the state on for them all the same (as the
+/// reference's `state::adopt`), so the old limits' next call, as the
+/// penalty ends, takes it on again rather than finding the state it had
+/// before the reload.
+pub async fn a_denied_call_under_other_limits_takes_the_state_on(env: &Env) {
+    use broker_core::state::{self, ResourceState};
+    use broker_core::Clock;
+    let (b, key) = (&*env.backend, env.key("and-back"));
+    let one = spec(Limits::new().rate(RateLimit::per_second(10)));
+    let two = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per_minute(100)),
+    );
+    let t0 = env.clock.now();
+    b.penalize(&key, &one, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let mut s = ResourceState::fresh(&one, t0);
+    state::penalize(&mut s, &one, t0, t0 + 100_000);
+    let mut s = state::adopt(s, &two, t0);
+    let d = b.try_acquire(&key, &two, Cost::default()).await.unwrap();
+    let want = state::try_acquire(&mut s, &two, t0, Cost::default(), 1);
+    assert_eq!((d.allowed, d.wait), (want.allowed, want.wait));
+    env.advance_ms(100);
+    let now = t0 + 100_000;
+    let mut s = state::adopt(s, &one, now);
+    for i in 0..3 {
+        let got = b.try_acquire(&key, &one, Cost::default()).await.unwrap();
+        let want = state::try_acquire(&mut s, &one, now, Cost::default(), 2 + i);
+        assert_eq!(
+            (got.allowed, got.denied_by, got.wait),
+            (want.allowed, want.denied_by, want.wait),
+            "call {i}"
+        );
+    }
+}
+
 /// Calls `$m!(case, case, ...)` with every case of the suite.
 #[macro_export]
 macro_rules! for_each_case {
@@ -758,7 +888,9 @@ macro_rules! for_each_case {
             a_slot_held_survives_another_number_of_rate_limits,
             a_penalty_holds_a_resource_with_only_a_concurrency_limit,
             a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it,
-            a_penalty_outlives_a_reload_to_another_number_of_rate_limits
+            a_penalty_outlives_a_reload_to_another_number_of_rate_limits,
+            a_state_adopted_under_a_penalty_is_the_one_later_calls_find,
+            a_denied_call_under_other_limits_takes_the_state_on
         );
     };
 }

@@ -4,23 +4,6 @@
 -- The bucket's parameters, set from ARGV by one_args.lua once per call.
 local capacity, amount, period
 
--- Reads the bucket as tokens, ts, nb; a missing hash is
--- BucketState::fresh (full as of now), and one made for another number of
--- buckets is that, under the penalty it holds (state::adopt).
-local function load(now)
-  local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
-  local n = tonumber(v[1])
-  if n ~= 1 then
-    local until_ = 0
-    if n ~= nil then until_ = held_until(n) end
-    if until_ > now then
-      return min(capacity, 0), now, until_
-    end
-    return capacity, now, 0
-  end
-  return tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
-end
-
 -- Writes the bucket back with its TTL, or deletes the hash when it is idle.
 local function save(tokens, ts, nb, now)
   local ms = ttl_ms(tokens, ts, nb, now, capacity, amount, period)
@@ -30,4 +13,22 @@ local function save(tokens, ts, nb, now)
   end
   call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
   call('PEXPIRE', KEYS[1], ms)
+end
+
+-- Reads the bucket as tokens, ts, nb; a missing hash is
+-- BucketState::fresh (full as of now), and one made for another number of
+-- buckets is that, held until the penalty it holds ends (state::adopt),
+-- written back at once as taken on (see state.lua's load).
+local function load(now)
+  local v = call('HMGET', KEYS[1], 'n', 'tokens:1', 'ts:1', 'nb:1')
+  local n = tonumber(v[1])
+  if n == nil then
+    return capacity, now, 0
+  elseif n ~= 1 then
+    local until_ = held_until(n)
+    if until_ <= now then until_ = 0 end
+    save(capacity, now, until_, now)
+    return capacity, now, until_
+  end
+  return tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
 end

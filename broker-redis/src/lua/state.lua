@@ -19,7 +19,13 @@ end
 -- Reads the buckets (with none, the hold); a missing hash is
 -- ResourceState::fresh (full buckets as of now, no hold), and one made for
 -- another number of buckets is that, under the penalty it holds
--- (state::adopt: its held_until, put on as state::penalize does).
+-- (state::adopt: its held_until, put on as state::hold_until does: full
+-- buckets held, so that what is adopted does not depend on when). A
+-- hash of another number of buckets is written back at once as taken on
+-- (or deleted, when that is idle): the reference keeps the adopted state
+-- whatever the call decides, so a call that writes nothing after (a
+-- denial, a reservation not booked) leaves the same state behind.
+local save
 local function load(now)
   if N == 0 then
     local v = call('HMGET', KEYS[1], 'n', 'hold')
@@ -30,6 +36,7 @@ local function load(now)
     elseif n ~= nil then
       local until_ = held_until(n)
       if until_ > now then hold = until_ end
+      save(now)
     end
     return
   end
@@ -51,23 +58,24 @@ local function load(now)
     capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     c[i] = ARGV[a + 3]
     if fresh then
-      -- A fresh bucket; under a penalty (until_ > now), drained and held
-      -- as bucket::penalize leaves a fresh one.
+      -- A fresh bucket; under a penalty (until_ > now), held until its
+      -- end (state::hold_until on a fresh bucket: ts is now).
       tokens[i], ts[i], nb[i] = capacity[i], now, 0
       if until_ > now then
-        tokens[i], nb[i] = min(capacity[i], 0), until_
+        nb[i] = until_
       end
     else
       tokens[i], ts[i], nb[i] = tonumber(v[3 * i - 1]), tonumber(v[3 * i]), tonumber(v[3 * i + 1])
     end
   end
+  if fresh and n ~= nil then save(now) end
 end
 
 -- Writes the buckets back with the longest TTL among them, or deletes the
 -- hash when every bucket is idle. With no bucket, writes the hold until
 -- it ends (state::ttl: its time left, plus the margin), or deletes the
 -- hash once it has ended.
-local function save(now)
+function save(now)
   if N == 0 then
     if hold <= now then
       call('DEL', KEYS[1])

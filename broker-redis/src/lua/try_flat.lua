@@ -62,7 +62,7 @@ if not stored then
   if n ~= nil then
     -- A hash made for another number of buckets: state::adopt, its
     -- penalty (held_until: the latest nb of its buckets, or its hold)
-    -- put on the fresh bucket as bucket::penalize does.
+    -- holds the fresh bucket (state::hold_until), which stays full.
     local fields = { 'hold' }
     for i = 1, math.min(n, call('HLEN', KEYS[1]), 4096) do
       fields[i + 1] = 'nb:' .. i
@@ -74,8 +74,17 @@ if not stored then
       if x > until_ then until_ = x end
     end
     if until_ > now then
-      if capacity > 0 then tokens = 0 end
       nb = until_
+    end
+    -- Written back at once as taken on (see state.lua's load): full, so
+    -- idle (deleted) unless held, and then kept until the hold ends.
+    if nb > now then
+      local ms = ceil((nb - now) / 1000)
+      if ms > 1e15 then ms = 1e15 end
+      call('HSET', KEYS[1], 'n', 1, 'tokens:1', tokens, 'ts:1', ts, 'nb:1', nb)
+      call('PEXPIRE', KEYS[1], format('%d', ms + ARGV[2]))
+    else
+      call('DEL', KEYS[1])
     end
   end
 else
