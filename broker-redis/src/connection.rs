@@ -21,7 +21,9 @@ pub(crate) enum Conn {
     Single(ConnectionManager, Option<Arc<Direct>>),
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    /// With the time in ms a `settle` is kept from running twice (see
+    /// [`once_ms`]).
+    Cluster(redis::cluster_async::ClusterConnection, u64),
 }
 
 impl std::fmt::Debug for Conn {
@@ -29,7 +31,7 @@ impl std::fmt::Debug for Conn {
         match self {
             Conn::Single(..) => f.write_str("Conn::Single"),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(_) => f.write_str("Conn::Cluster"),
+            Conn::Cluster(..) => f.write_str("Conn::Cluster"),
         }
     }
 }
@@ -82,7 +84,8 @@ impl Conn {
             .min_retry_wait(10)
             .max_retry_wait(100)
             .build()?;
-        Ok(Conn::Cluster(client.get_async_connection().await?))
+        let once = once_ms(t);
+        Ok(Conn::Cluster(client.get_async_connection().await?, once))
     }
 
     /// Sends one command: on one server, through the direct connection if
@@ -110,7 +113,7 @@ impl Conn {
                 direct.beside(managed(c, cmd, resend)).await
             }
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => cmd.query_async(&mut c.clone()).await,
         }
     }
 
@@ -118,7 +121,7 @@ impl Conn {
         match self {
             Conn::Single(c, _) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => script.load_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => script.load_async(&mut c.clone()).await,
         }
     }
 
@@ -132,7 +135,7 @@ impl Conn {
         // that makes a second run change nothing.
         #[cfg(feature = "cluster")]
         let once = match (self, resend) {
-            (Conn::Cluster(_), false) => crate::scripts::run_once(cmd, rand::random()),
+            (Conn::Cluster(_, ms), false) => crate::scripts::run_once(cmd, rand::random(), *ms),
             _ => None,
         };
         #[cfg(feature = "cluster")]
@@ -145,6 +148,19 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// How long (ms) a `settle` sent over a cluster connection keeps its own
+/// key (see `scripts::run_once`): past every time the cluster's client
+/// may send it again (its one retry, each try bounded by the connect and
+/// response timeouts, plus its retry wait), twice over, and at least 10 s;
+/// at most a day (a timeout of `Duration::MAX` means none).
+#[cfg(feature = "cluster")]
+fn once_ms(t: Timeouts) -> u64 {
+    let ms = u64::try_from(t.operation().as_millis()).unwrap_or(u64::MAX);
+    ms.saturating_mul(4)
+        .saturating_add(1_000)
+        .clamp(10_000, 86_400_000)
 }
 
 /// Whether a call of `script` may be sent again after a broken pipe on
@@ -262,6 +278,25 @@ pub(crate) fn answered_by_redis(e: &RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A settle's own key outlasts the cluster client's resends: 4× the
+    /// bound on one call plus a second, within 10 s and a day.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_settles_own_key_outlasts_every_resend() {
+        let t = |connect, response| Timeouts {
+            connect: Duration::from_millis(connect),
+            response: Duration::from_millis(response),
+            busy_poll: Duration::ZERO,
+        };
+        assert_eq!(once_ms(t(100, 500)), 10_000);
+        assert_eq!(once_ms(t(1_000, 30_000)), 125_000);
+        let unbounded = Timeouts {
+            response: Duration::MAX,
+            ..t(0, 0)
+        };
+        assert_eq!(once_ms(unbounded), 86_400_000);
+    }
 
     #[test]
     fn only_an_error_redis_answered_proves_it_up() {

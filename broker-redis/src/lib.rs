@@ -39,7 +39,9 @@
 //!   clocks agree; [`RedisBackendBuilder::client_time`] for stores that
 //!   reject `TIME` in scripts. A bucket's time never runs backwards.
 //! - **Keys**: `prefix:{key}:b` (buckets) and `prefix:{key}:l` (leases)
-//!   share the hash tag `{key}`; keys come from `broker_core::keys`, which
+//!   share the hash tag `{key}` (on Redis Cluster, a `settle` also sets a
+//!   short-lived `prefix:{key}:s:<id>` of its own, so that the cluster
+//!   client's resend of it settles nothing twice); keys come from `broker_core::keys`, which
 //!   escapes user parts. Each key's TTL is computed from its state
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.

@@ -213,13 +213,13 @@ pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -
 /// `cmd`, a `settle` built by [`evalsha`] or [`refund_of`], made to run
 /// once however often it is sent: with a third key of its own,
 /// `prefix:{key}:s:<id>` (the hash tag of its bucket key, so on its slot),
-/// which the script sets before it settles and finds set if it runs again
-/// (see `lua/settle.lua`). For a cluster, whose client sends a command
+/// which the script sets for `ms` before it settles and finds set if it
+/// runs again (see `lua/settle.lua`; `ms` follows the marks). For a cluster, whose client sends a command
 /// again when its reply is lost with the connection or its response
 /// timeout passes, after the command may have run: a second `settle`
 /// would refund or charge again. `None` when `cmd` is not such a call.
 #[cfg(any(feature = "cluster", test))]
-pub(crate) fn run_once(cmd: &Cmd, id: u64) -> Option<Cmd> {
+pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
     let args = args_of(cmd);
     // EVALSHA sha 2 buckets leases ...
     if args.get(2).copied() != Some(&b"2"[..]) {
@@ -236,6 +236,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64) -> Option<Cmd> {
     for a in &args[5..] {
         once.arg(*a);
     }
+    once.arg(ms);
     Some(once)
 }
 
@@ -300,7 +301,7 @@ mod tests {
             let _: i64 = plain.query_async(&mut c).await.unwrap();
         }
         assert_eq!(tokens(&mut c, &twice).await, 4.0, "charged twice");
-        let one = run_once(&charge_three(&once, &spec), 0xabc).unwrap();
+        let one = run_once(&charge_three(&once, &spec), 0xabc, 20_000).unwrap();
         let runs: Vec<i64> = [
             one.query_async(&mut c).await.unwrap(),
             one.query_async(&mut c).await.unwrap(),
@@ -314,6 +315,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(own, "1");
-        assert!(run_once(&redis::cmd("PING"), 1).is_none());
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg("t:{once}:s:0000000000000abc")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!((19_000..=20_000).contains(&ttl), "{ttl}");
+        assert!(run_once(&redis::cmd("PING"), 1, 1).is_none());
     }
 }

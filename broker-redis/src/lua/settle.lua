@@ -5,10 +5,10 @@
 -- there are none: now). No refund to a bucket held past its mark (nb after
 -- it): the hold came after the booking, and its drain took tokens.
 -- KEYS[3], when given (see scripts::run_once): this settle's own key, set
--- for a minute as it settles; a settle sent again finds it and changes
--- nothing.
+-- for ARGV[REST + 4] ms as it settles; a settle sent again finds it and
+-- changes nothing.
 local now = read_now()
-if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', 60000) then
+if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 4]) then
   return 0
 end
 load(now)
