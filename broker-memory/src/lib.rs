@@ -155,6 +155,17 @@ impl Stored {
         Self::Full(Box::new(Mutex::new(s)))
     }
 
+    /// `s`, a state made for `spec`, held as states of `spec` are: as
+    /// [`Stored::One`] when `spec` has one bucket and no concurrency
+    /// limit and `s` holds no lease (one made for other limits may), else
+    /// in full.
+    pub(crate) fn of(s: ResourceState, spec: &LimitSpec) -> Self {
+        match s.buckets.as_slice() {
+            [b] if one_bucket(spec) && s.leases.is_empty() => Self::One(BucketCell::new(*b)),
+            _ => Self::full(s),
+        }
+    }
+
     fn fresh(spec: &LimitSpec, now: u64) -> Self {
         match spec.buckets.as_slice() {
             [(_, p)] if one_bucket(spec) => Self::One(BucketCell::new(BucketState::fresh(p, now))),
@@ -678,24 +689,13 @@ impl Entry {
             // and a penalty holds the new buckets until its end
             // (`state::adopt`).
             let adopted = state::adopt(self.state.take(), spec, now);
-            self.state = Slot::Table(match adopted.buckets.as_slice() {
-                [b] if one_bucket(spec) && adopted.leases.is_empty() => {
-                    Stored::One(BucketCell::new(*b))
-                }
-                _ => Stored::full(adopted),
-            });
+            self.state = Slot::Table(Stored::of(adopted, spec));
         } else if one_bucket(spec) != matches!(self.state.get(), Stored::One(_)) {
             // As many buckets, held the other way: the buckets are kept (a
             // one-bucket state keeps its live leases by staying full). A
             // pinned state is retired as it is read, so no decision through
             // its pin lands on it after.
-            let full = self.state.take();
-            self.state = Slot::Table(match full.buckets.as_slice() {
-                [b] if one_bucket(spec) && full.leases.is_empty() => {
-                    Stored::One(BucketCell::new(*b))
-                }
-                _ => Stored::full(full),
-            });
+            self.state = Slot::Table(Stored::of(self.state.take(), spec));
         }
         self.spec = shared;
     }

@@ -59,9 +59,8 @@ use broker_core::state::{self, LimitSpec, ResourceState};
 use broker_core::Micros;
 use parking_lot::{Mutex, RwLock};
 
-use crate::cell::BucketCell;
 use crate::eviction::RECENT;
-use crate::{one_bucket, Stored};
+use crate::Stored;
 
 /// Places shared by every resource.
 const SHARED: usize = 4096;
@@ -448,10 +447,7 @@ impl Spills {
         if state::is_idle(&restored, spec, now) {
             return None;
         }
-        Some(match restored.buckets.as_slice() {
-            [b] if one_bucket(spec) => Stored::One(BucketCell::new(*b)),
-            _ => Stored::full(restored),
-        })
+        Some(Stored::of(restored, spec))
     }
 }
 
