@@ -634,9 +634,12 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
 /// counter's until its reset), or its [`ResourceState::hold`]; 0 for
 /// none. On the state's own clock (see [`bucket::on_bucket_time`]).
 pub fn held_until(state: &ResourceState) -> Micros {
-    (state.buckets.iter())
-        .map(|b| b.nb)
-        .fold(state.hold, Micros::max)
+    latest_not_before(&state.buckets).max(state.hold)
+}
+
+/// The latest not-before of `buckets` (made for any limits); 0 for none.
+pub fn latest_not_before(buckets: &[BucketState]) -> Micros {
+    buckets.iter().map(|b| b.nb).max().unwrap_or(0)
 }
 
 /// `hold_until`: holds `state` (made for `spec`) until `until`, as

@@ -411,12 +411,12 @@ impl Spills {
         // buckets: the penalty a state folded under other limits held,
         // kept as `state::adopt` keeps it for a state in the table.
         let mut held_until: Micros = 0;
-        let latest_nb = |raw: &[BucketState]| raw.iter().map(|b| b.nb).max().unwrap_or(0);
         for places in sets {
             let table = places.table.lock();
             let m = places.params.len();
             if m != n {
-                held_until = held_until.max(latest_nb(&table.raw[table.range(hash, m)]));
+                held_until =
+                    held_until.max(state::latest_not_before(&table.raw[table.range(hash, m)]));
                 continue;
             }
             let at = table.range(hash, n);
@@ -432,7 +432,7 @@ impl Spills {
         for held in &shared[hash as usize % SHARED] {
             match held.raw.len() == n {
                 true => narrow(&mut buckets, &held.raw, spec),
-                false => held_until = held_until.max(latest_nb(&held.raw)),
+                false => held_until = held_until.max(state::latest_not_before(&held.raw)),
             }
         }
         drop(shared);
