@@ -21,15 +21,6 @@ async fn allowed(backend: &RedisBackend, key: &str, spec: &LimitSpec) -> bool {
         .allowed
 }
 
-/// The time to live of `key` on `server`, in ms (`PTTL`).
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server
-        .command(&format!("PTTL {key}"))
-        .trim_start_matches(':')
-        .parse()
-        .unwrap()
-}
-
 /// A backend on `server` that takes its time from `clock`, with no margin
 /// added to its keys' time to live.
 async fn on_client_time(server: &RedisServer, clock: &ManualClock) -> RedisBackend {
@@ -142,7 +133,7 @@ async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
         .try_acquire("p", &spec, Cost::default())
         .await
         .unwrap();
-    let ttl_ms = pttl(&server, &key);
+    let ttl_ms = server.pttl(&key);
     assert!(
         (1..=500).contains(&ttl_ms),
         "one token short: refilled within 0.5 s, got {ttl_ms}"
@@ -151,7 +142,7 @@ async fn a_penalty_keeps_the_key_until_it_ends_and_an_idle_key_is_deleted() {
         .penalize("p", &spec, Duration::from_secs(120))
         .await
         .unwrap();
-    let ttl_ms = pttl(&server, &key);
+    let ttl_ms = server.pttl(&key);
     assert!(
         ttl_ms > 119_000,
         "the key lives as long as the penalty, got {ttl_ms} ms"
@@ -182,7 +173,7 @@ async fn a_penalty_on_a_concurrency_limit_alone_keeps_its_key_until_it_ends() {
         .penalize("c", &spec, Duration::from_secs(7200))
         .await
         .unwrap();
-    let ttl_ms = pttl(&server, &key);
+    let ttl_ms = server.pttl(&key);
     assert!(
         ttl_ms > 7_199_000,
         "the key lives as long as the penalty, got {ttl_ms} ms"

@@ -268,15 +268,6 @@ fn hash(server: &RedisServer, key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The TTL of a key in ms (-2 when absent, -1 with none).
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server
-        .command(&format!("PTTL {key}"))
-        .trim_start_matches(':')
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn coalesced_decisions_equal_the_same_decisions_one_by_one() {
     let server = RedisServer::start();
@@ -337,8 +328,8 @@ async fn coalesced_decisions_equal_the_same_decisions_one_by_one() {
             );
             // Set a few ms apart (at the end of a batch, or by each call).
             let (ta, tb) = (
-                pttl(&server, &format!("rb:{{on{s}}}:b")),
-                pttl(&server, &format!("rb:{{off{s}}}:b")),
+                server.pttl(&format!("rb:{{on{s}}}:b")),
+                server.pttl(&format!("rb:{{off{s}}}:b")),
             );
             assert!(
                 (ta - tb).abs() <= 100,

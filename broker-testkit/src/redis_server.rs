@@ -174,6 +174,19 @@ impl RedisServer {
     pub fn command(&self, command: &str) -> String {
         raw_command(self.port, command).unwrap_or_default()
     }
+
+    /// The time to live of `key` in ms (`PTTL`: -2 when absent, -1 with
+    /// none).
+    ///
+    /// # Panics
+    /// When the reply is not an integer (the server is down).
+    pub fn pttl(&self, key: &str) -> i64 {
+        self.command(&format!("PTTL {key}"))
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .expect("PTTL answers an integer")
+    }
 }
 
 impl Drop for RedisServer {
