@@ -214,10 +214,11 @@ pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -
 /// once however often it is sent: with a third key of its own,
 /// `prefix:{key}:s:<id>` (the hash tag of its bucket key, so on its slot),
 /// which the script sets for `ms` before it settles and finds set if it
-/// runs again (see `lua/settle.lua`; `ms` follows the marks). For a cluster, whose client sends a command
-/// again when its reply is lost with the connection or its response
-/// timeout passes, after the command may have run: a second `settle`
-/// would refund or charge again. `None` when `cmd` is not such a call.
+/// runs again (see `lua/settle.lua`; `ms` follows the marks). For a
+/// cluster, whose client sends a command again when its reply is lost with
+/// the connection or its response timeout passes, after the command may
+/// have run: a second `settle` would refund or charge again. `None` when
+/// `cmd` is not such a call.
 #[cfg(any(feature = "cluster", test))]
 pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
     let args = args_of(cmd);
