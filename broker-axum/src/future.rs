@@ -141,8 +141,9 @@ struct Call<S, ReqB> {
 }
 
 /// Put in the extensions of a tenant-stage refusal (a denial, or a backend
-/// failure), naming the policy that refused. The route/service stage of
-/// the same [`crate::Pressure`] sees it on the way out and gives its own
+/// failure) of a request a route/service stage charged (see
+/// [`RouteCharged`]), naming the policy that refused. The route/service
+/// stage of the same [`crate::Pressure`] sees it on the way out and gives its own
 /// cost back, so one tenant's rejected flood does not use up the limit
 /// every tenant shares. Nothing is added to admitted requests or
 /// responses, and an admitted request holds no reference to the policy
@@ -151,6 +152,37 @@ struct Call<S, ReqB> {
 struct TenantDenied {
     /// The denying policy (its `id` names its [`crate::Pressure`]).
     policy: Arc<Policy>,
+}
+
+/// Put in the extensions of a request by a route/service stage that a
+/// tenant denial refunds: a tenant stage refusing a request that carries
+/// it names its policy on the response ([`TenantDenied`]), and the
+/// route/service stage of that policy gives its cost back. A request
+/// built anew in a handler (a nested call) carries none, so the tenant
+/// denial it meets is answered without one, and a route/service stage
+/// around a handler that answers with it keeps its cost, whether a tenant
+/// stage of the request's own stands between them or not.
+///
+/// Of no size, so inserting it allocates nothing of its own; it names no
+/// policy, as the denial does: a route/service stage refunds only a
+/// [`TenantDenied`] of its own policy.
+#[derive(Clone, Copy)]
+struct RouteCharged;
+
+/// Marks `req` as charged by a route/service stage whose cost a tenant
+/// denial gives back (`refund`, see [`Policy::refund_for`]).
+#[inline]
+pub(crate) fn mark_charged<B>(req: &mut Request<B>, refund: Option<Refund>) {
+    if refund.is_some() {
+        req.extensions_mut().insert(RouteCharged);
+    }
+}
+
+/// Whether a route/service stage that a tenant denial refunds charged
+/// `req` (see [`RouteCharged`]).
+#[cold]
+fn route_charged<B>(req: &Request<B>) -> bool {
+    req.extensions().get::<RouteCharged>().is_some()
 }
 
 /// Gives `stage` of `policy` (each part of [`Stage::Both`]) its cost
@@ -309,6 +341,10 @@ where
     where
         S: Clone,
     {
+        // Only the tenant stage deciding a request that a route/service
+        // stage charged (not a nested call's) tells it, when dropped in
+        // flight, that the request never reached its handler.
+        let tells = stage == Stage::Tenant && route_charged(&req);
         let policy = policy.clone();
         let clone = inner.clone();
         let call = Call {
@@ -317,7 +353,7 @@ where
         };
         let acquire: AcquireFuture = Box::pin(async move {
             let tenant_key = tenant.as_ref().map(TenantId::as_str);
-            let mut unanswered = Unanswered((stage == Stage::Tenant).then_some(&policy));
+            let mut unanswered = Unanswered(tells.then_some(&policy));
             let (stage, result, answered_here) = acquire(&policy, stage, tenant_key).await;
             unanswered.0 = None;
             drop(unanswered);
@@ -553,9 +589,21 @@ pub(crate) struct Refusal {
     wait: Option<Duration>,
     /// Denied by the concurrency limit, not by a rate.
     by_concurrency: bool,
+    /// A tenant-stage refusal of a request that a route/service stage of
+    /// the same policy charged (see [`RouteCharged`]): that stage gives
+    /// its cost back.
+    refunds: bool,
 }
 
 impl Refusal {
+    /// This refusal, by the tenant stage, of `req`: it refunds the
+    /// route/service stage of its policy that charged `req`, if one did.
+    #[cold]
+    pub(crate) fn of<B>(mut self, req: &Request<B>) -> Self {
+        self.refunds = self.stage == Stage::Tenant && route_charged(req);
+        self
+    }
+
     /// The response: the denial or the backend failure (a tenant-stage
     /// refusal of either kind names its policy, so the route/service stage
     /// gives its cost back).
@@ -567,6 +615,7 @@ impl Refusal {
             stage,
             wait,
             by_concurrency,
+            refunds,
         } = self;
         let mut response = match (wait, policy.limited(stage)) {
             (Some(wait), Some(limited)) => response::denied(
@@ -580,7 +629,7 @@ impl Refusal {
         // A tenant-stage refusal, a denial or a backend failure, lets the
         // request go no further: the route/service stage gives its cost
         // back, as a second reading's failure gives the first's back.
-        if matches!(stage, Stage::Tenant) {
+        if refunds {
             response.extensions_mut().insert(TenantDenied { policy });
         }
         response
@@ -628,6 +677,7 @@ fn logged_denial(
         stage,
         wait: Some(wait),
         by_concurrency: denied_by == Some(DenyReason::Concurrency),
+        refunds: false,
     }
 }
 
@@ -659,6 +709,7 @@ fn refusal(
                 stage,
                 wait: None,
                 by_concurrency: false,
+                refunds: false,
             }
         }
     }
@@ -843,7 +894,7 @@ where
                 state.set(match verdict {
                     Ok(permit) => calling!(inner, req, permit, refundable),
                     Err(refusal) => State::Answered {
-                        refusal: Some(refusal),
+                        refusal: Some(refusal.of(&req)),
                     },
                 });
                 None

@@ -75,11 +75,13 @@
 //!   request the tenant stage denies gives that cost back (`settle` to
 //!   zero), so one tenant's rejected flood does not use up the shared limit;
 //!   so does one whose client leaves while the tenant stage's decision is
-//!   in flight (it never reached its handler). A request the tenant stage
-//!   let in keeps the cost, even when its handler answers with a tenant
-//!   denial of a nested call through the same [`Pressure`] (two tenant
-//!   stages of one `Pressure` on one request are one stage here: a denial
-//!   by the inner one refunds the route/service stage nothing).
+//!   in flight (it never reached its handler). A request that reached its
+//!   handler keeps the cost, even when the handler answers with a tenant
+//!   denial of a nested call through the same [`Pressure`] (a request it
+//!   builds anew), whether a tenant stage of the request's own let it in
+//!   or the route has none (two tenant stages of one `Pressure` on one
+//!   request are one stage here: a denial by the inner one refunds the
+//!   route/service stage nothing).
 //! - Route prefixes match the request path as the layer sees it (put the
 //!   layer on the outermost router, not inside a `nest`), on segment
 //!   boundaries; the longest matching prefix wins. A path a wildcard

@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::body::PermitBody;
-use crate::future::{admitted, denial, judge, Refusal, ResponseFuture};
+use crate::future::{admitted, denial, judge, mark_charged, Refusal, ResponseFuture};
 use crate::policy::{Limited, Policy, Refund, Stage};
 use crate::tenant::{tenant_key, TenantExtractor, TenantId};
 
@@ -53,13 +53,14 @@ where
     // `HTTP_LAYER_RUN`: 70 and 22 instructions per request fewer for the
     // tenant and route stages out of line).
     #[inline(never)]
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let policy = &self.policy;
         let Some((stage, limited)) = policy.stage_for(req.uri().path()) else {
             return ResponseFuture::pass(self.inner.call(req));
         };
         if let Stage::Both(..) = stage {
             // Two stages for one path (see `Policy::stage_for`).
+            mark_charged(&mut req, policy.refund_for(stage));
             return ResponseFuture::admit_later(policy, stage, None, &mut self.inner, req);
         }
         // The in-memory store answers at once: no boxed future, no extra
@@ -69,9 +70,18 @@ where
             .handle
             .verdict_now(None, Cost::default(), &mut permit);
         match verdict {
-            Some(v) if v.allowed() => admitted!(self.inner, req, permit, policy.refund_for(stage)),
+            Some(v) if v.allowed() => {
+                // The request carries the mark of a refundable charge (see
+                // `RouteCharged`) when a tenant stage follows.
+                let refund = policy.refund_for(stage);
+                mark_charged(&mut req, refund);
+                admitted!(self.inner, req, permit, refund)
+            }
             Some(v) => ResponseFuture::refused(denial(policy, stage, limited, v, None)),
-            None => ResponseFuture::in_full(policy, stage, limited, &mut self.inner, req),
+            None => {
+                mark_charged(&mut req, policy.refund_for(stage));
+                ResponseFuture::in_full(policy, stage, limited, &mut self.inner, req)
+            }
         }
     }
 }
@@ -199,9 +209,10 @@ where
     ResB: PermitBody,
 {
     match not {
-        NotAdmitted::Refused(refusal) => ResponseFuture::refused(refusal),
+        NotAdmitted::Refused(refusal) => ResponseFuture::refused(refusal.of(&req)),
         NotAdmitted::Decided(verdict) => {
             let fence = Some(Refund::fence(policy.id));
+            let verdict = verdict.map_err(|refusal| refusal.of(&req));
             ResponseFuture::decided(verdict, fence, inner, req)
         }
         NotAdmitted::Later(tenant) => {

@@ -370,6 +370,15 @@ async fn a_client_that_leaves_before_the_tenant_stage_answers_costs_the_route_no
 /// work (a nested service behind that stage alone), once it has set
 /// `reached`.
 async fn serve_nested(reached: Arc<AtomicBool>) -> (Arc<Wrapped<Flaky>>, std::net::SocketAddr) {
+    serve_nested_with(reached, true).await
+}
+
+/// [`serve_nested`], with a tenant stage of the request's own around its
+/// handler (`own_tenant_stage`) or only the route stage.
+async fn serve_nested_with(
+    reached: Arc<AtomicBool>,
+    own_tenant_stage: bool,
+) -> (Arc<Wrapped<Flaky>>, std::net::SocketAddr) {
     use tower::ServiceExt;
     let flaky = Arc::new(Wrapped::new(
         Arc::new(MemoryBackend::new()),
@@ -394,10 +403,12 @@ async fn serve_nested(reached: Arc<AtomicBool>) -> (Arc<Wrapped<Flaky>>, std::ne
             "file"
         }
     };
-    let app = Router::new()
-        .route("/files/{*path}", get(handler))
-        .layer(pressure.tenant_layer(tenant()))
-        .layer(pressure.layer());
+    let app = Router::new().route("/files/{*path}", get(handler));
+    let app = match own_tenant_stage {
+        true => app.layer(pressure.tenant_layer(tenant())),
+        false => app,
+    };
+    let app = app.layer(pressure.layer());
     (flaky, serve(app).await)
 }
 
@@ -422,4 +433,26 @@ async fn a_client_that_leaves_after_its_handler_began_keeps_the_route_charged() 
     flaky.hooks.slow_tenant_tries.store(false, Ordering::SeqCst);
     assert_eq!(raw_status(addr, &get_as("b", "/files/a")).await, 200);
     assert_eq!(raw_status(addr, &get_as("c", "/files/b")).await, 429);
+}
+
+/// The same with no tenant stage of the request's own: the nested
+/// decision in flight, dropped as the client leaves, is not the
+/// request's, which reached its handler, and the route stage keeps its
+/// cost. Before, the route stage took it for its own request's tenant
+/// stage and gave its cost back.
+#[tokio::test]
+async fn a_client_that_leaves_a_handler_without_a_tenant_stage_keeps_the_route_charged() {
+    let reached = Arc::new(AtomicBool::new(false));
+    let (flaky, addr) = serve_nested_with(reached.clone(), false).await;
+    flaky.hooks.slow_tenant_tries.store(true, Ordering::SeqCst);
+    leave_once(addr, &get_line(b"/files/x"), &reached).await;
+    // The nested decision, given back once it is answered (300 ms on).
+    let settles = settles_once(&flaky, 1).await;
+    assert!(
+        settles.iter().all(|(k, _)| !k.starts_with("route")),
+        "the route's cost kept: {settles:?}"
+    );
+    flaky.hooks.slow_tenant_tries.store(false, Ordering::SeqCst);
+    assert_eq!(raw_status(addr, &get_line(b"/files/a")).await, 200);
+    assert_eq!(raw_status(addr, &get_line(b"/files/b")).await, 429);
 }

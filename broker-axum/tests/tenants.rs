@@ -366,3 +366,61 @@ async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged(
         t.clock.advance(Duration::from_secs(60));
     }
 }
+
+/// A route with no tenant stage of its own, whose handler answers with
+/// the denial of a nested call through the tenant stage of the same
+/// [`Pressure`]: the request reached its handler, so the route/service
+/// stage keeps its cost. Before, it took that denial for its own
+/// request's tenant denial, gave its cost back, and served every request.
+#[tokio::test]
+async fn a_nested_tenant_denial_on_a_route_without_a_tenant_stage_keeps_the_route_charged() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let t = TestBroker::new();
+    let pressure = t.pressure(
+        r#"{
+        "perService": { "rest": { "requestsPerMinute": 1 } },
+        "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
+    }"#,
+    );
+    let parts = Router::new()
+        .route("/part", get(|| async { "part" }))
+        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))));
+    let part = || {
+        let req = Request::get("/part").header("x-tenant", "parts");
+        req.body(Body::empty()).unwrap()
+    };
+    let reached = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (parts, reached) = (parts.clone(), reached.clone());
+        move || {
+            let (parts, reached) = (parts.clone(), reached.clone());
+            async move {
+                reached.fetch_add(1, Ordering::SeqCst);
+                parts.oneshot(part()).await.unwrap()
+            }
+        }
+    };
+    // The route/service stage only: no tenant stage around the handler.
+    let app = Router::new()
+        .route("/work", get(handler))
+        .layer(pressure.layer());
+    let addr = serve(app).await;
+    // The part's tenant has spent its quota: the handler answers 429.
+    let spent = parts.clone().oneshot(part()).await.unwrap();
+    assert_eq!(spent.status(), StatusCode::OK);
+    let got = statuses(
+        &reqwest::Client::new(),
+        &format!("http://{addr}/work"),
+        None,
+        3,
+    )
+    .await;
+    assert_eq!(got, [429; 3]);
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        1,
+        "one request a minute reaches the handler"
+    );
+    assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 2);
+}
