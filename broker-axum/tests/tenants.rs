@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -298,6 +300,70 @@ async fn tenant_from_auth_extension_is_limited_per_namespace() {
     );
 }
 
+/// The service limit both nested-call cases use: one request a minute,
+/// and one a minute per tenant.
+const NESTED: &str = r#"{
+    "perService": { "rest": { "requestsPerMinute": 1 } },
+    "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
+}"#;
+
+/// An app whose handler, at `/work`, answers with the response of a nested
+/// call to `/part` through the tenant stage of the same [`Pressure`]
+/// (tenant `parts`), behind the route/service stage and, with
+/// `own_tenant_stage`, a tenant stage of the request's own.
+struct Nested {
+    app: Router,
+    parts: Router,
+    /// The requests that reached the handler.
+    reached: Arc<AtomicUsize>,
+}
+
+impl Nested {
+    fn new(pressure: &Pressure, own_tenant_stage: bool) -> Self {
+        let tenant = || FromHeader::new(HeaderName::from_static("x-tenant"));
+        let parts = Router::new()
+            .route("/part", get(|| async { "part" }))
+            .layer(pressure.tenant_layer(tenant()));
+        let reached = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let (parts, reached) = (parts.clone(), reached.clone());
+            move || {
+                let (parts, reached) = (parts.clone(), reached.clone());
+                async move {
+                    reached.fetch_add(1, Ordering::SeqCst);
+                    parts.oneshot(Self::part()).await.unwrap()
+                }
+            }
+        };
+        let app = Router::new().route("/work", get(handler));
+        let app = match own_tenant_stage {
+            true => app.layer(pressure.tenant_layer(tenant())),
+            false => app,
+        };
+        let app = app.layer(pressure.layer());
+        Self {
+            app,
+            parts,
+            reached,
+        }
+    }
+
+    fn part() -> Request<Body> {
+        let req = Request::get("/part").header("x-tenant", "parts");
+        req.body(Body::empty()).unwrap()
+    }
+
+    /// Spends the quota of the part's tenant, so the handler answers 429.
+    async fn spend_the_part(&self) {
+        let spent = self.parts.clone().oneshot(Self::part()).await.unwrap();
+        assert_eq!(spent.status(), StatusCode::OK);
+    }
+
+    fn reached(&self) -> usize {
+        self.reached.load(Ordering::SeqCst)
+    }
+}
+
 /// A handler that answers with the denial of a nested call through the
 /// tenant stage of the same [`Pressure`] (a part of its work, refused)
 /// was reached: the route/service stage keeps its cost, whether the
@@ -306,39 +372,9 @@ async fn tenant_from_auth_extension_is_limited_per_namespace() {
 /// served twice its limit.
 #[tokio::test]
 async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
     let t = TestBroker::new();
-    let pressure = t.pressure(
-        r#"{
-        "perService": { "rest": { "requestsPerMinute": 1 } },
-        "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
-    }"#,
-    );
-    let tenant = || FromHeader::new(HeaderName::from_static("x-tenant"));
-    let parts = Router::new()
-        .route("/part", get(|| async { "part" }))
-        .layer(pressure.tenant_layer(tenant()));
-    let part = || {
-        let req = Request::get("/part").header("x-tenant", "parts");
-        req.body(Body::empty()).unwrap()
-    };
-    let reached = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let (parts, reached) = (parts.clone(), reached.clone());
-        move || {
-            let (parts, reached) = (parts.clone(), reached.clone());
-            async move {
-                reached.fetch_add(1, Ordering::SeqCst);
-                parts.oneshot(part()).await.unwrap()
-            }
-        }
-    };
-    let app = Router::new()
-        .route("/work", get(handler))
-        .layer(pressure.tenant_layer(tenant()))
-        .layer(pressure.layer());
-    let addr = serve(app).await;
+    let nested = Nested::new(&t.pressure(NESTED), true);
+    let addr = serve(nested.app.clone()).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/work");
     // Each request with a tenant of its own (none in the second round),
@@ -347,15 +383,13 @@ async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged(
         .into_iter()
         .enumerate()
     {
-        // The part's tenant has spent its quota: the handler answers 429.
-        let spent = parts.clone().oneshot(part()).await.unwrap();
-        assert_eq!(spent.status(), StatusCode::OK, "round {round}");
+        nested.spend_the_part().await;
         for tenant in tenants {
             let got = statuses(&client, &url, tenant.map(|t| ("x-tenant", t)), 1).await;
             assert_eq!(got, [429], "round {round}");
         }
         assert_eq!(
-            reached.load(Ordering::SeqCst),
+            nested.reached(),
             round + 1,
             "round {round}: one request a minute reaches the handler"
         );
@@ -374,51 +408,15 @@ async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged(
 /// request's tenant denial, gave its cost back, and served every request.
 #[tokio::test]
 async fn a_nested_tenant_denial_on_a_route_without_a_tenant_stage_keeps_the_route_charged() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
     let t = TestBroker::new();
-    let pressure = t.pressure(
-        r#"{
-        "perService": { "rest": { "requestsPerMinute": 1 } },
-        "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
-    }"#,
-    );
-    let parts = Router::new()
-        .route("/part", get(|| async { "part" }))
-        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))));
-    let part = || {
-        let req = Request::get("/part").header("x-tenant", "parts");
-        req.body(Body::empty()).unwrap()
-    };
-    let reached = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let (parts, reached) = (parts.clone(), reached.clone());
-        move || {
-            let (parts, reached) = (parts.clone(), reached.clone());
-            async move {
-                reached.fetch_add(1, Ordering::SeqCst);
-                parts.oneshot(part()).await.unwrap()
-            }
-        }
-    };
-    // The route/service stage only: no tenant stage around the handler.
-    let app = Router::new()
-        .route("/work", get(handler))
-        .layer(pressure.layer());
-    let addr = serve(app).await;
-    // The part's tenant has spent its quota: the handler answers 429.
-    let spent = parts.clone().oneshot(part()).await.unwrap();
-    assert_eq!(spent.status(), StatusCode::OK);
-    let got = statuses(
-        &reqwest::Client::new(),
-        &format!("http://{addr}/work"),
-        None,
-        3,
-    )
-    .await;
+    let nested = Nested::new(&t.pressure(NESTED), false);
+    let addr = serve(nested.app.clone()).await;
+    nested.spend_the_part().await;
+    let url = format!("http://{addr}/work");
+    let got = statuses(&reqwest::Client::new(), &url, None, 3).await;
     assert_eq!(got, [429; 3]);
     assert_eq!(
-        reached.load(Ordering::SeqCst),
+        nested.reached(),
         1,
         "one request a minute reaches the handler"
     );
