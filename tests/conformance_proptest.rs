@@ -33,6 +33,7 @@ enum Op {
     Settle(Cost, Cost, Option<i64>),
     Penalize(u64),
     Reconcile(Option<u64>, Option<u64>, Option<u64>),
+    HoldLeft(Cost),
 }
 
 /// The replica of the backend that issues an operation. Both share the
@@ -68,6 +69,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..10_000_000).prop_map(Op::Penalize),
         1 => (prop::option::of(remaining(30)), prop::option::of(remaining(60)), prop::option::of(0u64..5_000_000))
             .prop_map(|(r, t, reset)| Op::Reconcile(r, t, reset)),
+        1 => cost().prop_map(Op::HoldLeft),
     ]
 }
 
@@ -277,6 +279,11 @@ async fn run_case(
                     .await
                     .expect("reconcile");
                 state::reconcile(reference.get(&spec, now), &spec, now, &observed);
+            }
+            Op::HoldLeft(cost) => {
+                let got = redis.hold_left(key, &spec, cost).await.expect("hold_left");
+                let want = state::hold_left(reference.get(&spec, now), &spec, now, cost);
+                prop_assert_eq!(got, want, "hold_left {:?} at {}", cost, now);
             }
         }
         compare(&leading, key, &spec, &mut reference, leading_clock.now()).await?;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
@@ -173,6 +174,29 @@ pub trait Backend: Send + Sync + 'static {
         spec: &LimitSpec,
         hold: Duration,
     ) -> Result<(), BackendError>;
+
+    /// `hold_left` ([`crate::state::hold_left`]): how long, from the
+    /// store's now, a call of `cost` on the state at `key` is still held
+    /// by a 429's penalty or a spent counter's hold; 0 for none. Changes
+    /// nothing. The broker asks it when a call wakes from its booking's
+    /// time or its wait for a slot, so that a hold another process put on
+    /// meanwhile holds the call too. The default asks [`Backend::reserve`]
+    /// for nothing within no wait, which sees the hold of a state without
+    /// buckets only.
+    async fn hold_left(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Micros, BackendError> {
+        // Sees no bucket's hold, whatever the cost.
+        let _ = cost;
+        let nothing = Cost {
+            requests: 0,
+            tokens: 0,
+        };
+        Ok(self.reserve(key, spec, nothing, Duration::ZERO).await?.wait)
+    }
 
     /// `reconcile`: narrow the buckets to what the upstream reported.
     async fn reconcile(

@@ -409,6 +409,26 @@ pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
     wait
 }
 
+/// `hold_left`: how long, from `now`, a call of `cost` is still held by a
+/// 429's penalty or a spent counter's hold (see [`penalize`] and
+/// [`reconcile`]), whatever the tokens: the latest not-before of the
+/// buckets the cost draws on, each read from its own time as
+/// [`wait_all`] reads it, or, without rate limits, the time left of the
+/// [`ResourceState::hold`]; 0 for none. Changes nothing. A call booked
+/// before the hold came, asked once its booked time has come, finds the
+/// hold here where the booking did not wait for it.
+pub fn hold_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
+    if spec.buckets.is_empty() {
+        return state.hold.saturating_sub(now);
+    }
+    costs(spec, cost)
+        .zip(&state.buckets)
+        .filter(|(c, _)| *c > 0.0)
+        .map(|(_, s)| s.nb.saturating_sub(now.max(s.ts)))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Books `cost` in every bucket for the same send time, `wait` after now.
 fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost, wait: Micros) {
     for (((_, p), c), s) in spec
@@ -905,6 +925,39 @@ mod tests {
             assert_eq!(s.hold, 0);
             assert!(s.buckets.iter().all(|b| b.nb == 2_000_000));
         }
+    }
+
+    /// `hold_left` reads the holds of the buckets a cost draws on, not
+    /// their tokens: a spent tokens counter holds a call of tokens, not
+    /// one of requests alone; a penalty holds both. Each bucket's hold is
+    /// read from its own time, so a caller whose clock lags waits no
+    /// longer than the store would make it. Without rate limits, the
+    /// state's hold.
+    #[test]
+    fn hold_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
+        let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], None);
+        let requests = Cost::default();
+        let tokens = Cost {
+            requests: 1,
+            tokens: 5,
+        };
+        let mut s = ResourceState::fresh(&two, 0);
+        while try_acquire(&mut s, &two, 0, requests, 0).allowed {}
+        assert_eq!(hold_left(&s, &two, 0, requests), 0, "drained, not held");
+        s.buckets[1].nb = 2_000_000;
+        assert_eq!(hold_left(&s, &two, 0, requests), 0);
+        assert_eq!(hold_left(&s, &two, 500_000, tokens), 1_500_000);
+        assert_eq!(hold_left(&s, &two, 2_000_000, tokens), 0);
+        s.buckets[1].ts = 500_000;
+        assert_eq!(hold_left(&s, &two, 0, tokens), 1_500_000, "a lagging clock");
+        penalize(&mut s, &two, 500_000, 3_000_000);
+        assert_eq!(hold_left(&s, &two, 1_000_000, requests), 2_000_000);
+        assert_eq!(hold_left(&s, &two, 1_000_000, tokens), 2_000_000);
+        let none = spec(&[], Some(1));
+        let mut s = ResourceState::fresh(&none, 0);
+        penalize(&mut s, &none, 0, 1_000_000);
+        assert_eq!(hold_left(&s, &none, 250_000, requests), 750_000);
+        assert_eq!(hold_left(&s, &none, 1_000_000, requests), 0);
     }
 
     /// A reload to another number of rate limits keeps the penalty, from

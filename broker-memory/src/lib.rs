@@ -42,7 +42,7 @@ use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
     BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalVerdict, Marks,
-    ObservedLimit, Reservation, Verdict,
+    Micros, ObservedLimit, Reservation, Verdict,
 };
 use cell::BucketCell;
 use eviction::Sweeper;
@@ -762,6 +762,15 @@ impl broker_core::Backend for MemoryBackend {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         Ok(self.hold_slot_sync(key, spec))
+    }
+
+    async fn hold_left(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Micros, BackendError> {
+        Ok(self.with_state(key, spec, |s, now| state::hold_left(s, spec, now, cost)))
     }
 
     fn hold_slot_now(

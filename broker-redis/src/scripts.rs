@@ -77,6 +77,10 @@ script!(
     ["common", "bucket", "one", "args", "one_args", "reserve_one"]
 );
 script!(HOLD_SLOT, ["common", "lease", "args", "hold_slot"]);
+script!(
+    HOLD_LEFT,
+    ["common", "bucket", "state", "args", "hold_left"]
+);
 script!(RELEASE, ["common", "args", "release"]);
 script!(RENEW, ["common", "lease", "args", "renew"]);
 script!(SETTLE, ["common", "bucket", "state", "args", "settle"]);

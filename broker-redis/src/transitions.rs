@@ -599,6 +599,28 @@ impl Backend for RedisBackend {
         }
     }
 
+    async fn hold_left(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Micros, BackendError> {
+        let keys = self.keys(key)?;
+        let (script, cmd) =
+            self.cost_call(&scripts::HOLD_LEFT, &scripts::HOLD_LEFT, &keys, spec, cost);
+        let result = async {
+            let left: String = parse(self.run(script, cmd).await?)?;
+            micros_of(&left)
+        };
+        match result.await {
+            Ok(left) => Ok(left),
+            Err(f) => match self.policy("hold_left", f, spec)? {
+                Fallback::Open => Ok(0),
+                Fallback::Local(m, scaled) => m.hold_left(key, &scaled, cost).await,
+            },
+        }
+    }
+
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
         if let Some(Some(Ok(true))) = self
             .inner

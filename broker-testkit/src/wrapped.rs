@@ -158,6 +158,14 @@ impl<H: Hooks> Backend for Wrapped<H> {
     ) -> Result<Reservation, BackendError> {
         self.inner.reserve(k, s, c, w).await
     }
+    async fn hold_left(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+    ) -> Result<broker_core::Micros, BackendError> {
+        self.inner.hold_left(k, s, c).await
+    }
     async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
         let answer = self.inner.hold_slot(k, s).await;
         pause(self.hooks.hold_slot_reply_delay(k)).await;

@@ -858,6 +858,67 @@ pub async fn a_denied_call_under_other_limits_takes_the_state_on(env: &Env) {
     }
 }
 
+/// `hold_left` gives what the store holds a call of a cost for, as the
+/// reference's `state::hold_left` reads it, and changes nothing: a spent
+/// tokens counter holds a call of tokens, not one of requests alone; a
+/// penalty holds both, also as read under limits with another number of
+/// rate limits (the state taken on) and with none (the state's hold).
+pub async fn hold_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("hold_left"));
+    let two = spec(
+        Limits::new()
+            .rate(RateLimit::per_second(10).with_burst(5))
+            .rate(RateLimit::per_second(100).unit(Unit::Tokens)),
+    );
+    let requests = Cost::requests(1);
+    let tokens = Cost::tokens(10);
+    let left = |spec: &LimitSpec, cost: Cost| {
+        let (spec, key) = (spec.clone(), key.clone());
+        async move { b.hold_left(&key, &spec, cost).await.unwrap() }
+    };
+    assert_eq!(
+        (left(&two, requests).await, left(&two, tokens).await),
+        (0, 0)
+    );
+    assert_eq!(
+        try_n(b, &key, &two, requests, 6).await,
+        [true, true, true, true, true, false]
+    );
+    assert_eq!(left(&two, requests).await, 0, "drained, not held");
+    let spent_tokens = ObservedLimit {
+        tokens: Some(Observed {
+            limit: Some(100),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(2)),
+        }),
+        ..Default::default()
+    };
+    b.reconcile(&key, &two, &spent_tokens).await.unwrap();
+    env.advance_ms(500);
+    assert_eq!(left(&two, requests).await, 0, "the requests are not held");
+    assert_eq!(left(&two, tokens).await, 3 * S / 2);
+    b.penalize(&key, &two, Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(left(&two, requests).await, 3 * S);
+    env.advance_ms(1_000);
+    // Read under a single rate limit, and under none: the state taken on
+    // keeps the penalty.
+    let one = spec(Limits::new().rate(RateLimit::per_second(10)));
+    assert_eq!(left(&one, requests).await, 2 * S);
+    assert_eq!(left(&slots_only(1), requests).await, 2 * S);
+    let d = b.try_acquire(&key, &slots_only(1), requests).await.unwrap();
+    assert_eq!((d.allowed, d.wait), (false, 2 * S), "nothing changed");
+    env.advance_ms(2_000);
+    assert_eq!(left(&slots_only(1), requests).await, 0);
+    assert!(
+        b.try_acquire(&key, &slots_only(1), requests)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
 /// Calls `$m!(case, case, ...)` with every case of the suite.
 #[macro_export]
 macro_rules! for_each_case {
@@ -890,7 +951,8 @@ macro_rules! for_each_case {
             a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it,
             a_penalty_outlives_a_reload_to_another_number_of_rate_limits,
             a_state_adopted_under_a_penalty_is_the_one_later_calls_find,
-            a_denied_call_under_other_limits_takes_the_state_on
+            a_denied_call_under_other_limits_takes_the_state_on,
+            hold_left_gives_the_hold_a_call_of_a_cost_meets
         );
     };
 }

@@ -353,9 +353,9 @@ pub(crate) enum Admitted {
 /// hold ends, so the calls the hold kept leave spaced as the bucket spaces
 /// them, not together when it ends. A hold that came while the call waited
 /// for its slot (the call that held the slot got a 429) voids it as well:
-/// the slot is given back, and the call waits the hold out; so does, on a
-/// resource without rate limits, the store's hold of a 429 another process
-/// got while the call waited for its slot or its booking's time. A booking
+/// the slot is given back, and the call waits the hold out; so does the
+/// store's hold of a 429 (or a spent counter) another process got while
+/// the call waited for its slot or its booking's time. A booking
 /// made under the hold it then meets (one the store did not make it wait out:
 /// the store missed the penalty, or holds only a bucket this cost does not
 /// draw on) is given back, as a cancelled one is (see `Booking`'s `Drop`):
@@ -396,7 +396,9 @@ pub(crate) async fn admit_until(
                 // A wait, for the booking's time or for the slot, is when
                 // the store may have been held since the booking.
                 let held = match resource.holds.until(key) {
-                    None if waited || booking.wait > 0 => store_hold(broker, resource, key).await?,
+                    None if waited || booking.wait > 0 => {
+                        store_hold(broker, resource, key, cost).await?
+                    }
                     held => held,
                 };
                 match held {
@@ -459,31 +461,35 @@ pub(crate) async fn wait_slot(
     }
 }
 
-/// The end of a penalty the store holds on state `key` of a resource
-/// without rate limits ([`crate::state::ResourceState::hold`]), if one is
-/// in force: `hold_slot` takes a slot whatever the hold, and a call that
-/// waited for its slot, or for its booking's time, since a 429 another
-/// process got (a call of which then freed the slot, or lengthened the
-/// hold the booking waited for) would otherwise go out during the
-/// penalty. Asked as a booking of nothing within no wait, which books
-/// nothing. `None` at once for a resource with rate limits: the booking
-/// waited for their holds.
+/// The end of a hold the store has on state `key` for a call of `cost`,
+/// if one is in force ([`Backend::hold_left`]: a 429's penalty or a spent
+/// counter another process reported, on the buckets the cost draws on, or
+/// on a resource without rate limits the state's
+/// [`crate::state::ResourceState::hold`]). Asked by a call that waited for
+/// its booking's time or for its slot: a hold put on meanwhile (a 429 of
+/// another process, or of the call that held the slot) would otherwise let
+/// it go out during the penalty, as this process's own holds do not know
+/// of it. A store that fails to answer holds nothing known on a resource
+/// with rate limits: the store granted the booking, which goes ahead as
+/// granted.
 async fn store_hold(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
+    cost: Cost,
 ) -> Result<Option<tokio::time::Instant>, BrokerError> {
     let spec = resource.latest().spec.clone();
-    if !spec.buckets.is_empty() {
-        return Ok(None);
-    }
-    let r = broker
-        .inner
-        .backend
-        .reserve(key, &spec, NO_COST, Duration::ZERO)
-        .await
-        .inspect_err(|e| note_backend_error(resource, "reserve", e))?;
-    Ok((r.wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(r.wait))))
+    let wait = match broker.inner.backend.hold_left(key, &spec, cost).await {
+        Ok(wait) => wait,
+        Err(e) => {
+            note_backend_error(resource, "hold_left", &e);
+            if !spec.buckets.is_empty() {
+                return Ok(None);
+            }
+            return Err(e.into());
+        }
+    };
+    Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
 }
 
 /// `hold_slot` on state `key` through the store's asynchronous call, run
@@ -585,9 +591,9 @@ impl ResourceBroker {
     /// Waits for a slot on `target`, runs `work`, and retries it on 429 and
     /// transient failures by the resource's retry policy. Before every
     /// attempt the cost is reserved again (FIFO spacing, one backend call
-    /// per attempt; on a resource without rate limits, an attempt that
-    /// waited for its slot or its booked time asks the store once more,
-    /// for a penalty's hold). A 429 penalizes the bucket for every other
+    /// per attempt; an attempt that waited for its slot or its booked
+    /// time asks the store once more, for the hold of a 429 another
+    /// process got meanwhile). A 429 penalizes the bucket for every other
     /// consumer; `Outcome::Ok { usage, observed }` settles the actual cost
     /// and reconciles the upstream's headers.
     ///
@@ -697,10 +703,17 @@ impl ResourceBroker {
             // this call is dropped meanwhile (a timeout around `enqueue`):
             // dropped with the call, the slot would be freed before the
             // store holds the state, and the spent counter's hold lost.
-            let told_first = resource.latest().spec.buckets.is_empty();
-            if told_first {
+            // With rate limits and a concurrency limit, a 429's penalty
+            // reaches the store before the slot is freed too: a call of
+            // another process that waited for the slot asks the store for
+            // a hold once it has the slot (see `admit_until`), and would
+            // otherwise find none yet.
+            let spec = resource.latest().spec.clone();
+            let told_first = spec.buckets.is_empty();
+            let penalty_first = told_first || (hold.is_some() && spec.max_concurrent.is_some());
+            if penalty_first {
                 let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
-                let observed = outcome.observed().copied();
+                let observed = outcome.observed().copied().filter(|_| told_first);
                 to_its_answer(async move {
                     if let Some(hold) = hold {
                         broker
@@ -747,9 +760,10 @@ impl ResourceBroker {
                     error, observed, ..
                 } => {
                     // Put on above, before the slot was freed (and, on a
-                    // resource without rate limits, the penalty as well).
+                    // resource without rate limits or with a concurrency
+                    // limit, the penalty as well).
                     let hold = hold.unwrap_or_default();
-                    if !told_first {
+                    if !penalty_first {
                         self.note_upstream_429(&resource, &key, number, retry_after, hold)
                             .await;
                     }
