@@ -102,12 +102,15 @@ impl RedisBackendBuilder {
     /// bucket never runs backwards (`now` is clamped to its `ts`, and a
     /// hold a lagging replica puts on, a penalty or a counter reported out,
     /// lasts as long from that `ts`), but a replica whose clock lags waits
-    /// longer than needed. A concurrency
-    /// lease expires on the clock of the replica that looks at it: one
-    /// whose clock runs ahead of another's by `d` takes that replica's
-    /// leases for expired `d` early, so keep the skew well under the
-    /// lease TTL (a third of it, the renewal interval, keeps every live
-    /// lease live).
+    /// longer than needed. A replica whose clock runs ahead of the one
+    /// that put a hold on sees it end early by up to the skew: a bucket
+    /// last written by the lagging replica, and the hold of a resource
+    /// without rate limits (an end time with no `ts` to read it from). A
+    /// concurrency lease expires on the clock of the replica that looks
+    /// at it: one whose clock runs ahead of another's by `d` takes that
+    /// replica's leases for expired `d` early, so keep the skew well under
+    /// the lease TTL (a third of it, the renewal interval, keeps every
+    /// live lease live).
     pub fn client_time(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
