@@ -764,6 +764,10 @@ where
                         not_this_requests(res, refund_of.policy);
                     }
                 } else if let Some(refund) = refund_for(res, refund_of) {
+                    // Refunded here, the denial is this request's no more:
+                    // a route/service stage around a handler that answers
+                    // with this response (a nested call's) keeps its cost.
+                    res.extensions_mut().remove::<TenantDenied>();
                     let Poll::Ready(Ok(res)) = out else {
                         unreachable!("matched above")
                     };

@@ -79,7 +79,9 @@
 //!   handler keeps the cost, even when the handler answers with a tenant
 //!   denial of a nested call through the same [`Pressure`] (a request it
 //!   builds anew), whether a tenant stage of the request's own let it in
-//!   or the route has none (two tenant stages of one `Pressure` on one
+//!   or the route has none, and whether the nested call went through the
+//!   tenant stage alone or the whole stack (its own route stage gets its
+//!   cost back, the outer one keeps its own) (two tenant stages of one `Pressure` on one
 //!   request are one stage here: a denial by the inner one refunds the
 //!   route/service stage nothing).
 //! - Route prefixes match the request path as the layer sees it (put the

@@ -300,15 +300,27 @@ async fn tenant_from_auth_extension_is_limited_per_namespace() {
     );
 }
 
-/// The service limit both nested-call cases use: one request a minute,
-/// and one a minute per tenant.
+/// The limits the nested-call cases use: one request a minute for the
+/// service, two for the route `/part`, and one a minute per tenant.
 const NESTED: &str = r#"{
     "perService": { "rest": { "requestsPerMinute": 1 } },
+    "perRoute": [{ "resource": "route:part", "pathPrefix": "/part", "limits": { "requestsPerMinute": 2 } }],
     "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } }
 }"#;
 
+/// Which stages of the same [`Pressure`] the nested call to `/part` goes
+/// through.
+#[derive(Clone, Copy)]
+enum PartStages {
+    /// The tenant stage only.
+    Tenant,
+    /// The route/service stage (its own route, `/part`, two calls a
+    /// minute), then the tenant stage: the whole stack.
+    RouteAndTenant,
+}
+
 /// An app whose handler, at `/work`, answers with the response of a nested
-/// call to `/part` through the tenant stage of the same [`Pressure`]
+/// call to `/part` through `part_stages` of the same [`Pressure`]
 /// (tenant `parts`), behind the route/service stage and, with
 /// `own_tenant_stage`, a tenant stage of the request's own.
 struct Nested {
@@ -319,11 +331,15 @@ struct Nested {
 }
 
 impl Nested {
-    fn new(pressure: &Pressure, own_tenant_stage: bool) -> Self {
+    fn new(pressure: &Pressure, own_tenant_stage: bool, part_stages: PartStages) -> Self {
         let tenant = || FromHeader::new(HeaderName::from_static("x-tenant"));
         let parts = Router::new()
             .route("/part", get(|| async { "part" }))
             .layer(pressure.tenant_layer(tenant()));
+        let parts = match part_stages {
+            PartStages::Tenant => parts,
+            PartStages::RouteAndTenant => parts.layer(pressure.layer()),
+        };
         let reached = Arc::new(AtomicUsize::new(0));
         let handler = {
             let (parts, reached) = (parts.clone(), reached.clone());
@@ -373,7 +389,7 @@ impl Nested {
 #[tokio::test]
 async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged() {
     let t = TestBroker::new();
-    let nested = Nested::new(&t.pressure(NESTED), true);
+    let nested = Nested::new(&t.pressure(NESTED), true, PartStages::Tenant);
     let addr = serve(nested.app.clone()).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/work");
@@ -409,7 +425,7 @@ async fn a_nested_tenant_denial_answered_by_the_handler_keeps_the_route_charged(
 #[tokio::test]
 async fn a_nested_tenant_denial_on_a_route_without_a_tenant_stage_keeps_the_route_charged() {
     let t = TestBroker::new();
-    let nested = Nested::new(&t.pressure(NESTED), false);
+    let nested = Nested::new(&t.pressure(NESTED), false, PartStages::Tenant);
     let addr = serve(nested.app.clone()).await;
     nested.spend_the_part().await;
     let url = format!("http://{addr}/work");
@@ -421,4 +437,32 @@ async fn a_nested_tenant_denial_on_a_route_without_a_tenant_stage_keeps_the_rout
         "one request a minute reaches the handler"
     );
     assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 2);
+}
+
+/// A route with no tenant stage of its own, whose handler answers with
+/// the denial of a nested call through the whole stack of the same
+/// [`Pressure`] (the route/service stage of `/part`, then the tenant
+/// stage): the nested call's route stage gives its own cost back, and the
+/// outer route stage keeps its own, as its request reached its handler.
+/// Before, the denial still named its policy once the nested route stage
+/// had refunded, so the outer route stage gave its cost back too and
+/// served every request.
+#[tokio::test]
+async fn a_nested_denial_through_the_whole_stack_keeps_the_outer_route_charged() {
+    let t = TestBroker::new();
+    let nested = Nested::new(&t.pressure(NESTED), false, PartStages::RouteAndTenant);
+    let addr = serve(nested.app.clone()).await;
+    nested.spend_the_part().await;
+    let url = format!("http://{addr}/work");
+    let got = statuses(&reqwest::Client::new(), &url, None, 3).await;
+    assert_eq!(got, [429; 3]);
+    assert_eq!(
+        nested.reached(),
+        1,
+        "one request a minute reaches the handler"
+    );
+    assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 2);
+    // The nested calls' route stage gave each refused call's cost back:
+    // of its two calls a minute, the spent part took one.
+    assert_eq!(t.stat("route:part", |s| s.denied), 0);
 }
