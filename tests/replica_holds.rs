@@ -179,3 +179,88 @@ async fn slot_freed_by_a_429(slow: bool) -> Duration {
     holder.await.unwrap();
     waiting.await.unwrap() - at_429
 }
+
+/// A call of broker b waits for the one slot, which broker a's call holds;
+/// that call succeeds, and the upstream's headers say its request counter
+/// is spent for 2 s. Broker b's call, given the slot, waits for the
+/// counter too, also when the reconcile takes a while to reach the store:
+/// it reaches it before the slot is freed (after the settlement of the
+/// success). Before, the slot was freed first, and a call waiting for it
+/// went out into the spent window.
+#[tokio::test(start_paused = true)]
+async fn a_call_waiting_for_a_slot_waits_for_the_counter_the_call_that_held_it_saw_spent() {
+    let started = slot_freed_by_a_spent_counter().await;
+    assert!(
+        started >= Duration::from_secs(2),
+        "started {started:?} after the answer, inside the 2 s the counter is spent"
+    );
+}
+
+/// A store across a network: a reconcile reaches it a while after it is
+/// sent.
+struct SlowReconcile;
+
+impl broker_testkit::Hooks for SlowReconcile {
+    fn reconcile_delay(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+}
+
+/// How long after broker a's call got its answer (a success whose request
+/// counter is spent for 2 s) broker b's call, which waited for its slot,
+/// starts its work; broker a's reconcile reaches the store 100 ms after it
+/// is sent.
+async fn slot_freed_by_a_spent_counter() -> Duration {
+    use broker_core::{Observed, ObservedLimit};
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let a = ResourceBroker::from_arc(Arc::new(broker_testkit::Wrapped::new(
+        store.clone(),
+        SlowReconcile,
+    )));
+    let b = ResourceBroker::from_arc(store);
+    let config = ResourceConfig::new(
+        Limits::new()
+            .rate(RateLimit::per_second(100).with_burst(10))
+            .max_concurrent(1),
+    );
+    a.register("llm", config.clone()).unwrap();
+    b.register("llm", config).unwrap();
+    let answer = Arc::new(tokio::sync::Notify::new());
+    let holder = {
+        let (a, answer) = (a.clone(), answer.clone());
+        tokio::spawn(async move {
+            let spent = ObservedLimit {
+                requests: Some(Observed {
+                    limit: Some(100),
+                    remaining: Some(0),
+                    reset: Some(Duration::from_secs(2)),
+                }),
+                ..ObservedLimit::default()
+            };
+            let r: Result<(), EnqueueError<&str>> = a
+                .enqueue("llm", Cost::default(), |_| {
+                    let answer = answer.clone();
+                    async move {
+                        answer.notified().await;
+                        Outcome::Ok {
+                            value: (),
+                            usage: None,
+                            observed: Some(spent),
+                        }
+                    }
+                })
+                .await;
+            r.unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move { started_at(&b, Instant::now).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let at_answer = Instant::now();
+    answer.notify_one();
+    holder.await.unwrap();
+    waiting.await.unwrap() - at_answer
+}

@@ -92,6 +92,12 @@ pub trait Hooks: Send + Sync + 'static {
         None
     }
 
+    /// How long a `reconcile` waits before it is passed on (a store
+    /// across a network).
+    fn reconcile_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// The per-resource states handed out in place of the wrapped store's
     /// `states` (`None`: none, as a store that needs I/O).
     fn local_states(&self, states: Arc<dyn LocalStates>) -> Option<Arc<dyn LocalStates>> {
@@ -248,7 +254,10 @@ impl<H: Hooks> Backend for Wrapped<H> {
     ) -> Result<(), BackendError> {
         match self.hooks.reconcile() {
             Some(answer) => answer,
-            None => self.inner.reconcile(k, s, o).await,
+            None => {
+                pause(self.hooks.reconcile_delay()).await;
+                self.inner.reconcile(k, s, o).await
+            }
         }
     }
     fn local_states(&self, key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {

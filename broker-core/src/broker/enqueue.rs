@@ -694,33 +694,45 @@ impl ResourceBroker {
             if let Some(observed) = outcome.observed() {
                 hold_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
-            // A resource without rate limits is held by the store's state
-            // alone (`ResourceState::hold`): its penalty, and the hold of a
-            // counter the answer reports spent, reach the store before the
-            // slot is freed, or a call of another process waiting for the
-            // slot would take it, find no hold, and go out during the
-            // penalty. Run to its end, the slot freed after it, even if
-            // this call is dropped meanwhile (a timeout around `enqueue`):
-            // dropped with the call, the slot would be freed before the
-            // store holds the state, and the spent counter's hold lost.
-            // With rate limits and a concurrency limit, a 429's penalty
-            // reaches the store before the slot is freed too: a call of
-            // another process that waited for the slot asks the store for
-            // a hold once it has the slot (see `admit_until`), and would
-            // otherwise find none yet.
-            let spec = resource.latest().spec.clone();
-            let told_first = spec.buckets.is_empty();
-            let penalty_first = told_first || (hold.is_some() && spec.max_concurrent.is_some());
-            if penalty_first {
+            // What the answer tells the store (a 429's penalty, the
+            // settlement of a success, the counters it reports) reaches
+            // the store before a slot is freed: a call of another process
+            // that waited for the slot asks the store for a hold once it
+            // has the slot (see `admit_until`; a resource without rate
+            // limits is held by the store's state alone,
+            // `ResourceState::hold`), and would otherwise find none yet,
+            // and go out during the penalty or into the spent window. The
+            // settlement goes before the reconcile, which corrects the
+            // state it leaves. Run to its end, the slot freed after it,
+            // even if this call is dropped meanwhile (a timeout around
+            // `enqueue`): dropped with the call, the slot would be freed
+            // before the store holds the state, and the penalty or the
+            // spent counter's hold lost.
+            let settlement = match &outcome {
+                Outcome::Ok { usage, .. } => booked.settlement(&resource, cost, *usage, held_until),
+                _ => None,
+            };
+            let observed = outcome.observed().copied();
+            if hold.is_some() || settlement.is_some() || observed.is_some() {
                 let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
-                let observed = outcome.observed().copied().filter(|_| told_first);
                 to_its_answer(async move {
                     if let Some(hold) = hold {
                         broker
                             .note_upstream_429(&resource, &key, number, retry_after, hold)
                             .await;
                     }
+                    if let Some((spec, reserved, actual, since)) = settlement {
+                        // A failed correction is logged, not returned.
+                        let change = (reserved, actual, since);
+                        let backend = &broker.inner.backend;
+                        if let Some(task) =
+                            settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
+                        {
+                            let _ = task.await;
+                        }
+                    }
                     if let Some(observed) = observed {
+                        // Likewise: a failed reconcile never fails the answer.
                         let _ = broker.reconcile_key(&resource, &key, &observed).await;
                     }
                     drop(permit);
@@ -731,54 +743,10 @@ impl ResourceBroker {
             }
             place.set_running(false);
             let error = match outcome {
-                Outcome::Ok {
-                    value,
-                    usage,
-                    observed,
-                } => {
-                    if let Some((spec, reserved, actual, since)) =
-                        booked.settlement(&resource, cost, usage, held_until)
-                    {
-                        // The work succeeded; a failed correction is logged, not returned.
-                        let change = (reserved, actual, since);
-                        let backend = &self.inner.backend;
-                        if let Some(task) =
-                            settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
-                        {
-                            // Awaited, but run to its end if this call is
-                            // dropped meanwhile (a timeout around it).
-                            let _ = task.await;
-                        }
-                    }
-                    if let Some(observed) = observed.filter(|_| !told_first) {
-                        // Likewise: a failed reconcile never fails the response.
-                        let _ = self.reconcile_key(&resource, &key, &observed).await;
-                    }
-                    break Ok(value);
-                }
-                Outcome::RateLimited {
-                    error, observed, ..
-                } => {
-                    // Put on above, before the slot was freed (and, on a
-                    // resource without rate limits or with a concurrency
-                    // limit, the penalty as well).
-                    let hold = hold.unwrap_or_default();
-                    if !penalty_first {
-                        self.note_upstream_429(&resource, &key, number, retry_after, hold)
-                            .await;
-                    }
-                    if let Some(observed) = observed.filter(|_| !told_first) {
-                        let _ = self.reconcile_key(&resource, &key, &observed).await;
-                    }
-                    error
-                }
-                Outcome::Transient { error, observed } | Outcome::Fatal { error, observed } => {
-                    // A 503 or a 403 may carry the upstream's counters too.
-                    if let Some(observed) = observed.filter(|_| !told_first) {
-                        let _ = self.reconcile_key(&resource, &key, &observed).await;
-                    }
-                    error
-                }
+                Outcome::Ok { value, .. } => break Ok(value),
+                Outcome::RateLimited { error, .. }
+                | Outcome::Transient { error, .. }
+                | Outcome::Fatal { error, .. } => error,
             };
             if !class.is_retryable() {
                 break Err(EnqueueError::Fatal {
