@@ -108,8 +108,13 @@ async fn a_call_booked_on_one_replica_waits_for_a_penalty_another_puts_on() {
 /// freed.
 #[tokio::test(start_paused = true)]
 async fn a_call_waiting_for_a_slot_waits_for_the_penalty_of_the_call_that_held_it() {
+    let answer = || Outcome::rate_limited("429", Some(Duration::from_secs(2)));
     for slow in [false, true] {
-        let started = slot_freed_by_a_429(slow).await;
+        let (started, result) = slot_freed_by(slow.then_some(SlowPenalty), answer).await;
+        assert!(
+            matches!(result, Err(EnqueueError::RetriesExhausted { .. })),
+            "{result:?}"
+        );
         assert!(
             started >= Duration::from_secs(2),
             "a store slow to take the penalty: {slow}; started {started:?} after the 429, \
@@ -128,58 +133,6 @@ impl broker_testkit::Hooks for SlowPenalty {
     }
 }
 
-/// How long after broker a's call got its 429 broker b's call, which
-/// waited for its slot, starts its work; broker a's penalty reaches the
-/// store 100 ms after it is sent if `slow`.
-async fn slot_freed_by_a_429(slow: bool) -> Duration {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let a = ResourceBroker::from_arc(match slow {
-        true => Arc::new(broker_testkit::Wrapped::new(store.clone(), SlowPenalty)),
-        false => store.clone(),
-    });
-    let b = ResourceBroker::from_arc(store);
-    let config = ResourceConfig::new(
-        Limits::new()
-            .rate(RateLimit::per_second(100).with_burst(10))
-            .max_concurrent(1),
-    )
-    .retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
-    a.register("llm", config.clone()).unwrap();
-    b.register("llm", config).unwrap();
-    let answer = Arc::new(tokio::sync::Notify::new());
-    let holder = {
-        let (a, answer) = (a.clone(), answer.clone());
-        tokio::spawn(async move {
-            let r: Result<(), EnqueueError<&str>> = a
-                .enqueue("llm", Cost::default(), |_| {
-                    let answer = answer.clone();
-                    async move {
-                        answer.notified().await;
-                        Outcome::rate_limited("429", Some(Duration::from_secs(2)))
-                    }
-                })
-                .await;
-            assert!(
-                matches!(r, Err(EnqueueError::RetriesExhausted { .. })),
-                "{r:?}"
-            );
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let waiting = {
-        let b = b.clone();
-        tokio::spawn(async move { started_at(&b, Instant::now).await })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let at_429 = Instant::now();
-    answer.notify_one();
-    holder.await.unwrap();
-    waiting.await.unwrap() - at_429
-}
-
 /// A call of broker b waits for the one slot, which broker a's call holds;
 /// that call succeeds, and the upstream's headers say its request counter
 /// is spent for 2 s. Broker b's call, given the slot, waits for the
@@ -189,7 +142,22 @@ async fn slot_freed_by_a_429(slow: bool) -> Duration {
 /// went out into the spent window.
 #[tokio::test(start_paused = true)]
 async fn a_call_waiting_for_a_slot_waits_for_the_counter_the_call_that_held_it_saw_spent() {
-    let started = slot_freed_by_a_spent_counter().await;
+    use broker_core::{Observed, ObservedLimit};
+    let spent = ObservedLimit {
+        requests: Some(Observed {
+            limit: Some(100),
+            remaining: Some(0),
+            reset: Some(Duration::from_secs(2)),
+        }),
+        ..ObservedLimit::default()
+    };
+    let answer = move || Outcome::Ok {
+        value: (),
+        usage: None,
+        observed: Some(spent),
+    };
+    let (started, result) = slot_freed_by(Some(SlowReconcile), answer).await;
+    result.unwrap();
     assert!(
         started >= Duration::from_secs(2),
         "started {started:?} after the answer, inside the 2 s the counter is spent"
@@ -206,61 +174,49 @@ impl broker_testkit::Hooks for SlowReconcile {
     }
 }
 
-/// How long after broker a's call got its answer (a success whose request
-/// counter is spent for 2 s) broker b's call, which waited for its slot,
-/// starts its work; broker a's reconcile reaches the store 100 ms after it
-/// is sent.
-async fn slot_freed_by_a_spent_counter() -> Duration {
-    use broker_core::{Observed, ObservedLimit};
+/// How long after broker a's call got `answer` (its one attempt) broker
+/// b's call, which waited for its slot, starts its work, and what broker
+/// a's call returned. Broker a's store is wrapped in `hooks`, if any.
+async fn slot_freed_by<H: broker_testkit::Hooks>(
+    hooks: Option<H>,
+    answer: impl Fn() -> Outcome<(), &'static str> + Send + Sync + 'static,
+) -> (Duration, Result<(), EnqueueError<&'static str>>) {
     let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
-    let a = ResourceBroker::from_arc(Arc::new(broker_testkit::Wrapped::new(
-        store.clone(),
-        SlowReconcile,
-    )));
+    let a = ResourceBroker::from_arc(match hooks {
+        Some(hooks) => Arc::new(broker_testkit::Wrapped::new(store.clone(), hooks)),
+        None => store.clone(),
+    });
     let b = ResourceBroker::from_arc(store);
     let config = ResourceConfig::new(
         Limits::new()
             .rate(RateLimit::per_second(100).with_burst(10))
             .max_concurrent(1),
-    );
+    )
+    .retry(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    });
     a.register("llm", config.clone()).unwrap();
     b.register("llm", config).unwrap();
-    let answer = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
     let holder = {
-        let (a, answer) = (a.clone(), answer.clone());
+        let (go, answer) = (go.clone(), Arc::new(answer));
         tokio::spawn(async move {
-            let spent = ObservedLimit {
-                requests: Some(Observed {
-                    limit: Some(100),
-                    remaining: Some(0),
-                    reset: Some(Duration::from_secs(2)),
-                }),
-                ..ObservedLimit::default()
-            };
-            let r: Result<(), EnqueueError<&str>> = a
-                .enqueue("llm", Cost::default(), |_| {
-                    let answer = answer.clone();
-                    async move {
-                        answer.notified().await;
-                        Outcome::Ok {
-                            value: (),
-                            usage: None,
-                            observed: Some(spent),
-                        }
-                    }
-                })
-                .await;
-            r.unwrap();
+            a.enqueue("llm", Cost::default(), |_| {
+                let (go, answer) = (go.clone(), answer.clone());
+                async move {
+                    go.notified().await;
+                    answer()
+                }
+            })
+            .await
         })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let waiting = {
-        let b = b.clone();
-        tokio::spawn(async move { started_at(&b, Instant::now).await })
-    };
+    let waiting = tokio::spawn(async move { started_at(&b, Instant::now).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let at_answer = Instant::now();
-    answer.notify_one();
-    holder.await.unwrap();
-    waiting.await.unwrap() - at_answer
+    go.notify_one();
+    let result = holder.await.unwrap();
+    (waiting.await.unwrap() - at_answer, result)
 }
