@@ -1,9 +1,14 @@
 //! What the backend does while Redis is unreachable: the [`FailurePolicy`],
 //! and the [`Health`] tracker that logs once per outage, counts the calls the
-//! policy answered and lets one probe per interval through to Redis.
+//! policy answered and lets one probe per interval through to Redis; one
+//! for a server, one per hash slot for a cluster ([`Healths`]).
 
+#[cfg(feature = "cluster")]
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+#[cfg(feature = "cluster")]
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use broker_core::bucket::BucketParams;
@@ -127,9 +132,155 @@ pub(crate) fn never_admits(
     })
 }
 
-/// Reachability of the store, as seen by the calls.
+/// The part of the store a call needs, whose outage the failure policy
+/// answers it through: the whole store (one server), or on a cluster the
+/// hash slot of its keys (all keys of a resource share one), whose node
+/// may be down while the other nodes serve their slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Scope {
+    /// The one server.
+    Whole,
+    /// One hash slot of a cluster.
+    #[cfg(feature = "cluster")]
+    Slot(redis::cluster_routing::Slot),
+}
+
+impl Scope {
+    /// The scope of the calls on state `key` over `conn`: the slot of its
+    /// hash tag, which is `key` itself (see `keys::key_pair`), on a
+    /// cluster.
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    pub(crate) fn of(conn: &crate::connection::Conn, key: &str) -> Self {
+        #[cfg(feature = "cluster")]
+        if let crate::connection::Conn::Cluster(..) = conn {
+            return Scope::Slot(redis::cluster_routing::Slot::for_key(key));
+        }
+        Scope::Whole
+    }
+}
+
+/// The health of every scope a call may need: the store's as a whole,
+/// and on a cluster one per hash slot that has failed a call (kept, once
+/// made, so that its epoch keeps a stale failure from starting an outage
+/// again; at most one per slot). A slot that never failed a call is up
+/// and holds no entry, so the calls on a healthy cluster read a map and
+/// write nothing. Per slot, not per node: the client does not tell which
+/// node a slot's call went to, so each slot of a dead node learns of the
+/// outage by a failed call of its own (one operation timeout each, on a
+/// frozen node), after which its calls are answered by the policy at once.
+#[derive(Debug)]
+pub(crate) struct Healths {
+    whole: Health,
+    #[cfg(feature = "cluster")]
+    slots: RwLock<HashMap<redis::cluster_routing::Slot, Arc<Health>>>,
+}
+
+impl Healths {
+    pub(crate) fn new(probe_interval: Duration) -> Self {
+        Self {
+            whole: Health::new(probe_interval, Scope::Whole),
+            #[cfg(feature = "cluster")]
+            slots: RwLock::default(),
+        }
+    }
+
+    /// Runs `f` on the health of `scope`; for a slot that never failed a
+    /// call (no health of its own: up, in epoch 0), returns `unseen`.
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    fn read<R>(&self, scope: Scope, unseen: R, f: impl FnOnce(&Health) -> R) -> R {
+        match scope {
+            Scope::Whole => f(&self.whole),
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => {
+                let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+                match slots.get(&slot) {
+                    Some(h) => f(h),
+                    None => unseen,
+                }
+            }
+        }
+    }
+
+    /// Runs `f` on the health of `scope`, made for a slot that has none.
+    fn write<R>(&self, scope: Scope, f: impl FnOnce(&Health) -> R) -> R {
+        match scope {
+            Scope::Whole => f(&self.whole),
+            // Not under the lock: `f` may log.
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => f(&self.slot(slot)),
+        }
+    }
+
+    /// The health of `slot`, made if it has none.
+    #[cfg(feature = "cluster")]
+    fn slot(&self, slot: redis::cluster_routing::Slot) -> Arc<Health> {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = slots.get(&slot) {
+            return h.clone();
+        }
+        drop(slots);
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let interval = self.whole.probe_interval;
+        slots
+            .entry(slot)
+            .or_insert_with(|| Arc::new(Health::new(interval, Scope::Slot(slot))))
+            .clone()
+    }
+
+    /// [`Health::should_try`] for a call on `scope` (epoch 0 for a slot
+    /// that never failed a call).
+    pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
+        self.read(scope, Some(0), Health::should_try)
+    }
+
+    /// [`Health::up`] for a call on `scope`.
+    pub(crate) fn up(&self, scope: Scope) {
+        self.read(scope, (), Health::up)
+    }
+
+    /// [`Health::kept_back`] for a call on `scope`.
+    pub(crate) fn kept_back(&self, scope: Scope, policy: &FailurePolicy) {
+        self.write(scope, |h| h.kept_back(policy))
+    }
+
+    /// [`Health::failed`] for a call on `scope`.
+    pub(crate) fn failed(&self, scope: Scope, policy: &FailurePolicy, error: &str, epoch: Epoch) {
+        self.write(scope, |h| h.failed(policy, error, epoch))
+    }
+
+    /// [`Health::is_down`] for `scope`.
+    pub(crate) fn is_down(&self, scope: Scope) -> bool {
+        self.read(scope, false, Health::is_down)
+    }
+
+    /// The health of the store: down while any scope is (a server, or a
+    /// slot of a cluster), with the outages and the calls handled by the
+    /// policy of every scope summed.
+    pub(crate) fn snapshot(&self) -> BackendHealth {
+        #[allow(unused_mut)]
+        let mut all = self.whole.snapshot();
+        #[cfg(feature = "cluster")]
+        for h in self
+            .slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            let s = h.snapshot();
+            all.down |= s.down;
+            all.outages += s.outages;
+            all.handled_errors += s.handled_errors;
+        }
+        all
+    }
+}
+
+/// Reachability of the store, or of one slot of a cluster, as seen by the
+/// calls.
 #[derive(Debug)]
 pub(crate) struct Health {
+    /// What it is the health of (for the logs).
+    scope: Scope,
     /// Whether the store is down (bit 0), and how many outages have ended
     /// (the rest, the epoch): one word, so that a failure can start an
     /// outage only in the epoch its call went out in (see
@@ -151,8 +302,9 @@ const DOWN: u64 = 1;
 pub(crate) type Epoch = u64;
 
 impl Health {
-    pub(crate) fn new(probe_interval: Duration) -> Self {
+    pub(crate) fn new(probe_interval: Duration, scope: Scope) -> Self {
         Self {
+            scope,
             state: AtomicU64::new(0),
             origin: Instant::now(),
             next_probe_ms: AtomicU64::new(0),
@@ -215,11 +367,21 @@ impl Health {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
-        tracing::info!(
-            down_ms,
-            handled = self.handled.load(Ordering::Relaxed),
-            "redis reachable again; decisions are shared again"
-        );
+        let handled = self.handled.load(Ordering::Relaxed);
+        match self.scope {
+            Scope::Whole => tracing::info!(
+                down_ms,
+                handled,
+                "redis reachable again; decisions are shared again"
+            ),
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => tracing::info!(
+                ?slot,
+                down_ms,
+                handled,
+                "redis cluster slot reachable again; its decisions are shared again"
+            ),
+        }
     }
 
     /// A call the probe gate kept from trying (Redis is down): counted
@@ -251,11 +413,21 @@ impl Health {
         self.next_probe_ms
             .store(self.after_interval(self.elapsed_ms()), Ordering::Relaxed);
         self.outages.fetch_add(1, Ordering::Relaxed);
-        tracing::error!(
-            ?policy,
-            error,
-            "redis unreachable; the failure policy answers until it returns"
-        );
+        match self.scope {
+            Scope::Whole => tracing::error!(
+                ?policy,
+                error,
+                "redis unreachable; the failure policy answers until it returns"
+            ),
+            // One log per slot of a dead node that a call needed.
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => tracing::error!(
+                ?slot,
+                ?policy,
+                error,
+                "redis cluster slot unreachable; the failure policy answers its keys until it returns"
+            ),
+        }
     }
 
     /// Whether the store is down (an outage has started and not ended).
@@ -312,7 +484,7 @@ mod tests {
 
     #[test]
     fn one_outage_is_logged_and_counted_once() {
-        let h = Health::new(Duration::from_secs(3600));
+        let h = Health::new(Duration::from_secs(3600), Scope::Whole);
         let p = FailurePolicy::FailOpen;
         let epoch = h.should_try().expect("up: every call goes out");
         h.failed(&p, "refused", epoch);
@@ -326,13 +498,39 @@ mod tests {
         assert!(!h.snapshot().down);
     }
 
+    /// On a cluster, an outage is one slot's: the other slots' calls go
+    /// out, and the backend reads as down while any slot is.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn an_outage_of_one_slot_leaves_the_others_up() {
+        use redis::cluster_routing::Slot;
+        let h = Healths::new(Duration::from_secs(3600));
+        let p = FailurePolicy::FailClosed;
+        let (dead, live) = (
+            Scope::Slot(Slot::for_key("a")),
+            Scope::Slot(Slot::for_key("b")),
+        );
+        assert_ne!(dead, live);
+        let epoch = h.should_try(dead).expect("up");
+        h.failed(dead, &p, "no reply in time", epoch);
+        assert!(h.should_try(dead).is_none(), "no probe before the interval");
+        assert!(h.is_down(dead) && !h.is_down(live));
+        assert_eq!(h.should_try(live), Some(0));
+        h.up(live);
+        let s = h.snapshot();
+        assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 1));
+        h.up(dead);
+        assert!(!h.snapshot().down);
+        assert_eq!(h.should_try(dead), Some(1), "the slot's next epoch");
+    }
+
     /// A failure of a call that went out before a recovery (a call behind
     /// the one that timed out, answered by the policy; a probe that timed
     /// out after a later one was answered) ends no outage and starts none;
     /// one that went out after it starts the next.
     #[test]
     fn a_failure_from_before_a_recovery_starts_no_outage() {
-        let h = Health::new(Duration::ZERO);
+        let h = Health::new(Duration::ZERO, Scope::Whole);
         let p = FailurePolicy::FailClosed;
         let before = h.should_try().expect("up");
         h.failed(&p, "no reply in time", before);

@@ -52,6 +52,8 @@
 //! - **Outages**: an explicit [`FailurePolicy`] (default
 //!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
 //!   [`Backend::health`](broker_core::Backend::health); recovery is automatic.
+//!   On a cluster, an outage is one hash slot's: the keys of a dead node's
+//!   slots get the policy, the other nodes' keys are still decided by Redis.
 #![warn(missing_docs)]
 
 mod builder;
@@ -92,7 +94,8 @@ struct Inner {
     margin_ms: u64,
     policy: FailurePolicy,
     fallback: Option<MemoryBackend>,
-    health: failure::Health,
+    /// The health of the store, or of each slot of a cluster.
+    health: failure::Healths,
     op_timeout: Duration,
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
@@ -162,7 +165,7 @@ impl RedisBackend {
                 clock: b.clock,
                 policy: b.policy,
                 fallback,
-                health: failure::Health::new(b.probe_interval),
+                health: failure::Healths::new(b.probe_interval),
                 op_timeout,
                 maxmemory_policy,
                 coalescer,

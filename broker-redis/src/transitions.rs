@@ -16,7 +16,7 @@ use redis::{Cmd, Script, Value};
 
 use crate::coalesce::{send, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::connection::{self, redis_error};
-use crate::failure::{self, FailurePolicy};
+use crate::failure::{self, FailurePolicy, Scope};
 use crate::keys::{self, KeyPair};
 use crate::scripts::{self, Operand};
 use crate::RedisBackend;
@@ -101,26 +101,35 @@ impl RedisBackend {
         self.inner.clock.as_ref().map(|c| c.now())
     }
 
-    /// Runs one script call: one `EVALSHA`, bounded by the timeouts, unless
-    /// Redis is down and this is not the probe's turn.
-    async fn run(&self, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
-        self.run_leased(script, cmd, None).await
+    /// The part of the store the calls on state `key` need (see
+    /// [`Scope`]): the server, or the hash slot of `key` on a cluster.
+    fn scope(&self, key: &str) -> Scope {
+        Scope::of(&self.inner.conn, key)
+    }
+
+    /// Runs one script call on state `key`: one `EVALSHA`, bounded by the
+    /// timeouts, unless its [`Scope`] is down and this is not the probe's
+    /// turn.
+    async fn run(&self, key: &str, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+        self.run_leased(key, script, cmd, None).await
     }
 
     /// [`Self::run`] for a call that may grant `lease`: released if the
     /// call times out or is dropped before its answer.
     async fn run_leased(
         &self,
+        key: &str,
         script: &Script,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Result<Value, Failure> {
-        let epoch = self.gate()?;
+        let scope = self.scope(key);
+        let epoch = self.gate(scope)?;
         let inner = &self.inner;
         let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
         let reply = send(&inner.conn, inner.op_timeout, script, &cmd).await;
         unsettled.settle(&reply);
-        self.outcome(reply, epoch)
+        self.outcome(reply, scope, epoch)
     }
 
     /// [`Self::run_leased`] for a decision that `takes` something when
@@ -129,12 +138,14 @@ impl RedisBackend {
     /// given back (see [`Late`]).
     async fn run_decision(
         &self,
+        key: &str,
         script: &'static Script,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Takes,
     ) -> Result<Value, Failure> {
-        let epoch = self.gate()?;
+        let scope = self.scope(key);
+        let epoch = self.gate(scope)?;
         let inner = &self.inner;
         let late = Late {
             takes,
@@ -145,7 +156,7 @@ impl RedisBackend {
         let reply = send_or_later(&inner.conn, inner.op_timeout, script, cmd, Undo::One(late));
         let reply = reply.await;
         unsettled.settle(&reply);
-        self.outcome(reply, epoch)
+        self.outcome(reply, scope, epoch)
     }
 
     /// Runs a `try` call, coalesced with the concurrent ones when
@@ -153,6 +164,7 @@ impl RedisBackend {
     /// decision may be granted.
     async fn run_try(
         &self,
+        key: &str,
         script: &'static Script,
         cmd: Cmd,
         keys: &KeyPair,
@@ -160,60 +172,62 @@ impl RedisBackend {
     ) -> Result<Value, Failure> {
         let lease = lease.map(|l| (keys.clone(), l));
         let Some(coalescer) = &self.inner.coalescer else {
-            return self.run_decision(script, cmd, lease, Takes::Try).await;
+            return self.run_decision(key, script, cmd, lease, Takes::Try).await;
         };
-        let epoch = self.gate()?;
-        self.outcome(coalescer.run(script, cmd, lease).await, epoch)
+        let scope = self.scope(key);
+        let epoch = self.gate(scope)?;
+        self.outcome(coalescer.run(script, cmd, lease).await, scope, epoch)
     }
 
-    /// Lets a call through to Redis, unless it is down and this is not the
-    /// probe's turn: the health's epoch the call goes out in, for
-    /// [`Self::outcome`].
-    fn gate(&self) -> Result<failure::Epoch, Failure> {
+    /// Lets a call on `scope` through to Redis, unless that is down and
+    /// this is not the probe's turn: the health's epoch the call goes out
+    /// in, for [`Self::outcome`].
+    fn gate(&self, scope: Scope) -> Result<failure::Epoch, Failure> {
         let inner = &self.inner;
-        match inner.health.should_try() {
+        match inner.health.should_try(scope) {
             Some(epoch) => Ok(epoch),
-            None => Err(self.kept_back()),
+            None => Err(self.kept_back(scope)),
         }
     }
 
-    /// A call kept from Redis while it is down: counted as handled by the
-    /// failure policy, which answers it.
-    fn kept_back(&self) -> Failure {
-        self.inner.health.kept_back(&self.inner.policy);
+    /// A call on `scope` kept from Redis while that is down: counted as
+    /// handled by the failure policy, which answers it.
+    fn kept_back(&self, scope: Scope) -> Failure {
+        self.inner.health.kept_back(scope, &self.inner.policy);
         Failure::Unavailable("redis is down (waiting for the next probe)".into())
     }
 
-    /// Sorts a reply into a value, an outage (recorded in the health) or
-    /// another error. `epoch`: the health's when the call went out (an
-    /// outage ended since then is not started again by its failure).
-    fn outcome(&self, reply: Reply, epoch: failure::Epoch) -> Result<Value, Failure> {
+    /// Sorts a reply into a value, an outage (recorded in the health of
+    /// the call's `scope`) or another error. `epoch`: the health's when
+    /// the call went out (an outage ended since then is not started again
+    /// by its failure).
+    fn outcome(&self, reply: Reply, scope: Scope, epoch: failure::Epoch) -> Result<Value, Failure> {
         let inner = &self.inner;
         match reply {
             Reply::Done(Ok(v)) => {
-                inner.health.up();
+                inner.health.up(scope);
                 Ok(v)
             }
             Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
                 let msg = e.to_string();
-                inner.health.failed(&inner.policy, &msg, epoch);
+                inner.health.failed(scope, &inner.policy, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Done(Err(e)) => {
                 if connection::answered_by_redis(&e) {
-                    inner.health.up();
+                    inner.health.up(scope);
                 }
                 Err(Failure::Other(redis_error(e)))
             }
             Reply::TimedOut => {
                 let msg = format!("no reply within {:?}", inner.op_timeout);
-                inner.health.failed(&inner.policy, &msg, epoch);
+                inner.health.failed(scope, &inner.policy, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Unsent => {
                 let msg =
                     "redis is out of reach (a call sent before this one got no reply in time)";
-                inner.health.failed(&inner.policy, msg, epoch);
+                inner.health.failed(scope, &inner.policy, msg, epoch);
                 Err(Failure::Unavailable(msg.into()))
             }
         }
@@ -324,6 +338,7 @@ impl RedisBackend {
     /// renewal takes it again.
     async fn hold_slot_as(
         &self,
+        key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
         lease: LeaseId,
@@ -345,10 +360,13 @@ impl RedisBackend {
         let leased = Some((keys.clone(), lease));
         let reply = match fresh {
             true => {
-                self.run_decision(&scripts::HOLD_SLOT, cmd, leased, Takes::Slot)
+                self.run_decision(key, &scripts::HOLD_SLOT, cmd, leased, Takes::Slot)
                     .await?
             }
-            false => self.run_leased(&scripts::HOLD_SLOT, cmd, leased).await?,
+            false => {
+                self.run_leased(key, &scripts::HOLD_SLOT, cmd, leased)
+                    .await?
+            }
         };
         let held = parse::<i64>(reply)?;
         Ok(held == 1)
@@ -380,7 +398,7 @@ impl RedisBackend {
         while let Some(&lease) = taken.leases.last() {
             let _ = self.release(key, lease).await;
             taken.leases.pop();
-            if self.inner.health.is_down() {
+            if self.inner.health.is_down(self.scope(key)) {
                 return false;
             }
         }
@@ -389,6 +407,7 @@ impl RedisBackend {
 
     async fn try_redis(
         &self,
+        key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
@@ -413,7 +432,7 @@ impl RedisBackend {
         }
         // 1 when allowed; {reason, wait} when denied.
         let reply = self
-            .run_try(script, cmd, keys, spec.max_concurrent.map(|_| lease))
+            .run_try(key, script, cmd, keys, spec.max_concurrent.map(|_| lease))
             .await?;
         if let Value::Int(1) = reply {
             return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
@@ -440,7 +459,7 @@ impl RedisBackend {
         max_wait: Duration,
     ) -> Result<(Reservation, Micros), BackendError> {
         let keys = self.keys(key)?;
-        match self.reserve_redis(&keys, spec, cost, max_wait).await {
+        match self.reserve_redis(key, &keys, spec, cost, max_wait).await {
             Ok(r) => Ok(r),
             Err(f) => {
                 let now = match &self.inner.clock {
@@ -472,6 +491,7 @@ impl RedisBackend {
 
     async fn reserve_redis(
         &self,
+        key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
@@ -482,7 +502,9 @@ impl RedisBackend {
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
-        let reply = self.run_decision(script, cmd, None, Takes::Reserve).await?;
+        let reply = self
+            .run_decision(key, script, cmd, None, Takes::Reserve)
+            .await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
             let now = micros_of(&now)?;
@@ -524,9 +546,9 @@ impl Backend for RedisBackend {
         let reached = spec.max_concurrent.is_none() || self.send_pending_releases(key).await;
         let lease = new_lease();
         let decided = if reached {
-            self.try_redis(&keys, spec, cost, lease).await
+            self.try_redis(key, &keys, spec, cost, lease).await
         } else {
-            Err(self.kept_back())
+            Err(self.kept_back(self.scope(key)))
         };
         match decided {
             Ok(d) => Ok(d),
@@ -562,9 +584,9 @@ impl Backend for RedisBackend {
         let reached = self.send_pending_releases(key).await;
         let lease = new_lease();
         let held = if reached {
-            self.hold_slot_as(&keys, spec, lease, true).await
+            self.hold_slot_as(key, &keys, spec, lease, true).await
         } else {
-            Err(self.kept_back())
+            Err(self.kept_back(self.scope(key)))
         };
         match held {
             Ok(held) => Ok(held.then_some(lease)),
@@ -585,7 +607,7 @@ impl Backend for RedisBackend {
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
-        match self.hold_slot_as(&keys, spec, lease, false).await {
+        match self.hold_slot_as(key, &keys, spec, lease, false).await {
             Ok(held) => {
                 // A lease the local fallback granted (see `renew`) is held
                 // in Redis now: freed here, so `release` frees it there.
@@ -609,7 +631,7 @@ impl Backend for RedisBackend {
         let (script, cmd) =
             self.cost_call(&scripts::HOLD_LEFT, &scripts::HOLD_LEFT, &keys, spec, cost);
         let result = async {
-            let left: String = parse(self.run(script, cmd).await?)?;
+            let left: String = parse(self.run(key, script, cmd).await?)?;
             micros_of(&left)
         };
         match result.await {
@@ -633,7 +655,7 @@ impl Backend for RedisBackend {
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
         cmd.arg(lease);
-        let result = async { parse::<i64>(self.run(&scripts::RELEASE, cmd).await?) }.await;
+        let result = async { parse::<i64>(self.run(key, &scripts::RELEASE, cmd).await?) }.await;
         match result {
             Ok(n) => Ok(n == 1),
             Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
@@ -673,7 +695,7 @@ impl Backend for RedisBackend {
         // (see `retake`, which frees it here), so that Redis counts the
         // work running, as for a lease granted under fail-open.
         if let Some((m, scaled)) = self.local_fallback(spec) {
-            if m.renew(key, &scaled, lease).await? && self.inner.health.is_down() {
+            if m.renew(key, &scaled, lease).await? && self.inner.health.is_down(self.scope(key)) {
                 return Ok(true);
             }
         }
@@ -681,7 +703,7 @@ impl Backend for RedisBackend {
         let mut cmd =
             scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);
         cmd.arg(spec.lease_ttl).arg(lease);
-        let result = async { parse::<i64>(self.run(&scripts::RENEW, cmd).await?) }.await;
+        let result = async { parse::<i64>(self.run(key, &scripts::RENEW, cmd).await?) }.await;
         match result {
             Ok(held) => Ok(held == 1),
             // Unreachable: the lease is as the store last left it, and the
@@ -719,7 +741,7 @@ impl Backend for RedisBackend {
                 None => cmd.arg(""),
             };
         }
-        match self.run(&scripts::SETTLE, cmd).await {
+        match self.run(key, &scripts::SETTLE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {
                 Fallback::Open => Ok(()),
@@ -755,7 +777,7 @@ impl Backend for RedisBackend {
             |_| Operand::Int(0),
         );
         cmd.arg(micros(hold));
-        match self.run(&scripts::PENALIZE, cmd).await {
+        match self.run(key, &scripts::PENALIZE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("penalize", f, spec)? {
                 Fallback::Open => Ok(()),
@@ -790,7 +812,7 @@ impl Backend for RedisBackend {
                 None => cmd.arg(""),
             };
         }
-        match self.run(&scripts::RECONCILE, cmd).await {
+        match self.run(key, &scripts::RECONCILE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("reconcile", f, spec)? {
                 Fallback::Open => Ok(()),

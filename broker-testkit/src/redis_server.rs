@@ -218,18 +218,28 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts `n` (at least 3) cluster-enabled servers and joins them.
     pub fn start(n: usize) -> Self {
+        Self::start_with(n, &[])
+    }
+
+    /// [`RedisCluster::start`] with extra `redis-server` arguments for
+    /// every node (e.g. `["--cluster-require-full-coverage", "no"]`, so
+    /// that the other nodes keep serving their slots once one is marked
+    /// failed).
+    pub fn start_with(n: usize, extra: &[&str]) -> Self {
         assert!(n >= 3, "a Redis cluster needs at least 3 masters");
         let nodes: Vec<RedisServer> = (0..n)
             .map(|_| {
                 // Each node has its own directory, so one config file name serves all.
-                RedisServer::start_with(&[
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
-                ])
+                ];
+                args.extend_from_slice(extra);
+                RedisServer::start_with(&args)
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -267,5 +277,68 @@ impl RedisCluster {
     /// The nodes.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+
+    /// Node `i`, to kill ([`RedisServer::kill`]) or freeze
+    /// ([`RedisServer::pause`]) one node of the cluster.
+    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.nodes[i]
+    }
+
+    /// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of the first node
+    /// that answers).
+    ///
+    /// # Panics
+    /// When no node answers with an integer.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .find_map(|n| {
+                let reply = n.command(&format!("CLUSTER KEYSLOT {key}"));
+                reply.trim().trim_start_matches(':').parse().ok()
+            })
+            .expect("CLUSTER KEYSLOT answers an integer")
+    }
+
+    /// The index (in [`RedisCluster::nodes`]) of the node that serves
+    /// `key`'s hash slot, as the first node that answers `CLUSTER NODES`
+    /// sees it. Ask before freezing a node: a frozen node answers nothing
+    /// (see [`raw_command`]'s read timeout).
+    ///
+    /// # Panics
+    /// When no node answers, or no node serves the slot.
+    pub fn node_of(&self, key: &str) -> usize {
+        let slot = self.slot_of(key);
+        let nodes = self
+            .nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(|n| n.command("CLUSTER NODES"))
+            .find(|r| !r.is_empty())
+            .expect("a node answers CLUSTER NODES");
+        // `<id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch>
+        // <link> <slot or range>...`, one node a line.
+        let port = nodes
+            .lines()
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let serves = fields.iter().skip(8).any(|range| {
+                    let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                    match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                        (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                        _ => false,
+                    }
+                });
+                let addr = fields.get(1)?.split('@').next()?;
+                serves.then(|| addr.rsplit(':').next()?.parse::<u16>().ok())?
+            })
+            .unwrap_or_else(|| panic!("no node serves slot {slot}"));
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .unwrap_or_else(|| {
+                panic!("slot {slot} is served by port {port}, not a node of this cluster")
+            })
     }
 }

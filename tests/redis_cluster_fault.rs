@@ -1,0 +1,108 @@
+//! Faults of one node of a real 3-node Redis Cluster: a frozen (SIGSTOP)
+//! node leaves the keys of the other nodes to Redis, its own to the
+//! failure policy. Every test starts its own cluster (with
+//! `cluster-require-full-coverage no`, so that the other nodes serve their
+//! slots once the frozen one is marked failed) and runs in real time (the
+//! cluster client's timeouts do not run on tokio's paused clock); the
+//! buckets run on a client clock that never moves, so no refill blurs a
+//! count.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_core::{Backend, Cost, Decision, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
+use broker_testkit::RedisCluster;
+
+/// A cluster of 3 masters whose healthy nodes go on serving their slots
+/// while one is down.
+fn cluster() -> RedisCluster {
+    RedisCluster::start_with(3, &["--cluster-require-full-coverage", "no"])
+}
+
+/// A backend builder on `cluster` under `policy` whose calls give up after
+/// 300 ms (150 ms to connect, 150 ms for the reply), on `clock`.
+fn builder(
+    cluster: &RedisCluster,
+    prefix: &str,
+    policy: FailurePolicy,
+    clock: &Arc<ManualClock>,
+) -> RedisBackendBuilder {
+    let urls = cluster.urls();
+    RedisBackend::builder(&urls[0])
+        .cluster(urls)
+        .prefix(prefix)
+        .failure_policy(policy)
+        .client_time(clock.clone())
+        .connect_timeout(Duration::from_millis(150))
+        .response_timeout(Duration::from_millis(150))
+}
+
+async fn connect(b: RedisBackendBuilder) -> RedisBackend {
+    b.connect().await.expect("connect to the cluster")
+}
+
+/// A resource whose keys (on `backend`) live on node `node`.
+fn resource_on(cluster: &RedisCluster, backend: &RedisBackend, node: usize) -> String {
+    (0..)
+        .map(|i| format!("r{i}"))
+        .find(|r| cluster.node_of(&backend.bucket_key(r).unwrap()) == node)
+        .expect("some resource hashes to every node")
+}
+
+/// `n` per minute, with a burst of `n`.
+fn per_minute(n: u64) -> LimitSpec {
+    LimitSpec::new(
+        &Limits::new().rate(RateLimit::per_minute(n)),
+        Duration::from_secs(60),
+    )
+}
+
+/// A `try_acquire` that takes nothing: loads the scripts on the key's
+/// node and opens the connection to it.
+async fn warm(backend: &RedisBackend, key: &str, spec: &LimitSpec) {
+    let d = backend.try_acquire(key, spec, Cost::requests(0)).await;
+    assert!(d.expect("warm-up answered by redis").allowed);
+}
+
+/// One frozen node of three: the keys of its slots are answered by the
+/// failure policy (here fail-open), and the keys of the other nodes are
+/// still decided by Redis, shared with a second backend: a limit of 4
+/// admits exactly 4 of 10 calls spread over both. Before, the first
+/// timeout on the frozen node put the whole backend in an outage: its
+/// calls on a healthy key were let through by fail-open too, counted
+/// nowhere, as if every node were down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_leaves_the_keys_of_the_other_nodes_to_redis() {
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    let policy = FailurePolicy::FailOpen;
+    let a = connect(builder(&cluster, "slots", policy, &clock)).await;
+    let b = connect(builder(&cluster, "slots", policy, &clock)).await;
+    let live = resource_on(&cluster, &a, 0);
+    let dead = resource_on(&cluster, &a, 1);
+    let spec = per_minute(4);
+    for backend in [&a, &b] {
+        warm(backend, &live, &spec).await;
+        warm(backend, &dead, &spec).await;
+    }
+
+    cluster.nodes()[1].pause();
+    let one = Cost::default();
+    let by_policy = |d: &Decision| d.allowed && d.answered_here;
+    let d = a.try_acquire(&dead, &spec, one).await.expect("fail-open");
+    assert!(by_policy(&d), "the frozen node's key: {d:?}");
+    assert!(a.health().down, "an outage of the frozen node's slot");
+    let mut admitted = 0;
+    for i in 0..10 {
+        let backend = if i % 2 == 0 { &a } else { &b };
+        let d = backend.try_acquire(&live, &spec, one).await.unwrap();
+        assert!(!d.answered_here, "call {i} on a healthy node's key: {d:?}");
+        admitted += usize::from(d.allowed);
+    }
+    assert_eq!(admitted, 4, "a limit of 4 across both backends");
+    // The frozen node's slot is still out: answered at once, until a probe.
+    let d = a.try_acquire(&dead, &spec, one).await.expect("fail-open");
+    assert!(by_policy(&d), "the frozen node's key again: {d:?}");
+    cluster.nodes()[1].resume();
+}
