@@ -106,3 +106,29 @@ async fn a_frozen_node_leaves_the_keys_of_the_other_nodes_to_redis() {
     assert!(by_policy(&d), "the frozen node's key again: {d:?}");
     cluster.nodes()[1].resume();
 }
+
+/// A key whose node lost its scripts (`SCRIPT FLUSH`, a restart) while
+/// another node is frozen: its `NOSCRIPT` loads the script on its own node
+/// only, and the call is decided by Redis. Before, the script was loaded
+/// on every primary, the load waited for the frozen one, and the call was
+/// refused (fail-closed) as if its own node were out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noscript_loads_the_script_on_the_keys_node_only() {
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    let policy = FailurePolicy::FailClosed;
+    let backend = connect(builder(&cluster, "noscript", policy, &clock)).await;
+    let live = resource_on(&cluster, &backend, 0);
+    let spec = per_minute(4);
+    warm(&backend, &live, &spec).await;
+
+    cluster.nodes()[2].pause();
+    for node in &cluster.nodes()[..2] {
+        assert_eq!(node.command("SCRIPT FLUSH"), "+OK");
+    }
+    let d = backend.try_acquire(&live, &spec, Cost::default()).await;
+    let d = d.expect("decided by redis on the key's own node");
+    assert!(d.allowed && !d.answered_here, "{d:?}");
+    assert!(!backend.health().down);
+    cluster.nodes()[2].resume();
+}

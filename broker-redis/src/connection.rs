@@ -117,11 +117,14 @@ impl Conn {
         }
     }
 
-    async fn load(&self, script: &Script) -> RedisResult<String> {
+    /// Loads `script` where `cmd`, a call of it, runs: the server, or on
+    /// a cluster the node of `cmd`'s key (see [`load_on_node`]).
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    async fn load(&self, script: &Script, cmd: &Cmd) -> RedisResult<String> {
         match self {
             Conn::Single(c, _) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c, _) => script.load_async(&mut c.clone()).await,
+            Conn::Cluster(c, _) => load_on_node(c, script, cmd).await,
         }
     }
 
@@ -142,12 +145,43 @@ impl Conn {
         let cmd = once.as_ref().unwrap_or(cmd);
         match self.query_resending(cmd, resend).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.load(script).await?;
+                self.load(script, cmd).await?;
                 self.query_resending(cmd, resend).await
             }
             other => other,
         }
     }
+}
+
+/// Loads `script` on the primary of the slot of `cmd`'s first key (`cmd`
+/// an `EVALSHA` of it, which the client sends there), the node that
+/// answered `NOSCRIPT`: a `SCRIPT LOAD` the client sends itself goes to
+/// every primary and waits for all of them, so one frozen or dead node
+/// would make the call fail on a healthy one. (A script of none of ours,
+/// or a call without a key, is loaded on every primary.)
+#[cfg(feature = "cluster")]
+async fn load_on_node(
+    c: &redis::cluster_async::ClusterConnection,
+    script: &Script,
+    cmd: &Cmd,
+) -> RedisResult<String> {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    // EVALSHA sha numkeys key ...
+    let key = match cmd.args_iter().nth(3) {
+        Some(redis::Arg::Simple(key)) => key,
+        _ => return script.load_async(&mut c.clone()).await,
+    };
+    let Some(source) = crate::scripts::source_of(script) else {
+        return script.load_async(&mut c.clone()).await;
+    };
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(source);
+    let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+    let sha = c
+        .clone()
+        .route_command(load, RoutingInfo::SingleNode(node))
+        .await?;
+    Ok(redis::from_redis_value(sha)?)
 }
 
 /// How long (ms) a `settle` sent over a cluster connection keeps its own

@@ -19,11 +19,34 @@ use redis::{Cmd, Script};
 
 use crate::keys::KeyPair;
 
+/// A script and its source: the source to load it on one node of a
+/// cluster (see `connection::load_on_node`; [`Script`] hands its source
+/// only to its own `SCRIPT LOAD`, which a cluster's client sends to every
+/// primary).
+pub(crate) struct Lua {
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    source: &'static str,
+    script: LazyLock<Script>,
+}
+
+impl std::ops::Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
+
 macro_rules! script {
     ($name:ident, [$($part:literal),+]) => {
-        pub(crate) static $name: LazyLock<Script> = LazyLock::new(|| {
-            Script::new(concat!($(include_str!(concat!("lua/", $part, ".lua")), "\n"),+))
-        });
+        script!($name = concat!($(include_str!(concat!("lua/", $part, ".lua")), "\n"),+));
+    };
+    ($(#[$doc:meta])* $name:ident = $source:expr) => {
+        $(#[$doc])*
+        pub(crate) static $name: Lua = Lua {
+            source: $source,
+            script: LazyLock::new(|| Script::new($source)),
+        };
     };
 }
 
@@ -35,13 +58,13 @@ script!(
 // TRY_ONE without a concurrency limit, the helpers written out in place
 // (`lua/try_flat.lua`): a call defines one closure, not a dozen.
 script!(TRY_FLAT, ["try_flat"]);
-/// Several `try` decisions in one call (see `lua/try_batch.lua`): the
-/// helpers of [`TRY_ONE`] and [`TRY`] defined once, and their per-call
-/// parts and bodies, unchanged, as two functions whose `KEYS` and `ARGV`
-/// are each decision's own; bucket hashes, `TIME` and numbers go through
-/// the batch's cache (`lua/batch_cache.lua`).
-pub(crate) static TRY_BATCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+script!(
+    /// Several `try` decisions in one call (see `lua/try_batch.lua`): the
+    /// helpers of [`TRY_ONE`] and [`TRY`] defined once, and their per-call
+    /// parts and bodies, unchanged, as two functions whose `KEYS` and `ARGV`
+    /// are each decision's own; bucket hashes, `TIME` and numbers go through
+    /// the batch's cache (`lua/batch_cache.lua`).
+    TRY_BATCH = concat!(
         "local G_KEYS, G_ARGV = KEYS, ARGV\n",
         "local KEYS, ARGV\n",
         include_str!("lua/batch_cache.lua"),
@@ -69,8 +92,8 @@ pub(crate) static TRY_BATCH: LazyLock<Script> = LazyLock::new(|| {
         include_str!("lua/try.lua"),
         "\nend\n",
         include_str!("lua/try_batch.lua"),
-    ))
-});
+    )
+);
 script!(RESERVE, ["common", "bucket", "state", "args", "reserve"]);
 script!(
     RESERVE_ONE,
@@ -89,6 +112,32 @@ script!(
     RECONCILE,
     ["common", "bucket", "state", "args", "reconcile"]
 );
+
+/// Every script, for [`source_of`].
+#[cfg(feature = "cluster")]
+static ALL: [&Lua; 13] = [
+    &TRY,
+    &TRY_ONE,
+    &TRY_FLAT,
+    &TRY_BATCH,
+    &RESERVE,
+    &RESERVE_ONE,
+    &HOLD_SLOT,
+    &HOLD_LEFT,
+    &RELEASE,
+    &RENEW,
+    &SETTLE,
+    &PENALIZE,
+    &RECONCILE,
+];
+
+/// The source of `script`, one of this module's; `None` for another.
+#[cfg(feature = "cluster")]
+pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
+    ALL.iter()
+        .find(|lua| lua.get_hash() == script.get_hash())
+        .map(|lua| lua.source)
+}
 
 /// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
 #[derive(Debug, Clone, Copy)]
@@ -282,6 +331,19 @@ mod tests {
             .query_async(c)
             .await
             .unwrap()
+    }
+
+    /// Every script's source is found by its hash, for a load on one node
+    /// of a cluster.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn every_scripts_source_is_found_by_its_hash() {
+        let hashes: std::collections::HashSet<&str> = ALL.iter().map(|l| l.get_hash()).collect();
+        assert_eq!(hashes.len(), ALL.len(), "no script twice");
+        for lua in ALL {
+            assert_eq!(source_of(lua), Some(lua.source));
+        }
+        assert_eq!(source_of(&Script::new("return 1")), None);
     }
 
     /// A settle sent twice (as a cluster's client sends a command again
