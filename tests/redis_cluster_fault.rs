@@ -8,7 +8,7 @@
 //! count.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use broker_core::{Backend, Cost, Decision, LimitSpec, Limits, ManualClock, RateLimit};
 use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
@@ -63,6 +63,21 @@ fn per_minute(n: u64) -> LimitSpec {
 async fn warm(backend: &RedisBackend, key: &str, spec: &LimitSpec) {
     let d = backend.try_acquire(key, spec, Cost::requests(0)).await;
     assert!(d.expect("warm-up answered by redis").allowed);
+}
+
+/// The tokens of `key`'s first bucket as stored, once what a late
+/// decision took has had time to come back (at most 5 s): `None` when the
+/// state is fresh (a full bucket).
+async fn tokens_settled(backend: &RedisBackend, key: &str, full: f64) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = backend.state(key).await.expect("the key's node answers");
+        let tokens = state.and_then(|s| s.buckets.first().map(|b| b.tokens));
+        if tokens.is_none_or(|t| t >= full) || Instant::now() > deadline {
+            return tokens;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// One frozen node of three: the keys of its slots are answered by the
@@ -131,4 +146,94 @@ async fn a_noscript_loads_the_script_on_the_keys_node_only() {
     assert!(d.allowed && !d.answered_here, "{d:?}");
     assert!(!backend.health().down);
     cluster.nodes()[2].resume();
+}
+
+/// A decision whose node freezes gets no reply within the operation
+/// timeout and is refused by the failure policy (fail-closed); the node
+/// runs it once it resumes, after that timeout and well within the wait
+/// for a late reply, and what it took is given back, alone, in a batch
+/// and with coalescing off, as on one server. Before, the cluster's
+/// client gave up on the reply at its own response timeout (shorter than
+/// the operation timeout), so the late reply was never read and Redis kept
+/// the cost of a refused call (a 2-per-minute limit lost one of its two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reply_on_a_cluster_gives_its_cost_back() {
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    let spec = per_minute(2);
+    for mode in ["alone", "batch", "off"] {
+        let b = builder(
+            &cluster,
+            &format!("late{mode}"),
+            FailurePolicy::FailClosed,
+            &clock,
+        );
+        let backend = connect(match mode {
+            "alone" => b,
+            "batch" => b.coalesce_every_call(),
+            _ => b.coalesce(false),
+        })
+        .await;
+        let key = resource_on(&cluster, &backend, 1);
+        warm(&backend, &key, &spec).await;
+
+        cluster.nodes()[1].pause();
+        let told = backend.try_acquire(&key, &spec, Cost::default()).await;
+        assert!(told.is_err(), "{mode}: refused by the policy ({told:?})");
+        cluster.nodes()[1].resume();
+        let tokens = tokens_settled(&backend, &key, 2.0).await;
+        assert!(
+            tokens.is_none_or(|t| t >= 2.0),
+            "{mode}: told {told:?}, yet Redis kept the cost: {tokens:?} tokens left"
+        );
+    }
+}
+
+/// Decisions queued behind a call in flight on a frozen node (one call in
+/// flight at a time) are sent when it times out, if their keys are on
+/// other slots: only the frozen slot's queued decisions are answered by
+/// the failure policy at once. Alone (the call in flight is a lone
+/// decision) and in batches. Before, every queued decision was refused
+/// (fail-closed) with the one in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_on_a_frozen_node_drops_only_its_slots_queued_decisions() {
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    let spec = per_minute(10);
+    for mode in ["alone", "batch"] {
+        let b = builder(
+            &cluster,
+            &format!("queued{mode}"),
+            FailurePolicy::FailClosed,
+            &clock,
+        )
+        .coalesce_limits(32, 1);
+        let backend = connect(match mode {
+            "alone" => b,
+            _ => b.coalesce_every_call(),
+        })
+        .await;
+        let live = resource_on(&cluster, &backend, 0);
+        let dead = resource_on(&cluster, &backend, 1);
+        // Three at once: the lone one's script and the batch script (the
+        // two behind it) are loaded on both nodes.
+        for key in [&live, &dead] {
+            futures::future::join_all((0..3).map(|_| warm(&backend, key, &spec))).await;
+        }
+
+        cluster.nodes()[1].pause();
+        let one = Cost::default();
+        // The frozen node's decision goes first (polled first, it takes
+        // the one place in flight); the others queue behind it.
+        let (stuck, queued) = tokio::join!(
+            backend.try_acquire(&dead, &spec, one),
+            futures::future::join_all((0..3).map(|_| backend.try_acquire(&live, &spec, one))),
+        );
+        assert!(stuck.is_err(), "{mode}: the frozen node's key: {stuck:?}");
+        for d in queued {
+            let d = d.unwrap_or_else(|e| panic!("{mode}: a healthy node's key refused: {e}"));
+            assert!(d.allowed && !d.answered_here, "{mode}: {d:?}");
+        }
+        cluster.nodes()[1].resume();
+    }
 }

@@ -16,9 +16,11 @@
 //!   that goes away after it was sent has its lease, if it was granted one,
 //!   released (`release` is idempotent), so no slot leaks.
 //! - A call in flight that gets no reply within the timeout does not hand
-//!   the queue on: the queued decisions are answered at once by the
-//!   failure policy, as new calls are then, instead of each batch waiting
-//!   out a timeout of its own.
+//!   on the queued decisions of its [`Scope`] (the server; on a cluster,
+//!   its hash slot): they are answered at once by the failure policy, as
+//!   new calls there are then, instead of each batch waiting out a timeout
+//!   of its own. The other slots' queued decisions are sent (a frozen node
+//!   of a cluster holds up no decision on another).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,6 +31,7 @@ use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, Value};
 use tokio::sync::oneshot;
 
 use crate::connection::Conn;
+use crate::failure::Scope;
 use crate::keys::KeyPair;
 use crate::scripts;
 
@@ -68,10 +71,10 @@ pub(crate) enum Reply {
     Done(RedisResult<Value>),
     /// No reply within the operation timeout.
     TimedOut,
-    /// Not sent: a call in flight when it queued got no reply within the
-    /// timeout, so it is answered as a new call would be then, by the
-    /// failure policy, instead of waiting out a timeout of its own behind
-    /// the ones before it.
+    /// Not sent: a call in flight on its scope when it queued got no
+    /// reply within the timeout, so it is answered as a new call would be
+    /// then, by the failure policy, instead of waiting out a timeout of its
+    /// own behind the ones before it.
     Unsent,
 }
 
@@ -92,7 +95,7 @@ impl Reply {
 /// Where [`Coalescer::enter`] put a decision.
 enum Entered {
     /// In flight alone: its caller sends it.
-    Alone(Cmd, Option<(KeyPair, LeaseId)>),
+    Alone(Cmd, Option<(KeyPair, LeaseId)>, Scope),
     /// Queued: the answer comes through the channel.
     Queued(oneshot::Receiver<Answer>),
 }
@@ -107,6 +110,8 @@ type Answer = (Reply, Option<(KeyPair, LeaseId)>);
 struct Pending {
     script: &'static Script,
     cmd: Cmd,
+    /// The part of the store it needs.
+    scope: Scope,
     lease: Option<(KeyPair, LeaseId)>,
     tx: oneshot::Sender<Answer>,
 }
@@ -161,17 +166,20 @@ impl Coalescer {
     }
 
     /// Runs one `try` decision (`cmd`, an `EVALSHA` of `script`, a `try`
-    /// script), alone or in a batch. `lease` is the decision's keys and
-    /// lease id when it may be granted a lease, to release it if the caller
-    /// goes away before the answer.
+    /// script, on `scope`), alone or in a batch. `lease` is the decision's
+    /// keys and lease id when it may be granted a lease, to release it if
+    /// the caller goes away before the answer.
     pub(crate) async fn run(
         self: &Arc<Self>,
         script: &'static Script,
         cmd: Cmd,
+        scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
-        let mut queued = match self.enter(script, cmd, lease) {
-            Entered::Alone(cmd, lease) => return self.run_alone(script, cmd, lease).await,
+        let mut queued = match self.enter(script, cmd, scope, lease) {
+            Entered::Alone(cmd, lease, scope) => {
+                return self.run_alone(script, cmd, scope, lease).await
+            }
             Entered::Queued(rx) => Queued {
                 coalescer: self,
                 rx,
@@ -191,18 +199,20 @@ impl Coalescer {
         self: &Arc<Self>,
         script: &'static Script,
         cmd: Cmd,
+        scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Entered {
         let mut state = self.lock();
         let free = state.in_flight < self.settings.max_in_flight && state.queue.is_empty();
         if free && !self.settings.batch_every_call {
             state.in_flight += 1;
-            return Entered::Alone(cmd, lease);
+            return Entered::Alone(cmd, lease, scope);
         }
         let (tx, rx) = oneshot::channel();
         state.queue.push(Pending {
             script,
             cmd,
+            scope,
             lease,
             tx,
         });
@@ -222,11 +232,12 @@ impl Coalescer {
         self: &Arc<Self>,
         script: &'static Script,
         cmd: Cmd,
+        scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
         let mut place = Alone {
             coalescer: self,
-            timed_out: false,
+            timed_out: None,
         };
         let late = Undo::One(self.late(lease.as_ref()));
         // Declared after the place, so dropped first: a lease is released
@@ -237,7 +248,7 @@ impl Coalescer {
         // time, a failed connection) is released as its caller's would be:
         // the caller is told the call failed, and never holds it.
         unsettled.settle(&reply);
-        place.timed_out = matches!(reply, Reply::TimedOut);
+        place.timed_out = matches!(reply, Reply::TimedOut).then_some(scope);
         reply
     }
 
@@ -259,36 +270,39 @@ impl Coalescer {
         state.queue.drain(..n).collect()
     }
 
-    /// A call in flight returned (`timed_out`: with no reply in time):
-    /// hands the queue to a flush task, or frees its place.
-    fn returned(self: &Arc<Self>, timed_out: bool) {
+    /// A call in flight returned (`timed_out`: the scopes where it got no
+    /// reply in time): hands the queue to a flush task, or frees its place.
+    fn returned(self: &Arc<Self>, timed_out: &[Scope]) {
         if let Some(batch) = self.next(timed_out) {
             self.spawn_flush(batch);
         }
     }
 
     /// The next batch for the place in flight of a call that returned, or
-    /// `None` when its place is freed: the queue is empty, or the call got
-    /// no reply in time (`timed_out`), and every queued decision is
-    /// answered [`Reply::Unsent`] at once (each would otherwise wait out a
-    /// timeout of its own, a batch at a time).
-    fn next(&self, timed_out: bool) -> Option<Vec<Pending>> {
+    /// `None` when its place is freed (the queue is empty). The queued
+    /// decisions on a scope where the call got no reply in time
+    /// (`timed_out`) are answered [`Reply::Unsent`] at once (each would
+    /// otherwise wait out a timeout of its own, a batch at a time); on one
+    /// server that is all of them.
+    fn next(&self, timed_out: &[Scope]) -> Option<Vec<Pending>> {
         let mut state = self.lock();
-        if timed_out {
-            let unsent = std::mem::take(&mut state.queue);
-            state.in_flight -= 1;
-            drop(state);
-            for pending in unsent {
-                self.answer(pending, Reply::Unsent);
-            }
-            return None;
+        let mut unsent = Vec::new();
+        if !timed_out.is_empty() {
+            let queue = std::mem::take(&mut state.queue);
+            let (stuck, rest) = queue
+                .into_iter()
+                .partition(|p| timed_out.contains(&p.scope));
+            (unsent, state.queue) = (stuck, rest);
         }
         let batch = self.take(&mut state);
         if batch.is_empty() {
             state.in_flight -= 1;
-            return None;
         }
-        Some(batch)
+        drop(state);
+        for pending in unsent {
+            self.answer(pending, Reply::Unsent);
+        }
+        (!batch.is_empty()).then_some(batch)
     }
 
     /// Sends `batch`, then the next queued decisions, until the queue is
@@ -305,7 +319,7 @@ impl Coalescer {
             let mut batch = batch;
             loop {
                 let timed_out = this.flush(batch).await;
-                match this.next(timed_out) {
+                match this.next(&timed_out) {
                     Some(next) => batch = next,
                     None => return,
                 }
@@ -315,10 +329,11 @@ impl Coalescer {
 
     /// Sends one batch and answers each of its callers: as one call, or on
     /// a cluster as one call per hash tag (all keys of a call must be in
-    /// one slot), all at once. Whether any call got no reply in time.
-    async fn flush(&self, batch: Vec<Pending>) -> bool {
+    /// one slot), all at once. The scopes of the calls that got no reply
+    /// in time.
+    async fn flush(&self, batch: Vec<Pending>) -> Vec<Scope> {
         if !self.settings.group_by_tag {
-            return self.flush_group(batch).await;
+            return self.flush_group(batch).await.into_iter().collect();
         }
         let mut groups: Vec<(Vec<u8>, Vec<Pending>)> = Vec::new();
         for p in batch {
@@ -329,12 +344,14 @@ impl Coalescer {
             }
         }
         let sent = groups.into_iter().map(|(_, g)| self.flush_group(g));
-        futures::future::join_all(sent).await.into_iter().any(|o| o)
+        let timed_out = futures::future::join_all(sent).await;
+        timed_out.into_iter().flatten().collect()
     }
 
-    /// Sends decisions whose keys share a slot as one call. Whether it got
-    /// no reply in time.
-    async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
+    /// Sends decisions whose keys share a slot as one call. Its scope if it
+    /// got no reply in time.
+    async fn flush_group(&self, mut batch: Vec<Pending>) -> Option<Scope> {
+        let scope = batch.first()?.scope;
         if batch.len() == 1 && !self.settings.batch_every_call {
             if let Some(mut one) = batch.pop() {
                 let cmd = std::mem::take(&mut one.cmd);
@@ -342,7 +359,7 @@ impl Coalescer {
                 let reply = send_or_later(&self.conn, self.op_timeout, one.script, cmd, late).await;
                 let timed_out = matches!(reply, Reply::TimedOut);
                 self.answer(one, reply);
-                return timed_out;
+                return timed_out.then_some(scope);
             }
         }
         let cmd = batch_cmd(&batch);
@@ -377,7 +394,7 @@ impl Coalescer {
         for (pending, reply) in batch.into_iter().zip(replies) {
             self.answer(pending, reply);
         }
-        timed_out
+        timed_out.then_some(scope)
     }
 
     /// Hands `reply` to the caller of `pending`; if it went away and the
@@ -500,13 +517,13 @@ impl Drop for Queued<'_> {
 /// caller gone), it frees the place or hands the queue on.
 struct Alone<'a> {
     coalescer: &'a Arc<Coalescer>,
-    /// Whether the decision got no reply in time.
-    timed_out: bool,
+    /// The decision's scope if it got no reply in time.
+    timed_out: Option<Scope>,
 }
 
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
-        self.coalescer.returned(self.timed_out);
+        self.coalescer.returned(self.timed_out.as_slice());
     }
 }
 

@@ -79,7 +79,7 @@ impl Conn {
     pub(crate) async fn cluster(urls: &[String], t: Timeouts) -> RedisResult<Self> {
         let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
             .connection_timeout(t.connect)
-            .response_timeout(t.response)
+            .response_timeout(cluster_response(t))
             .retries(1)
             .min_retry_wait(10)
             .max_retry_wait(100)
@@ -184,14 +184,29 @@ async fn load_on_node(
     Ok(redis::from_redis_value(sha)?)
 }
 
+/// The cluster client's response timeout, as the connection manager's
+/// (see [`manager_config`]): past the operation timeout and the wait for
+/// a late reply ([`crate::coalesce::LATE`]), so that a decision with no
+/// reply within the operation timeout still reads its reply, to give back
+/// what it took (the client's own timeout would drop the reply, and with
+/// its retry could even send the decision again).
+#[cfg(feature = "cluster")]
+fn cluster_response(t: Timeouts) -> Duration {
+    t.operation().saturating_add(crate::coalesce::LATE)
+}
+
 /// How long (ms) a `settle` sent over a cluster connection keeps its own
 /// key (see `scripts::run_once`): past every time the cluster's client
-/// may send it again (its one retry, each try bounded by the connect and
-/// response timeouts, plus its retry wait), twice over, and at least 10 s;
-/// at most a day (a timeout of `Duration::MAX` means none).
+/// may send it again (its one retry, each try bounded by the connect
+/// timeout and the client's response timeout, see [`cluster_response`],
+/// plus its retry wait), twice over, and at least 10 s; at most a day (a
+/// timeout of `Duration::MAX` means none). With the default timeouts
+/// (1 s each), 133 s: the response timeout holds the wait for a late
+/// reply, 30 s.
 #[cfg(feature = "cluster")]
 fn once_ms(t: Timeouts) -> u64 {
-    let ms = u64::try_from(t.operation().as_millis()).unwrap_or(u64::MAX);
+    let per_try = t.connect.saturating_add(cluster_response(t));
+    let ms = u64::try_from(per_try.as_millis()).unwrap_or(u64::MAX);
     ms.saturating_mul(4)
         .saturating_add(1_000)
         .clamp(10_000, 86_400_000)
@@ -314,7 +329,9 @@ mod tests {
     use super::*;
 
     /// A settle's own key outlasts the cluster client's resends: 4× the
-    /// bound on one call plus a second, within 10 s and a day.
+    /// bound on one try (the connect timeout and the client's response
+    /// timeout, which holds the wait for a late reply) plus a second,
+    /// within 10 s and a day.
     #[cfg(feature = "cluster")]
     #[test]
     fn a_settles_own_key_outlasts_every_resend() {
@@ -323,8 +340,9 @@ mod tests {
             response: Duration::from_millis(response),
             busy_poll: Duration::ZERO,
         };
-        assert_eq!(once_ms(t(100, 500)), 10_000);
-        assert_eq!(once_ms(t(1_000, 30_000)), 125_000);
+        assert_eq!(once_ms(t(1_000, 1_000)), 133_000);
+        assert_eq!(once_ms(t(100, 500)), 123_800);
+        assert_eq!(once_ms(t(1_000, 30_000)), 249_000);
         let unbounded = Timeouts {
             response: Duration::MAX,
             ..t(0, 0)

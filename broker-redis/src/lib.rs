@@ -41,7 +41,9 @@
 //! - **Keys**: `prefix:{key}:b` (buckets) and `prefix:{key}:l` (leases)
 //!   share the hash tag `{key}` (on Redis Cluster, a `settle` also sets a
 //!   short-lived `prefix:{key}:s:<id>` of its own, so that the cluster
-//!   client's resend of it settles nothing twice); keys come from `broker_core::keys`, which
+//!   client's resend of it settles nothing twice: it outlasts the client's
+//!   resends, which wait up to the operation timeout and 30 s for a late
+//!   reply, so 133 s with the default timeouts); keys come from `broker_core::keys`, which
 //!   escapes user parts. Each key's TTL is computed from its state
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.

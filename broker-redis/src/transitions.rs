@@ -176,7 +176,8 @@ impl RedisBackend {
         };
         let scope = self.scope(key);
         let epoch = self.gate(scope)?;
-        self.outcome(coalescer.run(script, cmd, lease).await, scope, epoch)
+        let reply = coalescer.run(script, cmd, scope, lease).await;
+        self.outcome(reply, scope, epoch)
     }
 
     /// Lets a call on `scope` through to Redis, unless that is down and
