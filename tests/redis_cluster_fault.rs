@@ -80,46 +80,63 @@ async fn tokens_settled(backend: &RedisBackend, key: &str, full: f64) -> Option<
     }
 }
 
-/// One frozen node of three: the keys of its slots are answered by the
-/// failure policy (here fail-open), and the keys of the other nodes are
-/// still decided by Redis, shared with a second backend: a limit of 4
-/// admits exactly 4 of 10 calls spread over both. Before, the first
-/// timeout on the frozen node put the whole backend in an outage: its
-/// calls on a healthy key were let through by fail-open too, counted
-/// nowhere, as if every node were down.
+/// One node of three frozen, then another killed: the keys of its slots
+/// are answered by the failure policy (here fail-open), and the keys of
+/// the other nodes are still decided by Redis, shared with a second
+/// backend: a limit of 4 admits exactly 4 of 10 calls spread over both.
+/// Before, the first failure on the down node put the whole backend in an
+/// outage: its calls on a healthy key were let through by fail-open too,
+/// counted nowhere, as if every node were down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_node_leaves_the_keys_of_the_other_nodes_to_redis() {
-    let cluster = cluster();
+async fn a_down_node_leaves_the_keys_of_the_other_nodes_to_redis() {
+    let mut cluster = cluster();
+    one_node_down(&mut cluster, "frozen", 1).await;
+    cluster.nodes()[1].resume();
+    one_node_down(&mut cluster, "killed", 2).await;
+}
+
+/// Takes node `down` out (`"frozen"`: SIGSTOP; `"killed"`: SIGKILL) and
+/// checks that only its key is answered by the policy (see
+/// [`a_down_node_leaves_the_keys_of_the_other_nodes_to_redis`]).
+async fn one_node_down(cluster: &mut RedisCluster, fault: &str, down: usize) {
     let clock = Arc::new(ManualClock::new());
     let policy = FailurePolicy::FailOpen;
-    let a = connect(builder(&cluster, "slots", policy, &clock)).await;
-    let b = connect(builder(&cluster, "slots", policy, &clock)).await;
-    let live = resource_on(&cluster, &a, 0);
-    let dead = resource_on(&cluster, &a, 1);
+    let a = connect(builder(cluster, fault, policy, &clock)).await;
+    let b = connect(builder(cluster, fault, policy, &clock)).await;
+    let live = resource_on(cluster, &a, 0);
+    let dead = resource_on(cluster, &a, down);
     let spec = per_minute(4);
     for backend in [&a, &b] {
         warm(backend, &live, &spec).await;
         warm(backend, &dead, &spec).await;
     }
 
-    cluster.nodes()[1].pause();
+    match fault {
+        "frozen" => cluster.nodes()[down].pause(),
+        _ => cluster.node_mut(down).kill(),
+    }
     let one = Cost::default();
     let by_policy = |d: &Decision| d.allowed && d.answered_here;
     let d = a.try_acquire(&dead, &spec, one).await.expect("fail-open");
-    assert!(by_policy(&d), "the frozen node's key: {d:?}");
-    assert!(a.health().down, "an outage of the frozen node's slot");
+    assert!(by_policy(&d), "{fault}: the down node's key: {d:?}");
+    assert!(
+        a.health().down,
+        "{fault}: an outage of the down node's slot"
+    );
     let mut admitted = 0;
     for i in 0..10 {
         let backend = if i % 2 == 0 { &a } else { &b };
         let d = backend.try_acquire(&live, &spec, one).await.unwrap();
-        assert!(!d.answered_here, "call {i} on a healthy node's key: {d:?}");
+        assert!(
+            !d.answered_here,
+            "{fault}: call {i} on a healthy node's key: {d:?}"
+        );
         admitted += usize::from(d.allowed);
     }
-    assert_eq!(admitted, 4, "a limit of 4 across both backends");
-    // The frozen node's slot is still out: answered at once, until a probe.
+    assert_eq!(admitted, 4, "{fault}: a limit of 4 across both backends");
+    // The down node's slot is still out: answered at once, until a probe.
     let d = a.try_acquire(&dead, &spec, one).await.expect("fail-open");
-    assert!(by_policy(&d), "the frozen node's key again: {d:?}");
-    cluster.nodes()[1].resume();
+    assert!(by_policy(&d), "{fault}: the down node's key again: {d:?}");
 }
 
 /// A key whose node lost its scripts (`SCRIPT FLUSH`, a restart) while
