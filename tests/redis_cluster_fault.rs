@@ -254,3 +254,39 @@ async fn a_timeout_on_a_frozen_node_drops_only_its_slots_queued_decisions() {
         cluster.nodes()[1].resume();
     }
 }
+
+/// A slot that went down while its node was frozen reads up again once
+/// the node is back, though its key is never used again: a call that
+/// reaches Redis on another slot probes the down slot (a `PING` to its
+/// node, once per probe interval). Before, only a call on that slot could
+/// end its outage, so the backend's health read down for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_slot_reads_up_again_once_its_node_is_back() {
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    let policy = FailurePolicy::FailOpen;
+    let b = builder(&cluster, "recover", policy, &clock).probe_interval(Duration::from_millis(50));
+    let backend = connect(b).await;
+    let live = resource_on(&cluster, &backend, 0);
+    let dead = resource_on(&cluster, &backend, 1);
+    let spec = per_minute(1_000_000);
+    warm(&backend, &live, &spec).await;
+    warm(&backend, &dead, &spec).await;
+
+    cluster.nodes()[1].pause();
+    let d = backend.try_acquire(&dead, &spec, Cost::default()).await;
+    assert!(d.expect("fail-open").answered_here);
+    assert!(backend.health().down, "the frozen node's slot is down");
+    cluster.nodes()[1].resume();
+
+    // Calls on the live key only, for up to 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.health().down && Instant::now() < deadline {
+        let d = backend.try_acquire(&live, &spec, Cost::default()).await;
+        assert!(!d.expect("the live node answers").answered_here);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let health = backend.health();
+    assert!(!health.down, "every node answers again: {health:?}");
+    assert_eq!(health.outages, 1, "{health:?}");
+}

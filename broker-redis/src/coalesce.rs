@@ -19,8 +19,13 @@
 //!   on the queued decisions of its [`Scope`] (the server; on a cluster,
 //!   its hash slot): they are answered at once by the failure policy, as
 //!   new calls there are then, instead of each batch waiting out a timeout
-//!   of its own. The other slots' queued decisions are sent (a frozen node
-//!   of a cluster holds up no decision on another).
+//!   of its own. The other slots' queued decisions are sent. The places in
+//!   flight are shared by every node, though: while a call waits out its
+//!   timeout on a frozen node of a cluster, it holds one of them, and a
+//!   decision on a healthy node may queue behind such calls for up to the
+//!   operation timeout (once each slot of the frozen node is known down,
+//!   only its probes hold places). `RedisBackendBuilder::coalesce(false)`
+//!   sends every decision at once.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

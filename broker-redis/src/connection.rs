@@ -117,6 +117,28 @@ impl Conn {
         }
     }
 
+    /// Whether the primary of `slot` answers a `PING` within `timeout`
+    /// (on one server: the server), the probe of a slot that is down.
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn ping_slot(
+        &self,
+        slot: redis::cluster_routing::Slot,
+        timeout: Duration,
+    ) -> bool {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let ping = async {
+            match self {
+                Conn::Single(..) => self.query_resending(&redis::cmd("PING"), true).await,
+                Conn::Cluster(c, _) => {
+                    let node = Route::with_slot(slot, SlotAddr::Master);
+                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
+                    c.clone().route_command(redis::cmd("PING"), node).await
+                }
+            }
+        };
+        matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
+    }
+
     /// Loads `script` where `cmd`, a call of it, runs: the server, or on
     /// a cluster the node of `cmd`'s key (see [`load_on_node`]).
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
@@ -197,16 +219,16 @@ fn cluster_response(t: Timeouts) -> Duration {
 
 /// How long (ms) a `settle` sent over a cluster connection keeps its own
 /// key (see `scripts::run_once`): past every time the cluster's client
-/// may send it again (its one retry, each try bounded by the connect
-/// timeout and the client's response timeout, see [`cluster_response`],
-/// plus its retry wait), twice over, and at least 10 s; at most a day (a
-/// timeout of `Duration::MAX` means none). With the default timeouts
-/// (1 s each), 133 s: the response timeout holds the wait for a late
-/// reply, 30 s.
+/// may send it again, twice over, and at least 10 s; at most a day (a
+/// timeout of `Duration::MAX` means none). A settle waits for its reply
+/// for the operation timeout (it is sent by `coalesce::send`, which reads
+/// no late reply), and the client sends a request again only while its
+/// caller waits (a dropped caller's request is not retried), so the
+/// client's longer response timeout (see [`cluster_response`]) does not
+/// lengthen the window.
 #[cfg(feature = "cluster")]
 fn once_ms(t: Timeouts) -> u64 {
-    let per_try = t.connect.saturating_add(cluster_response(t));
-    let ms = u64::try_from(per_try.as_millis()).unwrap_or(u64::MAX);
+    let ms = u64::try_from(t.operation().as_millis()).unwrap_or(u64::MAX);
     ms.saturating_mul(4)
         .saturating_add(1_000)
         .clamp(10_000, 86_400_000)
@@ -329,9 +351,7 @@ mod tests {
     use super::*;
 
     /// A settle's own key outlasts the cluster client's resends: 4× the
-    /// bound on one try (the connect timeout and the client's response
-    /// timeout, which holds the wait for a late reply) plus a second,
-    /// within 10 s and a day.
+    /// bound on one call plus a second, within 10 s and a day.
     #[cfg(feature = "cluster")]
     #[test]
     fn a_settles_own_key_outlasts_every_resend() {
@@ -340,9 +360,8 @@ mod tests {
             response: Duration::from_millis(response),
             busy_poll: Duration::ZERO,
         };
-        assert_eq!(once_ms(t(1_000, 1_000)), 133_000);
-        assert_eq!(once_ms(t(100, 500)), 123_800);
-        assert_eq!(once_ms(t(1_000, 30_000)), 249_000);
+        assert_eq!(once_ms(t(100, 500)), 10_000);
+        assert_eq!(once_ms(t(1_000, 30_000)), 125_000);
         let unbounded = Timeouts {
             response: Duration::MAX,
             ..t(0, 0)

@@ -5,6 +5,8 @@
 
 #[cfg(feature = "cluster")]
 use std::collections::HashMap;
+#[cfg(feature = "cluster")]
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 #[cfg(feature = "cluster")]
@@ -173,6 +175,10 @@ pub(crate) struct Healths {
     whole: Health,
     #[cfg(feature = "cluster")]
     slots: RwLock<HashMap<redis::cluster_routing::Slot, Arc<Health>>>,
+    /// How many slots are down: while none is, a call that reached Redis
+    /// looks for no slot to probe (one load).
+    #[cfg(feature = "cluster")]
+    down_slots: AtomicUsize,
 }
 
 impl Healths {
@@ -181,6 +187,8 @@ impl Healths {
             whole: Health::new(probe_interval, Scope::Whole),
             #[cfg(feature = "cluster")]
             slots: RwLock::default(),
+            #[cfg(feature = "cluster")]
+            down_slots: AtomicUsize::new(0),
         }
     }
 
@@ -235,7 +243,31 @@ impl Healths {
 
     /// [`Health::up`] for a call on `scope`.
     pub(crate) fn up(&self, scope: Scope) {
-        self.read(scope, (), Health::up)
+        let ended = self.read(scope, false, Health::up);
+        #[cfg(feature = "cluster")]
+        if ended && matches!(scope, Scope::Slot(_)) {
+            self.down_slots.fetch_sub(1, Ordering::Relaxed);
+        }
+        let _ = ended;
+    }
+
+    /// The down slots whose probe is due (see [`Health::should_try`]),
+    /// at most [`PROBES_AT_ONCE`]: each is this probe interval's probe of
+    /// its slot, to send (a `PING` to its node) and to end the slot's
+    /// outage with [`Healths::up`] if it is answered. None while no slot
+    /// is down, at the cost of one load.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn probes_due(&self) -> Vec<redis::cluster_routing::Slot> {
+        if self.down_slots.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .filter(|(_, h)| h.is_down())
+            .filter_map(|(slot, h)| h.should_try().map(|_| *slot))
+            .take(PROBES_AT_ONCE)
+            .collect()
     }
 
     /// [`Health::kept_back`] for a call on `scope`.
@@ -245,7 +277,12 @@ impl Healths {
 
     /// [`Health::failed`] for a call on `scope`.
     pub(crate) fn failed(&self, scope: Scope, policy: &FailurePolicy, error: &str, epoch: Epoch) {
-        self.write(scope, |h| h.failed(policy, error, epoch))
+        let started = self.write(scope, |h| h.failed(policy, error, epoch));
+        #[cfg(feature = "cluster")]
+        if started && matches!(scope, Scope::Slot(_)) {
+            self.down_slots.fetch_add(1, Ordering::Relaxed);
+        }
+        let _ = started;
     }
 
     /// [`Health::is_down`] for `scope`.
@@ -274,6 +311,11 @@ impl Healths {
         all
     }
 }
+
+/// At most this many down slots are probed at once (see
+/// [`Healths::probes_due`]); the others wait for a later call.
+#[cfg(feature = "cluster")]
+const PROBES_AT_ONCE: usize = 16;
 
 /// Reachability of the store, or of one slot of a cluster, as seen by the
 /// calls.
@@ -350,8 +392,9 @@ impl Health {
         probe.then_some(epoch)
     }
 
-    /// A call reached Redis: ends an outage, if there was one.
-    pub(crate) fn up(&self) {
+    /// A call reached Redis: ends an outage, if there was one (whether it
+    /// did).
+    pub(crate) fn up(&self) -> bool {
         // Down: the next epoch, up.
         let ended = self
             .state
@@ -359,7 +402,7 @@ impl Health {
                 (state & DOWN != 0).then(|| ((state >> 1) + 1) << 1)
             });
         if ended.is_err() {
-            return;
+            return false;
         }
         let since = self
             .down_since
@@ -382,6 +425,7 @@ impl Health {
                 "redis cluster slot reachable again; its decisions are shared again"
             ),
         }
+        true
     }
 
     /// A call the probe gate kept from trying (Redis is down): counted
@@ -396,8 +440,8 @@ impl Health {
     /// logs it once; counts the call as handled by the policy. A failure
     /// of a call that went out before the latest outage ended is stale (a
     /// call since reached Redis): it starts no outage, and a call that
-    /// goes out now finds out for itself.
-    pub(crate) fn failed(&self, policy: &FailurePolicy, error: &str, epoch: Epoch) {
+    /// goes out now finds out for itself. Whether it started one.
+    pub(crate) fn failed(&self, policy: &FailurePolicy, error: &str, epoch: Epoch) -> bool {
         self.kept_back(policy);
         // Only from up in the call's own epoch: not again while down, nor
         // after a recovery the call went out before.
@@ -407,7 +451,7 @@ impl Health {
             .compare_exchange(up, up | DOWN, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return;
+            return false;
         }
         *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         self.next_probe_ms
@@ -428,6 +472,7 @@ impl Health {
                 "redis cluster slot unreachable; the failure policy answers its keys until it returns"
             ),
         }
+        true
     }
 
     /// Whether the store is down (an outage has started and not ended).
@@ -522,6 +567,28 @@ mod tests {
         h.up(dead);
         assert!(!h.snapshot().down);
         assert_eq!(h.should_try(dead), Some(1), "the slot's next epoch");
+    }
+
+    /// A down slot is due for a probe once per probe interval, and not
+    /// after its outage ended; no slot is while none is down.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn a_down_slot_is_probed_once_per_interval() {
+        use redis::cluster_routing::Slot;
+        let h = Healths::new(Duration::from_millis(50));
+        let p = FailurePolicy::FailOpen;
+        let dead = Slot::for_key("a");
+        assert!(h.probes_due().is_empty(), "none is down");
+        let epoch = h.should_try(Scope::Slot(dead)).expect("up");
+        h.failed(Scope::Slot(dead), &p, "no reply in time", epoch);
+        assert!(h.probes_due().is_empty(), "not before the interval");
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(h.probes_due(), [dead]);
+        assert!(h.probes_due().is_empty(), "once per interval");
+        h.up(Scope::Slot(dead));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(h.probes_due().is_empty(), "up again");
+        assert!(!h.snapshot().down);
     }
 
     /// A failure of a call that went out before a recovery (a call behind

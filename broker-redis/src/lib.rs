@@ -41,9 +41,8 @@
 //! - **Keys**: `prefix:{key}:b` (buckets) and `prefix:{key}:l` (leases)
 //!   share the hash tag `{key}` (on Redis Cluster, a `settle` also sets a
 //!   short-lived `prefix:{key}:s:<id>` of its own, so that the cluster
-//!   client's resend of it settles nothing twice: it outlasts the client's
-//!   resends, which wait up to the operation timeout and 30 s for a late
-//!   reply, so 133 s with the default timeouts); keys come from `broker_core::keys`, which
+//!   client's resend of it settles nothing twice: it lives 4× the
+//!   operation timeout and a second, at least 10 s); keys come from `broker_core::keys`, which
 //!   escapes user parts. Each key's TTL is computed from its state
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.
@@ -55,7 +54,15 @@
 //!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
 //!   [`Backend::health`](broker_core::Backend::health); recovery is automatic.
 //!   On a cluster, an outage is one hash slot's: the keys of a dead node's
-//!   slots get the policy, the other nodes' keys are still decided by Redis.
+//!   slots get the policy, the other nodes' keys are still decided by Redis
+//!   (with `cluster-require-full-coverage no` on the servers; with Redis's
+//!   default, `yes`, the live nodes refuse every key once a node is marked
+//!   failed, and every slot a call needs goes under the policy). Each slot
+//!   a call needs learns of the outage by a failed call of its own, and is
+//!   logged and counted as an outage of its own; a down slot is probed
+//!   again (a `PING` to its node) when a call on another slot succeeds, at
+//!   most once per probe interval, so the backend's health reads up again
+//!   once the node is back, whether or not that slot's keys are used.
 #![warn(missing_docs)]
 
 mod builder;

@@ -198,6 +198,36 @@ impl RedisBackend {
         Failure::Unavailable("redis is down (waiting for the next probe)".into())
     }
 
+    /// A call on `scope` reached Redis: ends that scope's outage, if
+    /// any. On a cluster, also probes the slots that are down and due for
+    /// a probe (see [`failure::Healths::probes_due`]), each by a `PING` to
+    /// its node from a task of its own: a slot whose keys are no longer
+    /// used would otherwise stay down, and the backend's health with it,
+    /// after its node came back.
+    fn reached(&self, scope: Scope) {
+        let inner = &self.inner;
+        inner.health.up(scope);
+        #[cfg(feature = "cluster")]
+        {
+            let due = inner.health.probes_due();
+            if due.is_empty() {
+                return;
+            }
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            for slot in due {
+                let backend = self.clone();
+                runtime.spawn(async move {
+                    let inner = &backend.inner;
+                    if inner.conn.ping_slot(slot, inner.op_timeout).await {
+                        inner.health.up(Scope::Slot(slot));
+                    }
+                });
+            }
+        }
+    }
+
     /// Sorts a reply into a value, an outage (recorded in the health of
     /// the call's `scope`) or another error. `epoch`: the health's when
     /// the call went out (an outage ended since then is not started again
@@ -206,7 +236,7 @@ impl RedisBackend {
         let inner = &self.inner;
         match reply {
             Reply::Done(Ok(v)) => {
-                inner.health.up(scope);
+                self.reached(scope);
                 Ok(v)
             }
             Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
@@ -216,7 +246,7 @@ impl RedisBackend {
             }
             Reply::Done(Err(e)) => {
                 if connection::answered_by_redis(&e) {
-                    inner.health.up(scope);
+                    self.reached(scope);
                 }
                 Err(Failure::Other(redis_error(e)))
             }
