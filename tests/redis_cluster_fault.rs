@@ -206,12 +206,12 @@ async fn a_late_reply_on_a_cluster_gives_its_cost_back() {
     }
 }
 
-/// Decisions queued behind a call in flight on a frozen node (one call in
-/// flight at a time) are sent when it times out, if their keys are on
-/// other slots: only the frozen slot's queued decisions are answered by
-/// the failure policy at once. Alone (the call in flight is a lone
-/// decision) and in batches. Before, every queued decision was refused
-/// (fail-closed) with the one in flight.
+/// Decisions on other slots, made while a call on a frozen node is in
+/// flight (one call in flight at a time per slot), are decided by Redis:
+/// only the frozen slot's decisions are answered by the failure policy.
+/// Alone (the call in flight is a lone decision) and in batches. Before,
+/// they queued behind that call, and every queued decision was refused
+/// (fail-closed) with it when it timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_on_a_frozen_node_drops_only_its_slots_queued_decisions() {
     let cluster = cluster();
@@ -289,4 +289,57 @@ async fn a_down_slot_reads_up_again_once_its_node_is_back() {
     let health = backend.health();
     assert!(!health.down, "every node answers again: {health:?}");
     assert_eq!(health.outages, 1, "{health:?}");
+}
+
+/// Five decisions on five slots of a frozen node, each waiting for its
+/// reply, and then one on a healthy node's key: that one is sent at once
+/// and answered by Redis while the five still wait. The coalescer's places
+/// in flight are per slot. Before, they were shared by every node: the
+/// five took them all (five by default), and the healthy decision queued
+/// behind them until one timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_holds_up_no_decision_on_another() {
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    // A long wait for a reply: the frozen node's calls are still waiting
+    // when the healthy one is answered, however slow the machine.
+    let b = builder(&cluster, "places", FailurePolicy::FailOpen, &clock)
+        .response_timeout(Duration::from_secs(20));
+    let backend = Arc::new(connect(b).await);
+    let live = resource_on(&cluster, &backend, 0);
+    let mut slots = std::collections::HashSet::new();
+    let frozen: Vec<String> = (0..)
+        .map(|i| format!("f{i}"))
+        .filter(|r| {
+            let key = backend.bucket_key(r).unwrap();
+            cluster.node_of(&key) == 1 && slots.insert(cluster.slot_of(&key))
+        })
+        .take(5)
+        .collect();
+    let spec = per_minute(1_000_000);
+    warm(&backend, &live, &spec).await;
+    for key in &frozen {
+        warm(&backend, key, &spec).await;
+    }
+
+    cluster.nodes()[1].pause();
+    let waiting: Vec<_> = frozen
+        .iter()
+        .map(|key| {
+            let (backend, key, spec) = (backend.clone(), key.clone(), spec.clone());
+            tokio::spawn(async move { backend.try_acquire(&key, &spec, Cost::default()).await })
+        })
+        .collect();
+    // Sent: each waits for its reply.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let d = backend.try_acquire(&live, &spec, Cost::default()).await;
+    assert!(!d.expect("the healthy node answers").answered_here);
+    let answered = waiting.iter().filter(|t| t.is_finished()).count();
+    assert_eq!(answered, 0, "the healthy decision waited for a frozen one");
+
+    cluster.nodes()[1].resume();
+    for task in waiting {
+        let d = task.await.unwrap().expect("answered once the node is back");
+        assert!(!d.answered_here, "the node answered within its wait");
+    }
 }

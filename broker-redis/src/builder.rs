@@ -224,7 +224,9 @@ impl RedisBackendBuilder {
     /// (default 32) and at most `max_in_flight` calls in flight before
     /// `try_acquire` calls queue (default 5); both at least 1. More calls in
     /// flight means smaller batches but less waiting; one call in flight
-    /// makes the largest batches.
+    /// makes the largest batches. On a cluster both limits are per hash
+    /// slot (a call's keys are all in one), so a frozen node holds up no
+    /// decision on another.
     ///
     /// The defaults were measured against one local Redis on two cores
     /// (BENCHMARKS.md): against the earlier (64, 2) they gave about 1.3×

@@ -4,8 +4,9 @@
 //!
 //! - A lone decision is sent at once, by its caller, with its own script
 //!   (no timer, no task in between): exactly the uncoalesced call.
-//! - At most `max_in_flight` calls are in flight; a decision that finds them
-//!   all busy joins the queue. The call that returns first takes the queue
+//! - At most `max_in_flight` calls are in flight per [`Scope`] (the
+//!   server; on a cluster, a hash slot, whose keys alone a call may hold);
+//!   a decision that finds them all busy joins its scope's queue. The call that returns first takes the queue
 //!   (at most `max_batch` decisions) and sends it from a task, which goes
 //!   on with the next queued decisions until the queue is empty. The batch
 //!   size thus follows the load by itself.
@@ -16,16 +17,12 @@
 //!   that goes away after it was sent has its lease, if it was granted one,
 //!   released (`release` is idempotent), so no slot leaks.
 //! - A call in flight that gets no reply within the timeout does not hand
-//!   on the queued decisions of its [`Scope`] (the server; on a cluster,
-//!   its hash slot): they are answered at once by the failure policy, as
-//!   new calls there are then, instead of each batch waiting out a timeout
-//!   of its own. The other slots' queued decisions are sent. The places in
-//!   flight are shared by every node, though: while a call waits out its
-//!   timeout on a frozen node of a cluster, it holds one of them, and a
-//!   decision on a healthy node may queue behind such calls for up to the
-//!   operation timeout (once each slot of the frozen node is known down,
-//!   only its probes hold places). `RedisBackendBuilder::coalesce(false)`
-//!   sends every decision at once.
+//!   on the queued decisions of its scope: they are answered at once by the
+//!   failure policy, as new calls there are then, instead of each batch
+//!   waiting out a timeout of its own. On a cluster the other slots have
+//!   places and queues of their own, so a frozen node holds up no decision
+//!   on another (a batch could not mix slots anyway: all keys of a call
+//!   must be in one).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -100,7 +97,7 @@ impl Reply {
 /// Where [`Coalescer::enter`] put a decision.
 enum Entered {
     /// In flight alone: its caller sends it.
-    Alone(Cmd, Option<(KeyPair, LeaseId)>, Scope),
+    Alone(Cmd, Option<(KeyPair, LeaseId)>),
     /// Queued: the answer comes through the channel.
     Queued(oneshot::Receiver<Answer>),
 }
@@ -115,16 +112,49 @@ type Answer = (Reply, Option<(KeyPair, LeaseId)>);
 struct Pending {
     script: &'static Script,
     cmd: Cmd,
-    /// The part of the store it needs.
-    scope: Scope,
     lease: Option<(KeyPair, LeaseId)>,
     tx: oneshot::Sender<Answer>,
 }
 
+/// The queue and the calls in flight of one scope.
 #[derive(Default)]
 struct State {
     queue: Vec<Pending>,
     in_flight: usize,
+}
+
+/// The [`State`] of every scope: the server's, and on a cluster one per
+/// hash slot with a call in flight (dropped once idle, so at most one per
+/// slot in use).
+#[derive(Default)]
+struct States {
+    whole: State,
+    #[cfg(feature = "cluster")]
+    slots: std::collections::HashMap<redis::cluster_routing::Slot, State>,
+}
+
+impl States {
+    /// The state of `scope`, made for a slot that has none.
+    fn of(&mut self, scope: Scope) -> &mut State {
+        match scope {
+            Scope::Whole => &mut self.whole,
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => self.slots.entry(slot).or_default(),
+        }
+    }
+
+    /// Frees `scope`'s call in flight: drops a slot's state once it has
+    /// no call in flight and no queue.
+    fn free_place(&mut self, scope: Scope) {
+        let state = self.of(scope);
+        state.in_flight -= 1;
+        #[cfg(feature = "cluster")]
+        if let Scope::Slot(slot) = scope {
+            if state.in_flight == 0 && state.queue.is_empty() {
+                self.slots.remove(&slot);
+            }
+        }
+    }
 }
 
 /// The coalescer of one backend.
@@ -135,7 +165,7 @@ pub(crate) struct Coalescer {
     /// Whether the cost of a decision granted after its caller was told it
     /// timed out is given back (see [`Late`]).
     refund_late: bool,
-    state: Mutex<State>,
+    states: Mutex<States>,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -162,12 +192,12 @@ impl Coalescer {
                 max_in_flight: settings.max_in_flight.max(1),
                 ..settings
             },
-            state: Mutex::new(State::default()),
+            states: Mutex::new(States::default()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, States> {
+        self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs one `try` decision (`cmd`, an `EVALSHA` of `script`, a `try`
@@ -182,9 +212,7 @@ impl Coalescer {
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Reply {
         let mut queued = match self.enter(script, cmd, scope, lease) {
-            Entered::Alone(cmd, lease, scope) => {
-                return self.run_alone(script, cmd, scope, lease).await
-            }
+            Entered::Alone(cmd, lease) => return self.run_alone(script, cmd, scope, lease).await,
             Entered::Queued(rx) => Queued {
                 coalescer: self,
                 rx,
@@ -199,7 +227,8 @@ impl Coalescer {
         }
     }
 
-    /// Takes a place in flight for a lone decision, or queues it.
+    /// Takes a place in flight of `scope` for a lone decision, or queues
+    /// it.
     fn enter(
         self: &Arc<Self>,
         script: &'static Script,
@@ -207,17 +236,17 @@ impl Coalescer {
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Entered {
-        let mut state = self.lock();
+        let mut states = self.lock();
+        let state = states.of(scope);
         let free = state.in_flight < self.settings.max_in_flight && state.queue.is_empty();
         if free && !self.settings.batch_every_call {
             state.in_flight += 1;
-            return Entered::Alone(cmd, lease, scope);
+            return Entered::Alone(cmd, lease);
         }
         let (tx, rx) = oneshot::channel();
         state.queue.push(Pending {
             script,
             cmd,
-            scope,
             lease,
             tx,
         });
@@ -225,9 +254,9 @@ impl Coalescer {
             // Only with `batch_every_call`: nothing is in flight to take
             // the queue when it returns, so send it now.
             state.in_flight += 1;
-            let batch = self.take(&mut state);
-            drop(state);
-            self.spawn_flush(batch);
+            let batch = self.take(state);
+            drop(states);
+            self.spawn_flush(scope, batch);
         }
         Entered::Queued(rx)
     }
@@ -242,7 +271,8 @@ impl Coalescer {
     ) -> Reply {
         let mut place = Alone {
             coalescer: self,
-            timed_out: None,
+            scope,
+            timed_out: false,
         };
         let late = Undo::One(self.late(lease.as_ref()));
         // Declared after the place, so dropped first: a lease is released
@@ -253,7 +283,7 @@ impl Coalescer {
         // time, a failed connection) is released as its caller's would be:
         // the caller is told the call failed, and never holds it.
         unsettled.settle(&reply);
-        place.timed_out = matches!(reply, Reply::TimedOut).then_some(scope);
+        place.timed_out = matches!(reply, Reply::TimedOut);
         reply
     }
 
@@ -275,48 +305,45 @@ impl Coalescer {
         state.queue.drain(..n).collect()
     }
 
-    /// A call in flight returned (`timed_out`: the scopes where it got no
-    /// reply in time): hands the queue to a flush task, or frees its place.
-    fn returned(self: &Arc<Self>, timed_out: &[Scope]) {
-        if let Some(batch) = self.next(timed_out) {
-            self.spawn_flush(batch);
+    /// A call in flight on `scope` returned (`timed_out`: with no reply in
+    /// time): hands the scope's queue to a flush task, or frees its place.
+    fn returned(self: &Arc<Self>, scope: Scope, timed_out: bool) {
+        if let Some(batch) = self.next(scope, timed_out) {
+            self.spawn_flush(scope, batch);
         }
     }
 
-    /// The next batch for the place in flight of a call that returned, or
-    /// `None` when its place is freed (the queue is empty). The queued
-    /// decisions on a scope where the call got no reply in time
-    /// (`timed_out`) are answered [`Reply::Unsent`] at once (each would
-    /// otherwise wait out a timeout of its own, a batch at a time); on one
-    /// server that is all of them.
-    fn next(&self, timed_out: &[Scope]) -> Option<Vec<Pending>> {
-        let mut state = self.lock();
-        let mut unsent = Vec::new();
-        if !timed_out.is_empty() {
-            let queue = std::mem::take(&mut state.queue);
-            let (stuck, rest) = queue
-                .into_iter()
-                .partition(|p| timed_out.contains(&p.scope));
-            (unsent, state.queue) = (stuck, rest);
-        }
-        let batch = self.take(&mut state);
+    /// The next batch of `scope` for the place in flight of a call that
+    /// returned, or `None` when its place is freed: the queue is empty, or
+    /// the call got no reply in time (`timed_out`), and every decision
+    /// queued on the scope is answered [`Reply::Unsent`] at once (each
+    /// would otherwise wait out a timeout of its own, a batch at a time).
+    fn next(&self, scope: Scope, timed_out: bool) -> Option<Vec<Pending>> {
+        let mut states = self.lock();
+        let state = states.of(scope);
+        let unsent = match timed_out {
+            true => std::mem::take(&mut state.queue),
+            false => Vec::new(),
+        };
+        let batch = self.take(state);
         if batch.is_empty() {
-            state.in_flight -= 1;
+            states.free_place(scope);
         }
-        drop(state);
+        drop(states);
         for pending in unsent {
             self.answer(pending, Reply::Unsent);
         }
         (!batch.is_empty()).then_some(batch)
     }
 
-    /// Sends `batch`, then the next queued decisions, until the queue is
-    /// empty; holds one place in flight throughout.
-    fn spawn_flush(self: &Arc<Self>, batch: Vec<Pending>) {
+    /// Sends `batch` of `scope`, then the scope's next queued decisions,
+    /// until its queue is empty; holds one of its places in flight
+    /// throughout.
+    fn spawn_flush(self: &Arc<Self>, scope: Scope, batch: Vec<Pending>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime (it is shutting down): the callers are told so by
             // their dropped senders.
-            self.lock().in_flight -= 1;
+            self.lock().free_place(scope);
             return;
         };
         let this = self.clone();
@@ -324,7 +351,7 @@ impl Coalescer {
             let mut batch = batch;
             loop {
                 let timed_out = this.flush(batch).await;
-                match this.next(&timed_out) {
+                match this.next(scope, timed_out) {
                     Some(next) => batch = next,
                     None => return,
                 }
@@ -334,11 +361,10 @@ impl Coalescer {
 
     /// Sends one batch and answers each of its callers: as one call, or on
     /// a cluster as one call per hash tag (all keys of a call must be in
-    /// one slot), all at once. The scopes of the calls that got no reply
-    /// in time.
-    async fn flush(&self, batch: Vec<Pending>) -> Vec<Scope> {
+    /// one slot), all at once. Whether any call got no reply in time.
+    async fn flush(&self, batch: Vec<Pending>) -> bool {
         if !self.settings.group_by_tag {
-            return self.flush_group(batch).await.into_iter().collect();
+            return self.flush_group(batch).await;
         }
         let mut groups: Vec<(Vec<u8>, Vec<Pending>)> = Vec::new();
         for p in batch {
@@ -349,14 +375,12 @@ impl Coalescer {
             }
         }
         let sent = groups.into_iter().map(|(_, g)| self.flush_group(g));
-        let timed_out = futures::future::join_all(sent).await;
-        timed_out.into_iter().flatten().collect()
+        futures::future::join_all(sent).await.into_iter().any(|o| o)
     }
 
-    /// Sends decisions whose keys share a slot as one call. Its scope if it
-    /// got no reply in time.
-    async fn flush_group(&self, mut batch: Vec<Pending>) -> Option<Scope> {
-        let scope = batch.first()?.scope;
+    /// Sends decisions whose keys share a slot as one call. Whether it got
+    /// no reply in time.
+    async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
         if batch.len() == 1 && !self.settings.batch_every_call {
             if let Some(mut one) = batch.pop() {
                 let cmd = std::mem::take(&mut one.cmd);
@@ -364,7 +388,7 @@ impl Coalescer {
                 let reply = send_or_later(&self.conn, self.op_timeout, one.script, cmd, late).await;
                 let timed_out = matches!(reply, Reply::TimedOut);
                 self.answer(one, reply);
-                return timed_out.then_some(scope);
+                return timed_out;
             }
         }
         let cmd = batch_cmd(&batch);
@@ -399,7 +423,7 @@ impl Coalescer {
         for (pending, reply) in batch.into_iter().zip(replies) {
             self.answer(pending, reply);
         }
-        timed_out.then_some(scope)
+        timed_out
     }
 
     /// Hands `reply` to the caller of `pending`; if it went away and the
@@ -522,13 +546,15 @@ impl Drop for Queued<'_> {
 /// caller gone), it frees the place or hands the queue on.
 struct Alone<'a> {
     coalescer: &'a Arc<Coalescer>,
-    /// The decision's scope if it got no reply in time.
-    timed_out: Option<Scope>,
+    /// The scope whose place it holds.
+    scope: Scope,
+    /// Whether it got no reply in time.
+    timed_out: bool,
 }
 
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
-        self.coalescer.returned(self.timed_out.as_slice());
+        self.coalescer.returned(self.scope, self.timed_out);
     }
 }
 
