@@ -167,7 +167,12 @@ impl Conn {
         let cmd = once.as_ref().unwrap_or(cmd);
         match self.query_resending(cmd, resend).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.load(script, cmd).await?;
+                // Boxed: a cluster's routed `SCRIPT LOAD` is a large future,
+                // which would grow every call's (boxed per decision, see
+                // `coalesce::send_or_later`) past the sizes malloc serves
+                // from its per-thread cache, for a path a server takes once
+                // per script.
+                Box::pin(self.load(script, cmd)).await?;
                 self.query_resending(cmd, resend).await
             }
             other => other,

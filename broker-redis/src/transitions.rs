@@ -107,23 +107,23 @@ impl RedisBackend {
         Scope::of(&self.inner.conn, key)
     }
 
-    /// Runs one script call on state `key`: one `EVALSHA`, bounded by the
-    /// timeouts, unless its [`Scope`] is down and this is not the probe's
-    /// turn.
-    async fn run(&self, key: &str, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
-        self.run_leased(key, script, cmd, None).await
+    /// Runs one script call on `scope` (see [`Self::scope`]): one
+    /// `EVALSHA`, bounded by the timeouts, unless the scope is down and this
+    /// is not the probe's turn. (The scope, not the key, is passed down:
+    /// each level of the call's future holds what it is given.)
+    async fn run(&self, scope: Scope, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+        self.run_leased(scope, script, cmd, None).await
     }
 
     /// [`Self::run`] for a call that may grant `lease`: released if the
     /// call times out or is dropped before its answer.
     async fn run_leased(
         &self,
-        key: &str,
+        scope: Scope,
         script: &Script,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Result<Value, Failure> {
-        let scope = self.scope(key);
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
         let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
@@ -138,13 +138,12 @@ impl RedisBackend {
     /// given back (see [`Late`]).
     async fn run_decision(
         &self,
-        key: &str,
+        scope: Scope,
         script: &'static Script,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Takes,
     ) -> Result<Value, Failure> {
-        let scope = self.scope(key);
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
         let late = Late {
@@ -164,7 +163,7 @@ impl RedisBackend {
     /// decision may be granted.
     async fn run_try(
         &self,
-        key: &str,
+        scope: Scope,
         script: &'static Script,
         cmd: Cmd,
         keys: &KeyPair,
@@ -172,9 +171,10 @@ impl RedisBackend {
     ) -> Result<Value, Failure> {
         let lease = lease.map(|l| (keys.clone(), l));
         let Some(coalescer) = &self.inner.coalescer else {
-            return self.run_decision(key, script, cmd, lease, Takes::Try).await;
+            return self
+                .run_decision(scope, script, cmd, lease, Takes::Try)
+                .await;
         };
-        let scope = self.scope(key);
         let epoch = self.gate(scope)?;
         let reply = coalescer.run(script, cmd, scope, lease).await;
         self.outcome(reply, scope, epoch)
@@ -391,11 +391,17 @@ impl RedisBackend {
         let leased = Some((keys.clone(), lease));
         let reply = match fresh {
             true => {
-                self.run_decision(key, &scripts::HOLD_SLOT, cmd, leased, Takes::Slot)
-                    .await?
+                self.run_decision(
+                    self.scope(key),
+                    &scripts::HOLD_SLOT,
+                    cmd,
+                    leased,
+                    Takes::Slot,
+                )
+                .await?
             }
             false => {
-                self.run_leased(key, &scripts::HOLD_SLOT, cmd, leased)
+                self.run_leased(self.scope(key), &scripts::HOLD_SLOT, cmd, leased)
                     .await?
             }
         };
@@ -463,7 +469,13 @@ impl RedisBackend {
         }
         // 1 when allowed; {reason, wait} when denied.
         let reply = self
-            .run_try(key, script, cmd, keys, spec.max_concurrent.map(|_| lease))
+            .run_try(
+                self.scope(key),
+                script,
+                cmd,
+                keys,
+                spec.max_concurrent.map(|_| lease),
+            )
             .await?;
         if let Value::Int(1) = reply {
             return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
@@ -534,7 +546,7 @@ impl RedisBackend {
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
         let reply = self
-            .run_decision(key, script, cmd, None, Takes::Reserve)
+            .run_decision(self.scope(key), script, cmd, None, Takes::Reserve)
             .await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
@@ -662,7 +674,7 @@ impl Backend for RedisBackend {
         let (script, cmd) =
             self.cost_call(&scripts::HOLD_LEFT, &scripts::HOLD_LEFT, &keys, spec, cost);
         let result = async {
-            let left: String = parse(self.run(key, script, cmd).await?)?;
+            let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
             micros_of(&left)
         };
         match result.await {
@@ -686,7 +698,8 @@ impl Backend for RedisBackend {
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
         cmd.arg(lease);
-        let result = async { parse::<i64>(self.run(key, &scripts::RELEASE, cmd).await?) }.await;
+        let result =
+            async { parse::<i64>(self.run(self.scope(key), &scripts::RELEASE, cmd).await?) }.await;
         match result {
             Ok(n) => Ok(n == 1),
             Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
@@ -734,7 +747,8 @@ impl Backend for RedisBackend {
         let mut cmd =
             scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);
         cmd.arg(spec.lease_ttl).arg(lease);
-        let result = async { parse::<i64>(self.run(key, &scripts::RENEW, cmd).await?) }.await;
+        let result =
+            async { parse::<i64>(self.run(self.scope(key), &scripts::RENEW, cmd).await?) }.await;
         match result {
             Ok(held) => Ok(held == 1),
             // Unreachable: the lease is as the store last left it, and the
@@ -772,7 +786,7 @@ impl Backend for RedisBackend {
                 None => cmd.arg(""),
             };
         }
-        match self.run(key, &scripts::SETTLE, cmd).await {
+        match self.run(self.scope(key), &scripts::SETTLE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {
                 Fallback::Open => Ok(()),
@@ -808,7 +822,7 @@ impl Backend for RedisBackend {
             |_| Operand::Int(0),
         );
         cmd.arg(micros(hold));
-        match self.run(key, &scripts::PENALIZE, cmd).await {
+        match self.run(self.scope(key), &scripts::PENALIZE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("penalize", f, spec)? {
                 Fallback::Open => Ok(()),
@@ -843,7 +857,7 @@ impl Backend for RedisBackend {
                 None => cmd.arg(""),
             };
         }
-        match self.run(key, &scripts::RECONCILE, cmd).await {
+        match self.run(self.scope(key), &scripts::RECONCILE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("reconcile", f, spec)? {
                 Fallback::Open => Ok(()),
