@@ -50,6 +50,25 @@ fn resource_on(cluster: &RedisCluster, backend: &RedisBackend, node: usize) -> S
         .expect("some resource hashes to every node")
 }
 
+/// `n` resources whose keys (on `backend`) live on node `node`, each in a
+/// hash slot of its own.
+fn resources_on_slots(
+    cluster: &RedisCluster,
+    backend: &RedisBackend,
+    node: usize,
+    n: usize,
+) -> Vec<String> {
+    let mut slots = std::collections::HashSet::new();
+    (0..)
+        .map(|i| format!("f{i}"))
+        .filter(|r| {
+            let key = backend.bucket_key(r).unwrap();
+            cluster.node_of(&key) == node && slots.insert(cluster.slot_of(&key))
+        })
+        .take(n)
+        .collect()
+}
+
 /// `n` per minute, with a burst of `n`.
 fn per_minute(n: u64) -> LimitSpec {
     LimitSpec::new(
@@ -307,15 +326,7 @@ async fn a_frozen_node_holds_up_no_decision_on_another() {
         .response_timeout(Duration::from_secs(20));
     let backend = Arc::new(connect(b).await);
     let live = resource_on(&cluster, &backend, 0);
-    let mut slots = std::collections::HashSet::new();
-    let frozen: Vec<String> = (0..)
-        .map(|i| format!("f{i}"))
-        .filter(|r| {
-            let key = backend.bucket_key(r).unwrap();
-            cluster.node_of(&key) == 1 && slots.insert(cluster.slot_of(&key))
-        })
-        .take(5)
-        .collect();
+    let frozen = resources_on_slots(&cluster, &backend, 1, 5);
     let spec = per_minute(1_000_000);
     warm(&backend, &live, &spec).await;
     for key in &frozen {
@@ -342,4 +353,86 @@ async fn a_frozen_node_holds_up_no_decision_on_another() {
         let d = task.await.unwrap().expect("answered once the node is back");
         assert!(!d.answered_here, "the node answered within its wait");
     }
+}
+
+/// The log lines written on this thread, at debug level and above.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Captures this thread's events until the guard drops.
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, broker_testkit::capture_scoped(subscriber))
+    }
+
+    /// The lines at `level` that hold `text`.
+    fn count(&self, level: &str, text: &str) -> usize {
+        let bytes = self.0.lock().unwrap();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(level) && l.contains(text))
+            .count()
+    }
+}
+
+/// One node's failure logs one error, not one per slot in use: five keys
+/// on five slots of a frozen node each start an outage of their own
+/// (counted each), but only the first is logged at error level, the
+/// others at debug level; once the node is back, one line at info level
+/// says the last slot down is reachable again. On one thread (a
+/// current-thread runtime), where the log is captured.
+#[tokio::test]
+async fn a_frozen_node_logs_one_error_for_all_its_slots() {
+    let (logs, _guard) = Logs::capture();
+    let cluster = cluster();
+    let clock = Arc::new(ManualClock::new());
+    let b = builder(&cluster, "logs", FailurePolicy::FailOpen, &clock)
+        .probe_interval(Duration::from_millis(50));
+    let backend = connect(b).await;
+    let frozen = resources_on_slots(&cluster, &backend, 1, 5);
+    let spec = per_minute(1_000_000);
+    for key in &frozen {
+        warm(&backend, key, &spec).await;
+    }
+
+    cluster.nodes()[1].pause();
+    for key in &frozen {
+        let d = backend.try_acquire(key, &spec, Cost::default()).await;
+        assert!(d.expect("fail-open").answered_here);
+    }
+    assert_eq!(backend.health().outages, 5, "{:?}", backend.health());
+    cluster.nodes()[1].resume();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while backend.health().down && Instant::now() < deadline {
+        let _ = backend
+            .try_acquire(&frozen[0], &spec, Cost::default())
+            .await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!backend.health().down, "{:?}", backend.health());
+
+    let unreachable = "redis cluster slot unreachable";
+    assert_eq!(logs.count("ERROR", unreachable), 1);
+    assert_eq!(logs.count("DEBUG", unreachable), 4);
+    let last_back = "reachable again, the last one down";
+    assert_eq!(logs.count("INFO", last_back), 1);
+    assert_eq!(logs.count("DEBUG", "redis cluster slot reachable again"), 4);
 }

@@ -243,7 +243,13 @@ impl Healths {
 
     /// [`Health::up`] for a call on `scope`.
     pub(crate) fn up(&self, scope: Scope) {
-        let ended = self.read(scope, false, Health::up);
+        // Logged at info level when the last down slot comes back (see
+        // `Healths::failed`).
+        #[cfg(feature = "cluster")]
+        let loud = self.down_slots.load(Ordering::Relaxed) <= 1;
+        #[cfg(not(feature = "cluster"))]
+        let loud = true;
+        let ended = self.read(scope, false, |h| h.up(loud));
         #[cfg(feature = "cluster")]
         if ended && matches!(scope, Scope::Slot(_)) {
             self.down_slots.fetch_sub(1, Ordering::Relaxed);
@@ -276,8 +282,17 @@ impl Healths {
     }
 
     /// [`Health::failed`] for a call on `scope`.
+    ///
+    /// On a cluster, a dead node's slots each start an outage of their
+    /// own: only the first while no slot is down is logged at error level,
+    /// the others at debug level, so one node's failure logs one error,
+    /// not one per slot in use.
     pub(crate) fn failed(&self, scope: Scope, policy: &FailurePolicy, error: &str, epoch: Epoch) {
-        let started = self.write(scope, |h| h.failed(policy, error, epoch));
+        #[cfg(feature = "cluster")]
+        let loud = self.down_slots.load(Ordering::Relaxed) == 0;
+        #[cfg(not(feature = "cluster"))]
+        let loud = true;
+        let started = self.write(scope, |h| h.failed(policy, error, epoch, loud));
         #[cfg(feature = "cluster")]
         if started && matches!(scope, Scope::Slot(_)) {
             self.down_slots.fetch_add(1, Ordering::Relaxed);
@@ -394,7 +409,9 @@ impl Health {
 
     /// A call reached Redis: ends an outage, if there was one (whether it
     /// did).
-    pub(crate) fn up(&self) -> bool {
+    /// The end of an outage of a cluster's slot is logged at info level if
+    /// `loud`, else at debug level.
+    pub(crate) fn up(&self, loud: bool) -> bool {
         // Down: the next epoch, up.
         let ended = self
             .state
@@ -418,13 +435,21 @@ impl Health {
                 "redis reachable again; decisions are shared again"
             ),
             #[cfg(feature = "cluster")]
-            Scope::Slot(slot) => tracing::info!(
+            Scope::Slot(slot) if loud => tracing::info!(
+                ?slot,
+                down_ms,
+                handled,
+                "redis cluster slot reachable again, the last one down; its decisions are shared again"
+            ),
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => tracing::debug!(
                 ?slot,
                 down_ms,
                 handled,
                 "redis cluster slot reachable again; its decisions are shared again"
             ),
         }
+        let _ = loud;
         true
     }
 
@@ -441,7 +466,15 @@ impl Health {
     /// of a call that went out before the latest outage ended is stale (a
     /// call since reached Redis): it starts no outage, and a call that
     /// goes out now finds out for itself. Whether it started one.
-    pub(crate) fn failed(&self, policy: &FailurePolicy, error: &str, epoch: Epoch) -> bool {
+    /// The start of an outage of a cluster's slot is logged at error level
+    /// if `loud`, else at debug level.
+    pub(crate) fn failed(
+        &self,
+        policy: &FailurePolicy,
+        error: &str,
+        epoch: Epoch,
+        loud: bool,
+    ) -> bool {
         self.kept_back(policy);
         // Only from up in the call's own epoch: not again while down, nor
         // after a recovery the call went out before.
@@ -463,15 +496,23 @@ impl Health {
                 error,
                 "redis unreachable; the failure policy answers until it returns"
             ),
-            // One log per slot of a dead node that a call needed.
             #[cfg(feature = "cluster")]
-            Scope::Slot(slot) => tracing::error!(
+            Scope::Slot(slot) if loud => tracing::error!(
+                ?slot,
+                ?policy,
+                error,
+                "redis cluster slot unreachable; the failure policy answers its keys until it returns \
+                 (other slots that go down while one is are logged at debug level)"
+            ),
+            #[cfg(feature = "cluster")]
+            Scope::Slot(slot) => tracing::debug!(
                 ?slot,
                 ?policy,
                 error,
                 "redis cluster slot unreachable; the failure policy answers its keys until it returns"
             ),
         }
+        let _ = loud;
         true
     }
 
@@ -532,13 +573,13 @@ mod tests {
         let h = Health::new(Duration::from_secs(3600), Scope::Whole);
         let p = FailurePolicy::FailOpen;
         let epoch = h.should_try().expect("up: every call goes out");
-        h.failed(&p, "refused", epoch);
-        h.failed(&p, "refused", epoch);
+        h.failed(&p, "refused", epoch, true);
+        h.failed(&p, "refused", epoch, true);
         assert!(h.should_try().is_none(), "no probe before the interval");
         h.kept_back(&p);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
-        h.up();
+        h.up(true);
         assert!(h.should_try().is_some());
         assert!(!h.snapshot().down);
     }
@@ -600,16 +641,16 @@ mod tests {
         let h = Health::new(Duration::ZERO, Scope::Whole);
         let p = FailurePolicy::FailClosed;
         let before = h.should_try().expect("up");
-        h.failed(&p, "no reply in time", before);
+        h.failed(&p, "no reply in time", before, true);
         let probe = h.should_try().expect("a probe");
-        h.up();
-        h.failed(&p, "queued behind the timeout", before);
-        h.failed(&p, "sent before the recovery", probe);
+        h.up(true);
+        h.failed(&p, "queued behind the timeout", before, true);
+        h.failed(&p, "sent before the recovery", probe, true);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 3));
         let after = h.should_try().expect("up again");
         assert_ne!(after, before);
-        h.failed(&p, "refused", after);
+        h.failed(&p, "refused", after, true);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages), (true, 2), "a new outage");
     }

@@ -59,7 +59,8 @@
 //!   default, `yes`, the live nodes refuse every key once a node is marked
 //!   failed, and every slot a call needs goes under the policy). Each slot
 //!   a call needs learns of the outage by a failed call of its own, and is
-//!   logged and counted as an outage of its own; a down slot is probed
+//!   counted as an outage of its own (the first slot down is logged at
+//!   error level, the others while one is down at debug level); a down slot is probed
 //!   again (a `PING` to its node) when a call on another slot succeeds, at
 //!   most once per probe interval, so the backend's health reads up again
 //!   once the node is back, whether or not that slot's keys are used.
