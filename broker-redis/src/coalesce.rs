@@ -29,13 +29,13 @@ use std::time::Duration;
 
 use broker_core::state::MARKED;
 use broker_core::LeaseId;
-use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, Value};
+use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 
 use crate::connection::Conn;
 use crate::failure::Scope;
 use crate::keys::KeyPair;
-use crate::scripts;
+use crate::scripts::{self, Lua};
 
 /// The limits of the coalescing, and whether it is on.
 #[derive(Debug, Clone, Copy)]
@@ -110,7 +110,7 @@ type Answer = (Reply, Option<(KeyPair, LeaseId)>);
 
 /// A decision waiting for its batch.
 struct Pending {
-    script: &'static Script,
+    script: &'static Lua,
     cmd: Cmd,
     lease: Option<(KeyPair, LeaseId)>,
     tx: oneshot::Sender<Answer>,
@@ -206,7 +206,7 @@ impl Coalescer {
     /// the caller goes away before the answer.
     pub(crate) async fn run(
         self: &Arc<Self>,
-        script: &'static Script,
+        script: &'static Lua,
         cmd: Cmd,
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
@@ -231,7 +231,7 @@ impl Coalescer {
     /// it.
     fn enter(
         self: &Arc<Self>,
-        script: &'static Script,
+        script: &'static Lua,
         cmd: Cmd,
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
@@ -264,7 +264,7 @@ impl Coalescer {
     /// A decision sent by its caller, as one call of its own script.
     async fn run_alone(
         self: &Arc<Self>,
-        script: &'static Script,
+        script: &'static Lua,
         cmd: Cmd,
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
@@ -652,7 +652,7 @@ pub(crate) enum Undo {
 pub(crate) async fn send_or_later(
     conn: &Conn,
     timeout: Duration,
-    script: &'static Script,
+    script: &'static Lua,
     cmd: Cmd,
     undo: Undo,
 ) -> Reply {
@@ -693,7 +693,7 @@ pub(crate) async fn send_or_later(
 }
 
 /// One `EVALSHA` (reloading the script on `NOSCRIPT`) within `timeout`.
-pub(crate) async fn send(conn: &Conn, timeout: Duration, script: &Script, cmd: &Cmd) -> Reply {
+pub(crate) async fn send(conn: &Conn, timeout: Duration, script: &Lua, cmd: &Cmd) -> Reply {
     match tokio::time::timeout(timeout, conn.evalsha(script, cmd)).await {
         Ok(r) => Reply::Done(r),
         Err(_) => Reply::TimedOut,

@@ -9,9 +9,10 @@ use std::time::Duration;
 use broker_core::BackendError;
 
 use redis::aio::ConnectionManager;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::direct::Direct;
+use crate::scripts::Lua;
 
 /// A cheap-to-clone handle on the store.
 #[derive(Clone)]
@@ -142,7 +143,7 @@ impl Conn {
     /// Loads `script` where `cmd`, a call of it, runs: the server, or on
     /// a cluster the node of `cmd`'s key (see [`load_on_node`]).
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    async fn load(&self, script: &Script, cmd: &Cmd) -> RedisResult<String> {
+    async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<String> {
         match self {
             Conn::Single(c, _) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
@@ -153,7 +154,7 @@ impl Conn {
     /// Runs an `EVALSHA` built for `script`: one round trip, plus a
     /// `SCRIPT LOAD` and a second try only when the server answers
     /// `NOSCRIPT` (a new or restarted server, or `SCRIPT FLUSH`).
-    pub(crate) async fn evalsha(&self, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
+    pub(crate) async fn evalsha(&self, script: &Lua, cmd: &Cmd) -> RedisResult<Value> {
         let resend = resendable(script);
         // A cluster's client sends a command again on its own (see
         // `scripts::run_once`): one that must not run twice gets a key
@@ -184,12 +185,12 @@ impl Conn {
 /// an `EVALSHA` of it, which the client sends there), the node that
 /// answered `NOSCRIPT`: a `SCRIPT LOAD` the client sends itself goes to
 /// every primary and waits for all of them, so one frozen or dead node
-/// would make the call fail on a healthy one. (A script of none of ours,
-/// or a call without a key, is loaded on every primary.)
+/// would make the call fail on a healthy one. (A call without a key is
+/// loaded on every primary.)
 #[cfg(feature = "cluster")]
 async fn load_on_node(
     c: &redis::cluster_async::ClusterConnection,
-    script: &Script,
+    script: &Lua,
     cmd: &Cmd,
 ) -> RedisResult<String> {
     use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -198,11 +199,8 @@ async fn load_on_node(
         Some(redis::Arg::Simple(key)) => key,
         _ => return script.load_async(&mut c.clone()).await,
     };
-    let Some(source) = crate::scripts::source_of(script) else {
-        return script.load_async(&mut c.clone()).await;
-    };
     let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(source);
+    load.arg("LOAD").arg(script.source);
     let node = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
     let sha = c
         .clone()
@@ -248,9 +246,9 @@ fn once_ms(t: Timeouts) -> u64 {
 /// `settle` refunds or charges again. (A cluster's client sends commands
 /// again on its own; there a `settle` is made to run once instead, see
 /// `scripts::run_once`.)
-fn resendable(script: &Script) -> bool {
+fn resendable(script: &Lua) -> bool {
     // The scripts are statics: one address each (no hash compared per call).
-    !std::ptr::eq(script, &*crate::scripts::SETTLE)
+    !std::ptr::eq(script, &crate::scripts::SETTLE)
 }
 
 /// `cmd` through the manager, sent again once (when `resend`) if the

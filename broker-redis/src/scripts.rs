@@ -22,10 +22,11 @@ use crate::keys::KeyPair;
 /// A script and its source: the source to load it on one node of a
 /// cluster (see `connection::load_on_node`; [`Script`] hands its source
 /// only to its own `SCRIPT LOAD`, which a cluster's client sends to every
-/// primary).
+/// primary). Every script of the backend is one, and the calls pass it
+/// down as one, so the source goes with it.
 pub(crate) struct Lua {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    source: &'static str,
+    pub(crate) source: &'static str,
     script: LazyLock<Script>,
 }
 
@@ -112,32 +113,6 @@ script!(
     RECONCILE,
     ["common", "bucket", "state", "args", "reconcile"]
 );
-
-/// Every script, for [`source_of`].
-#[cfg(feature = "cluster")]
-static ALL: [&Lua; 13] = [
-    &TRY,
-    &TRY_ONE,
-    &TRY_FLAT,
-    &TRY_BATCH,
-    &RESERVE,
-    &RESERVE_ONE,
-    &HOLD_SLOT,
-    &HOLD_LEFT,
-    &RELEASE,
-    &RENEW,
-    &SETTLE,
-    &PENALIZE,
-    &RECONCILE,
-];
-
-/// The source of `script`, one of this module's; `None` for another.
-#[cfg(feature = "cluster")]
-pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
-    ALL.iter()
-        .find(|lua| lua.get_hash() == script.get_hash())
-        .map(|lua| lua.source)
-}
 
 /// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
 #[derive(Debug, Clone, Copy)]
@@ -331,19 +306,6 @@ mod tests {
             .query_async(c)
             .await
             .unwrap()
-    }
-
-    /// Every script's source is found by its hash, for a load on one node
-    /// of a cluster.
-    #[cfg(feature = "cluster")]
-    #[test]
-    fn every_scripts_source_is_found_by_its_hash() {
-        let hashes: std::collections::HashSet<&str> = ALL.iter().map(|l| l.get_hash()).collect();
-        assert_eq!(hashes.len(), ALL.len(), "no script twice");
-        for lua in ALL {
-            assert_eq!(source_of(lua), Some(lua.source));
-        }
-        assert_eq!(source_of(&Script::new("return 1")), None);
     }
 
     /// A settle sent twice (as a cluster's client sends a command again

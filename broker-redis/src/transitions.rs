@@ -12,13 +12,13 @@ use broker_core::{
     Reservation,
 };
 use broker_memory::MemoryBackend;
-use redis::{Cmd, Script, Value};
+use redis::{Cmd, Value};
 
 use crate::coalesce::{send, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy, Scope};
 use crate::keys::{self, KeyPair};
-use crate::scripts::{self, Operand};
+use crate::scripts::{self, Lua, Operand};
 use crate::RedisBackend;
 
 /// How a call is answered while Redis is unreachable.
@@ -111,7 +111,7 @@ impl RedisBackend {
     /// `EVALSHA`, bounded by the timeouts, unless the scope is down and this
     /// is not the probe's turn. (The scope, not the key, is passed down:
     /// each level of the call's future holds what it is given.)
-    async fn run(&self, scope: Scope, script: &Script, cmd: Cmd) -> Result<Value, Failure> {
+    async fn run(&self, scope: Scope, script: &Lua, cmd: Cmd) -> Result<Value, Failure> {
         self.run_leased(scope, script, cmd, None).await
     }
 
@@ -120,7 +120,7 @@ impl RedisBackend {
     async fn run_leased(
         &self,
         scope: Scope,
-        script: &Script,
+        script: &Lua,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
     ) -> Result<Value, Failure> {
@@ -139,7 +139,7 @@ impl RedisBackend {
     async fn run_decision(
         &self,
         scope: Scope,
-        script: &'static Script,
+        script: &'static Lua,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Takes,
@@ -164,7 +164,7 @@ impl RedisBackend {
     async fn run_try(
         &self,
         scope: Scope,
-        script: &'static Script,
+        script: &'static Lua,
         cmd: Cmd,
         keys: &KeyPair,
         lease: Option<LeaseId>,
@@ -345,12 +345,12 @@ impl RedisBackend {
     /// the bucket operands filled in.
     fn cost_call<'s>(
         &self,
-        one: &'s Script,
-        many: &'s Script,
+        one: &'s Lua,
+        many: &'s Lua,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
-    ) -> (&'s Script, Cmd) {
+    ) -> (&'s Lua, Cmd) {
         let script = if spec.buckets.len() == 1 { one } else { many };
         let cmd = scripts::evalsha(
             script,
@@ -453,7 +453,7 @@ impl RedisBackend {
         // One rate limit: the table-free script, which takes the slot
         // operands only when there is a concurrency limit.
         let one = spec.buckets.len() == 1;
-        let one_script: &'static Script = match spec.max_concurrent {
+        let one_script: &'static Lua = match spec.max_concurrent {
             None => &scripts::TRY_FLAT,
             Some(_) => &scripts::TRY_ONE,
         };
