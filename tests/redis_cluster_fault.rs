@@ -355,44 +355,6 @@ async fn a_frozen_node_holds_up_no_decision_on_another() {
     }
 }
 
-/// The log lines written on this thread, at debug level and above.
-#[derive(Clone, Default)]
-struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    /// Captures this thread's events until the guard drops.
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        (logs, broker_testkit::capture_scoped(subscriber))
-    }
-
-    /// The lines at `level` that hold `text`.
-    fn count(&self, level: &str, text: &str) -> usize {
-        let bytes = self.0.lock().unwrap();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| l.contains(level) && l.contains(text))
-            .count()
-    }
-}
-
 /// One node's failure logs one error, not one per slot in use: five keys
 /// on five slots of a frozen node each start an outage of their own
 /// (counted each), but only the first is logged at error level, the
@@ -401,7 +363,7 @@ impl Logs {
 /// current-thread runtime), where the log is captured.
 #[tokio::test]
 async fn a_frozen_node_logs_one_error_for_all_its_slots() {
-    let (logs, _guard) = Logs::capture();
+    let (logs, _guard) = broker_testkit::capture_logs(tracing::Level::DEBUG);
     let cluster = cluster();
     let clock = Arc::new(ManualClock::new());
     let b = builder(&cluster, "logs", FailurePolicy::FailOpen, &clock)

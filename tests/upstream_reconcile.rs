@@ -11,8 +11,9 @@ mod upstream_support;
 use std::time::Duration;
 
 use broker_core::{Cost, EnqueueError, Limits, RateLimit, ResourceConfig};
+use broker_testkit::capture_logs;
 use broker_testkit::{Quota, Upstream, UpstreamConfig};
-use upstream_support::{call, capture_logs, http_client, memory_broker, Headers};
+use upstream_support::{call, http_client, memory_broker, Headers};
 
 struct Run {
     jobs: u64,

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use broker_core::config::Format;
 use broker_core::supplier::{Admission, BucketClass, Credential, SupplierBuckets, SupplierConfig};
+use broker_testkit::capture_logs;
 use tokio::time::Instant;
-use upstream_support::{capture_logs, memory_broker};
+use upstream_support::memory_broker;
 
 const ETM: &str = "
 rate_limit:

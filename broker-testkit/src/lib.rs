@@ -23,7 +23,7 @@ pub mod upstream;
 mod wrapped;
 
 pub use down_backend::DownBackend;
-pub use log_capture::capture_scoped;
+pub use log_capture::{capture_logs, capture_scoped, Captured};
 pub use redis_server::{command_calls, free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};
 pub use upstream::{HeaderStyle, Quota, Upstream, UpstreamConfig};

@@ -11,6 +11,8 @@
 //! event, so every callsite is checked per event against the thread's own
 //! subscriber.
 
+use std::sync::Arc;
+
 use tracing::span;
 use tracing::subscriber::{DefaultGuard, Interest};
 use tracing::{Event, Metadata, Subscriber};
@@ -51,4 +53,49 @@ pub fn capture_scoped(subscriber: impl Subscriber + Send + Sync + 'static) -> De
     // live dispatcher, for a callsite a thread was registering meanwhile.
     tracing::callsite::rebuild_interest_cache();
     guard
+}
+
+/// Log lines captured from `tracing` (fmt layer into memory).
+#[derive(Clone, Default)]
+pub struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// How many lines logged so far hold both `level` (as the fmt layer
+    /// writes it, e.g. `ERROR`) and `text`.
+    pub fn count(&self, level: &str, text: &str) -> usize {
+        let all = self.text();
+        all.lines()
+            .filter(|l| l.contains(level) && l.contains(text))
+            .count()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures `tracing` events of `level` and above on this thread until the
+/// guard drops (none lost to another test's thread: see
+/// [`capture_scoped`]).
+pub fn capture_logs(level: tracing::Level) -> (Captured, DefaultGuard) {
+    let sink = Captured::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (sink, capture_scoped(subscriber))
 }

@@ -2,7 +2,6 @@
 //! one HTTP call turned into an [`Outcome`], headers read or ignored.
 #![allow(dead_code)]
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use broker_core::{headers, Cost, Outcome, OutcomeClass, ResourceBroker, TokioClock};
@@ -86,40 +85,4 @@ pub fn http_client() -> reqwest::Client {
         .pool_idle_timeout(None::<Duration>)
         .build()
         .expect("reqwest client")
-}
-
-/// Log lines captured from `tracing` (fmt layer into memory).
-#[derive(Clone, Default)]
-pub struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl Captured {
-    /// Everything logged so far.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Captures `tracing` events of `level` and above on this thread until the
-/// guard drops (none lost to another test's thread: see
-/// [`broker_testkit::capture_scoped`]).
-pub fn capture_logs(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
-    let sink = Captured::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    (sink, broker_testkit::capture_scoped(subscriber))
 }
