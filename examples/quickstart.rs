@@ -16,12 +16,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_testkit::seed_table::{self, Times};
 use resource_broker::{
     Cost, Limits, MemoryBackend, Outcome, RateLimit, ResourceBroker, ResourceConfig, TokioClock,
     Unit,
 };
 use tokio::time::Instant;
+
+mod support;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::runtime::Builder::new_current_thread()
@@ -33,10 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     println!("1. Two workers, four jobs each; upstream quota: burst 3, 2 req/s\n");
-    println!("{}", seed_table::header(36));
+    println!("{}", support::header(36));
     for shared in [false, true] {
         let sends = seed_run(shared).await?;
-        println!("{}", seed_table::row(shared, &sends, Times::Exact, 36));
+        println!("{}", support::row(shared, &sends, None, 36).await?);
     }
 
     println!("\n2. Check + reject: a webhook endpoint limited to 5 req/s\n");
@@ -110,7 +111,7 @@ async fn llm_batch(settle: bool) -> Result<(Duration, u64, u64), Box<dyn std::er
 /// (µs after start).
 async fn seed_run(shared: bool) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
     let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
-    let quota = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
+    let quota = support::seed_quota();
     for name in ["shared", "worker-A", "worker-B"] {
         broker.register(name, ResourceConfig::new(quota.clone()))?;
     }

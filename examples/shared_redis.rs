@@ -5,8 +5,8 @@
 //! (separate OS processes) each have four jobs at t = 0. With a bucket per
 //! worker they send 6 at once and the upstream refuses some; with one
 //! bucket shared through Redis the sends are spaced and every one is
-//! accepted. The upstream is the strict server model of `broker-testkit`,
-//! fed the real send times.
+//! accepted. The upstream is a strict server with the same quota, fed the real
+//! send times.
 //!
 //! Times are real (about 3 s in all), so the resource is paced 5 % under
 //! the quota (`pacing_margin`) to absorb scheduling jitter between the
@@ -19,9 +19,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use broker_redis::RedisBackend;
-use broker_testkit::seed_table::{self, Times};
-use resource_broker::{Cost, Limits, Outcome, RateLimit, ResourceBroker, ResourceConfig};
+use resource_broker::redis::RedisBackend;
+use resource_broker::{Cost, Outcome, ResourceBroker, ResourceConfig};
+
+mod support;
 
 const WORKERS: [&str; 2] = ["A", "B"];
 const JOBS_PER_WORKER: usize = 4;
@@ -49,14 +50,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     println!("Two worker processes, four jobs each; upstream quota: burst 3, 2 req/s");
     println!("(state in Redis at {url})\n");
-    println!("{}", seed_table::header(44));
+    println!("{}", support::header(44));
     let prefix = format!("rb-example-{}-{}", std::process::id(), wall_us());
     for shared in [false, true] {
         let sends = run_workers(&url, &prefix, shared)?;
-        println!(
-            "{}",
-            seed_table::row(shared, &sends, Times::Centiseconds, 44)
-        );
+        let row = runtime.block_on(support::row(shared, &sends, Some(2), 44))?;
+        println!("{row}");
     }
     Ok(())
 }
@@ -118,8 +117,10 @@ async fn worker_main(url: &str, worker: &str) -> Result<(), Box<dyn std::error::
     } else {
         format!("quota-{worker}")
     };
-    let quota = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
-    broker.register(&resource, ResourceConfig::new(quota).pacing_margin(0.05))?;
+    broker.register(
+        &resource,
+        ResourceConfig::new(support::seed_quota()).pacing_margin(0.05),
+    )?;
     tokio::time::sleep(Duration::from_micros(start_at.saturating_sub(wall_us()))).await;
     let jobs: Vec<_> = (0..JOBS_PER_WORKER)
         .map(|_| {

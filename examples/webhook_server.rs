@@ -26,8 +26,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use broker_axum::{stats_router, FromExtension, Pressure, PressureConfig};
-use broker_core::ResourceBroker;
+use resource_broker::axum::{stats_router, FromExtension, Pressure, PressureConfig};
+use resource_broker::ResourceBroker;
 use sha2::{Digest, Sha256};
 use tower::ServiceBuilder;
 
@@ -41,7 +41,7 @@ struct Claims {
 }
 
 /// The signature of `tenant`: the first 8 bytes of SHA-256 over the secret,
-/// `:` and the tenant, in hex (what `broker_core::keys::fingerprint` gives
+/// `:` and the tenant, in hex (what `resource_broker::keys::fingerprint` gives
 /// for `"<secret>:<tenant>"`), made without allocating: it is checked on
 /// every request.
 fn signature(tenant: &str) -> [u8; 16] {
@@ -201,11 +201,11 @@ fn pressure_config(args: &Args) -> Result<PressureConfig, String> {
 async fn broker(args: &Args) -> Result<ResourceBroker, String> {
     Ok(match &args.redis {
         Some(url) => ResourceBroker::new(
-            broker_redis::RedisBackend::connect(url)
+            resource_broker::redis::RedisBackend::connect(url)
                 .await
                 .map_err(|e| format!("redis {url}: {e}"))?,
         ),
-        None => ResourceBroker::new(broker_memory::MemoryBackend::new()),
+        None => ResourceBroker::new(resource_broker::MemoryBackend::new()),
     })
 }
 

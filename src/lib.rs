@@ -25,8 +25,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
-// The README's examples are compiled as doc tests.
-#![cfg_attr(all(feature = "redis", feature = "axum"), doc = include_str!("../README.md"))]
+// The README's snippets are compiled as a user's crate's doc tests
+// (tests/user_crate.rs), where only the facade is in scope.
 
 pub use broker_core::*;
 
