@@ -58,12 +58,18 @@
 //! `period ÷ amount`: 10 ms at 6,000 a minute, 6 minutes at 10 an hour),
 //! so a flood of R new ids a second keeps about R × that many states. The
 //! in-memory store also bounds their number
-//! (`MemoryBackend::max_states`, 1,048,576 unless set): past it, the least
-//! recently taken-from tenants' states are folded into a fixed table of places,
-//! and a tenant made again starts from its place, never with more than it
-//! had (no tenant's limit is multiplied by a flood), possibly with less
-//! when a heavy flood of new ids fills the places. Tenants in use stay
-//! held. On Redis, tenant states are keys that expire once idle: size
+//! (`MemoryBackend::max_states`, 1,048,576 unless set; a million one-rate
+//! states take about 240 MiB): past it, the least recently taken-from
+//! tenants' states are folded into a fixed table of places, and a tenant
+//! made again starts from its place, never with more than it had (no
+//! tenant's limit is multiplied by a flood). The first tenants folded into
+//! each group of four places (such as tenants light before a flood) get
+//! back what they had; the others share their group's state, which a
+//! heavy flood of new ids drains, so they and new tenants may be denied
+//! until it refills. Below the bound, and on Redis, the tenant stage
+//! denies no other tenant for a flood of new ids (the route and service
+//! limits count its requests). Tenants in use stay held. On Redis, tenant
+//! states are keys that expire once idle: size
 //! Redis's memory for R × that time, with the `noeviction` policy (the
 //! backend warns on any other).
 //!
