@@ -63,7 +63,7 @@
 //! tenants' states are folded into a fixed table of places, and a tenant
 //! made again starts from its place, never with more than it had (no
 //! tenant's limit is multiplied by a flood). The first tenants folded into
-//! each group of four places (such as tenants light before a flood) get
+//! each group of eight places (such as tenants light before a flood) get
 //! back what they had; the others share their group's state, which a
 //! heavy flood of new ids drains, so they and new tenants may be denied
 //! until it refills. Below the bound, and on Redis, the tenant stage

@@ -373,7 +373,7 @@ impl MemoryBackend {
     /// down to seven eighths of the bound, each folded into a place kept
     /// for its resource and limits: a key dropped so never comes back
     /// with more than it had. It comes back with what it had when it got
-    /// a place of its own (the first keys folded into each group of four
+    /// a place of its own (the first keys folded into each group of eight
     /// places do, such as keys light before a flood of new ones), else
     /// possibly with less (what the other keys sharing its group's state
     /// took, until that refills). A flood of new keys (random tenant ids)
@@ -383,7 +383,7 @@ impl MemoryBackend {
     /// stay held. A state of one rate takes about 250 bytes (measured:
     /// `cargo run --release -p broker-memory --example tenant_memory`,
     /// 240 MiB for 1,000,000); the places, as many as the bound at most,
-    /// 76 bytes each for one rate. States holding slots are
+    /// 70 bytes each for one rate. States holding slots are
     /// never dropped, nor states under such a penalty until it ends, nor a
     /// registered resource's own state, so the bound can be passed by as
     /// many as those.

@@ -75,7 +75,7 @@ const SHARED: usize = 4096;
 /// Fewest places a set holds.
 const MIN_PLACES: usize = 64;
 /// Places in a group: the keys a group keeps apart.
-const WAYS: usize = 4;
+const WAYS: usize = 8;
 /// Fewest and most places a store's budget holds.
 const MIN_BUDGET: usize = 1 << 10;
 const MAX_BUDGET: usize = 1 << 20;
@@ -328,7 +328,7 @@ impl Spills {
     }
 
     /// How many places the sets of a store bounded at `max` states hold
-    /// at most: as many as the bound (16 bytes and 60 a bucket each, its
+    /// at most: as many as the bound (16 bytes and 54 a bucket each, its
     /// share of its group's state included), within
     /// [`MIN_BUDGET`] and [`MAX_BUDGET`].
     pub(crate) fn budget_for(max: usize) -> usize {
@@ -594,7 +594,7 @@ mod tests {
         };
         let spills = Spills::new();
         let part: Arc<str> = "tenant".into();
-        // 64 places, 16 groups: keys `g + 16 * k` share group `g`.
+        // 64 places, 8 groups: the keys `3 + 16 * k` share group 3.
         let left = |hash: u64| {
             spills
                 .restore("tenant", hash, &spec, now)
