@@ -84,8 +84,10 @@
 //! which every replica on one shared store must share; without it, a
 //! built-in public key, the same everywhere: a guessable id (a user
 //! number, an e-mail address) can then be tested against its fingerprint,
-//! an API key cannot. For debugging, `perTenant.clearIds` keeps plain ids
-//! (1 to 64 bytes of `[A-Za-z0-9._@+-]`) in clear.
+//! an API key cannot. Changing the secret starts every tenant afresh; a
+//! replica with another one keys each tenant apart, so its limit is
+//! enforced once per secret. For debugging, `perTenant.clearIds` keeps
+//! plain ids (1 to 64 bytes of `[A-Za-z0-9._@+-]`) in clear.
 //!
 //! ## Semantics worth knowing
 //! - The route/service stage runs before authentication, so it counts every

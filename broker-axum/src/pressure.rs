@@ -120,13 +120,9 @@ impl Pressure {
         self
     }
 
-    /// Keys tenant fingerprints with `secret` (for layers made after this
-    /// call). Give every replica on one shared store the same secret, or
-    /// their keys for one tenant differ and each enforces its own limit;
-    /// changing it starts every tenant afresh. Without one, a built-in,
-    /// public key is used: an id that can be guessed (a user number, an
-    /// e-mail address) can then be tested against its fingerprint. A
-    /// `Pressure` made anew (also by [`Pressure::reload`]) has that key.
+    /// Keys tenant fingerprints with `secret` (layers made after this call;
+    /// a new `Pressure`, also a reload, has the built-in public key): the
+    /// same on every replica of one store. See the crate docs, "Tenant ids".
     pub fn with_tenant_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         let policy = Arc::make_mut(&mut self.policy);
         let clear = policy.tenant_keys.is_clear();

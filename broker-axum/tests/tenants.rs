@@ -465,11 +465,9 @@ async fn route_without_a_tenant_stage(part_stages: PartStages) -> TestBroker {
     t
 }
 
-/// A text extractor that yields the exact text `FromHeader` once made of
-/// a value that is not UTF-8 (`U+FFFD`, `~` and the hex of the first 16
-/// bytes of the value's SHA-256) gets a bucket of its own: the two
-/// encodings are kept apart, whatever text an extractor yields. Before,
-/// both reached one state, and the text tenant was denied at once.
+/// A text tenant equal to what `FromHeader` made of a non-UTF-8 value
+/// (`U+FFFD`, `~`, 16 bytes of its SHA-256 in hex) gets a bucket of its own.
+/// Before, both reached one state, and the text tenant was denied at once.
 #[tokio::test]
 async fn a_text_tenant_never_shares_the_bucket_of_a_byte_tenant() {
     use sha2::{Digest, Sha256};

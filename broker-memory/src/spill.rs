@@ -249,10 +249,9 @@ impl Table {
         }
     }
 
-    /// Where the state of the key with table hash `hash`, made for
-    /// `params`, is folded at `now`: its own place, else a free one of
-    /// its group (none held, or one whose state has refilled and was not
-    /// folded into within [`RECENT`]), taken for it, else the group's.
+    /// Where the key with table hash `hash` (made for `params`) is folded at
+    /// `now`: its own place, else a free one taken for it (none held, or
+    /// refilled and not folded into within [`RECENT`]), else the group's.
     fn place_for(&mut self, hash: u64, params: &[BucketParams], now: Micros) -> At {
         if let own @ At::Own(_) = self.find(hash) {
             return own;
@@ -571,10 +570,9 @@ mod tests {
         assert!(!spills.any.load(Ordering::Relaxed));
     }
 
-    /// A group keeps its first keys apart, each in a place of its own: a
-    /// key folded once they are taken goes to the group's state, which
-    /// every key without a place of its own there starts from, and none
-    /// comes back with more than it had.
+    /// A group keeps its first keys apart, each in a place of its own; the
+    /// keys folded once those are taken share the group's state, which new
+    /// keys start from, and none comes back with more than it had.
     #[test]
     fn a_group_keeps_its_first_keys_apart_and_the_rest_together() {
         use broker_core::{Limits, RateLimit};

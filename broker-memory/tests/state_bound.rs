@@ -343,12 +343,9 @@ fn a_resource_part_past_the_budget_comes_back_drained() {
     assert_eq!(Duration::from_micros(again.wait), Duration::from_secs(12));
 }
 
-/// Tenants that were light before a flood of new keys keep their
-/// allowance through it: bound 10,000, 200,000 new keys of one request
-/// each with no time passing, and each of 50 tenants that had used 1 of
-/// its 10 still gets the 9 it had left (and no more), while a drained one
-/// stays drained. Before, the new keys passing through a place added up
-/// and drained it: a light tenant was denied 4 of 4.
+/// Bound 10,000, 200,000 new keys of one request each: 50 tenants that had
+/// used 1 of 10 before get their 9 (no more), a drained one none. Before,
+/// the new keys added up in the places and a light tenant was denied 4 of 4.
 #[test]
 fn tenants_light_before_a_flood_keep_their_allowance() {
     let clock = clock();
