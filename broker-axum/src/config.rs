@@ -113,6 +113,11 @@ pub struct TenantConfig {
     /// The broker resource id whose sub-keys are the tenants.
     #[serde(default = "default_tenant_resource")]
     pub resource: String,
+    /// For debugging only: a tenant id of 1 to 64 bytes of
+    /// `[A-Za-z0-9._@+-]` reaches keys and logs in clear, not as its
+    /// fingerprint. Never set it where ids are secrets (API keys).
+    #[serde(default)]
+    pub clear_ids: bool,
 }
 
 impl Default for TenantConfig {
@@ -121,6 +126,7 @@ impl Default for TenantConfig {
             enabled: false,
             limits: Limits::default(),
             resource: default_tenant_resource(),
+            clear_ids: false,
         }
     }
 }

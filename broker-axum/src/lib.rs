@@ -38,7 +38,7 @@
 //!   `Retry-After: 1`); the broker counts it (`backendErrors` in the stats)
 //!   and warns about it. It never becomes a 500 or a panic.
 //! - One `tracing` event per denial (`resource`, `layer`, `wait_ms`,
-//!   `tenant`); nothing per allowed request.
+//!   `tenant`: the tenant's fingerprint); nothing per allowed request.
 //! - The services keep the inner service's error type *and* body type
 //!   (`axum::body::Body`, or any [`PermitBody`]), so they compose with axum
 //!   0.8 `Router::layer` and any tower stack; a response holding no permit
@@ -52,22 +52,42 @@
 //! The layers keep nothing per tenant. Each tenant is a sub-key of one
 //! registered resource; the backend creates its state on first sight and
 //! evicts it once idle (broker-memory sweeps idle states as the map grows;
-//! broker-redis keys expire). Tenant ids are user data: [`tenant_key`]
-//! keeps short safe ids and hashes everything else (at most 64 bytes), so a
-//! flood of random or hostile ids cannot touch another tenant's state.
+//! broker-redis keys expire).
 //!
 //! A state is idle once its bucket has refilled (for one request,
 //! `period ÷ amount`: 10 ms at 6,000 a minute, 6 minutes at 10 an hour),
 //! so a flood of R new ids a second keeps about R × that many states. The
 //! in-memory store also bounds their number
-//! (`MemoryBackend::max_states`, 1,048,576 unless set): past it, the least
-//! recently taken-from tenants' states are folded into a fixed table of places,
-//! and a tenant made again starts from its place, never with more than it
-//! had (no tenant's limit is multiplied by a flood), possibly with less
-//! when a heavy flood of new ids fills the places. Tenants in use stay
-//! held. On Redis, tenant states are keys that expire once idle: size
+//! (`MemoryBackend::max_states`, 1,048,576 unless set; a million one-rate
+//! states take about 240 MiB): past it, the least recently taken-from
+//! tenants' states are folded into a fixed table of places, and a tenant
+//! made again starts from its place, never with more than it had (no
+//! tenant's limit is multiplied by a flood). The first tenants folded into
+//! each group of eight places (such as tenants light before a flood) get
+//! back what they had; the others share their group's state, which a
+//! heavy flood of new ids drains, so they and new tenants may be denied
+//! until it refills. Below the bound, and on Redis, the tenant stage
+//! denies no other tenant for a flood of new ids (the route and service
+//! limits count its requests). Tenants in use stay held. On Redis, tenant
+//! states are keys that expire once idle: size
 //! Redis's memory for R × that time, with the `noeviction` policy (the
 //! backend warns on any other).
+//!
+//! ## Tenant ids
+//! Tenant ids are user data, often secrets (an API key): they reach keys
+//! and logs only as a fingerprint, `~` and the first 128 bits of an
+//! HMAC-SHA256 of the id ([`Pressure::tenant_key`] gives it), so no id
+//! can touch another tenant's state or leak through a log line or a Redis
+//! key. A text id and the bytes of a header value that is not UTF-8
+//! ([`Tenant`]) are fingerprinted under different tags, so they never
+//! share a state. The HMAC key is [`Pressure::with_tenant_secret`]'s,
+//! which every replica on one shared store must share; without it, a
+//! built-in public key, the same everywhere: a guessable id (a user
+//! number, an e-mail address) can then be tested against its fingerprint,
+//! an API key cannot. Changing the secret starts every tenant afresh; a
+//! replica with another one keys each tenant apart, so its limit is
+//! enforced once per secret. For debugging, `perTenant.clearIds` keeps
+//! plain ids (1 to 64 bytes of `[A-Za-z0-9._@+-]`) in clear.
 //!
 //! ## Semantics worth knowing
 //! - The route/service stage runs before authentication, so it counts every
@@ -149,4 +169,4 @@ pub use response::{
 };
 pub use service::{PressureService, TenantService};
 pub use stats::{stats_router, PressureStats, ResourceView, STATS_PATH};
-pub use tenant::{tenant_key, FromExtension, FromHeader, TenantExtractor, MAX_TENANT_LEN};
+pub use tenant::{FromExtension, FromHeader, Tenant, TenantExtractor, MAX_TENANT_LEN};

@@ -13,6 +13,7 @@ use broker_core::{
 
 use crate::config::{service_resource, PressureConfig};
 use crate::response::{RateHeaders, Responses};
+use crate::tenant::TenantKeys;
 
 /// A resource the layer acquires on, looked up once (a handle follows a
 /// later re-registration of the same id), with its headers built once
@@ -211,6 +212,8 @@ pub(crate) struct Policy {
     slashed_prefixes: bool,
     service: Option<Limited>,
     tenant: Option<Limited>,
+    /// How tenant ids become sub-keys.
+    pub(crate) tenant_keys: TenantKeys,
     pub(crate) responses: Responses,
 }
 
@@ -457,6 +460,7 @@ impl Policy {
             slashed_prefixes,
             service,
             tenant,
+            tenant_keys: TenantKeys::new(None, config.per_tenant.clear_ids),
             responses: Responses::default(),
         })
     }

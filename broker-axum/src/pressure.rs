@@ -9,7 +9,7 @@ use crate::config::PressureConfig;
 use crate::layer::{PressureLayer, TenantLayer};
 use crate::policy::Policy;
 use crate::response::Responses;
-use crate::tenant::TenantExtractor;
+use crate::tenant::{Tenant, TenantExtractor, TenantKeys};
 
 /// A `pressure` config registered on a [`ResourceBroker`]: every route,
 /// service and tenant limit becomes a limit-only resource of the broker
@@ -118,6 +118,35 @@ impl Pressure {
     pub fn with_responses(mut self, responses: Responses) -> Self {
         Arc::make_mut(&mut self.policy).responses = responses;
         self
+    }
+
+    /// Keys tenant fingerprints with `secret` (layers made after this call;
+    /// a new `Pressure`, also a reload, has the built-in public key): the
+    /// same on every replica of one store. See the crate docs, "Tenant ids".
+    pub fn with_tenant_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        let policy = Arc::make_mut(&mut self.policy);
+        let clear = policy.tenant_keys.is_clear();
+        policy.tenant_keys = TenantKeys::new(Some(secret.as_ref()), clear);
+        self
+    }
+
+    /// The sub-key `tenant`'s state is stored under, as the tenant stage
+    /// names it in keys and logs: its fingerprint (a plain id in clear
+    /// with `perTenant.clearIds`).
+    ///
+    /// ```
+    /// use broker_axum::{Pressure, PressureConfig, Tenant};
+    /// use broker_core::ResourceBroker;
+    ///
+    /// let config = PressureConfig::from_json("inline", "{}").unwrap();
+    /// let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
+    /// let pressure = Pressure::new(broker, &config).unwrap().with_tenant_secret("s3cret");
+    /// let key = pressure.tenant_key("sk_live_4eC39HqLyjWDarjtT1zdp7dc");
+    /// assert!(key.starts_with('~') && key.len() == 33 && !key.contains("sk_live"));
+    /// assert_ne!(pressure.tenant_key(Tenant::Bytes(b"acme".into())), pressure.tenant_key("acme"));
+    /// ```
+    pub fn tenant_key<'a>(&self, tenant: impl Into<Tenant<'a>>) -> String {
+        (self.policy.tenant_keys.key(&tenant.into()).as_str()).to_owned()
     }
 
     /// The broker the limits live on.

@@ -11,7 +11,7 @@ use tower::Service;
 use crate::body::PermitBody;
 use crate::future::{admitted, denial, judge, mark_charged, Refusal, ResponseFuture};
 use crate::policy::{Limited, Policy, Refund, Stage};
-use crate::tenant::{tenant_key, TenantExtractor, TenantId};
+use crate::tenant::{TenantExtractor, TenantId};
 
 /// The route/service stage: maps a request to its per-route resource
 /// (longest matching path prefix) or else the per-service one, and answers
@@ -87,7 +87,7 @@ where
 }
 
 /// The tenant stage: keys the per-tenant resource by the tenant its
-/// [`TenantExtractor`] finds (after [`crate::tenant_key`]), so each tenant has its
+/// [`TenantExtractor`] finds (under [`crate::Pressure::tenant_key`]), so each tenant has its
 /// own state, created on first sight and evicted by the backend when idle.
 /// Requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
 #[derive(Clone)]
@@ -154,18 +154,18 @@ where
         let Some(limited) = policy.tenant_stage() else {
             return ResponseFuture::pass(self.inner.call(req));
         };
-        // The tenant's key borrows from the request, so the broker's
-        // answer (when it comes without I/O) is judged before the request
-        // moves on: no copy of the key per request.
+        // The broker's answer (when it comes without I/O) is judged
+        // before the request moves on.
         let mut permit = Permit::empty();
         let judged = self
             .extractor
             .tenant(req.headers(), req.extensions())
-            .map(|raw| {
-                let key = tenant_key(&raw);
+            .map(|tenant| {
+                let id = policy.tenant_keys.key(&tenant);
+                let key = id.as_str();
                 match limited
                     .handle
-                    .verdict_now(Some(&key), Cost::default(), &mut permit)
+                    .verdict_now(Some(key), Cost::default(), &mut permit)
                 {
                     Some(v) if v.allowed() => Ok(()),
                     Some(v) => Err(NotAdmitted::Refused(denial(
@@ -173,9 +173,9 @@ where
                         Stage::Tenant,
                         limited,
                         v,
-                        Some(&key),
+                        Some(key),
                     ))),
-                    None => Err(in_full(policy, limited, &raw, &key)),
+                    None => Err(in_full(policy, limited, &id)),
                 }
             });
         // A request let in keeps a fence (see `Refund::fence`): a tenant
@@ -235,16 +235,16 @@ enum NotAdmitted {
 }
 
 /// The tenant stage without a compact answer: the broker's answer in
-/// full for the tenant key `key` (of the tenant `raw`), or the call to
-/// make asynchronously.
+/// full for the tenant key `id`, or the call to make asynchronously.
 #[cold]
 #[inline(never)]
-fn in_full(policy: &Arc<Policy>, limited: &Limited, raw: &str, key: &str) -> NotAdmitted {
+fn in_full(policy: &Arc<Policy>, limited: &Limited, id: &TenantId) -> NotAdmitted {
+    let key = id.as_str();
     match limited.handle.try_acquire_now(Some(key), Cost::default()) {
         Some(result) => {
             NotAdmitted::Decided(judge(policy, Stage::Tenant, limited, result, Some(key)))
         }
-        None => NotAdmitted::Later(TenantId::new(raw)),
+        None => NotAdmitted::Later(*id),
     }
 }
 

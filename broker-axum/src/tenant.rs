@@ -1,18 +1,49 @@
 //! Who a request is for: the [`TenantExtractor`] trait, the ready-made
 //! [`FromExtension`] (e.g. a claim of a verified JWT put in the request's
-//! extensions by the auth layer) and [`FromHeader`], and [`tenant_key`],
-//! which turns any tenant id (user data) into a bounded, safe sub-key.
+//! extensions by the auth layer) and [`FromHeader`], the [`Tenant`] they
+//! find, and the keys tenants are stored and logged under: a keyed
+//! fingerprint of the id (see [`crate::Pressure::with_tenant_secret`]).
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
+use hmac::{Hmac, Mac};
 use http::{Extensions, HeaderMap, HeaderName};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::fields::field;
 
-/// Longest tenant id used as is; longer ones are hashed.
+/// Longest tenant id kept in clear with `perTenant.clearIds`.
 pub const MAX_TENANT_LEN: usize = 64;
+
+/// A tenant id as an extractor found it: text, or bytes that are not
+/// UTF-8 (a header value). Each has its own keys: no text reaches the
+/// state of any bytes, whatever the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tenant<'a> {
+    /// A text id (a claim, a UTF-8 header value).
+    Text(Cow<'a, str>),
+    /// The bytes of a value that is not UTF-8.
+    Bytes(Cow<'a, [u8]>),
+}
+
+impl<'a> From<&'a str> for Tenant<'a> {
+    fn from(id: &'a str) -> Self {
+        Tenant::Text(Cow::Borrowed(id))
+    }
+}
+
+impl From<String> for Tenant<'_> {
+    fn from(id: String) -> Self {
+        Tenant::Text(Cow::Owned(id))
+    }
+}
+
+impl<'a> From<Cow<'a, str>> for Tenant<'a> {
+    fn from(id: Cow<'a, str>) -> Self {
+        Tenant::Text(id)
+    }
+}
 
 /// Finds the tenant of a request, after authentication.
 ///
@@ -20,8 +51,7 @@ pub const MAX_TENANT_LEN: usize = 64;
 /// pass (the route and service limits still apply).
 ///
 /// ```
-/// use std::borrow::Cow;
-/// use broker_axum::TenantExtractor;
+/// use broker_axum::{Tenant, TenantExtractor};
 /// use http::{Extensions, HeaderMap};
 ///
 /// #[derive(Clone)]
@@ -30,18 +60,14 @@ pub const MAX_TENANT_LEN: usize = 64;
 /// #[derive(Clone)]
 /// struct Namespace;
 /// impl TenantExtractor for Namespace {
-///     fn tenant<'a>(&self, _: &'a HeaderMap, ext: &'a Extensions) -> Option<Cow<'a, str>> {
-///         ext.get::<Claims>().map(|c| Cow::Borrowed(c.namespace_id.as_str()))
+///     fn tenant<'a>(&self, _: &'a HeaderMap, ext: &'a Extensions) -> Option<Tenant<'a>> {
+///         ext.get::<Claims>().map(|c| c.namespace_id.as_str().into())
 ///     }
 /// }
 /// ```
 pub trait TenantExtractor: Clone + Send + Sync + 'static {
-    /// The tenant id of a request with these headers and extensions.
-    fn tenant<'a>(
-        &self,
-        headers: &'a HeaderMap,
-        extensions: &'a Extensions,
-    ) -> Option<Cow<'a, str>>;
+    /// The tenant of a request with these headers and extensions.
+    fn tenant<'a>(&self, headers: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>>;
 }
 
 /// The tenant is a value of type `T` in the request's extensions (put there
@@ -95,16 +121,15 @@ where
     T: Send + Sync + 'static,
     F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
 {
-    fn tenant<'a>(&self, _: &'a HeaderMap, extensions: &'a Extensions) -> Option<Cow<'a, str>> {
-        extensions.get::<T>().map(|t| Cow::Borrowed((self.read)(t)))
+    fn tenant<'a>(&self, _: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>> {
+        extensions.get::<T>().map(|t| Tenant::from((self.read)(t)))
     }
 }
 
 /// The tenant is the value of a request header (only sound behind a proxy
-/// that sets it, since clients can send anything). A value that is not
-/// visible ASCII is reduced to a fingerprint of its bytes, marked with a
-/// character no such header value can hold (`U+FFFD`), so that no other
-/// value reaches its state; a missing header means no tenant.
+/// that sets it, since clients can send anything): its text when it is
+/// UTF-8, else its bytes ([`Tenant::Bytes`]); a missing header means no
+/// tenant.
 ///
 /// ```
 /// use broker_axum::FromHeader;
@@ -124,18 +149,16 @@ impl FromHeader {
 }
 
 impl TenantExtractor for FromHeader {
-    fn tenant<'a>(&self, headers: &'a HeaderMap, _: &'a Extensions) -> Option<Cow<'a, str>> {
-        let value = field(headers, &self.name)?;
-        Some(match value.to_str() {
-            Ok(s) => Cow::Borrowed(s),
-            // `to_str` takes visible ASCII only: the mark keeps the
-            // fingerprint apart from a client sending its text.
-            Err(_) => Cow::Owned(format!("\u{FFFD}{}", hashed(value.as_bytes()))),
+    fn tenant<'a>(&self, headers: &'a HeaderMap, _: &'a Extensions) -> Option<Tenant<'a>> {
+        let bytes = field(headers, &self.name)?.as_bytes();
+        Some(match std::str::from_utf8(bytes) {
+            Ok(text) => Tenant::Text(Cow::Borrowed(text)),
+            Err(_) => Tenant::Bytes(Cow::Borrowed(bytes)),
         })
     }
 }
 
-/// The bytes a tenant id is kept with, as a table (one load per byte).
+/// The bytes a tenant id is kept in clear with, as a table.
 static ALLOWED: [bool; 256] = {
     let mut table = [false; 256];
     let mut b = 0;
@@ -147,36 +170,81 @@ static ALLOWED: [bool; 256] = {
     table
 };
 
+/// Whether `id` may be kept in clear: 1..=[`MAX_TENANT_LEN`] bytes of
+/// `[A-Za-z0-9._@+-]` (never `~`, which starts a fingerprint).
 #[inline]
-fn allowed(b: u8) -> bool {
-    ALLOWED[usize::from(b)]
+fn plain(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(|b| ALLOWED[usize::from(b)])
 }
 
-/// Length of the hashed form: `~` and 32 hex digits.
-const HASHED_LEN: usize = 33;
+/// Length of a fingerprint: `~` and 32 hex digits.
+const FINGERPRINT_LEN: usize = 33;
 
-fn hashed_into(bytes: &[u8], out: &mut [u8; MAX_TENANT_LEN]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(bytes);
-    out[0] = b'~';
-    for (i, b) in digest[..16].iter().enumerate() {
-        out[1 + 2 * i] = HEX[usize::from(b >> 4)];
-        out[2 + 2 * i] = HEX[usize::from(b & 0xf)];
+/// The key tenant fingerprints are made with when the application sets
+/// none: the same in every replica and release, and public.
+const BUILT_IN_SECRET: &[u8] = b"resource-broker tenant fingerprint v1";
+
+/// How tenant ids become the sub-keys their states are stored and logged
+/// under: `~` and the first 128 bits of an HMAC-SHA256 of the id, tagged
+/// with its encoding (text or bytes), or, with `clear`, a plain text id.
+#[derive(Clone)]
+pub(crate) struct TenantKeys {
+    mac: Hmac<Sha256>,
+    clear: bool,
+}
+
+impl std::fmt::Debug for TenantKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantKeys")
+            .field("clear", &self.clear)
+            .finish_non_exhaustive()
     }
 }
 
-fn hashed(bytes: &[u8]) -> String {
-    let mut buf = [0u8; MAX_TENANT_LEN];
-    hashed_into(bytes, &mut buf);
-    String::from_utf8_lossy(&buf[..HASHED_LEN]).into_owned()
+impl TenantKeys {
+    /// Fingerprints keyed with `secret` (the built-in key if `None`), and
+    /// plain text ids in clear if `clear`.
+    pub(crate) fn new(secret: Option<&[u8]>, clear: bool) -> Self {
+        let secret = secret.unwrap_or(BUILT_IN_SECRET);
+        let mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+        Self { mac, clear }
+    }
+
+    /// Whether plain text ids are kept in clear.
+    pub(crate) fn is_clear(&self) -> bool {
+        self.clear
+    }
+
+    /// The sub-key of `tenant`.
+    pub(crate) fn key(&self, tenant: &Tenant<'_>) -> TenantId {
+        let mut id = TenantId {
+            len: FINGERPRINT_LEN as u8,
+            buf: [0; MAX_TENANT_LEN],
+        };
+        let (tag, bytes): (&[u8], &[u8]) = match tenant {
+            Tenant::Text(text) if self.clear && plain(text) => {
+                id.buf[..text.len()].copy_from_slice(text.as_bytes());
+                id.len = text.len() as u8;
+                return id;
+            }
+            Tenant::Text(text) => (b"t", text.as_bytes()),
+            Tenant::Bytes(bytes) => (b"b", bytes),
+        };
+        let mut mac = self.mac.clone();
+        mac.update(tag);
+        mac.update(bytes);
+        let digest = mac.finalize().into_bytes();
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        id.buf[0] = b'~';
+        for (i, b) in digest[..16].iter().enumerate() {
+            id.buf[1 + 2 * i] = HEX[usize::from(b >> 4)];
+            id.buf[2 + 2 * i] = HEX[usize::from(b & 0xf)];
+        }
+        id
+    }
 }
 
-#[inline]
-fn kept(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(allowed)
-}
-
-/// [`tenant_key`] held inline (no allocation per request).
+/// A tenant's sub-key, held inline (no allocation per request).
 #[derive(Clone, Copy)]
 pub(crate) struct TenantId {
     len: u8,
@@ -184,22 +252,6 @@ pub(crate) struct TenantId {
 }
 
 impl TenantId {
-    /// The key of tenant id `raw`, as [`tenant_key`] makes it.
-    pub(crate) fn new(raw: &str) -> Self {
-        let mut buf = [0u8; MAX_TENANT_LEN];
-        let len = if kept(raw) {
-            buf[..raw.len()].copy_from_slice(raw.as_bytes());
-            raw.len()
-        } else {
-            hashed_into(raw.as_bytes(), &mut buf);
-            HASHED_LEN
-        };
-        Self {
-            len: len as u8,
-            buf,
-        }
-    }
-
     /// The key.
     pub(crate) fn as_str(&self) -> &str {
         // Only ASCII is ever written, so this never falls back.
@@ -207,90 +259,100 @@ impl TenantId {
     }
 }
 
-/// The sub-key a tenant id is stored under: the id itself when it is
-/// 1..=[`MAX_TENANT_LEN`] bytes of `[A-Za-z0-9._@+-]`, else `~` and a
-/// 128-bit SHA-256 prefix of its bytes (`~` never occurs in a kept id, so
-/// the two forms cannot collide). Bounded in size, safe in keys and logs,
-/// and total: no input panics.
-///
-/// ```
-/// use broker_axum::tenant_key;
-/// assert_eq!(tenant_key("acme-42"), "acme-42");
-/// let odd = tenant_key("a:b{c}\n");
-/// assert!(odd.starts_with('~') && odd.len() == 33);
-/// assert_eq!(tenant_key(&"x".repeat(10_000)).len(), 33);
-/// ```
-#[inline]
-pub fn tenant_key(id: &str) -> Cow<'_, str> {
-    if kept(id) {
-        Cow::Borrowed(id)
-    } else {
-        Cow::Owned(hashed(id.as_bytes()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn distinct_odd_ids_get_distinct_keys() {
-        assert_ne!(tenant_key("a b"), tenant_key("a  b"));
-        assert_ne!(tenant_key(""), tenant_key(" "));
+    fn key(keys: &TenantKeys, tenant: impl Into<Tenant<'static>>) -> String {
+        keys.key(&tenant.into()).as_str().to_owned()
     }
 
     #[test]
-    fn kept_and_hashed_forms_cannot_collide() {
-        let hashed = tenant_key("not allowed!").into_owned();
-        assert_eq!(tenant_key(&hashed), tenant_key(&hashed));
-        assert_ne!(tenant_key(&hashed).as_ref(), hashed.as_str());
-    }
-
-    #[test]
-    fn inline_id_equals_tenant_key() {
+    fn every_id_is_a_fingerprint_unless_clear_ids_are_asked_for() {
+        let keys = TenantKeys::new(None, false);
         for id in [
-            "acme",
+            "acme-42",
+            "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
             "",
-            "a:b",
-            &"z".repeat(64),
-            &"z".repeat(65),
-            "\u{e9}t\u{e9}",
+            "a:b{c}\n",
         ] {
-            assert_eq!(TenantId::new(id).as_str(), tenant_key(id), "{id:?}");
+            let k = key(&keys, id);
+            assert!(k.starts_with('~') && k.len() == FINGERPRINT_LEN, "{k}");
+            if !id.is_empty() {
+                assert!(!k.contains(id), "{k}");
+            }
         }
+        let clear = TenantKeys::new(None, true);
+        assert_eq!(key(&clear, "acme-42"), "acme-42");
+        assert_eq!(key(&clear, "a:b"), key(&keys, "a:b"));
+        assert_eq!(key(&clear, "z".repeat(65)), key(&keys, "z".repeat(65)));
+        assert_eq!(key(&clear, "x".repeat(10_000)).len(), FINGERPRINT_LEN);
     }
 
     #[test]
-    fn non_utf8_header_value_is_fingerprinted() {
-        let mut headers = HeaderMap::new();
-        let name = HeaderName::from_static("x-tenant");
-        headers.insert(
-            name.clone(),
-            http::HeaderValue::from_bytes(&[0xff, 0xfe, b'a']).unwrap(),
+    fn the_secret_keys_every_fingerprint() {
+        let built_in = TenantKeys::new(None, false);
+        let set = TenantKeys::new(Some(b"replica secret"), false);
+        assert_eq!(
+            key(&built_in, "acme"),
+            key(&TenantKeys::new(None, false), "acme")
         );
-        let extensions = Extensions::new();
-        let t = FromHeader::new(name).tenant(&headers, &extensions).unwrap();
-        assert!(t.starts_with('\u{FFFD}'));
-        assert_eq!(tenant_key(&t).len(), 33);
+        assert_ne!(key(&built_in, "acme"), key(&set, "acme"));
+        assert_eq!(
+            key(&set, "acme"),
+            key(&TenantKeys::new(Some(b"replica secret"), false), "acme")
+        );
     }
 
-    /// A client that sends, as text, what a value that is not visible
-    /// ASCII is reduced to does not reach that value's state.
     #[test]
-    fn the_text_of_a_fingerprint_is_another_tenant() {
+    fn distinct_ids_get_distinct_keys() {
+        let keys = TenantKeys::new(None, true);
+        assert_ne!(key(&keys, "a b"), key(&keys, "a  b"));
+        assert_ne!(key(&keys, ""), key(&keys, " "));
+        // A clear id never looks like a fingerprint: `~` is not plain.
+        let fingerprint = key(&keys, "not plain!");
+        assert_ne!(key(&keys, fingerprint.clone()), fingerprint);
+    }
+
+    /// Text and bytes are fingerprinted under different tags: the text of
+    /// some bytes' fingerprint, or of the bytes themselves, is another key.
+    #[test]
+    fn text_and_bytes_never_share_a_key() {
+        let keys = TenantKeys::new(None, true);
+        let bytes: &[u8] = &[0xff, 0xfe, b'a'];
+        let of_bytes = keys.key(&Tenant::Bytes(bytes.into())).as_str().to_owned();
+        assert_ne!(key(&keys, of_bytes.clone()), of_bytes);
+        let lossy = String::from_utf8_lossy(bytes).into_owned();
+        assert_ne!(key(&keys, lossy), of_bytes);
+        let ascii = keys
+            .key(&Tenant::Bytes(Cow::Borrowed(b"acme")))
+            .as_str()
+            .to_owned();
+        assert_ne!(ascii, key(&keys, "acme"));
+        assert_ne!(ascii, key(&TenantKeys::new(None, false), "acme"));
+    }
+
+    #[test]
+    fn a_header_value_is_text_when_utf8_else_bytes() {
         let name = HeaderName::from_static("x-tenant");
         let extract = FromHeader::new(name.clone());
-        let key_of = |value: http::HeaderValue| {
+        let tenant_of = |value: &[u8]| {
             let mut headers = HeaderMap::new();
-            headers.insert(name.clone(), value);
-            let extensions = Extensions::new();
-            tenant_key(&extract.tenant(&headers, &extensions).unwrap()).into_owned()
+            headers.insert(name.clone(), http::HeaderValue::from_bytes(value).unwrap());
+            extract
+                .tenant(&headers, &Extensions::new())
+                .map(|t| match t {
+                    Tenant::Text(t) => Tenant::Text(Cow::Owned(t.into_owned())),
+                    Tenant::Bytes(b) => Tenant::Bytes(Cow::Owned(b.into_owned())),
+                })
+                .unwrap()
         };
-        let bytes = [0xff, 0xfe, b'a'];
-        let odd = key_of(http::HeaderValue::from_bytes(&bytes).unwrap());
-        for text in [hashed(&bytes), odd.clone()] {
-            let sent = key_of(http::HeaderValue::from_str(&text).unwrap());
-            assert_ne!(sent, odd, "{text} reaches the state of {bytes:?}");
-        }
+        assert_eq!(tenant_of(b"acme"), Tenant::from("acme"));
+        assert_eq!(tenant_of("caf\u{e9}".as_bytes()), Tenant::from("caf\u{e9}"));
+        let odd: &[u8] = &[0xff, 0xfe, b'a'];
+        assert_eq!(tenant_of(odd), Tenant::Bytes(odd.to_vec().into()));
+        assert!(extract
+            .tenant(&HeaderMap::new(), &Extensions::new())
+            .is_none());
     }
 }

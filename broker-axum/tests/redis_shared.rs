@@ -170,3 +170,65 @@ async fn a_refused_tenant_flood_is_refunded_where_the_fallback_charged_it() {
         "the route's 5/min were given back"
     );
 }
+
+/// Every key of the Redis server at `url` (`SCAN` to the end).
+async fn all_keys(url: &str) -> Vec<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        keys.extend(
+            batch
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+        );
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// An app that keys tenants by API key: the key reaches no Redis key, not
+/// even when it is short and plain; its tenant's state is there under
+/// its fingerprint. Before, the key was `…:sk_live_4eC39…}:b`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_tenant_reaches_no_redis_key() {
+    const API_KEY: &str = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
+    let redis = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(1_000_000_000);
+    let a = instance(&redis.url(), &clock).await;
+    let b = instance(&redis.url(), &clock).await;
+    let client = reqwest::Client::new();
+    let statuses = [
+        post_n(&client, &format!("http://{a}/hooks/x"), API_KEY, 2).await,
+        post_n(&client, &format!("http://{b}/hooks/x"), API_KEY, 1).await,
+    ];
+    assert_eq!(statuses, [vec![200, 200], vec![429]], "one shared quota");
+    let keys = all_keys(&redis.url()).await;
+    let tenant_keys: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.contains("pressure%3Atenant"))
+        .collect();
+    assert!(!tenant_keys.is_empty(), "the tenant's state: {keys:?}");
+    for key in &keys {
+        assert!(!key.contains("sk_live"), "the API key in {key:?}");
+    }
+    // Under its fingerprint, the same in every replica.
+    let config = PressureConfig::from_json("t.json", CONFIG).unwrap();
+    let local = ResourceBroker::new(broker_memory::MemoryBackend::new());
+    let fingerprint = Pressure::new(local, &config).unwrap().tenant_key(API_KEY);
+    assert!(
+        tenant_keys.iter().any(|k| k.contains(&fingerprint)),
+        "{fingerprint} in {tenant_keys:?}"
+    );
+}

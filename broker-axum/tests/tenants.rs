@@ -464,3 +464,44 @@ async fn route_without_a_tenant_stage(part_stages: PartStages) -> TestBroker {
     assert_eq!(t.stat("pressure:service:rest", |s| s.denied), 2);
     t
 }
+
+/// A text tenant equal to what `FromHeader` made of a non-UTF-8 value
+/// (`U+FFFD`, `~`, 16 bytes of its SHA-256 in hex) gets a bucket of its own.
+/// Before, both reached one state, and the text tenant was denied at once.
+#[tokio::test]
+async fn a_text_tenant_never_shares_the_bucket_of_a_byte_tenant() {
+    use sha2::{Digest, Sha256};
+    let t = TestBroker::new();
+    let pressure =
+        t.pressure(r#"{ "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 1 } } }"#);
+    let value: &[u8] = &[0xff, 0xfe, b'a'];
+    let digest = Sha256::digest(value);
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let text = format!("\u{FFFD}~{hex}");
+    let by_text = Router::new()
+        .route("/text", get(|| async { "text" }))
+        .layer(pressure.tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())))
+        .layer(axum::middleware::from_fn(
+            move |mut req: Request<Body>, next: axum::middleware::Next| {
+                let namespace_id = text.clone();
+                async move {
+                    req.extensions_mut().insert(Claims { namespace_id });
+                    next.run(req).await
+                }
+            },
+        ));
+    let by_bytes = Router::new()
+        .route("/bytes", get(|| async { "bytes" }))
+        .layer(pressure.tenant_layer(FromHeader::new(HeaderName::from_static("x-tenant"))));
+    let addr = serve(by_text.merge(by_bytes).layer(pressure.layer())).await;
+    let send = |path: &str| {
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nx-tenant: ").into_bytes();
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        async move { common::raw_status(addr, &head).await }
+    };
+    assert_eq!(send("/bytes").await, 200, "the byte tenant's one request");
+    assert_eq!(send("/text").await, 200, "the text tenant's own bucket");
+    assert_eq!(send("/text").await, 429, "and its one request is used");
+    assert_eq!(send("/bytes").await, 429);
+}

@@ -2,12 +2,19 @@
 //! count. A store holds at most [`crate::MemoryBackend::max_states`]
 //! states; past that, the states least recently taken from that are not
 //! idle (and hold no slot and are not pinned) are dropped, and each is
-//! folded into a place: one of the places kept for its resource part and
-//! its exact limits, picked by the table's random hash of its key. A
-//! state made later for a key starts from its places, so a dropped key
-//! never comes back with more than the table would have kept for it (no
-//! limit is multiplied by dropping it); it may come back with less, when
-//! a key it shares a place with had used more, until the place refills.
+//! folded into the set of places kept for its resource part and its exact
+//! limits. A set's places come in groups of [`WAYS`]; the table's random
+//! hash of a key picks its group. A key folded into a group keeps a place
+//! of its own there, marked with its hash, while one is free (never taken,
+//! or refilled and not folded into within [`RECENT`]); once all are taken,
+//! the keys folded into the group share the group's own state. A state
+//! made later for a key starts from its own place if it has one, else
+//! from its group's state, so a dropped key never comes back with more
+//! than the table kept for it (no limit is multiplied by dropping it). A
+//! key with a place of its own comes back with what it had (refilled;
+//! two keys of one 64-bit hash share it); one without may come back with
+//! less, when keys that share its group's state had used more, until that
+//! state refills.
 //!
 //! A place keeps each bucket twice:
 //! - *tight*: the tightest of the states folded in, under the set's own
@@ -27,18 +34,19 @@
 //! as a state kept in the table keeps it across such a reload
 //! (`state::adopt`).
 //!
-//! What a key may lose so is what the keys folded into its place took
-//! while the place refills: a new key made from a place takes on its
-//! place's state, so the keys that pass through one place within its
-//! refill time add up. All place sets of a store share a budget of as
-//! many places as the bound; a set takes half of what is left (the first
-//! half the budget), so few sets (a store's keyed resources) get many
-//! places. A flood that sends each place well under a burst's worth of
-//! new keys per refill of that burst (at 5 a minute and half the bound's
-//! worth of places, well under 2.5 × the bound new keys a minute) seldom
-//! denies a new key; a heavier flood of new keys is denied rather than
-//! let through. Keys in use stay held (the least recently taken from are
-//! dropped first).
+//! What a key without a place of its own may lose so is what the keys
+//! folded into its group's state took while it refills: a new key made
+//! from it takes it on, so the keys that pass through one group within
+//! its refill time add up. The first keys folded into a group (those
+//! least recently taken from when the store first reaches its bound, such
+//! as tenants that were light before a flood of new ids) keep their own
+//! places; a flood heavy enough to take every place drains the groups'
+//! states, and new keys, and keys folded after it, are then denied rather
+//! than let through. All place sets of a store share a budget of as many
+//! places as the bound; a set takes half of what is left (the first half
+//! the budget), so few sets (a store's keyed resources) get many places.
+//! Keys in use stay held (the least recently taken from are dropped
+//! first).
 //!
 //! A set is dropped by the next sweep after its places have all refilled
 //! under its limits and none was folded into within [`RECENT`] (the
@@ -66,6 +74,8 @@ use crate::Stored;
 const SHARED: usize = 4096;
 /// Fewest places a set holds.
 const MIN_PLACES: usize = 64;
+/// Places in a group: the keys a group keeps apart.
+const WAYS: usize = 8;
 /// Fewest and most places a store's budget holds.
 const MIN_BUDGET: usize = 1 << 10;
 const MAX_BUDGET: usize = 1 << 20;
@@ -103,10 +113,20 @@ struct Places {
 
 #[derive(Debug)]
 struct Table {
+    /// Per place: the mark of the key it holds ([`mark`]), 0 for none.
+    marks: Box<[u64]>,
+    /// Per place: the latest time a state was folded into it.
+    lasts: Box<[Micros]>,
     /// `places × buckets` states, merged under the set's limits.
     tight: Box<[BucketState]>,
     /// `places × buckets` states, merged without refilling.
     raw: Box<[BucketState]>,
+    /// `groups × buckets` states of the keys that found no place of their
+    /// own in their group, merged under the set's limits.
+    over_tight: Box<[BucketState]>,
+    /// The same, merged without refilling.
+    over_raw: Box<[BucketState]>,
+    /// The number of groups (a power of two), less one.
     mask: usize,
     /// The latest time a state was folded in.
     last: Micros,
@@ -181,14 +201,105 @@ fn narrow(into: &mut [BucketState], place: &[BucketState], spec: &LimitSpec) {
     }
 }
 
+/// A key's mark in its group: its table hash, never 0 (the group's index
+/// is in the low bits, the same for every key of the group).
+fn mark(hash: u64) -> u64 {
+    hash | 1
+}
+
+/// Where a key's state is kept in a set: its own place, or its group's.
+#[derive(Clone, Copy)]
+enum At {
+    Own(usize),
+    Group(usize),
+}
+
 impl Table {
-    fn places(&self) -> usize {
-        self.mask + 1
+    fn new(places: usize, buckets: usize) -> Self {
+        let groups = places / WAYS;
+        Self {
+            marks: vec![0; places].into_boxed_slice(),
+            lasts: vec![0; places].into_boxed_slice(),
+            tight: vec![EMPTY; places * buckets].into_boxed_slice(),
+            raw: vec![EMPTY; places * buckets].into_boxed_slice(),
+            over_tight: vec![EMPTY; groups * buckets].into_boxed_slice(),
+            over_raw: vec![EMPTY; groups * buckets].into_boxed_slice(),
+            mask: groups - 1,
+            last: 0,
+            retired: false,
+        }
     }
 
-    fn range(&self, hash: u64, buckets: usize) -> std::ops::Range<usize> {
-        let at = (hash as usize & self.mask) * buckets;
-        at..at + buckets
+    fn places(&self) -> usize {
+        self.marks.len()
+    }
+
+    /// The places of the group of `hash`.
+    fn group(&self, hash: u64) -> std::ops::Range<usize> {
+        let at = (hash as usize & self.mask) * WAYS;
+        at..at + WAYS
+    }
+
+    /// Where the state of the key with table hash `hash` is read.
+    fn find(&self, hash: u64) -> At {
+        let group = self.group(hash);
+        match group.clone().find(|&i| self.marks[i] == mark(hash)) {
+            Some(i) => At::Own(i),
+            None => At::Group(group.start / WAYS),
+        }
+    }
+
+    /// Where the key with table hash `hash` (made for `params`) is folded at
+    /// `now`: its own place, else a free one taken for it (none held, or
+    /// refilled and not folded into within [`RECENT`]), else the group's.
+    fn place_for(&mut self, hash: u64, params: &[BucketParams], now: Micros) -> At {
+        if let own @ At::Own(_) = self.find(hash) {
+            return own;
+        }
+        let n = params.len();
+        let free = self.group(hash).find(|&i| {
+            self.marks[i] == 0
+                || (now.saturating_sub(self.lasts[i]) >= RECENT
+                    && idle(&self.tight[i * n..(i + 1) * n], params, now))
+        });
+        match free {
+            Some(i) => {
+                self.marks[i] = mark(hash);
+                self.tight[i * n..(i + 1) * n].fill(EMPTY);
+                self.raw[i * n..(i + 1) * n].fill(EMPTY);
+                At::Own(i)
+            }
+            None => At::Group(hash as usize & self.mask),
+        }
+    }
+
+    /// The states kept at `at` for `n` buckets: merged under the set's
+    /// limits, and without refilling.
+    fn read(&self, at: At, n: usize) -> (&[BucketState], &[BucketState]) {
+        match at {
+            At::Own(i) => (
+                &self.tight[i * n..(i + 1) * n],
+                &self.raw[i * n..(i + 1) * n],
+            ),
+            At::Group(g) => (
+                &self.over_tight[g * n..(g + 1) * n],
+                &self.over_raw[g * n..(g + 1) * n],
+            ),
+        }
+    }
+
+    /// [`Table::read`], to write.
+    fn write(&mut self, at: At, n: usize) -> (&mut [BucketState], &mut [BucketState]) {
+        match at {
+            At::Own(i) => (
+                &mut self.tight[i * n..(i + 1) * n],
+                &mut self.raw[i * n..(i + 1) * n],
+            ),
+            At::Group(g) => (
+                &mut self.over_tight[g * n..(g + 1) * n],
+                &mut self.over_raw[g * n..(g + 1) * n],
+            ),
+        }
     }
 }
 
@@ -198,9 +309,8 @@ impl Places {
     /// limits, equal to a fresh bucket.
     fn spent(&self, table: &Table, now: Micros) -> bool {
         now.saturating_sub(table.last) >= RECENT
-            && table
-                .tight
-                .chunks_exact(self.params.len())
+            && (table.tight.chunks_exact(self.params.len()))
+                .chain(table.over_tight.chunks_exact(self.params.len()))
                 .all(|place| idle(place, &self.params, now))
     }
 }
@@ -217,7 +327,8 @@ impl Spills {
     }
 
     /// How many places the sets of a store bounded at `max` states hold
-    /// at most: as many as the bound (48 bytes a bucket each), within
+    /// at most: as many as the bound (16 bytes and 54 a bucket each, its
+    /// share of its group's state included), within
     /// [`MIN_BUDGET`] and [`MAX_BUDGET`].
     pub(crate) fn budget_for(max: usize) -> usize {
         max.next_power_of_two().clamp(MIN_BUDGET, MAX_BUDGET)
@@ -261,13 +372,7 @@ impl Spills {
         self.used.fetch_add(size, Ordering::Relaxed);
         let made = Arc::new(Places {
             params: params.into(),
-            table: Mutex::new(Table {
-                tight: vec![EMPTY; size * params.len()].into_boxed_slice(),
-                raw: vec![EMPTY; size * params.len()].into_boxed_slice(),
-                mask: size - 1,
-                last: 0,
-                retired: false,
-            }),
+            table: Mutex::new(Table::new(size, params.len())),
         });
         sets.push(made.clone());
         self.any.store(true, Ordering::Release);
@@ -306,9 +411,13 @@ impl Spills {
             if table.retired {
                 continue;
             }
-            let at = table.range(hash, n);
-            merge(&mut table.tight[at.clone()], &state.buckets, &params);
-            merge_raw(&mut table.raw[at], &state.buckets);
+            let at = table.place_for(hash, &params, now);
+            let (tight, raw) = table.write(at, n);
+            merge(tight, &state.buckets, &params);
+            merge_raw(raw, &state.buckets);
+            if let At::Own(i) = at {
+                table.lasts[i] = table.lasts[i].max(now);
+            }
             table.last = table.last.max(now);
             break;
         }
@@ -414,19 +523,13 @@ impl Spills {
         for places in sets {
             let table = places.table.lock();
             let m = places.params.len();
+            let (tight, raw) = table.read(table.find(hash), m);
             if m != n {
-                held_until =
-                    held_until.max(state::latest_not_before(&table.raw[table.range(hash, m)]));
+                held_until = held_until.max(state::latest_not_before(raw));
                 continue;
             }
-            let at = table.range(hash, n);
             let same = params_of(spec).eq(places.params.iter());
-            let place = if same {
-                &table.tight[at]
-            } else {
-                &table.raw[at]
-            };
-            narrow(&mut buckets, place, spec);
+            narrow(&mut buckets, if same { tight } else { raw }, spec);
         }
         let shared = self.shared.lock();
         for held in &shared[hash as usize % SHARED] {
@@ -465,6 +568,59 @@ mod tests {
         spills.drop_idle(1_000_000);
         assert!(spills.by_resource.read().is_empty());
         assert!(!spills.any.load(Ordering::Relaxed));
+    }
+
+    /// A group keeps its first keys apart, each in a place of its own; the
+    /// keys folded once those are taken share the group's state, which new
+    /// keys start from, and none comes back with more than it had.
+    #[test]
+    fn a_group_keeps_its_first_keys_apart_and_the_rest_together() {
+        use broker_core::{Limits, RateLimit};
+        let spec = LimitSpec::new(
+            &Limits::new().rate(RateLimit::per_minute(10)),
+            std::time::Duration::from_secs(60),
+        );
+        let now: Micros = 1_000_000;
+        let with = |tokens: f64| ResourceState {
+            buckets: vec![BucketState {
+                tokens,
+                ts: now,
+                nb: 0,
+            }],
+            leases: Vec::new(),
+            hold: 0,
+        };
+        let spills = Spills::new();
+        let part: Arc<str> = "tenant".into();
+        // 64 places, 8 groups: the keys `3 + 16 * k` share group 3.
+        let left = |hash: u64| {
+            spills
+                .restore("tenant", hash, &spec, now)
+                .map_or(10.0, |s| s.to_state().buckets[0].tokens)
+        };
+        let key = |k: u64| 3 + 16 * k;
+        for k in 0..WAYS as u64 {
+            spills.fold(&part, key(k), &with(k as f64), &spec, now, 128);
+        }
+        assert_eq!(
+            spills.by_resource.read()["tenant"][0].table.lock().places(),
+            64
+        );
+        // Past the group's places: together.
+        spills.fold(&part, key(10), &with(7.0), &spec, now, 128);
+        spills.fold(&part, key(11), &with(5.0), &spec, now, 128);
+        for k in 0..WAYS as u64 {
+            assert_eq!(left(key(k)), k as f64, "key {k}: its own place");
+        }
+        assert_eq!(left(key(10)), 5.0, "no more than it had");
+        assert_eq!(left(key(11)), 5.0);
+        assert_eq!(left(key(12)), 5.0, "a new key of the group");
+        assert_eq!(left(4), 10.0, "another group: fresh");
+        // A place whose state has refilled is free again after `RECENT`.
+        let later = now + 60_000_000;
+        spills.fold(&part, key(12), &with(2.0), &spec, later, 128);
+        let table = spills.by_resource.read()["tenant"][0].clone();
+        assert!(matches!(table.table.lock().find(key(12)), At::Own(_)));
     }
 
     /// New keys made while another thread folds, past the states it

@@ -342,3 +342,32 @@ fn a_resource_part_past_the_budget_comes_back_drained() {
     assert!(!again.allowed, "dropped and made again, still drained");
     assert_eq!(Duration::from_micros(again.wait), Duration::from_secs(12));
 }
+
+/// Bound 10,000, 200,000 new keys of one request each: 50 tenants that had
+/// used 1 of 10 before get their 9 (no more), a drained one none. Before,
+/// the new keys added up in the places and a light tenant was denied 4 of 4.
+#[test]
+fn tenants_light_before_a_flood_keep_their_allowance() {
+    let clock = clock();
+    let backend = std::sync::Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(10_000));
+    let shared: std::sync::Arc<dyn Backend> = backend.clone();
+    let broker = ResourceBroker::from_arc(shared);
+    broker
+        .register_limit("tenant", Limits::new().rate(RateLimit::per_minute(10)))
+        .unwrap();
+    let light: Vec<String> = (0..50).map(|i| format!("light-{i}")).collect();
+    for id in &light {
+        assert_eq!(take(&broker, id, 1), 1);
+    }
+    assert_eq!(take(&broker, "drained", 11), 10);
+    clock.advance(Duration::from_millis(100));
+    flood(&broker, 200_000);
+    assert!(backend.folded() > 190_000, "{}", backend.folded());
+    assert!(backend.len() <= 10_001, "{} states", backend.len());
+    for id in &light {
+        assert!(backend.state(&keyed("tenant", id)).is_none(), "{id} folded");
+    }
+    let left: Vec<usize> = light.iter().map(|id| take(&broker, id, 10)).collect();
+    assert!(left.iter().all(|&n| n == 9), "{left:?}");
+    assert_eq!(take(&broker, "drained", 1), 0, "still drained");
+}
