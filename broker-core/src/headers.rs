@@ -11,10 +11,11 @@
 //! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
 //!
 //! Nothing here fails or panics: a value that is malformed, negative, the
-//! sentinel `-1`, not valid UTF-8, or a count above [`MAX_AMOUNT`] is
-//! ignored as if it were absent. A well-formed time above 366 days is read
-//! as 366 days (a caller's wait ceiling bounds it further): a longer wait
-//! never reads as a shorter one, nor as none. A count sent as a decimal
+//! sentinel `-1`, not valid UTF-8, a count above [`MAX_AMOUNT`], or a
+//! number or time too large for 64 bits (seconds) is ignored as if it were
+//! absent. A well-formed time above 366 days is read as 366 days (a
+//! caller's wait ceiling bounds it further): a longer wait never reads as
+//! a shorter one, nor as none. A count sent as a decimal
 //! (Reddit's `X-Ratelimit-Remaining: 0.0`) is read rounded down. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
 //! two retry delays the longer one; two that tie on `remaining` and
@@ -196,11 +197,11 @@ fn bounded(d: Duration) -> Option<Duration> {
 /// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
 /// [`UNIX_TIME_FROM`] is read as a Unix time (in milliseconds, microseconds
 /// or nanoseconds from [`UNIX_MILLIS_FROM`] up) and turned into a delay
-/// from `now` (zero if already past).
+/// from `now` (zero if already past). A number too large for `u64` is
+/// unreadable.
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     let (int, frac) = decimal_parts(v)?;
-    // Digits only: a number too large for `u64` is a time too long.
-    let whole: u64 = int.parse().unwrap_or(u64::MAX);
+    let whole: u64 = int.parse().ok()?;
     let mut nanos = 0u32;
     for (i, b) in frac.bytes().take(9).enumerate() {
         nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
@@ -253,7 +254,8 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
 }
 
 /// A Go duration as OpenAI sends it: `"6m0s"`, `"12ms"`, `"1h2m3.5s"`,
-/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign.
+/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign. A number or
+/// a total too large for 64 bits (the total in seconds) is unreadable.
 ///
 /// ```
 /// use broker_core::headers::parse_go_duration;
@@ -292,11 +294,9 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
             "ns" => 1,
             _ => return None,
         };
-        total_nanos = total_nanos.saturating_add(scaled(number, unit_nanos)?);
+        total_nanos = total_nanos.checked_add(scaled(number, unit_nanos)?)?;
         rest = tail;
     }
-    let total_nanos = total_nanos.min(MAX_PERIOD.as_nanos());
-    // At most 366 days: fits.
     let secs = u64::try_from(total_nanos / 1_000_000_000).ok()?;
     bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
 }
@@ -317,20 +317,16 @@ fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
 }
 
-/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds
-/// (`u128::MAX` for more than that holds).
+/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds;
+/// `None` for an integer part too large for `u64`.
 fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
     if int.is_empty() && frac.is_empty() || frac.contains('.') {
         return None;
     }
-    // Digits only (the caller's): a number too large is a time too long.
-    let whole: u128 = if int.is_empty() {
-        0
-    } else {
-        int.parse().unwrap_or(u128::MAX)
-    };
-    let mut value = whole.saturating_mul(unit_nanos);
+    let whole: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    // At most 2^64 times an hour's nanoseconds: fits.
+    let mut value = u128::from(whole) * unit_nanos;
     let mut place = unit_nanos;
     for b in frac.bytes().take(18) {
         place /= 10;
@@ -750,15 +746,13 @@ mod tests {
             ("31017600", days(359)),
             ("31968000", year),
             ("99999999", year),
-            ("99999999999999999999999", year),
-            ("99999999999999999999999.5", year),
             ("9999999999", year),
-            ("99999999999999999999999999", year),
+            ("18446744073709551615", year),
             ("Fri, 31 Dec 9999 23:59:59 GMT", year),
         ] {
             assert_eq!(parse_retry_after(v, now), Some(expected), "{v}");
         }
-        for v in ["9999999h", "99999999999999999999999999h", "1.5h9999999m"] {
+        for v in ["9999999h", "1.5h9999999m", "18446744073709551615s"] {
             assert_eq!(parse_go_duration(v), Some(year), "{v}");
         }
         let seen = parse(
@@ -772,6 +766,50 @@ mod tests {
         );
         assert_eq!(seen.requests.unwrap().reset, Some(year));
         assert_eq!(seen.tokens.unwrap().reset, Some(year));
+    }
+
+    /// A number too large for 64 bits is no time an upstream means:
+    /// unreadable, ignored as a malformed value is, in every form a reset
+    /// or a retry delay takes, not read as a year.
+    #[test]
+    fn a_time_too_large_for_64_bits_is_ignored_as_unreadable() {
+        let now = at(1_700_000_000);
+        let absurd = "99999999999999999999999";
+        for v in [absurd, "99999999999999999999999.5", "18446744073709551616"] {
+            assert_eq!(parse_retry_after(v, now), None, "{v}");
+        }
+        for v in [
+            "99999999999999999999999999h",
+            "99999999999999999999999ms",
+            "1h18446744073709551616ns",
+            "5124095576030432h",
+        ] {
+            assert_eq!(parse_go_duration(v), None, "{v}");
+        }
+        let mut h = HeaderMap::new();
+        for name in [
+            "x-ratelimit-reset",
+            "x-ratelimit-retry",
+            "ratelimit-reset",
+            "retry-after",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-reset-tokens",
+        ] {
+            h.insert(name, HeaderValue::from_static(absurd));
+        }
+        h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+        h.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from_static("0"),
+        );
+        h.insert(
+            "ratelimit",
+            HeaderValue::from_static(r#""p";r=0;t=99999999999999999999999"#),
+        );
+        let seen = parse(&h, now);
+        assert_eq!(seen.requests.unwrap().reset, None, "{seen:?}");
+        assert_eq!(seen.tokens.unwrap().reset, None, "{seen:?}");
+        assert_eq!(seen.retry_after, None, "{seen:?}");
     }
 
     /// A count sent as a decimal (Reddit's `X-Ratelimit-Remaining:
