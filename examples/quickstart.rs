@@ -87,7 +87,7 @@ async fn llm_batch(settle: bool) -> Result<(Duration, u64, u64), Box<dyn std::er
                     // The upstream reports real usage only in its response.
                     let used = 600 + (call * 97) % 500;
                     let usage = settle.then_some(Cost::tokens(used));
-                    Outcome::<(Duration, u64), String>::Ok {
+                    Outcome::<(Duration, u64), std::io::Error>::Ok {
                         value: (start.elapsed(), used),
                         usage,
                         observed: None,

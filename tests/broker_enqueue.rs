@@ -339,6 +339,55 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     assert_eq!((stats.retries_exhausted, stats.failed), (1, 2));
 }
 
+/// The work's own error, say an upstream's 401, stays with the error
+/// `enqueue` returns: in its message and as its `source()`, through `?`
+/// into a `Box<dyn Error>`.
+#[tokio::test(start_paused = true)]
+async fn the_work_error_is_the_source_and_in_the_message() {
+    use std::error::Error;
+
+    #[derive(Debug)]
+    struct ApiError;
+    impl std::fmt::Display for ApiError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("401 invalid api key")
+        }
+    }
+    impl Error for ApiError {}
+
+    async fn call(broker: &ResourceBroker, class: OutcomeClass) -> Result<(), Box<dyn Error>> {
+        broker
+            .enqueue("api", Cost::default(), |_| async move {
+                Outcome::<(), _>::failed(class, ApiError, None)
+            })
+            .await?;
+        Ok(())
+    }
+
+    let broker = broker();
+    let retry = RetryPolicy {
+        max_attempts: 2,
+        ..RetryPolicy::default()
+    };
+    let config = ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10))).retry(retry);
+    broker.register("api", config).unwrap();
+    for (class, says) in [
+        (OutcomeClass::Fatal, "fatal upstream error on attempt 1"),
+        (
+            OutcomeClass::Transient,
+            "retry budget exhausted after 2 attempts",
+        ),
+    ] {
+        let e = call(&broker, class).await.unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains(says), "{message}");
+        assert!(message.contains("401 invalid api key"), "{message}");
+        let source = e.source().expect("the work's error as the source");
+        assert!(source.is::<ApiError>(), "{source:?}");
+        assert_eq!(source.to_string(), "401 invalid api key");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_released_slot_wakes_a_waiting_enqueue_at_once() {
     let broker = broker();
@@ -1336,12 +1385,14 @@ async fn a_call_booked_under_a_hold_is_charged_once() {
             limit: None,
             remaining: Some(0),
             reset: Some(Duration::from_secs(30)),
+            ..Default::default()
         }),
         ..Default::default()
     };
     let first = broker
-        .enqueue("api", Cost::tokens(100), |_| async move {
-            Outcome::<(), ()>::ok(()).with_observed(spent_tokens)
+        .enqueue("api", Cost::tokens(100), |_| {
+            let spent_tokens = spent_tokens.clone();
+            async move { Outcome::<(), ()>::ok(()).with_observed(spent_tokens) }
         })
         .await;
     first.unwrap();
@@ -1407,7 +1458,7 @@ async fn a_503_with_retry_after_is_retried_no_sooner() {
     };
     let done = broker
         .enqueue("api", Cost::default(), |a| {
-            let attempts = attempts.clone();
+            let (attempts, seen) = (attempts.clone(), seen.clone());
             async move {
                 let at = start.elapsed();
                 attempts.lock().unwrap().push((a.number.to_string(), at));

@@ -266,11 +266,13 @@ async fn run_case(
                         limit: None,
                         remaining: requests,
                         reset: reset.map(Duration::from_micros),
+                        ..Default::default()
                     }),
                     tokens: tokens.map(|t| Observed {
                         limit: None,
                         remaining: Some(t),
                         reset: reset.map(Duration::from_micros),
+                        ..Default::default()
                     }),
                     retry_after: None,
                 };

@@ -46,6 +46,7 @@ fn spent(reset: Duration) -> ObservedLimit {
             limit: Some(100),
             remaining: Some(0),
             reset: Some(reset),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     }
@@ -76,8 +77,9 @@ async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
     b.register("llm", config()).unwrap();
     let mut left = spent(RESET);
     left.requests.as_mut().unwrap().remaining = Some(3);
-    a.enqueue("llm", Cost::default(), |_| async move {
-        Outcome::<(), ()>::ok(()).with_observed(left)
+    a.enqueue("llm", Cost::default(), |_| {
+        let left = left.clone();
+        async move { Outcome::<(), ()>::ok(()).with_observed(left) }
     })
     .await
     .unwrap();

@@ -283,6 +283,7 @@ async fn a_lagging_client_clock_does_not_shorten_a_hold() {
             limit: Some(10),
             remaining: Some(0),
             reset: Some(Duration::from_secs(2)),
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -148,13 +148,14 @@ async fn a_call_waiting_for_a_slot_waits_for_the_counter_the_call_that_held_it_s
             limit: Some(100),
             remaining: Some(0),
             reset: Some(Duration::from_secs(2)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     };
     let answer = move || Outcome::Ok {
         value: (),
         usage: None,
-        observed: Some(spent),
+        observed: Some(spent.clone()),
     };
     let (started, result) = slot_freed_by(Some(SlowReconcile), answer).await;
     result.unwrap();

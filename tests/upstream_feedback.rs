@@ -61,6 +61,7 @@ fn observed(remaining: u64) -> ObservedLimit {
             limit: Some(60),
             remaining: Some(remaining),
             reset: Some(Duration::from_secs(30)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     }
@@ -252,6 +253,7 @@ async fn a_call_waiting_for_the_slot_waits_out_a_counter_a_success_reported_spen
             limit: Some(100),
             remaining: Some(0),
             reset: Some(Duration::from_secs(10)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     };
@@ -261,7 +263,7 @@ async fn a_call_waiting_for_the_slot_waits_out_a_counter_a_success_reported_spen
         tokio::spawn(async move {
             broker
                 .enqueue("llm", Cost::tokens(500), |_| {
-                    let answered = answered.clone();
+                    let (answered, spent) = (answered.clone(), spent.clone());
                     async move {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         *answered.lock().unwrap() = Some(Instant::now());

@@ -120,6 +120,7 @@ async fn each_kind_of_delay_and_failure_has_its_own_counter() {
             limit: Some(1),
             remaining: Some(0),
             reset: Some(Duration::from_secs(1)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     };

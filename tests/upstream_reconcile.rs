@@ -194,6 +194,7 @@ async fn a_counter_narrows_only_the_window_it_describes() {
             limit,
             remaining: Some(0),
             reset: Some(Duration::from_secs(1)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     };
@@ -252,6 +253,7 @@ async fn a_limit_is_compared_with_the_bucket_its_counter_describes() {
             limit: Some(limit),
             remaining: Some(5),
             reset: Some(Duration::from_secs(1)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     };
@@ -296,6 +298,7 @@ async fn a_counter_with_a_reset_of_hours_is_not_read_as_the_per_second_window() 
                 limit,
                 remaining: Some(20),
                 reset: Some(Duration::from_secs(5 * 3600)),
+                ..Default::default()
             }),
             ..ObservedLimit::default()
         };
@@ -333,6 +336,7 @@ async fn a_counter_naming_the_minutes_limit_is_the_minutes_whatever_its_reset() 
             limit: Some(150_000),
             remaining: Some(0),
             reset: Some(Duration::from_secs(6 * 60)),
+            ..Default::default()
         }),
         ..ObservedLimit::default()
     };

@@ -102,22 +102,43 @@ pub struct RouteConfig {
 
 /// The `perTenant` object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", from = "RawTenantConfig")]
 pub struct TenantConfig {
-    /// Whether the tenant stage limits anything.
-    #[serde(default)]
+    /// Whether the tenant stage limits anything. Left out, it is true when
+    /// `limits` sets a limit: a limit written down is applied.
     pub enabled: bool,
     /// The limits every tenant gets, each tenant its own state.
-    #[serde(default)]
     pub limits: Limits,
     /// The broker resource id whose sub-keys are the tenants.
-    #[serde(default = "default_tenant_resource")]
     pub resource: String,
     /// For debugging only: a tenant id of 1 to 64 bytes of
     /// `[A-Za-z0-9._@+-]` reaches keys and logs in clear, not as its
     /// fingerprint. Never set it where ids are secrets (API keys).
     #[serde(default)]
     pub clear_ids: bool,
+}
+
+/// [`TenantConfig`] as written.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawTenantConfig {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default = "default_tenant_resource")]
+    resource: String,
+}
+
+impl From<RawTenantConfig> for TenantConfig {
+    fn from(raw: RawTenantConfig) -> Self {
+        let sets_a_limit = !raw.limits.rates.is_empty() || raw.limits.max_concurrent.is_some();
+        Self {
+            enabled: raw.enabled.unwrap_or(sets_a_limit),
+            limits: raw.limits,
+            resource: raw.resource,
+        }
+    }
 }
 
 impl Default for TenantConfig {
@@ -137,8 +158,11 @@ pub fn service_resource(service: &str) -> String {
 }
 
 impl PressureConfig {
-    /// Parses the `pressure` object itself (named `source_name` in errors)
-    /// and validates it.
+    /// Parses the `pressure` object itself, or a whole config document
+    /// holding one (as [`PressureConfig::from_document`] finds it), named
+    /// `source_name` in errors, and validates it. A top-level object with a
+    /// key the `pressure` object has not, and a `pressure` object at the
+    /// top level or one level down, is such a document.
     ///
     /// ```
     /// use broker_axum::PressureConfig;
@@ -149,6 +173,10 @@ impl PressureConfig {
     /// assert!(e.to_string().contains("perRoute[0].limits"), "{e}");
     /// ```
     pub fn from_json(source_name: &str, text: &str) -> Result<Self, ConfigError> {
+        let doc = broker_core::config::tree(source_name, text)?;
+        if is_document(&doc) {
+            return Self::from_tree(source_name, text, doc);
+        }
         let config: Self =
             broker_core::config::parse(source_name, text, broker_core::config::Format::Json)?;
         config.validate_at(source_name, "")?;
@@ -169,11 +197,20 @@ impl PressureConfig {
     /// assert!(e.to_string().contains("gateway.pressure.perTenant.limits.requestsPerMinute"), "{e}");
     /// ```
     pub fn from_document(source_name: &str, text: &str) -> Result<Self, ConfigError> {
+        let doc = broker_core::config::tree(source_name, text)?;
+        Self::from_tree(source_name, text, doc)
+    }
+
+    /// [`PressureConfig::from_document`] of `text`, already parsed into `doc`.
+    fn from_tree(
+        source_name: &str,
+        text: &str,
+        doc: serde_json::Value,
+    ) -> Result<Self, ConfigError> {
         let fail = |message: String| ConfigError::Parse {
             source_name: source_name.to_owned(),
             message,
         };
-        let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
         // The tree keeps one value per key: a service named twice is
         // refused from the text.
         broker_core::config::refuse_repeated_keys(source_name, text)?;
@@ -332,6 +369,22 @@ fn check_id(id: &str) -> Result<(), &'static str> {
     }
 }
 
+/// The fields of the `pressure` object.
+const FIELDS: [&str; 4] = ["enabled", "perService", "perRoute", "perTenant"];
+
+/// Whether `text` is a whole document holding a `pressure` object (or two)
+/// rather than the object itself: its top level has a key the object has
+/// not, and [`find_pressure`] finds one.
+fn is_document(doc: &serde_json::Value) -> bool {
+    match doc {
+        serde_json::Value::Object(root) => {
+            root.keys().any(|k| !FIELDS.contains(&k.as_str()))
+                && !matches!(find_pressure(doc.clone()), Ok(None))
+        }
+        _ => false,
+    }
+}
+
 /// The `pressure` object of `doc`, with its path: the value of a top-level
 /// `pressure` key, or an object under a `pressure` key one level down (a
 /// `pressure` number there, say a boiler's, is not one). More than one is
@@ -365,6 +418,7 @@ fn find_pressure(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use broker_core::RateLimit;
 
     #[test]
     fn routes_and_stages_written_as_lists_are_refused_with_their_path() {
@@ -638,6 +692,115 @@ mod tests {
                 .unwrap()
                 .enabled
         );
+    }
+
+    /// The seed's own gateway file, verbatim, loads with `from_json`, the
+    /// loader the README shows, into what `from_document` reads.
+    #[test]
+    fn the_seed_gateway_document_loads_with_from_json() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/seed-configs/kb.config.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let c = PressureConfig::from_json("kb.config.json", &text).unwrap();
+        assert_eq!(
+            c,
+            PressureConfig::from_document("kb.config.json", &text).unwrap()
+        );
+        assert_eq!(c, PressureConfig::from_json("inline", SEED).unwrap());
+        assert_eq!(
+            c.per_service["rest"],
+            Limits::new().rate(RateLimit::per_second(50))
+        );
+        assert_eq!(c.per_route[0].limits.max_concurrent, Some(200));
+        assert!(c.per_tenant.enabled);
+        assert_eq!(c.per_tenant.limits.rates, [RateLimit::per_minute(6000)]);
+        // The object itself still reads as it did, and a field of it that
+        // is misspelt is still named, not taken for a document.
+        let typo = r#"{"enabled": true, "perServce": {"rest": {"requestsPerSecond": 5}}}"#;
+        let e = PressureConfig::from_json("p.json", typo)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `perServce`"), "{e}");
+    }
+
+    /// `perTenant` limits written without `"enabled"` limit the tenants
+    /// (they loaded as a stage turned off, limiting nothing); written
+    /// with `"enabled": false`, they stay off.
+    #[test]
+    fn tenant_limits_written_without_enabled_are_applied() {
+        let text = r#"{"perTenant": {"limits": {"requestsPerMinute": 60}}}"#;
+        let c = PressureConfig::from_json("p.json", text).unwrap();
+        assert!(c.per_tenant.enabled);
+        assert_eq!(c.per_tenant.limits.rates, [RateLimit::per_minute(60)]);
+        let doc = format!(r#"{{"gateway": {{"pressure": {text}}}}}"#);
+        assert!(
+            PressureConfig::from_document("kb.json", &doc)
+                .unwrap()
+                .per_tenant
+                .enabled
+        );
+        let off = r#"{"perTenant": {"enabled": false, "limits": {"requestsPerMinute": 60}}}"#;
+        assert!(
+            !PressureConfig::from_json("p.json", off)
+                .unwrap()
+                .per_tenant
+                .enabled
+        );
+        // Nothing written, nothing enabled.
+        let none = r#"{"perTenant": {"resource": "tenants"}}"#;
+        assert!(
+            !PressureConfig::from_json("p.json", none)
+                .unwrap()
+                .per_tenant
+                .enabled
+        );
+    }
+
+    /// A limit written as `null` is refused with its path: it loaded as
+    /// no limit and exempted the route.
+    #[test]
+    fn a_null_limit_is_refused_with_its_path() {
+        for field in [
+            "requestsPerSecond",
+            "requestsPerMinute",
+            "maxConcurrentRequests",
+        ] {
+            let text = format!(
+                r#"{{"perRoute": [{{"resource": "r", "pathPrefix": "/a", "limits": {{"{field}": null}}}}]}}"#
+            );
+            let e = PressureConfig::from_json("p.json", &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("perRoute[0].limits.{field}")), "{e}");
+            assert!(e.contains("null"), "{e}");
+            let doc = format!(r#"{{"gateway": {{"pressure": {text}}}}}"#);
+            let e = PressureConfig::from_document("kb.json", &doc)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("gateway.pressure.perRoute[0].limits.{field}")),
+                "{e}"
+            );
+        }
+    }
+
+    /// A number too large for any field (`1e400`) is named by its path
+    /// through `from_document`, not by a line and column alone.
+    #[test]
+    fn an_out_of_range_number_names_its_field() {
+        let doc = SEED.replace("\"requestsPerSecond\": 50", "\"requestsPerSecond\": 1e400");
+        for e in [
+            PressureConfig::from_document("kb.config.json", &doc),
+            PressureConfig::from_json("kb.config.json", &doc),
+        ] {
+            let e = e.unwrap_err().to_string();
+            assert!(
+                e.contains("gateway.pressure.perService.rest.requestsPerSecond"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -23,28 +23,57 @@ use crate::limits::{Limits, RateLimit, Unit};
 /// let err = serde_json::from_str::<Limits>(r#"{"requestsPerSecond": 0}"#).unwrap_err();
 /// assert!(err.to_string().contains("requestsPerSecond"));
 /// ```
+///
+/// A limit written as `null` is refused with its path, not read as none.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Shorthand: this many requests per second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "written",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub requests_per_second: Option<u64>,
     /// Shorthand: this many requests per minute.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "written",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub requests_per_minute: Option<u64>,
     /// Shorthand: this many tokens per minute.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "written",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tokens_per_minute: Option<u64>,
     /// At most this many in flight at once.
     #[serde(
         default,
         alias = "maxConcurrent",
+        deserialize_with = "written",
         skip_serializing_if = "Option::is_none"
     )]
     pub max_concurrent_requests: Option<u32>,
     /// Explicit rate limits, in addition to the shorthands.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rates: Vec<RateLimit>,
+}
+
+/// A limit that is written: `null` would load as no limit, so is refused.
+fn written<'de, D, T>(de: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    match Option::<T>::deserialize(de)? {
+        Some(v) => Ok(Some(v)),
+        None => Err(serde::de::Error::custom(
+            "null sets no limit: write a number, or leave the field out",
+        )),
+    }
 }
 
 impl TryFrom<LimitsConfig> for Limits {
@@ -315,7 +344,28 @@ pub fn parse<T: DeserializeOwned>(
             serde_path_to_error::deserialize(de)
                 .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
         }
-    }?;
+    };
+    // Read as written, a JSON or TOML document may still hold a settings
+    // object written as a list, which serde takes field by field in
+    // declaration order: read again from its tree with structs from
+    // objects only, and refused if a list stands for one. Only that refusal
+    // counts: the tree reads some things otherwise (a map's number keys,
+    // say), which the first reading has settled (a refusal of a list is
+    // the error even when the first reading failed: it took the list's
+    // items for fields). YAML's reader refuses a list for a struct itself,
+    // and its tree would turn unquoted scalars into numbers; a document
+    // without a JSON tree keeps the first reading.
+    let tree: Option<serde_json::Value> = match format {
+        Format::Json => serde_json::from_str(text).ok(),
+        Format::Toml => toml::from_str(text).ok(),
+        Format::Yaml => None,
+    };
+    if let Some(Err(e)) = tree.map(|tree| from_value::<T>(&tree)) {
+        if crate::named_fields::refuses_a_list(e.inner()) {
+            return Err(fail(located(e.path().to_string(), e.inner().to_string())));
+        }
+    }
+    let parsed = parsed?;
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
         Format::Yaml => {
@@ -332,24 +382,6 @@ pub fn parse<T: DeserializeOwned>(
         }
         // TOML's reader refuses a repeated key itself.
         Format::Toml => {}
-    }
-    // Read as written, a JSON or TOML document may still hold a settings
-    // object written as a list, which serde takes field by field in
-    // declaration order: read again from its tree with structs from
-    // objects only, and refused if a list stands for one. Only that refusal
-    // counts: the tree reads some things otherwise (a map's number keys,
-    // say), which the first reading has settled. YAML's reader refuses a
-    // list for a struct itself, and its tree would turn unquoted scalars
-    // into numbers; a document without a JSON tree keeps the first reading.
-    let tree: Option<serde_json::Value> = match format {
-        Format::Json => serde_json::from_str(text).ok(),
-        Format::Toml => toml::from_str(text).ok(),
-        Format::Yaml => None,
-    };
-    if let Some(Err(e)) = tree.map(|tree| from_value::<T>(&tree)) {
-        if crate::named_fields::refuses_a_list(e.inner()) {
-            return Err(fail(located(e.path().to_string(), e.inner().to_string())));
-        }
     }
     Ok(parsed)
 }
@@ -386,6 +418,25 @@ fn located(path: String, inner: String) -> String {
     } else {
         format!("at {path}: {inner}")
     }
+}
+
+/// Parses a JSON document (named `source_name` in errors) into a tree. An
+/// error names its path inside the document, e.g. a number out of range.
+///
+/// ```
+/// let e = broker_core::config::tree("kb.json", r#"{"a": [{"b": 1e400}]}"#).unwrap_err();
+/// assert!(e.to_string().starts_with("kb.json: at a[0].b: number out of range"), "{e}");
+/// ```
+pub fn tree(source_name: &str, text: &str) -> Result<serde_json::Value, ConfigError> {
+    let fail = |message: String| ConfigError::Parse {
+        source_name: source_name.to_owned(),
+        message,
+    };
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let tree = serde_path_to_error::deserialize(&mut *de)
+        .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))?;
+    de.end().map_err(|e| fail(e.to_string()))?;
+    Ok(tree)
 }
 
 /// Reads `T` from a document already parsed into a JSON tree, every

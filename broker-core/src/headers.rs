@@ -11,10 +11,11 @@
 //! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
 //!
 //! Nothing here fails or panics: a value that is malformed, negative, the
-//! sentinel `-1`, not valid UTF-8, or a count above [`MAX_AMOUNT`] is
-//! ignored as if it were absent. A well-formed time above 366 days is read
-//! as 366 days (a caller's wait ceiling bounds it further): a longer wait
-//! never reads as a shorter one, nor as none. A count sent as a decimal
+//! sentinel `-1`, not valid UTF-8, a count above [`MAX_AMOUNT`], or a
+//! number or time too large for 64 bits (seconds) is ignored as if it were
+//! absent. A well-formed time above 366 days is read as 366 days (a
+//! caller's wait ceiling bounds it further): a longer wait never reads as
+//! a shorter one, nor as none. A count sent as a decimal
 //! (Reddit's `X-Ratelimit-Remaining: 0.0`) is read rounded down. When several families report the same
 //! counter, the most restrictive one (the lowest `remaining`) wins, and of
 //! two retry delays the longer one; two that tie on `remaining` and
@@ -85,31 +86,41 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
         limit: count("x-ratelimit-limit"),
         remaining: count("x-ratelimit-remaining"),
         reset: seconds("x-ratelimit-reset"),
+        ..Observed::default()
     };
     let structured = structured_fields(
         list("ratelimit").as_deref(),
         list("ratelimit-policy").as_deref(),
         now,
     );
+    // Without a `RateLimit-Limit`, the quota of a `RateLimit-Policy` sent
+    // beside the separate fields, with its window and name (when no
+    // `RateLimit` field says which policy it counts, that of the lowest
+    // quota).
+    let policy_alone = structured.remaining.is_none() && structured.reset.is_none();
     let older_ietf = Observed {
-        // Without a `RateLimit-Limit`, the quota of a `RateLimit-Policy`
-        // sent beside the separate fields (when no `RateLimit` field says
-        // which policy it counts, that is the lowest quota).
-        limit: count("ratelimit-limit").or(structured
-            .limit
-            .filter(|_| structured.remaining.is_none() && structured.reset.is_none())),
         remaining: count("ratelimit-remaining"),
         reset: seconds("ratelimit-reset"),
+        ..match count("ratelimit-limit") {
+            Some(limit) => Observed {
+                limit: Some(limit),
+                ..Observed::default()
+            },
+            None if policy_alone => structured.clone(),
+            None => Observed::default(),
+        }
     };
     let openai_requests = Observed {
         limit: count("x-ratelimit-limit-requests"),
         remaining: count("x-ratelimit-remaining-requests"),
         reset: text("x-ratelimit-reset-requests").and_then(|v| parse_reset(v, now)),
+        ..Observed::default()
     };
     let openai_tokens = Observed {
         limit: count("x-ratelimit-limit-tokens"),
         remaining: count("x-ratelimit-remaining-tokens"),
         reset: text("x-ratelimit-reset-tokens").and_then(|v| parse_reset(v, now)),
+        ..Observed::default()
     };
 
     let retry_after = [
@@ -136,8 +147,8 @@ pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
 /// and, among those, the latest reset (two exhausted windows: the longer
 /// hold is the one the upstream enforces); when none has a `remaining`, the
 /// first that says anything. Of two readings that tie on `remaining` and
-/// `reset`, the first is kept with the `limit` of the other if it has none
-/// (the `limit` says which bucket the counter describes).
+/// `reset`, the first is kept with the `limit`, window and policy of the
+/// other where it has none (they say which bucket the counter describes).
 fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
     let seen = candidates.into_iter().filter(|o| *o != Observed::default());
     let mut best: Option<Observed> = None;
@@ -147,6 +158,8 @@ fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observe
             Some(b) if more_restrictive(&o, &b) => o,
             Some(b) if (b.remaining, b.reset) == (o.remaining, o.reset) => Observed {
                 limit: b.limit.or(o.limit),
+                window: b.window.or(o.window),
+                policy: b.policy.or(o.policy),
                 ..b
             },
             Some(b) => b,
@@ -196,11 +209,11 @@ fn bounded(d: Duration) -> Option<Duration> {
 /// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
 /// [`UNIX_TIME_FROM`] is read as a Unix time (in milliseconds, microseconds
 /// or nanoseconds from [`UNIX_MILLIS_FROM`] up) and turned into a delay
-/// from `now` (zero if already past).
+/// from `now` (zero if already past). A number too large for `u64` is
+/// unreadable.
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     let (int, frac) = decimal_parts(v)?;
-    // Digits only: a number too large for `u64` is a time too long.
-    let whole: u64 = int.parse().unwrap_or(u64::MAX);
+    let whole: u64 = int.parse().ok()?;
     let mut nanos = 0u32;
     for (i, b) in frac.bytes().take(9).enumerate() {
         nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
@@ -253,7 +266,8 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
 }
 
 /// A Go duration as OpenAI sends it: `"6m0s"`, `"12ms"`, `"1h2m3.5s"`,
-/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign.
+/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign. A number or
+/// a total too large for 64 bits (the total in seconds) is unreadable.
 ///
 /// ```
 /// use broker_core::headers::parse_go_duration;
@@ -292,11 +306,9 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
             "ns" => 1,
             _ => return None,
         };
-        total_nanos = total_nanos.saturating_add(scaled(number, unit_nanos)?);
+        total_nanos = total_nanos.checked_add(scaled(number, unit_nanos)?)?;
         rest = tail;
     }
-    let total_nanos = total_nanos.min(MAX_PERIOD.as_nanos());
-    // At most 366 days: fits.
     let secs = u64::try_from(total_nanos / 1_000_000_000).ok()?;
     bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
 }
@@ -317,20 +329,16 @@ fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
 }
 
-/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds
-/// (`u128::MAX` for more than that holds).
+/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds;
+/// `None` for an integer part too large for `u64`.
 fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
     if int.is_empty() && frac.is_empty() || frac.contains('.') {
         return None;
     }
-    // Digits only (the caller's): a number too large is a time too long.
-    let whole: u128 = if int.is_empty() {
-        0
-    } else {
-        int.parse().unwrap_or(u128::MAX)
-    };
-    let mut value = whole.saturating_mul(unit_nanos);
+    let whole: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    // At most 2^64 times an hour's nanoseconds: fits.
+    let mut value = u128::from(whole) * unit_nanos;
     let mut place = unit_nanos;
     for b in frac.bytes().take(18) {
         place /= 10;
@@ -414,21 +422,32 @@ fn members(field: &str) -> Vec<Member<'_>> {
 /// `RateLimit` / `RateLimit-Policy` of the IETF draft (`r`, `t`; `q`, `w`),
 /// and the older single-field form `RateLimit: limit=.., remaining=.., reset=..`
 /// with the older `RateLimit-Policy: 10;w=1` (the quota as the bare item
-/// when there is no `q`).
+/// when there is no `q`). A counter keeps its policy's name and window.
 fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
     let policies = policy.map(members).unwrap_or_default();
-    let quota_of = |name: Option<&str>| {
-        policies
-            .iter()
+    // The policy named `name` (any if `None`) of the lowest quota: its
+    // quota, window and name.
+    let policy_of = |name: Option<&str>| {
+        let quota = |p: &Member<'_>| p.get("q").map_or(p.integer, parse_count);
+        let Some((limit, p)) = (policies.iter())
             .filter(|p| name.is_none() || p.name == name)
-            .filter_map(|p| p.get("q").map_or(p.integer, parse_count))
-            .min()
+            .filter_map(|p| Some((quota(p)?, p)))
+            .min_by_key(|(q, _)| *q)
+        else {
+            return Observed::default();
+        };
+        Observed {
+            limit: Some(limit),
+            window: (p.get("w").and_then(parse_count))
+                .filter(|w| *w > 0)
+                .map(Duration::from_secs),
+            // An older draft's bare quota is no name.
+            policy: p.name.filter(|_| p.integer.is_none()).map(Into::into),
+            ..Observed::default()
+        }
     };
     let Some(field) = ratelimit else {
-        return Observed {
-            limit: quota_of(None),
-            ..Observed::default()
-        };
+        return policy_of(None);
     };
     let items = members(field);
     let mut best: Option<Observed> = None;
@@ -437,11 +456,12 @@ fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemT
             continue;
         };
         let o = Observed {
-            limit: quota_of(m.name),
             remaining: Some(remaining),
             reset: m.get("t").and_then(|t| parse_seconds(t, now)),
+            policy: m.name.map(Into::into),
+            ..policy_of(m.name)
         };
-        if best.is_none_or(|b| more_restrictive(&o, &b)) {
+        if best.as_ref().is_none_or(|b| more_restrictive(&o, b)) {
             best = Some(o);
         }
     }
@@ -456,10 +476,18 @@ fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemT
             .find(|(k, _)| k.eq_ignore_ascii_case(key))
             .map(|(_, v)| *v)
     };
+    // A `limit` other than the policy's quota is another counter's.
+    let base = match older("limit").and_then(parse_count) {
+        Some(limit) if policy_of(None).limit != Some(limit) => Observed {
+            limit: Some(limit),
+            ..Observed::default()
+        },
+        _ => policy_of(None),
+    };
     Observed {
-        limit: older("limit").and_then(parse_count).or(quota_of(None)),
         remaining: older("remaining").and_then(parse_count),
         reset: older("reset").and_then(|t| parse_seconds(t, now)),
+        ..base
     }
 }
 
@@ -497,6 +525,7 @@ mod tests {
                 limit: Some(300),
                 remaining: Some(0),
                 reset: Some(Duration::from_secs(7)),
+                ..Observed::default()
             })
         );
         assert_eq!(seen.retry_after, Some(Duration::from_secs(3)));
@@ -552,7 +581,7 @@ mod tests {
         );
         for seen in [one_field, families] {
             assert_eq!(
-                seen.requests.and_then(|o| o.reset),
+                seen.requests.as_ref().and_then(|o| o.reset),
                 Some(Duration::from_secs(3600)),
                 "{seen:?}"
             );
@@ -577,8 +606,53 @@ mod tests {
                 limit: Some(1000),
                 remaining: Some(7),
                 reset: Some(Duration::from_secs(3600)),
+                window: Some(Duration::from_secs(86_400)),
+                policy: Some("daily".into()),
             })
         );
+    }
+
+    /// The IETF policy's window (`w`) and name stay with its counter, a
+    /// policy sent alone included: they say which configured limit the
+    /// counter speaks of.
+    #[test]
+    fn an_ietf_policy_keeps_its_window_and_name() {
+        let alone = parse(
+            &map(&[("RateLimit-Policy", r#""default";q=100;w=60"#)]),
+            at(0),
+        );
+        assert_eq!(
+            alone.requests,
+            Some(Observed {
+                limit: Some(100),
+                window: Some(Duration::from_secs(60)),
+                policy: Some("default".into()),
+                ..Observed::default()
+            })
+        );
+        let counted = parse(
+            &map(&[
+                ("RateLimit-Policy", r#""default";q=100;w=60"#),
+                ("RateLimit", r#""default";r=0;t=12"#),
+            ]),
+            at(0),
+        );
+        let requests = counted.requests.unwrap();
+        assert_eq!(requests.window, Some(Duration::from_secs(60)));
+        assert_eq!(requests.policy.as_deref(), Some("default"));
+        assert_eq!(requests.remaining, Some(0));
+        // Beside the separate fields of an older draft.
+        let separate = parse(
+            &map(&[
+                ("RateLimit-Policy", r#""minute";q=100;w=60"#),
+                ("RateLimit-Remaining", "3"),
+            ]),
+            at(0),
+        );
+        let requests = separate.requests.unwrap();
+        assert_eq!(requests.window, Some(Duration::from_secs(60)));
+        assert_eq!(requests.policy.as_deref(), Some("minute"));
+        assert_eq!(requests.remaining, Some(3));
     }
 
     /// A quote left open on one line of a list field spoils that line
@@ -618,6 +692,8 @@ mod tests {
                 limit: Some(1000),
                 remaining: Some(0),
                 reset: Some(Duration::from_secs(3600)),
+                window: Some(Duration::from_secs(86_400)),
+                policy: Some("daily".into()),
             })
         );
     }
@@ -640,6 +716,7 @@ mod tests {
             limit: Some(100),
             remaining: Some(5),
             reset: Some(Duration::from_secs(9)),
+            ..Observed::default()
         });
         assert_eq!(separate.requests, expected);
         assert_eq!(combined.requests, expected);
@@ -668,6 +745,7 @@ mod tests {
                 limit: Some(30000),
                 remaining: Some(29000),
                 reset: Some(Duration::from_secs(360)),
+                ..Observed::default()
             })
         );
     }
@@ -750,15 +828,13 @@ mod tests {
             ("31017600", days(359)),
             ("31968000", year),
             ("99999999", year),
-            ("99999999999999999999999", year),
-            ("99999999999999999999999.5", year),
             ("9999999999", year),
-            ("99999999999999999999999999", year),
+            ("18446744073709551615", year),
             ("Fri, 31 Dec 9999 23:59:59 GMT", year),
         ] {
             assert_eq!(parse_retry_after(v, now), Some(expected), "{v}");
         }
-        for v in ["9999999h", "99999999999999999999999999h", "1.5h9999999m"] {
+        for v in ["9999999h", "1.5h9999999m", "18446744073709551615s"] {
             assert_eq!(parse_go_duration(v), Some(year), "{v}");
         }
         let seen = parse(
@@ -772,6 +848,50 @@ mod tests {
         );
         assert_eq!(seen.requests.unwrap().reset, Some(year));
         assert_eq!(seen.tokens.unwrap().reset, Some(year));
+    }
+
+    /// A number too large for 64 bits is no time an upstream means:
+    /// unreadable, ignored as a malformed value is, in every form a reset
+    /// or a retry delay takes, not read as a year.
+    #[test]
+    fn a_time_too_large_for_64_bits_is_ignored_as_unreadable() {
+        let now = at(1_700_000_000);
+        let absurd = "99999999999999999999999";
+        for v in [absurd, "99999999999999999999999.5", "18446744073709551616"] {
+            assert_eq!(parse_retry_after(v, now), None, "{v}");
+        }
+        for v in [
+            "99999999999999999999999999h",
+            "99999999999999999999999ms",
+            "1h18446744073709551616ns",
+            "5124095576030432h",
+        ] {
+            assert_eq!(parse_go_duration(v), None, "{v}");
+        }
+        let mut h = HeaderMap::new();
+        for name in [
+            "x-ratelimit-reset",
+            "x-ratelimit-retry",
+            "ratelimit-reset",
+            "retry-after",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-reset-tokens",
+        ] {
+            h.insert(name, HeaderValue::from_static(absurd));
+        }
+        h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
+        h.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from_static("0"),
+        );
+        h.insert(
+            "ratelimit",
+            HeaderValue::from_static(r#""p";r=0;t=99999999999999999999999"#),
+        );
+        let seen = parse(&h, now);
+        assert_eq!(seen.requests.as_ref().unwrap().reset, None, "{seen:?}");
+        assert_eq!(seen.tokens.as_ref().unwrap().reset, None, "{seen:?}");
+        assert_eq!(seen.retry_after, None, "{seen:?}");
     }
 
     /// A count sent as a decimal (Reddit's `X-Ratelimit-Remaining:
@@ -793,6 +913,7 @@ mod tests {
                 limit: None,
                 remaining: Some(0),
                 reset: Some(Duration::from_secs(221)),
+                ..Observed::default()
             })
         );
         let some = parse(
@@ -884,6 +1005,8 @@ mod tests {
                 limit: Some(100),
                 remaining: Some(5),
                 reset: Some(Duration::from_secs(9)),
+                window: Some(Duration::from_secs(60)),
+                policy: None,
             })
         );
         // The newer draft, as before.
@@ -911,7 +1034,7 @@ mod tests {
                 at(now),
             );
             (
-                seen.requests.and_then(|o| o.reset),
+                seen.requests.as_ref().and_then(|o| o.reset),
                 seen.tokens.and_then(|o| o.reset),
             )
         };
@@ -957,6 +1080,7 @@ mod tests {
             limit,
             remaining: Some(5),
             reset: Some(Duration::from_secs(9)),
+            ..Observed::default()
         };
         assert_eq!(tie(None, Some("100")), observed(Some(100)));
         assert_eq!(tie(Some("100"), None), observed(Some(100)));

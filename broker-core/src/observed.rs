@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::limits::Unit;
 
 /// One upstream counter as reported in headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Observed {
     /// The upstream's limit (`X-Ratelimit-Limit`), if given.
     pub limit: Option<u64>,
@@ -13,11 +13,15 @@ pub struct Observed {
     pub remaining: Option<u64>,
     /// Time until the upstream's window resets.
     pub reset: Option<Duration>,
+    /// The window the counter counts (IETF `RateLimit-Policy`'s `w`).
+    pub window: Option<Duration>,
+    /// The name of the upstream's policy the counter belongs to (IETF).
+    pub policy: Option<std::sync::Arc<str>>,
 }
 
 /// Everything read from one upstream response: a request counter, a token
 /// counter (OpenAI-style), and `Retry-After`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ObservedLimit {
     /// The request counter (`X-Ratelimit-*`, `RateLimit`, `...-requests`).
     pub requests: Option<Observed>,

@@ -121,7 +121,7 @@ impl<T, E> Outcome<T, E> {
         match class {
             OutcomeClass::RateLimited => Outcome::RateLimited {
                 error,
-                retry_after: observed.and_then(|o| o.retry_after),
+                retry_after: observed.as_ref().and_then(|o| o.retry_after),
                 observed,
             },
             OutcomeClass::Transient => Outcome::Transient { error, observed },
@@ -159,8 +159,8 @@ impl<T, E> Outcome<T, E> {
                 retry_after,
                 observed,
                 ..
-            } => retry_after.or(observed.and_then(|o| o.retry_after)),
-            Outcome::Transient { observed, .. } => observed.and_then(|o| o.retry_after),
+            } => retry_after.or(observed.as_ref().and_then(|o| o.retry_after)),
+            Outcome::Transient { observed, .. } => observed.as_ref().and_then(|o| o.retry_after),
             _ => None,
         }
     }
@@ -432,7 +432,7 @@ mod tests {
             retry_after: Some(Duration::from_secs(30)),
             ..Default::default()
         };
-        let unavailable: Outcome<(), &str> = Outcome::failed(transient, "503", Some(seen));
+        let unavailable: Outcome<(), &str> = Outcome::failed(transient, "503", Some(seen.clone()));
         assert_eq!(unavailable.retry_after(), Some(Duration::from_secs(30)));
         let fatal: Outcome<(), &str> = Outcome::failed(OutcomeClass::Fatal, "403", Some(seen));
         assert_eq!(fatal.retry_after(), None);

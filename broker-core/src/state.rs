@@ -727,11 +727,12 @@ pub fn adopt(old: ResourceState, spec: &LimitSpec, now: Micros) -> ResourceState
 /// shortest window (ties: the shorter window), of the buckets whose window
 /// can last until the counter's reset (see [`can_last_until`]; when none
 /// can, of those slowest to fill), and of the buckets whose burst is the
-/// reported limit if there are any, whatever the reset. The others are
-/// left alone, so a per-second counter at 0 does not drain the daily
-/// budget, a per-minute one reporting a reset of minutes neither, and a
-/// daily counter, whose reset is hours away, is not read as the
-/// per-second bucket's.
+/// reported limit if there are any, whatever the reset; first of all, of
+/// the buckets whose period is the counter's window (IETF `w`, or that
+/// window paced) if there are any. The others are left alone, so a per-second counter at 0 does
+/// not drain the daily budget, a per-minute one reporting a reset of
+/// minutes neither, and a daily counter, whose reset is hours away, is not
+/// read as the per-second bucket's.
 pub fn observed_for<'o>(
     spec: &LimitSpec,
     observed: &'o ObservedLimit,
@@ -743,11 +744,20 @@ pub fn observed_for<'o>(
         Some(limit) => (p.capacity() - limit as f64).abs(),
         None => 0.0,
     };
+    // A window that is a bucket's period (as a pacing margin stretches
+    // it, at most `1 / (1 - MAX_MARGIN)` times) names the bucket first.
+    let spans = |p: &BucketParams| {
+        o.window.is_some_and(|w| {
+            let w = micros(w) as f64;
+            (w..=w / (1.0 - crate::pacing::MAX_MARGIN) + 1.0).contains(&p.period())
+        })
+    };
+    let spanned = spec.buckets.iter().any(|(u, p)| u == unit && spans(p));
     let of_unit = || {
         spec.buckets
             .iter()
             .enumerate()
-            .filter(|(_, (u, _))| u == unit)
+            .filter(move |(_, (u, p))| u == unit && (!spanned || spans(p)))
     };
     // A limit that is a bucket's burst names the bucket: a counter's reset
     // may outlast its window (OpenAI's per-minute counters report resets
@@ -868,6 +878,52 @@ mod tests {
     }
     use crate::limits::RateLimit;
     use proptest::prelude::*;
+
+    /// 100 a second and 100 a minute: a counter of 100 whose reset is a
+    /// second away fits both, and read as the shorter one's, left the
+    /// minute's budget full. Its IETF window (`w=60`) names the minute's
+    /// bucket, paced or not; without one, the shorter window is read.
+    #[test]
+    fn a_counter_with_a_window_narrows_the_bucket_of_that_window() {
+        let spent = |window: Option<u64>| ObservedLimit {
+            requests: Some(crate::observed::Observed {
+                limit: Some(100),
+                remaining: Some(0),
+                reset: Some(std::time::Duration::from_secs(1)),
+                window: window.map(std::time::Duration::from_secs),
+                policy: Some("default".into()),
+            }),
+            ..ObservedLimit::default()
+        };
+        // The second one paced 5% under (`pacing::paced`): 63,157,895 µs.
+        for minute_ms in [60_000, 63_158] {
+            let spec = spec(
+                &[(100, 1_000, 100, false), (100, minute_ms, 100, false)],
+                None,
+            );
+            let described = |o: &ObservedLimit| {
+                (0..2)
+                    .filter(|i| observed_for(&spec, o, *i).is_some())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(described(&spent(Some(60))), [1], "{minute_ms}");
+            assert_eq!(described(&spent(None)), [0], "{minute_ms}");
+            let mut s = ResourceState::fresh(&spec, 0);
+            reconcile(&mut s, &spec, 0, &spent(Some(60)));
+            let one = Cost::requests(1);
+            assert_eq!(wait_all(&s, &spec, 0, one), 1_000_000, "{minute_ms}");
+            // The second's bucket is untouched.
+            let first = LimitSpec {
+                buckets: spec.buckets[..1].to_vec(),
+                ..spec.clone()
+            };
+            let s0 = ResourceState {
+                buckets: s.buckets[..1].to_vec(),
+                ..s.clone()
+            };
+            assert_eq!(wait_all(&s0, &first, 0, one), 0, "{minute_ms}");
+        }
+    }
 
     /// A resource with a concurrency limit alone has no bucket for a
     /// penalty to hold: the state-wide hold denies every `try` by rate,

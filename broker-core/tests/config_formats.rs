@@ -168,3 +168,37 @@ fn the_second_reading_refuses_only_lists() {
     let read = parse::<Named>("x.json", json, Format::Json).unwrap();
     assert_eq!(read.by_id, BTreeMap::from([(1, "a".to_owned())]));
 }
+
+/// A limit written as `null` (`~` in YAML) loaded as no limit at all: it is
+/// refused with its path, in every format that has a null.
+#[test]
+fn a_limit_written_as_null_is_refused_with_its_path() {
+    for (name, text, format) in [
+        (
+            "a.json",
+            r#"{"limits": {"requestsPerSecond": null}}"#,
+            Format::Json,
+        ),
+        ("a.yaml", "limits:\n  requestsPerSecond: ~\n", Format::Yaml),
+    ] {
+        let e = parse::<ResourceConfig>(name, text, format)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limits.requestsPerSecond"), "{e}");
+        assert!(e.contains("null sets no limit"), "{e}");
+    }
+    for field in [
+        "requestsPerMinute",
+        "tokensPerMinute",
+        "maxConcurrentRequests",
+    ] {
+        let text = format!(r#"{{"{field}": null}}"#);
+        let e = parse::<Limits>("l.json", &text, Format::Json)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("at {field}: null sets no limit")),
+            "{e}"
+        );
+    }
+}

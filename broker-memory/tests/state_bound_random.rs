@@ -64,6 +64,7 @@ async fn random_calls_never_pass_a_keys_limit() {
                             limit: None,
                             remaining: Some(rng.next(3)),
                             reset: Some(Duration::from_secs(rng.next(20))),
+                            ..Default::default()
                         }),
                         ..Default::default()
                     };

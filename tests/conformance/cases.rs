@@ -347,6 +347,7 @@ async fn tokens_out_for_two_seconds(b: &dyn Backend, key: &str) -> LimitSpec {
             limit: Some(60),
             remaining: Some(0),
             reset: Some(Duration::from_secs(2)),
+            ..Default::default()
         }),
         ..Default::default()
     };
@@ -457,6 +458,7 @@ pub async fn reconcile_narrows_and_never_widens(env: &Env) {
             limit: Some(3),
             remaining: Some(remaining),
             reset,
+            ..Default::default()
         }),
         ..Default::default()
     };
@@ -890,6 +892,7 @@ pub async fn hold_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
             limit: Some(100),
             remaining: Some(0),
             reset: Some(Duration::from_secs(2)),
+            ..Default::default()
         }),
         ..Default::default()
     };

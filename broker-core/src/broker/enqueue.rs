@@ -37,18 +37,22 @@ pub enum EnqueueError<E> {
     /// queue full, cost never fits, wait beyond the ceiling, backend down).
     #[error(transparent)]
     Broker(#[from] BrokerError),
-    /// The work failed with an error that no retry can fix.
-    #[error("fatal upstream error on attempt {attempts}")]
+    /// The work failed with an error that no retry can fix. The work's
+    /// error is the `source()` and ends the message.
+    #[error("fatal upstream error on attempt {attempts}: {error}")]
     Fatal {
         /// The work's error.
+        #[source]
         error: E,
         /// Attempts made.
         attempts: u32,
     },
-    /// The retry budget ran out.
-    #[error("retry budget exhausted after {attempts} attempts (last outcome: {last:?})")]
+    /// The retry budget ran out. The last attempt's error is the
+    /// `source()` and ends the message.
+    #[error("retry budget exhausted after {attempts} attempts (last outcome: {last:?}): {error}")]
     RetriesExhausted {
         /// The last attempt's error.
+        #[source]
         error: E,
         /// Attempts made.
         attempts: u32,
@@ -712,7 +716,7 @@ impl ResourceBroker {
                 Outcome::Ok { usage, .. } => booked.settlement(&resource, cost, *usage, held_until),
                 _ => None,
             };
-            let observed = outcome.observed().copied();
+            let observed = outcome.observed().cloned();
             if hold.is_some() || settlement.is_some() || observed.is_some() {
                 let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
                 to_its_answer(async move {
@@ -886,7 +890,7 @@ fn hold_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLim
 /// (`remaining == 0`), of either unit; `None` when none is spent, or none
 /// that is says when it resets.
 fn spent_reset(observed: &ObservedLimit) -> Option<Duration> {
-    [observed.requests, observed.tokens]
+    [&observed.requests, &observed.tokens]
         .into_iter()
         .flatten()
         .filter(|o| o.remaining == Some(0))
@@ -896,15 +900,15 @@ fn spent_reset(observed: &ObservedLimit) -> Option<Duration> {
 
 /// `observed` with every reset at most `ceiling`.
 fn cap_resets(observed: &ObservedLimit, ceiling: Duration) -> ObservedLimit {
-    let cap = |o: Option<crate::observed::Observed>| {
-        o.map(|mut o| {
+    let cap = |o: &Option<crate::observed::Observed>| {
+        o.clone().map(|mut o| {
             o.reset = o.reset.map(|r| r.min(ceiling));
             o
         })
     };
     ObservedLimit {
-        requests: cap(observed.requests),
-        tokens: cap(observed.tokens),
+        requests: cap(&observed.requests),
+        tokens: cap(&observed.tokens),
         retry_after: observed.retry_after,
     }
 }
