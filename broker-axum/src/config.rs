@@ -114,7 +114,6 @@ pub struct TenantConfig {
     /// For debugging only: a tenant id of 1 to 64 bytes of
     /// `[A-Za-z0-9._@+-]` reaches keys and logs in clear, not as its
     /// fingerprint. Never set it where ids are secrets (API keys).
-    #[serde(default)]
     pub clear_ids: bool,
 }
 
@@ -128,6 +127,8 @@ struct RawTenantConfig {
     limits: Limits,
     #[serde(default = "default_tenant_resource")]
     resource: String,
+    #[serde(default)]
+    clear_ids: bool,
 }
 
 impl From<RawTenantConfig> for TenantConfig {
@@ -137,6 +138,7 @@ impl From<RawTenantConfig> for TenantConfig {
             enabled: raw.enabled.unwrap_or(sets_a_limit),
             limits: raw.limits,
             resource: raw.resource,
+            clear_ids: raw.clear_ids,
         }
     }
 }
