@@ -98,8 +98,13 @@ async fn sends_after(
     sends
 }
 
-/// `cases` random cases on `env`, each on a key of its own.
+/// `PROPTEST_CASES` (else `cases`) random cases on `env`, each on a key
+/// of its own.
 fn run_cases(env: &Env, rt: &tokio::runtime::Runtime, cases: u32) {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(cases);
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
