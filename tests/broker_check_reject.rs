@@ -358,6 +358,21 @@ fn a_lease_ttl_below_a_microsecond_is_refused() {
     assert!(err.contains("leaseTtl"), "{err}");
 }
 
+/// A `maxHold` of zero would stop renewing every lease at once: refused,
+/// naming the field; one given is read, and 1 h is the default.
+#[test]
+fn a_max_hold_of_zero_is_refused_and_one_given_is_read() {
+    let read = |config: &str| {
+        serde_json::from_str::<broker_core::ResourceConfig>(config).map_err(|e| e.to_string())
+    };
+    let err = read(r#"{"limits": {"maxConcurrentRequests": 1}, "maxHold": "0s"}"#).unwrap_err();
+    assert!(err.contains("maxHold"), "{err}");
+    let ten = read(r#"{"limits": {"maxConcurrentRequests": 1}, "maxHold": "10m"}"#).unwrap();
+    assert_eq!(ten.max_hold, std::time::Duration::from_secs(600));
+    let default = read(r#"{"limits": {"maxConcurrentRequests": 1}}"#).unwrap();
+    assert_eq!(default.max_hold, std::time::Duration::from_secs(3600));
+}
+
 #[tokio::test(start_paused = true)]
 async fn acquire_waits_within_max_wait_and_denies_beyond_it_without_booking() {
     let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));

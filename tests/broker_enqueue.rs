@@ -165,10 +165,12 @@ async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() 
             (0, 0),
             "round {round}: counters leaked"
         );
-        // Every unstarted reservation was refunded: at most one token of
-        // debt remains, so a token is free within one refill interval, and
-        // both concurrency slots are free.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Every unstarted reservation was given back as far as no later
+        // one was granted (x/time/rate's `Reservation.Cancel`): no debt is
+        // left past the last booked time (at most `jobs - 2` s), so a
+        // token is free a second later, and both concurrency slots are
+        // free.
+        tokio::time::sleep(Duration::from_secs(jobs as u64)).await;
         let a = broker.try_acquire("r", Cost::default()).await.unwrap();
         assert!(
             a.allowed,
@@ -639,6 +641,43 @@ async fn a_call_booked_under_another_brokers_penalty_is_given_back_when_cancelle
     // 2.5 s after the drain: 2.5 tokens, as without the call.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(passing(&a).await, 2);
+}
+
+/// Issue 39: burst 1, 10 a second, three calls at once (sent at 0, 100
+/// and 200 ms); the 100 ms one dropped at 50 ms; a call at 60 ms is sent at
+/// 300 ms, not at 200 ms beside the third (a strict upstream's 429).
+#[tokio::test(start_paused = true)]
+async fn a_dropped_call_does_not_let_a_later_one_go_beside_another() {
+    let broker = broker();
+    let limits = Limits::new().rate(RateLimit::per_second(10).with_burst(1));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let t0 = Instant::now();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let call = |name: &'static str| {
+        let (broker, sent) = (broker.clone(), sent.clone());
+        tokio::spawn(async move {
+            let work = |_| {
+                sent.lock().unwrap().push((name, t0.elapsed().as_millis()));
+                async { Outcome::<(), ()>::ok(()) }
+            };
+            broker.enqueue("api", Cost::default(), work).await
+        })
+    };
+    let first = call("first");
+    tokio::task::yield_now().await;
+    let dropped = call("dropped");
+    tokio::task::yield_now().await;
+    let third = call("third");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let late = call("late");
+    for c in [first, third, late] {
+        c.await.unwrap().unwrap();
+    }
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent, [("first", 0), ("third", 200), ("late", 300)]);
 }
 
 /// A call booked 10 s ahead, then a 1 s penalty that ends before the call

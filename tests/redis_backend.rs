@@ -402,6 +402,39 @@ async fn a_permit_held_past_the_lease_ttl_keeps_its_slot() {
     );
 }
 
+/// Issue 39: a permit passed to `std::mem::forget` (never released) keeps
+/// its slot for the resource's `max_hold` at most. Its lease is renewed
+/// until then (it outlives three TTLs), then expires, and another broker on
+/// the same Redis takes the slot (asked for up to 5 s; due by 1.8 s).
+#[tokio::test]
+async fn a_forgotten_permit_frees_its_slot_for_another_broker_after_max_hold() {
+    let server = RedisServer::start();
+    let config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1))
+        .max_hold(Duration::from_millis(1500));
+    let on_server = || async {
+        let broker = ResourceBroker::new(RedisBackend::connect(&server.url()).await.unwrap());
+        let mut config = config.clone();
+        config.lease_ttl = Duration::from_millis(300);
+        broker.register("r", config).unwrap();
+        broker
+    };
+    let (a, b) = (on_server().await, on_server().await);
+    let forgotten = a.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(forgotten.allowed);
+    std::mem::forget(forgotten);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!slot_free(&b).await, "renewed within max_hold");
+    let mut freed = false;
+    for _ in 0..500 {
+        if slot_free(&b).await {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(freed, "the forgotten permit's slot is free again");
+}
+
 /// A lease TTL the broker cannot renew in time is refused on Redis, where
 /// leases expire: at 10 ms, a live permit's lease would expire as its
 /// first renewal comes due, and a second holder would take the slot. The

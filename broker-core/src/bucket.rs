@@ -361,6 +361,10 @@ pub fn reserve(
 /// no other hold has come since (the drain came before the booking). A
 /// charge of more is made whatever the hold.
 ///
+/// `due` is when the settled cost was (or was to be) used, on the store's
+/// clock. A refund gives back only what no later booking was granted (see
+/// [`unclaimed`]); without `due`, the whole refund.
+///
 /// Not seen: a second drain within a hold, ending no later than it (a
 /// penalty never shortens `nb`, so such a drain leaves no mark); a refund
 /// after it can give back up to the refill of the hold so far. Nor a hold
@@ -374,14 +378,60 @@ pub fn settle(
     now: Micros,
     delta: f64,
     since: Option<Micros>,
+    due: Option<Micros>,
 ) -> BucketState {
     let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     if delta > 0.0 && s.nb > since.unwrap_or(now) {
         return s;
     }
+    let delta = match due {
+        Some(due) if delta > 0.0 => unclaimed(&s, params, now, delta, due),
+        _ => delta,
+    };
     s.tokens = (s.tokens + delta).min(params.capacity);
     s
+}
+
+/// The part of a refund of `delta`, booked for `due`, that no later
+/// booking was granted: `delta` less the refill from `due` to the last
+/// booking (x/time/rate's `Reservation.Cancel`), 0 at least. For a state
+/// refilled to `now`, the last booking is when its debt is refilled, or
+/// its hold `nb` if later (a booking may wait for it).
+///
+/// ```
+/// use broker_core::bucket::{reserve, unclaimed, BucketParams, BucketState};
+/// let p = BucketParams::new(1.0, 10.0, 1_000_000.0); // 10 a second, burst 1
+/// let mut s = BucketState::fresh(&p, 0);
+/// for _ in 0..3 {
+///     s = reserve(s, &p, 0, 1.0, u64::MAX).0; // due at 0, 100 and 200 ms
+/// }
+/// assert_eq!(unclaimed(&s, &p, 0, 1.0, 100_000), 0.0);
+/// assert_eq!(unclaimed(&s, &p, 0, 1.0, 200_000), 1.0);
+/// ```
+#[inline]
+pub fn unclaimed(
+    state: &BucketState,
+    params: &BucketParams,
+    now: Micros,
+    delta: f64,
+    due: Micros,
+) -> f64 {
+    let debt = if state.tokens < 0.0 {
+        ceil_micros(-state.tokens * params.micros_per_token)
+    } else {
+        0
+    };
+    let last = now.saturating_add(debt).max(state.nb);
+    if last <= due {
+        return delta;
+    }
+    let claimed = to_f64(last - due) * params.tokens_per_micro;
+    if claimed < delta {
+        delta - claimed
+    } else {
+        0.0
+    }
 }
 
 /// `at`, a time on the caller's clock, which reads `now`, as a time on the

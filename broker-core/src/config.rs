@@ -170,6 +170,11 @@ pub struct ResourceConfig {
     /// [`crate::Backend::leases_end_with_holders`]).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// On a store shared by processes (Redis), a permit's lease is renewed
+    /// for at most this long (1 h by default), then expires within
+    /// `lease_ttl`: so a permit never released (`std::mem::forget`) frees it.
+    #[serde(default = "default_max_hold", with = "humantime_serde")]
+    pub max_hold: Duration,
     /// How `enqueue` retries.
     #[serde(default)]
     pub retry: crate::retry::RetryPolicy,
@@ -193,6 +198,8 @@ struct RawResourceConfig {
     queue_capacity: usize,
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     lease_ttl: Duration,
+    #[serde(default = "default_max_hold", with = "humantime_serde")]
+    max_hold: Duration,
     #[serde(default)]
     retry: crate::retry::RetryPolicy,
     #[serde(default)]
@@ -207,6 +214,7 @@ impl TryFrom<RawResourceConfig> for ResourceConfig {
             limits: raw.limits,
             queue_capacity: raw.queue_capacity,
             lease_ttl: raw.lease_ttl,
+            max_hold: raw.max_hold,
             retry: raw.retry,
             pacing_margin: raw.pacing_margin,
         };
@@ -223,6 +231,10 @@ fn default_lease_ttl() -> Duration {
     Duration::from_secs(60)
 }
 
+fn default_max_hold() -> Duration {
+    Duration::from_secs(3600)
+}
+
 impl ResourceConfig {
     /// A config with these limits and default queue, lease and retry settings.
     pub fn new(limits: Limits) -> Self {
@@ -230,6 +242,7 @@ impl ResourceConfig {
             limits,
             queue_capacity: default_queue_capacity(),
             lease_ttl: default_lease_ttl(),
+            max_hold: default_max_hold(),
             retry: Default::default(),
             pacing_margin: 0.0,
         }
@@ -250,6 +263,13 @@ impl ResourceConfig {
     /// Sets the queue capacity.
     pub fn queue_capacity(mut self, n: usize) -> Self {
         self.queue_capacity = n;
+        self
+    }
+
+    /// Sets how long a permit's lease is renewed at most (see
+    /// [`ResourceConfig::max_hold`]).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
         self
     }
 
@@ -274,6 +294,12 @@ impl ResourceConfig {
             return Err(ConfigError::NotPositive {
                 field: "leaseTtl".into(),
                 value: format!("{:?}", self.lease_ttl),
+            });
+        }
+        if self.max_hold.is_zero() {
+            return Err(ConfigError::NotPositive {
+                field: "maxHold".into(),
+                value: format!("{:?}", self.max_hold),
             });
         }
         crate::pacing::validate(self.pacing_margin)?;

@@ -336,16 +336,20 @@ pub const MARKED: usize = 4;
 /// for a bucket the cost is charged to, the end of the hold the bucket was
 /// under then if later. A bucket held past its mark was held after the
 /// booking (a hold never shortens `nb`). Buckets from the fourth on share
-/// the fourth mark, the earliest of theirs.
+/// the fourth mark, the earliest of theirs. With them, the booking's `due`
+/// time: when its cost is used, on the store's clock.
 ///
 /// ```
 /// use broker_core::state::Marks;
-/// let m = Marks::new(1_000, [1_000, 5_000]);
-/// assert_eq!((m.of(0), m.of(1), m.of(2)), (1_000, 5_000, 1_000));
-/// assert_eq!(Marks::uniform(7).of(9), 7);
+/// let m = Marks::new(1_000, [1_000, 5_000]).due_at(6_000);
+/// assert_eq!((m.of(0), m.of(1), m.of(2), m.due()), (1_000, 5_000, 1_000, 6_000));
+/// assert_eq!((Marks::uniform(7).of(9), Marks::uniform(7).due()), (7, 7));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Marks(pub [Micros; MARKED]);
+pub struct Marks {
+    marks: [Micros; MARKED],
+    due: Micros,
+}
 
 impl Marks {
     /// The marks of a booking a store's failure policy answered outside the
@@ -353,15 +357,22 @@ impl Marks {
     /// out of reach: a time no store gives. The store settles such a
     /// booking where its cost went, and the broker passes these marks on
     /// whatever the limits are now.
-    pub const ANSWERED_HERE: Self = Self([Micros::MAX; MARKED]);
+    pub const ANSWERED_HERE: Self = Self {
+        marks: [Micros::MAX; MARKED],
+        due: Micros::MAX,
+    };
 
-    /// The same mark for every bucket: a booking at `at` under no hold.
+    /// The same mark for every bucket: a booking at `at` under no hold,
+    /// due at once.
     pub fn uniform(at: Micros) -> Self {
-        Self([at; MARKED])
+        Self {
+            marks: [at; MARKED],
+            due: at,
+        }
     }
 
     /// The marks of buckets `0, 1, ...` in order, as of `now` (a bucket
-    /// past the last given has `now`).
+    /// past the last given has `now`), due at `now`.
     pub fn new(now: Micros, marks: impl IntoIterator<Item = Micros>) -> Self {
         let mut out = [now; MARKED];
         for (i, m) in marks.into_iter().enumerate() {
@@ -370,12 +381,26 @@ impl Marks {
                 None => out[MARKED - 1] = out[MARKED - 1].min(m),
             }
         }
-        Self(out)
+        Self {
+            marks: out,
+            due: now,
+        }
+    }
+
+    /// These marks, of a booking due at `due` on the store's clock.
+    pub fn due_at(self, due: Micros) -> Self {
+        Self { due, ..self }
     }
 
     /// Bucket `i`'s mark.
     pub fn of(&self, i: usize) -> Micros {
-        self.0[i.min(MARKED - 1)]
+        self.marks[i.min(MARKED - 1)]
+    }
+
+    /// When the booking's cost is used, on the store's clock (`settle`
+    /// gives back only what no later booking was granted).
+    pub fn due(&self) -> Micros {
+        self.due
     }
 }
 
@@ -554,7 +579,7 @@ pub fn reserve(
         costs(spec, cost)
             .zip(&state.buckets)
             .map(|(c, s)| if c > 0.0 { s.nb.max(now) } else { now });
-    let since = Marks::new(now, marks);
+    let since = Marks::new(now, marks).due_at(now.saturating_add(wait));
     if wait > max_wait {
         return Reservation {
             wait,
@@ -617,7 +642,7 @@ pub fn renew(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease: Le
 
 /// `settle`: corrects the charge of every bucket from `reserved` to
 /// `actual`. `since`: the settled reservation's [`Reservation::since`], if
-/// there was one (see [`bucket::settle`]).
+/// there was one: its marks and its due time (see [`bucket::settle`]).
 pub fn settle(
     state: &mut ResourceState,
     spec: &LimitSpec,
@@ -629,8 +654,8 @@ pub fn settle(
     for (i, (u, p)) in spec.buckets.iter().enumerate() {
         let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
         if delta != 0.0 {
-            let mark = since.map(|m| m.of(i));
-            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, mark);
+            let (mark, due) = (since.map(|m| m.of(i)), since.map(|m| m.due()));
+            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, mark, due);
         }
     }
 }
@@ -947,7 +972,7 @@ mod tests {
         assert_eq!((late.wait, late.booked), (4_001_000, false));
         let booked = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
         assert_eq!((booked.wait, booked.booked), (4_001_000, true));
-        assert_eq!(booked.since, Marks::uniform(1_000_000));
+        assert_eq!(booked.since, Marks::uniform(1_000_000).due_at(5_001_000));
         assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
         release(&mut s, 1);
         assert!(!is_idle(&s, &spec, 5_000_999));

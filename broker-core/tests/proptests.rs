@@ -104,7 +104,7 @@ proptest! {
         let mut settles = settles;
         settles.sort_by_key(|(at, _)| *at);
         for (at, delta) in settles.into_iter().filter(|(at, _)| *at < hold) {
-            s = bucket::settle(s, &p, at, delta, None);
+            s = bucket::settle(s, &p, at, delta, None, None);
         }
         let settled = bucket::refill(s, &p, hold).tokens;
         let untouched = bucket::refill(penalized, &p, hold).tokens;

@@ -602,23 +602,24 @@ impl Late {
             }
             (Takes::Try, v) if granted(v) => {
                 self.release(conn, timeout, cmd).await;
-                scripts::refund_of(cmd, [b""; MARKED])
+                scripts::refund_of(cmd, [b""; MARKED], b"")
             }
             (Takes::Try, _) => return,
             // Booked with no wait and no hold: the store's time alone.
             (Takes::Reserve, Value::BulkString(now)) => {
-                scripts::refund_of(cmd, [now.as_slice(); MARKED])
+                scripts::refund_of(cmd, [now.as_slice(); MARKED], now)
             }
             // {booked, wait, now, mark 1, .., mark 4}
             (Takes::Reserve, Value::Array(items)) => match items.as_slice() {
-                [Value::Int(1), _, _, rest @ ..] => {
+                [Value::Int(1), wait, now, rest @ ..] => {
                     let mut marks = [&b""[..]; MARKED];
                     for (m, v) in marks.iter_mut().zip(rest) {
                         if let Value::BulkString(b) = v {
                             *m = b;
                         }
                     }
-                    scripts::refund_of(cmd, marks)
+                    let due = due_of(wait, now).map(|d| d.to_string());
+                    scripts::refund_of(cmd, marks, due.as_deref().unwrap_or("").as_bytes())
                 }
                 _ => return,
             },
@@ -636,6 +637,20 @@ impl Late {
             let _ = send(conn, timeout, &scripts::RELEASE, &undo).await;
         }
     }
+}
+
+/// A booking's due time on the store's clock, `now + wait`, from the
+/// strings of a `reserve`'s reply.
+fn due_of(wait: &Value, now: &Value) -> Option<u64> {
+    let num = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()?
+            .parse::<f64>()
+            .ok()
+            .map(|x| x as u64),
+        _ => None,
+    };
+    Some(num(now)?.saturating_add(num(wait)?))
 }
 
 /// What to give back if a call's reply comes late: one decision's, or

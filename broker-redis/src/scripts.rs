@@ -220,9 +220,13 @@ fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
 /// The `settle` that gives back the cost `cmd` took: `cmd` a `try` or
 /// `reserve` call built by [`evalsha`], whose operand for each bucket is
 /// its cost (so, as a `settle`'s delta, a refund of all of it), under the
-/// booking's `marks` (`""` for a `try`: none). `None` when `cmd` is not
-/// such a call.
-pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -> Option<Cmd> {
+/// booking's `marks` and `due` time (`""` for a `try`: none). `None` when
+/// `cmd` is not such a call.
+pub(crate) fn refund_of(
+    cmd: &Cmd,
+    marks: [&[u8]; broker_core::state::MARKED],
+    due: &[u8],
+) -> Option<Cmd> {
     let args = args_of(cmd);
     // EVALSHA sha 2 buckets leases now margin n, then 4 per bucket.
     let n: usize = std::str::from_utf8(args.get(7)?).ok()?.parse().ok()?;
@@ -235,6 +239,7 @@ pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -
     for m in marks {
         undo.arg(m);
     }
+    undo.arg(due);
     Some(undo)
 }
 
@@ -242,7 +247,7 @@ pub(crate) fn refund_of(cmd: &Cmd, marks: [&[u8]; broker_core::state::MARKED]) -
 /// once however often it is sent: with a third key of its own,
 /// `prefix:{key}:s:<id>` (the hash tag of its bucket key, so on its slot),
 /// which the script sets for `ms` before it settles and finds set if it
-/// runs again (see `lua/settle.lua`; `ms` follows the marks). For a
+/// runs again (see `lua/settle.lua`; `ms` follows the due time). For a
 /// cluster, whose client sends a command again when its reply is lost with
 /// the connection or its response timeout passes, after the command may
 /// have run: a second `settle` would refund or charge again. `None` when
@@ -292,7 +297,8 @@ mod tests {
         let mut cmd = evalsha(&SETTLE, key, Some(1_000_000), 1_000, spec, |_| {
             Operand::Num(-3.0)
         });
-        for _ in 0..broker_core::state::MARKED {
+        // The marks and the due time: none.
+        for _ in 0..=broker_core::state::MARKED {
             cmd.arg("");
         }
         cmd

@@ -566,13 +566,14 @@ impl RedisBackend {
             micros_of(&m3)?,
             micros_of(&m4)?,
         ];
+        let (wait, now) = (micros_of(&wait)?, micros_of(&now)?);
         Ok((
             Reservation {
-                wait: micros_of(&wait)?,
+                wait,
                 booked: booked == 1,
-                since: Marks(marks),
+                since: Marks::new(now, marks).due_at(now.saturating_add(wait)),
             },
-            micros_of(&now)?,
+            now,
         ))
     }
 }
@@ -786,6 +787,10 @@ impl Backend for RedisBackend {
                 None => cmd.arg(""),
             };
         }
+        match since {
+            Some(marks) => cmd.arg(marks.due()),
+            None => cmd.arg(""),
+        };
         match self.run(self.scope(key), &scripts::SETTLE, cmd).await {
             Ok(_) => Ok(()),
             Err(f) => match self.policy("settle", f, spec)? {

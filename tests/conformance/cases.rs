@@ -334,6 +334,66 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
     assert_eq!((d.allowed, d.wait), (false, 2 * S), "still 1 token of debt");
 }
 
+/// Issue 39's repro: burst 1, 10 a second, three booked at once (due at
+/// 0, 100 and 200 ms). The second, cancelled at 50 ms, gives nothing back
+/// (the third was granted its refill), so a booking at 60 ms is due at
+/// 300 ms, not 200 ms beside the third; the last one cancelled gives all
+/// of its cost back (x/time/rate's `Reservation.Cancel`).
+pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_granted(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("cancelled"));
+    let spec = spec(Limits::new().rate(RateLimit::per_second(10).with_burst(1)));
+    let one = Cost::requests(1);
+    let mut booked = Vec::new();
+    for _ in 0..3 {
+        booked.push(b.reserve(&key, &spec, one, HOUR).await.unwrap());
+    }
+    let waits: Vec<_> = booked.iter().map(|r| r.wait).collect();
+    assert_eq!(waits, [0, S / 10, S / 5]);
+    env.advance_ms(50);
+    b.settle(&key, &spec, one, Cost::requests(0), Some(booked[1].since))
+        .await
+        .unwrap();
+    env.advance_ms(10);
+    let late = b.reserve(&key, &spec, one, HOUR).await.unwrap();
+    assert_eq!(late.wait, S * 3 / 10 - S * 6 / 100, "due at 300 ms");
+    // The last booking cancelled: all back, so the next is due at 300 ms.
+    b.settle(&key, &spec, one, Cost::requests(0), Some(late.since))
+        .await
+        .unwrap();
+    let again = b.reserve(&key, &spec, one, HOUR).await.unwrap();
+    assert_eq!(again.wait, late.wait);
+}
+
+/// A refund after the work follows the same rule: 2 tokens of burst, 1 a
+/// second; one booked and sent at 0, one more taken at 0.5 s, then the
+/// first settled as unused. An upstream that charged only the second has
+/// 1 token left at 0.5 s (it was full until then), not 1.5: a cost of 2
+/// waits a second.
+pub async fn a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("after-work"));
+    let spec = spec(Limits::new().rate(RateLimit::per_second(1).with_burst(2).unit(Unit::Tokens)));
+    let sent = b.reserve(&key, &spec, Cost::tokens(1), HOUR).await.unwrap();
+    assert_eq!((sent.booked, sent.wait), (true, 0));
+    env.advance_ms(500);
+    assert!(
+        b.try_acquire(&key, &spec, Cost::tokens(1))
+            .await
+            .unwrap()
+            .allowed
+    );
+    b.settle(
+        &key,
+        &spec,
+        Cost::tokens(1),
+        Cost::tokens(0),
+        Some(sent.since),
+    )
+    .await
+    .unwrap();
+    let d = b.try_acquire(&key, &spec, Cost::tokens(2)).await.unwrap();
+    assert_eq!((d.allowed, d.wait), (false, S));
+}
+
 /// A limit of one request a second (burst 10) and 60 tokens a minute on
 /// `key`, its tokens counter reported out until 2 s from now.
 async fn tokens_out_for_two_seconds(b: &dyn Backend, key: &str) -> LimitSpec {
@@ -942,6 +1002,8 @@ macro_rules! for_each_case {
             a_refund_follows_the_holds_put_on_after_the_booking,
             a_refund_sees_a_hold_on_any_bucket_it_charged,
             a_refund_reaches_the_one_bucket_booked_under_a_hold,
+            a_cancelled_booking_gives_back_only_what_no_later_booking_was_granted,
+            a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept,
             a_penalty_is_never_shortened,
             a_penalty_longer_than_the_window_survives_other_acquires,
             reconcile_narrows_and_never_widens,

@@ -5,7 +5,9 @@
 //! died is no longer renewed and expires as before.
 //!
 //! A permit holding such a lease is kept from its making to its release
-//! (see `permit.rs`). One task per runtime renews the leases of the
+//! (see `permit.rs`), for its resource's `max_hold` at most: a permit
+//! never released (`std::mem::forget`) loses its lease within `lease_ttl`
+//! after that, so its slot is not lost to every replica. One task per runtime renews the leases of the
 //! permits made on it, on that runtime; it runs while such leases are
 //! kept. A task is lost with its runtime: the leases it renewed are handed
 //! to the task of another runtime, or, with none running, to the next one
@@ -76,12 +78,13 @@ impl Held {
 }
 
 /// One lease kept: its state, the limits it was taken under (its TTL),
-/// and when to renew it next.
+/// when to renew it next, and when to stop (`None`: never).
 struct Kept {
     resource: Arc<Resource>,
     key: String,
     spec: Arc<LimitSpec>,
     due: Instant,
+    until: Option<Instant>,
 }
 
 /// The shortest time between two renewals of one lease.
@@ -123,18 +126,20 @@ impl Keeper {
     }
 
     /// Renews `lease`, taken under the latest limits of `resource` on the
-    /// state at `key`, until it is forgotten, from the current runtime's
-    /// task; nothing outside a tokio runtime.
+    /// state at `key`, until it is forgotten or its `max_hold` has passed,
+    /// from the current runtime's task; nothing outside a tokio runtime.
     pub(crate) fn keep(self: &Arc<Self>, resource: &Arc<Resource>, key: String, lease: LeaseId) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let id = runtime.id();
         let spec = resource.latest().spec.clone();
+        let now = Instant::now();
         let kept = Kept {
             resource: resource.clone(),
             key,
-            due: Instant::now() + every(&spec),
+            due: now + every(&spec),
+            until: now.checked_add(resource.config.max_hold),
             spec,
         };
         let (notify, start) = {
@@ -212,13 +217,14 @@ impl Drop for Stopped {
     }
 }
 
-/// Renews every lease kept on its runtime when it is due, until none is.
+/// Renews every lease kept on its runtime when it is due, until none is;
+/// stops keeping a lease once its `until` has come.
 async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
     let keeper = stopped.keeper.clone();
     let id = stopped.id;
     loop {
         let now = Instant::now();
-        let (due, next) = {
+        let (due, ended, next) = {
             let mut guard = keeper.lock();
             let held = &mut *guard;
             let Some(at) = held.at(id) else {
@@ -231,17 +237,33 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                 stopped.armed = false;
                 return;
             }
-            let mut due = Vec::new();
-            for (lease, kept) in on.leases.iter_mut() {
+            let (mut due, mut ended) = (Vec::new(), Vec::new());
+            on.leases.retain(|lease, kept| {
+                if kept.until.is_some_and(|until| until <= now) {
+                    ended.push(kept.resource.clone());
+                    return false;
+                }
                 if kept.due <= now {
                     let renewal = (kept.resource.clone(), kept.key.clone(), kept.spec.clone());
                     due.push((*lease, renewal));
                     kept.due = now + every(&kept.spec);
                 }
-            }
-            let next = on.leases.values().map(|k| k.due).min();
-            (due, next.unwrap_or(now))
+                true
+            });
+            let next = (on.leases.values())
+                .map(|k| k.until.map_or(k.due, |until| k.due.min(until)))
+                .min();
+            (due, ended, next.unwrap_or(now))
         };
+        for resource in ended {
+            tracing::warn!(
+                resource = %resource.id,
+                max_hold = ?resource.config.max_hold,
+                "a permit was held past maxHold (never released, or forgotten with \
+                 std::mem::forget): its concurrency lease is no longer renewed and expires \
+                 within leaseTtl, when its slot may go to another holder"
+            );
+        }
         for (lease, (resource, key, spec)) in due {
             match keeper.backend.renew(&key, &spec, lease).await {
                 Ok(true) => {}

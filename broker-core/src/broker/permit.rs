@@ -59,6 +59,12 @@ impl Acquisition {
 /// A held concurrency slot. [`Permit::release`] is idempotent, and dropping
 /// the permit releases it. Permits of resources without a concurrency limit
 /// and of denied acquisitions hold nothing.
+///
+/// A permit passed to `std::mem::forget` is never released, like a
+/// forgotten permit of tokio's `Semaphore`: on the in-memory store its slot
+/// stays taken while the broker lives; on Redis its lease is renewed for
+/// the resource's [`max_hold`](crate::ResourceConfig::max_hold) at most,
+/// then expires within its `lease_ttl`, and the slot is free again.
 #[derive(Debug)]
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
@@ -201,7 +207,8 @@ impl Permit {
     /// release is sent on the current tokio runtime; without one, the lease
     /// expires after the resource's `lease_ttl`. Until it is released, a
     /// permit's lease on a remote backend is renewed (on the runtime it
-    /// was made on), so it does not expire while held.
+    /// was made on) for the resource's `max_hold` at most, so it does not
+    /// expire while held.
     #[inline]
     pub fn release(&mut self) {
         // The empty permit (no concurrency limit, or denied) is the common

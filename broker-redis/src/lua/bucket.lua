@@ -52,6 +52,21 @@ local function book(tokens, ts, now, cost, wait, capacity, amount, period)
   return tokens - cost - ahead, ts
 end
 
+-- bucket::unclaimed: of a refund of delta booked for due, what no later
+-- booking was granted: delta less the refill from due to the last booking
+-- (when the debt is refilled, or nb if later), 0 at least. For a bucket
+-- refilled to now.
+local function unclaimed(tokens, nb, now, delta, due, amount, period)
+  local debt = 0
+  if tokens < 0 then debt = ceil_micros(-tokens * (period / amount)) end
+  local last = sat_add(now, debt)
+  if last < nb then last = nb end
+  if last <= due then return delta end
+  local claimed = (last - due) * (amount / period)
+  if claimed < delta then return delta - claimed end
+  return 0
+end
+
 -- bucket::ttl in whole ms (PEXPIRE's unit, at most 10^15) plus the margin;
 -- nil when the bucket is idle (bucket::is_idle: it equals a fresh one, so
 -- it is dropped). wait_for to capacity already covers nb.

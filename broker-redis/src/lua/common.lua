@@ -9,7 +9,7 @@
 --          n = 0 (no rate limit), hold: the end of a penalty (state.lua)
 -- KEYS[2]  lease set: lease id -> expiry
 -- KEYS[3]  settle only, when given: its own key (scripts::run_once), kept
---          for ARGV[REST + 4] ms
+--          for ARGV[REST + 5] ms
 -- ARGV[1]  now in us, or '' for the server's TIME
 -- ARGV[2]  ttl margin in ms added to every PEXPIRE
 -- ARGV[3]  n, the number of buckets

@@ -2,16 +2,19 @@
 -- a positive delta refunds (capped at capacity), a negative one charges.
 -- ARGV[REST .. REST + 3] are the settled reservation's marks in us
 -- (state::Marks; buckets from the fourth on share the fourth; '' when
--- there are none: now). No refund to a bucket held past its mark (nb after
--- it): the hold came after the booking, and its drain took tokens.
+-- there are none: now), ARGV[REST + 4] its due time ('' when none). No
+-- refund to a bucket held past its mark (nb after it): the hold came after
+-- the booking, and its drain took tokens. A refund gives back only what no
+-- booking due later was granted (bucket::unclaimed).
 -- KEYS[3], when given (see scripts::run_once): this settle's own key, set
--- for ARGV[REST + 4] ms as it settles; a settle sent again finds it and
+-- for ARGV[REST + 5] ms as it settles; a settle sent again finds it and
 -- changes nothing.
 local now = read_now()
-if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 4]) then
+if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 5]) then
   return 0
 end
 load(now)
+local due = tonumber(ARGV[REST + 4])
 for i = 1, N do
   local delta = tonumber(c[i])
   if delta ~= 0 then
@@ -19,6 +22,9 @@ for i = 1, N do
     tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
     local since = tonumber(ARGV[REST + min(i, 4) - 1])
     if delta < 0 or nb[i] <= (since or n) then
+      if delta > 0 and due then
+        delta = unclaimed(tokens[i], nb[i], n, delta, due, amount[i], period[i])
+      end
       tokens[i] = min(tokens[i] + delta, capacity[i])
     end
   end
