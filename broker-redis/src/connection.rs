@@ -118,6 +118,20 @@ impl Conn {
         }
     }
 
+    /// Whether the store answers a `PING` within `timeout`, the probe of a
+    /// server that is down: sent through the manager, whose connection a
+    /// timeout leaves open (the direct one it would close).
+    pub(crate) async fn ping(&self, timeout: Duration) -> bool {
+        let ping = async {
+            match self {
+                Conn::Single(c, _) => managed(c, &redis::cmd("PING"), true).await,
+                #[cfg(feature = "cluster")]
+                Conn::Cluster(c, _) => redis::cmd("PING").query_async(&mut c.clone()).await,
+            }
+        };
+        matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
+    }
+
     /// Whether the primary of `slot` answers a `PING` within `timeout`
     /// (on one server: the server), the probe of a slot that is down.
     #[cfg(feature = "cluster")]
@@ -127,16 +141,14 @@ impl Conn {
         timeout: Duration,
     ) -> bool {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let ping = async {
-            match self {
-                Conn::Single(..) => self.query_resending(&redis::cmd("PING"), true).await,
-                Conn::Cluster(c, _) => {
-                    let node = Route::with_slot(slot, SlotAddr::Master);
-                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
-                    c.clone().route_command(redis::cmd("PING"), node).await
-                }
-            }
+        let c = match self {
+            Conn::Single(..) => return self.ping(timeout).await,
+            Conn::Cluster(c, _) => c,
         };
+        let node = Route::with_slot(slot, SlotAddr::Master);
+        let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
+        let mut c = c.clone();
+        let ping = c.route_command(redis::cmd("PING"), node);
         matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
     }
 

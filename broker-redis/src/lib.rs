@@ -52,7 +52,11 @@
 //!   hold may last longer; `release` is idempotent.
 //! - **Outages**: an explicit [`FailurePolicy`] (default
 //!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
-//!   [`Backend::health`](broker_core::Backend::health); recovery is automatic.
+//!   [`Backend::health`](broker_core::Backend::health); recovery is automatic:
+//!   while Redis is down every call is answered by the policy at once, and a
+//!   background `PING` per probe interval finds it back. A release that
+//!   could not reach Redis is kept and sent once Redis answers again, so a
+//!   freed slot does not stay taken until its lease's TTL.
 //!   On a cluster, an outage is one hash slot's: the keys of a dead node's
 //!   slots get the policy, the other nodes' keys are still decided by Redis
 //!   (with `cluster-require-full-coverage no` on the servers; with Redis's
@@ -61,9 +65,8 @@
 //!   a call needs learns of the outage by a failed call of its own, and is
 //!   counted as an outage of its own (the first slot down is logged at
 //!   error level, the others while one is down at debug level); a down slot is probed
-//!   again (a `PING` to its node) when a call on another slot succeeds, at
-//!   most once per probe interval, so the backend's health reads up again
-//!   once the node is back, whether or not that slot's keys are used.
+//!   by the background `PING` to its node, so the backend's health reads up
+//!   again once the node is back, whether or not that slot's keys are used.
 #![warn(missing_docs)]
 
 mod builder;
@@ -75,6 +78,7 @@ mod inspect;
 mod keys;
 mod pending;
 mod poll_guard;
+mod probe;
 mod scripts;
 mod startup;
 mod transitions;
@@ -110,8 +114,13 @@ struct Inner {
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
     coalescer: Option<Arc<coalesce::Coalescer>>,
-    /// Releases handed to tasks, not yet sent.
+    /// Releases not yet sent: handed to tasks, or kept while Redis was
+    /// out of reach.
     pending: pending::Pending,
+    /// The time between two probes while Redis is down.
+    probe_interval: Duration,
+    /// Whether the background probe runs (see `probe.rs`).
+    probing: std::sync::atomic::AtomicBool,
 }
 
 /// # Connecting
@@ -180,6 +189,8 @@ impl RedisBackend {
                 maxmemory_policy,
                 coalescer,
                 pending: pending::Pending::default(),
+                probe_interval: b.probe_interval,
+                probing: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }

@@ -103,14 +103,15 @@ impl RedisBackend {
 
     /// The part of the store the calls on state `key` need (see
     /// [`Scope`]): the server, or the hash slot of `key` on a cluster.
-    fn scope(&self, key: &str) -> Scope {
+    pub(crate) fn scope(&self, key: &str) -> Scope {
         Scope::of(&self.inner.conn, key)
     }
 
     /// Runs one script call on `scope` (see [`Self::scope`]): one
-    /// `EVALSHA`, bounded by the timeouts, unless the scope is down and this
-    /// is not the probe's turn. (The scope, not the key, is passed down:
-    /// each level of the call's future holds what it is given.)
+    /// `EVALSHA` within the response timeout, unless the scope is down
+    /// (the failure policy answers at once). (The scope, not the key, is
+    /// passed down: each level of the call's future holds what it is
+    /// given.)
     async fn run(&self, scope: Scope, script: &Lua, cmd: Cmd) -> Result<Value, Failure> {
         self.run_leased(scope, script, cmd, None).await
     }
@@ -180,9 +181,8 @@ impl RedisBackend {
         self.outcome(reply, scope, epoch)
     }
 
-    /// Lets a call on `scope` through to Redis, unless that is down and
-    /// this is not the probe's turn: the health's epoch the call goes out
-    /// in, for [`Self::outcome`].
+    /// Lets a call on `scope` through to Redis, unless that is down: the
+    /// health's epoch the call goes out in, for [`Self::outcome`].
     fn gate(&self, scope: Scope) -> Result<failure::Epoch, Failure> {
         let inner = &self.inner;
         match inner.health.should_try(scope) {
@@ -195,36 +195,31 @@ impl RedisBackend {
     /// handled by the failure policy, which answers it.
     fn kept_back(&self, scope: Scope) -> Failure {
         self.inner.health.kept_back(scope, &self.inner.policy);
-        Failure::Unavailable("redis is down (waiting for the next probe)".into())
+        Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
     }
 
-    /// A call on `scope` reached Redis: ends that scope's outage, if
-    /// any. On a cluster, also probes the slots that are down and due for
-    /// a probe (see [`failure::Healths::probes_due`]), each by a `PING` to
-    /// its node from a task of its own: a slot whose keys are no longer
-    /// used would otherwise stay down, and the backend's health with it,
-    /// after its node came back.
+    /// A call on `scope` reached Redis: ends that scope's outage, if any.
     fn reached(&self, scope: Scope) {
+        self.inner.health.up(scope);
+    }
+
+    /// A call on `scope` could not reach Redis (`error`; it went out in
+    /// `epoch`): starts an outage unless a call reached Redis since, and
+    /// the background probe that ends it.
+    fn failed(&self, scope: Scope, error: &str, epoch: failure::Epoch) {
         let inner = &self.inner;
-        inner.health.up(scope);
-        #[cfg(feature = "cluster")]
-        {
-            let due = inner.health.probes_due();
-            if due.is_empty() {
-                return;
-            }
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            for slot in due {
-                let backend = self.clone();
-                runtime.spawn(async move {
-                    let inner = &backend.inner;
-                    if inner.conn.ping_slot(slot, inner.op_timeout).await {
-                        inner.health.up(Scope::Slot(slot));
-                    }
-                });
-            }
+        inner.health.failed(scope, &inner.policy, error, epoch);
+        self.watch();
+    }
+
+    /// Keeps the release of `lease` on `key`, which could not reach
+    /// Redis: sent ahead of the next decision on `key` here, or by the
+    /// background probe once Redis answers (see `pending.rs`).
+    fn keep_release(&self, key: &str, lease: LeaseId) {
+        if self.inner.pending.keep(key, lease) {
+            self.watch();
+        } else {
+            tracing::debug!("too many releases kept while redis is out of reach; this one is left to its lease's ttl");
         }
     }
 
@@ -241,7 +236,7 @@ impl RedisBackend {
             }
             Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
                 let msg = e.to_string();
-                inner.health.failed(scope, &inner.policy, &msg, epoch);
+                self.failed(scope, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Done(Err(e)) => {
@@ -252,13 +247,13 @@ impl RedisBackend {
             }
             Reply::TimedOut => {
                 let msg = format!("no reply within {:?}", inner.op_timeout);
-                inner.health.failed(scope, &inner.policy, &msg, epoch);
+                self.failed(scope, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Unsent => {
                 let msg =
                     "redis is out of reach (a call sent before this one got no reply in time)";
-                inner.health.failed(scope, &inner.policy, msg, epoch);
+                self.failed(scope, msg, epoch);
                 Err(Failure::Unavailable(msg.into()))
             }
         }
@@ -409,18 +404,17 @@ impl RedisBackend {
         Ok(held == 1)
     }
 
-    /// Sends the releases of `key` that tasks have in flight (see
-    /// `pending.rs`) ahead of a decision on it. Their outcome is the
-    /// tasks' to report; a failed one expires with its lease. Taken out,
-    /// they are this call's to send: if it goes away before they are
-    /// answered, the rest are sent from a task (see [`TakenReleases`]).
-    /// The local fallback's leases are freed at once (no I/O). While Redis
-    /// is down, at most one goes out to Redis (it may be the probe, which
-    /// waits out the operation timeout): if Redis is down after it, the
-    /// rest are sent from that task, and false tells the decision to be
-    /// answered by the failure policy without a call of its own (a second
-    /// timeout). A decision that goes out to Redis so never overtakes the
-    /// releases, not even as the probe that finds Redis back.
+    /// Sends the releases of `key` not yet sent (on their way from tasks,
+    /// or kept while Redis was out of reach; see `pending.rs`) ahead of a
+    /// decision on it. Their outcome is the tasks' to report; one that
+    /// cannot reach Redis is kept again. Taken out, they are this call's
+    /// to send: if it goes away before they are answered, the rest are sent
+    /// from a task (see [`TakenReleases`]). The local fallback's leases
+    /// are freed at once (no I/O). While Redis is down, none goes out:
+    /// they are kept for the background probe, and false tells the
+    /// decision to be answered by the failure policy; if Redis goes down
+    /// on one, the rest are kept too. A decision that goes out to Redis so
+    /// never overtakes the releases.
     async fn send_pending_releases(&self, key: &str) -> bool {
         let mut taken = TakenReleases {
             backend: self,
@@ -432,14 +426,20 @@ impl RedisBackend {
                 .leases
                 .retain(|&lease| !matches!(m.release_now(key, lease), Some(Ok(true))));
         }
-        while let Some(&lease) = taken.leases.last() {
-            let _ = self.release(key, lease).await;
-            taken.leases.pop();
-            if self.inner.health.is_down(self.scope(key)) {
+        let scope = self.scope(key);
+        loop {
+            if self.inner.health.is_down(scope) {
+                for lease in taken.leases.drain(..) {
+                    self.keep_release(key, lease);
+                }
                 return false;
             }
+            let Some(&lease) = taken.leases.last() else {
+                return true;
+            };
+            let _ = self.release(key, lease).await;
+            taken.leases.pop();
         }
-        true
     }
 
     async fn try_redis(
@@ -702,7 +702,13 @@ impl Backend for RedisBackend {
             async { parse::<i64>(self.run(self.scope(key), &scripts::RELEASE, cmd).await?) }.await;
         match result {
             Ok(n) => Ok(n == 1),
-            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
+            Err(f) => {
+                // Sent once Redis answers again, not left to the lease's TTL.
+                if let Failure::Unavailable(_) = f {
+                    self.keep_release(key, lease);
+                }
+                self.policy("release", f, &NO_LIMITS).map(|_| false)
+            }
         }
     }
 
@@ -716,8 +722,9 @@ impl Backend for RedisBackend {
         if !self.inner.pending.contains(key, lease) {
             return Ok(true);
         }
-        // Kept while it is on its way, so a decision meanwhile sends it
-        // ahead of itself too rather than overtake it.
+        // Left here while it is on its way, so a decision meanwhile sends
+        // it ahead of itself too rather than overtake it; kept if it could
+        // not reach Redis (which `remove` leaves).
         let released = self.release(key, lease).await;
         self.inner.pending.remove(key, lease);
         released

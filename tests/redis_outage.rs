@@ -1,0 +1,154 @@
+//! While Redis is out of reach: callers are answered by the failure policy
+//! at once (a background `PING` finds Redis back), releases that could not
+//! be sent are kept and sent once it answers again, and no decision waits
+//! longer than the response timeout.
+
+#[allow(dead_code)]
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker};
+use broker_redis::{FailurePolicy, RedisBackend};
+use broker_testkit::RedisServer;
+
+/// Waits (real time, at most 10 s) until `backend` reads up again, with no
+/// call of its own: only the background probe can find Redis back.
+async fn until_found_back(backend: &RedisBackend) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while backend.health().down {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the probe finds Redis back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// While Redis is frozen, every decision is answered by the failure policy
+/// at once, and none is let through as a probe: of 50 decisions spread
+/// over 10 probe intervals, none waits for the response timeout (2 s).
+/// Redis is then found back by the background probe, with no call. Before,
+/// one caller per probe interval was the probe, and waited out the whole
+/// timeout. In real time (the probe interval runs on the system clock);
+/// the bound checked is the timeout, not a speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_secs(2);
+    let backend = RedisBackend::builder(&server.url())
+        .failure_policy(FailurePolicy::FailOpen)
+        .response_timeout(timeout)
+        .probe_interval(Duration::from_millis(50))
+        .connect()
+        .await
+        .expect("connect");
+    let backend = Arc::new(backend);
+    let spec = LimitSpec::new(
+        &Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)),
+        Duration::from_secs(30),
+    );
+    let warm = backend.try_acquire("api", &spec, Cost::default()).await;
+    assert!(!warm.expect("Redis answers").answered_here);
+    server.pause();
+    // Redis is found out of reach: no reply in time.
+    let first = backend.try_acquire("api", &spec, Cost::default()).await;
+    assert!(first.expect("fail-open").answered_here);
+    assert!(backend.health().down);
+
+    let mut calls = Vec::new();
+    for _ in 0..50 {
+        let (backend, spec) = (backend.clone(), spec.clone());
+        calls.push(tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            let d = backend.try_acquire("api", &spec, Cost::default()).await;
+            (start.elapsed(), d)
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut probes = 0;
+    for call in calls {
+        let (took, d) = call.await.unwrap();
+        assert!(d.expect("fail-open").answered_here);
+        probes += usize::from(took >= timeout);
+    }
+    assert_eq!(
+        probes, 0,
+        "callers waited out the response timeout as probes while Redis was frozen"
+    );
+
+    server.resume();
+    until_found_back(&backend).await;
+    let d = backend.try_acquire("api", &spec, Cost::default()).await;
+    assert!(!d.expect("Redis answers").answered_here);
+    assert_eq!(backend.health().outages, 1);
+}
+
+/// A permit Redis granted, dropped while Redis is frozen and marked down:
+/// its release is kept and sent once Redis answers again, so another
+/// replica finds all 4 slots free long before the lease's TTL (60 s).
+/// Before, the outage gate held the release back and nothing sent it
+/// again: 3 of 4 slots were free until the lease expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_held_back_while_redis_is_down_is_sent_once_it_answers() {
+    let server = RedisServer::start();
+    let backend = redis_support::with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+        .prefix("kept")
+        .probe_interval(Duration::from_millis(20))
+        .connect()
+        .await
+        .expect("connect");
+    let broker = ResourceBroker::new(backend.clone());
+    let limits = Limits::new().max_concurrent(4);
+    broker.register_limit("slots", limits.clone()).unwrap();
+    let permit = broker.try_acquire("slots", Cost::default()).await.unwrap();
+    assert!(permit.allowed && !permit.answered_here);
+
+    server.pause();
+    // A decision gets no reply in time: Redis is marked down.
+    let refused = broker.try_acquire("slots", Cost::default()).await;
+    assert!(refused.is_err(), "fail-closed: {refused:?}");
+    assert!(backend.health().down);
+    drop(permit);
+    // The release's task runs while Redis is down.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.resume();
+    // Found back (by the probe; before, by a call on another resource).
+    broker
+        .register_limit("other", Limits::new().rate(RateLimit::per_second(100)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while backend.health().down {
+        assert!(std::time::Instant::now() < deadline, "Redis is found back");
+        let _ = broker.try_acquire("other", Cost::default()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Another replica, with no release of its own in flight.
+    let other = redis_support::with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+        .prefix("kept")
+        .connect()
+        .await
+        .expect("connect");
+    let other = ResourceBroker::new(other);
+    other.register_limit("slots", limits).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut permits = Vec::new();
+        for _ in 0..4 {
+            permits.push(other.try_acquire("slots", Cost::default()).await.unwrap());
+        }
+        let free = permits.iter().filter(|p| p.allowed).count();
+        assert!(permits.iter().all(|p| !p.answered_here));
+        if free == 4 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{free} of 4 slots free 10 s after Redis answered again (lease TTL 60 s)"
+        );
+        drop(permits);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
