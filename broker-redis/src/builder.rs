@@ -123,13 +123,17 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Time allowed to open a connection. Default 1 s.
+    /// Time allowed to open a connection: by [`RedisBackendBuilder::connect`],
+    /// and when one is opened again. A call waits for one no longer than
+    /// the [response timeout](RedisBackendBuilder::response_timeout). Default 1 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.connect = timeout;
         self
     }
 
-    /// Time allowed for one reply. Default 1 s.
+    /// The most any call waits for Redis, a connection it waits for, the
+    /// releases a decision sends ahead of itself and a batch it queues for
+    /// included; then the failure policy answers it. Default 1 s.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.response = timeout;
         self

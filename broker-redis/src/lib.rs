@@ -42,7 +42,7 @@
 //!   share the hash tag `{key}` (on Redis Cluster, a `settle` also sets a
 //!   short-lived `prefix:{key}:s:<id>` of its own, so that the cluster
 //!   client's resend of it settles nothing twice: it lives 4× the
-//!   operation timeout and a second, at least 10 s); keys come from `broker_core::keys`, which
+//!   response timeout and a second, at least 10 s); keys come from `broker_core::keys`, which
 //!   escapes user parts. Each key's TTL is computed from its state
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.
@@ -110,7 +110,7 @@ struct Inner {
     fallback: Option<MemoryBackend>,
     /// The health of the store, or of each slot of a cluster.
     health: failure::Healths,
-    op_timeout: Duration,
+    response_timeout: Duration,
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
     coalescer: Option<Arc<coalesce::Coalescer>>,
@@ -157,7 +157,7 @@ impl RedisBackend {
             }),
             _ => None,
         };
-        let op_timeout = b.timeouts.operation();
+        let response_timeout = b.timeouts.response;
         // On a cluster, a batch is split by hash tag: one call per slot.
         let coalescer = b.coalesce.enabled.then(|| {
             let settings = coalesce::Settings {
@@ -167,7 +167,7 @@ impl RedisBackend {
             let refund_late = b.policy.refunds_late();
             Arc::new(coalesce::Coalescer::new(
                 conn.clone(),
-                op_timeout,
+                response_timeout,
                 settings,
                 refund_late,
             ))
@@ -185,7 +185,7 @@ impl RedisBackend {
                 policy: b.policy,
                 fallback,
                 health: failure::Healths::new(b.probe_interval),
-                op_timeout,
+                response_timeout,
                 maxmemory_policy,
                 coalescer,
                 pending: pending::Pending::default(),

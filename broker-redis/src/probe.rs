@@ -42,7 +42,7 @@ impl RedisBackend {
     /// that are up are sent.
     async fn probe_once(&self) {
         let inner = &self.inner;
-        let timeout = inner.op_timeout;
+        let timeout = inner.response_timeout;
         if inner.health.is_down(Scope::Whole) && inner.conn.ping(timeout).await {
             inner.health.up(Scope::Whole);
         }

@@ -13,6 +13,7 @@ use broker_core::{
 };
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Value};
+use tokio::time::Instant;
 
 use crate::coalesce::{send, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::connection::{self, redis_error};
@@ -101,6 +102,16 @@ impl RedisBackend {
         self.inner.clock.as_ref().map(|c| c.now())
     }
 
+    /// When a call starting now is answered at the latest: the response
+    /// timeout, the bound on how long any call waits, from now.
+    fn deadline(&self) -> Instant {
+        let now = Instant::now();
+        // A timeout too long to add (`Duration::MAX`, "no limit"): a
+        // deadline in 30 years, as tokio's own far future.
+        now.checked_add(self.inner.response_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+    }
+
     /// The part of the store the calls on state `key` need (see
     /// [`Scope`]): the server, or the hash slot of `key` on a cluster.
     pub(crate) fn scope(&self, key: &str) -> Scope {
@@ -113,30 +124,34 @@ impl RedisBackend {
     /// passed down: each level of the call's future holds what it is
     /// given.)
     async fn run(&self, scope: Scope, script: &Lua, cmd: Cmd) -> Result<Value, Failure> {
-        self.run_leased(scope, script, cmd, None).await
+        self.run_leased(scope, script, cmd, None, self.deadline())
+            .await
     }
 
-    /// [`Self::run`] for a call that may grant `lease`: released if the
-    /// call times out or is dropped before its answer.
+    /// [`Self::run`] answered by `deadline`, for a call that may grant
+    /// `lease`: released if the call times out or is dropped before its
+    /// answer.
     async fn run_leased(
         &self,
         scope: Scope,
         script: &Lua,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
+        deadline: Instant,
     ) -> Result<Value, Failure> {
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
-        let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
-        let reply = send(&inner.conn, inner.op_timeout, script, &cmd).await;
+        let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let reply = send(&inner.conn, left, script, &cmd).await;
         unsettled.settle(&reply);
         self.outcome(reply, scope, epoch)
     }
 
     /// [`Self::run_leased`] for a decision that `takes` something when
-    /// granted: with no reply within the timeout (the failure policy
-    /// answers its caller), its late reply is still read, and what it took
-    /// given back (see [`Late`]).
+    /// granted: with no reply by `deadline` (the failure policy answers
+    /// its caller), its late reply is still read, and what it took given
+    /// back (see [`Late`]).
     async fn run_decision(
         &self,
         scope: Scope,
@@ -144,6 +159,7 @@ impl RedisBackend {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Takes,
+        deadline: Instant,
     ) -> Result<Value, Failure> {
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
@@ -152,16 +168,18 @@ impl RedisBackend {
             lease: lease.as_ref().map(|l| l.1),
             refund: inner.policy.refunds_late(),
         };
-        let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
-        let reply = send_or_later(&inner.conn, inner.op_timeout, script, cmd, Undo::One(late));
+        let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
+        let timeout = inner.response_timeout;
+        let reply = send_or_later(&inner.conn, deadline, timeout, script, cmd, Undo::One(late));
         let reply = reply.await;
         unsettled.settle(&reply);
         self.outcome(reply, scope, epoch)
     }
 
-    /// Runs a `try` call, coalesced with the concurrent ones when
-    /// coalescing is on; else as [`Self::run`]. `lease` is the lease the
-    /// decision may be granted.
+    /// Runs a `try` call answered by `deadline`, coalesced with the
+    /// concurrent ones when coalescing is on; else as
+    /// [`Self::run_decision`]. `lease` is the lease the decision may be
+    /// granted.
     async fn run_try(
         &self,
         scope: Scope,
@@ -169,15 +187,16 @@ impl RedisBackend {
         cmd: Cmd,
         keys: &KeyPair,
         lease: Option<LeaseId>,
+        deadline: Instant,
     ) -> Result<Value, Failure> {
         let lease = lease.map(|l| (keys.clone(), l));
         let Some(coalescer) = &self.inner.coalescer else {
             return self
-                .run_decision(scope, script, cmd, lease, Takes::Try)
+                .run_decision(scope, script, cmd, lease, Takes::Try, deadline)
                 .await;
         };
         let epoch = self.gate(scope)?;
-        let reply = coalescer.run(script, cmd, scope, lease).await;
+        let reply = coalescer.run(script, cmd, scope, lease, deadline).await;
         self.outcome(reply, scope, epoch)
     }
 
@@ -246,7 +265,7 @@ impl RedisBackend {
                 Err(Failure::Other(redis_error(e)))
             }
             Reply::TimedOut => {
-                let msg = format!("no reply within {:?}", inner.op_timeout);
+                let msg = format!("no reply within {:?}", inner.response_timeout);
                 self.failed(scope, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
@@ -358,17 +377,17 @@ impl RedisBackend {
         (script, cmd)
     }
 
-    /// `hold_slot` in Redis, under `lease`: true when held. `fresh`: a new
-    /// lease (`hold_slot`), released if granted after the caller was told
-    /// the call timed out; else a live permit's (`retake`), whose next
-    /// renewal takes it again.
+    /// `hold_slot` in Redis, under `lease`, answered by `deadline`: true
+    /// when held. `fresh`: a new lease (`hold_slot`), released if granted
+    /// after the caller was told the call timed out; else a live permit's
+    /// (`retake`), whose next renewal takes it again.
     async fn hold_slot_as(
         &self,
         key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
-        lease: LeaseId,
-        fresh: bool,
+        (lease, fresh): (LeaseId, bool),
+        deadline: Instant,
     ) -> Result<bool, Failure> {
         let mut cmd = scripts::evalsha(
             &scripts::HOLD_SLOT,
@@ -392,11 +411,13 @@ impl RedisBackend {
                     cmd,
                     leased,
                     Takes::Slot,
+                    deadline,
                 )
                 .await?
             }
             false => {
-                self.run_leased(self.scope(key), &scripts::HOLD_SLOT, cmd, leased)
+                let scope = self.scope(key);
+                self.run_leased(scope, &scripts::HOLD_SLOT, cmd, leased, deadline)
                     .await?
             }
         };
@@ -415,7 +436,8 @@ impl RedisBackend {
     /// decision to be answered by the failure policy; if Redis goes down
     /// on one, the rest are kept too. A decision that goes out to Redis so
     /// never overtakes the releases.
-    async fn send_pending_releases(&self, key: &str) -> bool {
+    /// Each is sent within what is left until `deadline`, the decision's.
+    async fn send_pending_releases(&self, key: &str, deadline: Instant) -> bool {
         let mut taken = TakenReleases {
             backend: self,
             key,
@@ -437,8 +459,41 @@ impl RedisBackend {
             let Some(&lease) = taken.leases.last() else {
                 return true;
             };
-            let _ = self.release(key, lease).await;
+            let _ = self.release_by(key, lease, deadline).await;
             taken.leases.pop();
+        }
+    }
+
+    /// [`Backend::release`], answered by `deadline`.
+    async fn release_by(
+        &self,
+        key: &str,
+        lease: LeaseId,
+        deadline: Instant,
+    ) -> Result<bool, BackendError> {
+        if let Some(Some(Ok(true))) = self
+            .inner
+            .fallback
+            .as_ref()
+            .map(|m| m.release_now(key, lease))
+        {
+            return Ok(true);
+        }
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        let scope = self.scope(key);
+        let run = self.run_leased(scope, &scripts::RELEASE, cmd, None, deadline);
+        let result = async { parse::<i64>(run.await?) }.await;
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(f) => {
+                // Sent once Redis answers again, not left to the lease's TTL.
+                if let Failure::Unavailable(_) = f {
+                    self.keep_release(key, lease);
+                }
+                self.policy("release", f, &NO_LIMITS).map(|_| false)
+            }
         }
     }
 
@@ -449,6 +504,7 @@ impl RedisBackend {
         spec: &LimitSpec,
         cost: Cost,
         lease: LeaseId,
+        deadline: Instant,
     ) -> Result<Decision, Failure> {
         // One rate limit: the table-free script, which takes the slot
         // operands only when there is a concurrency limit.
@@ -475,6 +531,7 @@ impl RedisBackend {
                 cmd,
                 keys,
                 spec.max_concurrent.map(|_| lease),
+                deadline,
             )
             .await?;
         if let Value::Int(1) = reply {
@@ -545,8 +602,9 @@ impl RedisBackend {
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
+        let (scope, deadline) = (self.scope(key), self.deadline());
         let reply = self
-            .run_decision(self.scope(key), script, cmd, None, Takes::Reserve)
+            .run_decision(scope, script, cmd, None, Takes::Reserve, deadline)
             .await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
@@ -586,10 +644,14 @@ impl Backend for RedisBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let keys = self.keys(key)?;
-        let reached = spec.max_concurrent.is_none() || self.send_pending_releases(key).await;
+        // One bound for the releases sent ahead and the decision.
+        let deadline = self.deadline();
+        let reached =
+            spec.max_concurrent.is_none() || self.send_pending_releases(key, deadline).await;
         let lease = new_lease();
         let decided = if reached {
-            self.try_redis(key, &keys, spec, cost, lease).await
+            self.try_redis(key, &keys, spec, cost, lease, deadline)
+                .await
         } else {
             Err(self.kept_back(self.scope(key)))
         };
@@ -624,10 +686,12 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
-        let reached = self.send_pending_releases(key).await;
+        let deadline = self.deadline();
+        let reached = self.send_pending_releases(key, deadline).await;
         let lease = new_lease();
         let held = if reached {
-            self.hold_slot_as(key, &keys, spec, lease, true).await
+            self.hold_slot_as(key, &keys, spec, (lease, true), deadline)
+                .await
         } else {
             Err(self.kept_back(self.scope(key)))
         };
@@ -650,7 +714,11 @@ impl Backend for RedisBackend {
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
-        match self.hold_slot_as(key, &keys, spec, lease, false).await {
+        let deadline = self.deadline();
+        match self
+            .hold_slot_as(key, &keys, spec, (lease, false), deadline)
+            .await
+        {
             Ok(held) => {
                 // A lease the local fallback granted (see `renew`) is held
                 // in Redis now: freed here, so `release` frees it there.
@@ -687,29 +755,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(Some(Ok(true))) = self
-            .inner
-            .fallback
-            .as_ref()
-            .map(|m| m.release_now(key, lease))
-        {
-            return Ok(true);
-        }
-        let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
-        cmd.arg(lease);
-        let result =
-            async { parse::<i64>(self.run(self.scope(key), &scripts::RELEASE, cmd).await?) }.await;
-        match result {
-            Ok(n) => Ok(n == 1),
-            Err(f) => {
-                // Sent once Redis answers again, not left to the lease's TTL.
-                if let Failure::Unavailable(_) = f {
-                    self.keep_release(key, lease);
-                }
-                self.policy("release", f, &NO_LIMITS).map(|_| false)
-            }
-        }
+        self.release_by(key, lease, self.deadline()).await
     }
 
     fn release_unsent(&self, key: &str, lease: LeaseId) {
