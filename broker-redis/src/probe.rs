@@ -24,7 +24,7 @@ impl RedisBackend {
             return;
         }
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(probe(Arc::downgrade(&self.inner)))),
+            Ok(runtime) => drop(runtime.spawn(probe(Running(Arc::downgrade(&self.inner))))),
             // No runtime (it is shutting down): nothing to probe for.
             Err(_) => probing.store(false, Ordering::Release),
         }
@@ -71,7 +71,8 @@ impl RedisBackend {
 
 /// The probe's task: a round per probe interval until it has no work; it
 /// ends with the backend.
-async fn probe(inner: Weak<Inner>) {
+async fn probe(mut running: Running) {
+    let inner = running.0.clone();
     loop {
         let Some(gap) = inner.upgrade().map(|i| i.probe_interval.max(MIN_GAP)) else {
             return;
@@ -85,10 +86,79 @@ async fn probe(inner: Weak<Inner>) {
         if backend.needs_probe() {
             continue;
         }
+        running.0 = Weak::new();
         backend.inner.probing.store(false, Ordering::Release);
         // Work that came meanwhile, whose `watch` found it still running.
         if !backend.needs_probe() || backend.inner.probing.swap(true, Ordering::AcqRel) {
             return;
+        }
+        running.0 = Arc::downgrade(&backend.inner);
+    }
+}
+
+/// The probe's task while it runs: dropped unfinished (its runtime shut
+/// down, even before it ran), it lets the next call start a probe again.
+struct Running(Weak<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+
+    use crate::{FailurePolicy, RedisBackend};
+
+    /// An outage found on a runtime that then shuts down (its probe's task
+    /// dropped with it): the next call, on another runtime, starts a probe
+    /// again, which finds Redis back. Without that, the backend read down
+    /// for good: a probe was taken to be running.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_dropped_with_its_runtime_is_started_again() {
+        let server = broker_testkit::RedisServer::start();
+        let backend = RedisBackend::builder(&server.url())
+            .failure_policy(FailurePolicy::FailOpen)
+            .response_timeout(Duration::from_millis(300))
+            .probe_interval(Duration::from_millis(20))
+            .connect()
+            .await
+            .unwrap();
+        let spec = LimitSpec::new(
+            &Limits::new().rate(RateLimit::per_second(1000)),
+            Duration::from_secs(30),
+        );
+        let warm = backend.try_acquire("r", &spec, Cost::default()).await;
+        assert!(!warm.unwrap().answered_here);
+        server.pause();
+        let (b, s) = (backend.clone(), spec.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let d = rt.block_on(b.try_acquire("r", &s, Cost::default()));
+            assert!(d.unwrap().answered_here, "no reply in time");
+            // The runtime shuts down, with the probe it started.
+        })
+        .join()
+        .unwrap();
+        assert!(backend.health().down);
+        server.resume();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = backend.try_acquire("r", &spec, Cost::default()).await;
+            if !d.unwrap().answered_here {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "Redis is found back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -214,6 +214,8 @@ impl RedisBackend {
     /// handled by the failure policy, which answers it.
     fn kept_back(&self, scope: Scope) -> Failure {
         self.inner.health.kept_back(scope, &self.inner.policy);
+        // The probe runs (one load), unless its runtime shut down.
+        self.watch();
         Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
     }
 
