@@ -203,11 +203,9 @@ impl Coalescer {
         self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs one `try` decision (`cmd`, an `EVALSHA` of `script`, a `try`
-    /// script, on `scope`), alone or in a batch, answered by `deadline`
-    /// (a batch gets no reply later than its earliest decision's). `lease`
-    /// is the decision's keys and lease id when it may be granted a lease,
-    /// to release it if the caller goes away before the answer.
+    /// Runs one `try` decision (`cmd`, of `script`, on `scope`), alone or in
+    /// a batch (answered by its earliest `deadline`); `lease`, if it may be
+    /// granted one, is released if the caller goes away first.
     pub(crate) async fn run(
         self: &Arc<Self>,
         script: &'static Lua,
@@ -661,11 +659,9 @@ pub(crate) enum Undo {
     Batch(Vec<(Cmd, Late)>),
 }
 
-/// A decision's `EVALSHA` (`cmd`, of `script`) answered by `deadline`,
-/// as [`send`]; with no reply by then, the call goes on, on a task of its
-/// own, for up to [`LATE`], and what its late reply took is given back
-/// (each within `timeout`, see [`Late`]): its caller was answered without
-/// it.
+/// A decision's `EVALSHA` (`cmd`, of `script`) answered by `deadline`; with
+/// no reply by then, a task waits up to [`LATE`] for it and gives back what
+/// it took (each call within `timeout`, see [`Late`]).
 pub(crate) async fn send_or_later(
     conn: &Conn,
     deadline: Instant,

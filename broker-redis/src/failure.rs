@@ -258,11 +258,9 @@ impl Healths {
         let _ = ended;
     }
 
-    /// The down slots whose probe is due (each at most once per probe
-    /// interval), at most [`PROBES_AT_ONCE`], the longest waiting first:
-    /// each is to be probed now (a `PING` to its node) by the background
-    /// probe, and its outage ended with [`Healths::up`] if it is answered.
-    /// None while no slot is down, at the cost of one load.
+    /// The down slots due for the background probe's `PING` now (each once
+    /// per probe interval), at most [`PROBES_AT_ONCE`], the longest waiting
+    /// first.
     #[cfg(feature = "cluster")]
     pub(crate) fn probes_due(&self) -> Vec<redis::cluster_routing::Slot> {
         if self.down_slots.load(Ordering::Relaxed) == 0 {
@@ -397,10 +395,9 @@ impl Health {
         ms.saturating_add(interval)
     }
 
-    /// Whether a call should go to Redis: `Some` with the epoch it goes
-    /// out in (to pass to [`Health::failed`]) while Redis is up; `None`
-    /// while it is down, when the failure policy answers at once (the
-    /// background probe, a `PING`, finds Redis back).
+    /// Whether a call should go to Redis: `Some` with the epoch it goes out
+    /// in (for [`Health::failed`]) while Redis is up; `None` while it is
+    /// down (the failure policy answers; the background probe finds it back).
     pub(crate) fn should_try(&self) -> Option<Epoch> {
         let state = self.state.load(Ordering::Acquire);
         (state & DOWN == 0).then_some(state >> 1)

@@ -52,10 +52,9 @@ impl Pending {
         self.count.fetch_add(1, Ordering::Release);
     }
 
-    /// The release of `lease` on `key` could not reach Redis: kept, until
-    /// a decision on `key` or the background probe sends it (see
-    /// [`Pending::take_kept`]). False when too many are kept already: it
-    /// is left to the lease's TTL.
+    /// The release of `lease` on `key` could not reach Redis: kept until a
+    /// decision on `key` or the background probe sends it. False when
+    /// [`MAX_KEPT`] are kept already (it is left to the lease's TTL).
     pub(crate) fn keep(&self, key: &str, lease: LeaseId) -> bool {
         let mut map = self.lock();
         let leases = map.entry(key.to_owned()).or_default();

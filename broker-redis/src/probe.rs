@@ -1,9 +1,6 @@
-//! The background probe: while a part of the store is down (the server, or
-//! a hash slot of a cluster) or releases are kept (see `pending.rs`), one
-//! task per backend sends a `PING` to each part down once per probe
-//! interval, with a timeout of its own. A part that answers is up again,
-//! and the releases kept for it are sent. No caller waits for it: while a
-//! part is down, its calls are answered by the failure policy at once.
+//! The background probe: while a part of the store (the server, a cluster's
+//! slot) is down or releases are kept, one task per backend `PING`s each part
+//! down per probe interval and sends the kept releases of the parts up.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -36,10 +33,9 @@ impl RedisBackend {
         self.inner.health.any_down() || self.inner.pending.any_kept()
     }
 
-    /// One round of the probe: a `PING` to each part down (on a cluster,
-    /// at most `PROBES_AT_ONCE` slots, the longest waiting first), each
-    /// within the response timeout; then the kept releases of the parts
-    /// that are up are sent.
+    /// One round: a `PING` to each part down (on a cluster, the slots
+    /// `Healths::probes_due` gives), each within the response timeout; then
+    /// the kept releases of the parts up are sent.
     async fn probe_once(&self) {
         let inner = &self.inner;
         let timeout = inner.response_timeout;

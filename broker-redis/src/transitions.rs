@@ -214,7 +214,7 @@ impl RedisBackend {
     /// handled by the failure policy, which answers it.
     fn kept_back(&self, scope: Scope) -> Failure {
         self.inner.health.kept_back(scope, &self.inner.policy);
-        // The probe runs (one load), unless its runtime shut down.
+        // Starts the probe again if its task was dropped with its runtime.
         self.watch();
         Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
     }
@@ -427,19 +427,14 @@ impl RedisBackend {
         Ok(held == 1)
     }
 
-    /// Sends the releases of `key` not yet sent (on their way from tasks,
-    /// or kept while Redis was out of reach; see `pending.rs`) ahead of a
-    /// decision on it. Their outcome is the tasks' to report; one that
-    /// cannot reach Redis is kept again. Taken out, they are this call's
-    /// to send: if it goes away before they are answered, the rest are sent
-    /// from a task (see [`TakenReleases`]). The local fallback's leases
-    /// are freed at once (no I/O). While Redis is down, none goes out:
-    /// they are kept for the background probe, and false tells the
-    /// decision to be answered by the failure policy; if Redis goes down
-    /// on one, the rest are kept too. A decision that goes out to Redis so
-    /// never overtakes the releases.
-    /// Each is sent within what is left until `deadline`, the decision's.
+    /// Sends the releases of `key` not yet sent (see `pending.rs`) ahead of a
+    /// decision on it, by the decision's `deadline`, so it never overtakes
+    /// them; false while Redis is down (they are kept, the policy answers).
     async fn send_pending_releases(&self, key: &str, deadline: Instant) -> bool {
+        // Taken out, they are this call's to send: if it goes away first,
+        // the rest are sent from a task (see `TakenReleases`). One that
+        // cannot reach Redis is kept again, for the background probe; the
+        // local fallback's leases are freed at once, with no I/O.
         let mut taken = TakenReleases {
             backend: self,
             key,
