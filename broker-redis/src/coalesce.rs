@@ -714,6 +714,14 @@ pub(crate) async fn send(conn: &Conn, timeout: Duration, script: &Lua, cmd: &Cmd
     }
 }
 
+/// [`send`], answered by `deadline`.
+pub(crate) async fn send_by(conn: &Conn, deadline: Instant, script: &Lua, cmd: &Cmd) -> Reply {
+    match tokio::time::timeout_at(deadline, conn.evalsha(script, cmd)).await {
+        Ok(r) => Reply::Done(r),
+        Err(_) => Reply::TimedOut,
+    }
+}
+
 /// The hash tag (`{...}`) of a decision's bucket key, the first key of its
 /// `EVALSHA`.
 fn hash_tag(cmd: &Cmd) -> Vec<u8> {

@@ -15,7 +15,7 @@ use broker_memory::MemoryBackend;
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::coalesce::{send, send_or_later, Late, Reply, Takes, Undo, Unsettled};
+use crate::coalesce::{send_by, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy, Scope};
 use crate::keys::{self, KeyPair};
@@ -142,8 +142,7 @@ impl RedisBackend {
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
         let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
-        let left = deadline.saturating_duration_since(Instant::now());
-        let reply = send(&inner.conn, left, script, &cmd).await;
+        let reply = send_by(&inner.conn, deadline, script, &cmd).await;
         unsettled.settle(&reply);
         self.outcome(reply, scope, epoch)
     }
