@@ -21,7 +21,7 @@ fn cluster() -> RedisCluster {
 }
 
 /// A backend builder on `cluster` under `policy` whose calls give up after
-/// 300 ms (150 ms to connect, 150 ms for the reply), on `clock`.
+/// 150 ms (a connection included), on `clock`.
 fn builder(
     cluster: &RedisCluster,
     prefix: &str,

@@ -1468,14 +1468,15 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
     }
 }
 
-/// The probe that finds Redis back is a decision whose key has a release
+/// The first decision once Redis is found back is on a key with a release
 /// on its way (a permit dropped just before): the release still goes out
-/// ahead of it, so the slot freed here is free to it. Before, while
-/// Redis was marked down the releases were left to a task of their own,
-/// and the decision, the probe, went out first: under `max_concurrent(1)`
-/// it found the freed slot still held and was refused it.
+/// ahead of it, so the slot freed here is free to it. Before, while Redis
+/// was marked down the releases were left to a task of their own, and the
+/// decision (then the probe that found Redis back) went out first: under
+/// `max_concurrent(1)` it found the freed slot still held and was refused
+/// it.
 #[tokio::test]
-async fn a_release_on_its_way_goes_out_ahead_of_the_probe_that_finds_redis_back() {
+async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is_back() {
     use broker_core::{Backend, LimitSpec};
     let server = RedisServer::start();
     let backend = every_call_a_probe(&server.url(), FailurePolicy::FailClosed)
@@ -1491,13 +1492,18 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_probe_that_finds_redis_back(
     let lost = backend.hold_slot("one", &spec).await;
     lost.expect_err("fail-closed: no reply in time");
     assert!(backend.health().down);
-    server.resume();
-    tokio::time::resume();
     // The permit is dropped: its release is on its way.
     backend.release_sent("one", held);
+    server.resume();
+    tokio::time::resume();
+    // Found back by the background probe.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.health().down {
+        assert!(Instant::now() < deadline, "Redis is found back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let next = backend.hold_slot("one", &spec).await;
-    let next = next.expect("Redis answers the probe");
-    assert!(!backend.health().down, "Redis is found back");
+    let next = next.expect("Redis answers");
     assert!(
         next.is_some(),
         "the slot freed here is free to the next caller here"

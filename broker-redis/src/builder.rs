@@ -15,7 +15,7 @@ const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(100);
 
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix
 /// `"rb"`, [`FailurePolicy::FailClosed`], 1 s connect and response timeouts,
-/// one probe per 250 ms while Redis is down, 1 s TTL margin, coalescing on,
+/// a background probe per 250 ms while Redis is down, 1 s TTL margin, coalescing on,
 /// busy polling for up to 100 µs ([`RedisBackendBuilder::busy_poll`]).
 ///
 /// ```no_run
@@ -123,13 +123,17 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Time allowed to open a connection. Default 1 s.
+    /// Time allowed to open a connection: by [`RedisBackendBuilder::connect`],
+    /// and when one is opened again. A call waits for one no longer than
+    /// the [response timeout](RedisBackendBuilder::response_timeout). Default 1 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.connect = timeout;
         self
     }
 
-    /// Time allowed for one reply. Default 1 s.
+    /// The most any call waits for Redis, a connection it waits for, the
+    /// releases a decision sends ahead of itself and a batch it queues for
+    /// included; then the failure policy answers it. Default 1 s.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.response = timeout;
         self
@@ -180,8 +184,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// While Redis is down, one call per `interval` tries it; the others
-    /// are answered by the failure policy at once. Default 250 ms.
+    /// While Redis is down, a background `PING` per `interval` (at least
+    /// 10 ms apart) checks whether it answers again; every call is answered
+    /// by the failure policy at once meanwhile. Default 250 ms.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
         self

@@ -31,6 +31,7 @@ use broker_core::state::MARKED;
 use broker_core::LeaseId;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::connection::Conn;
 use crate::failure::Scope;
@@ -71,7 +72,7 @@ impl Default for Settings {
 pub(crate) enum Reply {
     /// The reply (an error raised by this decision's script included).
     Done(RedisResult<Value>),
-    /// No reply within the operation timeout.
+    /// No reply within the response timeout.
     TimedOut,
     /// Not sent: a call in flight on its scope when it queued got no
     /// reply within the timeout, so it is answered as a new call would be
@@ -113,6 +114,8 @@ struct Pending {
     script: &'static Lua,
     cmd: Cmd,
     lease: Option<(KeyPair, LeaseId)>,
+    /// When its caller is answered at the latest (see [`Coalescer::run`]).
+    deadline: Instant,
     tx: oneshot::Sender<Answer>,
 }
 
@@ -160,7 +163,7 @@ impl States {
 /// The coalescer of one backend.
 pub(crate) struct Coalescer {
     conn: Conn,
-    op_timeout: Duration,
+    response_timeout: Duration,
     settings: Settings,
     /// Whether the cost of a decision granted after its caller was told it
     /// timed out is given back (see [`Late`]).
@@ -179,13 +182,13 @@ impl std::fmt::Debug for Coalescer {
 impl Coalescer {
     pub(crate) fn new(
         conn: Conn,
-        op_timeout: Duration,
+        response_timeout: Duration,
         settings: Settings,
         refund_late: bool,
     ) -> Self {
         Self {
             conn,
-            op_timeout,
+            response_timeout,
             refund_late,
             settings: Settings {
                 max_batch: settings.max_batch.max(1),
@@ -200,19 +203,21 @@ impl Coalescer {
         self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs one `try` decision (`cmd`, an `EVALSHA` of `script`, a `try`
-    /// script, on `scope`), alone or in a batch. `lease` is the decision's
-    /// keys and lease id when it may be granted a lease, to release it if
-    /// the caller goes away before the answer.
+    /// Runs one `try` decision (`cmd`, of `script`, on `scope`), alone or in
+    /// a batch (answered by its earliest `deadline`); `lease`, if it may be
+    /// granted one, is released if the caller goes away first.
     pub(crate) async fn run(
         self: &Arc<Self>,
         script: &'static Lua,
         cmd: Cmd,
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
+        deadline: Instant,
     ) -> Reply {
-        let mut queued = match self.enter(script, cmd, scope, lease) {
-            Entered::Alone(cmd, lease) => return self.run_alone(script, cmd, scope, lease).await,
+        let mut queued = match self.enter(script, cmd, scope, lease, deadline) {
+            Entered::Alone(cmd, lease) => {
+                return self.run_alone(script, cmd, scope, lease, deadline).await
+            }
             Entered::Queued(rx) => Queued {
                 coalescer: self,
                 rx,
@@ -235,6 +240,7 @@ impl Coalescer {
         cmd: Cmd,
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
+        deadline: Instant,
     ) -> Entered {
         let mut states = self.lock();
         let state = states.of(scope);
@@ -248,6 +254,7 @@ impl Coalescer {
             script,
             cmd,
             lease,
+            deadline,
             tx,
         });
         if free {
@@ -268,6 +275,7 @@ impl Coalescer {
         cmd: Cmd,
         scope: Scope,
         lease: Option<(KeyPair, LeaseId)>,
+        deadline: Instant,
     ) -> Reply {
         let mut place = Alone {
             coalescer: self,
@@ -277,8 +285,9 @@ impl Coalescer {
         let late = Undo::One(self.late(lease.as_ref()));
         // Declared after the place, so dropped first: a lease is released
         // before the place is handed on.
-        let unsettled = Unsettled::new(&self.conn, self.op_timeout, lease);
-        let reply = send_or_later(&self.conn, self.op_timeout, script, cmd, late).await;
+        let unsettled = Unsettled::new(&self.conn, self.response_timeout, lease);
+        let timeout = self.response_timeout;
+        let reply = send_or_later(&self.conn, deadline, timeout, script, cmd, late).await;
         // The lease of a decision whose outcome is unknown (no reply in
         // time, a failed connection) is released as its caller's would be:
         // the caller is told the call failed, and never holds it.
@@ -385,13 +394,17 @@ impl Coalescer {
             if let Some(mut one) = batch.pop() {
                 let cmd = std::mem::take(&mut one.cmd);
                 let late = Undo::One(self.late(one.lease.as_ref()));
-                let reply = send_or_later(&self.conn, self.op_timeout, one.script, cmd, late).await;
+                let (deadline, timeout) = (one.deadline, self.response_timeout);
+                let reply =
+                    send_or_later(&self.conn, deadline, timeout, one.script, cmd, late).await;
                 let timed_out = matches!(reply, Reply::TimedOut);
                 self.answer(one, reply);
                 return timed_out;
             }
         }
         let cmd = batch_cmd(&batch);
+        let deadline = batch.iter().map(|p| p.deadline).min();
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.response_timeout);
         // Each decision's own call, to give back what it took if the
         // batch's reply comes late.
         let late = batch
@@ -400,7 +413,8 @@ impl Coalescer {
             .collect();
         let sent = send_or_later(
             &self.conn,
-            self.op_timeout,
+            deadline,
+            self.response_timeout,
             &scripts::TRY_BATCH,
             cmd,
             Undo::Batch(late),
@@ -447,7 +461,7 @@ impl Coalescer {
 
     /// Releases a lease whose holder went away, from a task of its own.
     fn release_later(&self, lease: (KeyPair, LeaseId)) {
-        release_later(&self.conn, self.op_timeout, lease);
+        release_later(&self.conn, self.response_timeout, lease);
     }
 }
 
@@ -558,7 +572,7 @@ impl Drop for Alone<'_> {
     }
 }
 
-/// How long a decision that got no reply within the operation timeout is
+/// How long a decision that got no reply within the response timeout is
 /// still waited for, on a task of its own, so that what Redis took for it
 /// when it ran late is given back (see [`Late`]). A decision Redis runs
 /// later still keeps what it took (a lease until its TTL).
@@ -660,12 +674,12 @@ pub(crate) enum Undo {
     Batch(Vec<(Cmd, Late)>),
 }
 
-/// A decision's `EVALSHA` (`cmd`, of `script`) within `timeout`, as
-/// [`send`]; with no reply by then, the call goes on, on a task of its own,
-/// for up to [`LATE`], and what its late reply took is given back (see
-/// [`Late`]): its caller was answered without it.
+/// A decision's `EVALSHA` (`cmd`, of `script`) answered by `deadline`; with
+/// no reply by then, a task waits up to [`LATE`] for it and gives back what
+/// it took (each call within `timeout`, see [`Late`]).
 pub(crate) async fn send_or_later(
     conn: &Conn,
+    deadline: Instant,
     timeout: Duration,
     script: &'static Lua,
     cmd: Cmd,
@@ -676,7 +690,7 @@ pub(crate) async fn send_or_later(
         let reply = on.evalsha(script, &cmd).await;
         (reply, cmd)
     });
-    match tokio::time::timeout(timeout, &mut call).await {
+    match tokio::time::timeout_at(deadline, &mut call).await {
         Ok((reply, _)) => Reply::Done(reply),
         Err(_) => {
             // Without a runtime (it is shutting down), what it took stays.
@@ -710,6 +724,14 @@ pub(crate) async fn send_or_later(
 /// One `EVALSHA` (reloading the script on `NOSCRIPT`) within `timeout`.
 pub(crate) async fn send(conn: &Conn, timeout: Duration, script: &Lua, cmd: &Cmd) -> Reply {
     match tokio::time::timeout(timeout, conn.evalsha(script, cmd)).await {
+        Ok(r) => Reply::Done(r),
+        Err(_) => Reply::TimedOut,
+    }
+}
+
+/// [`send`], answered by `deadline`.
+pub(crate) async fn send_by(conn: &Conn, deadline: Instant, script: &Lua, cmd: &Cmd) -> Reply {
+    match tokio::time::timeout_at(deadline, conn.evalsha(script, cmd)).await {
         Ok(r) => Reply::Done(r),
         Err(_) => Reply::TimedOut,
     }

@@ -40,18 +40,13 @@ impl std::fmt::Debug for Conn {
 /// Timeouts that keep a dead or black-holed server from hanging callers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
+    /// For opening a connection (see the builder's `connect_timeout`).
     pub(crate) connect: Duration,
+    /// The bound on how long any call waits, a connection it waits for
+    /// included (see the builder's `response_timeout`).
     pub(crate) response: Duration,
     /// Busy polling of the direct connection (see the builder).
     pub(crate) busy_poll: Duration,
-}
-
-impl Timeouts {
-    /// The bound on one call: the connect and the response timeouts
-    /// together (`Duration::MAX` at most, "no limit").
-    pub(crate) fn operation(&self) -> Duration {
-        self.connect.saturating_add(self.response)
-    }
 }
 
 impl Conn {
@@ -118,6 +113,20 @@ impl Conn {
         }
     }
 
+    /// Whether the store answers a `PING` within `timeout`, the probe of a
+    /// server that is down: sent through the manager, whose connection a
+    /// timeout leaves open (the direct one it would close).
+    pub(crate) async fn ping(&self, timeout: Duration) -> bool {
+        let ping = async {
+            match self {
+                Conn::Single(c, _) => managed(c, &redis::cmd("PING"), true).await,
+                #[cfg(feature = "cluster")]
+                Conn::Cluster(c, _) => redis::cmd("PING").query_async(&mut c.clone()).await,
+            }
+        };
+        matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
+    }
+
     /// Whether the primary of `slot` answers a `PING` within `timeout`
     /// (on one server: the server), the probe of a slot that is down.
     #[cfg(feature = "cluster")]
@@ -127,16 +136,14 @@ impl Conn {
         timeout: Duration,
     ) -> bool {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let ping = async {
-            match self {
-                Conn::Single(..) => self.query_resending(&redis::cmd("PING"), true).await,
-                Conn::Cluster(c, _) => {
-                    let node = Route::with_slot(slot, SlotAddr::Master);
-                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
-                    c.clone().route_command(redis::cmd("PING"), node).await
-                }
-            }
+        let c = match self {
+            Conn::Single(..) => return self.ping(timeout).await,
+            Conn::Cluster(c, _) => c,
         };
+        let node = Route::with_slot(slot, SlotAddr::Master);
+        let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
+        let mut c = c.clone();
+        let ping = c.route_command(redis::cmd("PING"), node);
         matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
     }
 
@@ -209,29 +216,29 @@ async fn load_on_node(
     Ok(redis::from_redis_value(sha)?)
 }
 
-/// The cluster client's response timeout, as the connection manager's
-/// (see [`manager_config`]): past the operation timeout and the wait for
+/// The cluster client's own reply timeout, as the connection manager's
+/// (see [`manager_config`]): past the response timeout and the wait for
 /// a late reply ([`crate::coalesce::LATE`]), so that a decision with no
-/// reply within the operation timeout still reads its reply, to give back
+/// reply within the response timeout still reads its reply, to give back
 /// what it took (the client's own timeout would drop the reply, and with
 /// its retry could even send the decision again).
 #[cfg(feature = "cluster")]
 fn cluster_response(t: Timeouts) -> Duration {
-    t.operation().saturating_add(crate::coalesce::LATE)
+    t.response.saturating_add(crate::coalesce::LATE)
 }
 
 /// How long (ms) a `settle` sent over a cluster connection keeps its own
 /// key (see `scripts::run_once`): past every time the cluster's client
 /// may send it again, twice over, and at least 10 s; at most a day (a
 /// timeout of `Duration::MAX` means none). A settle waits for its reply
-/// for the operation timeout (it is sent by `coalesce::send`, which reads
+/// for the response timeout (it is sent by `coalesce::send`, which reads
 /// no late reply), and the client sends a request again only while its
 /// caller waits (a dropped caller's request is not retried), so the
-/// client's longer response timeout (see [`cluster_response`]) does not
+/// client's longer reply timeout (see [`cluster_response`]) does not
 /// lengthen the window.
 #[cfg(feature = "cluster")]
 fn once_ms(t: Timeouts) -> u64 {
-    let ms = u64::try_from(t.operation().as_millis()).unwrap_or(u64::MAX);
+    let ms = u64::try_from(t.response.as_millis()).unwrap_or(u64::MAX);
     ms.saturating_mul(4)
         .saturating_add(1_000)
         .clamp(10_000, 86_400_000)
@@ -290,15 +297,15 @@ fn is_broken_pipe(e: &RedisError) -> bool {
 }
 
 /// The connection manager's settings: the timeouts, one quick retry. Its
-/// response timeout is past the operation timeout and the wait for a late
+/// own reply timeout is past the response timeout and the wait for a late
 /// reply ([`crate::coalesce::LATE`]): every call is bounded by the
-/// operation timeout of its own, and a decision with no reply by then
+/// response timeout of its own, and a decision with no reply by then
 /// still reads its reply, to give back what it took (the manager's own
 /// timeout would drop it, and the cost with it).
 fn manager_config(t: Timeouts) -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
-        .set_response_timeout(Some(t.operation().saturating_add(crate::coalesce::LATE)))
+        .set_response_timeout(Some(t.response.saturating_add(crate::coalesce::LATE)))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100))
@@ -354,7 +361,8 @@ mod tests {
     use super::*;
 
     /// A settle's own key outlasts the cluster client's resends: 4× the
-    /// bound on one call plus a second, within 10 s and a day.
+    /// response timeout (the bound on one call) plus a second, within 10 s
+    /// and a day.
     #[cfg(feature = "cluster")]
     #[test]
     fn a_settles_own_key_outlasts_every_resend() {
@@ -364,7 +372,7 @@ mod tests {
             busy_poll: Duration::ZERO,
         };
         assert_eq!(once_ms(t(100, 500)), 10_000);
-        assert_eq!(once_ms(t(1_000, 30_000)), 125_000);
+        assert_eq!(once_ms(t(1_000, 30_000)), 121_000);
         let unbounded = Timeouts {
             response: Duration::MAX,
             ..t(0, 0)

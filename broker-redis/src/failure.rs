@@ -1,7 +1,8 @@
 //! What the backend does while Redis is unreachable: the [`FailurePolicy`],
 //! and the [`Health`] tracker that logs once per outage, counts the calls the
-//! policy answered and lets one probe per interval through to Redis; one
-//! for a server, one per hash slot for a cluster ([`Healths`]).
+//! policy answered and keeps every call from Redis while it is down (a
+//! background probe finds it back, see `probe.rs`); one for a server, one
+//! per hash slot for a cluster ([`Healths`]).
 
 #[cfg(feature = "cluster")]
 use std::collections::HashMap;
@@ -29,7 +30,7 @@ use broker_core::{BackendError, Cost, LimitSpec};
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum FailurePolicy {
     /// Every call returns a [`BackendError`]: `try_acquire` and `enqueue`
-    /// fail, `release` is left to the lease's expiry, `penalize`,
+    /// fail, `release` is kept and sent once Redis answers, `penalize`,
     /// `reconcile` and `settle` are lost.
     #[default]
     FailClosed,
@@ -168,7 +169,7 @@ impl Scope {
 /// and holds no entry, so the calls on a healthy cluster read a map and
 /// write nothing. Per slot, not per node: the client does not tell which
 /// node a slot's call went to, so each slot of a dead node learns of the
-/// outage by a failed call of its own (one operation timeout each, on a
+/// outage by a failed call of its own (one response timeout each, on a
 /// frozen node), after which its calls are answered by the policy at once.
 #[derive(Debug)]
 pub(crate) struct Healths {
@@ -257,23 +258,34 @@ impl Healths {
         let _ = ended;
     }
 
-    /// The down slots whose probe is due (see [`Health::should_try`]),
-    /// at most [`PROBES_AT_ONCE`]: each is this probe interval's probe of
-    /// its slot, to send (a `PING` to its node) and to end the slot's
-    /// outage with [`Healths::up`] if it is answered. None while no slot
-    /// is down, at the cost of one load.
+    /// The down slots due for the background probe's `PING` now (each once
+    /// per probe interval), at most [`PROBES_AT_ONCE`], the longest waiting
+    /// first.
     #[cfg(feature = "cluster")]
     pub(crate) fn probes_due(&self) -> Vec<redis::cluster_routing::Slot> {
         if self.down_slots.load(Ordering::Relaxed) == 0 {
             return Vec::new();
         }
         let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
-        slots
+        let mut due: Vec<_> = slots
             .iter()
-            .filter(|(_, h)| h.is_down())
-            .filter_map(|(slot, h)| h.should_try().map(|_| *slot))
-            .take(PROBES_AT_ONCE)
-            .collect()
+            .filter_map(|(slot, h)| h.probe_due().map(|since| (since, *slot, h)))
+            .collect();
+        due.sort_unstable_by_key(|(since, ..)| *since);
+        due.truncate(PROBES_AT_ONCE);
+        for (_, _, h) in &due {
+            h.probed();
+        }
+        due.into_iter().map(|(_, slot, _)| slot).collect()
+    }
+
+    /// Whether any scope is down: the server, or a slot of a cluster.
+    pub(crate) fn any_down(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if self.down_slots.load(Ordering::Relaxed) != 0 {
+            return true;
+        }
+        self.whole.is_down()
     }
 
     /// [`Health::kept_back`] for a call on `scope`.
@@ -328,7 +340,7 @@ impl Healths {
 }
 
 /// At most this many down slots are probed at once (see
-/// [`Healths::probes_due`]); the others wait for a later call.
+/// [`Healths::probes_due`]); the others wait for a later probe.
 #[cfg(feature = "cluster")]
 const PROBES_AT_ONCE: usize = 16;
 
@@ -383,28 +395,32 @@ impl Health {
         ms.saturating_add(interval)
     }
 
-    /// Whether this call should go to Redis: always while it is up; while
-    /// it is down, one call per probe interval. `Some` with the epoch the
-    /// call goes out in (to pass to [`Health::failed`]) when it should.
+    /// Whether a call should go to Redis: `Some` with the epoch it goes out
+    /// in (for [`Health::failed`]) while Redis is up; `None` while it is
+    /// down (the failure policy answers; the background probe finds it back).
     pub(crate) fn should_try(&self) -> Option<Epoch> {
         let state = self.state.load(Ordering::Acquire);
-        let epoch = state >> 1;
-        if state & DOWN == 0 {
-            return Some(epoch);
+        (state & DOWN == 0).then_some(state >> 1)
+    }
+
+    /// Whether this scope is down and due for a probe: at most once per
+    /// probe interval (the last probe's time, for [`Healths::probes_due`]
+    /// to probe the longest waiting first).
+    #[cfg(feature = "cluster")]
+    fn probe_due(&self) -> Option<u64> {
+        if !self.is_down() {
+            return None;
         }
         let now = self.elapsed_ms();
         let next = self.next_probe_ms.load(Ordering::Relaxed);
-        let probe = now >= next
-            && self
-                .next_probe_ms
-                .compare_exchange(
-                    next,
-                    self.after_interval(now),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok();
-        probe.then_some(epoch)
+        (now >= next).then_some(next)
+    }
+
+    /// Marks this scope probed now: not due again for a probe interval.
+    #[cfg(feature = "cluster")]
+    fn probed(&self) {
+        self.next_probe_ms
+            .store(self.after_interval(self.elapsed_ms()), Ordering::Relaxed);
     }
 
     /// A call reached Redis: ends an outage, if there was one (whether it
@@ -453,7 +469,7 @@ impl Health {
         true
     }
 
-    /// A call the probe gate kept from trying (Redis is down): counted
+    /// A call kept from trying (Redis is down): counted
     /// as handled by the policy.
     pub(crate) fn kept_back(&self, policy: &FailurePolicy) {
         self.handled.fetch_add(1, Ordering::Relaxed);
@@ -575,7 +591,7 @@ mod tests {
         let epoch = h.should_try().expect("up: every call goes out");
         h.failed(&p, "refused", epoch, true);
         h.failed(&p, "refused", epoch, true);
-        assert!(h.should_try().is_none(), "no probe before the interval");
+        assert!(h.should_try().is_none(), "down: no call goes out");
         h.kept_back(&p);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
@@ -599,7 +615,7 @@ mod tests {
         assert_ne!(dead, live);
         let epoch = h.should_try(dead).expect("up");
         h.failed(dead, &p, "no reply in time", epoch);
-        assert!(h.should_try(dead).is_none(), "no probe before the interval");
+        assert!(h.should_try(dead).is_none(), "down: no call goes out");
         assert!(h.is_down(dead) && !h.is_down(live));
         assert_eq!(h.should_try(live), Some(0));
         h.up(live);
@@ -633,21 +649,20 @@ mod tests {
     }
 
     /// A failure of a call that went out before a recovery (a call behind
-    /// the one that timed out, answered by the policy; a probe that timed
-    /// out after a later one was answered) ends no outage and starts none;
-    /// one that went out after it starts the next.
+    /// the one that timed out, answered by the policy; one in flight when
+    /// the probe found Redis back) ends no outage and starts none; one
+    /// that went out after it starts the next.
     #[test]
     fn a_failure_from_before_a_recovery_starts_no_outage() {
         let h = Health::new(Duration::ZERO, Scope::Whole);
         let p = FailurePolicy::FailClosed;
         let before = h.should_try().expect("up");
         h.failed(&p, "no reply in time", before, true);
-        let probe = h.should_try().expect("a probe");
+        assert!(h.should_try().is_none(), "down: no call goes out");
         h.up(true);
         h.failed(&p, "queued behind the timeout", before, true);
-        h.failed(&p, "sent before the recovery", probe, true);
         let s = h.snapshot();
-        assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 3));
+        assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 2));
         let after = h.should_try().expect("up again");
         assert_ne!(after, before);
         h.failed(&p, "refused", after, true);

@@ -50,7 +50,7 @@ impl RedisBackend {
     /// its end in [`ResourceState::hold`]. Not atomic with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
-        let conn = (&self.inner.conn, self.inner.op_timeout);
+        let conn = (&self.inner.conn, self.inner.response_timeout);
         let hash: HashMap<String, String> =
             query(conn, redis::cmd("HGETALL").arg(&keys.buckets)).await?;
         let leases: Vec<(String, f64)> = query(

@@ -42,7 +42,7 @@
 //!   share the hash tag `{key}` (on Redis Cluster, a `settle` also sets a
 //!   short-lived `prefix:{key}:s:<id>` of its own, so that the cluster
 //!   client's resend of it settles nothing twice: it lives 4× the
-//!   operation timeout and a second, at least 10 s); keys come from `broker_core::keys`, which
+//!   response timeout and a second, at least 10 s); keys come from `broker_core::keys`, which
 //!   escapes user parts. Each key's TTL is computed from its state
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.
@@ -52,7 +52,11 @@
 //!   hold may last longer; `release` is idempotent.
 //! - **Outages**: an explicit [`FailurePolicy`] (default
 //!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
-//!   [`Backend::health`](broker_core::Backend::health); recovery is automatic.
+//!   [`Backend::health`](broker_core::Backend::health); recovery is automatic:
+//!   while Redis is down every call is answered by the policy at once, and a
+//!   background `PING` per probe interval finds it back. A release that
+//!   could not reach Redis is kept and sent once Redis answers again, so a
+//!   freed slot does not stay taken until its lease's TTL.
 //!   On a cluster, an outage is one hash slot's: the keys of a dead node's
 //!   slots get the policy, the other nodes' keys are still decided by Redis
 //!   (with `cluster-require-full-coverage no` on the servers; with Redis's
@@ -61,9 +65,8 @@
 //!   a call needs learns of the outage by a failed call of its own, and is
 //!   counted as an outage of its own (the first slot down is logged at
 //!   error level, the others while one is down at debug level); a down slot is probed
-//!   again (a `PING` to its node) when a call on another slot succeeds, at
-//!   most once per probe interval, so the backend's health reads up again
-//!   once the node is back, whether or not that slot's keys are used.
+//!   by the background `PING` to its node, so the backend's health reads up
+//!   again once the node is back, whether or not that slot's keys are used.
 #![warn(missing_docs)]
 
 mod builder;
@@ -75,6 +78,7 @@ mod inspect;
 mod keys;
 mod pending;
 mod poll_guard;
+mod probe;
 mod scripts;
 mod startup;
 mod transitions;
@@ -106,12 +110,17 @@ struct Inner {
     fallback: Option<MemoryBackend>,
     /// The health of the store, or of each slot of a cluster.
     health: failure::Healths,
-    op_timeout: Duration,
+    response_timeout: Duration,
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
     coalescer: Option<Arc<coalesce::Coalescer>>,
-    /// Releases handed to tasks, not yet sent.
+    /// Releases not yet sent: handed to tasks, or kept while Redis was
+    /// out of reach.
     pending: pending::Pending,
+    /// The time between two probes while Redis is down.
+    probe_interval: Duration,
+    /// Whether the background probe runs (see `probe.rs`).
+    probing: std::sync::atomic::AtomicBool,
 }
 
 /// # Connecting
@@ -148,7 +157,7 @@ impl RedisBackend {
             }),
             _ => None,
         };
-        let op_timeout = b.timeouts.operation();
+        let response_timeout = b.timeouts.response;
         // On a cluster, a batch is split by hash tag: one call per slot.
         let coalescer = b.coalesce.enabled.then(|| {
             let settings = coalesce::Settings {
@@ -158,7 +167,7 @@ impl RedisBackend {
             let refund_late = b.policy.refunds_late();
             Arc::new(coalesce::Coalescer::new(
                 conn.clone(),
-                op_timeout,
+                response_timeout,
                 settings,
                 refund_late,
             ))
@@ -176,10 +185,12 @@ impl RedisBackend {
                 policy: b.policy,
                 fallback,
                 health: failure::Healths::new(b.probe_interval),
-                op_timeout,
+                response_timeout,
                 maxmemory_policy,
                 coalescer,
                 pending: pending::Pending::default(),
+                probe_interval: b.probe_interval,
+                probing: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }

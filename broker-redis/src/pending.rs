@@ -1,6 +1,9 @@
-//! Releases handed to a task of their own, not yet sent: a decision on the
-//! same key from this process takes them out and sends them first, so a
-//! slot a permit freed is free to the next caller here.
+//! Releases not yet sent: handed to a task of their own, or kept because
+//! Redis could not be reached. A decision on the same key from this process
+//! takes them out and sends them first, so a slot a permit freed is free to
+//! the next caller here; the kept ones are also sent by the background
+//! probe once Redis answers again (see `probe.rs`), so a slot freed during
+//! an outage does not stay taken until its lease's TTL.
 //!
 //! A permit dropped with no synchronous release to make hands its release
 //! to a spawned task. The next decision may go out before it, on another
@@ -17,25 +20,96 @@ use std::sync::Mutex;
 
 use broker_core::LeaseId;
 
-/// The releases in flight, by state key.
+/// Most releases kept while Redis is out of reach: past it, the next ones
+/// are left to their leases' TTL (memory stays bounded in a long outage).
+const MAX_KEPT: usize = 100_000;
+
+/// The releases not yet sent, by state key.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     /// How many leases `by_key` holds: a decision finds none without the
     /// lock.
     count: AtomicUsize,
-    by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
+    /// How many of them are kept (no task sends them).
+    kept: AtomicUsize,
+    by_key: Mutex<HashMap<String, Vec<Release>>>,
+}
+
+/// One release not yet sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Release {
+    lease: LeaseId,
+    /// Kept after Redis could not be reached: no task sends it.
+    kept: bool,
 }
 
 impl Pending {
     /// A release of `lease` on `key` was handed to a task.
     pub(crate) fn add(&self, key: &str, lease: LeaseId) {
         let mut map = self.lock();
-        map.entry(key.to_owned()).or_default().push(lease);
+        let release = Release { lease, kept: false };
+        map.entry(key.to_owned()).or_default().push(release);
         self.count.fetch_add(1, Ordering::Release);
     }
 
-    /// Takes out the release of `lease` on `key` (its task sent it, or will
-    /// not run): whether it was still here, not taken out by a decision.
+    /// The release of `lease` on `key` could not reach Redis: kept until a
+    /// decision on `key` or the background probe sends it. False when
+    /// [`MAX_KEPT`] are kept already (it is left to the lease's TTL).
+    pub(crate) fn keep(&self, key: &str, lease: LeaseId) -> bool {
+        let mut map = self.lock();
+        let leases = map.entry(key.to_owned()).or_default();
+        if let Some(r) = leases.iter_mut().find(|r| r.lease == lease) {
+            if !r.kept {
+                r.kept = true;
+                self.kept.fetch_add(1, Ordering::Relaxed);
+            }
+            return true;
+        }
+        if self.kept.load(Ordering::Relaxed) >= MAX_KEPT {
+            if leases.is_empty() {
+                map.remove(key);
+            }
+            return false;
+        }
+        leases.push(Release { lease, kept: true });
+        self.kept.fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// Whether any release is kept (see [`Pending::keep`]).
+    pub(crate) fn any_kept(&self) -> bool {
+        self.kept.load(Ordering::Relaxed) != 0
+    }
+
+    /// Takes out the kept releases whose key `send_now` accepts (its part
+    /// of the store answers again), for the caller to send.
+    pub(crate) fn take_kept(&self, send_now: impl Fn(&str) -> bool) -> Vec<(String, LeaseId)> {
+        if !self.any_kept() {
+            return Vec::new();
+        }
+        let mut taken = Vec::new();
+        let mut map = self.lock();
+        map.retain(|key, leases| {
+            if !send_now(key) {
+                return true;
+            }
+            leases.retain(|r| {
+                if r.kept {
+                    taken.push((key.clone(), r.lease));
+                }
+                !r.kept
+            });
+            !leases.is_empty()
+        });
+        self.kept.fetch_sub(taken.len(), Ordering::Relaxed);
+        self.count.fetch_sub(taken.len(), Ordering::Release);
+        taken
+    }
+
+    /// Takes out the release of `lease` on `key` that its task was handed
+    /// (the task sent it, or will not run): whether it was still here, not
+    /// taken out by a decision nor kept.
     pub(crate) fn remove(&self, key: &str, lease: LeaseId) -> bool {
         if self.count.load(Ordering::Acquire) == 0 {
             return false;
@@ -44,7 +118,7 @@ impl Pending {
         let Some(leases) = map.get_mut(key) else {
             return false;
         };
-        let found = match leases.iter().position(|&l| l == lease) {
+        let found = match leases.iter().position(|r| r.lease == lease && !r.kept) {
             Some(at) => {
                 leases.swap_remove(at);
                 self.count.fetch_sub(1, Ordering::Release);
@@ -58,15 +132,18 @@ impl Pending {
         found
     }
 
-    /// Whether the release of `lease` on `key` is still here: not taken out
-    /// by a decision, which sent it.
+    /// Whether the release of `lease` on `key` is still its task's to send:
+    /// not taken out by a decision, which sent it, nor kept.
     pub(crate) fn contains(&self, key: &str, lease: LeaseId) -> bool {
         self.count.load(Ordering::Acquire) != 0
-            && self.lock().get(key).is_some_and(|l| l.contains(&lease))
+            && self
+                .lock()
+                .get(key)
+                .is_some_and(|l| l.contains(&Release { lease, kept: false }))
     }
 
-    /// Takes out the leases on `key` whose release is in flight, for the
-    /// caller to send (none, without a lock or an allocation, when no
+    /// Takes out the leases on `key` whose release is not yet sent, for
+    /// the caller to send (none, without a lock or an allocation, when no
     /// release is): each is sent by at most one decision, besides its own
     /// task.
     pub(crate) fn take(&self, key: &str) -> Vec<LeaseId> {
@@ -74,11 +151,13 @@ impl Pending {
             return Vec::new();
         }
         let taken = self.lock().remove(key).unwrap_or_default();
+        let kept = taken.iter().filter(|r| r.kept).count();
+        self.kept.fetch_sub(kept, Ordering::Relaxed);
         self.count.fetch_sub(taken.len(), Ordering::Release);
-        taken
+        taken.into_iter().map(|r| r.lease).collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Release>>> {
         self.by_key.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -105,6 +184,26 @@ mod tests {
         assert!(!pending.remove("b", 3));
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.lock().is_empty());
+    }
+
+    /// A kept release is no task's: its task's end leaves it, and it is
+    /// taken by a decision on its key or by the probe, once.
+    #[test]
+    fn kept_releases_stay_until_a_decision_or_the_probe_takes_them() {
+        let pending = Pending::default();
+        pending.add("a", 1);
+        assert!(pending.keep("a", 1), "its task could not send it");
+        assert!(!pending.contains("a", 1), "no longer its task's");
+        assert!(!pending.remove("a", 1), "its task's end leaves it");
+        assert!(pending.keep("b", 2));
+        pending.add("c", 3);
+        assert!(pending.any_kept());
+        assert_eq!(pending.take("b"), [2]);
+        assert_eq!(pending.take_kept(|_| true), [("a".to_owned(), 1)]);
+        assert!(!pending.any_kept());
+        assert!(pending.contains("c", 3), "a task's own stays");
+        assert!(pending.remove("c", 3));
+        assert_eq!(pending.count.load(Ordering::Relaxed), 0);
     }
 
     /// Permits dropped as their runtime ends: their release tasks are

@@ -29,7 +29,7 @@ pub(crate) async fn check_maxmemory_policy(
             found = found.or(note(url, policy));
         }
     } else {
-        let timeout = builder.timeouts.operation();
+        let timeout = builder.timeouts.response;
         let policy = conn
             .query(&cmd, timeout)
             .await

@@ -13,8 +13,9 @@ use broker_core::{
 };
 use broker_memory::MemoryBackend;
 use redis::{Cmd, Value};
+use tokio::time::Instant;
 
-use crate::coalesce::{send, send_or_later, Late, Reply, Takes, Undo, Unsettled};
+use crate::coalesce::{send_by, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::connection::{self, redis_error};
 use crate::failure::{self, FailurePolicy, Scope};
 use crate::keys::{self, KeyPair};
@@ -101,41 +102,55 @@ impl RedisBackend {
         self.inner.clock.as_ref().map(|c| c.now())
     }
 
+    /// When a call starting now is answered at the latest: the response
+    /// timeout, the bound on how long any call waits, from now.
+    fn deadline(&self) -> Instant {
+        let now = Instant::now();
+        // A timeout too long to add (`Duration::MAX`, "no limit"): a
+        // deadline in 30 years, as tokio's own far future.
+        now.checked_add(self.inner.response_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+    }
+
     /// The part of the store the calls on state `key` need (see
     /// [`Scope`]): the server, or the hash slot of `key` on a cluster.
-    fn scope(&self, key: &str) -> Scope {
+    pub(crate) fn scope(&self, key: &str) -> Scope {
         Scope::of(&self.inner.conn, key)
     }
 
     /// Runs one script call on `scope` (see [`Self::scope`]): one
-    /// `EVALSHA`, bounded by the timeouts, unless the scope is down and this
-    /// is not the probe's turn. (The scope, not the key, is passed down:
-    /// each level of the call's future holds what it is given.)
+    /// `EVALSHA` within the response timeout, unless the scope is down
+    /// (the failure policy answers at once). (The scope, not the key, is
+    /// passed down: each level of the call's future holds what it is
+    /// given.)
     async fn run(&self, scope: Scope, script: &Lua, cmd: Cmd) -> Result<Value, Failure> {
-        self.run_leased(scope, script, cmd, None).await
+        self.run_leased(scope, script, cmd, None, self.deadline())
+            .await
     }
 
-    /// [`Self::run`] for a call that may grant `lease`: released if the
-    /// call times out or is dropped before its answer.
+    /// [`Self::run`] answered by `deadline`, for a call that may grant
+    /// `lease`: released if the call times out or is dropped before its
+    /// answer.
     async fn run_leased(
         &self,
         scope: Scope,
         script: &Lua,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
+        deadline: Instant,
     ) -> Result<Value, Failure> {
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
-        let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
-        let reply = send(&inner.conn, inner.op_timeout, script, &cmd).await;
+        let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
+        let reply = send_by(&inner.conn, deadline, script, &cmd).await;
         unsettled.settle(&reply);
         self.outcome(reply, scope, epoch)
     }
 
     /// [`Self::run_leased`] for a decision that `takes` something when
-    /// granted: with no reply within the timeout (the failure policy
-    /// answers its caller), its late reply is still read, and what it took
-    /// given back (see [`Late`]).
+    /// granted: with no reply by `deadline` (the failure policy answers
+    /// its caller), its late reply is still read, and what it took given
+    /// back (see [`Late`]).
     async fn run_decision(
         &self,
         scope: Scope,
@@ -143,6 +158,7 @@ impl RedisBackend {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Takes,
+        deadline: Instant,
     ) -> Result<Value, Failure> {
         let epoch = self.gate(scope)?;
         let inner = &self.inner;
@@ -151,16 +167,18 @@ impl RedisBackend {
             lease: lease.as_ref().map(|l| l.1),
             refund: inner.policy.refunds_late(),
         };
-        let unsettled = Unsettled::new(&inner.conn, inner.op_timeout, lease);
-        let reply = send_or_later(&inner.conn, inner.op_timeout, script, cmd, Undo::One(late));
+        let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
+        let timeout = inner.response_timeout;
+        let reply = send_or_later(&inner.conn, deadline, timeout, script, cmd, Undo::One(late));
         let reply = reply.await;
         unsettled.settle(&reply);
         self.outcome(reply, scope, epoch)
     }
 
-    /// Runs a `try` call, coalesced with the concurrent ones when
-    /// coalescing is on; else as [`Self::run`]. `lease` is the lease the
-    /// decision may be granted.
+    /// Runs a `try` call answered by `deadline`, coalesced with the
+    /// concurrent ones when coalescing is on; else as
+    /// [`Self::run_decision`]. `lease` is the lease the decision may be
+    /// granted.
     async fn run_try(
         &self,
         scope: Scope,
@@ -168,21 +186,21 @@ impl RedisBackend {
         cmd: Cmd,
         keys: &KeyPair,
         lease: Option<LeaseId>,
+        deadline: Instant,
     ) -> Result<Value, Failure> {
         let lease = lease.map(|l| (keys.clone(), l));
         let Some(coalescer) = &self.inner.coalescer else {
             return self
-                .run_decision(scope, script, cmd, lease, Takes::Try)
+                .run_decision(scope, script, cmd, lease, Takes::Try, deadline)
                 .await;
         };
         let epoch = self.gate(scope)?;
-        let reply = coalescer.run(script, cmd, scope, lease).await;
+        let reply = coalescer.run(script, cmd, scope, lease, deadline).await;
         self.outcome(reply, scope, epoch)
     }
 
-    /// Lets a call on `scope` through to Redis, unless that is down and
-    /// this is not the probe's turn: the health's epoch the call goes out
-    /// in, for [`Self::outcome`].
+    /// Lets a call on `scope` through to Redis, unless that is down: the
+    /// health's epoch the call goes out in, for [`Self::outcome`].
     fn gate(&self, scope: Scope) -> Result<failure::Epoch, Failure> {
         let inner = &self.inner;
         match inner.health.should_try(scope) {
@@ -195,36 +213,33 @@ impl RedisBackend {
     /// handled by the failure policy, which answers it.
     fn kept_back(&self, scope: Scope) -> Failure {
         self.inner.health.kept_back(scope, &self.inner.policy);
-        Failure::Unavailable("redis is down (waiting for the next probe)".into())
+        // Starts the probe again if its task was dropped with its runtime.
+        self.watch();
+        Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
     }
 
-    /// A call on `scope` reached Redis: ends that scope's outage, if
-    /// any. On a cluster, also probes the slots that are down and due for
-    /// a probe (see [`failure::Healths::probes_due`]), each by a `PING` to
-    /// its node from a task of its own: a slot whose keys are no longer
-    /// used would otherwise stay down, and the backend's health with it,
-    /// after its node came back.
+    /// A call on `scope` reached Redis: ends that scope's outage, if any.
     fn reached(&self, scope: Scope) {
+        self.inner.health.up(scope);
+    }
+
+    /// A call on `scope` could not reach Redis (`error`; it went out in
+    /// `epoch`): starts an outage unless a call reached Redis since, and
+    /// the background probe that ends it.
+    fn failed(&self, scope: Scope, error: &str, epoch: failure::Epoch) {
         let inner = &self.inner;
-        inner.health.up(scope);
-        #[cfg(feature = "cluster")]
-        {
-            let due = inner.health.probes_due();
-            if due.is_empty() {
-                return;
-            }
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            for slot in due {
-                let backend = self.clone();
-                runtime.spawn(async move {
-                    let inner = &backend.inner;
-                    if inner.conn.ping_slot(slot, inner.op_timeout).await {
-                        inner.health.up(Scope::Slot(slot));
-                    }
-                });
-            }
+        inner.health.failed(scope, &inner.policy, error, epoch);
+        self.watch();
+    }
+
+    /// Keeps the release of `lease` on `key`, which could not reach
+    /// Redis: sent ahead of the next decision on `key` here, or by the
+    /// background probe once Redis answers (see `pending.rs`).
+    fn keep_release(&self, key: &str, lease: LeaseId) {
+        if self.inner.pending.keep(key, lease) {
+            self.watch();
+        } else {
+            tracing::debug!("too many releases kept while redis is out of reach; this one is left to its lease's ttl");
         }
     }
 
@@ -241,7 +256,7 @@ impl RedisBackend {
             }
             Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
                 let msg = e.to_string();
-                inner.health.failed(scope, &inner.policy, &msg, epoch);
+                self.failed(scope, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Done(Err(e)) => {
@@ -251,14 +266,14 @@ impl RedisBackend {
                 Err(Failure::Other(redis_error(e)))
             }
             Reply::TimedOut => {
-                let msg = format!("no reply within {:?}", inner.op_timeout);
-                inner.health.failed(scope, &inner.policy, &msg, epoch);
+                let msg = format!("no reply within {:?}", inner.response_timeout);
+                self.failed(scope, &msg, epoch);
                 Err(Failure::Unavailable(msg))
             }
             Reply::Unsent => {
                 let msg =
                     "redis is out of reach (a call sent before this one got no reply in time)";
-                inner.health.failed(scope, &inner.policy, msg, epoch);
+                self.failed(scope, msg, epoch);
                 Err(Failure::Unavailable(msg.into()))
             }
         }
@@ -363,17 +378,17 @@ impl RedisBackend {
         (script, cmd)
     }
 
-    /// `hold_slot` in Redis, under `lease`: true when held. `fresh`: a new
-    /// lease (`hold_slot`), released if granted after the caller was told
-    /// the call timed out; else a live permit's (`retake`), whose next
-    /// renewal takes it again.
+    /// `hold_slot` in Redis, under `lease`, answered by `deadline`: true
+    /// when held. `fresh`: a new lease (`hold_slot`), released if granted
+    /// after the caller was told the call timed out; else a live permit's
+    /// (`retake`), whose next renewal takes it again.
     async fn hold_slot_as(
         &self,
         key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
-        lease: LeaseId,
-        fresh: bool,
+        (lease, fresh): (LeaseId, bool),
+        deadline: Instant,
     ) -> Result<bool, Failure> {
         let mut cmd = scripts::evalsha(
             &scripts::HOLD_SLOT,
@@ -397,11 +412,13 @@ impl RedisBackend {
                     cmd,
                     leased,
                     Takes::Slot,
+                    deadline,
                 )
                 .await?
             }
             false => {
-                self.run_leased(self.scope(key), &scripts::HOLD_SLOT, cmd, leased)
+                let scope = self.scope(key);
+                self.run_leased(scope, &scripts::HOLD_SLOT, cmd, leased, deadline)
                     .await?
             }
         };
@@ -409,19 +426,14 @@ impl RedisBackend {
         Ok(held == 1)
     }
 
-    /// Sends the releases of `key` that tasks have in flight (see
-    /// `pending.rs`) ahead of a decision on it. Their outcome is the
-    /// tasks' to report; a failed one expires with its lease. Taken out,
-    /// they are this call's to send: if it goes away before they are
-    /// answered, the rest are sent from a task (see [`TakenReleases`]).
-    /// The local fallback's leases are freed at once (no I/O). While Redis
-    /// is down, at most one goes out to Redis (it may be the probe, which
-    /// waits out the operation timeout): if Redis is down after it, the
-    /// rest are sent from that task, and false tells the decision to be
-    /// answered by the failure policy without a call of its own (a second
-    /// timeout). A decision that goes out to Redis so never overtakes the
-    /// releases, not even as the probe that finds Redis back.
-    async fn send_pending_releases(&self, key: &str) -> bool {
+    /// Sends the releases of `key` not yet sent (see `pending.rs`) ahead of a
+    /// decision on it, by the decision's `deadline`, so it never overtakes
+    /// them; false while Redis is down (they are kept, the policy answers).
+    async fn send_pending_releases(&self, key: &str, deadline: Instant) -> bool {
+        // Taken out, they are this call's to send: if it goes away first,
+        // the rest are sent from a task (see `TakenReleases`). One that
+        // cannot reach Redis is kept again, for the background probe; the
+        // local fallback's leases are freed at once, with no I/O.
         let mut taken = TakenReleases {
             backend: self,
             key,
@@ -432,14 +444,53 @@ impl RedisBackend {
                 .leases
                 .retain(|&lease| !matches!(m.release_now(key, lease), Some(Ok(true))));
         }
-        while let Some(&lease) = taken.leases.last() {
-            let _ = self.release(key, lease).await;
-            taken.leases.pop();
-            if self.inner.health.is_down(self.scope(key)) {
+        let scope = self.scope(key);
+        loop {
+            if self.inner.health.is_down(scope) {
+                for lease in taken.leases.drain(..) {
+                    self.keep_release(key, lease);
+                }
                 return false;
             }
+            let Some(&lease) = taken.leases.last() else {
+                return true;
+            };
+            let _ = self.release_by(key, lease, deadline).await;
+            taken.leases.pop();
         }
-        true
+    }
+
+    /// [`Backend::release`], answered by `deadline`.
+    async fn release_by(
+        &self,
+        key: &str,
+        lease: LeaseId,
+        deadline: Instant,
+    ) -> Result<bool, BackendError> {
+        if let Some(Some(Ok(true))) = self
+            .inner
+            .fallback
+            .as_ref()
+            .map(|m| m.release_now(key, lease))
+        {
+            return Ok(true);
+        }
+        let keys = self.keys(key)?;
+        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        cmd.arg(lease);
+        let scope = self.scope(key);
+        let run = self.run_leased(scope, &scripts::RELEASE, cmd, None, deadline);
+        let result = async { parse::<i64>(run.await?) }.await;
+        match result {
+            Ok(n) => Ok(n == 1),
+            Err(f) => {
+                // Sent once Redis answers again, not left to the lease's TTL.
+                if let Failure::Unavailable(_) = f {
+                    self.keep_release(key, lease);
+                }
+                self.policy("release", f, &NO_LIMITS).map(|_| false)
+            }
+        }
     }
 
     async fn try_redis(
@@ -449,6 +500,7 @@ impl RedisBackend {
         spec: &LimitSpec,
         cost: Cost,
         lease: LeaseId,
+        deadline: Instant,
     ) -> Result<Decision, Failure> {
         // One rate limit: the table-free script, which takes the slot
         // operands only when there is a concurrency limit.
@@ -475,6 +527,7 @@ impl RedisBackend {
                 cmd,
                 keys,
                 spec.max_concurrent.map(|_| lease),
+                deadline,
             )
             .await?;
         if let Value::Int(1) = reply {
@@ -545,8 +598,9 @@ impl RedisBackend {
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
+        let (scope, deadline) = (self.scope(key), self.deadline());
         let reply = self
-            .run_decision(self.scope(key), script, cmd, None, Takes::Reserve)
+            .run_decision(scope, script, cmd, None, Takes::Reserve, deadline)
             .await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
@@ -587,10 +641,14 @@ impl Backend for RedisBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let keys = self.keys(key)?;
-        let reached = spec.max_concurrent.is_none() || self.send_pending_releases(key).await;
+        // One bound for the releases sent ahead and the decision.
+        let deadline = self.deadline();
+        let reached =
+            spec.max_concurrent.is_none() || self.send_pending_releases(key, deadline).await;
         let lease = new_lease();
         let decided = if reached {
-            self.try_redis(key, &keys, spec, cost, lease).await
+            self.try_redis(key, &keys, spec, cost, lease, deadline)
+                .await
         } else {
             Err(self.kept_back(self.scope(key)))
         };
@@ -625,10 +683,12 @@ impl Backend for RedisBackend {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
-        let reached = self.send_pending_releases(key).await;
+        let deadline = self.deadline();
+        let reached = self.send_pending_releases(key, deadline).await;
         let lease = new_lease();
         let held = if reached {
-            self.hold_slot_as(key, &keys, spec, lease, true).await
+            self.hold_slot_as(key, &keys, spec, (lease, true), deadline)
+                .await
         } else {
             Err(self.kept_back(self.scope(key)))
         };
@@ -651,7 +711,11 @@ impl Backend for RedisBackend {
         lease: LeaseId,
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
-        match self.hold_slot_as(key, &keys, spec, lease, false).await {
+        let deadline = self.deadline();
+        match self
+            .hold_slot_as(key, &keys, spec, (lease, false), deadline)
+            .await
+        {
             Ok(held) => {
                 // A lease the local fallback granted (see `renew`) is held
                 // in Redis now: freed here, so `release` frees it there.
@@ -688,23 +752,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(Some(Ok(true))) = self
-            .inner
-            .fallback
-            .as_ref()
-            .map(|m| m.release_now(key, lease))
-        {
-            return Ok(true);
-        }
-        let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
-        cmd.arg(lease);
-        let result =
-            async { parse::<i64>(self.run(self.scope(key), &scripts::RELEASE, cmd).await?) }.await;
-        match result {
-            Ok(n) => Ok(n == 1),
-            Err(f) => self.policy("release", f, &NO_LIMITS).map(|_| false),
-        }
+        self.release_by(key, lease, self.deadline()).await
     }
 
     fn release_unsent(&self, key: &str, lease: LeaseId) {
@@ -717,8 +765,9 @@ impl Backend for RedisBackend {
         if !self.inner.pending.contains(key, lease) {
             return Ok(true);
         }
-        // Kept while it is on its way, so a decision meanwhile sends it
-        // ahead of itself too rather than overtake it.
+        // Left here while it is on its way, so a decision meanwhile sends
+        // it ahead of itself too rather than overtake it; kept if it could
+        // not reach Redis (which `remove` leaves).
         let released = self.release(key, lease).await;
         self.inner.pending.remove(key, lease);
         released

@@ -1,0 +1,160 @@
+//! The background probe: while a part of the store (the server, a cluster's
+//! slot) is down or releases are kept, one task per backend `PING`s each part
+//! down per probe interval and sends the kept releases of the parts up.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::failure::Scope;
+use crate::{Inner, RedisBackend};
+
+/// The least time between two probes (with a probe interval of zero).
+const MIN_GAP: Duration = Duration::from_millis(10);
+
+impl RedisBackend {
+    /// Starts the background probe unless it runs (a part of the store is
+    /// down, or a release is kept).
+    pub(crate) fn watch(&self) {
+        let probing = &self.inner.probing;
+        if probing.load(Ordering::Acquire) || probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(probe(Running(Arc::downgrade(&self.inner))))),
+            // No runtime (it is shutting down): nothing to probe for.
+            Err(_) => probing.store(false, Ordering::Release),
+        }
+    }
+
+    /// Whether the probe has work: a part of the store down, a release
+    /// kept.
+    fn needs_probe(&self) -> bool {
+        self.inner.health.any_down() || self.inner.pending.any_kept()
+    }
+
+    /// One round: a `PING` to each part down (on a cluster, the slots
+    /// `Healths::probes_due` gives), each within the response timeout; then
+    /// the kept releases of the parts up are sent.
+    async fn probe_once(&self) {
+        let inner = &self.inner;
+        let timeout = inner.response_timeout;
+        if inner.health.is_down(Scope::Whole) && inner.conn.ping(timeout).await {
+            inner.health.up(Scope::Whole);
+        }
+        #[cfg(feature = "cluster")]
+        {
+            let pings = inner
+                .health
+                .probes_due()
+                .into_iter()
+                .map(|slot| async move { (slot, inner.conn.ping_slot(slot, timeout).await) });
+            for (slot, answered) in futures::future::join_all(pings).await {
+                if answered {
+                    inner.health.up(Scope::Slot(slot));
+                }
+            }
+        }
+        let kept = inner
+            .pending
+            .take_kept(|key| !inner.health.is_down(self.scope(key)));
+        for (key, lease) in kept {
+            // Kept again if Redis cannot be reached.
+            let _ = broker_core::Backend::release(self, &key, lease).await;
+        }
+    }
+}
+
+/// The probe's task: a round per probe interval until it has no work; it
+/// ends with the backend.
+async fn probe(mut running: Running) {
+    let inner = running.0.clone();
+    loop {
+        let Some(gap) = inner.upgrade().map(|i| i.probe_interval.max(MIN_GAP)) else {
+            return;
+        };
+        tokio::time::sleep(gap).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let backend = RedisBackend { inner };
+        backend.probe_once().await;
+        if backend.needs_probe() {
+            continue;
+        }
+        running.0 = Weak::new();
+        backend.inner.probing.store(false, Ordering::Release);
+        // Work that came meanwhile, whose `watch` found it still running.
+        if !backend.needs_probe() || backend.inner.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        running.0 = Arc::downgrade(&backend.inner);
+    }
+}
+
+/// The probe's task while it runs: dropped unfinished (its runtime shut
+/// down, even before it ran), it lets the next call start a probe again.
+struct Running(Weak<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+
+    use crate::{FailurePolicy, RedisBackend};
+
+    /// An outage found on a runtime that then shuts down (its probe's task
+    /// dropped with it): the next call, on another runtime, starts a probe
+    /// again, which finds Redis back. Without that, the backend read down
+    /// for good: a probe was taken to be running.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_dropped_with_its_runtime_is_started_again() {
+        let server = broker_testkit::RedisServer::start();
+        let backend = RedisBackend::builder(&server.url())
+            .failure_policy(FailurePolicy::FailOpen)
+            .response_timeout(Duration::from_millis(300))
+            .probe_interval(Duration::from_millis(20))
+            .connect()
+            .await
+            .unwrap();
+        let spec = LimitSpec::new(
+            &Limits::new().rate(RateLimit::per_second(1000)),
+            Duration::from_secs(30),
+        );
+        let warm = backend.try_acquire("r", &spec, Cost::default()).await;
+        assert!(!warm.unwrap().answered_here);
+        server.pause();
+        let (b, s) = (backend.clone(), spec.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let d = rt.block_on(b.try_acquire("r", &s, Cost::default()));
+            assert!(d.unwrap().answered_here, "no reply in time");
+            // The runtime shuts down, with the probe it started.
+        })
+        .join()
+        .unwrap();
+        assert!(backend.health().down);
+        server.resume();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = backend.try_acquire("r", &spec, Cost::default()).await;
+            if !d.unwrap().answered_here {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "Redis is found back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
