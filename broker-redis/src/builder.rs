@@ -185,8 +185,9 @@ impl RedisBackendBuilder {
     }
 
     /// While Redis is down, a background `PING` per `interval` (at least
-    /// 10 ms apart) checks whether it answers again; every call is answered
-    /// by the failure policy at once meanwhile. Default 250 ms.
+    /// 10 ms apart, each waiting 250 ms at most) checks whether it answers
+    /// again; every call is answered by the failure policy at once
+    /// meanwhile. Default 250 ms.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
         self

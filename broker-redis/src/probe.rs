@@ -12,6 +12,10 @@ use crate::{Inner, RedisBackend};
 /// The least time between two probes (with a probe interval of zero).
 const MIN_GAP: Duration = Duration::from_millis(10);
 
+/// The longest a probe's `PING` waits (less if the response timeout is
+/// shorter): a server that answers slower than this is not back yet.
+const PING_TIMEOUT: Duration = Duration::from_millis(250);
+
 impl RedisBackend {
     /// Starts the background probe unless it runs (a part of the store is
     /// down, or a release is kept).
@@ -34,11 +38,11 @@ impl RedisBackend {
     }
 
     /// One round: a `PING` to each part down (on a cluster, the slots
-    /// `Healths::probes_due` gives), each within the response timeout; then
+    /// `Healths::probes_due` gives), each within [`PING_TIMEOUT`]; then
     /// the kept releases of the parts up are sent.
     async fn probe_once(&self) {
         let inner = &self.inner;
-        let timeout = inner.response_timeout;
+        let timeout = inner.response_timeout.min(PING_TIMEOUT);
         if inner.health.is_down(Scope::Whole) && inner.conn.ping(timeout).await {
             inner.health.up(Scope::Whole);
         }
