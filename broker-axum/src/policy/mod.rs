@@ -7,13 +7,16 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::{
-    keys, ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle,
-};
+use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
 use crate::response::{RateHeaders, Responses};
 use crate::tenant::TenantKeys;
+
+mod paths;
+
+pub(crate) use paths::normal_path;
+use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_reading};
 
 /// A resource the layer acquires on, looked up once (a handle follows a
 /// later re-registration of the same id), with its headers built once
@@ -127,44 +130,6 @@ pub(crate) enum Stage {
 /// The service stage in [`Stage::Both`].
 const SERVICE: u32 = u32::MAX;
 
-/// A route/service admission that a denial by the tenant stage of the same
-/// policy (`policy`, its [`Policy::id`]) refunds.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Refund {
-    pub(crate) policy: u64,
-    pub(crate) stage: Stage,
-    /// Bit `i` set: part `i` of the stage ([`Stage::parts`]) was answered
-    /// by the store's failure policy (the store was out of reach when it
-    /// was decided), so its cost goes back to this process, not the store.
-    pub(crate) answered_here: u8,
-}
-
-impl Refund {
-    /// What the tenant stage of the policy `policy` keeps for a request it
-    /// let in (admitted, or without a tenant): no refund of its own, but a
-    /// fence around its handler (see `future::fence`), and a denial by a
-    /// tenant stage of that policy that comes out of the handler (a nested
-    /// call's, answered as the handler's own response) is taken off the
-    /// response, so that the route/service stage around it, whose request
-    /// reached its handler, keeps its cost.
-    #[inline]
-    pub(crate) const fn fence(policy: u64) -> Self {
-        Self {
-            policy,
-            stage: Stage::Tenant,
-            answered_here: 0,
-        }
-    }
-
-    /// This refund, with its parts answered here as `here` says.
-    pub(crate) fn answered_here(self, here: u8) -> Self {
-        Self {
-            answered_here: here,
-            ..self
-        }
-    }
-}
-
 impl Stage {
     /// The `layer` field of log events.
     pub(crate) fn name(self) -> &'static str {
@@ -215,152 +180,6 @@ pub(crate) struct Policy {
     /// How tenant ids become sub-keys.
     pub(crate) tenant_keys: TenantKeys,
     pub(crate) responses: Responses,
-}
-
-/// `path` in the form paths and prefixes are compared in: the bytes it
-/// spells, each `%XX` decoded once (RFC 3986 §2.1), save `%2F`. A router
-/// hands a handler its path parameters decoded the same way, so
-/// `/hooks/%73tripe`, `/users/%40me` and `/hooks/caf%C3%A9` reach the
-/// handlers of `/hooks/stripe`, `/users/@me` and `/hooks/café` (sent raw,
-/// as clients may), and a client cannot step around a route's limit by
-/// spelling a path differently. `%2F` stays as it is (in upper case): the
-/// router splits segments on a `/` only, so `/files/public%2Fx` is the one
-/// segment `public/x` under `/files`. A wildcard route (`/files/{*path}`)
-/// hands its handler `private%2Fx` as `private/x`, the same as
-/// `/files/private/x`, so a path with a `%2F` is also read with it decoded
-/// (see [`Policy::stage_for`]). A `%` not followed by two hex digits is
-/// left as it is. A path without `%` is its own form.
-#[inline]
-pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
-    if !has_percent(path.as_bytes()) {
-        return Cow::Borrowed(path.as_bytes());
-    }
-    Cow::Owned(decoded(path.as_bytes(), false))
-}
-
-/// Whether `path` holds an encoded `/` (`%2F`, in either case).
-fn has_encoded_slash(path: &[u8]) -> bool {
-    path.windows(3)
-        .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
-}
-
-/// Whether `b` holds a `%`, eight bytes at a time (the last eight
-/// overlapping the ones before), in line: a call to `memchr` took 75
-/// instructions on a 23-byte path, a byte loop the compiler vectorized 90.
-#[inline]
-fn has_percent(b: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    const PERCENT: u64 = u64::from_ne_bytes([b'%'; 8]);
-    // A word with a zero byte once `%` is xored away: exact as a yes/no.
-    let zero_byte = |w: [u8; 8]| {
-        let x = u64::from_ne_bytes(w) ^ PERCENT;
-        x.wrapping_sub(ONES) & !x & HIGH != 0
-    };
-    let Some(last) = b.len().checked_sub(8) else {
-        return b.contains(&b'%');
-    };
-    let word = |at: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[at..at + 8]);
-        w
-    };
-    let mut at = 0;
-    while at < last {
-        if zero_byte(word(at)) {
-            return true;
-        }
-        at += 8;
-    }
-    zero_byte(word(last))
-}
-
-/// [`normal_path`] of a path with a `%`; with `slashes`, `%2F` is
-/// decoded too.
-#[cold]
-#[inline(never)]
-fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
-    while i < bytes.len() {
-        match (bytes[i], hex(i + 1), hex(i + 2)) {
-            (b'%', Some(h), Some(l)) => {
-                // Two hex digits: at most 255.
-                match (h * 16 + l) as u8 {
-                    b'/' if !slashes => out.extend_from_slice(b"%2F"),
-                    c => out.push(c),
-                }
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-/// `path` (a path, or a prefix) as a wildcard route's handler that reads
-/// it as a file path gets it: every `%XX` decoded, `%2F` a `/` too (see
-/// [`normal_path`]), and without its empty and `.` segments, which such a
-/// handler skips (`std::path::Path::components`, tower-http's `ServeDir`):
-/// `/files/./private/x`, `/files//private/x` and `/files/%2E/private%2Fx`
-/// all read as `/files/private/x`. A trailing `/` is kept (a last segment
-/// empty or `.` leaves one), so a path without such segments reads as it
-/// is written. A `..` segment is left as it is: a handler that resolves it
-/// serves paths outside its root anyway.
-#[cold]
-#[inline(never)]
-fn second_reading(path: &[u8]) -> Vec<u8> {
-    let path = decoded(path, true);
-    if !path.starts_with(b"/") {
-        return path;
-    }
-    let mut out = Vec::with_capacity(path.len());
-    let mut trailing = false;
-    for segment in path.split(|&b| b == b'/').skip(1) {
-        trailing = segment.is_empty() || segment == b".";
-        if !trailing {
-            out.push(b'/');
-            out.extend_from_slice(segment);
-        }
-    }
-    if trailing || out.is_empty() {
-        out.push(b'/');
-    }
-    out
-}
-
-/// Whether `path` has a segment that [`second_reading`] drops: an empty
-/// one (`//`) or `.`, before its end (a trailing `/` is kept there).
-#[inline]
-fn has_dot_or_empty_segment(path: &[u8]) -> bool {
-    let mut at = 0;
-    while at + 1 < path.len() {
-        if path[at] == b'/' {
-            match path[at + 1] {
-                b'/' => return true,
-                b'.' if matches!(path.get(at + 2), None | Some(b'/')) => return true,
-                _ => {}
-            }
-        }
-        at += 1;
-    }
-    false
-}
-
-/// `path` is `prefix` or continues it after a `/`.
-#[inline]
-fn prefix_matches(path: &[u8], prefix: &[u8]) -> bool {
-    // Compared in line (a prefix is mostly 16 bytes or fewer), not by a
-    // call to `memcmp`.
-    path.len() >= prefix.len()
-        && keys::same(&path[..prefix.len()], prefix)
-        && (path.len() == prefix.len()
-            || prefix.last() == Some(&b'/')
-            || path[prefix.len()] == b'/')
 }
 
 impl Policy {
@@ -488,7 +307,6 @@ impl Policy {
     /// is read once, unless it has such a segment and is outside every
     /// route or in one that a longer prefix continues (a path in any other
     /// route stays in it, read either way).
-    #[inline]
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
             return None;
@@ -517,7 +335,6 @@ impl Policy {
 
     /// The index of the longest route whose prefix `form` (in the form of
     /// [`normal_path`]) matches.
-    #[inline]
     fn route_for(&self, form: &[u8]) -> Option<u32> {
         let i = self
             .routes
@@ -528,7 +345,6 @@ impl Policy {
     }
 
     /// The route (`found`), else the service stage.
-    #[inline]
     fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
         match found {
             Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
@@ -538,8 +354,6 @@ impl Policy {
 
     /// [`Policy::stage_for`] of a path read twice, whose route as the
     /// router reads it (`form`, see [`normal_path`]) is `found`.
-    #[cold]
-    #[inline(never)]
     fn read_both_ways(
         &self,
         path: &str,
@@ -581,32 +395,13 @@ impl Policy {
     }
 
     /// The tenant stage's resource, when the tenant stage limits anything.
-    #[inline]
     pub(crate) fn tenant_stage(&self) -> Option<&Limited> {
         self.tenant.as_ref().filter(|_| self.enabled)
     }
 
     /// Whether the tenant stage limits anything.
-    #[inline]
     pub(crate) fn has_tenant_stage(&self) -> bool {
         self.tenant_stage().is_some()
-    }
-
-    /// What an admission on `stage` keeps so that a denial by this
-    /// policy's tenant stage gives its cost back: set for the route and
-    /// service stages when a tenant stage follows, else none.
-    #[inline]
-    pub(crate) fn refund_for(&self, stage: Stage) -> Option<Refund> {
-        match stage {
-            Stage::Route(_) | Stage::Service | Stage::Both(..) if self.has_tenant_stage() => {
-                Some(Refund {
-                    policy: self.id,
-                    stage,
-                    answered_here: 0,
-                })
-            }
-            _ => None,
-        }
     }
 
     /// The resource of `stage` (none for [`Stage::Both`]: see its
@@ -624,57 +419,6 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_matches_on_segment_boundaries_only() {
-        assert!(prefix_matches(b"/api/hooks", b"/api/hooks"));
-        assert!(prefix_matches(b"/api/hooks/stripe", b"/api/hooks"));
-        assert!(!prefix_matches(b"/api/hooksx", b"/api/hooks"));
-        assert!(prefix_matches(b"/api/hooks/x", b"/api/"));
-        assert!(prefix_matches(b"/anything", b"/"));
-        assert!(!prefix_matches(b"/api", b"/api/hooks"));
-    }
-
-    #[test]
-    fn has_percent_finds_a_percent_anywhere() {
-        for len in 0..40 {
-            let clean = vec![b'a'; len];
-            assert!(!has_percent(&clean), "{len}");
-            for at in 0..len {
-                let mut with = clean.clone();
-                with[at] = b'%';
-                assert!(has_percent(&with), "{len} {at}");
-                // The bytes next to `%` in value do not count.
-                with[at] = b'%' + 1;
-                assert!(!has_percent(&with), "{len} {at}");
-                with[at] = b'%' - 1;
-                assert!(!has_percent(&with), "{len} {at}");
-            }
-        }
-    }
-
-    #[test]
-    fn normal_paths_decode_every_percent_encoding_once() {
-        let form = |p: &str| normal_path(p).into_owned();
-        assert_eq!(form("/hooks/stripe"), b"/hooks/stripe");
-        assert!(matches!(normal_path("/a/b"), Cow::Borrowed(_)));
-        assert_eq!(form("/hooks/%73tripe"), b"/hooks/stripe");
-        assert_eq!(form("/%41%7a%30%2D%2e%5F%7e"), b"/Az0-._~");
-        // Reserved and other characters too, in either case of hex digit,
-        // the same bytes as the character sent raw.
-        assert_eq!(form("/users/%40me"), form("/users/@me"));
-        assert_eq!(form("/hooks/caf%c3%A9"), form("/hooks/caf\u{e9}"));
-        assert_eq!(form("/q/%7Bx%7d%22"), b"/q/{x}\"");
-        // A `/` inside a segment stays encoded: not a segment boundary.
-        assert_eq!(form("/files/a%2fb"), b"/files/a%2Fb");
-        assert_ne!(form("/files/a%2Fb"), form("/files/a/b"));
-        // Once: `%25` is a `%`, not the start of another encoding.
-        assert_eq!(form("/a%2541"), b"/a%41");
-        // Bytes that are not UTF-8 are compared as bytes.
-        assert_eq!(form("/x%FF"), b"/x\xff");
-        // Not an encoding: left as it is.
-        assert_eq!(form("/100%/%zz/%4"), b"/100%/%zz/%4");
-    }
 
     #[test]
     fn a_path_with_an_encoded_slash_is_read_both_ways() {
@@ -730,38 +474,6 @@ mod tests {
         assert_eq!(names("/files/a%2Fb").0, ["files"]);
         assert_eq!(names("/files/private%252Fx").0, ["files"]);
         assert_eq!(names("/other%2Fx").0, ["pressure:service:api"]);
-    }
-
-    /// A path has a segment the second reading drops exactly when that
-    /// reading differs from it (for paths without `%`), and a path
-    /// without one reads as it is written, trailing `/` and all.
-    #[test]
-    fn the_second_reading_drops_dot_and_empty_segments_only() {
-        let read = |p: &str| String::from_utf8(second_reading(p.as_bytes())).unwrap();
-        for (path, reads) in [
-            ("/", "/"),
-            ("/a", "/a"),
-            ("/a/", "/a/"),
-            ("/a/./b", "/a/b"),
-            ("/a//b", "/a/b"),
-            ("/a/.", "/a/"),
-            ("/a//", "/a/"),
-            ("/./", "/"),
-            ("//", "/"),
-            ("/.a/b./.../c", "/.a/b./.../c"),
-            ("/a/../b", "/a/../b"),
-            ("/a%2F%2E/b", "/a/b"),
-            ("/a%2F.%2F/b", "/a/b"),
-        ] {
-            assert_eq!(read(path), reads, "{path}");
-            if !path.contains('%') {
-                assert_eq!(
-                    has_dot_or_empty_segment(path.as_bytes()),
-                    path != reads,
-                    "{path}"
-                );
-            }
-        }
     }
 
     #[test]
