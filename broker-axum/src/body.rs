@@ -66,7 +66,6 @@ impl PermitBody for axum::body::Body {
         axum::body::Body::from(bytes)
     }
 
-    #[inline]
     fn has_exact_length(&self) -> bool {
         Body::size_hint(self).exact().is_some()
     }
@@ -86,7 +85,6 @@ where
         Full::new(bytes).map_err(|never| match never {}).boxed()
     }
 
-    #[inline]
     fn has_exact_length(&self) -> bool {
         self.size_hint().exact().is_some()
     }
@@ -107,7 +105,6 @@ where
             .boxed_unsync()
     }
 
-    #[inline]
     fn has_exact_length(&self) -> bool {
         self.size_hint().exact().is_some()
     }
@@ -173,13 +170,11 @@ const SMALL_BODY: usize = 16 << 10;
 /// room again, and that poll's end frees the slot. Freed as the last frame
 /// was handed over, the slot of a large response would be free before
 /// most of it was sent.
-#[inline]
 fn may_end(inner_ended: bool, held: bool, handed: usize) -> bool {
     inner_ended && (!held || handed <= SMALL_BODY)
 }
 
 /// The data bytes of `frame`, if polled.
-#[inline]
 fn data_len<D: Buf, E>(frame: &Poll<Option<Result<Frame<D>, E>>>) -> usize {
     match frame {
         Poll::Ready(Some(Ok(f))) => f.data_ref().map_or(0, Buf::remaining),
@@ -191,7 +186,6 @@ impl<B: Body> Body for HeldBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -206,7 +200,6 @@ impl<B: Body> Body for HeldBody<B> {
     }
 
     /// See [`may_end`].
-    #[inline]
     fn is_end_stream(&self) -> bool {
         may_end(
             self.inner.is_end_stream(),
@@ -215,7 +208,6 @@ impl<B: Body> Body for HeldBody<B> {
         )
     }
 
-    #[inline]
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }

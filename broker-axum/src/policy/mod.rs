@@ -5,88 +5,24 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
+use broker_core::{ConfigError, Limits, OnOtherLimits, ResourceBroker};
 
 use crate::config::{service_resource, PressureConfig};
-use crate::response::{RateHeaders, Responses};
+use crate::response::Responses;
 use crate::tenant::TenantKeys;
 
+mod limited;
 mod paths;
+mod stage;
+
+pub(crate) use limited::Limited;
+use limited::{not_registered, Wanted};
+pub(crate) use stage::Stage;
+use stage::SERVICE;
 
 pub(crate) use paths::normal_path;
 use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_reading};
-
-/// A resource the layer acquires on, looked up once (a handle follows a
-/// later re-registration of the same id), with its headers built once
-/// (and again after such a re-registration, see [`Limited::headers`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Limited {
-    pub(crate) id: Arc<str>,
-    pub(crate) handle: ResourceHandle,
-    pub(crate) headers: RateHeaders,
-}
-
-/// A resource of a config, before it is registered: the field that gives
-/// its id, the id, its limits.
-struct Wanted<'c> {
-    field: String,
-    id: String,
-    limits: &'c Limits,
-}
-
-/// The error of [`ResourceBroker::register_limits`] on `wanted`, naming
-/// the field that gives the id.
-fn not_registered(
-    error: EntryError,
-    wanted: &[&Wanted<'_>],
-    on_other: OnOtherLimits,
-) -> ConfigError {
-    let Some(w) = wanted.get(error.index) else {
-        return error.error;
-    };
-    match error.error {
-        taken @ ConfigError::Taken { .. } => {
-            let reload = match on_other {
-                OnOtherLimits::Refuse => ", or build with Pressure::reload to re-configure it",
-                OnOtherLimits::Replace => "",
-            };
-            ConfigError::invalid(
-                &w.field,
-                format!("{taken} (another config's, or the application's own): give it an id of its own{reload}"),
-            )
-        }
-        other => other,
-    }
-}
-
-impl Limited {
-    /// The headers of this resource's limits: the ones built with it, or,
-    /// once its id has been registered again (a reload), the ones of the
-    /// limits now in force.
-    pub(crate) fn headers(&self, broker: &ResourceBroker) -> Cow<'_, RateHeaders> {
-        if self.handle.is_current() {
-            return Cow::Borrowed(&self.headers);
-        }
-        match broker.limits(&self.id) {
-            Ok(limits) => Cow::Owned(RateHeaders::new(&self.id, &limits)),
-            Err(_) => Cow::Borrowed(&self.headers),
-        }
-    }
-
-    /// The registered resource `id` (of `limits`).
-    fn on(broker: &ResourceBroker, id: &str, limits: &Limits) -> Result<Self, ConfigError> {
-        let handle = broker
-            .resource_handle(id)
-            .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
-        Ok(Self {
-            id: id.into(),
-            handle,
-            headers: RateHeaders::new(id, limits),
-        })
-    }
-}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Route {
@@ -107,60 +43,6 @@ impl Route {
     /// empty segments.
     fn slashed(&self) -> &[u8] {
         self.slashed.as_deref().unwrap_or(&self.prefix)
-    }
-}
-
-/// Which resource an admission is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stage {
-    /// The per-route override at this index.
-    Route(u32),
-    /// The per-service limit.
-    Service,
-    /// The per-tenant limit.
-    Tenant,
-    /// Two route/service stages, each a route's index or [`SERVICE`] (no
-    /// route's: at most `u32::MAX - 1` routes), in the order they are
-    /// charged: a path with an encoded `/` that the
-    /// router and a wildcard handler read as paths of different limits
-    /// (see [`Policy::stage_for`]) meets both.
-    Both(u32, u32),
-}
-
-/// The service stage in [`Stage::Both`].
-const SERVICE: u32 = u32::MAX;
-
-impl Stage {
-    /// The `layer` field of log events.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Stage::Route(_) | Stage::Both(..) => "route",
-            Stage::Service => "service",
-            Stage::Tenant => "tenant",
-        }
-    }
-
-    /// The stages this one is made of: itself, or the two of
-    /// [`Stage::Both`].
-    pub(crate) fn parts(self) -> impl Iterator<Item = Stage> {
-        let at = |place: u32| match place {
-            SERVICE => Stage::Service,
-            i => Stage::Route(i),
-        };
-        let (first, second) = match self {
-            Stage::Both(a, b) => (at(a), Some(at(b))),
-            single => (single, None),
-        };
-        std::iter::once(first).chain(second)
-    }
-
-    /// This route/service stage in [`Stage::Both`]; `None` for any other.
-    fn place(self) -> Option<u32> {
-        match self {
-            Stage::Route(i) => Some(i),
-            Stage::Service => Some(SERVICE),
-            Stage::Tenant | Stage::Both(..) => None,
-        }
     }
 }
 
@@ -417,81 +299,4 @@ impl Policy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_path_with_an_encoded_slash_is_read_both_ways() {
-        let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
-        let config = PressureConfig::from_json(
-            "p.json",
-            r#"{"perService": {"api": {"requestsPerSecond": 5}},
-                "perRoute": [
-                {"resource": "files", "pathPrefix": "/files", "limits": {"requestsPerSecond": 5}},
-                {"resource": "private", "pathPrefix": "/files/private", "limits": {"requestsPerSecond": 5}}]}"#,
-        )
-        .unwrap();
-        let policy = Policy::new(broker, &config, None, OnOtherLimits::Refuse).unwrap();
-        let names = |path: &str| {
-            let (stage, limited) = policy.stage_for(path).expect(path);
-            let parts: Vec<_> = stage
-                .parts()
-                .map(|s| policy.limited(s).unwrap().id.to_string())
-                .collect();
-            (parts, limited.id.to_string())
-        };
-        let both = (vec!["files".into(), "private".into()], "files".into());
-        assert_eq!(names("/files/private%2Fx"), both);
-        assert_eq!(names("/files/private%2fx"), both);
-        assert_eq!(
-            names("/files%2Fprivate/x").0,
-            ["pressure:service:api", "private"]
-        );
-        // A path without `%` under a prefix that has `%2F`.
-        let config = PressureConfig::from_json(
-            "p.json",
-            r#"{"perRoute": [
-                {"resource": "files", "pathPrefix": "/files", "limits": {"requestsPerSecond": 5}},
-                {"resource": "ab", "pathPrefix": "/files/a%2Fb", "limits": {"requestsPerSecond": 5}},
-                {"resource": "abc", "pathPrefix": "/files/a/b/c", "limits": {"requestsPerSecond": 5}}]}"#,
-        )
-        .unwrap();
-        let slashed =
-            Policy::new(policy.broker.clone(), &config, None, OnOtherLimits::Refuse).unwrap();
-        let parts = |path: &str| -> Vec<String> {
-            let (stage, _) = slashed.stage_for(path).expect(path);
-            let limited = |s| slashed.limited(s).unwrap().id.to_string();
-            stage.parts().map(limited).collect()
-        };
-        assert_eq!(parts("/files/a/b/y"), ["files", "ab"]);
-        assert_eq!(parts("/files/a%2Fb/y"), ["ab"]);
-        assert_eq!(parts("/files/a/b/c/d"), ["abc"]);
-        assert_eq!(parts("/files/a%2Fb/c/d"), ["ab", "abc"]);
-        assert_eq!(parts("/files/a/bc"), ["files"]);
-        assert!(slashed.stage_for("*").is_none(), "no route on `/`");
-        // One reading: no `%2F`, or both readings meet the same stage.
-        assert_eq!(names("/files/private/x").0, ["private"]);
-        assert_eq!(names("/files/a%2Fb").0, ["files"]);
-        assert_eq!(names("/files/private%252Fx").0, ["files"]);
-        assert_eq!(names("/other%2Fx").0, ["pressure:service:api"]);
-    }
-
-    #[test]
-    fn a_path_that_is_not_one_meets_the_route_on_slash() {
-        let broker = ResourceBroker::new(broker_memory::MemoryBackend::new());
-        let config = PressureConfig::from_json(
-            "p.json",
-            r#"{"perRoute": [
-                {"resource": "all", "pathPrefix": "/", "limits": {"requestsPerSecond": 5}},
-                {"resource": "hooks", "pathPrefix": "/hooks", "limits": {"requestsPerSecond": 5}}]}"#,
-        )
-        .unwrap();
-        let policy = Policy::new(broker, &config, None, OnOtherLimits::Refuse).unwrap();
-        for path in ["*", "", "/", "/x"] {
-            let (_, limited) = policy.stage_for(path).expect(path);
-            assert_eq!(&*limited.id, "all", "{path:?}");
-        }
-        let (_, limited) = policy.stage_for("/hook%73/x").unwrap();
-        assert_eq!(&*limited.id, "hooks");
-    }
-}
+mod tests;
