@@ -6,8 +6,7 @@
 //! client went away mid-response), so a slot is held exactly as long as the
 //! response is being sent. [`PressureBody`] is that carrier as a body type
 //! of its own; `axum::body::Body` and the boxed bodies box a leaner one
-//! once. A response that holds no permit keeps its body untouched (no
-//! wrapping, no allocation).
+//! once. A response that holds no permit keeps its body untouched.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -54,10 +53,8 @@ pub trait PermitBody: Sized {
 
 impl PermitBody for axum::body::Body {
     fn hold(&mut self, permit: Permit) {
-        // The empty body put in meanwhile is a box of nothing: no
-        // allocation. Boxed as the `UnsyncBoxBody<Bytes, axum::Error>`
-        // axum's body is made of, so `Body::new` takes it as is (no second
-        // box, no error mapping layer).
+        // Boxed as the `UnsyncBoxBody<Bytes, axum::Error>` axum's body is
+        // made of, so `Body::new` takes it as is.
         let body = std::mem::take(self);
         *self = axum::body::Body::new(HeldBody::new(body, permit).boxed_unsync());
     }
@@ -76,7 +73,6 @@ where
     E: 'static,
 {
     fn hold(&mut self, permit: Permit) {
-        // The default body is an empty one, a box of nothing: no allocation.
         let body = std::mem::take(self);
         *self = HeldBody::new(body, permit).boxed();
     }
