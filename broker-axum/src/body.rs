@@ -6,8 +6,7 @@
 //! client went away mid-response), so a slot is held exactly as long as the
 //! response is being sent. [`PressureBody`] is that carrier as a body type
 //! of its own; `axum::body::Body` and the boxed bodies box a leaner one
-//! once. A response that holds no permit keeps its body untouched (no
-//! wrapping, no allocation).
+//! once. A response that holds no permit keeps its body untouched.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -54,10 +53,8 @@ pub trait PermitBody: Sized {
 
 impl PermitBody for axum::body::Body {
     fn hold(&mut self, permit: Permit) {
-        // The empty body put in meanwhile is a box of nothing: no
-        // allocation. Boxed as the `UnsyncBoxBody<Bytes, axum::Error>`
-        // axum's body is made of, so `Body::new` takes it as is (no second
-        // box, no error mapping layer).
+        // Boxed as the `UnsyncBoxBody<Bytes, axum::Error>` axum's body is
+        // made of, so `Body::new` takes it as is.
         let body = std::mem::take(self);
         *self = axum::body::Body::new(HeldBody::new(body, permit).boxed_unsync());
     }
@@ -66,7 +63,6 @@ impl PermitBody for axum::body::Body {
         axum::body::Body::from(bytes)
     }
 
-    #[inline]
     fn has_exact_length(&self) -> bool {
         Body::size_hint(self).exact().is_some()
     }
@@ -77,7 +73,6 @@ where
     E: 'static,
 {
     fn hold(&mut self, permit: Permit) {
-        // The default body is an empty one, a box of nothing: no allocation.
         let body = std::mem::take(self);
         *self = HeldBody::new(body, permit).boxed();
     }
@@ -86,7 +81,6 @@ where
         Full::new(bytes).map_err(|never| match never {}).boxed()
     }
 
-    #[inline]
     fn has_exact_length(&self) -> bool {
         self.size_hint().exact().is_some()
     }
@@ -107,7 +101,6 @@ where
             .boxed_unsync()
     }
 
-    #[inline]
     fn has_exact_length(&self) -> bool {
         self.size_hint().exact().is_some()
     }
@@ -173,13 +166,11 @@ const SMALL_BODY: usize = 16 << 10;
 /// room again, and that poll's end frees the slot. Freed as the last frame
 /// was handed over, the slot of a large response would be free before
 /// most of it was sent.
-#[inline]
 fn may_end(inner_ended: bool, held: bool, handed: usize) -> bool {
     inner_ended && (!held || handed <= SMALL_BODY)
 }
 
 /// The data bytes of `frame`, if polled.
-#[inline]
 fn data_len<D: Buf, E>(frame: &Poll<Option<Result<Frame<D>, E>>>) -> usize {
     match frame {
         Poll::Ready(Some(Ok(f))) => f.data_ref().map_or(0, Buf::remaining),
@@ -191,7 +182,6 @@ impl<B: Body> Body for HeldBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -206,7 +196,6 @@ impl<B: Body> Body for HeldBody<B> {
     }
 
     /// See [`may_end`].
-    #[inline]
     fn is_end_stream(&self) -> bool {
         may_end(
             self.inner.is_end_stream(),
@@ -215,7 +204,6 @@ impl<B: Body> Body for HeldBody<B> {
         )
     }
 
-    #[inline]
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }

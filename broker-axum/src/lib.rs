@@ -144,29 +144,29 @@
 //!     .merge(broker_axum::stats_router(broker));
 //! # let _ = app;
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admission;
 mod body;
 pub mod config;
-mod fields;
-mod future;
-mod layer;
 mod policy;
 mod pressure;
 mod response;
-mod service;
+mod route;
 mod stats;
 mod tenant;
 
 pub use body::{PermitBody, PressureBody};
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
-pub use future::ResponseFuture;
-pub use layer::{PressureLayer, TenantLayer};
 pub use pressure::Pressure;
 pub use response::{
     retry_after_secs, Responses, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-pub use service::{PressureService, TenantService};
+pub use route::{PressureLayer, PressureService, ResponseFuture};
 pub use stats::{stats_router, PressureStats, ResourceView, STATS_PATH};
-pub use tenant::{FromExtension, FromHeader, Tenant, TenantExtractor, MAX_TENANT_LEN};
+pub use tenant::{
+    FromExtension, FromHeader, Tenant, TenantExtractor, TenantFuture, TenantLayer, TenantService,
+    MAX_TENANT_LEN,
+};

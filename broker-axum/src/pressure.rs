@@ -6,10 +6,10 @@ use std::sync::Arc;
 use broker_core::{ConfigError, OnOtherLimits, ResourceBroker};
 
 use crate::config::PressureConfig;
-use crate::layer::{PressureLayer, TenantLayer};
 use crate::policy::Policy;
 use crate::response::Responses;
-use crate::tenant::{Tenant, TenantExtractor, TenantKeys};
+use crate::route::PressureLayer;
+use crate::tenant::{Tenant, TenantExtractor, TenantKeys, TenantLayer};
 
 /// A `pressure` config registered on a [`ResourceBroker`]: every route,
 /// service and tenant limit becomes a limit-only resource of the broker

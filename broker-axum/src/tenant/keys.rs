@@ -1,162 +1,14 @@
-//! Who a request is for: the [`TenantExtractor`] trait, the ready-made
-//! [`FromExtension`] (e.g. a claim of a verified JWT put in the request's
-//! extensions by the auth layer) and [`FromHeader`], the [`Tenant`] they
-//! find, and the keys tenants are stored and logged under: a keyed
-//! fingerprint of the id (see [`crate::Pressure::with_tenant_secret`]).
-
-use std::borrow::Cow;
-use std::marker::PhantomData;
+//! The keys tenants are stored and logged under: a keyed fingerprint of
+//! the id (see [`crate::Pressure::with_tenant_secret`]), or with
+//! `perTenant.clearIds` a plain id.
 
 use hmac::{Hmac, Mac};
-use http::{Extensions, HeaderMap, HeaderName};
 use sha2::Sha256;
 
-use crate::fields::field;
+use super::extract::Tenant;
 
 /// Longest tenant id kept in clear with `perTenant.clearIds`.
 pub const MAX_TENANT_LEN: usize = 64;
-
-/// A tenant id as an extractor found it: text, or bytes that are not
-/// UTF-8 (a header value). Each has its own keys: no text reaches the
-/// state of any bytes, whatever the text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Tenant<'a> {
-    /// A text id (a claim, a UTF-8 header value).
-    Text(Cow<'a, str>),
-    /// The bytes of a value that is not UTF-8.
-    Bytes(Cow<'a, [u8]>),
-}
-
-impl<'a> From<&'a str> for Tenant<'a> {
-    fn from(id: &'a str) -> Self {
-        Tenant::Text(Cow::Borrowed(id))
-    }
-}
-
-impl From<String> for Tenant<'_> {
-    fn from(id: String) -> Self {
-        Tenant::Text(Cow::Owned(id))
-    }
-}
-
-impl<'a> From<Cow<'a, str>> for Tenant<'a> {
-    fn from(id: Cow<'a, str>) -> Self {
-        Tenant::Text(id)
-    }
-}
-
-/// Finds the tenant of a request, after authentication.
-///
-/// Return `None` for a request without a tenant: the tenant stage lets it
-/// pass (the route and service limits still apply).
-///
-/// ```
-/// use broker_axum::{Tenant, TenantExtractor};
-/// use http::{Extensions, HeaderMap};
-///
-/// #[derive(Clone)]
-/// struct Claims { namespace_id: String }
-///
-/// #[derive(Clone)]
-/// struct Namespace;
-/// impl TenantExtractor for Namespace {
-///     fn tenant<'a>(&self, _: &'a HeaderMap, ext: &'a Extensions) -> Option<Tenant<'a>> {
-///         ext.get::<Claims>().map(|c| c.namespace_id.as_str().into())
-///     }
-/// }
-/// ```
-pub trait TenantExtractor: Clone + Send + Sync + 'static {
-    /// The tenant of a request with these headers and extensions.
-    fn tenant<'a>(&self, headers: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>>;
-}
-
-/// The tenant is a value of type `T` in the request's extensions (put there
-/// by the auth layer), read through a function.
-///
-/// ```
-/// use broker_axum::FromExtension;
-/// #[derive(Clone)]
-/// struct Claims { namespace_id: String }
-/// let by_namespace = FromExtension::new(|c: &Claims| c.namespace_id.as_str());
-/// # let _ = by_namespace;
-/// ```
-pub struct FromExtension<T, F> {
-    read: F,
-    _t: PhantomData<fn(&T)>,
-}
-
-impl<T, F: Clone> Clone for FromExtension<T, F> {
-    fn clone(&self) -> Self {
-        Self {
-            read: self.read.clone(),
-            _t: PhantomData,
-        }
-    }
-}
-
-impl<T, F> std::fmt::Debug for FromExtension<T, F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FromExtension")
-            .field("type", &std::any::type_name::<T>())
-            .finish()
-    }
-}
-
-impl<T, F> FromExtension<T, F>
-where
-    T: Send + Sync + 'static,
-    F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
-{
-    /// Reads the tenant id from the extension of type `T` with `read`.
-    pub fn new(read: F) -> Self {
-        Self {
-            read,
-            _t: PhantomData,
-        }
-    }
-}
-
-impl<T, F> TenantExtractor for FromExtension<T, F>
-where
-    T: Send + Sync + 'static,
-    F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
-{
-    fn tenant<'a>(&self, _: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>> {
-        extensions.get::<T>().map(|t| Tenant::from((self.read)(t)))
-    }
-}
-
-/// The tenant is the value of a request header (only sound behind a proxy
-/// that sets it, since clients can send anything): its text when it is
-/// UTF-8, else its bytes ([`Tenant::Bytes`]); a missing header means no
-/// tenant.
-///
-/// ```
-/// use broker_axum::FromHeader;
-/// let by_header = FromHeader::new(http::HeaderName::from_static("x-tenant-id"));
-/// # let _ = by_header;
-/// ```
-#[derive(Debug, Clone)]
-pub struct FromHeader {
-    name: HeaderName,
-}
-
-impl FromHeader {
-    /// Reads the tenant id from header `name`.
-    pub fn new(name: HeaderName) -> Self {
-        Self { name }
-    }
-}
-
-impl TenantExtractor for FromHeader {
-    fn tenant<'a>(&self, headers: &'a HeaderMap, _: &'a Extensions) -> Option<Tenant<'a>> {
-        let bytes = field(headers, &self.name)?.as_bytes();
-        Some(match std::str::from_utf8(bytes) {
-            Ok(text) => Tenant::Text(Cow::Borrowed(text)),
-            Err(_) => Tenant::Bytes(Cow::Borrowed(bytes)),
-        })
-    }
-}
 
 /// The bytes a tenant id is kept in clear with, as a table.
 static ALLOWED: [bool; 256] = {
@@ -172,7 +24,6 @@ static ALLOWED: [bool; 256] = {
 
 /// Whether `id` may be kept in clear: 1..=[`MAX_TENANT_LEN`] bytes of
 /// `[A-Za-z0-9._@+-]` (never `~`, which starts a fingerprint).
-#[inline]
 fn plain(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(|b| ALLOWED[usize::from(b)])
 }
@@ -262,6 +113,7 @@ impl TenantId {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::borrow::Cow;
 
     fn key(keys: &TenantKeys, tenant: impl Into<Tenant<'static>>) -> String {
         keys.key(&tenant.into()).as_str().to_owned()
@@ -330,29 +182,5 @@ mod tests {
             .to_owned();
         assert_ne!(ascii, key(&keys, "acme"));
         assert_ne!(ascii, key(&TenantKeys::new(None, false), "acme"));
-    }
-
-    #[test]
-    fn a_header_value_is_text_when_utf8_else_bytes() {
-        let name = HeaderName::from_static("x-tenant");
-        let extract = FromHeader::new(name.clone());
-        let tenant_of = |value: &[u8]| {
-            let mut headers = HeaderMap::new();
-            headers.insert(name.clone(), http::HeaderValue::from_bytes(value).unwrap());
-            extract
-                .tenant(&headers, &Extensions::new())
-                .map(|t| match t {
-                    Tenant::Text(t) => Tenant::Text(Cow::Owned(t.into_owned())),
-                    Tenant::Bytes(b) => Tenant::Bytes(Cow::Owned(b.into_owned())),
-                })
-                .unwrap()
-        };
-        assert_eq!(tenant_of(b"acme"), Tenant::from("acme"));
-        assert_eq!(tenant_of("caf\u{e9}".as_bytes()), Tenant::from("caf\u{e9}"));
-        let odd: &[u8] = &[0xff, 0xfe, b'a'];
-        assert_eq!(tenant_of(odd), Tenant::Bytes(odd.to_vec().into()));
-        assert!(extract
-            .tenant(&HeaderMap::new(), &Extensions::new())
-            .is_none());
     }
 }

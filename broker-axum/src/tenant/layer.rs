@@ -1,34 +1,13 @@
-//! [`PressureLayer`] and [`TenantLayer`]: cheap clones holding the shared
-//! policy; all state lives in the broker.
+//! [`TenantLayer`]: a cheap clone holding the shared policy and the
+//! extractor; all state lives in the broker.
 
 use std::sync::Arc;
 
 use tower::Layer;
 
+use super::extract::TenantExtractor;
+use super::service::TenantService;
 use crate::policy::Policy;
-use crate::service::{PressureService, TenantService};
-use crate::tenant::TenantExtractor;
-
-/// The route/service stage as a tower [`Layer`]; place it before
-/// authentication (outermost). Built by [`crate::Pressure::layer`].
-#[derive(Debug, Clone)]
-pub struct PressureLayer {
-    policy: Arc<Policy>,
-}
-
-impl PressureLayer {
-    pub(crate) fn new(policy: Arc<Policy>) -> Self {
-        Self { policy }
-    }
-}
-
-impl<S> Layer<S> for PressureLayer {
-    type Service = PressureService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        PressureService::new(inner, self.policy.clone())
-    }
-}
 
 /// The tenant stage as a tower [`Layer`]; place it after authentication
 /// (inside it), so the extractor sees what auth put in the request. Built

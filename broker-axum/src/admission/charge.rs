@@ -1,0 +1,96 @@
+//! What the route/service stage and the tenant stage of one
+//! [`crate::Pressure`] tell each other about one request, through the
+//! request's and the response's extensions (no thread-locals):
+//!
+//! - the route/service stage puts a [`Charge`] in the request it charged
+//!   when a tenant stage follows;
+//! - the tenant stage of the same policy takes it out of the request (so
+//!   a nested call built from the request, or a second tenant stage,
+//!   never sees it); a refusal by that stage names it in the response
+//!   ([`Denied`]), and a decision in flight that is dropped (the client
+//!   left) marks it, so the route/service stage gives its cost back;
+//! - a request built anew in a handler carries no charge, so a tenant
+//!   denial of such a nested call refunds nothing around the handler.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::{Request, Response};
+
+use crate::policy::Policy;
+
+/// One route/service admission that a refusal by the tenant stage of the
+/// same policy gives back.
+#[derive(Debug)]
+pub(crate) struct Charge {
+    policy: Arc<Policy>,
+    /// Set when the tenant stage was dropped with its decision in flight:
+    /// the request never reached its handler.
+    left_unanswered: AtomicBool,
+}
+
+/// The request extension that carries a [`Charge`] from the route/service
+/// stage to the tenant stage.
+#[derive(Clone)]
+struct Charged(Arc<Charge>);
+
+/// The response extension of a tenant-stage refusal (a denial or a
+/// backend failure) of a charged request: it names the charge to give back.
+#[derive(Clone)]
+struct Denied(Arc<Charge>);
+
+impl Charge {
+    /// A charge of `policy`'s route/service stage, put in `req`.
+    pub(crate) fn put<B>(req: &mut Request<B>, policy: &Arc<Policy>) -> Arc<Self> {
+        let charge = Arc::new(Self {
+            policy: policy.clone(),
+            left_unanswered: AtomicBool::new(false),
+        });
+        req.extensions_mut().insert(Charged(charge.clone()));
+        charge
+    }
+
+    /// Takes the charge of the policy `policy` out of `req`, if it has one.
+    pub(crate) fn take<B>(req: &mut Request<B>, policy: u64) -> Option<Arc<Self>> {
+        let ours = req
+            .extensions()
+            .get::<Charged>()
+            .is_some_and(|c| c.0.policy.id == policy);
+        ours.then(|| req.extensions_mut().remove::<Charged>())
+            .flatten()
+            .map(|c| c.0)
+    }
+
+    /// The policy whose route/service stage made this charge.
+    pub(crate) fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// Names this charge on `res`, a refusal by the tenant stage.
+    pub(crate) fn name_on<B>(self: Arc<Self>, res: &mut Response<B>) {
+        res.extensions_mut().insert(Denied(self));
+    }
+
+    /// Whether `res` is a tenant-stage refusal of this very charge (taken
+    /// off `res` if so).
+    pub(crate) fn refused_in<B>(self: &Arc<Self>, res: &mut Response<B>) -> bool {
+        let ours = res
+            .extensions()
+            .get::<Denied>()
+            .is_some_and(|d| Arc::ptr_eq(&d.0, self));
+        if ours {
+            res.extensions_mut().remove::<Denied>();
+        }
+        ours
+    }
+
+    /// Marks that the tenant stage was dropped before it decided.
+    pub(crate) fn left_unanswered(&self) {
+        self.left_unanswered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the tenant stage was dropped before it decided.
+    pub(crate) fn was_left_unanswered(&self) -> bool {
+        self.left_unanswered.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,97 @@
+//! Giving a route/service stage its cost back (`settle` to zero) when the
+//! request goes no further: a tenant-stage refusal, a second reading's
+//! denial, a client that leaves before the request reached its handler.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use broker_core::{Acquisition, BrokerError, Cost, Marks};
+
+use crate::policy::{Policy, Stage};
+
+/// Where one route/service admission was charged: its stage, and for each
+/// part `i` of it ([`Stage::parts`]) bit `i` set when the store's failure
+/// policy answered that part (its cost is in this process, not the store).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refund {
+    pub(crate) stage: Stage,
+    pub(crate) answered_here: u8,
+}
+
+/// `1` when the store's failure policy answered `result`, else `0`: told by
+/// the answer itself, not by the store's health, which may change meanwhile.
+pub(crate) fn answered_here(result: &Result<Acquisition, BrokerError>) -> u8 {
+    result.as_ref().map_or(0, |a| u8::from(a.answered_here))
+}
+
+/// Gives each part of `refund.stage` of `policy` its cost back, where it
+/// was charged. A failed refund only leaves the cost charged (the broker
+/// counts and logs the error).
+pub(crate) async fn refund(policy: Arc<Policy>, refund: Refund) {
+    for (i, stage) in refund.stage.parts().enumerate() {
+        let Some(limited) = policy.limited(stage) else {
+            continue;
+        };
+        let since = (refund.answered_here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
+        let _ = (policy.broker)
+            .settle_since(&*limited.id, Cost::default(), Cost::requests(0), since)
+            .await;
+    }
+}
+
+/// Spawns [`refund`] on the current runtime; without one (it is shutting
+/// down) the cost stays charged.
+pub(crate) fn spawn_refund(policy: Arc<Policy>, of: Refund) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(refund(policy, of));
+    }
+}
+
+/// A refund that runs to its end even if it is dropped: polled in place
+/// first, and moved to a task of its own once it waits for its store, so a
+/// client that leaves meanwhile does not cut it off.
+pub(crate) struct Refunding {
+    refund: Pin<Box<dyn Future<Output = ()> + Send>>,
+    detached: bool,
+}
+
+impl Refunding {
+    /// The refund of `of` on `policy`.
+    pub(crate) fn new(policy: Arc<Policy>, of: Refund) -> Self {
+        Self {
+            refund: Box::pin(refund(policy, of)),
+            detached: false,
+        }
+    }
+
+    /// Moves the refund to a task of its own; false outside a runtime.
+    fn detach(&mut self) -> bool {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let rest = std::mem::replace(&mut self.refund, Box::pin(std::future::ready(())));
+        let task = runtime.spawn(rest);
+        self.refund = Box::pin(async move {
+            // A refund that panicked only leaves the cost charged.
+            let _ = task.await;
+        });
+        true
+    }
+}
+
+impl Future for Refunding {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.refund.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if self.detached || !self.detach() {
+            return Poll::Pending;
+        }
+        self.detached = true;
+        self.refund.as_mut().poll(cx)
+    }
+}

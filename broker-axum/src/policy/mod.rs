@@ -1,0 +1,302 @@
+//! The shared, immutable state of one [`crate::Pressure`]: the broker, the
+//! resolved route table, the service and tenant resources, the responses.
+//! Every layer and service clone points at the same one, and all limiter
+//! state lives in the broker, so clones never split a limit.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use broker_core::{ConfigError, Limits, OnOtherLimits, ResourceBroker};
+
+use crate::config::{service_resource, PressureConfig};
+use crate::response::Responses;
+use crate::tenant::TenantKeys;
+
+mod limited;
+mod paths;
+mod stage;
+
+pub(crate) use limited::Limited;
+use limited::{not_registered, Wanted};
+pub(crate) use stage::Stage;
+use stage::SERVICE;
+
+pub(crate) use paths::normal_path;
+use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_reading};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Route {
+    /// In the form of [`normal_path`].
+    prefix: Box<[u8]>,
+    /// The prefix as a wildcard handler reads it ([`second_reading`]), when
+    /// that differs from `prefix` (see [`Policy::stage_for`]).
+    slashed: Option<Box<[u8]>>,
+    /// Whether another route's prefix continues this one's, as a wildcard
+    /// handler reads them: a path this route matches may then meet that
+    /// longer prefix once its dot and empty segments are dropped.
+    deeper: bool,
+    pub(crate) limited: Limited,
+}
+
+impl Route {
+    /// The prefix as a wildcard handler reads it: `%2F` a `/`, no dot or
+    /// empty segments.
+    fn slashed(&self) -> &[u8] {
+        self.slashed.as_deref().unwrap_or(&self.prefix)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Policy {
+    /// Unique per [`Policy::new`] (clones share it: same broker, same
+    /// resources), so the stages of one [`crate::Pressure`] know each other.
+    pub(crate) id: u64,
+    pub(crate) broker: ResourceBroker,
+    pub(crate) enabled: bool,
+    /// Longest prefix first.
+    routes: Vec<Route>,
+    /// Whether a route's prefix holds a `%2F`.
+    slashed_prefixes: bool,
+    service: Option<Limited>,
+    tenant: Option<Limited>,
+    /// How tenant ids become sub-keys.
+    pub(crate) tenant_keys: TenantKeys,
+    pub(crate) responses: Responses,
+}
+
+impl Policy {
+    /// Registers the resources of `config` (limit-only) on `broker`, as
+    /// one step ([`ResourceBroker::register_limits`]): an id registered
+    /// there already is kept with the same limits, refused as a queue, and
+    /// refused or re-configured with other limits as `on_other` says.
+    pub(crate) fn new(
+        broker: ResourceBroker,
+        config: &PressureConfig,
+        service: Option<&str>,
+        on_other: OnOtherLimits,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let service = match service {
+            Some(name) => {
+                let limits = config.per_service.get(name).ok_or_else(|| {
+                    ConfigError::invalid(
+                        format!("perService.{name}"),
+                        "no such service in the config",
+                    )
+                })?;
+                Some((name, limits))
+            }
+            None if config.per_service.len() > 1 => {
+                return Err(ConfigError::invalid(
+                    "perService",
+                    "several services are configured: pick one with Pressure::for_service",
+                ))
+            }
+            None => config
+                .per_service
+                .iter()
+                .next()
+                .map(|(n, l)| (n.as_str(), l)),
+        };
+        if config.per_route.len() >= SERVICE as usize {
+            return Err(ConfigError::invalid(
+                "perRoute",
+                "more routes than a u32 counts",
+            ));
+        }
+        let service = service.map(|(name, limits)| Wanted {
+            field: format!("perService.{name}"),
+            id: service_resource(name),
+            limits,
+        });
+        let routes: Vec<_> = (config.per_route.iter().enumerate())
+            .map(|(i, r)| Wanted {
+                field: format!("perRoute[{i}].resource"),
+                id: r.resource.clone(),
+                limits: &r.limits,
+            })
+            .collect();
+        let tenant = config.per_tenant.enabled.then(|| Wanted {
+            field: "perTenant.resource".to_owned(),
+            id: config.per_tenant.resource.clone(),
+            limits: &config.per_tenant.limits,
+        });
+        let wanted: Vec<&Wanted> = service.iter().chain(&routes).chain(&tenant).collect();
+        let entries: Vec<(&str, &Limits)> = wanted.iter().map(|w| (&*w.id, w.limits)).collect();
+        (broker.register_limits(&entries, on_other))
+            .map_err(|e| not_registered(e, &wanted, on_other))?;
+        let limited = |w: &Wanted| Limited::on(&broker, &w.id, w.limits);
+        let service = service.as_ref().map(limited).transpose()?;
+        let mut routes = (config.per_route.iter().zip(&routes))
+            .map(|(r, wanted)| {
+                let prefix: Box<[u8]> = normal_path(&r.path_prefix).into();
+                let second = second_reading(r.path_prefix.as_bytes());
+                Ok(Route {
+                    slashed: (*second != *prefix).then(|| second.into()),
+                    prefix,
+                    deeper: false,
+                    limited: limited(wanted)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        let deeper: Vec<bool> = (routes.iter())
+            .map(|of| {
+                let of = of.slashed();
+                (routes.iter())
+                    .any(|r| r.slashed().len() > of.len() && prefix_matches(r.slashed(), of))
+            })
+            .collect();
+        for (route, deeper) in routes.iter_mut().zip(deeper) {
+            route.deeper = deeper;
+        }
+        let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
+        let tenant = tenant.as_ref().map(limited).transpose()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            broker,
+            enabled: config.enabled,
+            routes,
+            slashed_prefixes,
+            service,
+            tenant,
+            tenant_keys: TenantKeys::new(None, config.per_tenant.clear_ids),
+            responses: Responses::default(),
+        })
+    }
+
+    /// The stage that limits a request to `path` before authentication,
+    /// with its resource: the longest matching route, else the service,
+    /// else none (also none when the config is disabled). A path that is
+    /// not one (`*` of `OPTIONS *`, the empty path of `CONNECT host:port`)
+    /// is taken as `/`: a route on `/` covers every request.
+    ///
+    /// A path is read twice when a `/` may be spelled `%2F` in it or in a
+    /// prefix: as the router reads it (`%2F` inside a segment, see
+    /// [`normal_path`]) and as a wildcard route's handler gets it (`%2F`
+    /// a `/`, in the path and in the prefixes). When the two readings
+    /// meet different stages, the answer is [`Stage::Both`] (with the
+    /// first one's resource): the request is charged on both, so neither
+    /// a looser deeper prefix (`/files/public%2Fx` under a stricter
+    /// `/files`) nor a looser shorter one (`/files/private%2Fx` under a
+    /// stricter `/files/private`, or `/files/a/b/x` under a stricter
+    /// `/files/a%2Fb`, served by `/files/{*path}`) steps around a limit.
+    /// So is a path with a dot or empty segment (`/files/./private/x`,
+    /// `/files//private/x`), which a wildcard handler that reads its path
+    /// as a file path serves as the path without it (see
+    /// [`second_reading`]). A path without `%` under prefixes without `%2F`
+    /// is read once, unless it has such a segment and is outside every
+    /// route or in one that a longer prefix continues (a path in any other
+    /// route stays in it, read either way).
+    pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
+        if !self.enabled {
+            return None;
+        }
+        if self.routes.is_empty() {
+            return self.route_or_service(None);
+        }
+        let form = match path.starts_with('/') {
+            true => normal_path(path),
+            false => Cow::Borrowed(&b"/"[..]),
+        };
+        let found = self.route_for(&form);
+        if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
+            return self.read_both_ways(path, &form, found);
+        }
+        // A path outside every route, or in one that a longer prefix
+        // continues, may reach another route once a dot or empty segment
+        // is dropped; any other keeps its route (its prefix has none).
+        if found.is_none_or(|i| self.routes[i as usize].deeper)
+            && has_dot_or_empty_segment(path.as_bytes())
+        {
+            return self.read_both_ways(path, &form, found);
+        }
+        self.route_or_service(found)
+    }
+
+    /// The index of the longest route whose prefix `form` (in the form of
+    /// [`normal_path`]) matches.
+    fn route_for(&self, form: &[u8]) -> Option<u32> {
+        let i = self
+            .routes
+            .iter()
+            .position(|r| prefix_matches(form, &r.prefix))?;
+        // At most `u32::MAX - 1` routes (`Policy::new`).
+        Some(i as u32)
+    }
+
+    /// The route (`found`), else the service stage.
+    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
+        match found {
+            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
+            None => self.service.as_ref().map(|s| (Stage::Service, s)),
+        }
+    }
+
+    /// [`Policy::stage_for`] of a path read twice, whose route as the
+    /// router reads it (`form`, see [`normal_path`]) is `found`.
+    fn read_both_ways(
+        &self,
+        path: &str,
+        form: &[u8],
+        found: Option<u32>,
+    ) -> Option<(Stage, &Limited)> {
+        let routed = self.route_or_service(found);
+        let path = path.as_bytes();
+        let second =
+            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(form);
+        if !path.starts_with(b"/") || !second {
+            return routed;
+        }
+        // The longest slashed prefix that matches; of two as long (one
+        // spells a `/` as `%2F` where the other has `/`: the same prefix
+        // to a wildcard handler), one other than the router's, so that
+        // both are charged.
+        let slashed_path = second_reading(path);
+        let mut best: Option<(usize, u32)> = None;
+        for (i, route) in (0u32..).zip(&self.routes) {
+            let prefix = route.slashed();
+            let better = best.is_none_or(|(len, at)| {
+                prefix.len() > len || (prefix.len() == len && Some(at) == found)
+            });
+            if better && prefix_matches(&slashed_path, prefix) {
+                best = Some((prefix.len(), i));
+            }
+        }
+        let slashed = self.route_or_service(best.map(|(_, i)| i));
+        match (routed, slashed) {
+            (Some((a, limited)), Some((b, _))) if a != b => {
+                // Route and service stages always have a place.
+                let both = a.place().zip(b.place()).map(|(a, b)| Stage::Both(a, b));
+                Some((both.unwrap_or(a), limited))
+            }
+            (None, slashed) => slashed,
+            (routed, _) => routed,
+        }
+    }
+
+    /// The tenant stage's resource, when the tenant stage limits anything.
+    pub(crate) fn tenant_stage(&self) -> Option<&Limited> {
+        self.tenant.as_ref().filter(|_| self.enabled)
+    }
+
+    /// Whether the tenant stage limits anything.
+    pub(crate) fn has_tenant_stage(&self) -> bool {
+        self.tenant_stage().is_some()
+    }
+
+    /// The resource of `stage` (none for [`Stage::Both`]: see its
+    /// [`Stage::parts`]).
+    pub(crate) fn limited(&self, stage: Stage) -> Option<&Limited> {
+        match stage {
+            Stage::Route(i) => self.routes.get(i as usize).map(|r| &r.limited),
+            Stage::Service => self.service.as_ref(),
+            Stage::Tenant => self.tenant.as_ref(),
+            Stage::Both(..) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

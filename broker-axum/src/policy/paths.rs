@@ -1,0 +1,179 @@
+//! Reading a request path as the router and as a wildcard handler read
+//! it, and matching it against route prefixes.
+
+use std::borrow::Cow;
+
+/// `path` in the form paths and prefixes are compared in: the bytes it
+/// spells, each `%XX` decoded once (RFC 3986 §2.1), save `%2F`. A router
+/// hands a handler its path parameters decoded the same way, so
+/// `/hooks/%73tripe`, `/users/%40me` and `/hooks/caf%C3%A9` reach the
+/// handlers of `/hooks/stripe`, `/users/@me` and `/hooks/café` (sent raw,
+/// as clients may), and a client cannot step around a route's limit by
+/// spelling a path differently. `%2F` stays as it is (in upper case): the
+/// router splits segments on a `/` only, so `/files/public%2Fx` is the one
+/// segment `public/x` under `/files`. A wildcard route (`/files/{*path}`)
+/// hands its handler `private%2Fx` as `private/x`, the same as
+/// `/files/private/x`, so a path with a `%2F` is also read with it decoded
+/// (see [`Policy::stage_for`]). A `%` not followed by two hex digits is
+/// left as it is. A path without `%` is its own form.
+pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
+    if !path.as_bytes().contains(&b'%') {
+        return Cow::Borrowed(path.as_bytes());
+    }
+    Cow::Owned(decoded(path.as_bytes(), false))
+}
+
+/// Whether `path` holds an encoded `/` (`%2F`, in either case).
+pub(super) fn has_encoded_slash(path: &[u8]) -> bool {
+    path.windows(3)
+        .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
+}
+
+/// [`normal_path`] of a path with a `%`; with `slashes`, `%2F` is
+/// decoded too.
+fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
+    while i < bytes.len() {
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(h), Some(l)) => {
+                // Two hex digits: at most 255.
+                match (h * 16 + l) as u8 {
+                    b'/' if !slashes => out.extend_from_slice(b"%2F"),
+                    c => out.push(c),
+                }
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// `path` (a path, or a prefix) as a wildcard route's handler that reads
+/// it as a file path gets it: every `%XX` decoded, `%2F` a `/` too (see
+/// [`normal_path`]), and without its empty and `.` segments, which such a
+/// handler skips (`std::path::Path::components`, tower-http's `ServeDir`):
+/// `/files/./private/x`, `/files//private/x` and `/files/%2E/private%2Fx`
+/// all read as `/files/private/x`. A trailing `/` is kept (a last segment
+/// empty or `.` leaves one), so a path without such segments reads as it
+/// is written. A `..` segment is left as it is: a handler that resolves it
+/// serves paths outside its root anyway.
+pub(super) fn second_reading(path: &[u8]) -> Vec<u8> {
+    let path = decoded(path, true);
+    if !path.starts_with(b"/") {
+        return path;
+    }
+    let mut out = Vec::with_capacity(path.len());
+    let mut trailing = false;
+    for segment in path.split(|&b| b == b'/').skip(1) {
+        trailing = segment.is_empty() || segment == b".";
+        if !trailing {
+            out.push(b'/');
+            out.extend_from_slice(segment);
+        }
+    }
+    if trailing || out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+/// Whether `path` has a segment that [`second_reading`] drops: an empty
+/// one (`//`) or `.`, before its end (a trailing `/` is kept there).
+pub(super) fn has_dot_or_empty_segment(path: &[u8]) -> bool {
+    let mut at = 0;
+    while at + 1 < path.len() {
+        if path[at] == b'/' {
+            match path[at + 1] {
+                b'/' => return true,
+                b'.' if matches!(path.get(at + 2), None | Some(b'/')) => return true,
+                _ => {}
+            }
+        }
+        at += 1;
+    }
+    false
+}
+
+/// `path` is `prefix` or continues it after a `/`.
+pub(super) fn prefix_matches(path: &[u8], prefix: &[u8]) -> bool {
+    path.starts_with(prefix)
+        && (path.len() == prefix.len()
+            || prefix.last() == Some(&b'/')
+            || path[prefix.len()] == b'/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_matches_on_segment_boundaries_only() {
+        assert!(prefix_matches(b"/api/hooks", b"/api/hooks"));
+        assert!(prefix_matches(b"/api/hooks/stripe", b"/api/hooks"));
+        assert!(!prefix_matches(b"/api/hooksx", b"/api/hooks"));
+        assert!(prefix_matches(b"/api/hooks/x", b"/api/"));
+        assert!(prefix_matches(b"/anything", b"/"));
+        assert!(!prefix_matches(b"/api", b"/api/hooks"));
+    }
+
+    #[test]
+    fn normal_paths_decode_every_percent_encoding_once() {
+        let form = |p: &str| normal_path(p).into_owned();
+        assert_eq!(form("/hooks/stripe"), b"/hooks/stripe");
+        assert!(matches!(normal_path("/a/b"), Cow::Borrowed(_)));
+        assert_eq!(form("/hooks/%73tripe"), b"/hooks/stripe");
+        assert_eq!(form("/%41%7a%30%2D%2e%5F%7e"), b"/Az0-._~");
+        // Reserved and other characters too, in either case of hex digit,
+        // the same bytes as the character sent raw.
+        assert_eq!(form("/users/%40me"), form("/users/@me"));
+        assert_eq!(form("/hooks/caf%c3%A9"), form("/hooks/caf\u{e9}"));
+        assert_eq!(form("/q/%7Bx%7d%22"), b"/q/{x}\"");
+        // A `/` inside a segment stays encoded: not a segment boundary.
+        assert_eq!(form("/files/a%2fb"), b"/files/a%2Fb");
+        assert_ne!(form("/files/a%2Fb"), form("/files/a/b"));
+        // Once: `%25` is a `%`, not the start of another encoding.
+        assert_eq!(form("/a%2541"), b"/a%41");
+        // Bytes that are not UTF-8 are compared as bytes.
+        assert_eq!(form("/x%FF"), b"/x\xff");
+        // Not an encoding: left as it is.
+        assert_eq!(form("/100%/%zz/%4"), b"/100%/%zz/%4");
+    }
+
+    /// A path has a segment the second reading drops exactly when that
+    /// reading differs from it (for paths without `%`), and a path
+    /// without one reads as it is written, trailing `/` and all.
+    #[test]
+    fn the_second_reading_drops_dot_and_empty_segments_only() {
+        let read = |p: &str| String::from_utf8(second_reading(p.as_bytes())).unwrap();
+        for (path, reads) in [
+            ("/", "/"),
+            ("/a", "/a"),
+            ("/a/", "/a/"),
+            ("/a/./b", "/a/b"),
+            ("/a//b", "/a/b"),
+            ("/a/.", "/a/"),
+            ("/a//", "/a/"),
+            ("/./", "/"),
+            ("//", "/"),
+            ("/.a/b./.../c", "/.a/b./.../c"),
+            ("/a/../b", "/a/../b"),
+            ("/a%2F%2E/b", "/a/b"),
+            ("/a%2F.%2F/b", "/a/b"),
+        ] {
+            assert_eq!(read(path), reads, "{path}");
+            if !path.contains('%') {
+                assert_eq!(
+                    has_dot_or_empty_segment(path.as_bytes()),
+                    path != reads,
+                    "{path}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! [`PressureLayer`]: a cheap clone holding the shared policy; all state
+//! lives in the broker.
+
+use std::sync::Arc;
+
+use tower::Layer;
+
+use super::service::PressureService;
+use crate::policy::Policy;
+
+/// The route/service stage as a tower [`Layer`]; place it before
+/// authentication (outermost). Built by [`crate::Pressure::layer`].
+#[derive(Debug, Clone)]
+pub struct PressureLayer {
+    policy: Arc<Policy>,
+}
+
+impl PressureLayer {
+    pub(crate) fn new(policy: Arc<Policy>) -> Self {
+        Self { policy }
+    }
+}
+
+impl<S> Layer<S> for PressureLayer {
+    type Service = PressureService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PressureService::new(inner, self.policy.clone())
+    }
+}

@@ -1,0 +1,167 @@
+//! [`TenantFuture`]: the tenant stage's admission of one request.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use broker_core::Permit;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use super::keys::TenantId;
+use crate::admission::acquire::{acquire, Answer};
+use crate::admission::carry::Carry;
+use crate::admission::charge::Charge;
+use crate::admission::refusal::{judge, Refusal};
+use crate::admission::{AcquireFuture, Call};
+use crate::body::PermitBody;
+use crate::policy::{Policy, Stage};
+
+pin_project! {
+    /// The response future of [`crate::TenantService`]: the denial, or the
+    /// inner call, whose response body takes the concurrency permit along.
+    /// Its error is the inner service's error.
+    pub struct TenantFuture<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        #[pin]
+        state: State<S, ReqB, ResB>,
+    }
+    impl<S, ReqB, ResB> PinnedDrop for TenantFuture<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        // Dropped with its decision in flight (the client left): the
+        // request never reached its handler, and the route/service stage
+        // that charged it gives its cost back.
+        fn drop(this: Pin<&mut Self>) {
+            if let StateProj::Admitting { charge, .. } = this.project().state.project() {
+                if let Some(charge) = charge.take() {
+                    charge.left_unanswered();
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqB, ResB>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        // The store needs I/O: waiting for the broker's answer.
+        Admitting {
+            acquire: AcquireFuture,
+            call: Option<Box<Call<S, ReqB>>>,
+            policy: Arc<Policy>,
+            tenant: TenantId,
+            charge: Option<Arc<Charge>>,
+        },
+        Calling {
+            #[pin]
+            call: Carry<S::Future>,
+        },
+        Refused {
+            refusal: Option<Refusal>,
+        },
+    }
+}
+
+impl<S, ReqB, ResB> TenantFuture<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    /// Calls `inner` with `req`, the response taking `permit` along.
+    pub(crate) fn admitted(permit: Permit, inner: &mut S, req: Request<ReqB>) -> Self {
+        let method = req.method().clone();
+        let call = Carry::new(inner.call(req), permit, &method);
+        Self {
+            state: State::Calling { call },
+        }
+    }
+
+    /// Answers `refusal` when polled.
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        let refusal = Some(refusal);
+        Self {
+            state: State::Refused { refusal },
+        }
+    }
+
+    /// Admits `req` for `tenant` once the broker has answered, then calls
+    /// a ready clone of `inner`; a refusal gives `charge` back.
+    pub(crate) fn admit_later(
+        policy: &Arc<Policy>,
+        tenant: TenantId,
+        charge: Option<Arc<Charge>>,
+        inner: &mut S,
+        req: Request<ReqB>,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        let call = Some(Call::take_ready(inner, req));
+        let asked = policy.clone();
+        let acquire: AcquireFuture =
+            Box::pin(async move { acquire(&asked, Stage::Tenant, Some(tenant.as_str())).await });
+        Self {
+            state: State::Admitting {
+                acquire,
+                call,
+                policy: policy.clone(),
+                tenant,
+                charge,
+            },
+        }
+    }
+}
+
+impl<S, ReqB, ResB> Future for TenantFuture<S, ReqB, ResB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
+{
+    type Output = Result<Response<ResB>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Calling { call } => return call.poll(cx),
+                StateProj::Admitting {
+                    acquire,
+                    call,
+                    policy,
+                    tenant,
+                    charge,
+                } => {
+                    let Answer { result, .. } = ready!(acquire.as_mut().poll(cx));
+                    let charge = charge.take();
+                    let call = call.take().expect("TenantFuture polled after completion");
+                    let Call { mut inner, req } = *call;
+                    let key = Some(tenant.as_str());
+                    let next = match judge(policy, Stage::Tenant, result, key) {
+                        Ok(permit) => {
+                            let method = req.method().clone();
+                            let call = Carry::new(inner.call(req), permit, &method);
+                            State::Calling { call }
+                        }
+                        Err(refusal) => State::Refused {
+                            refusal: Some(refusal.giving_back(charge)),
+                        },
+                    };
+                    state.set(next);
+                }
+                StateProj::Refused { refusal } => {
+                    let refusal = refusal.take();
+                    let refusal = refusal.expect("TenantFuture polled after completion");
+                    return Poll::Ready(Ok(refusal.respond()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! [`TenantService`]: the tenant stage, after authentication.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use broker_core::Cost;
+use http::{Request, Response};
+use tower::Service;
+
+use super::extract::TenantExtractor;
+use super::future::TenantFuture;
+use crate::admission::charge::Charge;
+use crate::admission::refusal::judge;
+use crate::body::PermitBody;
+use crate::policy::{Policy, Stage};
+
+/// The tenant stage: keys the per-tenant resource by the tenant its
+/// [`TenantExtractor`] finds (under [`crate::Pressure::tenant_key`]), so
+/// each tenant has its own state, created on first sight and evicted by
+/// the backend when idle. Requests without a tenant pass. Built by
+/// [`crate::Pressure::tenant_layer`].
+#[derive(Debug, Clone)]
+pub struct TenantService<S, E> {
+    inner: S,
+    policy: Arc<Policy>,
+    extractor: E,
+}
+
+impl<S, E> TenantService<S, E> {
+    pub(crate) fn new(inner: S, policy: Arc<Policy>, extractor: E) -> Self {
+        Self {
+            inner,
+            policy,
+            extractor,
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, E, ReqB, ResB> Service<Request<ReqB>> for TenantService<S, E>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
+    ResB: PermitBody,
+    E: TenantExtractor,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = TenantFuture<S, ReqB, ResB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        let policy = &self.policy;
+        let Some(limited) = policy.tenant_stage() else {
+            return TenantFuture::admitted(Default::default(), &mut self.inner, req);
+        };
+        // Taken out of the request whatever comes next: only this stage
+        // answers for the route/service stage's charge.
+        let charge = Charge::take(&mut req, policy.id);
+        let tenant = self.extractor.tenant(req.headers(), req.extensions());
+        let Some(tenant) = tenant.map(|t| policy.tenant_keys.key(&t)) else {
+            return TenantFuture::admitted(Default::default(), &mut self.inner, req);
+        };
+        let key = Some(tenant.as_str());
+        let Some(result) = limited.handle.try_acquire_now(key, Cost::default()) else {
+            return TenantFuture::admit_later(policy, tenant, charge, &mut self.inner, req);
+        };
+        match judge(policy, Stage::Tenant, result, key) {
+            Ok(permit) => TenantFuture::admitted(permit, &mut self.inner, req),
+            Err(refusal) => TenantFuture::refused(refusal.giving_back(charge)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_tenant_stage_debug_output_names_its_parts() {
+        use tower::Layer;
+        #[derive(Debug)]
+        struct Inner;
+        let config = crate::PressureConfig::from_json(
+            "test",
+            r#"{ "enabled": true,
+                 "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 5 } } }"#,
+        )
+        .unwrap();
+        let broker = broker_core::ResourceBroker::new(broker_memory::MemoryBackend::new());
+        let pressure = crate::Pressure::new(broker, &config).unwrap();
+        let header = http::HeaderName::from_static("x-tenant");
+        let svc = pressure
+            .tenant_layer(crate::FromHeader::new(header))
+            .layer(Inner);
+        let shown = format!("{svc:?}");
+        assert!(shown.starts_with("TenantService { inner: Inner"), "{shown}");
+        assert!(shown.contains("x-tenant"), "{shown}");
+    }
+}
