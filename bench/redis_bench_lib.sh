@@ -1,4 +1,4 @@
-# What the Redis bench scripts (redis_compare.sh, busy_poll_guard.sh,
+# What the Redis bench scripts (redis_compare.sh,
 # redis_callgrind.sh) share. Sourced from the project root, after
 # `set -euo pipefail`:
 #   WORK        a temporary directory, removed on exit with everything below;

@@ -469,11 +469,10 @@ impl Coalescer {
 /// learnt whether it was granted (no reply in time, and its script may
 /// still run). Sent through the same connection as the decision: where
 /// that connection is still the one the decision went on, Redis runs the
-/// release after the decision's script. Where it is not (the direct link
-/// is closed on a timeout, and the release goes through the shared
-/// connection), the release may arrive first, and a lease the late script
-/// then grants expires after its TTL, as it does without a runtime or when
-/// the release fails.
+/// release after the decision's script. Where it is not (the manager
+/// reconnected meanwhile), the release may arrive first, and a lease the
+/// late script then grants expires after its TTL, as it does without a
+/// runtime or when the release fails.
 pub(crate) fn release_later(conn: &Conn, timeout: Duration, (keys, lease): (KeyPair, LeaseId)) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;

@@ -1,6 +1,5 @@
-//! The connections to Redis (one server: a reconnecting
-//! [`ConnectionManager`] and, beside it, a [`Direct`] connection for the
-//! call that finds it free; or a cluster connection) and `EVALSHA` with a
+//! The connection to Redis (one server: the `redis` crate's reconnecting
+//! [`ConnectionManager`]; or its cluster client) and `EVALSHA` with a
 //! reload on `NOSCRIPT`.
 
 use std::sync::Arc;
@@ -11,15 +10,13 @@ use broker_core::BackendError;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use crate::direct::Direct;
 use crate::scripts::Lua;
 
 /// A cheap-to-clone handle on the store.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    /// One server, through a connection manager that reconnects by itself,
-    /// and the direct connection (none for TLS or RESP3 URLs).
-    Single(ConnectionManager, Option<Arc<Direct>>),
+    /// One server, through a connection manager that reconnects by itself.
+    Single(ConnectionManager),
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
     /// With the time in ms a `settle` is kept from running twice (see
@@ -30,7 +27,7 @@ pub(crate) enum Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Conn::Single(..) => f.write_str("Conn::Single"),
+            Conn::Single(_) => f.write_str("Conn::Single"),
             #[cfg(feature = "cluster")]
             Conn::Cluster(..) => f.write_str("Conn::Cluster"),
         }
@@ -45,29 +42,22 @@ pub(crate) struct Timeouts {
     /// The bound on how long any call waits, a connection it waits for
     /// included (see the builder's `response_timeout`).
     pub(crate) response: Duration,
-    /// Busy polling of the direct connection (see the builder).
-    pub(crate) busy_poll: Duration,
 }
 
 impl Conn {
     /// Connects to one server.
     pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_with_config(client, manager_config(t)).await?;
-        if let Some(direct) = &direct {
-            direct.open().await;
-        }
-        Ok(Conn::Single(manager, direct))
+        Ok(Conn::Single(manager))
     }
 
     /// One server, connected by the first command (and again after any
     /// failed attempt): only the URL is checked now.
     pub(crate) fn single_lazy(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config(t))?;
-        Ok(Conn::Single(manager, direct))
+        Ok(Conn::Single(manager))
     }
 
     /// Connects to a cluster through any of its nodes.
@@ -84,10 +74,7 @@ impl Conn {
         Ok(Conn::Cluster(client.get_async_connection().await?, once))
     }
 
-    /// Sends one command: on one server, through the direct connection if
-    /// it is free, else through the manager; a timeout error after
-    /// `timeout` (the direct connection has no response timeout of its
-    /// own: a decision gets it from [`crate::coalesce::send`]).
+    /// Sends one command; a timeout error after `timeout`.
     pub(crate) async fn query(&self, cmd: &Cmd, timeout: Duration) -> RedisResult<Value> {
         match tokio::time::timeout(timeout, self.query_resending(cmd, true)).await {
             Ok(reply) => reply,
@@ -99,27 +86,18 @@ impl Conn {
     /// command again after a broken pipe (see [`managed`]).
     async fn query_resending(&self, cmd: &Cmd, resend: bool) -> RedisResult<Value> {
         match self {
-            Conn::Single(c, direct) => {
-                let Some(direct) = direct else {
-                    return managed(c, cmd, resend).await;
-                };
-                if let Some(reply) = direct.query(cmd).await {
-                    return reply;
-                }
-                direct.beside(managed(c, cmd, resend)).await
-            }
+            Conn::Single(c) => managed(c, cmd, resend).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c, _) => cmd.query_async(&mut c.clone()).await,
         }
     }
 
     /// Whether the store answers a `PING` within `timeout`, the probe of a
-    /// server that is down: sent through the manager, whose connection a
-    /// timeout leaves open (the direct one it would close).
+    /// server that is down.
     pub(crate) async fn ping(&self, timeout: Duration) -> bool {
         let ping = async {
             match self {
-                Conn::Single(c, _) => managed(c, &redis::cmd("PING"), true).await,
+                Conn::Single(c) => managed(c, &redis::cmd("PING"), true).await,
                 #[cfg(feature = "cluster")]
                 Conn::Cluster(c, _) => redis::cmd("PING").query_async(&mut c.clone()).await,
             }
@@ -137,7 +115,7 @@ impl Conn {
     ) -> bool {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         let c = match self {
-            Conn::Single(..) => return self.ping(timeout).await,
+            Conn::Single(_) => return self.ping(timeout).await,
             Conn::Cluster(c, _) => c,
         };
         let node = Route::with_slot(slot, SlotAddr::Master);
@@ -152,7 +130,7 @@ impl Conn {
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<String> {
         match self {
-            Conn::Single(c, _) => script.load_async(&mut c.clone()).await,
+            Conn::Single(c) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c, _) => load_on_node(c, script, cmd).await,
         }
@@ -369,7 +347,6 @@ mod tests {
         let t = |connect, response| Timeouts {
             connect: Duration::from_millis(connect),
             response: Duration::from_millis(response),
-            busy_poll: Duration::ZERO,
         };
         assert_eq!(once_ms(t(100, 500)), 10_000);
         assert_eq!(once_ms(t(1_000, 30_000)), 121_000);
