@@ -227,7 +227,7 @@ fn once_ms(t: Timeouts) -> u64 {
 /// transition but `settle` leaves the same state when run twice in a row
 /// (a second `try` or `reserve` only takes more, conservatively; a lease
 /// is added or removed once, and a second run that finds its own lease held
-/// answers as the first did, see `held` in `lua/lease.lua`), while a second
+/// answers as the first did, see `held` in `lua/lib.lua`), while a second
 /// `settle` refunds or charges again. (A cluster's client sends commands
 /// again on its own; there a `settle` is made to run once instead, see
 /// `scripts::run_once`.)

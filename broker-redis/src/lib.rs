@@ -17,8 +17,9 @@
 //!
 //! - **One round trip per decision**: every transition (`try`, `reserve`,
 //!   `hold_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
-//!   script run by `EVALSHA` (reloaded on `NOSCRIPT`), a line-by-line
-//!   mirror of broker-core's `bucket.rs` and `state.rs` with the same names
+//!   script run by `EVALSHA` (reloaded on `NOSCRIPT`): its own body over
+//!   one shared helper source (`lua/lib.lua`), a line-by-line mirror of
+//!   broker-core's `bucket.rs` and `state.rs` with the same names
 //!   (`tokens`, `ts`, `nb`). All limits of a resource pass or none is
 //!   consumed, atomically.
 //! - **Coalescing** (on by default, [`RedisBackendBuilder::coalesce`]):

@@ -355,18 +355,15 @@ impl RedisBackend {
         }
     }
 
-    /// The call of a transition that takes `cost` in every bucket: the
-    /// table-free `one` script for a single rate limit, else `many`, with
-    /// the bucket operands filled in.
+    /// The call of `script`, a transition that takes `cost` in every
+    /// bucket, with the bucket operands filled in.
     fn cost_call<'s>(
         &self,
-        one: &'s Lua,
-        many: &'s Lua,
+        script: &'s Lua,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
     ) -> (&'s Lua, Cmd) {
-        let script = if spec.buckets.len() == 1 { one } else { many };
         let cmd = scripts::evalsha(
             script,
             keys,
@@ -502,23 +499,12 @@ impl RedisBackend {
         lease: LeaseId,
         deadline: Instant,
     ) -> Result<Decision, Failure> {
-        // One rate limit: the table-free script, which takes the slot
-        // operands only when there is a concurrency limit.
-        let one = spec.buckets.len() == 1;
-        let one_script: &'static Lua = match spec.max_concurrent {
-            None => &scripts::TRY_FLAT,
-            Some(_) => &scripts::TRY_ONE,
-        };
-        let (script, mut cmd) = self.cost_call(one_script, &scripts::TRY, keys, spec, cost);
+        let (script, mut cmd) = self.cost_call(&scripts::TRY, keys, spec, cost);
         match spec.max_concurrent {
-            Some(max) => {
-                cmd.arg(max).arg(spec.lease_ttl).arg(lease);
-            }
-            None if !one => {
-                cmd.arg("").arg(spec.lease_ttl).arg(lease);
-            }
-            None => {}
-        }
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
         // 1 when allowed; {reason, wait} when denied.
         let reply = self
             .run_try(
@@ -593,8 +579,7 @@ impl RedisBackend {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<(Reservation, Micros), Failure> {
-        let (script, mut cmd) =
-            self.cost_call(&scripts::RESERVE_ONE, &scripts::RESERVE, keys, spec, cost);
+        let (script, mut cmd) = self.cost_call(&scripts::RESERVE, keys, spec, cost);
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
@@ -736,8 +721,7 @@ impl Backend for RedisBackend {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
-        let (script, cmd) =
-            self.cost_call(&scripts::HOLD_LEFT, &scripts::HOLD_LEFT, &keys, spec, cost);
+        let (script, cmd) = self.cost_call(&scripts::HOLD_LEFT, &keys, spec, cost);
         let result = async {
             let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
             micros_of(&left)
