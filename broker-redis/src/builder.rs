@@ -181,14 +181,8 @@ impl RedisBackendBuilder {
     /// flight means smaller batches but less waiting; one call in flight
     /// makes the largest batches. On a cluster both limits are per hash
     /// slot (a call's keys are all in one), so a frozen node holds up no
-    /// decision on another.
-    ///
-    /// The defaults were measured against one local Redis on two cores
-    /// (BENCHMARKS.md): against the earlier (64, 2) they gave about 1.3×
-    /// the decisions per second at 10 in flight and 1.15× at 50, and 0.9×
-    /// at 200, where the server is the bottleneck and larger batches cost
-    /// it less per decision. A process that keeps hundreds of decisions in
-    /// flight on one backend may prefer `(64, 2)`.
+    /// decision on another. A process that keeps hundreds of decisions in
+    /// flight on one backend may prefer larger batches, e.g. `(64, 2)`.
     pub fn coalesce_limits(mut self, max_batch: usize, max_in_flight: usize) -> Self {
         self.coalesce.max_batch = max_batch.max(1);
         self.coalesce.max_in_flight = max_in_flight.max(1);

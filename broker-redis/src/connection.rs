@@ -155,7 +155,7 @@ impl Conn {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: a cluster's routed `SCRIPT LOAD` is a large future,
                 // which would grow every call's (boxed per decision, see
-                // `coalesce::send_or_later`) past the sizes malloc serves
+                // `send::send_or_later`) past the sizes malloc serves
                 // from its per-thread cache, for a path a server takes once
                 // per script.
                 Box::pin(self.load(script, cmd)).await?;
@@ -196,20 +196,20 @@ async fn load_on_node(
 
 /// The cluster client's own reply timeout, as the connection manager's
 /// (see [`manager_config`]): past the response timeout and the wait for
-/// a late reply ([`crate::coalesce::LATE`]), so that a decision with no
+/// a late reply ([`crate::send::LATE`]), so that a decision with no
 /// reply within the response timeout still reads its reply, to give back
 /// what it took (the client's own timeout would drop the reply, and with
 /// its retry could even send the decision again).
 #[cfg(feature = "cluster")]
 fn cluster_response(t: Timeouts) -> Duration {
-    t.response.saturating_add(crate::coalesce::LATE)
+    t.response.saturating_add(crate::send::LATE)
 }
 
 /// How long (ms) a `settle` sent over a cluster connection keeps its own
 /// key (see `scripts::run_once`): past every time the cluster's client
 /// may send it again, twice over, and at least 10 s; at most a day (a
 /// timeout of `Duration::MAX` means none). A settle waits for its reply
-/// for the response timeout (it is sent by `coalesce::send`, which reads
+/// for the response timeout (it is sent by `send::send`, which reads
 /// no late reply), and the client sends a request again only while its
 /// caller waits (a dropped caller's request is not retried), so the
 /// client's longer reply timeout (see [`cluster_response`]) does not
@@ -276,14 +276,14 @@ fn is_broken_pipe(e: &RedisError) -> bool {
 
 /// The connection manager's settings: the timeouts, one quick retry. Its
 /// own reply timeout is past the response timeout and the wait for a late
-/// reply ([`crate::coalesce::LATE`]): every call is bounded by the
+/// reply ([`crate::send::LATE`]): every call is bounded by the
 /// response timeout of its own, and a decision with no reply by then
 /// still reads its reply, to give back what it took (the manager's own
 /// timeout would drop it, and the cost with it).
 fn manager_config(t: Timeouts) -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
-        .set_response_timeout(Some(t.response.saturating_add(crate::coalesce::LATE)))
+        .set_response_timeout(Some(t.response.saturating_add(crate::send::LATE)))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100))

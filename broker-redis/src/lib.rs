@@ -66,6 +66,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod call;
 mod coalesce;
 mod connection;
 mod failure;
@@ -74,6 +75,7 @@ mod keys;
 mod pending;
 mod probe;
 mod scripts;
+mod send;
 mod startup;
 mod transitions;
 
