@@ -1,5 +1,5 @@
-# What the Redis bench scripts (redis_compare.sh, busy_poll_guard.sh,
-# redis_callgrind.sh) share. Sourced from the project root, after
+# What the Redis bench script (redis_compare.sh) shares. Sourced from
+# the project root, after
 # `set -euo pipefail`:
 #   WORK        a temporary directory, removed on exit with everything below;
 #   PIDS        processes to stop on exit (start_redis adds its server);

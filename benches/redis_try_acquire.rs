@@ -22,9 +22,7 @@
 //! the default, one client core like Node; or `multi_thread`),
 //! `COALESCE_LIMITS` (`max_batch,max_in_flight`; without it, the
 //! backend's defaults), `WHO` (which runs, of `ours`, `off`, `minimal`,
-//! separated by commas; default all three: to profile one client alone), `BUSY_POLL_US` (our backend
-//! with `RedisBackendBuilder::busy_poll` set to that many microseconds,
-//! coalescing on; without it, the default).
+//! separated by commas; default all three: to profile one client alone).
 //! Prints one JSON line per run. With coalescing, one `EVALSHA` carries
 //! several decisions when many are in flight: `commands_per_decision.evalsha`
 //! is then below 1, and `decisions_per_evalsha` gives the batch size;
@@ -32,7 +30,7 @@
 //! `client_cpu_us_per_decision` is the CPU time of the whole bench process
 //! (user and system, from `/proc/self/stat`, in 10 ms ticks) during the
 //! run, per decision: on the default single-threaded runtime, the client's
-//! work, its waiting included when it busy-polls.
+//! work.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -210,10 +208,6 @@ fn main() {
 
     rt.block_on(async {
         let mut builder = RedisBackend::builder(&url);
-        if let Ok(us) = std::env::var("BUSY_POLL_US") {
-            let us = us.parse().expect("BUSY_POLL_US: microseconds");
-            builder = builder.busy_poll(Duration::from_micros(us));
-        }
         if let Ok(limits) = std::env::var("COALESCE_LIMITS") {
             let (batch, in_flight) = limits
                 .split_once(',')

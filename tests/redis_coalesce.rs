@@ -128,9 +128,7 @@ async fn a_tight_limit_admits_exactly_its_quota_under_concurrent_calls() {
 #[tokio::test]
 async fn a_script_error_reaches_only_its_own_caller() {
     let server = RedisServer::start();
-    // No busy polling: a lone call whose reply came within its first poll
-    // would answer there, and the next start alone too, uncoalesced.
-    let backend = backend(&server, |b| b.busy_poll(Duration::ZERO)).await;
+    let backend = backend(&server, |b| b).await;
     let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));
     // A key of the wrong type: the script's HMGET fails with WRONGTYPE.
     server.command("SET rb:{bad}:b x");

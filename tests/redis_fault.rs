@@ -472,8 +472,8 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
         let limits = Limits::new().rate(RateLimit::per_second(1000));
         broker.register_limit("api", limits).unwrap();
         for _ in 0..2 {
-            // Two at once: one on the direct connection, one on the
-            // shared one; both were idle past the server's timeout.
+            // Two at once, after the connection was idle past the
+            // server's timeout.
             let (a, b) = tokio::join!(
                 broker.try_acquire("api", Cost::default()),
                 broker.try_acquire("api", Cost::default())

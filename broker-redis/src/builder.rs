@@ -10,13 +10,9 @@ use crate::connection::{Conn, Timeouts};
 use crate::failure::FailurePolicy;
 use crate::{coalesce, keys, startup, RedisBackend};
 
-/// The default busy-polling budget (see [`RedisBackendBuilder::busy_poll`]).
-const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(100);
-
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix
 /// `"rb"`, [`FailurePolicy::FailClosed`], 1 s connect and response timeouts,
-/// a background probe per 250 ms while Redis is down, 1 s TTL margin, coalescing on,
-/// busy polling for up to 100 µs ([`RedisBackendBuilder::busy_poll`]).
+/// a background probe per 250 ms while Redis is down, 1 s TTL margin, coalescing on.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -55,7 +51,6 @@ impl RedisBackendBuilder {
             timeouts: Timeouts {
                 connect: Duration::from_secs(1),
                 response: Duration::from_secs(1),
-                busy_poll: DEFAULT_BUSY_POLL,
             },
             probe_interval: Duration::from_millis(250),
             ttl_margin: Duration::from_secs(1),
@@ -139,51 +134,6 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Busy polling for the reply of a lone call: for up to `budget` after
-    /// sending its command, the call checks its socket again and again
-    /// (yielding to the runtime in between, so other tasks run) before it
-    /// sleeps until the socket wakes it. Waking a sleeping thread, and on
-    /// a virtual machine an idle vCPU, takes tens of microseconds; when
-    /// Redis answers within `budget` (on the same host), polling saves
-    /// that, at the price of a core kept busy while the call waits.
-    /// Applies to the call that has the backend's direct connection (one
-    /// server, not TLS), and only while no other call is in flight on the
-    /// backend: under load the core has other work.
-    ///
-    /// When the round trip is longer than `budget` (Redis on another host),
-    /// polling saves nothing and would cost `budget` of CPU per call; the
-    /// connection backs off instead. After a poll that runs out of budget
-    /// without the reply, the next lone call does not poll; after two such
-    /// polls in a row, the next two; then four, and so on up to 1024 calls
-    /// without polling between two polls. A poll that finds its reply
-    /// makes every lone call poll again. With Redis far away, one lone call
-    /// in 1025 so spends `budget` of CPU (with the default, under 0.1 µs
-    /// per call on average); with Redis on the same host, nearly every
-    /// lone call polls.
-    ///
-    /// Default 100 µs. On the project's benchmark machine (a 2-core virtual
-    /// machine, `BENCHMARKS.md`), a polling lone call to a Redis on the
-    /// same host took 27–30 µs on average (99% within about 50 µs), and
-    /// 72–83 µs (median) at times when the whole machine ran slower: the
-    /// default covers both, where 50 µs missed in the second case.
-    /// `Duration::ZERO` turns busy polling off: every call sleeps until its
-    /// reply.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use broker_redis::RedisBackend;
-    /// # async fn demo() -> Result<(), broker_core::BackendError> {
-    /// let backend = RedisBackend::builder("redis://redis.internal:6379/")
-    ///     .busy_poll(Duration::ZERO) // off: keep the core idle while waiting
-    ///     .connect()
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn busy_poll(mut self, budget: Duration) -> Self {
-        self.timeouts.busy_poll = budget;
-        self
-    }
-
     /// While Redis is down, a background `PING` per `interval` (at least
     /// 10 ms apart, each waiting 250 ms at most) checks whether it answers
     /// again; every call is answered by the failure policy at once
@@ -232,14 +182,8 @@ impl RedisBackendBuilder {
     /// flight means smaller batches but less waiting; one call in flight
     /// makes the largest batches. On a cluster both limits are per hash
     /// slot (a call's keys are all in one), so a frozen node holds up no
-    /// decision on another.
-    ///
-    /// The defaults were measured against one local Redis on two cores
-    /// (BENCHMARKS.md): against the earlier (64, 2) they gave about 1.3×
-    /// the decisions per second at 10 in flight and 1.15× at 50, and 0.9×
-    /// at 200, where the server is the bottleneck and larger batches cost
-    /// it less per decision. A process that keeps hundreds of decisions in
-    /// flight on one backend may prefer `(64, 2)`.
+    /// decision on another. A process that keeps hundreds of decisions in
+    /// flight on one backend may prefer larger batches, e.g. `(64, 2)`.
     pub fn coalesce_limits(mut self, max_batch: usize, max_in_flight: usize) -> Self {
         self.coalesce.max_batch = max_batch.max(1);
         self.coalesce.max_in_flight = max_in_flight.max(1);

@@ -1,6 +1,5 @@
-//! The connections to Redis (one server: a reconnecting
-//! [`ConnectionManager`] and, beside it, a [`Direct`] connection for the
-//! call that finds it free; or a cluster connection) and `EVALSHA` with a
+//! The connection to Redis (one server: the `redis` crate's reconnecting
+//! [`ConnectionManager`]; or its cluster client) and `EVALSHA` with a
 //! reload on `NOSCRIPT`.
 
 use std::sync::Arc;
@@ -11,15 +10,13 @@ use broker_core::BackendError;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
-use crate::direct::Direct;
 use crate::scripts::Lua;
 
 /// A cheap-to-clone handle on the store.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    /// One server, through a connection manager that reconnects by itself,
-    /// and the direct connection (none for TLS or RESP3 URLs).
-    Single(ConnectionManager, Option<Arc<Direct>>),
+    /// One server, through a connection manager that reconnects by itself.
+    Single(ConnectionManager),
     /// A Redis Cluster.
     #[cfg(feature = "cluster")]
     /// With the time in ms a `settle` is kept from running twice (see
@@ -30,7 +27,7 @@ pub(crate) enum Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Conn::Single(..) => f.write_str("Conn::Single"),
+            Conn::Single(_) => f.write_str("Conn::Single"),
             #[cfg(feature = "cluster")]
             Conn::Cluster(..) => f.write_str("Conn::Cluster"),
         }
@@ -45,29 +42,22 @@ pub(crate) struct Timeouts {
     /// The bound on how long any call waits, a connection it waits for
     /// included (see the builder's `response_timeout`).
     pub(crate) response: Duration,
-    /// Busy polling of the direct connection (see the builder).
-    pub(crate) busy_poll: Duration,
 }
 
 impl Conn {
     /// Connects to one server.
     pub(crate) async fn single(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_with_config(client, manager_config(t)).await?;
-        if let Some(direct) = &direct {
-            direct.open().await;
-        }
-        Ok(Conn::Single(manager, direct))
+        Ok(Conn::Single(manager))
     }
 
     /// One server, connected by the first command (and again after any
     /// failed attempt): only the URL is checked now.
     pub(crate) fn single_lazy(url: &str, t: Timeouts) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
-        let direct = Direct::new(client.get_connection_info(), t.connect, t.busy_poll);
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config(t))?;
-        Ok(Conn::Single(manager, direct))
+        Ok(Conn::Single(manager))
     }
 
     /// Connects to a cluster through any of its nodes.
@@ -84,10 +74,7 @@ impl Conn {
         Ok(Conn::Cluster(client.get_async_connection().await?, once))
     }
 
-    /// Sends one command: on one server, through the direct connection if
-    /// it is free, else through the manager; a timeout error after
-    /// `timeout` (the direct connection has no response timeout of its
-    /// own: a decision gets it from [`crate::coalesce::send`]).
+    /// Sends one command; a timeout error after `timeout`.
     pub(crate) async fn query(&self, cmd: &Cmd, timeout: Duration) -> RedisResult<Value> {
         match tokio::time::timeout(timeout, self.query_resending(cmd, true)).await {
             Ok(reply) => reply,
@@ -99,27 +86,18 @@ impl Conn {
     /// command again after a broken pipe (see [`managed`]).
     async fn query_resending(&self, cmd: &Cmd, resend: bool) -> RedisResult<Value> {
         match self {
-            Conn::Single(c, direct) => {
-                let Some(direct) = direct else {
-                    return managed(c, cmd, resend).await;
-                };
-                if let Some(reply) = direct.query(cmd).await {
-                    return reply;
-                }
-                direct.beside(managed(c, cmd, resend)).await
-            }
+            Conn::Single(c) => managed(c, cmd, resend).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c, _) => cmd.query_async(&mut c.clone()).await,
         }
     }
 
     /// Whether the store answers a `PING` within `timeout`, the probe of a
-    /// server that is down: sent through the manager, whose connection a
-    /// timeout leaves open (the direct one it would close).
+    /// server that is down.
     pub(crate) async fn ping(&self, timeout: Duration) -> bool {
         let ping = async {
             match self {
-                Conn::Single(c, _) => managed(c, &redis::cmd("PING"), true).await,
+                Conn::Single(c) => managed(c, &redis::cmd("PING"), true).await,
                 #[cfg(feature = "cluster")]
                 Conn::Cluster(c, _) => redis::cmd("PING").query_async(&mut c.clone()).await,
             }
@@ -137,7 +115,7 @@ impl Conn {
     ) -> bool {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         let c = match self {
-            Conn::Single(..) => return self.ping(timeout).await,
+            Conn::Single(_) => return self.ping(timeout).await,
             Conn::Cluster(c, _) => c,
         };
         let node = Route::with_slot(slot, SlotAddr::Master);
@@ -152,7 +130,7 @@ impl Conn {
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<String> {
         match self {
-            Conn::Single(c, _) => script.load_async(&mut c.clone()).await,
+            Conn::Single(c) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c, _) => load_on_node(c, script, cmd).await,
         }
@@ -177,7 +155,7 @@ impl Conn {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: a cluster's routed `SCRIPT LOAD` is a large future,
                 // which would grow every call's (boxed per decision, see
-                // `coalesce::send_or_later`) past the sizes malloc serves
+                // `send::send_or_later`) past the sizes malloc serves
                 // from its per-thread cache, for a path a server takes once
                 // per script.
                 Box::pin(self.load(script, cmd)).await?;
@@ -218,20 +196,20 @@ async fn load_on_node(
 
 /// The cluster client's own reply timeout, as the connection manager's
 /// (see [`manager_config`]): past the response timeout and the wait for
-/// a late reply ([`crate::coalesce::LATE`]), so that a decision with no
+/// a late reply ([`crate::send::LATE`]), so that a decision with no
 /// reply within the response timeout still reads its reply, to give back
 /// what it took (the client's own timeout would drop the reply, and with
 /// its retry could even send the decision again).
 #[cfg(feature = "cluster")]
 fn cluster_response(t: Timeouts) -> Duration {
-    t.response.saturating_add(crate::coalesce::LATE)
+    t.response.saturating_add(crate::send::LATE)
 }
 
 /// How long (ms) a `settle` sent over a cluster connection keeps its own
 /// key (see `scripts::run_once`): past every time the cluster's client
 /// may send it again, twice over, and at least 10 s; at most a day (a
 /// timeout of `Duration::MAX` means none). A settle waits for its reply
-/// for the response timeout (it is sent by `coalesce::send`, which reads
+/// for the response timeout (it is sent by `send::send`, which reads
 /// no late reply), and the client sends a request again only while its
 /// caller waits (a dropped caller's request is not retried), so the
 /// client's longer reply timeout (see [`cluster_response`]) does not
@@ -249,7 +227,7 @@ fn once_ms(t: Timeouts) -> u64 {
 /// transition but `settle` leaves the same state when run twice in a row
 /// (a second `try` or `reserve` only takes more, conservatively; a lease
 /// is added or removed once, and a second run that finds its own lease held
-/// answers as the first did, see `held` in `lua/lease.lua`), while a second
+/// answers as the first did, see `held` in `lua/lib.lua`), while a second
 /// `settle` refunds or charges again. (A cluster's client sends commands
 /// again on its own; there a `settle` is made to run once instead, see
 /// `scripts::run_once`.)
@@ -298,14 +276,14 @@ fn is_broken_pipe(e: &RedisError) -> bool {
 
 /// The connection manager's settings: the timeouts, one quick retry. Its
 /// own reply timeout is past the response timeout and the wait for a late
-/// reply ([`crate::coalesce::LATE`]): every call is bounded by the
+/// reply ([`crate::send::LATE`]): every call is bounded by the
 /// response timeout of its own, and a decision with no reply by then
 /// still reads its reply, to give back what it took (the manager's own
 /// timeout would drop it, and the cost with it).
 fn manager_config(t: Timeouts) -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
-        .set_response_timeout(Some(t.response.saturating_add(crate::coalesce::LATE)))
+        .set_response_timeout(Some(t.response.saturating_add(crate::send::LATE)))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(100))
@@ -369,7 +347,6 @@ mod tests {
         let t = |connect, response| Timeouts {
             connect: Duration::from_millis(connect),
             response: Duration::from_millis(response),
-            busy_poll: Duration::ZERO,
         };
         assert_eq!(once_ms(t(100, 500)), 10_000);
         assert_eq!(once_ms(t(1_000, 30_000)), 121_000);

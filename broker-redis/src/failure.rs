@@ -66,7 +66,7 @@ impl FailurePolicy {
 
     /// Whether a decision Redis granted after its caller was answered by
     /// this policy (a timeout) gives its cost back: not under fail-open,
-    /// whose call went out (see `coalesce::Late`).
+    /// whose call went out (see `send::Late`).
     pub(crate) fn refunds_late(&self) -> bool {
         *self != FailurePolicy::FailOpen
     }

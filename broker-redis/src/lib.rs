@@ -17,8 +17,9 @@
 //!
 //! - **One round trip per decision**: every transition (`try`, `reserve`,
 //!   `hold_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
-//!   script run by `EVALSHA` (reloaded on `NOSCRIPT`), a line-by-line
-//!   mirror of broker-core's `bucket.rs` and `state.rs` with the same names
+//!   script run by `EVALSHA` (reloaded on `NOSCRIPT`): its own body over
+//!   one shared helper source (`lua/lib.lua`), a line-by-line mirror of
+//!   broker-core's `bucket.rs` and `state.rs` with the same names
 //!   (`tokens`, `ts`, `nb`). All limits of a resource pass or none is
 //!   consumed, atomically.
 //! - **Coalescing** (on by default, [`RedisBackendBuilder::coalesce`]):
@@ -27,14 +28,8 @@
 //!   applies each decision in order exactly as its own script would; each
 //!   still takes one round trip and stays atomic, and a lone call is sent
 //!   at once. Under load, Redis does much less work per decision.
-//! - **Lone calls** (one server): a call that finds the backend's direct
-//!   connection free writes its command and reads the reply on its own
-//!   task, with no driver task in between; the others use the `redis`
-//!   crate's reconnecting connection manager.
-//!   [`RedisBackendBuilder::busy_poll`] trades a busy core for the wake-up
-//!   of a sleeping thread while it waits (on by default, for up to 100 µs
-//!   per call; the connection stops polling, but for a probe now and then,
-//!   while its polls run out of budget without the reply).
+//! - **Connections**: the `redis` crate's reconnecting connection manager
+//!   (one server) or its cluster client; no client of our own.
 //! - **Time**: the server's `TIME` by default, so replicas with skewed
 //!   clocks agree; [`RedisBackendBuilder::client_time`] for stores that
 //!   reject `TIME` in scripts. A bucket's time never runs backwards.
@@ -67,19 +62,20 @@
 //!   error level, the others while one is down at debug level); a down slot is probed
 //!   by the background `PING` to its node, so the backend's health reads up
 //!   again once the node is back, whether or not that slot's keys are used.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod builder;
+mod call;
 mod coalesce;
 mod connection;
-mod direct;
 mod failure;
 mod inspect;
 mod keys;
 mod pending;
-mod poll_guard;
 mod probe;
 mod scripts;
+mod send;
 mod startup;
 mod transitions;
 

@@ -1,16 +1,9 @@
 //! The Lua scripts, one per transition, and the arguments they take.
 //!
-//! Every script is assembled from the parts it uses, so that a call defines
-//! only the helpers its transition can run: `lua/common.lua` (the clock and
-//! saturating arithmetic; see its header for the layout of `KEYS` and
-//! `ARGV`), `lua/bucket.lua` (broker-core's `bucket.rs` on plain values),
-//! `lua/state.lua` (the multi-limit helpers of `state.rs` over n buckets) or
-//! `lua/one.lua` (one bucket without tables, the fast path of resources with
-//! a single rate limit), `lua/lease.lua` (`state::hold_slot`), then the
-//! per-call reading of `ARGV` (`lua/args.lua`, and `lua/one_args.lua` with
-//! `one.lua`), and last the transition's own body. The helpers hold no
-//! per-call value, so the batch script defines them once for all its
-//! decisions.
+//! Every script is `lua/lib.lua` (the helpers, written once: the clock,
+//! broker-core's `bucket.rs` and `state.rs` on plain values, the lease set;
+//! see its header for the layout of `KEYS` and `ARGV`) followed by the
+//! transition's own body (`lua/<transition>.lua`).
 
 use std::sync::LazyLock;
 
@@ -39,9 +32,6 @@ impl std::ops::Deref for Lua {
 }
 
 macro_rules! script {
-    ($name:ident, [$($part:literal),+]) => {
-        script!($name = concat!($(include_str!(concat!("lua/", $part, ".lua")), "\n"),+));
-    };
     ($(#[$doc:meta])* $name:ident = $source:expr) => {
         $(#[$doc])*
         pub(crate) static $name: Lua = Lua {
@@ -49,70 +39,41 @@ macro_rules! script {
             script: LazyLock::new(|| Script::new($source)),
         };
     };
+    ($(#[$doc:meta])* $name:ident, $body:literal) => {
+        script!($(#[$doc])* $name = concat!(
+            include_str!("lua/lib.lua"),
+            "\n",
+            include_str!(concat!("lua/", $body, ".lua"))
+        ));
+    };
 }
 
-script!(TRY, ["common", "bucket", "state", "lease", "args", "try"]);
-script!(
-    TRY_ONE,
-    ["common", "bucket", "one", "lease", "args", "one_args", "try_one"]
-);
-// TRY_ONE without a concurrency limit, the helpers written out in place
-// (`lua/try_flat.lua`): a call defines one closure, not a dozen.
-script!(TRY_FLAT, ["try_flat"]);
+script!(TRY, "try");
 script!(
     /// Several `try` decisions in one call (see `lua/try_batch.lua`): the
-    /// helpers of [`TRY_ONE`] and [`TRY`] defined once, and their per-call
-    /// parts and bodies, unchanged, as two functions whose `KEYS` and `ARGV`
-    /// are each decision's own; bucket hashes, `TIME` and numbers go through
-    /// the batch's cache (`lua/batch_cache.lua`).
+    /// helpers defined once, the body of [`TRY`] as a function whose `KEYS`
+    /// and `ARGV` are each decision's own; bucket hashes, `TIME` and
+    /// numbers go through the batch's cache (`lua/batch_cache.lua`).
     TRY_BATCH = concat!(
         "local G_KEYS, G_ARGV = KEYS, ARGV\n",
         "local KEYS, ARGV\n",
         include_str!("lua/batch_cache.lua"),
         "\n",
-        include_str!("lua/common.lua"),
-        "\n",
-        include_str!("lua/bucket.lua"),
-        "\n",
-        include_str!("lua/lease.lua"),
-        "\n",
-        include_str!("lua/one.lua"),
-        "\n",
-        "local function try_one()\n",
-        include_str!("lua/args.lua"),
-        "\n",
-        include_str!("lua/one_args.lua"),
-        "\n",
-        include_str!("lua/try_one.lua"),
-        "\nend\n",
-        include_str!("lua/state.lua"),
-        "\n",
-        "local function try_many()\n",
-        include_str!("lua/args.lua"),
-        "\n",
+        include_str!("lua/lib.lua"),
+        "\nlocal function try()\n",
         include_str!("lua/try.lua"),
         "\nend\n",
         include_str!("lua/try_batch.lua"),
     )
 );
-script!(RESERVE, ["common", "bucket", "state", "args", "reserve"]);
-script!(
-    RESERVE_ONE,
-    ["common", "bucket", "one", "args", "one_args", "reserve_one"]
-);
-script!(HOLD_SLOT, ["common", "lease", "args", "hold_slot"]);
-script!(
-    HOLD_LEFT,
-    ["common", "bucket", "state", "args", "hold_left"]
-);
-script!(RELEASE, ["common", "args", "release"]);
-script!(RENEW, ["common", "lease", "args", "renew"]);
-script!(SETTLE, ["common", "bucket", "state", "args", "settle"]);
-script!(PENALIZE, ["common", "bucket", "state", "args", "penalize"]);
-script!(
-    RECONCILE,
-    ["common", "bucket", "state", "args", "reconcile"]
-);
+script!(RESERVE, "reserve");
+script!(HOLD_SLOT, "hold_slot");
+script!(HOLD_LEFT, "hold_left");
+script!(RELEASE, "release");
+script!(RENEW, "renew");
+script!(SETTLE, "settle");
+script!(PENALIZE, "penalize");
+script!(RECONCILE, "reconcile");
 
 /// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
 #[derive(Debug, Clone, Copy)]

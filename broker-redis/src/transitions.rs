@@ -1,5 +1,5 @@
-//! The transitions: one `EVALSHA` per call, and the failure policy's
-//! answer when Redis cannot be reached.
+//! The transitions: one `EVALSHA` per call (see [`crate::call`]), and the
+//! failure policy's answer when Redis cannot be reached.
 
 use std::time::Duration;
 
@@ -11,362 +11,25 @@ use broker_core::{
     Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
     Reservation,
 };
-use broker_memory::MemoryBackend;
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::coalesce::{send_by, send_or_later, Late, Reply, Takes, Undo, Unsettled};
-use crate::connection::{self, redis_error};
-use crate::failure::{self, FailurePolicy, Scope};
-use crate::keys::{self, KeyPair};
+use crate::call::{micros_of, new_lease, parse, Failure, Fallback, TakenReleases, NO_LIMITS};
+use crate::keys::KeyPair;
 use crate::scripts::{self, Lua, Operand};
+use crate::send::Takes;
 use crate::RedisBackend;
 
-/// How a call is answered while Redis is unreachable.
-enum Fallback<'a> {
-    /// Fail-open: allowed, dropped.
-    Open,
-    /// The local store, with the limits scaled to the share.
-    Local(&'a MemoryBackend, LimitSpec),
-}
-
-/// Why a call did not reach a decision in Redis.
-enum Failure {
-    /// Redis is unreachable: the failure policy answers.
-    Unavailable(String),
-    /// A command or script error: returned as is.
-    Other(BackendError),
-}
-
-fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, Failure> {
-    redis::from_redis_value(v)
-        .map_err(|e| Failure::Other(BackendError::new(format!("unexpected script reply: {e}"))))
-}
-
-/// A wait or a time returned by a script as a string: `as Micros`,
-/// saturating like the reference.
-fn micros_of(s: &str) -> Result<Micros, Failure> {
-    s.parse::<f64>()
-        .map(|x| x as Micros)
-        .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
-}
-
-const NO_LIMITS: LimitSpec = LimitSpec {
-    buckets: Vec::new(),
-    max_concurrent: None,
-    lease_ttl: 0,
-};
-
-fn new_lease() -> LeaseId {
-    rand::random()
-}
-
-/// The releases a decision took out of the pending ones to send ahead of
-/// itself, not yet answered. Their tasks no longer send them (a decision
-/// took them), so if the decision goes away first (its caller dropped
-/// it), they are sent from a task of their own; one already on its way is
-/// sent again, which `release`'s idempotence makes harmless.
-struct TakenReleases<'a> {
-    backend: &'a RedisBackend,
-    key: &'a str,
-    leases: Vec<LeaseId>,
-}
-
-impl Drop for TakenReleases<'_> {
-    fn drop(&mut self) {
-        if self.leases.is_empty() {
-            return;
-        }
-        // Without a runtime (it is shutting down), the leases expire
-        // after their TTL.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let backend = self.backend.clone();
-        let key = self.key.to_owned();
-        let leases = std::mem::take(&mut self.leases);
-        runtime.spawn(async move {
-            for lease in leases {
-                let _ = backend.release(&key, lease).await;
-            }
-        });
-    }
-}
-
 impl RedisBackend {
-    pub(crate) fn keys(&self, key: &str) -> Result<KeyPair, BackendError> {
-        keys::key_pair(&self.inner.prefix, key)
-    }
-
-    fn now_arg(&self) -> Option<Micros> {
-        self.inner.clock.as_ref().map(|c| c.now())
-    }
-
-    /// When a call starting now is answered at the latest: the response
-    /// timeout, the bound on how long any call waits, from now.
-    fn deadline(&self) -> Instant {
-        let now = Instant::now();
-        // A timeout too long to add (`Duration::MAX`, "no limit"): a
-        // deadline in 30 years, as tokio's own far future.
-        now.checked_add(self.inner.response_timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
-    }
-
-    /// The part of the store the calls on state `key` need (see
-    /// [`Scope`]): the server, or the hash slot of `key` on a cluster.
-    pub(crate) fn scope(&self, key: &str) -> Scope {
-        Scope::of(&self.inner.conn, key)
-    }
-
-    /// Runs one script call on `scope` (see [`Self::scope`]): one
-    /// `EVALSHA` within the response timeout, unless the scope is down
-    /// (the failure policy answers at once). (The scope, not the key, is
-    /// passed down: each level of the call's future holds what it is
-    /// given.)
-    async fn run(&self, scope: Scope, script: &Lua, cmd: Cmd) -> Result<Value, Failure> {
-        self.run_leased(scope, script, cmd, None, self.deadline())
-            .await
-    }
-
-    /// [`Self::run`] answered by `deadline`, for a call that may grant
-    /// `lease`: released if the call times out or is dropped before its
-    /// answer.
-    async fn run_leased(
-        &self,
-        scope: Scope,
-        script: &Lua,
-        cmd: Cmd,
-        lease: Option<(KeyPair, LeaseId)>,
-        deadline: Instant,
-    ) -> Result<Value, Failure> {
-        let epoch = self.gate(scope)?;
-        let inner = &self.inner;
-        let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
-        let reply = send_by(&inner.conn, deadline, script, &cmd).await;
-        unsettled.settle(&reply);
-        self.outcome(reply, scope, epoch)
-    }
-
-    /// [`Self::run_leased`] for a decision that `takes` something when
-    /// granted: with no reply by `deadline` (the failure policy answers
-    /// its caller), its late reply is still read, and what it took given
-    /// back (see [`Late`]).
-    async fn run_decision(
-        &self,
-        scope: Scope,
-        script: &'static Lua,
-        cmd: Cmd,
-        lease: Option<(KeyPair, LeaseId)>,
-        takes: Takes,
-        deadline: Instant,
-    ) -> Result<Value, Failure> {
-        let epoch = self.gate(scope)?;
-        let inner = &self.inner;
-        let late = Late {
-            takes,
-            lease: lease.as_ref().map(|l| l.1),
-            refund: inner.policy.refunds_late(),
-        };
-        let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
-        let timeout = inner.response_timeout;
-        let reply = send_or_later(&inner.conn, deadline, timeout, script, cmd, Undo::One(late));
-        let reply = reply.await;
-        unsettled.settle(&reply);
-        self.outcome(reply, scope, epoch)
-    }
-
-    /// Runs a `try` call answered by `deadline`, coalesced with the
-    /// concurrent ones when coalescing is on; else as
-    /// [`Self::run_decision`]. `lease` is the lease the decision may be
-    /// granted.
-    async fn run_try(
-        &self,
-        scope: Scope,
-        script: &'static Lua,
-        cmd: Cmd,
-        keys: &KeyPair,
-        lease: Option<LeaseId>,
-        deadline: Instant,
-    ) -> Result<Value, Failure> {
-        let lease = lease.map(|l| (keys.clone(), l));
-        let Some(coalescer) = &self.inner.coalescer else {
-            return self
-                .run_decision(scope, script, cmd, lease, Takes::Try, deadline)
-                .await;
-        };
-        let epoch = self.gate(scope)?;
-        let reply = coalescer.run(script, cmd, scope, lease, deadline).await;
-        self.outcome(reply, scope, epoch)
-    }
-
-    /// Lets a call on `scope` through to Redis, unless that is down: the
-    /// health's epoch the call goes out in, for [`Self::outcome`].
-    fn gate(&self, scope: Scope) -> Result<failure::Epoch, Failure> {
-        let inner = &self.inner;
-        match inner.health.should_try(scope) {
-            Some(epoch) => Ok(epoch),
-            None => Err(self.kept_back(scope)),
-        }
-    }
-
-    /// A call on `scope` kept from Redis while that is down: counted as
-    /// handled by the failure policy, which answers it.
-    fn kept_back(&self, scope: Scope) -> Failure {
-        self.inner.health.kept_back(scope, &self.inner.policy);
-        // Starts the probe again if its task was dropped with its runtime.
-        self.watch();
-        Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
-    }
-
-    /// A call on `scope` reached Redis: ends that scope's outage, if any.
-    fn reached(&self, scope: Scope) {
-        self.inner.health.up(scope);
-    }
-
-    /// A call on `scope` could not reach Redis (`error`; it went out in
-    /// `epoch`): starts an outage unless a call reached Redis since, and
-    /// the background probe that ends it.
-    fn failed(&self, scope: Scope, error: &str, epoch: failure::Epoch) {
-        let inner = &self.inner;
-        inner.health.failed(scope, &inner.policy, error, epoch);
-        self.watch();
-    }
-
-    /// Keeps the release of `lease` on `key`, which could not reach
-    /// Redis: sent ahead of the next decision on `key` here, or by the
-    /// background probe once Redis answers (see `pending.rs`).
-    fn keep_release(&self, key: &str, lease: LeaseId) {
-        if self.inner.pending.keep(key, lease) {
-            self.watch();
-        } else {
-            tracing::debug!("too many releases kept while redis is out of reach; this one is left to its lease's ttl");
-        }
-    }
-
-    /// Sorts a reply into a value, an outage (recorded in the health of
-    /// the call's `scope`) or another error. `epoch`: the health's when
-    /// the call went out (an outage ended since then is not started again
-    /// by its failure).
-    fn outcome(&self, reply: Reply, scope: Scope, epoch: failure::Epoch) -> Result<Value, Failure> {
-        let inner = &self.inner;
-        match reply {
-            Reply::Done(Ok(v)) => {
-                self.reached(scope);
-                Ok(v)
-            }
-            Reply::Done(Err(e)) if connection::is_unavailable(&e) => {
-                let msg = e.to_string();
-                self.failed(scope, &msg, epoch);
-                Err(Failure::Unavailable(msg))
-            }
-            Reply::Done(Err(e)) => {
-                if connection::answered_by_redis(&e) {
-                    self.reached(scope);
-                }
-                Err(Failure::Other(redis_error(e)))
-            }
-            Reply::TimedOut => {
-                let msg = format!("no reply within {:?}", inner.response_timeout);
-                self.failed(scope, &msg, epoch);
-                Err(Failure::Unavailable(msg))
-            }
-            Reply::Unsent => {
-                let msg =
-                    "redis is out of reach (a call sent before this one got no reply in time)";
-                self.failed(scope, msg, epoch);
-                Err(Failure::Unavailable(msg.into()))
-            }
-        }
-    }
-
-    /// What the failure policy says for a call that could not reach Redis:
-    /// an error (fail-closed, or not an outage), fail-open, or the local
-    /// fallback store with the limits scaled down.
-    fn policy<'a>(
-        &'a self,
-        op: &str,
-        failure: Failure,
-        spec: &LimitSpec,
-    ) -> Result<Fallback<'a>, BackendError> {
-        let why = match failure {
-            Failure::Other(e) => return Err(e),
-            Failure::Unavailable(why) => why,
-        };
-        if self.inner.policy == FailurePolicy::FailOpen {
-            return Ok(Fallback::Open);
-        }
-        match self.local_fallback(spec) {
-            Some((store, scaled)) => Ok(Fallback::Local(store, scaled)),
-            None => Err(BackendError::new(format!(
-                "redis unreachable, {op} refused (fail-closed): {why}"
-            ))),
-        }
-    }
-
-    /// Refuses `op` of `cost` (with a slot if `slot`) when the local
-    /// fallback's `scaled` limits can never admit it (see
-    /// [`failure::never_admits`]): a denial would promise a wait that never
-    /// ends, a booking would take more than the share.
-    fn admissible_here(
-        &self,
-        op: &str,
-        scaled: &LimitSpec,
-        cost: Cost,
-        slot: bool,
-    ) -> Result<(), BackendError> {
-        let FailurePolicy::LocalFallback { share } = self.inner.policy else {
-            return Ok(());
-        };
-        match failure::never_admits(scaled, share, cost, slot) {
-            None => Ok(()),
-            Some(why) => Err(BackendError::new(format!(
-                "redis unreachable, {op} refused: {why}, so it admits nothing while redis is out of reach (raise the share or the limit)"
-            ))),
-        }
-    }
-
-    /// The local fallback's store and its share of `spec`, under the local
-    /// fallback policy.
-    fn local_fallback(&self, spec: &LimitSpec) -> Option<(&MemoryBackend, LimitSpec)> {
-        match (self.inner.policy, &self.inner.fallback) {
-            (FailurePolicy::LocalFallback { share }, Some(store)) => {
-                Some((store, failure::scaled(spec, share)))
-            }
-            _ => None,
-        }
-    }
-
-    /// The settlement of a booking the failure policy answered while Redis
-    /// was out of reach: Redis never charged it, so giving its cost back
-    /// there would add tokens no call took. The local fallback's booking
-    /// is settled in the fallback store (without its marks, which name
-    /// that store's own holds: no refund while a hold is on there); a
-    /// fail-open booking charged nothing anywhere, and is left so.
-    async fn settle_here(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        reserved: Cost,
-        actual: Cost,
-    ) -> Result<(), BackendError> {
-        match self.local_fallback(spec) {
-            Some((m, scaled)) => m.settle(key, &scaled, reserved, actual, None).await,
-            None => Ok(()),
-        }
-    }
-
-    /// The call of a transition that takes `cost` in every bucket: the
-    /// table-free `one` script for a single rate limit, else `many`, with
-    /// the bucket operands filled in.
+    /// The call of `script`, a transition that takes `cost` in every
+    /// bucket, with the bucket operands filled in.
     fn cost_call<'s>(
         &self,
-        one: &'s Lua,
-        many: &'s Lua,
+        script: &'s Lua,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
     ) -> (&'s Lua, Cmd) {
-        let script = if spec.buckets.len() == 1 { one } else { many };
         let cmd = scripts::evalsha(
             script,
             keys,
@@ -502,23 +165,12 @@ impl RedisBackend {
         lease: LeaseId,
         deadline: Instant,
     ) -> Result<Decision, Failure> {
-        // One rate limit: the table-free script, which takes the slot
-        // operands only when there is a concurrency limit.
-        let one = spec.buckets.len() == 1;
-        let one_script: &'static Lua = match spec.max_concurrent {
-            None => &scripts::TRY_FLAT,
-            Some(_) => &scripts::TRY_ONE,
-        };
-        let (script, mut cmd) = self.cost_call(one_script, &scripts::TRY, keys, spec, cost);
+        let (script, mut cmd) = self.cost_call(&scripts::TRY, keys, spec, cost);
         match spec.max_concurrent {
-            Some(max) => {
-                cmd.arg(max).arg(spec.lease_ttl).arg(lease);
-            }
-            None if !one => {
-                cmd.arg("").arg(spec.lease_ttl).arg(lease);
-            }
-            None => {}
-        }
+            Some(max) => cmd.arg(max),
+            None => cmd.arg(""),
+        };
+        cmd.arg(spec.lease_ttl).arg(lease);
         // 1 when allowed; {reason, wait} when denied.
         let reply = self
             .run_try(
@@ -593,8 +245,7 @@ impl RedisBackend {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<(Reservation, Micros), Failure> {
-        let (script, mut cmd) =
-            self.cost_call(&scripts::RESERVE_ONE, &scripts::RESERVE, keys, spec, cost);
+        let (script, mut cmd) = self.cost_call(&scripts::RESERVE, keys, spec, cost);
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
@@ -736,8 +387,7 @@ impl Backend for RedisBackend {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
-        let (script, cmd) =
-            self.cost_call(&scripts::HOLD_LEFT, &scripts::HOLD_LEFT, &keys, spec, cost);
+        let (script, cmd) = self.cost_call(&scripts::HOLD_LEFT, &keys, spec, cost);
         let result = async {
             let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
             micros_of(&left)

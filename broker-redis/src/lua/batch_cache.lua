@@ -4,7 +4,7 @@
 -- of a batch: one shared quota) do not each read and write the hash. The
 -- decisions see exactly what Redis would hold: the values they wrote
 -- (passed to HSET as Lua numbers, which Redis stores so that they read back
--- bit for bit, see common.lua) and nothing of a hash they deleted.
+-- bit for bit, see lib.lua) and nothing of a hash they deleted.
 --
 -- It stands in for redis.call in the transitions' text (through a local
 -- `redis` table), for HMGET, HSET and DEL, and PEXPIRE of a cached key;

@@ -4,6 +4,7 @@
 -- (max(now, ts), as wait_all reads it), or with no bucket the state's
 -- hold; '0' for none. Writes nothing but what load writes (a state of
 -- another number of buckets, taken on as every transition takes it on).
+args()
 local now = read_now()
 load(now)
 local left = 0

@@ -3,6 +3,7 @@
 -- With no bucket (a concurrency limit alone), the state-wide hold is set
 -- to now + hold instead, never shortened either.
 -- ARGV[REST] hold in us.
+args()
 local now = read_now()
 load(now)
 local until_ = sat_add(now, tonumber(ARGV[REST]))

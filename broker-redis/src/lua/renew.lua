@@ -3,6 +3,7 @@
 -- hold_slot keeps it). An expired lease is not brought back, even before a
 -- purge removes it: its slot may be another holder's.
 -- ARGV[REST] lease_ttl, ARGV[REST+1] lease id. Returns 1 if it was live.
+args()
 local now = read_now()
 local lease = ARGV[REST + 1]
 local expires = call('ZSCORE', KEYS[2], lease)

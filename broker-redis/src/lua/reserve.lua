@@ -5,6 +5,7 @@
 -- later; buckets from the fourth on share the fourth, the earliest of
 -- theirs); when booked with no wait and every mark is now, now alone (no
 -- reply table to build).
+args()
 local now = read_now()
 load(now)
 local marks = { now, now, now, now }

@@ -9,6 +9,7 @@
 -- KEYS[3], when given (see scripts::run_once): this settle's own key, set
 -- for ARGV[REST + 5] ms as it settles; a settle sent again finds it and
 -- changes nothing.
+args()
 local now = read_now()
 if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 5]) then
   return 0

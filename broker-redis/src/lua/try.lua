@@ -4,6 +4,7 @@
 -- ARGV[REST+2] lease id. Returns 1 when allowed (no table to build on the
 -- common path); when denied, {reason, wait}: reason 1 rate, 2 concurrency,
 -- wait as a string.
+args()
 local now = read_now()
 load(now)
 local wait = wait_all(now)

@@ -1,8 +1,7 @@
 -- try for several decisions in one call, each applied in order exactly as
--- its own call of try_one (one bucket) or try would apply it: the batch
--- script defines both scripts' helpers once, and their per-call parts and
--- bodies, unchanged, as try_one() and try_many(), whose KEYS and ARGV are
--- the decision's slices.
+-- its own call of try would apply it: the batch script defines the helpers
+-- once, and try's body, unchanged, as try(), whose KEYS and ARGV are the
+-- decision's slices.
 -- G_KEYS[2d - 1], G_KEYS[2d]  decision d's bucket hash and lease set
 -- G_ARGV[1]                   the number of decisions
 -- then for each decision      its ARGV count m, then its m ARGV
@@ -17,9 +16,7 @@ for d = 1, tonumber(G_ARGV[1]) do
   KEYS = { G_KEYS[2 * d - 1], G_KEYS[2 * d] }
   ARGV = { unpack(G_ARGV, a + 1, a + m) }
   a = a + 1 + m
-  local decide = try_many
-  if ARGV[3] == '1' then decide = try_one end
-  local ok, r = pcall(decide)
+  local ok, r = pcall(try)
   if not ok then
     if type(r) == 'table' and r.err ~= nil then r = r.err end
     r = { 0, (string.gsub(tostring(r), '[\r\n]', ' ')) }

@@ -1,0 +1,338 @@
+-- resource-broker: the helpers every script is built on, written once: the
+-- clock and saturating arithmetic, the bucket (broker-core's bucket.rs),
+-- the state over n buckets (state.rs) and the lease set (hold_slot).
+-- Each transition's script is this file followed by its own body, which
+-- starts with args().
+-- Times are microseconds held in doubles (exact below 2^53 us, about 285
+-- years). Stored numbers are passed to HSET as Lua numbers, which Redis
+-- writes with 17 significant digits (or the shortest exact form), so they
+-- read back bit for bit; results that are not small integers are returned
+-- as strings.
+--
+-- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n; with
+--          n = 0 (no rate limit), hold: the end of a penalty (see load)
+-- KEYS[2]  lease set: lease id -> expiry
+-- KEYS[3]  settle only, when given: its own key (scripts::run_once), kept
+--          for ARGV[REST + 5] ms
+-- ARGV[1]  now in us, or '' for the server's TIME
+-- ARGV[2]  ttl margin in ms added to every PEXPIRE
+-- ARGV[3]  n, the number of buckets
+-- ARGV[4 + 4(i-1) ..]  capacity, amount, period, c (the per-bucket operand)
+-- ARGV[4 + 4n ..]      operands of the transition (see each script)
+
+local min, max, floor, ceil, abs = math.min, math.max, math.floor, math.ceil, math.abs
+local format, call, tonumber = string.format, redis.call, tonumber
+
+-- u64::MAX as an f64: where Rust saturates, Lua clamps to this.
+local U64 = 18446744073709551616
+
+-- N, the number of buckets, and REST, the first operand of the transition;
+-- set from ARGV by args(), once per call, before the transition's body.
+local N, REST
+
+local function args()
+  N = tonumber(ARGV[3])
+  REST = 4 + 4 * N
+end
+
+local function fmt(x)
+  return format('%.17g', x)
+end
+
+-- u64::saturating_add.
+local function sat_add(a, b)
+  local x = a + b
+  if x > U64 then return U64 end
+  return x
+end
+
+local function read_now()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  -- Redis before 5 replicates scripts verbatim unless told otherwise, and
+  -- refuses writes after TIME; since Redis 5 this is the default (a no-op).
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- state::held_until of the hash KEYS[1] made for another number of
+-- buckets than N (its field n says `n`): the latest nb of its buckets, or
+-- its hold; 0 for none. What state::adopt carries over to the new
+-- buckets (a reload to another number of rate limits). The buckets read
+-- are bounded by the hash's own size, whatever n says.
+local function held_until(n)
+  local fields = { 'hold' }
+  for i = 1, min(n, call('HLEN', KEYS[1]), 4096) do
+    fields[i + 1] = 'nb:' .. i
+  end
+  local v = call('HMGET', KEYS[1], unpack(fields))
+  local until_ = 0
+  for i = 1, #fields do
+    until_ = max(until_, tonumber(v[i]) or 0)
+  end
+  return until_
+end
+
+-- Bucket: a line-by-line mirror of broker-core's bucket.rs on plain values: a
+-- bucket is tokens, ts, nb (same names), its parameters capacity, amount,
+-- period. No tables, and no call out of Lua on the common path:
+-- `if b < a then a = b end` is f64::min as math.min computes it, and
+-- `if a < b then a = b end` is max.
+
+-- bucket::refill: returns tokens, ts.
+local function refill(tokens, ts, now, capacity, amount, period)
+  if now > ts then
+    tokens = tokens + (now - ts) * (amount / period)
+    ts = now
+  end
+  -- Capped also with no time passed: a burst lowered since (a
+  -- re-registration) holds no more than the new burst.
+  if capacity < tokens then tokens = capacity end
+  return tokens, ts
+end
+
+-- bucket::ceil_micros: up to a whole us, except within a nanosecond of one
+-- (nearest is f64::round, half away from zero, for x >= 0); saturating.
+local function ceil_micros(x)
+  local nearest = floor(x)
+  if x - nearest >= 0.5 then nearest = nearest + 1 end
+  local r = ceil(x)
+  if abs(x - nearest) < 1e-3 then r = nearest end
+  if r > U64 then return U64 end
+  return r
+end
+
+-- bucket::wait_for, for a bucket refilled to now: the rate wait, or until
+-- nb (nb.saturating_sub(now)) if that is longer.
+local function wait_for(tokens, nb, now, cost, amount, period)
+  local deficit = cost - tokens
+  local rate_wait = 0
+  if deficit > 0 then
+    rate_wait = ceil_micros(deficit * (period / amount))
+  end
+  if nb > now and nb - now > rate_wait then
+    return nb - now
+  end
+  return rate_wait
+end
+
+-- bucket::book: take cost as of the send time, wait after now. Returns
+-- tokens, ts.
+local function book(tokens, ts, now, cost, wait, capacity, amount, period)
+  if now < ts then now = ts end
+  tokens, ts = refill(tokens, ts, now, capacity, amount, period)
+  local ahead = wait * (amount / period)
+  tokens = tokens + ahead
+  if capacity < tokens then tokens = capacity end
+  return tokens - cost - ahead, ts
+end
+
+-- bucket::unclaimed: of a refund of delta booked for due, what no later
+-- booking was granted: delta less the refill from due to the last booking
+-- (when the debt is refilled, or nb if later), 0 at least. For a bucket
+-- refilled to now.
+local function unclaimed(tokens, nb, now, delta, due, amount, period)
+  local debt = 0
+  if tokens < 0 then debt = ceil_micros(-tokens * (period / amount)) end
+  local last = sat_add(now, debt)
+  if last < nb then last = nb end
+  if last <= due then return delta end
+  local claimed = (last - due) * (amount / period)
+  if claimed < delta then return delta - claimed end
+  return 0
+end
+
+-- bucket::ttl in whole ms (PEXPIRE's unit, at most 10^15) plus the margin;
+-- nil when the bucket is idle (bucket::is_idle: it equals a fresh one, so
+-- it is dropped). wait_for to capacity already covers nb.
+local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
+  local n = now
+  if n < ts then n = ts end
+  local r = refill(tokens, ts, n, capacity, amount, period)
+  if r >= capacity and nb <= now then
+    return nil
+  end
+  local ms = ceil(wait_for(r, nb, n, capacity, amount, period) / 1000)
+  if ms > 1e15 then ms = 1e15 end
+  return ms + tonumber(ARGV[2])
+end
+
+-- State: the multi-limit helpers of broker-core's state.rs (wait_all, book_all)
+-- over n buckets, and reading and writing the bucket hash. Bucket i's
+-- parameters, operand and state are held in parallel arrays.
+
+local capacity, amount, period, c = {}, {}, {}, {}
+local tokens, ts, nb = {}, {}, {}
+-- ResourceState::hold: with no bucket (N = 0, a concurrency limit alone),
+-- the end of a penalty, field `hold` of the hash (with n = 0); 0 for none,
+-- and for a hash without the field. Neither read nor written when N > 0.
+local hold = 0
+
+-- The field names of bucket i.
+local function names(i)
+  if i == 1 then return 'tokens:1', 'ts:1', 'nb:1' end
+  if i == 2 then return 'tokens:2', 'ts:2', 'nb:2' end
+  return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
+end
+
+-- Reads the buckets (with none, the hold); a missing hash is
+-- ResourceState::fresh (full buckets as of now, no hold), and one made for
+-- another number of buckets is that, under the penalty it holds
+-- (state::adopt: its held_until, put on as state::hold_until does: full
+-- buckets held, so that what is adopted does not depend on when). A
+-- hash of another number of buckets is written back at once as taken on
+-- (or deleted, when that is idle): the reference keeps the adopted state
+-- whatever the call decides, so a call that writes nothing after (a
+-- denial, a reservation not booked) leaves the same state behind.
+local save
+local function load(now)
+  if N == 0 then
+    local v = call('HMGET', KEYS[1], 'n', 'hold')
+    local n = tonumber(v[1])
+    hold = 0
+    if n == 0 then
+      hold = tonumber(v[2]) or 0
+    elseif n ~= nil then
+      local until_ = held_until(n)
+      if until_ > now then hold = until_ end
+      save(now)
+    end
+    return
+  end
+  local fields = { 'n' }
+  for i = 1, N do
+    local f = 3 * i - 1
+    local tokens_i, ts_i, nb_i = names(i)
+    fields[f] = tokens_i
+    fields[f + 1] = ts_i
+    fields[f + 2] = nb_i
+  end
+  local v = call('HMGET', KEYS[1], unpack(fields))
+  local n = tonumber(v[1])
+  local fresh = n ~= N
+  local until_ = 0
+  if fresh and n ~= nil then until_ = held_until(n) end
+  for i = 1, N do
+    local a = 4 * i
+    capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    c[i] = ARGV[a + 3]
+    if fresh then
+      -- A fresh bucket; under a penalty (until_ > now), held until its
+      -- end (state::hold_until on a fresh bucket: ts is now).
+      tokens[i], ts[i], nb[i] = capacity[i], now, 0
+      if until_ > now then
+        nb[i] = until_
+      end
+    else
+      tokens[i], ts[i], nb[i] = tonumber(v[3 * i - 1]), tonumber(v[3 * i]), tonumber(v[3 * i + 1])
+    end
+  end
+  if fresh and n ~= nil then save(now) end
+end
+
+-- Writes the buckets back with the longest TTL among them, or deletes the
+-- hash when every bucket is idle. With no bucket, writes the hold until
+-- it ends (state::ttl: its time left, plus the margin), or deletes the
+-- hash once it has ended.
+function save(now)
+  if N == 0 then
+    if hold <= now then
+      call('DEL', KEYS[1])
+      return
+    end
+    call('HSET', KEYS[1], 'n', 0, 'hold', hold)
+    call('PEXPIRE', KEYS[1], min(ceil((hold - now) / 1000), 1e15) + tonumber(ARGV[2]))
+    return
+  end
+  local ms = nil
+  local fields = { 'n', N }
+  for i = 1, N do
+    local t = ttl_ms(tokens[i], ts[i], nb[i], now, capacity[i], amount[i], period[i])
+    if t ~= nil and (ms == nil or t > ms) then
+      ms = t
+    end
+    local f = 6 * i - 3
+    local tokens_i, ts_i, nb_i = names(i)
+    fields[f] = tokens_i
+    fields[f + 1] = tokens[i]
+    fields[f + 2] = ts_i
+    fields[f + 3] = ts[i]
+    fields[f + 4] = nb_i
+    fields[f + 5] = nb[i]
+  end
+  if ms == nil then
+    call('DEL', KEYS[1])
+    return
+  end
+  call('HSET', KEYS[1], unpack(fields))
+  call('PEXPIRE', KEYS[1], ms)
+end
+
+-- state::wait_all: the longest wait among buckets with a non-zero cost;
+-- with no bucket, the time left of the hold.
+local function wait_all(now)
+  if N == 0 then
+    if hold > now then return hold - now end
+    return 0
+  end
+  local wait = 0
+  for i = 1, N do
+    local cost = tonumber(c[i])
+    if cost > 0 then
+      local n = max(now, ts[i])
+      local r = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])
+      wait = max(wait, wait_for(r, nb[i], n, cost, amount[i], period[i]))
+    end
+  end
+  return wait
+end
+
+-- state::book_all: book cost in every bucket with a non-zero cost.
+local function book_all(now, wait)
+  for i = 1, N do
+    local cost = tonumber(c[i])
+    if cost > 0 then
+      tokens[i], ts[i] = book(tokens[i], ts[i], now, cost, wait, capacity[i], amount[i], period[i])
+    end
+  end
+end
+
+-- Leases. Keeps the lease set as long as its latest lease, plus the margin.
+local function keep_lease_set(now)
+  local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local keep = tonumber(last[2]) - now
+  if keep < 0 then keep = 0 end
+  local ms = min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
+  call('PEXPIRE', KEYS[2], ms)
+end
+
+-- state::hold_slot over the lease set; max_concurrent == '' means no
+-- concurrency limit.
+local function hold_slot(now, max_concurrent, lease_ttl, lease)
+  if max_concurrent == '' then
+    return true
+  end
+  call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if call('ZCARD', KEYS[2]) >= tonumber(max_concurrent) then
+    return false
+  end
+  call('ZADD', KEYS[2], sat_add(now, lease_ttl), lease)
+  keep_lease_set(now)
+  return true
+end
+
+-- Whether `lease` is held and live. A decision's lease id is new, so it is
+-- held only if this very decision ran before: the shared connection sends
+-- a command again when its reply was lost with a broken pipe (see
+-- connection.rs), and the first run may have granted the lease. A second
+-- run that would deny answers as the first did instead, since a denied
+-- caller never releases the lease that holds the slot. Asked on denials
+-- only.
+local function held(now, lease)
+  local expiry = call('ZSCORE', KEYS[2], lease)
+  return expiry and tonumber(expiry) > now
+end
