@@ -23,10 +23,7 @@
 # BASE_REV=<git revision> also runs the bench built at that revision (in a
 # temporary worktree), right after ours in every round, labelled "@base":
 # before and after a change, against the same server in the same run.
-# BUSY_POLL_US=<us>[,<us>...] also runs ours with RedisBackendBuilder::busy_poll
-# set to each budget (0: off), labelled "busy_poll=<us>us"; "ours" is the
-# default budget. Every run of the bench reports the client process's CPU
-# time per decision.
+# Every run of the bench reports the client process's CPU time per decision.
 # Installs redis-server/redis-tools and node/npm with apt-get when missing,
 # and the two npm packages into bench-tools/node (ignored by git).
 set -euo pipefail
@@ -102,11 +99,6 @@ for round in $(seq 1 "$ROUNDS"); do
         done
         REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
             "${CLIENT_PIN[@]}" env -u BUSY_POLL_US "$BIN"
-        for us in ${BUSY_POLL_US:+${BUSY_POLL_US//,/ }}; do
-            REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS WHO=ours \
-                BUSY_POLL_US=$us "${CLIENT_PIN[@]}" "$BIN" \
-                | sed "s/\"who\":\"\\([^\"]*\\)\"/\"who\":\"\\1 busy_poll=${us}us\"/"
-        done
         if [ -n "$BASE_BIN" ]; then
             REDIS_URL="redis://127.0.0.1:$PORT/" INFLIGHT=1,50 RUN_SECONDS=$RUN_SECONDS \
                 "${CLIENT_PIN[@]}" env -u BUSY_POLL_US "$BASE_BIN" | sed 's/"who":"\([^"]*\)"/"who":"\1 @base"/'
@@ -153,11 +145,6 @@ for rnd in sorted({r["round"] for r in runs}):
     print(f"  round {rnd}  ours (default): 1 in flight {ours1['mean_us']} us, p50 {ours1['p50_us']} us, "
           f"p99 {ours1['p99_us']} us, client CPU {cpu(ours1)} us/decision; 50 in flight {ours50['per_sec']}/s, "
           f"client CPU {cpu(ours50)} us/decision")
-    for who in sorted({r["who"] for r in runs if r["who"].startswith(OURS + " busy_poll=")}):
-        bp1, bp50 = get(who, 1), get(who, 50)
-        print(f"  round {rnd}  {who[len(OURS) + 1:]}: 1 in flight {bp1['mean_us']} us, p50 {bp1['p50_us']} us, "
-              f"p99 {bp1['p99_us']} us (ratio to rate-limiter-flexible {bp1['mean_us'] / rlf1['mean_us']:.2f}), "
-              f"client CPU {cpu(bp1)} us/decision; 50 in flight {bp50['per_sec']}/s, client CPU {cpu(bp50)} us/decision")
     if rows(OURS + " @base", 1):
         base1, base50 = get(OURS + " @base", 1), get(OURS + " @base", 50)
         print(f"  round {rnd}  @base: 1 in flight {base1['mean_us']} us (ratio to rate-limiter-flexible "
