@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Load run of the HTTP layer: examples/webhook_server with this crate's
-# layers, with no limiter, and with tower_governor (+ tower's concurrency
-# limit) configured with the same numbers, measured with wrk in one run:
+# Load run of the HTTP layer: the webhook route of examples/webhook_server
+# (served by benches/http_load_server.rs) with this crate's layers, with no
+# limiter, and with tower_governor (+ tower's concurrency limit)
+# configured with the same numbers, measured with wrk in one run:
 # one server per variant, started and warmed up once, then measured over
 # several rounds. In a round, every variant is loaded at the same time
 # (`TOGETHER=1`, the default with two or more cores): the servers share
@@ -50,7 +51,7 @@ read -r -a LAYERS <<< "${LAYERS:-none pressure governor}"
 
 . bench/webhook_lib.sh
 install_missing wrk
-build_webhook_server
+build_load_server
 scenario_limits "$SCENARIO"
 
 WORK=$(mktemp -d)

@@ -1,6 +1,5 @@
-# What the Redis bench script (redis_compare.sh) shares. Sourced from
-# the project root, after
-# `set -euo pipefail`:
+# What bench/redis_compare.sh uses (sourced from the project root, after
+# `set -euo pipefail`):
 #   WORK        a temporary directory, removed on exit with everything below;
 #   PIDS        processes to stop on exit (start_redis adds its server);
 #   BASE_TREE   the worktree base_bench_bin made, removed on exit.
@@ -29,22 +28,24 @@ need_redis() {
 }
 
 # The redis_try_acquire bench executable built from the tree in the
-# current directory (cargo's output goes to stderr).
+# current directory (cargo's output goes to stderr). The bench is in the
+# package resource-broker-benches; in trees older than that package, in
+# the root package.
 bench_bin() {
-    cargo bench --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
+    local package=()
+    if [ -f benches/Cargo.toml ]; then package=(-p resource-broker-benches); fi
+    cargo bench "${package[@]}" --bench redis_try_acquire --no-run 2>&1 | tee /dev/stderr \
         | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1
 }
 
-# base_bench_bin REV [BENCH_SOURCE]: builds the bench at REV in a worktree
-# of its own (with BENCH_SOURCE as its benches/redis_try_acquire.rs, if
-# given) and sets BASE_BIN to a copy of it. The base is built in a target
-# dir of its own: cargo takes a build of the same crates from another tree
-# for fresh when their sources are older.
+# base_bench_bin REV: builds the bench at REV in a worktree of its own and
+# sets BASE_BIN to a copy of it. The base is built in a target dir of its
+# own: cargo takes a build of the same crates from another tree for fresh
+# when their sources are older.
 base_bench_bin() {
     local target="${CARGO_TARGET_DIR:-$PWD/target}/base-rev" built
     BASE_TREE="$WORK/base"
     git worktree add --detach "$BASE_TREE" "$1" >&2
-    if [ -n "${2:-}" ]; then cp "$2" "$BASE_TREE/benches/redis_try_acquire.rs"; fi
     built=$(cd "$BASE_TREE" && CARGO_TARGET_DIR="$target" bench_bin)
     [ -x "$built" ] || { echo "could not build the bench at $1" >&2; exit 1; }
     BASE_BIN="$WORK/base-bench"
@@ -63,7 +64,7 @@ pin_cores() {
 }
 
 # start_redis [COMMAND...]: starts a redis-server of our own on a free
-# loopback port, run through COMMAND (taskset, valgrind) if given, and
+# loopback port, run through COMMAND (taskset) if given, and
 # waits until it answers. Sets PORT and SERVER_PID.
 start_redis() {
     PORT=$(free_port)

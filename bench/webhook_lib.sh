@@ -1,6 +1,5 @@
-# Shared by bench/http_load.sh and bench/cache_sim.sh (sourced): the
-# tools, the example server's build, its limits per scenario and wrk's
-# request script.
+# Sourced by bench/http_load.sh: the tools, the comparison server's build,
+# its limits per scenario and wrk's request script.
 
 # Installs each of the given Debian packages whose command is missing
 # (as root, or through sudo).
@@ -15,12 +14,13 @@ install_missing() {
     done
 }
 
-# Builds examples/webhook_server in release and sets BIN to it; with BIN
-# already set (a saved build, for an A/B of two builds), uses that.
-build_webhook_server() {
+# Builds the comparison server (benches/http_load_server.rs) in release
+# and sets BIN to it; with BIN already set (a saved build, for an A/B of
+# two builds), uses that.
+build_load_server() {
     if [ -n "${BIN:-}" ]; then return 0; fi
-    cargo build --release --example webhook_server >&2
-    BIN="${CARGO_TARGET_DIR:-target}/release/examples/webhook_server"
+    cargo build --release -p resource-broker-benches --bin http_load_server >&2
+    BIN="${CARGO_TARGET_DIR:-target}/release/http_load_server"
 }
 
 # Sets LIMITS, the server's limits for SCENARIO: `admit` (every request
@@ -48,7 +48,7 @@ wrk.headers["Authorization"] = "Bearer $token"
 LUA
 }
 
-# Prints the port of the example server whose output goes to `log`,
+# Prints the port of the server whose output goes to `log`,
 # once it has bound (at most 60 s); fails, with the log, if it has not.
 server_port() {
     local port=""

@@ -15,9 +15,10 @@
 //!
 //! `pressure_rate_only_route_and_tenant` is the two stages with rate limits
 //! only (what two governor layers express), and
-//! `tower_governor_global_concurrency_and_keyed` is the stack of the
-//! example's `--layer governor` (global governor, tower's concurrency
-//! limit, keyed governor), the counterpart of `pressure_route_and_tenant`.
+//! `tower_governor_global_concurrency_and_keyed` is the stack of
+//! `http_load_server --layer governor` (global governor, tower's
+//! concurrency limit, keyed governor), the counterpart of
+//! `pressure_route_and_tenant`.
 //!
 //! Before criterion runs, the bench prints the heap allocations per request
 //! of each variant (a counting global allocator). For instruction counts,
@@ -25,7 +26,7 @@
 //! one function, `measured`, and exits:
 //!
 //! ```text
-//! cargo bench --bench http_layer
+//! cargo bench -p resource-broker-benches --bench http_layer
 //! HTTP_LAYER_RUN=pressure_route:20000 valgrind --tool=callgrind \
 //!     --toggle-collect='*measured*' target/release/deps/http_layer-<hash>
 //! ```

@@ -42,9 +42,12 @@
 //! median batch rather than the fastest: a batch whose threads happened to
 //! run one after the other, without contention, is the fastest.
 //!
-//! Run: `cargo bench --bench memory_interleaved` (env: `ROUNDS=40`,
-//! `BATCH=100000`; for a profiler, `ONLY=<subject>` runs one subject and
-//! `CASE=<prefix>` the cases whose name starts with it).
+//! Run: `cargo bench -p resource-broker-benches --bench memory_interleaved`
+//! (env: `ROUNDS=40`, `BATCH=100000`; for a profiler, `ONLY=<subject>`
+//! runs one subject and `CASE=<prefix>` the cases whose name starts with
+//! it).
+
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

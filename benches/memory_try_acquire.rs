@@ -31,7 +31,10 @@
 //! the cost-fit check, counters, the `Acquisition` and its permit, the
 //! future).
 //!
-//! Run: `cargo bench --bench memory_try_acquire -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p resource-broker-benches --bench memory_try_acquire --
+//! --warm-up-time 1 --measurement-time 3`
+
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

@@ -7,7 +7,7 @@
 //! `bench/redis_compare.sh` runs against the same server. Alone it starts
 //! its own `redis-server`:
 //!
-//! `cargo bench --bench redis_try_acquire`
+//! `cargo bench -p resource-broker-benches --bench redis_try_acquire`
 //!
 //! Each run is done three times: through the broker (coalescing on, the
 //! default), through the broker with coalescing off (one `EVALSHA` per
@@ -31,6 +31,8 @@
 //! (user and system, from `/proc/self/stat`, in 10 ms ticks) during the
 //! run, per decision: on the default single-threaded runtime, the client's
 //! work.
+
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::future::Future;

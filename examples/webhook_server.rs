@@ -11,13 +11,9 @@
 //! ```
 //!
 //! Two instances share one limit with `--redis redis://127.0.0.1:6379/`
-//! (each on its own `--port`). `--layer none` and `--layer governor`
-//! (tower_governor with tower's concurrency limit, the same numbers) are
-//! the load comparisons; `--help` lists every flag.
+//! (each on its own `--port`); `--help` lists every flag.
 //!
 //! Stops cleanly on Ctrl-C or SIGTERM.
-
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -114,7 +110,6 @@ struct Args {
     rps: u64,
     concurrency: u32,
     tenant_rpm: u64,
-    layer: String,
     admin_token: String,
     print_token: Option<String>,
     help: bool,
@@ -128,8 +123,6 @@ usage: webhook_server [flags]
   --rps N              the webhook route's requests per second (100)
   --concurrency N      its concurrent requests (200; 0: no concurrency limit)
   --tenant-rpm N       each tenant's requests per minute (6000)
-  --layer L            pressure (default), none, or governor (tower_governor
-                       with tower's concurrency limit, the same numbers)
   --admin-token T      the token the stats endpoint requires (dev-admin)
   --print-token TENANT print a bearer token for TENANT and exit
   --help               this text
@@ -143,7 +136,6 @@ fn parse_args() -> Result<Args, String> {
         rps: 100,
         concurrency: 200,
         tenant_rpm: 6000,
-        layer: "pressure".into(),
         admin_token: "dev-admin".into(),
         print_token: None,
         help: false,
@@ -163,7 +155,6 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| "bad --concurrency")?
             }
             "--tenant-rpm" => args.tenant_rpm = number(value()?)?,
-            "--layer" => args.layer = value()?,
             "--admin-token" => args.admin_token = value()?,
             "--print-token" => args.print_token = Some(value()?),
             "--help" | "-h" => args.help = true,
@@ -226,98 +217,22 @@ fn admin(broker: ResourceBroker, token: String) -> Router {
     ))
 }
 
-/// tower_governor's key for the per-tenant quota: the verified namespace.
-#[derive(Clone)]
-struct TenantKey;
-
-impl tower_governor::key_extractor::KeyExtractor for TenantKey {
-    type Key = String;
-
-    fn extract<T>(
-        &self,
-        req: &axum::http::Request<T>,
-    ) -> Result<Self::Key, tower_governor::GovernorError> {
-        req.extensions()
-            .get::<Claims>()
-            .map(|c| c.namespace_id.clone())
-            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
-    }
-}
-
 fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
-    let webhooks = Router::new().route("/api/v1/webhooks/{source}", post(receive_webhook));
-    let webhooks = match args.layer.as_str() {
-        "pressure" => {
-            let config = pressure_config(args)?;
-            let pressure = Pressure::new(broker.clone(), &config).map_err(|e| e.to_string())?;
-            // One `Router::layer` for the whole stack (axum boxes and clones
-            // each layer it is given per request): the route stage before
-            // authentication, the tenant stage after it.
-            webhooks.layer(
-                ServiceBuilder::new()
-                    .layer(pressure.layer())
-                    .layer(middleware::from_fn(authenticate))
-                    .layer(
-                        pressure
-                            .tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())),
-                    ),
-            )
-        }
-        "none" => webhooks.layer(ServiceBuilder::new().layer(middleware::from_fn(authenticate))),
-        "governor" => {
-            use tower_governor::governor::GovernorConfigBuilder;
-            use tower_governor::key_extractor::GlobalKeyExtractor;
-            use tower_governor::GovernorLayer;
-            // As this crate's config does, a limit of 0 is refused, not
-            // raised to 1.
-            let per = |flag: &str, amount: u64, period: Duration| match amount {
-                0 => Err(format!("{flag} 0: a limit must be at least 1")),
-                n => {
-                    let n = u32::try_from(n).unwrap_or(u32::MAX);
-                    Ok((period / n, n))
-                }
-            };
-            let (route_period, route_burst) = per("--rps", args.rps, Duration::from_secs(1))?;
-            let route = GovernorConfigBuilder::default()
-                .period(route_period)
-                .burst_size(route_burst)
-                .key_extractor(GlobalKeyExtractor)
-                .finish()
-                .ok_or("bad governor route config")?;
-            let (tenant_period, tenant_burst) =
-                per("--tenant-rpm", args.tenant_rpm, Duration::from_secs(60))?;
-            let tenant = GovernorConfigBuilder::default()
-                .period(tenant_period)
-                .burst_size(tenant_burst)
-                .key_extractor(TenantKey)
-                .finish()
-                .ok_or("bad governor tenant config")?;
-            // tower's concurrency limit holds its slot until the response
-            // head is ready (not, as this crate's permit, until the body
-            // ends); `--concurrency 0` leaves it out. Two stacks rather than
-            // an optional layer, so neither pays for a dispatch.
-            match args.concurrency {
-                0 => webhooks.layer(
-                    ServiceBuilder::new()
-                        .layer(GovernorLayer::new(route))
-                        .layer(middleware::from_fn(authenticate))
-                        .layer(GovernorLayer::new(tenant)),
+    let config = pressure_config(args)?;
+    let pressure = Pressure::new(broker.clone(), &config).map_err(|e| e.to_string())?;
+    // One `Router::layer` for the whole stack (axum boxes and clones each
+    // layer it is given per request): the route stage before
+    // authentication, the tenant stage after it.
+    let webhooks = Router::new()
+        .route("/api/v1/webhooks/{source}", post(receive_webhook))
+        .layer(
+            ServiceBuilder::new()
+                .layer(pressure.layer())
+                .layer(middleware::from_fn(authenticate))
+                .layer(
+                    pressure.tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())),
                 ),
-                n => webhooks.layer(
-                    ServiceBuilder::new()
-                        .layer(GovernorLayer::new(route))
-                        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(n as usize))
-                        .layer(middleware::from_fn(authenticate))
-                        .layer(GovernorLayer::new(tenant)),
-                ),
-            }
-        }
-        other => {
-            return Err(format!(
-                "--layer {other}: expected pressure, none or governor"
-            ))
-        }
-    };
+        );
     Ok(webhooks.merge(admin(broker, args.admin_token.clone())))
 }
 
@@ -372,8 +287,7 @@ async fn main() {
             .map_err(|e| format!("bind 127.0.0.1:{}: {e}", args.port))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!(
-            "webhook_server listening on http://{addr} (layer: {}, store: {})",
-            args.layer,
+            "webhook_server listening on http://{addr} (store: {})",
             if args.redis.is_some() {
                 "redis"
             } else {

@@ -32,7 +32,6 @@ serde_json = "1"
 sha2 = "0.10"
 tokio = {{ version = "1.49", features = ["rt-multi-thread", "macros", "time", "net", "signal", "test-util"] }}
 tower = {{ version = "0.5", features = ["limit", "util"] }}
-tower_governor = "0.8"
 tracing-subscriber = {{ version = "0.3", features = ["env-filter", "fmt"] }}
 
 [[example]]
