@@ -11,9 +11,8 @@
 //! and with many such keys the map would grow back to the sweep threshold
 //! at once, a sweep every few thousand calls.
 //!
-//! A resource's own state pinned by a registration (see [`crate::pinned`])
-//! is kept too: the registration decides on it without the table, and
-//! there is one per registered resource.
+//! A resource's own state that a registration decides on is kept too
+//! (see [`crate::local`]): there is one per registered resource.
 //!
 //! At the bound, a sweep drops idle states first; if that leaves more than
 //! seven eighths of the bound, it drops the states least recently taken
@@ -31,16 +30,22 @@
 //! then sweeps in turn, so threads flooding new keys cannot outgrow a
 //! sweep.
 //!
-//! The decision costs a few relaxed atomic loads per write: the number of
-//! states is tracked by counting inserts (and re-read exactly after each
-//! sweep), so no write has to lock every shard to learn the map's length.
+//! Whether a sweep is due is a few relaxed atomic loads per write: the
+//! number of states is tracked by counting inserts (and re-read exactly
+//! after each sweep), so no write locks every shard to learn it.
 //! Each sweep also drops the place sets whose places have all refilled.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use crate::spill::Spills;
-use crate::{Entry, States};
 use broker_core::Micros;
+use parking_lot::Mutex;
+
+use crate::key::StateKey;
+use crate::spill::Spills;
+use crate::states::Entry;
+use crate::store::Store;
 
 /// Below this many states no sweep runs but at the bound.
 const MIN_SWEEP_LEN: usize = 4096;
@@ -53,47 +58,48 @@ pub(crate) const DEFAULT_MAX_STATES: usize = 1 << 20;
 /// The lowest bound a store takes.
 pub(crate) const MIN_MAX_STATES: usize = 64;
 
-/// Drops every idle state not used within [`RECENT`] and not pinned by a
-/// registration (see [`crate::pinned`]); returns how many.
-pub(crate) fn evict_idle(states: &States, now: Micros) -> usize {
+/// Whether `key` is the own state of a resource a registration decides
+/// on (see [`Store::register_own`]): never dropped.
+fn registered(key: &StateKey, registered: &HashMap<Arc<str>, usize>) -> bool {
+    key.is_own() && registered.contains_key(key.resource())
+}
+
+/// Drops every idle state not used within [`RECENT`] and not kept by a
+/// registration; returns how many.
+pub(crate) fn evict_idle(store: &Store, now: Micros) -> usize {
+    let states = &store.states;
+    let kept = store.registered.lock();
     let before = states.len();
-    states.retain(|_, e| {
-        let state = e.state.get();
-        e.state.is_pinned_elsewhere()
-            || now.saturating_sub(state.last_used()) < RECENT
-            || !state.is_idle(&e.spec, now)
+    states.retain(|k, e| {
+        registered(k, &kept) || now.saturating_sub(e.last_used()) < RECENT || !e.is_idle(now)
     });
     before.saturating_sub(states.len())
 }
 
-/// Whether a state may be folded away: not pinned by a registration,
-/// holding no live slot, and under no state-wide hold (a penalty on a
-/// resource without rate limits, which no place keeps).
-fn foldable(e: &Entry, now: Micros) -> bool {
-    !e.state.is_pinned_elsewhere() && !e.state.get().holds_slot_or_hold(now)
+/// Whether a state may be folded away: not kept by a registration, holding
+/// no live slot, and under no state-wide hold (a penalty on a resource
+/// without rate limits, which no place keeps).
+fn foldable(k: &StateKey, e: &Entry, now: Micros, kept: &HashMap<Arc<str>, usize>) -> bool {
+    !registered(k, kept) && !e.holds_slot_or_hold(now)
 }
 
 /// Drops idle states, then folds the states least recently taken from that
 /// still count (see [`crate::spill`]) until at most `keep` are left;
-/// returns how many of the states it counted no fold may drop (pinned,
-/// holding a slot, or under a state-wide hold), 0 when none had to be
-/// folded.
-pub(crate) fn fold_to(
-    states: &States,
-    spills: &Spills,
-    now: Micros,
-    keep: usize,
-    budget: usize,
-) -> usize {
-    evict_idle(states, now);
+/// returns how many of the states it counted no fold may drop (kept by a
+/// registration, holding a slot, or under a state-wide hold), 0 when none
+/// had to be folded.
+pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize, budget: usize) -> usize {
+    evict_idle(store, now);
+    let (states, spills) = (&store.states, &store.spills);
     let len = states.len();
     if len <= keep {
         return 0;
     }
+    let kept = store.registered.lock();
     let mut ages = Vec::with_capacity(len);
     let mut held = 0;
-    states.for_each(|e| match foldable(e, now) {
-        true => ages.push(e.state.get().last_used()),
+    states.for_each(|k, e| match foldable(k, e, now, &kept) {
+        true => ages.push(e.last_used()),
         false => held += 1,
     });
     let excess = (len - keep).min(ages.len());
@@ -108,16 +114,15 @@ pub(crate) fn fold_to(
     let mut ties = excess - older;
     let mut left = excess;
     states.retain(|k, e| {
-        if left == 0 || !foldable(e, now) {
+        if left == 0 || !foldable(k, e, now, &kept) {
             return true;
         }
-        let used = e.state.get().last_used();
+        let used = e.last_used();
         if used > cutoff || (used == cutoff && ties == 0) {
             return true;
         }
-        let hash = states.hash(k.as_ref());
-        let state = e.state.get().to_state();
-        spills.fold(k.resource(), hash, &state, &e.spec, now, budget);
+        let hash = states.hash(crate::key::Parts::parts(k));
+        spills.fold(k.resource(), hash, &e.state, &e.spec, now, budget);
         if used == cutoff {
             ties -= 1;
         }
@@ -127,10 +132,8 @@ pub(crate) fn fold_to(
     held
 }
 
-/// Decides when to sweep. `repr(C)`: the two counts every decision reads
-/// come first (see `Store`).
+/// Decides when to sweep.
 #[derive(Debug)]
-#[repr(C)]
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.
     len: AtomicUsize,
@@ -141,7 +144,8 @@ pub(crate) struct Sweeper {
     /// The bound.
     max: AtomicUsize,
     last: AtomicU64,
-    running: AtomicBool,
+    /// Held by the thread that sweeps.
+    sweeping: Mutex<()>,
     /// Inserts waiting for a sweep to end (see [`Sweeper::wait_for_sweep`]).
     #[cfg(test)]
     pub(crate) waiting: AtomicUsize,
@@ -157,7 +161,7 @@ impl Default for Sweeper {
             floor: AtomicUsize::new(MIN_SWEEP_LEN),
             max: AtomicUsize::new(DEFAULT_MAX_STATES),
             last: AtomicU64::new(0),
-            running: AtomicBool::new(false),
+            sweeping: Mutex::new(()),
             #[cfg(test)]
             waiting: AtomicUsize::new(0),
         }
@@ -180,16 +184,9 @@ impl Sweeper {
         self.max.load(Ordering::Relaxed)
     }
 
-    /// Called after each write, with no shard lock held; `inserted` when the
-    /// write created a state.
-    #[inline]
-    pub(crate) fn after_write(
-        &self,
-        states: &States,
-        spills: &Spills,
-        now: Micros,
-        inserted: bool,
-    ) {
+    /// Called after each write, with no lock of the store held; `inserted`
+    /// when the write created a state.
+    pub(crate) fn after_write(&self, store: &Store, now: Micros, inserted: bool) {
         let len = if inserted {
             self.len.fetch_add(1, Ordering::Relaxed) + 1
         } else {
@@ -203,36 +200,24 @@ impl Sweeper {
         if !(grown || stale) {
             return;
         }
-        if self.running.swap(true, Ordering::Acquire) {
-            if inserted {
-                self.wait_for_sweep(states, spills, now, len);
-            }
-            return;
+        match self.sweeping.try_lock() {
+            Some(_sweeping) => self.sweep(store, now, len),
+            None if inserted => self.wait_for_sweep(store, now, len),
+            None => {}
         }
-        self.sweep(states, spills, now, len);
     }
 
-    /// One sweep, by the thread that set `running` (cleared on return,
-    /// also when unwinding, so that inserts never wait for a sweep that
-    /// is gone).
-    #[cold]
-    fn sweep(&self, states: &States, spills: &Spills, now: Micros, len: usize) {
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _done = Done(&self.running);
+    /// One sweep, by the thread that holds `sweeping`.
+    fn sweep(&self, store: &Store, now: Micros, len: usize) {
         let max = self.max();
         let held = if len >= max {
-            fold_to(states, spills, now, max - max / 8, Spills::budget_for(max))
+            fold_to(store, now, max - max / 8, Spills::budget_for(max))
         } else {
-            evict_idle(states, now);
+            evict_idle(store, now);
             0
         };
-        spills.drop_idle(now);
-        self.after_sweep(states, now, held);
+        store.spills.drop_idle(now);
+        self.after_sweep(store, now, held);
     }
 
     /// An insert that finds the store an eighth past its bound while
@@ -240,25 +225,18 @@ impl Sweeper {
     /// itself if one is still due. A sweep does not see the states made
     /// after it counted them, so without this wait threads inserting new
     /// keys while one thread folds could grow the store past its bound
-    /// by as many as they insert meanwhile (and the sweep after, due
-    /// only an eighth past what was kept, further still). Called with no
-    /// shard lock held; costs nothing below the bound.
-    #[cold]
-    #[inline(never)]
-    fn wait_for_sweep(&self, states: &States, spills: &Spills, now: Micros, len: usize) {
+    /// by as many as they insert meanwhile. Costs nothing below the bound.
+    fn wait_for_sweep(&self, store: &Store, now: Micros, len: usize) {
         let max = self.max();
         if len < max + max / 8 {
             return;
         }
         #[cfg(test)]
         self.waiting.fetch_add(1, Ordering::Relaxed);
-        let mut backoff = crate::backoff::Backoff::default();
-        while self.running.load(Ordering::Acquire) {
-            backoff.snooze();
-        }
+        drop(self.sweeping.lock());
         #[cfg(test)]
         self.waiting.fetch_sub(1, Ordering::Relaxed);
-        self.after_write(states, spills, now, false);
+        self.after_write(store, now, false);
     }
 
     /// Re-reads the exact number of states after a sweep (also one run
@@ -271,8 +249,8 @@ impl Sweeper {
     /// states move it past the bound: a sweep that drops idle states alone
     /// (one due on time) leaves many that count, and the next sweep, at
     /// the bound, folds them.
-    pub(crate) fn after_sweep(&self, states: &States, now: Micros, held: usize) {
-        let kept = states.len();
+    pub(crate) fn after_sweep(&self, store: &Store, now: Micros, held: usize) {
+        let kept = store.states.len();
         let max = self.max();
         let next = if held + max / 8 > max {
             held + held.max(max) / 8

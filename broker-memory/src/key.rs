@@ -1,18 +1,17 @@
-//! The key of a state in the map: the resource part of its state key and
-//! the sub-key as the caller gave it, so the broker's calls through
-//! [`LocalStates`](broker_core::LocalStates) find a state by its two parts
-//! without joining and escaping them, and the keyed [`Backend`] calls find
-//! the same state by parsing the joined key.
-//!
-//! [`Backend`]: broker_core::Backend
+//! The key of a state: the resource part of its state key and the sub-key
+//! as the caller gave it. The broker's calls (through
+//! [`LocalStates`](broker_core::LocalStates)) name a state by its two
+//! parts; the keyed [`Backend`](broker_core::Backend) calls by a joined
+//! state key, parsed here into the same parts.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use broker_core::keys;
 
 /// Which state of a resource part a key names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Sub {
     /// The resource's own state (a state key without `:`).
     Own,
@@ -24,103 +23,104 @@ pub(crate) enum Sub {
     Opaque,
 }
 
-/// A key as stored in the table.
+/// A key as the table holds it.
 #[derive(Debug, Clone)]
 pub(crate) struct StateKey {
     resource: Arc<str>,
-    sub: SubBytes,
     kind: Sub,
-}
-
-/// The bytes of a sub-key, inline when short (the common case), so a
-/// lookup compares them without following a pointer.
-#[derive(Debug, Clone)]
-enum SubBytes {
-    Inline { len: u8, bytes: [u8; INLINE] },
-    Heap(Box<[u8]>),
-}
-
-/// Longest sub-key held inline.
-const INLINE: usize = 22;
-
-impl SubBytes {
-    fn new(sub: &[u8]) -> Self {
-        let mut bytes = [0; INLINE];
-        match bytes.get_mut(..sub.len()) {
-            Some(head) => {
-                head.copy_from_slice(sub);
-                Self::Inline {
-                    len: sub.len() as u8,
-                    bytes,
-                }
-            }
-            None => Self::Heap(sub.into()),
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => &bytes[..*len as usize],
-            Self::Heap(b) => b,
-        }
-    }
+    sub: Box<str>,
 }
 
 /// A key to look up, borrowed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KeyRef<'a> {
     pub(crate) resource: &'a str,
-    /// [`resource_hash`] of `resource`.
-    pub(crate) resource_hash: u64,
     pub(crate) kind: Sub,
-    /// The sub-key's bytes (empty for [`Sub::Own`]).
-    pub(crate) sub: &'a [u8],
+    /// The sub-key (empty for [`Sub::Own`]).
+    pub(crate) sub: &'a str,
 }
 
-/// A fixed hash of a resource part, computed once per resource on the
-/// fast path, so a lookup feeds the table's hasher one word and the
-/// sub-key.
-pub(crate) fn resource_hash(resource: &str) -> u64 {
-    use std::hash::BuildHasher;
-    foldhash::fast::FixedState::with_seed(0x5eed).hash_one(resource)
+/// The parts of a key, owned or borrowed: the table holds [`StateKey`]s
+/// and is searched with a [`KeyRef`] seen as a `dyn Parts`, so a lookup
+/// builds no key.
+pub(crate) trait Parts {
+    fn parts(&self) -> KeyRef<'_>;
 }
+
+impl Parts for StateKey {
+    fn parts(&self) -> KeyRef<'_> {
+        KeyRef {
+            resource: &self.resource,
+            kind: self.kind,
+            sub: &self.sub,
+        }
+    }
+}
+
+impl Parts for KeyRef<'_> {
+    fn parts(&self) -> KeyRef<'_> {
+        *self
+    }
+}
+
+impl<'a> Borrow<dyn Parts + 'a> for StateKey {
+    fn borrow(&self) -> &(dyn Parts + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn Parts + '_ {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let k = self.parts();
+        k.resource.hash(h);
+        k.kind.hash(h);
+        k.sub.hash(h);
+    }
+}
+
+impl PartialEq for dyn Parts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.parts(), other.parts());
+        a.kind == b.kind && a.sub == b.sub && a.resource == b.resource
+    }
+}
+
+impl Eq for dyn Parts + '_ {}
+
+impl Hash for StateKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        (self as &dyn Parts).hash(h);
+    }
+}
+
+impl PartialEq for StateKey {
+    fn eq(&self, other: &Self) -> bool {
+        (self as &dyn Parts) == (other as &dyn Parts)
+    }
+}
+
+impl Eq for StateKey {}
 
 impl StateKey {
-    /// Whether this is the key `key` names. Inlined into the table's
-    /// probe: out of line it was a call per probed slot.
-    #[inline(always)]
-    pub(crate) fn is(&self, key: KeyRef<'_>) -> bool {
-        // The fast path's keys share the resource's allocation.
-        let same_resource =
-            std::ptr::eq(&*self.resource, key.resource) || *self.resource == *key.resource;
-        same_resource && self.kind == key.kind && keys::same(self.sub.as_bytes(), key.sub)
-    }
-
     /// The resource part.
     pub(crate) fn resource(&self) -> &Arc<str> {
         &self.resource
     }
 
-    /// The key as a lookup would name it (hashing the resource part again).
-    pub(crate) fn as_ref(&self) -> KeyRef<'_> {
-        KeyRef {
-            resource: &self.resource,
-            resource_hash: resource_hash(&self.resource),
-            kind: self.kind,
-            sub: self.sub.as_bytes(),
-        }
+    /// Whether this is a resource's own state.
+    pub(crate) fn is_own(&self) -> bool {
+        self.kind == Sub::Own
     }
 }
 
 impl<'a> KeyRef<'a> {
     /// The key of sub-key `sub` (`None`: the own state) of the resource
     /// whose state key is `resource`.
-    pub(crate) fn local(resource: &'a str, resource_hash: u64, sub: Option<&'a str>) -> Self {
+    pub(crate) fn local(resource: &'a str, sub: Option<&'a str>) -> Self {
         Self {
             resource,
-            resource_hash,
             kind: if sub.is_some() { Sub::Raw } else { Sub::Own },
-            sub: sub.map_or(&[], str::as_bytes),
+            sub: sub.unwrap_or(""),
         }
     }
 
@@ -132,8 +132,8 @@ impl<'a> KeyRef<'a> {
         };
         StateKey {
             resource,
-            sub: SubBytes::new(self.sub),
             kind: self.kind,
+            sub: self.sub.into(),
         }
     }
 }
@@ -157,9 +157,8 @@ pub(crate) fn with_parsed<R>(key: &str, f: impl FnOnce(KeyRef<'_>) -> R) -> R {
     let (resource, kind, sub) = parse(key);
     f(KeyRef {
         resource,
-        resource_hash: resource_hash(resource),
         kind,
-        sub: sub.as_bytes(),
+        sub: &sub,
     })
 }
 
@@ -169,10 +168,7 @@ mod tests {
     use broker_core::keys::keyed;
 
     fn parts(key: &str) -> (String, Sub, String) {
-        with_parsed(key, |k| {
-            let sub = String::from_utf8(k.sub.to_vec()).unwrap();
-            (k.resource.to_owned(), k.kind, sub)
-        })
+        with_parsed(key, |k| (k.resource.to_owned(), k.kind, k.sub.to_owned()))
     }
 
     #[test]
@@ -188,22 +184,16 @@ mod tests {
 
     #[test]
     fn a_state_made_by_sub_key_is_found_by_its_joined_key_and_back() {
-        let states = crate::States::new();
-        let spec = std::sync::Arc::new(broker_core::LimitSpec::new(
+        let states = crate::states::States::new();
+        let spec = Arc::new(broker_core::LimitSpec::new(
             &broker_core::Limits::new().rate(broker_core::RateLimit::per_second(1)),
             std::time::Duration::from_secs(1),
         ));
-        let entry = |_| crate::Entry {
-            state: crate::Slot::Table(crate::Stored::full(
-                broker_core::state::ResourceState::fresh(&spec, 0),
-            )),
-            spec: spec.clone(),
-        };
+        let entry = |_| crate::states::Entry::new(spec.clone(), &spec, 0);
         let resource: Arc<str> = Arc::from("api");
-        let hash = resource_hash(&resource);
         let long = "a sub-key longer than the inline twenty-two bytes";
         for (n, sub) in ["t-1", "a:b", "", "%", long].into_iter().enumerate() {
-            let local = KeyRef::local(&resource, hash, Some(sub));
+            let local = KeyRef::local(&resource, Some(sub));
             let (_, inserted) = states.upsert(
                 local,
                 || local.to_owned_with(Some(&resource)),
@@ -223,17 +213,12 @@ mod tests {
             states.upsert(k, || k.to_owned_with(None), entry, |_| ())
         });
         assert!(inserted);
-        let own = KeyRef::local(&resource, hash, None);
-        assert!(states.get(own, |_| ()).is_none());
-        assert!(
-            with_parsed("api", |k| states.upsert(
-                k,
-                || k.to_owned_with(None),
-                entry,
-                |_| ()
-            ))
-            .1
-        );
-        assert!(states.get(own, |_| ()).is_some());
+        let own = KeyRef::local(&resource, None);
+        assert!(states.get(own).is_none());
+        let (_, inserted) = with_parsed("api", |k| {
+            states.upsert(k, || k.to_owned_with(None), entry, |_| ())
+        });
+        assert!(inserted);
+        assert!(states.get(own).is_some());
     }
 }

@@ -1,7 +1,7 @@
 //! What a bounded store keeps of the states it drops while they still
 //! count. A store holds at most [`crate::MemoryBackend::max_states`]
 //! states; past that, the states least recently taken from that are not
-//! idle (and hold no slot and are not pinned) are dropped, and each is
+//! idle (and hold no slot and are not kept by a registration) are dropped, and each is
 //! folded into the set of places kept for its resource part and its exact
 //! limits. A set's places come in groups of [`WAYS`]; the table's random
 //! hash of a key picks its group. A key folded into a group keeps a place
@@ -68,7 +68,6 @@ use broker_core::Micros;
 use parking_lot::{Mutex, RwLock};
 
 use crate::eviction::RECENT;
-use crate::Stored;
 
 /// Places shared by every resource.
 const SHARED: usize = 4096;
@@ -483,29 +482,16 @@ impl Spills {
     /// from, made for `spec`: the tightest of its places (see the module's
     /// documentation), unless every one is idle by `now` (then a fresh
     /// one, `None`).
-    #[inline]
     pub(crate) fn restore(
         &self,
         resource: &str,
         hash: u64,
         spec: &LimitSpec,
         now: Micros,
-    ) -> Option<Stored> {
+    ) -> Option<ResourceState> {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
-        self.restore_folded(resource, hash, spec, now)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn restore_folded(
-        &self,
-        resource: &str,
-        hash: u64,
-        spec: &LimitSpec,
-        now: Micros,
-    ) -> Option<Stored> {
         let n = spec.buckets.len();
         let mut buckets: Vec<BucketState> = params_of(spec)
             .map(|p| BucketState::fresh(p, now))
@@ -550,7 +536,7 @@ impl Spills {
         if state::is_idle(&restored, spec, now) {
             return None;
         }
-        Some(Stored::of(restored, spec))
+        Some(restored)
     }
 }
 
@@ -596,7 +582,7 @@ mod tests {
         let left = |hash: u64| {
             spills
                 .restore("tenant", hash, &spec, now)
-                .map_or(10.0, |s| s.to_state().buckets[0].tokens)
+                .map_or(10.0, |s| s.buckets[0].tokens)
         };
         let key = |k: u64| 3 + 16 * k;
         for k in 0..WAYS as u64 {
