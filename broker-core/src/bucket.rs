@@ -53,32 +53,27 @@ impl BucketParams {
     }
 
     /// Maximum tokens held (the burst).
-    #[inline]
     pub const fn capacity(&self) -> f64 {
         self.capacity
     }
 
     /// Tokens refilled per `period`.
-    #[inline]
     pub const fn amount(&self) -> f64 {
         self.amount
     }
 
     /// Refill period in microseconds.
-    #[inline]
     pub const fn period(&self) -> f64 {
         self.period
     }
 
     /// Tokens refilled per µs: `amount / period`, as one division rounds
     /// it (the Lua mirror computes the same quotient).
-    #[inline]
     pub const fn tokens_per_micro(&self) -> f64 {
         self.tokens_per_micro
     }
 
     /// µs per token: `period / amount`, as one division rounds it.
-    #[inline]
     pub const fn micros_per_token(&self) -> f64 {
         self.micros_per_token
     }
@@ -109,24 +104,17 @@ impl BucketState {
 /// Refills `state` to `now` (clamped to `state.ts`), capped at capacity:
 /// also with no time passed, so a bucket kept across a re-registration
 /// with a smaller burst holds no more than the new burst.
-#[inline]
 pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
     let (tokens, ts) = if now <= state.ts {
         (state.tokens, state.ts)
     } else {
         (
-            state.tokens + to_f64(now - state.ts) * params.tokens_per_micro,
+            state.tokens + (now - state.ts) as f64 * params.tokens_per_micro,
             now,
         )
     };
     BucketState {
-        // `f64::min` but for a NaN capacity (never valid): one instruction
-        // where `min` takes four.
-        tokens: if tokens < params.capacity {
-            tokens
-        } else {
-            params.capacity
-        },
+        tokens: tokens.min(params.capacity),
         ts,
         nb: state.nb,
     }
@@ -137,25 +125,10 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
 /// float noise of far less than that, and rounding the noise up would send
 /// a booked request a whole µs late (a strict upstream whose bucket is full
 /// at that moment loses the µs of refill).
-///
-/// Written with a truncating cast instead of `round` and `ceil`, which
-/// are library calls on baseline x86-64; the result is the same (a test
-/// compares the two): for `x >= 1` the fraction `x - trunc(x)` is exact,
-/// so the nearest whole µs is within a nanosecond exactly when the
-/// fraction is below 1e-3 (then it is `trunc(x)`) or above 1 - 1e-3 (then
-/// it is `trunc(x) + 1`, as is the ceiling). Not a positive number: 0.
-#[inline]
+/// Not a positive number: 0.
 pub fn ceil_micros(x: f64) -> Micros {
     if x.is_nan() || x <= 0.0 {
         return 0;
-    }
-    // Below 2^63 (every wait that occurs) the signed conversions, one
-    // instruction each way, give what the unsigned ones give. The rule is
-    // written once per range: one expression for both (the truncation
-    // picked by range, then `to_f64`) cost ~4 ns per denial.
-    if x < I64_END {
-        let whole = x as i64;
-        return whole as Micros + Micros::from(x - whole as f64 >= 1e-3);
     }
     let whole = x as Micros;
     if x - (whole as f64) < 1e-3 {
@@ -165,65 +138,9 @@ pub fn ceil_micros(x: f64) -> Micros {
     }
 }
 
-/// 2^63: the values below it convert exactly between `f64` and `i64`
-/// wherever they do between `f64` and `u64`.
-const I64_END: f64 = 9_223_372_036_854_775_808.0;
-
-/// `x as f64`, through the signed conversion (one instruction on x86-64,
-/// where the unsigned one takes five with a longer latency) for every `x`
-/// below 2^63: the same value, sooner, on the decision's path from the
-/// clock to its verdict.
-#[inline(always)]
-pub(crate) fn to_f64(x: u64) -> f64 {
-    match i64::try_from(x) {
-        Ok(x) => signed_to_f64(x),
-        // Halved with its last bit kept (so the rounding sees it), then
-        // doubled, which is exact: the value the unsigned conversion
-        // gives. Not `x as f64`: the compiler computes that ahead of the
-        // test, on every call, and it reads two constants from static
-        // data, one or two cache lines per decision that a busy server's
-        // request finds evicted.
-        Err(_) => {
-            let half = signed_to_f64(((x >> 1) | (x & 1)) as i64);
-            half + half
-        }
-    }
-}
-
-/// `x as f64`. On x86-64 written as the instruction itself: written in
-/// Rust, the compiler folds `to_f64`'s two arms back into the unsigned
-/// conversion's five instructions.
-#[inline(always)]
-fn signed_to_f64(x: i64) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f: f64;
-        // SAFETY: `cvtsi2sd` (SSE2, on every x86-64 processor) only reads
-        // `x` and writes `f`; the `xorps` first clears the register, as the
-        // compiler does, so that the conversion does not wait on its old
-        // contents. Not `preserves_flags`: an inexact conversion (from
-        // 2^53 up) sets MXCSR's precision flag.
-        unsafe {
-            std::arch::asm!(
-                "xorps {f}, {f}",
-                "cvtsi2sd {f}, {x}",
-                x = in(reg) x,
-                f = out(xmm_reg) f,
-                options(pure, nomem, nostack),
-            );
-        }
-        f
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        x as f64
-    }
-}
-
 /// How long after `now` until `cost` tokens are available and `nb` has
 /// passed, for a state already refilled to `now`. Rounded up to whole µs
 /// by [`ceil_micros`].
-#[inline]
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     shortfall(state, params, now, cost).map_or(0, Shortfall::micros)
 }
@@ -242,7 +159,6 @@ pub struct Shortfall {
 
 impl Shortfall {
     /// The wait in whole µs, as [`wait_for`] gives it: at least 1.
-    #[inline]
     pub fn micros(self) -> Micros {
         ceil_micros(self.rate).max(self.held)
     }
@@ -251,7 +167,6 @@ impl Shortfall {
     /// hold in force, the refill time before rounding
     /// ([`LocalVerdict::Short`]), whose rounding gives [`Shortfall::micros`];
     /// else the wait rounded at once.
-    #[inline]
     pub fn local_verdict(self) -> LocalVerdict {
         match self.held {
             0 => LocalVerdict::Short(RefillTime::new(self.rate)),
@@ -266,7 +181,6 @@ impl Shortfall {
 /// [`ceil_micros`] rounds to 0 exactly the values below 1e-3 (and NaN):
 /// from 1e-3 up to 1 it gives 1, from 1 up at least 1. So the wait is zero
 /// when the missing tokens need less than 1e-3 µs and `nb` has passed.
-#[inline]
 pub fn shortfall(
     state: &BucketState,
     params: &BucketParams,
@@ -296,7 +210,6 @@ pub fn shortfall(
 /// strict upstream's bucket does. The state keeps `ts` at now; the refill
 /// between now and the send is credited back so that refilling to the send
 /// time yields exactly `min(capacity, tokens + refill) - cost`.
-#[inline]
 pub fn book(
     state: BucketState,
     params: &BucketParams,
@@ -313,7 +226,6 @@ pub fn book(
 
 /// `try`: takes `cost` if it is available now; otherwise leaves the tokens
 /// and reports the wait. Returns `(new state, wait)`; `wait == 0` means taken.
-#[inline]
 pub fn try_take(
     state: BucketState,
     params: &BucketParams,
@@ -409,7 +321,6 @@ pub fn settle(
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 100_000), 0.0);
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 200_000), 1.0);
 /// ```
-#[inline]
 pub fn unclaimed(
     state: &BucketState,
     params: &BucketParams,
@@ -426,7 +337,7 @@ pub fn unclaimed(
     if last <= due {
         return delta;
     }
-    let claimed = to_f64(last - due) * params.tokens_per_micro;
+    let claimed = (last - due) as f64 * params.tokens_per_micro;
     if claimed < delta {
         delta - claimed
     } else {
@@ -440,7 +351,6 @@ pub fn unclaimed(
 /// asked for `at - now` from the caller's now lasts as long from the
 /// bucket's, instead of ending the lag early (or having ended already)
 /// for everyone. Saturating.
-#[inline]
 pub fn on_bucket_time(state: &BucketState, now: Micros, at: Micros) -> Micros {
     at.saturating_add(state.ts.saturating_sub(now))
 }
@@ -488,7 +398,6 @@ pub fn reconcile(
 
 /// Whether the bucket, refilled to `now`, is indistinguishable from a fresh
 /// one (full and not held): such a state can be dropped without loss.
-#[inline]
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
     let s = refill(*state, params, now.max(state.ts));
     s.tokens >= params.capacity && s.nb <= now
@@ -512,7 +421,6 @@ pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool 
 /// assert_eq!(t.ts, 2_000);
 /// assert!(t.tokens <= refill(drained, &p, 2_000).tokens);
 /// ```
-#[inline]
 pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketState {
     let ts = a.ts.max(b.ts);
     let (a, b) = (refill(a, params, ts), refill(b, params, ts));
@@ -541,7 +449,6 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
 /// let b = BucketState { tokens: 4.0, ts: 2_000, nb: 5 };
 /// assert_eq!(fewest(a, b), BucketState { tokens: 0.0, ts: 2_000, nb: 5 });
 /// ```
-#[inline]
 pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
     BucketState {
         tokens: if a.tokens < b.tokens {
@@ -670,7 +577,7 @@ mod tests {
             9.007e15,
             // Either side of 2^63, where the conversions change.
             9_223_372_036_854_774_784.0,
-            I64_END,
+            9_223_372_036_854_775_808.0,
             9_223_372_036_854_777_856.0,
             1.8e19,
             1e30,
@@ -694,30 +601,6 @@ mod tests {
             assert_eq!(ceil_micros(x), described(x), "x = {x:e}");
         }
         assert_eq!(ceil_micros(f64::NAN), 0);
-    }
-
-    #[test]
-    fn to_f64_is_the_unsigned_conversion() {
-        let edges = [
-            0,
-            1,
-            (1 << 53) + 1,
-            i64::MAX as u64 - 1,
-            i64::MAX as u64,
-            1 << 63,
-            (1 << 63) + 1025,
-            u64::MAX,
-        ];
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let sweep = (0..100_000).map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed >> (seed % 64)
-        });
-        for x in edges.into_iter().chain(sweep) {
-            assert_eq!(to_f64(x).to_bits(), (x as f64).to_bits(), "x = {x}");
-        }
     }
 
     #[test]

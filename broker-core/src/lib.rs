@@ -6,6 +6,7 @@
 //! state stores implement, and the [`ResourceBroker`] facade that offers
 //! both strategies, `enqueue` (queue + execute) and `try_acquire` (check +
 //! reject), over any backend.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod backend;

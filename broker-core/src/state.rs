@@ -147,8 +147,7 @@ impl Decision {
     }
 }
 
-/// A [`Decision`] in two words, so that it is returned in registers: the
-/// answer of [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
+/// A [`Decision`] in short: the answer of [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
 /// the in-memory fast path, which converts to and from a [`Decision`]
 /// without loss (save [`Decision::answered_here`], which only a shared
 /// store's failure policy sets).
@@ -173,7 +172,6 @@ pub enum Verdict {
 
 impl Verdict {
     /// Whether the cost was taken.
-    #[inline]
     pub fn allowed(self) -> bool {
         matches!(self, Self::Allowed | Self::Leased(_))
     }
@@ -184,8 +182,7 @@ impl Verdict {
 /// rate denial's wait may come as the refill time before rounding
 /// ([`LocalVerdict::Short`]), and is rounded by [`LocalVerdict::verdict`]
 /// where the caller reads it, so a caller that only asks whether the cost
-/// was taken does not wait for the rounding. Two words, returned in
-/// registers.
+/// was taken does not wait for the rounding.
 ///
 /// ```
 /// use broker_core::{LocalVerdict, RefillTime, Verdict};
@@ -212,25 +209,7 @@ pub enum LocalVerdict {
 
 impl LocalVerdict {
     /// The verdict, a denial's wait rounded up to whole µs.
-    #[inline(always)]
     pub fn verdict(self) -> Verdict {
-        // The two admissions tested for in turn, a denial made out of
-        // line: a `match` of every variant compiled to a jump table in
-        // static data, one cache line more read per decision (a server's
-        // request finds it evicted by the one before).
-        if let Self::Allowed = self {
-            return Verdict::Allowed;
-        }
-        if let Self::Leased(lease) = self {
-            return Verdict::Leased(lease);
-        }
-        self.denial()
-    }
-
-    /// [`LocalVerdict::verdict`] of a denial (or of any verdict).
-    #[cold]
-    #[inline(never)]
-    fn denial(self) -> Verdict {
         match self {
             Self::Allowed => Verdict::Allowed,
             Self::Leased(lease) => Verdict::Leased(lease),
@@ -241,35 +220,29 @@ impl LocalVerdict {
     }
 
     /// Whether the cost was taken.
-    #[inline]
     pub fn allowed(self) -> bool {
         matches!(self, Self::Allowed | Self::Leased(_))
     }
 }
 
-/// The refill time a denied cost needs, in µs, before rounding: kept as
-/// the bits of an `f64` so that a [`LocalVerdict`] holding it stays two
-/// words of one kind, which are returned in registers (an `f64` in one
-/// variant and an integer in others would send it through memory).
+/// The refill time a denied cost needs, in µs, before rounding (kept as
+/// the bits of an `f64`, so that [`LocalVerdict`] can be `Eq`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RefillTime(u64);
 
 impl RefillTime {
     /// The refill time of `micros` µs (positive, unrounded).
-    #[inline(always)]
     pub fn new(micros: f64) -> Self {
         Self(micros.to_bits())
     }
 
     /// The refill time in µs, unrounded.
-    #[inline(always)]
     pub fn as_f64(self) -> f64 {
         f64::from_bits(self.0)
     }
 
     /// The wait in whole µs, rounded up by
     /// [`crate::bucket::ceil_micros`].
-    #[inline(always)]
     pub fn micros(self) -> Micros {
         crate::bucket::ceil_micros(self.as_f64())
     }
@@ -282,7 +255,6 @@ impl std::fmt::Debug for RefillTime {
 }
 
 impl From<Verdict> for LocalVerdict {
-    #[inline]
     fn from(v: Verdict) -> Self {
         match v {
             Verdict::Allowed => Self::Allowed,
@@ -294,7 +266,6 @@ impl From<Verdict> for LocalVerdict {
 }
 
 impl From<Decision> for Verdict {
-    #[inline]
     fn from(d: Decision) -> Self {
         match (d.allowed, d.lease, d.denied_by) {
             (true, None, _) => Self::Allowed,
@@ -306,7 +277,6 @@ impl From<Decision> for Verdict {
 }
 
 impl From<Verdict> for Decision {
-    #[inline]
     fn from(v: Verdict) -> Self {
         match v {
             Verdict::Allowed => Decision::allow(None),
@@ -473,7 +443,6 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 /// A zero cost for a bucket skips that bucket. A resource without rate
 /// limits is denied by rate while its [`ResourceState::hold`] lasts, with
 /// the wait to its end (see [`wait_all`]).
-#[inline]
 pub fn try_acquire(
     state: &mut ResourceState,
     spec: &LimitSpec,
@@ -486,7 +455,7 @@ pub fn try_acquire(
     };
     // One rate limit (the common case): what `wait_all` then `take_all`
     // compute, with the bucket refilled once.
-    let taken = match take_one(*s, p, now, bucket::to_f64(cost.of(*unit))) {
+    let taken = match take_one(*s, p, now, cost.of(*unit) as f64) {
         Ok(taken) => taken,
         Err(wait) => return Decision::deny(DenyReason::Rate, wait),
     };
@@ -501,7 +470,6 @@ pub fn try_acquire(
 /// limit, on its one bucket: the same decision and the same new bucket,
 /// with a denial's wait left unrounded. A caller deciding under a lock
 /// rounds it ([`Shortfall::micros`]) after releasing the lock.
-#[inline]
 pub fn try_take_one(
     bucket: &mut BucketState,
     unit: Unit,
@@ -509,12 +477,11 @@ pub fn try_take_one(
     now: Micros,
     cost: Cost,
 ) -> Result<(), Shortfall> {
-    take(bucket, params, now, bucket::to_f64(cost.of(unit)))
+    take(bucket, params, now, cost.of(unit) as f64)
 }
 
 /// One bucket's part of `try`: takes `c` from the bucket, or leaves it and
 /// gives the shortfall.
-#[inline]
 fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
     if c <= 0.0 {
         return Ok(());
@@ -532,7 +499,6 @@ fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Resu
 }
 
 /// [`take`] on a copy: the bucket with `c` taken, or the wait.
-#[inline]
 fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
     let mut taken = s;
     take(&mut taken, p, now, c)

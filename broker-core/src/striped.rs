@@ -41,7 +41,6 @@ pub(crate) struct Striped {
 
 impl Striped {
     /// Adds one.
-    #[inline]
     pub(crate) fn bump(&self) {
         match stripe_index() {
             Some(i) if i < OWNED => {
@@ -56,7 +55,6 @@ impl Striped {
         }
     }
 
-    #[cold]
     fn add_shared(&self, i: usize) {
         self.shared[i % SHARED].0.fetch_add(1, Ordering::Relaxed);
     }
@@ -81,7 +79,6 @@ impl Striped {
 /// assert!(mine.is_none_or(|i| i < OWNED));
 /// assert_eq!(owned_stripe(), mine, "a thread keeps its index");
 /// ```
-#[inline]
 pub fn owned_stripe() -> Option<usize> {
     stripe_index().filter(|&i| i < OWNED)
 }
@@ -90,7 +87,6 @@ pub fn owned_stripe() -> Option<usize> {
 /// thread-locals are being destroyed. The common case reads `INDEX`, a
 /// cell without a destructor, so no check of the thread-local's state
 /// comes before it.
-#[inline]
 fn stripe_index() -> Option<usize> {
     match INDEX.get() {
         UNCLAIMED => claimed_index(),
@@ -99,8 +95,6 @@ fn stripe_index() -> Option<usize> {
 }
 
 /// [`stripe_index`] before the thread's first claim, or as it exits.
-#[cold]
-#[inline(never)]
 fn claimed_index() -> Option<usize> {
     let i = STRIPE.try_with(Stripe::index).ok()?;
     INDEX.set(i);
@@ -127,7 +121,6 @@ thread_local! {
 }
 
 impl Stripe {
-    #[inline]
     fn index(&self) -> usize {
         match self.0.get() {
             UNCLAIMED => self.claim(),
@@ -135,7 +128,6 @@ impl Stripe {
         }
     }
 
-    #[cold]
     fn claim(&self) -> usize {
         let freed = FREE.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let i = freed.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
