@@ -10,8 +10,9 @@
 //! The Redis backend's Lua scripts mirror these functions line by line; the
 //! conformance suite checks that both agree.
 
-use crate::clock::Micros;
-use crate::state::{LocalVerdict, RefillTime};
+pub use super::time::ceil_micros;
+use super::time::Micros;
+use super::verdict::{LocalVerdict, RefillTime};
 
 /// Static parameters of one bucket: `amount` tokens per `period` µs, at most
 /// `capacity` tokens held. All three are exact integers stored as `f64`.
@@ -117,24 +118,6 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
         tokens: tokens.min(params.capacity),
         ts,
         nb: state.nb,
-    }
-}
-
-/// Rounds a wait in µs up to a whole µs, except that a value within a
-/// nanosecond of a whole µs is taken as that µs: fractional tokens carry
-/// float noise of far less than that, and rounding the noise up would send
-/// a booked request a whole µs late (a strict upstream whose bucket is full
-/// at that moment loses the µs of refill).
-/// Not a positive number: 0.
-pub fn ceil_micros(x: f64) -> Micros {
-    if x.is_nan() || x <= 0.0 {
-        return 0;
-    }
-    let whole = x as Micros;
-    if x - (whole as f64) < 1e-3 {
-        whole
-    } else {
-        whole.saturating_add(1)
     }
 }
 

@@ -28,8 +28,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::HeaderMap;
 
-use crate::limits::{MAX_AMOUNT, MAX_PERIOD};
-use crate::observed::{Observed, ObservedLimit};
+use super::limits::{MAX_AMOUNT, MAX_PERIOD};
+use super::observed::{Observed, ObservedLimit};
 
 /// A reset or retry value at or above this many seconds is read as a Unix
 /// time (as GitHub's `X-RateLimit-Reset` is), not as a delay.
