@@ -1,20 +1,16 @@
 //! `Striped`: a counter bumped on every decision, from every thread,
-//! without a locked instruction on the common path.
+//! without the threads contending on one atomic.
 //!
 //! Each of the first [`OWNED`] threads alive at once owns one stripe of
 //! every striped counter: only that thread writes it, so its bump is a
-//! plain load and store, which no other thread's bump can interleave with
-//! (a locked read-modify-write drains the store buffer, and on a decision
-//! of a few dozen nanoseconds that is measurable). A thread hands its
-//! stripe back when it exits, and the next new thread takes it over; the
-//! hand-over goes through a mutex, so the new owner sees the old owner's
-//! last store. Threads beyond that share the `SHARED` stripes and add
-//! with an atomic read-modify-write. Nothing is lost either way: the value
-//! is the sum of the stripes.
+//! plain load and store. A thread hands its stripe back when it exits, and
+//! the next new thread takes it over; the hand-over goes through a mutex,
+//! so the new owner sees the old owner's last store. Threads beyond that
+//! share the `SHARED` stripes and add with an atomic read-modify-write.
+//! Nothing is lost either way: the value is the sum of the stripes.
 //!
 //! The stripe index is the crate's to share: [`owned_stripe`] gives it to
-//! other per-thread structures (the in-memory store's shard locks keep one
-//! reader flag per owned stripe).
+//! other per-thread structures.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,8 +22,7 @@ pub const OWNED: usize = 16;
 /// Stripes shared, with atomic adds, by the threads beyond [`OWNED`].
 pub(crate) const SHARED: usize = 4;
 
-/// One stripe, alone on its cache line (two lines: adjacent-line
-/// prefetchers pull pairs).
+/// One stripe, padded so that no two threads write the same line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Padded(AtomicU64);

@@ -205,7 +205,7 @@ fn library_code(text: &str) -> String {
 }
 
 /// The modules of `dir`: one per `.rs` file but `mod.rs`, one per folder
-/// (all its files read as one module).
+/// (all its files read as one module, but `tests.rs`, its test module).
 fn modules_in(dir: &Path) -> Vec<Module> {
     let mut out = Vec::new();
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -218,6 +218,7 @@ fn modules_in(dir: &Path) -> Vec<Module> {
         if path.is_dir() {
             let code = files_under(&path)
                 .iter()
+                .filter(|f| f.file_name().is_none_or(|n| n != "tests.rs"))
                 .map(|f| {
                     // `super::` in a file below the folder's `mod.rs` names
                     // the folder's own module.

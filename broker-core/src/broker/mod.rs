@@ -843,9 +843,6 @@ mod tests {
     use crate::state::Decision;
     use proptest::prelude::*;
 
-    /// The fields a decision in process and a release read lie on the
-    /// first cache line of a resource, which starts a line (see
-    /// [`Resource`]).
     #[derive(Debug)]
     struct NoStore;
 
