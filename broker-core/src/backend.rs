@@ -244,8 +244,8 @@ pub trait Backend: Send + Sync + 'static {
 /// (not escaped), `None` for the resource's own state.
 pub trait LocalStates: Send + Sync + 'static {
     /// [`Backend::try_acquire`] on the state of `sub`, answered as a
-    /// [`LocalVerdict`]: the same decision in two words, returned in
-    /// registers, a rate denial's wait possibly not yet rounded.
+    /// [`LocalVerdict`]: the same decision, a rate denial's wait possibly
+    /// not yet rounded.
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict;
 
     /// [`Backend::release`] on the state of `sub`: frees the slot held

@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// A point in time, in microseconds since a clock-defined origin.
-pub type Micros = u64;
+pub use crate::model::time::{micros, Micros};
 
 /// How far ahead a wait without a representable end is taken to end (30
 /// years, as tokio's own far future).
@@ -28,11 +27,6 @@ pub(crate) fn tokio_after(d: Duration) -> tokio::time::Instant {
 pub(crate) fn system_after(d: Duration) -> SystemTime {
     let now = SystemTime::now();
     now.checked_add(d).unwrap_or_else(|| now + FAR.min(d))
-}
-
-/// Converts a [`Duration`] to whole microseconds, saturating.
-pub fn micros(d: Duration) -> Micros {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Source of the current time for bucket transitions.

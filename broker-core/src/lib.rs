@@ -1,32 +1,28 @@
 //! # broker-core
 //!
-//! The model of resource-broker, with no I/O: limits and costs, the token
-//! bucket state machine as pure functions ([`bucket`], [`state`]), clocks,
-//! the retry policy, key building, stats types, the [`Backend`] trait that
+//! The model of resource-broker and the runtime above it. The model
+//! (`src/model/`, no I/O): limits and costs, the token bucket state machine
+//! as pure functions ([`bucket`], [`state`]), header parsing, the retry
+//! policy, key building. Above it: clocks, stats, the [`Backend`] trait that
 //! state stores implement, and the [`ResourceBroker`] facade that offers
 //! both strategies, `enqueue` (queue + execute) and `try_acquire` (check +
-//! reject), over any backend.
+//! reject), over any backend. At the edge: config loading ([`config`]) and
+//! the [`supplier`] classes.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod backend;
 mod broker;
-pub mod bucket;
 pub mod clock;
 pub mod config;
-pub mod error;
-pub mod headers;
-pub mod keys;
-pub mod limits;
-mod named_fields;
-pub mod observed;
-pub mod pacing;
-pub mod retry;
-pub mod state;
+mod integrations;
+mod model;
 pub mod stats;
 pub mod striped;
-pub mod supplier;
 pub mod telemetry;
-mod unique_keys;
+
+pub use integrations::supplier;
+pub use model::{bucket, error, headers, keys, limits, observed, pacing, retry, state};
 
 pub use backend::{Backend, LocalStates};
 pub use broker::{

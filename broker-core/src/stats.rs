@@ -51,20 +51,17 @@ pub(crate) trait Bump {
 }
 
 impl Bump for AtomicU64 {
-    #[inline]
     fn bump(&self) {
         self.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 impl Bump for Striped {
-    #[inline]
     fn bump(&self) {
         Striped::bump(self);
     }
 }
 
-#[inline]
 pub(crate) fn bump(c: &impl Bump) {
     c.bump();
 }

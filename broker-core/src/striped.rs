@@ -1,20 +1,16 @@
 //! `Striped`: a counter bumped on every decision, from every thread,
-//! without a locked instruction on the common path.
+//! without the threads contending on one atomic.
 //!
 //! Each of the first [`OWNED`] threads alive at once owns one stripe of
 //! every striped counter: only that thread writes it, so its bump is a
-//! plain load and store, which no other thread's bump can interleave with
-//! (a locked read-modify-write drains the store buffer, and on a decision
-//! of a few dozen nanoseconds that is measurable). A thread hands its
-//! stripe back when it exits, and the next new thread takes it over; the
-//! hand-over goes through a mutex, so the new owner sees the old owner's
-//! last store. Threads beyond that share the `SHARED` stripes and add
-//! with an atomic read-modify-write. Nothing is lost either way: the value
-//! is the sum of the stripes.
+//! plain load and store. A thread hands its stripe back when it exits, and
+//! the next new thread takes it over; the hand-over goes through a mutex,
+//! so the new owner sees the old owner's last store. Threads beyond that
+//! share the `SHARED` stripes and add with an atomic read-modify-write.
+//! Nothing is lost either way: the value is the sum of the stripes.
 //!
 //! The stripe index is the crate's to share: [`owned_stripe`] gives it to
-//! other per-thread structures (the in-memory store's shard locks keep one
-//! reader flag per owned stripe).
+//! other per-thread structures.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,8 +22,7 @@ pub const OWNED: usize = 16;
 /// Stripes shared, with atomic adds, by the threads beyond [`OWNED`].
 pub(crate) const SHARED: usize = 4;
 
-/// One stripe, alone on its cache line (two lines: adjacent-line
-/// prefetchers pull pairs).
+/// One stripe, padded so that no two threads write the same line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Padded(AtomicU64);
@@ -41,7 +36,6 @@ pub(crate) struct Striped {
 
 impl Striped {
     /// Adds one.
-    #[inline]
     pub(crate) fn bump(&self) {
         match stripe_index() {
             Some(i) if i < OWNED => {
@@ -56,7 +50,6 @@ impl Striped {
         }
     }
 
-    #[cold]
     fn add_shared(&self, i: usize) {
         self.shared[i % SHARED].0.fetch_add(1, Ordering::Relaxed);
     }
@@ -81,7 +74,6 @@ impl Striped {
 /// assert!(mine.is_none_or(|i| i < OWNED));
 /// assert_eq!(owned_stripe(), mine, "a thread keeps its index");
 /// ```
-#[inline]
 pub fn owned_stripe() -> Option<usize> {
     stripe_index().filter(|&i| i < OWNED)
 }
@@ -90,7 +82,6 @@ pub fn owned_stripe() -> Option<usize> {
 /// thread-locals are being destroyed. The common case reads `INDEX`, a
 /// cell without a destructor, so no check of the thread-local's state
 /// comes before it.
-#[inline]
 fn stripe_index() -> Option<usize> {
     match INDEX.get() {
         UNCLAIMED => claimed_index(),
@@ -99,8 +90,6 @@ fn stripe_index() -> Option<usize> {
 }
 
 /// [`stripe_index`] before the thread's first claim, or as it exits.
-#[cold]
-#[inline(never)]
 fn claimed_index() -> Option<usize> {
     let i = STRIPE.try_with(Stripe::index).ok()?;
     INDEX.set(i);
@@ -127,7 +116,6 @@ thread_local! {
 }
 
 impl Stripe {
-    #[inline]
     fn index(&self) -> usize {
         match self.0.get() {
             UNCLAIMED => self.claim(),
@@ -135,7 +123,6 @@ impl Stripe {
         }
     }
 
-    #[cold]
     fn claim(&self) -> usize {
         let freed = FREE.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let i = freed.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));

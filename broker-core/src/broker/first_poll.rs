@@ -21,8 +21,7 @@ pub(super) trait Call<'s>: Send + Unpin + 's {
     /// The verdict made without I/O, counted, when the common case applies
     /// (a store that answers in process, a cost that fits), with the slot
     /// of a [`Verdict::Leased`] put in `permit`; else `None`, with nothing
-    /// consumed. Two words wide, it comes back in registers, and the
-    /// [`Acquisition`] is built once, where the future returns it.
+    /// consumed. The [`Acquisition`] is built where the future returns it.
     fn quick(&self, permit: &mut Permit) -> Option<Verdict>;
 
     /// The call in full: the answer, or the call to poll from then on.
@@ -52,7 +51,6 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
     /// caller's line, as the call's synchronous form makes it; else the
     /// future is polled once, out of the line, which makes the call in
     /// full.
-    #[inline(always)]
     fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
         let rest = match self {
             FirstPoll::Unpolled(call) => {
@@ -64,11 +62,6 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
             }
             polled => polled,
         };
-        // `poll_once` answers with a `Poll`, turned into the `Option` here:
-        // its answer lands in a place of its own, not in the one both
-        // paths return through, so the common case's answer stays in
-        // registers (returning the `Option` itself cost 30 instructions
-        // per call by id, and a 16-byte load from two smaller stores).
         match rest.poll_once() {
             Poll::Ready(answer) => Some(answer),
             Poll::Pending => None,
@@ -77,8 +70,6 @@ impl<'s, C: Call<'s>> FirstPoll<'s, C> {
 
     /// [`FirstPoll::now_or_never`] past its common case: one poll with a
     /// waker that does nothing, out of the callers' line.
-    #[cold]
-    #[inline(never)]
     fn poll_once(mut self) -> Poll<Result<Acquisition, BrokerError>> {
         let mut cx = Context::from_waker(Waker::noop());
         Pin::new(&mut self).poll(&mut cx)
@@ -122,7 +113,6 @@ macro_rules! try_acquire_future {
             /// }
             /// # Ok(()) }
             /// ```
-            #[inline(always)]
             pub fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
                 self.0.now_or_never()
             }
@@ -131,7 +121,6 @@ macro_rules! try_acquire_future {
         impl Future for $name<'_> {
             type Output = Result<Acquisition, BrokerError>;
 
-            #[inline(always)]
             fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
                 Pin::new(&mut self.get_mut().0).poll(cx)
             }
@@ -164,7 +153,6 @@ try_acquire_future!(
 impl<'s, C: Call<'s>> Future for FirstPoll<'s, C> {
     type Output = Result<Acquisition, BrokerError>;
 
-    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if let FirstPoll::Unpolled(call) = &*this {
@@ -192,7 +180,6 @@ impl<'s, C: Call<'s>> Future for FirstPoll<'s, C> {
 
 /// The acquisition of verdict `v`, already counted, with `permit` (the
 /// slot of a [`Verdict::Leased`], else empty).
-#[inline(always)]
 pub(super) fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
     match v {
         Verdict::Allowed | Verdict::Leased(_) => Acquisition {
@@ -208,7 +195,6 @@ pub(super) fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
 }
 
 /// A denied acquisition, holding nothing.
-#[inline]
 pub(super) fn denied(reason: DenyReason, wait: Micros) -> Acquisition {
     Acquisition {
         allowed: false,

@@ -118,7 +118,6 @@ impl ResourceHandle {
 
     /// [`ResourceBroker::quick`] on this resource, unless a registration
     /// replaced it.
-    #[inline(always)]
     fn quick(&self, key: Option<&str>, cost: Cost, permit: &mut Permit) -> Option<Verdict> {
         if self.resource.retired.load(Ordering::Acquire) {
             return None;
@@ -132,10 +131,7 @@ impl ResourceHandle {
     /// the [`Verdict`], counted in the stats, with the slot of a
     /// [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
     /// consumed or counted: `try_acquire_now` (or `try_acquire`) then
-    /// makes the call in full, and gives the error if there is one. A
-    /// verdict is two words and comes back in registers; an
-    /// [`Acquisition`] inside its `Result` is 64 bytes, written out and
-    /// read back.
+    /// makes the call in full, and gives the error if there is one.
     ///
     /// ```
     /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};
@@ -151,7 +147,6 @@ impl ResourceHandle {
     /// }
     /// # Ok(()) }
     /// ```
-    #[inline(always)]
     pub fn verdict_now(
         &self,
         key: Option<&str>,
@@ -178,7 +173,6 @@ impl ResourceHandle {
     /// }
     /// # Ok(()) }
     /// ```
-    #[inline(always)]
     pub fn try_acquire_now<'a>(
         &self,
         key: impl Into<Option<&'a str>>,
@@ -194,8 +188,6 @@ impl ResourceHandle {
 
     /// [`ResourceHandle::try_acquire_now`] past its common case, out of
     /// the callers' line.
-    #[cold]
-    #[inline(never)]
     fn try_acquire_now_in_full(
         &self,
         key: Option<&str>,
@@ -221,7 +213,6 @@ pub(super) struct OnHandle<'s> {
 }
 
 impl<'s> Call<'s> for OnHandle<'s> {
-    #[inline(always)]
     fn quick(&self, permit: &mut Permit) -> Option<Verdict> {
         self.handle.quick(self.key, self.cost, permit)
     }

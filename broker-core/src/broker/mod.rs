@@ -64,29 +64,19 @@ struct Inner {
     backend: Arc<dyn Backend>,
     resources: ArcSwap<Registry>,
     register: std::sync::Mutex<()>,
-    /// Names the registry stored in `resources`: a new, process-unique
-    /// value with every registration, so a thread may keep the registry it
-    /// read last and skip `ArcSwap::load` while the stamp is unchanged.
-    stamp: std::sync::atomic::AtomicU64,
     /// Renews the leases of live permits, on a store whose leases expire.
     keeper: Option<Arc<keeper::Keeper>>,
 }
 
 /// A registered resource: its limits compiled once, its counters.
-///
-/// `repr(C)`, in this order: the fields a decision in process reads (and
-/// a release of its slot) come first and share one cache line, as the
-/// compiler's own order spread them over three of this large struct
-/// (its counters are striped over lines of their own).
 #[derive(Debug)]
-#[repr(C)]
 pub(crate) struct Resource {
     /// The backend's states of this resource, when it answers without I/O
     /// (see [`Backend::local_states`]).
     pub(crate) local: Option<Arc<dyn LocalStates>>,
     /// The largest cost of each unit that can ever fit (the smallest burst
     /// of the limits counting it): a cost within it passes
-    /// `Limits::check_fits`, so the hot path compares two numbers.
+    /// `Limits::check_fits`.
     pub(crate) fits: Cost,
     /// How many calls are in `enqueue::wait_slot` now.
     slot_waiters: std::sync::atomic::AtomicUsize,
@@ -248,7 +238,6 @@ impl Resource {
     }
 
     /// `config.limits.check_fits`, answered from `fits` when it passes.
-    #[inline]
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
         if self.fits(cost) {
             return Ok(());
@@ -257,12 +246,10 @@ impl Resource {
     }
 
     /// Whether `cost` passes `config.limits.check_fits`.
-    #[inline]
     pub(crate) fn fits(&self, cost: Cost) -> bool {
         cost.requests <= self.fits.requests && cost.tokens <= self.fits.tokens
     }
 
-    #[cold]
     fn check_fits_slow(&self, cost: Cost) -> Result<(), BrokerError> {
         self.config.limits.check_fits(&self.id, cost)
     }
@@ -376,7 +363,6 @@ impl ResourceBroker {
                 backend,
                 resources: ArcSwap::from_pointee(Registry::default()),
                 register: std::sync::Mutex::new(()),
-                stamp: std::sync::atomic::AtomicU64::new(next_stamp()),
             }),
         }
     }
@@ -431,98 +417,6 @@ impl ResourceBroker {
     }
 }
 
-/// What a thread read last from a broker's registry (see
-/// `ResourceBroker::resource_out`), in cells of their own so that the
-/// common case (the resource found last, found again) reads them in line
-/// and uses the resource where the registry holds it, without counting a
-/// reference. The thread keeps that registry (and through it its resources
-/// and an in-memory store's states) alive until it reads another broker's
-/// registry or exits: one registry per thread at most, the price of
-/// reading it without an atomic read-modify-write.
-///
-/// The cells hold one invariant: while `STAMP` is not 0, `REGISTRY` holds
-/// the registry read under that stamp, and `FOUND` is null or points to an
-/// entry of it. A lookup sets the three together, and only while no call
-/// on the thread uses `FOUND` (`BUSY`); `REGISTRY`'s destructor, as the
-/// thread exits, sets `STAMP` to 0 first.
-mod last_read {
-    use std::cell::Cell;
-    use std::sync::Arc;
-
-    use super::{Registry, Resource};
-
-    thread_local! {
-        /// The stamp of the registry `REGISTRY` holds (0: none; stamps
-        /// start at 1).
-        pub(super) static STAMP: Cell<u64> = const { Cell::new(0) };
-        /// The registry read last.
-        pub(super) static REGISTRY: Kept = const { Kept(Cell::new(None)) };
-        /// The resource found last in it: its entry in that registry, or
-        /// null when the last lookup found none.
-        pub(super) static FOUND: Cell<*const Arc<Resource>> = const { Cell::new(std::ptr::null()) };
-        /// A call on this thread is using `FOUND`: a call made from within
-        /// it leaves the cells alone.
-        pub(super) static BUSY: Cell<bool> = const { Cell::new(false) };
-    }
-
-    /// The registry read last; dropped as the thread exits, when `FOUND`
-    /// stops being valid.
-    pub(super) struct Kept(pub(super) Cell<Option<Arc<Registry>>>);
-
-    impl Drop for Kept {
-        fn drop(&mut self) {
-            // Cells without a destructor stay usable while others go.
-            STAMP.set(0);
-            FOUND.set(std::ptr::null());
-        }
-    }
-
-    /// The resource a call looked up, for as long as the call lasts.
-    pub(super) enum Out {
-        /// `FOUND`, with `BUSY` set until the guard drops.
-        Found(*const Arc<Resource>),
-        /// A resource of the call's own (or none).
-        Own(Option<Arc<Resource>>),
-    }
-
-    impl Out {
-        /// `FOUND` in use by this call: `BUSY` is set until the guard drops.
-        #[inline(always)]
-        pub(super) fn found(found: *const Arc<Resource>) -> Self {
-            BUSY.with(|busy| busy.set(true));
-            Out::Found(found)
-        }
-
-        /// The resource, if one is registered under the id.
-        #[inline(always)]
-        pub(super) fn resource(&self) -> Option<&Arc<Resource>> {
-            match self {
-                // SAFETY: `FOUND` points to an entry of the registry
-                // `REGISTRY` keeps (the module's invariant), and no lookup
-                // replaces that registry while `BUSY` is set, until this
-                // guard drops; the guard is not `Send` (a raw pointer).
-                Out::Found(found) => Some(unsafe { &**found }),
-                Out::Own(resource) => resource.as_ref(),
-            }
-        }
-    }
-
-    impl Drop for Out {
-        #[inline(always)]
-        fn drop(&mut self) {
-            if let Out::Found(_) = self {
-                BUSY.with(|busy| busy.set(false));
-            }
-        }
-    }
-}
-
-/// A process-unique registry stamp (see `Inner::stamp`).
-fn next_stamp() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
 fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
     key.map(|k| keys::keyed(&resource.id, k))
 }
@@ -535,7 +429,6 @@ struct ById<'s> {
 }
 
 impl<'s> Call<'s> for ById<'s> {
-    #[inline(always)]
     fn quick(&self, permit: &mut Permit) -> Option<Verdict> {
         self.broker.quick_by_id(self.target, self.cost, permit)
     }
@@ -588,7 +481,6 @@ impl ResourceBroker {
     /// }
     /// # Ok(()) }
     /// ```
-    #[inline(always)]
     pub fn try_acquire_now<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -604,8 +496,6 @@ impl ResourceBroker {
 
     /// [`ResourceBroker::try_acquire_now`] past its common case, out of
     /// the callers' line.
-    #[cold]
-    #[inline(never)]
     fn try_acquire_now_in_full(
         &self,
         target: Target<'_>,
@@ -616,10 +506,9 @@ impl ResourceBroker {
 
     /// [`ResourceBroker::quick`] on the resource `target` names, if it is
     /// registered.
-    #[inline(always)]
     fn quick_by_id(&self, target: Target<'_>, cost: Cost, permit: &mut Permit) -> Option<Verdict> {
-        let out = self.resource_out(target.resource);
-        self.quick(out.resource()?, target.key, cost, permit)
+        let registry = self.inner.resources.load();
+        self.quick(registry.get(target.resource)?, target.key, cost, permit)
     }
 
     /// The common case of `try_acquire`, kept short: a store that answers
@@ -627,7 +516,6 @@ impl ResourceBroker {
     /// of a [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
     /// consumed, and [`ResourceBroker::acquire_now`] makes the answer (or
     /// the error).
-    #[inline(always)]
     fn quick(
         &self,
         resource: &Arc<Resource>,
@@ -646,15 +534,14 @@ impl ResourceBroker {
 
     /// The answer given without I/O, or the resource whose backend must be
     /// asked asynchronously, with `later` set to the state key to ask for.
-    #[inline(always)]
     fn now_or_later(
         &self,
         target: Target<'_>,
         cost: Cost,
         later: &mut Option<String>,
     ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        let out = self.resource_out(target.resource);
-        let Some(resource) = out.resource() else {
+        let registry = self.inner.resources.load();
+        let Some(resource) = registry.get(target.resource) else {
             return Ok(Err(BrokerError::UnknownResource(
                 target.resource.to_owned(),
             )));
@@ -663,74 +550,11 @@ impl ResourceBroker {
             .ok_or_else(|| resource.clone())
     }
 
-    /// The registered resource `id`, for as long as the guard lives. The
-    /// thread keeps the registry it read last while its stamp is unchanged
-    /// (no atomic read-modify-write), and the resource it found last in it,
-    /// so a thread calling one resource again compares the id instead of
-    /// hashing it, and uses the resource where the registry holds it. Only
-    /// that case is inlined; the rest is [`ResourceBroker::find_resource`].
-    /// A guard rather than a closure, so that nothing stands between the
-    /// lookup and the caller's use of the resource when both are inlined.
-    #[inline(always)]
-    fn resource_out(&self, id: &str) -> last_read::Out {
-        use std::sync::atomic::Ordering;
-        // The stamp is stored after the registry it names, so a registry
-        // loaded after reading a stamp is at least as new as that stamp.
-        let stamp = self.inner.stamp.load(Ordering::Acquire);
-        if last_read::STAMP.get() == stamp && !last_read::BUSY.get() {
-            let found = last_read::FOUND.get();
-            // SAFETY: with `STAMP` set and `BUSY` clear, `FOUND` is null or
-            // points to an entry of the registry `REGISTRY` keeps (see
-            // `last_read`).
-            if !found.is_null() && keys::same(unsafe { &**found }.id.as_bytes(), id.as_bytes()) {
-                return last_read::Out::found(found);
-            }
-        }
-        self.find_resource(stamp, id)
-    }
-
-    /// [`ResourceBroker::resource_out`] when the thread's last read is of
-    /// another registry or another resource: reads the registry if its
-    /// stamp changed, looks `id` up and keeps both in the thread's cells.
-    /// While a call further up the stack uses the cells (this is a call
-    /// made from within it), the registry is read afresh and the cells are
-    /// left alone.
-    #[inline(never)]
-    fn find_resource(&self, stamp: u64, id: &str) -> last_read::Out {
-        use last_read::{Out, BUSY, FOUND, REGISTRY, STAMP};
-        if BUSY.get() {
-            return Out::Own(self.inner.resources.load().get(id).cloned());
-        }
-        let kept = match STAMP.get() == stamp {
-            true => REGISTRY.try_with(|c| c.0.take()).ok().flatten(),
-            false => None,
-        };
-        let registry = kept.unwrap_or_else(|| self.inner.resources.load_full());
-        let found = registry
-            .get(id)
-            .map_or(std::ptr::null(), |r| r as *const Arc<Resource>);
-        // The thread's cells are gone while it exits: then nothing is kept.
-        let Ok(before) = REGISTRY.try_with(|c| c.0.replace(Some(registry.clone()))) else {
-            return Out::Own(registry.get(id).cloned());
-        };
-        STAMP.set(stamp);
-        FOUND.set(found);
-        let out = match found.is_null() {
-            true => Out::Own(None),
-            false => Out::found(found),
-        };
-        // The registry read before goes last: whatever its drop runs finds
-        // the cells whole (and left alone while `out` uses them).
-        drop(before);
-        out
-    }
-
     /// `try_acquire` on a resource already looked up, without I/O; else
     /// `None` (nothing was consumed), with `later` set to the state key of
     /// sub-key `key` (`None`: the resource's own) for the backend's
     /// asynchronous call. The answer is returned as the callers return it,
     /// so it is written once, in place.
-    #[inline(always)]
     fn acquire_now(
         &self,
         resource: &Arc<Resource>,
@@ -818,7 +642,6 @@ impl ResourceBroker {
     /// registration that replaced it) and returns it, with the slot of a
     /// [`Verdict::Leased`] put in `permit` (`key` names the state it is
     /// released on, made only then).
-    #[inline(always)]
     fn judge(
         &self,
         resource: &Arc<Resource>,
@@ -1019,23 +842,6 @@ mod tests {
     use crate::limits::{RateLimit, Unit};
     use crate::state::Decision;
     use proptest::prelude::*;
-
-    /// The fields a decision in process and a release read lie on the
-    /// first cache line of a resource, which starts a line (see
-    /// [`Resource`]).
-    #[test]
-    fn a_decisions_fields_of_a_resource_share_one_cache_line() {
-        use std::mem::{align_of, offset_of, size_of};
-        assert_eq!(align_of::<Resource>() % 64, 0);
-        let ends = [
-            offset_of!(Resource, local) + size_of::<Option<Arc<dyn LocalStates>>>(),
-            offset_of!(Resource, fits) + size_of::<Cost>(),
-            offset_of!(Resource, slot_waiters) + size_of::<usize>(),
-            offset_of!(Resource, live) + size_of::<Arc<crate::stats::Live>>(),
-            offset_of!(Resource, retired) + 1,
-        ];
-        assert!(ends.iter().all(|&end| end <= 64), "{ends:?}");
-    }
 
     #[derive(Debug)]
     struct NoStore;

@@ -80,8 +80,7 @@ enum Held {
     #[default]
     Nothing,
     /// A lease on the own state of a resource decided in process, counted
-    /// in flight: the common lease (a route's concurrency limit), held
-    /// without an allocation.
+    /// in flight: the common lease (a route's concurrency limit).
     Own {
         resource: Arc<Resource>,
         lease: LeaseId,
@@ -111,7 +110,6 @@ pub(crate) enum HeldKey {
 }
 
 impl HeldKey {
-    #[inline(always)]
     pub(crate) fn sub(key: Option<&str>) -> Self {
         Self::Sub(key.map(Box::from))
     }
@@ -144,7 +142,6 @@ impl Permit {
     /// keeps it). The own state's lease of a resource decided in process
     /// (a route's concurrency limit) is built in the caller's line; any
     /// other, boxed, out of it.
-    #[inline(always)]
     pub(crate) fn held(
         backend: &Arc<dyn Backend>,
         resource: Arc<Resource>,
@@ -209,10 +206,7 @@ impl Permit {
     /// permit's lease on a remote backend is renewed (on the runtime it
     /// was made on) for the resource's `max_hold` at most, so it does not
     /// expire while held.
-    #[inline]
     pub fn release(&mut self) {
-        // The empty permit (no concurrency limit, or denied) is the common
-        // case: one check, inlined where the permit is dropped.
         if self.is_held() {
             release_held(std::mem::take(&mut *self.held));
         }
@@ -220,7 +214,6 @@ impl Permit {
 }
 
 /// The boxed lease of [`Permit::held`].
-#[inline(never)]
 fn held_elsewhere(
     backend: &Arc<dyn Backend>,
     resource: Arc<Resource>,
@@ -335,7 +328,6 @@ impl Drop for Announced {
 /// Releases `lease` on the state of `sub` (`None`: the own state) of a
 /// resource decided in process, and wakes its slot waiters; false, with
 /// nothing done, for a resource whose store answers with I/O.
-#[inline]
 fn release_in_process(resource: &Resource, sub: Option<&str>, lease: LeaseId) -> bool {
     let Some(local) = &resource.local else {
         return false;
@@ -352,7 +344,6 @@ impl Default for Permit {
 }
 
 impl Drop for Permit {
-    #[inline]
     fn drop(&mut self) {
         self.release();
     }

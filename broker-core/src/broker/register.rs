@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{largest_fit, next_stamp, Epochs, Lineage, Registry, Resource, ResourceBroker};
+use super::{largest_fit, Epochs, Lineage, Registry, Resource, ResourceBroker};
 use crate::backend::LocalStates;
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
@@ -163,7 +163,7 @@ impl ResourceBroker {
             self.publish(map, &replaced);
         } else {
             // Every entry is there already as it would be: the registry
-            // (and the stamp the threads read it by) stays.
+            // stays.
             unused = ready;
         }
         // Dropped once the lock is let go: a store's states may register
@@ -279,9 +279,6 @@ impl ResourceBroker {
     /// registrations it replaced.
     fn publish(&self, map: Registry, replaced: &[Arc<Resource>]) {
         self.inner.resources.store(Arc::new(map));
-        self.inner
-            .stamp
-            .store(next_stamp(), std::sync::atomic::Ordering::Release);
         for old in replaced {
             // After the new registry is stored: a handle that sees the
             // flag finds the new resource.

@@ -4,9 +4,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::BucketParams;
-use crate::clock::micros;
-use crate::error::{BrokerError, ConfigError};
+mod config;
+
+pub use config::LimitsConfig;
+
+use super::bucket::BucketParams;
+use super::error::{BrokerError, ConfigError};
+use super::time::micros;
 
 /// What a rate limit counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -152,10 +156,7 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 /// All limits of one resource: any number of rate limits and an optional
 /// concurrency limit. An acquisition passes all of them or consumes nothing.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(
-    try_from = "crate::config::LimitsConfig",
-    into = "crate::config::LimitsConfig"
-)]
+#[serde(try_from = "LimitsConfig", into = "LimitsConfig")]
 pub struct Limits {
     /// Rate limits; all must pass.
     pub rates: Vec<RateLimit>,

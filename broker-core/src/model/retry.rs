@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ConfigError;
-use crate::limits::{Cost, Limits, Unit};
-use crate::observed::ObservedLimit;
+use super::error::ConfigError;
+use super::limits::{Cost, Limits, Unit};
+use super::observed::ObservedLimit;
 
 /// What one attempt of the work reports back.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,8 +10,9 @@
 //! The Redis backend's Lua scripts mirror these functions line by line; the
 //! conformance suite checks that both agree.
 
-use crate::clock::Micros;
-use crate::state::{LocalVerdict, RefillTime};
+pub use super::time::ceil_micros;
+use super::time::Micros;
+use super::verdict::{LocalVerdict, RefillTime};
 
 /// Static parameters of one bucket: `amount` tokens per `period` µs, at most
 /// `capacity` tokens held. All three are exact integers stored as `f64`.
@@ -53,32 +54,27 @@ impl BucketParams {
     }
 
     /// Maximum tokens held (the burst).
-    #[inline]
     pub const fn capacity(&self) -> f64 {
         self.capacity
     }
 
     /// Tokens refilled per `period`.
-    #[inline]
     pub const fn amount(&self) -> f64 {
         self.amount
     }
 
     /// Refill period in microseconds.
-    #[inline]
     pub const fn period(&self) -> f64 {
         self.period
     }
 
     /// Tokens refilled per µs: `amount / period`, as one division rounds
     /// it (the Lua mirror computes the same quotient).
-    #[inline]
     pub const fn tokens_per_micro(&self) -> f64 {
         self.tokens_per_micro
     }
 
     /// µs per token: `period / amount`, as one division rounds it.
-    #[inline]
     pub const fn micros_per_token(&self) -> f64 {
         self.micros_per_token
     }
@@ -109,121 +105,25 @@ impl BucketState {
 /// Refills `state` to `now` (clamped to `state.ts`), capped at capacity:
 /// also with no time passed, so a bucket kept across a re-registration
 /// with a smaller burst holds no more than the new burst.
-#[inline]
 pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
     let (tokens, ts) = if now <= state.ts {
         (state.tokens, state.ts)
     } else {
         (
-            state.tokens + to_f64(now - state.ts) * params.tokens_per_micro,
+            state.tokens + (now - state.ts) as f64 * params.tokens_per_micro,
             now,
         )
     };
     BucketState {
-        // `f64::min` but for a NaN capacity (never valid): one instruction
-        // where `min` takes four.
-        tokens: if tokens < params.capacity {
-            tokens
-        } else {
-            params.capacity
-        },
+        tokens: tokens.min(params.capacity),
         ts,
         nb: state.nb,
-    }
-}
-
-/// Rounds a wait in µs up to a whole µs, except that a value within a
-/// nanosecond of a whole µs is taken as that µs: fractional tokens carry
-/// float noise of far less than that, and rounding the noise up would send
-/// a booked request a whole µs late (a strict upstream whose bucket is full
-/// at that moment loses the µs of refill).
-///
-/// Written with a truncating cast instead of `round` and `ceil`, which
-/// are library calls on baseline x86-64; the result is the same (a test
-/// compares the two): for `x >= 1` the fraction `x - trunc(x)` is exact,
-/// so the nearest whole µs is within a nanosecond exactly when the
-/// fraction is below 1e-3 (then it is `trunc(x)`) or above 1 - 1e-3 (then
-/// it is `trunc(x) + 1`, as is the ceiling). Not a positive number: 0.
-#[inline]
-pub fn ceil_micros(x: f64) -> Micros {
-    if x.is_nan() || x <= 0.0 {
-        return 0;
-    }
-    // Below 2^63 (every wait that occurs) the signed conversions, one
-    // instruction each way, give what the unsigned ones give. The rule is
-    // written once per range: one expression for both (the truncation
-    // picked by range, then `to_f64`) cost ~4 ns per denial.
-    if x < I64_END {
-        let whole = x as i64;
-        return whole as Micros + Micros::from(x - whole as f64 >= 1e-3);
-    }
-    let whole = x as Micros;
-    if x - (whole as f64) < 1e-3 {
-        whole
-    } else {
-        whole.saturating_add(1)
-    }
-}
-
-/// 2^63: the values below it convert exactly between `f64` and `i64`
-/// wherever they do between `f64` and `u64`.
-const I64_END: f64 = 9_223_372_036_854_775_808.0;
-
-/// `x as f64`, through the signed conversion (one instruction on x86-64,
-/// where the unsigned one takes five with a longer latency) for every `x`
-/// below 2^63: the same value, sooner, on the decision's path from the
-/// clock to its verdict.
-#[inline(always)]
-pub(crate) fn to_f64(x: u64) -> f64 {
-    match i64::try_from(x) {
-        Ok(x) => signed_to_f64(x),
-        // Halved with its last bit kept (so the rounding sees it), then
-        // doubled, which is exact: the value the unsigned conversion
-        // gives. Not `x as f64`: the compiler computes that ahead of the
-        // test, on every call, and it reads two constants from static
-        // data, one or two cache lines per decision that a busy server's
-        // request finds evicted.
-        Err(_) => {
-            let half = signed_to_f64(((x >> 1) | (x & 1)) as i64);
-            half + half
-        }
-    }
-}
-
-/// `x as f64`. On x86-64 written as the instruction itself: written in
-/// Rust, the compiler folds `to_f64`'s two arms back into the unsigned
-/// conversion's five instructions.
-#[inline(always)]
-fn signed_to_f64(x: i64) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f: f64;
-        // SAFETY: `cvtsi2sd` (SSE2, on every x86-64 processor) only reads
-        // `x` and writes `f`; the `xorps` first clears the register, as the
-        // compiler does, so that the conversion does not wait on its old
-        // contents. Not `preserves_flags`: an inexact conversion (from
-        // 2^53 up) sets MXCSR's precision flag.
-        unsafe {
-            std::arch::asm!(
-                "xorps {f}, {f}",
-                "cvtsi2sd {f}, {x}",
-                x = in(reg) x,
-                f = out(xmm_reg) f,
-                options(pure, nomem, nostack),
-            );
-        }
-        f
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        x as f64
     }
 }
 
 /// How long after `now` until `cost` tokens are available and `nb` has
 /// passed, for a state already refilled to `now`. Rounded up to whole µs
 /// by [`ceil_micros`].
-#[inline]
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     shortfall(state, params, now, cost).map_or(0, Shortfall::micros)
 }
@@ -242,7 +142,6 @@ pub struct Shortfall {
 
 impl Shortfall {
     /// The wait in whole µs, as [`wait_for`] gives it: at least 1.
-    #[inline]
     pub fn micros(self) -> Micros {
         ceil_micros(self.rate).max(self.held)
     }
@@ -251,7 +150,6 @@ impl Shortfall {
     /// hold in force, the refill time before rounding
     /// ([`LocalVerdict::Short`]), whose rounding gives [`Shortfall::micros`];
     /// else the wait rounded at once.
-    #[inline]
     pub fn local_verdict(self) -> LocalVerdict {
         match self.held {
             0 => LocalVerdict::Short(RefillTime::new(self.rate)),
@@ -266,7 +164,6 @@ impl Shortfall {
 /// [`ceil_micros`] rounds to 0 exactly the values below 1e-3 (and NaN):
 /// from 1e-3 up to 1 it gives 1, from 1 up at least 1. So the wait is zero
 /// when the missing tokens need less than 1e-3 µs and `nb` has passed.
-#[inline]
 pub fn shortfall(
     state: &BucketState,
     params: &BucketParams,
@@ -296,7 +193,6 @@ pub fn shortfall(
 /// strict upstream's bucket does. The state keeps `ts` at now; the refill
 /// between now and the send is credited back so that refilling to the send
 /// time yields exactly `min(capacity, tokens + refill) - cost`.
-#[inline]
 pub fn book(
     state: BucketState,
     params: &BucketParams,
@@ -313,7 +209,6 @@ pub fn book(
 
 /// `try`: takes `cost` if it is available now; otherwise leaves the tokens
 /// and reports the wait. Returns `(new state, wait)`; `wait == 0` means taken.
-#[inline]
 pub fn try_take(
     state: BucketState,
     params: &BucketParams,
@@ -409,7 +304,6 @@ pub fn settle(
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 100_000), 0.0);
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 200_000), 1.0);
 /// ```
-#[inline]
 pub fn unclaimed(
     state: &BucketState,
     params: &BucketParams,
@@ -426,7 +320,7 @@ pub fn unclaimed(
     if last <= due {
         return delta;
     }
-    let claimed = to_f64(last - due) * params.tokens_per_micro;
+    let claimed = (last - due) as f64 * params.tokens_per_micro;
     if claimed < delta {
         delta - claimed
     } else {
@@ -440,7 +334,6 @@ pub fn unclaimed(
 /// asked for `at - now` from the caller's now lasts as long from the
 /// bucket's, instead of ending the lag early (or having ended already)
 /// for everyone. Saturating.
-#[inline]
 pub fn on_bucket_time(state: &BucketState, now: Micros, at: Micros) -> Micros {
     at.saturating_add(state.ts.saturating_sub(now))
 }
@@ -488,7 +381,6 @@ pub fn reconcile(
 
 /// Whether the bucket, refilled to `now`, is indistinguishable from a fresh
 /// one (full and not held): such a state can be dropped without loss.
-#[inline]
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
     let s = refill(*state, params, now.max(state.ts));
     s.tokens >= params.capacity && s.nb <= now
@@ -512,7 +404,6 @@ pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool 
 /// assert_eq!(t.ts, 2_000);
 /// assert!(t.tokens <= refill(drained, &p, 2_000).tokens);
 /// ```
-#[inline]
 pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketState {
     let ts = a.ts.max(b.ts);
     let (a, b) = (refill(a, params, ts), refill(b, params, ts));
@@ -541,7 +432,6 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
 /// let b = BucketState { tokens: 4.0, ts: 2_000, nb: 5 };
 /// assert_eq!(fewest(a, b), BucketState { tokens: 0.0, ts: 2_000, nb: 5 });
 /// ```
-#[inline]
 pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
     BucketState {
         tokens: if a.tokens < b.tokens {
@@ -564,311 +454,4 @@ pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const P: BucketParams = BucketParams::new(3.0, 2.0, 1_000_000.0);
-
-    /// States of [`P`] to check the merges on: drained, partly used,
-    /// booked ahead (negative), held (`nb`), fresh; at assorted times.
-    fn sample_states() -> [BucketState; 8] {
-        let at = |tokens, ts, nb| BucketState { tokens, ts, nb };
-        [
-            at(0.0, 10, 0),
-            at(1.0, 999_999, 0),
-            at(2.5, 400_000, 0),
-            at(2.999_999, 5, 0),
-            at(-4.5, 123_456_789, 0),
-            at(3.0, 0, 2_000_000),
-            at(0.25, 77, 9_000_000),
-            BucketState::fresh(&P, 700_000),
-        ]
-    }
-
-    /// The raw merge never allows more than either state, under any limits,
-    /// at any later time.
-    #[test]
-    fn fewest_allows_no_more_than_either_state_under_any_limits() {
-        let limits = [
-            P,
-            BucketParams::new(10.0, 10.0, 3_600_000_000.0),
-            BucketParams::new(7.0, 3.0, 1_000_003.0),
-            BucketParams::new(1.0, 1000.0, 1_000_000.0),
-        ];
-        let states = sample_states();
-        for a in states {
-            for b in states {
-                let f = fewest(a, b);
-                for q in limits {
-                    for later in [0, 1, 333_333, 5_000_000, 86_400_000_000] {
-                        let now = f.ts + later;
-                        let (rf, ra, rb) =
-                            (refill(f, &q, now), refill(a, &q, now), refill(b, &q, now));
-                        assert!(
-                            rf.tokens <= ra.tokens && rf.tokens <= rb.tokens,
-                            "{a:?} {b:?} {q:?}"
-                        );
-                        assert!(rf.nb >= ra.nb.max(rb.nb));
-                    }
-                }
-            }
-        }
-    }
-
-    /// The merge never allows more than either state, now or later, and
-    /// equals a state merged with a fresh bucket (or itself).
-    #[test]
-    fn tighter_allows_no_more_than_either_state_at_any_later_time() {
-        let states = sample_states();
-        for a in states {
-            for b in states {
-                let t = tighter(a, b, &P);
-                assert_eq!(t, tighter(b, a, &P), "{a:?} {b:?}");
-                for now in [t.ts, t.ts + 1, t.ts + 333_333, t.ts + 5_000_000] {
-                    let (rt, ra, rb) = (refill(t, &P, now), refill(a, &P, now), refill(b, &P, now));
-                    // A refill in two steps rounds apart from one in one
-                    // step, by an ulp or so.
-                    const ULPS: f64 = 1e-12;
-                    assert!(
-                        rt.tokens <= ra.tokens + ULPS && rt.tokens <= rb.tokens + ULPS,
-                        "{a:?} {b:?} {now}"
-                    );
-                    assert!(rt.nb >= ra.nb.max(rb.nb));
-                }
-            }
-            let alone = tighter(a, BucketState::fresh(&P, 0), &P);
-            assert_eq!(
-                alone,
-                refill(a, &P, a.ts),
-                "a fresh bucket takes nothing off"
-            );
-        }
-    }
-
-    #[test]
-    fn ceil_micros_is_the_rounding_it_describes() {
-        let described = |x: f64| {
-            let nearest = x.round();
-            if (x - nearest).abs() < 1e-3 {
-                nearest as Micros
-            } else {
-                x.ceil() as Micros
-            }
-        };
-        let mut xs = vec![
-            0.0,
-            -0.0,
-            -1.5,
-            1e-4,
-            0.999,
-            0.9995,
-            1.0,
-            1.0005,
-            1.001,
-            2.5,
-            1e15 + 0.5,
-            9.007e15,
-            // Either side of 2^63, where the conversions change.
-            9_223_372_036_854_774_784.0,
-            I64_END,
-            9_223_372_036_854_777_856.0,
-            1.8e19,
-            1e30,
-            f64::INFINITY,
-        ];
-        // A deterministic sweep over fractions near 0, 1/2 and 1, at
-        // magnitudes from 1 µs to years.
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        for _ in 0..200_000 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let whole = (seed >> 20) % 100_000_000_000_000;
-            let frac = [0.0, 1e-3, 0.5, 1.0 - 1e-3][(seed % 4) as usize]
-                + ((seed >> 8) % 2001) as f64 * 1e-6
-                - 1e-3;
-            xs.push(whole as f64 + frac);
-            xs.push(frac.abs() * 3.0);
-        }
-        for x in xs {
-            assert_eq!(ceil_micros(x), described(x), "x = {x:e}");
-        }
-        assert_eq!(ceil_micros(f64::NAN), 0);
-    }
-
-    #[test]
-    fn to_f64_is_the_unsigned_conversion() {
-        let edges = [
-            0,
-            1,
-            (1 << 53) + 1,
-            i64::MAX as u64 - 1,
-            i64::MAX as u64,
-            1 << 63,
-            (1 << 63) + 1025,
-            u64::MAX,
-        ];
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let sweep = (0..100_000).map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed >> (seed % 64)
-        });
-        for x in edges.into_iter().chain(sweep) {
-            assert_eq!(to_f64(x).to_bits(), (x as f64).to_bits(), "x = {x}");
-        }
-    }
-
-    #[test]
-    fn a_shortfall_is_the_wait_rounded_in_one_piece() {
-        // The wait as one expression, the form `shortfall` splits in two.
-        let in_one_piece = |s: &BucketState, p: &BucketParams, now: Micros, cost: f64| {
-            let deficit = cost - s.tokens;
-            let rate = if deficit > 0.0 {
-                ceil_micros(deficit * p.micros_per_token())
-            } else {
-                0
-            };
-            rate.max(s.nb.saturating_sub(now))
-        };
-        let params = [
-            P,
-            BucketParams::new(1.0, 1.0, 1.0),
-            BucketParams::new(5e6, 7.0, 3e7),
-        ];
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for _ in 0..200_000 {
-            let p = params[(next() % 3) as usize];
-            let cost = (next() % 4) as f64;
-            // Tokens around the cost, down to a tiny deficit whose rate is
-            // near the 1e-3 µs the rounding turns on.
-            let near = [0.0, 1e-9, 1e-3 * p.tokens_per_micro(), 0.5, 3.0][(next() % 5) as usize];
-            let tokens = cost - near * [1.0, -1.0, 0.999, 1.001][(next() % 4) as usize];
-            let now = 1_000_000 + next() % 10;
-            let s = BucketState {
-                tokens,
-                ts: now,
-                nb: [0, now - 1, now, now + 1, now + 5_000][(next() % 5) as usize],
-            };
-            let whole = in_one_piece(&s, &p, now, cost);
-            let split = shortfall(&s, &p, now, cost);
-            assert_eq!(
-                split.map_or(0, Shortfall::micros),
-                whole,
-                "{s:?} {p:?} {cost}"
-            );
-            assert_eq!(split.is_none(), whole == 0, "{s:?} {p:?} {cost}");
-        }
-    }
-
-    #[test]
-    fn refill_is_capped_and_clamped() {
-        let s = BucketState {
-            tokens: 0.0,
-            ts: 1_000_000,
-            nb: 0,
-        };
-        assert_eq!(refill(s, &P, 1_500_000).tokens, 1.0);
-        assert_eq!(refill(s, &P, 9_000_000).tokens, 3.0);
-        assert_eq!(refill(s, &P, 10), s, "an earlier now changes nothing");
-        // More tokens than the capacity (a burst lowered since): capped,
-        // also with no time passed.
-        let over = BucketState { tokens: 9.0, ..s };
-        assert_eq!(refill(over, &P, 10).tokens, 3.0);
-        assert_eq!(refill(over, &P, 1_000_000).tokens, 3.0);
-    }
-
-    #[test]
-    fn reserve_spaces_waiters_by_one_token() {
-        let mut s = BucketState::fresh(&P, 0);
-        let mut waits = vec![];
-        for _ in 0..8 {
-            let (n, w, booked) = reserve(s, &P, 0, 1.0, u64::MAX);
-            assert!(booked);
-            s = n;
-            waits.push(w);
-        }
-        assert_eq!(
-            waits,
-            [0, 0, 0, 500_000, 1_000_000, 1_500_000, 2_000_000, 2_500_000]
-        );
-    }
-
-    #[test]
-    fn reserve_beyond_max_wait_books_nothing() {
-        let s = BucketState {
-            tokens: 0.0,
-            ts: 0,
-            nb: 0,
-        };
-        let (n, w, booked) = reserve(s, &P, 0, 1.0, 100_000);
-        assert!(!booked);
-        assert_eq!(w, 500_000);
-        assert_eq!(n.tokens, 0.0);
-    }
-
-    #[test]
-    fn penalty_is_never_shortened() {
-        let s = BucketState::fresh(&P, 0);
-        let long = penalize(s, &P, 0, 10_000_000);
-        let short = penalize(long, &P, 1, 2_000_000);
-        assert_eq!(short.nb, 10_000_000);
-        assert_eq!(short.tokens, 0.0);
-    }
-
-    /// A hold asked from a `now` behind the bucket's `ts` lasts as long
-    /// from `ts`: time does not run backwards for a penalty either.
-    #[test]
-    fn a_hold_from_a_lagging_now_lasts_as_long_from_ts() {
-        let s = BucketState {
-            tokens: 1.0,
-            ts: 10_000_000,
-            nb: 0,
-        };
-        let held = penalize(s, &P, 5_000_000, 7_000_000);
-        assert_eq!((held.tokens, held.nb), (0.0, 12_000_000));
-        assert_eq!(try_take(held, &P, 10_000_000, 1.0).1, 2_000_000);
-        let out = reconcile(s, &P, 5_000_000, 0.0, Some(7_000_000));
-        assert_eq!((out.tokens, out.nb), (0.0, 12_000_000));
-        let saturated = penalize(s, &P, 5_000_000, u64::MAX);
-        assert_eq!(saturated.nb, u64::MAX);
-    }
-
-    #[test]
-    fn reconcile_never_widens() {
-        let s = BucketState {
-            tokens: 1.0,
-            ts: 0,
-            nb: 0,
-        };
-        assert_eq!(reconcile(s, &P, 0, 2.0, None).tokens, 1.0);
-        assert_eq!(reconcile(s, &P, 0, 0.5, None).tokens, 0.5);
-        let held = reconcile(s, &P, 0, 0.0, Some(7_000_000));
-        assert_eq!((held.tokens, held.nb), (0.0, 7_000_000));
-    }
-
-    #[test]
-    fn idle_only_when_full_and_unheld() {
-        let s = BucketState {
-            tokens: 2.0,
-            ts: 0,
-            nb: 0,
-        };
-        assert!(!is_idle(&s, &P, 0));
-        assert!(is_idle(&s, &P, 500_000));
-        let held = BucketState {
-            tokens: 3.0,
-            ts: 0,
-            nb: 5_000_000,
-        };
-        assert!(!is_idle(&held, &P, 1_000_000));
-        assert_eq!(ttl(&held, &P, 1_000_000), 4_000_000);
-    }
-}
+mod tests;

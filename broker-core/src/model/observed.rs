@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::limits::Unit;
+use super::limits::Unit;
 
 /// One upstream counter as reported in headers.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

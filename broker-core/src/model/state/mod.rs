@@ -4,13 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::{self, BucketParams, BucketState, Shortfall};
-use crate::clock::{micros, Micros};
-use crate::limits::{Cost, Limits, Unit};
-use crate::observed::ObservedLimit;
-
-/// Identifies one held concurrency slot.
-pub type LeaseId = u64;
+use super::bucket::{self, BucketParams, BucketState, Shortfall};
+use super::limits::{Cost, Limits, Unit};
+use super::observed::ObservedLimit;
+use super::time::{micros, Micros};
+pub use super::verdict::{Decision, DenyReason, LeaseId, LocalVerdict, RefillTime, Verdict};
 
 /// Limits compiled for the state machine: one bucket per rate limit, plus
 /// the concurrency limit and how long a lease lives if never released.
@@ -80,239 +78,6 @@ impl ResourceState {
                 .collect(),
             leases: Vec::new(),
             hold: 0,
-        }
-    }
-}
-
-/// Why an acquisition was denied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DenyReason {
-    /// A rate limit has no tokens (or is held by `nb`).
-    Rate,
-    /// All concurrency slots are held.
-    Concurrency,
-}
-
-/// The answer of `try`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the cost was taken.
-    pub allowed: bool,
-    /// When denied by rate: how long until it would fit. Zero when allowed
-    /// or when denied by concurrency (a slot may free at any moment).
-    pub wait: Micros,
-    /// Why it was denied.
-    pub denied_by: Option<DenyReason>,
-    /// The lease taken when the resource has a concurrency limit.
-    pub lease: Option<LeaseId>,
-    /// Whether a shared store's failure policy answered in this process
-    /// while the store was out of reach, so that the cost is not in the
-    /// store (it went to this process's fallback bucket, or nowhere):
-    /// settle it with [`Marks::ANSWERED_HERE`]. Set by the store, never by
-    /// the state machine.
-    pub answered_here: bool,
-}
-
-impl Decision {
-    /// An allowed decision.
-    pub fn allow(lease: Option<LeaseId>) -> Self {
-        Self {
-            allowed: true,
-            wait: 0,
-            denied_by: None,
-            lease,
-            answered_here: false,
-        }
-    }
-
-    /// A denied decision.
-    pub fn deny(reason: DenyReason, wait: Micros) -> Self {
-        Self {
-            allowed: false,
-            wait,
-            denied_by: Some(reason),
-            lease: None,
-            answered_here: false,
-        }
-    }
-
-    /// This decision, marked as answered by a shared store's failure
-    /// policy (see [`Decision::answered_here`]).
-    pub fn by_failure_policy(self) -> Self {
-        Self {
-            answered_here: true,
-            ..self
-        }
-    }
-}
-
-/// A [`Decision`] in two words, so that it is returned in registers: the
-/// answer of [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
-/// the in-memory fast path, which converts to and from a [`Decision`]
-/// without loss (save [`Decision::answered_here`], which only a shared
-/// store's failure policy sets).
-///
-/// ```
-/// use broker_core::{Decision, DenyReason, Verdict};
-/// let d = Decision::deny(DenyReason::Rate, 250_000);
-/// assert_eq!(Verdict::from(d), Verdict::Rate(250_000));
-/// assert_eq!(Decision::from(Verdict::from(d)), d);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Allowed, holding no slot.
-    Allowed,
-    /// Allowed, holding a concurrency slot under this lease.
-    Leased(LeaseId),
-    /// Denied by a rate limit: how long until the cost would fit (µs).
-    Rate(Micros),
-    /// Denied: every concurrency slot is held.
-    Concurrency,
-}
-
-impl Verdict {
-    /// Whether the cost was taken.
-    #[inline]
-    pub fn allowed(self) -> bool {
-        matches!(self, Self::Allowed | Self::Leased(_))
-    }
-}
-
-/// A [`Verdict`] as a store that answers in process gives it
-/// ([`LocalStates::try_acquire`](crate::LocalStates::try_acquire)): a
-/// rate denial's wait may come as the refill time before rounding
-/// ([`LocalVerdict::Short`]), and is rounded by [`LocalVerdict::verdict`]
-/// where the caller reads it, so a caller that only asks whether the cost
-/// was taken does not wait for the rounding. Two words, returned in
-/// registers.
-///
-/// ```
-/// use broker_core::{LocalVerdict, RefillTime, Verdict};
-/// assert_eq!(LocalVerdict::Short(RefillTime::new(2.5)).verdict(), Verdict::Rate(3));
-/// assert_eq!(LocalVerdict::Short(RefillTime::new(4.0004)).verdict(), Verdict::Rate(4));
-/// assert!(!LocalVerdict::Short(RefillTime::new(2.5)).allowed());
-/// assert_eq!(LocalVerdict::from(Verdict::Rate(7)).verdict(), Verdict::Rate(7));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LocalVerdict {
-    /// Allowed, holding no slot.
-    Allowed,
-    /// Allowed, holding a concurrency slot under this lease.
-    Leased(LeaseId),
-    /// Denied by a rate limit: how long until the cost would fit, in whole
-    /// µs.
-    Rate(Micros),
-    /// Denied by a rate limit with no hold in force: the refill time the
-    /// missing tokens need, not yet rounded.
-    Short(RefillTime),
-    /// Denied: every concurrency slot is held.
-    Concurrency,
-}
-
-impl LocalVerdict {
-    /// The verdict, a denial's wait rounded up to whole µs.
-    #[inline(always)]
-    pub fn verdict(self) -> Verdict {
-        // The two admissions tested for in turn, a denial made out of
-        // line: a `match` of every variant compiled to a jump table in
-        // static data, one cache line more read per decision (a server's
-        // request finds it evicted by the one before).
-        if let Self::Allowed = self {
-            return Verdict::Allowed;
-        }
-        if let Self::Leased(lease) = self {
-            return Verdict::Leased(lease);
-        }
-        self.denial()
-    }
-
-    /// [`LocalVerdict::verdict`] of a denial (or of any verdict).
-    #[cold]
-    #[inline(never)]
-    fn denial(self) -> Verdict {
-        match self {
-            Self::Allowed => Verdict::Allowed,
-            Self::Leased(lease) => Verdict::Leased(lease),
-            Self::Rate(wait) => Verdict::Rate(wait),
-            Self::Short(refill) => Verdict::Rate(refill.micros()),
-            Self::Concurrency => Verdict::Concurrency,
-        }
-    }
-
-    /// Whether the cost was taken.
-    #[inline]
-    pub fn allowed(self) -> bool {
-        matches!(self, Self::Allowed | Self::Leased(_))
-    }
-}
-
-/// The refill time a denied cost needs, in µs, before rounding: kept as
-/// the bits of an `f64` so that a [`LocalVerdict`] holding it stays two
-/// words of one kind, which are returned in registers (an `f64` in one
-/// variant and an integer in others would send it through memory).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct RefillTime(u64);
-
-impl RefillTime {
-    /// The refill time of `micros` µs (positive, unrounded).
-    #[inline(always)]
-    pub fn new(micros: f64) -> Self {
-        Self(micros.to_bits())
-    }
-
-    /// The refill time in µs, unrounded.
-    #[inline(always)]
-    pub fn as_f64(self) -> f64 {
-        f64::from_bits(self.0)
-    }
-
-    /// The wait in whole µs, rounded up by
-    /// [`crate::bucket::ceil_micros`].
-    #[inline(always)]
-    pub fn micros(self) -> Micros {
-        crate::bucket::ceil_micros(self.as_f64())
-    }
-}
-
-impl std::fmt::Debug for RefillTime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RefillTime({} µs)", self.as_f64())
-    }
-}
-
-impl From<Verdict> for LocalVerdict {
-    #[inline]
-    fn from(v: Verdict) -> Self {
-        match v {
-            Verdict::Allowed => Self::Allowed,
-            Verdict::Leased(lease) => Self::Leased(lease),
-            Verdict::Rate(wait) => Self::Rate(wait),
-            Verdict::Concurrency => Self::Concurrency,
-        }
-    }
-}
-
-impl From<Decision> for Verdict {
-    #[inline]
-    fn from(d: Decision) -> Self {
-        match (d.allowed, d.lease, d.denied_by) {
-            (true, None, _) => Self::Allowed,
-            (true, Some(lease), _) => Self::Leased(lease),
-            (false, _, Some(DenyReason::Concurrency)) => Self::Concurrency,
-            (false, _, _) => Self::Rate(d.wait),
-        }
-    }
-}
-
-impl From<Verdict> for Decision {
-    #[inline]
-    fn from(v: Verdict) -> Self {
-        match v {
-            Verdict::Allowed => Decision::allow(None),
-            Verdict::Leased(lease) => Decision::allow(Some(lease)),
-            Verdict::Rate(wait) => Decision::deny(DenyReason::Rate, wait),
-            Verdict::Concurrency => Decision::deny(DenyReason::Concurrency, 0),
         }
     }
 }
@@ -473,7 +238,6 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 /// A zero cost for a bucket skips that bucket. A resource without rate
 /// limits is denied by rate while its [`ResourceState::hold`] lasts, with
 /// the wait to its end (see [`wait_all`]).
-#[inline]
 pub fn try_acquire(
     state: &mut ResourceState,
     spec: &LimitSpec,
@@ -486,7 +250,7 @@ pub fn try_acquire(
     };
     // One rate limit (the common case): what `wait_all` then `take_all`
     // compute, with the bucket refilled once.
-    let taken = match take_one(*s, p, now, bucket::to_f64(cost.of(*unit))) {
+    let taken = match take_one(*s, p, now, cost.of(*unit) as f64) {
         Ok(taken) => taken,
         Err(wait) => return Decision::deny(DenyReason::Rate, wait),
     };
@@ -501,7 +265,6 @@ pub fn try_acquire(
 /// limit, on its one bucket: the same decision and the same new bucket,
 /// with a denial's wait left unrounded. A caller deciding under a lock
 /// rounds it ([`Shortfall::micros`]) after releasing the lock.
-#[inline]
 pub fn try_take_one(
     bucket: &mut BucketState,
     unit: Unit,
@@ -509,12 +272,11 @@ pub fn try_take_one(
     now: Micros,
     cost: Cost,
 ) -> Result<(), Shortfall> {
-    take(bucket, params, now, bucket::to_f64(cost.of(unit)))
+    take(bucket, params, now, cost.of(unit) as f64)
 }
 
 /// One bucket's part of `try`: takes `c` from the bucket, or leaves it and
 /// gives the shortfall.
-#[inline]
 fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
     if c <= 0.0 {
         return Ok(());
@@ -532,7 +294,6 @@ fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Resu
 }
 
 /// [`take`] on a copy: the bucket with `c` taken, or the wait.
-#[inline]
 fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
     let mut taken = s;
     take(&mut taken, p, now, c)
@@ -762,7 +523,7 @@ pub fn observed_for<'o>(
     spec: &LimitSpec,
     observed: &'o ObservedLimit,
     i: usize,
-) -> Option<&'o crate::observed::Observed> {
+) -> Option<&'o super::observed::Observed> {
     let (unit, _) = spec.buckets.get(i)?;
     let o = observed.of(*unit)?;
     let distance = |p: &BucketParams| match o.limit {
@@ -774,7 +535,7 @@ pub fn observed_for<'o>(
     let spans = |p: &BucketParams| {
         o.window.is_some_and(|w| {
             let w = micros(w) as f64;
-            (w..=w / (1.0 - crate::pacing::MAX_MARGIN) + 1.0).contains(&p.period())
+            (w..=w / (1.0 - super::pacing::MAX_MARGIN) + 1.0).contains(&p.period())
         })
     };
     let spanned = spec.buckets.iter().any(|(u, p)| u == unit && spans(p));
@@ -882,246 +643,4 @@ pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_verdict_and_a_decision_convert_both_ways_without_loss() {
-        let decisions = [
-            Decision::allow(None),
-            Decision::allow(Some(7)),
-            Decision::deny(DenyReason::Rate, 0),
-            Decision::deny(DenyReason::Rate, 1_500_000),
-            Decision::deny(DenyReason::Concurrency, 0),
-        ];
-        for d in decisions {
-            let v = Verdict::from(d);
-            assert_eq!(Decision::from(v), d, "{v:?}");
-            assert_eq!(v.allowed(), d.allowed);
-        }
-        assert_eq!(std::mem::size_of::<Verdict>(), 16, "two words");
-    }
-    use crate::limits::RateLimit;
-    use proptest::prelude::*;
-
-    /// 100 a second and 100 a minute: a counter of 100 whose reset is a
-    /// second away fits both, and read as the shorter one's, left the
-    /// minute's budget full. Its IETF window (`w=60`) names the minute's
-    /// bucket, paced or not; without one, the shorter window is read.
-    #[test]
-    fn a_counter_with_a_window_narrows_the_bucket_of_that_window() {
-        let spent = |window: Option<u64>| ObservedLimit {
-            requests: Some(crate::observed::Observed {
-                limit: Some(100),
-                remaining: Some(0),
-                reset: Some(std::time::Duration::from_secs(1)),
-                window: window.map(std::time::Duration::from_secs),
-                policy: Some("default".into()),
-            }),
-            ..ObservedLimit::default()
-        };
-        // The second one paced 5% under (`pacing::paced`): 63,157,895 µs.
-        for minute_ms in [60_000, 63_158] {
-            let spec = spec(
-                &[(100, 1_000, 100, false), (100, minute_ms, 100, false)],
-                None,
-            );
-            let described = |o: &ObservedLimit| {
-                (0..2)
-                    .filter(|i| observed_for(&spec, o, *i).is_some())
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(described(&spent(Some(60))), [1], "{minute_ms}");
-            assert_eq!(described(&spent(None)), [0], "{minute_ms}");
-            let mut s = ResourceState::fresh(&spec, 0);
-            reconcile(&mut s, &spec, 0, &spent(Some(60)));
-            let one = Cost::requests(1);
-            assert_eq!(wait_all(&s, &spec, 0, one), 1_000_000, "{minute_ms}");
-            // The second's bucket is untouched.
-            let first = LimitSpec {
-                buckets: spec.buckets[..1].to_vec(),
-                ..spec.clone()
-            };
-            let s0 = ResourceState {
-                buckets: s.buckets[..1].to_vec(),
-                ..s.clone()
-            };
-            assert_eq!(wait_all(&s0, &first, 0, one), 0, "{minute_ms}");
-        }
-    }
-
-    /// A resource with a concurrency limit alone has no bucket for a
-    /// penalty to hold: the state-wide hold denies every `try` by rate,
-    /// with the wait to its end and no slot taken, puts a booking after
-    /// it, is never shortened, keeps the state from being dropped, and
-    /// ends on time.
-    #[test]
-    fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
-        let spec = spec(&[], Some(2));
-        let mut s = ResourceState::fresh(&spec, 0);
-        assert!(try_acquire(&mut s, &spec, 0, Cost::default(), 1).allowed);
-        penalize(&mut s, &spec, 1_000, 5_001_000);
-        penalize(&mut s, &spec, 2_000, 3_000_000);
-        assert_eq!(s.hold, 5_001_000, "never shortened");
-        assert_eq!(
-            try_acquire(&mut s, &spec, 1_000_000, Cost::default(), 2),
-            Decision::deny(DenyReason::Rate, 4_001_000)
-        );
-        assert_eq!(s.leases.len(), 1, "no slot taken while held");
-        let late = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
-        assert_eq!((late.wait, late.booked), (4_001_000, false));
-        let booked = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
-        assert_eq!((booked.wait, booked.booked), (4_001_000, true));
-        assert_eq!(booked.since, Marks::uniform(1_000_000).due_at(5_001_000));
-        assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
-        release(&mut s, 1);
-        assert!(!is_idle(&s, &spec, 5_000_999));
-        assert_eq!(ttl(&s, &spec, 5_000_000), 1_000);
-        assert!(is_idle(&s, &spec, 5_001_000));
-        assert_eq!(
-            try_acquire(&mut s, &spec, 5_001_000, Cost::default(), 3),
-            Decision::allow(Some(3))
-        );
-        // Without any limit, the hold is all there is to wait for.
-        let none = self::spec(&[], None);
-        let mut s = ResourceState::fresh(&none, 0);
-        penalize(&mut s, &none, 0, u64::MAX);
-        assert_eq!(
-            try_acquire(&mut s, &none, 7, Cost::default(), 0),
-            Decision::deny(DenyReason::Rate, u64::MAX - 7)
-        );
-    }
-
-    /// With rate limits, a penalty holds the buckets (`nb`) and leaves the
-    /// state-wide hold at 0, so such states are what they were.
-    #[test]
-    fn a_penalty_with_rate_limits_holds_the_buckets_only() {
-        for max_concurrent in [None, Some(2)] {
-            let spec = spec(
-                &[(1, 1_000, 3, false), (10, 1_000, 30, true)],
-                max_concurrent,
-            );
-            let mut s = ResourceState::fresh(&spec, 0);
-            penalize(&mut s, &spec, 0, 2_000_000);
-            assert_eq!(s.hold, 0);
-            assert!(s.buckets.iter().all(|b| b.nb == 2_000_000));
-        }
-    }
-
-    /// `hold_left` reads the holds of the buckets a cost draws on, not
-    /// their tokens: a spent tokens counter holds a call of tokens, not
-    /// one of requests alone; a penalty holds both. Each bucket's hold is
-    /// read from its own time, so a caller whose clock lags waits no
-    /// longer than the store would make it. Without rate limits, the
-    /// state's hold.
-    #[test]
-    fn hold_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
-        let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], None);
-        let requests = Cost::default();
-        let tokens = Cost {
-            requests: 1,
-            tokens: 5,
-        };
-        let mut s = ResourceState::fresh(&two, 0);
-        while try_acquire(&mut s, &two, 0, requests, 0).allowed {}
-        assert_eq!(hold_left(&s, &two, 0, requests), 0, "drained, not held");
-        s.buckets[1].nb = 2_000_000;
-        assert_eq!(hold_left(&s, &two, 0, requests), 0);
-        assert_eq!(hold_left(&s, &two, 500_000, tokens), 1_500_000);
-        assert_eq!(hold_left(&s, &two, 2_000_000, tokens), 0);
-        s.buckets[1].ts = 500_000;
-        assert_eq!(hold_left(&s, &two, 0, tokens), 1_500_000, "a lagging clock");
-        penalize(&mut s, &two, 500_000, 3_000_000);
-        assert_eq!(hold_left(&s, &two, 1_000_000, requests), 2_000_000);
-        assert_eq!(hold_left(&s, &two, 1_000_000, tokens), 2_000_000);
-        let none = spec(&[], Some(1));
-        let mut s = ResourceState::fresh(&none, 0);
-        penalize(&mut s, &none, 0, 1_000_000);
-        assert_eq!(hold_left(&s, &none, 250_000, requests), 750_000);
-        assert_eq!(hold_left(&s, &none, 1_000_000, requests), 0);
-    }
-
-    /// A reload to another number of rate limits keeps the penalty, from
-    /// buckets to buckets, from buckets to the state-wide hold and back,
-    /// and the leases; with no penalty in force the state is fresh.
-    #[test]
-    fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
-        let one = spec(&[(1, 1_000, 3, false)], Some(2));
-        let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], Some(2));
-        let none = spec(&[], Some(2));
-        let mut s = ResourceState::fresh(&one, 0);
-        assert!(try_acquire(&mut s, &one, 0, Cost::default(), 7).allowed);
-        penalize(&mut s, &one, 0, 3_000_000);
-        let s = adopt(s, &two, 1_000_000);
-        assert_eq!(s.leases.len(), 1);
-        assert!(s
-            .buckets
-            .iter()
-            .zip(&two.buckets)
-            .all(|(b, (_, p))| b.nb == 3_000_000 && b.tokens == p.capacity()));
-        assert_eq!(wait_all(&s, &two, 1_000_000, Cost::default()), 2_000_000);
-        let s = adopt(s, &none, 1_500_000);
-        assert_eq!((s.hold, s.leases.len()), (3_000_000, 1));
-        assert_eq!(wait_all(&s, &none, 1_500_000, Cost::default()), 1_500_000);
-        let s = adopt(s, &one, 2_000_000);
-        assert_eq!((s.hold, s.buckets[0].nb), (0, 3_000_000));
-        assert_eq!(wait_all(&s, &one, 2_000_000, Cost::default()), 1_000_000);
-        // Over: a fresh state, the lease kept.
-        let s = adopt(s, &two, 3_000_000);
-        let fresh = ResourceState {
-            leases: s.leases.clone(),
-            ..ResourceState::fresh(&two, 3_000_000)
-        };
-        assert_eq!(s, fresh);
-        assert_eq!(held_until(&s), 0);
-    }
-
-    fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {
-        let mut limits = Limits::new();
-        for &(amount, period_ms, burst, tokens) in rates {
-            let unit = if tokens { Unit::Tokens } else { Unit::Requests };
-            limits = limits.rate(
-                RateLimit::per(amount, std::time::Duration::from_millis(period_ms))
-                    .with_burst(burst)
-                    .unit(unit),
-            );
-        }
-        limits.max_concurrent = max_concurrent;
-        LimitSpec::new(&limits, std::time::Duration::from_secs(1))
-    }
-
-    proptest! {
-        /// `try` decides and leaves exactly the state that the two-pass
-        /// reference does, step after step, for any number of limits.
-        #[test]
-        fn try_equals_the_two_pass_reference(
-            rates in prop::collection::vec((1u64..50, 1u64..2_000, 1u64..20, any::<bool>()), 0..4),
-            max_concurrent in prop::option::of(1u32..4),
-            steps in prop::collection::vec((0u64..400_000, 0u64..6, 0u64..25), 1..60),
-        ) {
-            let spec = spec(&rates, max_concurrent);
-            let mut fast = ResourceState::fresh(&spec, 0);
-            let mut reference = fast.clone();
-            let mut one_bucket = fast.buckets.clone();
-            let mut now = 0;
-            for (i, (dt, requests, tokens)) in steps.into_iter().enumerate() {
-                now += dt;
-                let cost = Cost { requests, tokens };
-                let a = try_acquire(&mut fast, &spec, now, cost, i as LeaseId);
-                let b = try_acquire_in_two_passes(&mut reference, &spec, now, cost, i as LeaseId);
-                prop_assert_eq!(a, b);
-                prop_assert_eq!(&fast, &reference);
-                // The one-bucket path, where it applies, on its own copy.
-                if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
-                    let one = &mut one_bucket[0];
-                    let c = match try_take_one(one, *unit, p, now, cost) {
-                        Ok(()) => Decision::allow(None),
-                        Err(short) => Decision::deny(DenyReason::Rate, short.micros()),
-                    };
-                    prop_assert_eq!(c, b);
-                    prop_assert_eq!(&one_bucket, &reference.buckets);
-                }
-            }
-        }
-    }
-}
+mod tests;

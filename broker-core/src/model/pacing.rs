@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use crate::error::ConfigError;
-use crate::limits::Limits;
+use super::error::ConfigError;
+use super::limits::Limits;
 
 /// The largest margin accepted (spend at least half of the limit).
 pub const MAX_MARGIN: f64 = 0.5;

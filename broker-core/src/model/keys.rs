@@ -13,62 +13,13 @@ const fn escaped(b: u8) -> bool {
     matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || b < 0x21 || b >= 0x7f
 }
 
-/// [`escaped`] for every byte, looked up on the hot path.
-const NEEDS_ESCAPE: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 256 {
-        table[b] = escaped(b as u8);
-        b += 1;
-    }
-    table
-};
-
 fn needs_escape(b: u8) -> bool {
-    NEEDS_ESCAPE[b as usize]
+    escaped(b)
 }
 
-/// Whether any byte of `part` must be escaped: eight bytes at a time (the
-/// check runs on every keyed call); a tail shorter than a word is checked
-/// as the last eight bytes, overlapping the word before.
+/// Whether any byte of `part` must be escaped.
 fn any_needs_escape(part: &[u8]) -> bool {
-    let word = |b: &[u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(b);
-        u64::from_le_bytes(w)
-    };
-    if part.len() < 8 {
-        // Padded with a byte that needs no escape.
-        let mut w = [b'a'; 8];
-        w[..part.len()].copy_from_slice(part);
-        return word_needs_escape(u64::from_le_bytes(w));
-    }
-    let mut chunks = part.chunks_exact(8);
-    if chunks.by_ref().any(|c| word_needs_escape(word(c))) {
-        return true;
-    }
-    !chunks.remainder().is_empty() && word_needs_escape(word(&part[part.len() - 8..]))
-}
-
-/// [`escaped`] for any of the eight bytes of `x`, by word arithmetic.
-fn word_needs_escape(x: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // For bytes below 0x80, `(v - ONES * n) & !v` has a byte's high bit set
-    // exactly when that byte of v is below n (n <= 0x80). A byte of 0x80
-    // or more sets its own high bit in `x`, which answers yes whatever the
-    // other terms say.
-    let below = |v: u64, n: u64| v.wrapping_sub(ONES * n) & !v;
-    let equal = |c: u8| below(x ^ (ONES * c as u64), 1);
-    let hits = x
-        | below(x, 0x21)
-        | equal(0x7f)
-        | equal(b':')
-        | equal(b'{')
-        | equal(b'}')
-        | equal(b'%')
-        | equal(b'\\');
-    hits & HIGH != 0
+    part.iter().any(|&b| escaped(b))
 }
 
 /// Whether [`escape`] changes `part`.
@@ -150,38 +101,15 @@ pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
     String::from_utf8(out).ok().map(Cow::Owned)
 }
 
-/// `a == b`, without a call to `memcmp` for up to 16 bytes: ids and
-/// sub-keys are short, and an empty slice's dangling address sends some
-/// `memcmp` implementations' masked vector loads through a slow path.
+/// Whether two ids or sub-keys are the same bytes.
 ///
 /// ```
 /// use broker_core::keys::same;
 /// assert!(same(b"tenant-1", b"tenant-1"));
 /// assert!(!same(b"tenant-1", b"tenant-2"));
 /// ```
-#[inline]
 pub fn same(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    // Two overlapping loads per side cover every length up to 16.
-    match a.len() {
-        0 => true,
-        1 => a[0] == b[0],
-        2..4 => {
-            a.first_chunk::<2>() == b.first_chunk::<2>()
-                && a.last_chunk::<2>() == b.last_chunk::<2>()
-        }
-        4..8 => {
-            a.first_chunk::<4>() == b.first_chunk::<4>()
-                && a.last_chunk::<4>() == b.last_chunk::<4>()
-        }
-        8..=16 => {
-            a.first_chunk::<8>() == b.first_chunk::<8>()
-                && a.last_chunk::<8>() == b.last_chunk::<8>()
-        }
-        _ => a == b,
-    }
+    a == b
 }
 
 /// The state key of a resource.
@@ -279,26 +207,5 @@ mod tests {
             }
             assert!(!same(&a, &[&a[..], b"x"].concat()));
         }
-    }
-
-    #[test]
-    fn word_scan_agrees_with_the_byte_table() {
-        // Every byte value at every position of a word, among bytes that
-        // need no escape, and in the tail.
-        for len in [1usize, 7, 8, 11, 16, 19] {
-            for pos in 0..len {
-                for b in 0..=255u8 {
-                    let mut part = vec![b'a'; len];
-                    part[pos] = b;
-                    assert_eq!(
-                        any_needs_escape(&part),
-                        needs_escape(b),
-                        "byte {b:#x} at {pos} of {len}"
-                    );
-                }
-            }
-        }
-        assert!(!any_needs_escape(b"tenant-123456789"));
-        assert!(!any_needs_escape(b""));
     }
 }

@@ -1,0 +1,495 @@
+//! Reading an upstream's rate-limit headers into one [`ObservedLimit`].
+//!
+//! [`parse`] reads every family we know, from a response of any status:
+//!
+//! | family | headers | counter |
+//! |---|---|---|
+//! | `X-Ratelimit-*` | `X-Ratelimit-Limit`, `-Remaining`, `-Reset` (seconds, or a Unix time), `-Retry` (seconds) | requests |
+//! | IETF structured fields | `RateLimit-Policy: "p";q=100;w=60`, `RateLimit: "p";r=42;t=30` | requests |
+//! | older IETF drafts | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`; `RateLimit: limit=100, remaining=42, reset=30`; `RateLimit-Policy: 100;w=60` (the quota as the bare integer item when there is no `q`) | requests |
+//! | OpenAI style | `x-ratelimit-{limit,remaining,reset}-requests`, `x-ratelimit-{limit,remaining,reset}-tokens`, resets as Go durations (`6m0s`, `12ms`) or plain seconds (`1`, `0.5`: read as `X-Ratelimit-Reset` is, rounded up to whole µs) | requests, tokens |
+//! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
+//!
+//! Nothing here fails or panics: a value that is malformed, negative, the
+//! sentinel `-1`, not valid UTF-8, a count above [`MAX_AMOUNT`], or a
+//! number or time too large for 64 bits (seconds) is ignored as if it were
+//! absent. A well-formed time above 366 days is read as 366 days (a
+//! caller's wait ceiling bounds it further): a longer wait never reads as
+//! a shorter one, nor as none. A count sent as a decimal
+//! (Reddit's `X-Ratelimit-Remaining: 0.0`) is read rounded down. When several families report the same
+//! counter, the most restrictive one (the lowest `remaining`) wins, and of
+//! two retry delays the longer one; two that tie on `remaining` and
+//! `reset` are one reading, with the `limit` of whichever gives one (the
+//! first's if both do). A list field (`RateLimit`,
+//! `RateLimit-Policy`) sent as several lines is read as one list; of any
+//! other header sent more than once, the first line counts.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+
+use super::limits::{MAX_AMOUNT, MAX_PERIOD};
+use super::observed::{Observed, ObservedLimit};
+
+/// A reset or retry value at or above this many seconds is read as a Unix
+/// time (as GitHub's `X-RateLimit-Reset` is), not as a delay.
+const UNIX_TIME_FROM: u64 = 1_000_000_000;
+
+/// A Unix time at or above this is in milliseconds (1,000 times
+/// [`UNIX_TIME_FROM`]: in seconds, a time more than 30,000 years away),
+/// and at or above 1,000 times that in microseconds, then nanoseconds.
+const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
+
+/// Reads the rate-limit headers of one response. `now` is the wall-clock
+/// time the response arrived, used for `Retry-After` HTTP-dates and resets
+/// given as Unix times.
+///
+/// ```
+/// use broker_core::headers;
+/// use http::HeaderMap;
+/// use std::time::{Duration, SystemTime};
+/// let mut h = HeaderMap::new();
+/// h.insert("X-Ratelimit-Limit", "300".parse().unwrap());
+/// h.insert("X-Ratelimit-Remaining", "0".parse().unwrap());
+/// h.insert("X-Ratelimit-Reset", "12".parse().unwrap());
+/// h.insert("Retry-After", "not a number".parse().unwrap());
+/// let seen = headers::parse(&h, SystemTime::now());
+/// let requests = seen.requests.unwrap();
+/// assert_eq!(requests.limit, Some(300));
+/// assert_eq!(requests.remaining, Some(0));
+/// assert_eq!(requests.reset, Some(Duration::from_secs(12)));
+/// assert_eq!(seen.retry_after, None);
+/// ```
+pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
+    // As UTF-8, not as visible ASCII (`to_str`): a Go duration's `µs` is
+    // not ASCII.
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+            .map(str::trim)
+    };
+    // A list field (`RateLimit`, `RateLimit-Policy`) may come as several
+    // lines, which make one list (RFC 9110, section 5.3): all of them, a
+    // line that is not UTF-8 left out.
+    let list = |name: &str| {
+        let lines: Vec<&str> = (headers.get_all(name).iter())
+            .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
+            .map(str::trim)
+            .collect();
+        (!lines.is_empty()).then(|| lines.join("\n"))
+    };
+    let count = |name: &str| text(name).and_then(parse_count);
+    let seconds = |name: &str| text(name).and_then(|v| parse_seconds(v, now));
+
+    let x_ratelimit = Observed {
+        limit: count("x-ratelimit-limit"),
+        remaining: count("x-ratelimit-remaining"),
+        reset: seconds("x-ratelimit-reset"),
+        ..Observed::default()
+    };
+    let structured = structured_fields(
+        list("ratelimit").as_deref(),
+        list("ratelimit-policy").as_deref(),
+        now,
+    );
+    // Without a `RateLimit-Limit`, the quota of a `RateLimit-Policy` sent
+    // beside the separate fields, with its window and name (when no
+    // `RateLimit` field says which policy it counts, that of the lowest
+    // quota).
+    let policy_alone = structured.remaining.is_none() && structured.reset.is_none();
+    let older_ietf = Observed {
+        remaining: count("ratelimit-remaining"),
+        reset: seconds("ratelimit-reset"),
+        ..match count("ratelimit-limit") {
+            Some(limit) => Observed {
+                limit: Some(limit),
+                ..Observed::default()
+            },
+            None if policy_alone => structured.clone(),
+            None => Observed::default(),
+        }
+    };
+    let openai_requests = Observed {
+        limit: count("x-ratelimit-limit-requests"),
+        remaining: count("x-ratelimit-remaining-requests"),
+        reset: text("x-ratelimit-reset-requests").and_then(|v| parse_reset(v, now)),
+        ..Observed::default()
+    };
+    let openai_tokens = Observed {
+        limit: count("x-ratelimit-limit-tokens"),
+        remaining: count("x-ratelimit-remaining-tokens"),
+        reset: text("x-ratelimit-reset-tokens").and_then(|v| parse_reset(v, now)),
+        ..Observed::default()
+    };
+
+    let retry_after = [
+        text("retry-after").and_then(|v| parse_retry_after(v, now)),
+        seconds("x-ratelimit-retry"),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
+
+    ObservedLimit {
+        requests: most_restrictive([x_ratelimit, older_ietf, structured, openai_requests]),
+        tokens: most_restrictive([openai_tokens]),
+        retry_after,
+    }
+}
+
+/// [`parse`] at the current system time.
+pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
+    parse(headers, SystemTime::now())
+}
+
+/// Of several readings of one counter, the one with the lowest `remaining`
+/// and, among those, the latest reset (two exhausted windows: the longer
+/// hold is the one the upstream enforces); when none has a `remaining`, the
+/// first that says anything. Of two readings that tie on `remaining` and
+/// `reset`, the first is kept with the `limit`, window and policy of the
+/// other where it has none (they say which bucket the counter describes).
+fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
+    let seen = candidates.into_iter().filter(|o| *o != Observed::default());
+    let mut best: Option<Observed> = None;
+    for o in seen {
+        best = Some(match best {
+            None => o,
+            Some(b) if more_restrictive(&o, &b) => o,
+            Some(b) if (b.remaining, b.reset) == (o.remaining, o.reset) => Observed {
+                limit: b.limit.or(o.limit),
+                window: b.window.or(o.window),
+                policy: b.policy.or(o.policy),
+                ..b
+            },
+            Some(b) => b,
+        });
+    }
+    best
+}
+
+/// Whether reading `o` says less is left than `b`: a lower `remaining`,
+/// or as low with a later reset.
+fn more_restrictive(o: &Observed, b: &Observed) -> bool {
+    match (b.remaining, o.remaining) {
+        (Some(br), Some(or)) => or < br || (or == br && o.reset > b.reset),
+        (None, Some(_)) => true,
+        _ => false,
+    }
+}
+
+/// A non-negative count no larger than `MAX_AMOUNT`: an integer, or a
+/// decimal rounded down (Reddit's `X-Ratelimit-Remaining: 0.0`; down,
+/// so what is left never reads as more than it is).
+fn parse_count(v: &str) -> Option<u64> {
+    let (int, frac) = decimal_parts(v)?;
+    // Above the bound by a fraction is above it too.
+    let whole = frac.bytes().all(|b| b == b'0');
+    int.parse::<u64>()
+        .ok()
+        .filter(|n| *n < MAX_AMOUNT || (*n == MAX_AMOUNT && whole))
+}
+
+/// The integer and fraction digits of a plain decimal (`"42"`, `"0.5"`;
+/// the fraction `""` without a dot): digits on both sides of at most one
+/// dot, or `None` (`"1."`, `".5"`, `"1.2.3"`, `"1e3"`, `"-1"`).
+fn decimal_parts(v: &str) -> Option<(&str, &str)> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match v.split_once('.') {
+        Some((int, frac)) => (digits(int) && digits(frac)).then_some((int, frac)),
+        None => digits(v).then_some((v, "")),
+    }
+}
+
+/// `d`, at most 366 days.
+fn bounded(d: Duration) -> Option<Duration> {
+    Some(d.min(MAX_PERIOD))
+}
+
+/// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
+/// [`UNIX_TIME_FROM`] is read as a Unix time (in milliseconds, microseconds
+/// or nanoseconds from [`UNIX_MILLIS_FROM`] up) and turned into a delay
+/// from `now` (zero if already past). A number too large for `u64` is
+/// unreadable.
+fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
+    let (int, frac) = decimal_parts(v)?;
+    let whole: u64 = int.parse().ok()?;
+    let mut nanos = 0u32;
+    for (i, b) in frac.bytes().take(9).enumerate() {
+        nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
+    }
+    if whole >= UNIX_TIME_FROM {
+        // With a fraction too (Discord's `1470173023.123`).
+        let Some(at) = UNIX_EPOCH.checked_add(unix_time(whole, nanos)) else {
+            return bounded(MAX_PERIOD);
+        };
+        return bounded(at.duration_since(now).unwrap_or_default());
+    }
+    bounded(Duration::new(whole, nanos))
+}
+
+/// A Unix time of `whole` units and `nanos` billionths of one, in
+/// seconds below [`UNIX_MILLIS_FROM`], else in the unit its size says
+/// (milliseconds, microseconds, nanoseconds).
+fn unix_time(whole: u64, nanos: u32) -> Duration {
+    let mut per_second = 1u64;
+    let mut from = UNIX_MILLIS_FROM;
+    while whole >= from && per_second < 1_000_000_000 {
+        per_second *= 1_000;
+        from = from.saturating_mul(1_000);
+    }
+    let units = u128::from(whole) * 1_000_000_000 + u128::from(nanos);
+    let total = units / u128::from(per_second);
+    let secs = u64::try_from(total / 1_000_000_000).unwrap_or(u64::MAX);
+    // Below a billion: fits.
+    Duration::new(secs, (total % 1_000_000_000) as u32)
+}
+
+/// `Retry-After`: delay-seconds, or an HTTP-date turned into a delay from
+/// `now` (zero if the date is already past).
+///
+/// ```
+/// use broker_core::headers::parse_retry_after;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
+/// assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
+/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now), Some(Duration::from_secs(10)));
+/// assert_eq!(parse_retry_after("-1", now), None);
+/// ```
+pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+    let v = v.trim();
+    if v.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
+        return parse_seconds(v, now);
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    bounded(at.duration_since(now).unwrap_or_default())
+}
+
+/// A Go duration as OpenAI sends it: `"6m0s"`, `"12ms"`, `"1h2m3.5s"`,
+/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign. A number or
+/// a total too large for 64 bits (the total in seconds) is unreadable.
+///
+/// ```
+/// use broker_core::headers::parse_go_duration;
+/// use std::time::Duration;
+/// assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+/// assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
+/// assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+/// assert_eq!(parse_go_duration("-5s"), None);
+/// ```
+pub fn parse_go_duration(v: &str) -> Option<Duration> {
+    let mut rest = v.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total_nanos: u128 = 0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        if num_len == 0 {
+            return None;
+        }
+        let (number, tail) = rest.split_at(num_len);
+        let unit_len = tail
+            .char_indices()
+            .find(|(_, c)| c.is_ascii_digit() || *c == '.')
+            .map_or(tail.len(), |(i, _)| i);
+        let (unit, tail) = tail.split_at(unit_len);
+        let unit_nanos: u128 = match unit {
+            "h" => 3_600_000_000_000,
+            "m" => 60_000_000_000,
+            "s" => 1_000_000_000,
+            "ms" => 1_000_000,
+            "us" | "µs" | "μs" => 1_000,
+            "ns" => 1,
+            _ => return None,
+        };
+        total_nanos = total_nanos.checked_add(scaled(number, unit_nanos)?)?;
+        rest = tail;
+    }
+    let secs = u64::try_from(total_nanos / 1_000_000_000).ok()?;
+    bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
+}
+
+/// An OpenAI-style reset: a Go duration, or plain seconds as some
+/// compatible providers send them (`"1"`, `"0.5"`), read as
+/// [`parse_seconds`] reads them and rounded up to whole µs, the clock's
+/// resolution (a fraction of a µs left is a µs to wait, not none).
+fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
+    if let Some(d) = parse_go_duration(v) {
+        return Some(d);
+    }
+    let d = parse_seconds(v, now)?;
+    let below_a_micro = d.subsec_nanos() % 1_000;
+    if below_a_micro == 0 {
+        return Some(d);
+    }
+    bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
+}
+
+/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds;
+/// `None` for an integer part too large for `u64`.
+fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if int.is_empty() && frac.is_empty() || frac.contains('.') {
+        return None;
+    }
+    let whole: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    // At most 2^64 times an hour's nanoseconds: fits.
+    let mut value = u128::from(whole) * unit_nanos;
+    let mut place = unit_nanos;
+    for b in frac.bytes().take(18) {
+        place /= 10;
+        value = value.saturating_add(u128::from(b - b'0') * place);
+    }
+    Some(value)
+}
+
+/// One member of a structured-field list: its bare value (a name, or a
+/// `key=value` of the older draft) and its parameters.
+#[derive(Debug, Default)]
+struct Member<'a> {
+    name: Option<&'a str>,
+    /// The bare value when it is an integer, not quoted: an older draft's
+    /// quota (`RateLimit-Policy: 10;w=1`).
+    integer: Option<u64>,
+    params: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Member<'a> {
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| *v)
+    }
+}
+
+/// Splits `s` on `sep` outside double quotes.
+fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match b {
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            _ if b == sep && !quoted => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+fn members(field: &str) -> Vec<Member<'_>> {
+    // Line by line (a field sent as several lines comes joined by `\n`,
+    // which no header value holds): a quote left open on one line does
+    // not take in the lines after it.
+    field
+        .split('\n')
+        .flat_map(|line| split_unquoted(line, b','))
+        .map(|item| {
+            let mut m = Member::default();
+            for (i, part) in split_unquoted(item, b';').into_iter().enumerate() {
+                let part = part.trim();
+                match part.split_once('=') {
+                    Some((k, v)) => m.params.push((k.trim(), v.trim().trim_matches('"'))),
+                    None if i == 0 && !part.is_empty() => {
+                        if part.bytes().all(|b| b.is_ascii_digit()) {
+                            m.integer = parse_count(part);
+                        }
+                        m.name = Some(part.trim_matches('"'));
+                    }
+                    None => {}
+                }
+            }
+            m
+        })
+        .collect()
+}
+
+/// `RateLimit` / `RateLimit-Policy` of the IETF draft (`r`, `t`; `q`, `w`),
+/// and the older single-field form `RateLimit: limit=.., remaining=.., reset=..`
+/// with the older `RateLimit-Policy: 10;w=1` (the quota as the bare item
+/// when there is no `q`). A counter keeps its policy's name and window.
+fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
+    let policies = policy.map(members).unwrap_or_default();
+    // The policy named `name` (any if `None`) of the lowest quota: its
+    // quota, window and name.
+    let policy_of = |name: Option<&str>| {
+        let quota = |p: &Member<'_>| p.get("q").map_or(p.integer, parse_count);
+        let Some((limit, p)) = (policies.iter())
+            .filter(|p| name.is_none() || p.name == name)
+            .filter_map(|p| Some((quota(p)?, p)))
+            .min_by_key(|(q, _)| *q)
+        else {
+            return Observed::default();
+        };
+        Observed {
+            limit: Some(limit),
+            window: (p.get("w").and_then(parse_count))
+                .filter(|w| *w > 0)
+                .map(Duration::from_secs),
+            // An older draft's bare quota is no name.
+            policy: p.name.filter(|_| p.integer.is_none()).map(Into::into),
+            ..Observed::default()
+        }
+    };
+    let Some(field) = ratelimit else {
+        return policy_of(None);
+    };
+    let items = members(field);
+    let mut best: Option<Observed> = None;
+    for m in &items {
+        let Some(remaining) = m.get("r").and_then(parse_count) else {
+            continue;
+        };
+        let o = Observed {
+            remaining: Some(remaining),
+            reset: m.get("t").and_then(|t| parse_seconds(t, now)),
+            policy: m.name.map(Into::into),
+            ..policy_of(m.name)
+        };
+        if best.as_ref().is_none_or(|b| more_restrictive(&o, b)) {
+            best = Some(o);
+        }
+    }
+    if let Some(best) = best {
+        return best;
+    }
+    // The older draft: `limit=100, remaining=42, reset=30` as list members.
+    let older = |key: &str| {
+        items
+            .iter()
+            .flat_map(|m| m.params.iter())
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| *v)
+    };
+    // A `limit` other than the policy's quota is another counter's.
+    let base = match older("limit").and_then(parse_count) {
+        Some(limit) if policy_of(None).limit != Some(limit) => Observed {
+            limit: Some(limit),
+            ..Observed::default()
+        },
+        _ => policy_of(None),
+    };
+    Observed {
+        remaining: older("remaining").and_then(parse_count),
+        reset: older("reset").and_then(|t| parse_seconds(t, now)),
+        ..base
+    }
+}
+
+#[cfg(test)]
+mod tests;

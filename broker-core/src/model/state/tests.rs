@@ -1,0 +1,243 @@
+//! Tests of [`super`].
+
+use super::*;
+
+#[test]
+fn a_verdict_and_a_decision_convert_both_ways_without_loss() {
+    let decisions = [
+        Decision::allow(None),
+        Decision::allow(Some(7)),
+        Decision::deny(DenyReason::Rate, 0),
+        Decision::deny(DenyReason::Rate, 1_500_000),
+        Decision::deny(DenyReason::Concurrency, 0),
+    ];
+    for d in decisions {
+        let v = Verdict::from(d);
+        assert_eq!(Decision::from(v), d, "{v:?}");
+        assert_eq!(v.allowed(), d.allowed);
+    }
+    assert_eq!(std::mem::size_of::<Verdict>(), 16, "two words");
+}
+use crate::limits::RateLimit;
+use proptest::prelude::*;
+
+/// 100 a second and 100 a minute: a counter of 100 whose reset is a
+/// second away fits both, and read as the shorter one's, left the
+/// minute's budget full. Its IETF window (`w=60`) names the minute's
+/// bucket, paced or not; without one, the shorter window is read.
+#[test]
+fn a_counter_with_a_window_narrows_the_bucket_of_that_window() {
+    let spent = |window: Option<u64>| ObservedLimit {
+        requests: Some(crate::observed::Observed {
+            limit: Some(100),
+            remaining: Some(0),
+            reset: Some(std::time::Duration::from_secs(1)),
+            window: window.map(std::time::Duration::from_secs),
+            policy: Some("default".into()),
+        }),
+        ..ObservedLimit::default()
+    };
+    // The second one paced 5% under (`pacing::paced`): 63,157,895 µs.
+    for minute_ms in [60_000, 63_158] {
+        let spec = spec(
+            &[(100, 1_000, 100, false), (100, minute_ms, 100, false)],
+            None,
+        );
+        let described = |o: &ObservedLimit| {
+            (0..2)
+                .filter(|i| observed_for(&spec, o, *i).is_some())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(described(&spent(Some(60))), [1], "{minute_ms}");
+        assert_eq!(described(&spent(None)), [0], "{minute_ms}");
+        let mut s = ResourceState::fresh(&spec, 0);
+        reconcile(&mut s, &spec, 0, &spent(Some(60)));
+        let one = Cost::requests(1);
+        assert_eq!(wait_all(&s, &spec, 0, one), 1_000_000, "{minute_ms}");
+        // The second's bucket is untouched.
+        let first = LimitSpec {
+            buckets: spec.buckets[..1].to_vec(),
+            ..spec.clone()
+        };
+        let s0 = ResourceState {
+            buckets: s.buckets[..1].to_vec(),
+            ..s.clone()
+        };
+        assert_eq!(wait_all(&s0, &first, 0, one), 0, "{minute_ms}");
+    }
+}
+
+/// A resource with a concurrency limit alone has no bucket for a
+/// penalty to hold: the state-wide hold denies every `try` by rate,
+/// with the wait to its end and no slot taken, puts a booking after
+/// it, is never shortened, keeps the state from being dropped, and
+/// ends on time.
+#[test]
+fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
+    let spec = spec(&[], Some(2));
+    let mut s = ResourceState::fresh(&spec, 0);
+    assert!(try_acquire(&mut s, &spec, 0, Cost::default(), 1).allowed);
+    penalize(&mut s, &spec, 1_000, 5_001_000);
+    penalize(&mut s, &spec, 2_000, 3_000_000);
+    assert_eq!(s.hold, 5_001_000, "never shortened");
+    assert_eq!(
+        try_acquire(&mut s, &spec, 1_000_000, Cost::default(), 2),
+        Decision::deny(DenyReason::Rate, 4_001_000)
+    );
+    assert_eq!(s.leases.len(), 1, "no slot taken while held");
+    let late = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
+    assert_eq!((late.wait, late.booked), (4_001_000, false));
+    let booked = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
+    assert_eq!((booked.wait, booked.booked), (4_001_000, true));
+    assert_eq!(booked.since, Marks::uniform(1_000_000).due_at(5_001_000));
+    assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
+    release(&mut s, 1);
+    assert!(!is_idle(&s, &spec, 5_000_999));
+    assert_eq!(ttl(&s, &spec, 5_000_000), 1_000);
+    assert!(is_idle(&s, &spec, 5_001_000));
+    assert_eq!(
+        try_acquire(&mut s, &spec, 5_001_000, Cost::default(), 3),
+        Decision::allow(Some(3))
+    );
+    // Without any limit, the hold is all there is to wait for.
+    let none = self::spec(&[], None);
+    let mut s = ResourceState::fresh(&none, 0);
+    penalize(&mut s, &none, 0, u64::MAX);
+    assert_eq!(
+        try_acquire(&mut s, &none, 7, Cost::default(), 0),
+        Decision::deny(DenyReason::Rate, u64::MAX - 7)
+    );
+}
+
+/// With rate limits, a penalty holds the buckets (`nb`) and leaves the
+/// state-wide hold at 0, so such states are what they were.
+#[test]
+fn a_penalty_with_rate_limits_holds_the_buckets_only() {
+    for max_concurrent in [None, Some(2)] {
+        let spec = spec(
+            &[(1, 1_000, 3, false), (10, 1_000, 30, true)],
+            max_concurrent,
+        );
+        let mut s = ResourceState::fresh(&spec, 0);
+        penalize(&mut s, &spec, 0, 2_000_000);
+        assert_eq!(s.hold, 0);
+        assert!(s.buckets.iter().all(|b| b.nb == 2_000_000));
+    }
+}
+
+/// `hold_left` reads the holds of the buckets a cost draws on, not
+/// their tokens: a spent tokens counter holds a call of tokens, not
+/// one of requests alone; a penalty holds both. Each bucket's hold is
+/// read from its own time, so a caller whose clock lags waits no
+/// longer than the store would make it. Without rate limits, the
+/// state's hold.
+#[test]
+fn hold_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
+    let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], None);
+    let requests = Cost::default();
+    let tokens = Cost {
+        requests: 1,
+        tokens: 5,
+    };
+    let mut s = ResourceState::fresh(&two, 0);
+    while try_acquire(&mut s, &two, 0, requests, 0).allowed {}
+    assert_eq!(hold_left(&s, &two, 0, requests), 0, "drained, not held");
+    s.buckets[1].nb = 2_000_000;
+    assert_eq!(hold_left(&s, &two, 0, requests), 0);
+    assert_eq!(hold_left(&s, &two, 500_000, tokens), 1_500_000);
+    assert_eq!(hold_left(&s, &two, 2_000_000, tokens), 0);
+    s.buckets[1].ts = 500_000;
+    assert_eq!(hold_left(&s, &two, 0, tokens), 1_500_000, "a lagging clock");
+    penalize(&mut s, &two, 500_000, 3_000_000);
+    assert_eq!(hold_left(&s, &two, 1_000_000, requests), 2_000_000);
+    assert_eq!(hold_left(&s, &two, 1_000_000, tokens), 2_000_000);
+    let none = spec(&[], Some(1));
+    let mut s = ResourceState::fresh(&none, 0);
+    penalize(&mut s, &none, 0, 1_000_000);
+    assert_eq!(hold_left(&s, &none, 250_000, requests), 750_000);
+    assert_eq!(hold_left(&s, &none, 1_000_000, requests), 0);
+}
+
+/// A reload to another number of rate limits keeps the penalty, from
+/// buckets to buckets, from buckets to the state-wide hold and back,
+/// and the leases; with no penalty in force the state is fresh.
+#[test]
+fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
+    let one = spec(&[(1, 1_000, 3, false)], Some(2));
+    let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], Some(2));
+    let none = spec(&[], Some(2));
+    let mut s = ResourceState::fresh(&one, 0);
+    assert!(try_acquire(&mut s, &one, 0, Cost::default(), 7).allowed);
+    penalize(&mut s, &one, 0, 3_000_000);
+    let s = adopt(s, &two, 1_000_000);
+    assert_eq!(s.leases.len(), 1);
+    assert!(s
+        .buckets
+        .iter()
+        .zip(&two.buckets)
+        .all(|(b, (_, p))| b.nb == 3_000_000 && b.tokens == p.capacity()));
+    assert_eq!(wait_all(&s, &two, 1_000_000, Cost::default()), 2_000_000);
+    let s = adopt(s, &none, 1_500_000);
+    assert_eq!((s.hold, s.leases.len()), (3_000_000, 1));
+    assert_eq!(wait_all(&s, &none, 1_500_000, Cost::default()), 1_500_000);
+    let s = adopt(s, &one, 2_000_000);
+    assert_eq!((s.hold, s.buckets[0].nb), (0, 3_000_000));
+    assert_eq!(wait_all(&s, &one, 2_000_000, Cost::default()), 1_000_000);
+    // Over: a fresh state, the lease kept.
+    let s = adopt(s, &two, 3_000_000);
+    let fresh = ResourceState {
+        leases: s.leases.clone(),
+        ..ResourceState::fresh(&two, 3_000_000)
+    };
+    assert_eq!(s, fresh);
+    assert_eq!(held_until(&s), 0);
+}
+
+fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {
+    let mut limits = Limits::new();
+    for &(amount, period_ms, burst, tokens) in rates {
+        let unit = if tokens { Unit::Tokens } else { Unit::Requests };
+        limits = limits.rate(
+            RateLimit::per(amount, std::time::Duration::from_millis(period_ms))
+                .with_burst(burst)
+                .unit(unit),
+        );
+    }
+    limits.max_concurrent = max_concurrent;
+    LimitSpec::new(&limits, std::time::Duration::from_secs(1))
+}
+
+proptest! {
+    /// `try` decides and leaves exactly the state that the two-pass
+    /// reference does, step after step, for any number of limits.
+    #[test]
+    fn try_equals_the_two_pass_reference(
+        rates in prop::collection::vec((1u64..50, 1u64..2_000, 1u64..20, any::<bool>()), 0..4),
+        max_concurrent in prop::option::of(1u32..4),
+        steps in prop::collection::vec((0u64..400_000, 0u64..6, 0u64..25), 1..60),
+    ) {
+        let spec = spec(&rates, max_concurrent);
+        let mut fast = ResourceState::fresh(&spec, 0);
+        let mut reference = fast.clone();
+        let mut one_bucket = fast.buckets.clone();
+        let mut now = 0;
+        for (i, (dt, requests, tokens)) in steps.into_iter().enumerate() {
+            now += dt;
+            let cost = Cost { requests, tokens };
+            let a = try_acquire(&mut fast, &spec, now, cost, i as LeaseId);
+            let b = try_acquire_in_two_passes(&mut reference, &spec, now, cost, i as LeaseId);
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(&fast, &reference);
+            // The one-bucket path, where it applies, on its own copy.
+            if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
+                let one = &mut one_bucket[0];
+                let c = match try_take_one(one, *unit, p, now, cost) {
+                    Ok(()) => Decision::allow(None),
+                    Err(short) => Decision::deny(DenyReason::Rate, short.micros()),
+                };
+                prop_assert_eq!(c, b);
+                prop_assert_eq!(&one_bucket, &reference.buckets);
+            }
+        }
+    }
+}

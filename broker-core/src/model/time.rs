@@ -1,0 +1,35 @@
+//! Time in the model: whole microseconds, and the one rounding rule that
+//! turns a fractional wait into them.
+
+use std::time::Duration;
+
+/// A point in time, in microseconds since a clock-defined origin.
+pub type Micros = u64;
+
+/// Converts a [`Duration`] to whole microseconds, saturating.
+///
+/// ```
+/// use broker_core::clock::micros;
+/// assert_eq!(micros(std::time::Duration::from_millis(3)), 3_000);
+/// ```
+pub fn micros(d: Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Rounds a wait in µs up to a whole µs, except that a value within a
+/// nanosecond of a whole µs is taken as that µs: fractional tokens carry
+/// float noise of far less than that, and rounding the noise up would send
+/// a booked request a whole µs late (a strict upstream whose bucket is full
+/// at that moment loses the µs of refill).
+/// Not a positive number: 0.
+pub fn ceil_micros(x: f64) -> Micros {
+    if x.is_nan() || x <= 0.0 {
+        return 0;
+    }
+    let whole = x as Micros;
+    if x - (whole as f64) < 1e-3 {
+        whole
+    } else {
+        whole.saturating_add(1)
+    }
+}
