@@ -34,7 +34,7 @@ pub struct Decision {
     /// Whether a shared store's failure policy answered in this process
     /// while the store was out of reach, so that the cost is not in the
     /// store (it went to this process's fallback bucket, or nowhere):
-    /// settle it with [`Marks::ANSWERED_HERE`]. Set by the store, never by
+    /// settle it with [`Marks::ANSWERED_HERE`](super::state::Marks::ANSWERED_HERE). Set by the store, never by
     /// the state machine.
     pub answered_here: bool,
 }
