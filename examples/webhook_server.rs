@@ -37,7 +37,7 @@ struct Claims {
 }
 
 /// The signature of `tenant`: the first 8 bytes of SHA-256 over the secret,
-/// `:` and the tenant, in hex (what `resource_broker::keys::fingerprint` gives
+/// `:` and the tenant, in hex (what `resource_broker::store::keys::fingerprint` gives
 /// for `"<secret>:<tenant>"`), made without allocating: it is checked on
 /// every request.
 fn signature(tenant: &str) -> [u8; 16] {

@@ -28,7 +28,48 @@
 // The README's snippets are compiled as a user's crate's doc tests
 // (tests/user_crate.rs), where only the facade is in scope.
 
-pub use broker_core::*;
+pub use broker_core::{
+    Acquisition, BackendError, BrokerError, BrokerStats, Clock, ConfigError, Cost, EnqueueError,
+    Limits, ManualClock, Outcome, OutcomeClass, Permit, RateLimit, ResourceBroker, ResourceConfig,
+    ResourceHandle, ResourceStats, RetryPolicy, SystemClock, TokioClock, Unit,
+};
+
+/// The argument and future types of the broker's calls, for code that
+/// names them (`Attempt` in an `enqueue` closure, `Target` in a generic
+/// function).
+pub mod calls {
+    pub use broker_core::{
+        Attempt, EntryError, OnOtherLimits, Target, TryAcquire, TryAcquireOnHandle,
+    };
+}
+
+/// Reading an upstream's rate-limit headers into an observation the broker
+/// reconciles (`headers::parse`).
+pub mod headers {
+    pub use broker_core::headers::*;
+    pub use broker_core::{Observed, ObservedLimit};
+}
+
+/// Config documents: limits, resources, supplier bucket classes.
+pub mod config {
+    pub use broker_core::config::*;
+    pub use broker_core::supplier;
+}
+
+/// Counters and health that `ResourceBroker::stats` reports.
+pub mod stats {
+    pub use broker_core::stats::*;
+}
+
+/// For writers of a state store: the store trait and the model it runs
+/// (the bucket, the state over several limits, keys and their fingerprints).
+pub mod store {
+    pub use broker_core::{backend::*, bucket, keys, state};
+    pub use broker_core::{
+        Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros, RefillTime,
+        Reservation, Verdict,
+    };
+}
 
 #[cfg(feature = "memory")]
 pub use broker_memory::MemoryBackend;
