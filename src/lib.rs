@@ -24,6 +24,7 @@
 //! assert!(third.wait_time.as_millis() > 0);
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 // The README's snippets are compiled as a user's crate's doc tests
 // (tests/user_crate.rs), where only the facade is in scope.

@@ -12,6 +12,7 @@
 //! - [`capture_scoped`]: a thread's own `tracing` subscriber that no other
 //!   test thread can blind.
 //! - [`allowed_in_a_row`]: how many calls a resource lets through now.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod down_backend;
