@@ -14,90 +14,20 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::Request;
-use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::middleware;
 use axum::routing::post;
 use axum::Router;
 use resource_broker::axum::{FromExtension, Pressure, PressureConfig};
 use resource_broker::{MemoryBackend, ResourceBroker};
-use sha2::{Digest, Sha256};
 use tower::ServiceBuilder;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::{GlobalKeyExtractor, KeyExtractor};
 use tower_governor::{GovernorError, GovernorLayer};
 
-/// The key tokens are "signed" with, as in the example.
-const SIGNING_SECRET: &str = "example-signing-secret";
+#[path = "../examples/webhook/mod.rs"]
+mod webhook;
 
-/// What authentication puts in the request: the tenant's namespace.
-#[derive(Clone, Debug)]
-struct Claims {
-    namespace_id: String,
-}
-
-/// The first 8 bytes of SHA-256 over `<secret>:<tenant>`, in hex.
-fn signature(tenant: &str) -> [u8; 16] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::new()
-        .chain_update(SIGNING_SECRET)
-        .chain_update(":")
-        .chain_update(tenant)
-        .finalize();
-    let mut hex = [0u8; 16];
-    for (i, b) in digest[..8].iter().enumerate() {
-        hex[2 * i] = HEX[usize::from(b >> 4)];
-        hex[2 * i + 1] = HEX[usize::from(b & 0xf)];
-    }
-    hex
-}
-
-/// `<tenant>.<signature>`, the bearer token of `--print-token`.
-fn sign(tenant: &str) -> String {
-    format!("{tenant}.{}", String::from_utf8_lossy(&signature(tenant)))
-}
-
-fn verify(token: &str) -> Option<Claims> {
-    let (tenant, signed) = token.rsplit_once('.')?;
-    (signed.as_bytes() == signature(tenant)).then(|| Claims {
-        namespace_id: tenant.to_owned(),
-    })
-}
-
-/// Authentication: a valid bearer token puts its [`Claims`] in the request.
-async fn authenticate(mut req: Request, next: Next) -> Response {
-    let claims = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(verify);
-    match claims {
-        Some(claims) => {
-            req.extensions_mut().insert(claims);
-            next.run(req).await
-        }
-        None => (StatusCode::UNAUTHORIZED, "bad or missing bearer token\n").into_response(),
-    }
-}
-
-/// Reads the payload whole, as the example's receiver does.
-async fn receive_webhook(body: Body) -> Response {
-    match axum::body::to_bytes(body, 1 << 20).await {
-        Ok(_payload) => (StatusCode::ACCEPTED, "queued\n").into_response(),
-        Err(e) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                (StatusCode::PAYLOAD_TOO_LARGE, "not queued: over 1 MiB\n").into_response()
-            } else {
-                (StatusCode::BAD_REQUEST, "not queued: body cut off\n").into_response()
-            }
-        }
-    }
-}
+use webhook::{authenticate, receive_webhook, sign, Claims};
 
 #[derive(Debug)]
 struct Args {

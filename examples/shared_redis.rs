@@ -12,7 +12,7 @@
 //! the quota (`pacing_margin`) to absorb scheduling jitter between the
 //! processes.
 //!
-//! Run: `REDIS_URL=redis://127.0.0.1:6379/ cargo run --example shared_redis`
+//! Run: `REDIS_URL=redis://127.0.0.1:6379/ cargo run --example shared_redis --features redis`
 //! (`REDIS_URL` defaults to `redis://127.0.0.1:6379/`; keys live under a
 //! fresh prefix and expire by themselves).
 

@@ -3,9 +3,9 @@
 //! signed bearer token, and the stats endpoint behind an admin token.
 //!
 //! ```text
-//! cargo run --example webhook_server -- --port 3000
-//! cargo run --example webhook_server -- --print-token acme      # a bearer token for tenant "acme"
-//! curl -X POST -H "Authorization: Bearer $(cargo run -q --example webhook_server -- --print-token acme)" \
+//! cargo run --example webhook_server --features axum,redis -- --port 3000
+//! cargo run --example webhook_server --features axum,redis -- --print-token acme      # a bearer token for tenant "acme"
+//! curl -X POST -H "Authorization: Bearer $(cargo run -q --example webhook_server --features axum,redis -- --print-token acme)" \
 //!      http://127.0.0.1:3000/api/v1/webhooks/stripe
 //! curl -H "x-admin-token: dev-admin" http://127.0.0.1:3000/admin/pressure/stats
 //! ```
@@ -15,92 +15,19 @@
 //!
 //! Stops cleanly on Ctrl-C or SIGTERM.
 
-use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
 use resource_broker::axum::{stats_router, FromExtension, Pressure, PressureConfig};
 use resource_broker::ResourceBroker;
-use sha2::{Digest, Sha256};
 use tower::ServiceBuilder;
 
-/// The key the example "signs" tokens with. A real server verifies a JWT.
-const SIGNING_SECRET: &str = "example-signing-secret";
+mod webhook;
 
-/// What authentication puts in the request: the tenant's namespace.
-#[derive(Clone, Debug)]
-struct Claims {
-    namespace_id: String,
-}
-
-/// The signature of `tenant`: the first 8 bytes of SHA-256 over the secret,
-/// `:` and the tenant, in hex (what `resource_broker::store::keys::fingerprint` gives
-/// for `"<secret>:<tenant>"`), made without allocating: it is checked on
-/// every request.
-fn signature(tenant: &str) -> [u8; 16] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::new()
-        .chain_update(SIGNING_SECRET)
-        .chain_update(":")
-        .chain_update(tenant)
-        .finalize();
-    let mut hex = [0u8; 16];
-    for (i, b) in digest[..8].iter().enumerate() {
-        hex[2 * i] = HEX[usize::from(b >> 4)];
-        hex[2 * i + 1] = HEX[usize::from(b & 0xf)];
-    }
-    hex
-}
-
-/// `<tenant>.<signature>`: enough to show a tenant taken from a verified
-/// credential.
-fn sign(tenant: &str) -> String {
-    format!("{tenant}.{}", String::from_utf8_lossy(&signature(tenant)))
-}
-
-fn verify(token: &str) -> Option<Claims> {
-    let (tenant, signed) = token.rsplit_once('.')?;
-    (signed.as_bytes() == signature(tenant)).then(|| Claims {
-        namespace_id: tenant.to_owned(),
-    })
-}
-
-/// Authentication: a valid bearer token puts its [`Claims`] in the request.
-async fn authenticate(mut req: Request, next: Next) -> Response {
-    let claims = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(verify);
-    match claims {
-        Some(claims) => {
-            req.extensions_mut().insert(claims);
-            next.run(req).await
-        }
-        None => (StatusCode::UNAUTHORIZED, "bad or missing bearer token\n").into_response(),
-    }
-}
-
-async fn receive_webhook(body: Body) -> Response {
-    // A real receiver would put the payload on a queue here; one it could
-    // not read whole (over 1 MiB, or the upload cut off) is not queued.
-    match axum::body::to_bytes(body, 1 << 20).await {
-        Ok(_payload) => (StatusCode::ACCEPTED, "queued\n").into_response(),
-        Err(e) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                (StatusCode::PAYLOAD_TOO_LARGE, "not queued: over 1 MiB\n").into_response()
-            } else {
-                (StatusCode::BAD_REQUEST, "not queued: body cut off\n").into_response()
-            }
-        }
-    }
-}
+use webhook::{authenticate, receive_webhook, sign, Claims};
 
 #[derive(Debug)]
 struct Args {
