@@ -73,7 +73,9 @@ fn cargo(dir: &Path, args: &[&str]) {
 
 #[test]
 fn readme_snippets_and_examples_build_with_the_facade_only() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("user-crate");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("Cargo.toml"), manifest(root)).unwrap();
