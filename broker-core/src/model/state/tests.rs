@@ -1,5 +1,6 @@
 //! Tests of [`super`].
 
+use super::take::try_acquire_in_two_passes;
 use super::*;
 
 #[test]

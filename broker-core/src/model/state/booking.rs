@@ -1,0 +1,91 @@
+//! What a booking answers and keeps: the [`Reservation`] of `reserve`
+//! and the [`Marks`] a settlement reads.
+
+use super::Micros;
+
+/// The answer of `reserve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// How long after now the booked cost may be used.
+    pub wait: Micros,
+    /// False when the wait exceeded `max_wait` and nothing was booked.
+    pub booked: bool,
+    /// The booking's marks on the store's clock, one per bucket, for a
+    /// settlement of this reservation (`settle`'s `since`).
+    pub since: Marks,
+}
+
+/// How many buckets of a booking have a mark of their own in [`Marks`].
+pub const MARKED: usize = 4;
+
+/// A booking's marks, one per bucket: the store's now at the booking, or,
+/// for a bucket the cost is charged to, the end of the hold the bucket was
+/// under then if later. A bucket held past its mark was held after the
+/// booking (a hold never shortens `nb`). Buckets from the fourth on share
+/// the fourth mark, the earliest of theirs. With them, the booking's `due`
+/// time: when its cost is used, on the store's clock.
+///
+/// ```
+/// use broker_core::state::Marks;
+/// let m = Marks::new(1_000, [1_000, 5_000]).due_at(6_000);
+/// assert_eq!((m.of(0), m.of(1), m.of(2), m.due()), (1_000, 5_000, 1_000, 6_000));
+/// assert_eq!((Marks::uniform(7).of(9), Marks::uniform(7).due()), (7, 7));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marks {
+    marks: [Micros; MARKED],
+    due: Micros,
+}
+
+impl Marks {
+    /// The marks of a booking a store's failure policy answered outside the
+    /// store (its local fallback, or no store at all) while the store was
+    /// out of reach: a time no store gives. The store settles such a
+    /// booking where its cost went, and the broker passes these marks on
+    /// whatever the limits are now.
+    pub const ANSWERED_HERE: Self = Self {
+        marks: [Micros::MAX; MARKED],
+        due: Micros::MAX,
+    };
+
+    /// The same mark for every bucket: a booking at `at` under no hold,
+    /// due at once.
+    pub fn uniform(at: Micros) -> Self {
+        Self {
+            marks: [at; MARKED],
+            due: at,
+        }
+    }
+
+    /// The marks of buckets `0, 1, ...` in order, as of `now` (a bucket
+    /// past the last given has `now`), due at `now`.
+    pub fn new(now: Micros, marks: impl IntoIterator<Item = Micros>) -> Self {
+        let mut out = [now; MARKED];
+        for (i, m) in marks.into_iter().enumerate() {
+            match out.get_mut(i) {
+                Some(slot) => *slot = m,
+                None => out[MARKED - 1] = out[MARKED - 1].min(m),
+            }
+        }
+        Self {
+            marks: out,
+            due: now,
+        }
+    }
+
+    /// These marks, of a booking due at `due` on the store's clock.
+    pub fn due_at(self, due: Micros) -> Self {
+        Self { due, ..self }
+    }
+
+    /// Bucket `i`'s mark.
+    pub fn of(&self, i: usize) -> Micros {
+        self.marks[i.min(MARKED - 1)]
+    }
+
+    /// When the booking's cost is used, on the store's clock (`settle`
+    /// gives back only what no later booking was granted).
+    pub fn due(&self) -> Micros {
+        self.due
+    }
+}

@@ -1,0 +1,188 @@
+//! Taking from the buckets: `try`, `reserve` and `settle` over all rate
+//! limits at once (all pass or nothing is taken).
+
+use super::{
+    costs, hold_slot, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros, Reservation,
+    ResourceState,
+};
+use crate::model::bucket::{self, BucketParams, BucketState, Shortfall};
+use crate::model::limits::{Cost, Unit};
+
+/// The longest wait among the buckets for `cost` at `now`, changing nothing.
+/// A resource without rate limits waits for its [`ResourceState::hold`]
+/// alone, whatever the cost.
+pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
+    if spec.buckets.is_empty() {
+        return state.hold.saturating_sub(now);
+    }
+    let mut wait = 0;
+    for (((_, p), c), s) in spec
+        .buckets
+        .iter()
+        .zip(costs(spec, cost))
+        .zip(&state.buckets)
+    {
+        if c > 0.0 {
+            let now = now.max(s.ts);
+            wait = wait.max(bucket::wait_for(&bucket::refill(*s, p, now), p, now, c));
+        }
+    }
+    wait
+}
+
+/// Books `cost` in every bucket for the same send time, `wait` after now.
+fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost, wait: Micros) {
+    for (((_, p), c), s) in spec
+        .buckets
+        .iter()
+        .zip(costs(spec, cost))
+        .zip(&mut state.buckets)
+    {
+        if c > 0.0 {
+            *s = bucket::book(*s, p, now, c, wait);
+        }
+    }
+}
+
+/// `try` over all limits: takes `cost` from every bucket and, if the
+/// resource has a concurrency limit, a slot under `lease`, or nothing at all.
+/// A zero cost for a bucket skips that bucket. A resource without rate
+/// limits is denied by rate while its [`ResourceState::hold`] lasts, with
+/// the wait to its end (see [`wait_all`]).
+pub fn try_acquire(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    cost: Cost,
+    lease: LeaseId,
+) -> Decision {
+    let ([(unit, p)], [s]) = (spec.buckets.as_slice(), state.buckets.as_slice()) else {
+        return try_acquire_in_two_passes(state, spec, now, cost, lease);
+    };
+    // One rate limit (the common case): what `wait_all` then `take_all`
+    // compute, with the bucket refilled once.
+    let taken = match take_one(*s, p, now, cost.of(*unit) as f64) {
+        Ok(taken) => taken,
+        Err(wait) => return Decision::deny(DenyReason::Rate, wait),
+    };
+    if !hold_slot(state, spec, now, lease) {
+        return Decision::deny(DenyReason::Concurrency, 0);
+    }
+    state.buckets[0] = taken;
+    Decision::allow(spec.max_concurrent.map(|_| lease))
+}
+
+/// [`try_acquire`] for a resource of one rate limit and no concurrency
+/// limit, on its one bucket: the same decision and the same new bucket,
+/// with a denial's wait left unrounded. A caller deciding under a lock
+/// rounds it ([`Shortfall::micros`]) after releasing the lock.
+pub fn try_take_one(
+    bucket: &mut BucketState,
+    unit: Unit,
+    params: &BucketParams,
+    now: Micros,
+    cost: Cost,
+) -> Result<(), Shortfall> {
+    take(bucket, params, now, cost.of(unit) as f64)
+}
+
+/// One bucket's part of `try`: takes `c` from the bucket, or leaves it and
+/// gives the shortfall.
+fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
+    if c <= 0.0 {
+        return Ok(());
+    }
+    let now = now.max(bucket.ts);
+    let r = bucket::refill(*bucket, p, now);
+    if let Some(short) = bucket::shortfall(&r, p, now, c) {
+        return Err(short);
+    }
+    *bucket = BucketState {
+        tokens: r.tokens - c,
+        ..r
+    };
+    Ok(())
+}
+
+/// [`take`] on a copy: the bucket with `c` taken, or the wait.
+fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
+    let mut taken = s;
+    take(&mut taken, p, now, c)
+        .map(|()| taken)
+        .map_err(Shortfall::micros)
+}
+
+/// [`try_acquire`] as the composition of [`wait_all`] and `take_all`: any
+/// number of limits, and the reference the one-limit path is checked
+/// against.
+pub(super) fn try_acquire_in_two_passes(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    cost: Cost,
+    lease: LeaseId,
+) -> Decision {
+    let wait = wait_all(state, spec, now, cost);
+    if wait > 0 {
+        return Decision::deny(DenyReason::Rate, wait);
+    }
+    if !hold_slot(state, spec, now, lease) {
+        return Decision::deny(DenyReason::Concurrency, 0);
+    }
+    book_all(state, spec, now, cost, 0);
+    Decision::allow(spec.max_concurrent.map(|_| lease))
+}
+
+/// `reserve` over all rate limits: books `cost` in every bucket for the
+/// latest of their earliest times, or books nothing if that is beyond
+/// `max_wait`. Concurrency slots are not reserved (see [`hold_slot`]).
+/// A resource without rate limits books for the end of its
+/// [`ResourceState::hold`] (the wait is the time left of it; nothing to
+/// take, so nothing changes).
+pub fn reserve(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    cost: Cost,
+    max_wait: Micros,
+) -> Reservation {
+    let wait = wait_all(state, spec, now, cost);
+    let marks =
+        costs(spec, cost)
+            .zip(&state.buckets)
+            .map(|(c, s)| if c > 0.0 { s.nb.max(now) } else { now });
+    let since = Marks::new(now, marks).due_at(now.saturating_add(wait));
+    if wait > max_wait {
+        return Reservation {
+            wait,
+            booked: false,
+            since,
+        };
+    }
+    book_all(state, spec, now, cost, wait);
+    Reservation {
+        wait,
+        booked: true,
+        since,
+    }
+}
+
+/// `settle`: corrects the charge of every bucket from `reserved` to
+/// `actual`. `since`: the settled reservation's [`Reservation::since`], if
+/// there was one: its marks and its due time (see [`bucket::settle`]).
+pub fn settle(
+    state: &mut ResourceState,
+    spec: &LimitSpec,
+    now: Micros,
+    reserved: Cost,
+    actual: Cost,
+    since: Option<Marks>,
+) {
+    for (i, (u, p)) in spec.buckets.iter().enumerate() {
+        let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
+        if delta != 0.0 {
+            let (mark, due) = (since.map(|m| m.of(i)), since.map(|m| m.due()));
+            state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, mark, due);
+        }
+    }
+}
