@@ -7,8 +7,9 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use broker_core::Permit;
-use http::{header, Method, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
+use tower::Service;
 
 use crate::body::PermitBody;
 
@@ -32,6 +33,15 @@ impl<F> Carry<F> {
             permit,
             connect,
         }
+    }
+
+    /// Calls `inner` with `req`, the response taking `permit` along.
+    pub(crate) fn call<S, ReqB>(inner: &mut S, req: Request<ReqB>, permit: Permit) -> Self
+    where
+        S: Service<Request<ReqB>, Future = F>,
+    {
+        let method = req.method().clone();
+        Self::new(inner.call(req), permit, &method)
     }
 }
 

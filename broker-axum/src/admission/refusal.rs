@@ -107,3 +107,12 @@ impl Refusal {
         res
     }
 }
+
+/// The response of the refusal in `slot`, taken from it: a stage's future
+/// answers it once, and panics if polled again after completion.
+pub(crate) fn respond_once<B: PermitBody>(slot: &mut Option<Refusal>) -> Response<B> {
+    let refusal = slot.take();
+    refusal
+        .expect("admission future polled after completion")
+        .respond()
+}

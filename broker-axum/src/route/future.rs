@@ -10,12 +10,12 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::admission::acquire::{acquire, Answer};
+use crate::admission::acquire::Answer;
 use crate::admission::carry::Carry;
 use crate::admission::charge::Charge;
 use crate::admission::refund::{spawn_refund, Refund, Refunding};
-use crate::admission::refusal::{judge, Refusal};
-use crate::admission::{AcquireFuture, Call};
+use crate::admission::refusal::{judge, respond_once, Refusal};
+use crate::admission::waiting::{Call, Waiting};
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
@@ -60,9 +60,7 @@ pin_project! {
     {
         // The store needs I/O: waiting for the broker's answer.
         Admitting {
-            acquire: AcquireFuture,
-            call: Option<Box<Call<S, ReqB>>>,
-            policy: Arc<Policy>,
+            waiting: Waiting<S, ReqB>,
         },
         // Admitted; `charged` when a tenant stage follows.
         Calling {
@@ -95,9 +93,8 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
     let charged = (policy.has_tenant_stage()).then(|| (Charge::put(&mut req, policy), of));
-    let method = req.method().clone();
     State::Calling {
-        call: Carry::new(inner.call(req), permit, &method),
+        call: Carry::call(inner, req, permit),
         charged,
     }
 }
@@ -147,16 +144,9 @@ where
     where
         S: Clone,
     {
-        let call = Some(Call::take_ready(inner, req));
-        let policy = policy.clone();
-        let asked = policy.clone();
-        let acquire: AcquireFuture = Box::pin(async move { acquire(&asked, stage, None).await });
+        let waiting = Waiting::new(policy, stage, None, inner, req);
         Self {
-            state: State::Admitting {
-                acquire,
-                call,
-                policy,
-            },
+            state: State::Admitting { waiting },
         }
     }
 }
@@ -188,19 +178,15 @@ where
                     let response = Some(Box::new(res));
                     state.set(State::Refunding { refund, response });
                 }
-                StateProj::Admitting {
-                    acquire,
-                    call,
-                    policy,
-                } => {
+                StateProj::Admitting { waiting } => {
+                    let (answer, call) = ready!(waiting.poll_answer(cx));
                     let Answer {
                         result,
                         stage,
                         answered_here,
-                    } = ready!(acquire.as_mut().poll(cx));
-                    let call = call.take().expect("ResponseFuture polled after completion");
-                    let Call { mut inner, req } = *call;
-                    let policy = policy.clone();
+                    } = answer;
+                    let Call { mut inner, req } = call;
+                    let policy = waiting.policy.clone();
                     let next = match judge(&policy, stage, result, None) {
                         Ok(permit) => {
                             let of = Refund {
@@ -221,11 +207,7 @@ where
                     let response = response.expect("ResponseFuture polled after completion");
                     return Poll::Ready(Ok(*response));
                 }
-                StateProj::Refused { refusal } => {
-                    let refusal = refusal.take();
-                    let refusal = refusal.expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(refusal.respond()));
-                }
+                StateProj::Refused { refusal } => return Poll::Ready(Ok(respond_once(refusal))),
             }
         }
     }

@@ -11,11 +11,11 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::keys::TenantId;
-use crate::admission::acquire::{acquire, Answer};
+use crate::admission::acquire::Answer;
 use crate::admission::carry::Carry;
 use crate::admission::charge::Charge;
-use crate::admission::refusal::{judge, Refusal};
-use crate::admission::{AcquireFuture, Call};
+use crate::admission::refusal::{judge, respond_once, Refusal};
+use crate::admission::waiting::{Call, Waiting};
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
@@ -55,9 +55,7 @@ pin_project! {
     {
         // The store needs I/O: waiting for the broker's answer.
         Admitting {
-            acquire: AcquireFuture,
-            call: Option<Box<Call<S, ReqB>>>,
-            policy: Arc<Policy>,
+            waiting: Waiting<S, ReqB>,
             tenant: TenantId,
             charge: Option<Arc<Charge>>,
         },
@@ -77,8 +75,7 @@ where
 {
     /// Calls `inner` with `req`, the response taking `permit` along.
     pub(crate) fn admitted(permit: Permit, inner: &mut S, req: Request<ReqB>) -> Self {
-        let method = req.method().clone();
-        let call = Carry::new(inner.call(req), permit, &method);
+        let call = Carry::call(inner, req, permit);
         Self {
             state: State::Calling { call },
         }
@@ -104,15 +101,10 @@ where
     where
         S: Clone,
     {
-        let call = Some(Call::take_ready(inner, req));
-        let asked = policy.clone();
-        let acquire: AcquireFuture =
-            Box::pin(async move { acquire(&asked, Stage::Tenant, Some(tenant.as_str())).await });
+        let waiting = Waiting::new(policy, Stage::Tenant, Some(tenant), inner, req);
         Self {
             state: State::Admitting {
-                acquire,
-                call,
-                policy: policy.clone(),
+                waiting,
                 tenant,
                 charge,
             },
@@ -133,34 +125,25 @@ where
             match state.as_mut().project() {
                 StateProj::Calling { call } => return call.poll(cx),
                 StateProj::Admitting {
-                    acquire,
-                    call,
-                    policy,
+                    waiting,
                     tenant,
                     charge,
                 } => {
-                    let Answer { result, .. } = ready!(acquire.as_mut().poll(cx));
+                    let (Answer { result, .. }, call) = ready!(waiting.poll_answer(cx));
                     let charge = charge.take();
-                    let call = call.take().expect("TenantFuture polled after completion");
-                    let Call { mut inner, req } = *call;
+                    let Call { mut inner, req } = call;
                     let key = Some(tenant.as_str());
-                    let next = match judge(policy, Stage::Tenant, result, key) {
-                        Ok(permit) => {
-                            let method = req.method().clone();
-                            let call = Carry::new(inner.call(req), permit, &method);
-                            State::Calling { call }
-                        }
+                    let next = match judge(&waiting.policy, Stage::Tenant, result, key) {
+                        Ok(permit) => State::Calling {
+                            call: Carry::call(&mut inner, req, permit),
+                        },
                         Err(refusal) => State::Refused {
                             refusal: Some(refusal.giving_back(charge)),
                         },
                     };
                     state.set(next);
                 }
-                StateProj::Refused { refusal } => {
-                    let refusal = refusal.take();
-                    let refusal = refusal.expect("TenantFuture polled after completion");
-                    return Poll::Ready(Ok(refusal.respond()));
-                }
+                StateProj::Refused { refusal } => return Poll::Ready(Ok(respond_once(refusal))),
             }
         }
     }

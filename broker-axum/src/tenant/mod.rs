@@ -4,7 +4,7 @@
 
 mod extract;
 mod future;
-mod keys;
+pub(crate) mod keys;
 mod layer;
 mod service;
 
