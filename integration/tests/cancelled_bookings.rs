@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use broker_core::{Clock, Cost, LimitSpec, Limits, Micros, RateLimit, Reservation};
 use broker_testkit::{StrictServer, Tally};
+use common::cases::run_numbered;
 use conformance::env::{self, Env};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -101,22 +102,11 @@ async fn sends_after(
 /// `PROPTEST_CASES` (else `cases`) random cases on `env`, each on a key
 /// of its own.
 fn run_cases(env: &Env, rt: &tokio::runtime::Runtime, cases: u32) {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(cases);
-    let mut runner = TestRunner::new(Config {
+    run_numbered(
         cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let n = std::sync::atomic::AtomicU64::new(0);
-    runner
-        .run(&(quota(), steps()), |((burst, amount, period), steps)| {
-            let key = env.key(&format!(
-                "case-{}",
-                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            ));
+        &(quota(), steps()),
+        |n, ((burst, amount, period), steps)| {
+            let key = env.key(&format!("case-{n}"));
             let limits = Limits::new()
                 .rate(RateLimit::per(amount, Duration::from_micros(period)).with_burst(burst));
             let spec = LimitSpec::new(&limits, Duration::from_secs(5));
@@ -130,8 +120,8 @@ fn run_cases(env: &Env, rt: &tokio::runtime::Runtime, cases: u32) {
             };
             prop_assert_eq!(tally, all, "sends {:?}", sends);
             Ok::<(), TestCaseError>(())
-        })
-        .unwrap();
+        },
+    );
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -7,6 +7,8 @@
 //! two replicas of the backend whose clocks differ, each operation issued
 //! by either: the reference is fed the `now` of the replica that issued it.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +19,9 @@ use broker_core::{
 };
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
+use common::cases::run_numbered;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -372,23 +375,10 @@ type Case = (LimitSpec, Micros, Vec<(Replica, Op)>);
 fn run_random_cases(cases: u32, strategy: impl Strategy<Value = Case>) {
     let (server, rt) = server_and_runtime();
     let url = server.url();
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(cases);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
+    run_numbered(cases, &strategy, |n, (spec, lag, steps)| {
+        let key = format!("case-{n}");
+        rt.block_on(run_case(&url, &key, spec, lag, steps))
     });
-    let case = std::sync::atomic::AtomicU64::new(0);
-    runner
-        .run(&strategy, |(spec, lag, steps)| {
-            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let key = format!("case-{n}");
-            rt.block_on(run_case(&url, &key, spec, lag, steps))
-        })
-        .unwrap();
 }
 
 #[test]

@@ -649,29 +649,29 @@ async fn calls_after_a_settlement_of_an_outage(policy: FailurePolicy, reregister
     drained_by_hundreds(&a).await
 }
 
-/// Before, Redis gained the 490 tokens: `a` got 4 more calls of 100.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_booking_answered_during_an_outage_is_not_refunded_to_redis() {
+/// [`calls_after_a_settlement_of_an_outage`] under each policy that
+/// answers during an outage: `a` gets no call more.
+async fn redis_gains_no_tokens_from_an_outage(reregister: bool) {
     for policy in [
         FailurePolicy::LocalFallback { share: 0.5 },
         FailurePolicy::FailOpen,
     ] {
-        let more = calls_after_a_settlement_of_an_outage(policy, false).await;
+        let more = calls_after_a_settlement_of_an_outage(policy, reregister).await;
         assert_eq!(more, 0, "{policy:?}: Redis gained tokens it never lost");
     }
+}
+
+/// Before, Redis gained the 490 tokens: `a` got 4 more calls of 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_answered_during_an_outage_is_not_refunded_to_redis() {
+    redis_gains_no_tokens_from_an_outage(false).await;
 }
 
 /// The same with a re-registration during the outage: the booking's
 /// marks say where it was answered whatever the limits are now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nor_after_a_re_registration() {
-    for policy in [
-        FailurePolicy::LocalFallback { share: 0.5 },
-        FailurePolicy::FailOpen,
-    ] {
-        let more = calls_after_a_settlement_of_an_outage(policy, true).await;
-        assert_eq!(more, 0, "{policy:?}: Redis gained tokens it never lost");
-    }
+    redis_gains_no_tokens_from_an_outage(true).await;
 }
 
 /// A slot taken by a call of a replaced registration, under the latest
@@ -899,43 +899,36 @@ async fn an_acquisition_says_where_its_cost_went() {
 /// restarting, a connection reset after the command went through).
 async fn cutting_proxy(upstream: u16, cut: Arc<std::sync::atomic::AtomicBool>) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
-                continue;
-            };
-            let cut = cut.clone();
-            tokio::spawn(async move {
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
-                let mut doomed = false;
-                loop {
-                    tokio::select! {
-                        n = cr.read(&mut up) => match n {
-                            Ok(n) if n > 0 => {
-                                doomed |= cut.swap(false, Ordering::SeqCst);
-                                if sw.write_all(&up[..n]).await.is_err() { return; }
-                            }
-                            _ => return,
-                        },
-                        n = sr.read(&mut down) => match n {
-                            // Redis ran the command and replied: the
-                            // client never sees the reply.
-                            Ok(_) if doomed => return,
-                            Ok(n) if n > 0 => {
-                                if cw.write_all(&down[..n]).await.is_err() { return; }
-                            }
-                            _ => return,
-                        },
-                    }
+    redis_support::proxy(upstream, move |client, server| {
+        let cut = cut.clone();
+        async move {
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
+            let mut doomed = false;
+            loop {
+                tokio::select! {
+                    n = cr.read(&mut up) => match n {
+                        Ok(n) if n > 0 => {
+                            doomed |= cut.swap(false, Ordering::SeqCst);
+                            if sw.write_all(&up[..n]).await.is_err() { return; }
+                        }
+                        _ => return,
+                    },
+                    n = sr.read(&mut down) => match n {
+                        // Redis ran the command and replied: the
+                        // client never sees the reply.
+                        Ok(_) if doomed => return,
+                        Ok(n) if n > 0 => {
+                            if cw.write_all(&down[..n]).await.is_err() { return; }
+                        }
+                        _ => return,
+                    },
                 }
-            });
+            }
         }
-    });
-    port
+    })
+    .await
 }
 
 /// A settlement that Redis ran, whose reply was lost with its connection

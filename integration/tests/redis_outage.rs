@@ -3,15 +3,17 @@
 //! be sent are kept and sent once it answers again, and no decision waits
 //! longer than the response timeout.
 
-#[allow(dead_code)]
 mod redis_support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker};
-use broker_redis::{FailurePolicy, RedisBackend};
+use broker_core::{
+    Backend, BackendError, Cost, Decision, LimitSpec, Limits, RateLimit, ResourceBroker,
+};
+use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
 use broker_testkit::RedisServer;
+use tokio::task::JoinHandle;
 
 /// Waits (real time, at most 10 s) until `backend` reads up again, with no
 /// call of its own: only the background probe can find Redis back.
@@ -59,17 +61,12 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
 
     let mut calls = Vec::new();
     for _ in 0..50 {
-        let (backend, spec) = (backend.clone(), spec.clone());
-        calls.push(tokio::spawn(async move {
-            let start = std::time::Instant::now();
-            let d = backend.try_acquire("api", &spec, Cost::default()).await;
-            (start.elapsed(), d)
-        }));
+        calls.push(timed_try_acquire(&backend, "api", &spec));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut probes = 0;
     for call in calls {
-        let (took, d) = call.await.unwrap();
+        let (d, took) = call.await.unwrap();
         assert!(d.expect("fail-open").answered_here);
         probes += usize::from(took >= timeout);
     }
@@ -294,36 +291,65 @@ struct Gate {
 async fn holding_proxy(upstream: u16, gate: Arc<Gate>) -> u16 {
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
-                continue;
-            };
+    redis_support::proxy(upstream, move |client, server| {
+        let gate = gate.clone();
+        async move {
             let (mut cr, mut cw) = client.into_split();
             let (mut sr, mut sw) = server.into_split();
             tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
-            let gate = gate.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                while let Ok(n @ 1..) = sr.read(&mut buf).await {
-                    while gate.held.load(Ordering::SeqCst)
-                        && gate
-                            .let_through
-                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                            .is_err()
-                    {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                while gate.held.load(Ordering::SeqCst)
+                    && gate
+                        .let_through
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_err()
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-            });
+                if cw.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
         }
-    });
-    port
+    })
+    .await
+}
+
+/// A fail-open backend (`configure`d) with a response timeout of
+/// `timeout`, reaching `server` through a [`holding_proxy`], its
+/// `try_acquire` script loaded; and the proxy's gate, open.
+async fn behind_a_gate(
+    server: &RedisServer,
+    timeout: Duration,
+    configure: impl FnOnce(RedisBackendBuilder) -> RedisBackendBuilder,
+) -> (Arc<RedisBackend>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let port = holding_proxy(server.port(), gate.clone()).await;
+    let backend = configure(RedisBackend::builder(&format!("redis://127.0.0.1:{port}/")))
+        .failure_policy(FailurePolicy::FailOpen)
+        .response_timeout(timeout)
+        .connect()
+        .await
+        .expect("connect");
+    let warm = backend.try_acquire("r", &slots(), Cost::default()).await;
+    assert!(!warm.expect("Redis answers").answered_here);
+    (Arc::new(backend), gate)
+}
+
+/// A `try_acquire` of one request on `key`, in a task of its own: its
+/// answer and how long it took, in real time.
+fn timed_try_acquire(
+    backend: &Arc<RedisBackend>,
+    key: &'static str,
+    spec: &LimitSpec,
+) -> JoinHandle<(Result<Decision, BackendError>, Duration)> {
+    let (backend, spec) = (backend.clone(), spec.clone());
+    tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        let d = backend.try_acquire(key, &spec, Cost::default()).await;
+        (d, start.elapsed())
+    })
 }
 
 /// A decision queued behind a call in flight (coalescing, one call in
@@ -337,34 +363,17 @@ async fn holding_proxy(upstream: u16, gate: Arc<Gate>) -> u16 {
 async fn a_decision_queued_behind_a_slow_call_waits_no_longer_than_the_response_timeout() {
     use std::sync::atomic::Ordering;
     let server = RedisServer::start();
-    let gate = Arc::new(Gate::default());
-    let port = holding_proxy(server.port(), gate.clone()).await;
     let timeout = Duration::from_secs(2);
-    let backend = RedisBackend::builder(&format!("redis://127.0.0.1:{port}/"))
-        .coalesce_limits(32, 1)
-        .failure_policy(FailurePolicy::FailOpen)
-        .response_timeout(timeout)
-        .connect()
-        .await
-        .expect("connect");
-    let backend = Arc::new(backend);
-    let warm = backend.try_acquire("r", &slots(), Cost::default()).await;
-    assert!(!warm.expect("Redis answers").answered_here);
+    let (backend, gate) = behind_a_gate(&server, timeout, |b| b.coalesce_limits(32, 1)).await;
 
     gate.held.store(true, Ordering::SeqCst);
-    let b = backend.clone();
-    let ahead = tokio::spawn(async move { b.try_acquire("r", &slots(), Cost::default()).await });
+    let ahead = timed_try_acquire(&backend, "r", &slots());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let b = backend.clone();
-    let queued = tokio::spawn(async move {
-        let start = std::time::Instant::now();
-        let d = b.try_acquire("r", &slots(), Cost::default()).await;
-        (d, start.elapsed())
-    });
+    let queued = timed_try_acquire(&backend, "r", &slots());
     tokio::time::sleep(Duration::from_millis(1550)).await;
     // The reply to the call ahead, 1.6 s after it went out.
     gate.let_through.store(1, Ordering::SeqCst);
-    let ahead = ahead.await.unwrap();
+    let (ahead, _) = ahead.await.unwrap();
     assert!(!ahead.expect("Redis answers").answered_here);
     let (d, took) = queued.await.unwrap();
     gate.held.store(false, Ordering::SeqCst);
@@ -384,30 +393,15 @@ async fn a_decision_queued_behind_a_slow_call_waits_no_longer_than_the_response_
 async fn a_decision_behind_a_slow_release_waits_no_longer_than_the_response_timeout() {
     use std::sync::atomic::Ordering;
     let server = RedisServer::start();
-    let gate = Arc::new(Gate::default());
-    let port = holding_proxy(server.port(), gate.clone()).await;
     let timeout = Duration::from_secs(2);
-    let backend = RedisBackend::builder(&format!("redis://127.0.0.1:{port}/"))
-        .failure_policy(FailurePolicy::FailOpen)
-        .response_timeout(timeout)
-        .connect()
-        .await
-        .expect("connect");
-    let backend = Arc::new(backend);
-    let warm = backend.try_acquire("r", &slots(), Cost::default()).await;
-    assert!(!warm.expect("Redis answers").answered_here);
+    let (backend, gate) = behind_a_gate(&server, timeout, |b| b).await;
     // Loads the release's script.
     backend.release("r", 1).await.expect("Redis answers");
 
     gate.held.store(true, Ordering::SeqCst);
     // A permit dropped: its release is on its way, and goes out first.
     backend.release_sent("r", 7);
-    let b = backend.clone();
-    let decision = tokio::spawn(async move {
-        let start = std::time::Instant::now();
-        let d = b.try_acquire("r", &slots(), Cost::default()).await;
-        (d, start.elapsed())
-    });
+    let decision = timed_try_acquire(&backend, "r", &slots());
     tokio::time::sleep(Duration::from_millis(1600)).await;
     // The reply to the release.
     gate.let_through.store(1, Ordering::SeqCst);

@@ -2,4 +2,5 @@
 //! `&dyn Backend` and a [`ManualClock`], run on every backend.
 #![allow(dead_code)]
 
+pub mod cases;
 pub mod seed;

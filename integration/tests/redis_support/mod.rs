@@ -1,8 +1,11 @@
 //! What the Redis fault tests share.
+#![allow(dead_code)]
 
+use std::future::Future;
 use std::time::Duration;
 
 use broker_redis::{FailurePolicy, RedisBackendBuilder};
+use tokio::net::{TcpListener, TcpStream};
 
 /// The bound on one call of a backend built by [`with_op_timeout`]: its
 /// response timeout.
@@ -23,4 +26,25 @@ pub fn with_op_timeout(url: &str, policy: FailurePolicy) -> RedisBackendBuilder 
 /// after it, and virtual time running past any interval changes nothing.
 pub fn every_call_a_probe(url: &str, policy: FailurePolicy) -> RedisBackendBuilder {
     with_op_timeout(url, policy).probe_interval(Duration::ZERO)
+}
+
+/// A TCP proxy on a free loopback port to Redis on `upstream`: each client
+/// connection is handed, with a connection of its own to Redis, to
+/// `relay`, which carries the bytes between the two. Its port.
+pub async fn proxy<F, Fut>(upstream: u16, relay: F) -> u16
+where
+    F: Fn(TcpStream, TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                continue;
+            };
+            tokio::spawn(relay(client, server));
+        }
+    });
+    port
 }
