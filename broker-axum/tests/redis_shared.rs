@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ const CONFIG: &str = r#"{
 }"#;
 
 /// One server instance: its own broker and Redis connection.
-async fn instance(url: &str, clock: &ManualClock) -> std::net::SocketAddr {
+async fn instance(url: &str, clock: &ManualClock) -> SocketAddr {
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let backend = RedisBackend::builder(url)
         .client_time(shared)
@@ -51,13 +52,20 @@ async fn post_n(client: &reqwest::Client, url: &str, tenant: &str, n: usize) -> 
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_on_one_redis_enforce_one_shared_limit() {
-    let redis = RedisServer::start();
+/// Two instances on `redis` sharing one manual clock, set to 1,000 s:
+/// the clock and the instances' addresses.
+async fn two_instances(redis: &RedisServer) -> (ManualClock, SocketAddr, SocketAddr) {
     let clock = ManualClock::new();
     clock.set(1_000_000_000);
     let a = instance(&redis.url(), &clock).await;
     let b = instance(&redis.url(), &clock).await;
+    (clock, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_enforce_one_shared_limit() {
+    let redis = RedisServer::start();
+    let (clock, a, b) = two_instances(&redis).await;
     let client = reqwest::Client::new();
 
     // Route limit 4/min shared by both instances; tenants 2/min each.
@@ -204,10 +212,7 @@ async fn all_keys(url: &str) -> Vec<String> {
 async fn an_api_key_tenant_reaches_no_redis_key() {
     const API_KEY: &str = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
     let redis = RedisServer::start();
-    let clock = ManualClock::new();
-    clock.set(1_000_000_000);
-    let a = instance(&redis.url(), &clock).await;
-    let b = instance(&redis.url(), &clock).await;
+    let (_clock, a, b) = two_instances(&redis).await;
     let client = reqwest::Client::new();
     let statuses = [
         post_n(&client, &format!("http://{a}/hooks/x"), API_KEY, 2).await,
