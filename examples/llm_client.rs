@@ -167,9 +167,7 @@ async fn start_upstream() -> Result<(String, Arc<Upstream>), std::io::Error> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
         .init();
 
     let (url, upstream) = start_upstream().await?;

@@ -202,9 +202,7 @@ async fn main() {
         return;
     }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
         .init();
     let result = async {
         let broker = broker(&args).await?;
