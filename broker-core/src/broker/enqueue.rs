@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::in_flight::{to_its_answer, UntoldLease};
+use super::queue::{self, Ticket};
 use super::{note_backend_error, Epochs, Latest, Permit, Resource, ResourceBroker, Target};
 use crate::backend::Backend;
 use crate::clock::Micros;
-use crate::error::{BackendError, BrokerError};
+use crate::error::{BackendError, BrokerError, WaitBound};
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
@@ -293,6 +294,8 @@ impl Drop for Booking {
             change,
             "refund",
         );
+        // The time given back may be the head's of this state's line.
+        self.resource.lines.gave_back(&self.key);
     }
 }
 
@@ -343,11 +346,52 @@ pub(crate) enum Admitted {
     /// The booked cost, due now, and the slot (an empty permit without a
     /// concurrency limit).
     Go(Booking, Permit),
-    /// The cost does not fit before the deadline (a wait or a hold beyond
-    /// it): the wait, nothing booked.
-    TooLong(Micros),
+    /// The cost does not fit within a bound (a wait or a hold beyond it):
+    /// the wait still ahead and the bound, nothing booked.
+    TooLong(Micros, WaitBound),
     /// No slot came free before the deadline.
-    NoSlot,
+    NoSlot(WaitBound),
+}
+
+/// What bounds the waits of a call in [`admit_until`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// The call's deadline, and its length as the caller gave it.
+    pub(crate) deadline: Option<(tokio::time::Instant, Duration)>,
+    /// The longest hold (a penalty, a spent counter) the call waits out.
+    pub(crate) ceiling: Option<Duration>,
+}
+
+impl Bounds {
+    /// The time left before the deadline (`Duration::MAX` without one).
+    fn left(&self) -> Duration {
+        self.deadline.map_or(Duration::MAX, |(at, _)| {
+            at.saturating_duration_since(tokio::time::Instant::now())
+        })
+    }
+
+    /// The deadline, or the far future.
+    fn until(&self) -> tokio::time::Instant {
+        self.deadline
+            .map_or_else(|| crate::clock::tokio_after(Duration::MAX), |(at, _)| at)
+    }
+
+    /// The deadline as a bound (zero without one: never reported then).
+    fn deadline_bound(&self) -> WaitBound {
+        WaitBound::Deadline(self.deadline.map_or(Duration::ZERO, |(_, d)| d))
+    }
+
+    /// The bound a hold ending at `until` meets, if any.
+    fn hold_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if let Some(c) = self.ceiling.filter(|&c| left > c) {
+            return Some(WaitBound::PenaltyCeiling(c));
+        }
+        match self.deadline {
+            Some((at, d)) if until > at => Some(WaitBound::Deadline(d)),
+            _ => None,
+        }
+    }
 }
 
 /// Books `cost` on `key`, waits for its time, then for a slot, all before
@@ -373,21 +417,29 @@ pub(crate) async fn admit_until(
     resource: &Arc<Resource>,
     (key, keyed): (&str, bool),
     cost: Cost,
-    deadline: tokio::time::Instant,
+    bounds: &Bounds,
+    mut ticket: Option<&mut Ticket>,
     counted: bool,
 ) -> Result<Admitted, BrokerError> {
     let backend = &broker.inner.backend;
     loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let booking = match Booking::book(broker, resource, key.to_owned(), cost, left).await? {
+        let booked = match ticket.as_deref_mut() {
+            Some(ticket) => book_in_line(broker, resource, key, cost, bounds, ticket).await?,
+            None => Booking::book(broker, resource, key.to_owned(), cost, bounds.left())
+                .await?
+                .map_err(|wait| Admitted::TooLong(wait, bounds.deadline_bound())),
+        };
+        let booking = match booked {
             Ok(booking) => booking,
-            Err(wait) => return Ok(Admitted::TooLong(wait)),
+            Err(too_long) => return Ok(too_long),
         };
         booking.sleep_until_due().await;
         let until = match resource.holds.until(key) {
             Some(until) => until,
             None => {
-                let (permit, waited) = match wait_slot(broker, resource, key, deadline).await? {
+                let (permit, waited) = match wait_slot(broker, resource, key, bounds.until())
+                    .await?
+                {
                     SlotOutcome::Unlimited => (Permit::empty(), false),
                     SlotOutcome::Held(lease, waited) => {
                         let held_key = super::HeldKey::State(keyed.then(|| key.to_owned()));
@@ -395,7 +447,7 @@ pub(crate) async fn admit_until(
                             Permit::held(backend, resource.clone(), held_key, lease, counted);
                         (permit, waited)
                     }
-                    SlotOutcome::TimedOut => return Ok(Admitted::NoSlot),
+                    SlotOutcome::TimedOut => return Ok(Admitted::NoSlot(bounds.deadline_bound())),
                 };
                 // A wait, for the booking's time or for the slot, is when
                 // the store may have been held since the booking.
@@ -416,11 +468,72 @@ pub(crate) async fn admit_until(
         };
         // Spent if the hold came after it, else given back (its `Drop`).
         drop(booking);
-        if until > deadline {
+        if let Some(bound) = bounds.hold_beyond(until) {
             let now = tokio::time::Instant::now();
-            return Ok(Admitted::TooLong(crate::clock::micros(until - now)));
+            return Ok(Admitted::TooLong(crate::clock::micros(until - now), bound));
         }
         tokio::time::sleep_until(until).await;
+    }
+}
+
+/// Books `cost` on `key` through the call's place in the line of its
+/// state: waits for its turn at no store cost, then, as head, books at
+/// most its priority's horizon ahead (see [`queue::horizon`]); further
+/// off, it naps until the time is within the horizon (or something gives
+/// time back) and asks again. Booked, it leaves the line and the next
+/// waiter is head at once. `Err`: a bound met, nothing booked.
+async fn book_in_line(
+    broker: &ResourceBroker,
+    resource: &Arc<Resource>,
+    key: &str,
+    cost: Cost,
+    bounds: &Bounds,
+    ticket: &mut Ticket,
+) -> Result<Result<Booking, Admitted>, BrokerError> {
+    ticket.join();
+    loop {
+        if let Some((at, d)) = bounds.deadline {
+            if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
+                let ahead = crate::clock::micros(ticket.ahead());
+                ticket.leave();
+                return Ok(Err(Admitted::TooLong(ahead, WaitBound::Deadline(d))));
+            }
+        } else {
+            ticket.turn().await;
+        }
+        let spec = resource.latest().spec.clone();
+        let horizon = queue::horizon(ticket.priority(), &spec, ticket.units);
+        let left = bounds.left();
+        let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
+        let wait = match Booking::book(broker, resource, key.to_owned(), cost, max_wait).await? {
+            Ok(booking) => {
+                ticket.leave();
+                return Ok(Ok(booking));
+            }
+            Err(wait) => Duration::from_micros(wait),
+        };
+        if wait > left {
+            ticket.leave();
+            let bound = bounds.deadline_bound();
+            return Ok(Err(Admitted::TooLong(crate::clock::micros(wait), bound)));
+        }
+        // A wait beyond the penalty ceiling may be a hold beyond it.
+        if bounds.ceiling.is_some_and(|c| wait > c) {
+            let held = match resource.holds.until(key) {
+                Some(until) => Some(until),
+                None => store_hold(broker, resource, key, cost).await?,
+            };
+            if let Some(until) = held {
+                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.hold_beyond(until) {
+                    ticket.leave();
+                    let now = tokio::time::Instant::now();
+                    let would = crate::clock::micros(until.saturating_duration_since(now));
+                    return Ok(Err(Admitted::TooLong(would, bound)));
+                }
+            }
+        }
+        let nap = wait.saturating_sub(horizon.unwrap_or(Duration::ZERO));
+        ticket.nap(nap.max(Duration::from_micros(1))).await;
     }
 }
 
@@ -549,12 +662,14 @@ impl<'r> QueuePlace<'r> {
         // registration this one replaced are in this resource's queue
         // too, so a re-registration does not make room for more.
         let queued = &resource.live.queued;
-        if queued.fetch_add(1, Ordering::AcqRel) >= capacity as u64 {
+        let before = queued.fetch_add(1, Ordering::AcqRel);
+        if before >= capacity as u64 {
             drop_one(queued);
             // A call refused at once still ended in an error.
             bump(&resource.counters.failed);
             return Err(BrokerError::QueueFull {
                 resource: resource.id.clone(),
+                depth: usize::try_from(before).unwrap_or(usize::MAX),
                 capacity,
             });
         }
@@ -643,39 +758,67 @@ impl ResourceBroker {
             None => resource.key.clone(),
         };
         let mut place = QueuePlace::enter(&resource)?;
+        let started = tokio::time::Instant::now();
         let policy: &RetryPolicy = &resource.config.retry;
         let limits = resource.config.paced_limits();
-        // One ceiling bounds the wait for a slot and every retry pause.
+        // The ceiling bounds a penalty's hold and every retry pause; the
+        // wait for one's turn has no bound but a deadline.
         let ceiling = policy.ceiling(&limits);
+        let deadline = (target.deadline)
+            .or(resource.config.queue_deadline)
+            .map(|d| (crate::clock::tokio_after(d), d));
+        let bounds = Bounds {
+            deadline,
+            ceiling: Some(ceiling),
+        };
+        let flow: Arc<str> = target
+            .flow
+            .map_or_else(|| "".into(), |(f, _)| crate::keys::fingerprint(f).into());
+        let weight = target.flow.map_or(1, |(_, w)| w);
+        let units = queue::units(&resource.latest().spec, cost);
+        let mut ticket = Ticket::new(
+            &resource.lines,
+            &key,
+            target.priority,
+            (flow, weight),
+            units,
+        );
         let mut number = 0;
         let result = loop {
             number += 1;
-            // One ceiling bounds the waits of an attempt: its booked time, a
-            // hold, a slot.
-            let deadline = crate::clock::tokio_after(ceiling);
             // The slot is not counted in flight: the queue place counts
             // this work.
             let state = (key.as_str(), target.key.is_some());
-            let admitted = admit_until(self, &resource, state, cost, deadline, false);
+            let admitted = admit_until(
+                self,
+                &resource,
+                state,
+                cost,
+                &bounds,
+                Some(&mut ticket),
+                false,
+            );
+            let too_long = |would_wait: Micros, bound| {
+                EnqueueError::Broker(BrokerError::WaitTooLong {
+                    resource: resource.id.clone(),
+                    waited: started.elapsed(),
+                    would_wait: Duration::from_micros(would_wait),
+                    bound,
+                })
+            };
             let (booking, permit) = match admitted.await {
                 Ok(Admitted::Go(booking, permit)) => (booking, permit),
-                Ok(Admitted::TooLong(wait)) => {
-                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
-                        resource: resource.id.clone(),
-                        wait: Duration::from_micros(wait),
-                        ceiling,
-                    }))
-                }
-                Ok(Admitted::NoSlot) => {
-                    break Err(EnqueueError::Broker(BrokerError::WaitTooLong {
-                        resource: resource.id.clone(),
-                        wait: ceiling,
-                        ceiling,
-                    }))
-                }
+                Ok(Admitted::TooLong(wait, bound)) => break Err(too_long(wait, bound)),
+                Ok(Admitted::NoSlot(bound)) => break Err(too_long(0, bound)),
                 // A backend error ends the call as a failed one, counted below.
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
+            if number == 1 {
+                resource
+                    .lines
+                    .waits
+                    .record(target.priority, started.elapsed());
+            }
             let booked = booking.consume();
             bump(&resource.tally().counters.allowed);
             place.set_running(true);
