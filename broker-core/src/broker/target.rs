@@ -56,7 +56,8 @@ pub enum Priority {
     /// The default: books at most two token intervals ahead.
     #[default]
     Default,
-    /// A user is waiting: books as far ahead as its deadline allows.
+    /// A user is waiting: books at most four token intervals ahead (so a
+    /// backlog of them leaves lower levels their share).
     Interactive,
 }
 

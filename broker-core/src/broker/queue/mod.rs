@@ -65,14 +65,20 @@ pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
         .max(1)
 }
 
-/// How far ahead a head of `priority` books a cost of `units`: `None`
-/// for no horizon (as far as its deadline allows).
+/// How far ahead a head of `priority` books a cost of `units` (its
+/// token interval): batch one interval, default two, interactive four.
+/// `None` for no horizon (as far as its deadline allows): a resource
+/// without rate limits has no interval and nothing to space (only a
+/// hold makes it wait, booked through as before).
+///
+/// Interactive has a horizon too: without one, a backlog of interactive
+/// calls would book the whole future at once, and no lower level could
+/// get its minimum share of the sends; four intervals are more than a
+/// lone interactive call needs (lower levels book at most two ahead).
 pub(crate) fn horizon(priority: Priority, spec: &LimitSpec, units: u64) -> Option<Duration> {
-    // A resource without rate limits has no interval and nothing to
-    // space: only a hold makes it wait, booked through as before.
     let intervals = match priority {
         _ if spec.buckets.is_empty() => return None,
-        Priority::Interactive => return None,
+        Priority::Interactive => 4,
         Priority::Default => 2,
         Priority::Batch => 1,
     };

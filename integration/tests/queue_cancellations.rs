@@ -1,0 +1,121 @@
+//! Issue 41, the line moves up: callers who give up leave the queue at no
+//! cost, so the calls behind them use the time. 800 callers arrive at
+//! twice the rate and half of them give up at random times: a strict
+//! upstream model answers no 429, at least 95% of the quota is used while
+//! callers wait, and nothing stays booked, queued or held. Memory store,
+//! tokio's paused time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use broker_core::{Cost, Limits, Outcome, RateLimit, ResourceBroker, ResourceConfig, TokioClock};
+use broker_memory::MemoryBackend;
+use broker_testkit::{StrictServer, Tally};
+use tokio::time::Instant;
+
+/// A tiny deterministic generator for arrival and give-up times.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % bound
+    }
+}
+
+const CALLERS: u64 = 800;
+/// The quota: 10 a second, one at once.
+const RATE: u64 = 10;
+/// Callers arrive at twice the rate: one every 50 ms, for 40 s.
+const ARRIVAL_GAP_MS: u64 = 1000 / (2 * RATE);
+
+/// The send times (µs from the start) of the calls that went out, with
+/// `max_concurrent` slots and work of `work_ms`.
+async fn storm(broker: &ResourceBroker, seed: u64, work_ms: u64) -> Vec<u64> {
+    let t0 = Instant::now();
+    let sends: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let mut rng = Lcg(seed);
+    let mut callers = Vec::new();
+    for i in 0..CALLERS {
+        let arrive = Duration::from_millis(i * ARRIVAL_GAP_MS);
+        // Half give up, after 0 to 20 s (some while queued, some as head,
+        // some booked, some holding their slot).
+        let give_up = (rng.next(2) == 0).then(|| Duration::from_micros(rng.next(20_000_000)));
+        let (broker, sends) = (broker.clone(), sends.clone());
+        callers.push(tokio::spawn(async move {
+            tokio::time::sleep_until(t0 + arrive).await;
+            let call = broker.enqueue("api", Cost::default(), |_| {
+                let sends = sends.clone();
+                async move {
+                    sends.lock().unwrap().push(t0.elapsed().as_micros() as u64);
+                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    Outcome::<(), ()>::ok(())
+                }
+            });
+            match give_up {
+                Some(after) => {
+                    let _ = tokio::time::timeout(after, call).await;
+                }
+                None => call.await.unwrap(),
+            }
+        }));
+    }
+    for c in callers {
+        c.await.unwrap();
+    }
+    let mut sends = sends.lock().unwrap().clone();
+    sends.sort_unstable();
+    sends
+}
+
+/// Sends in `[0, until]` against what the quota allows in it.
+fn quota_used(sends: &[u64], until: u64) -> f64 {
+    let n = sends.iter().filter(|&&t| t <= until).count() as f64;
+    let possible = 1.0 + (RATE * until) as f64 / 1e6;
+    n / possible
+}
+
+async fn a_storm_of_cancellations_wastes_no_quota(max_concurrent: Option<u32>, work_ms: u64) {
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    let mut limits = Limits::new().rate(RateLimit::per_second(RATE).with_burst(1));
+    if let Some(n) = max_concurrent {
+        limits = limits.max_concurrent(n);
+    }
+    let config = ResourceConfig::new(limits).queue_capacity(CALLERS as usize);
+    broker.register("api", config).unwrap();
+    let sends = storm(&broker, 7, work_ms).await;
+    let tally = StrictServer::new(1, RATE, 1_000_000).replay(&sends);
+    let all = Tally {
+        ok: sends.len() as u32,
+        rejected: 0,
+    };
+    assert_eq!(tally, all, "no 429 from the strict upstream");
+    // Callers wait all along the arrivals (40 s): the quota is used.
+    let arrivals_end = CALLERS * ARRIVAL_GAP_MS * 1000;
+    let used = quota_used(&sends, arrivals_end);
+    println!(
+        "max_concurrent {max_concurrent:?}: {} sends, {:.1}% of the quota used in the first {} s",
+        sends.len(),
+        used * 100.0,
+        arrivals_end / 1_000_000
+    );
+    assert!(used >= 0.95, "{:.1}% of the quota used", used * 100.0);
+    // Nothing left booked, queued or held.
+    let stats = &broker.stats().resources["api"];
+    assert_eq!((stats.queued, stats.in_flight), (0, 0));
+    assert!(stats.queue.levels.iter().all(|l| l.depth == 0));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(broker_testkit::allowed_in_a_row(&broker, "api").await, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_giving_up_at_random_leave_their_time_to_the_next() {
+    a_storm_of_cancellations_wastes_no_quota(None, 0).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_giving_up_while_holding_a_slot_leave_nothing_held() {
+    a_storm_of_cancellations_wastes_no_quota(Some(2), 150).await;
+}
