@@ -33,7 +33,7 @@ const ARRIVAL_GAP_MS: u64 = 1000 / (2 * RATE);
 
 /// The send times (µs from the start) of the calls that went out, with
 /// `max_concurrent` slots and work of `work_ms`.
-async fn storm(broker: &ResourceBroker, seed: u64, work_ms: u64) -> Vec<u64> {
+async fn storm(brokers: &[ResourceBroker], seed: u64, work_ms: u64) -> Vec<u64> {
     let t0 = Instant::now();
     let sends: Arc<Mutex<Vec<u64>>> = Arc::default();
     let mut rng = Lcg(seed);
@@ -43,7 +43,8 @@ async fn storm(broker: &ResourceBroker, seed: u64, work_ms: u64) -> Vec<u64> {
         // Half give up, after 0 to 20 s (some while queued, some as head,
         // some booked, some holding their slot).
         let give_up = (rng.next(2) == 0).then(|| Duration::from_micros(rng.next(20_000_000)));
-        let (broker, sends) = (broker.clone(), sends.clone());
+        let broker = brokers[i as usize % brokers.len()].clone();
+        let sends = sends.clone();
         callers.push(tokio::spawn(async move {
             tokio::time::sleep_until(t0 + arrive).await;
             let call = broker.enqueue("api", Cost::default(), |_| {
@@ -77,15 +78,22 @@ fn quota_used(sends: &[u64], until: u64) -> f64 {
     n / possible
 }
 
-async fn a_storm_of_cancellations_wastes_no_quota(max_concurrent: Option<u32>, work_ms: u64) {
-    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+fn config(max_concurrent: Option<u32>) -> ResourceConfig {
     let mut limits = Limits::new().rate(RateLimit::per_second(RATE).with_burst(1));
     if let Some(n) = max_concurrent {
         limits = limits.max_concurrent(n);
     }
-    let config = ResourceConfig::new(limits).queue_capacity(CALLERS as usize);
-    broker.register("api", config).unwrap();
-    let sends = storm(&broker, 7, work_ms).await;
+    ResourceConfig::new(limits).queue_capacity(CALLERS as usize)
+}
+
+/// The storm on `brokers` (one store): no 429, the quota used, nothing
+/// left booked, queued or held.
+async fn a_storm_of_cancellations_wastes_no_quota(
+    brokers: &[ResourceBroker],
+    max_concurrent: Option<u32>,
+    work_ms: u64,
+) {
+    let sends = storm(brokers, 7, work_ms).await;
     let tally = StrictServer::new(1, RATE, 1_000_000).replay(&sends);
     let all = Tally {
         ok: sends.len() as u32,
@@ -96,26 +104,38 @@ async fn a_storm_of_cancellations_wastes_no_quota(max_concurrent: Option<u32>, w
     let arrivals_end = CALLERS * ARRIVAL_GAP_MS * 1000;
     let used = quota_used(&sends, arrivals_end);
     println!(
-        "max_concurrent {max_concurrent:?}: {} sends, {:.1}% of the quota used in the first {} s",
+        "{} broker(s), max_concurrent {max_concurrent:?}: {} sends, {:.1}% of the quota used in the first {} s",
+        brokers.len(),
         sends.len(),
         used * 100.0,
         arrivals_end / 1_000_000
     );
     assert!(used >= 0.95, "{:.1}% of the quota used", used * 100.0);
     // Nothing left booked, queued or held.
-    let stats = &broker.stats().resources["api"];
-    assert_eq!((stats.queued, stats.in_flight), (0, 0));
-    assert!(stats.queue.levels.iter().all(|l| l.depth == 0));
+    for broker in brokers {
+        let stats = &broker.stats().resources["api"];
+        assert_eq!((stats.queued, stats.in_flight), (0, 0));
+        assert!(stats.queue.levels.iter().all(|l| l.depth == 0));
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(broker_testkit::allowed_in_a_row(&broker, "api").await, 1);
+    assert_eq!(
+        broker_testkit::allowed_in_a_row(&brokers[0], "api").await,
+        1
+    );
+}
+
+fn memory_broker(max_concurrent: Option<u32>) -> ResourceBroker {
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    broker.register("api", config(max_concurrent)).unwrap();
+    broker
 }
 
 #[tokio::test(start_paused = true)]
 async fn callers_giving_up_at_random_leave_their_time_to_the_next() {
-    a_storm_of_cancellations_wastes_no_quota(None, 0).await;
+    a_storm_of_cancellations_wastes_no_quota(&[memory_broker(None)], None, 0).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn callers_giving_up_while_holding_a_slot_leave_nothing_held() {
-    a_storm_of_cancellations_wastes_no_quota(Some(2), 150).await;
+    a_storm_of_cancellations_wastes_no_quota(&[memory_broker(Some(2))], Some(2), 150).await;
 }

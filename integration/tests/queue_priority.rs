@@ -169,3 +169,49 @@ async fn a_backlog_of_interactive_calls_leaves_the_batch_its_minimum_share() {
         c.abort();
     }
 }
+
+/// With one priority and one flow the queue sends at exactly the times
+/// of the seed scenario, whichever the priority: the horizons change when
+/// a call books, not when it goes.
+#[tokio::test(start_paused = true)]
+async fn one_priority_and_one_flow_keep_the_seed_send_times() {
+    for priority in Priority::ALL {
+        for flow in [None, Some("tenant-a")] {
+            let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+            let seed = Limits::new().rate(RateLimit::per(2, Duration::from_secs(1)).with_burst(3));
+            broker.register("api", ResourceConfig::new(seed)).unwrap();
+            let t0 = Instant::now();
+            let log: Arc<Mutex<Vec<u128>>> = Arc::default();
+            let mut jobs = Vec::new();
+            for _ in 0..8 {
+                let (broker, log) = (broker.clone(), log.clone());
+                jobs.push(tokio::spawn(async move {
+                    let mut target = Target::from("api").priority(priority);
+                    if let Some(flow) = flow {
+                        target = target.flow(flow);
+                    }
+                    broker
+                        .enqueue(target, Cost::default(), |_| {
+                            let log = log.clone();
+                            async move {
+                                log.lock().unwrap().push(t0.elapsed().as_millis());
+                                Outcome::<(), ()>::ok(())
+                            }
+                        })
+                        .await
+                        .unwrap();
+                }));
+                tokio::task::yield_now().await;
+            }
+            for job in jobs {
+                job.await.unwrap();
+            }
+            let times = log.lock().unwrap().clone();
+            assert_eq!(
+                times,
+                [0, 0, 0, 500, 1000, 1500, 2000, 2500],
+                "{priority:?}, flow {flow:?}"
+            );
+        }
+    }
+}
