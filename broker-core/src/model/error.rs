@@ -113,9 +113,10 @@ pub enum BrokerError {
         resource: String,
         /// How long the call has waited (since it was enqueued).
         waited: Duration,
-        /// How long it would still wait (for a call still queued behind
-        /// others in this process: the refill time of the calls ahead of it,
-        /// a lower bound).
+        /// How long it would still wait: the store's answer; for a call
+        /// still queued behind others in this process, an estimate (the
+        /// head's time still ahead, then the refill time of each call
+        /// ahead of it and of its own).
         would_wait: Duration,
         /// The bound it met.
         bound: WaitBound,

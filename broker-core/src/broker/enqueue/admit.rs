@@ -214,6 +214,7 @@ async fn book_in_line(
                 }
             }
         }
+        ticket.set_due(crate::clock::tokio_after(wait));
         let nap = wait.saturating_sub(horizon.unwrap_or(Duration::ZERO));
         ticket.nap(nap.max(Duration::from_micros(1))).await;
     }

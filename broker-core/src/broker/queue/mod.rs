@@ -42,6 +42,9 @@ struct Line {
     /// Turns given to a higher level while a lower one waited, since a
     /// lower one last had one.
     over_lower: u32,
+    /// When the head's cost fits, as the store last told it (the head
+    /// waits for it to come within its horizon).
+    head_due: Option<tokio::time::Instant>,
 }
 
 /// The waiter that may book now.
@@ -95,6 +98,7 @@ impl Line {
         if self.head.is_some() {
             return;
         }
+        self.head_due = None;
         let Some(top) = (0..3).rev().find(|&p| self.levels[p].len() > 0) else {
             return;
         };
@@ -259,9 +263,20 @@ impl Ticket {
         }
     }
 
-    /// The refill time of the waiters ahead of this one in its line (at
-    /// its priority or higher, the head included), a lower bound of its
-    /// wait.
+    /// The head was told by the store that its cost fits at `due`.
+    pub(crate) fn set_due(&self, due: tokio::time::Instant) {
+        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(line) = lines.get_mut(&self.key) {
+            if line.head.as_ref().is_some_and(|h| h.entry.id == self.id) {
+                line.head_due = Some(due);
+            }
+        }
+    }
+
+    /// An estimate of this queued call's wait for its send time, as this
+    /// process sees it: the head's time still ahead (as the store last
+    /// told it, else none), then the refill time of every call ahead of
+    /// this one in the line (at its priority or higher) and its own.
     pub(crate) fn ahead(&self) -> Duration {
         let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
         let Some(line) = lines.get(&self.key) else {
@@ -277,12 +292,10 @@ impl Ticket {
                 line.levels[p].units_before(seq)
             })
             .sum();
-        let head = line
-            .head
-            .as_ref()
-            .filter(|h| h.entry.id != self.id)
-            .map_or(0, |h| h.entry.units);
-        Duration::from_micros(queued + head)
+        let head = line.head_due.map_or(Duration::ZERO, |due| {
+            due.saturating_duration_since(tokio::time::Instant::now())
+        });
+        head + Duration::from_micros(queued.saturating_add(self.units))
     }
 }
 
