@@ -139,3 +139,63 @@ async fn callers_giving_up_at_random_leave_their_time_to_the_next() {
 async fn callers_giving_up_while_holding_a_slot_leave_nothing_held() {
     a_storm_of_cancellations_wastes_no_quota(&[memory_broker(Some(2))], Some(2), 150).await;
 }
+
+/// On a real redis-server, two brokers, callers giving up at random while
+/// queued, as head, booked or holding a slot: once they are gone nothing
+/// is queued, nothing in flight, and both slots are free in the store.
+/// (Real time: only what is left behind is asserted, no timing.)
+#[tokio::test]
+async fn callers_giving_up_on_redis_leave_no_slot_held_and_no_queue() {
+    let server = broker_testkit::RedisServer::start();
+    let mut brokers = Vec::new();
+    for _ in 0..2 {
+        let backend = broker_redis::RedisBackend::connect(&server.url())
+            .await
+            .unwrap();
+        let broker = ResourceBroker::new(backend);
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(20).with_burst(1))
+            .max_concurrent(2);
+        broker.register("api", ResourceConfig::new(limits)).unwrap();
+        brokers.push(broker);
+    }
+    let mut rng = Lcg(11);
+    let mut callers = Vec::new();
+    for i in 0..60u64 {
+        let broker = brokers[i as usize % 2].clone();
+        let give_up = (rng.next(2) == 0).then(|| Duration::from_millis(rng.next(1500)));
+        callers.push(tokio::spawn(async move {
+            let call = broker.enqueue("api", Cost::default(), |_| async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Outcome::<(), ()>::ok(())
+            });
+            match give_up {
+                Some(after) => {
+                    let _ = tokio::time::timeout(after, call).await;
+                }
+                None => call.await.unwrap(),
+            }
+        }));
+    }
+    for c in callers {
+        c.await.unwrap();
+    }
+    for broker in &brokers {
+        let stats = &broker.stats().resources["api"];
+        assert_eq!((stats.queued, stats.in_flight), (0, 0));
+        assert!(stats.queue.levels.iter().all(|l| l.depth == 0));
+    }
+    // Both slots are free: two permits held at once.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = brokers[0]
+        .try_acquire("api", Cost::default())
+        .await
+        .unwrap();
+    assert!(first.allowed, "{first:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = brokers[1]
+        .try_acquire("api", Cost::default())
+        .await
+        .unwrap();
+    assert!(second.allowed, "{second:?}");
+}
