@@ -387,6 +387,26 @@ mod tests {
     }
 
     #[test]
+    fn horizons_are_token_intervals_of_the_slowest_bucket_scaled_by_cost() {
+        use crate::limits::{Limits, RateLimit, Unit};
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per(1000, Duration::from_secs(60)).unit(Unit::Tokens));
+        let spec = LimitSpec::new(&limits, Duration::from_secs(60));
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis());
+        // One request: 100 ms; 500 tokens: 30 s, the slower.
+        let one = units(&spec, Cost::requests(1));
+        let big = units(&spec, Cost::tokens(500));
+        assert_eq!((one, big), (100_000, 30_000_000));
+        assert_eq!(ms(horizon(Priority::Batch, &spec, one)), Some(100));
+        assert_eq!(ms(horizon(Priority::Default, &spec, one)), Some(200));
+        assert_eq!(ms(horizon(Priority::Interactive, &spec, one)), Some(400));
+        assert_eq!(ms(horizon(Priority::Batch, &spec, big)), Some(30_000));
+        let unlimited = LimitSpec::new(&Limits::new(), Duration::from_secs(60));
+        assert_eq!(horizon(Priority::Batch, &unlimited, 1), None);
+    }
+
+    #[test]
     fn the_lines_are_gone_once_every_waiter_left() {
         let lines = Arc::new(Lines::default());
         let ts: Vec<Ticket> = (0..5)
