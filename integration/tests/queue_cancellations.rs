@@ -199,3 +199,88 @@ async fn callers_giving_up_on_redis_leave_no_slot_held_and_no_queue() {
         .unwrap();
     assert!(second.allowed, "{second:?}");
 }
+
+/// A booking given back wakes the head of its line, which books the time
+/// freed at once instead of napping until its own time came within its
+/// horizon (it would then go a second later).
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_booking_wakes_the_head_to_take_its_time() {
+    use broker_core::{Priority, Target};
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    let limits = Limits::new().rate(RateLimit::per_second(1).with_burst(1));
+    broker.register("api", ResourceConfig::new(limits)).unwrap();
+    let t0 = Instant::now();
+    let sent = |target: Target<'static>| {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            broker
+                .enqueue(target, Cost::default(), |_| async move {
+                    Outcome::<Duration, ()>::ok(t0.elapsed())
+                })
+                .await
+                .unwrap()
+        })
+    };
+    // Goes at 0; two more book 1 s and 2 s; a batch call is head and
+    // naps until its time (3 s) is within its one-second horizon.
+    let first = sent(Target::from("api"));
+    tokio::task::yield_now().await;
+    let booked: Vec<_> = (0..2).map(|_| sent(Target::from("api"))).collect();
+    tokio::task::yield_now().await;
+    let head = sent(Target::from("api").priority(Priority::Batch));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The two booked calls give up, the later first: both refunded.
+    for call in booked.into_iter().rev() {
+        call.abort();
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(first.await.unwrap(), Duration::ZERO);
+    assert_eq!(head.await.unwrap(), Duration::from_secs(1));
+}
+
+/// A settlement below the estimate gives time back and wakes the head
+/// too: it goes as soon as the refunded tokens let it.
+#[tokio::test(start_paused = true)]
+async fn a_settlement_below_the_estimate_wakes_the_head() {
+    use broker_core::{Priority, Target, Unit};
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    // One token a second, ten at most.
+    let tokens = RateLimit::per(10, Duration::from_secs(10)).unit(Unit::Tokens);
+    broker
+        .register("llm", ResourceConfig::new(Limits::new().rate(tokens)))
+        .unwrap();
+    let t0 = Instant::now();
+    // Estimated at ten tokens, it spends one, told after half a second.
+    let big = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            broker
+                .enqueue("llm", Cost::tokens(10), |_| async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Outcome::<(), ()>::ok_with_usage((), Cost::tokens(1))
+                })
+                .await
+                .unwrap()
+        })
+    };
+    tokio::task::yield_now().await;
+    let small = || {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let target = Target::from("llm").priority(Priority::Batch);
+            broker
+                .enqueue(target, Cost::tokens(1), |_| async move {
+                    Outcome::<Duration, ()>::ok(t0.elapsed())
+                })
+                .await
+                .unwrap()
+        })
+    };
+    // The first small one books 1 s; the second is head and naps.
+    let booked = small();
+    tokio::task::yield_now().await;
+    let head = small();
+    big.await.unwrap();
+    assert_eq!(booked.await.unwrap(), Duration::from_secs(1));
+    assert_eq!(head.await.unwrap(), Duration::from_millis(500));
+}

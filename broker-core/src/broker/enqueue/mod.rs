@@ -319,6 +319,10 @@ impl ResourceBroker {
                         {
                             let _ = task.await;
                         }
+                        // Time given back may be the head's of this line.
+                        if actual.requests < reserved.requests || actual.tokens < reserved.tokens {
+                            resource.lines.gave_back(&key);
+                        }
                     }
                     if let Some(observed) = observed {
                         // Likewise: a failed reconcile never fails the answer.
