@@ -103,3 +103,46 @@ async fn weights_three_to_one_split_throughput_three_to_one() {
         job.abort();
     }
 }
+
+/// A flood of new flow keys is bounded by the queue's capacity: the calls
+/// beyond it get `QueueFull` at once, the stats show ten flows at most,
+/// and once the callers are gone no flow is left.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_flow_keys_is_bounded_by_the_queue_capacity() {
+    use broker_core::{BrokerError, EnqueueError};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let broker = broker(50);
+    let full = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for i in 0..1_000 {
+        let (broker, full) = (broker.clone(), full.clone());
+        callers.push(tokio::spawn(async move {
+            let flow = format!("tenant-{i}");
+            let target = Target::from("api").flow(&flow);
+            let result = broker
+                .enqueue(target, Cost::default(), |_| async {
+                    Outcome::<(), ()>::ok(())
+                })
+                .await;
+            if let Err(EnqueueError::Broker(BrokerError::QueueFull { .. })) = result {
+                full.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let stats = broker.stats().resources["api"].clone();
+    assert_eq!(stats.queued, 50);
+    // All but the first (sent at once) and the 50 queued.
+    assert_eq!(full.load(Ordering::Relaxed), 1_000 - 50 - 1);
+    assert_eq!(stats.queue.busiest_flows.len(), 10);
+    for c in &callers {
+        c.abort();
+    }
+    for c in callers {
+        let _ = c.await;
+    }
+    let after = broker.stats().resources["api"].clone();
+    assert_eq!(after.queued, 0);
+    assert!(after.queue.busiest_flows.is_empty());
+    assert!(after.queue.levels.iter().all(|l| l.depth == 0));
+}
