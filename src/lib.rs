@@ -31,8 +31,9 @@
 
 pub use broker_core::{
     Acquisition, BackendError, BrokerError, BrokerStats, Clock, ConfigError, Cost, EnqueueError,
-    Limits, ManualClock, Outcome, OutcomeClass, Permit, RateLimit, ResourceBroker, ResourceConfig,
-    ResourceHandle, ResourceStats, RetryPolicy, SystemClock, TokioClock, Unit,
+    Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit, ResourceBroker,
+    ResourceConfig, ResourceHandle, ResourceStats, RetryPolicy, SystemClock, TokioClock, Unit,
+    WaitBound,
 };
 
 /// The argument and future types of the broker's calls, for code that

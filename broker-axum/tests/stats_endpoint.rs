@@ -95,3 +95,52 @@ async fn stats_endpoint_serves_the_store_health_during_an_outage() {
         0
     );
 }
+
+/// The endpoint serves the queue of a resource: its depth per priority
+/// and its busiest flows, by fingerprint only.
+#[tokio::test]
+async fn stats_endpoint_serves_queue_depth_and_busiest_flows_by_fingerprint() {
+    use broker_core::{Cost, Outcome, Priority, RateLimit, ResourceConfig, Target};
+    let t = TestBroker::new();
+    let limits = Limits::new().rate(RateLimit::per_minute(1));
+    t.broker
+        .register("llm", ResourceConfig::new(limits))
+        .unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..5 {
+        let broker = t.broker.clone();
+        waiting.push(tokio::spawn(async move {
+            let target = Target::from("llm")
+                .priority(Priority::Batch)
+                .flow("tenant-secret-42");
+            broker
+                .enqueue(target, Cost::default(), |_| async {
+                    Outcome::<(), ()>::ok(())
+                })
+                .await
+        }));
+    }
+    // The first goes at once, the second books the next minute; the rest
+    // wait for their turn.
+    while t.broker.stats().resources["llm"].queued < 4 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let addr = serve(stats_router(t.broker.clone())).await;
+    let text = reqwest::get(format!("http://{addr}{STATS_PATH}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let stats: PressureStats = serde_json::from_str(&text).unwrap();
+    let queue = &stats.resources["llm"].stats.queue;
+    let batch = queue.levels.iter().find(|l| l.priority == "batch").unwrap();
+    assert_eq!(batch.depth, 3, "{text}");
+    assert_eq!(queue.busiest_flows.len(), 1);
+    assert_eq!(queue.busiest_flows[0].queued, 3);
+    assert!(!text.contains("tenant-secret-42"), "{text}");
+    assert!(text.contains("\"busiestFlows\""), "{text}");
+    for w in waiting {
+        w.abort();
+    }
+}

@@ -26,12 +26,12 @@ pub use model::{bucket, error, headers, keys, limits, observed, pacing, retry, s
 
 pub use backend::{Backend, LocalStates};
 pub use broker::{
-    Acquisition, Attempt, EnqueueError, EntryError, OnOtherLimits, Permit, ResourceBroker,
-    ResourceHandle, Target, TryAcquire, TryAcquireOnHandle,
+    Acquisition, Attempt, EnqueueError, EntryError, OnOtherLimits, Permit, Priority,
+    ResourceBroker, ResourceHandle, Target, TryAcquire, TryAcquireOnHandle,
 };
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
 pub use config::{LimitsConfig, ResourceConfig};
-pub use error::{BackendError, BrokerError, ConfigError};
+pub use error::{BackendError, BrokerError, ConfigError, WaitBound};
 pub use limits::{Cost, Limits, RateLimit, Unit};
 pub use observed::{Observed, ObservedLimit};
 pub use retry::{Outcome, OutcomeClass, RetryPolicy};

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::striped::Striped;
 
+pub use crate::broker::{FlowStats, LevelStats, QueueStats};
+
 /// Live counters of one resource.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -95,6 +97,7 @@ impl Counters {
             completed: get(&self.completed),
             failed: get(&self.failed),
             reconciles: get(&self.reconciles),
+            queue: Default::default(),
         }
     }
 }
@@ -152,6 +155,10 @@ pub struct ResourceStats {
     /// until a spent counter's reset (a `penalize` sent to the backend).
     #[serde(default)]
     pub reconciles: u64,
+    /// The `enqueue` queue: calls waiting for their turn per priority,
+    /// the busiest flows, wait-time percentiles.
+    #[serde(default)]
+    pub queue: QueueStats,
 }
 
 /// Snapshot of every resource, by id.

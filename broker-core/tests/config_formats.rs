@@ -202,3 +202,42 @@ fn a_limit_written_as_null_is_refused_with_its_path() {
         );
     }
 }
+
+/// `queueDeadline`, the default deadline of an `enqueue` call's wait for
+/// its turn, reads as a human duration from every format; absent, a call
+/// waits as long as the queue holds it; zero or a word is refused with
+/// the field's name.
+#[test]
+fn the_queue_deadline_reads_from_every_format_and_bad_values_name_it() {
+    let want = ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(500)))
+        .queue_deadline(Duration::from_secs(30));
+    let docs = [
+        (
+            "a.json",
+            r#"{"limits": {"requestsPerMinute": 500}, "queueDeadline": "30s"}"#,
+            Format::Json,
+        ),
+        (
+            "a.yaml",
+            "limits: {requestsPerMinute: 500}\nqueueDeadline: 30s\n",
+            Format::Yaml,
+        ),
+        (
+            "a.toml",
+            "queueDeadline = \"30s\"\n[limits]\nrequestsPerMinute = 500\n",
+            Format::Toml,
+        ),
+    ];
+    for (name, text, format) in docs {
+        assert_eq!(parse::<ResourceConfig>(name, text, format).unwrap(), want);
+    }
+    let none = parse::<ResourceConfig>("a.json", r#"{"limits": {}}"#, Format::Json).unwrap();
+    assert_eq!(none.queue_deadline, None);
+    for bad in [r#""0s""#, r#""soon""#, "-1"] {
+        let text = format!(r#"{{"limits": {{}}, "queueDeadline": {bad}}}"#);
+        let err = parse::<ResourceConfig>("broker.json", &text, Format::Json)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("queueDeadline"), "{bad}: {err}");
+    }
+}

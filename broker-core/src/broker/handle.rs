@@ -194,10 +194,7 @@ impl ResourceHandle {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         if self.resource.retired.load(Ordering::Acquire) {
-            let target = Target {
-                resource: &self.resource.id,
-                key,
-            };
+            let target = Target::keyed(&self.resource.id, key);
             return self.broker.try_acquire_now(target, cost);
         }
         self.broker
@@ -221,10 +218,7 @@ impl<'s> Call<'s> for OnHandle<'s> {
         let (handle, key, cost) = (self.handle, self.key, self.cost);
         let broker = &handle.broker;
         if handle.resource.retired.load(Ordering::Acquire) {
-            let target = Target {
-                resource: &handle.resource.id,
-                key,
-            };
+            let target = Target::keyed(&handle.resource.id, key);
             return Err(Box::pin(broker.try_acquire(target, cost)) as Later<'s>);
         }
         let mut state_key = None;

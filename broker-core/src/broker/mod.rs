@@ -7,6 +7,7 @@ mod hold;
 mod in_flight;
 mod keeper;
 mod permit;
+mod queue;
 mod register;
 mod target;
 
@@ -22,8 +23,9 @@ pub use first_poll::{TryAcquire, TryAcquireOnHandle};
 pub use handle::ResourceHandle;
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
+pub use queue::{FlowStats, LevelStats, QueueStats};
 pub use register::{EntryError, OnOtherLimits};
-pub use target::Target;
+pub use target::{Priority, Target};
 
 use crate::backend::{Backend, LocalStates};
 use crate::config::ResourceConfig;
@@ -99,6 +101,9 @@ pub(crate) struct Resource {
     /// Holds on attempts already booked in this process (see `hold.rs`),
     /// shared by every registration of this id.
     pub(crate) holds: Arc<hold::Holds>,
+    /// The local wait queues of `enqueue`, by state key, shared by every
+    /// registration of this id.
+    pub(crate) lines: Arc<queue::Lines>,
     /// When this resource last logged a backend error at warn level (ms
     /// since the process-wide origin), `u64::MAX` for never.
     pub(crate) warned_at_ms: std::sync::atomic::AtomicU64,
@@ -234,7 +239,10 @@ impl Resource {
     /// registration of the id, also on one this one replaced: those are
     /// still queued and in flight under this id.
     fn stats(&self) -> ResourceStats {
-        self.counters.snapshot(self.kind, &self.live)
+        ResourceStats {
+            queue: self.lines.stats(),
+            ..self.counters.snapshot(self.kind, &self.live)
+        }
     }
 
     /// `config.limits.check_fits`, answered from `fits` when it passes.
@@ -678,15 +686,18 @@ impl ResourceBroker {
             Some(key) => (key.as_str(), true),
             None => (resource.key.as_str(), false),
         };
-        let deadline = crate::clock::tokio_after(max_wait);
+        let bounds = enqueue::Bounds {
+            deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),
+            ceiling: None,
+        };
         let (booking, permit) =
-            match enqueue::admit_until(self, &resource, state, cost, deadline, true).await? {
+            match enqueue::admit_until(self, &resource, state, cost, &bounds, None, true).await? {
                 enqueue::Admitted::Go(booking, permit) => (booking, permit),
-                enqueue::Admitted::TooLong(wait) => {
+                enqueue::Admitted::TooLong(wait, _) => {
                     bump(&resource.tally().counters.denied);
                     return Ok(denied(DenyReason::Rate, wait));
                 }
-                enqueue::Admitted::NoSlot => {
+                enqueue::Admitted::NoSlot(_) => {
                     bump(&resource.tally().counters.denied);
                     return Ok(denied(DenyReason::Concurrency, 0));
                 }

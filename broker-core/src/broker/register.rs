@@ -238,14 +238,16 @@ impl ResourceBroker {
         // queued and running belong to the resource id, not to one
         // registration: a call still running on an earlier registration
         // sees a hold set through this one, and the other way round.
-        let (holds, lineage, epochs, live) = match map.get(&ready.id) {
+        let (holds, lines, lineage, epochs, live) = match map.get(&ready.id) {
             Some(old) => (
                 old.holds.clone(),
+                old.lines.clone(),
                 old.lineage.clone(),
                 old.epochs.after(&old.spec, &ready.spec),
                 old.live.clone(),
             ),
             None => (
+                Arc::default(),
                 Arc::default(),
                 Arc::new(Lineage::new(ready.spec.clone())),
                 Epochs::default(),
@@ -265,6 +267,7 @@ impl ResourceBroker {
             slot_notify: tokio::sync::Notify::new(),
             slot_waiters: std::sync::atomic::AtomicUsize::new(0),
             holds,
+            lines,
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),
             keeper: self.inner.keeper.clone(),

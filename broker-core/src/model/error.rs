@@ -92,23 +92,34 @@ pub enum BrokerError {
         /// The burst of the limit it exceeds.
         burst: u64,
     },
-    /// The resource's queue is full.
-    #[error("queue of resource {resource:?} is full ({capacity} waiting)")]
+    /// The resource's queue is full: refused at once.
+    #[error("queue of resource {resource:?} is full ({depth} waiting, capacity {capacity})")]
     QueueFull {
         /// Resource id.
         resource: String,
+        /// The calls waiting when this one was refused.
+        depth: usize,
         /// The configured queue capacity.
         capacity: usize,
     },
-    /// The wait for a slot is longer than the wait ceiling.
-    #[error("resource {resource:?}: next slot in {wait:?}, beyond the wait ceiling {ceiling:?}")]
+    /// The call would wait beyond a bound: its deadline, or, for a
+    /// penalty (an upstream 429's hold, a spent counter), the retry
+    /// policy's ceiling. Waiting for one's turn has no bound but a deadline.
+    #[error(
+        "resource {resource:?}: waited {waited:?}; the next send time is {would_wait:?} away, beyond {bound}"
+    )]
     WaitTooLong {
         /// Resource id.
         resource: String,
-        /// How long the wait would be.
-        wait: Duration,
-        /// The ceiling it exceeds.
-        ceiling: Duration,
+        /// How long the call has waited (since it was enqueued).
+        waited: Duration,
+        /// How long it would still wait: the store's answer; for a call
+        /// still queued behind others in this process, an estimate (the
+        /// head's time still ahead, then the refill time of each call
+        /// ahead of it and of its own).
+        would_wait: Duration,
+        /// The bound it met.
+        bound: WaitBound,
     },
     /// The backend failed and the failure policy did not cover it.
     #[error(transparent)]
@@ -116,4 +127,32 @@ pub enum BrokerError {
     /// A configuration error.
     #[error(transparent)]
     Config(#[from] ConfigError),
+}
+
+/// The bound a wait met (see [`BrokerError::WaitTooLong`]).
+///
+/// ```
+/// use broker_core::WaitBound;
+/// use std::time::Duration;
+/// let bound = WaitBound::PenaltyCeiling(Duration::from_secs(3));
+/// assert_eq!(bound.to_string(), "the penalty ceiling 3s");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitBound {
+    /// The call's deadline (`Target::deadline`, or the resource's
+    /// `queue_deadline`; for `acquire`, its `max_wait`), counted from
+    /// when the call began.
+    Deadline(Duration),
+    /// The retry policy's ceiling, which bounds a penalty's hold (an
+    /// upstream 429, a spent counter) and a retry pause.
+    PenaltyCeiling(Duration),
+}
+
+impl std::fmt::Display for WaitBound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitBound::Deadline(d) => write!(f, "the deadline {d:?}"),
+            WaitBound::PenaltyCeiling(d) => write!(f, "the penalty ceiling {d:?}"),
+        }
+    }
 }

@@ -51,6 +51,16 @@ pub struct ResourceConfig {
     /// (see [`crate::pacing`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pacing_margin: f64,
+    /// How long an `enqueue` call may wait for its turn by default (a
+    /// call's `Target::deadline` overrides it); `None` (the default): as
+    /// long as the queue holds it. Written as a duration: `queueDeadline:
+    /// "30s"`.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub queue_deadline: Option<Duration>,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -72,6 +82,8 @@ struct RawResourceConfig {
     retry: RetryPolicy,
     #[serde(default)]
     pacing_margin: f64,
+    #[serde(default, with = "humantime_serde")]
+    queue_deadline: Option<Duration>,
 }
 
 impl TryFrom<RawResourceConfig> for ResourceConfig {
@@ -85,6 +97,7 @@ impl TryFrom<RawResourceConfig> for ResourceConfig {
             max_hold: raw.max_hold,
             retry: raw.retry,
             pacing_margin: raw.pacing_margin,
+            queue_deadline: raw.queue_deadline,
         };
         config.validate()?;
         Ok(config)
@@ -113,7 +126,15 @@ impl ResourceConfig {
             max_hold: default_max_hold(),
             retry: Default::default(),
             pacing_margin: 0.0,
+            queue_deadline: None,
         }
+    }
+
+    /// Sets how long an `enqueue` call may wait for its turn by default
+    /// (see [`ResourceConfig::queue_deadline`]).
+    pub fn queue_deadline(mut self, deadline: Duration) -> Self {
+        self.queue_deadline = Some(deadline);
+        self
     }
 
     /// Sets the pacing margin (see [`crate::pacing`]).
@@ -168,6 +189,12 @@ impl ResourceConfig {
             return Err(ConfigError::NotPositive {
                 field: "maxHold".into(),
                 value: format!("{:?}", self.max_hold),
+            });
+        }
+        if self.queue_deadline.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::NotPositive {
+                field: "queueDeadline".into(),
+                value: "0s".into(),
             });
         }
         pacing::validate(self.pacing_margin)?;

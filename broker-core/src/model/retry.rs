@@ -10,7 +10,9 @@
 //! - fatal (401/403/404/400): no retry.
 //!
 //! One ceiling, `max(configured, N × longest window + margin)`, bounds both
-//! the wait for a slot and every retry pause ([`RetryPolicy::ceiling`]).
+//! a penalty's hold (an upstream 429, a spent counter) and every retry
+//! pause ([`RetryPolicy::ceiling`]); the wait for one's turn in the queue
+//! has no bound but a deadline.
 
 use std::time::Duration;
 
@@ -263,10 +265,10 @@ impl RetryPolicy {
     }
 
     /// The one wait ceiling: `max(wait_ceiling, N × longest window + margin)`.
-    /// It bounds the wait for a slot and every retry pause, so a retry can
+    /// It bounds a penalty's hold and every retry pause, so a retry can
     /// always outwait one full window of the upstream, and a penalty set
-    /// after a 429 (at most one pause long) never makes the next wait for a
-    /// slot exceed the ceiling and fail before the upstream is asked again.
+    /// after a 429 (at most one pause long) never exceeds the ceiling and
+    /// fails the calls it holds before the upstream is asked again.
     ///
     /// ```
     /// use broker_core::{Limits, RateLimit, RetryPolicy};

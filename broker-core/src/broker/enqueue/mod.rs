@@ -1,0 +1,411 @@
+//! Queue + execute: `enqueue` waits for its turn in the local queue of its
+//! state (`queue`), books when at the head, sleeps to the booked time (and
+//! out of a hold an upstream 429 set meanwhile), takes a concurrency slot,
+//! runs the work and retries it by the resource's [`RetryPolicy`].
+//! Cancellation-safe: the guards here leave the queue, refund an unused
+//! reservation and free a held slot when the future is dropped at any
+//! await point.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::in_flight::to_its_answer;
+use super::queue::{self, Ticket};
+use super::{Resource, ResourceBroker, Target};
+use crate::clock::Micros;
+use crate::error::BrokerError;
+use crate::limits::Cost;
+use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
+use crate::stats::{bump, drop_one};
+use crate::telemetry::{self, Signal};
+
+mod admit;
+mod booking;
+mod feedback;
+
+use feedback::{capped_resets, hold_spent_counters};
+
+pub(crate) use admit::{admit_until, Admitted, Bounds};
+pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
+
+/// Passed to the work on every attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// The cost reserved for this attempt.
+    pub cost: Cost,
+}
+
+/// Why `enqueue` returned without a result.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError<E> {
+    /// The broker refused before or between attempts (unknown resource,
+    /// queue full, cost never fits, a wait beyond its deadline or a hold
+    /// beyond the penalty ceiling, backend down).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The work failed with an error that no retry can fix. The work's
+    /// error is the `source()` and ends the message.
+    #[error("fatal upstream error on attempt {attempts}: {error}")]
+    Fatal {
+        /// The work's error.
+        #[source]
+        error: E,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The retry budget ran out. The last attempt's error is the
+    /// `source()` and ends the message.
+    #[error("retry budget exhausted after {attempts} attempts (last outcome: {last:?}): {error}")]
+    RetriesExhausted {
+        /// The last attempt's error.
+        #[source]
+        error: E,
+        /// Attempts made.
+        attempts: u32,
+        /// The class of the last outcome.
+        last: OutcomeClass,
+    },
+}
+
+/// Counts an `enqueue` call as queued, then as running, and undoes the
+/// count when dropped.
+struct QueuePlace<'r> {
+    resource: &'r Resource,
+    running: bool,
+}
+
+impl<'r> QueuePlace<'r> {
+    fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
+        let capacity = resource.config.queue_capacity;
+        // Counted for the resource id: the calls still waiting on a
+        // registration this one replaced are in this resource's queue
+        // too, so a re-registration does not make room for more.
+        let queued = &resource.live.queued;
+        let before = queued.fetch_add(1, Ordering::AcqRel);
+        if before >= capacity as u64 {
+            drop_one(queued);
+            // A call refused at once still ended in an error.
+            bump(&resource.counters.failed);
+            return Err(BrokerError::QueueFull {
+                resource: resource.id.clone(),
+                depth: usize::try_from(before).unwrap_or(usize::MAX),
+                capacity,
+            });
+        }
+        Ok(Self {
+            resource,
+            running: false,
+        })
+    }
+
+    fn set_running(&mut self, running: bool) {
+        if self.running == running {
+            return;
+        }
+        let (from, to) = if running {
+            (&self.resource.live.queued, &self.resource.live.in_flight)
+        } else {
+            (&self.resource.live.in_flight, &self.resource.live.queued)
+        };
+        drop_one(from);
+        bump(to);
+        self.running = running;
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        let c = &self.resource.live;
+        drop_one(if self.running {
+            &c.in_flight
+        } else {
+            &c.queued
+        });
+    }
+}
+
+/// # Queue + execute
+impl ResourceBroker {
+    /// Waits for its turn on `target`, runs `work`, and retries it on 429
+    /// and transient failures by the resource's retry policy. Calls wait
+    /// in a local queue per state; only the head books in the store, at
+    /// most a few token intervals ahead (see [`crate::Priority`]), so a
+    /// caller who leaves costs nothing and the line moves up. The target's
+    /// priority, flow and deadline set the call's place (see
+    /// [`Target`]): strict priority with a minimum share for lower
+    /// levels, weighted round robin over flows, FIFO within a flow. A 429
+    /// penalizes the bucket for every other consumer;
+    /// `Outcome::Ok { usage, observed }` settles the actual cost and
+    /// reconciles the upstream's headers.
+    ///
+    /// A call waits for its turn as long as the queue holds it
+    /// ([`BrokerError::QueueFull`] at once when the queue is full), unless
+    /// it has a deadline (the target's, else the resource's
+    /// `queue_deadline`); the retry policy's ceiling bounds a penalty's
+    /// hold and every retry pause. A bound met ends the call in
+    /// [`BrokerError::WaitTooLong`], which says how long it waited and
+    /// would still wait.
+    ///
+    /// Dropping the returned future at any point leaves the queue, refunds
+    /// an unused reservation and frees a held concurrency slot.
+    ///
+    /// A resource registered with [`ResourceBroker::register_limit`] is
+    /// queued too, with the queue capacity and retry policy of
+    /// [`crate::ResourceConfig::new`]; [`ResourceBroker::register`]
+    /// chooses them.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Outcome, Priority, ResourceBroker, Target};
+    /// # async fn demo(broker: ResourceBroker) {
+    /// let answer: Result<String, _> = broker
+    ///     .enqueue("openai", Cost::tokens(800), |attempt| async move {
+    ///         // call the upstream here; report what happened
+    ///         Outcome::<String, std::io::Error>::ok_with_usage("done".into(), Cost::tokens(650))
+    ///     })
+    ///     .await;
+    /// // A batch job of one tenant, behind interactive calls, fair to
+    /// // other tenants.
+    /// let target = Target::from("openai").priority(Priority::Batch).flow("tenant-a");
+    /// let embedded: Result<(), _> = broker
+    ///     .enqueue(target, Cost::tokens(300), |_| async {
+    ///         Outcome::<(), std::io::Error>::ok(())
+    ///     })
+    ///     .await;
+    /// # }
+    /// ```
+    pub async fn enqueue<'a, T, E, F, Fut>(
+        &self,
+        target: impl Into<Target<'a>>,
+        cost: Cost,
+        mut work: F,
+    ) -> Result<T, EnqueueError<E>>
+    where
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Outcome<T, E>>,
+    {
+        let target = target.into();
+        let resource = self.resource(target.resource)?;
+        // A cost that never fits ends the call in an error, counted.
+        resource
+            .config
+            .limits
+            .check_fits(&resource.id, cost)
+            .inspect_err(|_| bump(&resource.counters.failed))?;
+        let key = match target.key {
+            Some(k) => crate::keys::keyed(&resource.id, k),
+            None => resource.key.clone(),
+        };
+        let mut place = QueuePlace::enter(&resource)?;
+        let started = tokio::time::Instant::now();
+        let policy: &RetryPolicy = &resource.config.retry;
+        let limits = resource.config.paced_limits();
+        // The ceiling bounds a penalty's hold and every retry pause; the
+        // wait for one's turn has no bound but a deadline.
+        let ceiling = policy.ceiling(&limits);
+        let deadline = (target.deadline)
+            .or(resource.config.queue_deadline)
+            .map(|d| (crate::clock::tokio_after(d), d));
+        let bounds = Bounds {
+            deadline,
+            ceiling: Some(ceiling),
+        };
+        let flow: Arc<str> = target
+            .flow
+            .map_or_else(|| "".into(), |(f, _)| crate::keys::fingerprint(f).into());
+        let weight = target.flow.map_or(1, |(_, w)| w);
+        let units = queue::units(&resource.latest().spec, cost);
+        let mut ticket = Ticket::new(
+            &resource.lines,
+            &key,
+            target.priority,
+            (flow, weight),
+            units,
+        );
+        let mut number = 0;
+        let result = loop {
+            number += 1;
+            // The slot is not counted in flight: the queue place counts
+            // this work.
+            let state = (key.as_str(), target.key.is_some());
+            let admitted = admit_until(
+                self,
+                &resource,
+                state,
+                cost,
+                &bounds,
+                Some(&mut ticket),
+                false,
+            );
+            let too_long = |would_wait: Micros, bound| {
+                EnqueueError::Broker(BrokerError::WaitTooLong {
+                    resource: resource.id.clone(),
+                    waited: started.elapsed(),
+                    would_wait: Duration::from_micros(would_wait),
+                    bound,
+                })
+            };
+            let (booking, permit) = match admitted.await {
+                Ok(Admitted::Go(booking, permit)) => (booking, permit),
+                Ok(Admitted::TooLong(wait, bound)) => break Err(too_long(wait, bound)),
+                Ok(Admitted::NoSlot(bound)) => break Err(too_long(0, bound)),
+                // A backend error ends the call as a failed one, counted below.
+                Err(e) => break Err(EnqueueError::Broker(e)),
+            };
+            if number == 1 {
+                resource
+                    .lines
+                    .waits
+                    .record(target.priority, started.elapsed());
+            }
+            let booked = booking.consume();
+            bump(&resource.tally().counters.allowed);
+            place.set_running(true);
+            let outcome = work(Attempt { number, cost }).await;
+            let class = outcome.class();
+            let retry_after = outcome.retry_after();
+            // This process's hold on the state before the answer's own
+            // holds: what the settlement of a success goes by.
+            let held_until = resource.holds.until(&key);
+            // A 429's hold, and that of a counter the answer reports spent,
+            // go on before the slot is freed: a call waiting for the slot
+            // would otherwise take it, find no hold yet, and go out during
+            // the penalty or into the spent window (the settlement and the
+            // penalty before the reconcile are round trips to the store).
+            let hold = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
+                let hold = policy.rate_limited_pause(number, retry_after, &limits);
+                resource.holds.hold(&key, crate::clock::tokio_after(hold));
+                hold
+            });
+            if let Some(observed) = outcome.observed() {
+                hold_spent_counters(&resource, &key, &capped_resets(&resource, observed));
+            }
+            // What the answer tells the store (a 429's penalty, the
+            // settlement of a success, the counters it reports) reaches
+            // the store before a slot is freed: a call of another process
+            // that waited for the slot asks the store for a hold once it
+            // has the slot (see `admit_until`; a resource without rate
+            // limits is held by the store's state alone,
+            // `ResourceState::hold`), and would otherwise find none yet,
+            // and go out during the penalty or into the spent window. The
+            // settlement goes before the reconcile, which corrects the
+            // state it leaves. Run to its end, the slot freed after it,
+            // even if this call is dropped meanwhile (a timeout around
+            // `enqueue`): dropped with the call, the slot would be freed
+            // before the store holds the state, and the penalty or the
+            // spent counter's hold lost.
+            let settlement = match &outcome {
+                Outcome::Ok { usage, .. } => booked.settlement(&resource, cost, *usage, held_until),
+                _ => None,
+            };
+            let observed = outcome.observed().cloned();
+            if hold.is_some() || settlement.is_some() || observed.is_some() {
+                let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
+                to_its_answer(async move {
+                    if let Some(hold) = hold {
+                        broker
+                            .note_upstream_429(&resource, &key, number, retry_after, hold)
+                            .await;
+                    }
+                    if let Some((spec, reserved, actual, since)) = settlement {
+                        // A failed correction is logged, not returned.
+                        let change = (reserved, actual, since);
+                        let backend = &broker.inner.backend;
+                        if let Some(task) =
+                            settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
+                        {
+                            let _ = task.await;
+                        }
+                        // Time given back may be the head's of this line.
+                        if actual.requests < reserved.requests || actual.tokens < reserved.tokens {
+                            resource.lines.gave_back(&key);
+                        }
+                    }
+                    if let Some(observed) = observed {
+                        // Likewise: a failed reconcile never fails the answer.
+                        let _ = broker.reconcile_key(&resource, &key, &observed).await;
+                    }
+                    drop(permit);
+                })
+                .await;
+            } else {
+                drop(permit);
+            }
+            place.set_running(false);
+            let error = match outcome {
+                Outcome::Ok { value, .. } => break Ok(value),
+                Outcome::RateLimited { error, .. }
+                | Outcome::Transient { error, .. }
+                | Outcome::Fatal { error, .. } => error,
+            };
+            if !class.is_retryable() {
+                break Err(EnqueueError::Fatal {
+                    error,
+                    attempts: number,
+                });
+            }
+            let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
+                break Err(exhausted(&resource, error, number, class));
+            };
+            bump(&resource.tally().counters.retries);
+            tokio::time::sleep(pause).await;
+        };
+        let tally = resource.tally();
+        bump(if result.is_ok() {
+            &tally.counters.completed
+        } else {
+            &tally.counters.failed
+        });
+        result
+    }
+}
+
+impl<E> EnqueueError<E> {
+    /// The class of this error, by the same rule as the work's outcomes:
+    /// a fatal upstream error or a call that can never succeed (unknown
+    /// resource, cost beyond the burst, bad config) is [`OutcomeClass::Fatal`];
+    /// an exhausted budget keeps the class of its last outcome; a full queue
+    /// or a wait beyond the ceiling is [`OutcomeClass::RateLimited`]; a
+    /// backend failure is [`OutcomeClass::Transient`].
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            EnqueueError::Fatal { .. } => OutcomeClass::Fatal,
+            EnqueueError::RetriesExhausted { last, .. } => *last,
+            EnqueueError::Broker(b) => match b {
+                BrokerError::QueueFull { .. } | BrokerError::WaitTooLong { .. } => {
+                    OutcomeClass::RateLimited
+                }
+                BrokerError::Backend(_) => OutcomeClass::Transient,
+                BrokerError::UnknownResource(_)
+                | BrokerError::CostNeverFits { .. }
+                | BrokerError::Config(_) => OutcomeClass::Fatal,
+            },
+        }
+    }
+
+    /// Whether a later run of the whole job may succeed (the one rule,
+    /// [`OutcomeClass::is_retryable`], applied to this error's class): a job
+    /// queue should fail the job at once when this is false.
+    pub fn is_retryable(&self) -> bool {
+        self.class().is_retryable()
+    }
+}
+
+fn exhausted<E>(
+    resource: &Resource,
+    error: E,
+    attempts: u32,
+    last: OutcomeClass,
+) -> EnqueueError<E> {
+    bump(&resource.tally().counters.retries_exhausted);
+    telemetry::count(&resource.id, Signal::RetriesExhausted);
+    tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
+    EnqueueError::RetriesExhausted {
+        error,
+        attempts,
+        last,
+    }
+}

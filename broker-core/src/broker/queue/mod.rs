@@ -1,0 +1,418 @@
+//! The local wait queue of `enqueue`: per state key, a line of waiters of
+//! which only the head books in the store; the rest wait here at no store
+//! cost, so a caller who leaves costs nothing and the line moves up.
+//!
+//! Who becomes head: the highest priority with waiters (strict priority),
+//! but one turn in [`Priority::MIN_SHARE`] goes to the longest-waiting
+//! call of a lower level while higher ones are backlogged; within a level,
+//! deficit round robin over flows by cost and weight, FIFO within a flow.
+//! A higher-priority arrival takes the head from a lower head not yet
+//! booked (unless that one got its turn by the minimum share).
+
+mod drr;
+pub(crate) mod stats;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::Priority;
+use crate::limits::Cost;
+use crate::state::LimitSpec;
+use drr::{Entry, Flows};
+pub use stats::{FlowStats, LevelStats, QueueStats};
+
+/// The lines of one resource id, by state key (shared by its
+/// registrations).
+#[derive(Debug, Default)]
+pub(crate) struct Lines {
+    lines: Mutex<HashMap<String, Line>>,
+    next: AtomicU64,
+    pub(crate) waits: stats::Waits,
+}
+
+/// The waiters of one state key.
+#[derive(Debug, Default)]
+struct Line {
+    levels: [Flows; 3],
+    head: Option<Head>,
+    /// Turns given to a higher level while a lower one waited, since a
+    /// lower one last had one.
+    over_lower: u32,
+    /// When the head's cost fits, as the store last told it (the head
+    /// waits for it to come within its horizon).
+    head_due: Option<tokio::time::Instant>,
+}
+
+/// The waiter that may book now.
+#[derive(Debug)]
+struct Head {
+    priority: Priority,
+    flow: Arc<str>,
+    entry: Entry,
+    /// It got its turn by a lower level's minimum share: not displaced.
+    by_share: bool,
+}
+
+/// The cost of `cost` on `spec` as the time it refills in its slowest
+/// bucket, µs (at least 1): a DRR cost, and the unit of the horizons.
+pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
+    spec.buckets
+        .iter()
+        .map(|(unit, p)| (cost.of(*unit) as f64 * p.micros_per_token()).ceil() as u64)
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
+
+/// How far ahead a head of `priority` books a cost of `units` (its
+/// token interval): batch one interval, default two, interactive four.
+/// `None` for no horizon (as far as its deadline allows): a resource
+/// without rate limits has no interval and nothing to space (only a
+/// hold makes it wait, booked through as before).
+///
+/// Interactive has a horizon too: without one, a backlog of interactive
+/// calls would book the whole future at once, and no lower level could
+/// get its minimum share of the sends; four intervals are more than a
+/// lone interactive call needs (lower levels book at most two ahead).
+pub(crate) fn horizon(priority: Priority, spec: &LimitSpec, units: u64) -> Option<Duration> {
+    let intervals = match priority {
+        _ if spec.buckets.is_empty() => return None,
+        Priority::Interactive => 4,
+        Priority::Default => 2,
+        Priority::Batch => 1,
+    };
+    Some(Duration::from_micros(units.saturating_mul(intervals)))
+}
+
+impl Line {
+    fn is_empty(&self) -> bool {
+        self.head.is_none() && self.levels.iter().all(|l| l.len() == 0)
+    }
+
+    /// Makes the next waiter head, if there is none.
+    fn promote(&mut self) {
+        if self.head.is_some() {
+            return;
+        }
+        self.head_due = None;
+        let Some(top) = (0..3).rev().find(|&p| self.levels[p].len() > 0) else {
+            return;
+        };
+        let lower = (0..top)
+            .filter_map(|p| self.levels[p].oldest().map(|seq| (seq, p)))
+            .min()
+            .map(|(_, p)| p);
+        let (level, by_share) = match lower {
+            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => {
+                self.over_lower = 0;
+                (p, true)
+            }
+            Some(_) => {
+                self.over_lower += 1;
+                (top, false)
+            }
+            None => {
+                self.over_lower = 0;
+                (top, false)
+            }
+        };
+        let popped = if by_share {
+            self.levels[level].pop_oldest()
+        } else {
+            self.levels[level].pop()
+        };
+        let Some((flow, entry)) = popped else {
+            return;
+        };
+        entry.wake.notify_one();
+        self.head = Some(Head {
+            priority: Priority::ALL[level],
+            flow,
+            entry,
+            by_share,
+        });
+    }
+}
+
+/// An `enqueue` call's place in the line of its state key: joined for
+/// each booking, left once booked; leaves whatever it holds when dropped.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    lines: Arc<Lines>,
+    key: String,
+    id: u64,
+    seq: u64,
+    priority: Priority,
+    flow: Arc<str>,
+    weight: u32,
+    pub(crate) units: u64,
+    wake: Arc<Notify>,
+    joined: bool,
+}
+
+impl Ticket {
+    /// A ticket for a call on state `key` of `priority`, of flow
+    /// `flow` (a fingerprint; empty for none) and `weight`, of cost
+    /// `units` (see [`units`]).
+    pub(crate) fn new(
+        lines: &Arc<Lines>,
+        key: &str,
+        priority: Priority,
+        (flow, weight): (Arc<str>, u32),
+        units: u64,
+    ) -> Self {
+        let id = lines.next.fetch_add(1, Ordering::Relaxed);
+        Self {
+            lines: lines.clone(),
+            key: key.to_owned(),
+            id,
+            seq: id,
+            priority,
+            flow,
+            weight,
+            units,
+            wake: Arc::default(),
+            joined: false,
+        }
+    }
+
+    pub(crate) fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// Joins the line (again: in the place the call had in its flow).
+    pub(crate) fn join(&mut self) {
+        if self.joined {
+            return;
+        }
+        self.joined = true;
+        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let line = lines.entry(self.key.clone()).or_default();
+        let entry = Entry {
+            id: self.id,
+            seq: self.seq,
+            units: self.units,
+            weight: self.weight,
+            wake: self.wake.clone(),
+        };
+        line.levels[self.priority.index()].push(&self.flow, entry, false);
+        match &line.head {
+            None => line.promote(),
+            Some(h) if h.priority < self.priority && !h.by_share => {
+                // A higher priority takes the turn of a head not booked yet.
+                let head = line.head.take().expect("a head");
+                let wake = head.entry.wake.clone();
+                line.levels[head.priority.index()].push(&head.flow, head.entry, true);
+                line.promote();
+                wake.notify_one();
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Whether this call is the head of its line.
+    pub(crate) fn is_head(&self) -> bool {
+        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        lines
+            .get(&self.key)
+            .and_then(|l| l.head.as_ref())
+            .is_some_and(|h| h.entry.id == self.id)
+    }
+
+    /// Waits until this call is the head of its line.
+    pub(crate) async fn turn(&self) {
+        loop {
+            let woken = self.wake.notified();
+            if self.is_head() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
+    /// Waits until `d` has passed or something may have changed for the
+    /// head: time given back on its state, or a higher priority took the
+    /// turn.
+    pub(crate) async fn nap(&self, d: Duration) {
+        let _ = tokio::time::timeout(d, self.wake.notified()).await;
+    }
+
+    /// Leaves the line (booked, or going away): the next waiter becomes
+    /// head at once.
+    pub(crate) fn leave(&mut self) {
+        if !self.joined {
+            return;
+        }
+        self.joined = false;
+        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(line) = lines.get_mut(&self.key) else {
+            return;
+        };
+        if line.head.as_ref().is_some_and(|h| h.entry.id == self.id) {
+            line.head = None;
+            line.promote();
+        } else {
+            line.levels[self.priority.index()].remove(&self.flow, self.id);
+        }
+        if line.is_empty() {
+            lines.remove(&self.key);
+        }
+    }
+
+    /// The head was told by the store that its cost fits at `due`.
+    pub(crate) fn set_due(&self, due: tokio::time::Instant) {
+        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(line) = lines.get_mut(&self.key) {
+            if line.head.as_ref().is_some_and(|h| h.entry.id == self.id) {
+                line.head_due = Some(due);
+            }
+        }
+    }
+
+    /// An estimate of this queued call's wait for its send time, as this
+    /// process sees it: the head's time still ahead (as the store last
+    /// told it, else none), then the refill time of every call ahead of
+    /// this one in the line (at its priority or higher) and its own.
+    pub(crate) fn ahead(&self) -> Duration {
+        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(line) = lines.get(&self.key) else {
+            return Duration::ZERO;
+        };
+        let queued: u64 = (self.priority.index()..3)
+            .map(|p| {
+                let seq = if p == self.priority.index() {
+                    self.seq
+                } else {
+                    u64::MAX
+                };
+                line.levels[p].units_before(seq)
+            })
+            .sum();
+        let head = line.head_due.map_or(Duration::ZERO, |due| {
+            due.saturating_duration_since(tokio::time::Instant::now())
+        });
+        head + Duration::from_micros(queued.saturating_add(self.units))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+impl Lines {
+    /// Time was given back on state `key` (a refund): wakes its head, to
+    /// ask the store again.
+    pub(crate) fn gave_back(&self, key: &str) {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(head) = lines.get(key).and_then(|l| l.head.as_ref()) {
+            head.entry.wake.notify_one();
+        }
+    }
+
+    /// The queue's stats: depth per priority, the busiest flows, waits.
+    pub(crate) fn stats(&self) -> QueueStats {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut depth = [0u64; 3];
+        let mut flows: HashMap<&Arc<str>, (u64, u64)> = HashMap::new();
+        for line in lines.values() {
+            for (p, level) in line.levels.iter().enumerate() {
+                depth[p] += level.len() as u64;
+                for (name, n, units) in level.per_flow() {
+                    let f = flows.entry(name).or_default();
+                    f.0 += n;
+                    f.1 += units;
+                }
+            }
+            if let Some(h) = &line.head {
+                depth[h.priority.index()] += 1;
+                let f = flows.entry(&h.flow).or_default();
+                f.0 += 1;
+                f.1 += h.entry.units;
+            }
+        }
+        let flows = flows
+            .into_iter()
+            .filter(|(name, _)| !name.is_empty())
+            .map(|(name, (queued, units))| FlowStats {
+                flow: name.to_string(),
+                queued,
+                queued_cost_ms: units / 1000,
+            })
+            .collect();
+        stats::snapshot(&self.waits, depth, flows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(lines: &Arc<Lines>, p: Priority, flow: &str) -> Ticket {
+        let mut t = Ticket::new(lines, "k", p, (flow.into(), 1), 1);
+        t.join();
+        t
+    }
+
+    #[test]
+    fn a_higher_priority_takes_the_turn_of_an_unbooked_head() {
+        let lines = Arc::new(Lines::default());
+        let batch = ticket(&lines, Priority::Batch, "");
+        assert!(batch.is_head());
+        let interactive = ticket(&lines, Priority::Interactive, "");
+        assert!(interactive.is_head() && !batch.is_head());
+    }
+
+    #[test]
+    fn a_lower_level_gets_one_turn_in_min_share() {
+        let lines = Arc::new(Lines::default());
+        let mut high: Vec<Ticket> = (0..30)
+            .map(|_| ticket(&lines, Priority::Interactive, ""))
+            .collect();
+        let mut low = ticket(&lines, Priority::Batch, "");
+        let mut turns = 0;
+        while !low.is_head() {
+            let at = high.iter().position(Ticket::is_head).expect("a head");
+            high.remove(at);
+            turns += 1;
+        }
+        low.leave();
+        // The head when it came, then nine more: its turn is the tenth.
+        assert_eq!(turns, Priority::MIN_SHARE as usize);
+    }
+
+    #[test]
+    fn horizons_are_token_intervals_of_the_slowest_bucket_scaled_by_cost() {
+        use crate::limits::{Limits, RateLimit, Unit};
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(10))
+            .rate(RateLimit::per(1000, Duration::from_secs(60)).unit(Unit::Tokens));
+        let spec = LimitSpec::new(&limits, Duration::from_secs(60));
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis());
+        // One request: 100 ms; 500 tokens: 30 s, the slower.
+        let one = units(&spec, Cost::requests(1));
+        let big = units(&spec, Cost::tokens(500));
+        assert_eq!((one, big), (100_000, 30_000_000));
+        assert_eq!(ms(horizon(Priority::Batch, &spec, one)), Some(100));
+        assert_eq!(ms(horizon(Priority::Default, &spec, one)), Some(200));
+        assert_eq!(ms(horizon(Priority::Interactive, &spec, one)), Some(400));
+        assert_eq!(ms(horizon(Priority::Batch, &spec, big)), Some(30_000));
+        let unlimited = LimitSpec::new(&Limits::new(), Duration::from_secs(60));
+        assert_eq!(horizon(Priority::Batch, &unlimited, 1), None);
+    }
+
+    #[test]
+    fn the_lines_are_gone_once_every_waiter_left() {
+        let lines = Arc::new(Lines::default());
+        let ts: Vec<Ticket> = (0..5)
+            .map(|_| ticket(&lines, Priority::Default, "f"))
+            .collect();
+        drop(ts);
+        assert!(lines.lines.lock().unwrap().is_empty());
+    }
+}
