@@ -1,67 +1,219 @@
-//! An LLM client under RPM + TPM limits, against a simulated upstream.
+//! An LLM client under RPM + TPM limits, against a simulated OpenAI-style
+//! upstream that counts on receive and answers with `x-ratelimit-*` headers.
 //!
-//! Each job `enqueue`s one chat call with `reqwest`: the broker reserves the
-//! *estimated* tokens, the upstream (a real HTTP server on loopback with the
-//! same quotas, counting on receive and answering with OpenAI-style
-//! `x-ratelimit-*-requests/-tokens` headers) reports the real usage, and the
-//! broker settles the difference, reconciles the headers and, on a 429,
-//! penalizes the bucket and retries. A foreign client spends part of the
-//! same budget, as another service with the same API key would.
+//! 1. A batch: the broker books the *estimated* tokens, settles them to the
+//!    real usage, narrows its buckets to the headers and, on a 429,
+//!    penalizes the bucket and retries; a foreign client spends part of the
+//!    same budget, as another service on the same API key would.
+//! 2. Priorities: interactive calls overtake a queued batch.
+//! 3. Flows: a small tenant does not wait for a big tenant's backlog.
 //!
-//! Run: `cargo run --example llm_client` (finishes in a few seconds).
+//! Waits run on tokio's paused clock: the broker sees the times it would in
+//! production, the demo ends in about a second.
+//!
+//! Run: `cargo run --example llm_client`
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use resource_broker::headers::{self, HeaderMap, HeaderValue};
 use resource_broker::{
-    headers, Cost, EnqueueError, Limits, MemoryBackend, Outcome, OutcomeClass, RateLimit,
-    ResourceBroker, ResourceConfig, Unit,
+    Cost, Limits, MemoryBackend, Outcome, OutcomeClass, Priority, RateLimit, ResourceBroker,
+    ResourceConfig, Target, TokioClock, Unit,
 };
+use tokio::task::JoinSet;
+use tokio::time::{sleep, Instant};
 
-const JOBS: u64 = 120;
-const WORKERS: u64 = 8;
+const RPM: u64 = 600;
+const TPM: u64 = 150_000;
 const ESTIMATE: u64 = 600;
-const RPM: u64 = 1_200;
-const RPM_BURST: u64 = 20;
-const TPM: u64 = 300_000;
-const TPM_BURST: u64 = 10_000;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?
+        .block_on(demo())
+}
+
+async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    batch_with_feedback().await?;
+    interactive_overtakes_a_batch().await?;
+    a_small_tenant_beside_a_big_one().await?;
+    Ok(())
+}
 
 /// The tokens job `i` really uses: 200..=600, a fixed pseudo-random spread.
 fn actual_tokens(i: u64) -> u64 {
     200 + (i * 7_919) % 401
 }
 
-/// One chat call; the upstream charges `tokens` and reports them as usage.
-async fn chat(http: &reqwest::Client, url: &str, tokens: u64) -> Outcome<u64, String> {
-    let response = match http
-        .post(url)
-        .header("x-usage-tokens", tokens.to_string())
-        .send()
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return Outcome::transient(e.to_string()),
-    };
-    let status = response.status().as_u16();
-    let observed = headers::parse(response.headers(), SystemTime::now());
-    match OutcomeClass::from_status(status) {
-        OutcomeClass::Ok => match response.json::<serde_json::Value>().await {
-            Ok(body) => {
-                let used = body["usage"]["total_tokens"].as_u64().unwrap_or(ESTIMATE);
-                Outcome::ok_with_usage(used, Cost::tokens(used)).with_observed(observed)
-            }
-            Err(e) => Outcome::transient(e.to_string()),
-        },
-        class => Outcome::failed(class, format!("HTTP {status}"), Some(observed)),
-    }
+/// A broker on tokio's clock with one resource, `name`, under `limits`.
+fn broker_with(name: &str, limits: Limits) -> Result<ResourceBroker, Box<dyn std::error::Error>> {
+    let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
+    broker.register(name, ResourceConfig::new(limits))?;
+    Ok(broker)
 }
 
-/// One bucket of the simulated upstream: `capacity` at most, refilled at
-/// `per_sec`, counted when a request is received.
+/// RPM and TPM with bursts of a second's worth, as OpenAI-style quotas behave.
+fn openai_limits() -> Limits {
+    Limits::new()
+        .rate(RateLimit::per(RPM, Duration::from_secs(60)).with_burst(RPM / 60))
+        .rate(
+            RateLimit::per(TPM, Duration::from_secs(60))
+                .with_burst(TPM / 60)
+                .unit(Unit::Tokens),
+        )
+}
+
+/// Part 1: 120 jobs through `enqueue`, 8 at a time, beside a foreign client.
+async fn batch_with_feedback() -> Result<(), Box<dyn std::error::Error>> {
+    println!("1. 120 chat calls under {RPM} RPM and {TPM} TPM, a foreign client on the same key\n");
+    let broker = broker_with("openai", openai_limits().max_concurrent(8))?;
+    let upstream = Upstream::new();
+    let foreign = tokio::spawn({
+        let upstream = upstream.clone();
+        async move {
+            loop {
+                upstream.call(300, true);
+                sleep(Duration::from_millis(250)).await;
+            }
+        }
+    });
+    let started = Instant::now();
+    let mut jobs = JoinSet::new();
+    for i in 0..120 {
+        let (broker, upstream) = (broker.clone(), upstream.clone());
+        jobs.spawn(async move {
+            broker
+                .enqueue("openai", Cost::tokens(ESTIMATE), |_| {
+                    let answer = upstream.call(actual_tokens(i), false);
+                    async move { answer }
+                })
+                .await
+        });
+    }
+    let (mut done, mut used) = (0, 0);
+    while let Some(job) = jobs.join_next().await {
+        if let Ok(tokens) = job? {
+            done += 1;
+            used += tokens;
+        }
+    }
+    foreign.abort();
+    let secs = started.elapsed().as_secs_f64();
+    let stats = &broker.stats().resources["openai"];
+    let answers = upstream.answers();
+    println!(
+        "   {done} of 120 done in {secs:.1} s; {used} tokens used of {} estimated",
+        120 * ESTIMATE
+    );
+    println!(
+        "   upstream answered ours {} × 200, {} × 429; the foreign client's {} × 200, {} × 429",
+        answers[0], answers[1], answers[2], answers[3]
+    );
+    println!(
+        "   broker: {} upstream 429s penalized, {} retries, {} reconciles\n",
+        stats.upstream_429, stats.retries, stats.reconciles
+    );
+    Ok(())
+}
+
+/// Part 2: 300 batch jobs queued at once, 60 a minute; an interactive call
+/// every 20 s waits for one token interval at most, not for the batch.
+async fn interactive_overtakes_a_batch() -> Result<(), Box<dyn std::error::Error>> {
+    println!("2. 300 batch jobs queued at 60 RPM; an interactive call every 20 s\n");
+    let limit = Limits::new().rate(RateLimit::per_minute(60).with_burst(1));
+    let broker = broker_with("embeddings", limit)?;
+    let mut batch = JoinSet::new();
+    for _ in 0..300 {
+        let broker = broker.clone();
+        batch.spawn(async move {
+            let target = Target::from("embeddings").priority(Priority::Batch);
+            broker
+                .enqueue(target, Cost::default(), |_| async {
+                    Outcome::<(), std::io::Error>::ok(())
+                })
+                .await
+        });
+    }
+    for n in 1..=5 {
+        sleep(Duration::from_secs(20)).await;
+        let asked = Instant::now();
+        let target = Target::from("embeddings").priority(Priority::Interactive);
+        broker
+            .enqueue(target, Cost::default(), |_| async {
+                Outcome::<(), std::io::Error>::ok(())
+            })
+            .await?;
+        let queue = &broker.stats().resources["embeddings"].queue;
+        println!(
+            "   interactive call {n}: answered after {:.1} s, {} batch jobs still queued",
+            asked.elapsed().as_secs_f64(),
+            queue
+                .levels
+                .iter()
+                .find(|l| l.priority == "batch")
+                .map_or(0, |l| l.depth)
+        );
+    }
+    batch.abort_all();
+    println!("   (behind the batch at one priority it would have waited up to 300 s)\n");
+    Ok(())
+}
+
+/// Part 3: tenant A queues 600 jobs, tenant B 10 a second later, at 100
+/// RPM; B is served beside A, not after A's 6 minutes of backlog.
+async fn a_small_tenant_beside_a_big_one() -> Result<(), Box<dyn std::error::Error>> {
+    println!("3. Tenant A queues 600 jobs, tenant B 10 jobs a second later, at 100 RPM\n");
+    let limit = Limits::new().rate(RateLimit::per_minute(100).with_burst(1));
+    let broker = broker_with("chat", limit)?;
+    let started = Instant::now();
+    let mut a = JoinSet::new();
+    for _ in 0..600 {
+        let broker = broker.clone();
+        a.spawn(async move {
+            let target = Target::from("chat").flow("tenant-a");
+            broker
+                .enqueue(target, Cost::default(), |_| async {
+                    Outcome::<(), std::io::Error>::ok(())
+                })
+                .await
+        });
+    }
+    sleep(Duration::from_secs(1)).await;
+    let mut b = JoinSet::new();
+    for _ in 0..10 {
+        let broker = broker.clone();
+        b.spawn(async move {
+            let target = Target::from("chat").flow("tenant-b");
+            broker
+                .enqueue(target, Cost::default(), |_| async {
+                    Outcome::<(), std::io::Error>::ok(())
+                })
+                .await
+        });
+    }
+    sleep(Duration::from_millis(100)).await;
+    let queue = &broker.stats().resources["chat"].queue;
+    for flow in &queue.busiest_flows {
+        println!(
+            "   queued: flow {} (a fingerprint) {} jobs",
+            flow.flow, flow.queued
+        );
+    }
+    while let Some(job) = b.join_next().await {
+        job??;
+    }
+    let b_done = started.elapsed().as_secs_f64();
+    a.abort_all();
+    println!("   tenant B's 10 jobs done at {b_done:.1} s (its fair half of 100 RPM: 12 s)");
+    println!("   behind tenant A's backlog, as one flow, B would have waited about 360 s");
+    Ok(())
+}
+
+/// One bucket of the simulated upstream, counted on receive.
+#[derive(Debug)]
 struct Bucket {
     level: f64,
     capacity: f64,
@@ -71,11 +223,10 @@ struct Bucket {
 impl Bucket {
     fn new(capacity: u64, per_minute: u64) -> Self {
         let capacity = capacity as f64;
-        let per_sec = per_minute as f64 / 60.0;
         Self {
             level: capacity,
             capacity,
-            per_sec,
+            per_sec: per_minute as f64 / 60.0,
         }
     }
 
@@ -83,181 +234,67 @@ impl Bucket {
         self.level = (self.level + secs * self.per_sec).min(self.capacity);
     }
 
-    /// Seconds until `cost` is there (0 when it is).
-    fn wait(&self, cost: f64) -> f64 {
-        ((cost - self.level) / self.per_sec).max(0.0)
-    }
-
     /// What the headers report: the level and, as a Go duration, the time
     /// until the bucket is full again.
     fn report(&self) -> (String, String) {
         let to_full = (self.capacity - self.level) / self.per_sec;
-        (
-            (self.level.max(0.0) as u64).to_string(),
-            format!("{}ms", (to_full * 1e3).ceil()),
-        )
+        let level = self.level.max(0.0) as u64;
+        (level.to_string(), format!("{}ms", (to_full * 1e3).ceil()))
     }
 }
 
-/// The simulated upstream's quota and what it answered, per client.
-struct Upstream {
-    buckets: Mutex<(Instant, Bucket, Bucket)>,
-    answers: [AtomicU32; 4],
-}
+/// The simulated upstream: RPM and TPM buckets, and what it answered
+/// (ours 200, ours 429, foreign 200, foreign 429).
+#[derive(Debug, Clone)]
+struct Upstream(Arc<Mutex<UpstreamState>>);
 
-/// `POST /v1/chat/completions`: charges one request and the
-/// `x-usage-tokens` of the request on receive, or answers 429.
-async fn completions(State(up): State<Arc<Upstream>>, request: HeaderMap) -> Response {
-    let tokens: f64 = request
-        .get("x-usage-tokens")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-        .unwrap_or(0.0);
-    let foreign = request.contains_key("x-foreign");
-    let (status, left) = {
-        let mut b = up.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let (last, requests, budget) = &mut *b;
+/// The last receive time, the RPM and TPM buckets, the answers counted.
+type UpstreamState = (Instant, Bucket, Bucket, [u32; 4]);
+
+impl Upstream {
+    fn new() -> Self {
+        let (rpm, tpm) = (Bucket::new(RPM / 60, RPM), Bucket::new(TPM / 60, TPM));
+        Self(Arc::new(Mutex::new((Instant::now(), rpm, tpm, [0; 4]))))
+    }
+
+    fn answers(&self) -> [u32; 4] {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).3
+    }
+
+    /// One chat call that uses `tokens`: 200 with the usage, or 429.
+    fn call(&self, tokens: u64, foreign: bool) -> Outcome<u64, String> {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, requests, budget, answers) = &mut *guard;
         let secs = last.elapsed().as_secs_f64();
         *last = Instant::now();
         requests.refill(secs);
         budget.refill(secs);
-        let wait = requests.wait(1.0).max(budget.wait(tokens));
-        let status = if wait > 0.0 {
-            StatusCode::TOO_MANY_REQUESTS
-        } else {
+        let ok = requests.level >= 1.0 && budget.level >= tokens as f64;
+        if ok {
             requests.level -= 1.0;
-            budget.level -= tokens;
-            StatusCode::OK
-        };
-        (status, [requests.report(), budget.report()])
-    };
-    let slot = usize::from(foreign) * 2 + usize::from(status != StatusCode::OK);
-    up.answers[slot].fetch_add(1, Ordering::Relaxed);
-    let [(requests_left, requests_reset), (tokens_left, tokens_reset)] = left;
-    let headers = [
-        ("x-ratelimit-limit-requests", RPM_BURST.to_string()),
-        ("x-ratelimit-remaining-requests", requests_left),
-        ("x-ratelimit-reset-requests", requests_reset),
-        ("x-ratelimit-limit-tokens", TPM_BURST.to_string()),
-        ("x-ratelimit-remaining-tokens", tokens_left),
-        ("x-ratelimit-reset-tokens", tokens_reset),
-    ];
-    let body = serde_json::json!({ "usage": { "total_tokens": tokens as u64 } });
-    (status, headers, body.to_string()).into_response()
-}
-
-/// Starts the simulated upstream on a free loopback port; returns its URL.
-async fn start_upstream() -> Result<(String, Arc<Upstream>), std::io::Error> {
-    let upstream = Arc::new(Upstream {
-        buckets: Mutex::new((
-            Instant::now(),
-            Bucket::new(RPM_BURST, RPM),
-            Bucket::new(TPM_BURST, TPM),
-        )),
-        answers: Default::default(),
-    });
-    let app = axum::Router::new()
-        .route("/v1/chat/completions", axum::routing::post(completions))
-        .with_state(upstream.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok((url, upstream))
-}
-
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-        .init();
-
-    let (url, upstream) = start_upstream().await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
-    // Another service on the same key: 2 requests per second.
-    let foreign = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            loop {
-                let _ = http.post(&url).header("x-foreign", "1").send().await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
+            budget.level -= tokens as f64;
+        }
+        answers[usize::from(foreign) * 2 + usize::from(!ok)] += 1;
+        let mut headers = HeaderMap::new();
+        let ((r_left, r_reset), (t_left, t_reset)) = (requests.report(), budget.report());
+        for (name, value) in [
+            ("x-ratelimit-limit-requests", (RPM / 60).to_string()),
+            ("x-ratelimit-remaining-requests", r_left),
+            ("x-ratelimit-reset-requests", r_reset),
+            ("x-ratelimit-limit-tokens", (TPM / 60).to_string()),
+            ("x-ratelimit-remaining-tokens", t_left),
+            ("x-ratelimit-reset-tokens", t_reset),
+        ] {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
             }
         }
-    });
-
-    let broker = ResourceBroker::new(MemoryBackend::new());
-    let limits = Limits::new()
-        .rate(RateLimit::per(RPM, Duration::from_secs(60)).with_burst(RPM_BURST))
-        .rate(
-            RateLimit::per(TPM, Duration::from_secs(60))
-                .with_burst(TPM_BURST)
-                .unit(Unit::Tokens),
-        )
-        .max_concurrent(WORKERS as u32);
-    broker.register("openai", ResourceConfig::new(limits))?;
-
-    let started = Instant::now();
-    let workers = (0..WORKERS).map(|w| {
-        let (broker, http, url) = (broker.clone(), http.clone(), url.clone());
-        tokio::spawn(async move {
-            let (mut done, mut used, mut failed) = (0u64, 0u64, 0u64);
-            for i in (w..JOBS).step_by(WORKERS as usize) {
-                let r: Result<u64, EnqueueError<String>> = broker
-                    .enqueue("openai", Cost::tokens(ESTIMATE), |_| {
-                        chat(&http, &url, actual_tokens(i))
-                    })
-                    .await;
-                match r {
-                    Ok(t) => {
-                        done += 1;
-                        used += t;
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        eprintln!("job {i}: {e}");
-                    }
-                }
-            }
-            (done, used, failed)
-        })
-    });
-    let (mut done, mut used, mut failed) = (0, 0, 0);
-    for w in futures::future::join_all(workers).await {
-        let (d, u, f) = w?;
-        done += d;
-        used += u;
-        failed += f;
+        let observed = headers::parse(&headers, SystemTime::now());
+        if ok {
+            Outcome::ok_with_usage(tokens, Cost::tokens(tokens)).with_observed(observed)
+        } else {
+            let class = OutcomeClass::from_status(429);
+            Outcome::failed(class, "HTTP 429".to_owned(), Some(observed))
+        }
     }
-    let elapsed = started.elapsed();
-    foreign.abort();
-
-    let [ours_ok, ours_429, theirs_ok, theirs_429] = upstream
-        .answers
-        .each_ref()
-        .map(|n| n.load(Ordering::Relaxed));
-    let stats = &broker.stats().resources["openai"];
-    let secs = elapsed.as_secs_f64();
-    let token_capacity = TPM_BURST as f64 + TPM as f64 * secs / 60.0;
-    let request_capacity = RPM_BURST as f64 + RPM as f64 * secs / 60.0;
-    println!("{JOBS} jobs by {WORKERS} workers in {secs:.1} s: {done} completed, {failed} failed");
-    println!(
-        "requests sent: {} ({} × 200, {} × 429); foreign client: {} × 200, {} × 429",
-        ours_ok + ours_429,
-        ours_ok,
-        ours_429,
-        theirs_ok,
-        theirs_429
-    );
-    println!(
-        "broker: {} local waits, {} upstream 429s penalized, {} retries, {} reconciles",
-        stats.local_waits, stats.upstream_429, stats.retries, stats.reconciles
-    );
-    println!(
-        "tokens: {used} used of {} reserved (estimates settled to usage)",
-        done * ESTIMATE
-    );
-    println!(
-        "utilization: requests {:.0}% of RPM (ours + foreign), tokens {:.0}% of TPM (ours)",
-        100.0 * f64::from(ours_ok + theirs_ok) / request_capacity,
-        100.0 * used as f64 / token_capacity
-    );
-    Ok(())
 }

@@ -32,24 +32,23 @@
 pub use broker_core::{
     Acquisition, BackendError, BrokerError, BrokerStats, Clock, ConfigError, Cost, EnqueueError,
     Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit, ResourceBroker,
-    ResourceConfig, ResourceHandle, ResourceStats, RetryPolicy, SystemClock, TokioClock, Unit,
-    WaitBound,
+    ResourceConfig, ResourceHandle, ResourceStats, RetryPolicy, SystemClock, Target, TokioClock,
+    Unit, WaitBound,
 };
 
 /// The argument and future types of the broker's calls, for code that
-/// names them (`Attempt` in an `enqueue` closure, `Target` in a generic
-/// function).
+/// names them (`Attempt` in an `enqueue` closure, the future of
+/// `try_acquire`).
 pub mod calls {
-    pub use broker_core::{
-        Attempt, EntryError, OnOtherLimits, Target, TryAcquire, TryAcquireOnHandle,
-    };
+    pub use broker_core::{Attempt, EntryError, OnOtherLimits, TryAcquire, TryAcquireOnHandle};
 }
 
 /// Reading an upstream's rate-limit headers into an observation the broker
-/// reconciles (`headers::parse`).
+/// reconciles (`headers::parse`), and the header map it reads.
 pub mod headers {
     pub use broker_core::headers::*;
     pub use broker_core::{Observed, ObservedLimit};
+    pub use http::{HeaderMap, HeaderValue};
 }
 
 /// Config documents: limits, resources, supplier bucket classes.
