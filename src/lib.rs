@@ -62,9 +62,12 @@ pub mod stats {
     pub use broker_core::stats::*;
 }
 
-/// For writers of a state store: the store trait and the model it runs
-/// (the bucket, the state over several limits, keys and their fingerprints).
+/// For writers and composers of a state store: the store trait, the model
+/// it runs (the bucket, the state over several limits, keys and their
+/// fingerprints), and [`Failover`](store::Failover), the failure policy
+/// that wraps a primary store (Redis) and answers while it is unreachable.
 pub mod store {
+    pub use broker_core::failover::{Failover, FailurePolicy};
     pub use broker_core::{backend::*, bucket, keys, state};
     pub use broker_core::{
         Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros, RefillTime,

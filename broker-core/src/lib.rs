@@ -15,6 +15,7 @@ pub mod backend;
 mod broker;
 pub mod clock;
 pub mod config;
+pub mod failover;
 mod integrations;
 mod model;
 pub mod stats;
@@ -32,6 +33,7 @@ pub use broker::{
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
 pub use config::{LimitsConfig, ResourceConfig};
 pub use error::{BackendError, BrokerError, ConfigError};
+pub use failover::{Failover, FailurePolicy};
 pub use limits::{Cost, Limits, RateLimit, Unit};
 pub use observed::{Observed, ObservedLimit};
 pub use retry::{Outcome, OutcomeClass, RetryPolicy};

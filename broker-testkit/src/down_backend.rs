@@ -13,16 +13,34 @@ use broker_core::{
 pub struct DownBackend {
     /// The error message every call returns.
     pub message: &'static str,
+    /// Whether the error says the store is unreachable
+    /// ([`BackendError::is_unavailable`]), which a failure policy answers.
+    pub unreachable: bool,
 }
 
 impl DownBackend {
     /// A store whose every call fails with `message`.
     pub fn new(message: &'static str) -> Self {
-        Self { message }
+        Self {
+            message,
+            unreachable: false,
+        }
+    }
+
+    /// A store whose every call fails with `message` as an "unavailable"
+    /// error, as a shared store out of reach does.
+    pub fn unreachable(message: &'static str) -> Self {
+        Self {
+            message,
+            unreachable: true,
+        }
     }
 
     fn fail<T>(&self) -> Result<T, BackendError> {
-        Err(BackendError::new(self.message))
+        Err(match self.unreachable {
+            true => BackendError::unavailable(self.message),
+            false => BackendError::new(self.message),
+        })
     }
 }
 

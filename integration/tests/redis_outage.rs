@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker};
-use broker_redis::{FailurePolicy, RedisBackend};
+use broker_core::{Failover, FailurePolicy};
+use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
 
 /// Waits (real time, at most 10 s) until `backend` reads up again, with no
 /// call of its own: only the background probe can find Redis back.
-async fn until_found_back(backend: &RedisBackend) {
+async fn until_found_back(backend: &impl Backend) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while backend.health().down {
         assert!(
@@ -38,10 +39,9 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
     let server = RedisServer::start();
     let timeout = Duration::from_secs(2);
     let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
         .probe_interval(Duration::from_millis(50))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let backend = Arc::new(backend);
@@ -79,7 +79,7 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
     );
 
     server.resume();
-    until_found_back(&backend).await;
+    until_found_back(&*backend).await;
     let d = backend.try_acquire("api", &spec, Cost::default()).await;
     assert!(!d.expect("Redis answers").answered_here);
     assert_eq!(backend.health().outages, 1);
@@ -93,10 +93,10 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_held_back_while_redis_is_down_is_sent_once_it_answers() {
     let server = RedisServer::start();
-    let backend = redis_support::with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+    let backend = redis_support::with_op_timeout(&server.url())
         .prefix("kept")
         .probe_interval(Duration::from_millis(20))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let broker = ResourceBroker::new(backend.clone());
@@ -126,9 +126,9 @@ async fn a_release_held_back_while_redis_is_down_is_sent_once_it_answers() {
     }
 
     // Another replica, with no release of its own in flight.
-    let other = redis_support::with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+    let other = redis_support::with_op_timeout(&server.url())
         .prefix("kept")
-        .connect()
+        .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let other = ResourceBroker::new(other);
@@ -161,13 +161,12 @@ async fn bounded(
     prefix: &str,
     timeout: Duration,
     coalesce: bool,
-) -> RedisBackend {
+) -> Failover<RedisBackend> {
     let backend = RedisBackend::builder(&server.url())
         .prefix(prefix)
         .coalesce(coalesce)
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let spec = slots();
@@ -237,8 +236,8 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 assert!(d.expect("fail-open").answered_here, "{path}");
             }
             "reserve" => {
-                let r = backend.reserve_at("r", &spec, one, Duration::ZERO).await;
-                assert!(r.expect("fail-open").0.booked, "{path}");
+                let r = backend.reserve("r", &spec, one, Duration::ZERO).await;
+                assert!(r.expect("fail-open").booked, "{path}");
             }
             "hold_slot" => {
                 let held = backend.hold_slot("r", &spec).await;
@@ -342,9 +341,8 @@ async fn a_decision_queued_behind_a_slow_call_waits_no_longer_than_the_response_
     let timeout = Duration::from_secs(2);
     let backend = RedisBackend::builder(&format!("redis://127.0.0.1:{port}/"))
         .coalesce_limits(32, 1)
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let backend = Arc::new(backend);
@@ -388,9 +386,8 @@ async fn a_decision_behind_a_slow_release_waits_no_longer_than_the_response_time
     let port = holding_proxy(server.port(), gate.clone()).await;
     let timeout = Duration::from_secs(2);
     let backend = RedisBackend::builder(&format!("redis://127.0.0.1:{port}/"))
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let backend = Arc::new(backend);
