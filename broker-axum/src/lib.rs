@@ -117,7 +117,7 @@
 //!   of reach for longer than the TTL, a restart, a failover) and another
 //!   holder takes the slot before the next renewal takes it again. Event
 //!   streams and upgrades hold none once their head is out.
-//! - Backend failures: the broker's backend applies its own failure policy
+//! - Store failures: the broker's backend applies its own failure policy
 //!   first (e.g. broker-redis's fail-closed, fail-open or local fallback);
 //!   only an error that policy does not absorb reaches the layer, which
 //!   answers [`Responses::backend_error_status`] and lets the request go no

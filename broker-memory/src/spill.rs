@@ -619,7 +619,7 @@ mod tests {
     #[test]
     fn keys_made_during_a_fold_do_not_pass_the_bound() {
         use crate::key::with_parsed;
-        use broker_core::{Backend, Cost, Limits, ManualClock, RateLimit};
+        use broker_core::{Cost, Limits, LocalStore, ManualClock, RateLimit};
         use std::time::Duration;
 
         let clock = ManualClock::new();

@@ -19,7 +19,7 @@ use crate::{coalesce, keys, startup, RedisBackend};
 /// use std::time::Duration;
 /// use broker_core::FailurePolicy;
 /// use broker_redis::RedisBackend;
-/// # async fn demo(memory: impl broker_core::Backend) -> Result<(), broker_core::BackendError> {
+/// # async fn demo(memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
 /// let store = RedisBackend::builder("redis://127.0.0.1:6379/")
 ///     .prefix("myapp")
 ///     .response_timeout(Duration::from_millis(200))
@@ -73,7 +73,7 @@ impl RedisBackendBuilder {
     /// ```no_run
     /// use broker_core::FailurePolicy;
     /// use broker_redis::RedisBackend;
-    /// # async fn demo(memory: impl broker_core::Backend) -> Result<(), broker_core::BackendError> {
+    /// # async fn demo(memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
     /// let store = RedisBackend::builder("redis://redis.internal:6379/")
     ///     .lazy_connect(true)
     ///     .connect_with_policy(FailurePolicy::local_fallback(0.25, memory))

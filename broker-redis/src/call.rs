@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use broker_core::{Backend, BackendError, LeaseId, Micros};
+use broker_core::{BackendError, LeaseId, Micros, Store};
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! - **One round trip per decision**: every transition (`try`, `reserve`,
-//!   `hold_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
+//!   `take_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
 //!   script run by `EVALSHA` (reloaded on `NOSCRIPT`): its own body over
 //!   one shared helper source (`lua/lib.lua`), a line-by-line mirror of
 //!   broker-core's `bucket.rs` and `state.rs` with the same names
@@ -49,7 +49,7 @@
 //!   "unavailable" [`BackendError`], which a failure policy above the store
 //!   answers ([`broker_core::Failover`], or
 //!   [`RedisBackendBuilder::connect_with_policy`]); logged once per outage,
-//!   counted in [`Backend::health`](broker_core::Backend::health); recovery
+//!   counted in [`Store::health`](broker_core::Store::health); recovery
 //!   is automatic: while Redis is down every call fails at once, and a
 //!   background `PING` per probe interval finds it back. A release that
 //!   could not reach Redis is kept and sent once Redis answers again, so a

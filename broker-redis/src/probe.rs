@@ -64,7 +64,7 @@ impl RedisBackend {
             .take_kept(|key| !inner.health.is_down(self.scope(key)));
         for (key, lease) in kept {
             // Kept again if Redis cannot be reached.
-            let _ = broker_core::Backend::release(self, &key, lease).await;
+            let _ = broker_core::Store::release(self, &key, lease).await;
         }
     }
 }
@@ -112,7 +112,7 @@ impl Drop for Running {
 mod tests {
     use std::time::Duration;
 
-    use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+    use broker_core::{Cost, LimitSpec, Limits, RateLimit, Store};
 
     use broker_core::FailurePolicy;
 

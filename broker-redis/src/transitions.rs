@@ -8,8 +8,8 @@ use broker_core::clock::micros;
 use broker_core::state::{DenyReason, MARKED};
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
-    Reservation,
+    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit, Renewal,
+    Reservation, Store,
 };
 use redis::{Cmd, Value};
 use tokio::time::Instant;
@@ -41,10 +41,10 @@ impl RedisBackend {
         (script, cmd)
     }
 
-    /// `hold_slot` in Redis, under `lease`, answered by `deadline`: true
-    /// when held. `fresh`: a new lease (`hold_slot`), released if granted
+    /// `take_slot` in Redis, under `lease`, answered by `deadline`: true
+    /// when held. `fresh`: a new lease (`take_slot`), released if granted
     /// after the caller was told the call timed out; else a live permit's
-    /// (`retake`), whose next renewal takes it again.
+    /// (`renew` taking it again), which its next renewal finds held.
     async fn hold_slot_as(
         &self,
         key: &str,
@@ -117,7 +117,7 @@ impl RedisBackend {
         }
     }
 
-    /// [`Backend::release`], answered by `deadline`.
+    /// [`Store::release`], answered by `deadline`.
     async fn release_by(
         &self,
         key: &str,
@@ -239,7 +239,7 @@ impl RedisBackend {
 }
 
 #[async_trait]
-impl Backend for RedisBackend {
+impl Store for RedisBackend {
     async fn try_acquire(
         &self,
         key: &str,
@@ -271,7 +271,7 @@ impl Backend for RedisBackend {
         Ok(self.reserve_at(key, spec, cost, max_wait).await?.0)
     }
 
-    async fn hold_slot(
+    async fn take_slot(
         &self,
         key: &str,
         spec: &LimitSpec,
@@ -289,19 +289,7 @@ impl Backend for RedisBackend {
         Ok(held?.then_some(lease))
     }
 
-    async fn retake(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        lease: LeaseId,
-    ) -> Result<bool, BackendError> {
-        let keys = self.keys(key)?;
-        let deadline = self.deadline();
-        let held = self.hold_slot_as(key, &keys, spec, (lease, false), deadline);
-        Ok(held.await?)
-    }
-
-    async fn hold_left(
+    async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
@@ -347,14 +335,23 @@ impl Backend for RedisBackend {
         key: &str,
         spec: &LimitSpec,
         lease: LeaseId,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Renewal, BackendError> {
         let keys = self.keys(key)?;
         let mut cmd =
             scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);
         cmd.arg(spec.lease_ttl).arg(lease);
         let result =
             async { parse::<i64>(self.run(self.scope(key), &scripts::RENEW, cmd).await?) }.await;
-        Ok(result? == 1)
+        if result? == 1 {
+            return Ok(Renewal::Held);
+        }
+        // Not held: taken again under the same lease if a slot is free.
+        let deadline = self.deadline();
+        let held = self.hold_slot_as(key, &keys, spec, (lease, false), deadline);
+        Ok(match held.await? {
+            true => Renewal::Retaken,
+            false => Renewal::Gone,
+        })
     }
 
     async fn settle(

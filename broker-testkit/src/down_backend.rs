@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Reservation,
+    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Reservation, Store,
 };
 
 /// Every call fails with [`DownBackend::message`].
@@ -45,7 +45,7 @@ impl DownBackend {
 }
 
 #[async_trait]
-impl Backend for DownBackend {
+impl Store for DownBackend {
     async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
         self.fail()
     }
@@ -58,7 +58,7 @@ impl Backend for DownBackend {
     ) -> Result<Reservation, BackendError> {
         self.fail()
     }
-    async fn hold_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+    async fn take_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
         self.fail()
     }
     async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {

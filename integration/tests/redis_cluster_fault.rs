@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broker_core::{Backend, Cost, Decision, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_core::{Cost, Decision, LimitSpec, Limits, ManualClock, RateLimit, Store};
 use broker_core::{Failover, FailurePolicy};
 use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::RedisCluster;

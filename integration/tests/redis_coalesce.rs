@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broker_core::FailurePolicy;
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_core::{Cost, LimitSpec, Limits, ManualClock, RateLimit, Store};
 use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::{command_calls, RedisServer};
 use futures::future::join_all;
@@ -35,7 +35,7 @@ fn spec(limits: Limits) -> LimitSpec {
 
 /// Runs `n` concurrent tries of cost 1 on `key`; the answers in order.
 async fn concurrent_tries(
-    backend: &impl Backend,
+    backend: &impl Store,
     key: &str,
     spec: &LimitSpec,
     n: usize,

@@ -510,7 +510,7 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
 /// above the store, `reserve_at` itself answered with this process's time.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserve_at_while_down_is_unavailable_and_the_policy_answers_reserve() {
-    use broker_core::Backend;
+    use broker_core::Store;
     let mut server = RedisServer::start();
     let backend = quick(&server.url(), "rb", true, FailurePolicy::FailOpen).await;
     server.kill();
@@ -735,7 +735,7 @@ async fn a_slot_taken_under_new_limits_is_renewed_on_their_ttl() {
 /// and a use beyond the booking is charged there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
 
     let mut server = RedisServer::start();
     let clock = ManualClock::new();
@@ -945,7 +945,7 @@ async fn cutting_proxy(upstream: u16, cut: Arc<std::sync::atomic::AtomicBool>) -
 /// again gave the refund twice, and the bucket more than the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_whose_reply_was_lost_is_not_applied_twice() {
-    use broker_core::Backend;
+    use broker_core::Store;
     let server = RedisServer::start();
     let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = cutting_proxy(server.port(), cut.clone()).await;
@@ -990,7 +990,7 @@ async fn a_settlement_whose_reply_was_lost_is_not_applied_twice() {
 /// stayed taken until the lease's TTL (60 s here), by no one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not_given() {
-    use broker_core::Backend;
+    use broker_core::Store;
     let server = RedisServer::start();
     let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = cutting_proxy(server.port(), cut.clone()).await;
@@ -1032,9 +1032,9 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
             ),
         }
         // The same for `hold_slot` (loaded first).
-        let _ = backend.hold_slot("loaded", &spec).await.unwrap();
+        let _ = backend.take_slot("loaded", &spec).await.unwrap();
         cut.store(true, Ordering::SeqCst);
-        let slot = backend.hold_slot("slot", &spec).await;
+        let slot = backend.take_slot("slot", &spec).await;
         let held = server.command(&format!("ZCARD {prefix}:{{slot}}:l"));
         match slot {
             Ok(Some(_)) => assert_eq!(held, ":1"),
@@ -1161,7 +1161,7 @@ async fn timing_out(
 /// 2-per-minute limit lost one of its two calls for 30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let server = RedisServer::start();
     let spec = LimitSpec::new(
         &Limits::new().rate(RateLimit::per_minute(2)),
@@ -1224,7 +1224,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
 /// burst of one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let mut server = RedisServer::start();
     let policy = local_fallback(0.5);
     let backend = quick(&server.url(), "tiny", true, policy).await;
@@ -1247,7 +1247,7 @@ async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
     refused(r.map(|r| format!("{r:?}")));
     let d = backend.try_acquire("slot", &slot, one).await;
     refused(d.map(|d| format!("{d:?}")));
-    let h = backend.hold_slot("slot", &slot).await;
+    let h = backend.take_slot("slot", &slot).await;
     refused(h.map(|h| format!("{h:?}")));
     // A booking takes no slot: on a concurrency limit alone, it is booked.
     let r = backend.reserve("slot", &slot, one, Duration::ZERO).await;
@@ -1299,7 +1299,7 @@ async fn given_back(backend: &RedisBackend, full: &[f64]) -> Option<(Vec<f64>, u
 /// its own unit's cost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
-    use broker_core::{Backend, LimitSpec, Unit};
+    use broker_core::{LimitSpec, Store, Unit};
     let server = RedisServer::start();
     let limits = Limits::new()
         .rate(RateLimit::per_minute(2))
@@ -1348,7 +1348,7 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
 /// left to a task of their own, and the decision to the failure policy.
 #[tokio::test]
 async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let server = RedisServer::start();
     let backend = every_call_a_probe(&server.url())
         .connect_with_policy(FailurePolicy::FailOpen)
@@ -1472,19 +1472,19 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
 /// it.
 #[tokio::test]
 async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is_back() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let server = RedisServer::start();
     let backend = every_call_a_probe(&server.url())
         .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
-    let held = backend.hold_slot("one", &spec).await.unwrap();
+    let held = backend.take_slot("one", &spec).await.unwrap();
     let held = held.expect("the slot is free");
     tokio::time::pause();
     server.pause();
     // Redis is found out of reach (no reply in time, virtual time).
-    let lost = backend.hold_slot("one", &spec).await;
+    let lost = backend.take_slot("one", &spec).await;
     lost.expect_err("fail-closed: no reply in time");
     assert!(backend.health().down);
     // The permit is dropped: its release is on its way.
@@ -1497,7 +1497,7 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is
         assert!(Instant::now() < deadline, "Redis is found back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let next = backend.hold_slot("one", &spec).await;
+    let next = backend.take_slot("one", &spec).await;
     let next = next.expect("Redis answers");
     assert!(
         next.is_some(),
@@ -1514,7 +1514,7 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is
 /// predecessor had just freed, for as long as the outage lasted.
 #[tokio::test]
 async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let mut server = RedisServer::start();
     let backend = with_op_timeout(&server.url())
         // No probe during the test: the local fallback answers.
@@ -1523,13 +1523,13 @@ async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down(
         .await
         .expect("connect");
     let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
-    let warm = backend.hold_slot("one", &spec).await.unwrap();
+    let warm = backend.take_slot("one", &spec).await.unwrap();
     backend.release("one", warm.expect("free")).await.unwrap();
     server.kill();
     let mut first = None;
     for _ in 0..10 {
         // The first call may find the connection gone only on its retry.
-        if let Ok(Some(lease)) = backend.hold_slot("one", &spec).await {
+        if let Ok(Some(lease)) = backend.take_slot("one", &spec).await {
             if backend.health().down {
                 first = Some(lease);
                 break;
@@ -1540,7 +1540,7 @@ async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down(
     let first = first.expect("the local fallback's slot, Redis down");
     // Its permit is dropped: its release is on its way.
     backend.release_sent("one", first);
-    let next = backend.hold_slot("one", &spec).await;
+    let next = backend.take_slot("one", &spec).await;
     let next = next.expect("the local fallback answers");
     assert!(backend.health().down);
     assert!(

@@ -9,14 +9,14 @@ mod redis_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit, ResourceBroker};
+use broker_core::{Cost, LimitSpec, Limits, RateLimit, ResourceBroker, Store};
 use broker_core::{Failover, FailurePolicy};
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
 
 /// Waits (real time, at most 10 s) until `backend` reads up again, with no
 /// call of its own: only the background probe can find Redis back.
-async fn until_found_back(backend: &impl Backend) {
+async fn until_found_back(backend: &impl Store) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while backend.health().down {
         assert!(
@@ -175,7 +175,7 @@ async fn bounded(
     assert!(!d.answered_here);
     let r = backend.reserve("warm", &spec, none, Duration::ZERO).await;
     assert!(r.unwrap().booked);
-    let lease = backend.hold_slot("warm", &spec).await.unwrap();
+    let lease = backend.take_slot("warm", &spec).await.unwrap();
     backend.release("warm", lease.expect("free")).await.unwrap();
     backend
 }
@@ -240,7 +240,7 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 assert!(r.expect("fail-open").booked, "{path}");
             }
             "hold_slot" => {
-                let held = backend.hold_slot("r", &spec).await;
+                let held = backend.take_slot("r", &spec).await;
                 assert!(held.expect("fail-open").is_some(), "{path}");
             }
             _ => {

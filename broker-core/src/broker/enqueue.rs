@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use super::in_flight::{to_its_answer, UntoldLease};
 use super::{note_backend_error, Epochs, Latest, Permit, Resource, ResourceBroker, Target};
-use crate::backend::Backend;
 use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::{Cost, Unit};
@@ -19,6 +18,7 @@ use crate::observed::ObservedLimit;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
 use crate::state::{LeaseId, LimitSpec, Marks};
 use crate::stats::{add, bump, drop_one};
+use crate::store::Store;
 use crate::telemetry::{self, Signal};
 
 /// Passed to the work on every attempt.
@@ -69,7 +69,7 @@ pub(super) const NO_COST: Cost = Cost {
 /// A booked reservation. Dropped before [`Booking::consume`], it refunds
 /// the cost, unless a hold put on since has drained it (see its `Drop`).
 pub(crate) struct Booking {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     /// The epochs of the registration it was booked under: the latest
     /// then (see [`Resource::latest`]).
@@ -302,14 +302,15 @@ impl Drop for Booking {
 /// correction off (`None`: made at once, or no runtime to run it). A
 /// failure is logged as `op`.
 pub(super) fn settle_or_spawn(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
     spec: &Arc<LimitSpec>,
     (reserved, actual, since): (Cost, Cost, Option<Marks>),
     op: &'static str,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    match backend.settle_now(key, spec, reserved, actual, since) {
+    let local = backend.local();
+    match local.and_then(|l| l.settle_now(key, spec, reserved, actual, since)) {
         Some(Ok(())) => None,
         Some(Err(e)) => {
             note_backend_error(resource, op, &e);
@@ -448,7 +449,7 @@ pub(crate) async fn wait_slot(
         freed.as_mut().enable();
         // A store that answers in process, in the caller's line; any other
         // through `hold_slot_later`.
-        let held = match backend.hold_slot_now(key, spec) {
+        let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
             Some(held) => held.inspect_err(|e| note_backend_error(resource, "hold_slot", e))?,
             None => hold_slot_later(backend, resource, key, spec).await?,
         };
@@ -466,7 +467,7 @@ pub(crate) async fn wait_slot(
 }
 
 /// The end of a hold the store has on state `key` for a call of `cost`,
-/// if one is in force ([`Backend::hold_left`]: a 429's penalty or a spent
+/// if one is in force ([`Store::wait_left`]: a 429's penalty or a spent
 /// counter another process reported, on the buckets the cost draws on, or
 /// on a resource without rate limits the state's
 /// [`crate::state::ResourceState::hold`]). Asked by a call that waited for
@@ -483,10 +484,10 @@ async fn store_hold(
     cost: Cost,
 ) -> Result<Option<tokio::time::Instant>, BrokerError> {
     let spec = resource.latest().spec.clone();
-    let wait = match broker.inner.backend.hold_left(key, &spec, cost).await {
+    let wait = match broker.inner.backend.wait_left(key, &spec, cost).await {
         Ok(wait) => wait,
         Err(e) => {
-            note_backend_error(resource, "hold_left", &e);
+            note_backend_error(resource, "wait_left", &e);
             if !spec.buckets.is_empty() {
                 return Ok(None);
             }
@@ -501,7 +502,7 @@ async fn store_hold(
 /// `acquire` or `enqueue` while the store is slow): a lease the store
 /// grants then is released there, untold, not left held until it expires.
 async fn hold_slot_later(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
     spec: &Arc<LimitSpec>,
@@ -510,7 +511,7 @@ async fn hold_slot_later(
     let (key, spec) = (key.to_owned(), spec.clone());
     let held = to_its_answer(async move {
         let held = backend
-            .hold_slot(&key, &spec)
+            .take_slot(&key, &spec)
             .await
             .inspect_err(|e| note_backend_error(&resource, "hold_slot", e))?;
         let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));

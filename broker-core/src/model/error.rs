@@ -76,7 +76,7 @@ impl BackendError {
 
     /// The store could not be reached: connection refused or lost, no reply
     /// in time, or down and not yet found back. A
-    /// [`Failover`](crate::failover::Failover) answers these by its policy.
+    /// [`Failover`](crate::store::Failover) answers these by its policy.
     ///
     /// ```
     /// use broker_core::BackendError;

@@ -3,12 +3,13 @@
 //! take because it was unreachable ([`BackendError::is_unavailable`]).
 //! Other errors (a script error, a bad key) are returned as they are.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::Backend;
+use super::{Renewal, Store};
 use crate::bucket::BucketParams;
 use crate::error::BackendError;
 use crate::limits::Cost;
@@ -52,7 +53,7 @@ pub enum FailurePolicy {
         /// The fraction of every limit this process may use alone.
         share: f64,
         /// The store that decides while the primary is unreachable.
-        store: Arc<dyn Backend>,
+        store: Arc<dyn Store>,
     },
 }
 
@@ -61,13 +62,13 @@ impl FailurePolicy {
     /// passes e.g. a `MemoryBackend`).
     ///
     /// ```
-    /// # use broker_core::{Backend, FailurePolicy};
-    /// # fn demo(memory: impl Backend) {
+    /// # use broker_core::{Store, FailurePolicy};
+    /// # fn demo(memory: impl Store) {
     /// let policy = FailurePolicy::local_fallback(0.5, memory);
     /// assert_eq!(policy.name(), "local_fallback");
     /// # }
     /// ```
-    pub fn local_fallback(share: f64, store: impl Backend) -> Self {
+    pub fn local_fallback(share: f64, store: impl Store) -> Self {
         FailurePolicy::LocalFallback {
             share,
             store: Arc::new(store),
@@ -93,8 +94,8 @@ impl FailurePolicy {
     /// (0, 1].
     ///
     /// ```
-    /// # use broker_core::{Backend, FailurePolicy};
-    /// # fn demo(memory: impl Backend) {
+    /// # use broker_core::{Store, FailurePolicy};
+    /// # fn demo(memory: impl Store) {
     /// assert!(FailurePolicy::local_fallback(1.5, memory).check().is_err());
     /// # }
     /// ```
@@ -172,7 +173,7 @@ fn never_admits(scaled: &LimitSpec, share: f64, cost: Cost, slot: bool) -> Optio
 ///
 /// ```
 /// use broker_core::{Failover, FailurePolicy, ResourceBroker};
-/// # fn demo(primary: impl broker_core::Backend, memory: impl broker_core::Backend) -> Result<(), broker_core::BackendError> {
+/// # fn demo(primary: impl broker_core::Store, memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
 /// let store = Failover::new(primary, FailurePolicy::local_fallback(0.5, memory))?;
 /// let broker = ResourceBroker::new(store);
 /// # Ok(()) }
@@ -181,6 +182,8 @@ fn never_admits(scaled: &LimitSpec, share: f64, cost: Cost, slot: bool) -> Optio
 pub struct Failover<P> {
     primary: P,
     policy: FailurePolicy,
+    /// The leases the fallback store holds: renewed and freed there.
+    granted: Arc<Mutex<HashSet<LeaseId>>>,
 }
 
 /// How a call is answered while the primary is unreachable.
@@ -188,15 +191,19 @@ enum Answer<'a> {
     /// Fail-open: allowed, dropped.
     Open,
     /// The fallback store, with the limits scaled to the share.
-    Local(&'a dyn Backend, LimitSpec, f64),
+    Local(&'a dyn Store, LimitSpec, f64),
 }
 
-impl<P: Backend> Failover<P> {
+impl<P: Store> Failover<P> {
     /// `primary` under `policy`; an error naming `share` when a local
     /// fallback's share is not in (0, 1].
     pub fn new(primary: P, policy: FailurePolicy) -> Result<Self, BackendError> {
         policy.check()?;
-        Ok(Self { primary, policy })
+        Ok(Self {
+            primary,
+            policy,
+            granted: Arc::default(),
+        })
     }
 
     /// The store wrapped.
@@ -233,8 +240,19 @@ impl<P: Backend> Failover<P> {
         }
     }
 
+    fn granted(&self) -> std::sync::MutexGuard<'_, HashSet<LeaseId>> {
+        self.granted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes `lease`, granted by the fallback store.
+    fn granted_here(&self, lease: Option<LeaseId>) {
+        if let Some(lease) = lease {
+            self.granted().insert(lease);
+        }
+    }
+
     /// The fallback store, under the local fallback.
-    fn fallback(&self) -> Option<&dyn Backend> {
+    fn fallback(&self) -> Option<&dyn Store> {
         match &self.policy {
             FailurePolicy::LocalFallback { store, .. } => Some(&**store),
             _ => None,
@@ -261,7 +279,7 @@ fn admissible(
 }
 
 #[async_trait]
-impl<P: Backend> Backend for Failover<P> {
+impl<P: Store> Store for Failover<P> {
     async fn try_acquire(
         &self,
         key: &str,
@@ -279,7 +297,9 @@ impl<P: Backend> Backend for Failover<P> {
             }
             Answer::Local(store, scaled, share) => {
                 admissible("try_acquire", &scaled, share, cost, true)?;
-                store.try_acquire(key, &scaled, cost).await
+                let decided = store.try_acquire(key, &scaled, cost).await?;
+                self.granted_here(decided.lease);
+                Ok(decided)
             }
         }
         .map(Decision::by_failure_policy)
@@ -313,28 +333,32 @@ impl<P: Backend> Backend for Failover<P> {
         }
     }
 
-    async fn hold_slot(
+    async fn take_slot(
         &self,
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        let error = match self.primary.hold_slot(key, spec).await {
+        let error = match self.primary.take_slot(key, spec).await {
             Err(e) => e,
             held => return held,
         };
-        match self.answer("hold_slot", error, spec)? {
+        match self.answer("take_slot", error, spec)? {
             Answer::Open => Ok(Some(rand::random())),
             Answer::Local(store, scaled, share) => {
-                admissible("hold_slot", &scaled, share, Cost::requests(0), true)?;
-                store.hold_slot(key, &scaled).await
+                admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
+                let held = store.take_slot(key, &scaled).await?;
+                self.granted_here(held);
+                Ok(held)
             }
         }
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        // A lease the fallback granted is freed there, with no I/O.
-        if let Some(Some(Ok(true))) = self.fallback().map(|f| f.release_now(key, lease)) {
-            return Ok(true);
+        // A lease the fallback granted is freed there.
+        if let Some(f) = self.fallback() {
+            if self.granted().remove(&lease) {
+                return f.release(key, lease).await;
+            }
         }
         match self.primary.release(key, lease).await {
             Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
@@ -342,18 +366,15 @@ impl<P: Backend> Backend for Failover<P> {
         }
     }
 
-    fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        if let Some(Some(Ok(true))) = self.fallback().map(|f| f.release_now(key, lease)) {
-            return Some(Ok(true));
-        }
-        self.primary.release_now(key, lease)
-    }
-
     fn release_sent(&self, key: &str, lease: LeaseId) {
-        // A lease the fallback granted is freed there at once: the next
-        // decision here finds its slot free.
-        if let Some(Some(Ok(true))) = self.fallback().map(|f| f.release_now(key, lease)) {
-            return;
+        // A lease the fallback granted is freed there at once, without
+        // I/O: the next decision here finds its slot free.
+        let local = self.fallback().and_then(|f| f.local());
+        if let Some(local) = local.filter(|_| self.granted().contains(&lease)) {
+            if let Some(Ok(_)) = local.release_now(key, lease) {
+                self.granted().remove(&lease);
+                return;
+            }
         }
         self.primary.release_sent(key, lease)
     }
@@ -363,6 +384,11 @@ impl<P: Backend> Backend for Failover<P> {
     }
 
     async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Some(f) = self.fallback() {
+            if self.granted().remove(&lease) {
+                return f.release(key, lease).await;
+            }
+        }
         match self.primary.release_announced(key, lease).await {
             Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
             released => released,
@@ -374,40 +400,28 @@ impl<P: Backend> Backend for Failover<P> {
         key: &str,
         spec: &LimitSpec,
         lease: LeaseId,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Renewal, BackendError> {
         // A lease the fallback granted is renewed where it is held, as
         // `release` frees it there. The primary is asked too: once it
-        // answers, the lease is not there and is taken again there (see
-        // `retake`, which frees it in the fallback), so that the primary
-        // counts the work running, as for a lease granted under fail-open.
-        if let FailurePolicy::LocalFallback { share, store } = &self.policy {
+        // answers, the lease is not there and is taken again there, and
+        // freed in the fallback, so that the primary counts the work
+        // running, as for a lease granted under fail-open.
+        let here = self.granted().contains(&lease);
+        if let (true, FailurePolicy::LocalFallback { share, store }) = (here, &self.policy) {
             store.renew(key, &scaled(spec, *share), lease).await?;
         }
-        // Unreachable: the lease is as the store last left it, and the
-        // next renewal tries again.
         match self.primary.renew(key, spec, lease).await {
-            Err(e) => self.answer("renew", e, &NO_LIMITS).map(|_| true),
-            held => held,
-        }
-    }
-
-    async fn retake(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        lease: LeaseId,
-    ) -> Result<bool, BackendError> {
-        match self.primary.retake(key, spec, lease).await {
-            Ok(held) => {
-                // A lease the fallback granted is held in the primary now:
-                // freed there, so that `release` frees it in the primary.
-                if let (true, Some(f)) = (held, self.fallback()) {
-                    let _ = f.release_now(key, lease);
+            Ok(Renewal::Retaken) => {
+                let removed = self.granted().remove(&lease);
+                if let (true, Some(f)) = (removed, self.fallback()) {
+                    let _ = f.release(key, lease).await;
                 }
-                Ok(held)
+                Ok(Renewal::Retaken)
             }
-            // Out of reach: the next renewal tries again.
-            Err(e) => self.answer("retake", e, &NO_LIMITS).map(|_| true),
+            // Unreachable: the lease is as the store last left it, and the
+            // next renewal tries again.
+            Err(e) => self.answer("renew", e, &NO_LIMITS).map(|_| Renewal::Held),
+            renewed => renewed,
         }
     }
 
@@ -471,19 +485,19 @@ impl<P: Backend> Backend for Failover<P> {
         }
     }
 
-    async fn hold_left(
+    async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        let error = match self.primary.hold_left(key, spec, cost).await {
+        let error = match self.primary.wait_left(key, spec, cost).await {
             Err(e) => e,
             left => return left,
         };
-        match self.answer("hold_left", error, spec)? {
+        match self.answer("wait_left", error, spec)? {
             Answer::Open => Ok(0),
-            Answer::Local(store, scaled, _) => store.hold_left(key, &scaled, cost).await,
+            Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
         }
     }
 
@@ -501,10 +515,6 @@ impl<P: Backend> Backend for Failover<P> {
             Answer::Open => Ok(()),
             Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
         }
-    }
-
-    fn leases_end_with_holders(&self) -> bool {
-        self.primary.leases_end_with_holders()
     }
 
     fn health(&self) -> BackendHealth {
