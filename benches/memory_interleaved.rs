@@ -17,8 +17,8 @@
 //! - `by_id_now`: the synchronous `broker.try_acquire_now(..)`;
 //! - `handle`, `handle_awaited`, `handle_now`: the same three through
 //!   `broker.resource_handle("tenants")`;
-//! - `store`: the store's decision alone (`Backend::local_states`);
-//! - `store_keyed`: the store's keyed call, `Backend::try_acquire_now` on
+//! - `store`: the store's decision alone (`LocalStore::states`);
+//! - `store_keyed`: the store's keyed call, `LocalStore::try_acquire_now` on
 //!   the joined state key (`tenants:<key>`), as a direct user of the
 //!   backend makes it.
 //!
@@ -54,7 +54,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, LocalStates, RateLimit, ResourceBroker};
+use broker_core::{Cost, LimitSpec, Limits, LocalStates, LocalStore, RateLimit, ResourceBroker};
 use broker_memory::MemoryBackend;
 use futures::FutureExt;
 use governor::clock::Clock as _;
@@ -96,7 +96,7 @@ fn case(per_second: u32, burst: u32, keys: usize) -> Case {
         handle: broker.resource_handle("tenants").unwrap(),
         broker,
         store: MemoryBackend::new()
-            .local_states("tenants", spec.clone())
+            .states("tenants", spec.clone())
             .expect("the in-memory store holds its states in process"),
         backend: MemoryBackend::new(),
         spec: LimitSpec::clone(&spec),

@@ -26,7 +26,7 @@
 //! synchronously, as `try_acquire_now` does).
 //!
 //! `memory_local_states_try_acquire` is the store's decision alone, through
-//! the per-resource states the broker calls (`Backend::local_states`): the
+//! the per-resource states the broker calls (`LocalStore::states`): the
 //! difference to `broker_try_acquire_keyed` is the facade (registry lookup,
 //! the cost-fit check, counters, the `Acquisition` and its permit, the
 //! future).
@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use broker_core::{
-    Backend, Cost, LimitSpec, Limits, LocalStates, RateLimit, ResourceBroker, ResourceHandle,
+    Cost, LimitSpec, Limits, LocalStates, LocalStore, RateLimit, ResourceBroker, ResourceHandle,
 };
 use broker_memory::MemoryBackend;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -81,7 +81,7 @@ fn subjects(per_second: u32, burst: u32) -> Subjects {
         tenants: broker.resource_handle("tenants").unwrap(),
         broker,
         store: MemoryBackend::new()
-            .local_states(
+            .states(
                 "tenants",
                 Arc::new(LimitSpec::new(&limits, Duration::from_secs(60))),
             )

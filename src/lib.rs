@@ -31,7 +31,7 @@
 
 pub use broker_core::{
     Acquisition, BackendError, BrokerError, BrokerStats, Clock, ConfigError, Cost, EnqueueError,
-    Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit, ResourceBroker,
+    FailurePolicy, Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit, ResourceBroker,
     ResourceConfig, ResourceHandle, ResourceStats, RetryPolicy, SystemClock, Target, TokioClock,
     Unit, WaitBound,
 };
@@ -62,13 +62,20 @@ pub mod stats {
     pub use broker_core::stats::*;
 }
 
-/// For writers of a state store: the store trait and the model it runs
-/// (the bucket, the state over several limits, keys and their fingerprints).
+/// For writers and composers of a state store: the [`Store`](store::Store)
+/// seam, its optional synchronous capability
+/// [`LocalStore`](store::LocalStore), [`Failover`](store::Failover) (the
+/// failure policy that wraps a primary store and answers while it is
+/// unreachable), and the model a store runs (the bucket, the state over
+/// several limits, keys and their fingerprints).
 pub mod store {
-    pub use broker_core::{backend::*, bucket, keys, state};
+    pub use broker_core::store::{
+        Failover, LocalStates, LocalStore, Renewal, Store,
+    };
+    pub use broker_core::{bucket, keys, state};
     pub use broker_core::{
-        Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros, RefillTime,
-        Reservation, Verdict,
+        BackendHealth, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros,
+        ObservedLimit, RefillTime, Reservation, Verdict,
     };
 }
 

@@ -117,9 +117,9 @@
 //!   of reach for longer than the TTL, a restart, a failover) and another
 //!   holder takes the slot before the next renewal takes it again. Event
 //!   streams and upgrades hold none once their head is out.
-//! - Backend failures: the broker's backend applies its own failure policy
-//!   first (e.g. broker-redis's fail-closed, fail-open or local fallback);
-//!   only an error that policy does not absorb reaches the layer, which
+//! - Store failures: the store's failure policy answers first (a
+//!   `broker_core::Failover` over Redis: fail-closed, fail-open or local
+//!   fallback); only an error that policy does not absorb reaches the layer, which
 //!   answers [`Responses::backend_error_status`] and lets the request go no
 //!   further.
 //!

@@ -145,9 +145,11 @@ async fn a_refused_tenant_flood_is_refunded_where_the_fallback_charged_it() {
     clock.set(1_000_000_000);
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let backend = RedisBackend::builder(&redis.url())
-        .client_time(shared)
-        .failure_policy(broker_redis::FailurePolicy::LocalFallback { share: 1.0 })
-        .connect()
+        .client_time(shared.clone())
+        .connect_with_policy(broker_core::FailurePolicy::local_fallback(
+            1.0,
+            broker_memory::MemoryBackend::with_shared_clock(shared),
+        ))
         .await
         .unwrap();
     let config = PressureConfig::from_json(

@@ -43,14 +43,14 @@ async fn stats_endpoint_serves_counters_and_marks_limit_only_resources() {
 /// store's health, which says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_endpoint_serves_the_store_health_during_an_outage() {
-    use broker_redis::{FailurePolicy, RedisBackend};
+    use broker_core::FailurePolicy;
+    use broker_redis::RedisBackend;
     use std::time::Duration;
 
     let mut redis = broker_testkit::RedisServer::start();
     let backend = RedisBackend::builder(&redis.url())
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(Duration::from_millis(200))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .unwrap();
     let broker = broker_core::ResourceBroker::new(backend);

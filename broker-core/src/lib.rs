@@ -3,7 +3,7 @@
 //! The model of resource-broker and the runtime above it. The model
 //! (`src/model/`, no I/O): limits and costs, the token bucket state machine
 //! as pure functions ([`bucket`], [`state`]), header parsing, the retry
-//! policy, key building. Above it: clocks, stats, the [`Backend`] trait that
+//! policy, key building. Above it: clocks, stats, the [`Store`] trait that
 //! state stores implement, and the [`ResourceBroker`] facade that offers
 //! both strategies, `enqueue` (queue + execute) and `try_acquire` (check +
 //! reject), over any backend. At the edge: config loading ([`config`]) and
@@ -11,20 +11,19 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod backend;
 mod broker;
 pub mod clock;
 pub mod config;
 mod integrations;
 mod model;
 pub mod stats;
+pub mod store;
 pub mod striped;
 pub mod telemetry;
 
 pub use integrations::supplier;
 pub use model::{bucket, error, headers, keys, limits, observed, pacing, retry, state};
 
-pub use backend::{Backend, LocalStates};
 pub use broker::{
     Acquisition, Attempt, EnqueueError, EntryError, OnOtherLimits, Permit, Priority,
     ResourceBroker, ResourceHandle, Target, TryAcquire, TryAcquireOnHandle,
@@ -39,3 +38,4 @@ pub use state::{
     Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, RefillTime, Reservation, Verdict,
 };
 pub use stats::{BackendHealth, BrokerStats, ResourceKind, ResourceStats};
+pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Renewal, Store};

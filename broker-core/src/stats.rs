@@ -141,7 +141,7 @@ pub struct ResourceStats {
     pub retries_exhausted: u64,
     /// Acquisitions answered with skip-and-reschedule.
     pub skipped: u64,
-    /// Backend errors that reached the broker (returned by the backend).
+    /// Store errors that reached the broker (returned by the backend).
     /// Errors a backend's own failure policy answered (broker-redis's
     /// fail-open or local fallback) are counted by that backend instead:
     /// `BackendHealth::handled_errors`.
@@ -173,7 +173,7 @@ pub struct BrokerStats {
 }
 
 /// Reachability of a shared state store, as its failure policy saw it
-/// (see [`crate::Backend::health`]). In-memory stores are never down.
+/// (see [`crate::Store::health`]). In-memory stores are never down.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendHealth {

@@ -1,7 +1,7 @@
 //! The key of a state: the resource part of its state key and the sub-key
 //! as the caller gave it. The broker's calls (through
 //! [`LocalStates`](broker_core::LocalStates)) name a state by its two
-//! parts; the keyed [`Backend`](broker_core::Backend) calls by a joined
+//! parts; the keyed [`Store`](broker_core::Store) calls by a joined
 //! state key, parsed here into the same parts.
 
 use std::borrow::{Borrow, Cow};

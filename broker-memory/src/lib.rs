@@ -28,8 +28,8 @@ use async_trait::async_trait;
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, Marks, Micros,
-    ObservedLimit, Reservation,
+    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
+    Micros, ObservedLimit, Renewal, Reservation,
 };
 use store::Store;
 
@@ -183,7 +183,7 @@ impl MemoryBackend {
 }
 
 #[async_trait]
-impl broker_core::Backend for MemoryBackend {
+impl broker_core::Store for MemoryBackend {
     async fn try_acquire(
         &self,
         key: &str,
@@ -191,15 +191,6 @@ impl broker_core::Backend for MemoryBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         Ok(self.try_acquire_sync(key, spec, cost))
-    }
-
-    fn try_acquire_now(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        cost: Cost,
-    ) -> Option<Result<Decision, BackendError>> {
-        Some(Ok(self.try_acquire_sync(key, spec, cost)))
     }
 
     async fn reserve(
@@ -215,7 +206,7 @@ impl broker_core::Backend for MemoryBackend {
         }))
     }
 
-    async fn hold_slot(
+    async fn take_slot(
         &self,
         key: &str,
         spec: &LimitSpec,
@@ -223,7 +214,7 @@ impl broker_core::Backend for MemoryBackend {
         Ok(self.hold_slot_sync(key, spec))
     }
 
-    async fn hold_left(
+    async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
@@ -232,20 +223,8 @@ impl broker_core::Backend for MemoryBackend {
         Ok(self.with_state(key, spec, |s, now| state::hold_left(s, spec, now, cost)))
     }
 
-    fn hold_slot_now(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-    ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        Some(Ok(self.hold_slot_sync(key, spec)))
-    }
-
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
         Ok(self.release_sync(key, lease))
-    }
-
-    fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        Some(Ok(self.release_sync(key, lease)))
     }
 
     async fn renew(
@@ -253,20 +232,28 @@ impl broker_core::Backend for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
         lease: LeaseId,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Renewal, BackendError> {
         // A lease is renewed where it is held: a key with no state holds
         // none, and gets no state made for the question.
         let store = &self.store;
-        Ok(key::with_parsed(key, |key| {
-            store
-                .with_existing(
-                    key,
-                    spec,
-                    || store.shared_spec(spec),
-                    |s, now| state::renew(s, spec, now, lease),
-                )
-                .unwrap_or(false)
-        }))
+        let renewed = key::with_parsed(key, |key| {
+            store.with_existing(
+                key,
+                spec,
+                || store.shared_spec(spec),
+                |s, now| state::renew(s, spec, now, lease),
+            )
+        });
+        if renewed == Some(true) {
+            return Ok(Renewal::Held);
+        }
+        // Not held: taken again under the same lease if a slot is free.
+        let taken = self.with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease));
+        Ok(if taken {
+            Renewal::Retaken
+        } else {
+            Renewal::Gone
+        })
     }
 
     async fn settle(
@@ -281,20 +268,6 @@ impl broker_core::Backend for MemoryBackend {
             state::settle(s, spec, now, reserved, actual, since)
         });
         Ok(())
-    }
-
-    fn settle_now(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        reserved: Cost,
-        actual: Cost,
-        since: Option<Marks>,
-    ) -> Option<Result<(), BackendError>> {
-        self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, since)
-        });
-        Some(Ok(()))
     }
 
     async fn penalize(
@@ -319,21 +292,55 @@ impl broker_core::Backend for MemoryBackend {
         Ok(())
     }
 
-    fn local_states(
+    fn local(&self) -> Option<&dyn LocalStore> {
+        Some(self)
+    }
+}
+
+/// The store lives in the process of every permit on it: its transitions
+/// need no I/O, and a lease ends when its permit is released or dropped,
+/// however long it runs.
+impl LocalStore for MemoryBackend {
+    fn try_acquire_now(
         &self,
-        resource_key: &str,
-        spec: Arc<LimitSpec>,
-    ) -> Option<Arc<dyn LocalStates>> {
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Option<Result<Decision, BackendError>> {
+        Some(Ok(self.try_acquire_sync(key, spec, cost)))
+    }
+
+    fn take_slot_now(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Option<Result<Option<LeaseId>, BackendError>> {
+        Some(Ok(self.hold_slot_sync(key, spec)))
+    }
+
+    fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
+        Some(Ok(self.release_sync(key, lease)))
+    }
+
+    fn settle_now(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+        since: Option<Marks>,
+    ) -> Option<Result<(), BackendError>> {
+        self.with_state(key, spec, |s, now| {
+            state::settle(s, spec, now, reserved, actual, since)
+        });
+        Some(Ok(()))
+    }
+
+    fn states(&self, resource_key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
         Some(Arc::new(local::ResourceStates::new(
             self.store.clone(),
             resource_key,
             spec,
         )))
-    }
-
-    /// The store is in the process of every permit on it: a lease ends
-    /// when its permit is released or dropped, however long it runs.
-    fn leases_end_with_holders(&self) -> bool {
-        true
     }
 }

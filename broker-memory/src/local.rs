@@ -1,6 +1,6 @@
 //! [`ResourceStates`]: one resource's states, reached by sub-key without a
 //! joined state key (the broker's fast path, see
-//! [`broker_core::Backend::local_states`]).
+//! [`broker_core::LocalStore::states`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! A store that answers without I/O but hands out no per-resource states
-//! (`Backend::local_states` left at its default): the broker's synchronous
+//! (`Store::local_states` left at its default): the broker's synchronous
 //! `try_acquire` then goes through the keyed `try_acquire_now` with the
 //! joined state key, and a held permit is released by that key.
 

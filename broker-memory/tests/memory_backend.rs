@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_core::{
+    Cost, LimitSpec, Limits, LocalStore, ManualClock, RateLimit, Renewal, ResourceBroker, Store,
+};
 use broker_memory::MemoryBackend;
 
 fn spec(limits: &Limits) -> LimitSpec {
@@ -97,7 +99,7 @@ async fn a_penalized_state_is_not_evicted_before_its_penalty_ends() {
 }
 
 /// The broker's fast path (states reached by sub-key through
-/// `Backend::local_states`) creates states in the same table the sweeps
+/// `Store::local_states`) creates states in the same table the sweeps
 /// bound: a flood of distinct tenants does not keep their states alive.
 #[test]
 fn a_flood_of_sub_keys_through_the_fast_path_does_not_stay_alive() {
@@ -353,7 +355,7 @@ fn idle_states_are_swept_on_time_under_denials_alone() {
     let clock = ManualClock::new();
     clock.set(1_000_000_000);
     let store = Arc::new(MemoryBackend::with_clock(clock.clone()));
-    let shared: Arc<dyn Backend> = store.clone();
+    let shared: Arc<dyn Store> = store.clone();
     let broker = ResourceBroker::from_arc(shared);
     broker
         .register_limit("tenants", Limits::new().rate(RateLimit::per_second(1000)))
@@ -387,33 +389,33 @@ fn idle_states_are_swept_on_time_under_denials_alone() {
     assert_eq!(store.len(), 1, "only the hot key's state is left");
 }
 
-/// `renew` answers whether a lease is held, where it is held: a key with
-/// no state holds none, and the question makes no state for it; a held
-/// lease is renewed, a released one is not.
+/// `renew` extends a held lease; a lease not held is taken again while a
+/// slot is free (`Retaken`), and is `Gone`, with nothing taken, once every
+/// slot is held. (Before `retake` was folded into `renew`, a renewal never
+/// took a slot, and made no state for a key that had none.)
 #[tokio::test]
-async fn renew_makes_no_state_for_a_key_that_has_none() {
+async fn renew_extends_a_held_lease_and_takes_a_gone_one_again_while_a_slot_is_free() {
     let backend = MemoryBackend::with_clock(ManualClock::new());
     let spec = spec(
         &Limits::new()
             .rate(RateLimit::per_second(10))
             .max_concurrent(2),
     );
-    assert!(!backend.renew("nobody", &spec, 7).await.unwrap());
-    assert!(
-        backend.is_empty(),
-        "{} states after renewing on an unknown key",
-        backend.len()
-    );
-
     let d = backend
         .try_acquire("held", &spec, Cost::default())
         .await
         .unwrap();
     let lease = d.lease.expect("a concurrency limit leases a slot");
-    assert!(backend.renew("held", &spec, lease).await.unwrap());
-    assert!(!backend.renew("held", &spec, lease + 1).await.unwrap());
+    let renewed = backend.renew("held", &spec, lease).await.unwrap();
+    assert_eq!(renewed, Renewal::Held);
+    let other = backend.renew("held", &spec, lease + 1).await.unwrap();
+    assert_eq!(other, Renewal::Retaken, "the second slot was free");
+    let third = backend.renew("held", &spec, lease + 2).await.unwrap();
+    assert_eq!(third, Renewal::Gone, "both slots held: nothing taken");
+    assert!(!backend.release("held", lease + 2).await.unwrap());
     assert!(backend.release("held", lease).await.unwrap());
-    assert!(!backend.renew("held", &spec, lease).await.unwrap());
+    let again = backend.renew("held", &spec, lease).await.unwrap();
+    assert_eq!(again, Renewal::Retaken);
     assert_eq!(backend.len(), 1);
 }
 
@@ -430,7 +432,7 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
     let keyed_store = MemoryBackend::with_clock(clock.clone());
     let limits = Limits::new().rate(RateLimit::per(7, Duration::from_millis(900)).with_burst(3));
     let spec = Arc::new(spec(&limits));
-    let local = local_store.local_states("r", spec.clone()).unwrap();
+    let local = local_store.states("r", spec.clone()).unwrap();
     let joined = keys::keyed("r", "k");
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let (mut denials, mut at_hold_end) = (0, 0);

@@ -8,12 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Acquisition, Backend, Cost, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_core::{
+    Acquisition, Cost, Limits, LocalStore, ManualClock, RateLimit, ResourceBroker, Store,
+};
 use broker_memory::MemoryBackend;
 
 fn broker(clock: &ManualClock) -> (ResourceBroker, Arc<MemoryBackend>) {
     let backend = Arc::new(MemoryBackend::with_clock(clock.clone()));
-    let shared: Arc<dyn Backend> = backend.clone();
+    let shared: Arc<dyn Store> = backend.clone();
     (ResourceBroker::from_arc(shared), backend)
 }
 
@@ -189,9 +191,9 @@ fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
         Verdict::Leased(l) => l,
         other => panic!("expected a lease, got {other:?}"),
     };
-    let r1 = backend.local_states("api", old).unwrap();
+    let r1 = backend.states("api", old).unwrap();
     assert!(r1.try_acquire(None, Cost::default()).allowed());
-    let r2 = backend.local_states("api", new).unwrap();
+    let r2 = backend.states("api", new).unwrap();
     assert!(r2.release(None, lease(r2.try_acquire(None, Cost::default()))));
     clock.advance(Duration::from_secs(60));
     assert_eq!(backend.evict_idle(), 0, "pinned by the new registration");

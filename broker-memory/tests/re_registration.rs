@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker_core::{
-    Acquisition, Backend, Cost, Limits, ManualClock, Outcome, RateLimit, ResourceBroker,
-    ResourceConfig, TokioClock,
+    Acquisition, Cost, Limits, ManualClock, Outcome, RateLimit, ResourceBroker, ResourceConfig,
+    Store, TokioClock,
 };
 use broker_memory::MemoryBackend;
 use tokio::time::Instant;
 
 fn broker(clock: &ManualClock) -> ResourceBroker {
-    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(clock.clone()));
+    let backend: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(clock.clone()));
     ResourceBroker::from_arc(backend)
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bound_support::{bounded, clock, hold, take, BOUND};
 use broker_core::keys::keyed;
-use broker_core::{Backend, Cost, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_core::{Cost, Limits, LocalStore, ManualClock, RateLimit, ResourceBroker, Store};
 use broker_memory::MemoryBackend;
 
 /// One try each of `keys` new keys; how many were allowed.
@@ -68,7 +68,7 @@ fn a_flood_after_a_sweep_due_on_time_stays_within_the_bound() {
     const LARGE: usize = 8_192;
     let clock = clock();
     let backend = std::sync::Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(LARGE));
-    let shared: std::sync::Arc<dyn Backend> = backend.clone();
+    let shared: std::sync::Arc<dyn Store> = backend.clone();
     let broker = ResourceBroker::from_arc(shared);
     broker.register_limit("tenant", five_a_minute()).unwrap();
     for i in 0..8_000 {
@@ -350,7 +350,7 @@ fn a_resource_part_past_the_budget_comes_back_drained() {
 fn tenants_light_before_a_flood_keep_their_allowance() {
     let clock = clock();
     let backend = std::sync::Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(10_000));
-    let shared: std::sync::Arc<dyn Backend> = backend.clone();
+    let shared: std::sync::Arc<dyn Store> = backend.clone();
     let broker = ResourceBroker::from_arc(shared);
     broker
         .register_limit("tenant", Limits::new().rate(RateLimit::per_minute(10)))

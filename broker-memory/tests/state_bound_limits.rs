@@ -9,7 +9,7 @@ use std::time::Duration;
 mod bound_support;
 
 use bound_support::{bounded, clock, hold, spec, take, tries};
-use broker_core::{Backend, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_core::{LimitSpec, Limits, LocalStore, ManualClock, RateLimit, Store};
 use broker_memory::MemoryBackend;
 
 /// Two tiers of tenants under one resource part ("api"), both one

@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_core::{Cost, LimitSpec, Limits, LocalStore, ManualClock, RateLimit};
 use broker_memory::MemoryBackend;
 
 /// The system allocator, counting the bytes live.

@@ -7,14 +7,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker};
+use broker_core::{
+    Cost, LimitSpec, Limits, LocalStore, ManualClock, RateLimit, ResourceBroker, Store,
+};
 use broker_memory::MemoryBackend;
 
 fn run(limits: Limits, burst: usize) {
     let clock = ManualClock::new();
     clock.set(1_000_000_000);
     let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(64));
-    let shared: Arc<dyn Backend> = backend.clone();
+    let shared: Arc<dyn Store> = backend.clone();
     let broker = ResourceBroker::from_arc(shared);
     broker.register_limit("tenant", limits).unwrap();
     const HOT: usize = 16;

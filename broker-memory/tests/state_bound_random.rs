@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use broker_core::{
-    Backend, Cost, LimitSpec, Limits, ManualClock, Observed, ObservedLimit, RateLimit,
+    Cost, LimitSpec, Limits, ManualClock, Observed, ObservedLimit, RateLimit, Store,
 };
 use broker_memory::MemoryBackend;
 

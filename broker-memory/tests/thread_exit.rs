@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+use broker_core::{Cost, LimitSpec, Limits, LocalStore, RateLimit};
 use broker_memory::MemoryBackend;
 
 /// Makes a keyed call that creates a new state when dropped, and records

@@ -1,28 +1,29 @@
-//! [`RedisBackendBuilder`]: connection, time source, key prefix, failure
-//! policy and timeouts of a [`RedisBackend`].
+//! [`RedisBackendBuilder`]: connection, time source, key prefix and
+//! timeouts of a [`RedisBackend`], and the failure policy above it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{BackendError, Clock};
+use broker_core::{BackendError, Clock, Failover, FailurePolicy};
 
 use crate::connection::{Conn, Timeouts};
-use crate::failure::FailurePolicy;
 use crate::{coalesce, keys, startup, RedisBackend};
 
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix
-/// `"rb"`, [`FailurePolicy::FailClosed`], 1 s connect and response timeouts,
-/// a background probe per 250 ms while Redis is down, 1 s TTL margin, coalescing on.
+/// `"rb"`, 1 s connect and response timeouts, a background probe per
+/// 250 ms while Redis is down, 1 s TTL margin, coalescing on. Without a
+/// failure policy, a call while Redis is unreachable fails with an
+/// "unavailable" [`BackendError`] (fail-closed).
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use broker_redis::{FailurePolicy, RedisBackend};
-/// # async fn demo() -> Result<(), broker_core::BackendError> {
-/// let backend = RedisBackend::builder("redis://127.0.0.1:6379/")
+/// use broker_core::FailurePolicy;
+/// use broker_redis::RedisBackend;
+/// # async fn demo(memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
+/// let store = RedisBackend::builder("redis://127.0.0.1:6379/")
 ///     .prefix("myapp")
-///     .failure_policy(FailurePolicy::LocalFallback { share: 0.25 })
 ///     .response_timeout(Duration::from_millis(200))
-///     .connect()
+///     .connect_with_policy(FailurePolicy::local_fallback(0.25, memory))
 ///     .await?;
 /// # Ok(()) }
 /// ```
@@ -32,7 +33,7 @@ pub struct RedisBackendBuilder {
     pub(crate) cluster: bool,
     pub(crate) prefix: String,
     pub(crate) clock: Option<Arc<dyn Clock>>,
-    pub(crate) policy: FailurePolicy,
+    pub(crate) refund_late: bool,
     pub(crate) timeouts: Timeouts,
     pub(crate) probe_interval: Duration,
     pub(crate) ttl_margin: Duration,
@@ -47,7 +48,7 @@ impl RedisBackendBuilder {
             cluster: false,
             prefix: "rb".to_owned(),
             clock: None,
-            policy: FailurePolicy::default(),
+            refund_late: true,
             timeouts: Timeouts {
                 connect: Duration::from_secs(1),
                 response: Duration::from_secs(1),
@@ -62,20 +63,20 @@ impl RedisBackendBuilder {
     /// Lazy connection: [`RedisBackendBuilder::connect`] returns at once
     /// without talking to Redis, and the first call connects. A service
     /// can so start while Redis is down: until Redis answers, the
-    /// [failure policy](RedisBackendBuilder::failure_policy) answers every
-    /// call (with the default `FailClosed`, a backend error), and decisions
+    /// [failure policy](RedisBackendBuilder::connect_with_policy) answers
+    /// every call (without one, an "unavailable" backend error), and decisions
     /// are shared as soon as it does. The `maxmemory-policy` check needs a
     /// connection and is skipped. One server only: with
     /// a cluster (`cluster(urls)`), `connect` refuses it. Default off:
     /// `connect` fails with a clear error when Redis cannot be reached.
     ///
     /// ```no_run
-    /// use broker_redis::{FailurePolicy, RedisBackend};
-    /// # async fn demo() -> Result<(), broker_core::BackendError> {
-    /// let backend = RedisBackend::builder("redis://redis.internal:6379/")
+    /// use broker_core::FailurePolicy;
+    /// use broker_redis::RedisBackend;
+    /// # async fn demo(memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
+    /// let store = RedisBackend::builder("redis://redis.internal:6379/")
     ///     .lazy_connect(true)
-    ///     .failure_policy(FailurePolicy::LocalFallback { share: 0.25 })
-    ///     .connect()
+    ///     .connect_with_policy(FailurePolicy::local_fallback(0.25, memory))
     ///     .await?; // Ok even if Redis is not up yet.
     /// # Ok(()) }
     /// ```
@@ -111,11 +112,28 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// What to answer while Redis is unreachable. Default
-    /// [`FailurePolicy::FailClosed`].
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.policy = policy;
-        self
+    /// Connects (see [`RedisBackendBuilder::connect`]) and puts the store
+    /// under `policy`, which answers while Redis is unreachable. Under
+    /// [`FailurePolicy::FailOpen`], a decision Redis grants after its call
+    /// timed out keeps its cost there (the call went out); under the other
+    /// policies it is given back.
+    ///
+    /// ```no_run
+    /// use broker_core::FailurePolicy;
+    /// # async fn demo() -> Result<(), broker_core::BackendError> {
+    /// let store = broker_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
+    ///     .connect_with_policy(FailurePolicy::FailOpen)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with_policy(
+        mut self,
+        policy: FailurePolicy,
+    ) -> Result<Failover<RedisBackend>, BackendError> {
+        self.refund_late = !matches!(policy, FailurePolicy::FailOpen);
+        // The share is checked before connecting.
+        policy.check()?;
+        Failover::new(self.connect().await?, policy)
     }
 
     /// Time allowed to open a connection: by [`RedisBackendBuilder::connect`],
@@ -218,7 +236,6 @@ impl RedisBackendBuilder {
     /// reached now.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         keys::check_prefix(&self.prefix)?;
-        self.policy.validate()?;
         let url = self
             .urls
             .first()

@@ -1,34 +1,37 @@
-//! Running one call: the health gate, one `EVALSHA` by a deadline, its
-//! outcome, and the failure policy's answer when Redis cannot be reached.
+//! Running one call: the health gate, one `EVALSHA` by a deadline, and its
+//! outcome; an "unavailable" error when Redis cannot be reached.
 
 use std::time::Duration;
 
-use broker_core::{Backend, BackendError, Cost, LeaseId, LimitSpec, Micros};
-use broker_memory::MemoryBackend;
+use broker_core::{BackendError, LeaseId, Micros, Store};
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
 use crate::connection::{self, redis_error};
-use crate::failure::{self, FailurePolicy, Scope};
+use crate::health::{self, Scope};
 use crate::keys::{self, KeyPair};
 use crate::scripts::Lua;
 use crate::send::{send_by, send_or_later, Late, Reply, Takes, Undo, Unsettled};
 use crate::RedisBackend;
 
-/// How a call is answered while Redis is unreachable.
-pub(crate) enum Fallback<'a> {
-    /// Fail-open: allowed, dropped.
-    Open,
-    /// The local store, with the limits scaled to the share.
-    Local(&'a MemoryBackend, LimitSpec),
-}
-
 /// Why a call did not reach a decision in Redis.
 pub(crate) enum Failure {
-    /// Redis is unreachable: the failure policy answers.
+    /// Redis is unreachable: an "unavailable" error, which a failure
+    /// policy above the store answers.
     Unavailable(String),
     /// A command or script error: returned as is.
     Other(BackendError),
+}
+
+impl From<Failure> for BackendError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Unavailable(why) => {
+                BackendError::unavailable(format!("redis unreachable: {why}"))
+            }
+            Failure::Other(e) => e,
+        }
+    }
 }
 
 pub(crate) fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, Failure> {
@@ -43,12 +46,6 @@ pub(crate) fn micros_of(s: &str) -> Result<Micros, Failure> {
         .map(|x| x as Micros)
         .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
 }
-
-pub(crate) const NO_LIMITS: LimitSpec = LimitSpec {
-    buckets: Vec::new(),
-    max_concurrent: None,
-    lease_ttl: 0,
-};
 
 pub(crate) fn new_lease() -> LeaseId {
     rand::random()
@@ -158,7 +155,7 @@ impl RedisBackend {
         let late = Late {
             takes,
             lease: lease.as_ref().map(|l| l.1),
-            refund: inner.policy.refunds_late(),
+            refund: inner.refund_late,
         };
         let unsettled = Unsettled::new(&inner.conn, inner.response_timeout, lease);
         let timeout = inner.response_timeout;
@@ -194,7 +191,7 @@ impl RedisBackend {
 
     /// Lets a call on `scope` through to Redis, unless that is down: the
     /// health's epoch the call goes out in, for [`Self::outcome`].
-    pub(crate) fn gate(&self, scope: Scope) -> Result<failure::Epoch, Failure> {
+    pub(crate) fn gate(&self, scope: Scope) -> Result<health::Epoch, Failure> {
         let inner = &self.inner;
         match inner.health.should_try(scope) {
             Some(epoch) => Ok(epoch),
@@ -205,7 +202,7 @@ impl RedisBackend {
     /// A call on `scope` kept from Redis while that is down: counted as
     /// handled by the failure policy, which answers it.
     pub(crate) fn kept_back(&self, scope: Scope) -> Failure {
-        self.inner.health.kept_back(scope, &self.inner.policy);
+        self.inner.health.kept_back(scope);
         // Starts the probe again if its task was dropped with its runtime.
         self.watch();
         Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
@@ -219,9 +216,9 @@ impl RedisBackend {
     /// A call on `scope` could not reach Redis (`error`; it went out in
     /// `epoch`): starts an outage unless a call reached Redis since, and
     /// the background probe that ends it.
-    pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: failure::Epoch) {
+    pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: health::Epoch) {
         let inner = &self.inner;
-        inner.health.failed(scope, &inner.policy, error, epoch);
+        inner.health.failed(scope, error, epoch);
         self.watch();
     }
 
@@ -244,7 +241,7 @@ impl RedisBackend {
         &self,
         reply: Reply,
         scope: Scope,
-        epoch: failure::Epoch,
+        epoch: health::Epoch,
     ) -> Result<Value, Failure> {
         let inner = &self.inner;
         match reply {
@@ -274,82 +271,6 @@ impl RedisBackend {
                 self.failed(scope, msg, epoch);
                 Err(Failure::Unavailable(msg.into()))
             }
-        }
-    }
-
-    /// What the failure policy says for a call that could not reach Redis:
-    /// an error (fail-closed, or not an outage), fail-open, or the local
-    /// fallback store with the limits scaled down.
-    pub(crate) fn policy<'a>(
-        &'a self,
-        op: &str,
-        failure: Failure,
-        spec: &LimitSpec,
-    ) -> Result<Fallback<'a>, BackendError> {
-        let why = match failure {
-            Failure::Other(e) => return Err(e),
-            Failure::Unavailable(why) => why,
-        };
-        if self.inner.policy == FailurePolicy::FailOpen {
-            return Ok(Fallback::Open);
-        }
-        match self.local_fallback(spec) {
-            Some((store, scaled)) => Ok(Fallback::Local(store, scaled)),
-            None => Err(BackendError::new(format!(
-                "redis unreachable, {op} refused (fail-closed): {why}"
-            ))),
-        }
-    }
-
-    /// Refuses `op` of `cost` (with a slot if `slot`) when the local
-    /// fallback's `scaled` limits can never admit it (see
-    /// [`failure::never_admits`]): a denial would promise a wait that never
-    /// ends, a booking would take more than the share.
-    pub(crate) fn admissible_here(
-        &self,
-        op: &str,
-        scaled: &LimitSpec,
-        cost: Cost,
-        slot: bool,
-    ) -> Result<(), BackendError> {
-        let FailurePolicy::LocalFallback { share } = self.inner.policy else {
-            return Ok(());
-        };
-        match failure::never_admits(scaled, share, cost, slot) {
-            None => Ok(()),
-            Some(why) => Err(BackendError::new(format!(
-                "redis unreachable, {op} refused: {why}, so it admits nothing while redis is out of reach (raise the share or the limit)"
-            ))),
-        }
-    }
-
-    /// The local fallback's store and its share of `spec`, under the local
-    /// fallback policy.
-    pub(crate) fn local_fallback(&self, spec: &LimitSpec) -> Option<(&MemoryBackend, LimitSpec)> {
-        match (self.inner.policy, &self.inner.fallback) {
-            (FailurePolicy::LocalFallback { share }, Some(store)) => {
-                Some((store, failure::scaled(spec, share)))
-            }
-            _ => None,
-        }
-    }
-
-    /// The settlement of a booking the failure policy answered while Redis
-    /// was out of reach: Redis never charged it, so giving its cost back
-    /// there would add tokens no call took. The local fallback's booking
-    /// is settled in the fallback store (without its marks, which name
-    /// that store's own holds: no refund while a hold is on there); a
-    /// fail-open booking charged nothing anywhere, and is left so.
-    pub(crate) async fn settle_here(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        reserved: Cost,
-        actual: Cost,
-    ) -> Result<(), BackendError> {
-        match self.local_fallback(spec) {
-            Some((m, scaled)) => m.settle(key, &scaled, reserved, actual, None).await,
-            None => Ok(()),
         }
     }
 }

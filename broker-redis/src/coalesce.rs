@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::connection::Conn;
-use crate::failure::Scope;
+use crate::health::Scope;
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua};
 use crate::send::{granted, release_later, send_or_later, Late, Reply, Takes, Undo, Unsettled};

@@ -11,7 +11,6 @@ use broker_core::{BackendError, Micros};
 use redis::Cmd;
 
 use crate::connection::{redis_error, Conn};
-use crate::failure::FailurePolicy;
 use crate::RedisBackend;
 
 /// # Inspection
@@ -27,11 +26,6 @@ impl RedisBackend {
     /// ones too: the broker's keys all have a TTL); a warning was logged.
     pub fn eviction_risk(&self) -> bool {
         self.maxmemory_policy().is_some_and(crate::startup::evicts)
-    }
-
-    /// The failure policy in force.
-    pub fn failure_policy(&self) -> FailurePolicy {
-        self.inner.policy
     }
 
     /// The Redis key of the bucket hash of state `key`.

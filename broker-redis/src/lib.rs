@@ -16,7 +16,7 @@
 //! ```
 //!
 //! - **One round trip per decision**: every transition (`try`, `reserve`,
-//!   `hold_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
+//!   `take_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
 //!   script run by `EVALSHA` (reloaded on `NOSCRIPT`): its own body over
 //!   one shared helper source (`lua/lib.lua`), a line-by-line mirror of
 //!   broker-core's `bucket.rs` and `state.rs` with the same names
@@ -45,10 +45,12 @@
 //!   holder's slot frees itself after `lease_ttl`; a live permit's lease is
 //!   renewed by the broker (`renew`, three times per `lease_ttl`), so a
 //!   hold may last longer; `release` is idempotent.
-//! - **Outages**: an explicit [`FailurePolicy`] (default
-//!   [`FailurePolicy::FailClosed`]); logged once per outage, counted in
-//!   [`Backend::health`](broker_core::Backend::health); recovery is automatic:
-//!   while Redis is down every call is answered by the policy at once, and a
+//! - **Outages**: a call while Redis is unreachable fails at once with an
+//!   "unavailable" [`BackendError`], which a failure policy above the store
+//!   answers ([`broker_core::Failover`], or
+//!   [`RedisBackendBuilder::connect_with_policy`]); logged once per outage,
+//!   counted in [`Store::health`](broker_core::Store::health); recovery
+//!   is automatic: while Redis is down every call fails at once, and a
 //!   background `PING` per probe interval finds it back. A release that
 //!   could not reach Redis is kept and sent once Redis answers again, so a
 //!   freed slot does not stay taken until its lease's TTL.
@@ -69,7 +71,7 @@ mod builder;
 mod call;
 mod coalesce;
 mod connection;
-mod failure;
+mod health;
 mod inspect;
 mod keys;
 mod pending;
@@ -83,10 +85,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::{BackendError, Clock};
-use broker_memory::MemoryBackend;
 
 pub use builder::RedisBackendBuilder;
-pub use failure::FailurePolicy;
 
 use connection::Conn;
 
@@ -102,10 +102,12 @@ struct Inner {
     prefix: String,
     clock: Option<Arc<dyn Clock>>,
     margin_ms: u64,
-    policy: FailurePolicy,
-    fallback: Option<MemoryBackend>,
+    /// Whether a decision Redis granted after its caller was answered
+    /// without it (a timeout) gives its cost back: not under fail-open,
+    /// whose call went out (see `send::Late`).
+    refund_late: bool,
     /// The health of the store, or of each slot of a cluster.
-    health: failure::Healths,
+    health: health::Healths,
     response_timeout: Duration,
     maxmemory_policy: Option<String>,
     /// Coalesces concurrent `try` decisions; `None` when off.
@@ -121,8 +123,8 @@ struct Inner {
 
 /// # Connecting
 impl RedisBackend {
-    /// Connects with the defaults: the server's `TIME`, prefix `"rb"`,
-    /// [`FailurePolicy::FailClosed`].
+    /// Connects with the defaults: the server's `TIME`, prefix `"rb"`, no
+    /// failure policy (a call while Redis is unreachable fails).
     pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
         Self::builder(url).connect().await
     }
@@ -146,13 +148,6 @@ impl RedisBackend {
     }
 
     fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {
-        let fallback = match b.policy {
-            FailurePolicy::LocalFallback { .. } => Some(match &b.clock {
-                Some(clock) => MemoryBackend::with_shared_clock(clock.clone()),
-                None => MemoryBackend::new(),
-            }),
-            _ => None,
-        };
         let response_timeout = b.timeouts.response;
         // On a cluster, a batch is split by hash tag: one call per slot.
         let coalescer = b.coalesce.enabled.then(|| {
@@ -160,7 +155,7 @@ impl RedisBackend {
                 group_by_tag: b.cluster,
                 ..b.coalesce
             };
-            let refund_late = b.policy.refunds_late();
+            let refund_late = b.refund_late;
             Arc::new(coalesce::Coalescer::new(
                 conn.clone(),
                 response_timeout,
@@ -178,9 +173,8 @@ impl RedisBackend {
                     .min(1_000_000_000_000_000),
                 prefix: b.prefix,
                 clock: b.clock,
-                policy: b.policy,
-                fallback,
-                health: failure::Healths::new(b.probe_interval),
+                refund_late: b.refund_late,
+                health: health::Healths::new(b.probe_interval),
                 response_timeout,
                 maxmemory_policy,
                 coalescer,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::failure::Scope;
+use crate::health::Scope;
 use crate::{Inner, RedisBackend};
 
 /// The least time between two probes (with a probe interval of zero).
@@ -64,7 +64,7 @@ impl RedisBackend {
             .take_kept(|key| !inner.health.is_down(self.scope(key)));
         for (key, lease) in kept {
             // Kept again if Redis cannot be reached.
-            let _ = broker_core::Backend::release(self, &key, lease).await;
+            let _ = broker_core::Store::release(self, &key, lease).await;
         }
     }
 }
@@ -112,9 +112,11 @@ impl Drop for Running {
 mod tests {
     use std::time::Duration;
 
-    use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+    use broker_core::{Cost, LimitSpec, Limits, RateLimit, Store};
 
-    use crate::{FailurePolicy, RedisBackend};
+    use broker_core::FailurePolicy;
+
+    use crate::RedisBackend;
 
     /// An outage found on a runtime that then shuts down (its probe's task
     /// dropped with it): the next call, on another runtime, starts a probe
@@ -124,10 +126,9 @@ mod tests {
     async fn a_probe_dropped_with_its_runtime_is_started_again() {
         let server = broker_testkit::RedisServer::start();
         let backend = RedisBackend::builder(&server.url())
-            .failure_policy(FailurePolicy::FailOpen)
             .response_timeout(Duration::from_millis(300))
             .probe_interval(Duration::from_millis(20))
-            .connect()
+            .connect_with_policy(FailurePolicy::FailOpen)
             .await
             .unwrap();
         let spec = LimitSpec::new(

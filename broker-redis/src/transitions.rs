@@ -1,20 +1,20 @@
-//! The transitions: one `EVALSHA` per call (see [`crate::call`]), and the
-//! failure policy's answer when Redis cannot be reached.
+//! The transitions: one `EVALSHA` per call (see [`crate::call`]); an
+//! "unavailable" error when Redis cannot be reached.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use broker_core::clock::{micros, Clock, SystemClock};
+use broker_core::clock::micros;
 use broker_core::state::{DenyReason, MARKED};
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
-    Reservation,
+    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit, Renewal,
+    Reservation, Store,
 };
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::call::{micros_of, new_lease, parse, Failure, Fallback, TakenReleases, NO_LIMITS};
+use crate::call::{micros_of, new_lease, parse, Failure, TakenReleases};
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua, Operand};
 use crate::send::Takes;
@@ -41,10 +41,10 @@ impl RedisBackend {
         (script, cmd)
     }
 
-    /// `hold_slot` in Redis, under `lease`, answered by `deadline`: true
-    /// when held. `fresh`: a new lease (`hold_slot`), released if granted
+    /// `take_slot` in Redis, under `lease`, answered by `deadline`: true
+    /// when held. `fresh`: a new lease (`take_slot`), released if granted
     /// after the caller was told the call timed out; else a live permit's
-    /// (`retake`), whose next renewal takes it again.
+    /// (`renew` taking it again), which its next renewal finds held.
     async fn hold_slot_as(
         &self,
         key: &str,
@@ -95,18 +95,12 @@ impl RedisBackend {
     async fn send_pending_releases(&self, key: &str, deadline: Instant) -> bool {
         // Taken out, they are this call's to send: if it goes away first,
         // the rest are sent from a task (see `TakenReleases`). One that
-        // cannot reach Redis is kept again, for the background probe; the
-        // local fallback's leases are freed at once, with no I/O.
+        // cannot reach Redis is kept again, for the background probe.
         let mut taken = TakenReleases {
             backend: self,
             key,
             leases: self.inner.pending.take(key),
         };
-        if let Some(m) = &self.inner.fallback {
-            taken
-                .leases
-                .retain(|&lease| !matches!(m.release_now(key, lease), Some(Ok(true))));
-        }
         let scope = self.scope(key);
         loop {
             if self.inner.health.is_down(scope) {
@@ -123,21 +117,13 @@ impl RedisBackend {
         }
     }
 
-    /// [`Backend::release`], answered by `deadline`.
+    /// [`Store::release`], answered by `deadline`.
     async fn release_by(
         &self,
         key: &str,
         lease: LeaseId,
         deadline: Instant,
     ) -> Result<bool, BackendError> {
-        if let Some(Some(Ok(true))) = self
-            .inner
-            .fallback
-            .as_ref()
-            .map(|m| m.release_now(key, lease))
-        {
-            return Ok(true);
-        }
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
         cmd.arg(lease);
@@ -151,7 +137,7 @@ impl RedisBackend {
                 if let Failure::Unavailable(_) = f {
                     self.keep_release(key, lease);
                 }
-                self.policy("release", f, &NO_LIMITS).map(|_| false)
+                Err(f.into())
             }
         }
     }
@@ -194,11 +180,7 @@ impl RedisBackend {
 
     /// `reserve`, also returning the store's time of the decision, so the
     /// wait can be turned into an absolute time on the store's clock
-    /// (`now + wait`): the server's `TIME`, or the client clock. When the
-    /// failure policy answers instead of the server, this process's clock
-    /// (Unix time) stands in for the server's, and the reservation's marks
-    /// are [`Marks::ANSWERED_HERE`], not times: pass them to `settle` as
-    /// they are, which settles such a booking where its cost went.
+    /// (`now + wait`): the server's `TIME`, or the client clock.
     pub async fn reserve_at(
         &self,
         key: &str,
@@ -207,34 +189,7 @@ impl RedisBackend {
         max_wait: Duration,
     ) -> Result<(Reservation, Micros), BackendError> {
         let keys = self.keys(key)?;
-        match self.reserve_redis(key, &keys, spec, cost, max_wait).await {
-            Ok(r) => Ok(r),
-            Err(f) => {
-                let now = match &self.inner.clock {
-                    Some(c) => c.now(),
-                    None => SystemClock::new().now(),
-                };
-                // Marked as answered here, not by Redis: its settlement
-                // goes where its cost went (see `settle`).
-                match self.policy("reserve", f, spec)? {
-                    Fallback::Open => Ok((
-                        Reservation {
-                            wait: 0,
-                            booked: true,
-                            since: Marks::ANSWERED_HERE,
-                        },
-                        now,
-                    )),
-                    Fallback::Local(m, scaled) => {
-                        // A booking takes no slot: only the rates count.
-                        self.admissible_here("reserve", &scaled, cost, false)?;
-                        let booked = m.reserve(key, &scaled, cost, max_wait).await?;
-                        let since = Marks::ANSWERED_HERE;
-                        Ok((Reservation { since, ..booked }, now))
-                    }
-                }
-            }
-        }
+        Ok(self.reserve_redis(key, &keys, spec, cost, max_wait).await?)
     }
 
     async fn reserve_redis(
@@ -284,7 +239,7 @@ impl RedisBackend {
 }
 
 #[async_trait]
-impl Backend for RedisBackend {
+impl Store for RedisBackend {
     async fn try_acquire(
         &self,
         key: &str,
@@ -303,19 +258,7 @@ impl Backend for RedisBackend {
         } else {
             Err(self.kept_back(self.scope(key)))
         };
-        match decided {
-            Ok(d) => Ok(d),
-            // Marked as answered here, not by Redis: a settle of its cost
-            // goes where the cost went (see `settle`).
-            Err(f) => match self.policy("try_acquire", f, spec)? {
-                Fallback::Open => Ok(Decision::allow(spec.max_concurrent.map(|_| lease))),
-                Fallback::Local(m, scaled) => {
-                    self.admissible_here("try_acquire", &scaled, cost, true)?;
-                    m.try_acquire(key, &scaled, cost).await
-                }
-            }
-            .map(Decision::by_failure_policy),
-        }
+        Ok(decided?)
     }
 
     async fn reserve(
@@ -328,7 +271,7 @@ impl Backend for RedisBackend {
         Ok(self.reserve_at(key, spec, cost, max_wait).await?.0)
     }
 
-    async fn hold_slot(
+    async fn take_slot(
         &self,
         key: &str,
         spec: &LimitSpec,
@@ -343,44 +286,10 @@ impl Backend for RedisBackend {
         } else {
             Err(self.kept_back(self.scope(key)))
         };
-        match held {
-            Ok(held) => Ok(held.then_some(lease)),
-            Err(f) => match self.policy("hold_slot", f, spec)? {
-                Fallback::Open => Ok(Some(lease)),
-                Fallback::Local(m, scaled) => {
-                    self.admissible_here("hold_slot", &scaled, Cost::requests(0), true)?;
-                    m.hold_slot(key, &scaled).await
-                }
-            },
-        }
+        Ok(held?.then_some(lease))
     }
 
-    async fn retake(
-        &self,
-        key: &str,
-        spec: &LimitSpec,
-        lease: LeaseId,
-    ) -> Result<bool, BackendError> {
-        let keys = self.keys(key)?;
-        let deadline = self.deadline();
-        match self
-            .hold_slot_as(key, &keys, spec, (lease, false), deadline)
-            .await
-        {
-            Ok(held) => {
-                // A lease the local fallback granted (see `renew`) is held
-                // in Redis now: freed here, so `release` frees it there.
-                if let (true, Some(m)) = (held, &self.inner.fallback) {
-                    let _ = m.release_now(key, lease);
-                }
-                Ok(held)
-            }
-            // Out of reach: the next renewal tries again.
-            Err(f) => self.policy("retake", f, &NO_LIMITS).map(|_| true),
-        }
-    }
-
-    async fn hold_left(
+    async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
@@ -392,13 +301,7 @@ impl Backend for RedisBackend {
             let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
             micros_of(&left)
         };
-        match result.await {
-            Ok(left) => Ok(left),
-            Err(f) => match self.policy("hold_left", f, spec)? {
-                Fallback::Open => Ok(0),
-                Fallback::Local(m, scaled) => m.hold_left(key, &scaled, cost).await,
-            },
-        }
+        Ok(result.await?)
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
@@ -432,29 +335,23 @@ impl Backend for RedisBackend {
         key: &str,
         spec: &LimitSpec,
         lease: LeaseId,
-    ) -> Result<bool, BackendError> {
-        // A lease the local fallback granted is renewed where it is held,
-        // as `release` frees it there. Once Redis is up again, Redis is
-        // asked too: the lease is not there, and is taken again there
-        // (see `retake`, which frees it here), so that Redis counts the
-        // work running, as for a lease granted under fail-open.
-        if let Some((m, scaled)) = self.local_fallback(spec) {
-            if m.renew(key, &scaled, lease).await? && self.inner.health.is_down(self.scope(key)) {
-                return Ok(true);
-            }
-        }
+    ) -> Result<Renewal, BackendError> {
         let keys = self.keys(key)?;
         let mut cmd =
             scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);
         cmd.arg(spec.lease_ttl).arg(lease);
         let result =
             async { parse::<i64>(self.run(self.scope(key), &scripts::RENEW, cmd).await?) }.await;
-        match result {
-            Ok(held) => Ok(held == 1),
-            // Unreachable: the lease is as the store last left it, and the
-            // next renewal tries again.
-            Err(f) => self.policy("renew", f, &NO_LIMITS).map(|_| true),
+        if result? == 1 {
+            return Ok(Renewal::Held);
         }
+        // Not held: taken again under the same lease if a slot is free.
+        let deadline = self.deadline();
+        let held = self.hold_slot_as(key, &keys, spec, (lease, false), deadline);
+        Ok(match held.await? {
+            true => Renewal::Retaken,
+            false => Renewal::Gone,
+        })
     }
 
     async fn settle(
@@ -465,8 +362,9 @@ impl Backend for RedisBackend {
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
+        // Answered by a failure policy above the store: never charged here.
         if since == Some(Marks::ANSWERED_HERE) {
-            return self.settle_here(key, spec, reserved, actual).await;
+            return Ok(());
         }
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha(
@@ -490,24 +388,8 @@ impl Backend for RedisBackend {
             Some(marks) => cmd.arg(marks.due()),
             None => cmd.arg(""),
         };
-        match self.run(self.scope(key), &scripts::SETTLE, cmd).await {
-            Ok(_) => Ok(()),
-            Err(f) => match self.policy("settle", f, spec)? {
-                Fallback::Open => Ok(()),
-                // Charged in Redis, not here: what the work did not use
-                // goes back nowhere (the fallback's bucket never took it,
-                // and would then hand out more than its share); what it
-                // used beyond the booking is charged here too, which only
-                // narrows the share.
-                Fallback::Local(m, scaled) => {
-                    let used = Cost {
-                        requests: actual.requests.max(reserved.requests),
-                        tokens: actual.tokens.max(reserved.tokens),
-                    };
-                    m.settle(key, &scaled, reserved, used, None).await
-                }
-            },
-        }
+        self.run(self.scope(key), &scripts::SETTLE, cmd).await?;
+        Ok(())
     }
 
     async fn penalize(
@@ -526,13 +408,8 @@ impl Backend for RedisBackend {
             |_| Operand::Int(0),
         );
         cmd.arg(micros(hold));
-        match self.run(self.scope(key), &scripts::PENALIZE, cmd).await {
-            Ok(_) => Ok(()),
-            Err(f) => match self.policy("penalize", f, spec)? {
-                Fallback::Open => Ok(()),
-                Fallback::Local(m, scaled) => m.penalize(key, &scaled, hold).await,
-            },
-        }
+        self.run(self.scope(key), &scripts::PENALIZE, cmd).await?;
+        Ok(())
     }
 
     async fn reconcile(
@@ -561,13 +438,8 @@ impl Backend for RedisBackend {
                 None => cmd.arg(""),
             };
         }
-        match self.run(self.scope(key), &scripts::RECONCILE, cmd).await {
-            Ok(_) => Ok(()),
-            Err(f) => match self.policy("reconcile", f, spec)? {
-                Fallback::Open => Ok(()),
-                Fallback::Local(m, scaled) => m.reconcile(key, &scaled, observed).await,
-            },
-        }
+        self.run(self.scope(key), &scripts::RECONCILE, cmd).await?;
+        Ok(())
     }
 
     fn health(&self) -> BackendHealth {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, RateLimit};
+use broker_core::{Cost, LimitSpec, Limits, RateLimit, Store};
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
 use futures::FutureExt;

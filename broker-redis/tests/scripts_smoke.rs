@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
+use broker_core::{Cost, LimitSpec, Limits, ManualClock, RateLimit, Store};
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
 
@@ -54,7 +54,7 @@ async fn every_script_runs_and_takes_effect() {
         .await
         .unwrap();
     b.reconcile("k", &spec, &Default::default()).await.unwrap();
-    let lease = b.hold_slot("k", &spec).await.unwrap();
+    let lease = b.take_slot("k", &spec).await.unwrap();
     assert!(lease.is_some());
     let state = b.state("k").await.unwrap().unwrap();
     assert_eq!(state.buckets[0].nb, 6_000_000);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Reservation,
+    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Reservation, Store,
 };
 
 /// Every call fails with [`DownBackend::message`].
@@ -13,21 +13,39 @@ use broker_core::{
 pub struct DownBackend {
     /// The error message every call returns.
     pub message: &'static str,
+    /// Whether the error says the store is unreachable
+    /// ([`BackendError::is_unavailable`]), which a failure policy answers.
+    pub unreachable: bool,
 }
 
 impl DownBackend {
     /// A store whose every call fails with `message`.
     pub fn new(message: &'static str) -> Self {
-        Self { message }
+        Self {
+            message,
+            unreachable: false,
+        }
+    }
+
+    /// A store whose every call fails with `message` as an "unavailable"
+    /// error, as a shared store out of reach does.
+    pub fn unreachable(message: &'static str) -> Self {
+        Self {
+            message,
+            unreachable: true,
+        }
     }
 
     fn fail<T>(&self) -> Result<T, BackendError> {
-        Err(BackendError::new(self.message))
+        Err(match self.unreachable {
+            true => BackendError::unavailable(self.message),
+            false => BackendError::new(self.message),
+        })
     }
 }
 
 #[async_trait]
-impl Backend for DownBackend {
+impl Store for DownBackend {
     async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
         self.fail()
     }
@@ -40,7 +58,7 @@ impl Backend for DownBackend {
     ) -> Result<Reservation, BackendError> {
         self.fail()
     }
-    async fn hold_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+    async fn take_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
         self.fail()
     }
     async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    Backend, BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, Marks, ObservedLimit,
-    Reservation,
+    BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
+    ObservedLimit, Renewal, Reservation, Store,
 };
 
 /// What a [`Wrapped`] store does besides passing each call on. Every hook
@@ -51,7 +51,7 @@ pub trait Hooks: Send + Sync + 'static {
     /// How long a `hold_slot` on `key` waits after the wrapped store has
     /// taken the slot (or found none), before it answers (a reply across a
     /// network: the store holds the lease, the caller does not know it
-    /// yet); while it is non-zero, `hold_slot_now` cannot answer in
+    /// yet); while it is non-zero, `take_slot_now` cannot answer in
     /// process.
     fn hold_slot_reply_delay(&self, _key: &str) -> Duration {
         Duration::ZERO
@@ -109,20 +109,20 @@ pub trait Hooks: Send + Sync + 'static {
 /// step in.
 pub struct Wrapped<H> {
     /// The store the calls go to.
-    pub inner: Arc<dyn Backend>,
+    pub inner: Arc<dyn Store>,
     /// Where the test steps in.
     pub hooks: H,
 }
 
 impl<H: Hooks> Wrapped<H> {
     /// `inner` with `hooks`.
-    pub fn new(inner: Arc<dyn Backend>, hooks: H) -> Self {
+    pub fn new(inner: Arc<dyn Store>, hooks: H) -> Self {
         Self { inner, hooks }
     }
 }
 
 #[async_trait]
-impl<H: Hooks> Backend for Wrapped<H> {
+impl<H: Hooks> Store for Wrapped<H> {
     async fn try_acquire(&self, k: &str, s: &LimitSpec, c: Cost) -> Result<Decision, BackendError> {
         if self.hooks.asynchronous() {
             let mut polled = false;
@@ -143,18 +143,6 @@ impl<H: Hooks> Backend for Wrapped<H> {
         pause(self.hooks.try_acquire_reply_delay(k)).await;
         answer
     }
-    fn try_acquire_now(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        c: Cost,
-    ) -> Option<Result<Decision, BackendError>> {
-        self.hooks.before_try_acquire_now();
-        if self.hooks.asynchronous() {
-            return None;
-        }
-        self.inner.try_acquire_now(k, s, c)
-    }
     async fn reserve(
         &self,
         k: &str,
@@ -164,34 +152,21 @@ impl<H: Hooks> Backend for Wrapped<H> {
     ) -> Result<Reservation, BackendError> {
         self.inner.reserve(k, s, c, w).await
     }
-    async fn hold_left(
+    async fn wait_left(
         &self,
         k: &str,
         s: &LimitSpec,
         c: Cost,
     ) -> Result<broker_core::Micros, BackendError> {
-        self.inner.hold_left(k, s, c).await
+        self.inner.wait_left(k, s, c).await
     }
-    async fn hold_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
-        let answer = self.inner.hold_slot(k, s).await;
+    async fn take_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+        let answer = self.inner.take_slot(k, s).await;
         pause(self.hooks.hold_slot_reply_delay(k)).await;
         answer
     }
-    fn hold_slot_now(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-    ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        if !self.hooks.hold_slot_reply_delay(k).is_zero() {
-            return None;
-        }
-        self.inner.hold_slot_now(k, s)
-    }
     async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
         self.inner.release(k, l).await
-    }
-    fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
-        self.inner.release_now(k, l)
     }
     fn release_sent(&self, k: &str, l: LeaseId) {
         self.inner.release_sent(k, l)
@@ -202,12 +177,9 @@ impl<H: Hooks> Backend for Wrapped<H> {
     async fn release_announced(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
         self.inner.release_announced(k, l).await
     }
-    async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
+    async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<Renewal, BackendError> {
         pause(self.hooks.renew_delay()).await;
         self.inner.renew(k, s, l).await
-    }
-    async fn retake(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<bool, BackendError> {
-        self.inner.retake(k, s, l).await
     }
     async fn settle(
         &self,
@@ -221,22 +193,6 @@ impl<H: Hooks> Backend for Wrapped<H> {
         match self.hooks.settle(k, b) {
             Some(answer) => answer,
             None => self.inner.settle(k, s, r, a, b).await,
-        }
-    }
-    fn settle_now(
-        &self,
-        k: &str,
-        s: &LimitSpec,
-        r: Cost,
-        a: Cost,
-        b: Option<Marks>,
-    ) -> Option<Result<(), BackendError>> {
-        if !self.hooks.correction_delay().is_zero() {
-            return None;
-        }
-        match self.hooks.settle(k, b) {
-            Some(answer) => Some(answer),
-            None => self.inner.settle_now(k, s, r, a, b),
         }
     }
     async fn penalize(&self, k: &str, s: &LimitSpec, h: Duration) -> Result<(), BackendError> {
@@ -260,14 +216,65 @@ impl<H: Hooks> Backend for Wrapped<H> {
             }
         }
     }
-    fn local_states(&self, key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
-        self.hooks.local_states(self.inner.local_states(key, spec)?)
-    }
-    fn leases_end_with_holders(&self) -> bool {
-        self.inner.leases_end_with_holders()
-    }
     fn health(&self) -> BackendHealth {
         self.hooks.health(self.inner.health())
+    }
+    fn local(&self) -> Option<&dyn LocalStore> {
+        self.inner.local().map(|_| self as &dyn LocalStore)
+    }
+}
+
+/// The wrapped store's synchronous capability, where the hooks let it
+/// answer.
+impl<H: Hooks> LocalStore for Wrapped<H> {
+    fn try_acquire_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        c: Cost,
+    ) -> Option<Result<Decision, BackendError>> {
+        self.hooks.before_try_acquire_now();
+        if self.hooks.asynchronous() {
+            return None;
+        }
+        self.inner.local()?.try_acquire_now(k, s, c)
+    }
+
+    fn take_slot_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+    ) -> Option<Result<Option<LeaseId>, BackendError>> {
+        if !self.hooks.hold_slot_reply_delay(k).is_zero() {
+            return None;
+        }
+        self.inner.local()?.take_slot_now(k, s)
+    }
+
+    fn release_now(&self, k: &str, l: LeaseId) -> Option<Result<bool, BackendError>> {
+        self.inner.local()?.release_now(k, l)
+    }
+
+    fn settle_now(
+        &self,
+        k: &str,
+        s: &LimitSpec,
+        r: Cost,
+        a: Cost,
+        b: Option<Marks>,
+    ) -> Option<Result<(), BackendError>> {
+        if !self.hooks.correction_delay().is_zero() {
+            return None;
+        }
+        match self.hooks.settle(k, b) {
+            Some(answer) => Some(answer),
+            None => self.inner.local()?.settle_now(k, s, r, a, b),
+        }
+    }
+
+    fn states(&self, key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
+        self.hooks
+            .local_states(self.inner.local()?.states(key, spec)?)
     }
 }
 

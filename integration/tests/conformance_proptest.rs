@@ -15,7 +15,7 @@ use std::time::Duration;
 use broker_core::bucket::{self, BucketParams, BucketState};
 use broker_core::state::{self, Lease, Marks, ResourceState};
 use broker_core::{
-    Backend, Clock, Cost, LimitSpec, ManualClock, Micros, Observed, ObservedLimit, Unit,
+    Clock, Cost, LimitSpec, ManualClock, Micros, Observed, ObservedLimit, Renewal, Store, Unit,
 };
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
@@ -223,7 +223,7 @@ async fn run_case(
                 );
             }
             Op::HoldSlot => {
-                let got = redis.hold_slot(key, &spec).await.expect("hold_slot");
+                let got = redis.take_slot(key, &spec).await.expect("hold_slot");
                 let lease = got.unwrap_or(0);
                 let want = state::hold_slot(reference.get(&spec, now), &spec, now, lease);
                 prop_assert_eq!(got.is_some(), want, "hold_slot at {}", now);
@@ -241,10 +241,18 @@ async fn run_case(
             Op::Renew(i) => {
                 let lease = held.get(i).copied().unwrap_or(12345);
                 let got = redis.renew(key, &spec, lease).await.expect("renew");
-                let want = reference
+                let renewed = reference
                     .state
                     .as_mut()
                     .is_some_and(|s| state::renew(s, &spec, now, lease));
+                // Not held: taken again under the lease if a slot is free.
+                let want = if renewed {
+                    Renewal::Held
+                } else if state::hold_slot(reference.get(&spec, now), &spec, now, lease) {
+                    Renewal::Retaken
+                } else {
+                    Renewal::Gone
+                };
                 prop_assert_eq!(got, want, "renew {} at {}", lease, now);
             }
             Op::Settle(reserved, actual, at) => {
@@ -286,7 +294,7 @@ async fn run_case(
                 state::reconcile(reference.get(&spec, now), &spec, now, &observed);
             }
             Op::HoldLeft(cost) => {
-                let got = redis.hold_left(key, &spec, cost).await.expect("hold_left");
+                let got = redis.wait_left(key, &spec, cost).await.expect("hold_left");
                 let want = state::hold_left(reference.get(&spec, now), &spec, now, cost);
                 prop_assert_eq!(got, want, "hold_left {:?} at {}", cost, now);
             }

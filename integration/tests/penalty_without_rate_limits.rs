@@ -11,8 +11,8 @@ use std::time::Duration;
 mod penalty_support;
 
 use broker_core::{
-    Backend, Cost, DenyReason, EnqueueError, Limits, ManualClock, Observed, ObservedLimit, Outcome,
-    ResourceBroker, ResourceConfig, RetryPolicy, TokioClock,
+    Cost, DenyReason, EnqueueError, Limits, ManualClock, Observed, ObservedLimit, Outcome,
+    ResourceBroker, ResourceConfig, RetryPolicy, Store, TokioClock,
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::RedisServer;
@@ -70,7 +70,7 @@ async fn enqueued_starts_after(broker: &ResourceBroker, since: Instant) -> Durat
 #[tokio::test(start_paused = true)]
 async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
     const RESET: Duration = Duration::from_secs(7);
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
     let b = ResourceBroker::from_arc(store);
     a.register("llm", config()).unwrap();
@@ -123,7 +123,7 @@ async fn a_spent_counter_holds_every_replica_on_redis() {
 #[tokio::test(start_paused = true)]
 async fn a_429_holds_every_broker_on_the_memory_store() {
     const RETRY_AFTER: Duration = Duration::from_secs(5);
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
     let b = ResourceBroker::from_arc(store);
     a.register("llm", config()).unwrap();
@@ -180,7 +180,7 @@ async fn a_429_holds_every_replica_on_redis() {
 /// call waits for the longer end, not the one it booked for.
 #[tokio::test(start_paused = true)]
 async fn a_call_booked_for_the_end_of_a_penalty_waits_for_a_longer_one() {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = Arc::new(ResourceBroker::from_arc(store.clone()));
     let b = ResourceBroker::from_arc(store);
     a.register("llm", config()).unwrap();
@@ -249,7 +249,7 @@ type Answer = fn() -> Outcome<(), &'static str>;
 /// a call of another broker on the same store, which waited for that
 /// call's slot, starts its work.
 async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> Duration {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = Arc::new(ResourceBroker::from_arc(match slow {
         true => Arc::new(broker_testkit::Wrapped::new(store.clone(), SlowPenalty)),
         false => store.clone(),
@@ -361,7 +361,7 @@ async fn a_call_dropped_while_the_store_takes_its_hold_frees_the_slot_after_it()
 #[tokio::test(start_paused = true)]
 async fn a_retried_429_waits_for_its_hold_once() {
     for slow in [false, true] {
-        let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+        let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
         let broker = ResourceBroker::from_arc(match slow {
             true => Arc::new(broker_testkit::Wrapped::new(store, SlowPenalty)),
             false => store,
@@ -417,7 +417,7 @@ impl broker_testkit::Hooks for PenaltyFails {
 /// next call takes.
 #[tokio::test(start_paused = true)]
 async fn a_penalty_the_store_fails_to_take_frees_the_slot() {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let broker =
         ResourceBroker::from_arc(Arc::new(broker_testkit::Wrapped::new(store, PenaltyFails)));
     let one_slot = ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {

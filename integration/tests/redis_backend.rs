@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{
-    Backend, Clock, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker,
-};
+use broker_core::{Clock, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker, Store};
 use broker_redis::RedisBackend;
 use broker_testkit::{command_calls, RedisServer};
 
@@ -512,7 +510,7 @@ async fn a_permit_released_during_its_renewal_leaves_no_lease() {
         }
     }
     let server = RedisServer::start();
-    let redis: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let redis: Arc<dyn Store> = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
     let broker = ResourceBroker::new(broker_testkit::Wrapped::new(redis, SlowRenewal));
     let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
     config.lease_ttl = Duration::from_millis(600);

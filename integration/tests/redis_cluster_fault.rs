@@ -10,8 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broker_core::{Backend, Cost, Decision, LimitSpec, Limits, ManualClock, RateLimit};
-use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
+use broker_core::{Cost, Decision, LimitSpec, Limits, ManualClock, RateLimit, Store};
+use broker_core::{Failover, FailurePolicy};
+use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::RedisCluster;
 
 /// A cluster of 3 masters whose healthy nodes go on serving their slots
@@ -22,24 +23,20 @@ fn cluster() -> RedisCluster {
 
 /// A backend builder on `cluster` under `policy` whose calls give up after
 /// 150 ms (a connection included), on `clock`.
-fn builder(
-    cluster: &RedisCluster,
-    prefix: &str,
-    policy: FailurePolicy,
-    clock: &Arc<ManualClock>,
-) -> RedisBackendBuilder {
+fn builder(cluster: &RedisCluster, prefix: &str, clock: &Arc<ManualClock>) -> RedisBackendBuilder {
     let urls = cluster.urls();
     RedisBackend::builder(&urls[0])
         .cluster(urls)
         .prefix(prefix)
-        .failure_policy(policy)
         .client_time(clock.clone())
         .connect_timeout(Duration::from_millis(150))
         .response_timeout(Duration::from_millis(150))
 }
 
-async fn connect(b: RedisBackendBuilder) -> RedisBackend {
-    b.connect().await.expect("connect to the cluster")
+async fn connect(b: RedisBackendBuilder, policy: FailurePolicy) -> Failover<RedisBackend> {
+    b.connect_with_policy(policy)
+        .await
+        .expect("connect to the cluster")
 }
 
 /// A resource whose keys (on `backend`) live on node `node`.
@@ -79,7 +76,7 @@ fn per_minute(n: u64) -> LimitSpec {
 
 /// A `try_acquire` that takes nothing: loads the scripts on the key's
 /// node and opens the connection to it.
-async fn warm(backend: &RedisBackend, key: &str, spec: &LimitSpec) {
+async fn warm(backend: &Failover<RedisBackend>, key: &str, spec: &LimitSpec) {
     let d = backend.try_acquire(key, spec, Cost::requests(0)).await;
     assert!(d.expect("warm-up answered by redis").allowed);
 }
@@ -120,10 +117,10 @@ async fn a_down_node_leaves_the_keys_of_the_other_nodes_to_redis() {
 async fn one_node_down(cluster: &mut RedisCluster, fault: &str, down: usize) {
     let clock = Arc::new(ManualClock::new());
     let policy = FailurePolicy::FailOpen;
-    let a = connect(builder(cluster, fault, policy, &clock)).await;
-    let b = connect(builder(cluster, fault, policy, &clock)).await;
-    let live = resource_on(cluster, &a, 0);
-    let dead = resource_on(cluster, &a, down);
+    let a = connect(builder(cluster, fault, &clock), policy.clone()).await;
+    let b = connect(builder(cluster, fault, &clock), policy).await;
+    let live = resource_on(cluster, a.primary(), 0);
+    let dead = resource_on(cluster, a.primary(), down);
     let spec = per_minute(4);
     for backend in [&a, &b] {
         warm(backend, &live, &spec).await;
@@ -168,8 +165,8 @@ async fn a_noscript_loads_the_script_on_the_keys_node_only() {
     let cluster = cluster();
     let clock = Arc::new(ManualClock::new());
     let policy = FailurePolicy::FailClosed;
-    let backend = connect(builder(&cluster, "noscript", policy, &clock)).await;
-    let live = resource_on(&cluster, &backend, 0);
+    let backend = connect(builder(&cluster, "noscript", &clock), policy).await;
+    let live = resource_on(&cluster, backend.primary(), 0);
     let spec = per_minute(4);
     warm(&backend, &live, &spec).await;
 
@@ -198,26 +195,24 @@ async fn a_late_reply_on_a_cluster_gives_its_cost_back() {
     let clock = Arc::new(ManualClock::new());
     let spec = per_minute(2);
     for mode in ["alone", "batch", "off"] {
-        let b = builder(
-            &cluster,
-            &format!("late{mode}"),
+        let b = builder(&cluster, &format!("late{mode}"), &clock);
+        let backend = connect(
+            match mode {
+                "alone" => b,
+                "batch" => b.coalesce_every_call(),
+                _ => b.coalesce(false),
+            },
             FailurePolicy::FailClosed,
-            &clock,
-        );
-        let backend = connect(match mode {
-            "alone" => b,
-            "batch" => b.coalesce_every_call(),
-            _ => b.coalesce(false),
-        })
+        )
         .await;
-        let key = resource_on(&cluster, &backend, 1);
+        let key = resource_on(&cluster, backend.primary(), 1);
         warm(&backend, &key, &spec).await;
 
         cluster.nodes()[1].pause();
         let told = backend.try_acquire(&key, &spec, Cost::default()).await;
         assert!(told.is_err(), "{mode}: refused by the policy ({told:?})");
         cluster.nodes()[1].resume();
-        let tokens = tokens_settled(&backend, &key, 2.0).await;
+        let tokens = tokens_settled(backend.primary(), &key, 2.0).await;
         assert!(
             tokens.is_none_or(|t| t >= 2.0),
             "{mode}: told {told:?}, yet Redis kept the cost: {tokens:?} tokens left"
@@ -237,20 +232,17 @@ async fn a_timeout_on_a_frozen_node_drops_only_its_slots_queued_decisions() {
     let clock = Arc::new(ManualClock::new());
     let spec = per_minute(10);
     for mode in ["alone", "batch"] {
-        let b = builder(
-            &cluster,
-            &format!("queued{mode}"),
+        let b = builder(&cluster, &format!("queued{mode}"), &clock).coalesce_limits(32, 1);
+        let backend = connect(
+            match mode {
+                "alone" => b,
+                _ => b.coalesce_every_call(),
+            },
             FailurePolicy::FailClosed,
-            &clock,
         )
-        .coalesce_limits(32, 1);
-        let backend = connect(match mode {
-            "alone" => b,
-            _ => b.coalesce_every_call(),
-        })
         .await;
-        let live = resource_on(&cluster, &backend, 0);
-        let dead = resource_on(&cluster, &backend, 1);
+        let live = resource_on(&cluster, backend.primary(), 0);
+        let dead = resource_on(&cluster, backend.primary(), 1);
         // Three at once: the lone one's script and the batch script (the
         // two behind it) are loaded on both nodes.
         for key in [&live, &dead] {
@@ -284,10 +276,10 @@ async fn a_down_slot_reads_up_again_once_its_node_is_back() {
     let cluster = cluster();
     let clock = Arc::new(ManualClock::new());
     let policy = FailurePolicy::FailOpen;
-    let b = builder(&cluster, "recover", policy, &clock).probe_interval(Duration::from_millis(50));
-    let backend = connect(b).await;
-    let live = resource_on(&cluster, &backend, 0);
-    let dead = resource_on(&cluster, &backend, 1);
+    let b = builder(&cluster, "recover", &clock).probe_interval(Duration::from_millis(50));
+    let backend = connect(b, policy).await;
+    let live = resource_on(&cluster, backend.primary(), 0);
+    let dead = resource_on(&cluster, backend.primary(), 1);
     let spec = per_minute(1_000_000);
     warm(&backend, &live, &spec).await;
     warm(&backend, &dead, &spec).await;
@@ -322,11 +314,10 @@ async fn a_frozen_node_holds_up_no_decision_on_another() {
     let clock = Arc::new(ManualClock::new());
     // A long wait for a reply: the frozen node's calls are still waiting
     // when the healthy one is answered, however slow the machine.
-    let b = builder(&cluster, "places", FailurePolicy::FailOpen, &clock)
-        .response_timeout(Duration::from_secs(20));
-    let backend = Arc::new(connect(b).await);
-    let live = resource_on(&cluster, &backend, 0);
-    let frozen = resources_on_slots(&cluster, &backend, 1, 5);
+    let b = builder(&cluster, "places", &clock).response_timeout(Duration::from_secs(20));
+    let backend = Arc::new(connect(b, FailurePolicy::FailOpen).await);
+    let live = resource_on(&cluster, backend.primary(), 0);
+    let frozen = resources_on_slots(&cluster, backend.primary(), 1, 5);
     let spec = per_minute(1_000_000);
     warm(&backend, &live, &spec).await;
     for key in &frozen {
@@ -366,10 +357,9 @@ async fn a_frozen_node_logs_one_error_for_all_its_slots() {
     let (logs, _guard) = broker_testkit::capture_logs(tracing::Level::DEBUG);
     let cluster = cluster();
     let clock = Arc::new(ManualClock::new());
-    let b = builder(&cluster, "logs", FailurePolicy::FailOpen, &clock)
-        .probe_interval(Duration::from_millis(50));
-    let backend = connect(b).await;
-    let frozen = resources_on_slots(&cluster, &backend, 1, 5);
+    let b = builder(&cluster, "logs", &clock).probe_interval(Duration::from_millis(50));
+    let backend = connect(b, FailurePolicy::FailOpen).await;
+    let frozen = resources_on_slots(&cluster, backend.primary(), 1, 5);
     let spec = per_minute(1_000_000);
     for key in &frozen {
         warm(&backend, key, &spec).await;

@@ -10,8 +10,9 @@ use redis_support::{every_call_a_probe, with_op_timeout, OP_TIMEOUT};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, RateLimit};
-use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
+use broker_core::FailurePolicy;
+use broker_core::{Cost, LimitSpec, Limits, ManualClock, RateLimit, Store};
+use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::{command_calls, RedisServer};
 use futures::future::join_all;
 
@@ -34,7 +35,7 @@ fn spec(limits: Limits) -> LimitSpec {
 
 /// Runs `n` concurrent tries of cost 1 on `key`; the answers in order.
 async fn concurrent_tries(
-    backend: &RedisBackend,
+    backend: &impl Store,
     key: &str,
     spec: &LimitSpec,
     n: usize,
@@ -167,10 +168,9 @@ async fn a_script_error_reaches_only_its_own_caller() {
 async fn an_outage_reaches_every_waiting_caller_through_the_policy() {
     let server = RedisServer::start();
     let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
         .connect_timeout(Duration::from_millis(300))
         .response_timeout(Duration::from_millis(300))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let spec = spec(Limits::new().rate(RateLimit::per_minute(1).with_burst(1)));
@@ -443,8 +443,8 @@ async fn a_caller_gone_with_its_answer_unread_leaks_no_lease() {
 #[tokio::test]
 async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
     let server = RedisServer::start();
-    let backend = with_op_timeout(&server.url(), FailurePolicy::FailOpen)
-        .connect()
+    let backend = with_op_timeout(&server.url())
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let op_timeout = OP_TIMEOUT;
@@ -483,10 +483,10 @@ async fn callers_queued_behind_a_hung_server_are_answered_within_the_timeout() {
 #[tokio::test]
 async fn an_answer_from_before_a_recovery_does_not_mark_redis_down_again() {
     let server = RedisServer::start();
-    let backend = every_call_a_probe(&server.url(), FailurePolicy::FailClosed)
+    let backend = every_call_a_probe(&server.url())
         // One call in flight: the second decision queues behind the first.
         .coalesce_limits(32, 1)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let spec = spec(Limits::new().rate(RateLimit::per_second(1000).with_burst(1_000_000)));

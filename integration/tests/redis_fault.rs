@@ -3,27 +3,32 @@
 //! the same broker recovers on its own when Redis returns.
 
 mod redis_support;
-use redis_support::{every_call_a_probe, with_op_timeout, OP_TIMEOUT};
+use redis_support::{every_call_a_probe, local_fallback, with_op_timeout, OP_TIMEOUT};
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broker_core::{BrokerError, Cost, Limits, ManualClock, RateLimit, ResourceBroker};
-use broker_redis::{FailurePolicy, RedisBackend};
+use broker_core::{Failover, FailurePolicy};
+use broker_redis::RedisBackend;
 use broker_testkit::{free_port, RedisServer};
 
 /// A backend on `url` that gives up on a call after 300 ms and probes a
 /// down server every 20 ms.
-async fn quick(url: &str, prefix: &str, coalesce: bool, policy: FailurePolicy) -> RedisBackend {
+async fn quick(
+    url: &str,
+    prefix: &str,
+    coalesce: bool,
+    policy: FailurePolicy,
+) -> Failover<RedisBackend> {
     RedisBackend::builder(url)
         .prefix(prefix)
         .coalesce(coalesce)
-        .failure_policy(policy)
         .connect_timeout(Duration::from_millis(300))
         .response_timeout(Duration::from_millis(300))
         .probe_interval(Duration::from_millis(20))
-        .connect()
+        .connect_with_policy(policy)
         .await
         .expect("connect")
 }
@@ -52,11 +57,18 @@ struct Outcome {
 async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
     let mut server = RedisServer::start();
     let clock = ManualClock::new();
+    // The local fallback on the same clock as the store.
+    let policy = match policy {
+        FailurePolicy::LocalFallback { share, .. } => FailurePolicy::local_fallback(
+            share,
+            broker_memory::MemoryBackend::with_clock(clock.clone()),
+        ),
+        other => other,
+    };
     let backend = RedisBackend::builder(&server.url())
         .client_time(Arc::new(clock.clone()))
-        .failure_policy(policy)
         .probe_interval(Duration::from_millis(20))
-        .connect()
+        .connect_with_policy(policy)
         .await
         .expect("connect");
     let broker = ResourceBroker::new(backend);
@@ -158,7 +170,7 @@ async fn fail_open_allows_every_call_while_redis_is_down_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_fallback_allows_only_its_share_while_redis_is_down_then_recovers() {
-    let o = kill_mid_load(FailurePolicy::LocalFallback { share: 0.5 }).await;
+    let o = kill_mid_load(local_fallback(0.5)).await;
     check_common(&o);
     let allowed = o.down.iter().filter(|r| matches!(r, Ok(true))).count();
     assert!(o.down.iter().all(|r| r.is_ok()), "no call fails");
@@ -186,11 +198,10 @@ async fn connecting_to_a_dead_server_fails_fast_with_a_clear_error() {
 async fn a_hung_server_times_out_into_the_policy_instead_of_hanging_callers() {
     let server = RedisServer::start();
     let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
         .connect_timeout(Duration::from_millis(500))
         .response_timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(20))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let broker = ResourceBroker::new(backend);
@@ -350,7 +361,7 @@ async fn a_timed_out_or_dropped_decision_does_not_keep_its_slot() {
         let released = || async {
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
-                let state = backend.state("api").await.unwrap();
+                let state = backend.primary().state("api").await.unwrap();
                 if state.is_none_or(|s| s.leases.is_empty()) {
                     return;
                 }
@@ -493,10 +504,13 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
     }
 }
 
-/// `reserve_at` answered by the failure policy (the server is down) gives
-/// this process's time in place of the server's, not 0.
+/// `reserve_at` on the store while the server is down is an
+/// "unavailable" error, which the failure policy above the store answers:
+/// its `reserve` books, marked as answered here. (Before the policy moved
+/// above the store, `reserve_at` itself answered with this process's time.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reserve_at_answered_by_the_policy_gives_the_local_time() {
+async fn reserve_at_while_down_is_unavailable_and_the_policy_answers_reserve() {
+    use broker_core::Store;
     let mut server = RedisServer::start();
     let backend = quick(&server.url(), "rb", true, FailurePolicy::FailOpen).await;
     server.kill();
@@ -504,28 +518,24 @@ async fn reserve_at_answered_by_the_policy_gives_the_local_time() {
         &Limits::new().rate(RateLimit::per_second(1)),
         Duration::from_secs(60),
     );
-    let (reservation, at) = backend
+    let err = backend
+        .primary()
         .reserve_at("k", &spec, Cost::default(), Duration::from_secs(1))
         .await
+        .expect_err("redis is down");
+    assert!(err.is_unavailable(), "{err}");
+    let booked = backend
+        .reserve("k", &spec, Cost::default(), Duration::from_secs(1))
+        .await
         .expect("fail-open answers");
-    assert!(reservation.booked);
-    let unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
-    assert!(at.abs_diff(unix) < 10_000_000, "{at} against {unix}");
+    assert!(booked.booked);
+    assert_eq!(booked.since, broker_core::Marks::ANSWERED_HERE);
 }
 
 /// A broker on `server` under the local fallback (a share of 1: one
 /// replica), with resource `r` of one slot and a lease TTL of 300 ms.
 async fn one_slot_under_local_fallback(server: &RedisServer, prefix: &str) -> ResourceBroker {
-    let backend = quick(
-        &server.url(),
-        prefix,
-        true,
-        FailurePolicy::LocalFallback { share: 1.0 },
-    )
-    .await;
+    let backend = quick(&server.url(), prefix, true, local_fallback(1.0)).await;
     let broker = ResourceBroker::new(backend);
     let mut config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1));
     config.lease_ttl = Duration::from_millis(300);
@@ -603,7 +613,7 @@ async fn until_up(broker: &ResourceBroker) {
 async fn calls_after_a_settlement_of_an_outage(policy: FailurePolicy, reregister: bool) -> usize {
     let mut server = RedisServer::start();
     let a = ResourceBroker::new(quick(&server.url(), "rb", true, FailurePolicy::FailClosed).await);
-    let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+    let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy.clone()).await);
     let tokens = Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
     for broker in [&a, &b] {
         broker
@@ -652,11 +662,8 @@ async fn calls_after_a_settlement_of_an_outage(policy: FailurePolicy, reregister
 /// [`calls_after_a_settlement_of_an_outage`] under each policy that
 /// answers during an outage: `a` gets no call more.
 async fn redis_gains_no_tokens_from_an_outage(reregister: bool) {
-    for policy in [
-        FailurePolicy::LocalFallback { share: 0.5 },
-        FailurePolicy::FailOpen,
-    ] {
-        let more = calls_after_a_settlement_of_an_outage(policy, reregister).await;
+    for policy in [local_fallback(0.5), FailurePolicy::FailOpen] {
+        let more = calls_after_a_settlement_of_an_outage(policy.clone(), reregister).await;
         assert_eq!(more, 0, "{policy:?}: Redis gained tokens it never lost");
     }
 }
@@ -731,18 +738,20 @@ async fn a_slot_taken_under_new_limits_is_renewed_on_their_ttl() {
 /// and a use beyond the booking is charged there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
 
     let mut server = RedisServer::start();
     let clock = ManualClock::new();
     clock.set(1_000_000_000);
     let backend = RedisBackend::builder(&server.url())
         .client_time(Arc::new(clock.clone()))
-        .failure_policy(FailurePolicy::LocalFallback { share: 0.5 })
         .connect_timeout(Duration::from_millis(300))
         .response_timeout(Duration::from_millis(300))
         .probe_interval(Duration::from_secs(3600))
-        .connect()
+        .connect_with_policy(FailurePolicy::local_fallback(
+            0.5,
+            broker_memory::MemoryBackend::with_clock(clock.clone()),
+        ))
         .await
         .expect("connect");
     let spec = LimitSpec::new(
@@ -809,12 +818,9 @@ async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
 /// `acquire` always said Redis had it, and its settlement went there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_says_where_its_cost_went() {
-    for policy in [
-        FailurePolicy::LocalFallback { share: 0.5 },
-        FailurePolicy::FailOpen,
-    ] {
+    for policy in [local_fallback(0.5), FailurePolicy::FailOpen] {
         let mut server = RedisServer::start();
-        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy.clone()).await);
         let tokens =
             Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
         b.register_limit("api", tokens).unwrap();
@@ -841,14 +847,11 @@ async fn an_acquire_says_where_its_cost_went() {
 /// the call, which another call may have changed meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_says_where_its_cost_went() {
-    for policy in [
-        FailurePolicy::LocalFallback { share: 0.5 },
-        FailurePolicy::FailOpen,
-    ] {
+    for policy in [local_fallback(0.5), FailurePolicy::FailOpen] {
         let mut server = RedisServer::start();
         let a =
             ResourceBroker::new(quick(&server.url(), "rb", true, FailurePolicy::FailClosed).await);
-        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy).await);
+        let b = ResourceBroker::new(quick(&server.url(), "rb", true, policy.clone()).await);
         let tokens =
             Limits::new().rate(RateLimit::per_minute(1000).unit(broker_core::Unit::Tokens));
         for broker in [&a, &b] {
@@ -938,7 +941,7 @@ async fn cutting_proxy(upstream: u16, cut: Arc<std::sync::atomic::AtomicBool>) -
 /// again gave the refund twice, and the bucket more than the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_whose_reply_was_lost_is_not_applied_twice() {
-    use broker_core::Backend;
+    use broker_core::Store;
     let server = RedisServer::start();
     let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = cutting_proxy(server.port(), cut.clone()).await;
@@ -983,7 +986,7 @@ async fn a_settlement_whose_reply_was_lost_is_not_applied_twice() {
 /// stayed taken until the lease's TTL (60 s here), by no one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not_given() {
-    use broker_core::Backend;
+    use broker_core::Store;
     let server = RedisServer::start();
     let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = cutting_proxy(server.port(), cut.clone()).await;
@@ -1025,9 +1028,9 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
             ),
         }
         // The same for `hold_slot` (loaded first).
-        let _ = backend.hold_slot("loaded", &spec).await.unwrap();
+        let _ = backend.take_slot("loaded", &spec).await.unwrap();
         cut.store(true, Ordering::SeqCst);
-        let slot = backend.hold_slot("slot", &spec).await;
+        let slot = backend.take_slot("slot", &spec).await;
         let held = server.command(&format!("ZCARD {prefix}:{{slot}}:l"));
         match slot {
             Ok(Some(_)) => assert_eq!(held, ":1"),
@@ -1115,7 +1118,7 @@ async fn a_call_dropped_while_its_decision_is_in_flight_is_not_charged() {
                 "{call}, coalesce {coalesce}: still in flight"
             );
             server.resume();
-            let tokens = tokens_settled(&backend, 1.99).await;
+            let tokens = tokens_settled(backend.primary(), 1.99).await;
             assert!(
                 tokens.is_none_or(|t| t >= 1.99),
                 "{call}, coalesce {coalesce}: the dropped call kept its cost: {tokens:?} tokens left"
@@ -1132,18 +1135,17 @@ async fn timing_out(
     prefix: String,
     mode: &str,
     policy: FailurePolicy,
-) -> RedisBackend {
+) -> Failover<RedisBackend> {
     let mut builder = RedisBackend::builder(&server.url())
         .prefix(prefix)
         .coalesce(mode != "off")
-        .failure_policy(policy)
         .connect_timeout(Duration::from_millis(150))
         .response_timeout(Duration::from_millis(150))
         .probe_interval(Duration::from_millis(20));
     if mode == "batch" {
         builder = builder.coalesce_every_call();
     }
-    builder.connect().await.expect("connect")
+    builder.connect_with_policy(policy).await.expect("connect")
 }
 
 /// A decision that gets no reply within the operation timeout (Redis
@@ -1155,20 +1157,17 @@ async fn timing_out(
 /// 2-per-minute limit lost one of its two calls for 30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let server = RedisServer::start();
     let spec = LimitSpec::new(
         &Limits::new().rate(RateLimit::per_minute(2)),
         Duration::from_secs(60),
     );
-    for policy in [
-        FailurePolicy::FailClosed,
-        FailurePolicy::LocalFallback { share: 0.5 },
-    ] {
+    for policy in [FailurePolicy::FailClosed, local_fallback(0.5)] {
         for mode in ["alone", "batch", "off"] {
             for call in ["try", "reserve"] {
                 let prefix = format!("late{}{mode}{call}", policy.name());
-                let backend = timing_out(&server, prefix, mode, policy).await;
+                let backend = timing_out(&server, prefix, mode, policy.clone()).await;
                 // Loads the scripts, takes nothing.
                 let none = Cost::requests(0);
                 assert!(
@@ -1201,7 +1200,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
                     "{policy:?} {mode} {call}: answered by the policy ({told:?})"
                 );
                 server.resume();
-                let tokens = tokens_settled(&backend, 1.99).await;
+                let tokens = tokens_settled(backend.primary(), 1.99).await;
                 assert!(
                     tokens.is_none_or(|t| t >= 1.99),
                     "{policy:?} {mode} {call}: told {told:?}, yet Redis kept the cost: {tokens:?} tokens left"
@@ -1221,9 +1220,9 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
 /// burst of one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let mut server = RedisServer::start();
-    let policy = FailurePolicy::LocalFallback { share: 0.5 };
+    let policy = local_fallback(0.5);
     let backend = quick(&server.url(), "tiny", true, policy).await;
     let spec = |limits: Limits| LimitSpec::new(&limits, Duration::from_secs(60));
     let rate = spec(Limits::new().rate(RateLimit::per_minute(1)));
@@ -1244,7 +1243,7 @@ async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
     refused(r.map(|r| format!("{r:?}")));
     let d = backend.try_acquire("slot", &slot, one).await;
     refused(d.map(|d| format!("{d:?}")));
-    let h = backend.hold_slot("slot", &slot).await;
+    let h = backend.take_slot("slot", &slot).await;
     refused(h.map(|h| format!("{h:?}")));
     // A booking takes no slot: on a concurrency limit alone, it is booked.
     let r = backend.reserve("slot", &slot, one, Duration::ZERO).await;
@@ -1296,7 +1295,7 @@ async fn given_back(backend: &RedisBackend, full: &[f64]) -> Option<(Vec<f64>, u
 /// its own unit's cost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
-    use broker_core::{Backend, LimitSpec, Unit};
+    use broker_core::{LimitSpec, Store, Unit};
     let server = RedisServer::start();
     let limits = Limits::new()
         .rate(RateLimit::per_minute(2))
@@ -1324,7 +1323,7 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
         let told = backend.try_acquire("api", &spec, cost).await;
         assert!(told.is_err(), "{mode}: refused by the policy ({told:?})");
         server.resume();
-        let state = given_back(&backend, &[1.99, 999.9]).await;
+        let state = given_back(backend.primary(), &[1.99, 999.9]).await;
         assert!(
             state
                 .as_ref()
@@ -1345,10 +1344,10 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
 /// left to a task of their own, and the decision to the failure policy.
 #[tokio::test]
 async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let server = RedisServer::start();
-    let backend = every_call_a_probe(&server.url(), FailurePolicy::FailOpen)
-        .connect()
+    let backend = every_call_a_probe(&server.url())
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let op_timeout = OP_TIMEOUT;
@@ -1393,11 +1392,10 @@ async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_r
 async fn unbounded_timeouts_and_probe_interval_do_not_panic() {
     let mut server = RedisServer::start();
     let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
         .connect_timeout(Duration::MAX)
         .response_timeout(Duration::MAX)
         .probe_interval(Duration::MAX)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let broker = ResourceBroker::new(backend);
@@ -1470,19 +1468,19 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
 /// it.
 #[tokio::test]
 async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is_back() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let server = RedisServer::start();
-    let backend = every_call_a_probe(&server.url(), FailurePolicy::FailClosed)
-        .connect()
+    let backend = every_call_a_probe(&server.url())
+        .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
-    let held = backend.hold_slot("one", &spec).await.unwrap();
+    let held = backend.take_slot("one", &spec).await.unwrap();
     let held = held.expect("the slot is free");
     tokio::time::pause();
     server.pause();
     // Redis is found out of reach (no reply in time, virtual time).
-    let lost = backend.hold_slot("one", &spec).await;
+    let lost = backend.take_slot("one", &spec).await;
     lost.expect_err("fail-closed: no reply in time");
     assert!(backend.health().down);
     // The permit is dropped: its release is on its way.
@@ -1495,7 +1493,7 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is
         assert!(Instant::now() < deadline, "Redis is found back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let next = backend.hold_slot("one", &spec).await;
+    let next = backend.take_slot("one", &spec).await;
     let next = next.expect("Redis answers");
     assert!(
         next.is_some(),
@@ -1512,22 +1510,22 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is
 /// predecessor had just freed, for as long as the outage lasted.
 #[tokio::test]
 async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down() {
-    use broker_core::{Backend, LimitSpec};
+    use broker_core::{LimitSpec, Store};
     let mut server = RedisServer::start();
-    let backend = with_op_timeout(&server.url(), FailurePolicy::LocalFallback { share: 1.0 })
+    let backend = with_op_timeout(&server.url())
         // No probe during the test: the local fallback answers.
         .probe_interval(Duration::from_secs(3600))
-        .connect()
+        .connect_with_policy(local_fallback(1.0))
         .await
         .expect("connect");
     let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
-    let warm = backend.hold_slot("one", &spec).await.unwrap();
+    let warm = backend.take_slot("one", &spec).await.unwrap();
     backend.release("one", warm.expect("free")).await.unwrap();
     server.kill();
     let mut first = None;
     for _ in 0..10 {
         // The first call may find the connection gone only on its retry.
-        if let Ok(Some(lease)) = backend.hold_slot("one", &spec).await {
+        if let Ok(Some(lease)) = backend.take_slot("one", &spec).await {
             if backend.health().down {
                 first = Some(lease);
                 break;
@@ -1538,7 +1536,7 @@ async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down(
     let first = first.expect("the local fallback's slot, Redis down");
     // Its permit is dropped: its release is on its way.
     backend.release_sent("one", first);
-    let next = backend.hold_slot("one", &spec).await;
+    let next = backend.take_slot("one", &spec).await;
     let next = next.expect("the local fallback answers");
     assert!(backend.health().down);
     assert!(

@@ -8,16 +8,15 @@ mod redis_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{
-    Backend, BackendError, Cost, Decision, LimitSpec, Limits, RateLimit, ResourceBroker,
-};
-use broker_redis::{FailurePolicy, RedisBackend, RedisBackendBuilder};
+use broker_core::{BackendError, Cost, Decision, LimitSpec, Limits, RateLimit, ResourceBroker};
+use broker_core::{Failover, FailurePolicy, Store};
+use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::RedisServer;
 use tokio::task::JoinHandle;
 
 /// Waits (real time, at most 10 s) until `backend` reads up again, with no
 /// call of its own: only the background probe can find Redis back.
-async fn until_found_back(backend: &RedisBackend) {
+async fn until_found_back(backend: &impl Store) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while backend.health().down {
         assert!(
@@ -40,10 +39,9 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
     let server = RedisServer::start();
     let timeout = Duration::from_secs(2);
     let backend = RedisBackend::builder(&server.url())
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
         .probe_interval(Duration::from_millis(50))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let backend = Arc::new(backend);
@@ -76,7 +74,7 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
     );
 
     server.resume();
-    until_found_back(&backend).await;
+    until_found_back(&*backend).await;
     let d = backend.try_acquire("api", &spec, Cost::default()).await;
     assert!(!d.expect("Redis answers").answered_here);
     assert_eq!(backend.health().outages, 1);
@@ -90,10 +88,10 @@ async fn no_caller_waits_as_a_probe_while_redis_is_frozen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_held_back_while_redis_is_down_is_sent_once_it_answers() {
     let server = RedisServer::start();
-    let backend = redis_support::with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+    let backend = redis_support::with_op_timeout(&server.url())
         .prefix("kept")
         .probe_interval(Duration::from_millis(20))
-        .connect()
+        .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let broker = ResourceBroker::new(backend.clone());
@@ -123,9 +121,9 @@ async fn a_release_held_back_while_redis_is_down_is_sent_once_it_answers() {
     }
 
     // Another replica, with no release of its own in flight.
-    let other = redis_support::with_op_timeout(&server.url(), FailurePolicy::FailClosed)
+    let other = redis_support::with_op_timeout(&server.url())
         .prefix("kept")
-        .connect()
+        .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
     let other = ResourceBroker::new(other);
@@ -158,13 +156,12 @@ async fn bounded(
     prefix: &str,
     timeout: Duration,
     coalesce: bool,
-) -> RedisBackend {
+) -> Failover<RedisBackend> {
     let backend = RedisBackend::builder(&server.url())
         .prefix(prefix)
         .coalesce(coalesce)
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let spec = slots();
@@ -173,7 +170,7 @@ async fn bounded(
     assert!(!d.answered_here);
     let r = backend.reserve("warm", &spec, none, Duration::ZERO).await;
     assert!(r.unwrap().booked);
-    let lease = backend.hold_slot("warm", &spec).await.unwrap();
+    let lease = backend.take_slot("warm", &spec).await.unwrap();
     backend.release("warm", lease.expect("free")).await.unwrap();
     backend
 }
@@ -234,11 +231,11 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 assert!(d.expect("fail-open").answered_here, "{path}");
             }
             "reserve" => {
-                let r = backend.reserve_at("r", &spec, one, Duration::ZERO).await;
-                assert!(r.expect("fail-open").0.booked, "{path}");
+                let r = backend.reserve("r", &spec, one, Duration::ZERO).await;
+                assert!(r.expect("fail-open").booked, "{path}");
             }
             "hold_slot" => {
-                let held = backend.hold_slot("r", &spec).await;
+                let held = backend.take_slot("r", &spec).await;
                 assert!(held.expect("fail-open").is_some(), "{path}");
             }
             _ => {
@@ -323,13 +320,12 @@ async fn behind_a_gate(
     server: &RedisServer,
     timeout: Duration,
     configure: impl FnOnce(RedisBackendBuilder) -> RedisBackendBuilder,
-) -> (Arc<RedisBackend>, Arc<Gate>) {
+) -> (Arc<Failover<RedisBackend>>, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
     let port = holding_proxy(server.port(), gate.clone()).await;
     let backend = configure(RedisBackend::builder(&format!("redis://127.0.0.1:{port}/")))
-        .failure_policy(FailurePolicy::FailOpen)
         .response_timeout(timeout)
-        .connect()
+        .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let warm = backend.try_acquire("r", &slots(), Cost::default()).await;
@@ -339,8 +335,8 @@ async fn behind_a_gate(
 
 /// A `try_acquire` of one request on `key`, in a task of its own: its
 /// answer and how long it took, in real time.
-fn timed_try_acquire(
-    backend: &Arc<RedisBackend>,
+fn timed_try_acquire<S: Store>(
+    backend: &Arc<S>,
     key: &'static str,
     spec: &LimitSpec,
 ) -> JoinHandle<(Result<Decision, BackendError>, Duration)> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 mod penalty_support;
 
 use broker_core::{
-    Backend, Cost, Limits, ManualClock, RateLimit, ResourceBroker, ResourceConfig, RetryPolicy,
+    Cost, Limits, ManualClock, RateLimit, ResourceBroker, ResourceConfig, RetryPolicy, Store,
     TokioClock, Unit,
 };
 use broker_memory::MemoryBackend;
@@ -74,7 +74,7 @@ async fn every_reload_keeps_the_penalty(
 
 #[tokio::test(start_paused = true)]
 async fn a_reload_on_the_memory_store_keeps_the_penalty() {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
     let b = ResourceBroker::from_arc(store);
     a.register("llm", before()).unwrap();

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::{
-    Backend, Cost, EnqueueError, Limits, ManualClock, Outcome, RateLimit, ResourceBroker,
-    ResourceConfig, RetryPolicy, TokioClock,
+    Cost, EnqueueError, Limits, ManualClock, Outcome, RateLimit, ResourceBroker, ResourceConfig,
+    RetryPolicy, Store, TokioClock,
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::RedisServer;
@@ -42,7 +42,7 @@ async fn started_at<T: Send + 'static>(
 
 #[tokio::test(start_paused = true)]
 async fn a_call_booked_on_one_broker_waits_for_a_penalty_another_puts_on() {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
     let b = ResourceBroker::from_arc(store);
     a.register("llm", config()).unwrap();
@@ -182,7 +182,7 @@ async fn slot_freed_by<H: broker_testkit::Hooks>(
     hooks: Option<H>,
     answer: impl Fn() -> Outcome<(), &'static str> + Send + Sync + 'static,
 ) -> (Duration, Result<(), EnqueueError<&'static str>>) {
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
+    let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(match hooks {
         Some(hooks) => Arc::new(broker_testkit::Wrapped::new(store.clone(), hooks)),
         None => store.clone(),

@@ -184,7 +184,7 @@ async fn registry_below_the_real_limit_logs_the_divergence_and_never_widens() {
 /// budget stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_narrows_only_the_window_it_describes() {
-    use broker_core::{Backend, Observed, ObservedLimit};
+    use broker_core::{Observed, ObservedLimit, Store};
     let limits = Limits::new()
         .rate(RateLimit::per_second(10))
         .rate(RateLimit::per(1000, Duration::from_secs(86_400)));
@@ -203,7 +203,7 @@ async fn a_counter_narrows_only_the_window_it_describes() {
         .await
         .unwrap();
     let memory = broker_memory::MemoryBackend::new();
-    let stores: [(&str, &dyn Backend); 2] = [("memory", &memory), ("redis", &redis)];
+    let stores: [(&str, &dyn Store); 2] = [("memory", &memory), ("redis", &redis)];
     for (name, store) in stores {
         for (i, limit) in [Some(10), None].into_iter().enumerate() {
             let key = format!("k{i}");

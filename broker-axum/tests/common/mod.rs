@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use broker_axum::{Pressure, PressureConfig};
-use broker_core::{Backend, ManualClock, ResourceBroker};
+use broker_core::{ManualClock, ResourceBroker, Store};
 use broker_memory::MemoryBackend;
 use bytes::Bytes;
 use http_body::Frame;
@@ -32,7 +32,7 @@ impl TestBroker {
         let clock = ManualClock::new();
         clock.set(1_000_000_000);
         let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(max_states));
-        let shared: Arc<dyn Backend> = backend.clone();
+        let shared: Arc<dyn Store> = backend.clone();
         Self {
             broker: ResourceBroker::from_arc(shared),
             backend,

@@ -103,7 +103,7 @@ macro_rules! try_acquire_future {
             ///
             /// ```
             /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-            /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+            /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
             /// let broker = ResourceBroker::new(backend);
             /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
             #[doc = $example]

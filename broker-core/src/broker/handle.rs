@@ -24,7 +24,7 @@ use crate::state::Verdict;
 ///
 /// ```
 /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-/// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+/// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
 /// let broker = ResourceBroker::new(backend);
 /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
 /// let tenants = broker.resource_handle("tenants")?;
@@ -57,7 +57,7 @@ impl ResourceBroker {
     ///
     /// ```
     /// use broker_core::{BrokerError, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), BrokerError> {
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), BrokerError> {
     /// let broker = ResourceBroker::new(backend);
     /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(10)))?;
     /// let webhooks = broker.resource_handle("webhooks")?;
@@ -94,7 +94,7 @@ impl ResourceHandle {
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # async fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// # async fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
     /// let broker = ResourceBroker::new(backend);
     /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
     /// let tenants = broker.resource_handle("tenants")?;
@@ -135,7 +135,7 @@ impl ResourceHandle {
     ///
     /// ```
     /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
     /// let broker = ResourceBroker::new(backend);
     /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
     /// let tenants = broker.resource_handle("tenants")?;
@@ -163,7 +163,7 @@ impl ResourceHandle {
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
     /// let broker = ResourceBroker::new(backend);
     /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
     /// let tenants = broker.resource_handle("tenants")?;

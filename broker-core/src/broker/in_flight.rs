@@ -20,9 +20,9 @@ use std::task::{Context, Poll};
 use super::enqueue::{refund_spec, settle_or_spawn, NO_COST};
 use super::permit::release_untold;
 use super::{HeldKey, Resource};
-use crate::backend::Backend;
 use crate::limits::Cost;
 use crate::state::{Decision, LeaseId, Marks};
+use crate::store::Store;
 
 /// `call`'s answer; if the caller goes away after it was first polled
 /// (sent) and before it was answered, `call` is run to its end on a task
@@ -83,7 +83,7 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 /// may have been started afresh).
 pub(crate) struct Unclaimed {
     decision: Option<Decision>,
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     /// The state asked (`None`: the resource's own).
     key: Option<String>,
@@ -97,7 +97,7 @@ impl Unclaimed {
     /// `cost`.
     pub(crate) fn new(
         decision: Decision,
-        backend: Arc<dyn Backend>,
+        backend: Arc<dyn Store>,
         resource: Arc<Resource>,
         key: Option<String>,
         cost: Cost,
@@ -152,7 +152,7 @@ impl Drop for Unclaimed {
 /// it is released, as a permit dropped unused would be.
 pub(crate) struct UntoldLease {
     lease: Option<LeaseId>,
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     key: String,
 }
@@ -161,7 +161,7 @@ impl UntoldLease {
     /// `lease`, held on state `key` of `resource`.
     pub(crate) fn new(
         lease: LeaseId,
-        backend: Arc<dyn Backend>,
+        backend: Arc<dyn Store>,
         resource: Arc<Resource>,
         key: String,
     ) -> Self {

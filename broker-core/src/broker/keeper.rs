@@ -23,12 +23,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Resource;
-use crate::backend::Backend;
 use crate::state::{LeaseId, LimitSpec};
+use crate::store::{Renewal, Store};
 
 /// The leases kept, and the renewing tasks' state.
 pub(crate) struct Keeper {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     held: Mutex<Held>,
 }
 
@@ -114,7 +114,7 @@ impl std::fmt::Debug for Keeper {
 }
 
 impl Keeper {
-    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
+    pub(crate) fn new(backend: Arc<dyn Store>) -> Self {
         Self {
             backend,
             held: Mutex::new(Held::default()),
@@ -266,45 +266,44 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
         }
         for (lease, (resource, key, spec)) in due {
             match keeper.backend.renew(&key, &spec, lease).await {
-                Ok(true) => {}
+                Ok(Renewal::Held) => {}
                 // Not in the store while its permit lives: it expired
                 // before a renewal reached the store (the store was out of
                 // reach for longer than the TTL), it was lost with the
                 // store's data (a restart, a failover), or it was granted
                 // while the store was out of reach and its failure policy
-                // let the call through. Taken again if a slot is free, so
+                // let the call through. Taken again if a slot was free, so
                 // the store counts the work running; else its slot is
                 // another holder's.
-                Ok(false) => match keeper.backend.retake(&key, &spec, lease).await {
-                    // Its permit was released meanwhile (it was forgotten
-                    // before its release was sent, so that release may
-                    // have gone out before the retake): freed again here.
-                    Ok(true) if !keeper.lock().keeps(lease) => {
-                        if let Err(e) = keeper.backend.release(&key, lease).await {
-                            super::note_backend_error(&resource, "release", &e);
-                        }
+                //
+                // Its permit was released meanwhile (it was forgotten
+                // before its release was sent, so that release may have
+                // gone out before the renewal took it again): freed again
+                // here.
+                Ok(Renewal::Retaken) if !keeper.lock().keeps(lease) => {
+                    if let Err(e) = keeper.backend.release(&key, lease).await {
+                        super::note_backend_error(&resource, "release", &e);
                     }
-                    Ok(true) => tracing::warn!(
-                        resource = %resource.id,
-                        "a concurrency lease was not in the store while its permit is held \
-                         (it expired, was lost with the store's data, or was granted while \
-                         the store was unreachable) and is taken again; the limit may have \
-                         been exceeded meanwhile"
-                    ),
-                    Ok(false) => {
-                        if keeper.lock().remove(lease) {
-                            tracing::warn!(
-                                resource = %resource.id,
-                                "a concurrency lease is not in the store while its permit is \
-                                 held (it expired, was lost with the store's data, or was \
-                                 granted while the store was unreachable) and every slot is \
-                                 taken; the limit may be exceeded until the permit is released"
-                            );
-                        }
+                }
+                Ok(Renewal::Retaken) => tracing::warn!(
+                    resource = %resource.id,
+                    "a concurrency lease was not in the store while its permit is held \
+                     (it expired, was lost with the store's data, or was granted while \
+                     the store was unreachable) and is taken again; the limit may have \
+                     been exceeded meanwhile"
+                ),
+                Ok(Renewal::Gone) => {
+                    if keeper.lock().remove(lease) {
+                        tracing::warn!(
+                            resource = %resource.id,
+                            "a concurrency lease is not in the store while its permit is \
+                             held (it expired, was lost with the store's data, or was \
+                             granted while the store was unreachable) and every slot is \
+                             taken; the limit may be exceeded until the permit is released"
+                        );
                     }
-                    // Tried again at the next renewal.
-                    Err(e) => super::note_backend_error(&resource, "retake", &e),
-                },
+                }
+                // Tried again at the next renewal.
                 Err(e) => super::note_backend_error(&resource, "renew", &e),
             }
         }

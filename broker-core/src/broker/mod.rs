@@ -27,7 +27,6 @@ pub use queue::{FlowStats, LevelStats, QueueStats};
 pub use register::{EntryError, OnOtherLimits};
 pub use target::{Priority, Target};
 
-use crate::backend::{Backend, LocalStates};
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError, ConfigError};
 use crate::keys;
@@ -35,6 +34,7 @@ use crate::limits::{Cost, Limits};
 use crate::observed::ObservedLimit;
 use crate::state::{Decision, DenyReason, LimitSpec, Marks, Verdict};
 use crate::stats::{bump, BrokerStats, Counters, ResourceKind, ResourceStats};
+use crate::store::{LocalStates, Store};
 
 /// One broker over one state store: `enqueue` (queue + execute) and
 /// `try_acquire` / `acquire` (check + reject) on the same resources.
@@ -43,7 +43,7 @@ use crate::stats::{bump, BrokerStats, Counters, ResourceKind, ResourceStats};
 ///
 /// ```
 /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-/// # async fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+/// # async fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
 /// let broker = ResourceBroker::new(backend);
 /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(100)))?;
 /// let a = broker.try_acquire("webhooks", Cost::default()).await?;
@@ -63,7 +63,7 @@ pub struct ResourceBroker {
 type Registry = HashMap<String, Arc<Resource>, foldhash::fast::RandomState>;
 
 struct Inner {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     resources: ArcSwap<Registry>,
     register: std::sync::Mutex<()>,
     /// Renews the leases of live permits, on a store whose leases expire.
@@ -74,7 +74,7 @@ struct Inner {
 #[derive(Debug)]
 pub(crate) struct Resource {
     /// The backend's states of this resource, when it answers without I/O
-    /// (see [`Backend::local_states`]).
+    /// (see [`LocalStore::states`](crate::LocalStore::states)).
     pub(crate) local: Option<Arc<dyn LocalStates>>,
     /// The largest cost of each unit that can ever fit (the smallest burst
     /// of the limits counting it): a cost within it passes
@@ -357,13 +357,15 @@ impl std::fmt::Debug for ResourceBroker {
 impl ResourceBroker {
     /// A broker over `backend` (e.g. `MemoryBackend::new()` or a
     /// `RedisBackend`).
-    pub fn new(backend: impl Backend) -> Self {
+    pub fn new(backend: impl Store) -> Self {
         Self::from_arc(Arc::new(backend))
     }
 
     /// A broker over a shared backend.
-    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
-        let keeper = (!backend.leases_end_with_holders())
+    pub fn from_arc(backend: Arc<dyn Store>) -> Self {
+        let keeper = backend
+            .local()
+            .is_none()
             .then(|| Arc::new(keeper::Keeper::new(backend.clone())));
         Self {
             inner: Arc::new(Inner {
@@ -376,7 +378,7 @@ impl ResourceBroker {
     }
 
     /// The state store.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
+    pub fn backend(&self) -> &Arc<dyn Store> {
         &self.inner.backend
     }
 
@@ -480,7 +482,7 @@ impl ResourceBroker {
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
     /// let broker = ResourceBroker::new(backend);
     /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(100)))?;
     /// match broker.try_acquire_now("webhooks", Cost::default()) {
@@ -581,10 +583,8 @@ impl ResourceBroker {
         // Any other store is asked by state key, built once for both calls.
         let owned = state_key(resource, key);
         let state = owned.as_deref().unwrap_or(&resource.key);
-        let Some(decision) = self
-            .inner
-            .backend
-            .try_acquire_now(state, &resource.spec, cost)
+        let local = self.inner.backend.local();
+        let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
         else {
             *later = owned;
             return None;
@@ -858,7 +858,7 @@ mod tests {
     struct NoStore;
 
     #[async_trait::async_trait]
-    impl Backend for NoStore {
+    impl Store for NoStore {
         async fn try_acquire(
             &self,
             _: &str,
@@ -876,7 +876,7 @@ mod tests {
         ) -> Result<crate::state::Reservation, BackendError> {
             Err(BackendError::new("unused"))
         }
-        async fn hold_slot(
+        async fn take_slot(
             &self,
             _: &str,
             _: &LimitSpec,

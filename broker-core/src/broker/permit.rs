@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Resource;
-use crate::backend::Backend;
 use crate::state::{DenyReason, LeaseId, Marks};
 use crate::stats::{bump, drop_one};
+use crate::store::Store;
 
 /// The answer of [`crate::ResourceBroker::try_acquire`] and
 /// [`crate::ResourceBroker::acquire`].
@@ -93,7 +93,7 @@ enum Held {
 
 #[derive(Debug)]
 struct HeldElsewhere {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
@@ -124,9 +124,9 @@ impl HeldKey {
     }
 }
 
-impl std::fmt::Debug for dyn Backend {
+impl std::fmt::Debug for dyn Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Backend")
+        f.write_str("Store")
     }
 }
 
@@ -143,7 +143,7 @@ impl Permit {
     /// (a route's concurrency limit) is built in the caller's line; any
     /// other, boxed, out of it.
     pub(crate) fn held(
-        backend: &Arc<dyn Backend>,
+        backend: &Arc<dyn Store>,
         resource: Arc<Resource>,
         key: HeldKey,
         lease: LeaseId,
@@ -170,7 +170,7 @@ impl Permit {
     ///
     /// ```
     /// use broker_core::{Cost, Limits, ResourceBroker};
-    /// # async fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::BrokerError> {
+    /// # async fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
     /// let broker = ResourceBroker::new(backend);
     /// broker.register_limit("route", Limits::new().max_concurrent(10))?;
     /// broker.register_limit("files", Limits::new().max_concurrent(2))?;
@@ -215,7 +215,7 @@ impl Permit {
 
 /// The boxed lease of [`Permit::held`].
 fn held_elsewhere(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
@@ -238,7 +238,7 @@ fn held_elsewhere(
 /// would: a lease the store granted to a caller that went away before it
 /// was told (see `in_flight.rs`), so never kept nor counted in flight.
 pub(super) fn release_untold(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
@@ -277,10 +277,8 @@ fn release_held(held: Held) {
         }
     }
     let key = h.key.state_key(resource);
-    match h
-        .backend
-        .release_now(key.as_deref().unwrap_or(&resource.key), h.lease)
-    {
+    let state = key.as_deref().unwrap_or(&resource.key);
+    match (h.backend.local()).and_then(|l| l.release_now(state, h.lease)) {
         Some(result) => {
             if let Err(e) = result {
                 super::note_backend_error(resource, "release", &e);
@@ -309,12 +307,12 @@ fn release_held(held: Held) {
     }
 }
 
-/// A release announced with [`Backend::release_sent`], owned by the task
+/// A release announced with [`Store::release_sent`], owned by the task
 /// that sends it: a task dropped unrun (its runtime shut down) tells the
-/// store the release will not come ([`Backend::release_unsent`]); after a
+/// store the release will not come ([`Store::release_unsent`]); after a
 /// run, that is a no-op.
 struct Announced {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     key: String,
     lease: LeaseId,
 }

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{largest_fit, Epochs, Lineage, Registry, Resource, ResourceBroker};
-use crate::backend::LocalStates;
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
 use crate::limits::Limits;
 use crate::state::LimitSpec;
 use crate::stats::{Counters, ResourceKind};
+use crate::store::LocalStates;
 
 /// What [`ResourceBroker::register_limits`] does with an id the broker
 /// already holds as a limit-only resource with other limits.
@@ -86,7 +86,7 @@ impl ResourceBroker {
     ///
     /// ```
     /// use broker_core::{Limits, OnOtherLimits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Backend) -> Result<(), broker_core::EntryError> {
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::EntryError> {
     /// let broker = ResourceBroker::new(backend);
     /// let five = Limits::new().rate(RateLimit::per_second(5));
     /// let ten = Limits::new().rate(RateLimit::per_second(10));
@@ -215,12 +215,12 @@ impl ResourceBroker {
         }
         config.validate()?;
         let key = keys::resource_key(id);
-        let lease_ttl = match self.inner.backend.leases_end_with_holders() {
+        let lease_ttl = match self.inner.backend.local().is_some() {
             true => Duration::MAX,
             false => renewable(config.lease_ttl)?,
         };
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
-        let local = self.inner.backend.local_states(&key, spec.clone());
+        let local = (self.inner.backend.local()).and_then(|l| l.states(&key, spec.clone()));
         Ok(Ready {
             id: id.to_owned(),
             config,

@@ -61,6 +61,8 @@ impl ConfigError {
 pub struct BackendError {
     /// What went wrong, as reported by the store.
     pub message: String,
+    /// The store could not be reached (see [`BackendError::is_unavailable`]).
+    unavailable: bool,
 }
 
 impl BackendError {
@@ -68,7 +70,30 @@ impl BackendError {
     pub fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
+            unavailable: false,
         }
+    }
+
+    /// The store could not be reached: connection refused or lost, no reply
+    /// in time, or down and not yet found back. A
+    /// [`Failover`](crate::store::Failover) answers these by its policy.
+    ///
+    /// ```
+    /// use broker_core::BackendError;
+    /// assert!(BackendError::unavailable("no reply within 1s").is_unavailable());
+    /// assert!(!BackendError::new("WRONGTYPE").is_unavailable());
+    /// ```
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            unavailable: true,
+        }
+    }
+
+    /// Whether the store could not be reached (see
+    /// [`BackendError::unavailable`]); false for a command or script error.
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable
     }
 }
 

@@ -35,7 +35,7 @@ pub struct ResourceConfig {
     /// a TTL under 30 ms (renewals come at most every 10 ms, and a shorter
     /// lease would expire under a live permit). On the in-memory store a
     /// lease ends only when its permit is released or dropped (see
-    /// [`crate::Backend::leases_end_with_holders`]).
+    /// [`crate::LocalStore`]).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
     /// On a store shared by processes (Redis), a permit's lease is renewed

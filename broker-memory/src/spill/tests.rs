@@ -78,7 +78,7 @@ fn a_group_keeps_its_first_keys_apart_and_the_rest_together() {
 #[test]
 fn keys_made_during_a_fold_do_not_pass_the_bound() {
     use crate::key::with_parsed;
-    use broker_core::{Backend, Cost, Limits, ManualClock, RateLimit};
+    use broker_core::{Cost, Limits, LocalStore, ManualClock, RateLimit};
     use std::time::Duration;
 
     let clock = ManualClock::new();

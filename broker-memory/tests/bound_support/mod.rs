@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, Permit, ResourceBroker};
+use broker_core::{
+    Cost, LimitSpec, Limits, LocalStore, ManualClock, Permit, ResourceBroker, Store,
+};
 use broker_memory::MemoryBackend;
 
 /// The bound the tests set.
@@ -22,7 +24,7 @@ pub fn clock() -> ManualClock {
 /// A store bounded at [`BOUND`] on `clock`, and a broker on it.
 pub fn bounded(clock: &ManualClock) -> (Arc<MemoryBackend>, ResourceBroker) {
     let backend = Arc::new(MemoryBackend::with_clock(clock.clone()).max_states(BOUND));
-    let shared: Arc<dyn Backend> = backend.clone();
+    let shared: Arc<dyn Store> = backend.clone();
     (backend, ResourceBroker::from_arc(shared))
 }
 

@@ -1,5 +1,5 @@
 //! Behaviour shared by the test binaries: scenarios written once against
-//! `&dyn Backend` and a [`ManualClock`], run on every backend.
+//! `&dyn Store` and a [`ManualClock`], run on every backend.
 #![allow(dead_code)]
 
 pub mod cases;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use broker_core::{Backend, Cost, LimitSpec, Limits, ManualClock, Micros, RateLimit};
+use broker_core::{Cost, LimitSpec, Limits, ManualClock, Micros, RateLimit, Store};
 use broker_testkit::{StrictServer, Tally};
 
 /// The seed quota: burst 3, 2 tokens per second.
@@ -25,7 +25,7 @@ pub fn seed_server() -> StrictServer {
 
 /// Send times (µs after now) of the eight jobs when A and B reserve in
 /// turn A,B,A,B,... on one shared bucket.
-pub async fn shared_bucket_send_times(backend: &dyn Backend, key: &str) -> Vec<Micros> {
+pub async fn shared_bucket_send_times(backend: &dyn Store, key: &str) -> Vec<Micros> {
     let spec = seed_spec();
     let mut sends = Vec::new();
     for _job in 0..4 {
@@ -43,7 +43,7 @@ pub async fn shared_bucket_send_times(backend: &dyn Backend, key: &str) -> Vec<M
 
 /// Send times when each worker has its own full bucket (`{key}:A`,
 /// `{key}:B`), reserving its four jobs at t = 0.
-pub async fn separate_buckets_send_times(backend: &dyn Backend, key: &str) -> Vec<Micros> {
+pub async fn separate_buckets_send_times(backend: &dyn Store, key: &str) -> Vec<Micros> {
     let spec = seed_spec();
     let mut sends = Vec::new();
     for worker in ["A", "B"] {
@@ -72,7 +72,7 @@ pub fn replay(sends: &[Micros]) -> Tally {
 /// After the shared schedule, penalize at 2.5 s for 1.5 s, then reserve at
 /// 2.6 s and 2.7 s; returns the absolute times (µs) the two reservations get.
 pub async fn penalty_then_two_reservations(
-    backend: &dyn Backend,
+    backend: &dyn Store,
     clock: &ManualClock,
     key: &str,
 ) -> [Micros; 2] {

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use broker_core::state::DenyReason;
-use broker_core::{Backend, Cost, LimitSpec, Limits, Observed, ObservedLimit, RateLimit, Unit};
+use broker_core::{
+    Cost, LimitSpec, Limits, Observed, ObservedLimit, RateLimit, Renewal, Store, Unit,
+};
 use broker_testkit::Tally;
 
 use super::env::Env;
@@ -22,7 +24,7 @@ fn seed_quota() -> LimitSpec {
     seed::seed_spec()
 }
 
-async fn try_n(b: &dyn Backend, key: &str, spec: &LimitSpec, cost: Cost, n: usize) -> Vec<bool> {
+async fn try_n(b: &dyn Store, key: &str, spec: &LimitSpec, cost: Cost, n: usize) -> Vec<bool> {
     let mut out = Vec::new();
     for _ in 0..n {
         out.push(b.try_acquire(key, spec, cost).await.unwrap().allowed);
@@ -126,8 +128,8 @@ pub async fn concurrency_slots_are_limited_and_release_is_idempotent(env: &Env) 
     assert_eq!((d.denied_by, d.wait), (Some(DenyReason::Concurrency), 0));
     assert!(b.release(&key, a.lease.unwrap()).await.unwrap());
     assert!(!b.release(&key, a.lease.unwrap()).await.unwrap());
-    assert!(b.hold_slot(&key, &spec).await.unwrap().is_some());
-    assert!(b.hold_slot(&key, &spec).await.unwrap().is_none());
+    assert!(b.take_slot(&key, &spec).await.unwrap().is_some());
+    assert!(b.take_slot(&key, &spec).await.unwrap().is_none());
 }
 
 pub async fn a_dead_holders_lease_expires_after_lease_ttl(env: &Env) {
@@ -156,33 +158,39 @@ pub async fn a_dead_holders_lease_expires_after_lease_ttl(env: &Env) {
 }
 
 /// Whether one more holder gets the slot of `key` now.
-async fn slot_taken(b: &dyn Backend, key: &str, spec: &LimitSpec) -> bool {
+async fn slot_taken(b: &dyn Store, key: &str, spec: &LimitSpec) -> bool {
     b.try_acquire(key, spec, Cost::default())
         .await
         .unwrap()
         .allowed
 }
 
-pub async fn a_renewed_lease_outlives_its_ttl_and_an_expired_one_stays_gone(env: &Env) {
+/// A renewal extends a live lease; an expired one is not brought back as
+/// it was, but taken again under the same lease while a slot is free
+/// (`Retaken`), and is `Gone` when every slot is another holder's.
+pub async fn a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_or_gone(env: &Env) {
     let (b, key) = (&*env.backend, env.key("renew"));
     let spec = spec(Limits::new().max_concurrent(1));
     let held = b.try_acquire(&key, &spec, Cost::default()).await.unwrap();
     let lease = held.lease.unwrap();
     env.advance_ms(4_000);
-    assert!(b.renew(&key, &spec, lease).await.unwrap(), "live: renewed");
+    let renewed = b.renew(&key, &spec, lease).await.unwrap();
+    assert_eq!(renewed, Renewal::Held, "live: renewed");
     env.advance_ms(4_999);
     assert!(
         !slot_taken(b, &key, &spec).await,
         "held to 5 s after the renewal"
     );
     env.advance_ms(1);
-    assert!(
-        !b.renew(&key, &spec, lease).await.unwrap(),
-        "expired, though not purged yet: not brought back"
-    );
+    let renewed = b.renew(&key, &spec, lease).await.unwrap();
+    assert_eq!(renewed, Renewal::Retaken, "expired, the slot free");
+    assert!(!slot_taken(b, &key, &spec).await, "held again under it");
+    assert!(b.release(&key, lease).await.unwrap());
     assert!(slot_taken(b, &key, &spec).await, "the slot is free");
-    assert!(!b.renew(&key, &spec, lease).await.unwrap(), "purged");
-    assert!(!b.renew(&key, &spec, 12_345).await.unwrap(), "never held");
+    let renewed = b.renew(&key, &spec, lease).await.unwrap();
+    assert_eq!(renewed, Renewal::Gone, "released, the slot another's");
+    let renewed = b.renew(&key, &spec, 12_345).await.unwrap();
+    assert_eq!(renewed, Renewal::Gone, "never held, no slot free");
 }
 
 pub async fn reserve_beyond_max_wait_books_nothing(env: &Env) {
@@ -396,7 +404,7 @@ pub async fn a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept(e
 
 /// A limit of one request a second (burst 10) and 60 tokens a minute on
 /// `key`, its tokens counter reported out until 2 s from now.
-async fn tokens_out_for_two_seconds(b: &dyn Backend, key: &str) -> LimitSpec {
+async fn tokens_out_for_two_seconds(b: &dyn Store, key: &str) -> LimitSpec {
     let spec = spec(
         Limits::new()
             .rate(RateLimit::per_second(1).with_burst(10))
@@ -858,7 +866,7 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
                 assert_eq!((got.booked, got.wait), (want.booked, want.wait), "{name}");
             }
             First::HoldSlot => {
-                let lease = b.hold_slot(&key, new).await.unwrap();
+                let lease = b.take_slot(&key, new).await.unwrap();
                 assert!(lease.is_some(), "{name}");
                 assert!(state::hold_slot(&mut s, new, t0, 1));
             }
@@ -936,7 +944,7 @@ pub async fn hold_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
     let tokens = Cost::tokens(10);
     let left = |spec: &LimitSpec, cost: Cost| {
         let (spec, key) = (spec.clone(), key.clone());
-        async move { b.hold_left(&key, &spec, cost).await.unwrap() }
+        async move { b.wait_left(&key, &spec, cost).await.unwrap() }
     };
     assert_eq!(
         (left(&two, requests).await, left(&two, tokens).await),
@@ -995,7 +1003,7 @@ macro_rules! for_each_case {
             zero_cost_for_a_unit_leaves_its_bucket_alone,
             concurrency_slots_are_limited_and_release_is_idempotent,
             a_dead_holders_lease_expires_after_lease_ttl,
-            a_renewed_lease_outlives_its_ttl_and_an_expired_one_stays_gone,
+            a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_or_gone,
             reserve_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
             a_refund_is_not_made_while_a_hold_is_on,

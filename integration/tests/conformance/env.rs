@@ -5,7 +5,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broker_core::{Backend, ManualClock};
+use broker_core::{ManualClock, Store};
 use broker_memory::MemoryBackend;
 use broker_redis::{RedisBackend, RedisBackendBuilder};
 use broker_testkit::RedisServer;
@@ -13,7 +13,7 @@ use broker_testkit::RedisServer;
 /// A backend on a virtual clock, and its keys' namespace.
 pub struct Env {
     /// The store under test.
-    pub backend: Arc<dyn Backend>,
+    pub backend: Arc<dyn Store>,
     /// The clock the store reads (client time for Redis).
     pub clock: ManualClock,
     namespace: String,

@@ -1,5 +1,5 @@
 //! The conformance suite: one set of behaviour cases, written once against
-//! `&dyn Backend` and a [`broker_core::ManualClock`], run on every backend
+//! `&dyn Store` and a [`broker_core::ManualClock`], run on every backend
 //! (`conformance_memory.rs`, `conformance_redis.rs`,
 //! `conformance_cluster.rs`). The seed scenario comes from `tests/common`.
 #![allow(dead_code)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::booking::Booking;
-use crate::backend::Backend;
+use crate::store::Store;
 use crate::broker::in_flight::{to_its_answer, UntoldLease};
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, Permit, Resource, ResourceBroker};
@@ -244,7 +244,7 @@ pub(crate) async fn wait_slot(
         freed.as_mut().enable();
         // A store that answers in process, in the caller's line; any other
         // through `hold_slot_later`.
-        let held = match backend.hold_slot_now(key, spec) {
+        let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
             Some(held) => held.inspect_err(|e| note_backend_error(resource, "hold_slot", e))?,
             None => hold_slot_later(backend, resource, key, spec).await?,
         };
@@ -262,7 +262,7 @@ pub(crate) async fn wait_slot(
 }
 
 /// The end of a hold the store has on state `key` for a call of `cost`,
-/// if one is in force ([`Backend::hold_left`]: a 429's penalty or a spent
+/// if one is in force ([`Store::wait_left`]: a 429's penalty or a spent
 /// counter another process reported, on the buckets the cost draws on, or
 /// on a resource without rate limits the state's
 /// [`crate::state::ResourceState::hold`]). Asked by a call that waited for
@@ -279,10 +279,10 @@ async fn store_hold(
     cost: Cost,
 ) -> Result<Option<tokio::time::Instant>, BrokerError> {
     let spec = resource.latest().spec.clone();
-    let wait = match broker.inner.backend.hold_left(key, &spec, cost).await {
+    let wait = match broker.inner.backend.wait_left(key, &spec, cost).await {
         Ok(wait) => wait,
         Err(e) => {
-            note_backend_error(resource, "hold_left", &e);
+            note_backend_error(resource, "wait_left", &e);
             if !spec.buckets.is_empty() {
                 return Ok(None);
             }
@@ -297,7 +297,7 @@ async fn store_hold(
 /// `acquire` or `enqueue` while the store is slow): a lease the store
 /// grants then is released there, untold, not left held until it expires.
 async fn hold_slot_later(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
     spec: &Arc<LimitSpec>,
@@ -306,7 +306,7 @@ async fn hold_slot_later(
     let (key, spec) = (key.to_owned(), spec.clone());
     let held = to_its_answer(async move {
         let held = backend
-            .hold_slot(&key, &spec)
+            .take_slot(&key, &spec)
             .await
             .inspect_err(|e| note_backend_error(&resource, "hold_slot", e))?;
         let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::Backend;
+use crate::store::Store;
 use crate::broker::in_flight::to_its_answer;
 use crate::broker::{note_backend_error, Epochs, Latest, Resource, ResourceBroker};
 use crate::clock::Micros;
@@ -22,7 +22,7 @@ pub(crate) const NO_COST: Cost = Cost {
 /// A booked reservation. Dropped before [`Booking::consume`], it refunds
 /// the cost, unless a hold put on since has drained it (see its `Drop`).
 pub(crate) struct Booking {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     /// The epochs of the registration it was booked under: the latest
     /// then (see [`Resource::latest`]).
@@ -257,14 +257,15 @@ impl Drop for Booking {
 /// correction off (`None`: made at once, or no runtime to run it). A
 /// failure is logged as `op`.
 pub(crate) fn settle_or_spawn(
-    backend: &Arc<dyn Backend>,
+    backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
     spec: &Arc<LimitSpec>,
     (reserved, actual, since): (Cost, Cost, Option<Marks>),
     op: &'static str,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    match backend.settle_now(key, spec, reserved, actual, since) {
+    let local = backend.local();
+    match local.and_then(|l| l.settle_now(key, spec, reserved, actual, since)) {
         Some(Ok(())) => None,
         Some(Err(e)) => {
             note_backend_error(resource, op, &e);

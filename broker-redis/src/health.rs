@@ -1,8 +1,9 @@
-//! What the backend does while Redis is unreachable: the [`FailurePolicy`],
-//! and the [`Health`] tracker that logs once per outage, counts the calls the
-//! policy answered and keeps every call from Redis while it is down (a
-//! background probe finds it back, see `probe.rs`); one for a server, one
-//! per hash slot for a cluster ([`Healths`]).
+//! Reachability of Redis as the calls see it: the [`Health`] tracker that
+//! logs once per outage, counts the calls refused while it lasts and keeps
+//! every call from Redis while it is down (a background probe finds it
+//! back, see `probe.rs`); one for a server, one per hash slot for a cluster
+//! ([`Healths`]). What to answer meanwhile is the failure policy's, above
+//! the store (`broker_core::Failover`).
 
 #[cfg(feature = "cluster")]
 use std::collections::HashMap;
@@ -14,126 +15,7 @@ use std::sync::Mutex;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use broker_core::bucket::BucketParams;
 use broker_core::stats::BackendHealth;
-use broker_core::{BackendError, Cost, LimitSpec};
-
-/// What the backend answers while Redis is unreachable (connection refused
-/// or dropped, timeouts, cluster down, a loading or read-only server).
-/// Script and command errors are never covered: they are returned.
-///
-/// The default is [`FailurePolicy::FailClosed`]: it is the only policy that
-/// can never let more through than the shared quota, however many replicas
-/// run. [`FailurePolicy::LocalFallback`] is safe only if `share` × the
-/// number of replicas is at most 1, which this library cannot know;
-/// [`FailurePolicy::FailOpen`] trades the quota for availability.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub enum FailurePolicy {
-    /// Every call returns a [`BackendError`]: `try_acquire` and `enqueue`
-    /// fail, `release` is kept and sent once Redis answers, `penalize`,
-    /// `reconcile` and `settle` are lost.
-    #[default]
-    FailClosed,
-    /// Every acquisition is allowed at once; `penalize`, `reconcile` and
-    /// `settle` are dropped.
-    FailOpen,
-    /// Decisions come from buckets in this process holding `share`
-    /// (0 < share ≤ 1) of every limit: bursts times `share` (fractional
-    /// bursts are kept, never rounded up), periods stretched by `1 / share`
-    /// (rounded up to a whole µs), concurrency limits times `share` rounded
-    /// down. A limit too small to split (a burst times `share` below the
-    /// cost, a concurrency limit that rounds down to 0) admits nothing
-    /// locally: a full bucket per process is never handed out, and such a
-    /// call fails with a [`BackendError`] that says so, as under
-    /// [`FailurePolicy::FailClosed`] (not a denial whose wait would never
-    /// come true, nor a booking that would take more than the share). Set
-    /// `share` to `1 / replicas` or less to keep the sum within the quota.
-    LocalFallback {
-        /// The fraction of every limit this process may use alone.
-        share: f64,
-    },
-}
-
-impl FailurePolicy {
-    /// `"fail_closed"`, `"fail_open"` or `"local_fallback"` (metric labels).
-    pub fn name(&self) -> &'static str {
-        match self {
-            FailurePolicy::FailClosed => "fail_closed",
-            FailurePolicy::FailOpen => "fail_open",
-            FailurePolicy::LocalFallback { .. } => "local_fallback",
-        }
-    }
-
-    /// Whether a decision Redis granted after its caller was answered by
-    /// this policy (a timeout) gives its cost back: not under fail-open,
-    /// whose call went out (see `send::Late`).
-    pub(crate) fn refunds_late(&self) -> bool {
-        *self != FailurePolicy::FailOpen
-    }
-
-    /// Checks `share` of [`FailurePolicy::LocalFallback`].
-    pub(crate) fn validate(&self) -> Result<(), BackendError> {
-        if let FailurePolicy::LocalFallback { share } = *self {
-            if !(share > 0.0 && share <= 1.0) {
-                return Err(BackendError::new(format!(
-                    "LocalFallback share must be in (0, 1], got {share}"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The limits of `spec` scaled down to `share` for a local fallback bucket.
-pub(crate) fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
-    LimitSpec {
-        buckets: spec
-            .buckets
-            .iter()
-            .map(|(unit, p)| {
-                (
-                    *unit,
-                    BucketParams::new(
-                        p.capacity() * share,
-                        p.amount(),
-                        (p.period() / share).ceil(),
-                    ),
-                )
-            })
-            .collect(),
-        max_concurrent: spec
-            .max_concurrent
-            .map(|m| (m as f64 * share).floor() as u32),
-        lease_ttl: spec.lease_ttl,
-    }
-}
-
-/// Why the local fallback's `scaled` limits (at `share`) can never admit
-/// `cost`, with a slot if `slot`: a bucket whose share is smaller than the
-/// cost, or a concurrency limit that rounds down to no slot. `None` when
-/// they can.
-pub(crate) fn never_admits(
-    scaled: &LimitSpec,
-    share: f64,
-    cost: Cost,
-    slot: bool,
-) -> Option<String> {
-    if slot && scaled.max_concurrent == Some(0) {
-        return Some(format!(
-            "the local fallback's share {share} of the concurrency limit is no slot"
-        ));
-    }
-    scaled.buckets.iter().find_map(|(unit, p)| {
-        let c = cost.of(*unit);
-        (c as f64 > p.capacity()).then(|| {
-            format!(
-                "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
-                p.capacity(),
-                unit.as_str()
-            )
-        })
-    })
-}
 
 /// The part of the store a call needs, whose outage the failure policy
 /// answers it through: the whole store (one server), or on a cluster the
@@ -289,8 +171,8 @@ impl Healths {
     }
 
     /// [`Health::kept_back`] for a call on `scope`.
-    pub(crate) fn kept_back(&self, scope: Scope, policy: &FailurePolicy) {
-        self.write(scope, |h| h.kept_back(policy))
+    pub(crate) fn kept_back(&self, scope: Scope) {
+        self.write(scope, Health::kept_back)
     }
 
     /// [`Health::failed`] for a call on `scope`.
@@ -299,12 +181,12 @@ impl Healths {
     /// own: only the first while no slot is down is logged at error level,
     /// the others at debug level, so one node's failure logs one error,
     /// not one per slot in use.
-    pub(crate) fn failed(&self, scope: Scope, policy: &FailurePolicy, error: &str, epoch: Epoch) {
+    pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: Epoch) {
         #[cfg(feature = "cluster")]
         let loud = self.down_slots.load(Ordering::Relaxed) == 0;
         #[cfg(not(feature = "cluster"))]
         let loud = true;
-        let started = self.write(scope, |h| h.failed(policy, error, epoch, loud));
+        let started = self.write(scope, |h| h.failed(error, epoch, loud));
         #[cfg(feature = "cluster")]
         if started && matches!(scope, Scope::Slot(_)) {
             self.down_slots.fetch_add(1, Ordering::Relaxed);
@@ -471,9 +353,8 @@ impl Health {
 
     /// A call kept from trying (Redis is down): counted
     /// as handled by the policy.
-    pub(crate) fn kept_back(&self, policy: &FailurePolicy) {
+    pub(crate) fn kept_back(&self) {
         self.handled.fetch_add(1, Ordering::Relaxed);
-        broker_core::telemetry::fallback_used(policy.name(), "call");
     }
 
     /// Redis could not be reached by a call that went out in `epoch` (see
@@ -484,14 +365,8 @@ impl Health {
     /// goes out now finds out for itself. Whether it started one.
     /// The start of an outage of a cluster's slot is logged at error level
     /// if `loud`, else at debug level.
-    pub(crate) fn failed(
-        &self,
-        policy: &FailurePolicy,
-        error: &str,
-        epoch: Epoch,
-        loud: bool,
-    ) -> bool {
-        self.kept_back(policy);
+    pub(crate) fn failed(&self, error: &str, epoch: Epoch, loud: bool) -> bool {
+        self.kept_back();
         // Only from up in the call's own epoch: not again while down, nor
         // after a recovery the call went out before.
         let up = epoch << 1;
@@ -508,14 +383,12 @@ impl Health {
         self.outages.fetch_add(1, Ordering::Relaxed);
         match self.scope {
             Scope::Whole => tracing::error!(
-                ?policy,
                 error,
                 "redis unreachable; the failure policy answers until it returns"
             ),
             #[cfg(feature = "cluster")]
             Scope::Slot(slot) if loud => tracing::error!(
                 ?slot,
-                ?policy,
                 error,
                 "redis cluster slot unreachable; the failure policy answers its keys until it returns \
                  (other slots that go down while one is are logged at debug level)"
@@ -523,7 +396,6 @@ impl Health {
             #[cfg(feature = "cluster")]
             Scope::Slot(slot) => tracing::debug!(
                 ?slot,
-                ?policy,
                 error,
                 "redis cluster slot unreachable; the failure policy answers its keys until it returns"
             ),
@@ -549,50 +421,15 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker_core::{Limits, RateLimit};
-
-    #[test]
-    fn fallback_limits_are_a_fraction_never_the_full_bucket() {
-        let limits = Limits::new()
-            .rate(RateLimit::per_second(10).with_burst(10))
-            .max_concurrent(4);
-        let spec = LimitSpec::new(&limits, Duration::from_secs(30));
-        let half = scaled(&spec, 0.5);
-        let p = half.buckets[0].1;
-        assert_eq!(p.capacity(), 5.0);
-        assert_eq!(p.amount() / p.period() * 1e6, 5.0);
-        assert_eq!(half.max_concurrent, Some(2));
-        let tiny = Limits::new()
-            .rate(RateLimit::per_second(1).with_burst(1))
-            .max_concurrent(1);
-        let tiny = scaled(&LimitSpec::new(&tiny, Duration::from_secs(30)), 0.5);
-        assert_eq!(
-            tiny.buckets[0].1.capacity(),
-            0.5,
-            "never rounded up to a full bucket"
-        );
-        assert_eq!(tiny.max_concurrent, Some(0));
-    }
-
-    #[test]
-    fn share_outside_zero_to_one_is_refused() {
-        for share in [0.0, -1.0, 1.5, f64::NAN] {
-            assert!(FailurePolicy::LocalFallback { share }.validate().is_err());
-        }
-        assert!(FailurePolicy::LocalFallback { share: 1.0 }
-            .validate()
-            .is_ok());
-    }
 
     #[test]
     fn one_outage_is_logged_and_counted_once() {
         let h = Health::new(Duration::from_secs(3600), Scope::Whole);
-        let p = FailurePolicy::FailOpen;
         let epoch = h.should_try().expect("up: every call goes out");
-        h.failed(&p, "refused", epoch, true);
-        h.failed(&p, "refused", epoch, true);
+        h.failed("refused", epoch, true);
+        h.failed("refused", epoch, true);
         assert!(h.should_try().is_none(), "down: no call goes out");
-        h.kept_back(&p);
+        h.kept_back();
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
         h.up(true);
@@ -607,14 +444,13 @@ mod tests {
     fn an_outage_of_one_slot_leaves_the_others_up() {
         use redis::cluster_routing::Slot;
         let h = Healths::new(Duration::from_secs(3600));
-        let p = FailurePolicy::FailClosed;
         let (dead, live) = (
             Scope::Slot(Slot::for_key("a")),
             Scope::Slot(Slot::for_key("b")),
         );
         assert_ne!(dead, live);
         let epoch = h.should_try(dead).expect("up");
-        h.failed(dead, &p, "no reply in time", epoch);
+        h.failed(dead, "no reply in time", epoch);
         assert!(h.should_try(dead).is_none(), "down: no call goes out");
         assert!(h.is_down(dead) && !h.is_down(live));
         assert_eq!(h.should_try(live), Some(0));
@@ -633,11 +469,10 @@ mod tests {
     fn a_down_slot_is_probed_once_per_interval() {
         use redis::cluster_routing::Slot;
         let h = Healths::new(Duration::from_millis(50));
-        let p = FailurePolicy::FailOpen;
         let dead = Slot::for_key("a");
         assert!(h.probes_due().is_empty(), "none is down");
         let epoch = h.should_try(Scope::Slot(dead)).expect("up");
-        h.failed(Scope::Slot(dead), &p, "no reply in time", epoch);
+        h.failed(Scope::Slot(dead), "no reply in time", epoch);
         assert!(h.probes_due().is_empty(), "not before the interval");
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(h.probes_due(), [dead]);
@@ -655,17 +490,16 @@ mod tests {
     #[test]
     fn a_failure_from_before_a_recovery_starts_no_outage() {
         let h = Health::new(Duration::ZERO, Scope::Whole);
-        let p = FailurePolicy::FailClosed;
         let before = h.should_try().expect("up");
-        h.failed(&p, "no reply in time", before, true);
+        h.failed("no reply in time", before, true);
         assert!(h.should_try().is_none(), "down: no call goes out");
         h.up(true);
-        h.failed(&p, "queued behind the timeout", before, true);
+        h.failed("queued behind the timeout", before, true);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 2));
         let after = h.should_try().expect("up again");
         assert_ne!(after, before);
-        h.failed(&p, "refused", after, true);
+        h.failed("refused", after, true);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages), (true, 2), "a new outage");
     }

@@ -1,0 +1,559 @@
+//! The failure policy above the stores: [`Failover`] wraps a primary store
+//! and answers by its [`FailurePolicy`] every call the primary could not
+//! take because it was unreachable ([`BackendError::is_unavailable`]).
+//! Other errors (a script error, a bad key) are returned as they are.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Renewal, Store};
+use crate::bucket::BucketParams;
+use crate::error::BackendError;
+use crate::limits::Cost;
+use crate::observed::ObservedLimit;
+use crate::state::{Decision, LeaseId, LimitSpec, Marks, Reservation};
+use crate::stats::BackendHealth;
+use crate::Micros;
+
+/// What a [`Failover`] answers while its primary store is unreachable.
+///
+/// The default is [`FailurePolicy::FailClosed`]: it is the only policy that
+/// can never let more through than the shared quota, however many replicas
+/// run. [`FailurePolicy::LocalFallback`] is safe only if `share` × the
+/// number of replicas is at most 1, which this library cannot know;
+/// [`FailurePolicy::FailOpen`] trades the quota for availability.
+///
+/// ```
+/// use broker_core::FailurePolicy;
+/// assert_eq!(FailurePolicy::default().name(), "fail_closed");
+/// ```
+#[derive(Clone, Default)]
+pub enum FailurePolicy {
+    /// Every call returns the primary's error: `try_acquire` and `enqueue`
+    /// fail, `penalize`, `reconcile` and `settle` are lost.
+    #[default]
+    FailClosed,
+    /// Every acquisition is allowed at once; `penalize`, `reconcile` and
+    /// `settle` are dropped.
+    FailOpen,
+    /// Decisions come from `store`, a store in this process, holding
+    /// `share` (0 < share ≤ 1) of every limit: bursts times `share`
+    /// (fractional bursts are kept, never rounded up), periods stretched by
+    /// `1 / share` (rounded up to a whole µs), concurrency limits times
+    /// `share` rounded down. A limit too small to split (a burst times
+    /// `share` below the cost, a concurrency limit that rounds down to 0)
+    /// admits nothing locally: such a call fails with an error that says
+    /// so, as under [`FailurePolicy::FailClosed`]. Set `share` to
+    /// `1 / replicas` or less to keep the sum within the quota. Build it
+    /// with [`FailurePolicy::local_fallback`].
+    LocalFallback {
+        /// The fraction of every limit this process may use alone.
+        share: f64,
+        /// The store that decides while the primary is unreachable.
+        store: Arc<dyn Store>,
+    },
+}
+
+impl FailurePolicy {
+    /// [`FailurePolicy::LocalFallback`] at `share` in `store` (the user
+    /// passes e.g. a `MemoryBackend`).
+    ///
+    /// ```
+    /// # use broker_core::{Store, FailurePolicy};
+    /// # fn demo(memory: impl Store) {
+    /// let policy = FailurePolicy::local_fallback(0.5, memory);
+    /// assert_eq!(policy.name(), "local_fallback");
+    /// # }
+    /// ```
+    pub fn local_fallback(share: f64, store: impl Store) -> Self {
+        FailurePolicy::LocalFallback {
+            share,
+            store: Arc::new(store),
+        }
+    }
+
+    /// `"fail_closed"`, `"fail_open"` or `"local_fallback"` (metric labels).
+    ///
+    /// ```
+    /// assert_eq!(broker_core::FailurePolicy::FailOpen.name(), "fail_open");
+    /// ```
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::LocalFallback { .. } => "local_fallback",
+        }
+    }
+}
+
+impl FailurePolicy {
+    /// An error naming `share` when a local fallback's share is not in
+    /// (0, 1].
+    ///
+    /// ```
+    /// # use broker_core::{Store, FailurePolicy};
+    /// # fn demo(memory: impl Store) {
+    /// assert!(FailurePolicy::local_fallback(1.5, memory).check().is_err());
+    /// # }
+    /// ```
+    pub fn check(&self) -> Result<(), BackendError> {
+        if let FailurePolicy::LocalFallback { share, .. } = self {
+            if !(*share > 0.0 && *share <= 1.0) {
+                return Err(BackendError::new(format!(
+                    "LocalFallback share must be in (0, 1], got {share}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for FailurePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailurePolicy::FailClosed => f.write_str("FailClosed"),
+            FailurePolicy::FailOpen => f.write_str("FailOpen"),
+            FailurePolicy::LocalFallback { share, .. } => f
+                .debug_struct("LocalFallback")
+                .field("share", share)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// The limits of `spec` scaled down to `share` for a local fallback store.
+pub fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
+    LimitSpec {
+        buckets: spec
+            .buckets
+            .iter()
+            .map(|(unit, p)| {
+                let period = (p.period() / share).ceil();
+                (
+                    *unit,
+                    BucketParams::new(p.capacity() * share, p.amount(), period),
+                )
+            })
+            .collect(),
+        max_concurrent: spec
+            .max_concurrent
+            .map(|m| (m as f64 * share).floor() as u32),
+        lease_ttl: spec.lease_ttl,
+    }
+}
+
+/// Why the `scaled` limits (at `share`) can never admit `cost`, with a
+/// slot if `slot`: a bucket whose share is smaller than the cost, or a
+/// concurrency limit that rounds down to no slot. `None` when they can.
+fn never_admits(scaled: &LimitSpec, share: f64, cost: Cost, slot: bool) -> Option<String> {
+    if slot && scaled.max_concurrent == Some(0) {
+        return Some(format!(
+            "the local fallback's share {share} of the concurrency limit is no slot"
+        ));
+    }
+    scaled.buckets.iter().find_map(|(unit, p)| {
+        let c = cost.of(*unit);
+        (c as f64 > p.capacity()).then(|| {
+            format!(
+                "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
+                p.capacity(),
+                unit.as_str()
+            )
+        })
+    })
+}
+
+/// A store that answers by a [`FailurePolicy`] while its primary is
+/// unreachable: the primary's "unavailable" errors become the policy's
+/// answer, marked as answered here ([`Decision::answered_here`],
+/// [`Marks::ANSWERED_HERE`]), and are counted in the metrics.
+///
+/// ```
+/// use broker_core::{Failover, FailurePolicy, ResourceBroker};
+/// # fn demo(primary: impl broker_core::Store, memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
+/// let store = Failover::new(primary, FailurePolicy::local_fallback(0.5, memory))?;
+/// let broker = ResourceBroker::new(store);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Failover<P> {
+    primary: P,
+    policy: FailurePolicy,
+    /// The leases the fallback store holds: renewed and freed there.
+    granted: Arc<Mutex<HashSet<LeaseId>>>,
+}
+
+/// How a call is answered while the primary is unreachable.
+enum Answer<'a> {
+    /// Fail-open: allowed, dropped.
+    Open,
+    /// The fallback store, with the limits scaled to the share.
+    Local(&'a dyn Store, LimitSpec, f64),
+}
+
+impl<P: Store> Failover<P> {
+    /// `primary` under `policy`; an error naming `share` when a local
+    /// fallback's share is not in (0, 1].
+    pub fn new(primary: P, policy: FailurePolicy) -> Result<Self, BackendError> {
+        policy.check()?;
+        Ok(Self {
+            primary,
+            policy,
+            granted: Arc::default(),
+        })
+    }
+
+    /// The store wrapped.
+    pub fn primary(&self) -> &P {
+        &self.primary
+    }
+
+    /// The policy that answers while the primary is unreachable.
+    pub fn policy(&self) -> &FailurePolicy {
+        &self.policy
+    }
+
+    /// The policy's answer to `error` of `op`: returned as is unless the
+    /// primary was unreachable; refused under fail-closed.
+    fn answer(
+        &self,
+        op: &'static str,
+        error: BackendError,
+        spec: &LimitSpec,
+    ) -> Result<Answer<'_>, BackendError> {
+        if !error.is_unavailable() {
+            return Err(error);
+        }
+        crate::telemetry::fallback_used(self.policy.name(), op);
+        match &self.policy {
+            FailurePolicy::FailClosed => Err(BackendError::unavailable(format!(
+                "store unreachable, {op} refused (fail-closed): {}",
+                error.message
+            ))),
+            FailurePolicy::FailOpen => Ok(Answer::Open),
+            FailurePolicy::LocalFallback { share, store } => {
+                Ok(Answer::Local(&**store, scaled(spec, *share), *share))
+            }
+        }
+    }
+
+    fn granted(&self) -> std::sync::MutexGuard<'_, HashSet<LeaseId>> {
+        self.granted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes `lease`, granted by the fallback store.
+    fn granted_here(&self, lease: Option<LeaseId>) {
+        if let Some(lease) = lease {
+            self.granted().insert(lease);
+        }
+    }
+
+    /// The fallback store, under the local fallback.
+    fn fallback(&self) -> Option<&dyn Store> {
+        match &self.policy {
+            FailurePolicy::LocalFallback { store, .. } => Some(&**store),
+            _ => None,
+        }
+    }
+}
+
+/// Refuses `op` of `cost` (with a slot if `slot`) when the local share can
+/// never admit it: a denial would promise a wait that never ends, a
+/// booking would take more than the share.
+fn admissible(
+    op: &str,
+    scaled: &LimitSpec,
+    share: f64,
+    cost: Cost,
+    slot: bool,
+) -> Result<(), BackendError> {
+    match never_admits(scaled, share, cost, slot) {
+        None => Ok(()),
+        Some(why) => Err(BackendError::unavailable(format!(
+            "store unreachable, {op} refused: {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
+        ))),
+    }
+}
+
+#[async_trait]
+impl<P: Store> Store for Failover<P> {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Decision, BackendError> {
+        let error = match self.primary.try_acquire(key, spec, cost).await {
+            Err(e) => e,
+            decided => return decided,
+        };
+        match self.answer("try_acquire", error, spec)? {
+            Answer::Open => {
+                let lease = spec.max_concurrent.map(|_| rand::random());
+                Ok(Decision::allow(lease))
+            }
+            Answer::Local(store, scaled, share) => {
+                admissible("try_acquire", &scaled, share, cost, true)?;
+                let decided = store.try_acquire(key, &scaled, cost).await?;
+                self.granted_here(decided.lease);
+                Ok(decided)
+            }
+        }
+        .map(Decision::by_failure_policy)
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+        max_wait: Duration,
+    ) -> Result<Reservation, BackendError> {
+        let error = match self.primary.reserve(key, spec, cost, max_wait).await {
+            Err(e) => e,
+            booked => return booked,
+        };
+        // Marked as answered here: its settlement goes where its cost went.
+        let since = Marks::ANSWERED_HERE;
+        match self.answer("reserve", error, spec)? {
+            Answer::Open => Ok(Reservation {
+                wait: 0,
+                booked: true,
+                since,
+            }),
+            Answer::Local(store, scaled, share) => {
+                // A booking takes no slot: only the rates count.
+                admissible("reserve", &scaled, share, cost, false)?;
+                let booked = store.reserve(key, &scaled, cost, max_wait).await?;
+                Ok(Reservation { since, ..booked })
+            }
+        }
+    }
+
+    async fn take_slot(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+    ) -> Result<Option<LeaseId>, BackendError> {
+        let error = match self.primary.take_slot(key, spec).await {
+            Err(e) => e,
+            held => return held,
+        };
+        match self.answer("take_slot", error, spec)? {
+            Answer::Open => Ok(Some(rand::random())),
+            Answer::Local(store, scaled, share) => {
+                admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
+                let held = store.take_slot(key, &scaled).await?;
+                self.granted_here(held);
+                Ok(held)
+            }
+        }
+    }
+
+    async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        // A lease the fallback granted is freed there.
+        if let Some(f) = self.fallback() {
+            if self.granted().remove(&lease) {
+                return f.release(key, lease).await;
+            }
+        }
+        match self.primary.release(key, lease).await {
+            Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
+            released => released,
+        }
+    }
+
+    fn release_sent(&self, key: &str, lease: LeaseId) {
+        // A lease the fallback granted is freed there at once, without
+        // I/O: the next decision here finds its slot free.
+        let local = self.fallback().and_then(|f| f.local());
+        if let Some(local) = local.filter(|_| self.granted().contains(&lease)) {
+            if let Some(Ok(_)) = local.release_now(key, lease) {
+                self.granted().remove(&lease);
+                return;
+            }
+        }
+        self.primary.release_sent(key, lease)
+    }
+
+    fn release_unsent(&self, key: &str, lease: LeaseId) {
+        self.primary.release_unsent(key, lease)
+    }
+
+    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Some(f) = self.fallback() {
+            if self.granted().remove(&lease) {
+                return f.release(key, lease).await;
+            }
+        }
+        match self.primary.release_announced(key, lease).await {
+            Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
+            released => released,
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        lease: LeaseId,
+    ) -> Result<Renewal, BackendError> {
+        // A lease the fallback granted is renewed where it is held, as
+        // `release` frees it there. The primary is asked too: once it
+        // answers, the lease is not there and is taken again there, and
+        // freed in the fallback, so that the primary counts the work
+        // running, as for a lease granted under fail-open.
+        let here = self.granted().contains(&lease);
+        if let (true, FailurePolicy::LocalFallback { share, store }) = (here, &self.policy) {
+            store.renew(key, &scaled(spec, *share), lease).await?;
+        }
+        match self.primary.renew(key, spec, lease).await {
+            Ok(Renewal::Retaken) => {
+                let removed = self.granted().remove(&lease);
+                if let (true, Some(f)) = (removed, self.fallback()) {
+                    let _ = f.release(key, lease).await;
+                }
+                Ok(Renewal::Retaken)
+            }
+            // Unreachable: the lease is as the store last left it, and the
+            // next renewal tries again.
+            Err(e) => self.answer("renew", e, &NO_LIMITS).map(|_| Renewal::Held),
+            renewed => renewed,
+        }
+    }
+
+    async fn settle(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        reserved: Cost,
+        actual: Cost,
+        since: Option<Marks>,
+    ) -> Result<(), BackendError> {
+        if since == Some(Marks::ANSWERED_HERE) {
+            // The primary never charged it: the fallback's booking is
+            // settled there (without marks, which name that store's own
+            // holds); a fail-open booking charged nothing anywhere.
+            return match &self.policy {
+                FailurePolicy::LocalFallback { share, store } => {
+                    let scaled = scaled(spec, *share);
+                    store.settle(key, &scaled, reserved, actual, None).await
+                }
+                _ => Ok(()),
+            };
+        }
+        let error = match self
+            .primary
+            .settle(key, spec, reserved, actual, since)
+            .await
+        {
+            Err(e) => e,
+            settled => return settled,
+        };
+        match self.answer("settle", error, spec)? {
+            Answer::Open => Ok(()),
+            // Charged in the primary, not here: what the work did not use
+            // goes back nowhere (the fallback never took it, and would
+            // then hand out more than its share); what it used beyond the
+            // booking is charged here too, which only narrows the share.
+            Answer::Local(store, scaled, _) => {
+                let used = Cost {
+                    requests: actual.requests.max(reserved.requests),
+                    tokens: actual.tokens.max(reserved.tokens),
+                };
+                store.settle(key, &scaled, reserved, used, None).await
+            }
+        }
+    }
+
+    async fn penalize(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        hold: Duration,
+    ) -> Result<(), BackendError> {
+        let error = match self.primary.penalize(key, spec, hold).await {
+            Err(e) => e,
+            done => return done,
+        };
+        match self.answer("penalize", error, spec)? {
+            Answer::Open => Ok(()),
+            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, hold).await,
+        }
+    }
+
+    async fn wait_left(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        cost: Cost,
+    ) -> Result<Micros, BackendError> {
+        let error = match self.primary.wait_left(key, spec, cost).await {
+            Err(e) => e,
+            left => return left,
+        };
+        match self.answer("wait_left", error, spec)? {
+            Answer::Open => Ok(0),
+            Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        key: &str,
+        spec: &LimitSpec,
+        observed: &ObservedLimit,
+    ) -> Result<(), BackendError> {
+        let error = match self.primary.reconcile(key, spec, observed).await {
+            Err(e) => e,
+            done => return done,
+        };
+        match self.answer("reconcile", error, spec)? {
+            Answer::Open => Ok(()),
+            Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
+        }
+    }
+
+    fn health(&self) -> BackendHealth {
+        self.primary.health()
+    }
+}
+
+/// The spec of a call that takes nothing by limits (a release, a renewal).
+const NO_LIMITS: LimitSpec = LimitSpec {
+    buckets: Vec::new(),
+    max_concurrent: None,
+    lease_ttl: 0,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Limits, RateLimit};
+
+    #[test]
+    fn fallback_limits_are_a_fraction_never_the_full_bucket() {
+        let limits = Limits::new()
+            .rate(RateLimit::per_second(10).with_burst(10))
+            .max_concurrent(4);
+        let spec = LimitSpec::new(&limits, Duration::from_secs(30));
+        let half = scaled(&spec, 0.5);
+        let p = half.buckets[0].1;
+        assert_eq!(p.capacity(), 5.0);
+        assert_eq!(p.amount() / p.period() * 1e6, 5.0);
+        assert_eq!(half.max_concurrent, Some(2));
+        let tiny = Limits::new()
+            .rate(RateLimit::per_second(1).with_burst(1))
+            .max_concurrent(1);
+        let tiny = scaled(&LimitSpec::new(&tiny, Duration::from_secs(30)), 0.5);
+        assert_eq!(
+            tiny.buckets[0].1.capacity(),
+            0.5,
+            "never rounded up to a full bucket"
+        );
+        assert_eq!(tiny.max_concurrent, Some(0));
+    }
+}
