@@ -31,9 +31,9 @@
 
 pub use broker_core::{
     Acquisition, BackendError, BrokerError, BrokerStats, Clock, ConfigError, Cost, EnqueueError,
-    FailurePolicy, Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit, ResourceBroker,
-    ResourceConfig, ResourceHandle, ResourceStats, RetryPolicy, SystemClock, Target, TokioClock,
-    Unit, WaitBound,
+    FailurePolicy, Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit,
+    ResourceBroker, ResourceConfig, ResourceHandle, ResourceStats, RetryPolicy, SystemClock,
+    Target, TokioClock, Unit, WaitBound,
 };
 
 /// The argument and future types of the broker's calls, for code that
@@ -69,9 +69,7 @@ pub mod stats {
 /// unreachable), and the model a store runs (the bucket, the state over
 /// several limits, keys and their fingerprints).
 pub mod store {
-    pub use broker_core::store::{
-        Failover, LocalStates, LocalStore, Renewal, Store,
-    };
+    pub use broker_core::store::{Failover, LocalStates, LocalStore, Renewal, Store};
     pub use broker_core::{bucket, keys, state};
     pub use broker_core::{
         BackendHealth, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros,

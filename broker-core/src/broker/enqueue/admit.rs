@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::booking::Booking;
-use crate::store::Store;
 use crate::broker::in_flight::{to_its_answer, UntoldLease};
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, Permit, Resource, ResourceBroker};
@@ -13,6 +12,7 @@ use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::state::{LeaseId, LimitSpec};
+use crate::store::Store;
 
 pub(crate) enum SlotOutcome {
     Unlimited,

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::Store;
 use crate::broker::in_flight::to_its_answer;
 use crate::broker::{note_backend_error, Epochs, Latest, Resource, ResourceBroker};
 use crate::clock::Micros;
@@ -12,6 +11,7 @@ use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::state::{LimitSpec, Marks};
 use crate::stats::{add, bump};
+use crate::store::Store;
 use crate::telemetry::{self, Signal};
 
 pub(crate) const NO_COST: Cost = Cost {
