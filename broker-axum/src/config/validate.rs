@@ -108,8 +108,7 @@ impl PressureConfig {
     }
 }
 
-/// The layers charge one request per request and no tokens: a rate in
-/// tokens would never be charged, so would limit nothing.
+/// The layers charge requests, never tokens: a token rate would limit nothing.
 fn check_requests(limits: &Limits) -> Result<(), &'static str> {
     match limits.rates.iter().any(|r| r.unit == Unit::Tokens) {
         true => Err(
@@ -120,10 +119,8 @@ fn check_requests(limits: &Limits) -> Result<(), &'static str> {
     }
 }
 
-/// The first segment of `prefix` that reads as a route template's
-/// parameter (`{id}`, `{*rest}`, `:id`, `*rest`, `*`), which a prefix,
-/// matched literally, would only ever meet in a path that sends it as it
-/// is written.
+/// The first segment of `prefix` that reads as a route template's parameter
+/// (`{id}`, `:id`, `*rest`): a literal prefix would never match it.
 fn template_segment(prefix: &str) -> Option<&str> {
     prefix.split('/').find(|s| {
         s.starts_with(':') && s.len() > 1
