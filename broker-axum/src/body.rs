@@ -263,7 +263,7 @@ where
         frame
     }
 
-    /// See [`may_end`].
+    /// A permit-holding body over 16 KiB ends one poll after its last frame.
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),

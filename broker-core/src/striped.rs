@@ -1,5 +1,5 @@
 //! `Striped`: a counter bumped from every thread without contention. Each of
-//! the first [`OWNED`] live threads owns a stripe only it writes (handed over
+//! the first `OWNED` live threads owns a stripe only it writes (handed over
 //! through a mutex when it exits); others share `SHARED` atomic stripes.
 
 use std::cell::Cell;

@@ -235,7 +235,7 @@ impl Upstream {
 
     /// Starts a greedy foreign client, tagged `foreign`, spending the same
     /// budget over real HTTP: `count` requests, one every `every`, each 429
-    /// retried after [`FOREIGN_RETRY`], up to [`FOREIGN_ATTEMPTS`] times.
+    /// retried after 10 ms, up to 1,000 times.
     pub fn spawn_foreign(&self, every: Duration, count: u64) -> JoinHandle<()> {
         let addr = self.addr;
         tokio::spawn(async move {

@@ -325,7 +325,7 @@ impl SupplierBuckets {
     }
 
     /// Counts one request sent from `ip` and logs a newly seen IP; returns
-    /// its count, or 0 when counting is off or past [`MAX_EGRESS_IPS`].
+    /// its count, or 0 when counting is off or past 64 distinct IPs.
     pub fn note_egress(&self, ip: IpAddr) -> u64 {
         let Some(egress) = &self.egress else { return 0 };
         let mut counts = egress.counts.lock().unwrap_or_else(|p| p.into_inner());
