@@ -1,12 +1,6 @@
-//! Response bodies. The pressure services answer with the inner service's
-//! own body type, so they change neither the body nor the error type of a
-//! stack: [`PermitBody`] says how that body type is built from a denial's
-//! bytes and how it carries a concurrency [`Permit`]: the body is wrapped
-//! in one that releases the permit when it ends, fails, or is dropped (the
-//! client went away mid-response), so a slot is held exactly as long as the
-//! response is being sent. [`PressureBody`] is that carrier as a body type
-//! of its own; `axum::body::Body` and the boxed bodies box a leaner one
-//! once. A response that holds no permit keeps its body untouched.
+//! Response bodies: [`PermitBody`] builds the inner service's own body type
+//! from a denial's bytes and makes it hold a concurrency [`Permit`] until it
+//! ends, fails or is dropped. A response with no permit keeps its body.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -18,19 +12,17 @@ use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 
-/// A response body type the pressure services can answer with: built from
-/// fixed bytes (denials), and able to carry a [`Permit`] until it ends.
+/// A body type the pressure services answer with: built from a denial's
+/// bytes, able to hold a [`Permit`]. For other bodies, map them into one
+/// (`ServiceBuilder::map_response_body(BodyExt::boxed)`).
 ///
-/// Implemented for `axum::body::Body`, http-body-util's [`BoxBody`] and
-/// [`UnsyncBoxBody`] over [`Bytes`], and [`PressureBody`]. For any other
-/// body, map the inner service's responses into one of these (e.g.
-/// `ServiceBuilder::map_response_body(BodyExt::boxed)`), or implement
-/// this trait: [`PermitBody::hold`] and [`PermitBody::from_bytes`]
-/// ([`PermitBody::with_permit`] and [`PermitBody::has_exact_length`] are
-/// provided; override the latter for a body that knows its length).
+/// ```
+/// use broker_axum::PermitBody;
+/// let denial = <axum::body::Body as PermitBody>::from_bytes("slow down".into());
+/// assert!(denial.has_exact_length());
+/// ```
 pub trait PermitBody: Sized {
-    /// Makes this body hold `permit` until it ends, fails or is dropped,
-    /// in place (the response around it is not moved).
+    /// Makes this body hold `permit` until it ends, fails or is dropped.
     fn hold(&mut self, permit: Permit);
 
     /// This body, holding `permit` until it ends, fails or is dropped.
@@ -42,10 +34,8 @@ pub trait PermitBody: Sized {
     /// A body of fixed bytes.
     fn from_bytes(bytes: Bytes) -> Self;
 
-    /// Whether this body's length is known before it is sent (an exact
-    /// size hint): such a body ends by itself once that many bytes are
-    /// out, so its response holds its slot to the end whatever its content
-    /// type. The default, `false`, leaves that to the response's fields.
+    /// Whether the length is known up front (then the response holds its
+    /// slot to the end whatever its content type). Default `false`.
     fn has_exact_length(&self) -> bool {
         false
     }
@@ -53,8 +43,7 @@ pub trait PermitBody: Sized {
 
 impl PermitBody for axum::body::Body {
     fn hold(&mut self, permit: Permit) {
-        // Boxed as the `UnsyncBoxBody<Bytes, axum::Error>` axum's body is
-        // made of, so `Body::new` takes it as is.
+        // Boxed as axum's own `UnsyncBoxBody`, so `Body::new` takes it as is.
         let body = std::mem::take(self);
         *self = axum::body::Body::new(HeldBody::new(body, permit).boxed_unsync());
     }
@@ -127,8 +116,7 @@ impl<B: Body> PermitBody for PressureBody<B> {
 }
 
 pin_project! {
-    /// A body holding one permit until it ends, fails or is dropped: what
-    /// the boxed body types wrap their body in.
+    /// A body holding one permit until it ends, fails or is dropped.
     struct HeldBody<B> {
         #[pin]
         inner: B,
@@ -148,24 +136,13 @@ impl<B> HeldBody<B> {
     }
 }
 
-/// Bodies of at most this many bytes may report their end as their last
-/// frame is handed over (see [`may_end`]).
+/// Bodies up to this size may end with their last frame ([`may_end`]).
 const SMALL_BODY: usize = 16 << 10;
 
-/// Whether a body whose inner body is at its end (`inner_ended`), holding
-/// a permit or not (`held`), after handing `handed` data bytes to the
-/// server, reports its end, so that the server drops it (which releases
-/// the permit) with the frame it has just taken.
-///
-/// A body holding a permit reports its end only once all of it fits
-/// [`SMALL_BODY`]: the server's write buffer (hundreds of KiB) and a
-/// socket's send buffer take such a body whole, so it is sent as it is
-/// handed over, and the slot comes free then, as it would one poll later.
-/// A larger body keeps reporting more to come: the server then polls once
-/// more after it has taken the last frame in, once its write buffer has
-/// room again, and that poll's end frees the slot. Freed as the last frame
-/// was handed over, the slot of a large response would be free before
-/// most of it was sent.
+/// Whether a body reports its end with its last frame (the server then drops
+/// it, releasing the permit). A permit-holding body larger than
+/// [`SMALL_BODY`] waits for one more poll, once the write buffer has room,
+/// so its slot is not freed before most of it is sent.
 fn may_end(inner_ended: bool, held: bool, handed: usize) -> bool {
     inner_ended && (!held || handed <= SMALL_BODY)
 }
@@ -210,8 +187,14 @@ impl<B: Body> Body for HeldBody<B> {
 }
 
 pin_project! {
-    /// A body plus the permits it holds (released when it ends, fails or is
-    /// dropped), or a fixed body.
+    /// A body plus the permits it holds until it ends, fails or is dropped,
+    /// or a fixed body.
+    ///
+    /// ```
+    /// use broker_axum::PressureBody;
+    /// let b: PressureBody<String> = PressureBody::fixed("no".into());
+    /// assert!(!b.holds_permit());
+    /// ```
     #[derive(Debug)]
     pub struct PressureBody<B> {
         #[pin]
@@ -280,12 +263,7 @@ where
         frame
     }
 
-    /// While a permit is held, the end of a body of more than 16 KiB is
-    /// reported by the poll after the last frame, which lets the permits
-    /// go once the server's write buffer has room again; a smaller body
-    /// reports its end with its last frame, and the server drops it (and
-    /// the permits) as it takes that frame in, as the boxed bodies' wrapper
-    /// does.
+    /// A permit-holding body over 16 KiB ends one poll after its last frame.
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),
@@ -341,9 +319,6 @@ mod tests {
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"y");
     }
 
-    /// A body of at most [`SMALL_BODY`] bytes ends with its last frame, so
-    /// the server drops it then (releasing the permit); a larger one ends
-    /// with the poll after it.
     #[tokio::test]
     async fn only_a_small_body_ends_with_its_last_frame() {
         use broker_core::{Cost, Limits, ResourceBroker};

@@ -1,5 +1,4 @@
-//! [`Pressure`]: a `pressure` config registered on a broker, from which
-//! the two layers are made.
+//! [`Pressure`]: a `pressure` config registered on a broker; makes the layers.
 
 use std::sync::Arc;
 
@@ -11,10 +10,8 @@ use crate::response::Responses;
 use crate::route::PressureLayer;
 use crate::tenant::{Tenant, TenantExtractor, TenantKeys, TenantLayer};
 
-/// A `pressure` config registered on a [`ResourceBroker`]: every route,
-/// service and tenant limit becomes a limit-only resource of the broker
-/// (visible in `broker.stats()`), so all instances on one shared backend
-/// enforce one limit, and every layer made from it shares that state.
+/// A `pressure` config registered on a [`ResourceBroker`]: each limit is a
+/// limit-only resource, shared by every layer and instance on one backend.
 ///
 /// ```
 /// use broker_axum::{FromHeader, Pressure, PressureConfig};
@@ -39,32 +36,16 @@ pub struct Pressure {
 }
 
 impl Pressure {
-    /// Registers `config` on `broker`. The per-service limit is the only
-    /// `perService` entry (none: only routes are limited); a config with
-    /// several services needs [`Pressure::for_service`].
-    ///
-    /// A resource id of `config` that `broker` already holds with other
-    /// limits (another `Pressure`'s, say two configs that both keep the
-    /// default `perTenant.resource`) or as a queue (the application's own
-    /// resource) is refused, naming the field, and nothing is registered:
-    /// taken as it is, one config's limits would silently replace the
-    /// other's. The same id with the same limits is shared, its state and
-    /// counters kept (two `Pressure`s of one config enforce one limit).
-    /// [`Pressure::reload`] re-configures.
+    /// Registers `config` on `broker` with its only `perService` entry (see
+    /// [`Pressure::for_service`]). An id already held with other limits or as
+    /// a queue is refused, naming the field; the same limits are shared.
     pub fn new(broker: ResourceBroker, config: &PressureConfig) -> Result<Self, ConfigError> {
-        Ok(Self {
-            policy: Arc::new(Policy::new(broker, config, None, OnOtherLimits::Refuse)?),
-        })
+        Self::build(broker, config, None, OnOtherLimits::Refuse)
     }
 
-    /// A reload: [`Pressure::new`] (or, with `service`,
-    /// [`Pressure::for_service`]) that re-configures the limit-only
-    /// resources `broker` already holds under the ids of `config` with its
-    /// limits (an id of a queue is still refused). Layers made
-    /// from an earlier `Pressure` on those ids follow the new limits, in
-    /// their decisions and in the headers of their denials; they keep
-    /// their own route table (make the app's layers anew from this one to
-    /// route by the new config).
+    /// [`Pressure::new`] that re-configures limit-only resources already held
+    /// under `config`'s ids; older layers follow the new limits but keep
+    /// their route table.
     ///
     /// ```
     /// use broker_axum::{Pressure, PressureConfig};
@@ -85,44 +66,38 @@ impl Pressure {
         config: &PressureConfig,
         service: Option<&str>,
     ) -> Result<Self, ConfigError> {
-        Ok(Self {
-            policy: Arc::new(Policy::new(
-                broker,
-                config,
-                service,
-                OnOtherLimits::Replace,
-            )?),
-        })
+        Self::build(broker, config, service, OnOtherLimits::Replace)
     }
 
-    /// Registers `config` on `broker`, taking the `perService` entry named
-    /// `service` as the per-service limit. An id `broker` already holds
-    /// with other limits is refused, as by [`Pressure::new`].
+    /// [`Pressure::new`] with the `perService` entry named `service`.
     pub fn for_service(
         broker: ResourceBroker,
         config: &PressureConfig,
         service: &str,
     ) -> Result<Self, ConfigError> {
+        Self::build(broker, config, Some(service), OnOtherLimits::Refuse)
+    }
+
+    fn build(
+        broker: ResourceBroker,
+        config: &PressureConfig,
+        service: Option<&str>,
+        on_other: OnOtherLimits,
+    ) -> Result<Self, ConfigError> {
+        let policy = Policy::new(broker, config, service, on_other)?;
         Ok(Self {
-            policy: Arc::new(Policy::new(
-                broker,
-                config,
-                Some(service),
-                OnOtherLimits::Refuse,
-            )?),
+            policy: Arc::new(policy),
         })
     }
 
-    /// Sets how denials and backend failures are answered (for layers made
-    /// after this call).
+    /// Sets how denials and backend failures are answered (later layers).
     pub fn with_responses(mut self, responses: Responses) -> Self {
         Arc::make_mut(&mut self.policy).responses = responses;
         self
     }
 
-    /// Keys tenant fingerprints with `secret` (layers made after this call;
-    /// a new `Pressure`, also a reload, has the built-in public key): the
-    /// same on every replica of one store. See the crate docs, "Tenant ids".
+    /// Keys tenant fingerprints with `secret` (later layers); the same on
+    /// every replica of one store. See the crate docs, "Tenant ids".
     pub fn with_tenant_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         let policy = Arc::make_mut(&mut self.policy);
         let clear = policy.tenant_keys.is_clear();
@@ -130,9 +105,7 @@ impl Pressure {
         self
     }
 
-    /// The sub-key `tenant`'s state is stored under, as the tenant stage
-    /// names it in keys and logs: its fingerprint (a plain id in clear
-    /// with `perTenant.clearIds`).
+    /// The sub-key (fingerprint) `tenant`'s state is stored under.
     ///
     /// ```
     /// use broker_axum::{Pressure, PressureConfig, Tenant};

@@ -1,7 +1,6 @@
-//! What a denied or failed admission answers: `429` (configurable) with
-//! `Retry-After` in whole seconds rounded up (never 0), the IETF draft
-//! `RateLimit-Policy` / `RateLimit` headers, optionally the legacy
-//! `X-RateLimit-*` headers; and the answer when the broker's backend fails.
+//! What a denied or failed admission answers: `429` with `Retry-After`, the
+//! IETF draft `RateLimit-Policy` / `RateLimit` headers, optionally the legacy
+//! `X-RateLimit-*`; and the answer when the backend fails.
 
 use std::time::Duration;
 
@@ -24,6 +23,12 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// How denials and backend failures are answered.
+///
+/// ```
+/// use broker_axum::Responses;
+/// let r = Responses { legacy_headers: true, ..Responses::default() };
+/// assert_eq!(r.denied_status, 429);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Responses {
     /// Status of a denial. Default `429 Too Many Requests`.
@@ -32,15 +37,11 @@ pub struct Responses {
     pub denied_body: Bytes,
     /// `Content-Type` of the denial body. Default `application/json`.
     pub denied_content_type: HeaderValue,
-    /// Also send `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-    /// `X-RateLimit-Reset` on denials. Default off.
+    /// Also send the legacy `X-RateLimit-*` headers on denials. Default off.
     pub legacy_headers: bool,
-    /// Status when the broker's backend fails and its failure policy does
-    /// not cover it (`BrokerError::Backend`). Default `503 Service
-    /// Unavailable`; never a 500 by accident.
+    /// Status when the backend fails past its failure policy. Default `503`.
     pub backend_error_status: StatusCode,
-    /// `Retry-After` sent with `backend_error_status` (rounded up to whole
-    /// seconds, at least 1). Default 1 s.
+    /// `Retry-After` sent with `backend_error_status`. Default 1 s.
     pub backend_error_retry_after: Duration,
 }
 
@@ -57,9 +58,7 @@ impl Default for Responses {
     }
 }
 
-/// `Retry-After` seconds for a wait: rounded up, never below 1 (a
-/// sub-second wait is not "retry now", and a concurrency denial, which has
-/// no known wait, says "in a second").
+/// `Retry-After` seconds for a wait: rounded up, never below 1.
 ///
 /// ```
 /// use broker_axum::retry_after_secs;
@@ -82,10 +81,8 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 pub(crate) struct RateHeaders {
     /// `RateLimit-Policy`, when the resource has rate limits.
     policy: Option<HeaderValue>,
-    /// The quoted name (for `RateLimit`) and the amount (for
-    /// `X-RateLimit-Limit`) of the resource's rate limit when it has one:
-    /// with several, a denial does not say which one ran out, and
-    /// `Retry-After` alone gives the wait.
+    /// Quoted name and amount of the only rate limit: with several, a
+    /// denial cannot say which one ran out.
     only: Option<(String, u64)>,
 }
 
@@ -121,9 +118,7 @@ impl RateHeaders {
                 .iter()
                 .zip(&names)
                 .map(|(r, name)| {
-                    // The quota is what a window refills, not the bucket's
-                    // capacity: a client pacing itself by it keeps within
-                    // the limit for good.
+                    // The quota is what a window refills, not the burst.
                     let w = retry_after_secs(r.period);
                     format!("{name};q={};w={w}", r.amount)
                 })
@@ -141,13 +136,8 @@ impl RateHeaders {
     }
 }
 
-fn header_num(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
-}
-
-/// The denial response: by a rate limit after `wait`, or by the
-/// concurrency limit (`by_concurrency`; no rate ran out, so no `RateLimit`
-/// field and no remaining count of 0 are sent).
+/// The denial response: by a rate limit after `wait`, or by the concurrency
+/// limit (then no `RateLimit` field and no remaining count).
 pub(crate) fn denied<B: PermitBody>(
     responses: &Responses,
     headers: &RateHeaders,
@@ -159,7 +149,7 @@ pub(crate) fn denied<B: PermitBody>(
     *res.status_mut() = responses.denied_status;
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, responses.denied_content_type.clone());
-    h.insert(RETRY_AFTER, header_num(secs));
+    h.insert(RETRY_AFTER, HeaderValue::from(secs));
     if let Some(policy) = &headers.policy {
         h.insert(RATELIMIT_POLICY, policy.clone());
     }
@@ -170,11 +160,11 @@ pub(crate) fn denied<B: PermitBody>(
     }
     if responses.legacy_headers {
         if let Some((_, limit)) = headers.only {
-            h.insert(X_RATELIMIT_LIMIT, header_num(limit));
+            h.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
         }
         if !by_concurrency {
-            h.insert(X_RATELIMIT_REMAINING, header_num(0));
-            h.insert(X_RATELIMIT_RESET, header_num(secs));
+            h.insert(X_RATELIMIT_REMAINING, HeaderValue::from(0));
+            h.insert(X_RATELIMIT_RESET, HeaderValue::from(secs));
         }
     }
     res
@@ -190,7 +180,7 @@ pub(crate) fn backend_failed<B: PermitBody>(responses: &Responses) -> Response<B
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert(
         RETRY_AFTER,
-        header_num(retry_after_secs(responses.backend_error_retry_after)),
+        HeaderValue::from(retry_after_secs(responses.backend_error_retry_after)),
     );
     res
 }
@@ -243,9 +233,6 @@ mod tests {
         assert_eq!(h.policy.unwrap().to_str().unwrap(), r#""b";q=10;w=60"#);
     }
 
-    /// A denial names the policy that ran out only when it is known: with
-    /// one rate limit. With several, or when the concurrency limit denied,
-    /// `Retry-After` alone says when to come back.
     #[test]
     fn a_denial_names_no_policy_it_cannot_tell_ran_out() {
         let responses = Responses {

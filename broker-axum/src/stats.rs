@@ -16,11 +16,8 @@ pub const STATS_PATH: &str = "/admin/pressure/stats";
 pub struct PressureStats {
     /// Per resource id.
     pub resources: BTreeMap<String, ResourceView>,
-    /// The state store's reachability, and the calls its failure policy
-    /// answered while it was out of reach: during an outage answered
-    /// fail-open, the resources count every request allowed and no
-    /// backend error, and this says why. Absent from an older document:
-    /// read as up, with nothing counted.
+    /// The store's reachability and the calls its failure policy answered
+    /// (absent from an older document: up, nothing counted).
     #[serde(default)]
     pub backend: BackendHealth,
 }
@@ -29,8 +26,7 @@ pub struct PressureStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceView {
-    /// True for check + reject resources (every HTTP limit): they have no
-    /// queue, so `queued: 0` says nothing about their health.
+    /// True for check + reject resources (no queue: `queued` means nothing).
     pub limit_only: bool,
     /// The counters.
     #[serde(flatten)]
@@ -59,8 +55,8 @@ impl PressureStats {
     }
 }
 
-/// A router serving `GET /admin/pressure/stats` with [`PressureStats`] of
-/// `broker`. Merge it into your app behind your own authentication.
+/// A router serving [`PressureStats`] at `GET /admin/pressure/stats`; mount
+/// it behind your own authentication.
 ///
 /// ```
 /// use broker_core::ResourceBroker;
@@ -85,8 +81,6 @@ where
 mod tests {
     use super::*;
 
-    /// A document from before the store's health was served still reads,
-    /// as `BrokerStats` does.
     #[test]
     fn a_document_without_the_store_health_reads_as_up() {
         let older = r#"{"resources": {}}"#;

@@ -1,10 +1,6 @@
-//! Clocks: where "now" comes from.
-//!
-//! Every transition of the bucket state machine takes `now` as an argument, in
-//! microseconds ([`Micros`]). A [`Clock`] supplies it: [`SystemClock`] in
-//! production, [`ManualClock`] for deterministic tests driven by hand, and
-//! [`TokioClock`] for tests that run under tokio's paused time (so that
-//! `tokio::time::sleep` and the bucket see the same virtual time).
+//! Clocks: where `now` ([`Micros`]) comes from. [`SystemClock`] in
+//! production, [`ManualClock`] driven by hand, [`TokioClock`] under tokio's
+//! paused time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,12 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use crate::model::time::{micros, Micros};
 
-/// How far ahead a wait without a representable end is taken to end (30
-/// years, as tokio's own far future).
+/// Where a wait with no representable end ends (30 years, as in tokio).
 const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
 
-/// The tokio instant `d` from now; a `d` too long to add (`Duration::MAX`
-/// meaning "no limit") ends in the far future instead of panicking.
+/// The tokio instant `d` from now; a `d` too long to add ends at [`FAR`].
 pub(crate) fn tokio_after(d: Duration) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
     now.checked_add(d).unwrap_or_else(|| now + FAR.min(d))
@@ -35,9 +29,14 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     fn now(&self) -> Micros;
 }
 
-/// Monotonic wall-anchored clock: microseconds since the Unix epoch as read
-/// once at construction, advanced by a monotonic [`Instant`] afterwards, so it
-/// never runs backwards even if the system clock is stepped.
+/// µs since the Unix epoch, read once and then advanced by a monotonic
+/// [`Instant`], so a stepped system clock never moves it backwards.
+///
+/// ```
+/// use broker_core::{Clock, SystemClock};
+/// let c = SystemClock::new();
+/// assert!(c.now() <= c.now());
+/// ```
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     origin: Instant,
@@ -91,11 +90,9 @@ impl ManualClock {
         Self::default()
     }
 
-    /// Moves time forward by `by`, up to the largest time there is (time
-    /// never wraps around).
+    /// Moves time forward by `by`, saturating.
     pub fn advance(&self, by: Duration) {
         let by = micros(by);
-        // `fetch_update` with a closure that always answers never fails.
         let _ = self
             .now
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
@@ -103,8 +100,7 @@ impl ManualClock {
             });
     }
 
-    /// Sets the time to `at` microseconds if that is later than now (time
-    /// never moves backwards).
+    /// Sets the time to `at` µs if later than now.
     pub fn set(&self, at: Micros) {
         self.now.fetch_max(at, Ordering::SeqCst);
     }
@@ -116,9 +112,8 @@ impl Clock for ManualClock {
     }
 }
 
-/// Time read from tokio's clock, so that tests under
-/// `tokio::time::pause()` see the same virtual time in the bucket as in
-/// `tokio::time::sleep`. Outside paused tests it is a monotonic clock.
+/// Time from tokio's clock, so tests under `tokio::time::pause()` see one
+/// virtual time in the bucket and in `sleep`.
 #[derive(Debug, Clone)]
 pub struct TokioClock {
     origin: tokio::time::Instant,

@@ -1,24 +1,13 @@
-//! `Striped`: a counter bumped on every decision, from every thread,
-//! without the threads contending on one atomic.
-//!
-//! Each of the first [`OWNED`] threads alive at once owns one stripe of
-//! every striped counter: only that thread writes it, so its bump is a
-//! plain load and store. A thread hands its stripe back when it exits, and
-//! the next new thread takes it over; the hand-over goes through a mutex,
-//! so the new owner sees the old owner's last store. Threads beyond that
-//! share the `SHARED` stripes and add with an atomic read-modify-write.
-//! Nothing is lost either way: the value is the sum of the stripes.
-//!
-//! The stripe index is the crate's to share: [`owned_stripe`] gives it to
-//! other per-thread structures.
+//! `Striped`: a counter bumped from every thread without contention. Each of
+//! the first `OWNED` live threads owns a stripe only it writes (handed over
+//! through a mutex when it exits); others share `SHARED` atomic stripes.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// Stripes owned by one thread each: the first `OWNED` threads alive at
-/// once have an index of their own below it.
-pub const OWNED: usize = 16;
+/// Stripes owned by one thread each.
+pub(crate) const OWNED: usize = 16;
 /// Stripes shared, with atomic adds, by the threads beyond [`OWNED`].
 pub(crate) const SHARED: usize = 4;
 
@@ -43,15 +32,12 @@ impl Striped {
                 let c = &self.owned[i].0;
                 c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
             }
-            // A thread beyond the owned stripes, or one whose stripe was
-            // handed back as it exits.
-            Some(i) => self.add_shared(i),
-            None => self.add_shared(0),
+            // Beyond the owned stripes, or exiting (stripe handed back).
+            i => {
+                let shared = &self.shared[i.unwrap_or(0) % SHARED].0;
+                shared.fetch_add(1, Ordering::Relaxed);
+            }
         }
-    }
-
-    fn add_shared(&self, i: usize) {
-        self.shared[i % SHARED].0.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The sum of the stripes.
@@ -63,37 +49,10 @@ impl Striped {
     }
 }
 
-/// This thread's stripe index, if it owns one: `Some(i)` with
-/// `i < OWNED`, which no other thread alive now has. `None` for a thread
-/// beyond the first [`OWNED`] alive at once, and for a thread whose
-/// thread-locals are being destroyed (its index already handed back).
-///
-/// ```
-/// use broker_core::striped::{owned_stripe, OWNED};
-/// let mine = owned_stripe();
-/// assert!(mine.is_none_or(|i| i < OWNED));
-/// assert_eq!(owned_stripe(), mine, "a thread keeps its index");
-/// ```
-pub fn owned_stripe() -> Option<usize> {
-    stripe_index().filter(|&i| i < OWNED)
-}
-
 /// This thread's stripe index, claimed on first use; `None` once its
-/// thread-locals are being destroyed. The common case reads `INDEX`, a
-/// cell without a destructor, so no check of the thread-local's state
-/// comes before it.
+/// thread-locals are being destroyed.
 fn stripe_index() -> Option<usize> {
-    match INDEX.get() {
-        UNCLAIMED => claimed_index(),
-        i => Some(i),
-    }
-}
-
-/// [`stripe_index`] before the thread's first claim, or as it exits.
-fn claimed_index() -> Option<usize> {
-    let i = STRIPE.try_with(Stripe::index).ok()?;
-    INDEX.set(i);
-    Some(i)
+    STRIPE.try_with(Stripe::index).ok()
 }
 
 /// Stripe indices handed back by exited threads.
@@ -101,8 +60,7 @@ static FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The next index never handed out.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// This thread's stripe index, taken on its first bump and handed back
-/// when it exits.
+/// This thread's stripe index, handed back when it exits.
 struct Stripe(Cell<usize>);
 
 /// Not taken yet.
@@ -110,9 +68,6 @@ const UNCLAIMED: usize = usize::MAX;
 
 thread_local! {
     static STRIPE: Stripe = const { Stripe(Cell::new(UNCLAIMED)) };
-    /// `STRIPE`'s index once claimed, and `UNCLAIMED` again once it is
-    /// handed back.
-    static INDEX: Cell<usize> = const { Cell::new(UNCLAIMED) };
 }
 
 impl Stripe {
@@ -133,9 +88,6 @@ impl Stripe {
 
 impl Drop for Stripe {
     fn drop(&mut self) {
-        // Later calls on this thread (from other thread-locals'
-        // destructors) find no index, and use a shared stripe.
-        INDEX.set(UNCLAIMED);
         let i = self.0.get();
         if i < OWNED {
             FREE.lock().unwrap_or_else(PoisonError::into_inner).push(i);
@@ -151,10 +103,7 @@ mod tests {
     fn every_bump_is_counted_while_threads_come_and_go() {
         const BUMPS: u64 = 100_000;
         let c = Striped::default();
-        // Waves of threads, more at once than there are stripes, started
-        // together so that they run at once: stripes are handed back and
-        // taken over between the waves, and the threads beyond the owned
-        // stripes share the others.
+        // Waves of more threads than stripes: stripes change hands between waves.
         let per_wave = OWNED + SHARED + 3;
         for _ in 0..3 {
             let start = std::sync::Barrier::new(per_wave);

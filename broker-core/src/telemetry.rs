@@ -12,10 +12,8 @@
 //! | `resource_broker_backend_fallbacks_total` | `policy`, `op` | backend errors a backend handled by its failure policy |
 //! | `resource_broker_egress_requests_total` | `supplier`, `ip` | requests a supplier's egress IP counter saw ([`crate::supplier`]) |
 //!
-//! The same events are in [`crate::ResourceBroker::stats`] per resource
-//! (the egress counts in the supplier's own counter).
-//! No metric or log is emitted per allowed request. Without an installed
-//! recorder every call here is a no-op.
+//! Nothing is emitted per allowed request; without a recorder every call
+//! here is a no-op.
 
 /// One event worth a counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,9 +59,7 @@ pub fn backend_error(resource: &str, op: &'static str) {
     .increment(1);
 }
 
-/// For backends: counts an error of the state store that the backend's
-/// failure policy handled (`policy` e.g. `"fail_open"`, `"local_fallback"`),
-/// so the caller never saw it.
+/// For backends: counts a store error the failure policy absorbed.
 pub fn fallback_used(policy: &'static str, op: &'static str) {
     metrics::counter!(
         "resource_broker_backend_fallbacks_total",

@@ -18,7 +18,6 @@
 mod down_backend;
 mod log_capture;
 mod redis_server;
-pub mod seed_table;
 mod strict_server;
 pub mod upstream;
 mod wrapped;

@@ -1,15 +1,7 @@
-//! Capturing `tracing` events in a test that runs beside others in one
-//! process, without losing any.
-//!
-//! `tracing` caches, per callsite and for the whole process, whether any
-//! subscriber wants its events, and works it out the first time any thread
-//! reaches the callsite. While at most one dispatcher is registered it asks
-//! only the reaching thread's default: a sibling test's thread with no
-//! subscriber answers "never", and the event is then skipped everywhere,
-//! also on a thread that captures it. [`capture_scoped`] first makes a
-//! global default that answers "sometimes" for every callsite and wants no
-//! event, so every callsite is checked per event against the thread's own
-//! subscriber.
+//! Capturing `tracing` events in a test beside others in one process.
+//! `tracing` caches per callsite whether anyone wants it, asking whichever
+//! thread comes first; a global default answering "sometimes" makes every
+//! event be checked against the capturing thread's own subscriber.
 
 use std::sync::Arc;
 
@@ -37,20 +29,16 @@ impl Subscriber for PerEvent {
     fn exit(&self, _: &span::Id) {}
 }
 
-/// Makes `subscriber` this thread's default until the guard drops, so that
-/// it sees every event of this thread that it wants, whatever other
-/// threads of the process reach first (see the module's doc). Sets the
-/// process's global default once (to a subscriber that wants nothing).
+/// Makes `subscriber` this thread's default until the guard drops, seeing
+/// every event it wants whatever other threads reach first.
 pub fn capture_scoped(subscriber: impl Subscriber + Send + Sync + 'static) -> DefaultGuard {
     static GLOBAL: std::sync::Once = std::sync::Once::new();
     GLOBAL.call_once(|| {
-        // Fails only if a global default is set already: then that one
-        // answers for threads without their own.
+        // Fails only if a global default is set already; that one then answers.
         let _ = tracing::subscriber::set_global_default(PerEvent);
     });
     let guard = tracing::subscriber::set_default(subscriber);
-    // Registering a dispatcher rebuilt the cache; once more, from every
-    // live dispatcher, for a callsite a thread was registering meanwhile.
+    // Again, for a callsite registered while the dispatcher was added.
     tracing::callsite::rebuild_interest_cache();
     guard
 }
@@ -87,8 +75,7 @@ impl std::io::Write for Captured {
 }
 
 /// Captures `tracing` events of `level` and above on this thread until the
-/// guard drops (none lost to another test's thread: see
-/// [`capture_scoped`]).
+/// guard drops (see [`capture_scoped`]).
 pub fn capture_logs(level: tracing::Level) -> (Captured, DefaultGuard) {
     let sink = Captured::default();
     let writer = sink.clone();

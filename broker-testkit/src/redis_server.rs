@@ -76,9 +76,7 @@ impl RedisServer {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
-        // A port found free can be taken by another test's server before
-        // this one binds it: this one then exits, and the other answers.
-        // Another port is tried until the server answering is this one.
+        // Another test's server may take the free port first: retry elsewhere.
         for _ in 0..10 {
             server.spawn();
             if server.answering_is_own() {
@@ -221,10 +219,8 @@ impl RedisCluster {
         Self::start_with(n, &[])
     }
 
-    /// [`RedisCluster::start`] with extra `redis-server` arguments for
-    /// every node (e.g. `["--cluster-require-full-coverage", "no"]`, so
-    /// that the other nodes keep serving their slots once one is marked
-    /// failed).
+    /// [`RedisCluster::start`] with extra `redis-server` arguments for every
+    /// node (e.g. `["--cluster-require-full-coverage", "no"]`).
     pub fn start_with(n: usize, extra: &[&str]) -> Self {
         assert!(n >= 3, "a Redis cluster needs at least 3 masters");
         let nodes: Vec<RedisServer> = (0..n)
@@ -301,10 +297,8 @@ impl RedisCluster {
             .expect("CLUSTER KEYSLOT answers an integer")
     }
 
-    /// The index (in [`RedisCluster::nodes`]) of the node that serves
-    /// `key`'s hash slot, as the first node that answers `CLUSTER NODES`
-    /// sees it. Ask before freezing a node: a frozen node answers nothing
-    /// (see [`raw_command`]'s read timeout).
+    /// The index of the node serving `key`'s slot; ask before freezing a
+    /// node, which answers nothing.
     ///
     /// # Panics
     /// When no node answers, or no node serves the slot.

@@ -1,28 +1,10 @@
-//! A simulated upstream: a real HTTP server on `127.0.0.1:0` that enforces
-//! a strict quota counted when a request is *received*, and reports it in
-//! rate-limit headers.
-//!
-//! - Every path shares the one budget, so several of our buckets (several
-//!   resources or keys) calling the same server share it, as several
-//!   buckets of one account share a supplier's per-account limit.
-//! - [`Upstream::spawn_foreign`] runs a second, "foreign" client that spends
-//!   the same budget over real HTTP, as another service using the same
-//!   token would.
-//! - Headers: `X-Ratelimit-*` (with `X-Ratelimit-Retry` on 429), or the
-//!   OpenAI style (`x-ratelimit-*-requests` / `-tokens`, Go durations), or
-//!   none; optionally `Retry-After` on 429; and the reported limit can be
-//!   set larger than the real one, as a registry can be set below it.
-//! - A token quota (TPM) charged by the `x-usage-tokens` request header,
-//!   echoed in the JSON body as `{"usage": {"total_tokens": n}}`.
-//! - An outage: refuse every request with 429 for a while from the start.
-//!
-//! Time is tokio's, so tests under `#[tokio::test(start_paused = true)]`
-//! run it in virtual time. Wrap each call in [`no_time_passes`] there: while
-//! a request is on the loopback wire the runtime looks idle, and tokio
-//! would otherwise jump virtual time to the next timer mid-request.
-//!
-//! A request is tagged by the `x-client` header (default `ours`); answers
-//! are counted per tag ([`Upstream::tally`]).
+//! A simulated upstream: a real HTTP server on `127.0.0.1:0` enforcing a
+//! strict quota counted on *receive*, shared by every path, reported in
+//! `X-Ratelimit-*` headers; an optional outage and a "foreign" client
+//! ([`Upstream::spawn_foreign`]) spending the same budget. `x-usage-tokens`
+//! is echoed as `{"usage": {"total_tokens": n}}`; answers are counted per
+//! `x-client` tag (default `ours`). Time is tokio's: under a paused clock,
+//! wrap each call in [`no_time_passes`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -74,9 +56,6 @@ pub enum HeaderStyle {
     /// `X-Ratelimit-Limit`, `-Remaining`, `-Reset` (seconds to full), and
     /// `-Retry` (seconds to the next request) on 429.
     XRateLimit,
-    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go
-    /// durations.
-    OpenAi,
     /// No rate-limit headers.
     None,
 }
@@ -86,19 +65,14 @@ pub enum HeaderStyle {
 pub struct UpstreamConfig {
     /// The request quota.
     pub requests: Quota,
-    /// An optional token quota, charged by `x-usage-tokens`.
-    pub tokens: Option<Quota>,
-    /// The request limit announced in headers (default: the real capacity).
-    pub reported_limit: Option<u64>,
     /// Which headers to send.
     pub headers: HeaderStyle,
     /// Send `Retry-After` (whole seconds, at least 1) on 429.
     pub retry_after: bool,
     /// Refuse every request with 429 for this long after the start.
     pub refuse_for: Duration,
-    /// Send `X-Ratelimit-Reset` / `-Retry` in milliseconds (`"0.125"`)
-    /// rather than whole seconds rounded up: for fast quotas, where whole
-    /// seconds would hold a client far longer than the quota needs.
+    /// Send `X-Ratelimit-Reset` / `-Retry` with milliseconds (`"0.125"`),
+    /// not whole seconds, for fast quotas.
     pub precise_seconds: bool,
 }
 
@@ -107,8 +81,6 @@ impl UpstreamConfig {
     pub fn new(requests: Quota) -> Self {
         Self {
             requests,
-            tokens: None,
-            reported_limit: None,
             headers: HeaderStyle::XRateLimit,
             retry_after: false,
             refuse_for: Duration::ZERO,
@@ -119,18 +91,6 @@ impl UpstreamConfig {
     /// Sends resets and retries in milliseconds.
     pub fn precise_seconds(mut self, on: bool) -> Self {
         self.precise_seconds = on;
-        self
-    }
-
-    /// Adds a token quota.
-    pub fn tokens(mut self, tokens: Quota) -> Self {
-        self.tokens = Some(tokens);
-        self
-    }
-
-    /// Announces `limit` instead of the real capacity.
-    pub fn reported_limit(mut self, limit: u64) -> Self {
-        self.reported_limit = Some(limit);
         self
     }
 
@@ -219,7 +179,6 @@ struct Inner {
     config: UpstreamConfig,
     started: Instant,
     requests: Level,
-    tokens: Option<Level>,
     tally: HashMap<String, Tally>,
 }
 
@@ -244,7 +203,6 @@ impl Upstream {
         let addr = listener.local_addr()?;
         let inner = Arc::new(Mutex::new(Inner {
             requests: Level::new(config.requests),
-            tokens: config.tokens.map(Level::new),
             config,
             started: Instant::now(),
             tally: HashMap::new(),
@@ -265,11 +223,6 @@ impl Upstream {
         format!("http://{}", self.addr)
     }
 
-    /// The socket address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// Answers to requests tagged `client` so far.
     pub fn tally(&self, client: &str) -> Tally {
         self.lock().tally.get(client).copied().unwrap_or_default()
@@ -280,21 +233,9 @@ impl Upstream {
         self.lock().started.elapsed()
     }
 
-    /// The most requests the quota could have admitted since the start:
-    /// the burst plus the refill over the elapsed time (the outage aside).
-    pub fn max_admissible(&self) -> u64 {
-        let g = self.lock();
-        let q = g.config.requests;
-        let elapsed = g.started.elapsed().saturating_sub(g.config.refuse_for);
-        let refill = elapsed.as_micros() * q.amount as u128 / q.period.as_micros().max(1);
-        q.capacity + refill as u64
-    }
-
-    /// Starts a foreign client that spends the same budget over real HTTP,
-    /// tagged `foreign`: `count` requests, one every `every`. It is greedy,
-    /// as a client outside our control may be: a 429 is retried after
-    /// [`FOREIGN_RETRY`], at most [`FOREIGN_ATTEMPTS`] times, so it takes
-    /// its share of the budget. Its answers count in `tally("foreign")`.
+    /// Starts a greedy foreign client, tagged `foreign`, spending the same
+    /// budget over real HTTP: `count` requests, one every `every`, each 429
+    /// retried after 10 ms, up to 1,000 times.
     pub fn spawn_foreign(&self, every: Duration, count: u64) -> JoinHandle<()> {
         let addr = self.addr;
         tokio::spawn(async move {
@@ -317,8 +258,8 @@ impl Upstream {
     }
 }
 
-/// Runs `fut` (an HTTP call over loopback) without virtual time passing
-/// under a paused tokio clock; a no-op in real time. See the module docs.
+/// Runs `fut` (a loopback HTTP call) so a paused tokio clock does not jump
+/// ahead while the runtime looks idle; a no-op in real time.
 pub async fn no_time_passes<F: Future>(fut: F) -> F::Output {
     let spinner = tokio::spawn(async {
         loop {
@@ -331,10 +272,10 @@ pub async fn no_time_passes<F: Future>(fut: F) -> F::Output {
 }
 
 /// Attempts per foreign request before it gives up.
-pub const FOREIGN_ATTEMPTS: u32 = 1000;
+const FOREIGN_ATTEMPTS: u32 = 1000;
 
 /// The foreign client's pause after a 429.
-pub const FOREIGN_RETRY: Duration = Duration::from_millis(10);
+const FOREIGN_RETRY: Duration = Duration::from_millis(10);
 
 /// One HTTP/1.1 GET over a fresh connection; the status code.
 async fn raw_get(addr: SocketAddr, client: &str) -> std::io::Result<u16> {
@@ -352,50 +293,23 @@ async fn raw_get(addr: SocketAddr, client: &str) -> std::io::Result<u16> {
         .ok_or_else(|| std::io::Error::other("no status line"))
 }
 
-fn go_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let secs = d.as_secs_f64();
-    let m = (secs / 60.0).floor() as u64;
-    let s = secs - (m * 60) as f64;
-    if m > 0 {
-        format!("{m}m{s:.0}s")
-    } else {
-        format!("{s:.3}s")
-    }
-}
-
 fn ceil_secs(d: Duration) -> u64 {
     d.as_micros().div_ceil(1_000_000) as u64
 }
 
 async fn answer(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap) -> Response<Body> {
-    let client = headers
-        .get("x-client")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("ours")
-        .to_owned();
-    let usage: u64 = headers
-        .get("x-usage-tokens")
-        .and_then(|v| v.to_str().ok())
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let client = header("x-client").unwrap_or("ours").to_owned();
+    let usage: u64 = header("x-usage-tokens")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
     let elapsed = g.started.elapsed();
-    let now_us = elapsed.as_micros();
-    g.requests.refill(now_us);
-    if let Some(t) = g.tokens.as_mut() {
-        t.refill(now_us);
-    }
+    g.requests.refill(elapsed.as_micros());
     let refusing = elapsed < g.config.refuse_for;
-    let fits = !refusing && g.requests.has(1) && g.tokens.as_ref().is_none_or(|t| t.has(usage));
+    let fits = !refusing && g.requests.has(1);
     if fits {
         g.requests.take(1);
-        if let Some(t) = g.tokens.as_mut() {
-            t.take(usage);
-        }
     }
     let tally = g.tally.entry(client).or_default();
     if fits {
@@ -410,19 +324,12 @@ async fn answer(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap) -> R
             out.insert(name, v);
         }
     };
-    let limit = g
-        .config
-        .reported_limit
-        .unwrap_or(g.config.requests.capacity);
     let (remaining, reset, retry) = if refusing {
         let left = g.config.refuse_for - elapsed;
         (0, left, left)
     } else {
-        let retry = match g.tokens.as_ref().filter(|t| !t.has(usage)) {
-            Some(t) => t.time_to(usage as u128).max(g.requests.to_one()),
-            None => g.requests.to_one(),
-        };
-        (g.requests.remaining(), g.requests.to_full(), retry)
+        let r = &g.requests;
+        (r.remaining(), r.to_full(), r.to_one())
     };
     let secs = |d: Duration| {
         if g.config.precise_seconds {
@@ -431,41 +338,24 @@ async fn answer(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap) -> R
             ceil_secs(d).to_string()
         }
     };
-    match g.config.headers {
-        HeaderStyle::XRateLimit => {
-            put("x-ratelimit-limit", limit.to_string());
-            put("x-ratelimit-remaining", remaining.to_string());
-            put("x-ratelimit-reset", secs(reset));
-            if !fits {
-                put("x-ratelimit-retry", secs(retry));
-            }
+    if g.config.headers == HeaderStyle::XRateLimit {
+        put("x-ratelimit-limit", g.config.requests.capacity.to_string());
+        put("x-ratelimit-remaining", remaining.to_string());
+        put("x-ratelimit-reset", secs(reset));
+        if !fits {
+            put("x-ratelimit-retry", secs(retry));
         }
-        HeaderStyle::OpenAi => {
-            put("x-ratelimit-limit-requests", limit.to_string());
-            put("x-ratelimit-remaining-requests", remaining.to_string());
-            put("x-ratelimit-reset-requests", go_duration(reset));
-            if let Some(t) = g.tokens.as_ref() {
-                put("x-ratelimit-limit-tokens", t.quota.capacity.to_string());
-                put("x-ratelimit-remaining-tokens", t.remaining().to_string());
-                put("x-ratelimit-reset-tokens", go_duration(t.to_full()));
-            }
-        }
-        HeaderStyle::None => {}
     }
     if !fits && g.config.retry_after {
         put("retry-after", ceil_secs(retry).max(1).to_string());
     }
     drop(g);
     let (status, body) = if fits {
-        (
-            StatusCode::OK,
-            serde_json::json!({ "usage": { "total_tokens": usage } }),
-        )
+        let usage = serde_json::json!({ "usage": { "total_tokens": usage } });
+        (StatusCode::OK, usage)
     } else {
-        (
-            StatusCode::TOO_MANY_REQUESTS,
-            serde_json::json!({ "error": "rate limited" }),
-        )
+        let error = serde_json::json!({ "error": "rate limited" });
+        (StatusCode::TOO_MANY_REQUESTS, error)
     };
     let mut resp = Response::new(Body::from(body.to_string()));
     *resp.status_mut() = status;
@@ -493,31 +383,19 @@ mod tests {
         assert_eq!(l.remaining(), 1);
     }
 
-    #[test]
-    fn go_durations_look_like_openai_ones() {
-        assert_eq!(go_duration(Duration::from_millis(12)), "12ms");
-        assert_eq!(go_duration(Duration::from_secs(360)), "6m0s");
-    }
-
     #[tokio::test(start_paused = true)]
     async fn counts_on_receive_and_reports_headers() {
-        let up = Upstream::start(
-            UpstreamConfig::new(Quota::per(2, Duration::from_secs(10))).reported_limit(10),
-        )
-        .await
-        .unwrap();
+        let up = Upstream::start(UpstreamConfig::new(Quota::per(2, Duration::from_secs(10))))
+            .await
+            .unwrap();
         let mut codes = Vec::new();
         for _ in 0..3 {
-            codes.push(no_time_passes(raw_get(up.addr(), "ours")).await.unwrap());
+            codes.push(no_time_passes(raw_get(up.addr, "ours")).await.unwrap());
         }
         assert_eq!(codes, [200, 200, 429]);
         tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(
-            no_time_passes(raw_get(up.addr(), "ours")).await.unwrap(),
-            200
-        );
+        assert_eq!(no_time_passes(raw_get(up.addr, "ours")).await.unwrap(), 200);
         assert_eq!(up.tally("ours"), Tally { ok: 3, rejected: 1 });
-        assert_eq!(up.max_admissible(), 3);
     }
 
     #[tokio::test(start_paused = true)]
@@ -528,7 +406,7 @@ mod tests {
         up.spawn_foreign(Duration::from_millis(1), 3).await.unwrap();
         let mut ok = 0;
         for _ in 0..5 {
-            if no_time_passes(raw_get(up.addr(), "ours")).await.unwrap() == 200 {
+            if no_time_passes(raw_get(up.addr, "ours")).await.unwrap() == 200 {
                 ok += 1;
             }
         }

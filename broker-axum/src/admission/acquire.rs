@@ -20,10 +20,8 @@ pub(crate) struct Answer {
     pub(crate) answered_here: u8,
 }
 
-/// The broker's answer on `stage` of `policy` for the tenant key `tenant`,
-/// if given. [`Stage::Both`] is asked part by part: the first part's
-/// refusal; else the second part's, with the first part's cost given back;
-/// else the admission, holding both parts' permits.
+/// The broker's answer on `stage`. [`Stage::Both`] is asked part by part;
+/// if the second refuses, the first part's cost is given back.
 pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&str>) -> Answer {
     let mut parts = stage.parts();
     let (Some(first), Some(second)) = (parts.next(), parts.next()) else {
@@ -47,8 +45,7 @@ pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&
         }
     };
     let first_here = u8::from(admitted.answered_here);
-    // Until the second part has answered: a client that leaves meanwhile
-    // gets the first part's cost given back.
+    // A client leaving before the second answer gets the first refunded.
     let mut unanswered = FirstPart(Some((
         policy.clone(),
         Refund {
@@ -82,9 +79,8 @@ pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&
     }
 }
 
-/// The first part of a [`Stage::Both`] admission while the second is
-/// asked: dropped before that answer, it gives the first part's cost back
-/// from a task of its own (its permit goes with the dropped acquisition).
+/// The first part of a [`Stage::Both`] admission: dropped before the second
+/// answers, it refunds the first from a task.
 struct FirstPart(Option<(Arc<Policy>, Refund)>);
 
 impl Drop for FirstPart {

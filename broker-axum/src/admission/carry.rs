@@ -1,6 +1,5 @@
-//! The inner call of an admitted request: its response takes the stage's
-//! concurrency permit along in its body, so the slot is held until the
-//! body ends, fails or is dropped.
+//! The inner call of an admitted request; its response body takes the
+//! concurrency permit along.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -66,11 +65,8 @@ where
     }
 }
 
-/// A response that keeps its connection for as long as the client stays,
-/// so holds no slot: protocols switched (a WebSocket or other upgrade), a
-/// tunnel that a `CONNECT` request (`connect`) opened with a 2xx, or
-/// server-sent events of no set length. The response decides, not the
-/// request; a body of known length ends by itself, so holds its slot.
+/// A response that lasts as long as the client stays, so holds no slot: an
+/// upgrade, a `CONNECT` tunnel, or an event stream of no set length.
 fn is_long_lived<B: PermitBody>(connect: bool, res: &Response<B>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
         || (connect && res.status().is_success())
@@ -147,8 +143,6 @@ mod tests {
         }
     }
 
-    /// An event stream of known length ends by itself: it holds its slot,
-    /// in every body type the layer answers with.
     #[test]
     fn an_event_stream_of_known_length_is_not_long_lived() {
         use crate::PressureBody;

@@ -1,16 +1,7 @@
-//! What the route/service stage and the tenant stage of one
-//! [`crate::Pressure`] tell each other about one request, through the
-//! request's and the response's extensions (no thread-locals):
-//!
-//! - the route/service stage puts a [`Charge`] in the request it charged
-//!   when a tenant stage follows;
-//! - the tenant stage of the same policy takes it out of the request (so
-//!   a nested call built from the request, or a second tenant stage,
-//!   never sees it); a refusal by that stage names it in the response
-//!   ([`Denied`]), and a decision in flight that is dropped (the client
-//!   left) marks it, so the route/service stage gives its cost back;
-//! - a request built anew in a handler carries no charge, so a tenant
-//!   denial of such a nested call refunds nothing around the handler.
+//! How the two stages of one [`crate::Pressure`] talk about a request,
+//! through extensions: the route/service stage puts a [`Charge`] in the
+//! request; the tenant stage takes it out, and names it in a refusal or marks
+//! it when dropped undecided, so the route/service stage refunds it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,18 +15,15 @@ use crate::policy::Policy;
 #[derive(Debug)]
 pub(crate) struct Charge {
     policy: Arc<Policy>,
-    /// Set when the tenant stage was dropped with its decision in flight:
-    /// the request never reached its handler.
+    /// The tenant stage was dropped undecided: no handler ran.
     left_unanswered: AtomicBool,
 }
 
-/// The request extension that carries a [`Charge`] from the route/service
-/// stage to the tenant stage.
+/// The request extension carrying a [`Charge`] to the tenant stage.
 #[derive(Clone)]
 struct Charged(Arc<Charge>);
 
-/// The response extension of a tenant-stage refusal (a denial or a
-/// backend failure) of a charged request: it names the charge to give back.
+/// The response extension naming the charge a tenant-stage refusal gives back.
 #[derive(Clone)]
 struct Denied(Arc<Charge>);
 

@@ -11,24 +11,22 @@ use broker_core::{Acquisition, BrokerError, Cost, Marks};
 
 use crate::policy::{Policy, Stage};
 
-/// Where one route/service admission was charged: its stage, and for each
-/// part `i` of it ([`Stage::parts`]) bit `i` set when the store's failure
-/// policy answered that part (its cost is in this process, not the store).
+/// Where one route/service admission was charged; bit `i` of
+/// `answered_here` is set when the failure policy answered part `i`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Refund {
     pub(crate) stage: Stage,
     pub(crate) answered_here: u8,
 }
 
-/// `1` when the store's failure policy answered `result`, else `0`: told by
-/// the answer itself, not by the store's health, which may change meanwhile.
+/// `1` when the failure policy answered `result` (told by the answer, not
+/// the store's health, which may change).
 pub(crate) fn answered_here(result: &Result<Acquisition, BrokerError>) -> u8 {
     result.as_ref().map_or(0, |a| u8::from(a.answered_here))
 }
 
-/// Gives each part of `refund.stage` of `policy` its cost back, where it
-/// was charged. A failed refund only leaves the cost charged (the broker
-/// counts and logs the error).
+/// Gives each part of `refund.stage` its cost back where it was charged; a
+/// failed refund leaves it charged.
 pub(crate) async fn refund(policy: Arc<Policy>, refund: Refund) {
     for (i, stage) in refund.stage.parts().enumerate() {
         let Some(limited) = policy.limited(stage) else {
@@ -49,9 +47,8 @@ pub(crate) fn spawn_refund(policy: Arc<Policy>, of: Refund) {
     }
 }
 
-/// A refund that runs to its end even if it is dropped: polled in place
-/// first, and moved to a task of its own once it waits for its store, so a
-/// client that leaves meanwhile does not cut it off.
+/// A refund that runs to its end even if dropped: polled in place, then
+/// moved to a task once it waits.
 pub(crate) struct Refunding {
     refund: Pin<Box<dyn Future<Output = ()> + Send>>,
     detached: bool,

@@ -24,9 +24,7 @@ pub(crate) struct Refusal {
     charge: Option<Arc<Charge>>,
 }
 
-/// What `stage` of `policy` makes of the broker's answer `result` for the
-/// tenant key `tenant`, if given: the permit the admitted request carries
-/// (empty without a concurrency limit), or the refusal to answer.
+/// The permit an admitted request carries, or the refusal to answer.
 pub(crate) fn judge(
     policy: &Arc<Policy>,
     stage: Stage,
@@ -40,8 +38,8 @@ pub(crate) fn judge(
 }
 
 impl Refusal {
-    /// The refusal of `result` (a denial, logged once as an event, or a
-    /// backend failure, logged at debug level: the broker warns).
+    /// The refusal of `result`: a denial logged once, a backend failure at
+    /// debug level (the broker warns).
     fn logged(
         policy: &Arc<Policy>,
         stage: Stage,
@@ -108,8 +106,7 @@ impl Refusal {
     }
 }
 
-/// The response of the refusal in `slot`, taken from it: a stage's future
-/// answers it once, and panics if polled again after completion.
+/// The response of the refusal in `slot`; panics if polled after completion.
 pub(crate) fn respond_once<B: PermitBody>(slot: &mut Option<Refusal>) -> Response<B> {
     let refusal = slot.take();
     refusal

@@ -12,9 +12,7 @@ use super::acquire::{acquire, Answer};
 use crate::policy::{Policy, Stage};
 use crate::tenant::keys::TenantId;
 
-/// What the inner call needs once the broker has answered: a ready clone
-/// of the inner service taken in `call` (as tower's services do) and the
-/// request.
+/// The ready inner service (taken in `call`, as tower does) and the request.
 pub(crate) struct Call<S, ReqB> {
     pub(crate) inner: S,
     pub(crate) req: Request<ReqB>,

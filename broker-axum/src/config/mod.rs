@@ -13,13 +13,8 @@
 //! }
 //! ```
 //!
-//! Limits use broker-core's shorthands (`requestsPerSecond`,
-//! `requestsPerMinute`, `maxConcurrentRequests`) or explicit `rates` in
-//! requests; a rate in tokens (`tokensPerMinute`) is refused, as the
-//! layers charge one request per request and no tokens. Every error names
-//! the field it is about, e.g.
-//! `gateway.pressure.perRoute[0].limits: requestsPerSecond: must be greater
-//! than zero (got 0)`.
+//! Limits use broker-core's shorthands or `rates` in requests (a rate in
+//! tokens is refused: the layers charge requests). Every error names its field.
 
 use std::collections::BTreeMap;
 
@@ -30,24 +25,20 @@ mod validate;
 
 /// Resource id prefix of per-service resources: `pressure:service:<name>`.
 pub const SERVICE_RESOURCE_PREFIX: &str = "pressure:service:";
-/// Default resource id of the per-tenant resource (its states are keyed by
-/// tenant).
+/// Default resource id of the per-tenant resource.
 pub const DEFAULT_TENANT_RESOURCE: &str = "pressure:tenant";
 
 /// The `pressure` object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PressureConfig {
-    /// When false, the layers pass every request through untouched (and call
-    /// no broker). Defaults to true.
+    /// When false, the layers pass everything untouched. Defaults to true.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Limits per service name. A layer applies one service's limits to
-    /// every request that no `perRoute` entry matches.
+    /// Limits per service name, for requests no `perRoute` entry matches.
     #[serde(default)]
     pub per_service: BTreeMap<String, Limits>,
-    /// Per-route overrides, matched by path prefix; the longest matching
-    /// prefix wins and replaces the service limit for that request.
+    /// Per-route overrides; the longest matching path prefix wins.
     #[serde(default)]
     pub per_route: Vec<RouteConfig>,
     /// The per-tenant quota, applied after authentication.
@@ -78,25 +69,11 @@ impl Default for PressureConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RouteConfig {
-    /// The broker resource id (shared with anything else that uses it,
-    /// e.g. `enqueue` calls on the same id).
+    /// The broker resource id (shared with anything else using it).
     pub resource: String,
-    /// Requests whose path is this prefix, or continues it after a `/`,
-    /// match (`/api/webhooks` matches `/api/webhooks` and
-    /// `/api/webhooks/stripe`, not `/api/webhooksx`). Must start with `/`
-    /// and hold no `?`, `#`, space or control character. Both are compared
-    /// with every `%XX` but `%2F` decoded, as a router decodes path
-    /// parameters: a prefix `/hooks/stripe` limits `/hooks/%73tripe` too,
-    /// and `/hooks/café` (written raw or as `/hooks/caf%C3%A9`) limits both
-    /// spellings of it. `%2F` is a `/` inside a segment, not a boundary,
-    /// as the router reads it; as a wildcard route's handler gets it, it
-    /// is a `/`, and a request meets the limits of both readings (a prefix
-    /// `/files/a%2Fb` limits `/files/a/b/x` too). So does a path with a `.`
-    /// or empty segment, which such a handler reading its path as a file
-    /// path skips: `/files/./private/x` and `/files//private/x` meet the
-    /// limit of a prefix `/files/private` too. A prefix is literal: one
-    /// with a route template's parameter as a segment (`:id`, `*rest`,
-    /// `{id}`) is refused.
+    /// A literal path prefix matched on segment boundaries (`/api/hooks`
+    /// matches `/api/hooks/x`, not `/api/hooksx`), `%XX` decoded; a path that
+    /// reads several ways (`%2F`, `.` or empty segments) meets every reading.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,
@@ -106,16 +83,14 @@ pub struct RouteConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", from = "RawTenantConfig")]
 pub struct TenantConfig {
-    /// Whether the tenant stage limits anything. Left out, it is true when
-    /// `limits` sets a limit: a limit written down is applied.
+    /// Whether the tenant stage limits anything; left out, whether `limits` sets one.
     pub enabled: bool,
     /// The limits every tenant gets, each tenant its own state.
     pub limits: Limits,
     /// The broker resource id whose sub-keys are the tenants.
     pub resource: String,
-    /// For debugging only: a tenant id of 1 to 64 bytes of
-    /// `[A-Za-z0-9._@+-]` reaches keys and logs in clear, not as its
-    /// fingerprint. Never set it where ids are secrets (API keys).
+    /// Debugging only: plain ids (1-64 bytes of `[A-Za-z0-9._@+-]`) reach
+    /// keys and logs in clear. Never where ids are secrets.
     pub clear_ids: bool,
 }
 
@@ -162,11 +137,8 @@ pub fn service_resource(service: &str) -> String {
 }
 
 impl PressureConfig {
-    /// Parses the `pressure` object itself, or a whole config document
-    /// holding one (as [`PressureConfig::from_document`] finds it), named
-    /// `source_name` in errors, and validates it. A top-level object with a
-    /// key the `pressure` object has not, and a `pressure` object at the
-    /// top level or one level down, is such a document.
+    /// Parses and validates the `pressure` object, or a whole document
+    /// holding one (as [`PressureConfig::from_document`] finds it).
     ///
     /// ```
     /// use broker_axum::PressureConfig;
@@ -187,12 +159,8 @@ impl PressureConfig {
         Ok(config)
     }
 
-    /// Parses a whole config document and takes its `pressure` object, found
-    /// at the top level or one level down (e.g. `gateway.pressure`), then
-    /// validates it. Errors name the full path. Two `pressure` objects (say
-    /// `staging.pressure` and `gateway.pressure`) are an error naming both.
-    /// A key written twice anywhere in the document is refused: the
-    /// document's tree would keep only the last of them.
+    /// Parses a document and validates its one `pressure` object, at the top
+    /// level or one down (`gateway.pressure`); errors name the full path.
     ///
     /// ```
     /// use broker_axum::PressureConfig;
@@ -215,8 +183,7 @@ impl PressureConfig {
             source_name: source_name.to_owned(),
             message,
         };
-        // The tree keeps one value per key: a service named twice is
-        // refused from the text.
+        // The tree keeps one value per key, so repeats are checked on the text.
         broker_core::config::refuse_repeated_keys(source_name, text)?;
         let (prefix, value) = find_pressure(doc)
             .map_err(|(a, b)| {
@@ -245,9 +212,7 @@ impl PressureConfig {
 /// The fields of the `pressure` object.
 const FIELDS: [&str; 4] = ["enabled", "perService", "perRoute", "perTenant"];
 
-/// Whether `text` is a whole document holding a `pressure` object (or two)
-/// rather than the object itself: its top level has a key the object has
-/// not, and [`find_pressure`] finds one.
+/// Whether `doc` is a document holding a `pressure` object, not the object.
 fn is_document(doc: &serde_json::Value) -> bool {
     match doc {
         serde_json::Value::Object(root) => {
@@ -258,11 +223,8 @@ fn is_document(doc: &serde_json::Value) -> bool {
     }
 }
 
-/// The `pressure` object of `doc`, with its path: the value of a top-level
-/// `pressure` key, or an object under a `pressure` key one level down (a
-/// `pressure` number there, say a boiler's, is not one). More than one is
-/// an error naming two of them (keys in order): picking one would apply a
-/// config the reader may not have meant.
+/// The `pressure` object of `doc` with its path (top level, or an object one
+/// level down); two are an error naming both.
 fn find_pressure(
     doc: serde_json::Value,
 ) -> Result<Option<(String, serde_json::Value)>, (String, String)> {

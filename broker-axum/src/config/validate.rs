@@ -47,42 +47,12 @@ impl PressureConfig {
                     "used twice (each route and service needs its own resource id)",
                 ));
             }
-            if !route.path_prefix.starts_with('/') {
-                return Err(bad(format!("{field}.pathPrefix"), "must start with `/`"));
-            }
-            // Matched against the path alone, which holds neither.
-            if route.path_prefix.contains(['?', '#']) {
-                return Err(bad(
-                    format!("{field}.pathPrefix"),
-                    "is matched against the path: it cannot hold `?` or `#`",
-                ));
-            }
-            if route
-                .path_prefix
-                .bytes()
-                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
-            {
-                return Err(bad(
-                    format!("{field}.pathPrefix"),
-                    "holds a character a request's path never holds (a space or a control \
-                     character): write it percent-encoded, as requests send it",
-                ));
-            }
-            if let Some(segment) = template_segment(&route.path_prefix) {
-                return Err(bad(
-                    format!("{field}.pathPrefix"),
-                    &format!(
-                        "holds `{segment}`, a route template's parameter: a prefix is \
-                         matched literally, segment by segment; write the part before the \
-                         parameter (a segment meant literally: percent-encode its first \
-                         character, e.g. `%3A`)"
-                    ),
-                ));
-            }
+            let prefix_field = || format!("{field}.pathPrefix");
+            check_prefix(&route.path_prefix).map_err(|r| bad(prefix_field(), &r))?;
             // Compared as paths are (see `policy::normal_path`).
             if !prefixes.insert(crate::policy::normal_path(&route.path_prefix).into_owned()) {
                 return Err(bad(
-                    format!("{field}.pathPrefix"),
+                    prefix_field(),
                     "used twice (the second route would never match)",
                 ));
             }
@@ -108,8 +78,7 @@ impl PressureConfig {
     }
 }
 
-/// The layers charge one request per request and no tokens: a rate in
-/// tokens would never be charged, so would limit nothing.
+/// The layers charge requests, never tokens: a token rate would limit nothing.
 fn check_requests(limits: &Limits) -> Result<(), &'static str> {
     match limits.rates.iter().any(|r| r.unit == Unit::Tokens) {
         true => Err(
@@ -120,10 +89,35 @@ fn check_requests(limits: &Limits) -> Result<(), &'static str> {
     }
 }
 
-/// The first segment of `prefix` that reads as a route template's
-/// parameter (`{id}`, `{*rest}`, `:id`, `*rest`, `*`), which a prefix,
-/// matched literally, would only ever meet in a path that sends it as it
-/// is written.
+/// Why `prefix` cannot be a route's path prefix, if it cannot.
+fn check_prefix(prefix: &str) -> Result<(), String> {
+    if !prefix.starts_with('/') {
+        return Err("must start with `/`".into());
+    }
+    // Matched against the path alone, which holds neither.
+    if prefix.contains(['?', '#']) {
+        return Err("is matched against the path: it cannot hold `?` or `#`".into());
+    }
+    if (prefix.bytes()).any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        return Err(
+            "holds a character a request's path never holds (a space or a control \
+                    character): write it percent-encoded, as requests send it"
+                .into(),
+        );
+    }
+    match template_segment(prefix) {
+        Some(segment) => Err(format!(
+            "holds `{segment}`, a route template's parameter: a prefix is \
+             matched literally, segment by segment; write the part before the \
+             parameter (a segment meant literally: percent-encode its first \
+             character, e.g. `%3A`)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The first segment of `prefix` that reads as a route template's parameter
+/// (`{id}`, `:id`, `*rest`): a literal prefix would never match it.
 fn template_segment(prefix: &str) -> Option<&str> {
     prefix.split('/').find(|s| {
         s.starts_with(':') && s.len() > 1

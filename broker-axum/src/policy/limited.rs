@@ -8,9 +8,8 @@ use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker
 
 use crate::response::RateHeaders;
 
-/// A resource the layer acquires on, looked up once (a handle follows a
-/// later re-registration of the same id), with its headers built once
-/// (and again after such a re-registration, see [`Limited::headers`]).
+/// A resource the layer acquires on, looked up once, with its headers
+/// (rebuilt after a reload, see [`Limited::headers`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
     pub(crate) id: Arc<str>,
@@ -18,8 +17,7 @@ pub(crate) struct Limited {
     pub(crate) headers: RateHeaders,
 }
 
-/// A resource of a config, before it is registered: the field that gives
-/// its id, the id, its limits.
+/// A resource of a config before registration, with the field naming it.
 pub(super) struct Wanted<'c> {
     pub(super) field: String,
     pub(super) id: String,
@@ -52,9 +50,7 @@ pub(super) fn not_registered(
 }
 
 impl Limited {
-    /// The headers of this resource's limits: the ones built with it, or,
-    /// once its id has been registered again (a reload), the ones of the
-    /// limits now in force.
+    /// The headers of the limits now in force (rebuilt after a reload).
     pub(crate) fn headers(&self, broker: &ResourceBroker) -> Cow<'_, RateHeaders> {
         if self.handle.is_current() {
             return Cow::Borrowed(&self.headers);

@@ -1,7 +1,6 @@
-//! The shared, immutable state of one [`crate::Pressure`]: the broker, the
-//! resolved route table, the service and tenant resources, the responses.
-//! Every layer and service clone points at the same one, and all limiter
-//! state lives in the broker, so clones never split a limit.
+//! The shared, immutable state of one [`crate::Pressure`]: broker, route
+//! table, resources, responses. Limiter state lives in the broker, so clones
+//! never split a limit.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,12 +27,10 @@ use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_
 pub(crate) struct Route {
     /// In the form of [`normal_path`].
     prefix: Box<[u8]>,
-    /// The prefix as a wildcard handler reads it ([`second_reading`]), when
-    /// that differs from `prefix` (see [`Policy::stage_for`]).
+    /// The prefix as a wildcard handler reads it, when different.
     slashed: Option<Box<[u8]>>,
-    /// Whether another route's prefix continues this one's, as a wildcard
-    /// handler reads them: a path this route matches may then meet that
-    /// longer prefix once its dot and empty segments are dropped.
+    /// Whether another route's prefix continues this one's (as a wildcard
+    /// handler reads them).
     deeper: bool,
     pub(crate) limited: Limited,
 }
@@ -48,8 +45,7 @@ impl Route {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Policy {
-    /// Unique per [`Policy::new`] (clones share it: same broker, same
-    /// resources), so the stages of one [`crate::Pressure`] know each other.
+    /// Unique per [`Policy::new`], so the stages of one `Pressure` know each other.
     pub(crate) id: u64,
     pub(crate) broker: ResourceBroker,
     pub(crate) enabled: bool,
@@ -65,10 +61,8 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
-    /// Registers the resources of `config` (limit-only) on `broker`, as
-    /// one step ([`ResourceBroker::register_limits`]): an id registered
-    /// there already is kept with the same limits, refused as a queue, and
-    /// refused or re-configured with other limits as `on_other` says.
+    /// Registers the resources of `config` on `broker`, all or none
+    /// ([`ResourceBroker::register_limits`]); other limits as `on_other` says.
     pub(crate) fn new(
         broker: ResourceBroker,
         config: &PressureConfig,
@@ -166,29 +160,11 @@ impl Policy {
         })
     }
 
-    /// The stage that limits a request to `path` before authentication,
-    /// with its resource: the longest matching route, else the service,
-    /// else none (also none when the config is disabled). A path that is
-    /// not one (`*` of `OPTIONS *`, the empty path of `CONNECT host:port`)
-    /// is taken as `/`: a route on `/` covers every request.
-    ///
-    /// A path is read twice when a `/` may be spelled `%2F` in it or in a
-    /// prefix: as the router reads it (`%2F` inside a segment, see
-    /// [`normal_path`]) and as a wildcard route's handler gets it (`%2F`
-    /// a `/`, in the path and in the prefixes). When the two readings
-    /// meet different stages, the answer is [`Stage::Both`] (with the
-    /// first one's resource): the request is charged on both, so neither
-    /// a looser deeper prefix (`/files/public%2Fx` under a stricter
-    /// `/files`) nor a looser shorter one (`/files/private%2Fx` under a
-    /// stricter `/files/private`, or `/files/a/b/x` under a stricter
-    /// `/files/a%2Fb`, served by `/files/{*path}`) steps around a limit.
-    /// So is a path with a dot or empty segment (`/files/./private/x`,
-    /// `/files//private/x`), which a wildcard handler that reads its path
-    /// as a file path serves as the path without it (see
-    /// [`second_reading`]). A path without `%` under prefixes without `%2F`
-    /// is read once, unless it has such a segment and is outside every
-    /// route or in one that a longer prefix continues (a path in any other
-    /// route stays in it, read either way).
+    /// The stage limiting `path` before authentication: the longest matching
+    /// route, else the service (a non-path such as `*` reads as `/`).
+    /// A path that reads differently to the router and to a wildcard handler
+    /// (`%2F`, `.` or empty segments) and so meets two stages gets
+    /// [`Stage::Both`]: it is charged on both, so no reading steps around a limit.
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
             return None;
@@ -204,9 +180,8 @@ impl Policy {
         if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
             return self.read_both_ways(path, &form, found);
         }
-        // A path outside every route, or in one that a longer prefix
-        // continues, may reach another route once a dot or empty segment
-        // is dropped; any other keeps its route (its prefix has none).
+        // Dropping a dot or empty segment can only move a path outside every
+        // route, or in one a longer prefix continues.
         if found.is_none_or(|i| self.routes[i as usize].deeper)
             && has_dot_or_empty_segment(path.as_bytes())
         {
@@ -215,8 +190,7 @@ impl Policy {
         self.route_or_service(found)
     }
 
-    /// The index of the longest route whose prefix `form` (in the form of
-    /// [`normal_path`]) matches.
+    /// The index of the longest route whose prefix `form` matches.
     fn route_for(&self, form: &[u8]) -> Option<u32> {
         let i = self
             .routes
@@ -234,8 +208,7 @@ impl Policy {
         }
     }
 
-    /// [`Policy::stage_for`] of a path read twice, whose route as the
-    /// router reads it (`form`, see [`normal_path`]) is `found`.
+    /// [`Policy::stage_for`] of a path read twice; `found` is the router's.
     fn read_both_ways(
         &self,
         path: &str,
@@ -249,10 +222,8 @@ impl Policy {
         if !path.starts_with(b"/") || !second {
             return routed;
         }
-        // The longest slashed prefix that matches; of two as long (one
-        // spells a `/` as `%2F` where the other has `/`: the same prefix
-        // to a wildcard handler), one other than the router's, so that
-        // both are charged.
+        // The longest slashed prefix that matches; on a tie, not the
+        // router's, so both are charged.
         let slashed_path = second_reading(path);
         let mut best: Option<(usize, u32)> = None;
         for (i, route) in (0u32..).zip(&self.routes) {

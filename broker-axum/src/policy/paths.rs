@@ -3,19 +3,9 @@
 
 use std::borrow::Cow;
 
-/// `path` in the form paths and prefixes are compared in: the bytes it
-/// spells, each `%XX` decoded once (RFC 3986 §2.1), save `%2F`. A router
-/// hands a handler its path parameters decoded the same way, so
-/// `/hooks/%73tripe`, `/users/%40me` and `/hooks/caf%C3%A9` reach the
-/// handlers of `/hooks/stripe`, `/users/@me` and `/hooks/café` (sent raw,
-/// as clients may), and a client cannot step around a route's limit by
-/// spelling a path differently. `%2F` stays as it is (in upper case): the
-/// router splits segments on a `/` only, so `/files/public%2Fx` is the one
-/// segment `public/x` under `/files`. A wildcard route (`/files/{*path}`)
-/// hands its handler `private%2Fx` as `private/x`, the same as
-/// `/files/private/x`, so a path with a `%2F` is also read with it decoded
-/// (see [`Policy::stage_for`]). A `%` not followed by two hex digits is
-/// left as it is. A path without `%` is its own form.
+/// `path` as the router reads it: each `%XX` decoded once (as path
+/// parameters are), save `%2F`, which stays one segment; so no spelling of a
+/// path steps around its route's limit.
 pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     if !path.as_bytes().contains(&b'%') {
         return Cow::Borrowed(path.as_bytes());
@@ -29,8 +19,7 @@ pub(super) fn has_encoded_slash(path: &[u8]) -> bool {
         .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
 }
 
-/// [`normal_path`] of a path with a `%`; with `slashes`, `%2F` is
-/// decoded too.
+/// `%XX` decoded once; `%2F` too with `slashes`.
 fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -54,15 +43,9 @@ fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
     out
 }
 
-/// `path` (a path, or a prefix) as a wildcard route's handler that reads
-/// it as a file path gets it: every `%XX` decoded, `%2F` a `/` too (see
-/// [`normal_path`]), and without its empty and `.` segments, which such a
-/// handler skips (`std::path::Path::components`, tower-http's `ServeDir`):
-/// `/files/./private/x`, `/files//private/x` and `/files/%2E/private%2Fx`
-/// all read as `/files/private/x`. A trailing `/` is kept (a last segment
-/// empty or `.` leaves one), so a path without such segments reads as it
-/// is written. A `..` segment is left as it is: a handler that resolves it
-/// serves paths outside its root anyway.
+/// `path` as a wildcard handler reading a file path gets it (as
+/// `ServeDir` does): all `%XX` decoded, empty and `.` segments dropped, a
+/// trailing `/` kept, `..` left as is.
 pub(super) fn second_reading(path: &[u8]) -> Vec<u8> {
     let path = decoded(path, true);
     if !path.starts_with(b"/") {
@@ -83,8 +66,7 @@ pub(super) fn second_reading(path: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Whether `path` has a segment that [`second_reading`] drops: an empty
-/// one (`//`) or `.`, before its end (a trailing `/` is kept there).
+/// Whether `path` has a segment that [`second_reading`] drops.
 pub(super) fn has_dot_or_empty_segment(path: &[u8]) -> bool {
     let mut at = 0;
     while at + 1 < path.len() {
@@ -145,9 +127,6 @@ mod tests {
         assert_eq!(form("/100%/%zz/%4"), b"/100%/%zz/%4");
     }
 
-    /// A path has a segment the second reading drops exactly when that
-    /// reading differs from it (for paths without `%`), and a path
-    /// without one reads as it is written, trailing `/` and all.
     #[test]
     fn the_second_reading_drops_dot_and_empty_segments_only() {
         let read = |p: &str| String::from_utf8(second_reading(p.as_bytes())).unwrap();

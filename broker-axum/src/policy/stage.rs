@@ -9,11 +9,8 @@ pub(crate) enum Stage {
     Service,
     /// The per-tenant limit.
     Tenant,
-    /// Two route/service stages, each a route's index or [`SERVICE`] (no
-    /// route's: at most `u32::MAX - 1` routes), in the order they are
-    /// charged: a path with an encoded `/` that the
-    /// router and a wildcard handler read as paths of different limits
-    /// (see [`Policy::stage_for`]) meets both.
+    /// Two route/service stages (route index or [`SERVICE`]) in charging
+    /// order, for a path read two ways ([`Policy::stage_for`]).
     Both(u32, u32),
 }
 
@@ -30,8 +27,7 @@ impl Stage {
         }
     }
 
-    /// The stages this one is made of: itself, or the two of
-    /// [`Stage::Both`].
+    /// The stages this one is made of: itself, or the two of [`Stage::Both`].
     pub(crate) fn parts(self) -> impl Iterator<Item = Stage> {
         let at = |place: u32| match place {
             SERVICE => Stage::Service,

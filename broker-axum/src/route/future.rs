@@ -34,9 +34,8 @@ pin_project! {
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
-        // The client left before the response. If the tenant stage inside
-        // was dropped with its decision in flight, the request never
-        // reached its handler: the charge is given back.
+        // The client left: if the tenant stage inside was still deciding,
+        // no handler ran, so the charge goes back.
         fn drop(this: Pin<&mut Self>) {
             let mut state = this.project().state;
             if let StateProj::Calling { charged, .. } = state.as_mut().project() {
@@ -79,9 +78,7 @@ pin_project! {
     }
 }
 
-/// The state of a request admitted on `of` of `policy`, holding `permit`:
-/// the inner call, with the charge in the request when a tenant stage
-/// follows.
+/// The inner call of an admitted request, charged when a tenant stage follows.
 fn calling<S, ReqB, ResB>(
     policy: &Arc<Policy>,
     of: Refund,

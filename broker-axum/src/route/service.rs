@@ -13,9 +13,8 @@ use crate::admission::refusal::judge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
-/// The route/service stage: maps a request to its per-route resource
-/// (longest matching path prefix) or else the per-service one, and answers
-/// a denial at once. Built by [`crate::Pressure::layer`].
+/// The route/service stage: the longest matching route's resource, else the
+/// service's. Built by [`crate::Pressure::layer`].
 #[derive(Debug, Clone)]
 pub struct PressureService<S> {
     inner: S,

@@ -1,16 +1,17 @@
-//! Who a request is for: the [`TenantExtractor`] trait, the ready-made
-//! [`FromExtension`] (e.g. a claim of a verified JWT put in the request's
-//! extensions by the auth layer) and [`FromHeader`], and the [`Tenant`]
-//! they find.
+//! Who a request is for: [`TenantExtractor`], with [`FromExtension`] and
+//! [`FromHeader`] ready-made.
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
 use http::{Extensions, HeaderMap, HeaderName};
 
-/// A tenant id as an extractor found it: text, or bytes that are not
-/// UTF-8 (a header value). Each has its own keys: no text reaches the
-/// state of any bytes, whatever the text.
+/// A tenant id: text, or bytes that are not UTF-8; the two never share keys.
+///
+/// ```
+/// use broker_axum::Tenant;
+/// assert_eq!(Tenant::from("acme"), Tenant::Text("acme".into()));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tenant<'a> {
     /// A text id (a claim, a UTF-8 header value).
@@ -37,10 +38,8 @@ impl<'a> From<Cow<'a, str>> for Tenant<'a> {
     }
 }
 
-/// Finds the tenant of a request, after authentication.
-///
-/// Return `None` for a request without a tenant: the tenant stage lets it
-/// pass (the route and service limits still apply).
+/// Finds the tenant of a request, after authentication; `None` passes the
+/// tenant stage.
 ///
 /// ```
 /// use broker_axum::{Tenant, TenantExtractor};
@@ -62,8 +61,7 @@ pub trait TenantExtractor: Clone + Send + Sync + 'static {
     fn tenant<'a>(&self, headers: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>>;
 }
 
-/// The tenant is a value of type `T` in the request's extensions (put there
-/// by the auth layer), read through a function.
+/// The tenant is read from a `T` in the request's extensions (set by auth).
 ///
 /// ```
 /// use broker_axum::FromExtension;
@@ -118,10 +116,8 @@ where
     }
 }
 
-/// The tenant is the value of a request header (only sound behind a proxy
-/// that sets it, since clients can send anything): its text when it is
-/// UTF-8, else its bytes ([`Tenant::Bytes`]); a missing header means no
-/// tenant.
+/// The tenant is a request header's value (sound only behind a proxy that
+/// sets it); none when missing.
 ///
 /// ```
 /// use broker_axum::FromHeader;

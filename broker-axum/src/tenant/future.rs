@@ -21,8 +21,7 @@ use crate::policy::{Policy, Stage};
 
 pin_project! {
     /// The response future of [`crate::TenantService`]: the denial, or the
-    /// inner call, whose response body takes the concurrency permit along.
-    /// Its error is the inner service's error.
+    /// inner call with the permit in its body.
     pub struct TenantFuture<S, ReqB, ResB>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -34,9 +33,7 @@ pin_project! {
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
-        // Dropped with its decision in flight (the client left): the
-        // request never reached its handler, and the route/service stage
-        // that charged it gives its cost back.
+        // Dropped undecided: no handler ran, so the charge goes back.
         fn drop(this: Pin<&mut Self>) {
             if let StateProj::Admitting { charge, .. } = this.project().state.project() {
                 if let Some(charge) = charge.take() {

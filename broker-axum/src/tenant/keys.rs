@@ -31,13 +31,11 @@ fn plain(id: &str) -> bool {
 /// Length of a fingerprint: `~` and 32 hex digits.
 const FINGERPRINT_LEN: usize = 33;
 
-/// The key tenant fingerprints are made with when the application sets
-/// none: the same in every replica and release, and public.
+/// The public key of fingerprints when the application sets none.
 const BUILT_IN_SECRET: &[u8] = b"resource-broker tenant fingerprint v1";
 
-/// How tenant ids become the sub-keys their states are stored and logged
-/// under: `~` and the first 128 bits of an HMAC-SHA256 of the id, tagged
-/// with its encoding (text or bytes), or, with `clear`, a plain text id.
+/// Tenant ids as sub-keys: `~` and 128 bits of an HMAC-SHA256 of the id
+/// tagged text or bytes, or with `clear` a plain text id.
 #[derive(Clone)]
 pub(crate) struct TenantKeys {
     mac: Hmac<Sha256>,
@@ -166,8 +164,6 @@ mod tests {
         assert_ne!(key(&keys, fingerprint.clone()), fingerprint);
     }
 
-    /// Text and bytes are fingerprinted under different tags: the text of
-    /// some bytes' fingerprint, or of the bytes themselves, is another key.
     #[test]
     fn text_and_bytes_never_share_a_key() {
         let keys = TenantKeys::new(None, true);

@@ -9,9 +9,8 @@ use super::extract::TenantExtractor;
 use super::service::TenantService;
 use crate::policy::Policy;
 
-/// The tenant stage as a tower [`Layer`]; place it after authentication
-/// (inside it), so the extractor sees what auth put in the request. Built
-/// by [`crate::Pressure::tenant_layer`].
+/// The tenant stage as a tower [`Layer`], placed inside authentication.
+/// Built by [`crate::Pressure::tenant_layer`].
 #[derive(Debug, Clone)]
 pub struct TenantLayer<E> {
     policy: Arc<Policy>,

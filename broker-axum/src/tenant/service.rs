@@ -14,11 +14,8 @@ use crate::admission::refusal::judge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
-/// The tenant stage: keys the per-tenant resource by the tenant its
-/// [`TenantExtractor`] finds (under [`crate::Pressure::tenant_key`]), so
-/// each tenant has its own state, created on first sight and evicted by
-/// the backend when idle. Requests without a tenant pass. Built by
-/// [`crate::Pressure::tenant_layer`].
+/// The tenant stage: one state per tenant the [`TenantExtractor`] finds;
+/// requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
 #[derive(Debug, Clone)]
 pub struct TenantService<S, E> {
     inner: S,
@@ -60,8 +57,7 @@ where
         let Some(limited) = policy.tenant_stage() else {
             return TenantFuture::admitted(Default::default(), &mut self.inner, req);
         };
-        // Taken out of the request whatever comes next: only this stage
-        // answers for the route/service stage's charge.
+        // Taken out whatever comes next: only this stage answers for it.
         let charge = Charge::take(&mut req, policy.id);
         let tenant = self.extractor.tenant(req.headers(), req.extensions());
         let Some(tenant) = tenant.map(|t| policy.tenant_keys.key(&t)) else {

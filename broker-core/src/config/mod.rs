@@ -52,40 +52,26 @@ pub fn parse<T: DeserializeOwned>(
     text: &str,
     format: Format,
 ) -> Result<T, ConfigError> {
-    let fail = |message: String| ConfigError::Parse {
-        source_name: source_name.to_owned(),
-        message,
-    };
+    let fail = |message: String| parse_error(source_name, message);
     let parsed = match format {
         Format::Json => {
             let de = &mut serde_json::Deserializer::from_str(text);
-            let parsed = serde_path_to_error::deserialize(&mut *de)
-                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())));
-            // Text after the value (an object closed early, say) would be
-            // left unread, and what it holds dropped without a word.
+            let parsed = serde_path_to_error::deserialize(&mut *de).map_err(|e| fail(located(&e)));
+            // Trailing text would otherwise be dropped without a word.
             parsed.and_then(|v| de.end().map(|()| v).map_err(|e| fail(e.to_string())))
         }
         Format::Yaml => {
             let de = serde_norway::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de)
-                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
+            serde_path_to_error::deserialize(de).map_err(|e| fail(located(&e)))
         }
         Format::Toml => {
             let de = toml::Deserializer::new(text);
-            serde_path_to_error::deserialize(de)
-                .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))
+            serde_path_to_error::deserialize(de).map_err(|e| fail(located(&e)))
         }
     };
-    // Read as written, a JSON or TOML document may still hold a settings
-    // object written as a list, which serde takes field by field in
-    // declaration order: read again from its tree with structs from
-    // objects only, and refused if a list stands for one. Only that refusal
-    // counts: the tree reads some things otherwise (a map's number keys,
-    // say), which the first reading has settled (a refusal of a list is
-    // the error even when the first reading failed: it took the list's
-    // items for fields). YAML's reader refuses a list for a struct itself,
-    // and its tree would turn unquoted scalars into numbers; a document
-    // without a JSON tree keeps the first reading.
+    // serde reads a list as a struct's fields in order: read JSON and TOML
+    // again from the tree, where only the refusal of such a list counts
+    // (YAML's reader refuses it itself).
     let tree: Option<serde_json::Value> = match format {
         Format::Json => serde_json::from_str(text).ok(),
         Format::Toml => toml::from_str(text).ok(),
@@ -93,16 +79,14 @@ pub fn parse<T: DeserializeOwned>(
     };
     if let Some(Err(e)) = tree.map(|tree| from_value::<T>(&tree)) {
         if named_fields::refuses_a_list(e.inner()) {
-            return Err(fail(located(e.path().to_string(), e.inner().to_string())));
+            return Err(fail(located(&e)));
         }
     }
     let parsed = parsed?;
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
         Format::Yaml => {
-            // YAML's messages name the path themselves. Only a repeated
-            // key counts: the check stops at a key that is no scalar (a
-            // list or a mapping), which the typed reading has settled.
+            // YAML's messages name the path; only a repeated key counts.
             let de = serde_norway::Deserializer::from_str(text);
             if let Err(e) = unique_keys::UniqueKeys::deserialize(de) {
                 let message = e.to_string();
@@ -117,13 +101,8 @@ pub fn parse<T: DeserializeOwned>(
     Ok(parsed)
 }
 
-/// Refuses a JSON document with an object whose key is written twice, at
-/// that object's path: a JSON reader keeps the last value, so a map of
-/// names (resources, services) would take the second entry without a
-/// word. [`parse`] checks JSON documents with it (and YAML ones the same
-/// way; TOML's reader refuses a repeated key itself); call it on a JSON
-/// document that is read into a tree first (a tree keeps one value per
-/// key).
+/// Refuses a JSON document with a key written twice in one object (a JSON
+/// reader would silently keep the last); [`parse`] runs it already.
 ///
 /// ```
 /// use broker_core::config::refuse_repeated_keys;
@@ -136,44 +115,41 @@ pub fn refuse_repeated_keys(source_name: &str, text: &str) -> Result<(), ConfigE
     let de = &mut serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize::<_, unique_keys::UniqueKeys>(de)
         .map(|_| ())
-        .map_err(|e| ConfigError::Parse {
-            source_name: source_name.to_owned(),
-            message: located(e.path().to_string(), e.inner().to_string()),
-        })
+        .map_err(|e| parse_error(source_name, located(&e)))
 }
 
-/// An error's message with the path it is at, if any.
-fn located(path: String, inner: String) -> String {
-    if path.is_empty() || path == "." {
-        inner
-    } else {
-        format!("at {path}: {inner}")
+fn parse_error(source_name: &str, message: String) -> ConfigError {
+    ConfigError::Parse {
+        source_name: source_name.to_owned(),
+        message,
     }
 }
 
-/// Parses a JSON document (named `source_name` in errors) into a tree. An
-/// error names its path inside the document, e.g. a number out of range.
+/// An error's message with the path it is at, if any.
+fn located<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
+    match e.path().to_string() {
+        path if path.is_empty() || path == "." => e.inner().to_string(),
+        path => format!("at {path}: {}", e.inner()),
+    }
+}
+
+/// Parses a JSON document into a tree; an error names its path.
 ///
 /// ```
 /// let e = broker_core::config::tree("kb.json", r#"{"a": [{"b": 1e400}]}"#).unwrap_err();
 /// assert!(e.to_string().starts_with("kb.json: at a[0].b: number out of range"), "{e}");
 /// ```
 pub fn tree(source_name: &str, text: &str) -> Result<serde_json::Value, ConfigError> {
-    let fail = |message: String| ConfigError::Parse {
-        source_name: source_name.to_owned(),
-        message,
-    };
     let de = &mut serde_json::Deserializer::from_str(text);
     let tree = serde_path_to_error::deserialize(&mut *de)
-        .map_err(|e| fail(located(e.path().to_string(), e.inner().to_string())))?;
-    de.end().map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| parse_error(source_name, located(&e)))?;
+    de.end()
+        .map_err(|e| parse_error(source_name, e.to_string()))?;
     Ok(tree)
 }
 
-/// Reads `T` from a document already parsed into a JSON tree, every
-/// struct from an object only (a list where a struct stands is an error at
-/// its path, where serde's derived structs would read the list's items as
-/// the fields in order). The error carries the path inside the tree.
+/// Reads `T` from a JSON tree, every struct from an object only (a list
+/// where a struct stands is an error at its path).
 ///
 /// ```
 /// use broker_core::config::from_value;
@@ -194,9 +170,6 @@ pub fn from_value<T: DeserializeOwned>(
 /// Reads and parses a config file; the format comes from its extension.
 pub fn load<T: DeserializeOwned>(path: &std::path::Path) -> Result<T, ConfigError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Parse {
-        source_name: name.clone(),
-        message: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| parse_error(&name, e.to_string()))?;
     parse(&name, &text, Format::from_path(&name))
 }

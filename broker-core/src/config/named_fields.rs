@@ -1,10 +1,6 @@
-//! [`NamedFields`]: a config document, already parsed into a
-//! [`serde_json::Value`], read into a type with every struct taken from an
-//! object only. serde's derived structs also take a list and read its
-//! items as the fields in declaration order, so `[5, "1s", 10]` would pass
-//! for a rate and two fields of one type could be swapped without a word;
-//! read through this, a list where a struct stands is an error at its path.
-//! Everything else reads as from the value itself.
+//! [`NamedFields`]: a [`serde_json::Value`] read with every struct from an
+//! object only, so `[5, "1s", 10]` cannot pass for a rate with its fields
+//! swapped; a list where a struct stands is an error at its path.
 
 use serde::de::value::StrDeserializer;
 use serde::de::{

@@ -1,9 +1,5 @@
-//! [`UniqueKeys`]: a reading of a JSON or YAML document that refuses a
-//! mapping with a key written twice. JSON and YAML readers keep the last
-//! of them (serde's derived structs refuse a repeated field, but a map of
-//! names, such as a config's buckets or services, takes the second value
-//! silently), so a limit written twice would be the second one without a
-//! word.
+//! [`UniqueKeys`]: reads a JSON or YAML document only to refuse a mapping
+//! with a key written twice (readers silently keep the last one).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -28,9 +24,7 @@ struct Values;
 /// What the refusal of a repeated key says of it.
 const TWICE: &str = "is written twice";
 
-/// Whether `message` (an error of reading [`UniqueKeys`]) is the refusal
-/// of a repeated key, not a key it could not read as text (a YAML list or
-/// mapping as a key: there the check stops).
+/// Whether `message` is the refusal of a repeated key (not a non-text key).
 pub(crate) fn refuses_a_repeated_key(message: &str) -> bool {
     message.contains(TWICE)
 }
@@ -115,15 +109,9 @@ impl<'de> Visitor<'de> for Values {
     }
 }
 
-/// A mapping's key as the text it is written with, the name a typed
-/// reading into a map of names takes it for: a YAML scalar, plain or
-/// quoted, number or not (`1` and `"1"` are one name; `1.1` and `1.10`,
-/// `0x10` and `16` are two). Read as a string, not as any value: a number
-/// read as one would no longer tell how it was written, and a number key
-/// written twice would pass. `None` for a key a reader hands over as
-/// something else. A YAML list or mapping as a key is an error here (no
-/// text): the check stops there, and [`refuses_a_repeated_key`] tells
-/// that error from a refusal.
+/// A mapping's key as written (`1` and `"1"` one name, `1.1` and `1.10`
+/// two), read as a string so numbers keep their spelling; `None` for a key
+/// handed over as something else.
 struct Key(Option<String>);
 
 impl<'de> Deserialize<'de> for Key {

@@ -1,25 +1,19 @@
-//! Keys built from user data. Every user-supplied part is escaped, so one id
-//! can never address another's state, and secrets are reduced to a
-//! fingerprint before they come near a key or a log line.
+//! Keys built from user data: every part is escaped, so no id addresses
+//! another's state; secrets become a fingerprint before any key or log.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-/// Characters with a meaning in keys: the separator `:`, Redis hash-tag
-/// braces, the escape character itself, and anything non-printable.
-const fn escaped(b: u8) -> bool {
+/// Bytes with a meaning in keys: `:`, Redis hash-tag braces, the escape
+/// characters, and anything non-printable.
+const fn needs_escape(b: u8) -> bool {
     matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || b < 0x21 || b >= 0x7f
 }
 
-fn needs_escape(b: u8) -> bool {
-    escaped(b)
-}
-
-/// Whether any byte of `part` must be escaped.
 fn any_needs_escape(part: &[u8]) -> bool {
-    part.iter().any(|&b| escaped(b))
+    part.iter().any(|&b| needs_escape(b))
 }
 
 /// Whether [`escape`] changes `part`.
@@ -56,11 +50,8 @@ pub fn escape(part: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The input [`escape`] turns into `escaped`, if `escaped` is exactly an
-/// output of [`escape`] (upper-case `%XX` for the bytes it escapes and for
-/// no other, UTF-8 once decoded); `None` for any other string. So
-/// `unescape(&escape(x)) == Some(x)` for every `x`, and no two strings
-/// unescape to the same input.
+/// The input [`escape`] turns into `escaped`, or `None` if `escaped` is no
+/// output of [`escape`]: `unescape(&escape(x)) == Some(x)`, one to one.
 ///
 /// ```
 /// use broker_core::keys::{escape, unescape};
@@ -101,42 +92,23 @@ pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
     String::from_utf8(out).ok().map(Cow::Owned)
 }
 
-/// Whether two ids or sub-keys are the same bytes.
-///
-/// ```
-/// use broker_core::keys::same;
-/// assert!(same(b"tenant-1", b"tenant-1"));
-/// assert!(!same(b"tenant-1", b"tenant-2"));
-/// ```
-pub fn same(a: &[u8], b: &[u8]) -> bool {
-    a == b
-}
-
 /// The state key of a resource.
 pub fn resource_key(resource: &str) -> String {
     escape(resource).into_owned()
 }
 
-/// The state key of one sub-key (tenant, route, credential) of a resource:
-/// `escape(resource):escape(key)`.
+/// The state key of one sub-key of a resource: `escape(resource):escape(key)`.
 ///
 /// ```
 /// use broker_core::keys::keyed;
 /// assert_ne!(keyed("a:b", "c"), keyed("a", "b:c"));
 /// ```
 pub fn keyed(resource: &str, key: &str) -> String {
-    let r = escape(resource);
-    let k = escape(key);
-    let mut out = String::with_capacity(r.len() + k.len() + 1);
-    out.push_str(&r);
-    out.push(':');
-    out.push_str(&k);
-    out
+    format!("{}:{}", escape(resource), escape(key))
 }
 
-/// A non-reversible fingerprint of a secret (token, password, API key):
-/// the first 16 hex digits of its SHA-256. Use it wherever a credential
-/// must tell keys apart; the secret itself never enters a key or a log.
+/// A non-reversible fingerprint of a secret: the first 16 hex digits of its
+/// SHA-256, for telling credentials apart in keys and logs.
 ///
 /// ```
 /// use broker_core::keys::fingerprint;
@@ -173,8 +145,7 @@ mod tests {
             proptest::prop_assert_eq!(back, Some(part));
         }
 
-        /// Whatever unescapes is exactly what `escape` gives for its result,
-        /// so the mapping is one to one.
+        /// One to one: whatever unescapes escapes back to itself.
         #[test]
         fn only_escape_outputs_unescape(text in "[a%0-9A-Fa-f:{}\\\\ ]{0,12}") {
             if let Some(raw) = unescape(&text) {
@@ -193,19 +164,5 @@ mod tests {
         }
         assert_eq!(unescape("%C3%A9").as_deref(), Some("\u{e9}"));
         assert_eq!(unescape("").as_deref(), Some(""));
-    }
-
-    #[test]
-    fn word_compare_agrees_with_byte_compare() {
-        for len in 0..20 {
-            let a: Vec<u8> = (0..len).map(|i| b'a' + i as u8).collect();
-            assert!(same(&a, &a.clone()));
-            for pos in 0..len {
-                let mut b = a.clone();
-                b[pos] = b'Z';
-                assert!(!same(&a, &b), "{len} {pos}");
-            }
-            assert!(!same(&a, &[&a[..], b"x"].concat()));
-        }
     }
 }

@@ -1,11 +1,6 @@
-//! An optional pacing margin: spend slightly under the upstream's limit.
-//!
-//! Our bucket counts the time a request is sent, the upstream the time it
-//! is received; latency that varies from request to request makes two
-//! requests sent one refill apart arrive closer than that, and the upstream
-//! answers 429 although we kept the limit. A margin of `m` stretches every
-//! refill period by `1 / (1 - m)`, so at most `(1 - m)` of each rate is
-//! spent; bursts are unchanged.
+//! An optional pacing margin: spend slightly under the upstream's limit, as
+//! varying latency can bunch requests sent one refill apart. A margin `m`
+//! stretches every period by `1 / (1 - m)`; bursts are unchanged.
 
 use std::time::Duration;
 

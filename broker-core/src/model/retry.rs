@@ -1,18 +1,8 @@
-//! Outcomes of upstream work and the retry policy `enqueue` applies to them.
-//!
-//! One rule decides for every level: [`OutcomeClass::is_retryable`]. The
-//! pauses are:
-//! - rate limited (429): `min(max(retry_after, refill_one_token, exponential), ceiling)`
-//! - transient (5xx, network): full-jitter exponential, at most the ceiling;
-//!   at least the upstream's `Retry-After` when the failure carries one (a
-//!   503's: how long the upstream expects to be unavailable, RFC 9110), up
-//!   to the ceiling
-//! - fatal (401/403/404/400): no retry.
-//!
-//! One ceiling, `max(configured, N × longest window + margin)`, bounds both
-//! a penalty's hold (an upstream 429, a spent counter) and every retry
-//! pause ([`RetryPolicy::ceiling`]); the wait for one's turn in the queue
-//! has no bound but a deadline.
+//! Outcomes of upstream work and the retry policy `enqueue` applies to them:
+//! 429 and transient failures retry ([`OutcomeClass::is_retryable`]), fatal
+//! ones never. [`RetryPolicy::ceiling`] bounds a penalty's hold and every
+//! retry pause; the wait for one's turn in the queue has no bound but a
+//! deadline.
 
 use std::time::Duration;
 
@@ -25,8 +15,7 @@ use super::observed::ObservedLimit;
 /// What one attempt of the work reports back.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome<T, E> {
-    /// Success. `usage` is the actual cost when known only afterwards (LLM
-    /// token usage), `observed` the upstream's rate-limit headers.
+    /// Success, with the actual cost when known only afterwards.
     Ok {
         /// The result.
         value: T,
@@ -48,8 +37,7 @@ pub enum Outcome<T, E> {
     Transient {
         /// The upstream's (or the network's) error.
         error: E,
-        /// Rate-limit headers of the response, if there was one: they are
-        /// reconciled whatever the status.
+        /// Rate-limit headers of the response, if any.
         observed: Option<ObservedLimit>,
     },
     /// 401/403/404, bad request: never retried.
@@ -105,10 +93,8 @@ impl<T, E> Outcome<T, E> {
         }
     }
 
-    /// A failure of class `class` (from [`OutcomeClass::from_status`]) with
-    /// the response's headers: a 429 takes its `Retry-After` from them.
-    /// An `Ok` class given here is a success status whose body could not be
-    /// used, which no retry fixes: it becomes [`Outcome::Fatal`].
+    /// A failure of `class` with the response's headers (a 429 takes its
+    /// `Retry-After` from them); an `Ok` class becomes [`Outcome::Fatal`].
     ///
     /// ```
     /// use broker_core::{headers, Outcome, OutcomeClass};
@@ -152,9 +138,7 @@ impl<T, E> Outcome<T, E> {
         }
     }
 
-    /// The delay the upstream asked for: a 429's `retry_after`, else the
-    /// one in the observed headers of a 429 or a transient failure (a
-    /// 503's `Retry-After`).
+    /// The delay the upstream asked for, on a 429 or a transient failure.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Outcome::RateLimited {
@@ -210,12 +194,12 @@ impl OutcomeClass {
     }
 }
 
-/// How `enqueue` retries, and the pauses for callers who run their own
-/// loop ([`RetryPolicy::pause`]).
+/// How `enqueue` retries, and the pauses for callers with their own loop.
 ///
-/// The retry budget is `max_attempts` (attempts in all, the first
-/// included); running out of it is its own error
-/// ([`crate::EnqueueError::RetriesExhausted`]).
+/// ```
+/// use broker_core::RetryPolicy;
+/// assert!(RetryPolicy { max_attempts: 0, ..Default::default() }.validate().is_err());
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RetryPolicy {
@@ -264,11 +248,9 @@ impl RetryPolicy {
         Ok(())
     }
 
-    /// The one wait ceiling: `max(wait_ceiling, N × longest window + margin)`.
-    /// It bounds a penalty's hold and every retry pause, so a retry can
-    /// always outwait one full window of the upstream, and a penalty set
-    /// after a 429 (at most one pause long) never exceeds the ceiling and
-    /// fails the calls it holds before the upstream is asked again.
+    /// The one wait ceiling, `max(wait_ceiling, N × longest window + margin)`,
+    /// never below one request token's refill: it bounds a penalty's hold and
+    /// every retry pause, not the wait for one's turn.
     ///
     /// ```
     /// use broker_core::{Limits, RateLimit, RetryPolicy};
@@ -276,9 +258,6 @@ impl RetryPolicy {
     /// let limits = Limits::new().rate(RateLimit::per_minute(60));
     /// assert_eq!(RetryPolicy::default().ceiling(&limits), Duration::from_secs(121));
     /// ```
-    ///
-    /// It is never shorter than the refill of one request token, so a pause
-    /// after a 429 always lets the next attempt have its token.
     pub fn ceiling(&self, limits: &Limits) -> Duration {
         let windows = limits.longest_period().saturating_mul(self.ceiling_windows);
         self.wait_ceiling
@@ -287,10 +266,8 @@ impl RetryPolicy {
     }
 
     /// The pause before retrying after `attempt` ended in `class`, or `None`
-    /// when the class is not retried ([`OutcomeClass::is_retryable`]) or the
-    /// retry budget is spent. Every pause is at most [`RetryPolicy::ceiling`].
-    /// After a transient failure it is at least `retry_after` (a 503's
-    /// `Retry-After`) up to the ceiling, else [`RetryPolicy::transient_pause`].
+    /// when not retried or the budget is spent; a transient pause is at least
+    /// `retry_after`.
     ///
     /// ```
     /// use broker_core::{Limits, OutcomeClass, RateLimit, RetryPolicy};
@@ -375,9 +352,6 @@ mod tests {
         assert_eq!(pause, Duration::from_secs(60));
     }
 
-    /// The third term of `max(retry_after, refill_one_token, exponential)`:
-    /// once `base × 2^(n-1)` passes both the `Retry-After` and one token's
-    /// refill, it sets the pause, up to the ceiling.
     #[test]
     fn a_429_pause_grows_exponentially_past_retry_after_and_refill() {
         // One token's refill: 100 ms; ceiling: max(60 s, 2 × 1 s + 1 s).
@@ -412,9 +386,6 @@ mod tests {
         }
     }
 
-    /// A transient failure that says when to come back (a 503's
-    /// `Retry-After`) is retried no sooner, up to the ceiling; without
-    /// one, the jittered step alone.
     #[test]
     fn a_transient_failure_waits_at_least_its_retry_after() {
         let limits = Limits::new().rate(RateLimit::per_second(10));

@@ -16,12 +16,13 @@ pub fn micros(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Rounds a wait in µs up to a whole µs, except that a value within a
-/// nanosecond of a whole µs is taken as that µs: fractional tokens carry
-/// float noise of far less than that, and rounding the noise up would send
-/// a booked request a whole µs late (a strict upstream whose bucket is full
-/// at that moment loses the µs of refill).
-/// Not a positive number: 0.
+/// Rounds a wait up to a whole µs, but within 1 ns of a whole µs down (float
+/// noise must not make a booking a µs late); not a positive number: 0.
+///
+/// ```
+/// use broker_core::bucket::ceil_micros;
+/// assert_eq!((ceil_micros(2.0004), ceil_micros(2.5), ceil_micros(-1.0)), (2, 3, 0));
+/// ```
 pub fn ceil_micros(x: f64) -> Micros {
     if x.is_nan() || x <= 0.0 {
         return 0;

@@ -13,9 +13,7 @@
 //!   egress_ip: true
 //! ```
 //!
-//! Every bucket compiles to the same [`Limits`] type the `pressure` config
-//! of the HTTP layer loads into. Errors name the file, the path inside it
-//! and what is wrong (through [`crate::config::parse`]).
+//! Every bucket compiles to [`Limits`]; errors name the file and the path.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -80,8 +78,7 @@ impl Backoff {
         if !grown.is_finite() || grown >= self.max.as_secs_f64() {
             return self.max;
         }
-        // A factor below 0 (a `Backoff` built in code, unchecked) gives a
-        // negative product: no backoff rather than a panic.
+        // A negative factor (built in code, unchecked): no backoff, no panic.
         Duration::from_secs_f64(grown.max(0.0)).min(self.max)
     }
 
@@ -200,8 +197,7 @@ pub struct RateLimitClasses {
     /// Auth buckets by endpoint class (`login`, ...), one per credential.
     #[serde(default)]
     pub auth: BTreeMap<String, AuthBucket>,
-    /// Data buckets by endpoint class (`price`, `goods`, ...), one per
-    /// credential.
+    /// Data buckets by endpoint class (`price`, ...), one per credential.
     #[serde(default)]
     pub data: BTreeMap<String, DataBucket>,
     /// Count requests per egress IP (an informational bucket: never limits).

@@ -1,20 +1,7 @@
-//! Bucket classes of an outbound supplier integration.
-//!
-//! Per credential, a supplier gets:
-//! - an **auth bucket** per auth endpoint class (`login`), in [`Mode::Wait`]:
-//!   a caller blocks until the token comes and never fails on rate, because
-//!   a lost login attempt can cost a ban. It never shares budget with data:
-//!   an exhausted data budget never delays a login that restores a session;
-//! - a **data bucket** per endpoint class (`price`, `goods`, ...), normally
-//!   in [`Mode::SkipAndReschedule`]: no token answers at once with
-//!   [`Admission::Skipped`], the moment to move the job to, so no worker is
-//!   held;
-//! - optionally an **informational** egress-IP bucket that never limits and
-//!   only counts requests per outgoing IP, to notice an IP rotation.
-//!
-//! Keys are built by [`BucketKey`] from `(supplier, credential fingerprint,
-//! endpoint class)`; a [`Credential`] keeps only the fingerprint of the
-//! secret, so no secret reaches a key or a log.
+//! Bucket classes of an outbound supplier, per credential: **auth** buckets
+//! that wait and never fail on rate (a lost login can cost a ban), **data**
+//! buckets that skip and reschedule, and an optional egress-IP counter.
+//! A [`Credential`] keeps only the fingerprint of its secret.
 
 mod config;
 
@@ -137,11 +124,8 @@ fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
     )
 }
 
-/// A supplier's or an endpoint's name as a part of a resource id: escaped
-/// ([`keys::escape`], which escapes `%`) and with `/`, the parts'
-/// separator, escaped too, so that no two (supplier, class, endpoint)
-/// make one id (supplier `a/auth` with endpoint `x`, supplier `a` with
-/// endpoint `data/x`).
+/// A name as a part of a resource id, `/` escaped too so no two
+/// (supplier, class, endpoint) make one id.
 fn id_part(name: &str) -> Cow<'_, str> {
     match keys::escape(name) {
         escaped if escaped.contains('/') => Cow::Owned(escaped.replace('/', "%2F")),
@@ -178,8 +162,7 @@ struct EgressCounter {
     counts: Mutex<BTreeMap<IpAddr, u64>>,
 }
 
-/// At most this many distinct egress IPs are counted one by one; more are
-/// not counted (bounded memory and metric labels).
+/// At most this many distinct egress IPs are counted (bounded labels).
 const MAX_EGRESS_IPS: usize = 64;
 
 /// The buckets of one supplier, registered on a broker.
@@ -213,11 +196,8 @@ pub struct SupplierBuckets {
 }
 
 impl SupplierBuckets {
-    /// Registers every bucket class of `config` for `supplier` on `broker`,
-    /// as one step ([`ResourceBroker::register_limits`]): either every
-    /// bucket is registered or none is. A bucket registered already with
-    /// the same limits keeps its state; one with other limits takes the
-    /// new ones; one the broker holds as a queue is refused.
+    /// Registers every bucket of `config` for `supplier` on `broker`, all or
+    /// none ([`ResourceBroker::register_limits`]); other limits are replaced.
     pub fn register(
         broker: &ResourceBroker,
         supplier: &str,
@@ -226,8 +206,6 @@ impl SupplierBuckets {
         if supplier.is_empty() {
             return Err(ConfigError::invalid("supplier", "must not be empty"));
         }
-        // As one step: a bucket that cannot be registered leaves none of
-        // this supplier's registered. The error names the bucket's field.
         let auth = (config.rate_limit.auth.iter()).map(|(e, b)| (BucketClass::Auth, e, &b.limits));
         let data = (config.rate_limit.data.iter()).map(|(e, b)| (BucketClass::Data, e, &b.limits));
         let buckets: Vec<_> = auth.chain(data).collect();
@@ -258,10 +236,8 @@ impl SupplierBuckets {
         BucketKey::new(&self.supplier, class, endpoint, credential)
     }
 
-    /// Takes a token of the auth bucket `endpoint` for `credential`,
-    /// waiting as long as it takes (in steps of the resource's wait
-    /// ceiling): it never fails on rate. Errors are only an unknown class
-    /// or a backend failure.
+    /// Takes a token of the auth bucket `endpoint`, waiting as long as it
+    /// takes; fails only on an unknown class or a backend failure.
     pub async fn auth(
         &self,
         endpoint: &str,
@@ -278,11 +254,9 @@ impl SupplierBuckets {
         self.wait(&key).await
     }
 
-    /// Asks the data bucket `endpoint` for `credential`. In
-    /// [`Mode::SkipAndReschedule`] it answers at once: [`Admission::Go`], or
-    /// [`Admission::Skipped`] with the moment to move the job to, given
-    /// `skips` earlier consecutive skips of this job. In [`Mode::Wait`] it
-    /// waits like [`SupplierBuckets::auth`].
+    /// Asks the data bucket `endpoint`: in [`Mode::SkipAndReschedule`] at
+    /// once (`skips` earlier skips set the backoff), in [`Mode::Wait`] as
+    /// [`SupplierBuckets::auth`] does.
     pub async fn data(
         &self,
         endpoint: &str,
@@ -350,11 +324,8 @@ impl SupplierBuckets {
         }
     }
 
-    /// Counts one request sent from `ip` (the informational egress bucket;
-    /// never limits). Logs when a new IP appears after another one was
-    /// seen, so a rotated IP or a wrong deploy is noticed. Returns the count
-    /// for `ip`, or 0 when egress counting is off or the IP is beyond the
-    /// bound of distinct IPs.
+    /// Counts one request sent from `ip` and logs a newly seen IP; returns
+    /// its count, or 0 when counting is off or past 64 distinct IPs.
     pub fn note_egress(&self, ip: IpAddr) -> u64 {
         let Some(egress) = &self.egress else { return 0 };
         let mut counts = egress.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -386,8 +357,7 @@ impl SupplierBuckets {
             .unwrap_or_default()
     }
 
-    /// The broker the buckets live on (for `penalize` / `reconcile` with
-    /// [`BucketKey::target`]).
+    /// The broker the buckets live on (for `penalize` / `reconcile`).
     pub fn broker(&self) -> &ResourceBroker {
         &self.broker
     }

@@ -1,25 +1,13 @@
-//! The token bucket, one limit: the reference implementation of every
-//! transition as a pure function of `(state, params, now)`.
-//!
-//! A bucket holds `tokens` (fractional, negative while reservations are
-//! booked ahead), `ts` (the time `tokens` was last brought up to date) and
-//! `nb` (not-before: nothing is handed out before it, even if refilled).
-//! Time is in microseconds. A `now` earlier than `ts` is clamped to `ts`, so
-//! time never runs backwards inside a bucket.
-//!
-//! The Redis backend's Lua scripts mirror these functions line by line; the
-//! conformance suite checks that both agree.
+//! The token bucket of one limit: every transition as a pure function of
+//! `(state, params, now)`, in µs. A `now` before `ts` is clamped to `ts`.
+//! The Redis Lua mirrors these functions; the conformance suite checks both.
 
 pub use super::time::ceil_micros;
 use super::time::Micros;
 use super::verdict::{LocalVerdict, RefillTime};
 
-/// Static parameters of one bucket: `amount` tokens per `period` µs, at most
-/// `capacity` tokens held. All three are exact integers stored as `f64`.
-/// Built by [`BucketParams::new`], which also computes the two rates the
-/// transitions multiply by (a multiplication instead of a division on
-/// every decision). The fields are read through accessors, so the
-/// quotients always match them.
+/// One bucket's parameters: `amount` tokens per `period` µs, at most
+/// `capacity` held. Private fields keep the two precomputed rates in step.
 ///
 /// ```
 /// use broker_core::bucket::BucketParams;
@@ -29,15 +17,10 @@ use super::verdict::{LocalVerdict, RefillTime};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketParams {
-    /// Maximum tokens held (the burst).
     capacity: f64,
-    /// Tokens refilled per `period`.
     amount: f64,
-    /// Refill period in microseconds.
     period: f64,
-    /// `amount / period`.
     tokens_per_micro: f64,
-    /// `period / amount`.
     micros_per_token: f64,
 }
 
@@ -68,19 +51,24 @@ impl BucketParams {
         self.period
     }
 
-    /// Tokens refilled per µs: `amount / period`, as one division rounds
-    /// it (the Lua mirror computes the same quotient).
+    /// Tokens refilled per µs: `amount / period` (the Lua computes the same).
     pub const fn tokens_per_micro(&self) -> f64 {
         self.tokens_per_micro
     }
 
-    /// µs per token: `period / amount`, as one division rounds it.
+    /// µs per token: `period / amount`.
     pub const fn micros_per_token(&self) -> f64 {
         self.micros_per_token
     }
 }
 
 /// Mutable state of one bucket.
+///
+/// ```
+/// use broker_core::bucket::{BucketParams, BucketState};
+/// let s = BucketState::fresh(&BucketParams::new(5.0, 1.0, 1_000.0), 7);
+/// assert_eq!(s, BucketState { tokens: 5.0, ts: 7, nb: 0 });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
     /// Tokens available at `ts`; negative when reservations are booked ahead.
@@ -102,9 +90,8 @@ impl BucketState {
     }
 }
 
-/// Refills `state` to `now` (clamped to `state.ts`), capped at capacity:
-/// also with no time passed, so a bucket kept across a re-registration
-/// with a smaller burst holds no more than the new burst.
+/// Refills `state` to `now`, capped at capacity even with no time passed
+/// (a bucket kept across a re-registration with a smaller burst).
 pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
     let (tokens, ts) = if now <= state.ts {
         (state.tokens, state.ts)
@@ -121,22 +108,18 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
     }
 }
 
-/// How long after `now` until `cost` tokens are available and `nb` has
-/// passed, for a state already refilled to `now`. Rounded up to whole µs
-/// by [`ceil_micros`].
+/// µs after `now` until `cost` tokens are available and `nb` has passed,
+/// for a state refilled to `now`; rounded up by [`ceil_micros`].
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     shortfall(state, params, now, cost).map_or(0, Shortfall::micros)
 }
 
-/// A wait before its rounding: what [`wait_for`] rounds, kept apart so
-/// that a caller deciding under a lock can round the wait after the lock
-/// is released.
+/// A wait before its rounding, so a caller under a lock can round it after.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shortfall {
-    /// The refill time the missing tokens need, in µs, unrounded (zero
-    /// when no token is missing).
+    /// Refill time of the missing tokens, µs, unrounded.
     rate: f64,
-    /// How long `nb` still holds the bucket, in µs.
+    /// How long `nb` still holds the bucket, µs.
     held: Micros,
 }
 
@@ -146,10 +129,8 @@ impl Shortfall {
         ceil_micros(self.rate).max(self.held)
     }
 
-    /// The denial as a store that answers in process gives it: with no
-    /// hold in force, the refill time before rounding
-    /// ([`LocalVerdict::Short`]), whose rounding gives [`Shortfall::micros`];
-    /// else the wait rounded at once.
+    /// The denial of an in-process store: unrounded refill time when no
+    /// hold is in force ([`LocalVerdict::Short`]), else the rounded wait.
     pub fn local_verdict(self) -> LocalVerdict {
         match self.held {
             0 => LocalVerdict::Short(RefillTime::new(self.rate)),
@@ -158,12 +139,8 @@ impl Shortfall {
     }
 }
 
-/// The [`Shortfall`] of `cost` for a state already refilled to `now`, or
-/// `None` when the wait is zero.
-///
-/// [`ceil_micros`] rounds to 0 exactly the values below 1e-3 (and NaN):
-/// from 1e-3 up to 1 it gives 1, from 1 up at least 1. So the wait is zero
-/// when the missing tokens need less than 1e-3 µs and `nb` has passed.
+/// The [`Shortfall`] of `cost` for a state refilled to `now`, or `None`
+/// when the wait is zero (below 1e-3 µs, as [`ceil_micros`] rounds to 0).
 pub fn shortfall(
     state: &BucketState,
     params: &BucketParams,
@@ -186,13 +163,9 @@ pub fn shortfall(
     Some(Shortfall { rate, held })
 }
 
-/// Books `cost` to be used `wait` µs after `now` (clamped to `ts`), for a
-/// wait at least as long as [`wait_for`] gives. The tokens are taken as of
-/// the send time: refill up to then is capped at capacity, so a bucket that
-/// would be full before the send loses what the cap cuts off, exactly as a
-/// strict upstream's bucket does. The state keeps `ts` at now; the refill
-/// between now and the send is credited back so that refilling to the send
-/// time yields exactly `min(capacity, tokens + refill) - cost`.
+/// Books `cost` for use `wait` µs after `now` (`wait` >= [`wait_for`]).
+/// Tokens are taken as of the send time, refill to it capped at capacity as a
+/// strict upstream does; `ts` stays at `now`.
 pub fn book(
     state: BucketState,
     params: &BucketParams,
@@ -207,8 +180,16 @@ pub fn book(
     s
 }
 
-/// `try`: takes `cost` if it is available now; otherwise leaves the tokens
-/// and reports the wait. Returns `(new state, wait)`; `wait == 0` means taken.
+/// `try`: takes `cost` if available now, else reports the wait.
+/// Returns `(new state, wait)`; `wait == 0` means taken.
+///
+/// ```
+/// use broker_core::bucket::{try_take, BucketParams, BucketState};
+/// let p = BucketParams::new(1.0, 1.0, 1_000.0); // 1 per ms, burst 1
+/// let (s, wait) = try_take(BucketState::fresh(&p, 0), &p, 0, 1.0);
+/// assert_eq!(wait, 0);
+/// assert_eq!(try_take(s, &p, 0, 1.0).1, 1_000);
+/// ```
 pub fn try_take(
     state: BucketState,
     params: &BucketParams,
@@ -224,9 +205,8 @@ pub fn try_take(
     (s, wait)
 }
 
-/// `reserve`: books `cost` at the earliest time it fits, if that is within
-/// `max_wait`. Returns `(new state, wait, booked)`. Booking drives `tokens`
-/// negative, so the next reservation is spaced after this one.
+/// `reserve`: books `cost` at the earliest time it fits within `max_wait`.
+/// Returns `(new state, wait, booked)`; debt spaces the next booking.
 pub fn reserve(
     state: BucketState,
     params: &BucketParams,
@@ -243,30 +223,11 @@ pub fn reserve(
     (book(s, params, now, cost, wait), wait, true)
 }
 
-/// `settle`: corrects a charge after the work. `delta = reserved - actual`:
-/// positive refunds (capped at capacity), negative charges the difference.
-///
-/// `since` is this bucket's mark of the settled reservation
-/// ([`crate::state::Marks`]: the store's time of the booking, or the end of
-/// the hold the bucket was under then if later), `None` when there is none
-/// (then `now`). No refund is made if the bucket is held past the
-/// mark (`nb` after it): that hold, by a penalty or an exhausted upstream
-/// counter, was put on after the booking, and its drain took tokens the
-/// refund would give back. A cost booked under a hold is refunded while
-/// no other hold has come since (the drain came before the booking). A
-/// charge of more is made whatever the hold.
-///
-/// `due` is when the settled cost was (or was to be) used, on the store's
-/// clock. A refund gives back only what no later booking was granted (see
-/// [`unclaimed`]); without `due`, the whole refund.
-///
-/// Not seen: a second drain within a hold, ending no later than it (a
-/// penalty never shortens `nb`, so such a drain leaves no mark); a refund
-/// after it can give back up to the refill of the hold so far. Nor a hold
-/// whose bucket was then dropped as idle (full, the hold passed: see
-/// [`is_idle`]; the stores drop such states): a booking made before the
-/// hold and settled after the drop is refunded, by its unused part at
-/// most.
+/// `settle`: corrects a charge after the work; `delta = reserved - actual`
+/// (positive refunds, capped at capacity; negative charges more).
+/// No refund when `nb` is past `since` (the booking's [`crate::state::Marks`]
+/// mark): a later hold drained those tokens. With `due`, only the
+/// [`unclaimed`] part is refunded.
 pub fn settle(
     state: BucketState,
     params: &BucketParams,
@@ -288,11 +249,8 @@ pub fn settle(
     s
 }
 
-/// The part of a refund of `delta`, booked for `due`, that no later
-/// booking was granted: `delta` less the refill from `due` to the last
-/// booking (x/time/rate's `Reservation.Cancel`), 0 at least. For a state
-/// refilled to `now`, the last booking is when its debt is refilled, or
-/// its hold `nb` if later (a booking may wait for it).
+/// The part of a refund of `delta`, booked for `due`, that no later booking
+/// was granted (as x/time/rate's `Reservation.Cancel`), 0 at least.
 ///
 /// ```
 /// use broker_core::bucket::{reserve, unclaimed, BucketParams, BucketState};
@@ -328,20 +286,14 @@ pub fn unclaimed(
     }
 }
 
-/// `at`, a time on the caller's clock, which reads `now`, as a time on the
-/// bucket's: moved forward by as much as `now` is clamped to `ts` (a
-/// caller whose clock lags the one that last wrote the bucket). So a hold
-/// asked for `at - now` from the caller's now lasts as long from the
-/// bucket's, instead of ending the lag early (or having ended already)
-/// for everyone. Saturating.
+/// `at` on the caller's clock (reading `now`) moved onto the bucket's clock,
+/// so a hold from a lagging caller lasts its full length. Saturating.
 pub fn on_bucket_time(state: &BucketState, now: Micros, at: Micros) -> Micros {
     at.saturating_add(state.ts.saturating_sub(now))
 }
 
-/// `penalize`: after a real upstream 429. Drains the bucket to zero (keeping
-/// any booked debt) and moves `nb` to `until` unless it is already later:
-/// a penalty is never shortened. `until` is on the caller's clock, as
-/// [`on_bucket_time`] reads it.
+/// `penalize`: after an upstream 429, drains to zero (keeping debt) and
+/// holds until `until` (caller's clock); a penalty is never shortened.
 pub fn penalize(
     state: BucketState,
     params: &BucketParams,
@@ -356,10 +308,8 @@ pub fn penalize(
     s
 }
 
-/// `reconcile`: narrows the bucket to what the upstream says remains.
-/// Never widens: `tokens = min(tokens, remaining)`. `remaining == 0` also
-/// holds the bucket until `reset_at` (monotone like [`penalize`]; on the
-/// caller's clock, as [`on_bucket_time`] reads it).
+/// `reconcile`: narrows tokens to what the upstream says remains (never
+/// widens); `remaining == 0` also holds until `reset_at`, like [`penalize`].
 pub fn reconcile(
     state: BucketState,
     params: &BucketParams,
@@ -379,21 +329,14 @@ pub fn reconcile(
     s
 }
 
-/// Whether the bucket, refilled to `now`, is indistinguishable from a fresh
-/// one (full and not held): such a state can be dropped without loss.
+/// Whether the bucket at `now` is full and not held, so it can be dropped.
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
     let s = refill(*state, params, now.max(state.ts));
     s.tokens >= params.capacity && s.nb <= now
 }
 
-/// The tighter of two states of one bucket: from `max(a.ts, b.ts)` on,
-/// it never holds more tokens than either (the fewer of the two, both
-/// refilled to that time) and is held until the later not-before. A store
-/// that keeps a bounded number of states folds a state it must drop into
-/// such a merge, so the key's next state never holds more than its own
-/// would have (see broker-memory's bound). Refill is monotone, so the
-/// merge stays the tighter of the two at every later time too (as any
-/// bucket refilled in steps does, up to the rounding of a step).
+/// The tighter of two states of one bucket, both refilled to the later `ts`;
+/// a bounded store folds a state it drops into such a merge.
 ///
 /// ```
 /// use broker_core::bucket::{refill, tighter, BucketParams, BucketState};
@@ -406,25 +349,11 @@ pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool 
 /// ```
 pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketState {
     let ts = a.ts.max(b.ts);
-    let (a, b) = (refill(a, params, ts), refill(b, params, ts));
-    BucketState {
-        tokens: if a.tokens < b.tokens {
-            a.tokens
-        } else {
-            b.tokens
-        },
-        ts,
-        nb: a.nb.max(b.nb),
-    }
+    fewest(refill(a, params, ts), refill(b, params, ts))
 }
 
-/// A state that never holds more than `a` or `b` under any limits: the
-/// fewer tokens, at the later refill time, held until the later
-/// not-before. Merged without refilling either, so it holds whatever
-/// rate refills it afterwards (a state kept across a reload is refilled
-/// under the new limits, so no refill under the old ones may be read
-/// into it); [`tighter`] is the closer merge for states of one set of
-/// limits.
+/// A state never holding more than `a` or `b` under any limits: merged
+/// without refilling (for a reload); [`tighter`] is closer for one limit set.
 ///
 /// ```
 /// use broker_core::bucket::{fewest, BucketState};
@@ -444,8 +373,13 @@ pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
     }
 }
 
-/// How long the state must be kept: until it is full again and `nb` has
-/// passed. After that, dropping it equals a fresh bucket.
+/// How long the state must be kept: until full again and past `nb`.
+///
+/// ```
+/// use broker_core::bucket::{ttl, BucketParams, BucketState};
+/// let p = BucketParams::new(2.0, 1.0, 1_000.0);
+/// assert_eq!(ttl(&BucketState { tokens: 0.0, ts: 0, nb: 0 }, &p, 0), 2_000);
+/// ```
 pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
     let now = now.max(state.ts);
     let s = refill(*state, params, now);

@@ -10,19 +10,9 @@
 //! | OpenAI style | `x-ratelimit-{limit,remaining,reset}-requests`, `x-ratelimit-{limit,remaining,reset}-tokens`, resets as Go durations (`6m0s`, `12ms`) or plain seconds (`1`, `0.5`: read as `X-Ratelimit-Reset` is, rounded up to whole µs) | requests, tokens |
 //! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
 //!
-//! Nothing here fails or panics: a value that is malformed, negative, the
-//! sentinel `-1`, not valid UTF-8, a count above [`MAX_AMOUNT`], or a
-//! number or time too large for 64 bits (seconds) is ignored as if it were
-//! absent. A well-formed time above 366 days is read as 366 days (a
-//! caller's wait ceiling bounds it further): a longer wait never reads as
-//! a shorter one, nor as none. A count sent as a decimal
-//! (Reddit's `X-Ratelimit-Remaining: 0.0`) is read rounded down. When several families report the same
-//! counter, the most restrictive one (the lowest `remaining`) wins, and of
-//! two retry delays the longer one; two that tie on `remaining` and
-//! `reset` are one reading, with the `limit` of whichever gives one (the
-//! first's if both do). A list field (`RateLimit`,
-//! `RateLimit-Policy`) sent as several lines is read as one list; of any
-//! other header sent more than once, the first line counts.
+//! Nothing here fails or panics: a malformed, negative or oversized value is
+//! ignored as absent; times are capped at 366 days; decimal counts round down.
+//! Of several families, the lowest `remaining` and the longest retry win.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,14 +25,11 @@ use super::observed::{Observed, ObservedLimit};
 /// time (as GitHub's `X-RateLimit-Reset` is), not as a delay.
 const UNIX_TIME_FROM: u64 = 1_000_000_000;
 
-/// A Unix time at or above this is in milliseconds (1,000 times
-/// [`UNIX_TIME_FROM`]: in seconds, a time more than 30,000 years away),
-/// and at or above 1,000 times that in microseconds, then nanoseconds.
+/// A Unix time at or above this is in milliseconds (then µs, ns per 1,000×).
 const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 
-/// Reads the rate-limit headers of one response. `now` is the wall-clock
-/// time the response arrived, used for `Retry-After` HTTP-dates and resets
-/// given as Unix times.
+/// Reads the rate-limit headers of one response; `now` is when it arrived
+/// (for HTTP-dates and Unix-time resets).
 ///
 /// ```
 /// use broker_core::headers;
@@ -61,17 +48,14 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 /// assert_eq!(seen.retry_after, None);
 /// ```
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
-    // As UTF-8, not as visible ASCII (`to_str`): a Go duration's `µs` is
-    // not ASCII.
+    // UTF-8, not `to_str`: a Go duration's `µs` is not ASCII.
     let text = |name: &str| {
         headers
             .get(name)
             .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(str::trim)
     };
-    // A list field (`RateLimit`, `RateLimit-Policy`) may come as several
-    // lines, which make one list (RFC 9110, section 5.3): all of them, a
-    // line that is not UTF-8 left out.
+    // A list field sent as several lines is one list (RFC 9110 §5.3).
     let list = |name: &str| {
         let lines: Vec<&str> = (headers.get_all(name).iter())
             .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
@@ -93,10 +77,7 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
         list("ratelimit-policy").as_deref(),
         now,
     );
-    // Without a `RateLimit-Limit`, the quota of a `RateLimit-Policy` sent
-    // beside the separate fields, with its window and name (when no
-    // `RateLimit` field says which policy it counts, that of the lowest
-    // quota).
+    // Without `RateLimit-Limit`, a lone `RateLimit-Policy` gives the quota.
     let policy_alone = structured.remaining.is_none() && structured.reset.is_none();
     let older_ietf = Observed {
         remaining: count("ratelimit-remaining"),
@@ -143,12 +124,9 @@ pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
     parse(headers, SystemTime::now())
 }
 
-/// Of several readings of one counter, the one with the lowest `remaining`
-/// and, among those, the latest reset (two exhausted windows: the longer
-/// hold is the one the upstream enforces); when none has a `remaining`, the
-/// first that says anything. Of two readings that tie on `remaining` and
-/// `reset`, the first is kept with the `limit`, window and policy of the
-/// other where it has none (they say which bucket the counter describes).
+/// The reading with the lowest `remaining`, then the latest reset; else the
+/// first that says anything. A tie keeps the first, filling in the other's
+/// `limit`, window and policy.
 fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
     let seen = candidates.into_iter().filter(|o| *o != Observed::default());
     let mut best: Option<Observed> = None;
@@ -178,9 +156,7 @@ fn more_restrictive(o: &Observed, b: &Observed) -> bool {
     }
 }
 
-/// A non-negative count no larger than `MAX_AMOUNT`: an integer, or a
-/// decimal rounded down (Reddit's `X-Ratelimit-Remaining: 0.0`; down,
-/// so what is left never reads as more than it is).
+/// A count up to `MAX_AMOUNT`; a decimal rounds down (Reddit's `0.0`).
 fn parse_count(v: &str) -> Option<u64> {
     let (int, frac) = decimal_parts(v)?;
     // Above the bound by a fraction is above it too.
@@ -190,9 +166,8 @@ fn parse_count(v: &str) -> Option<u64> {
         .filter(|n| *n < MAX_AMOUNT || (*n == MAX_AMOUNT && whole))
 }
 
-/// The integer and fraction digits of a plain decimal (`"42"`, `"0.5"`;
-/// the fraction `""` without a dot): digits on both sides of at most one
-/// dot, or `None` (`"1."`, `".5"`, `"1.2.3"`, `"1e3"`, `"-1"`).
+/// Integer and fraction digits of a plain decimal (`"42"`, `"0.5"`); `None`
+/// for `"1."`, `".5"`, `"1e3"`, `"-1"`.
 fn decimal_parts(v: &str) -> Option<(&str, &str)> {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     match v.split_once('.') {
@@ -206,11 +181,8 @@ fn bounded(d: Duration) -> Option<Duration> {
     Some(d.min(MAX_PERIOD))
 }
 
-/// Non-negative decimal seconds (`"30"`, `"0.5"`); a value of at least
-/// [`UNIX_TIME_FROM`] is read as a Unix time (in milliseconds, microseconds
-/// or nanoseconds from [`UNIX_MILLIS_FROM`] up) and turned into a delay
-/// from `now` (zero if already past). A number too large for `u64` is
-/// unreadable.
+/// Decimal seconds (`"30"`, `"0.5"`); from [`UNIX_TIME_FROM`] up a Unix
+/// time, turned into a delay from `now` (zero if past).
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     let (int, frac) = decimal_parts(v)?;
     let whole: u64 = int.parse().ok()?;
@@ -228,9 +200,7 @@ fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(Duration::new(whole, nanos))
 }
 
-/// A Unix time of `whole` units and `nanos` billionths of one, in
-/// seconds below [`UNIX_MILLIS_FROM`], else in the unit its size says
-/// (milliseconds, microseconds, nanoseconds).
+/// A Unix time of `whole` units (s, ms, µs or ns by its size) plus `nanos`.
 fn unix_time(whole: u64, nanos: u32) -> Duration {
     let mut per_second = 1u64;
     let mut from = UNIX_MILLIS_FROM;
@@ -245,8 +215,7 @@ fn unix_time(whole: u64, nanos: u32) -> Duration {
     Duration::new(secs, (total % 1_000_000_000) as u32)
 }
 
-/// `Retry-After`: delay-seconds, or an HTTP-date turned into a delay from
-/// `now` (zero if the date is already past).
+/// `Retry-After`: delay-seconds, or an HTTP-date as a delay from `now`.
 ///
 /// ```
 /// use broker_core::headers::parse_retry_after;
@@ -265,9 +234,7 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(at.duration_since(now).unwrap_or_default())
 }
 
-/// A Go duration as OpenAI sends it: `"6m0s"`, `"12ms"`, `"1h2m3.5s"`,
-/// `"0s"`. Units `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`; no sign. A number or
-/// a total too large for 64 bits (the total in seconds) is unreadable.
+/// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`); no sign.
 ///
 /// ```
 /// use broker_core::headers::parse_go_duration;
@@ -313,10 +280,7 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
     bounded(Duration::new(secs, (total_nanos % 1_000_000_000) as u32))
 }
 
-/// An OpenAI-style reset: a Go duration, or plain seconds as some
-/// compatible providers send them (`"1"`, `"0.5"`), read as
-/// [`parse_seconds`] reads them and rounded up to whole µs, the clock's
-/// resolution (a fraction of a µs left is a µs to wait, not none).
+/// An OpenAI-style reset: a Go duration, or plain seconds rounded up to µs.
 fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
     if let Some(d) = parse_go_duration(v) {
         return Some(d);
@@ -329,8 +293,7 @@ fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
 }
 
-/// `number` (decimal, at most one dot) times `unit_nanos`, in nanoseconds;
-/// `None` for an integer part too large for `u64`.
+/// Decimal `number` times `unit_nanos`; `None` past `u64`.
 fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
     if int.is_empty() && frac.is_empty() || frac.contains('.') {
@@ -347,13 +310,11 @@ fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
     Some(value)
 }
 
-/// One member of a structured-field list: its bare value (a name, or a
-/// `key=value` of the older draft) and its parameters.
+/// One member of a structured-field list: bare value and parameters.
 #[derive(Debug, Default)]
 struct Member<'a> {
     name: Option<&'a str>,
-    /// The bare value when it is an integer, not quoted: an older draft's
-    /// quota (`RateLimit-Policy: 10;w=1`).
+    /// An older draft's bare integer quota (`RateLimit-Policy: 10;w=1`).
     integer: Option<u64>,
     params: Vec<(&'a str, &'a str)>,
 }
@@ -393,9 +354,7 @@ fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
 }
 
 fn members(field: &str) -> Vec<Member<'_>> {
-    // Line by line (a field sent as several lines comes joined by `\n`,
-    // which no header value holds): a quote left open on one line does
-    // not take in the lines after it.
+    // Line by line, so an open quote does not swallow the next line.
     field
         .split('\n')
         .flat_map(|line| split_unquoted(line, b','))
@@ -419,14 +378,11 @@ fn members(field: &str) -> Vec<Member<'_>> {
         .collect()
 }
 
-/// `RateLimit` / `RateLimit-Policy` of the IETF draft (`r`, `t`; `q`, `w`),
-/// and the older single-field form `RateLimit: limit=.., remaining=.., reset=..`
-/// with the older `RateLimit-Policy: 10;w=1` (the quota as the bare item
-/// when there is no `q`). A counter keeps its policy's name and window.
+/// IETF `RateLimit` / `RateLimit-Policy` (current and older drafts); a
+/// counter keeps its policy's name and window.
 fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
     let policies = policy.map(members).unwrap_or_default();
-    // The policy named `name` (any if `None`) of the lowest quota: its
-    // quota, window and name.
+    // The lowest-quota policy named `name` (any if `None`).
     let policy_of = |name: Option<&str>| {
         let quota = |p: &Member<'_>| p.get("q").map_or(p.integer, parse_count);
         let Some((limit, p)) = (policies.iter())

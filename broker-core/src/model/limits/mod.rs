@@ -116,9 +116,7 @@ impl RateLimit {
                 value: "0".into(),
             });
         }
-        // Named by the field that is too large: a config's own reader
-        // renames `amount` (a shorthand, a supplier's `rate`), and an
-        // error naming both would point at a field its file has not.
+        // One field per error: config readers rename `amount` in messages.
         for (name, value) in [("amount", self.amount), ("burst", self.burst())] {
             if value > MAX_AMOUNT {
                 return Err(ConfigError::invalid(
@@ -136,9 +134,8 @@ impl RateLimit {
         Ok(())
     }
 
-    /// The bucket parameters this limit compiles to. Buckets count time in
-    /// whole microseconds: a period with a fraction of one is rounded up,
-    /// so the rate is never faster than configured.
+    /// The bucket parameters of this limit; the period is rounded up to a
+    /// whole µs, so the rate is never faster than configured.
     pub fn params(&self) -> BucketParams {
         BucketParams::new(
             self.burst() as f64,
@@ -153,8 +150,14 @@ pub const MAX_AMOUNT: u64 = 1 << 40;
 /// Longest period accepted.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// All limits of one resource: any number of rate limits and an optional
-/// concurrency limit. An acquisition passes all of them or consumes nothing.
+/// All limits of one resource: rate limits and an optional concurrency
+/// limit; an acquisition passes all of them or consumes nothing.
+///
+/// ```
+/// use broker_core::{Limits, RateLimit};
+/// let l = Limits::new().rate(RateLimit::per_second(5)).max_concurrent(2);
+/// assert!(l.validate().is_ok());
+/// ```
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(try_from = "LimitsConfig", into = "LimitsConfig")]
 pub struct Limits {
