@@ -21,6 +21,7 @@
 //! 429.
 
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use broker_core::clock::micros;
@@ -41,6 +42,10 @@ fn wall_us() -> u64 {
             .unwrap_or_default(),
     )
 }
+
+/// The tests of this file run one at a time: their timings are real, and
+/// four pairs of workers on two cores would stall each other's sends.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A tiny deterministic generator for arrival and give-up times.
 struct Lcg(u64);
@@ -288,6 +293,7 @@ fn callers_of_two_processes_giving_up_at_random_leave_their_time_to_the_next() {
     if as_worker() {
         return;
     }
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let server = RedisServer::start();
     let test = "callers_of_two_processes_giving_up_at_random_leave_their_time_to_the_next";
     let (t0, outputs) = run_workers(test, &["cancel", "cancel"], &server.url());
@@ -400,6 +406,7 @@ fn interactive_calls_of_one_process_overtake_a_batch_of_another() {
     if as_worker() {
         return;
     }
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let server = RedisServer::start();
     let test = "interactive_calls_of_one_process_overtake_a_batch_of_another";
     let (t0, outputs) = run_workers(test, &["batch", "interactive"], &server.url());
@@ -504,6 +511,7 @@ fn a_small_tenant_of_one_process_does_not_wait_for_a_big_tenant_of_another() {
     if as_worker() {
         return;
     }
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let server = RedisServer::start();
     let test = "a_small_tenant_of_one_process_does_not_wait_for_a_big_tenant_of_another";
     let (t0, outputs) = run_workers(test, &["tenant-a", "tenant-b"], &server.url());
@@ -571,6 +579,7 @@ fn a_batch_of_two_processes_deeper_than_the_wait_ceiling_completes() {
     if as_worker() {
         return;
     }
+    let _one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let server = RedisServer::start();
     let test = "a_batch_of_two_processes_deeper_than_the_wait_ceiling_completes";
     let (t0, outputs) = run_workers(test, &["deep", "deep"], &server.url());
