@@ -38,4 +38,4 @@ pub use state::{
     Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, RefillTime, Reservation, Verdict,
 };
 pub use stats::{BackendHealth, BrokerStats, ResourceKind, ResourceStats};
-pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Renewal, Store};
+pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Releases, Renewal, Store};

@@ -8,8 +8,8 @@ use broker_core::clock::micros;
 use broker_core::state::{DenyReason, MARKED};
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit, Renewal,
-    Reservation, Store,
+    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit, Releases,
+    Renewal, Reservation, Store,
 };
 use redis::{Cmd, Value};
 use tokio::time::Instant;
@@ -308,28 +308,6 @@ impl Store for RedisBackend {
         self.release_by(key, lease, self.deadline()).await
     }
 
-    fn release_unsent(&self, key: &str, lease: LeaseId) {
-        // The lease then expires after its TTL.
-        self.inner.pending.remove(key, lease);
-    }
-
-    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        // A decision on the key took it out and sent it.
-        if !self.inner.pending.contains(key, lease) {
-            return Ok(true);
-        }
-        // Left here while it is on its way, so a decision meanwhile sends
-        // it ahead of itself too rather than overtake it; kept if it could
-        // not reach Redis (which `remove` leaves).
-        let released = self.release(key, lease).await;
-        self.inner.pending.remove(key, lease);
-        released
-    }
-
-    fn release_sent(&self, key: &str, lease: LeaseId) {
-        self.inner.pending.add(key, lease);
-    }
-
     async fn renew(
         &self,
         key: &str,
@@ -444,5 +422,37 @@ impl Store for RedisBackend {
 
     fn health(&self) -> BackendHealth {
         self.inner.health.snapshot()
+    }
+
+    fn releases(&self) -> Option<&dyn Releases> {
+        Some(self)
+    }
+}
+
+/// A decision may go out on another connection or in a batch ahead of a
+/// release sent from a task: releases are kept pending (`pending.rs`) and
+/// sent ahead of the next decision on their key.
+#[async_trait]
+impl Releases for RedisBackend {
+    fn release_sent(&self, key: &str, lease: LeaseId) {
+        self.inner.pending.add(key, lease);
+    }
+
+    fn release_unsent(&self, key: &str, lease: LeaseId) {
+        // The lease then expires after its TTL.
+        self.inner.pending.remove(key, lease);
+    }
+
+    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        // A decision on the key took it out and sent it.
+        if !self.inner.pending.contains(key, lease) {
+            return Ok(true);
+        }
+        // Left here while it is on its way, so a decision meanwhile sends
+        // it ahead of itself too rather than overtake it; kept if it could
+        // not reach Redis (which `remove` leaves).
+        let released = self.release(key, lease).await;
+        self.inner.pending.remove(key, lease);
+        released
     }
 }

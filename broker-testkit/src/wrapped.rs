@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
     BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
-    ObservedLimit, Renewal, Reservation, Store,
+    ObservedLimit, Releases, Renewal, Reservation, Store,
 };
 
 /// What a [`Wrapped`] store does besides passing each call on. Every hook
@@ -168,15 +168,6 @@ impl<H: Hooks> Store for Wrapped<H> {
     async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
         self.inner.release(k, l).await
     }
-    fn release_sent(&self, k: &str, l: LeaseId) {
-        self.inner.release_sent(k, l)
-    }
-    fn release_unsent(&self, k: &str, l: LeaseId) {
-        self.inner.release_unsent(k, l)
-    }
-    async fn release_announced(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
-        self.inner.release_announced(k, l).await
-    }
     async fn renew(&self, k: &str, s: &LimitSpec, l: LeaseId) -> Result<Renewal, BackendError> {
         pause(self.hooks.renew_delay()).await;
         self.inner.renew(k, s, l).await
@@ -221,6 +212,9 @@ impl<H: Hooks> Store for Wrapped<H> {
     }
     fn local(&self) -> Option<&dyn LocalStore> {
         self.inner.local().map(|_| self as &dyn LocalStore)
+    }
+    fn releases(&self) -> Option<&dyn Releases> {
+        self.inner.releases()
     }
 }
 

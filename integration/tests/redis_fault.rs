@@ -1371,7 +1371,10 @@ async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_r
     assert!(backend.health().down);
     // Three permits dropped meanwhile: their releases are on their way.
     for lease in 1..=3 {
-        backend.release_sent("slots", lease);
+        backend
+            .releases()
+            .expect("pending")
+            .release_sent("slots", lease);
     }
     let start = tokio::time::Instant::now();
     let answer = backend.try_acquire("slots", &spec, Cost::default()).await;
@@ -1484,7 +1487,10 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is
     lost.expect_err("fail-closed: no reply in time");
     assert!(backend.health().down);
     // The permit is dropped: its release is on its way.
-    backend.release_sent("one", held);
+    backend
+        .releases()
+        .expect("pending")
+        .release_sent("one", held);
     server.resume();
     tokio::time::resume();
     // Found back by the background probe.
@@ -1535,7 +1541,10 @@ async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down(
     }
     let first = first.expect("the local fallback's slot, Redis down");
     // Its permit is dropped: its release is on its way.
-    backend.release_sent("one", first);
+    backend
+        .releases()
+        .expect("pending")
+        .release_sent("one", first);
     let next = backend.take_slot("one", &spec).await;
     let next = next.expect("the local fallback answers");
     assert!(backend.health().down);

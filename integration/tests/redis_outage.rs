@@ -226,7 +226,7 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 }
             }
             "release ahead" => {
-                backend.release_sent("r", 7);
+                backend.releases().expect("pending").release_sent("r", 7);
                 let d = backend.try_acquire("r", &spec, one).await;
                 assert!(d.expect("fail-open").answered_here, "{path}");
             }
@@ -396,7 +396,7 @@ async fn a_decision_behind_a_slow_release_waits_no_longer_than_the_response_time
 
     gate.held.store(true, Ordering::SeqCst);
     // A permit dropped: its release is on its way, and goes out first.
-    backend.release_sent("r", 7);
+    backend.releases().expect("pending").release_sent("r", 7);
     let decision = timed_try_acquire(&backend, "r", &slots());
     tokio::time::sleep(Duration::from_millis(1600)).await;
     // The reply to the release.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Resource;
+use crate::error::BackendError;
 use crate::state::{DenyReason, LeaseId, Marks};
 use crate::stats::{bump, drop_one};
 use crate::store::Store;
@@ -288,16 +289,10 @@ fn release_held(held: Held) {
         None => {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let key = key.unwrap_or_else(|| h.resource.key.clone());
-                h.backend.release_sent(&key, h.lease);
-                let announced = Announced {
-                    backend: h.backend,
-                    key,
-                    lease: h.lease,
-                };
+                let release = Announced::new(h.backend, key, h.lease);
                 let resource = h.resource;
                 rt.spawn(async move {
-                    let a = &announced;
-                    if let Err(e) = a.backend.release_announced(&a.key, a.lease).await {
+                    if let Err(e) = release.send().await {
                         super::note_backend_error(&resource, "release", &e);
                     }
                     resource.slot_freed();
@@ -307,19 +302,44 @@ fn release_held(held: Held) {
     }
 }
 
-/// A release announced with [`Store::release_sent`], owned by the task
-/// that sends it: a task dropped unrun (its runtime shut down) tells the
-/// store the release will not come ([`Store::release_unsent`]); after a
-/// run, that is a no-op.
+/// A release sent from a task of its own, owned by that task. A store
+/// with the [`Releases`](crate::Releases) capability is told of it first
+/// (`release_sent`), and of a task dropped unrun, its runtime shut down
+/// (`release_unsent`; after a run, a no-op). A store without gets a plain
+/// [`Store::release`].
 struct Announced {
     backend: Arc<dyn Store>,
     key: String,
     lease: LeaseId,
 }
 
+impl Announced {
+    /// Announces the release to a store that keeps pending releases.
+    fn new(backend: Arc<dyn Store>, key: String, lease: LeaseId) -> Self {
+        if let Some(releases) = backend.releases() {
+            releases.release_sent(&key, lease);
+        }
+        Self {
+            backend,
+            key,
+            lease,
+        }
+    }
+
+    /// Sends the release.
+    async fn send(&self) -> Result<bool, BackendError> {
+        match self.backend.releases() {
+            Some(releases) => releases.release_announced(&self.key, self.lease).await,
+            None => self.backend.release(&self.key, self.lease).await,
+        }
+    }
+}
+
 impl Drop for Announced {
     fn drop(&mut self) {
-        self.backend.release_unsent(&self.key, self.lease);
+        if let Some(releases) = self.backend.releases() {
+            releases.release_unsent(&self.key, self.lease);
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Renewal, Store};
+use super::{Releases, Renewal, Store};
 use crate::bucket::BucketParams;
 use crate::error::BackendError;
 use crate::limits::Cost;
@@ -366,35 +366,6 @@ impl<P: Store> Store for Failover<P> {
         }
     }
 
-    fn release_sent(&self, key: &str, lease: LeaseId) {
-        // A lease the fallback granted is freed there at once, without
-        // I/O: the next decision here finds its slot free.
-        let local = self.fallback().and_then(|f| f.local());
-        if let Some(local) = local.filter(|_| self.granted().contains(&lease)) {
-            if let Some(Ok(_)) = local.release_now(key, lease) {
-                self.granted().remove(&lease);
-                return;
-            }
-        }
-        self.primary.release_sent(key, lease)
-    }
-
-    fn release_unsent(&self, key: &str, lease: LeaseId) {
-        self.primary.release_unsent(key, lease)
-    }
-
-    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(f) = self.fallback() {
-            if self.granted().remove(&lease) {
-                return f.release(key, lease).await;
-            }
-        }
-        match self.primary.release_announced(key, lease).await {
-            Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
-            released => released,
-        }
-    }
-
     async fn renew(
         &self,
         key: &str,
@@ -519,6 +490,53 @@ impl<P: Store> Store for Failover<P> {
 
     fn health(&self) -> BackendHealth {
         self.primary.health()
+    }
+
+    /// The primary's pending releases, and, under a local fallback, the
+    /// leases the fallback granted, freed there at once.
+    fn releases(&self) -> Option<&dyn Releases> {
+        let any = self.primary.releases().is_some() || self.fallback().is_some();
+        any.then_some(self as &dyn Releases)
+    }
+}
+
+#[async_trait]
+impl<P: Store> Releases for Failover<P> {
+    fn release_sent(&self, key: &str, lease: LeaseId) {
+        // A lease the fallback granted is freed there at once, without
+        // I/O: the next decision here finds its slot free.
+        let local = self.fallback().and_then(|f| f.local());
+        if let Some(local) = local.filter(|_| self.granted().contains(&lease)) {
+            if let Some(Ok(_)) = local.release_now(key, lease) {
+                self.granted().remove(&lease);
+                return;
+            }
+        }
+        if let Some(primary) = self.primary.releases() {
+            primary.release_sent(key, lease)
+        }
+    }
+
+    fn release_unsent(&self, key: &str, lease: LeaseId) {
+        if let Some(primary) = self.primary.releases() {
+            primary.release_unsent(key, lease)
+        }
+    }
+
+    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Some(f) = self.fallback() {
+            if self.granted().remove(&lease) {
+                return f.release(key, lease).await;
+            }
+        }
+        let released = match self.primary.releases() {
+            Some(primary) => primary.release_announced(key, lease).await,
+            None => self.primary.release(key, lease).await,
+        };
+        match released {
+            Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
+            released => released,
+        }
     }
 }
 

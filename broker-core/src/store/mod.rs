@@ -1,7 +1,8 @@
 //! The [`Store`] trait: the only thing a state store implements, one method
-//! per transition of the model; [`LocalStore`], the optional synchronous
-//! capability of a store in this process; and [`Failover`], the failure
-//! policy above the stores.
+//! per transition of the model; two optional capabilities, [`LocalStore`]
+//! (synchronous calls, for a store in this process) and [`Releases`]
+//! (pending releases); and [`Failover`], the failure policy above the
+//! stores.
 //!
 //! A store holds [`ResourceState`](crate::state::ResourceState)s by key and
 //! applies the transitions of [`crate::state`] atomically per key, using its
@@ -151,25 +152,40 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The pending-release capability of a store (see [`Releases`]);
+    /// `None` (the default): a permit dropped without a synchronous
+    /// release is released by a plain [`Store::release`] from a task.
+    fn releases(&self) -> Option<&dyn Releases> {
+        None
+    }
+}
+
+/// Pending releases: for a store whose next decision could overtake a
+/// release sent from a task (another connection, a batch), so that it
+/// sends that release ahead of its next decision on the key.
+///
+/// ```
+/// # fn demo(store: &dyn broker_core::Store) {
+/// let keeps_pending = store.releases().is_some();
+/// # let _ = keeps_pending; }
+/// ```
+#[async_trait]
+pub trait Releases: Send + Sync {
     /// Told, without I/O, that a [`Store::release`] of `lease` on `key`
     /// is about to be sent from a task of its own (a permit dropped with no
-    /// synchronous release). A store whose next decision could overtake
-    /// that release (another connection, a batch) keeps it, and sends it
-    /// ahead of a later decision on `key` from this process: a slot freed
-    /// here is free to the next caller here. The default does nothing.
-    fn release_sent(&self, _key: &str, _lease: LeaseId) {}
+    /// synchronous release). The store keeps it, and sends it ahead of a
+    /// later decision on `key` from this process: a slot freed here is
+    /// free to the next caller here.
+    fn release_sent(&self, key: &str, lease: LeaseId);
 
-    /// The release [`Store::release_sent`] announced will not be sent
+    /// The release [`Releases::release_sent`] announced will not be sent
     /// (its task was dropped before it ran), or was: forget it, without
-    /// I/O. The default does nothing.
-    fn release_unsent(&self, _key: &str, _lease: LeaseId) {}
+    /// I/O.
+    fn release_unsent(&self, key: &str, lease: LeaseId);
 
-    /// The release [`Store::release_sent`] announced, sent from its task:
-    /// nothing to do if a decision already sent it. The default is
-    /// [`Store::release`].
-    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        self.release(key, lease).await
-    }
+    /// The release [`Releases::release_sent`] announced, sent from its
+    /// task: nothing to do if a decision already sent it.
+    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
 }
 
 /// The answer of [`Store::renew`].
