@@ -18,7 +18,7 @@ mod integrations;
 mod model;
 pub mod stats;
 pub mod store;
-pub mod striped;
+mod striped;
 pub mod telemetry;
 
 pub use integrations::supplier;
