@@ -30,9 +30,9 @@
 //! HTTP_LAYER_RUN=pressure_route:20000 valgrind --tool=callgrind \
 //!     --toggle-collect='*measured*' target/release/deps/http_layer-<hash>
 //! ```
+#![forbid(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::alloc::System;
 
 use axum::body::Body;
 use axum::routing::post;
@@ -42,52 +42,13 @@ use broker_core::ResourceBroker;
 use criterion::{criterion_group, Criterion};
 use http::{HeaderName, Request};
 use http_body_util::BodyExt;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// The system allocator, counting allocations (reallocations included) and
-/// bytes asked for while [`COUNTING`] is on (off while criterion times, so
-/// the counting costs the timed requests nothing but a load).
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
-fn count(bytes: usize) {
-    if COUNTING.load(Ordering::Relaxed) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: forwards every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// the bytes asked for (`stats_alloc`).
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 fn handler_router() -> Router {
     Router::new().route("/api/v1/webhooks/{source}", post(|| async { "queued" }))
@@ -339,18 +300,12 @@ fn measured(rt: &tokio::runtime::Runtime, app: &Router, n: u64) {
 /// Heap allocations and bytes per request, after a warm-up.
 fn allocations(rt: &tokio::runtime::Runtime, app: &Router, n: u64) -> (f64, f64) {
     requests(rt, app, 1000);
-    COUNTING.store(true, Ordering::Relaxed);
-    let (a0, b0) = (
-        ALLOCS.load(Ordering::Relaxed),
-        BYTES.load(Ordering::Relaxed),
-    );
+    let region = Region::new(GLOBAL);
     measured(rt, app, n);
-    let (a1, b1) = (
-        ALLOCS.load(Ordering::Relaxed),
-        BYTES.load(Ordering::Relaxed),
-    );
-    COUNTING.store(false, Ordering::Relaxed);
-    ((a1 - a0) as f64 / n as f64, (b1 - b0) as f64 / n as f64)
+    let change = region.change();
+    let allocs = change.allocations + change.reallocations;
+    let bytes = change.bytes_allocated as f64 + change.bytes_reallocated.max(0) as f64;
+    (allocs as f64 / n as f64, bytes / n as f64)
 }
 
 fn bench(c: &mut Criterion) {

@@ -3,38 +3,23 @@
 //! e.g. `ip-10.0.0.7`): the states stay within the bound, and the places
 //! their folds go to stay within their budget (the sets' budget, then the
 //! places shared by every resource).
+#![forbid(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::alloc::System;
 
 use broker_core::{Cost, LimitSpec, Limits, LocalStore, ManualClock, RateLimit};
 use broker_memory::MemoryBackend;
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 
-/// The system allocator, counting the bytes live.
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
+/// The system allocator, counting the bytes live (`stats_alloc`).
 #[global_allocator]
-static A: Counting = Counting;
+static A: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// The bytes live on the heap now.
+fn live() -> isize {
+    let s = A.stats();
+    s.bytes_allocated as isize - s.bytes_deallocated as isize + s.bytes_reallocated
+}
 
 #[test]
 fn a_flood_of_resource_parts_stays_within_the_bound_and_the_budget() {
@@ -49,7 +34,7 @@ fn a_flood_of_resource_parts_stays_within_the_bound_and_the_budget() {
     for i in 0..1_000 {
         backend.try_acquire_now(&format!("warm-{i}"), &spec, Cost::default());
     }
-    let base = LIVE.load(Ordering::Relaxed);
+    let base = live();
     let (mut most, mut allowed) = (0, 0);
     let mut flood = |from: usize| {
         for i in from..from + 4_000 {
@@ -63,16 +48,16 @@ fn a_flood_of_resource_parts_stays_within_the_bound_and_the_budget() {
     // less each time.
     let mut grown = Vec::new();
     for round in 0..3 {
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = live();
         flood(round * 4_000);
-        grown.push(LIVE.load(Ordering::Relaxed) - before);
+        grown.push(live() - before);
     }
     // Each new key took one token of five: its shared place seldom holds
     // enough others to deny it.
     assert!(allowed >= 11_000, "{allowed} of 12,000 new keys allowed");
     assert!(most <= 65, "{most} states held");
     assert!(backend.folded() > 12_000);
-    let total = LIVE.load(Ordering::Relaxed) - base;
+    let total = live() - base;
     assert!(total < 1 << 20, "{total} bytes more for 12,000 keys");
     assert!(grown[2] < grown[1] && grown[1] < grown[0], "{grown:?}");
 }
