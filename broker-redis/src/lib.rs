@@ -80,6 +80,7 @@ mod scripts;
 mod send;
 mod startup;
 mod transitions;
+mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -445,4 +445,8 @@ impl Store for RedisBackend {
     fn health(&self) -> BackendHealth {
         self.inner.health.snapshot()
     }
+
+    fn turns(&self) -> Option<&dyn broker_core::store::Turns> {
+        Some(self)
+    }
 }

@@ -222,6 +222,9 @@ impl<H: Hooks> Store for Wrapped<H> {
     fn local(&self) -> Option<&dyn LocalStore> {
         self.inner.local().map(|_| self as &dyn LocalStore)
     }
+    fn turns(&self) -> Option<&dyn broker_core::store::Turns> {
+        self.inner.turns()
+    }
 }
 
 /// The wrapped store's synchronous capability, where the hooks let it

@@ -520,6 +520,12 @@ impl<P: Store> Store for Failover<P> {
     fn health(&self) -> BackendHealth {
         self.primary.health()
     }
+
+    /// The primary's ledger: while it is out of reach, its turns fail,
+    /// and the queue goes by its local order alone.
+    fn turns(&self) -> Option<&dyn super::Turns> {
+        self.primary.turns()
+    }
 }
 
 /// The spec of a call that takes nothing by limits (a release, a renewal).

@@ -184,6 +184,18 @@ impl Ticket {
         self.priority
     }
 
+    /// The call's flow (a fingerprint; empty for none) and its weight.
+    pub(crate) fn flow(&self) -> (&str, u32) {
+        (&self.flow, self.weight)
+    }
+
+    /// Whether other calls of this call's flow and priority wait in its
+    /// line.
+    pub(crate) fn flow_queued(&self) -> bool {
+        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        (lines.get(&self.key)).is_some_and(|l| l.levels[self.priority.index()].has(&self.flow))
+    }
+
     /// Joins the line (again: in the place the call had in its flow).
     pub(crate) fn join(&mut self) {
         if self.joined {
