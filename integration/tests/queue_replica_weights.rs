@@ -197,3 +197,52 @@ fn equal_weights_in_two_processes_split_the_sends_evenly() {
     assert!(a + b >= 50, "enough sends counted: {}", a + b);
     assert!((share - 0.5).abs() <= 0.05, "A's share {share:.3}");
 }
+
+/// The failure policy's store hands on its primary's ledger; while Redis
+/// is out of reach the ledger fails, and weighted flows go by the local
+/// order alone: every call is served (by the local fallback), none fails
+/// on the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_flows_go_by_the_local_order_while_redis_is_down() {
+    if std::env::var("RB_WORKER").is_ok() {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let backend = RedisBackend::builder(&server.url())
+        .response_timeout(Duration::from_millis(500))
+        .connect_with_policy(broker_core::FailurePolicy::local_fallback(
+            0.5,
+            broker_memory::MemoryBackend::new(),
+        ))
+        .await
+        .expect("connect");
+    assert!(broker_core::Store::turns(&backend).is_some());
+    let broker = ResourceBroker::new(backend);
+    let limits = Limits::new().rate(RateLimit::per_second(200).with_burst(4));
+    broker
+        .register("api", ResourceConfig::new(limits))
+        .expect("register");
+    server.kill();
+    let calls: Vec<_> = [("tenant-a", 3), ("tenant-b", 1)]
+        .into_iter()
+        .flat_map(|flow| std::iter::repeat_n(flow, 10))
+        .map(|(flow, weight)| {
+            let broker = broker.clone();
+            tokio::spawn(async move {
+                let target = Target::from("api").flow_weighted(flow, weight);
+                broker
+                    .enqueue(target, Cost::default(), |_| async {
+                        Outcome::<(), std::io::Error>::ok(())
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for call in calls {
+        let done = tokio::time::timeout(Duration::from_secs(10), call).await;
+        done.expect("served in time")
+            .expect("caller")
+            .expect("served");
+    }
+}

@@ -7,7 +7,10 @@
 //! call of a lower level while higher ones are backlogged; within a level,
 //! deficit round robin over flows by cost and weight, FIFO within a flow.
 //! A higher-priority arrival takes the head from a lower head not yet
-//! booked (unless that one got its turn by the minimum share).
+//! booked (unless that one got its turn by the minimum share). Across
+//! processes, on a store with a shared turn ledger
+//! ([`crate::store::Turns`]: Redis), the head of a flow books only once
+//! the ledger gives its flow the turn, so weights hold across replicas.
 
 mod drr;
 pub(crate) mod stats;
