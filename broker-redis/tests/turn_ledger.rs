@@ -83,13 +83,20 @@ async fn a_flow_gone_quiet_or_done_holds_nobody_back() {
     // B not seen for its active window: it has left.
     clock.advance(Duration::from_micros(1_000_001));
     assert_eq!(turn(&b, ask("a", 1)).await, Turn::Yours);
-    // B joins level with A (not at 0, far behind), and its last waiter
-    // served, it leaves at once.
+    // B's last waiter served: B stays one token interval, holding A one
+    // quantum past it, then leaves.
     let last = TurnAsk {
         last: true,
         ..ask("b", 1)
     };
     assert_eq!(turn(&b, last).await, Turn::Yours);
+    let mut a_turns = 0;
+    while turn(&b, ask("a", 1)).await == Turn::Yours {
+        a_turns += 1;
+        assert!(a_turns < 10, "A never held back");
+    }
+    assert_eq!(a_turns, 3);
+    clock.advance(Duration::from_micros(UNITS + 1));
     for _ in 0..5 {
         assert_eq!(turn(&b, ask("a", 1)).await, Turn::Yours);
     }

@@ -27,7 +27,8 @@ pub struct TurnAsk<'a> {
     /// The call's cost as the time it refills in the slowest bucket, µs.
     pub units: u64,
     /// The call is its flow's last waiter in this process: once served,
-    /// the flow leaves the ledger (it holds no other flow back).
+    /// the flow leaves the ledger after `units` (so that it holds no other
+    /// flow back), unless a waiter of it asks meanwhile.
     pub last: bool,
     /// How long a flow counts as active after its last ask: a flow not
     /// seen for this long leaves the ledger.
@@ -61,7 +62,8 @@ pub enum Turn {
 /// flow (re)joining starts at the least virtual time of the active flows;
 /// a flow may book while its virtual time is at most that least one plus
 /// one quantum of its call ([`TurnAsk::quantum`]), which then is charged.
-/// Flows not seen for [`TurnAsk::active`] leave it.
+/// Flows not seen for [`TurnAsk::active`] leave it, and so does one
+/// whose last waiter was served, soon after ([`TurnAsk::last`]).
 ///
 /// ```
 /// # async fn demo(store: &dyn broker_core::Store) -> Result<(), broker_core::BackendError> {

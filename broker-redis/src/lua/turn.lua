@@ -10,7 +10,8 @@
 -- is kept only while it is active, and is never below that least one);
 -- it may book while its virtual time is at most that least one plus one
 -- quantum (units / weight), and then is charged one quantum; its last
--- waiter served, it leaves. Returns 1 (its turn) or 0 (not yet).
+-- waiter served, it leaves after one call's units unless it asks again.
+-- Returns 1 (its turn) or 0 (not yet).
 args()
 local now = read_now()
 local flow, weight = ARGV[REST], tonumber(ARGV[REST + 1])
@@ -27,13 +28,12 @@ local own = tonumber(call('ZSCORE', KEYS[1], flow)) or least
 -- A margin far below any quantum for the rounding of the sums.
 local yours = own <= least + quantum + 1e-3
 if yours then own = own + quantum end
-if yours and last then
-  call('ZREM', KEYS[1], flow)
-  call('ZREM', KEYS[2], flow)
-else
-  call('ZADD', KEYS[1], own, flow)
-  call('ZADD', KEYS[2], now, flow)
-end
+-- Its last waiter served, the flow stays one call's units more (another
+-- process's waiter of it asking meanwhile keeps its virtual time).
+local seen = now
+if yours and last then seen = now - active + units end
+call('ZADD', KEYS[1], own, flow)
+call('ZADD', KEYS[2], seen, flow)
 local ms = ceil(active / 1000) + tonumber(ARGV[2])
 call('PEXPIRE', KEYS[1], ms)
 call('PEXPIRE', KEYS[2], ms)
