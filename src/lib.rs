@@ -64,13 +64,16 @@ pub mod stats {
 
 /// For writers and composers of a state store: the [`Store`](store::Store)
 /// seam, its optional capabilities [`LocalStore`](store::LocalStore)
-/// (synchronous calls) and [`Releases`](store::Releases) (pending
-/// releases), [`Failover`](store::Failover) (the
+/// (synchronous calls), [`Releases`](store::Releases) (pending
+/// releases) and [`Turns`](store::Turns) (the shared turn ledger of
+/// weighted flows), [`Failover`](store::Failover) (the
 /// failure policy that wraps a primary store and answers while it is
 /// unreachable), and the model a store runs (the bucket, the state over
 /// several limits, keys and their fingerprints).
 pub mod store {
-    pub use broker_core::store::{Failover, LocalStates, LocalStore, Releases, Renewal, Store};
+    pub use broker_core::store::{
+        Failover, LocalStates, LocalStore, Releases, Renewal, Store, Turn, TurnAsk, Turns,
+    };
     pub use broker_core::{bucket, keys, state};
     pub use broker_core::{
         BackendHealth, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros,

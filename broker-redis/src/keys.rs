@@ -50,6 +50,15 @@ pub(crate) fn key_pair(prefix: &str, key: &str) -> Result<KeyPair, BackendError>
     Ok(KeyPair { buckets, leases })
 }
 
+/// The keys of the turn ledger of state `key` at priority `level` (see
+/// `lua/turn.lua`): `prefix:{key}:t<level>v` (virtual times) and
+/// `prefix:{key}:t<level>s` (last seen), on the state's hash tag.
+pub(crate) fn turn_keys(prefix: &str, key: &str, level: u8) -> Result<[String; 2], BackendError> {
+    let pair = key_pair(prefix, key)?;
+    let stem = pair.buckets.strip_suffix('b').unwrap_or(&pair.buckets);
+    Ok([format!("{stem}t{level}v"), format!("{stem}t{level}s")])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +95,14 @@ mod tests {
         }
         assert!(key_pair("rb", "").is_err());
         assert!(key_pair("", "").is_err());
+    }
+
+    #[test]
+    fn turn_keys_share_the_states_hash_tag() {
+        let [v, s] = turn_keys("rb", "tenants:acme", 2).unwrap();
+        assert_eq!(v, "rb:{tenants:acme}:t2v");
+        assert_eq!(s, "rb:{tenants:acme}:t2s");
+        assert!(turn_keys("rb", "a}b", 0).is_err());
     }
 
     #[test]

@@ -37,7 +37,10 @@
 //!   share the hash tag `{key}` (on Redis Cluster, a `settle` also sets a
 //!   short-lived `prefix:{key}:s:<id>` of its own, so that the cluster
 //!   client's resend of it settles nothing twice: it lives 4× the
-//!   response timeout and a second, at least 10 s); keys come from `broker_core::keys`, which
+//!   response timeout and a second, at least 10 s; calls with a flow key
+//!   keep a turn ledger per priority level, `prefix:{key}:t<level>v` and
+//!   `:t<level>s`, see [`broker_core::store::Turns`], which lives as long
+//!   as a flow stays active); keys come from `broker_core::keys`, which
 //!   escapes user parts. Each key's TTL is computed from its state
 //!   (including `nb`), so idle keys vanish and a penalty never expires
 //!   early.
@@ -80,6 +83,7 @@ mod scripts;
 mod send;
 mod startup;
 mod transitions;
+mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;

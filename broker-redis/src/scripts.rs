@@ -74,6 +74,12 @@ script!(RENEW, "renew");
 script!(SETTLE, "settle");
 script!(PENALIZE, "penalize");
 script!(RECONCILE, "reconcile");
+script!(
+    /// The shared turn ledger of weighted flows (`store::Turns`); its keys
+    /// are the ledger's two sets, not a state's buckets and leases.
+    TURN,
+    "turn"
+);
 
 /// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
 #[derive(Debug, Clone, Copy)]

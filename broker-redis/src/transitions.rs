@@ -424,6 +424,10 @@ impl Store for RedisBackend {
         self.inner.health.snapshot()
     }
 
+    fn turns(&self) -> Option<&dyn broker_core::store::Turns> {
+        Some(self)
+    }
+
     fn releases(&self) -> Option<&dyn Releases> {
         Some(self)
     }

@@ -216,6 +216,9 @@ impl<H: Hooks> Store for Wrapped<H> {
     fn releases(&self) -> Option<&dyn Releases> {
         self.inner.releases()
     }
+    fn turns(&self) -> Option<&dyn broker_core::store::Turns> {
+        self.inner.turns()
+    }
 }
 
 /// The wrapped store's synchronous capability, where the hooks let it

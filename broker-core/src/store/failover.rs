@@ -492,6 +492,12 @@ impl<P: Store> Store for Failover<P> {
         self.primary.health()
     }
 
+    /// The primary's ledger: while it is out of reach, its turns fail,
+    /// and the queue goes by its local order alone.
+    fn turns(&self) -> Option<&dyn super::Turns> {
+        self.primary.turns()
+    }
+
     /// The primary's pending releases, and, under a local fallback, the
     /// leases the fallback granted, freed there at once.
     fn releases(&self) -> Option<&dyn Releases> {

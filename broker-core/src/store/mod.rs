@@ -12,6 +12,7 @@
 //! retries, queues and failure handling live above them.
 
 pub mod failover;
+pub mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use crate::state::{Decision, LeaseId, LimitSpec, LocalVerdict, Marks, Reservatio
 use crate::stats::BackendHealth;
 
 pub use failover::{Failover, FailurePolicy};
+pub use turns::{Turn, TurnAsk, Turns};
 
 /// A state store for resource buckets: every method is one atomic
 /// transition of the model on one key.
@@ -149,6 +151,13 @@ pub trait Store: Send + Sync + 'static {
     /// The synchronous capability of a store in this process (see
     /// [`LocalStore`]); `None` (the default) for a store that needs I/O.
     fn local(&self) -> Option<&dyn LocalStore> {
+        None
+    }
+
+    /// The turn ledger of weighted flows shared by the processes on this
+    /// store (see [`Turns`]); `None` (the default) for a store of one
+    /// process, whose local queue is exact.
+    fn turns(&self) -> Option<&dyn Turns> {
         None
     }
 

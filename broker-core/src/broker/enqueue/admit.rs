@@ -12,7 +12,7 @@ use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::state::{LeaseId, LimitSpec};
-use crate::store::Store;
+use crate::store::{Store, Turn, TurnAsk};
 
 pub(crate) enum SlotOutcome {
     Unlimited,
@@ -173,6 +173,8 @@ async fn book_in_line(
     ticket: &mut Ticket,
 ) -> Result<Result<Booking, Admitted>, BrokerError> {
     ticket.join();
+    // The shared ledger charged this booking's flow (see `shared_turn`).
+    let mut charged = false;
     loop {
         if let Some((at, d)) = bounds.deadline {
             if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
@@ -186,6 +188,21 @@ async fn book_in_line(
         let spec = resource.latest().spec.clone();
         let horizon = queue::horizon(ticket.priority(), &spec, ticket.units);
         let left = bounds.left();
+        if !charged && horizon.is_some() {
+            if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
+                if left.is_zero() {
+                    let ahead = crate::clock::micros(ticket.ahead());
+                    ticket.leave();
+                    return Ok(Err(Admitted::TooLong(ahead, bounds.deadline_bound())));
+                }
+                // Its place kept: asks again in about one token interval.
+                ticket
+                    .nap(Duration::from_micros(ticket.units).min(left))
+                    .await;
+                continue;
+            }
+            charged = true;
+        }
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
         let wait = match Booking::book(broker, resource, key.to_owned(), cost, max_wait).await? {
             Ok(booking) => {
@@ -218,6 +235,40 @@ async fn book_in_line(
         let nap = wait.saturating_sub(horizon.unwrap_or(Duration::ZERO));
         ticket.nap(nap.max(Duration::from_micros(1))).await;
     }
+}
+
+/// The least time a flow stays in the shared turn ledger after its last
+/// ask (see [`crate::store::Turns`]); longer for a call of a longer token interval.
+const ACTIVE_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// Asks the store's shared turn ledger, if it has one, whether the flow
+/// of the head `ticket` may book on state `key` now, which charges the
+/// call to its flow when it may. A call without a flow, a store without a
+/// ledger, and a ledger that fails to answer (the store out of reach: the
+/// local order alone then) give the turn.
+async fn shared_turn(
+    broker: &ResourceBroker,
+    resource: &Arc<Resource>,
+    key: &str,
+    ticket: &Ticket,
+) -> Turn {
+    let (flow, weight) = ticket.flow();
+    let Some(turns) = broker.inner.backend.turns().filter(|_| !flow.is_empty()) else {
+        return Turn::Yours;
+    };
+    let interval = Duration::from_micros(ticket.units);
+    let ask = TurnAsk {
+        level: ticket.priority().index() as u8,
+        flow,
+        weight,
+        units: ticket.units,
+        last: !ticket.flow_queued(),
+        active: interval.saturating_mul(4).max(ACTIVE_AT_LEAST),
+    };
+    turns.turn(key, &ask).await.unwrap_or_else(|e| {
+        tracing::debug!(resource = %resource.id, error = %e, "turn ledger unanswered: local order alone");
+        Turn::Yours
+    })
 }
 
 /// How often a waiter re-checks a slot held by another process (local

@@ -153,6 +153,11 @@ impl Flows {
         true
     }
 
+    /// Whether `flow` has waiters queued at this level.
+    pub(super) fn has(&self, flow: &Arc<str>) -> bool {
+        self.flows.contains_key(flow)
+    }
+
     /// Each flow with its waiters' count and cost units.
     pub(super) fn per_flow(&self) -> impl Iterator<Item = (&Arc<str>, u64, u64)> {
         self.flows.iter().map(|(n, f)| {

@@ -7,7 +7,10 @@
 //! call of a lower level while higher ones are backlogged; within a level,
 //! deficit round robin over flows by cost and weight, FIFO within a flow.
 //! A higher-priority arrival takes the head from a lower head not yet
-//! booked (unless that one got its turn by the minimum share).
+//! booked (unless that one got its turn by the minimum share). Across
+//! processes, on a store with a shared turn ledger
+//! ([`crate::store::Turns`]: Redis), the head of a flow books only once
+//! the ledger gives its flow the turn, so weights hold across replicas.
 
 mod drr;
 pub(crate) mod stats;
@@ -182,6 +185,18 @@ impl Ticket {
 
     pub(crate) fn priority(&self) -> Priority {
         self.priority
+    }
+
+    /// The call's flow (a fingerprint; empty for none) and its weight.
+    pub(crate) fn flow(&self) -> (&str, u32) {
+        (&self.flow, self.weight)
+    }
+
+    /// Whether other calls of this call's flow and priority wait in its
+    /// line.
+    pub(crate) fn flow_queued(&self) -> bool {
+        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        (lines.get(&self.key)).is_some_and(|l| l.levels[self.priority.index()].has(&self.flow))
     }
 
     /// Joins the line (again: in the place the call had in its flow).

@@ -1,0 +1,41 @@
+-- turn (store::Turns): the shared turn ledger of one state and priority
+-- level, fair queuing by virtual time across processes.
+-- KEYS[1]  zset: active flow -> virtual time (its served cost / weight, us)
+-- KEYS[2]  zset: active flow -> when last seen (us)
+-- ARGV[3] = 0 (no bucket); ARGV[REST ..] flow (a fingerprint), weight,
+-- units (the call's cost in us), active (us a flow stays without being
+-- seen), last ('1': the flow's last waiter in its process).
+-- A flow not seen for `active` leaves both sets (a few per call). A flow
+-- joining starts at the least virtual time of the active ones (its own
+-- is kept only while it is active, and is never below that least one);
+-- it may book while its virtual time is at most that least one plus one
+-- quantum (units / weight), and then is charged one quantum; its last
+-- waiter served, it leaves after one call's units unless it asks again.
+-- Returns 1 (its turn) or 0 (not yet).
+args()
+local now = read_now()
+local flow, weight = ARGV[REST], tonumber(ARGV[REST + 1])
+local units, active = tonumber(ARGV[REST + 2]), tonumber(ARGV[REST + 3])
+local last = ARGV[REST + 4] == '1'
+local gone = call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. fmt(now - active), 'LIMIT', 0, 64)
+if #gone > 0 then
+  call('ZREM', KEYS[1], unpack(gone))
+  call('ZREM', KEYS[2], unpack(gone))
+end
+local quantum = units / weight
+local least = tonumber(call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) or 0
+local own = tonumber(call('ZSCORE', KEYS[1], flow)) or least
+-- A margin far below any quantum for the rounding of the sums.
+local yours = own <= least + quantum + 1e-3
+if yours then own = own + quantum end
+-- Its last waiter served, the flow stays one call's units more (another
+-- process's waiter of it asking meanwhile keeps its virtual time).
+local seen = now
+if yours and last then seen = now - active + units end
+call('ZADD', KEYS[1], own, flow)
+call('ZADD', KEYS[2], seen, flow)
+local ms = ceil(active / 1000) + tonumber(ARGV[2])
+call('PEXPIRE', KEYS[1], ms)
+call('PEXPIRE', KEYS[2], ms)
+if yours then return 1 end
+return 0
