@@ -632,8 +632,11 @@ async fn a_decision_dropped_while_it_sends_the_releases_before_it_loses_none() {
 /// after its TTL and another replica took its slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_is_renewed_after_another_runtime_that_renewed_it_shut_down() {
+    // A lease of 1 s, watched for 4 s: long enough that a renewal late
+    // on a loaded machine does not read as a missing one.
+    const TTL: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
-    let broker = one_slot(&server, Duration::from_millis(300)).await;
+    let broker = one_slot(&server, TTL).await;
     broker
         .register_limit("first", Limits::new().max_concurrent(1))
         .unwrap();
@@ -667,9 +670,9 @@ async fn a_permit_is_renewed_after_another_runtime_that_renewed_it_shut_down() {
     go.send(()).unwrap();
     other.join().unwrap();
     // Another replica, asking for the slot while the permit is held.
-    let replica = one_slot(&server, Duration::from_millis(300)).await;
+    let replica = one_slot(&server, TTL).await;
     for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(TTL).await;
         assert!(
             !slot_free(&replica).await,
             "the held permit's lease expired unrenewed"
