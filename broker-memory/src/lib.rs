@@ -28,8 +28,8 @@ use async_trait::async_trait;
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
-    Micros, ObservedLimit, Renewal, Reservation,
+    BackendError, Booking, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore,
+    Marks, Micros, ObservedLimit, Renewal,
 };
 use store::Store;
 
@@ -193,16 +193,16 @@ impl broker_core::Store for MemoryBackend {
         Ok(self.try_acquire_sync(key, spec, cost))
     }
 
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError> {
+    ) -> Result<Booking, BackendError> {
         let max_wait = micros(max_wait);
         Ok(self.with_state(key, spec, |s, now| {
-            state::reserve(s, spec, now, cost, max_wait)
+            state::book(s, spec, now, cost, max_wait)
         }))
     }
 
@@ -260,12 +260,12 @@ impl broker_core::Store for MemoryBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, since)
+            state::settle(s, spec, now, booked, actual, since)
         });
         Ok(())
     }
@@ -326,12 +326,12 @@ impl LocalStore for MemoryBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, since)
+            state::settle(s, spec, now, booked, actual, since)
         });
         Some(Ok(()))
     }

@@ -291,10 +291,10 @@ fn threads_holding_permits_never_exceed_the_slots() {
     assert!(!fourth.allowed);
 }
 
-/// Decisions under the read lock and reservations under the write lock on
+/// Decisions under the read lock and bookings under the write lock on
 /// one bucket at once: each of its tokens is handed out once.
 #[test]
-fn tries_and_reservations_at_once_share_one_bucket_exactly() {
+fn tries_and_bookings_at_once_share_one_bucket_exactly() {
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     // One token a second, and time stands still: 3,000 tokens in all.
@@ -312,7 +312,7 @@ fn tries_and_reservations_at_once_share_one_bucket_exactly() {
                         let d = backend.try_acquire_now("k", spec, Cost::default());
                         d.unwrap().unwrap().allowed
                     } else {
-                        let r = runtime.block_on(backend.reserve(
+                        let r = runtime.block_on(backend.book(
                             "k",
                             spec,
                             Cost::default(),

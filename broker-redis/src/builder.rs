@@ -185,7 +185,7 @@ impl RedisBackendBuilder {
     /// as with coalescing off. Under load this cuts Redis's work per
     /// decision, since one script call is shared by many decisions.
     ///
-    /// Off: one `EVALSHA` per decision. Other transitions (`reserve`,
+    /// Off: one `EVALSHA` per decision. Other transitions (`book`,
     /// `release`, ...) are never coalesced. On a Redis Cluster, a batch is
     /// split by resource (hash tag): the decisions on one resource go as
     /// one call, the calls for different resources at once.

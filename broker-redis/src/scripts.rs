@@ -66,7 +66,7 @@ script!(
         include_str!("lua/try_batch.lua"),
     )
 );
-script!(RESERVE, "reserve");
+script!(BOOK, "book");
 script!(HOLD_SLOT, "hold_slot");
 script!(HOLD_LEFT, "hold_left");
 script!(RELEASE, "release");
@@ -185,7 +185,7 @@ fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
 }
 
 /// The `settle` that gives back the cost `cmd` took: `cmd` a `try` or
-/// `reserve` call built by [`evalsha`], whose operand for each bucket is
+/// `book` call built by [`evalsha`], whose operand for each bucket is
 /// its cost (so, as a `settle`'s delta, a refund of all of it), under the
 /// booking's `marks` and `due` time (`""` for a `try`: none). `None` when
 /// `cmd` is not such a call.

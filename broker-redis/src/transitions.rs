@@ -8,8 +8,8 @@ use broker_core::clock::micros;
 use broker_core::state::{DenyReason, MARKED};
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit, Releases,
-    Renewal, Reservation, Store,
+    BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
+    Releases, Renewal, Store,
 };
 use redis::{Cmd, Value};
 use tokio::time::Instant;
@@ -178,40 +178,40 @@ impl RedisBackend {
         })
     }
 
-    /// `reserve`, also returning the store's time of the decision, so the
+    /// `book`, also returning the store's time of the decision, so the
     /// wait can be turned into an absolute time on the store's clock
     /// (`now + wait`): the server's `TIME`, or the client clock.
-    pub async fn reserve_at(
+    pub async fn book_at(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<(Reservation, Micros), BackendError> {
+    ) -> Result<(Booking, Micros), BackendError> {
         let keys = self.keys(key)?;
-        Ok(self.reserve_redis(key, &keys, spec, cost, max_wait).await?)
+        Ok(self.book_redis(key, &keys, spec, cost, max_wait).await?)
     }
 
-    async fn reserve_redis(
+    async fn book_redis(
         &self,
         key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<(Reservation, Micros), Failure> {
-        let (script, mut cmd) = self.cost_call(&scripts::RESERVE, keys, spec, cost);
+    ) -> Result<(Booking, Micros), Failure> {
+        let (script, mut cmd) = self.cost_call(&scripts::BOOK, keys, spec, cost);
         cmd.arg(micros(max_wait));
         // The store's time alone when booked with no wait and no hold;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
         let (scope, deadline) = (self.scope(key), self.deadline());
         let reply = self
-            .run_decision(scope, script, cmd, None, Takes::Reserve, deadline)
+            .run_decision(scope, script, cmd, None, Takes::Book, deadline)
             .await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
             let now = micros_of(&now)?;
-            let booked = Reservation {
+            let booked = Booking {
                 wait: 0,
                 booked: true,
                 since: Marks::uniform(now),
@@ -228,7 +228,7 @@ impl RedisBackend {
         ];
         let (wait, now) = (micros_of(&wait)?, micros_of(&now)?);
         Ok((
-            Reservation {
+            Booking {
                 wait,
                 booked: booked == 1,
                 since: Marks::new(now, marks).due_at(now.saturating_add(wait)),
@@ -261,14 +261,14 @@ impl Store for RedisBackend {
         Ok(decided?)
     }
 
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError> {
-        Ok(self.reserve_at(key, spec, cost, max_wait).await?.0)
+    ) -> Result<Booking, BackendError> {
+        Ok(self.book_at(key, spec, cost, max_wait).await?.0)
     }
 
     async fn take_slot(
@@ -336,7 +336,7 @@ impl Store for RedisBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
@@ -353,7 +353,7 @@ impl Store for RedisBackend {
             spec,
             |i| {
                 let u = spec.buckets[i].0;
-                Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
+                Operand::Num(booked.of(u) as f64 - actual.of(u) as f64)
             },
         );
         for i in 0..MARKED {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
-    ObservedLimit, Releases, Renewal, Reservation, Store,
+    BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
+    ObservedLimit, Releases, Renewal, Store,
 };
 
 /// What a [`Wrapped`] store does besides passing each call on. Every hook
@@ -143,14 +143,14 @@ impl<H: Hooks> Store for Wrapped<H> {
         pause(self.hooks.try_acquire_reply_delay(k)).await;
         answer
     }
-    async fn reserve(
+    async fn book(
         &self,
         k: &str,
         s: &LimitSpec,
         c: Cost,
         w: Duration,
-    ) -> Result<Reservation, BackendError> {
-        self.inner.reserve(k, s, c, w).await
+    ) -> Result<Booking, BackendError> {
+        self.inner.book(k, s, c, w).await
     }
     async fn wait_left(
         &self,

@@ -129,7 +129,7 @@ impl Lcg {
 }
 
 #[tokio::test(start_paused = true)]
-async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() {
+async fn dropped_enqueue_futures_refund_their_booking_and_free_their_slot() {
     let mut rng = Lcg(7);
     for round in 0..25 {
         let broker = broker();
@@ -165,7 +165,7 @@ async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() 
             (0, 0),
             "round {round}: counters leaked"
         );
-        // Every unstarted reservation was given back as far as no later
+        // Every unstarted booking was given back as far as no later
         // one was granted (x/time/rate's `Reservation.Cancel`): no debt is
         // left past the last booked time (at most `jobs - 2` s), so a
         // token is free a second later, and both concurrency slots are
@@ -174,7 +174,7 @@ async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() 
         let a = broker.try_acquire("r", Cost::default()).await.unwrap();
         assert!(
             a.allowed,
-            "round {round}: reservation leaked (jobs {jobs}, cancel at {cancel_at:?})"
+            "round {round}: booking leaked (jobs {jobs}, cancel at {cancel_at:?})"
         );
         let b = broker
             .acquire("r", Cost::default(), Duration::from_secs(1))

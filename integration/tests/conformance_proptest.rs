@@ -27,11 +27,11 @@ use proptest::test_runner::TestCaseError;
 enum Op {
     Advance(u64),
     Try(Cost),
-    Reserve(Cost, u64),
+    Book(Cost, u64),
     HoldSlot,
     Release(usize),
     Renew(usize),
-    /// Reserved, actual, and the booking's due time as an offset from now
+    /// Booked, actual, and the booking's due time as an offset from now
     /// (in µs, may be negative), if given.
     Settle(Cost, Cost, Option<i64>),
     Penalize(u64),
@@ -63,7 +63,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => prop_oneof![Just(1u64), Just(137), 0u64..3_000_000, Just(60_000_000)].prop_map(Op::Advance),
         4 => cost().prop_map(Op::Try),
         3 => (cost(), prop_oneof![Just(0u64), 0u64..5_000_000, Just(u64::MAX)])
-            .prop_map(|(c, w)| Op::Reserve(c, w)),
+            .prop_map(|(c, w)| Op::Book(c, w)),
         1 => Just(Op::HoldSlot),
         1 => (0usize..4).prop_map(Op::Release),
         1 => (0usize..4).prop_map(Op::Renew),
@@ -207,20 +207,13 @@ async fn run_case(
                 prop_assert_eq!(got, want, "try {:?} at {}", cost, now);
                 held.extend(got.lease);
             }
-            Op::Reserve(cost, max_wait) => {
+            Op::Book(cost, max_wait) => {
                 let got = redis
-                    .reserve(key, &spec, cost, Duration::from_micros(max_wait))
+                    .book(key, &spec, cost, Duration::from_micros(max_wait))
                     .await
-                    .expect("reserve");
-                let want = state::reserve(reference.get(&spec, now), &spec, now, cost, max_wait);
-                prop_assert_eq!(
-                    got,
-                    want,
-                    "reserve {:?} within {} at {}",
-                    cost,
-                    max_wait,
-                    now
-                );
+                    .expect("book");
+                let want = state::book(reference.get(&spec, now), &spec, now, cost, max_wait);
+                prop_assert_eq!(got, want, "book {:?} within {} at {}", cost, max_wait, now);
             }
             Op::HoldSlot => {
                 let got = redis.take_slot(key, &spec).await.expect("hold_slot");
@@ -255,14 +248,14 @@ async fn run_case(
                 };
                 prop_assert_eq!(got, want, "renew {} at {}", lease, now);
             }
-            Op::Settle(reserved, actual, at) => {
-                let booked = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
+            Op::Settle(booked, actual, at) => {
+                let marks = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
                 redis
-                    .settle(key, &spec, reserved, actual, booked)
+                    .settle(key, &spec, booked, actual, marks)
                     .await
                     .expect("settle");
                 let state = reference.get(&spec, now);
-                state::settle(state, &spec, now, reserved, actual, booked);
+                state::settle(state, &spec, now, booked, actual, marks);
             }
             Op::Penalize(hold) => {
                 redis
@@ -424,7 +417,7 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
                 Op::Penalize(713_513),
                 Op::Advance(713_513),
                 Op::Try(Cost::requests(0)),
-                Op::Reserve(Cost::requests(1), 0),
+                Op::Book(Cost::requests(1), 0),
                 Op::Settle(Cost::requests(1), Cost::requests(0), Some(-1)),
             ]),
         ),
@@ -474,8 +467,8 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
                 (Replica::Lagging, Op::Penalize(1_000_000)),
                 (Replica::Lagging, Op::Try(Cost::requests(1))),
                 (Replica::Leading, Op::Release(0)),
-                (Replica::Leading, Op::Reserve(Cost::requests(1), 2_000_000)),
-                (Replica::Leading, Op::Reserve(Cost::requests(1), 3_000_000)),
+                (Replica::Leading, Op::Book(Cost::requests(1), 2_000_000)),
+                (Replica::Leading, Op::Book(Cost::requests(1), 3_000_000)),
                 (Replica::Leading, Op::Advance(3_000_000)),
                 (Replica::Leading, Op::Try(Cost::requests(0))),
                 (Replica::Leading, Op::Release(1)),

@@ -61,7 +61,7 @@ impl ResourceBroker {
         self.reconcile_key(&resource, key, observed).await
     }
 
-    /// `settle`: correct a charge after the work, from `reserved` to
+    /// `settle`: correct a charge after the work, from `booked` to
     /// `actual` (refund or charge the difference). A refund is not made
     /// while a hold is on (a penalty or an exhausted upstream counter drained
     /// what it would give back).
@@ -77,14 +77,14 @@ impl ResourceBroker {
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
     ) -> Result<(), BrokerError> {
-        self.settle_since(target, reserved, actual, None).await
+        self.settle_since(target, booked, actual, None).await
     }
 
     /// [`ResourceBroker::settle`], told where the cost went: `since` are the
-    /// marks of the booking settled ([`crate::Reservation::since`]), or
+    /// marks of the booking settled ([`crate::Booking::since`]), or
     /// those of an acquisition ([`crate::Acquisition::settle_marks`]):
     /// [`Marks::ANSWERED_HERE`] for a cost the store's failure policy
     /// answered while the store was out of reach, which is then settled
@@ -105,7 +105,7 @@ impl ResourceBroker {
     pub async fn settle_since<'a>(
         &self,
         target: impl Into<Target<'a>>,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BrokerError> {
@@ -115,7 +115,7 @@ impl ResourceBroker {
         let key = owned.as_deref().unwrap_or(&resource.key);
         self.inner
             .backend
-            .settle(key, &resource.spec, reserved, actual, since)
+            .settle(key, &resource.spec, booked, actual, since)
             .await
             .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
         Ok(())

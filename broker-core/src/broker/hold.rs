@@ -1,6 +1,6 @@
 //! Local holds: after a 429 or an exhausted upstream counter, the attempts
 //! this process booked *before* the news (and is sleeping until their send
-//! time) must not go out either. The bucket's `nb` stops new reservations;
+//! time) must not go out either. The bucket's `nb` stops new bookings;
 //! a hold stops the ones already booked, which keep their place in the
 //! bucket and go out when the hold ends.
 

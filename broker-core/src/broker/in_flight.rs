@@ -5,7 +5,7 @@
 //! cut off, what it took would stay taken for work that never goes out.
 //! Run to its end on a task of its own, its answer is dropped there,
 //! and an answer that took something gives it back when dropped unused
-//! (a [`super::enqueue::Booking`] refunds its cost, an [`Unclaimed`]
+//! (a [`super::enqueue::LiveBooking`] refunds its cost, an [`Unclaimed`]
 //! decision its cost and its slot, an [`UntoldLease`] its slot). A
 //! correction of the store (a 429's penalty) runs to its end the same way.
 //!

@@ -19,7 +19,7 @@ pub enum Outcome<T, E> {
     Ok {
         /// The result.
         value: T,
-        /// Actual cost, settled against the reserved one.
+        /// Actual cost, settled against the booked one.
         usage: Option<Cost>,
         /// Rate-limit headers of the response, reconciled into the bucket.
         observed: Option<ObservedLimit>,

@@ -23,7 +23,7 @@ use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LeaseId, LimitSpec, LocalVerdict, Marks, Reservation};
+use crate::state::{Booking, Decision, LeaseId, LimitSpec, LocalVerdict, Marks};
 use crate::stats::BackendHealth;
 
 pub use failover::{Failover, FailurePolicy};
@@ -50,15 +50,15 @@ pub trait Store: Send + Sync + 'static {
         cost: Cost,
     ) -> Result<Decision, BackendError>;
 
-    /// `reserve`: book `cost` at the earliest time it fits, if within
+    /// `book`: book `cost` at the earliest time it fits, if within
     /// `max_wait`.
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError>;
+    ) -> Result<Booking, BackendError>;
 
     /// Takes a concurrency slot if one is free; `Some(lease)` when taken.
     async fn take_slot(&self, key: &str, spec: &LimitSpec)
@@ -86,8 +86,8 @@ pub trait Store: Send + Sync + 'static {
         Ok(Renewal::Held)
     }
 
-    /// `settle`: correct the charge from `reserved` to `actual`. `since`:
-    /// the [`Reservation::since`] marks of the reservation settled, when
+    /// `settle`: correct the charge from `booked` to `actual`. `since`:
+    /// the [`Booking::since`] marks of the booking settled, when
     /// there was one; a refund is not made to a bucket held past its mark
     /// (a penalty put on after the booking, see [`crate::bucket::settle`]),
     /// nor, without marks, while a penalty is on.
@@ -95,7 +95,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError>;
@@ -103,7 +103,7 @@ pub trait Store: Send + Sync + 'static {
     /// `penalize`: drain and hold every bucket for `hold` from the store's
     /// now; a resource without rate limits has its state held instead
     /// ([`crate::state::ResourceState::hold`]), so that `try_acquire` and
-    /// `reserve` wait for the end on every user of the store. Never
+    /// `book` wait for the end on every user of the store. Never
     /// shortens a longer penalty.
     async fn penalize(
         &self,
@@ -125,7 +125,7 @@ pub trait Store: Send + Sync + 'static {
     /// ([`crate::state::hold_left`]); 0 for none. Changes nothing. The
     /// broker asks it when a call wakes from its booking's time or its wait
     /// for a slot, so that a penalty another process put on meanwhile holds
-    /// the call too. The default asks [`Store::reserve`] for nothing within
+    /// the call too. The default asks [`Store::book`] for nothing within
     /// no wait, which sees the hold of a state without buckets only.
     async fn wait_left(
         &self,
@@ -139,7 +139,7 @@ pub trait Store: Send + Sync + 'static {
             requests: 0,
             tokens: 0,
         };
-        Ok(self.reserve(key, spec, nothing, Duration::ZERO).await?.wait)
+        Ok(self.book(key, spec, nothing, Duration::ZERO).await?.wait)
     }
 
     /// Reachability of the store and the calls refused while it was out of
@@ -253,12 +253,12 @@ pub trait LocalStore: Send + Sync {
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>>;
 
     /// Synchronous [`Store::settle`] (used from `Drop` to refund a
-    /// cancelled reservation).
+    /// cancelled booking).
     fn settle_now(
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Option<Result<(), BackendError>>;

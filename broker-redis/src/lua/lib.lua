@@ -120,9 +120,9 @@ local function wait_for(tokens, nb, now, cost, amount, period)
   return rate_wait
 end
 
--- bucket::book: take cost as of the send time, wait after now. Returns
+-- bucket::book_at: take cost as of the send time, wait after now. Returns
 -- tokens, ts.
-local function book(tokens, ts, now, cost, wait, capacity, amount, period)
+local function book_at(tokens, ts, now, cost, wait, capacity, amount, period)
   if now < ts then now = ts end
   tokens, ts = refill(tokens, ts, now, capacity, amount, period)
   local ahead = wait * (amount / period)
@@ -187,7 +187,7 @@ end
 -- hash of another number of buckets is written back at once as taken on
 -- (or deleted, when that is idle): the reference keeps the adopted state
 -- whatever the call decides, so a call that writes nothing after (a
--- denial, a reservation not booked) leaves the same state behind.
+-- denial, a book call that booked nothing) leaves the same state behind.
 local save
 local function load(now)
   if N == 0 then
@@ -296,7 +296,7 @@ local function book_all(now, wait)
   for i = 1, N do
     local cost = tonumber(c[i])
     if cost > 0 then
-      tokens[i], ts[i] = book(tokens[i], ts[i], now, cost, wait, capacity[i], amount[i], period[i])
+      tokens[i], ts[i] = book_at(tokens[i], ts[i], now, cost, wait, capacity[i], amount[i], period[i])
     end
   end
 end

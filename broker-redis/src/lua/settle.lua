@@ -1,6 +1,6 @@
--- settle (state::settle, bucket::settle): c is delta = reserved - actual;
+-- settle (state::settle, bucket::settle): c is delta = booked - actual;
 -- a positive delta refunds (capped at capacity), a negative one charges.
--- ARGV[REST .. REST + 3] are the settled reservation's marks in us
+-- ARGV[REST .. REST + 3] are the settled booking's marks in us
 -- (state::Marks; buckets from the fourth on share the fourth; '' when
 -- there are none: now), ARGV[REST + 4] its due time ('' when none). No
 -- refund to a bucket held past its mark (nb after it): the hold came after

@@ -44,10 +44,10 @@ pub async fn seed_separate_buckets_send_six_at_once_and_four_are_rejected(env: &
     assert_eq!(seed::replay(&sends), Tally { ok: 4, rejected: 4 });
 }
 
-pub async fn seed_penalty_holds_the_next_two_reservations_to_four_seconds(env: &Env) {
+pub async fn seed_penalty_holds_the_next_two_bookings_to_four_seconds(env: &Env) {
     let key = env.key("seed");
     seed::shared_bucket_send_times(&*env.backend, &key).await;
-    let got = seed::penalty_then_two_reservations(&*env.backend, &env.clock, &key).await;
+    let got = seed::penalty_then_two_bookings(&*env.backend, &env.clock, &key).await;
     assert_eq!(got, [4 * S, 4 * S]);
 }
 
@@ -193,16 +193,16 @@ pub async fn a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_
     assert_eq!(renewed, Renewal::Gone, "never held, no slot free");
 }
 
-pub async fn reserve_beyond_max_wait_books_nothing(env: &Env) {
+pub async fn book_beyond_max_wait_books_nothing(env: &Env) {
     let (b, key, spec) = (&*env.backend, env.key("r"), seed_quota());
     try_n(b, &key, &spec, Cost::default(), 3).await;
     let r = b
-        .reserve(&key, &spec, Cost::default(), Duration::from_millis(100))
+        .book(&key, &spec, Cost::default(), Duration::from_millis(100))
         .await
         .unwrap();
     assert!(!r.booked);
     assert_eq!(r.wait, S / 2);
-    let r = b.reserve(&key, &spec, Cost::default(), HOUR).await.unwrap();
+    let r = b.book(&key, &spec, Cost::default(), HOUR).await.unwrap();
     assert_eq!(
         (r.booked, r.wait),
         (true, S / 2),
@@ -281,7 +281,7 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
     assert!(!b.try_acquire(&key, &spec, tokens(1)).await.unwrap().allowed);
 }
 
-/// With the booking's mark (`Reservation::since`), a refund follows the
+/// With the booking's mark (`Booking::since`), a refund follows the
 /// holds put on after the booking: a cost booked under a hold is given
 /// back (the drain came first); a cost booked before a hold is not, even
 /// once the hold has ended, and even when the hold ended before the cost
@@ -291,12 +291,12 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
     let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
     let tokens = |n| Cost::tokens(n);
     let within = Duration::from_secs(60);
-    let before = b.reserve(&key, &spec, tokens(60), within).await.unwrap();
+    let before = b.book(&key, &spec, tokens(60), within).await.unwrap();
     assert_eq!((before.booked, before.wait), (true, 0));
     b.penalize(&key, &spec, Duration::from_secs(2))
         .await
         .unwrap();
-    let under = b.reserve(&key, &spec, tokens(5), within).await.unwrap();
+    let under = b.book(&key, &spec, tokens(5), within).await.unwrap();
     assert_eq!((under.booked, under.wait), (true, 5 * S));
     assert_eq!(
         under.since.of(0) - before.since.of(0),
@@ -328,7 +328,7 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
             .unwrap()
             .allowed
     );
-    let ahead = b.reserve(&key, &spec, tokens(10), within).await.unwrap();
+    let ahead = b.book(&key, &spec, tokens(10), within).await.unwrap();
     assert_eq!(ahead.wait, 10 * S);
     env.advance_ms(8_000);
     b.penalize(&key, &spec, Duration::from_secs(1))
@@ -353,7 +353,7 @@ pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_grant
     let one = Cost::requests(1);
     let mut booked = Vec::new();
     for _ in 0..3 {
-        booked.push(b.reserve(&key, &spec, one, HOUR).await.unwrap());
+        booked.push(b.book(&key, &spec, one, HOUR).await.unwrap());
     }
     let waits: Vec<_> = booked.iter().map(|r| r.wait).collect();
     assert_eq!(waits, [0, S / 10, S / 5]);
@@ -362,13 +362,13 @@ pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_grant
         .await
         .unwrap();
     env.advance_ms(10);
-    let late = b.reserve(&key, &spec, one, HOUR).await.unwrap();
+    let late = b.book(&key, &spec, one, HOUR).await.unwrap();
     assert_eq!(late.wait, S * 3 / 10 - S * 6 / 100, "due at 300 ms");
     // The last booking cancelled: all back, so the next is due at 300 ms.
     b.settle(&key, &spec, one, Cost::requests(0), Some(late.since))
         .await
         .unwrap();
-    let again = b.reserve(&key, &spec, one, HOUR).await.unwrap();
+    let again = b.book(&key, &spec, one, HOUR).await.unwrap();
     assert_eq!(again.wait, late.wait);
 }
 
@@ -380,7 +380,7 @@ pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_grant
 pub async fn a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept(env: &Env) {
     let (b, key) = (&*env.backend, env.key("after-work"));
     let spec = spec(Limits::new().rate(RateLimit::per_second(1).with_burst(2).unit(Unit::Tokens)));
-    let sent = b.reserve(&key, &spec, Cost::tokens(1), HOUR).await.unwrap();
+    let sent = b.book(&key, &spec, Cost::tokens(1), HOUR).await.unwrap();
     assert_eq!((sent.booked, sent.wait), (true, 0));
     env.advance_ms(500);
     assert!(
@@ -435,7 +435,7 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
         tokens: 1,
     };
     let r = b
-        .reserve(&key, &spec, cost, Duration::from_secs(60))
+        .book(&key, &spec, cost, Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!((r.booked, r.wait), (true, 2 * S));
@@ -467,7 +467,7 @@ pub async fn a_refund_reaches_the_one_bucket_booked_under_a_hold(env: &Env) {
         tokens: 10,
     };
     let r = b
-        .reserve(&key, &spec, estimate, Duration::from_secs(60))
+        .book(&key, &spec, estimate, Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!((r.booked, r.wait), (true, 10 * S));
@@ -676,12 +676,12 @@ pub async fn a_penalty_holds_a_resource_with_only_a_concurrency_limit(env: &Env)
         .unwrap();
     let within = |ms| Duration::from_millis(ms);
     let late = b
-        .reserve(&key, &spec, Cost::default(), within(1_999))
+        .book(&key, &spec, Cost::default(), within(1_999))
         .await
         .unwrap();
     assert_eq!((late.wait, late.booked), (2 * S, false));
     let booked = b
-        .reserve(&key, &spec, Cost::default(), within(2_000))
+        .book(&key, &spec, Cost::default(), within(2_000))
         .await
         .unwrap();
     assert_eq!((booked.wait, booked.booked), (2 * S, true));
@@ -776,7 +776,7 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
     denied_for(&one, 2_000).await;
     denied_for(&two, 2_000).await;
     let late = b
-        .reserve(&key, &two, Cost::default(), Duration::from_millis(1_999))
+        .book(&key, &two, Cost::default(), Duration::from_millis(1_999))
         .await
         .unwrap();
     assert_eq!((late.wait, late.booked), (2 * S, false));
@@ -802,7 +802,7 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
 /// made of a state under a penalty is what every later call finds, as
 /// the reference's `state::adopt` keeps it: whether that first call was
 /// a denied `try` (through each `try` script: many buckets, one bucket
-/// with and without a concurrency limit), a `reserve` that booked
+/// with and without a concurrency limit), a `book` that booked
 /// nothing, or a `hold_slot`, a call 100 ms later, as the penalty ends,
 /// is decided as the reference decides it on the state it adopted then.
 pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &Env) {
@@ -830,14 +830,14 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
     #[derive(Clone, Copy, Debug)]
     enum First {
         Try,
-        Reserve,
+        Book,
         HoldSlot,
     }
     let cases = [
         ("to-two", &one, &two, First::Try),
         ("to-one", &two, &one, First::Try),
         ("to-one-held", &two, &one_held, First::Try),
-        ("to-one-reserved", &two, &one, First::Reserve),
+        ("to-one-booked", &two, &one, First::Book),
         ("to-two-slot", &one, &two_held, First::HoldSlot),
     ];
     let hold = Duration::from_millis(100);
@@ -856,12 +856,12 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
                 assert!(!want.allowed);
                 assert_eq!((got.allowed, got.wait), (want.allowed, want.wait), "{name}");
             }
-            First::Reserve => {
+            First::Book => {
                 let got = b
-                    .reserve(&key, new, Cost::default(), Duration::ZERO)
+                    .book(&key, new, Cost::default(), Duration::ZERO)
                     .await
                     .unwrap();
-                let want = state::reserve(&mut s, new, t0, Cost::default(), 0);
+                let want = state::book(&mut s, new, t0, Cost::default(), 0);
                 assert!(!want.booked);
                 assert_eq!((got.booked, got.wait), (want.booked, want.wait), "{name}");
             }
@@ -997,14 +997,14 @@ macro_rules! for_each_case {
         $m!(
             seed_shared_bucket_spaces_eight_jobs_with_no_429,
             seed_separate_buckets_send_six_at_once_and_four_are_rejected,
-            seed_penalty_holds_the_next_two_reservations_to_four_seconds,
+            seed_penalty_holds_the_next_two_bookings_to_four_seconds,
             try_denies_with_the_wait_for_one_token_and_consumes_nothing,
             all_limits_pass_or_none_is_consumed,
             zero_cost_for_a_unit_leaves_its_bucket_alone,
             concurrency_slots_are_limited_and_release_is_idempotent,
             a_dead_holders_lease_expires_after_lease_ttl,
             a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_or_gone,
-            reserve_beyond_max_wait_books_nothing,
+            book_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
             a_refund_is_not_made_while_a_hold_is_on,
             a_refund_follows_the_holds_put_on_after_the_booking,

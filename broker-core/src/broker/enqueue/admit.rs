@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::booking::Booking;
+use super::booking::LiveBooking;
 use crate::broker::in_flight::{to_its_answer, UntoldLease};
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, Permit, Resource, ResourceBroker};
@@ -27,7 +27,7 @@ pub(crate) enum SlotOutcome {
 pub(crate) enum Admitted {
     /// The booked cost, due now, and the slot (an empty permit without a
     /// concurrency limit).
-    Go(Booking, Permit),
+    Go(LiveBooking, Permit),
     /// The cost does not fit within a bound (a wait or a hold beyond it):
     /// the wait still ahead and the bound, nothing booked.
     TooLong(Micros, WaitBound),
@@ -88,7 +88,7 @@ impl Bounds {
 /// the call waited for its slot or its booking's time. A booking
 /// made under the hold it then meets (one the store did not make it wait out:
 /// the store missed the penalty, or holds only a bucket this cost does not
-/// draw on) is given back, as a cancelled one is (see `Booking`'s `Drop`):
+/// draw on) is given back, as a cancelled one is (see `LiveBooking`'s `Drop`):
 /// the call is charged once, by the booking it makes when the hold ends.
 ///
 /// The slot's permit is released on state `key` (`keyed`: a sub-key's
@@ -107,7 +107,7 @@ pub(crate) async fn admit_until(
     loop {
         let booked = match ticket.as_deref_mut() {
             Some(ticket) => book_in_line(broker, resource, key, cost, bounds, ticket).await?,
-            None => Booking::book(broker, resource, key.to_owned(), cost, bounds.left())
+            None => LiveBooking::book(broker, resource, key.to_owned(), cost, bounds.left())
                 .await?
                 .map_err(|wait| Admitted::TooLong(wait, bounds.deadline_bound())),
         };
@@ -171,7 +171,7 @@ async fn book_in_line(
     cost: Cost,
     bounds: &Bounds,
     ticket: &mut Ticket,
-) -> Result<Result<Booking, Admitted>, BrokerError> {
+) -> Result<Result<LiveBooking, Admitted>, BrokerError> {
     ticket.join();
     // The shared ledger charged this booking's flow (see `shared_turn`).
     let mut charged = false;
@@ -204,7 +204,8 @@ async fn book_in_line(
             charged = true;
         }
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
-        let wait = match Booking::book(broker, resource, key.to_owned(), cost, max_wait).await? {
+        let wait = match LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?
+        {
             Ok(booking) => {
                 ticket.leave();
                 return Ok(Ok(booking));

@@ -3,7 +3,7 @@
 //! out of a hold an upstream 429 set meanwhile), takes a concurrency slot,
 //! runs the work and retries it by the resource's [`RetryPolicy`].
 //! Cancellation-safe: the guards here leave the queue, refund an unused
-//! reservation and free a held slot when the future is dropped at any
+//! booking and free a held slot when the future is dropped at any
 //! await point.
 
 use std::future::Future;
@@ -35,7 +35,7 @@ pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
 pub struct Attempt {
     /// 1 for the first attempt.
     pub number: u32,
-    /// The cost reserved for this attempt.
+    /// The cost booked for this attempt.
     pub cost: Cost,
 }
 
@@ -151,7 +151,7 @@ impl ResourceBroker {
     /// would still wait.
     ///
     /// Dropping the returned future at any point leaves the queue, refunds
-    /// an unused reservation and frees a held concurrency slot.
+    /// an unused booking and frees a held concurrency slot.
     ///
     /// A resource registered with [`ResourceBroker::register_limit`] is
     /// queued too, with the queue capacity and retry policy of
@@ -261,7 +261,7 @@ impl ResourceBroker {
                     .waits
                     .record(target.priority, started.elapsed());
             }
-            let booked = booking.consume();
+            let used = booking.consume();
             bump(&resource.tally().counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
@@ -298,7 +298,7 @@ impl ResourceBroker {
             // before the store holds the state, and the penalty or the
             // spent counter's hold lost.
             let settlement = match &outcome {
-                Outcome::Ok { usage, .. } => booked.settlement(&resource, cost, *usage, held_until),
+                Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, held_until),
                 _ => None,
             };
             let observed = outcome.observed().cloned();
@@ -310,9 +310,9 @@ impl ResourceBroker {
                             .note_upstream_429(&resource, &key, number, retry_after, hold)
                             .await;
                     }
-                    if let Some((spec, reserved, actual, since)) = settlement {
+                    if let Some((spec, booked, actual, since)) = settlement {
                         // A failed correction is logged, not returned.
-                        let change = (reserved, actual, since);
+                        let change = (booked, actual, since);
                         let backend = &broker.inner.backend;
                         if let Some(task) =
                             settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
@@ -320,7 +320,7 @@ impl ResourceBroker {
                             let _ = task.await;
                         }
                         // Time given back may be the head's of this line.
-                        if actual.requests < reserved.requests || actual.tokens < reserved.tokens {
+                        if actual.requests < booked.requests || actual.tokens < booked.tokens {
                             resource.lines.gave_back(&key);
                         }
                     }

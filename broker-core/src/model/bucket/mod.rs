@@ -71,7 +71,7 @@ impl BucketParams {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
-    /// Tokens available at `ts`; negative when reservations are booked ahead.
+    /// Tokens available at `ts`; negative when costs are booked ahead.
     pub tokens: f64,
     /// When `tokens` was last brought up to date.
     pub ts: Micros,
@@ -166,7 +166,7 @@ pub fn shortfall(
 /// Books `cost` for use `wait` µs after `now` (`wait` >= [`wait_for`]).
 /// Tokens are taken as of the send time, refill to it capped at capacity as a
 /// strict upstream does; `ts` stays at `now`.
-pub fn book(
+pub fn book_at(
     state: BucketState,
     params: &BucketParams,
     now: Micros,
@@ -200,14 +200,14 @@ pub fn try_take(
     let s = refill(state, params, now);
     let wait = wait_for(&s, params, now, cost);
     if wait == 0 {
-        return (book(s, params, now, cost, 0), 0);
+        return (book_at(s, params, now, cost, 0), 0);
     }
     (s, wait)
 }
 
-/// `reserve`: books `cost` at the earliest time it fits within `max_wait`.
+/// `book`: books `cost` at the earliest time it fits within `max_wait`.
 /// Returns `(new state, wait, booked)`; debt spaces the next booking.
-pub fn reserve(
+pub fn book(
     state: BucketState,
     params: &BucketParams,
     now: Micros,
@@ -220,10 +220,10 @@ pub fn reserve(
     if wait > max_wait {
         return (s, wait, false);
     }
-    (book(s, params, now, cost, wait), wait, true)
+    (book_at(s, params, now, cost, wait), wait, true)
 }
 
-/// `settle`: corrects a charge after the work; `delta = reserved - actual`
+/// `settle`: corrects a charge after the work; `delta = booked - actual`
 /// (positive refunds, capped at capacity; negative charges more).
 /// No refund when `nb` is past `since` (the booking's [`crate::state::Marks`]
 /// mark): a later hold drained those tokens. With `due`, only the
@@ -253,11 +253,11 @@ pub fn settle(
 /// was granted (as x/time/rate's `Reservation.Cancel`), 0 at least.
 ///
 /// ```
-/// use broker_core::bucket::{reserve, unclaimed, BucketParams, BucketState};
+/// use broker_core::bucket::{book, unclaimed, BucketParams, BucketState};
 /// let p = BucketParams::new(1.0, 10.0, 1_000_000.0); // 10 a second, burst 1
 /// let mut s = BucketState::fresh(&p, 0);
 /// for _ in 0..3 {
-///     s = reserve(s, &p, 0, 1.0, u64::MAX).0; // due at 0, 100 and 200 ms
+///     s = book(s, &p, 0, 1.0, u64::MAX).0; // due at 0, 100 and 200 ms
 /// }
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 100_000), 0.0);
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 200_000), 1.0);

@@ -1,17 +1,17 @@
-//! What a booking answers and keeps: the [`Reservation`] of `reserve`
+//! What a booking answers and keeps: the [`Booking`] of `book`
 //! and the [`Marks`] a settlement reads.
 
 use super::Micros;
 
-/// The answer of `reserve`.
+/// The answer of `book`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
+pub struct Booking {
     /// How long after now the booked cost may be used.
     pub wait: Micros,
     /// False when the wait exceeded `max_wait` and nothing was booked.
     pub booked: bool,
     /// The booking's marks on the store's clock, one per bucket, for a
-    /// settlement of this reservation (`settle`'s `since`).
+    /// settlement of this booking (`settle`'s `since`).
     pub since: Marks,
 }
 

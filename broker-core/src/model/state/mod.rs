@@ -2,7 +2,7 @@
 //! the transitions over all limits at once: all limits pass or nothing is
 //! consumed. Pure functions; backends call them (memory) or mirror them (Lua).
 //!
-//! The transitions live by concern: [`try_acquire`] and [`reserve`] take
+//! The transitions live by concern: [`try_acquire`] and [`book`] take
 //! from the buckets (`take`), [`hold_slot`] and its kin hold concurrency
 //! slots (`slots`), [`penalize`] and [`adopt`] hold a resource (`penalty`),
 //! [`reconcile`] reads upstream counters (`counters`); a booking's
@@ -21,11 +21,11 @@ use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
 pub use super::verdict::{Decision, DenyReason, LeaseId, LocalVerdict, RefillTime, Verdict};
-pub use booking::{Marks, Reservation, MARKED};
+pub use booking::{Booking, Marks, MARKED};
 pub use counters::{can_last_until, observed_for, reconcile};
 pub use penalty::{adopt, held_until, hold_left, hold_until, latest_not_before, penalize};
 pub use slots::{hold_slot, release, renew};
-pub use take::{reserve, settle, try_acquire, try_take_one, wait_all};
+pub use take::{book, settle, try_acquire, try_take_one, wait_all};
 
 /// Limits compiled for the state machine: one bucket per rate limit, plus
 /// the concurrency limit and how long a lease lives if never released.

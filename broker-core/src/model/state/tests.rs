@@ -86,9 +86,9 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
         Decision::deny(DenyReason::Rate, 4_001_000)
     );
     assert_eq!(s.leases.len(), 1, "no slot taken while held");
-    let late = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
+    let late = book(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
     assert_eq!((late.wait, late.booked), (4_001_000, false));
-    let booked = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
+    let booked = book(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
     assert_eq!((booked.wait, booked.booked), (4_001_000, true));
     assert_eq!(booked.since, Marks::uniform(1_000_000).due_at(5_001_000));
     assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
