@@ -170,10 +170,10 @@ impl MemoryBackend {
         })
     }
 
-    /// `hold_slot` on the joined state `key`: the lease, when held.
-    fn hold_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
+    /// `take_slot` on the joined state `key`: the lease, when held.
+    fn take_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
         let lease = store::next_lease();
-        self.with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease))
+        self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease))
             .then_some(lease)
     }
 
@@ -211,7 +211,7 @@ impl broker_core::Store for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        Ok(self.hold_slot_sync(key, spec))
+        Ok(self.take_slot_sync(key, spec))
     }
 
     async fn wait_left(
@@ -248,7 +248,7 @@ impl broker_core::Store for MemoryBackend {
             return Ok(Renewal::Held);
         }
         // Not held: taken again under the same lease if a slot is free.
-        let taken = self.with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease));
+        let taken = self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease));
         Ok(if taken {
             Renewal::Retaken
         } else {
@@ -315,7 +315,7 @@ impl LocalStore for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        Some(Ok(self.hold_slot_sync(key, spec)))
+        Some(Ok(self.take_slot_sync(key, spec)))
     }
 
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {

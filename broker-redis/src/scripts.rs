@@ -67,7 +67,7 @@ script!(
     )
 );
 script!(BOOK, "book");
-script!(HOLD_SLOT, "hold_slot");
+script!(TAKE_SLOT, "take_slot");
 script!(HOLD_LEFT, "hold_left");
 script!(RELEASE, "release");
 script!(RENEW, "renew");

@@ -122,7 +122,7 @@ pub(crate) enum Takes {
     Try,
     /// A `book`: its cost.
     Book,
-    /// A `hold_slot`: its lease.
+    /// A `take_slot`: its lease.
     Slot,
 }
 

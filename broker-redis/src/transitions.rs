@@ -45,7 +45,7 @@ impl RedisBackend {
     /// when held. `fresh`: a new lease (`take_slot`), released if granted
     /// after the caller was told the call timed out; else a live permit's
     /// (`renew` taking it again), which its next renewal finds held.
-    async fn hold_slot_as(
+    async fn take_slot_as(
         &self,
         key: &str,
         keys: &KeyPair,
@@ -54,7 +54,7 @@ impl RedisBackend {
         deadline: Instant,
     ) -> Result<bool, Failure> {
         let mut cmd = scripts::evalsha(
-            &scripts::HOLD_SLOT,
+            &scripts::TAKE_SLOT,
             keys,
             self.now_arg(),
             self.inner.margin_ms,
@@ -71,7 +71,7 @@ impl RedisBackend {
             true => {
                 self.run_decision(
                     self.scope(key),
-                    &scripts::HOLD_SLOT,
+                    &scripts::TAKE_SLOT,
                     cmd,
                     leased,
                     Takes::Slot,
@@ -81,7 +81,7 @@ impl RedisBackend {
             }
             false => {
                 let scope = self.scope(key);
-                self.run_leased(scope, &scripts::HOLD_SLOT, cmd, leased, deadline)
+                self.run_leased(scope, &scripts::TAKE_SLOT, cmd, leased, deadline)
                     .await?
             }
         };
@@ -281,7 +281,7 @@ impl Store for RedisBackend {
         let reached = self.send_pending_releases(key, deadline).await;
         let lease = new_lease();
         let held = if reached {
-            self.hold_slot_as(key, &keys, spec, (lease, true), deadline)
+            self.take_slot_as(key, &keys, spec, (lease, true), deadline)
                 .await
         } else {
             Err(self.kept_back(self.scope(key)))
@@ -325,7 +325,7 @@ impl Store for RedisBackend {
         }
         // Not held: taken again under the same lease if a slot is free.
         let deadline = self.deadline();
-        let held = self.hold_slot_as(key, &keys, spec, (lease, false), deadline);
+        let held = self.take_slot_as(key, &keys, spec, (lease, false), deadline);
         Ok(match held.await? {
             true => Renewal::Retaken,
             false => Renewal::Gone,

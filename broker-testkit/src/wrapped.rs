@@ -48,12 +48,12 @@ pub trait Hooks: Send + Sync + 'static {
         Duration::ZERO
     }
 
-    /// How long a `hold_slot` on `key` waits after the wrapped store has
+    /// How long a `take_slot` on `key` waits after the wrapped store has
     /// taken the slot (or found none), before it answers (a reply across a
     /// network: the store holds the lease, the caller does not know it
     /// yet); while it is non-zero, `take_slot_now` cannot answer in
     /// process.
-    fn hold_slot_reply_delay(&self, _key: &str) -> Duration {
+    fn take_slot_reply_delay(&self, _key: &str) -> Duration {
         Duration::ZERO
     }
 
@@ -162,7 +162,7 @@ impl<H: Hooks> Store for Wrapped<H> {
     }
     async fn take_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
         let answer = self.inner.take_slot(k, s).await;
-        pause(self.hooks.hold_slot_reply_delay(k)).await;
+        pause(self.hooks.take_slot_reply_delay(k)).await;
         answer
     }
     async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
@@ -242,7 +242,7 @@ impl<H: Hooks> LocalStore for Wrapped<H> {
         k: &str,
         s: &LimitSpec,
     ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        if !self.hooks.hold_slot_reply_delay(k).is_zero() {
+        if !self.hooks.take_slot_reply_delay(k).is_zero() {
             return None;
         }
         self.inner.local()?.take_slot_now(k, s)

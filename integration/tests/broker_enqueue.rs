@@ -1089,7 +1089,7 @@ async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
 /// with no states in process: `try_acquire` only asynchronously (pending
 /// on its first poll) when `asynchronous`, a settlement or a penalty
 /// `correction` late, the reply to a `try_acquire` `reply` after the store
-/// decided it, and to a `hold_slot` `slot_reply` after the slot was taken.
+/// decided it, and to a `take_slot` `slot_reply` after the slot was taken.
 struct Remote {
     asynchronous: bool,
     correction: Duration,
@@ -1099,7 +1099,7 @@ struct Remote {
 
 impl Remote {
     /// Settlements and penalties 50 ms late (so refunds are made by
-    /// tasks), and the reply to a `hold_slot` 50 ms after the slot.
+    /// tasks), and the reply to a `take_slot` 50 ms after the slot.
     const LATE: Remote = Remote {
         asynchronous: true,
         correction: Duration::from_millis(50),
@@ -1124,7 +1124,7 @@ impl broker_testkit::Hooks for Remote {
     fn try_acquire_reply_delay(&self, _: &str) -> Duration {
         self.reply
     }
-    fn hold_slot_reply_delay(&self, _: &str) -> Duration {
+    fn take_slot_reply_delay(&self, _: &str) -> Duration {
         self.slot_reply
     }
 }
@@ -1245,7 +1245,7 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
     }
 }
 
-/// An `acquire` or an `enqueue` dropped while the reply to its `hold_slot`
+/// An `acquire` or an `enqueue` dropped while the reply to its `take_slot`
 /// is on the way (a client timeout while the store is slow): the store has
 /// granted the lease, and it is released for the caller that went away.
 /// Before, nobody released it, and the slot stayed taken until the lease

@@ -28,7 +28,7 @@ enum Op {
     Advance(u64),
     Try(Cost),
     Book(Cost, u64),
-    HoldSlot,
+    TakeSlot,
     Release(usize),
     Renew(usize),
     /// Booked, actual, and the booking's due time as an offset from now
@@ -64,7 +64,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => cost().prop_map(Op::Try),
         3 => (cost(), prop_oneof![Just(0u64), 0u64..5_000_000, Just(u64::MAX)])
             .prop_map(|(c, w)| Op::Book(c, w)),
-        1 => Just(Op::HoldSlot),
+        1 => Just(Op::TakeSlot),
         1 => (0usize..4).prop_map(Op::Release),
         1 => (0usize..4).prop_map(Op::Renew),
         1 => (cost(), cost(), prop::option::of(-5_000_000i64..5_000_000))
@@ -215,11 +215,11 @@ async fn run_case(
                 let want = state::book(reference.get(&spec, now), &spec, now, cost, max_wait);
                 prop_assert_eq!(got, want, "book {:?} within {} at {}", cost, max_wait, now);
             }
-            Op::HoldSlot => {
-                let got = redis.take_slot(key, &spec).await.expect("hold_slot");
+            Op::TakeSlot => {
+                let got = redis.take_slot(key, &spec).await.expect("take_slot");
                 let lease = got.unwrap_or(0);
-                let want = state::hold_slot(reference.get(&spec, now), &spec, now, lease);
-                prop_assert_eq!(got.is_some(), want, "hold_slot at {}", now);
+                let want = state::take_slot(reference.get(&spec, now), &spec, now, lease);
+                prop_assert_eq!(got.is_some(), want, "take_slot at {}", now);
                 held.extend(got);
             }
             Op::Release(i) => {
@@ -241,7 +241,7 @@ async fn run_case(
                 // Not held: taken again under the lease if a slot is free.
                 let want = if renewed {
                     Renewal::Held
-                } else if state::hold_slot(reference.get(&spec, now), &spec, now, lease) {
+                } else if state::take_slot(reference.get(&spec, now), &spec, now, lease) {
                     Renewal::Retaken
                 } else {
                     Renewal::Gone

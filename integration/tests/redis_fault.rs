@@ -1027,7 +1027,7 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
                 "coalesce {coalesce}, rate {rate}: told {other:?}, yet a lease holds the slot"
             ),
         }
-        // The same for `hold_slot` (loaded first).
+        // The same for `take_slot` (loaded first).
         let _ = backend.take_slot("loaded", &spec).await.unwrap();
         cut.store(true, Ordering::SeqCst);
         let slot = backend.take_slot("slot", &spec).await;
@@ -1036,7 +1036,7 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
             Ok(Some(_)) => assert_eq!(held, ":1"),
             other => assert_eq!(
                 held, ":0",
-                "hold_slot told {other:?}, yet a lease holds the slot"
+                "take_slot told {other:?}, yet a lease holds the slot"
             ),
         }
     }

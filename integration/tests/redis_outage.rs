@@ -189,7 +189,7 @@ fn slots() -> LimitSpec {
 /// timeout (300 ms, the connect timeout left at 1 s), whichever way it
 /// goes: a lone `try_acquire`, ten at once (five sent, five queued behind
 /// them), one uncoalesced, one behind a release sent ahead of it, a
-/// `book`, a `hold_slot`. In virtual time, where the timeouts run
+/// `book`, a `take_slot`. In virtual time, where the timeouts run
 /// exactly (a millisecond of timer granularity allowed). Before, a call
 /// could wait the connect and the response timeouts together: 1.3 s.
 #[tokio::test]
@@ -204,7 +204,7 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
         "uncoalesced",
         "release ahead",
         "book",
-        "hold_slot",
+        "take_slot",
     ];
     let mut backends = Vec::new();
     for (i, path) in paths.iter().enumerate() {
@@ -234,7 +234,7 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 let r = backend.book("r", &spec, one, Duration::ZERO).await;
                 assert!(r.expect("fail-open").booked, "{path}");
             }
-            "hold_slot" => {
+            "take_slot" => {
                 let held = backend.take_slot("r", &spec).await;
                 assert!(held.expect("fail-open").is_some(), "{path}");
             }

@@ -147,7 +147,7 @@ impl Drop for Unclaimed {
     }
 }
 
-/// A lease `hold_slot` took on state `key` for a caller that may have
+/// A lease `take_slot` took on state `key` for a caller that may have
 /// gone away before it was told: dropped without [`UntoldLease::claim`],
 /// it is released, as a permit dropped unused would be.
 pub(crate) struct UntoldLease {

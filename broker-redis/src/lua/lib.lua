@@ -1,6 +1,6 @@
 -- resource-broker: the helpers every script is built on, written once: the
 -- clock and saturating arithmetic, the bucket (broker-core's bucket.rs),
--- the state over n buckets (state.rs) and the lease set (hold_slot).
+-- the state over n buckets (state.rs) and the lease set (take_slot).
 -- Each transition's script is this file followed by its own body, which
 -- starts with args().
 -- Times are microseconds held in doubles (exact below 2^53 us, about 285
@@ -310,9 +310,9 @@ local function keep_lease_set(now)
   call('PEXPIRE', KEYS[2], ms)
 end
 
--- state::hold_slot over the lease set; max_concurrent == '' means no
+-- state::take_slot over the lease set; max_concurrent == '' means no
 -- concurrency limit.
-local function hold_slot(now, max_concurrent, lease_ttl, lease)
+local function take_slot(now, max_concurrent, lease_ttl, lease)
   if max_concurrent == '' then
     return true
   end

@@ -803,7 +803,7 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
 /// the reference's `state::adopt` keeps it: whether that first call was
 /// a denied `try` (through each `try` script: many buckets, one bucket
 /// with and without a concurrency limit), a `book` that booked
-/// nothing, or a `hold_slot`, a call 100 ms later, as the penalty ends,
+/// nothing, or a `take_slot`, a call 100 ms later, as the penalty ends,
 /// is decided as the reference decides it on the state it adopted then.
 pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &Env) {
     use broker_core::state::{self, ResourceState};
@@ -831,14 +831,14 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
     enum First {
         Try,
         Book,
-        HoldSlot,
+        TakeSlot,
     }
     let cases = [
         ("to-two", &one, &two, First::Try),
         ("to-one", &two, &one, First::Try),
         ("to-one-held", &two, &one_held, First::Try),
         ("to-one-booked", &two, &one, First::Book),
-        ("to-two-slot", &one, &two_held, First::HoldSlot),
+        ("to-two-slot", &one, &two_held, First::TakeSlot),
     ];
     let hold = Duration::from_millis(100);
     let t0 = env.clock.now();
@@ -865,10 +865,10 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
                 assert!(!want.booked);
                 assert_eq!((got.booked, got.wait), (want.booked, want.wait), "{name}");
             }
-            First::HoldSlot => {
+            First::TakeSlot => {
                 let lease = b.take_slot(&key, new).await.unwrap();
                 assert!(lease.is_some(), "{name}");
-                assert!(state::hold_slot(&mut s, new, t0, 1));
+                assert!(state::take_slot(&mut s, new, t0, 1));
             }
         }
         reference.push((key, new, s));

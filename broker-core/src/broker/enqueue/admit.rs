@@ -17,7 +17,7 @@ use crate::store::{Store, Turn, TurnAsk};
 pub(crate) enum SlotOutcome {
     Unlimited,
     /// The lease, and whether the slot was waited for (the first
-    /// `hold_slot` found every slot held).
+    /// `take_slot` found every slot held).
     Held(LeaseId, bool),
     TimedOut,
 }
@@ -295,10 +295,10 @@ pub(crate) async fn wait_slot(
         tokio::pin!(freed);
         freed.as_mut().enable();
         // A store that answers in process, in the caller's line; any other
-        // through `hold_slot_later`.
+        // through `take_slot_later`.
         let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
-            Some(held) => held.inspect_err(|e| note_backend_error(resource, "hold_slot", e))?,
-            None => hold_slot_later(backend, resource, key, spec).await?,
+            Some(held) => held.inspect_err(|e| note_backend_error(resource, "take_slot", e))?,
+            None => take_slot_later(backend, resource, key, spec).await?,
         };
         if let Some(lease) = held {
             return Ok(SlotOutcome::Held(lease, waited));
@@ -344,11 +344,11 @@ async fn store_hold(
     Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
 }
 
-/// `hold_slot` on state `key` through the store's asynchronous call, run
+/// `take_slot` on state `key` through the store's asynchronous call, run
 /// to its answer if the caller goes away meanwhile (a timeout around
 /// `acquire` or `enqueue` while the store is slow): a lease the store
 /// grants then is released there, untold, not left held until it expires.
-async fn hold_slot_later(
+async fn take_slot_later(
     backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
@@ -360,7 +360,7 @@ async fn hold_slot_later(
         let held = backend
             .take_slot(&key, &spec)
             .await
-            .inspect_err(|e| note_backend_error(&resource, "hold_slot", e))?;
+            .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
         let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));
         Ok::<_, BackendError>(untold)
     });

@@ -3,8 +3,8 @@
 //! consumed. Pure functions; backends call them (memory) or mirror them (Lua).
 //!
 //! The transitions live by concern: [`try_acquire`] and [`book`] take
-//! from the buckets (`take`), [`hold_slot`] and its kin hold concurrency
-//! slots (`slots`), [`penalize`] and [`adopt`] hold a resource (`penalty`),
+//! from the buckets (`take`), [`take_slot`] and its kin hold concurrency
+//! slots (`slots`), [`penalize`] and [`adopt`] put a penalty on a resource (`penalty`),
 //! [`reconcile`] reads upstream counters (`counters`); a booking's
 //! [`Marks`] are in `booking`.
 
@@ -24,7 +24,7 @@ pub use super::verdict::{Decision, DenyReason, LeaseId, LocalVerdict, RefillTime
 pub use booking::{Booking, Marks, MARKED};
 pub use counters::{can_last_until, observed_for, reconcile};
 pub use penalty::{adopt, held_until, hold_left, hold_until, latest_not_before, penalize};
-pub use slots::{hold_slot, release, renew};
+pub use slots::{release, renew, take_slot};
 pub use take::{book, settle, try_acquire, try_take_one, wait_all};
 
 /// Limits compiled for the state machine: one bucket per rate limit, plus

@@ -79,7 +79,7 @@ pub fn hold_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, unti
 /// The buckets are held, not drained: what `adopt` makes does not depend
 /// on when after the reload it runs (a full bucket stays full), so a
 /// store that does not write the adopted state back on every call (the
-/// Redis scripts write nothing on a denial, and `hold_slot` reads no
+/// Redis scripts write nothing on a denial, and `take_slot` reads no
 /// bucket) decides as one that does.
 ///
 /// ```

@@ -2,7 +2,7 @@
 //! limits at once (all pass or nothing is taken).
 
 use super::{
-    costs, hold_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
+    costs, take_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
     ResourceState,
 };
 use crate::model::bucket::{self, BucketParams, BucketState, Shortfall};
@@ -65,7 +65,7 @@ pub fn try_acquire(
         Ok(taken) => taken,
         Err(wait) => return Decision::deny(DenyReason::Rate, wait),
     };
-    if !hold_slot(state, spec, now, lease) {
+    if !take_slot(state, spec, now, lease) {
         return Decision::deny(DenyReason::Concurrency, 0);
     }
     state.buckets[0] = taken;
@@ -126,7 +126,7 @@ pub(super) fn try_acquire_in_two_passes(
     if wait > 0 {
         return Decision::deny(DenyReason::Rate, wait);
     }
-    if !hold_slot(state, spec, now, lease) {
+    if !take_slot(state, spec, now, lease) {
         return Decision::deny(DenyReason::Concurrency, 0);
     }
     book_all(state, spec, now, cost, 0);
@@ -135,7 +135,7 @@ pub(super) fn try_acquire_in_two_passes(
 
 /// `book` over all rate limits: books `cost` in every bucket for the
 /// latest of their earliest times, or books nothing if that is beyond
-/// `max_wait`. Concurrency slots are not booked (see [`hold_slot`]).
+/// `max_wait`. Concurrency slots are not booked (see [`take_slot`]).
 /// A resource without rate limits books for the end of its
 /// [`ResourceState::hold`] (the wait is the time left of it; nothing to
 /// take, so nothing changes).
