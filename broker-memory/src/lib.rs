@@ -220,7 +220,7 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        Ok(self.with_state(key, spec, |s, now| state::hold_left(s, spec, now, cost)))
+        Ok(self.with_state(key, spec, |s, now| state::penalty_left(s, spec, now, cost)))
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {

@@ -68,7 +68,7 @@ script!(
 );
 script!(BOOK, "book");
 script!(TAKE_SLOT, "take_slot");
-script!(HOLD_LEFT, "hold_left");
+script!(PENALTY_LEFT, "penalty_left");
 script!(RELEASE, "release");
 script!(RENEW, "renew");
 script!(SETTLE, "settle");

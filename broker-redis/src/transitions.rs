@@ -296,7 +296,7 @@ impl Store for RedisBackend {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
-        let (script, cmd) = self.cost_call(&scripts::HOLD_LEFT, &keys, spec, cost);
+        let (script, cmd) = self.cost_call(&scripts::PENALTY_LEFT, &keys, spec, cost);
         let result = async {
             let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
             micros_of(&left)

@@ -36,7 +36,7 @@ enum Op {
     Settle(Cost, Cost, Option<i64>),
     Penalize(u64),
     Reconcile(Option<u64>, Option<u64>, Option<u64>),
-    HoldLeft(Cost),
+    PenaltyLeft(Cost),
 }
 
 /// The replica of the backend that issues an operation. Both share the
@@ -72,7 +72,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..10_000_000).prop_map(Op::Penalize),
         1 => (prop::option::of(remaining(30)), prop::option::of(remaining(60)), prop::option::of(0u64..5_000_000))
             .prop_map(|(r, t, reset)| Op::Reconcile(r, t, reset)),
-        1 => cost().prop_map(Op::HoldLeft),
+        1 => cost().prop_map(Op::PenaltyLeft),
     ]
 }
 
@@ -99,7 +99,7 @@ fn params() -> impl Strategy<Value = BucketParams> {
 
 /// Limits of up to two rate limits and a concurrency limit: about one in
 /// six with no rate limit at all (a concurrency limit alone, or nothing),
-/// where a penalty holds the state itself (`ResourceState::hold`).
+/// where a penalty holds the state itself (`ResourceState::penalty`).
 fn spec() -> impl Strategy<Value = LimitSpec> {
     (
         prop::option::weighted(0.75, params()),
@@ -286,10 +286,13 @@ async fn run_case(
                     .expect("reconcile");
                 state::reconcile(reference.get(&spec, now), &spec, now, &observed);
             }
-            Op::HoldLeft(cost) => {
-                let got = redis.wait_left(key, &spec, cost).await.expect("hold_left");
-                let want = state::hold_left(reference.get(&spec, now), &spec, now, cost);
-                prop_assert_eq!(got, want, "hold_left {:?} at {}", cost, now);
+            Op::PenaltyLeft(cost) => {
+                let got = redis
+                    .wait_left(key, &spec, cost)
+                    .await
+                    .expect("penalty_left");
+                let want = state::penalty_left(reference.get(&spec, now), &spec, now, cost);
+                prop_assert_eq!(got, want, "penalty_left {:?} at {}", cost, now);
             }
         }
         compare(&leading, key, &spec, &mut reference, leading_clock.now()).await?;
@@ -322,22 +325,22 @@ async fn compare(
     let stored = stored.unwrap_or(ResourceState {
         buckets: Vec::new(),
         leases: Vec::new(),
-        hold: 0,
+        penalty: 0,
     });
-    // The hold of a state of no bucket: Redis deletes the hash once a call
-    // finds the hold ended, after which the reference's ended hold is no
-    // hold either (a lagging replica's now may be before its end). With
-    // buckets, neither has one.
-    match (stored.hold, spec.buckets.is_empty()) {
+    // The penalty of a state of no bucket: Redis deletes the hash once a
+    // call finds the penalty ended, after which the reference's ended
+    // penalty is none either (a lagging replica's now may be before its
+    // end). With buckets, neither has one.
+    match (stored.penalty, spec.buckets.is_empty()) {
         (0, true) => {
             prop_assert!(
-                want.hold <= now,
-                "redis lost a hold the reference holds: {}",
-                want.hold
+                want.penalty <= now,
+                "redis lost a penalty the reference has: {}",
+                want.penalty
             );
-            reference.state.as_mut().unwrap().hold = 0;
+            reference.state.as_mut().unwrap().penalty = 0;
         }
-        (hold, _) => prop_assert_eq!(hold, want.hold, "the hold"),
+        (penalty, _) => prop_assert_eq!(penalty, want.penalty, "the penalty"),
     }
     let want = reference.state.as_ref().unwrap();
     if stored.buckets.is_empty() {

@@ -178,7 +178,7 @@ async fn a_penalty_on_a_concurrency_limit_alone_keeps_its_key_until_it_ends() {
     );
     let state = backend.state("c").await.unwrap().unwrap();
     assert_eq!(
-        (state.buckets.len(), state.hold),
+        (state.buckets.len(), state.penalty),
         (0, clock.now() + 7_200_000_000)
     );
     clock.advance(Duration::from_secs(7200));

@@ -30,7 +30,9 @@ impl ResourceBroker {
         crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
-        resource.holds.hold(key, crate::clock::tokio_after(hold));
+        resource
+            .penalties
+            .penalize(key, crate::clock::tokio_after(hold));
         self.inner
             .backend
             .penalize(key, &resource.spec, hold)

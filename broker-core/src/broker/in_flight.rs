@@ -89,7 +89,7 @@ pub(crate) struct Unclaimed {
     key: Option<String>,
     cost: Cost,
     /// The end of this process's hold on the state when it was asked.
-    held_until: Option<tokio::time::Instant>,
+    penalty_end: Option<tokio::time::Instant>,
 }
 
 impl Unclaimed {
@@ -101,7 +101,7 @@ impl Unclaimed {
         resource: Arc<Resource>,
         key: Option<String>,
         cost: Cost,
-        held_until: Option<tokio::time::Instant>,
+        penalty_end: Option<tokio::time::Instant>,
     ) -> Self {
         Self {
             decision: Some(decision),
@@ -109,7 +109,7 @@ impl Unclaimed {
             resource,
             key,
             cost,
-            held_until,
+            penalty_end,
         }
     }
 
@@ -132,8 +132,8 @@ impl Drop for Unclaimed {
             release_untold(&self.backend, resource.clone(), key, lease);
         }
         let key = self.key.as_deref().unwrap_or(&resource.key);
-        let held = resource.holds.until(key);
-        if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.held_until) {
+        let held = resource.penalties.until(key);
+        if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.penalty_end) {
             return;
         }
         // Under the latest limits, none if a registration since the call

@@ -102,7 +102,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// `penalize`: drain and hold every bucket for `hold` from the store's
     /// now; a resource without rate limits has its state held instead
-    /// ([`crate::state::ResourceState::hold`]), so that `try_acquire` and
+    /// ([`crate::state::ResourceState::penalty`]), so that `try_acquire` and
     /// `book` wait for the end on every user of the store. Never
     /// shortens a longer penalty.
     async fn penalize(
@@ -122,7 +122,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reads the state at `key`: how long, from the store's now, a call of
     /// `cost` must still wait out a penalty or a spent counter's hold
-    /// ([`crate::state::hold_left`]); 0 for none. Changes nothing. The
+    /// ([`crate::state::penalty_left`]); 0 for none. Changes nothing. The
     /// broker asks it when a call wakes from its booking's time or its wait
     /// for a slot, so that a penalty another process put on meanwhile holds
     /// the call too. The default asks [`Store::book`] for nothing within

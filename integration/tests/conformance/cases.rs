@@ -928,13 +928,13 @@ pub async fn a_denied_call_under_other_limits_takes_the_state_on(env: &Env) {
     }
 }
 
-/// `hold_left` gives what the store holds a call of a cost for, as the
-/// reference's `state::hold_left` reads it, and changes nothing: a spent
+/// `penalty_left` gives what the store holds a call of a cost for, as the
+/// reference's `state::penalty_left` reads it, and changes nothing: a spent
 /// tokens counter holds a call of tokens, not one of requests alone; a
 /// penalty holds both, also as read under limits with another number of
 /// rate limits (the state taken on) and with none (the state's hold).
-pub async fn hold_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
-    let (b, key) = (&*env.backend, env.key("hold_left"));
+pub async fn penalty_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("penalty_left"));
     let two = spec(
         Limits::new()
             .rate(RateLimit::per_second(10).with_burst(5))
@@ -1025,7 +1025,7 @@ macro_rules! for_each_case {
             a_penalty_outlives_a_reload_to_another_number_of_rate_limits,
             a_state_adopted_under_a_penalty_is_the_one_later_calls_find,
             a_denied_call_under_other_limits_takes_the_state_on,
-            hold_left_gives_the_hold_a_call_of_a_cost_meets
+            penalty_left_gives_the_hold_a_call_of_a_cost_meets
         );
     };
 }

@@ -64,7 +64,7 @@ impl Bounds {
     }
 
     /// The bound a hold ending at `until` meets, if any.
-    fn hold_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
+    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         if let Some(c) = self.ceiling.filter(|&c| left > c) {
             return Some(WaitBound::PenaltyCeiling(c));
@@ -116,7 +116,7 @@ pub(crate) async fn admit_until(
             Err(too_long) => return Ok(too_long),
         };
         booking.sleep_until_due().await;
-        let until = match resource.holds.until(key) {
+        let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
                 let (permit, waited) = match wait_slot(broker, resource, key, bounds.until())
@@ -133,9 +133,9 @@ pub(crate) async fn admit_until(
                 };
                 // A wait, for the booking's time or for the slot, is when
                 // the store may have been held since the booking.
-                let held = match resource.holds.until(key) {
+                let held = match resource.penalties.until(key) {
                     None if waited || booking.wait > 0 => {
-                        store_hold(broker, resource, key, cost).await?
+                        store_penalty(broker, resource, key, cost).await?
                     }
                     held => held,
                 };
@@ -150,7 +150,7 @@ pub(crate) async fn admit_until(
         };
         // Spent if the hold came after it, else given back (its `Drop`).
         drop(booking);
-        if let Some(bound) = bounds.hold_beyond(until) {
+        if let Some(bound) = bounds.penalty_beyond(until) {
             let now = tokio::time::Instant::now();
             return Ok(Admitted::TooLong(crate::clock::micros(until - now), bound));
         }
@@ -219,12 +219,12 @@ async fn book_in_line(
         }
         // A wait beyond the penalty ceiling may be a hold beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
-            let held = match resource.holds.until(key) {
+            let held = match resource.penalties.until(key) {
                 Some(until) => Some(until),
-                None => store_hold(broker, resource, key, cost).await?,
+                None => store_penalty(broker, resource, key, cost).await?,
             };
             if let Some(until) = held {
-                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.hold_beyond(until) {
+                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.penalty_beyond(until) {
                     ticket.leave();
                     let now = tokio::time::Instant::now();
                     let would = crate::clock::micros(until.saturating_duration_since(now));
@@ -317,14 +317,14 @@ pub(crate) async fn wait_slot(
 /// if one is in force ([`Store::wait_left`]: a 429's penalty or a spent
 /// counter another process reported, on the buckets the cost draws on, or
 /// on a resource without rate limits the state's
-/// [`crate::state::ResourceState::hold`]). Asked by a call that waited for
+/// [`crate::state::ResourceState::penalty`]). Asked by a call that waited for
 /// its booking's time or for its slot: a hold put on meanwhile (a 429 of
 /// another process, or of the call that held the slot) would otherwise let
 /// it go out during the penalty, as this process's own holds do not know
 /// of it. A store that fails to answer holds nothing known on a resource
 /// with rate limits: the store granted the booking, which goes ahead as
 /// granted.
-async fn store_hold(
+async fn store_penalty(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,

@@ -62,7 +62,8 @@ impl LiveBooking {
             if !r.booked {
                 return Ok(Err(r.wait));
             }
-            let since_here = (resource.holds.until(&key)).unwrap_or_else(tokio::time::Instant::now);
+            let since_here =
+                (resource.penalties.until(&key)).unwrap_or_else(tokio::time::Instant::now);
             Ok(Ok(LiveBooking {
                 backend,
                 resource,
@@ -140,7 +141,7 @@ impl UsedBooking {
     /// registration with other buckets (so holds none of it), a charge of
     /// the whole usage. `None` when there is nothing to settle.
     ///
-    /// `held_until` is this process's hold on the booking's state, if
+    /// `penalty_end` is this process's hold on the booking's state, if
     /// any: one put on after the booking (an upstream 429 since) keeps
     /// the unused part of the cost spent, as a cancelled booking's is
     /// (see `LiveBooking`'s `Drop`): the store decides by its own holds, and
@@ -151,12 +152,12 @@ impl UsedBooking {
         resource: &Resource,
         cost: Cost,
         usage: Option<Cost>,
-        held_until: Option<tokio::time::Instant>,
+        penalty_end: Option<tokio::time::Instant>,
     ) -> Option<(Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
         match under(&resource.latest(), self.booked_under, self.since) {
             Under::Same(spec, since) => {
                 let mut actual = usage?;
-                if held_until.is_some_and(|until| until > self.since_here) {
+                if penalty_end.is_some_and(|until| until > self.since_here) {
                     actual.requests = actual.requests.max(cost.requests);
                     actual.tokens = actual.tokens.max(cost.tokens);
                 }
@@ -222,12 +223,12 @@ impl Drop for LiveBooking {
         // After a hold put on since this booking (an upstream 429), giving
         // the cost back could return tokens the hold drained: the booking
         // stays spent instead. A booking made under a hold is given back.
-        // The store decides by its own holds (`settle` with the booking's
-        // mark); this process's holds cover a store that failed to take one.
+        // The store decides by its own penalties (`settle` with the booking's
+        // mark); this process's penalties cover a store that failed to take one.
         if !self.armed
             || self
                 .resource
-                .holds
+                .penalties
                 .until(&self.key)
                 .is_some_and(|until| until > self.since_here)
         {

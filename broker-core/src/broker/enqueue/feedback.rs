@@ -79,7 +79,7 @@ impl ResourceBroker {
         if noop {
             return Ok(());
         }
-        hold_spent_counters(resource, key, observed);
+        penalize_spent_counters(resource, key, observed);
         let backend = &self.inner.backend;
         match spent.flatten() {
             Some(reset) => backend.penalize(key, spec, reset).await,
@@ -111,18 +111,22 @@ pub(super) fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> Ob
 /// store's `reconcile` makes new bookings wait (see `state::reconcile`).
 /// A resource without rate limits is held until the latest reset of any
 /// spent counter, as the store holds it (see `reconcile_key`).
-pub(super) fn hold_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
+pub(super) fn penalize_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
     let buckets = &resource.latest().spec.buckets;
     if buckets.is_empty() {
         if let Some(reset) = spent_reset(capped) {
-            resource.holds.hold(key, crate::clock::tokio_after(reset));
+            resource
+                .penalties
+                .penalize(key, crate::clock::tokio_after(reset));
         }
         return;
     }
     for (unit, _) in buckets {
         if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
             if let Some(reset) = o.reset {
-                resource.holds.hold(key, crate::clock::tokio_after(reset));
+                resource
+                    .penalties
+                    .penalize(key, crate::clock::tokio_after(reset));
             }
         }
     }

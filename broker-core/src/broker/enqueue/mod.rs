@@ -25,7 +25,7 @@ mod admit;
 mod booking;
 mod feedback;
 
-use feedback::{capped_resets, hold_spent_counters};
+use feedback::{capped_resets, penalize_spent_counters};
 
 pub(crate) use admit::{admit_until, Admitted, Bounds};
 pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
@@ -269,7 +269,7 @@ impl ResourceBroker {
             let retry_after = outcome.retry_after();
             // This process's hold on the state before the answer's own
             // holds: what the settlement of a success goes by.
-            let held_until = resource.holds.until(&key);
+            let penalty_end = resource.penalties.until(&key);
             // A 429's hold, and that of a counter the answer reports spent,
             // go on before the slot is freed: a call waiting for the slot
             // would otherwise take it, find no hold yet, and go out during
@@ -277,11 +277,13 @@ impl ResourceBroker {
             // penalty before the reconcile are round trips to the store).
             let hold = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
                 let hold = policy.rate_limited_pause(number, retry_after, &limits);
-                resource.holds.hold(&key, crate::clock::tokio_after(hold));
+                resource
+                    .penalties
+                    .penalize(&key, crate::clock::tokio_after(hold));
                 hold
             });
             if let Some(observed) = outcome.observed() {
-                hold_spent_counters(&resource, &key, &capped_resets(&resource, observed));
+                penalize_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
             // What the answer tells the store (a 429's penalty, the
             // settlement of a success, the counters it reports) reaches
@@ -289,7 +291,7 @@ impl ResourceBroker {
             // that waited for the slot asks the store for a hold once it
             // has the slot (see `admit_until`; a resource without rate
             // limits is held by the store's state alone,
-            // `ResourceState::hold`), and would otherwise find none yet,
+            // `ResourceState::penalty`), and would otherwise find none yet,
             // and go out during the penalty or into the spent window. The
             // settlement goes before the reconcile, which corrects the
             // state it leaves. Run to its end, the slot freed after it,
@@ -298,7 +300,7 @@ impl ResourceBroker {
             // before the store holds the state, and the penalty or the
             // spent counter's hold lost.
             let settlement = match &outcome {
-                Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, held_until),
+                Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, penalty_end),
                 _ => None,
             };
             let observed = outcome.observed().cloned();

@@ -9,11 +9,11 @@ use crate::model::bucket::{self, BucketParams, BucketState, Shortfall};
 use crate::model::limits::{Cost, Unit};
 
 /// The longest wait among the buckets for `cost` at `now`, changing nothing.
-/// A resource without rate limits waits for its [`ResourceState::hold`]
+/// A resource without rate limits waits for its [`ResourceState::penalty`]
 /// alone, whatever the cost.
 pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
     if spec.buckets.is_empty() {
-        return state.hold.saturating_sub(now);
+        return state.penalty.saturating_sub(now);
     }
     let mut wait = 0;
     for (((_, p), c), s) in spec
@@ -47,7 +47,7 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 /// `try` over all limits: takes `cost` from every bucket and, if the
 /// resource has a concurrency limit, a slot under `lease`, or nothing at all.
 /// A zero cost for a bucket skips that bucket. A resource without rate
-/// limits is denied by rate while its [`ResourceState::hold`] lasts, with
+/// limits is denied by rate while its [`ResourceState::penalty`] lasts, with
 /// the wait to its end (see [`wait_all`]).
 pub fn try_acquire(
     state: &mut ResourceState,
@@ -137,7 +137,7 @@ pub(super) fn try_acquire_in_two_passes(
 /// latest of their earliest times, or books nothing if that is beyond
 /// `max_wait`. Concurrency slots are not booked (see [`take_slot`]).
 /// A resource without rate limits books for the end of its
-/// [`ResourceState::hold`] (the wait is the time left of it; nothing to
+/// [`ResourceState::penalty`] (the wait is the time left of it; nothing to
 /// take, so nothing changes).
 pub fn book(
     state: &mut ResourceState,
