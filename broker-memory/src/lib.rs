@@ -274,10 +274,10 @@ impl broker_core::Store for MemoryBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
-            state::penalize(s, spec, now, now.saturating_add(micros(hold)))
+            state::penalize(s, spec, now, now.saturating_add(micros(penalty)))
         });
         Ok(())
     }

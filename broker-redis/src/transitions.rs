@@ -374,7 +374,7 @@ impl Store for RedisBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha(
@@ -385,7 +385,7 @@ impl Store for RedisBackend {
             spec,
             |_| Operand::Int(0),
         );
-        cmd.arg(micros(hold));
+        cmd.arg(micros(penalty));
         self.run(self.scope(key), &scripts::PENALIZE, cmd).await?;
         Ok(())
     }

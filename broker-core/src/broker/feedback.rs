@@ -12,17 +12,17 @@ use crate::stats::bump;
 /// # Upstream feedback
 impl ResourceBroker {
     /// `penalize`: after a real upstream 429, drain the resource's buckets
-    /// and hold them for `hold` (a resource without rate limits: hold its
-    /// state in the store, see [`crate::state::penalize`]). Never shortens
+    /// and penalize them for `penalty` (a resource without rate limits:
+    /// penalize its state in the store, see [`crate::state::penalize`]). Never shortens
     /// a longer penalty. Counted as an upstream 429 in
     /// [`ResourceBroker::stats`]. Call it before the permit of the call
     /// that got the 429 is dropped: on a resource without rate limits, a
     /// call of another process waiting for the slot would otherwise take
-    /// it before the store holds the penalty.
+    /// it before the store has the penalty.
     pub async fn penalize<'a>(
         &self,
         target: impl Into<Target<'a>>,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
@@ -32,10 +32,10 @@ impl ResourceBroker {
         let key = owned.as_deref().unwrap_or(&resource.key);
         resource
             .penalties
-            .penalize(key, crate::clock::tokio_after(hold));
+            .penalize(key, crate::clock::tokio_after(penalty));
         self.inner
             .backend
-            .penalize(key, &resource.spec, hold)
+            .penalize(key, &resource.spec, penalty)
             .await
             .inspect_err(|e| note_backend_error(&resource, "penalize", e))?;
         Ok(())
@@ -65,8 +65,8 @@ impl ResourceBroker {
 
     /// `settle`: correct a charge after the work, from `booked` to
     /// `actual` (refund or charge the difference). A refund is not made
-    /// while a hold is on (a penalty or an exhausted upstream counter drained
-    /// what it would give back).
+    /// while a penalty is on (a 429's or an exhausted upstream counter's
+    /// drained what it would give back).
     ///
     /// The correction goes to the store as it is now. A cost a shared
     /// store's failure policy answered while the store was out of reach (a

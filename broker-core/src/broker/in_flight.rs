@@ -77,7 +77,7 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 /// A `try` decision of the store for a caller that may have gone away
 /// before it was told: dropped without [`Unclaimed::claim`], an allowed
 /// decision gives its cost back and frees its slot, as a permit dropped
-/// unused would (its cost is not given back if a hold was put on since
+/// unused would (its cost is not given back if a penalty was put on since
 /// it was asked: then the store's drain stands, as a cancelled booking's
 /// does; nor if a registration since had other buckets: then the state
 /// may have been started afresh).
@@ -88,7 +88,7 @@ pub(crate) struct Unclaimed {
     /// The state asked (`None`: the resource's own).
     key: Option<String>,
     cost: Cost,
-    /// The end of this process's hold on the state when it was asked.
+    /// The end of this process's penalty on the state when it was asked.
     penalty_end: Option<tokio::time::Instant>,
 }
 

@@ -234,10 +234,10 @@ impl ResourceBroker {
     /// Puts `ready` in `map` (under the registry's lock), in place of the
     /// registration of its id there, which it returns.
     fn install(&self, map: &mut Registry, ready: Ready) -> Option<Arc<Resource>> {
-        // The holds, the latest registration and the count of the calls
+        // The penalties, the latest registration and the count of the calls
         // queued and running belong to the resource id, not to one
         // registration: a call still running on an earlier registration
-        // sees a hold set through this one, and the other way round.
+        // sees a penalty set through this one, and the other way round.
         let (penalties, lines, lineage, epochs, live) = match map.get(&ready.id) {
             Some(old) => (
                 old.penalties.clone(),

@@ -440,15 +440,15 @@ impl<P: Store> Store for Failover<P> {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError> {
-        let error = match self.primary.penalize(key, spec, hold).await {
+        let error = match self.primary.penalize(key, spec, penalty).await {
             Err(e) => e,
             done => return done,
         };
         match self.answer("penalize", error, spec)? {
             Answer::Open => Ok(()),
-            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, hold).await,
+            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
         }
     }
 

@@ -88,7 +88,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// `settle`: correct the charge from `booked` to `actual`. `since`:
     /// the [`Booking::since`] marks of the booking settled, when
-    /// there was one; a refund is not made to a bucket held past its mark
+    /// there was one; a refund is not made to a bucket penalized past its mark
     /// (a penalty put on after the booking, see [`crate::bucket::settle`]),
     /// nor, without marks, while a penalty is on.
     async fn settle(
@@ -100,8 +100,8 @@ pub trait Store: Send + Sync + 'static {
         since: Option<Marks>,
     ) -> Result<(), BackendError>;
 
-    /// `penalize`: drain and hold every bucket for `hold` from the store's
-    /// now; a resource without rate limits has its state held instead
+    /// `penalize`: drain and penalize every bucket for `penalty` from the store's
+    /// now; a resource without rate limits has its state penalized instead
     /// ([`crate::state::ResourceState::penalty`]), so that `try_acquire` and
     /// `book` wait for the end on every user of the store. Never
     /// shortens a longer penalty.
@@ -109,7 +109,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError>;
 
     /// `reconcile`: narrow the buckets to what the upstream reported.
@@ -121,19 +121,19 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), BackendError>;
 
     /// Reads the state at `key`: how long, from the store's now, a call of
-    /// `cost` must still wait out a penalty or a spent counter's hold
+    /// `cost` must still wait out a 429's or a spent counter's penalty
     /// ([`crate::state::penalty_left`]); 0 for none. Changes nothing. The
     /// broker asks it when a call wakes from its booking's time or its wait
-    /// for a slot, so that a penalty another process put on meanwhile holds
+    /// for a slot, so that a penalty another process put on meanwhile stops
     /// the call too. The default asks [`Store::book`] for nothing within
-    /// no wait, which sees the hold of a state without buckets only.
+    /// no wait, which sees the penalty of a state without buckets only.
     async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        // Sees no bucket's hold, whatever the cost.
+        // Sees no bucket's penalty, whatever the cost.
         let _ = cost;
         let nothing = Cost {
             requests: 0,

@@ -28,7 +28,7 @@ pub(crate) enum Admitted {
     /// The booked cost, due now, and the slot (an empty permit without a
     /// concurrency limit).
     Go(LiveBooking, Permit),
-    /// The cost does not fit within a bound (a wait or a hold beyond it):
+    /// The cost does not fit within a bound (a wait or a penalty beyond it):
     /// the wait still ahead and the bound, nothing booked.
     TooLong(Micros, WaitBound),
     /// No slot came free before the deadline.
@@ -40,7 +40,7 @@ pub(crate) enum Admitted {
 pub(crate) struct Bounds {
     /// The call's deadline, and its length as the caller gave it.
     pub(crate) deadline: Option<(tokio::time::Instant, Duration)>,
-    /// The longest hold (a penalty, a spent counter) the call waits out.
+    /// The longest penalty (a 429's, a spent counter's) the call waits out.
     pub(crate) ceiling: Option<Duration>,
 }
 
@@ -63,7 +63,7 @@ impl Bounds {
         WaitBound::Deadline(self.deadline.map_or(Duration::ZERO, |(_, d)| d))
     }
 
-    /// The bound a hold ending at `until` meets, if any.
+    /// The bound a penalty ending at `until` meets, if any.
     fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         if let Some(c) = self.ceiling.filter(|&c| left > c) {
@@ -77,19 +77,19 @@ impl Bounds {
 }
 
 /// Books `cost` on `key`, waits for its time, then for a slot, all before
-/// `deadline`. A hold (an upstream 429 or an exhausted counter) that came
+/// `deadline`. A penalty (an upstream 429 or an exhausted counter) that came
 /// after the booking voids its time: the booking stays spent (its time has
 /// come, as a sent call's would), and the cost is booked again when the
-/// hold ends, so the calls the hold kept leave spaced as the bucket spaces
-/// them, not together when it ends. A hold that came while the call waited
+/// penalty ends, so the calls the penalty kept leave spaced as the bucket
+/// spaces them, not together when it ends. A penalty that came while the call waited
 /// for its slot (the call that held the slot got a 429) voids it as well:
 /// the slot is given back, and the call waits the hold out; so does the
-/// store's hold of a 429 (or a spent counter) another process got while
+/// store's penalty of a 429 (or a spent counter) another process got while
 /// the call waited for its slot or its booking's time. A booking
-/// made under the hold it then meets (one the store did not make it wait out:
-/// the store missed the penalty, or holds only a bucket this cost does not
+/// made under the penalty it then meets (one the store did not make it wait out:
+/// the store missed the penalty, or penalizes only a bucket this cost does not
 /// draw on) is given back, as a cancelled one is (see `LiveBooking`'s `Drop`):
-/// the call is charged once, by the booking it makes when the hold ends.
+/// the call is charged once, by the booking it makes when the penalty ends.
 ///
 /// The slot's permit is released on state `key` (`keyed`: a sub-key's
 /// state, else the resource's own), and counted in flight if `counted`
@@ -132,7 +132,7 @@ pub(crate) async fn admit_until(
                     SlotOutcome::TimedOut => return Ok(Admitted::NoSlot(bounds.deadline_bound())),
                 };
                 // A wait, for the booking's time or for the slot, is when
-                // the store may have been held since the booking.
+                // the store may have been penalized since the booking.
                 let held = match resource.penalties.until(key) {
                     None if waited || booking.wait > 0 => {
                         store_penalty(broker, resource, key, cost).await?
@@ -148,7 +148,7 @@ pub(crate) async fn admit_until(
                 }
             }
         };
-        // Spent if the hold came after it, else given back (its `Drop`).
+        // Spent if the penalty came after it, else given back (its `Drop`).
         drop(booking);
         if let Some(bound) = bounds.penalty_beyond(until) {
             let now = tokio::time::Instant::now();
@@ -217,7 +217,7 @@ async fn book_in_line(
             let bound = bounds.deadline_bound();
             return Ok(Err(Admitted::TooLong(crate::clock::micros(wait), bound)));
         }
-        // A wait beyond the penalty ceiling may be a hold beyond it.
+        // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
             let held = match resource.penalties.until(key) {
                 Some(until) => Some(until),
@@ -313,15 +313,15 @@ pub(crate) async fn wait_slot(
     }
 }
 
-/// The end of a hold the store has on state `key` for a call of `cost`,
+/// The end of a penalty the store has on state `key` for a call of `cost`,
 /// if one is in force ([`Store::wait_left`]: a 429's penalty or a spent
 /// counter another process reported, on the buckets the cost draws on, or
 /// on a resource without rate limits the state's
 /// [`crate::state::ResourceState::penalty`]). Asked by a call that waited for
 /// its booking's time or for its slot: a hold put on meanwhile (a 429 of
 /// another process, or of the call that held the slot) would otherwise let
-/// it go out during the penalty, as this process's own holds do not know
-/// of it. A store that fails to answer holds nothing known on a resource
+/// it go out during the penalty, as this process's own penalties do not know
+/// of it. A store that fails to answer reports no penalty on a resource
 /// with rate limits: the store granted the booking, which goes ahead as
 /// granted.
 async fn store_penalty(

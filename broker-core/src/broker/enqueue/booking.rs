@@ -20,7 +20,7 @@ pub(crate) const NO_COST: Cost = Cost {
 };
 
 /// A booking made in the store. Dropped before [`LiveBooking::consume`], it refunds
-/// the cost, unless a hold put on since has drained it (see its `Drop`).
+/// the cost, unless a penalty put on since has drained it (see its `Drop`).
 pub(crate) struct LiveBooking {
     backend: Arc<dyn Store>,
     resource: Arc<Resource>,
@@ -34,7 +34,7 @@ pub(crate) struct LiveBooking {
     /// ([`crate::state::Booking::since`]).
     since: Marks,
     /// The same on this process's clock and holds: the time of the
-    /// booking, or the end of the local hold it was made under if later.
+    /// booking, or the end of the local penalty it was made under if later.
     since_here: tokio::time::Instant,
     armed: bool,
 }
@@ -141,12 +141,12 @@ impl UsedBooking {
     /// registration with other buckets (so holds none of it), a charge of
     /// the whole usage. `None` when there is nothing to settle.
     ///
-    /// `penalty_end` is this process's hold on the booking's state, if
+    /// `penalty_end` is this process's penalty on the booking's state, if
     /// any: one put on after the booking (an upstream 429 since) keeps
     /// the unused part of the cost spent, as a cancelled booking's is
-    /// (see `LiveBooking`'s `Drop`): the store decides by its own holds, and
+    /// (see `LiveBooking`'s `Drop`): the store decides by its own penalties, and
     /// this one covers a store that failed to take one. Usage above the
-    /// estimate is charged whatever the hold.
+    /// estimate is charged whatever the penalty.
     pub(super) fn settlement(
         &self,
         resource: &Resource,
@@ -220,9 +220,9 @@ pub(crate) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
 
 impl Drop for LiveBooking {
     fn drop(&mut self) {
-        // After a hold put on since this booking (an upstream 429), giving
-        // the cost back could return tokens the hold drained: the booking
-        // stays spent instead. A booking made under a hold is given back.
+        // After a penalty put on since this booking (an upstream 429), giving
+        // the cost back could return tokens the penalty drained: the booking
+        // stays spent instead. A booking made under a penalty is given back.
         // The store decides by its own penalties (`settle` with the booking's
         // mark); this process's penalties cover a store that failed to take one.
         if !self.armed

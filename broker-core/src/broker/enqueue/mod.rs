@@ -43,7 +43,7 @@ pub struct Attempt {
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError<E> {
     /// The broker refused before or between attempts (unknown resource,
-    /// queue full, cost never fits, a wait beyond its deadline or a hold
+    /// queue full, cost never fits, a wait beyond its deadline or a penalty
     /// beyond the penalty ceiling, backend down).
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -203,7 +203,7 @@ impl ResourceBroker {
         let started = tokio::time::Instant::now();
         let policy: &RetryPolicy = &resource.config.retry;
         let limits = resource.config.paced_limits();
-        // The ceiling bounds a penalty's hold and every retry pause; the
+        // The ceiling bounds a penalty and every retry pause; the
         // wait for one's turn has no bound but a deadline.
         let ceiling = policy.ceiling(&limits);
         let deadline = (target.deadline)
@@ -267,20 +267,20 @@ impl ResourceBroker {
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
             let retry_after = outcome.retry_after();
-            // This process's hold on the state before the answer's own
-            // holds: what the settlement of a success goes by.
+            // This process's penalty on the state before the answer's own
+            // penalties: what the settlement of a success goes by.
             let penalty_end = resource.penalties.until(&key);
-            // A 429's hold, and that of a counter the answer reports spent,
+            // A 429's penalty, and that of a counter the answer reports spent,
             // go on before the slot is freed: a call waiting for the slot
-            // would otherwise take it, find no hold yet, and go out during
+            // would otherwise take it, find no penalty yet, and go out during
             // the penalty or into the spent window (the settlement and the
             // penalty before the reconcile are round trips to the store).
-            let hold = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
-                let hold = policy.rate_limited_pause(number, retry_after, &limits);
+            let penalty = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
+                let penalty = policy.rate_limited_pause(number, retry_after, &limits);
                 resource
                     .penalties
-                    .penalize(&key, crate::clock::tokio_after(hold));
-                hold
+                    .penalize(&key, crate::clock::tokio_after(penalty));
+                penalty
             });
             if let Some(observed) = outcome.observed() {
                 penalize_spent_counters(&resource, &key, &capped_resets(&resource, observed));
@@ -288,28 +288,28 @@ impl ResourceBroker {
             // What the answer tells the store (a 429's penalty, the
             // settlement of a success, the counters it reports) reaches
             // the store before a slot is freed: a call of another process
-            // that waited for the slot asks the store for a hold once it
+            // that waited for the slot asks the store for a penalty once it
             // has the slot (see `admit_until`; a resource without rate
-            // limits is held by the store's state alone,
+            // limits is penalized by the store's state alone,
             // `ResourceState::penalty`), and would otherwise find none yet,
             // and go out during the penalty or into the spent window. The
             // settlement goes before the reconcile, which corrects the
             // state it leaves. Run to its end, the slot freed after it,
             // even if this call is dropped meanwhile (a timeout around
             // `enqueue`): dropped with the call, the slot would be freed
-            // before the store holds the state, and the penalty or the
-            // spent counter's hold lost.
+            // before the store penalizes the state, and the 429's or the
+            // spent counter's penalty lost.
             let settlement = match &outcome {
                 Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, penalty_end),
                 _ => None,
             };
             let observed = outcome.observed().cloned();
-            if hold.is_some() || settlement.is_some() || observed.is_some() {
+            if penalty.is_some() || settlement.is_some() || observed.is_some() {
                 let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
                 to_its_answer(async move {
-                    if let Some(hold) = hold {
+                    if let Some(penalty) = penalty {
                         broker
-                            .note_upstream_429(&resource, &key, number, retry_after, hold)
+                            .note_upstream_429(&resource, &key, number, retry_after, penalty)
                             .await;
                     }
                     if let Some((spec, booked, actual, since)) = settlement {

@@ -233,7 +233,7 @@ fn penalty_is_never_shortened() {
     assert_eq!(short.tokens, 0.0);
 }
 
-/// A hold asked from a `now` behind the bucket's `ts` lasts as long
+/// A penalty asked from a `now` behind the bucket's `ts` lasts as long
 /// from `ts`: time does not run backwards for a penalty either.
 #[test]
 fn a_hold_from_a_lagging_now_lasts_as_long_from_ts() {

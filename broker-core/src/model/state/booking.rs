@@ -19,9 +19,9 @@ pub struct Booking {
 pub const MARKED: usize = 4;
 
 /// A booking's marks, one per bucket: the store's now at the booking, or,
-/// for a bucket the cost is charged to, the end of the hold the bucket was
-/// under then if later. A bucket held past its mark was held after the
-/// booking (a hold never shortens `nb`). Buckets from the fourth on share
+/// for a bucket the cost is charged to, the end of the penalty the bucket was
+/// under then if later. A bucket penalized past its mark was penalized
+/// after the booking (a penalty never shortens `nb`). Buckets from the fourth on share
 /// the fourth mark, the earliest of theirs. With them, the booking's `due`
 /// time: when its cost is used, on the store's clock.
 ///
@@ -48,7 +48,7 @@ impl Marks {
         due: Micros::MAX,
     };
 
-    /// The same mark for every bucket: a booking at `at` under no hold,
+    /// The same mark for every bucket: a booking at `at` under no penalty,
     /// due at once.
     pub fn uniform(at: Micros) -> Self {
         Self {

@@ -69,7 +69,7 @@ fn a_counter_with_a_window_narrows_the_bucket_of_that_window() {
 }
 
 /// A resource with a concurrency limit alone has no bucket for a
-/// penalty to hold: the state-wide hold denies every `try` by rate,
+/// penalty to put on: the state-wide penalty denies every `try` by rate,
 /// with the wait to its end and no slot taken, puts a booking after
 /// it, is never shortened, keeps the state from being dropped, and
 /// ends on time.
@@ -100,7 +100,7 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
         try_acquire(&mut s, &spec, 5_001_000, Cost::default(), 3),
         Decision::allow(Some(3))
     );
-    // Without any limit, the hold is all there is to wait for.
+    // Without any limit, the penalty is all there is to wait for.
     let none = self::spec(&[], None);
     let mut s = ResourceState::fresh(&none, 0);
     penalize(&mut s, &none, 0, u64::MAX);
@@ -110,8 +110,8 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
     );
 }
 
-/// With rate limits, a penalty holds the buckets (`nb`) and leaves the
-/// state-wide hold at 0, so such states are what they were.
+/// With rate limits, a penalty goes on the buckets (`nb`) and leaves the
+/// state-wide penalty at 0, so such states are what they were.
 #[test]
 fn a_penalty_with_rate_limits_holds_the_buckets_only() {
     for max_concurrent in [None, Some(2)] {
@@ -126,12 +126,12 @@ fn a_penalty_with_rate_limits_holds_the_buckets_only() {
     }
 }
 
-/// `penalty_left` reads the holds of the buckets a cost draws on, not
-/// their tokens: a spent tokens counter holds a call of tokens, not
-/// one of requests alone; a penalty holds both. Each bucket's hold is
+/// `penalty_left` reads the penalties of the buckets a cost draws on, not
+/// their tokens: a spent tokens counter stops a call of tokens, not
+/// one of requests alone; a penalty stops both. Each bucket's penalty is
 /// read from its own time, so a caller whose clock lags waits no
 /// longer than the store would make it. Without rate limits, the
-/// state's hold.
+/// state's penalty.
 #[test]
 fn penalty_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
     let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], None);
@@ -164,7 +164,7 @@ fn penalty_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
 }
 
 /// A reload to another number of rate limits keeps the penalty, from
-/// buckets to buckets, from buckets to the state-wide hold and back,
+/// buckets to buckets, from buckets to the state-wide penalty and back,
 /// and the leases; with no penalty in force the state is fresh.
 #[test]
 fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
