@@ -65,7 +65,7 @@ proptest! {
 
     /// A penalty is never shortened, and nothing is handed out before it ends.
     #[test]
-    fn penalize_is_monotone_and_holds_every_take(
+    fn penalize_is_monotone_and_stops_every_take(
         p in params(),
         untils in prop::collection::vec(0u64..100_000_000, 1..10),
         probes in prop::collection::vec(0u64..100_000_000, 1..20),

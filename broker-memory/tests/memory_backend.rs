@@ -435,7 +435,7 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
     let local = local_store.states("r", spec.clone()).unwrap();
     let joined = keys::keyed("r", "k");
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let (mut denials, mut at_hold_end) = (0, 0);
+    let (mut denials, mut at_penalty_end) = (0, 0);
     for step in 0..5_000 {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -456,12 +456,12 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
             denials += 1;
             // The clock has not moved since the hold was put on: a wait of
             // exactly the hold is the hold's end.
-            at_hold_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
+            at_penalty_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
         }
     }
     assert!(denials > 1_000, "{denials} denials");
     assert!(
-        at_hold_end > 5,
-        "{at_hold_end} denials waited for a hold's end"
+        at_penalty_end > 5,
+        "{at_penalty_end} denials waited for a hold's end"
     );
 }

@@ -156,7 +156,7 @@ impl Late {
                 scripts::refund_of(cmd, [b""; MARKED], b"")
             }
             (Takes::Try, _) => return,
-            // Booked with no wait and no hold: the store's time alone.
+            // Booked with no wait and no penalty: the store's time alone.
             (Takes::Book, Value::BulkString(now)) => {
                 scripts::refund_of(cmd, [now.as_slice(); MARKED], now)
             }

@@ -202,7 +202,7 @@ impl RedisBackend {
     ) -> Result<(Booking, Micros), Failure> {
         let (script, mut cmd) = self.cost_call(&scripts::BOOK, keys, spec, cost);
         cmd.arg(micros(max_wait));
-        // The store's time alone when booked with no wait and no hold;
+        // The store's time alone when booked with no wait and no penalty;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
         let (scope, deadline) = (self.scope(key), self.deadline());
         let reply = self

@@ -1412,7 +1412,7 @@ async fn a_call_running_across_a_re_registration_is_counted_in_the_new_stats() {
 /// one's is, and the cost is booked again when the hold ends. Before,
 /// the first booking stayed spent too: one call took two requests.
 #[tokio::test(start_paused = true)]
-async fn a_call_booked_under_a_hold_is_charged_once() {
+async fn a_call_booked_under_a_penalty_is_charged_once() {
     let broker = broker();
     // Six requests an hour (one per 10 min: next to no refill in 30 s).
     let limits = Limits::new()
@@ -1449,7 +1449,7 @@ async fn a_call_booked_under_a_hold_is_charged_once() {
 /// books nothing, as a denial says: before, the booking it made under the
 /// hold stayed spent, so every denied call took a request.
 #[tokio::test(start_paused = true)]
-async fn an_acquire_denied_by_a_hold_takes_nothing() {
+async fn an_acquire_denied_by_a_penalty_takes_nothing() {
     let broker = broker_missing_penalties();
     // Six requests an hour: a 429's hold is one token's refill, 10 min.
     let limits = Limits::new().rate(RateLimit::per(6, Duration::from_secs(3600)));

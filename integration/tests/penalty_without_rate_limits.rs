@@ -68,7 +68,7 @@ async fn enqueued_starts_after(broker: &ResourceBroker, since: Instant) -> Durat
 /// waits for it too, and no 429 is counted. A counter with requests left
 /// holds nothing.
 #[tokio::test(start_paused = true)]
-async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
+async fn a_spent_counter_stops_every_broker_on_the_memory_store() {
     const RESET: Duration = Duration::from_secs(7);
     let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
@@ -99,7 +99,7 @@ async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
 /// `reconcile` with a spent counter on one replica holds the other on the
 /// same redis-server until the reset (on their shared client clock).
 #[tokio::test]
-async fn a_spent_counter_holds_every_replica_on_redis() {
+async fn a_spent_counter_stops_every_replica_on_redis() {
     const RESET: Duration = Duration::from_secs(30);
     let server = RedisServer::start();
     let clock = ManualClock::new();
@@ -121,7 +121,7 @@ async fn a_spent_counter_holds_every_replica_on_redis() {
 /// denied by rate with the wait to the penalty's end (the `Retry-After`),
 /// and its `enqueue` starts the work when the penalty ends.
 #[tokio::test(start_paused = true)]
-async fn a_429_holds_every_broker_on_the_memory_store() {
+async fn a_429_stops_every_broker_on_the_memory_store() {
     const RETRY_AFTER: Duration = Duration::from_secs(5);
     let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
@@ -144,7 +144,7 @@ async fn a_429_holds_every_broker_on_the_memory_store() {
 /// it), and its `enqueue` books the call for that end and sleeps until it
 /// before the work starts.
 #[tokio::test]
-async fn a_429_holds_every_replica_on_redis() {
+async fn a_429_stops_every_replica_on_redis() {
     const RETRY_AFTER: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let clock = ManualClock::new();
@@ -309,7 +309,7 @@ async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> 
 /// one that takes a while (the hold must reach it before the slot is
 /// freed).
 #[tokio::test(start_paused = true)]
-async fn a_call_waiting_for_the_slot_starts_once_the_stores_hold_ends() {
+async fn a_call_waiting_for_the_slot_starts_once_the_stores_penalty_ends() {
     let cases: [(&str, bool, Answer); 3] = [
         ("429", false, || {
             Outcome::rate_limited("429", Some(Duration::from_secs(5)))
@@ -359,7 +359,7 @@ async fn a_call_dropped_while_the_store_takes_its_hold_frees_the_slot_after_it()
 /// after; the 429 is counted once, the spent counter it reports
 /// reconciled once.
 #[tokio::test(start_paused = true)]
-async fn a_retried_429_waits_for_its_hold_once() {
+async fn a_retried_429_waits_for_its_penalty_once() {
     for slow in [false, true] {
         let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
         let broker = ResourceBroker::from_arc(match slow {

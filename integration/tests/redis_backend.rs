@@ -254,7 +254,7 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
 /// reset. Measured from the lagging clock, both would have ended 5 s before
 /// the bucket's now, for every replica.
 #[tokio::test]
-async fn a_lagging_client_clock_does_not_shorten_a_hold() {
+async fn a_lagging_client_clock_does_not_shorten_a_penalty() {
     let server = RedisServer::start();
     let (a, b) = ahead_and_behind(&server).await;
     // 1,000 a second: a drained bucket refills one in 1 ms.

@@ -30,7 +30,7 @@
 //! A new state starts from the tightest of every place its key has under
 //! its resource part with as many buckets, and of its shared place; its
 //! places of another number of buckets (states folded before a reload to
-//! other limits) give it the penalty they hold, their latest not-before,
+//! other limits) give it the penalty they carry, their latest not-before,
 //! as a state kept in the table keeps it across such a reload
 //! (`state::adopt`).
 //!
@@ -263,7 +263,7 @@ impl Spills {
             .map(|sets| sets.to_vec())
             .unwrap_or_default();
         // The latest not-before of the key's places of another number of
-        // buckets: the penalty a state folded under other limits held,
+        // buckets: the penalty a state folded under other limits was under,
         // kept as `state::adopt` keeps it for a state in the table.
         let mut penalty_end: Micros = 0;
         for places in sets {

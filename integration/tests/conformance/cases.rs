@@ -243,7 +243,7 @@ pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
 
 /// A refund settled while a hold is on is not made (the hold's drain took
 /// the unused tokens); a charge is; after the hold, refunds are made again.
-pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
+pub async fn a_refund_is_not_made_while_a_penalty_is_on(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-held"));
     // 60 tokens a minute: one a second, a burst of 60.
     let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
@@ -286,7 +286,7 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
 /// back (the drain came first); a cost booked before a hold is not, even
 /// once the hold has ended, and even when the hold ended before the cost
 /// was due.
-pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
+pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-booked"));
     let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
     let tokens = |n| Cost::tokens(n);
@@ -427,7 +427,7 @@ async fn tokens_out_for_two_seconds(b: &dyn Store, key: &str) -> LimitSpec {
 /// booked, is the earlier of their holds: a shorter penalty afterwards,
 /// which holds the other bucket for less than the first hold, is seen, and
 /// a cancelled booking gives nothing back to the bucket it drained.
-pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
+pub async fn a_refund_sees_a_penalty_on_any_bucket_it_charged(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-two"));
     let spec = tokens_out_for_two_seconds(b, &key).await;
     let cost = Cost {
@@ -459,7 +459,7 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
 /// Each bucket has its own mark: a cost booked while only its tokens
 /// counter is out (held until the reset) gives its unused tokens back, and
 /// its requests too, when no hold came since.
-pub async fn a_refund_reaches_the_one_bucket_booked_under_a_hold(env: &Env) {
+pub async fn a_refund_reaches_the_one_bucket_booked_under_a_penalty(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-one-held"));
     let spec = tokens_out_for_two_seconds(b, &key).await;
     let estimate = Cost {
@@ -933,7 +933,7 @@ pub async fn a_denied_call_under_other_limits_takes_the_state_on(env: &Env) {
 /// tokens counter holds a call of tokens, not one of requests alone; a
 /// penalty holds both, also as read under limits with another number of
 /// rate limits (the state taken on) and with none (the state's hold).
-pub async fn penalty_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
+pub async fn penalty_left_gives_the_penalty_a_call_of_a_cost_meets(env: &Env) {
     let (b, key) = (&*env.backend, env.key("penalty_left"));
     let two = spec(
         Limits::new()
@@ -1006,10 +1006,10 @@ macro_rules! for_each_case {
             a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_or_gone,
             book_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
-            a_refund_is_not_made_while_a_hold_is_on,
-            a_refund_follows_the_holds_put_on_after_the_booking,
-            a_refund_sees_a_hold_on_any_bucket_it_charged,
-            a_refund_reaches_the_one_bucket_booked_under_a_hold,
+            a_refund_is_not_made_while_a_penalty_is_on,
+            a_refund_follows_the_penalties_put_on_after_the_booking,
+            a_refund_sees_a_penalty_on_any_bucket_it_charged,
+            a_refund_reaches_the_one_bucket_booked_under_a_penalty,
             a_cancelled_booking_gives_back_only_what_no_later_booking_was_granted,
             a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept,
             a_penalty_is_never_shortened,
@@ -1025,7 +1025,7 @@ macro_rules! for_each_case {
             a_penalty_outlives_a_reload_to_another_number_of_rate_limits,
             a_state_adopted_under_a_penalty_is_the_one_later_calls_find,
             a_denied_call_under_other_limits_takes_the_state_on,
-            penalty_left_gives_the_hold_a_call_of_a_cost_meets
+            penalty_left_gives_the_penalty_a_call_of_a_cost_meets
         );
     };
 }

@@ -236,7 +236,7 @@ fn penalty_is_never_shortened() {
 /// A penalty asked from a `now` behind the bucket's `ts` lasts as long
 /// from `ts`: time does not run backwards for a penalty either.
 #[test]
-fn a_hold_from_a_lagging_now_lasts_as_long_from_ts() {
+fn a_penalty_from_a_lagging_now_lasts_as_long_from_ts() {
     let s = BucketState {
         tokens: 1.0,
         ts: 10_000_000,

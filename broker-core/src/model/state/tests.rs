@@ -133,7 +133,7 @@ fn a_penalty_with_rate_limits_holds_the_buckets_only() {
 /// longer than the store would make it. Without rate limits, the
 /// state's penalty.
 #[test]
-fn penalty_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
+fn penalty_left_is_the_penalty_of_the_buckets_a_cost_draws_on() {
     let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], None);
     let requests = Cost::default();
     let tokens = Cost {
