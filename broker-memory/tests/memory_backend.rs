@@ -421,9 +421,9 @@ async fn renew_extends_a_held_lease_and_takes_a_gone_one_again_while_a_slot_is_f
 
 /// The unrounded denials `LocalStates` gives round to the waits the
 /// backend's keyed call gives: two stores on one clock see the same calls
-/// (costs, fractional refills, holds) and answer alike, call by call, both
-/// while no hold is in force (the wait comes unrounded) and right after a
-/// hold longer than the refill (the hold's end, rounded at once).
+/// (costs, fractional refills, penalties) and answer alike, call by call, both
+/// while no penalty is in force (the wait comes unrounded) and right after a
+/// penalty longer than the refill (the penalty's end, rounded at once).
 #[tokio::test]
 async fn unrounded_local_denials_round_to_the_backends_waits() {
     use broker_core::{keys, Verdict};
@@ -454,8 +454,8 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
         assert_eq!(ours, theirs, "step {step}");
         if let Verdict::Rate(wait) = ours {
             denials += 1;
-            // The clock has not moved since the hold was put on: a wait of
-            // exactly the hold is the hold's end.
+            // The clock has not moved since the penalty was put on: a wait of
+            // exactly the penalty is the penalty's end.
             at_penalty_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
         }
     }

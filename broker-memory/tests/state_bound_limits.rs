@@ -365,6 +365,6 @@ async fn a_penalty_folded_away_outlives_a_reload_to_another_number_of_limits() {
             "{key}: {left:?} left"
         );
     }
-    // A key that shares none of the penalized keys' places is not held.
+    // A key that shares none of the penalized keys' places is not penalized.
     assert_eq!(tries(&b, "other-part:fresh", &two, 1), 1);
 }

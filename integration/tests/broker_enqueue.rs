@@ -15,7 +15,7 @@ fn broker() -> ResourceBroker {
 }
 
 /// A broker on the in-memory store that fails every penalty (an upstream
-/// 429 the store failed to take): only this process's hold applies.
+/// 429 the store failed to take): only this process's penalty applies.
 fn broker_missing_penalties() -> ResourceBroker {
     struct NoPenalty;
     impl broker_testkit::Hooks for NoPenalty {
@@ -1041,7 +1041,7 @@ async fn a_penalty_cut_off_by_a_timeout_still_reaches_the_store() {
 
 /// A call whose work used less than its estimate, finished after another
 /// call's upstream 429 that the store failed to take as a penalty: the
-/// unused estimate stays spent, as this process's hold says (as a
+/// unused estimate stays spent, as this process's penalty says (as a
 /// cancelled booking's does), instead of going back to the bucket the
 /// upstream just refused. Before, 40 tokens went back.
 #[tokio::test(start_paused = true)]
@@ -1405,11 +1405,11 @@ async fn a_call_running_across_a_re_registration_is_counted_in_the_new_stats() {
     );
 }
 
-/// A call booked while this process already holds the state (for a spent
+/// A call booked while this process already penalizes the state (for a spent
 /// counter the call's cost does not draw on, which the store holds only
 /// in that counter's bucket) is charged once: the booking it made under
-/// the hold is given back when it waits the hold out, as a cancelled
-/// one's is, and the cost is booked again when the hold ends. Before,
+/// the penalty is given back when it waits the penalty out, as a cancelled
+/// one's is, and the cost is booked again when the penalty ends. Before,
 /// the first booking stayed spent too: one call took two requests.
 #[tokio::test(start_paused = true)]
 async fn a_call_booked_under_a_penalty_is_charged_once() {
@@ -1444,14 +1444,14 @@ async fn a_call_booked_under_a_penalty_is_charged_once() {
     assert_eq!(passing(&broker).await, 4);
 }
 
-/// An `acquire` denied because this process holds the state beyond its
+/// An `acquire` denied because this process penalizes the state beyond its
 /// `max_wait` (an upstream 429 the store failed to take as a penalty)
 /// books nothing, as a denial says: before, the booking it made under the
 /// hold stayed spent, so every denied call took a request.
 #[tokio::test(start_paused = true)]
 async fn an_acquire_denied_by_a_penalty_takes_nothing() {
     let broker = broker_missing_penalties();
-    // Six requests an hour: a 429's hold is one token's refill, 10 min.
+    // Six requests an hour: a 429's penalty is one token's refill, 10 min.
     let limits = Limits::new().rate(RateLimit::per(6, Duration::from_secs(3600)));
     let once = RetryPolicy {
         max_attempts: 1,

@@ -99,7 +99,7 @@ fn params() -> impl Strategy<Value = BucketParams> {
 
 /// Limits of up to two rate limits and a concurrency limit: about one in
 /// six with no rate limit at all (a concurrency limit alone, or nothing),
-/// where a penalty holds the state itself (`ResourceState::penalty`).
+/// where a penalty goes on the state itself (`ResourceState::penalty`).
 fn spec() -> impl Strategy<Value = LimitSpec> {
     (
         prop::option::weighted(0.75, params()),
@@ -391,7 +391,7 @@ fn lua_scripts_decide_exactly_as_the_rust_reference() {
 }
 
 /// Two replicas whose clocks differ by up to 20 s, each operation issued by
-/// either: the lagging one's now is clamped to the buckets' `ts`, and a hold
+/// either: the lagging one's now is clamped to the buckets' `ts`, and a penalty
 /// it puts on lasts as long from `ts` (`bucket::on_bucket_time`).
 #[test]
 fn lua_scripts_decide_as_the_reference_on_replicas_with_lagging_clocks() {
@@ -454,7 +454,7 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
             ],
         ),
         (
-            // A concurrency limit alone: a penalty holds the state itself,
+            // A concurrency limit alone: a penalty goes on the state itself,
             // is never shortened, outlasts a slot's release, and is deleted
             // by the leading replica once it ends, while the lagging
             // replica's now is still before its end.

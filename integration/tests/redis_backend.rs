@@ -248,7 +248,7 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
     assert_eq!(state.buckets[0].ts, 10_000_000);
 }
 
-/// A hold put on by a replica whose clock lags the bucket's `ts` (clamped
+/// A penalty put on by a replica whose clock lags the bucket's `ts` (clamped
 /// to it) lasts as long from the bucket's time as the replica asked from
 /// its own: a 429's penalty, and an upstream counter reported out until its
 /// reset. Measured from the lagging clock, both would have ended 5 s before

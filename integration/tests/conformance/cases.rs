@@ -241,8 +241,8 @@ pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
     assert_eq!(d.wait, 510_000, "50 tokens of debt, then one more");
 }
 
-/// A refund settled while a hold is on is not made (the hold's drain took
-/// the unused tokens); a charge is; after the hold, refunds are made again.
+/// A refund settled while a penalty is on is not made (the penalty's drain took
+/// the unused tokens); a charge is; after the penalty, refunds are made again.
 pub async fn a_refund_is_not_made_while_a_penalty_is_on(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-held"));
     // 60 tokens a minute: one a second, a burst of 60.
@@ -257,7 +257,7 @@ pub async fn a_refund_is_not_made_while_a_penalty_is_on(env: &Env) {
     b.penalize(&key, &spec, Duration::from_secs(2))
         .await
         .unwrap();
-    // The call used 10 of its 60: the 50 are not given back during the hold.
+    // The call used 10 of its 60: the 50 are not given back during the penalty.
     b.settle(&key, &spec, tokens(60), tokens(10), None)
         .await
         .unwrap();
@@ -282,9 +282,9 @@ pub async fn a_refund_is_not_made_while_a_penalty_is_on(env: &Env) {
 }
 
 /// With the booking's mark (`Booking::since`), a refund follows the
-/// holds put on after the booking: a cost booked under a hold is given
-/// back (the drain came first); a cost booked before a hold is not, even
-/// once the hold has ended, and even when the hold ended before the cost
+/// penalties put on after the booking: a cost booked under a penalty is given
+/// back (the drain came first); a cost booked before a penalty is not, even
+/// once the penalty has ended, and even when the penalty ended before the cost
 /// was due.
 pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-booked"));
@@ -308,7 +308,7 @@ pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) 
         .await
         .unwrap();
     env.advance_ms(3_000);
-    // The first used 10 of its 60, settled after the hold: nothing back.
+    // The first used 10 of its 60, settled after the penalty: nothing back.
     b.settle(&key, &spec, tokens(60), tokens(10), Some(before.since))
         .await
         .unwrap();
@@ -320,7 +320,7 @@ pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) 
     );
     assert!(b.try_acquire(&key, &spec, tokens(3)).await.unwrap().allowed);
     // A cost booked 10 s ahead, then a 1 s hold that ends before it is due,
-    // then the booking cancelled: the hold's drain is not undone.
+    // then the booking cancelled: the penalty's drain is not undone.
     env.advance_ms(60_000);
     assert!(
         b.try_acquire(&key, &spec, tokens(60))
@@ -424,7 +424,7 @@ async fn tokens_out_for_two_seconds(b: &dyn Store, key: &str) -> LimitSpec {
 }
 
 /// The mark of a cost charged to two buckets, one of them held when it was
-/// booked, is the earlier of their holds: a shorter penalty afterwards,
+/// booked, is the earlier of their penalties: a shorter penalty afterwards,
 /// which holds the other bucket for less than the first hold, is seen, and
 /// a cancelled booking gives nothing back to the bucket it drained.
 pub async fn a_refund_sees_a_penalty_on_any_bucket_it_charged(env: &Env) {
@@ -458,7 +458,7 @@ pub async fn a_refund_sees_a_penalty_on_any_bucket_it_charged(env: &Env) {
 
 /// Each bucket has its own mark: a cost booked while only its tokens
 /// counter is out (held until the reset) gives its unused tokens back, and
-/// its requests too, when no hold came since.
+/// its requests too, when no penalty came since.
 pub async fn a_refund_reaches_the_one_bucket_booked_under_a_penalty(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-one-held"));
     let spec = tokens_out_for_two_seconds(b, &key).await;
@@ -700,7 +700,7 @@ pub async fn a_penalty_holds_a_resource_with_only_a_concurrency_limit(env: &Env)
 
 /// A penalty on a resource with a concurrency limit alone holds a key no
 /// call has used yet, and a key of the same resource with no penalty is
-/// not held.
+/// not penalized.
 pub async fn a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it(env: &Env) {
     let (b, spec) = (&*env.backend, slots_only(1));
     let (held, free) = (env.key("held"), env.key("free"));
@@ -730,7 +730,7 @@ pub async fn a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it(e
 /// A reload to another number of rate limits while a penalty holds the
 /// resource (a 429's, from one rate limit, to two, to a concurrency limit
 /// alone, and back): the new buckets start full but held until the
-/// penalty's end, as the hold of a state without buckets does, so no
+/// penalty's end, as the penalty of a state without buckets does, so no
 /// reload lets a call through before the upstream said it may come. Each
 /// limits' own penalty, shorter, does not shorten it; the slot held
 /// before stays held.
@@ -763,7 +763,7 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
         .unwrap();
     denied_for(&two, 3_000).await;
     // Each penalty below is shorter than the first: it writes the state
-    // under its limits without shortening the hold.
+    // under its limits without shortening the penalty.
     b.penalize(&key, &two, Duration::from_millis(1))
         .await
         .unwrap();
@@ -890,7 +890,7 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
 
 /// A reload and back while a penalty holds the resource (a replica on the
 /// new limits, one still on the old): the call under the new limits,
-/// denied by the hold, took the state on for them all the same (as the
+/// denied by the penalty, took the state on for them all the same (as the
 /// reference's `state::adopt`), so the old limits' next call, as the
 /// penalty ends, takes it on again rather than finding the state it had
 /// before the reload.
@@ -928,11 +928,11 @@ pub async fn a_denied_call_under_other_limits_takes_the_state_on(env: &Env) {
     }
 }
 
-/// `penalty_left` gives what the store holds a call of a cost for, as the
+/// `penalty_left` gives what the store stops a call of a cost for, as the
 /// reference's `state::penalty_left` reads it, and changes nothing: a spent
-/// tokens counter holds a call of tokens, not one of requests alone; a
-/// penalty holds both, also as read under limits with another number of
-/// rate limits (the state taken on) and with none (the state's hold).
+/// tokens counter stops a call of tokens, not one of requests alone; a
+/// penalty stops both, also as read under limits with another number of
+/// rate limits (the state taken on) and with none (the state's penalty).
 pub async fn penalty_left_gives_the_penalty_a_call_of_a_cost_meets(env: &Env) {
     let (b, key) = (&*env.backend, env.key("penalty_left"));
     let two = spec(
