@@ -407,7 +407,7 @@ impl<P: Store> Store for Failover<P> {
         if since == Some(Marks::ANSWERED_HERE) {
             // The primary never charged it: the fallback's booking is
             // settled there (without marks, which name that store's own
-            // holds); a fail-open booking charged nothing anywhere.
+            // penalties); a fail-open booking charged nothing anywhere.
             return match &self.policy {
                 FailurePolicy::LocalFallback { share, store } => {
                     let scaled = scaled(spec, *share);

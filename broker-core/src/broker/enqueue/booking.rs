@@ -33,7 +33,7 @@ pub(crate) struct LiveBooking {
     /// The booking's marks on the store's clock
     /// ([`crate::state::Booking::since`]).
     since: Marks,
-    /// The same on this process's clock and holds: the time of the
+    /// The same on this process's clock and penalties: the time of the
     /// booking, or the end of the local penalty it was made under if later.
     since_here: tokio::time::Instant,
     armed: bool,
@@ -120,7 +120,7 @@ impl LiveBooking {
 /// A used booking, for the settlement of its cost.
 pub(crate) struct UsedBooking {
     since: Marks,
-    /// The booking's time on this process's clock and holds (see
+    /// The booking's time on this process's clock and penalties (see
     /// [`LiveBooking`]).
     since_here: tokio::time::Instant,
     /// The epochs of the registration it was booked under.

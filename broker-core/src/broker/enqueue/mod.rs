@@ -145,8 +145,8 @@ impl ResourceBroker {
     /// A call waits for its turn as long as the queue holds it
     /// ([`BrokerError::QueueFull`] at once when the queue is full), unless
     /// it has a deadline (the target's, else the resource's
-    /// `queue_deadline`); the retry policy's ceiling bounds a penalty's
-    /// hold and every retry pause. A bound met ends the call in
+    /// `queue_deadline`); the retry policy's ceiling bounds a penalty
+    /// and every retry pause. A bound met ends the call in
     /// [`BrokerError::WaitTooLong`], which says how long it waited and
     /// would still wait.
     ///
