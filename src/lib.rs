@@ -76,8 +76,8 @@ pub mod store {
     };
     pub use broker_core::{bucket, keys, state};
     pub use broker_core::{
-        BackendHealth, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, Micros,
-        ObservedLimit, RefillTime, Reservation, Verdict,
+        BackendHealth, Booking, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks,
+        Micros, ObservedLimit, RefillTime, Verdict,
     };
 }
 

@@ -35,7 +35,7 @@ pub use limits::{Cost, Limits, RateLimit, Unit};
 pub use observed::{Observed, ObservedLimit};
 pub use retry::{Outcome, OutcomeClass, RetryPolicy};
 pub use state::{
-    Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, RefillTime, Reservation, Verdict,
+    Booking, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks, RefillTime, Verdict,
 };
 pub use stats::{BackendHealth, BrokerStats, ResourceKind, ResourceStats};
 pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Releases, Renewal, Store};

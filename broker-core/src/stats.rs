@@ -151,7 +151,7 @@ pub struct ResourceStats {
     /// `enqueue` calls that ended in an error.
     pub failed: u64,
     /// Upstream headers that narrowed a bucket (`reconcile` calls sent to
-    /// the backend), or, on a resource without rate limits, held its state
+    /// the backend), or, on a resource without rate limits, penalized its state
     /// until a spent counter's reset (a `penalize` sent to the backend).
     #[serde(default)]
     pub reconciles: u64,

@@ -7,7 +7,7 @@
 //! | `resource_broker_upstream_429_total` | `resource` | real 429s from the upstream |
 //! | `resource_broker_retries_exhausted_total` | `resource` | `enqueue` calls that ran out of retry budget |
 //! | `resource_broker_skipped_total` | `resource` | skip-and-reschedule answers |
-//! | `resource_broker_reconciles_total` | `resource` | upstream headers that narrowed a bucket, or held a resource without rate limits until a spent counter's reset |
+//! | `resource_broker_reconciles_total` | `resource` | upstream headers that narrowed a bucket, or penalized a resource without rate limits until a spent counter's reset |
 //! | `resource_broker_backend_errors_total` | `resource`, `op` | backend errors seen by the broker |
 //! | `resource_broker_backend_fallbacks_total` | `policy`, `op` | backend errors a backend handled by its failure policy |
 //! | `resource_broker_egress_requests_total` | `supplier`, `ip` | requests a supplier's egress IP counter saw ([`crate::supplier`]) |
@@ -26,7 +26,7 @@ pub enum Signal {
     RetriesExhausted,
     /// A data bucket answered skip-and-reschedule.
     Skipped,
-    /// Upstream headers narrowed a bucket, or held a resource without rate
+    /// Upstream headers narrowed a bucket, or penalized a resource without rate
     /// limits until a spent counter's reset.
     Reconciled,
 }

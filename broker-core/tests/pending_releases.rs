@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::store::Releases;
 use broker_core::{
-    BackendError, Cost, Decision, Failover, FailurePolicy, LeaseId, LimitSpec, Limits, Marks,
-    ObservedLimit, Reservation, ResourceBroker, Store,
+    BackendError, Booking, Cost, Decision, Failover, FailurePolicy, LeaseId, LimitSpec, Limits,
+    Marks, ObservedLimit, ResourceBroker, Store,
 };
 
 /// A store that needs I/O (no local capability) and records the release
@@ -39,13 +39,13 @@ impl Store for Recording {
             self.leases.fetch_add(1, Ordering::SeqCst) + 1,
         )))
     }
-    async fn reserve(
+    async fn book(
         &self,
         _: &str,
         _: &LimitSpec,
         _: Cost,
         _: Duration,
-    ) -> Result<Reservation, BackendError> {
+    ) -> Result<Booking, BackendError> {
         Err(BackendError::new("unused"))
     }
     async fn take_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {

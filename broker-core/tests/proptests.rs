@@ -41,10 +41,10 @@ proptest! {
         }
     }
 
-    /// Reservations booked on one bucket form a schedule that a strict
+    /// Bookings on one bucket form a schedule that a strict
     /// server with the same quota accepts in full.
     #[test]
-    fn reserved_schedule_passes_a_strict_server(
+    fn booked_schedule_passes_a_strict_server(
         burst in 1u64..10, amount in 1u64..10,
         asks in prop::collection::vec(0u64..3_000_000, 1..60),
     ) {
@@ -54,7 +54,7 @@ proptest! {
         let mut s = BucketState::fresh(&p, 0);
         let mut sends = Vec::new();
         for at in asks {
-            let (next, wait, booked) = bucket::reserve(s, &p, at, 1.0, u64::MAX);
+            let (next, wait, booked) = bucket::book(s, &p, at, 1.0, u64::MAX);
             prop_assert!(booked);
             s = next;
             sends.push(at + wait);
@@ -65,7 +65,7 @@ proptest! {
 
     /// A penalty is never shortened, and nothing is handed out before it ends.
     #[test]
-    fn penalize_is_monotone_and_holds_every_take(
+    fn penalize_is_monotone_and_stops_every_take(
         p in params(),
         untils in prop::collection::vec(0u64..100_000_000, 1..10),
         probes in prop::collection::vec(0u64..100_000_000, 1..20),
@@ -147,7 +147,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// With two limits on one resource, every reservation is booked in both
+    /// With two limits on one resource, every booking is booked in both
     /// for the same send time, and the schedule passes a strict server for
     /// each limit, including the one that was not the bottleneck.
     #[test]
@@ -168,7 +168,7 @@ proptest! {
         let mut sends = Vec::new();
         for (at, how) in asks {
             if how == 1 {
-                let r = state::reserve(&mut st, &spec, at, Cost::default(), u64::MAX);
+                let r = state::book(&mut st, &spec, at, Cost::default(), u64::MAX);
                 prop_assert!(r.booked);
                 sends.push(at + r.wait);
             } else if state::try_acquire(&mut st, &spec, at, Cost::default(), 0).allowed {

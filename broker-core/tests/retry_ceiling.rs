@@ -1,6 +1,6 @@
 //! One ceiling bounds both the wait for a slot and every retry pause: a
 //! penalty set after a 429 (one pause long) never makes the next
-//! reservation exceed the ceiling, so the broker never fails a retry on its
+//! booking exceed the ceiling, so the broker never fails a retry on its
 //! own before the upstream is asked again.
 
 use std::time::Duration;
@@ -58,26 +58,26 @@ proptest! {
     }
 
     #[test]
-    fn after_a_penalty_of_one_pause_the_next_reservation_fits_the_ceiling(
+    fn after_a_penalty_of_one_pause_the_next_booking_fits_the_ceiling(
         limits in limits_strategy(),
         policy in policy_strategy(),
         attempt in 1u32..64,
         retry_after_s in prop::option::of(0u64..1_000_000),
         start_s in 0u64..1000,
     ) {
-        // The enqueue loop: reserve (booked), 429, penalize for the pause,
-        // sleep the pause, reserve again within the same ceiling.
+        // The enqueue loop: book (booked), 429, penalize for the pause,
+        // sleep the pause, book again within the same ceiling.
         let spec = LimitSpec::new(&limits, Duration::from_secs(60));
         let ceiling = micros(policy.ceiling(&limits));
         let now = start_s * 1_000_000;
         let mut s = ResourceState::fresh(&spec, now);
         let cost = broker_core::Cost::default();
-        let first = state::reserve(&mut s, &spec, now, cost, ceiling);
+        let first = state::book(&mut s, &spec, now, cost, ceiling);
         prop_assert!(first.booked);
         let sent = now + first.wait;
         let pause = policy.rate_limited_pause(attempt, retry_after_s.map(Duration::from_secs), &limits);
         state::penalize(&mut s, &spec, sent, sent + micros(pause));
-        let again = state::reserve(&mut s, &spec, sent + micros(pause), cost, ceiling);
+        let again = state::book(&mut s, &spec, sent + micros(pause), cost, ceiling);
         prop_assert!(again.booked, "wait {} > ceiling {}", again.wait, ceiling);
     }
 }

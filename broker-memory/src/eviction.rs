@@ -22,7 +22,7 @@
 //! never dropped (a release must find it): those are as many as the
 //! requests in flight, so the bound can be passed by that many. Nor is a
 //! state under a penalty of a resource without rate limits
-//! ([`broker_core::state::ResourceState::hold`]), which no place keeps,
+//! ([`broker_core::state::ResourceState::penalty`]), which no place keeps,
 //! until the penalty ends: those are as many as the keys an upstream
 //! answered 429 for within one penalty. A sweep does not see the states
 //! made after it counted them: an insert that finds the store an eighth

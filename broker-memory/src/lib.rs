@@ -28,8 +28,8 @@ use async_trait::async_trait;
 use broker_core::clock::micros;
 use broker_core::state::{self, ResourceState};
 use broker_core::{
-    BackendError, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
-    Micros, ObservedLimit, Renewal, Reservation,
+    BackendError, Booking, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore,
+    Marks, Micros, ObservedLimit, Renewal,
 };
 use store::Store;
 
@@ -170,10 +170,10 @@ impl MemoryBackend {
         })
     }
 
-    /// `hold_slot` on the joined state `key`: the lease, when held.
-    fn hold_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
+    /// `take_slot` on the joined state `key`: the lease, when held.
+    fn take_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
         let lease = store::next_lease();
-        self.with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease))
+        self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease))
             .then_some(lease)
     }
 
@@ -193,16 +193,16 @@ impl broker_core::Store for MemoryBackend {
         Ok(self.try_acquire_sync(key, spec, cost))
     }
 
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError> {
+    ) -> Result<Booking, BackendError> {
         let max_wait = micros(max_wait);
         Ok(self.with_state(key, spec, |s, now| {
-            state::reserve(s, spec, now, cost, max_wait)
+            state::book(s, spec, now, cost, max_wait)
         }))
     }
 
@@ -211,7 +211,7 @@ impl broker_core::Store for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        Ok(self.hold_slot_sync(key, spec))
+        Ok(self.take_slot_sync(key, spec))
     }
 
     async fn wait_left(
@@ -220,7 +220,7 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        Ok(self.with_state(key, spec, |s, now| state::hold_left(s, spec, now, cost)))
+        Ok(self.with_state(key, spec, |s, now| state::penalty_left(s, spec, now, cost)))
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
@@ -248,7 +248,7 @@ impl broker_core::Store for MemoryBackend {
             return Ok(Renewal::Held);
         }
         // Not held: taken again under the same lease if a slot is free.
-        let taken = self.with_state(key, spec, |s, now| state::hold_slot(s, spec, now, lease));
+        let taken = self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease));
         Ok(if taken {
             Renewal::Retaken
         } else {
@@ -260,12 +260,12 @@ impl broker_core::Store for MemoryBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, since)
+            state::settle(s, spec, now, booked, actual, since)
         });
         Ok(())
     }
@@ -274,10 +274,10 @@ impl broker_core::Store for MemoryBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError> {
         self.with_state(key, spec, |s, now| {
-            state::penalize(s, spec, now, now.saturating_add(micros(hold)))
+            state::penalize(s, spec, now, now.saturating_add(micros(penalty)))
         });
         Ok(())
     }
@@ -315,7 +315,7 @@ impl LocalStore for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        Some(Ok(self.hold_slot_sync(key, spec)))
+        Some(Ok(self.take_slot_sync(key, spec)))
     }
 
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
@@ -326,12 +326,12 @@ impl LocalStore for MemoryBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Option<Result<(), BackendError>> {
         self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, reserved, actual, since)
+            state::settle(s, spec, now, booked, actual, since)
         });
         Some(Ok(()))
     }

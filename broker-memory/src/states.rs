@@ -63,10 +63,10 @@ impl Entry {
     }
 
     /// Whether the state holds a slot that has not expired by `now`, or is
-    /// under a [`ResourceState::hold`] that has not ended by then: what a
+    /// under a [`ResourceState::penalty`] that has not ended by then: what a
     /// fold would lose.
     pub(crate) fn holds_slot_or_hold(&self, now: Micros) -> bool {
-        self.state.hold > now || self.state.leases.iter().any(|l| l.expires > now)
+        self.state.penalty > now || self.state.leases.iter().any(|l| l.expires > now)
     }
 
     /// [`state::is_idle`].

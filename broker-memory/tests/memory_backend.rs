@@ -291,10 +291,10 @@ fn threads_holding_permits_never_exceed_the_slots() {
     assert!(!fourth.allowed);
 }
 
-/// Decisions under the read lock and reservations under the write lock on
+/// Decisions under the read lock and bookings under the write lock on
 /// one bucket at once: each of its tokens is handed out once.
 #[test]
-fn tries_and_reservations_at_once_share_one_bucket_exactly() {
+fn tries_and_bookings_at_once_share_one_bucket_exactly() {
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     // One token a second, and time stands still: 3,000 tokens in all.
@@ -312,7 +312,7 @@ fn tries_and_reservations_at_once_share_one_bucket_exactly() {
                         let d = backend.try_acquire_now("k", spec, Cost::default());
                         d.unwrap().unwrap().allowed
                     } else {
-                        let r = runtime.block_on(backend.reserve(
+                        let r = runtime.block_on(backend.book(
                             "k",
                             spec,
                             Cost::default(),
@@ -421,9 +421,9 @@ async fn renew_extends_a_held_lease_and_takes_a_gone_one_again_while_a_slot_is_f
 
 /// The unrounded denials `LocalStates` gives round to the waits the
 /// backend's keyed call gives: two stores on one clock see the same calls
-/// (costs, fractional refills, holds) and answer alike, call by call, both
-/// while no hold is in force (the wait comes unrounded) and right after a
-/// hold longer than the refill (the hold's end, rounded at once).
+/// (costs, fractional refills, penalties) and answer alike, call by call, both
+/// while no penalty is in force (the wait comes unrounded) and right after a
+/// penalty longer than the refill (the penalty's end, rounded at once).
 #[tokio::test]
 async fn unrounded_local_denials_round_to_the_backends_waits() {
     use broker_core::{keys, Verdict};
@@ -435,7 +435,7 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
     let local = local_store.states("r", spec.clone()).unwrap();
     let joined = keys::keyed("r", "k");
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let (mut denials, mut at_hold_end) = (0, 0);
+    let (mut denials, mut at_penalty_end) = (0, 0);
     for step in 0..5_000 {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -454,14 +454,14 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
         assert_eq!(ours, theirs, "step {step}");
         if let Verdict::Rate(wait) = ours {
             denials += 1;
-            // The clock has not moved since the hold was put on: a wait of
-            // exactly the hold is the hold's end.
-            at_hold_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
+            // The clock has not moved since the penalty was put on: a wait of
+            // exactly the penalty is the penalty's end.
+            at_penalty_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
         }
     }
     assert!(denials > 1_000, "{denials} denials");
     assert!(
-        at_hold_end > 5,
-        "{at_hold_end} denials waited for a hold's end"
+        at_penalty_end > 5,
+        "{at_penalty_end} denials waited for a hold's end"
     );
 }

@@ -46,7 +46,7 @@ async fn decisions_and_keyed_transitions_meet_one_state() {
     assert!(take(&broker, "gw").allowed);
     assert!(take(&broker, "gw").allowed);
     assert!(!take(&broker, "gw").allowed, "the burst of 2, spent");
-    // A settlement below the reserved cost gives the difference back.
+    // A settlement below the booked cost gives the difference back.
     broker
         .settle("gw", Cost::requests(1), Cost::requests(0))
         .await

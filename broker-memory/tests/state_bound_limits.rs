@@ -310,7 +310,7 @@ async fn a_penalty_without_rate_limits_is_kept_through_sweeps_and_folds() {
         tries(&b, &format!("api:fast-{i}"), &fast, 1);
     }
     assert!(b.folded() > 0, "the bound folded states");
-    let hold = b.state("api:held").expect("kept").hold;
+    let hold = b.state("api:held").expect("kept").penalty;
     assert_eq!(hold, 1_000_000_000 + 3_600_000_000);
     let d = b
         .try_acquire("api:held", &slots, broker_core::Cost::default())
@@ -365,6 +365,6 @@ async fn a_penalty_folded_away_outlives_a_reload_to_another_number_of_limits() {
             "{key}: {left:?} left"
         );
     }
-    // A key that shares none of the penalized keys' places is not held.
+    // A key that shares none of the penalized keys' places is not penalized.
     assert_eq!(tries(&b, "other-part:fresh", &two, 1), 1);
 }

@@ -1,4 +1,4 @@
-//! Random keyed calls (try, reserve with bookings ahead, penalties,
+//! Random keyed calls (try, book with bookings ahead, penalties,
 //! reconciles, slots held and released; sub-keys, opaque keys and own
 //! states) on a store bounded at 64 states: each key is allowed no more
 //! than its burst plus what refills in the time run.
@@ -73,7 +73,7 @@ async fn random_calls_never_pass_a_keys_limit() {
                 4 | 5 => {
                     let wait = Duration::from_secs(rng.next(30));
                     let r = backend
-                        .reserve(&key, spec, Cost::default(), wait)
+                        .book(&key, spec, Cost::default(), wait)
                         .await
                         .unwrap();
                     if r.booked {

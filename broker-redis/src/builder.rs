@@ -96,11 +96,11 @@ impl RedisBackendBuilder {
     /// scripts, for stores that reject `TIME` in scripts (and for tests on
     /// a [`broker_core::ManualClock`]). Replicas' clocks should agree; a
     /// bucket never runs backwards (`now` is clamped to its `ts`, and a
-    /// hold a lagging replica puts on, a penalty or a counter reported out,
+    /// penalty a lagging replica puts on, a 429's or a counter's reported out,
     /// lasts as long from that `ts`), but a replica whose clock lags waits
     /// longer than needed. A replica whose clock runs ahead of the one
-    /// that put a hold on sees it end early by up to the skew: a bucket
-    /// last written by the lagging replica, and the hold of a resource
+    /// that put a penalty on sees it end early by up to the skew: a bucket
+    /// last written by the lagging replica, and the penalty of a resource
     /// without rate limits (an end time with no `ts` to read it from). A
     /// concurrency lease expires on the clock of the replica that looks
     /// at it: one whose clock runs ahead of another's by `d` takes that
@@ -185,7 +185,7 @@ impl RedisBackendBuilder {
     /// as with coalescing off. Under load this cuts Redis's work per
     /// decision, since one script call is shared by many decisions.
     ///
-    /// Off: one `EVALSHA` per decision. Other transitions (`reserve`,
+    /// Off: one `EVALSHA` per decision. Other transitions (`book`,
     /// `release`, ...) are never coalesced. On a Redis Cluster, a batch is
     /// split by resource (hash tag): the decisions on one resource go as
     /// one call, the calls for different resources at once.

@@ -225,7 +225,7 @@ fn once_ms(t: Timeouts) -> u64 {
 /// Whether a call of `script` may be sent again after a broken pipe on
 /// the shared connection, which may have run it (see [`managed`]): every
 /// transition but `settle` leaves the same state when run twice in a row
-/// (a second `try` or `reserve` only takes more, conservatively; a lease
+/// (a second `try` or `book` only takes more, conservatively; a lease
 /// is added or removed once, and a second run that finds its own lease held
 /// answers as the first did, see `held` in `lua/lib.lua`), while a second
 /// `settle` refunds or charges again. (A cluster's client sends commands

@@ -41,7 +41,7 @@ impl RedisBackend {
     /// The state of `key` as stored (for tests and inspection): `None` when
     /// neither key exists (the state equals a fresh one). When only leases
     /// exist, `buckets` is empty. A state of no bucket under a penalty has
-    /// its end in [`ResourceState::hold`]. Not atomic with other calls.
+    /// its end in [`ResourceState::penalty`]. Not atomic with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
         let conn = (&self.inner.conn, self.inner.response_timeout);
@@ -73,8 +73,8 @@ impl RedisBackend {
                 nb: field("nb", i)? as Micros,
             });
         }
-        // A hash of no bucket holds the end of a penalty, if any.
-        let hold = match n {
+        // A hash of no bucket keeps the end of a penalty, if any, in its field `hold`.
+        let penalty = match n {
             0 => hash
                 .get("hold")
                 .and_then(|v| v.parse::<f64>().ok())
@@ -93,7 +93,7 @@ impl RedisBackend {
         Ok(Some(ResourceState {
             buckets,
             leases,
-            hold,
+            penalty,
         }))
     }
 }

@@ -15,7 +15,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! - **One round trip per decision**: every transition (`try`, `reserve`,
+//! - **One round trip per decision**: every transition (`try`, `book`,
 //!   `take_slot`, `release`, `settle`, `penalize`, `reconcile`) is one Lua
 //!   script run by `EVALSHA` (reloaded on `NOSCRIPT`): its own body over
 //!   one shared helper source (`lua/lib.lua`), a line-by-line mirror of

@@ -66,9 +66,9 @@ script!(
         include_str!("lua/try_batch.lua"),
     )
 );
-script!(RESERVE, "reserve");
-script!(HOLD_SLOT, "hold_slot");
-script!(HOLD_LEFT, "hold_left");
+script!(BOOK, "book");
+script!(TAKE_SLOT, "take_slot");
+script!(PENALTY_LEFT, "penalty_left");
 script!(RELEASE, "release");
 script!(RENEW, "renew");
 script!(SETTLE, "settle");
@@ -185,7 +185,7 @@ fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
 }
 
 /// The `settle` that gives back the cost `cmd` took: `cmd` a `try` or
-/// `reserve` call built by [`evalsha`], whose operand for each bucket is
+/// `book` call built by [`evalsha`], whose operand for each bucket is
 /// its cost (so, as a `settle`'s delta, a refund of all of it), under the
 /// booking's `marks` and `due` time (`""` for a `try`: none). `None` when
 /// `cmd` is not such a call.

@@ -120,9 +120,9 @@ pub(crate) const LATE: Duration = Duration::from_secs(30);
 pub(crate) enum Takes {
     /// A `try`: its cost, and its lease if it asks for one.
     Try,
-    /// A `reserve`: its cost.
-    Reserve,
-    /// A `hold_slot`: its lease.
+    /// A `book`: its cost.
+    Book,
+    /// A `take_slot`: its lease.
     Slot,
 }
 
@@ -156,12 +156,12 @@ impl Late {
                 scripts::refund_of(cmd, [b""; MARKED], b"")
             }
             (Takes::Try, _) => return,
-            // Booked with no wait and no hold: the store's time alone.
-            (Takes::Reserve, Value::BulkString(now)) => {
+            // Booked with no wait and no penalty: the store's time alone.
+            (Takes::Book, Value::BulkString(now)) => {
                 scripts::refund_of(cmd, [now.as_slice(); MARKED], now)
             }
             // {booked, wait, now, mark 1, .., mark 4}
-            (Takes::Reserve, Value::Array(items)) => match items.as_slice() {
+            (Takes::Book, Value::Array(items)) => match items.as_slice() {
                 [Value::Int(1), wait, now, rest @ ..] => {
                     let mut marks = [&b""[..]; MARKED];
                     for (m, v) in marks.iter_mut().zip(rest) {
@@ -174,7 +174,7 @@ impl Late {
                 }
                 _ => return,
             },
-            (Takes::Reserve, _) => return,
+            (Takes::Book, _) => return,
         };
         if let Some(undo) = refund.filter(|_| self.refund) {
             if let Reply::Done(Err(e)) = send(conn, timeout, &scripts::SETTLE, &undo).await {
@@ -191,7 +191,7 @@ impl Late {
 }
 
 /// A booking's due time on the store's clock, `now + wait`, from the
-/// strings of a `reserve`'s reply.
+/// strings of a `book`'s reply.
 fn due_of(wait: &Value, now: &Value) -> Option<u64> {
     let num = |v: &Value| match v {
         Value::BulkString(b) => std::str::from_utf8(b)

@@ -8,8 +8,8 @@ use broker_core::clock::micros;
 use broker_core::state::{DenyReason, MARKED};
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit, Releases,
-    Renewal, Reservation, Store,
+    BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
+    Releases, Renewal, Store,
 };
 use redis::{Cmd, Value};
 use tokio::time::Instant;
@@ -45,7 +45,7 @@ impl RedisBackend {
     /// when held. `fresh`: a new lease (`take_slot`), released if granted
     /// after the caller was told the call timed out; else a live permit's
     /// (`renew` taking it again), which its next renewal finds held.
-    async fn hold_slot_as(
+    async fn take_slot_as(
         &self,
         key: &str,
         keys: &KeyPair,
@@ -54,7 +54,7 @@ impl RedisBackend {
         deadline: Instant,
     ) -> Result<bool, Failure> {
         let mut cmd = scripts::evalsha(
-            &scripts::HOLD_SLOT,
+            &scripts::TAKE_SLOT,
             keys,
             self.now_arg(),
             self.inner.margin_ms,
@@ -71,7 +71,7 @@ impl RedisBackend {
             true => {
                 self.run_decision(
                     self.scope(key),
-                    &scripts::HOLD_SLOT,
+                    &scripts::TAKE_SLOT,
                     cmd,
                     leased,
                     Takes::Slot,
@@ -81,7 +81,7 @@ impl RedisBackend {
             }
             false => {
                 let scope = self.scope(key);
-                self.run_leased(scope, &scripts::HOLD_SLOT, cmd, leased, deadline)
+                self.run_leased(scope, &scripts::TAKE_SLOT, cmd, leased, deadline)
                     .await?
             }
         };
@@ -178,40 +178,40 @@ impl RedisBackend {
         })
     }
 
-    /// `reserve`, also returning the store's time of the decision, so the
+    /// `book`, also returning the store's time of the decision, so the
     /// wait can be turned into an absolute time on the store's clock
     /// (`now + wait`): the server's `TIME`, or the client clock.
-    pub async fn reserve_at(
+    pub async fn book_at(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<(Reservation, Micros), BackendError> {
+    ) -> Result<(Booking, Micros), BackendError> {
         let keys = self.keys(key)?;
-        Ok(self.reserve_redis(key, &keys, spec, cost, max_wait).await?)
+        Ok(self.book_redis(key, &keys, spec, cost, max_wait).await?)
     }
 
-    async fn reserve_redis(
+    async fn book_redis(
         &self,
         key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<(Reservation, Micros), Failure> {
-        let (script, mut cmd) = self.cost_call(&scripts::RESERVE, keys, spec, cost);
+    ) -> Result<(Booking, Micros), Failure> {
+        let (script, mut cmd) = self.cost_call(&scripts::BOOK, keys, spec, cost);
         cmd.arg(micros(max_wait));
-        // The store's time alone when booked with no wait and no hold;
+        // The store's time alone when booked with no wait and no penalty;
         // else {booked, wait, now, mark 1, .., mark 4} (Marks).
         let (scope, deadline) = (self.scope(key), self.deadline());
         let reply = self
-            .run_decision(scope, script, cmd, None, Takes::Reserve, deadline)
+            .run_decision(scope, script, cmd, None, Takes::Book, deadline)
             .await?;
         if !matches!(reply, Value::Array(_)) {
             let now: String = parse(reply)?;
             let now = micros_of(&now)?;
-            let booked = Reservation {
+            let booked = Booking {
                 wait: 0,
                 booked: true,
                 since: Marks::uniform(now),
@@ -228,7 +228,7 @@ impl RedisBackend {
         ];
         let (wait, now) = (micros_of(&wait)?, micros_of(&now)?);
         Ok((
-            Reservation {
+            Booking {
                 wait,
                 booked: booked == 1,
                 since: Marks::new(now, marks).due_at(now.saturating_add(wait)),
@@ -261,14 +261,14 @@ impl Store for RedisBackend {
         Ok(decided?)
     }
 
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError> {
-        Ok(self.reserve_at(key, spec, cost, max_wait).await?.0)
+    ) -> Result<Booking, BackendError> {
+        Ok(self.book_at(key, spec, cost, max_wait).await?.0)
     }
 
     async fn take_slot(
@@ -281,7 +281,7 @@ impl Store for RedisBackend {
         let reached = self.send_pending_releases(key, deadline).await;
         let lease = new_lease();
         let held = if reached {
-            self.hold_slot_as(key, &keys, spec, (lease, true), deadline)
+            self.take_slot_as(key, &keys, spec, (lease, true), deadline)
                 .await
         } else {
             Err(self.kept_back(self.scope(key)))
@@ -296,7 +296,7 @@ impl Store for RedisBackend {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
-        let (script, cmd) = self.cost_call(&scripts::HOLD_LEFT, &keys, spec, cost);
+        let (script, cmd) = self.cost_call(&scripts::PENALTY_LEFT, &keys, spec, cost);
         let result = async {
             let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
             micros_of(&left)
@@ -325,7 +325,7 @@ impl Store for RedisBackend {
         }
         // Not held: taken again under the same lease if a slot is free.
         let deadline = self.deadline();
-        let held = self.hold_slot_as(key, &keys, spec, (lease, false), deadline);
+        let held = self.take_slot_as(key, &keys, spec, (lease, false), deadline);
         Ok(match held.await? {
             true => Renewal::Retaken,
             false => Renewal::Gone,
@@ -336,7 +336,7 @@ impl Store for RedisBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
@@ -353,7 +353,7 @@ impl Store for RedisBackend {
             spec,
             |i| {
                 let u = spec.buckets[i].0;
-                Operand::Num(reserved.of(u) as f64 - actual.of(u) as f64)
+                Operand::Num(booked.of(u) as f64 - actual.of(u) as f64)
             },
         );
         for i in 0..MARKED {
@@ -374,7 +374,7 @@ impl Store for RedisBackend {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
         let mut cmd = scripts::evalsha(
@@ -385,7 +385,7 @@ impl Store for RedisBackend {
             spec,
             |_| Operand::Int(0),
         );
-        cmd.arg(micros(hold));
+        cmd.arg(micros(penalty));
         self.run(self.scope(key), &scripts::PENALIZE, cmd).await?;
         Ok(())
     }

@@ -37,13 +37,13 @@ async fn every_script_runs_and_takes_effect() {
         "idempotent"
     );
     let r = b
-        .reserve("k", &spec, Cost::default(), Duration::from_secs(10))
+        .book("k", &spec, Cost::default(), Duration::from_secs(10))
         .await
         .unwrap();
     assert!(r.booked);
     assert_eq!(r.wait, 0);
     let r = b
-        .reserve("k", &spec, Cost::default(), Duration::from_secs(10))
+        .book("k", &spec, Cost::default(), Duration::from_secs(10))
         .await
         .unwrap();
     assert_eq!(r.wait, 500_000);

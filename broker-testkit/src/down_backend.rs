@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Reservation, Store,
+    BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, Marks, ObservedLimit, Store,
 };
 
 /// Every call fails with [`DownBackend::message`].
@@ -49,13 +49,13 @@ impl Store for DownBackend {
     async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
         self.fail()
     }
-    async fn reserve(
+    async fn book(
         &self,
         _: &str,
         _: &LimitSpec,
         _: Cost,
         _: Duration,
-    ) -> Result<Reservation, BackendError> {
+    ) -> Result<Booking, BackendError> {
         self.fail()
     }
     async fn take_slot(&self, _: &str, _: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
-    BackendError, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
-    ObservedLimit, Releases, Renewal, Reservation, Store,
+    BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
+    ObservedLimit, Releases, Renewal, Store,
 };
 
 /// What a [`Wrapped`] store does besides passing each call on. Every hook
@@ -48,12 +48,12 @@ pub trait Hooks: Send + Sync + 'static {
         Duration::ZERO
     }
 
-    /// How long a `hold_slot` on `key` waits after the wrapped store has
+    /// How long a `take_slot` on `key` waits after the wrapped store has
     /// taken the slot (or found none), before it answers (a reply across a
     /// network: the store holds the lease, the caller does not know it
     /// yet); while it is non-zero, `take_slot_now` cannot answer in
     /// process.
-    fn hold_slot_reply_delay(&self, _key: &str) -> Duration {
+    fn take_slot_reply_delay(&self, _key: &str) -> Duration {
         Duration::ZERO
     }
 
@@ -143,14 +143,14 @@ impl<H: Hooks> Store for Wrapped<H> {
         pause(self.hooks.try_acquire_reply_delay(k)).await;
         answer
     }
-    async fn reserve(
+    async fn book(
         &self,
         k: &str,
         s: &LimitSpec,
         c: Cost,
         w: Duration,
-    ) -> Result<Reservation, BackendError> {
-        self.inner.reserve(k, s, c, w).await
+    ) -> Result<Booking, BackendError> {
+        self.inner.book(k, s, c, w).await
     }
     async fn wait_left(
         &self,
@@ -162,7 +162,7 @@ impl<H: Hooks> Store for Wrapped<H> {
     }
     async fn take_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
         let answer = self.inner.take_slot(k, s).await;
-        pause(self.hooks.hold_slot_reply_delay(k)).await;
+        pause(self.hooks.take_slot_reply_delay(k)).await;
         answer
     }
     async fn release(&self, k: &str, l: LeaseId) -> Result<bool, BackendError> {
@@ -242,7 +242,7 @@ impl<H: Hooks> LocalStore for Wrapped<H> {
         k: &str,
         s: &LimitSpec,
     ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        if !self.hooks.hold_slot_reply_delay(k).is_zero() {
+        if !self.hooks.take_slot_reply_delay(k).is_zero() {
             return None;
         }
         self.inner.local()?.take_slot_now(k, s)

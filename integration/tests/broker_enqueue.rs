@@ -15,7 +15,7 @@ fn broker() -> ResourceBroker {
 }
 
 /// A broker on the in-memory store that fails every penalty (an upstream
-/// 429 the store failed to take): only this process's hold applies.
+/// 429 the store failed to take): only this process's penalty applies.
 fn broker_missing_penalties() -> ResourceBroker {
     struct NoPenalty;
     impl broker_testkit::Hooks for NoPenalty {
@@ -129,7 +129,7 @@ impl Lcg {
 }
 
 #[tokio::test(start_paused = true)]
-async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() {
+async fn dropped_enqueue_futures_refund_their_booking_and_free_their_slot() {
     let mut rng = Lcg(7);
     for round in 0..25 {
         let broker = broker();
@@ -165,7 +165,7 @@ async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() 
             (0, 0),
             "round {round}: counters leaked"
         );
-        // Every unstarted reservation was given back as far as no later
+        // Every unstarted booking was given back as far as no later
         // one was granted (x/time/rate's `Reservation.Cancel`): no debt is
         // left past the last booked time (at most `jobs - 2` s), so a
         // token is free a second later, and both concurrency slots are
@@ -174,7 +174,7 @@ async fn dropped_enqueue_futures_refund_their_reservation_and_free_their_slot() 
         let a = broker.try_acquire("r", Cost::default()).await.unwrap();
         assert!(
             a.allowed,
-            "round {round}: reservation leaked (jobs {jobs}, cancel at {cancel_at:?})"
+            "round {round}: booking leaked (jobs {jobs}, cancel at {cancel_at:?})"
         );
         let b = broker
             .acquire("r", Cost::default(), Duration::from_secs(1))
@@ -1041,7 +1041,7 @@ async fn a_penalty_cut_off_by_a_timeout_still_reaches_the_store() {
 
 /// A call whose work used less than its estimate, finished after another
 /// call's upstream 429 that the store failed to take as a penalty: the
-/// unused estimate stays spent, as this process's hold says (as a
+/// unused estimate stays spent, as this process's penalty says (as a
 /// cancelled booking's does), instead of going back to the bucket the
 /// upstream just refused. Before, 40 tokens went back.
 #[tokio::test(start_paused = true)]
@@ -1089,7 +1089,7 @@ async fn a_success_after_a_429_the_store_missed_gives_nothing_back() {
 /// with no states in process: `try_acquire` only asynchronously (pending
 /// on its first poll) when `asynchronous`, a settlement or a penalty
 /// `correction` late, the reply to a `try_acquire` `reply` after the store
-/// decided it, and to a `hold_slot` `slot_reply` after the slot was taken.
+/// decided it, and to a `take_slot` `slot_reply` after the slot was taken.
 struct Remote {
     asynchronous: bool,
     correction: Duration,
@@ -1099,7 +1099,7 @@ struct Remote {
 
 impl Remote {
     /// Settlements and penalties 50 ms late (so refunds are made by
-    /// tasks), and the reply to a `hold_slot` 50 ms after the slot.
+    /// tasks), and the reply to a `take_slot` 50 ms after the slot.
     const LATE: Remote = Remote {
         asynchronous: true,
         correction: Duration::from_millis(50),
@@ -1124,7 +1124,7 @@ impl broker_testkit::Hooks for Remote {
     fn try_acquire_reply_delay(&self, _: &str) -> Duration {
         self.reply
     }
-    fn hold_slot_reply_delay(&self, _: &str) -> Duration {
+    fn take_slot_reply_delay(&self, _: &str) -> Duration {
         self.slot_reply
     }
 }
@@ -1245,7 +1245,7 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
     }
 }
 
-/// An `acquire` or an `enqueue` dropped while the reply to its `hold_slot`
+/// An `acquire` or an `enqueue` dropped while the reply to its `take_slot`
 /// is on the way (a client timeout while the store is slow): the store has
 /// granted the lease, and it is released for the caller that went away.
 /// Before, nobody released it, and the slot stayed taken until the lease
@@ -1405,14 +1405,14 @@ async fn a_call_running_across_a_re_registration_is_counted_in_the_new_stats() {
     );
 }
 
-/// A call booked while this process already holds the state (for a spent
+/// A call booked while this process already penalizes the state (for a spent
 /// counter the call's cost does not draw on, which the store holds only
 /// in that counter's bucket) is charged once: the booking it made under
-/// the hold is given back when it waits the hold out, as a cancelled
-/// one's is, and the cost is booked again when the hold ends. Before,
+/// the penalty is given back when it waits the penalty out, as a cancelled
+/// one's is, and the cost is booked again when the penalty ends. Before,
 /// the first booking stayed spent too: one call took two requests.
 #[tokio::test(start_paused = true)]
-async fn a_call_booked_under_a_hold_is_charged_once() {
+async fn a_call_booked_under_a_penalty_is_charged_once() {
     let broker = broker();
     // Six requests an hour (one per 10 min: next to no refill in 30 s).
     let limits = Limits::new()
@@ -1444,14 +1444,14 @@ async fn a_call_booked_under_a_hold_is_charged_once() {
     assert_eq!(passing(&broker).await, 4);
 }
 
-/// An `acquire` denied because this process holds the state beyond its
+/// An `acquire` denied because this process penalizes the state beyond its
 /// `max_wait` (an upstream 429 the store failed to take as a penalty)
 /// books nothing, as a denial says: before, the booking it made under the
 /// hold stayed spent, so every denied call took a request.
 #[tokio::test(start_paused = true)]
-async fn an_acquire_denied_by_a_hold_takes_nothing() {
+async fn an_acquire_denied_by_a_penalty_takes_nothing() {
     let broker = broker_missing_penalties();
-    // Six requests an hour: a 429's hold is one token's refill, 10 min.
+    // Six requests an hour: a 429's penalty is one token's refill, 10 min.
     let limits = Limits::new().rate(RateLimit::per(6, Duration::from_secs(3600)));
     let once = RetryPolicy {
         max_attempts: 1,

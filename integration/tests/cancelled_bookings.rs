@@ -9,7 +9,7 @@ mod conformance;
 
 use std::time::Duration;
 
-use broker_core::{Clock, Cost, LimitSpec, Limits, Micros, RateLimit, Reservation};
+use broker_core::{Booking, Clock, Cost, LimitSpec, Limits, Micros, RateLimit};
 use broker_testkit::{StrictServer, Tally};
 use common::cases::run_numbered;
 use conformance::env::{self, Env};
@@ -68,14 +68,14 @@ async fn sends_after(
     let one = Cost::requests(1);
     let start = env.clock.now();
     // (due, booking), of every booking not cancelled.
-    let mut booked: Vec<(Micros, Reservation)> = Vec::new();
+    let mut booked: Vec<(Micros, Booking)> = Vec::new();
     for &(advance, step) in steps {
         env.clock.advance(Duration::from_micros(advance));
         let now = env.clock.now();
         match step {
             Step::Book => {
                 let r = b
-                    .reserve(key, spec, one, Duration::from_secs(3600))
+                    .book(key, spec, one, Duration::from_secs(3600))
                     .await
                     .unwrap();
                 assert!(r.booked);

@@ -27,16 +27,16 @@ use proptest::test_runner::TestCaseError;
 enum Op {
     Advance(u64),
     Try(Cost),
-    Reserve(Cost, u64),
-    HoldSlot,
+    Book(Cost, u64),
+    TakeSlot,
     Release(usize),
     Renew(usize),
-    /// Reserved, actual, and the booking's due time as an offset from now
+    /// Booked, actual, and the booking's due time as an offset from now
     /// (in µs, may be negative), if given.
     Settle(Cost, Cost, Option<i64>),
     Penalize(u64),
     Reconcile(Option<u64>, Option<u64>, Option<u64>),
-    HoldLeft(Cost),
+    PenaltyLeft(Cost),
 }
 
 /// The replica of the backend that issues an operation. Both share the
@@ -63,8 +63,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => prop_oneof![Just(1u64), Just(137), 0u64..3_000_000, Just(60_000_000)].prop_map(Op::Advance),
         4 => cost().prop_map(Op::Try),
         3 => (cost(), prop_oneof![Just(0u64), 0u64..5_000_000, Just(u64::MAX)])
-            .prop_map(|(c, w)| Op::Reserve(c, w)),
-        1 => Just(Op::HoldSlot),
+            .prop_map(|(c, w)| Op::Book(c, w)),
+        1 => Just(Op::TakeSlot),
         1 => (0usize..4).prop_map(Op::Release),
         1 => (0usize..4).prop_map(Op::Renew),
         1 => (cost(), cost(), prop::option::of(-5_000_000i64..5_000_000))
@@ -72,7 +72,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..10_000_000).prop_map(Op::Penalize),
         1 => (prop::option::of(remaining(30)), prop::option::of(remaining(60)), prop::option::of(0u64..5_000_000))
             .prop_map(|(r, t, reset)| Op::Reconcile(r, t, reset)),
-        1 => cost().prop_map(Op::HoldLeft),
+        1 => cost().prop_map(Op::PenaltyLeft),
     ]
 }
 
@@ -99,7 +99,7 @@ fn params() -> impl Strategy<Value = BucketParams> {
 
 /// Limits of up to two rate limits and a concurrency limit: about one in
 /// six with no rate limit at all (a concurrency limit alone, or nothing),
-/// where a penalty holds the state itself (`ResourceState::hold`).
+/// where a penalty goes on the state itself (`ResourceState::penalty`).
 fn spec() -> impl Strategy<Value = LimitSpec> {
     (
         prop::option::weighted(0.75, params()),
@@ -207,26 +207,19 @@ async fn run_case(
                 prop_assert_eq!(got, want, "try {:?} at {}", cost, now);
                 held.extend(got.lease);
             }
-            Op::Reserve(cost, max_wait) => {
+            Op::Book(cost, max_wait) => {
                 let got = redis
-                    .reserve(key, &spec, cost, Duration::from_micros(max_wait))
+                    .book(key, &spec, cost, Duration::from_micros(max_wait))
                     .await
-                    .expect("reserve");
-                let want = state::reserve(reference.get(&spec, now), &spec, now, cost, max_wait);
-                prop_assert_eq!(
-                    got,
-                    want,
-                    "reserve {:?} within {} at {}",
-                    cost,
-                    max_wait,
-                    now
-                );
+                    .expect("book");
+                let want = state::book(reference.get(&spec, now), &spec, now, cost, max_wait);
+                prop_assert_eq!(got, want, "book {:?} within {} at {}", cost, max_wait, now);
             }
-            Op::HoldSlot => {
-                let got = redis.take_slot(key, &spec).await.expect("hold_slot");
+            Op::TakeSlot => {
+                let got = redis.take_slot(key, &spec).await.expect("take_slot");
                 let lease = got.unwrap_or(0);
-                let want = state::hold_slot(reference.get(&spec, now), &spec, now, lease);
-                prop_assert_eq!(got.is_some(), want, "hold_slot at {}", now);
+                let want = state::take_slot(reference.get(&spec, now), &spec, now, lease);
+                prop_assert_eq!(got.is_some(), want, "take_slot at {}", now);
                 held.extend(got);
             }
             Op::Release(i) => {
@@ -248,21 +241,21 @@ async fn run_case(
                 // Not held: taken again under the lease if a slot is free.
                 let want = if renewed {
                     Renewal::Held
-                } else if state::hold_slot(reference.get(&spec, now), &spec, now, lease) {
+                } else if state::take_slot(reference.get(&spec, now), &spec, now, lease) {
                     Renewal::Retaken
                 } else {
                     Renewal::Gone
                 };
                 prop_assert_eq!(got, want, "renew {} at {}", lease, now);
             }
-            Op::Settle(reserved, actual, at) => {
-                let booked = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
+            Op::Settle(booked, actual, at) => {
+                let marks = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
                 redis
-                    .settle(key, &spec, reserved, actual, booked)
+                    .settle(key, &spec, booked, actual, marks)
                     .await
                     .expect("settle");
                 let state = reference.get(&spec, now);
-                state::settle(state, &spec, now, reserved, actual, booked);
+                state::settle(state, &spec, now, booked, actual, marks);
             }
             Op::Penalize(hold) => {
                 redis
@@ -293,10 +286,13 @@ async fn run_case(
                     .expect("reconcile");
                 state::reconcile(reference.get(&spec, now), &spec, now, &observed);
             }
-            Op::HoldLeft(cost) => {
-                let got = redis.wait_left(key, &spec, cost).await.expect("hold_left");
-                let want = state::hold_left(reference.get(&spec, now), &spec, now, cost);
-                prop_assert_eq!(got, want, "hold_left {:?} at {}", cost, now);
+            Op::PenaltyLeft(cost) => {
+                let got = redis
+                    .wait_left(key, &spec, cost)
+                    .await
+                    .expect("penalty_left");
+                let want = state::penalty_left(reference.get(&spec, now), &spec, now, cost);
+                prop_assert_eq!(got, want, "penalty_left {:?} at {}", cost, now);
             }
         }
         compare(&leading, key, &spec, &mut reference, leading_clock.now()).await?;
@@ -329,22 +325,22 @@ async fn compare(
     let stored = stored.unwrap_or(ResourceState {
         buckets: Vec::new(),
         leases: Vec::new(),
-        hold: 0,
+        penalty: 0,
     });
-    // The hold of a state of no bucket: Redis deletes the hash once a call
-    // finds the hold ended, after which the reference's ended hold is no
-    // hold either (a lagging replica's now may be before its end). With
-    // buckets, neither has one.
-    match (stored.hold, spec.buckets.is_empty()) {
+    // The penalty of a state of no bucket: Redis deletes the hash once a
+    // call finds the penalty ended, after which the reference's ended
+    // penalty is none either (a lagging replica's now may be before its
+    // end). With buckets, neither has one.
+    match (stored.penalty, spec.buckets.is_empty()) {
         (0, true) => {
             prop_assert!(
-                want.hold <= now,
-                "redis lost a hold the reference holds: {}",
-                want.hold
+                want.penalty <= now,
+                "redis lost a penalty the reference has: {}",
+                want.penalty
             );
-            reference.state.as_mut().unwrap().hold = 0;
+            reference.state.as_mut().unwrap().penalty = 0;
         }
-        (hold, _) => prop_assert_eq!(hold, want.hold, "the hold"),
+        (penalty, _) => prop_assert_eq!(penalty, want.penalty, "the penalty"),
     }
     let want = reference.state.as_ref().unwrap();
     if stored.buckets.is_empty() {
@@ -395,7 +391,7 @@ fn lua_scripts_decide_exactly_as_the_rust_reference() {
 }
 
 /// Two replicas whose clocks differ by up to 20 s, each operation issued by
-/// either: the lagging one's now is clamped to the buckets' `ts`, and a hold
+/// either: the lagging one's now is clamped to the buckets' `ts`, and a penalty
 /// it puts on lasts as long from `ts` (`bucket::on_bucket_time`).
 #[test]
 fn lua_scripts_decide_as_the_reference_on_replicas_with_lagging_clocks() {
@@ -424,7 +420,7 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
                 Op::Penalize(713_513),
                 Op::Advance(713_513),
                 Op::Try(Cost::requests(0)),
-                Op::Reserve(Cost::requests(1), 0),
+                Op::Book(Cost::requests(1), 0),
                 Op::Settle(Cost::requests(1), Cost::requests(0), Some(-1)),
             ]),
         ),
@@ -458,7 +454,7 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
             ],
         ),
         (
-            // A concurrency limit alone: a penalty holds the state itself,
+            // A concurrency limit alone: a penalty goes on the state itself,
             // is never shortened, outlasts a slot's release, and is deleted
             // by the leading replica once it ends, while the lagging
             // replica's now is still before its end.
@@ -474,8 +470,8 @@ fn lua_scripts_decide_as_the_reference_in_found_cases() {
                 (Replica::Lagging, Op::Penalize(1_000_000)),
                 (Replica::Lagging, Op::Try(Cost::requests(1))),
                 (Replica::Leading, Op::Release(0)),
-                (Replica::Leading, Op::Reserve(Cost::requests(1), 2_000_000)),
-                (Replica::Leading, Op::Reserve(Cost::requests(1), 3_000_000)),
+                (Replica::Leading, Op::Book(Cost::requests(1), 2_000_000)),
+                (Replica::Leading, Op::Book(Cost::requests(1), 3_000_000)),
                 (Replica::Leading, Op::Advance(3_000_000)),
                 (Replica::Leading, Op::Try(Cost::requests(0))),
                 (Replica::Leading, Op::Release(1)),

@@ -1,6 +1,6 @@
 //! A call waiting for the slot of a call that gets an upstream 429, with
 //! the two on different threads: the waiter must not go out before the
-//! 429's hold is on. Its own test binary: it installs the process's
+//! 429's penalty is on. Its own test binary: it installs the process's
 //! `metrics` recorder, the one place the 429's handling can be stopped
 //! between freeing the slot and putting the hold on.
 
@@ -19,7 +19,7 @@ static SECOND_WENT: AtomicBool = AtomicBool::new(false);
 static WENT_DURING_429: OnceLock<bool> = OnceLock::new();
 
 /// Holds the thread that counts an upstream 429 until the waiting call
-/// goes out, or for half a second: before the hold was put on ahead of the
+/// goes out, or for half a second: before the penalty was put on ahead of the
 /// slot's release, the waiter took the freed slot meanwhile and went out.
 struct Stall;
 

@@ -1,5 +1,5 @@
 //! A 429 on a resource with a concurrency limit alone (no rate limit, so no
-//! bucket for the store to drain and hold): the store holds the state
+//! bucket for the store to drain and penalize): the store penalizes the state
 //! itself, so every broker sharing the store waits the penalty out, not
 //! only the one that got the 429. Two brokers on one in-memory store (in
 //! tokio's paused time), and two replicas on one redis-server of the
@@ -68,7 +68,7 @@ async fn enqueued_starts_after(broker: &ResourceBroker, since: Instant) -> Durat
 /// waits for it too, and no 429 is counted. A counter with requests left
 /// holds nothing.
 #[tokio::test(start_paused = true)]
-async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
+async fn a_spent_counter_stops_every_broker_on_the_memory_store() {
     const RESET: Duration = Duration::from_secs(7);
     let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
@@ -91,7 +91,7 @@ async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
     .unwrap();
     let at_reply = Instant::now();
     denied_by_rate_for(&b, RESET).await;
-    // The broker that read the headers waits too, from its own hold.
+    // The broker that read the headers waits too, from its own penalty.
     starts_once_held_for(&a, at_reply, RESET).await;
     assert_eq!(a.stats().resources["llm"].upstream_429, 0);
 }
@@ -99,7 +99,7 @@ async fn a_spent_counter_holds_every_broker_on_the_memory_store() {
 /// `reconcile` with a spent counter on one replica holds the other on the
 /// same redis-server until the reset (on their shared client clock).
 #[tokio::test]
-async fn a_spent_counter_holds_every_replica_on_redis() {
+async fn a_spent_counter_stops_every_replica_on_redis() {
     const RESET: Duration = Duration::from_secs(30);
     let server = RedisServer::start();
     let clock = ManualClock::new();
@@ -121,7 +121,7 @@ async fn a_spent_counter_holds_every_replica_on_redis() {
 /// denied by rate with the wait to the penalty's end (the `Retry-After`),
 /// and its `enqueue` starts the work when the penalty ends.
 #[tokio::test(start_paused = true)]
-async fn a_429_holds_every_broker_on_the_memory_store() {
+async fn a_429_stops_every_broker_on_the_memory_store() {
     const RETRY_AFTER: Duration = Duration::from_secs(5);
     let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let a = ResourceBroker::from_arc(store.clone());
@@ -144,7 +144,7 @@ async fn a_429_holds_every_broker_on_the_memory_store() {
 /// it), and its `enqueue` books the call for that end and sleeps until it
 /// before the work starts.
 #[tokio::test]
-async fn a_429_holds_every_replica_on_redis() {
+async fn a_429_stops_every_replica_on_redis() {
     const RETRY_AFTER: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let clock = ManualClock::new();
@@ -262,7 +262,7 @@ async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> 
     a.register("llm", one_slot.clone()).unwrap();
     b.register("llm", one_slot).unwrap();
     let told = Arc::new(tokio::sync::Notify::new());
-    // Cut off 50 ms after the answer, while the store applies its hold.
+    // Cut off 50 ms after the answer, while the store applies its penalty.
     let limit = if cut_off {
         Duration::from_millis(151)
     } else {
@@ -304,12 +304,12 @@ async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> 
 
 /// A call of the other broker waiting for the slot of a call that gets a
 /// 429, or a success whose headers say the counter is spent: the slot
-/// freed must not let the waiter start its work during the hold the store
+/// freed must not let the waiter start its work during the penalty the store
 /// then has, neither on a store that applies the penalty at once nor on
 /// one that takes a while (the hold must reach it before the slot is
 /// freed).
 #[tokio::test(start_paused = true)]
-async fn a_call_waiting_for_the_slot_starts_once_the_stores_hold_ends() {
+async fn a_call_waiting_for_the_slot_starts_once_the_stores_penalty_ends() {
     let cases: [(&str, bool, Answer); 3] = [
         ("429", false, || {
             Outcome::rate_limited("429", Some(Duration::from_secs(5)))
@@ -330,8 +330,8 @@ async fn a_call_waiting_for_the_slot_starts_once_the_stores_hold_ends() {
     }
 }
 
-/// A call dropped after its answer while the store applies the 429's
-/// penalty, or a spent counter's hold: the hold still reaches the store
+/// A call dropped after its answer while the store applies a 429's or a
+/// spent counter's penalty: the penalty still reaches the store
 /// before the call's slot is freed, so the other broker's call waiting
 /// for the slot starts its work once the hold ends.
 #[tokio::test(start_paused = true)]
@@ -353,13 +353,13 @@ async fn a_call_dropped_while_the_store_takes_its_hold_frees_the_slot_after_it()
     }
 }
 
-/// A 429 with retries left: the call's next attempt starts when the hold
-/// ends, waited for once (this process's hold and the store's end
+/// A 429 with retries left: the call's next attempt starts when the penalty
+/// ends, waited for once (this process's penalty and the store's end
 /// together), on a store that applies the penalty at once or a while
 /// after; the 429 is counted once, the spent counter it reports
 /// reconciled once.
 #[tokio::test(start_paused = true)]
-async fn a_retried_429_waits_for_its_hold_once() {
+async fn a_retried_429_waits_for_its_penalty_once() {
     for slow in [false, true] {
         let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
         let broker = ResourceBroker::from_arc(match slow {
@@ -449,7 +449,7 @@ async fn a_penalty_the_store_fails_to_take_frees_the_slot() {
         stats.backend_errors, 2,
         "the penalty and the spent counter's hold"
     );
-    // This process's own hold still keeps the next call until it ends.
+    // This process's own penalty still keeps the next call until it ends.
     let at_429 = Instant::now();
     starts_once_held_for(&broker, at_429, Duration::from_secs(5)).await;
 }

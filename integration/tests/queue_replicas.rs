@@ -384,7 +384,7 @@ async fn interactive_worker(w: &Worker) {
 }
 
 /// The tolerance on the interactive wait beyond two token intervals, half
-/// an interval: the Redis round trips of the booking and of the hold
+/// an interval: the Redis round trips of the booking and of the penalty
 /// check before the send (under a millisecond each on loopback), the
 /// timer's millisecond, and the scheduling stalls of a loaded 2-core test
 /// machine (up to about 20 ms seen, in both processes at once).

@@ -211,8 +211,8 @@ async fn a_queued_call_ends_at_the_resource_queue_deadline() {
     }
 }
 
-/// A hold beyond the retry policy's ceiling (a penalty of an hour) ends
-/// the call with the penalty bound, quoting the hold still ahead.
+/// A penalty beyond the retry policy's ceiling (a penalty of an hour) ends
+/// the call with the penalty bound, quoting the penalty still ahead.
 #[tokio::test(start_paused = true)]
 async fn a_penalty_beyond_the_ceiling_names_the_penalty_bound() {
     let broker = broker();

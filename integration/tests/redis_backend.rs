@@ -178,7 +178,7 @@ async fn a_penalty_on_a_concurrency_limit_alone_keeps_its_key_until_it_ends() {
     );
     let state = backend.state("c").await.unwrap().unwrap();
     assert_eq!(
-        (state.buckets.len(), state.hold),
+        (state.buckets.len(), state.penalty),
         (0, clock.now() + 7_200_000_000)
     );
     clock.advance(Duration::from_secs(7200));
@@ -248,13 +248,13 @@ async fn a_lagging_client_clock_never_runs_a_bucket_backwards() {
     assert_eq!(state.buckets[0].ts, 10_000_000);
 }
 
-/// A hold put on by a replica whose clock lags the bucket's `ts` (clamped
+/// A penalty put on by a replica whose clock lags the bucket's `ts` (clamped
 /// to it) lasts as long from the bucket's time as the replica asked from
 /// its own: a 429's penalty, and an upstream counter reported out until its
 /// reset. Measured from the lagging clock, both would have ended 5 s before
 /// the bucket's now, for every replica.
 #[tokio::test]
-async fn a_lagging_client_clock_does_not_shorten_a_hold() {
+async fn a_lagging_client_clock_does_not_shorten_a_penalty() {
     let server = RedisServer::start();
     let (a, b) = ahead_and_behind(&server).await;
     // 1,000 a second: a drained bucket refills one in 1 ms.

@@ -504,12 +504,12 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
     }
 }
 
-/// `reserve_at` on the store while the server is down is an
+/// `book_at` on the store while the server is down is an
 /// "unavailable" error, which the failure policy above the store answers:
-/// its `reserve` books, marked as answered here. (Before the policy moved
-/// above the store, `reserve_at` itself answered with this process's time.)
+/// its `book` books, marked as answered here. (Before the policy moved
+/// above the store, `book_at` itself answered with this process's time.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reserve_at_while_down_is_unavailable_and_the_policy_answers_reserve() {
+async fn book_at_while_down_is_unavailable_and_the_policy_answers_book() {
     use broker_core::Store;
     let mut server = RedisServer::start();
     let backend = quick(&server.url(), "rb", true, FailurePolicy::FailOpen).await;
@@ -520,12 +520,12 @@ async fn reserve_at_while_down_is_unavailable_and_the_policy_answers_reserve() {
     );
     let err = backend
         .primary()
-        .reserve_at("k", &spec, Cost::default(), Duration::from_secs(1))
+        .book_at("k", &spec, Cost::default(), Duration::from_secs(1))
         .await
         .expect_err("redis is down");
     assert!(err.is_unavailable(), "{err}");
     let booked = backend
-        .reserve("k", &spec, Cost::default(), Duration::from_secs(1))
+        .book("k", &spec, Cost::default(), Duration::from_secs(1))
         .await
         .expect("fail-open answers");
     assert!(booked.booked);
@@ -778,7 +778,7 @@ async fn a_redis_booking_settled_during_an_outage_gives_the_fallback_nothing() {
     let mut bookings = Vec::new();
     for key in ["unused", "overused"] {
         let booking = backend
-            .reserve(key, &spec, Cost::requests(5), Duration::ZERO)
+            .book(key, &spec, Cost::requests(5), Duration::ZERO)
             .await
             .unwrap();
         assert!(booking.booked && booking.wait == 0);
@@ -1027,7 +1027,7 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
                 "coalesce {coalesce}, rate {rate}: told {other:?}, yet a lease holds the slot"
             ),
         }
-        // The same for `hold_slot` (loaded first).
+        // The same for `take_slot` (loaded first).
         let _ = backend.take_slot("loaded", &spec).await.unwrap();
         cut.store(true, Ordering::SeqCst);
         let slot = backend.take_slot("slot", &spec).await;
@@ -1036,7 +1036,7 @@ async fn a_decision_sent_again_after_its_reply_was_lost_keeps_no_slot_it_was_not
             Ok(Some(_)) => assert_eq!(held, ":1"),
             other => assert_eq!(
                 held, ":0",
-                "hold_slot told {other:?}, yet a lease holds the slot"
+                "take_slot told {other:?}, yet a lease holds the slot"
             ),
         }
     }
@@ -1063,7 +1063,7 @@ async fn tokens_settled(backend: &RedisBackend, full: f64) -> Option<f64> {
 /// A call dropped while its decision is in flight (its caller's timeout
 /// fired while Redis was slow to answer): Redis still runs the decision
 /// once it answers, and the cost it took is given back, as a dropped
-/// `enqueue`'s unused reservation is: no work went out for it. Before, a
+/// `enqueue`'s unused booking is: no work went out for it. Before, a
 /// `try_acquire`, an `acquire` or an `enqueue` dropped there left its cost
 /// taken (a 2-per-minute limit lost one call of its two for 30 s), with
 /// coalescing on and off.
@@ -1152,7 +1152,7 @@ async fn timing_out(
 /// hangs) is answered by the failure policy: refused (fail-closed), or
 /// counted in this process's share (local fallback). Redis runs it once it
 /// answers again: what it took there is given back, for a `try` and a
-/// `reserve`, alone, in a batch and with coalescing off. Before, Redis
+/// `book`, alone, in a batch and with coalescing off. Before, Redis
 /// kept the cost of a call that was refused or counted here (a
 /// 2-per-minute limit lost one of its two calls for 30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1165,7 +1165,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
     );
     for policy in [FailurePolicy::FailClosed, local_fallback(0.5)] {
         for mode in ["alone", "batch", "off"] {
-            for call in ["try", "reserve"] {
+            for call in ["try", "book"] {
                 let prefix = format!("late{}{mode}{call}", policy.name());
                 let backend = timing_out(&server, prefix, mode, policy.clone()).await;
                 // Loads the scripts, takes nothing.
@@ -1177,7 +1177,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
                         .unwrap()
                         .allowed
                 );
-                let warm = backend.reserve("api", &spec, none, Duration::ZERO);
+                let warm = backend.book("api", &spec, none, Duration::ZERO);
                 assert!(warm.await.unwrap().booked);
                 backend
                     .settle("api", &spec, none, none, None)
@@ -1191,7 +1191,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
                         .await
                         .map(|d| d.allowed),
                     _ => backend
-                        .reserve("api", &spec, Cost::default(), Duration::from_secs(5))
+                        .book("api", &spec, Cost::default(), Duration::from_secs(5))
                         .await
                         .map(|r| r.booked),
                 };
@@ -1215,7 +1215,7 @@ async fn a_decision_answered_by_the_policy_on_a_timeout_costs_redis_nothing() {
 /// admits nothing locally while Redis is down, and says so with an error.
 /// Before, `try_acquire` was denied with a wait of about a minute that
 /// never came true (the bucket never holds a whole token), so a caller
-/// that honoured it retried forever, and `reserve` booked the call after
+/// that honoured it retried forever, and `book` booked the call after
 /// that wait: two replicas at that share sent two calls at once against a
 /// burst of one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1238,7 +1238,7 @@ async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
     let d = backend.try_acquire("rate", &rate, one).await;
     refused(d.map(|d| format!("{d:?}")));
     let r = backend
-        .reserve("rate", &rate, one, Duration::from_secs(120))
+        .book("rate", &rate, one, Duration::from_secs(120))
         .await;
     refused(r.map(|r| format!("{r:?}")));
     let d = backend.try_acquire("slot", &slot, one).await;
@@ -1246,7 +1246,7 @@ async fn a_limit_too_small_for_the_local_share_is_refused_with_a_clear_error() {
     let h = backend.take_slot("slot", &slot).await;
     refused(h.map(|h| format!("{h:?}")));
     // A booking takes no slot: on a concurrency limit alone, it is booked.
-    let r = backend.reserve("slot", &slot, one, Duration::ZERO).await;
+    let r = backend.book("slot", &slot, one, Duration::ZERO).await;
     assert!(
         r.unwrap().booked,
         "a booking refused for a slot it never takes"

@@ -3,7 +3,7 @@
 //! hammering the same resource for a bounded time and count, and checks the
 //! combined result:
 //! - `try`: no window admits more than `burst + rate × elapsed + 1`;
-//! - `reserve`: the combined schedule of booked times passes a strict
+//! - `book`: the combined schedule of booked times passes a strict
 //!   server with the same quota with zero 429s.
 //!
 //! Times are on the host's clock, which the redis-server on loopback shares
@@ -24,8 +24,8 @@ const MAX_CALLS_PER_TASK: usize = 50_000;
 
 const TRY_BURST: u64 = 20;
 const TRY_RATE: u64 = 200;
-const RESERVE_BURST: u64 = 5;
-const RESERVE_RATE: u64 = 50;
+const BOOK_BURST: u64 = 5;
+const BOOK_RATE: u64 = 50;
 
 fn wall_us() -> u64 {
     micros(
@@ -127,13 +127,12 @@ fn try_worker(url: &str) {
     });
 }
 
-/// Worker: `reserve` one request at a time per task, sleep until it is
+/// Worker: `book` one request at a time per task, sleep until it is
 /// due, repeat; prints `BOOKED <absolute us>` on the server's clock.
-fn reserve_worker(url: &str) {
+fn book_worker(url: &str) {
     worker_runtime().block_on(async {
         let backend = connect(url).await;
-        let limits =
-            Limits::new().rate(RateLimit::per_second(RESERVE_RATE).with_burst(RESERVE_BURST));
+        let limits = Limits::new().rate(RateLimit::per_second(BOOK_RATE).with_burst(BOOK_BURST));
         let spec = LimitSpec::new(&limits, Duration::from_secs(30));
         let deadline = Instant::now() + RUN;
         let tasks: Vec<_> = (0..TASKS_PER_PROCESS)
@@ -146,9 +145,9 @@ fn reserve_worker(url: &str) {
                             break;
                         }
                         let (r, now) = backend
-                            .reserve_at("shared", &spec, Cost::default(), Duration::from_secs(60))
+                            .book_at("shared", &spec, Cost::default(), Duration::from_secs(60))
                             .await
-                            .expect("reserve");
+                            .expect("book");
                         assert!(r.booked);
                         booked.push(now + r.wait);
                         tokio::time::sleep(Duration::from_micros(r.wait)).await;
@@ -173,7 +172,7 @@ fn as_worker() -> bool {
     let url = std::env::var("RB_URL").expect("RB_URL");
     match role.as_str() {
         "try" => try_worker(&url),
-        "reserve" => reserve_worker(&url),
+        "book" => book_worker(&url),
         other => panic!("unknown worker role {other}"),
     }
     true
@@ -224,14 +223,14 @@ fn try_across_processes_never_admits_more_than_burst_plus_rate_times_elapsed() {
 }
 
 #[test]
-fn reserve_across_processes_books_a_schedule_a_strict_server_fully_accepts() {
+fn book_across_processes_books_a_schedule_a_strict_server_fully_accepts() {
     if as_worker() {
         return;
     }
     let server = RedisServer::start();
     let lines = run_workers(
-        "reserve_across_processes_books_a_schedule_a_strict_server_fully_accepts",
-        "reserve",
+        "book_across_processes_books_a_schedule_a_strict_server_fully_accepts",
+        "book",
         &server.url(),
     );
     let mut booked: Vec<u64> = lines
@@ -241,7 +240,7 @@ fn reserve_across_processes_books_a_schedule_a_strict_server_fully_accepts() {
     booked.sort_unstable();
     let start = booked[0];
     let relative: Vec<u64> = booked.iter().map(|t| t - start).collect();
-    let tally = StrictServer::new(RESERVE_BURST, RESERVE_RATE, 1_000_000).replay(&relative);
+    let tally = StrictServer::new(BOOK_BURST, BOOK_RATE, 1_000_000).replay(&relative);
     eprintln!(
         "{} processes booked {} sends over {:.3} s: {tally:?}",
         PROCESSES,
@@ -249,7 +248,7 @@ fn reserve_across_processes_books_a_schedule_a_strict_server_fully_accepts() {
         *relative.last().unwrap() as f64 / 1e6
     );
     assert!(
-        booked.len() as u64 > RESERVE_BURST + RESERVE_RATE / 2,
+        booked.len() as u64 > BOOK_BURST + BOOK_RATE / 2,
         "enough bookings to drain the burst and run at the rate"
     );
     assert_eq!(tally.rejected, 0, "zero 429s on the combined schedule");

@@ -168,7 +168,7 @@ async fn bounded(
     let none = Cost::requests(0);
     let d = backend.try_acquire("warm", &spec, none).await.unwrap();
     assert!(!d.answered_here);
-    let r = backend.reserve("warm", &spec, none, Duration::ZERO).await;
+    let r = backend.book("warm", &spec, none, Duration::ZERO).await;
     assert!(r.unwrap().booked);
     let lease = backend.take_slot("warm", &spec).await.unwrap();
     backend.release("warm", lease.expect("free")).await.unwrap();
@@ -189,7 +189,7 @@ fn slots() -> LimitSpec {
 /// timeout (300 ms, the connect timeout left at 1 s), whichever way it
 /// goes: a lone `try_acquire`, ten at once (five sent, five queued behind
 /// them), one uncoalesced, one behind a release sent ahead of it, a
-/// `reserve`, a `hold_slot`. In virtual time, where the timeouts run
+/// `book`, a `take_slot`. In virtual time, where the timeouts run
 /// exactly (a millisecond of timer granularity allowed). Before, a call
 /// could wait the connect and the response timeouts together: 1.3 s.
 #[tokio::test]
@@ -203,8 +203,8 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
         "ten at once",
         "uncoalesced",
         "release ahead",
-        "reserve",
-        "hold_slot",
+        "book",
+        "take_slot",
     ];
     let mut backends = Vec::new();
     for (i, path) in paths.iter().enumerate() {
@@ -230,11 +230,11 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 let d = backend.try_acquire("r", &spec, one).await;
                 assert!(d.expect("fail-open").answered_here, "{path}");
             }
-            "reserve" => {
-                let r = backend.reserve("r", &spec, one, Duration::ZERO).await;
+            "book" => {
+                let r = backend.book("r", &spec, one, Duration::ZERO).await;
                 assert!(r.expect("fail-open").booked, "{path}");
             }
-            "hold_slot" => {
+            "take_slot" => {
                 let held = backend.take_slot("r", &spec).await;
                 assert!(held.expect("fail-open").is_some(), "{path}");
             }

@@ -1,7 +1,7 @@
 //! A 429 (a penalty) one replica gets holds the calls another replica has
 //! already booked, on a resource with rate limits: when such a call wakes
 //! for its booked time, or gets the slot it waited for, it asks the store
-//! for a hold put on since, and waits it out instead of going out during
+//! for a penalty put on since, and waits it out instead of going out during
 //! the penalty. Two brokers on
 //! one in-memory store (in tokio's paused time), and two replicas on one
 //! redis-server of the test's own (on one manual client clock).

@@ -28,10 +28,10 @@ async fn separate_buckets_send_six_at_once_and_half_are_rejected() {
 }
 
 #[tokio::test]
-async fn penalty_at_two_and_a_half_seconds_holds_both_next_reservations_to_four() {
+async fn penalty_at_two_and_a_half_seconds_holds_both_next_bookings_to_four() {
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
     shared_bucket_send_times(&backend, "seed").await;
-    let got = penalty_then_two_reservations(&backend, &clock, "seed").await;
+    let got = penalty_then_two_bookings(&backend, &clock, "seed").await;
     assert_eq!(got, [4 * S, 4 * S]);
 }

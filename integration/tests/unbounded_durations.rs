@@ -28,7 +28,7 @@ async fn acquire_waits_without_a_limit() {
 }
 
 #[tokio::test]
-async fn penalize_holds_without_a_limit() {
+async fn penalize_stops_calls_without_a_limit() {
     let b = broker();
     b.penalize("r", Duration::MAX).await.unwrap();
     let got = b.try_acquire("r", Cost::default()).await.unwrap();

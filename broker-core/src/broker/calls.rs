@@ -198,13 +198,13 @@ impl ResourceBroker {
         // that took a cost or a slot then gives them back, unclaimed.
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
-            let held_until = asked.holds.until(key);
+            let penalty_end = asked.penalties.until(key);
             let decision = backend
                 .try_acquire(key, &asked.spec, cost)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
             let unclaimed =
-                in_flight::Unclaimed::new(decision, backend, asked, owned_key, cost, held_until);
+                in_flight::Unclaimed::new(decision, backend, asked, owned_key, cost, penalty_end);
             Ok::<_, BackendError>(unclaimed)
         });
         let (decision, owned_key) = decided.await?.claim();

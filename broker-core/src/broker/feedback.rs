@@ -12,17 +12,17 @@ use crate::stats::bump;
 /// # Upstream feedback
 impl ResourceBroker {
     /// `penalize`: after a real upstream 429, drain the resource's buckets
-    /// and hold them for `hold` (a resource without rate limits: hold its
-    /// state in the store, see [`crate::state::penalize`]). Never shortens
+    /// and penalize them for `penalty` (a resource without rate limits:
+    /// penalize its state in the store, see [`crate::state::penalize`]). Never shortens
     /// a longer penalty. Counted as an upstream 429 in
     /// [`ResourceBroker::stats`]. Call it before the permit of the call
     /// that got the 429 is dropped: on a resource without rate limits, a
     /// call of another process waiting for the slot would otherwise take
-    /// it before the store holds the penalty.
+    /// it before the store has the penalty.
     pub async fn penalize<'a>(
         &self,
         target: impl Into<Target<'a>>,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
@@ -30,10 +30,12 @@ impl ResourceBroker {
         crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
-        resource.holds.hold(key, crate::clock::tokio_after(hold));
+        resource
+            .penalties
+            .penalize(key, crate::clock::tokio_after(penalty));
         self.inner
             .backend
-            .penalize(key, &resource.spec, hold)
+            .penalize(key, &resource.spec, penalty)
             .await
             .inspect_err(|e| note_backend_error(&resource, "penalize", e))?;
         Ok(())
@@ -61,10 +63,10 @@ impl ResourceBroker {
         self.reconcile_key(&resource, key, observed).await
     }
 
-    /// `settle`: correct a charge after the work, from `reserved` to
+    /// `settle`: correct a charge after the work, from `booked` to
     /// `actual` (refund or charge the difference). A refund is not made
-    /// while a hold is on (a penalty or an exhausted upstream counter drained
-    /// what it would give back).
+    /// while a penalty is on (a 429's or an exhausted upstream counter's
+    /// drained what it would give back).
     ///
     /// The correction goes to the store as it is now. A cost a shared
     /// store's failure policy answered while the store was out of reach (a
@@ -77,14 +79,14 @@ impl ResourceBroker {
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
     ) -> Result<(), BrokerError> {
-        self.settle_since(target, reserved, actual, None).await
+        self.settle_since(target, booked, actual, None).await
     }
 
     /// [`ResourceBroker::settle`], told where the cost went: `since` are the
-    /// marks of the booking settled ([`crate::Reservation::since`]), or
+    /// marks of the booking settled ([`crate::Booking::since`]), or
     /// those of an acquisition ([`crate::Acquisition::settle_marks`]):
     /// [`Marks::ANSWERED_HERE`] for a cost the store's failure policy
     /// answered while the store was out of reach, which is then settled
@@ -105,7 +107,7 @@ impl ResourceBroker {
     pub async fn settle_since<'a>(
         &self,
         target: impl Into<Target<'a>>,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BrokerError> {
@@ -115,7 +117,7 @@ impl ResourceBroker {
         let key = owned.as_deref().unwrap_or(&resource.key);
         self.inner
             .backend
-            .settle(key, &resource.spec, reserved, actual, since)
+            .settle(key, &resource.spec, booked, actual, since)
             .await
             .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
         Ok(())

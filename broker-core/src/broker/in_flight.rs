@@ -5,7 +5,7 @@
 //! cut off, what it took would stay taken for work that never goes out.
 //! Run to its end on a task of its own, its answer is dropped there,
 //! and an answer that took something gives it back when dropped unused
-//! (a [`super::enqueue::Booking`] refunds its cost, an [`Unclaimed`]
+//! (a [`super::enqueue::LiveBooking`] refunds its cost, an [`Unclaimed`]
 //! decision its cost and its slot, an [`UntoldLease`] its slot). A
 //! correction of the store (a 429's penalty) runs to its end the same way.
 //!
@@ -77,7 +77,7 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 /// A `try` decision of the store for a caller that may have gone away
 /// before it was told: dropped without [`Unclaimed::claim`], an allowed
 /// decision gives its cost back and frees its slot, as a permit dropped
-/// unused would (its cost is not given back if a hold was put on since
+/// unused would (its cost is not given back if a penalty was put on since
 /// it was asked: then the store's drain stands, as a cancelled booking's
 /// does; nor if a registration since had other buckets: then the state
 /// may have been started afresh).
@@ -88,8 +88,8 @@ pub(crate) struct Unclaimed {
     /// The state asked (`None`: the resource's own).
     key: Option<String>,
     cost: Cost,
-    /// The end of this process's hold on the state when it was asked.
-    held_until: Option<tokio::time::Instant>,
+    /// The end of this process's penalty on the state when it was asked.
+    penalty_end: Option<tokio::time::Instant>,
 }
 
 impl Unclaimed {
@@ -101,7 +101,7 @@ impl Unclaimed {
         resource: Arc<Resource>,
         key: Option<String>,
         cost: Cost,
-        held_until: Option<tokio::time::Instant>,
+        penalty_end: Option<tokio::time::Instant>,
     ) -> Self {
         Self {
             decision: Some(decision),
@@ -109,7 +109,7 @@ impl Unclaimed {
             resource,
             key,
             cost,
-            held_until,
+            penalty_end,
         }
     }
 
@@ -132,8 +132,8 @@ impl Drop for Unclaimed {
             release_untold(&self.backend, resource.clone(), key, lease);
         }
         let key = self.key.as_deref().unwrap_or(&resource.key);
-        let held = resource.holds.until(key);
-        if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.held_until) {
+        let held = resource.penalties.until(key);
+        if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.penalty_end) {
             return;
         }
         // Under the latest limits, none if a registration since the call
@@ -147,7 +147,7 @@ impl Drop for Unclaimed {
     }
 }
 
-/// A lease `hold_slot` took on state `key` for a caller that may have
+/// A lease `take_slot` took on state `key` for a caller that may have
 /// gone away before it was told: dropped without [`UntoldLease::claim`],
 /// it is released, as a permit dropped unused would be.
 pub(crate) struct UntoldLease {

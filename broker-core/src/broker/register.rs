@@ -234,13 +234,13 @@ impl ResourceBroker {
     /// Puts `ready` in `map` (under the registry's lock), in place of the
     /// registration of its id there, which it returns.
     fn install(&self, map: &mut Registry, ready: Ready) -> Option<Arc<Resource>> {
-        // The holds, the latest registration and the count of the calls
+        // The penalties, the latest registration and the count of the calls
         // queued and running belong to the resource id, not to one
         // registration: a call still running on an earlier registration
-        // sees a hold set through this one, and the other way round.
-        let (holds, lines, lineage, epochs, live) = match map.get(&ready.id) {
+        // sees a penalty set through this one, and the other way round.
+        let (penalties, lines, lineage, epochs, live) = match map.get(&ready.id) {
             Some(old) => (
-                old.holds.clone(),
+                old.penalties.clone(),
                 old.lines.clone(),
                 old.lineage.clone(),
                 old.epochs.after(&old.spec, &ready.spec),
@@ -266,7 +266,7 @@ impl ResourceBroker {
             live,
             slot_notify: tokio::sync::Notify::new(),
             slot_waiters: std::sync::atomic::AtomicUsize::new(0),
-            holds,
+            penalties,
             lines,
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             retired: std::sync::atomic::AtomicBool::new(false),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::lineage::{Epochs, Latest, Lineage};
-use super::{hold, keeper, queue};
+use super::{keeper, penalties, queue};
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::{Cost, Limits};
@@ -40,9 +40,9 @@ pub(crate) struct Resource {
     /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot;
     /// notified only while `slot_waiters` says someone waits.
     pub(super) slot_notify: tokio::sync::Notify,
-    /// Holds on attempts already booked in this process (see `hold.rs`),
+    /// Penalties on attempts already booked in this process (`penalties.rs`),
     /// shared by every registration of this id.
-    pub(crate) holds: Arc<hold::Holds>,
+    pub(crate) penalties: Arc<penalties::Penalties>,
     /// The local wait queues of `enqueue`, by state key, shared by every
     /// registration of this id.
     pub(crate) lines: Arc<queue::Lines>,

@@ -21,13 +21,13 @@ impl Store for NoStore {
     async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
         Err(BackendError::new("unused"))
     }
-    async fn reserve(
+    async fn book(
         &self,
         _: &str,
         _: &LimitSpec,
         _: Cost,
         _: Duration,
-    ) -> Result<crate::state::Reservation, BackendError> {
+    ) -> Result<crate::state::Booking, BackendError> {
         Err(BackendError::new("unused"))
     }
     async fn take_slot(

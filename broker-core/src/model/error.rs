@@ -128,7 +128,7 @@ pub enum BrokerError {
         capacity: usize,
     },
     /// The call would wait beyond a bound: its deadline, or, for a
-    /// penalty (an upstream 429's hold, a spent counter), the retry
+    /// penalty (an upstream 429's, a spent counter's), the retry
     /// policy's ceiling. Waiting for one's turn has no bound but a deadline.
     #[error(
         "resource {resource:?}: waited {waited:?}; the next send time is {would_wait:?} away, beyond {bound}"
@@ -168,7 +168,7 @@ pub enum WaitBound {
     /// `queue_deadline`; for `acquire`, its `max_wait`), counted from
     /// when the call began.
     Deadline(Duration),
-    /// The retry policy's ceiling, which bounds a penalty's hold (an
+    /// The retry policy's ceiling, which bounds a penalty (an
     /// upstream 429, a spent counter) and a retry pause.
     PenaltyCeiling(Duration),
 }

@@ -38,9 +38,10 @@ pub struct ResourceConfig {
     /// [`crate::LocalStore`]).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
-    /// On a store shared by processes (Redis), a permit's lease is renewed
-    /// for at most this long (1 h by default), then expires within
-    /// `lease_ttl`: so a permit never released (`std::mem::forget`) frees it.
+    /// How long a permit may hold its concurrency slot (`maxHold`, 1 h by
+    /// default): on a store shared by processes (Redis), its lease is
+    /// renewed for at most this long, then expires within `lease_ttl`, so a
+    /// permit never released (`std::mem::forget`) frees its slot.
     #[serde(default = "default_max_hold", with = "humantime_serde")]
     pub max_hold: Duration,
     /// How `enqueue` retries.

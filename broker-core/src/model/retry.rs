@@ -1,6 +1,6 @@
 //! Outcomes of upstream work and the retry policy `enqueue` applies to them:
 //! 429 and transient failures retry ([`OutcomeClass::is_retryable`]), fatal
-//! ones never. [`RetryPolicy::ceiling`] bounds a penalty's hold and every
+//! ones never. [`RetryPolicy::ceiling`] bounds a penalty and every
 //! retry pause; the wait for one's turn in the queue has no bound but a
 //! deadline.
 
@@ -19,7 +19,7 @@ pub enum Outcome<T, E> {
     Ok {
         /// The result.
         value: T,
-        /// Actual cost, settled against the reserved one.
+        /// Actual cost, settled against the booked one.
         usage: Option<Cost>,
         /// Rate-limit headers of the response, reconciled into the bucket.
         observed: Option<ObservedLimit>,
@@ -249,7 +249,7 @@ impl RetryPolicy {
     }
 
     /// The one wait ceiling, `max(wait_ceiling, N × longest window + margin)`,
-    /// never below one request token's refill: it bounds a penalty's hold and
+    /// never below one request token's refill: it bounds a penalty and
     /// every retry pause, not the wait for one's turn.
     ///
     /// ```

@@ -13,7 +13,7 @@ pub type LeaseId = u64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DenyReason {
-    /// A rate limit has no tokens (or is held by `nb`).
+    /// A rate limit has no tokens (or is under a penalty, `nb`).
     Rate,
     /// All concurrency slots are held.
     Concurrency,
@@ -125,7 +125,7 @@ pub enum LocalVerdict {
     /// Denied by a rate limit: how long until the cost would fit, in whole
     /// µs.
     Rate(Micros),
-    /// Denied by a rate limit with no hold in force: the refill time the
+    /// Denied by a rate limit with no penalty in force: the refill time the
     /// missing tokens need, not yet rounded.
     Short(RefillTime),
     /// Denied: every concurrency slot is held.

@@ -14,7 +14,7 @@ use crate::bucket::BucketParams;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LeaseId, LimitSpec, Marks, Reservation};
+use crate::state::{Booking, Decision, LeaseId, LimitSpec, Marks};
 use crate::stats::BackendHealth;
 use crate::Micros;
 
@@ -305,30 +305,30 @@ impl<P: Store> Store for Failover<P> {
         .map(Decision::by_failure_policy)
     }
 
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError> {
-        let error = match self.primary.reserve(key, spec, cost, max_wait).await {
+    ) -> Result<Booking, BackendError> {
+        let error = match self.primary.book(key, spec, cost, max_wait).await {
             Err(e) => e,
             booked => return booked,
         };
         // Marked as answered here: its settlement goes where its cost went.
         let since = Marks::ANSWERED_HERE;
-        match self.answer("reserve", error, spec)? {
-            Answer::Open => Ok(Reservation {
+        match self.answer("book", error, spec)? {
+            Answer::Open => Ok(Booking {
                 wait: 0,
                 booked: true,
                 since,
             }),
             Answer::Local(store, scaled, share) => {
                 // A booking takes no slot: only the rates count.
-                admissible("reserve", &scaled, share, cost, false)?;
-                let booked = store.reserve(key, &scaled, cost, max_wait).await?;
-                Ok(Reservation { since, ..booked })
+                admissible("book", &scaled, share, cost, false)?;
+                let booked = store.book(key, &scaled, cost, max_wait).await?;
+                Ok(Booking { since, ..booked })
             }
         }
     }
@@ -400,27 +400,23 @@ impl<P: Store> Store for Failover<P> {
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
         if since == Some(Marks::ANSWERED_HERE) {
             // The primary never charged it: the fallback's booking is
             // settled there (without marks, which name that store's own
-            // holds); a fail-open booking charged nothing anywhere.
+            // penalties); a fail-open booking charged nothing anywhere.
             return match &self.policy {
                 FailurePolicy::LocalFallback { share, store } => {
                     let scaled = scaled(spec, *share);
-                    store.settle(key, &scaled, reserved, actual, None).await
+                    store.settle(key, &scaled, booked, actual, None).await
                 }
                 _ => Ok(()),
             };
         }
-        let error = match self
-            .primary
-            .settle(key, spec, reserved, actual, since)
-            .await
-        {
+        let error = match self.primary.settle(key, spec, booked, actual, since).await {
             Err(e) => e,
             settled => return settled,
         };
@@ -432,10 +428,10 @@ impl<P: Store> Store for Failover<P> {
             // booking is charged here too, which only narrows the share.
             Answer::Local(store, scaled, _) => {
                 let used = Cost {
-                    requests: actual.requests.max(reserved.requests),
-                    tokens: actual.tokens.max(reserved.tokens),
+                    requests: actual.requests.max(booked.requests),
+                    tokens: actual.tokens.max(booked.tokens),
                 };
-                store.settle(key, &scaled, reserved, used, None).await
+                store.settle(key, &scaled, booked, used, None).await
             }
         }
     }
@@ -444,15 +440,15 @@ impl<P: Store> Store for Failover<P> {
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError> {
-        let error = match self.primary.penalize(key, spec, hold).await {
+        let error = match self.primary.penalize(key, spec, penalty).await {
             Err(e) => e,
             done => return done,
         };
         match self.answer("penalize", error, spec)? {
             Answer::Open => Ok(()),
-            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, hold).await,
+            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
         }
     }
 

@@ -23,7 +23,7 @@ use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Decision, LeaseId, LimitSpec, LocalVerdict, Marks, Reservation};
+use crate::state::{Booking, Decision, LeaseId, LimitSpec, LocalVerdict, Marks};
 use crate::stats::BackendHealth;
 
 pub use failover::{Failover, FailurePolicy};
@@ -50,15 +50,15 @@ pub trait Store: Send + Sync + 'static {
         cost: Cost,
     ) -> Result<Decision, BackendError>;
 
-    /// `reserve`: book `cost` at the earliest time it fits, if within
+    /// `book`: book `cost` at the earliest time it fits, if within
     /// `max_wait`.
-    async fn reserve(
+    async fn book(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Reservation, BackendError>;
+    ) -> Result<Booking, BackendError>;
 
     /// Takes a concurrency slot if one is free; `Some(lease)` when taken.
     async fn take_slot(&self, key: &str, spec: &LimitSpec)
@@ -86,30 +86,30 @@ pub trait Store: Send + Sync + 'static {
         Ok(Renewal::Held)
     }
 
-    /// `settle`: correct the charge from `reserved` to `actual`. `since`:
-    /// the [`Reservation::since`] marks of the reservation settled, when
-    /// there was one; a refund is not made to a bucket held past its mark
+    /// `settle`: correct the charge from `booked` to `actual`. `since`:
+    /// the [`Booking::since`] marks of the booking settled, when
+    /// there was one; a refund is not made to a bucket penalized past its mark
     /// (a penalty put on after the booking, see [`crate::bucket::settle`]),
     /// nor, without marks, while a penalty is on.
     async fn settle(
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError>;
 
-    /// `penalize`: drain and hold every bucket for `hold` from the store's
-    /// now; a resource without rate limits has its state held instead
-    /// ([`crate::state::ResourceState::hold`]), so that `try_acquire` and
-    /// `reserve` wait for the end on every user of the store. Never
+    /// `penalize`: drain and penalize every bucket for `penalty` from the store's
+    /// now; a resource without rate limits has its state penalized instead
+    /// ([`crate::state::ResourceState::penalty`]), so that `try_acquire` and
+    /// `book` wait for the end on every user of the store. Never
     /// shortens a longer penalty.
     async fn penalize(
         &self,
         key: &str,
         spec: &LimitSpec,
-        hold: Duration,
+        penalty: Duration,
     ) -> Result<(), BackendError>;
 
     /// `reconcile`: narrow the buckets to what the upstream reported.
@@ -121,25 +121,25 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), BackendError>;
 
     /// Reads the state at `key`: how long, from the store's now, a call of
-    /// `cost` must still wait out a penalty or a spent counter's hold
-    /// ([`crate::state::hold_left`]); 0 for none. Changes nothing. The
+    /// `cost` must still wait out a 429's or a spent counter's penalty
+    /// ([`crate::state::penalty_left`]); 0 for none. Changes nothing. The
     /// broker asks it when a call wakes from its booking's time or its wait
-    /// for a slot, so that a penalty another process put on meanwhile holds
-    /// the call too. The default asks [`Store::reserve`] for nothing within
-    /// no wait, which sees the hold of a state without buckets only.
+    /// for a slot, so that a penalty another process put on meanwhile stops
+    /// the call too. The default asks [`Store::book`] for nothing within
+    /// no wait, which sees the penalty of a state without buckets only.
     async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        // Sees no bucket's hold, whatever the cost.
+        // Sees no bucket's penalty, whatever the cost.
         let _ = cost;
         let nothing = Cost {
             requests: 0,
             tokens: 0,
         };
-        Ok(self.reserve(key, spec, nothing, Duration::ZERO).await?.wait)
+        Ok(self.book(key, spec, nothing, Duration::ZERO).await?.wait)
     }
 
     /// Reachability of the store and the calls refused while it was out of
@@ -253,12 +253,12 @@ pub trait LocalStore: Send + Sync {
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>>;
 
     /// Synchronous [`Store::settle`] (used from `Drop` to refund a
-    /// cancelled reservation).
+    /// cancelled booking).
     fn settle_now(
         &self,
         key: &str,
         spec: &LimitSpec,
-        reserved: Cost,
+        booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Option<Result<(), BackendError>>;

@@ -30,7 +30,7 @@
 //! A new state starts from the tightest of every place its key has under
 //! its resource part with as many buckets, and of its shared place; its
 //! places of another number of buckets (states folded before a reload to
-//! other limits) give it the penalty they hold, their latest not-before,
+//! other limits) give it the penalty they carry, their latest not-before,
 //! as a state kept in the table keeps it across such a reload
 //! (`state::adopt`).
 //!
@@ -263,15 +263,15 @@ impl Spills {
             .map(|sets| sets.to_vec())
             .unwrap_or_default();
         // The latest not-before of the key's places of another number of
-        // buckets: the penalty a state folded under other limits held,
+        // buckets: the penalty a state folded under other limits was under,
         // kept as `state::adopt` keeps it for a state in the table.
-        let mut held_until: Micros = 0;
+        let mut penalty_end: Micros = 0;
         for places in sets {
             let table = places.table.lock();
             let m = places.params.len();
             let (tight, raw) = table.read(table.find(hash), m);
             if m != n {
-                held_until = held_until.max(state::latest_not_before(raw));
+                penalty_end = penalty_end.max(state::latest_not_before(raw));
                 continue;
             }
             let same = params_of(spec).eq(places.params.iter());
@@ -281,17 +281,17 @@ impl Spills {
         for held in &shared[hash as usize % SHARED] {
             match held.raw.len() == n {
                 true => narrow(&mut buckets, &held.raw, spec),
-                false => held_until = held_until.max(state::latest_not_before(&held.raw)),
+                false => penalty_end = penalty_end.max(state::latest_not_before(&held.raw)),
             }
         }
         drop(shared);
         let mut restored = ResourceState {
             buckets,
             leases: Vec::new(),
-            hold: 0,
+            penalty: 0,
         };
-        if held_until > now {
-            state::hold_until(&mut restored, spec, now, held_until);
+        if penalty_end > now {
+            state::penalize_until(&mut restored, spec, now, penalty_end);
         }
         if state::is_idle(&restored, spec, now) {
             return None;

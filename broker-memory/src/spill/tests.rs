@@ -33,7 +33,7 @@ fn a_group_keeps_its_first_keys_apart_and_the_rest_together() {
             nb: 0,
         }],
         leases: Vec::new(),
-        hold: 0,
+        penalty: 0,
     };
     let spills = Spills::new();
     let part: Arc<str> = "tenant".into();

@@ -1,6 +1,6 @@
 -- resource-broker: the helpers every script is built on, written once: the
 -- clock and saturating arithmetic, the bucket (broker-core's bucket.rs),
--- the state over n buckets (state.rs) and the lease set (hold_slot).
+-- the state over n buckets (state.rs) and the lease set (take_slot).
 -- Each transition's script is this file followed by its own body, which
 -- starts with args().
 -- Times are microseconds held in doubles (exact below 2^53 us, about 285
@@ -59,12 +59,12 @@ local function read_now()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- state::held_until of the hash KEYS[1] made for another number of
+-- state::penalty_end of the hash KEYS[1] made for another number of
 -- buckets than N (its field n says `n`): the latest nb of its buckets, or
--- its hold; 0 for none. What state::adopt carries over to the new
+-- its penalty; 0 for none. What state::adopt carries over to the new
 -- buckets (a reload to another number of rate limits). The buckets read
 -- are bounded by the hash's own size, whatever n says.
-local function held_until(n)
+local function penalty_end(n)
   local fields = { 'hold' }
   for i = 1, min(n, call('HLEN', KEYS[1]), 4096) do
     fields[i + 1] = 'nb:' .. i
@@ -120,9 +120,9 @@ local function wait_for(tokens, nb, now, cost, amount, period)
   return rate_wait
 end
 
--- bucket::book: take cost as of the send time, wait after now. Returns
+-- bucket::book_at: take cost as of the send time, wait after now. Returns
 -- tokens, ts.
-local function book(tokens, ts, now, cost, wait, capacity, amount, period)
+local function book_at(tokens, ts, now, cost, wait, capacity, amount, period)
   if now < ts then now = ts end
   tokens, ts = refill(tokens, ts, now, capacity, amount, period)
   local ahead = wait * (amount / period)
@@ -167,10 +167,10 @@ end
 
 local capacity, amount, period, c = {}, {}, {}, {}
 local tokens, ts, nb = {}, {}, {}
--- ResourceState::hold: with no bucket (N = 0, a concurrency limit alone),
+-- ResourceState::penalty: with no bucket (N = 0, a concurrency limit alone),
 -- the end of a penalty, field `hold` of the hash (with n = 0); 0 for none,
 -- and for a hash without the field. Neither read nor written when N > 0.
-local hold = 0
+local penalty = 0
 
 -- The field names of bucket i.
 local function names(i)
@@ -179,26 +179,26 @@ local function names(i)
   return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
 end
 
--- Reads the buckets (with none, the hold); a missing hash is
--- ResourceState::fresh (full buckets as of now, no hold), and one made for
--- another number of buckets is that, under the penalty it holds
--- (state::adopt: its held_until, put on as state::hold_until does: full
--- buckets held, so that what is adopted does not depend on when). A
+-- Reads the buckets (with none, the penalty); a missing hash is
+-- ResourceState::fresh (full buckets as of now, no penalty), and one made for
+-- another number of buckets is that, under the penalty it carries
+-- (state::adopt: its penalty_end, put on as state::penalize_until does: full
+-- buckets penalized, so that what is adopted does not depend on when). A
 -- hash of another number of buckets is written back at once as taken on
 -- (or deleted, when that is idle): the reference keeps the adopted state
 -- whatever the call decides, so a call that writes nothing after (a
--- denial, a reservation not booked) leaves the same state behind.
+-- denial, a book call that booked nothing) leaves the same state behind.
 local save
 local function load(now)
   if N == 0 then
     local v = call('HMGET', KEYS[1], 'n', 'hold')
     local n = tonumber(v[1])
-    hold = 0
+    penalty = 0
     if n == 0 then
-      hold = tonumber(v[2]) or 0
+      penalty = tonumber(v[2]) or 0
     elseif n ~= nil then
-      local until_ = held_until(n)
-      if until_ > now then hold = until_ end
+      local until_ = penalty_end(n)
+      if until_ > now then penalty = until_ end
       save(now)
     end
     return
@@ -215,14 +215,14 @@ local function load(now)
   local n = tonumber(v[1])
   local fresh = n ~= N
   local until_ = 0
-  if fresh and n ~= nil then until_ = held_until(n) end
+  if fresh and n ~= nil then until_ = penalty_end(n) end
   for i = 1, N do
     local a = 4 * i
     capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     c[i] = ARGV[a + 3]
     if fresh then
-      -- A fresh bucket; under a penalty (until_ > now), held until its
-      -- end (state::hold_until on a fresh bucket: ts is now).
+      -- A fresh bucket; under a penalty (until_ > now), penalized until its
+      -- end (state::penalize_until on a fresh bucket: ts is now).
       tokens[i], ts[i], nb[i] = capacity[i], now, 0
       if until_ > now then
         nb[i] = until_
@@ -235,17 +235,17 @@ local function load(now)
 end
 
 -- Writes the buckets back with the longest TTL among them, or deletes the
--- hash when every bucket is idle. With no bucket, writes the hold until
+-- hash when every bucket is idle. With no bucket, writes the penalty until
 -- it ends (state::ttl: its time left, plus the margin), or deletes the
 -- hash once it has ended.
 function save(now)
   if N == 0 then
-    if hold <= now then
+    if penalty <= now then
       call('DEL', KEYS[1])
       return
     end
-    call('HSET', KEYS[1], 'n', 0, 'hold', hold)
-    call('PEXPIRE', KEYS[1], min(ceil((hold - now) / 1000), 1e15) + tonumber(ARGV[2]))
+    call('HSET', KEYS[1], 'n', 0, 'hold', penalty)
+    call('PEXPIRE', KEYS[1], min(ceil((penalty - now) / 1000), 1e15) + tonumber(ARGV[2]))
     return
   end
   local ms = nil
@@ -273,10 +273,10 @@ function save(now)
 end
 
 -- state::wait_all: the longest wait among buckets with a non-zero cost;
--- with no bucket, the time left of the hold.
+-- with no bucket, the time left of the penalty.
 local function wait_all(now)
   if N == 0 then
-    if hold > now then return hold - now end
+    if penalty > now then return penalty - now end
     return 0
   end
   local wait = 0
@@ -296,7 +296,7 @@ local function book_all(now, wait)
   for i = 1, N do
     local cost = tonumber(c[i])
     if cost > 0 then
-      tokens[i], ts[i] = book(tokens[i], ts[i], now, cost, wait, capacity[i], amount[i], period[i])
+      tokens[i], ts[i] = book_at(tokens[i], ts[i], now, cost, wait, capacity[i], amount[i], period[i])
     end
   end
 end
@@ -310,9 +310,9 @@ local function keep_lease_set(now)
   call('PEXPIRE', KEYS[2], ms)
 end
 
--- state::hold_slot over the lease set; max_concurrent == '' means no
+-- state::take_slot over the lease set; max_concurrent == '' means no
 -- concurrency limit.
-local function hold_slot(now, max_concurrent, lease_ttl, lease)
+local function take_slot(now, max_concurrent, lease_ttl, lease)
   if max_concurrent == '' then
     return true
   end

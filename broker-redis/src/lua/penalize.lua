@@ -1,14 +1,14 @@
 -- penalize (state::penalize, bucket::penalize): drain every bucket to zero
--- (keeping booked debt) and hold it until now + hold; never shortens nb.
--- With no bucket (a concurrency limit alone), the state-wide hold is set
--- to now + hold instead, never shortened either.
--- ARGV[REST] hold in us.
+-- (keeping booked debt) and penalize it until now + the penalty; never
+-- shortens nb. With no bucket (a concurrency limit alone), the state-wide
+-- penalty ends at now + the penalty instead, never shortened either.
+-- ARGV[REST] the penalty in us.
 args()
 local now = read_now()
 load(now)
 local until_ = sat_add(now, tonumber(ARGV[REST]))
-if N == 0 and hold < until_ then
-  hold = until_
+if N == 0 and penalty < until_ then
+  penalty = until_
 end
 for i = 1, N do
   local n = max(now, ts[i])

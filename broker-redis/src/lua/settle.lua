@@ -1,9 +1,9 @@
--- settle (state::settle, bucket::settle): c is delta = reserved - actual;
+-- settle (state::settle, bucket::settle): c is delta = booked - actual;
 -- a positive delta refunds (capped at capacity), a negative one charges.
--- ARGV[REST .. REST + 3] are the settled reservation's marks in us
+-- ARGV[REST .. REST + 3] are the settled booking's marks in us
 -- (state::Marks; buckets from the fourth on share the fourth; '' when
 -- there are none: now), ARGV[REST + 4] its due time ('' when none). No
--- refund to a bucket held past its mark (nb after it): the hold came after
+-- refund to a bucket penalized past its mark (nb after it): the penalty came after
 -- the booking, and its drain took tokens. A refund gives back only what no
 -- booking due later was granted (bucket::unclaimed).
 -- KEYS[3], when given (see scripts::run_once): this settle's own key, set

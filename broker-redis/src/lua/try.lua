@@ -12,7 +12,7 @@ if wait > 0 then
   if ARGV[REST] ~= '' and held(now, ARGV[REST + 2]) then return 1 end
   return { 1, fmt(wait) }
 end
-if not hold_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
+if not take_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
   if held(now, ARGV[REST + 2]) then return 1 end
   return { 2, '0' }
 end

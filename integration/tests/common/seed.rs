@@ -23,7 +23,7 @@ pub fn seed_server() -> StrictServer {
     StrictServer::new(3, 2, 1_000_000)
 }
 
-/// Send times (µs after now) of the eight jobs when A and B reserve in
+/// Send times (µs after now) of the eight jobs when A and B book in
 /// turn A,B,A,B,... on one shared bucket.
 pub async fn shared_bucket_send_times(backend: &dyn Store, key: &str) -> Vec<Micros> {
     let spec = seed_spec();
@@ -31,9 +31,9 @@ pub async fn shared_bucket_send_times(backend: &dyn Store, key: &str) -> Vec<Mic
     for _job in 0..4 {
         for _worker in ["A", "B"] {
             let r = backend
-                .reserve(key, &spec, Cost::default(), Duration::from_secs(3600))
+                .book(key, &spec, Cost::default(), Duration::from_secs(3600))
                 .await
-                .expect("reserve");
+                .expect("book");
             assert!(r.booked);
             sends.push(r.wait);
         }
@@ -42,7 +42,7 @@ pub async fn shared_bucket_send_times(backend: &dyn Store, key: &str) -> Vec<Mic
 }
 
 /// Send times when each worker has its own full bucket (`{key}:A`,
-/// `{key}:B`), reserving its four jobs at t = 0.
+/// `{key}:B`), booking its four jobs at t = 0.
 pub async fn separate_buckets_send_times(backend: &dyn Store, key: &str) -> Vec<Micros> {
     let spec = seed_spec();
     let mut sends = Vec::new();
@@ -50,14 +50,14 @@ pub async fn separate_buckets_send_times(backend: &dyn Store, key: &str) -> Vec<
         let worker_key = format!("{key}:{worker}");
         for _job in 0..4 {
             let r = backend
-                .reserve(
+                .book(
                     &worker_key,
                     &spec,
                     Cost::default(),
                     Duration::from_secs(3600),
                 )
                 .await
-                .expect("reserve");
+                .expect("book");
             sends.push(r.wait);
         }
     }
@@ -69,9 +69,9 @@ pub fn replay(sends: &[Micros]) -> Tally {
     seed_server().replay(sends)
 }
 
-/// After the shared schedule, penalize at 2.5 s for 1.5 s, then reserve at
-/// 2.6 s and 2.7 s; returns the absolute times (µs) the two reservations get.
-pub async fn penalty_then_two_reservations(
+/// After the shared schedule, penalize at 2.5 s for 1.5 s, then book at
+/// 2.6 s and 2.7 s; returns the absolute times (µs) the two bookings get.
+pub async fn penalty_then_two_bookings(
     backend: &dyn Store,
     clock: &ManualClock,
     key: &str,
@@ -86,9 +86,9 @@ pub async fn penalty_then_two_reservations(
     for (i, at) in [2_600_000, 2_700_000].into_iter().enumerate() {
         clock.set(at);
         let r = backend
-            .reserve(key, &spec, Cost::default(), Duration::from_secs(3600))
+            .book(key, &spec, Cost::default(), Duration::from_secs(3600))
             .await
-            .expect("reserve");
+            .expect("book");
         got[i] = at + r.wait;
     }
     got

@@ -44,10 +44,10 @@ pub async fn seed_separate_buckets_send_six_at_once_and_four_are_rejected(env: &
     assert_eq!(seed::replay(&sends), Tally { ok: 4, rejected: 4 });
 }
 
-pub async fn seed_penalty_holds_the_next_two_reservations_to_four_seconds(env: &Env) {
+pub async fn seed_penalty_holds_the_next_two_bookings_to_four_seconds(env: &Env) {
     let key = env.key("seed");
     seed::shared_bucket_send_times(&*env.backend, &key).await;
-    let got = seed::penalty_then_two_reservations(&*env.backend, &env.clock, &key).await;
+    let got = seed::penalty_then_two_bookings(&*env.backend, &env.clock, &key).await;
     assert_eq!(got, [4 * S, 4 * S]);
 }
 
@@ -193,16 +193,16 @@ pub async fn a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_
     assert_eq!(renewed, Renewal::Gone, "never held, no slot free");
 }
 
-pub async fn reserve_beyond_max_wait_books_nothing(env: &Env) {
+pub async fn book_beyond_max_wait_books_nothing(env: &Env) {
     let (b, key, spec) = (&*env.backend, env.key("r"), seed_quota());
     try_n(b, &key, &spec, Cost::default(), 3).await;
     let r = b
-        .reserve(&key, &spec, Cost::default(), Duration::from_millis(100))
+        .book(&key, &spec, Cost::default(), Duration::from_millis(100))
         .await
         .unwrap();
     assert!(!r.booked);
     assert_eq!(r.wait, S / 2);
-    let r = b.reserve(&key, &spec, Cost::default(), HOUR).await.unwrap();
+    let r = b.book(&key, &spec, Cost::default(), HOUR).await.unwrap();
     assert_eq!(
         (r.booked, r.wait),
         (true, S / 2),
@@ -241,9 +241,9 @@ pub async fn settle_refunds_unused_cost_and_charges_extra(env: &Env) {
     assert_eq!(d.wait, 510_000, "50 tokens of debt, then one more");
 }
 
-/// A refund settled while a hold is on is not made (the hold's drain took
-/// the unused tokens); a charge is; after the hold, refunds are made again.
-pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
+/// A refund settled while a penalty is on is not made (the penalty's drain took
+/// the unused tokens); a charge is; after the penalty, refunds are made again.
+pub async fn a_refund_is_not_made_while_a_penalty_is_on(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-held"));
     // 60 tokens a minute: one a second, a burst of 60.
     let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
@@ -257,7 +257,7 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
     b.penalize(&key, &spec, Duration::from_secs(2))
         .await
         .unwrap();
-    // The call used 10 of its 60: the 50 are not given back during the hold.
+    // The call used 10 of its 60: the 50 are not given back during the penalty.
     b.settle(&key, &spec, tokens(60), tokens(10), None)
         .await
         .unwrap();
@@ -281,22 +281,22 @@ pub async fn a_refund_is_not_made_while_a_hold_is_on(env: &Env) {
     assert!(!b.try_acquire(&key, &spec, tokens(1)).await.unwrap().allowed);
 }
 
-/// With the booking's mark (`Reservation::since`), a refund follows the
-/// holds put on after the booking: a cost booked under a hold is given
-/// back (the drain came first); a cost booked before a hold is not, even
-/// once the hold has ended, and even when the hold ended before the cost
+/// With the booking's mark (`Booking::since`), a refund follows the
+/// penalties put on after the booking: a cost booked under a penalty is given
+/// back (the drain came first); a cost booked before a penalty is not, even
+/// once the penalty has ended, and even when the penalty ended before the cost
 /// was due.
-pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
+pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-booked"));
     let spec = spec(Limits::new().rate(RateLimit::per_minute(60).unit(Unit::Tokens)));
     let tokens = |n| Cost::tokens(n);
     let within = Duration::from_secs(60);
-    let before = b.reserve(&key, &spec, tokens(60), within).await.unwrap();
+    let before = b.book(&key, &spec, tokens(60), within).await.unwrap();
     assert_eq!((before.booked, before.wait), (true, 0));
     b.penalize(&key, &spec, Duration::from_secs(2))
         .await
         .unwrap();
-    let under = b.reserve(&key, &spec, tokens(5), within).await.unwrap();
+    let under = b.book(&key, &spec, tokens(5), within).await.unwrap();
     assert_eq!((under.booked, under.wait), (true, 5 * S));
     assert_eq!(
         under.since.of(0) - before.since.of(0),
@@ -308,7 +308,7 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
         .await
         .unwrap();
     env.advance_ms(3_000);
-    // The first used 10 of its 60, settled after the hold: nothing back.
+    // The first used 10 of its 60, settled after the penalty: nothing back.
     b.settle(&key, &spec, tokens(60), tokens(10), Some(before.since))
         .await
         .unwrap();
@@ -320,7 +320,7 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
     );
     assert!(b.try_acquire(&key, &spec, tokens(3)).await.unwrap().allowed);
     // A cost booked 10 s ahead, then a 1 s hold that ends before it is due,
-    // then the booking cancelled: the hold's drain is not undone.
+    // then the booking cancelled: the penalty's drain is not undone.
     env.advance_ms(60_000);
     assert!(
         b.try_acquire(&key, &spec, tokens(60))
@@ -328,7 +328,7 @@ pub async fn a_refund_follows_the_holds_put_on_after_the_booking(env: &Env) {
             .unwrap()
             .allowed
     );
-    let ahead = b.reserve(&key, &spec, tokens(10), within).await.unwrap();
+    let ahead = b.book(&key, &spec, tokens(10), within).await.unwrap();
     assert_eq!(ahead.wait, 10 * S);
     env.advance_ms(8_000);
     b.penalize(&key, &spec, Duration::from_secs(1))
@@ -353,7 +353,7 @@ pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_grant
     let one = Cost::requests(1);
     let mut booked = Vec::new();
     for _ in 0..3 {
-        booked.push(b.reserve(&key, &spec, one, HOUR).await.unwrap());
+        booked.push(b.book(&key, &spec, one, HOUR).await.unwrap());
     }
     let waits: Vec<_> = booked.iter().map(|r| r.wait).collect();
     assert_eq!(waits, [0, S / 10, S / 5]);
@@ -362,13 +362,13 @@ pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_grant
         .await
         .unwrap();
     env.advance_ms(10);
-    let late = b.reserve(&key, &spec, one, HOUR).await.unwrap();
+    let late = b.book(&key, &spec, one, HOUR).await.unwrap();
     assert_eq!(late.wait, S * 3 / 10 - S * 6 / 100, "due at 300 ms");
     // The last booking cancelled: all back, so the next is due at 300 ms.
     b.settle(&key, &spec, one, Cost::requests(0), Some(late.since))
         .await
         .unwrap();
-    let again = b.reserve(&key, &spec, one, HOUR).await.unwrap();
+    let again = b.book(&key, &spec, one, HOUR).await.unwrap();
     assert_eq!(again.wait, late.wait);
 }
 
@@ -380,7 +380,7 @@ pub async fn a_cancelled_booking_gives_back_only_what_no_later_booking_was_grant
 pub async fn a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept(env: &Env) {
     let (b, key) = (&*env.backend, env.key("after-work"));
     let spec = spec(Limits::new().rate(RateLimit::per_second(1).with_burst(2).unit(Unit::Tokens)));
-    let sent = b.reserve(&key, &spec, Cost::tokens(1), HOUR).await.unwrap();
+    let sent = b.book(&key, &spec, Cost::tokens(1), HOUR).await.unwrap();
     assert_eq!((sent.booked, sent.wait), (true, 0));
     env.advance_ms(500);
     assert!(
@@ -424,10 +424,10 @@ async fn tokens_out_for_two_seconds(b: &dyn Store, key: &str) -> LimitSpec {
 }
 
 /// The mark of a cost charged to two buckets, one of them held when it was
-/// booked, is the earlier of their holds: a shorter penalty afterwards,
+/// booked, is the earlier of their penalties: a shorter penalty afterwards,
 /// which holds the other bucket for less than the first hold, is seen, and
 /// a cancelled booking gives nothing back to the bucket it drained.
-pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
+pub async fn a_refund_sees_a_penalty_on_any_bucket_it_charged(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-two"));
     let spec = tokens_out_for_two_seconds(b, &key).await;
     let cost = Cost {
@@ -435,7 +435,7 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
         tokens: 1,
     };
     let r = b
-        .reserve(&key, &spec, cost, Duration::from_secs(60))
+        .book(&key, &spec, cost, Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!((r.booked, r.wait), (true, 2 * S));
@@ -458,8 +458,8 @@ pub async fn a_refund_sees_a_hold_on_any_bucket_it_charged(env: &Env) {
 
 /// Each bucket has its own mark: a cost booked while only its tokens
 /// counter is out (held until the reset) gives its unused tokens back, and
-/// its requests too, when no hold came since.
-pub async fn a_refund_reaches_the_one_bucket_booked_under_a_hold(env: &Env) {
+/// its requests too, when no penalty came since.
+pub async fn a_refund_reaches_the_one_bucket_booked_under_a_penalty(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-one-held"));
     let spec = tokens_out_for_two_seconds(b, &key).await;
     let estimate = Cost {
@@ -467,7 +467,7 @@ pub async fn a_refund_reaches_the_one_bucket_booked_under_a_hold(env: &Env) {
         tokens: 10,
     };
     let r = b
-        .reserve(&key, &spec, estimate, Duration::from_secs(60))
+        .book(&key, &spec, estimate, Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!((r.booked, r.wait), (true, 10 * S));
@@ -676,12 +676,12 @@ pub async fn a_penalty_holds_a_resource_with_only_a_concurrency_limit(env: &Env)
         .unwrap();
     let within = |ms| Duration::from_millis(ms);
     let late = b
-        .reserve(&key, &spec, Cost::default(), within(1_999))
+        .book(&key, &spec, Cost::default(), within(1_999))
         .await
         .unwrap();
     assert_eq!((late.wait, late.booked), (2 * S, false));
     let booked = b
-        .reserve(&key, &spec, Cost::default(), within(2_000))
+        .book(&key, &spec, Cost::default(), within(2_000))
         .await
         .unwrap();
     assert_eq!((booked.wait, booked.booked), (2 * S, true));
@@ -700,7 +700,7 @@ pub async fn a_penalty_holds_a_resource_with_only_a_concurrency_limit(env: &Env)
 
 /// A penalty on a resource with a concurrency limit alone holds a key no
 /// call has used yet, and a key of the same resource with no penalty is
-/// not held.
+/// not penalized.
 pub async fn a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it(env: &Env) {
     let (b, spec) = (&*env.backend, slots_only(1));
     let (held, free) = (env.key("held"), env.key("free"));
@@ -730,7 +730,7 @@ pub async fn a_penalty_on_an_unused_key_with_only_a_concurrency_limit_holds_it(e
 /// A reload to another number of rate limits while a penalty holds the
 /// resource (a 429's, from one rate limit, to two, to a concurrency limit
 /// alone, and back): the new buckets start full but held until the
-/// penalty's end, as the hold of a state without buckets does, so no
+/// penalty's end, as the penalty of a state without buckets does, so no
 /// reload lets a call through before the upstream said it may come. Each
 /// limits' own penalty, shorter, does not shorten it; the slot held
 /// before stays held.
@@ -763,7 +763,7 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
         .unwrap();
     denied_for(&two, 3_000).await;
     // Each penalty below is shorter than the first: it writes the state
-    // under its limits without shortening the hold.
+    // under its limits without shortening the penalty.
     b.penalize(&key, &two, Duration::from_millis(1))
         .await
         .unwrap();
@@ -776,7 +776,7 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
     denied_for(&one, 2_000).await;
     denied_for(&two, 2_000).await;
     let late = b
-        .reserve(&key, &two, Cost::default(), Duration::from_millis(1_999))
+        .book(&key, &two, Cost::default(), Duration::from_millis(1_999))
         .await
         .unwrap();
     assert_eq!((late.wait, late.booked), (2 * S, false));
@@ -802,8 +802,8 @@ pub async fn a_penalty_outlives_a_reload_to_another_number_of_rate_limits(env: &
 /// made of a state under a penalty is what every later call finds, as
 /// the reference's `state::adopt` keeps it: whether that first call was
 /// a denied `try` (through each `try` script: many buckets, one bucket
-/// with and without a concurrency limit), a `reserve` that booked
-/// nothing, or a `hold_slot`, a call 100 ms later, as the penalty ends,
+/// with and without a concurrency limit), a `book` that booked
+/// nothing, or a `take_slot`, a call 100 ms later, as the penalty ends,
 /// is decided as the reference decides it on the state it adopted then.
 pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &Env) {
     use broker_core::state::{self, ResourceState};
@@ -830,15 +830,15 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
     #[derive(Clone, Copy, Debug)]
     enum First {
         Try,
-        Reserve,
-        HoldSlot,
+        Book,
+        TakeSlot,
     }
     let cases = [
         ("to-two", &one, &two, First::Try),
         ("to-one", &two, &one, First::Try),
         ("to-one-held", &two, &one_held, First::Try),
-        ("to-one-reserved", &two, &one, First::Reserve),
-        ("to-two-slot", &one, &two_held, First::HoldSlot),
+        ("to-one-booked", &two, &one, First::Book),
+        ("to-two-slot", &one, &two_held, First::TakeSlot),
     ];
     let hold = Duration::from_millis(100);
     let t0 = env.clock.now();
@@ -856,19 +856,19 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
                 assert!(!want.allowed);
                 assert_eq!((got.allowed, got.wait), (want.allowed, want.wait), "{name}");
             }
-            First::Reserve => {
+            First::Book => {
                 let got = b
-                    .reserve(&key, new, Cost::default(), Duration::ZERO)
+                    .book(&key, new, Cost::default(), Duration::ZERO)
                     .await
                     .unwrap();
-                let want = state::reserve(&mut s, new, t0, Cost::default(), 0);
+                let want = state::book(&mut s, new, t0, Cost::default(), 0);
                 assert!(!want.booked);
                 assert_eq!((got.booked, got.wait), (want.booked, want.wait), "{name}");
             }
-            First::HoldSlot => {
+            First::TakeSlot => {
                 let lease = b.take_slot(&key, new).await.unwrap();
                 assert!(lease.is_some(), "{name}");
-                assert!(state::hold_slot(&mut s, new, t0, 1));
+                assert!(state::take_slot(&mut s, new, t0, 1));
             }
         }
         reference.push((key, new, s));
@@ -890,7 +890,7 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
 
 /// A reload and back while a penalty holds the resource (a replica on the
 /// new limits, one still on the old): the call under the new limits,
-/// denied by the hold, took the state on for them all the same (as the
+/// denied by the penalty, took the state on for them all the same (as the
 /// reference's `state::adopt`), so the old limits' next call, as the
 /// penalty ends, takes it on again rather than finding the state it had
 /// before the reload.
@@ -928,13 +928,13 @@ pub async fn a_denied_call_under_other_limits_takes_the_state_on(env: &Env) {
     }
 }
 
-/// `hold_left` gives what the store holds a call of a cost for, as the
-/// reference's `state::hold_left` reads it, and changes nothing: a spent
-/// tokens counter holds a call of tokens, not one of requests alone; a
-/// penalty holds both, also as read under limits with another number of
-/// rate limits (the state taken on) and with none (the state's hold).
-pub async fn hold_left_gives_the_hold_a_call_of_a_cost_meets(env: &Env) {
-    let (b, key) = (&*env.backend, env.key("hold_left"));
+/// `penalty_left` gives what the store stops a call of a cost for, as the
+/// reference's `state::penalty_left` reads it, and changes nothing: a spent
+/// tokens counter stops a call of tokens, not one of requests alone; a
+/// penalty stops both, also as read under limits with another number of
+/// rate limits (the state taken on) and with none (the state's penalty).
+pub async fn penalty_left_gives_the_penalty_a_call_of_a_cost_meets(env: &Env) {
+    let (b, key) = (&*env.backend, env.key("penalty_left"));
     let two = spec(
         Limits::new()
             .rate(RateLimit::per_second(10).with_burst(5))
@@ -997,19 +997,19 @@ macro_rules! for_each_case {
         $m!(
             seed_shared_bucket_spaces_eight_jobs_with_no_429,
             seed_separate_buckets_send_six_at_once_and_four_are_rejected,
-            seed_penalty_holds_the_next_two_reservations_to_four_seconds,
+            seed_penalty_holds_the_next_two_bookings_to_four_seconds,
             try_denies_with_the_wait_for_one_token_and_consumes_nothing,
             all_limits_pass_or_none_is_consumed,
             zero_cost_for_a_unit_leaves_its_bucket_alone,
             concurrency_slots_are_limited_and_release_is_idempotent,
             a_dead_holders_lease_expires_after_lease_ttl,
             a_renewed_lease_outlives_its_ttl_and_an_expired_one_is_taken_again_or_gone,
-            reserve_beyond_max_wait_books_nothing,
+            book_beyond_max_wait_books_nothing,
             settle_refunds_unused_cost_and_charges_extra,
-            a_refund_is_not_made_while_a_hold_is_on,
-            a_refund_follows_the_holds_put_on_after_the_booking,
-            a_refund_sees_a_hold_on_any_bucket_it_charged,
-            a_refund_reaches_the_one_bucket_booked_under_a_hold,
+            a_refund_is_not_made_while_a_penalty_is_on,
+            a_refund_follows_the_penalties_put_on_after_the_booking,
+            a_refund_sees_a_penalty_on_any_bucket_it_charged,
+            a_refund_reaches_the_one_bucket_booked_under_a_penalty,
             a_cancelled_booking_gives_back_only_what_no_later_booking_was_granted,
             a_refund_after_the_work_gives_back_no_more_than_the_upstream_kept,
             a_penalty_is_never_shortened,
@@ -1025,7 +1025,7 @@ macro_rules! for_each_case {
             a_penalty_outlives_a_reload_to_another_number_of_rate_limits,
             a_state_adopted_under_a_penalty_is_the_one_later_calls_find,
             a_denied_call_under_other_limits_takes_the_state_on,
-            hold_left_gives_the_hold_a_call_of_a_cost_meets
+            penalty_left_gives_the_penalty_a_call_of_a_cost_meets
         );
     };
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::booking::Booking;
+use super::booking::LiveBooking;
 use crate::broker::in_flight::{to_its_answer, UntoldLease};
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, Permit, Resource, ResourceBroker};
@@ -17,7 +17,7 @@ use crate::store::{Store, Turn, TurnAsk};
 pub(crate) enum SlotOutcome {
     Unlimited,
     /// The lease, and whether the slot was waited for (the first
-    /// `hold_slot` found every slot held).
+    /// `take_slot` found every slot held).
     Held(LeaseId, bool),
     TimedOut,
 }
@@ -27,8 +27,8 @@ pub(crate) enum SlotOutcome {
 pub(crate) enum Admitted {
     /// The booked cost, due now, and the slot (an empty permit without a
     /// concurrency limit).
-    Go(Booking, Permit),
-    /// The cost does not fit within a bound (a wait or a hold beyond it):
+    Go(LiveBooking, Permit),
+    /// The cost does not fit within a bound (a wait or a penalty beyond it):
     /// the wait still ahead and the bound, nothing booked.
     TooLong(Micros, WaitBound),
     /// No slot came free before the deadline.
@@ -40,7 +40,7 @@ pub(crate) enum Admitted {
 pub(crate) struct Bounds {
     /// The call's deadline, and its length as the caller gave it.
     pub(crate) deadline: Option<(tokio::time::Instant, Duration)>,
-    /// The longest hold (a penalty, a spent counter) the call waits out.
+    /// The longest penalty (a 429's, a spent counter's) the call waits out.
     pub(crate) ceiling: Option<Duration>,
 }
 
@@ -63,8 +63,8 @@ impl Bounds {
         WaitBound::Deadline(self.deadline.map_or(Duration::ZERO, |(_, d)| d))
     }
 
-    /// The bound a hold ending at `until` meets, if any.
-    fn hold_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
+    /// The bound a penalty ending at `until` meets, if any.
+    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         if let Some(c) = self.ceiling.filter(|&c| left > c) {
             return Some(WaitBound::PenaltyCeiling(c));
@@ -77,19 +77,19 @@ impl Bounds {
 }
 
 /// Books `cost` on `key`, waits for its time, then for a slot, all before
-/// `deadline`. A hold (an upstream 429 or an exhausted counter) that came
+/// `deadline`. A penalty (an upstream 429 or an exhausted counter) that came
 /// after the booking voids its time: the booking stays spent (its time has
 /// come, as a sent call's would), and the cost is booked again when the
-/// hold ends, so the calls the hold kept leave spaced as the bucket spaces
-/// them, not together when it ends. A hold that came while the call waited
+/// penalty ends, so the calls the penalty kept leave spaced as the bucket
+/// spaces them, not together when it ends. A penalty that came while the call waited
 /// for its slot (the call that held the slot got a 429) voids it as well:
 /// the slot is given back, and the call waits the hold out; so does the
-/// store's hold of a 429 (or a spent counter) another process got while
+/// store's penalty of a 429 (or a spent counter) another process got while
 /// the call waited for its slot or its booking's time. A booking
-/// made under the hold it then meets (one the store did not make it wait out:
-/// the store missed the penalty, or holds only a bucket this cost does not
-/// draw on) is given back, as a cancelled one is (see `Booking`'s `Drop`):
-/// the call is charged once, by the booking it makes when the hold ends.
+/// made under the penalty it then meets (one the store did not make it wait out:
+/// the store missed the penalty, or penalizes only a bucket this cost does not
+/// draw on) is given back, as a cancelled one is (see `LiveBooking`'s `Drop`):
+/// the call is charged once, by the booking it makes when the penalty ends.
 ///
 /// The slot's permit is released on state `key` (`keyed`: a sub-key's
 /// state, else the resource's own), and counted in flight if `counted`
@@ -107,7 +107,7 @@ pub(crate) async fn admit_until(
     loop {
         let booked = match ticket.as_deref_mut() {
             Some(ticket) => book_in_line(broker, resource, key, cost, bounds, ticket).await?,
-            None => Booking::book(broker, resource, key.to_owned(), cost, bounds.left())
+            None => LiveBooking::book(broker, resource, key.to_owned(), cost, bounds.left())
                 .await?
                 .map_err(|wait| Admitted::TooLong(wait, bounds.deadline_bound())),
         };
@@ -116,7 +116,7 @@ pub(crate) async fn admit_until(
             Err(too_long) => return Ok(too_long),
         };
         booking.sleep_until_due().await;
-        let until = match resource.holds.until(key) {
+        let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
                 let (permit, waited) = match wait_slot(broker, resource, key, bounds.until())
@@ -132,10 +132,10 @@ pub(crate) async fn admit_until(
                     SlotOutcome::TimedOut => return Ok(Admitted::NoSlot(bounds.deadline_bound())),
                 };
                 // A wait, for the booking's time or for the slot, is when
-                // the store may have been held since the booking.
-                let held = match resource.holds.until(key) {
+                // the store may have been penalized since the booking.
+                let held = match resource.penalties.until(key) {
                     None if waited || booking.wait > 0 => {
-                        store_hold(broker, resource, key, cost).await?
+                        store_penalty(broker, resource, key, cost).await?
                     }
                     held => held,
                 };
@@ -148,9 +148,9 @@ pub(crate) async fn admit_until(
                 }
             }
         };
-        // Spent if the hold came after it, else given back (its `Drop`).
+        // Spent if the penalty came after it, else given back (its `Drop`).
         drop(booking);
-        if let Some(bound) = bounds.hold_beyond(until) {
+        if let Some(bound) = bounds.penalty_beyond(until) {
             let now = tokio::time::Instant::now();
             return Ok(Admitted::TooLong(crate::clock::micros(until - now), bound));
         }
@@ -171,7 +171,7 @@ async fn book_in_line(
     cost: Cost,
     bounds: &Bounds,
     ticket: &mut Ticket,
-) -> Result<Result<Booking, Admitted>, BrokerError> {
+) -> Result<Result<LiveBooking, Admitted>, BrokerError> {
     ticket.join();
     // The shared ledger charged this booking's flow (see `shared_turn`).
     let mut charged = false;
@@ -204,7 +204,8 @@ async fn book_in_line(
             charged = true;
         }
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
-        let wait = match Booking::book(broker, resource, key.to_owned(), cost, max_wait).await? {
+        let wait = match LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?
+        {
             Ok(booking) => {
                 ticket.leave();
                 return Ok(Ok(booking));
@@ -216,14 +217,14 @@ async fn book_in_line(
             let bound = bounds.deadline_bound();
             return Ok(Err(Admitted::TooLong(crate::clock::micros(wait), bound)));
         }
-        // A wait beyond the penalty ceiling may be a hold beyond it.
+        // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
-            let held = match resource.holds.until(key) {
+            let held = match resource.penalties.until(key) {
                 Some(until) => Some(until),
-                None => store_hold(broker, resource, key, cost).await?,
+                None => store_penalty(broker, resource, key, cost).await?,
             };
             if let Some(until) = held {
-                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.hold_beyond(until) {
+                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.penalty_beyond(until) {
                     ticket.leave();
                     let now = tokio::time::Instant::now();
                     let would = crate::clock::micros(until.saturating_duration_since(now));
@@ -294,10 +295,10 @@ pub(crate) async fn wait_slot(
         tokio::pin!(freed);
         freed.as_mut().enable();
         // A store that answers in process, in the caller's line; any other
-        // through `hold_slot_later`.
+        // through `take_slot_later`.
         let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
-            Some(held) => held.inspect_err(|e| note_backend_error(resource, "hold_slot", e))?,
-            None => hold_slot_later(backend, resource, key, spec).await?,
+            Some(held) => held.inspect_err(|e| note_backend_error(resource, "take_slot", e))?,
+            None => take_slot_later(backend, resource, key, spec).await?,
         };
         if let Some(lease) = held {
             return Ok(SlotOutcome::Held(lease, waited));
@@ -312,18 +313,18 @@ pub(crate) async fn wait_slot(
     }
 }
 
-/// The end of a hold the store has on state `key` for a call of `cost`,
+/// The end of a penalty the store has on state `key` for a call of `cost`,
 /// if one is in force ([`Store::wait_left`]: a 429's penalty or a spent
 /// counter another process reported, on the buckets the cost draws on, or
 /// on a resource without rate limits the state's
-/// [`crate::state::ResourceState::hold`]). Asked by a call that waited for
+/// [`crate::state::ResourceState::penalty`]). Asked by a call that waited for
 /// its booking's time or for its slot: a hold put on meanwhile (a 429 of
 /// another process, or of the call that held the slot) would otherwise let
-/// it go out during the penalty, as this process's own holds do not know
-/// of it. A store that fails to answer holds nothing known on a resource
+/// it go out during the penalty, as this process's own penalties do not know
+/// of it. A store that fails to answer reports no penalty on a resource
 /// with rate limits: the store granted the booking, which goes ahead as
 /// granted.
-async fn store_hold(
+async fn store_penalty(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
@@ -343,11 +344,11 @@ async fn store_hold(
     Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
 }
 
-/// `hold_slot` on state `key` through the store's asynchronous call, run
+/// `take_slot` on state `key` through the store's asynchronous call, run
 /// to its answer if the caller goes away meanwhile (a timeout around
 /// `acquire` or `enqueue` while the store is slow): a lease the store
 /// grants then is released there, untold, not left held until it expires.
-async fn hold_slot_later(
+async fn take_slot_later(
     backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
@@ -359,7 +360,7 @@ async fn hold_slot_later(
         let held = backend
             .take_slot(&key, &spec)
             .await
-            .inspect_err(|e| note_backend_error(&resource, "hold_slot", e))?;
+            .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
         let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));
         Ok::<_, BackendError>(untold)
     });

@@ -1,4 +1,4 @@
-//! Bookings: a reservation made in the store, refunded when dropped
+//! Bookings made in the store: refunded when dropped
 //! unused, and settled after the work.
 
 use std::sync::Arc;
@@ -19,9 +19,9 @@ pub(crate) const NO_COST: Cost = Cost {
     tokens: 0,
 };
 
-/// A booked reservation. Dropped before [`Booking::consume`], it refunds
-/// the cost, unless a hold put on since has drained it (see its `Drop`).
-pub(crate) struct Booking {
+/// A booking made in the store. Dropped before [`LiveBooking::consume`], it refunds
+/// the cost, unless a penalty put on since has drained it (see its `Drop`).
+pub(crate) struct LiveBooking {
     backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     /// The epochs of the registration it was booked under: the latest
@@ -31,15 +31,15 @@ pub(crate) struct Booking {
     cost: Cost,
     pub(super) wait: Micros,
     /// The booking's marks on the store's clock
-    /// ([`crate::state::Reservation::since`]).
+    /// ([`crate::state::Booking::since`]).
     since: Marks,
-    /// The same on this process's clock and holds: the time of the
-    /// booking, or the end of the local hold it was made under if later.
+    /// The same on this process's clock and penalties: the time of the
+    /// booking, or the end of the local penalty it was made under if later.
     since_here: tokio::time::Instant,
     armed: bool,
 }
 
-impl Booking {
+impl LiveBooking {
     /// Books `cost` within `max_wait`: `Ok(Ok(booking))`, or `Ok(Err(wait))`
     /// when the earliest time is beyond `max_wait` (nothing booked).
     pub(crate) async fn book(
@@ -48,7 +48,7 @@ impl Booking {
         key: String,
         cost: Cost,
         max_wait: Duration,
-    ) -> Result<Result<Booking, Micros>, BrokerError> {
+    ) -> Result<Result<LiveBooking, Micros>, BrokerError> {
         let latest = resource.latest();
         let backend = broker.inner.backend.clone();
         let resource = resource.clone();
@@ -56,14 +56,15 @@ impl Booking {
         // the store makes then is dropped there, which refunds it.
         to_its_answer(async move {
             let r = backend
-                .reserve(&key, &latest.spec, cost, max_wait)
+                .book(&key, &latest.spec, cost, max_wait)
                 .await
-                .inspect_err(|e| note_backend_error(&resource, "reserve", e))?;
+                .inspect_err(|e| note_backend_error(&resource, "book", e))?;
             if !r.booked {
                 return Ok(Err(r.wait));
             }
-            let since_here = (resource.holds.until(&key)).unwrap_or_else(tokio::time::Instant::now);
-            Ok(Ok(Booking {
+            let since_here =
+                (resource.penalties.until(&key)).unwrap_or_else(tokio::time::Instant::now);
+            Ok(Ok(LiveBooking {
                 backend,
                 resource,
                 booked_under: latest.epochs,
@@ -94,11 +95,11 @@ impl Booking {
         }
     }
 
-    /// The reservation is used: no refund on drop. What a settlement of its
+    /// The booking is used: no refund on drop. What a settlement of its
     /// cost needs.
-    pub(crate) fn consume(mut self) -> Booked {
+    pub(crate) fn consume(mut self) -> UsedBooking {
         self.armed = false;
-        Booked {
+        UsedBooking {
             since: self.since,
             since_here: self.since_here,
             booked_under: self.booked_under,
@@ -116,17 +117,17 @@ impl Booking {
     }
 }
 
-/// A used reservation, for the settlement of its cost.
-pub(crate) struct Booked {
+/// A used booking, for the settlement of its cost.
+pub(crate) struct UsedBooking {
     since: Marks,
-    /// The booking's time on this process's clock and holds (see
-    /// [`Booking`]).
+    /// The booking's time on this process's clock and penalties (see
+    /// [`LiveBooking`]).
     since_here: tokio::time::Instant,
     /// The epochs of the registration it was booked under.
     booked_under: Epochs,
 }
 
-impl Booked {
+impl UsedBooking {
     /// Whether a shared store's failure policy answered the booking while
     /// the store was out of reach (see [`Marks::ANSWERED_HERE`]).
     pub(crate) fn answered_here(&self) -> bool {
@@ -140,23 +141,23 @@ impl Booked {
     /// registration with other buckets (so holds none of it), a charge of
     /// the whole usage. `None` when there is nothing to settle.
     ///
-    /// `held_until` is this process's hold on the booking's state, if
+    /// `penalty_end` is this process's penalty on the booking's state, if
     /// any: one put on after the booking (an upstream 429 since) keeps
     /// the unused part of the cost spent, as a cancelled booking's is
-    /// (see `Booking`'s `Drop`): the store decides by its own holds, and
+    /// (see `LiveBooking`'s `Drop`): the store decides by its own penalties, and
     /// this one covers a store that failed to take one. Usage above the
-    /// estimate is charged whatever the hold.
+    /// estimate is charged whatever the penalty.
     pub(super) fn settlement(
         &self,
         resource: &Resource,
         cost: Cost,
         usage: Option<Cost>,
-        held_until: Option<tokio::time::Instant>,
+        penalty_end: Option<tokio::time::Instant>,
     ) -> Option<(Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
         match under(&resource.latest(), self.booked_under, self.since) {
             Under::Same(spec, since) => {
                 let mut actual = usage?;
-                if held_until.is_some_and(|until| until > self.since_here) {
+                if penalty_end.is_some_and(|until| until > self.since_here) {
                     actual.requests = actual.requests.max(cost.requests);
                     actual.tokens = actual.tokens.max(cost.tokens);
                 }
@@ -199,7 +200,7 @@ fn under(latest: &Latest, booked_under: Epochs, since: Marks) -> Under {
 /// registration since had other buckets (the state may have been started
 /// afresh, and holds none of it; a refund under the limits it was taken
 /// under would start it afresh again, as a cancelled booking's would: see
-/// [`Booking::refund_under`]).
+/// [`LiveBooking::refund_under`]).
 pub(crate) fn refund_spec(taken_under: &Resource) -> Option<Arc<LimitSpec>> {
     match under(
         &taken_under.latest(),
@@ -217,17 +218,17 @@ pub(crate) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
         && (a.buckets.iter().zip(&b.buckets)).all(|((ua, _), (ub, _))| ua == ub)
 }
 
-impl Drop for Booking {
+impl Drop for LiveBooking {
     fn drop(&mut self) {
-        // After a hold put on since this booking (an upstream 429), giving
-        // the cost back could return tokens the hold drained: the booking
-        // stays spent instead. A booking made under a hold is given back.
-        // The store decides by its own holds (`settle` with the booking's
-        // mark); this process's holds cover a store that failed to take one.
+        // After a penalty put on since this booking (an upstream 429), giving
+        // the cost back could return tokens the penalty drained: the booking
+        // stays spent instead. A booking made under a penalty is given back.
+        // The store decides by its own penalties (`settle` with the booking's
+        // mark); this process's penalties cover a store that failed to take one.
         if !self.armed
             || self
                 .resource
-                .holds
+                .penalties
                 .until(&self.key)
                 .is_some_and(|until| until > self.since_here)
         {
@@ -251,7 +252,7 @@ impl Drop for Booking {
     }
 }
 
-/// Settles `change` (reserved, actual, the booking's marks) on the state at
+/// Settles `change` (booked, actual, the booking's marks) on the state at
 /// `key` under `spec`: at once when the store answers in process, else as
 /// a task of its own, returned, so that no caller going away cuts the
 /// correction off (`None`: made at once, or no runtime to run it). A
@@ -261,11 +262,11 @@ pub(crate) fn settle_or_spawn(
     resource: &Arc<Resource>,
     key: &str,
     spec: &Arc<LimitSpec>,
-    (reserved, actual, since): (Cost, Cost, Option<Marks>),
+    (booked, actual, since): (Cost, Cost, Option<Marks>),
     op: &'static str,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let local = backend.local();
-    match local.and_then(|l| l.settle_now(key, spec, reserved, actual, since)) {
+    match local.and_then(|l| l.settle_now(key, spec, booked, actual, since)) {
         Some(Ok(())) => None,
         Some(Err(e)) => {
             note_backend_error(resource, op, &e);
@@ -276,7 +277,7 @@ pub(crate) fn settle_or_spawn(
             let (backend, resource) = (backend.clone(), resource.clone());
             let (key, spec) = (key.to_owned(), spec.clone());
             Some(rt.spawn(async move {
-                let settled = backend.settle(&key, &spec, reserved, actual, since);
+                let settled = backend.settle(&key, &spec, booked, actual, since);
                 if let Err(e) = settled.await {
                     note_backend_error(&resource, op, &e);
                 }

@@ -16,8 +16,8 @@ use crate::telemetry::{self, Signal};
 /// # Upstream feedback of `enqueue`
 impl ResourceBroker {
     /// After a real upstream 429: count it, log it, and penalize the bucket
-    /// for `hold` (protects every other consumer of it); this process's own
-    /// hold is on already, put on before the call's slot was freed (on a
+    /// for `penalty` (protects every other consumer of it); this process's
+    /// own penalty is on already, put on before the call's slot was freed (on a
     /// resource without rate limits, so is this penalty: see the call).
     /// Runs on the last attempt too, so the next run does not start into
     /// the closed window.
@@ -28,7 +28,7 @@ impl ResourceBroker {
         key: &str,
         attempt: u32,
         retry_after: Option<Duration>,
-        hold: Duration,
+        penalty: Duration,
     ) {
         bump(&resource.tally().counters.upstream_429);
         telemetry::count(&resource.id, Signal::Upstream429);
@@ -36,7 +36,7 @@ impl ResourceBroker {
             resource = %resource.id,
             attempt,
             retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
-            hold_ms = hold.as_millis() as u64,
+            hold_ms = penalty.as_millis() as u64,
             "upstream 429"
         );
         let (backend, resource) = (self.inner.backend.clone(), resource.clone());
@@ -45,7 +45,7 @@ impl ResourceBroker {
         // around `enqueue`): cut off, the penalty would leave the other
         // replicas sending into the upstream's refusal.
         to_its_answer(async move {
-            if let Err(e) = backend.penalize(&key, &spec, hold).await {
+            if let Err(e) = backend.penalize(&key, &spec, penalty).await {
                 note_backend_error(&resource, "penalize", &e);
             }
         })
@@ -68,7 +68,7 @@ impl ResourceBroker {
         let observed = &capped_resets(resource, observed);
         note_calibration(resource, observed);
         let spec = &resource.latest().spec;
-        // No bucket for a counter to narrow: a spent one holds the state
+        // No bucket for a counter to narrow: a spent one penalizes the state
         // until its reset, in the store as a penalty does, so every
         // replica waits it out.
         let spent = spec.buckets.is_empty().then(|| spent_reset(observed));
@@ -79,7 +79,7 @@ impl ResourceBroker {
         if noop {
             return Ok(());
         }
-        hold_spent_counters(resource, key, observed);
+        penalize_spent_counters(resource, key, observed);
         let backend = &self.inner.backend;
         match spent.flatten() {
             Some(reset) => backend.penalize(key, spec, reset).await,
@@ -93,7 +93,7 @@ impl ResourceBroker {
 }
 
 /// `observed` with every reset at most the resource's wait ceiling: the
-/// one ceiling bounds a hold for a spent counter as it bounds a
+/// one ceiling bounds a penalty for a spent counter as it bounds a
 /// `Retry-After`, so a reset of hours does not fail the next attempt's
 /// wait on our side.
 pub(super) fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> ObservedLimit {
@@ -104,25 +104,29 @@ pub(super) fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> Ob
     cap_resets(observed, ceiling)
 }
 
-/// Holds `key` in this process until the reset of every counter of
+/// Penalizes `key` in this process until the reset of every counter of
 /// `capped` (`observed` as [`capped_resets`] gives it) that is spent
 /// (`remaining == 0`) and has a bucket of its unit in the resource's
 /// latest limits, so that what is booked here already waits as the
 /// store's `reconcile` makes new bookings wait (see `state::reconcile`).
-/// A resource without rate limits is held until the latest reset of any
+/// A resource without rate limits is penalized until the latest reset of any
 /// spent counter, as the store holds it (see `reconcile_key`).
-pub(super) fn hold_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
+pub(super) fn penalize_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
     let buckets = &resource.latest().spec.buckets;
     if buckets.is_empty() {
         if let Some(reset) = spent_reset(capped) {
-            resource.holds.hold(key, crate::clock::tokio_after(reset));
+            resource
+                .penalties
+                .penalize(key, crate::clock::tokio_after(reset));
         }
         return;
     }
     for (unit, _) in buckets {
         if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
             if let Some(reset) = o.reset {
-                resource.holds.hold(key, crate::clock::tokio_after(reset));
+                resource
+                    .penalties
+                    .penalize(key, crate::clock::tokio_after(reset));
             }
         }
     }

@@ -3,7 +3,7 @@
 //! out of a hold an upstream 429 set meanwhile), takes a concurrency slot,
 //! runs the work and retries it by the resource's [`RetryPolicy`].
 //! Cancellation-safe: the guards here leave the queue, refund an unused
-//! reservation and free a held slot when the future is dropped at any
+//! booking and free a held slot when the future is dropped at any
 //! await point.
 
 use std::future::Future;
@@ -25,7 +25,7 @@ mod admit;
 mod booking;
 mod feedback;
 
-use feedback::{capped_resets, hold_spent_counters};
+use feedback::{capped_resets, penalize_spent_counters};
 
 pub(crate) use admit::{admit_until, Admitted, Bounds};
 pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
@@ -35,7 +35,7 @@ pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
 pub struct Attempt {
     /// 1 for the first attempt.
     pub number: u32,
-    /// The cost reserved for this attempt.
+    /// The cost booked for this attempt.
     pub cost: Cost,
 }
 
@@ -43,7 +43,7 @@ pub struct Attempt {
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError<E> {
     /// The broker refused before or between attempts (unknown resource,
-    /// queue full, cost never fits, a wait beyond its deadline or a hold
+    /// queue full, cost never fits, a wait beyond its deadline or a penalty
     /// beyond the penalty ceiling, backend down).
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -145,13 +145,13 @@ impl ResourceBroker {
     /// A call waits for its turn as long as the queue holds it
     /// ([`BrokerError::QueueFull`] at once when the queue is full), unless
     /// it has a deadline (the target's, else the resource's
-    /// `queue_deadline`); the retry policy's ceiling bounds a penalty's
-    /// hold and every retry pause. A bound met ends the call in
+    /// `queue_deadline`); the retry policy's ceiling bounds a penalty
+    /// and every retry pause. A bound met ends the call in
     /// [`BrokerError::WaitTooLong`], which says how long it waited and
     /// would still wait.
     ///
     /// Dropping the returned future at any point leaves the queue, refunds
-    /// an unused reservation and frees a held concurrency slot.
+    /// an unused booking and frees a held concurrency slot.
     ///
     /// A resource registered with [`ResourceBroker::register_limit`] is
     /// queued too, with the queue capacity and retry policy of
@@ -203,7 +203,7 @@ impl ResourceBroker {
         let started = tokio::time::Instant::now();
         let policy: &RetryPolicy = &resource.config.retry;
         let limits = resource.config.paced_limits();
-        // The ceiling bounds a penalty's hold and every retry pause; the
+        // The ceiling bounds a penalty and every retry pause; the
         // wait for one's turn has no bound but a deadline.
         let ceiling = policy.ceiling(&limits);
         let deadline = (target.deadline)
@@ -261,58 +261,60 @@ impl ResourceBroker {
                     .waits
                     .record(target.priority, started.elapsed());
             }
-            let booked = booking.consume();
+            let used = booking.consume();
             bump(&resource.tally().counters.allowed);
             place.set_running(true);
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
             let retry_after = outcome.retry_after();
-            // This process's hold on the state before the answer's own
-            // holds: what the settlement of a success goes by.
-            let held_until = resource.holds.until(&key);
-            // A 429's hold, and that of a counter the answer reports spent,
+            // This process's penalty on the state before the answer's own
+            // penalties: what the settlement of a success goes by.
+            let penalty_end = resource.penalties.until(&key);
+            // A 429's penalty, and that of a counter the answer reports spent,
             // go on before the slot is freed: a call waiting for the slot
-            // would otherwise take it, find no hold yet, and go out during
+            // would otherwise take it, find no penalty yet, and go out during
             // the penalty or into the spent window (the settlement and the
             // penalty before the reconcile are round trips to the store).
-            let hold = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
-                let hold = policy.rate_limited_pause(number, retry_after, &limits);
-                resource.holds.hold(&key, crate::clock::tokio_after(hold));
-                hold
+            let penalty = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
+                let penalty = policy.rate_limited_pause(number, retry_after, &limits);
+                resource
+                    .penalties
+                    .penalize(&key, crate::clock::tokio_after(penalty));
+                penalty
             });
             if let Some(observed) = outcome.observed() {
-                hold_spent_counters(&resource, &key, &capped_resets(&resource, observed));
+                penalize_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
             // What the answer tells the store (a 429's penalty, the
             // settlement of a success, the counters it reports) reaches
             // the store before a slot is freed: a call of another process
-            // that waited for the slot asks the store for a hold once it
+            // that waited for the slot asks the store for a penalty once it
             // has the slot (see `admit_until`; a resource without rate
-            // limits is held by the store's state alone,
-            // `ResourceState::hold`), and would otherwise find none yet,
+            // limits is penalized by the store's state alone,
+            // `ResourceState::penalty`), and would otherwise find none yet,
             // and go out during the penalty or into the spent window. The
             // settlement goes before the reconcile, which corrects the
             // state it leaves. Run to its end, the slot freed after it,
             // even if this call is dropped meanwhile (a timeout around
             // `enqueue`): dropped with the call, the slot would be freed
-            // before the store holds the state, and the penalty or the
-            // spent counter's hold lost.
+            // before the store penalizes the state, and the 429's or the
+            // spent counter's penalty lost.
             let settlement = match &outcome {
-                Outcome::Ok { usage, .. } => booked.settlement(&resource, cost, *usage, held_until),
+                Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, penalty_end),
                 _ => None,
             };
             let observed = outcome.observed().cloned();
-            if hold.is_some() || settlement.is_some() || observed.is_some() {
+            if penalty.is_some() || settlement.is_some() || observed.is_some() {
                 let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
                 to_its_answer(async move {
-                    if let Some(hold) = hold {
+                    if let Some(penalty) = penalty {
                         broker
-                            .note_upstream_429(&resource, &key, number, retry_after, hold)
+                            .note_upstream_429(&resource, &key, number, retry_after, penalty)
                             .await;
                     }
-                    if let Some((spec, reserved, actual, since)) = settlement {
+                    if let Some((spec, booked, actual, since)) = settlement {
                         // A failed correction is logged, not returned.
-                        let change = (reserved, actual, since);
+                        let change = (booked, actual, since);
                         let backend = &broker.inner.backend;
                         if let Some(task) =
                             settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
@@ -320,7 +322,7 @@ impl ResourceBroker {
                             let _ = task.await;
                         }
                         // Time given back may be the head's of this line.
-                        if actual.requests < reserved.requests || actual.tokens < reserved.tokens {
+                        if actual.requests < booked.requests || actual.tokens < booked.tokens {
                             resource.lines.gave_back(&key);
                         }
                     }

@@ -75,7 +75,7 @@ pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
 /// token interval): batch one interval, default two, interactive four.
 /// `None` for no horizon (as far as its deadline allows): a resource
 /// without rate limits has no interval and nothing to space (only a
-/// hold makes it wait, booked through as before).
+/// penalty makes it wait, booked through as before).
 ///
 /// Interactive has a horizon too: without one, a backlog of interactive
 /// calls would book the whole future at once, and no lower level could

@@ -71,7 +71,7 @@ impl BucketParams {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketState {
-    /// Tokens available at `ts`; negative when reservations are booked ahead.
+    /// Tokens available at `ts`; negative when costs are booked ahead.
     pub tokens: f64,
     /// When `tokens` was last brought up to date.
     pub ts: Micros,
@@ -119,20 +119,20 @@ pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f
 pub struct Shortfall {
     /// Refill time of the missing tokens, µs, unrounded.
     rate: f64,
-    /// How long `nb` still holds the bucket, µs.
-    held: Micros,
+    /// How long the penalty (`nb`) on the bucket still lasts, µs.
+    penalty: Micros,
 }
 
 impl Shortfall {
     /// The wait in whole µs, as [`wait_for`] gives it: at least 1.
     pub fn micros(self) -> Micros {
-        ceil_micros(self.rate).max(self.held)
+        ceil_micros(self.rate).max(self.penalty)
     }
 
     /// The denial of an in-process store: unrounded refill time when no
-    /// hold is in force ([`LocalVerdict::Short`]), else the rounded wait.
+    /// penalty is in force ([`LocalVerdict::Short`]), else the rounded wait.
     pub fn local_verdict(self) -> LocalVerdict {
-        match self.held {
+        match self.penalty {
             0 => LocalVerdict::Short(RefillTime::new(self.rate)),
             _ => LocalVerdict::Rate(self.micros()),
         }
@@ -148,8 +148,8 @@ pub fn shortfall(
     cost: f64,
 ) -> Option<Shortfall> {
     let deficit = cost - state.tokens;
-    let held = state.nb.saturating_sub(now);
-    if deficit <= 0.0 && held == 0 {
+    let penalty = state.nb.saturating_sub(now);
+    if deficit <= 0.0 && penalty == 0 {
         return None;
     }
     let rate = if deficit > 0.0 {
@@ -157,16 +157,16 @@ pub fn shortfall(
     } else {
         0.0
     };
-    if (rate.is_nan() || rate < 1e-3) && held == 0 {
+    if (rate.is_nan() || rate < 1e-3) && penalty == 0 {
         return None;
     }
-    Some(Shortfall { rate, held })
+    Some(Shortfall { rate, penalty })
 }
 
 /// Books `cost` for use `wait` µs after `now` (`wait` >= [`wait_for`]).
 /// Tokens are taken as of the send time, refill to it capped at capacity as a
 /// strict upstream does; `ts` stays at `now`.
-pub fn book(
+pub fn book_at(
     state: BucketState,
     params: &BucketParams,
     now: Micros,
@@ -200,14 +200,14 @@ pub fn try_take(
     let s = refill(state, params, now);
     let wait = wait_for(&s, params, now, cost);
     if wait == 0 {
-        return (book(s, params, now, cost, 0), 0);
+        return (book_at(s, params, now, cost, 0), 0);
     }
     (s, wait)
 }
 
-/// `reserve`: books `cost` at the earliest time it fits within `max_wait`.
+/// `book`: books `cost` at the earliest time it fits within `max_wait`.
 /// Returns `(new state, wait, booked)`; debt spaces the next booking.
-pub fn reserve(
+pub fn book(
     state: BucketState,
     params: &BucketParams,
     now: Micros,
@@ -220,13 +220,13 @@ pub fn reserve(
     if wait > max_wait {
         return (s, wait, false);
     }
-    (book(s, params, now, cost, wait), wait, true)
+    (book_at(s, params, now, cost, wait), wait, true)
 }
 
-/// `settle`: corrects a charge after the work; `delta = reserved - actual`
+/// `settle`: corrects a charge after the work; `delta = booked - actual`
 /// (positive refunds, capped at capacity; negative charges more).
 /// No refund when `nb` is past `since` (the booking's [`crate::state::Marks`]
-/// mark): a later hold drained those tokens. With `due`, only the
+/// mark): a later penalty drained those tokens. With `due`, only the
 /// [`unclaimed`] part is refunded.
 pub fn settle(
     state: BucketState,
@@ -253,11 +253,11 @@ pub fn settle(
 /// was granted (as x/time/rate's `Reservation.Cancel`), 0 at least.
 ///
 /// ```
-/// use broker_core::bucket::{reserve, unclaimed, BucketParams, BucketState};
+/// use broker_core::bucket::{book, unclaimed, BucketParams, BucketState};
 /// let p = BucketParams::new(1.0, 10.0, 1_000_000.0); // 10 a second, burst 1
 /// let mut s = BucketState::fresh(&p, 0);
 /// for _ in 0..3 {
-///     s = reserve(s, &p, 0, 1.0, u64::MAX).0; // due at 0, 100 and 200 ms
+///     s = book(s, &p, 0, 1.0, u64::MAX).0; // due at 0, 100 and 200 ms
 /// }
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 100_000), 0.0);
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 200_000), 1.0);
@@ -287,13 +287,13 @@ pub fn unclaimed(
 }
 
 /// `at` on the caller's clock (reading `now`) moved onto the bucket's clock,
-/// so a hold from a lagging caller lasts its full length. Saturating.
+/// so a penalty from a lagging caller lasts its full length. Saturating.
 pub fn on_bucket_time(state: &BucketState, now: Micros, at: Micros) -> Micros {
     at.saturating_add(state.ts.saturating_sub(now))
 }
 
 /// `penalize`: after an upstream 429, drains to zero (keeping debt) and
-/// holds until `until` (caller's clock); a penalty is never shortened.
+/// penalizes until `until` (caller's clock); a penalty is never shortened.
 pub fn penalize(
     state: BucketState,
     params: &BucketParams,
@@ -309,7 +309,7 @@ pub fn penalize(
 }
 
 /// `reconcile`: narrows tokens to what the upstream says remains (never
-/// widens); `remaining == 0` also holds until `reset_at`, like [`penalize`].
+/// widens); `remaining == 0` also penalizes until `reset_at`, like [`penalize`].
 pub fn reconcile(
     state: BucketState,
     params: &BucketParams,
@@ -329,7 +329,8 @@ pub fn reconcile(
     s
 }
 
-/// Whether the bucket at `now` is full and not held, so it can be dropped.
+/// Whether the bucket at `now` is full and under no penalty, so it can be
+/// dropped.
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
     let s = refill(*state, params, now.max(state.ts));
     s.tokens >= params.capacity && s.nb <= now

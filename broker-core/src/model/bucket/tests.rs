@@ -196,11 +196,11 @@ fn refill_is_capped_and_clamped() {
 }
 
 #[test]
-fn reserve_spaces_waiters_by_one_token() {
+fn book_spaces_waiters_by_one_token() {
     let mut s = BucketState::fresh(&P, 0);
     let mut waits = vec![];
     for _ in 0..8 {
-        let (n, w, booked) = reserve(s, &P, 0, 1.0, u64::MAX);
+        let (n, w, booked) = book(s, &P, 0, 1.0, u64::MAX);
         assert!(booked);
         s = n;
         waits.push(w);
@@ -212,13 +212,13 @@ fn reserve_spaces_waiters_by_one_token() {
 }
 
 #[test]
-fn reserve_beyond_max_wait_books_nothing() {
+fn book_beyond_max_wait_books_nothing() {
     let s = BucketState {
         tokens: 0.0,
         ts: 0,
         nb: 0,
     };
-    let (n, w, booked) = reserve(s, &P, 0, 1.0, 100_000);
+    let (n, w, booked) = book(s, &P, 0, 1.0, 100_000);
     assert!(!booked);
     assert_eq!(w, 500_000);
     assert_eq!(n.tokens, 0.0);
@@ -233,10 +233,10 @@ fn penalty_is_never_shortened() {
     assert_eq!(short.tokens, 0.0);
 }
 
-/// A hold asked from a `now` behind the bucket's `ts` lasts as long
+/// A penalty asked from a `now` behind the bucket's `ts` lasts as long
 /// from `ts`: time does not run backwards for a penalty either.
 #[test]
-fn a_hold_from_a_lagging_now_lasts_as_long_from_ts() {
+fn a_penalty_from_a_lagging_now_lasts_as_long_from_ts() {
     let s = BucketState {
         tokens: 1.0,
         ts: 10_000_000,

@@ -69,7 +69,7 @@ fn a_reset_given_as_a_fractional_unix_time_becomes_a_delay() {
     );
 }
 
-/// Two exhausted windows: the longer hold is the one the upstream
+/// Two exhausted windows: the longer penalty is the one the upstream
 /// enforces, in one field and across header families.
 #[test]
 fn of_two_exhausted_counters_the_later_reset_is_kept() {
@@ -526,7 +526,7 @@ fn an_older_draft_policy_gives_its_quota_as_the_bare_item() {
 /// OpenAI-compatible providers may send a reset in plain seconds
 /// (`x-ratelimit-reset-requests: 1`) where OpenAI sends a Go duration:
 /// it is read as `X-Ratelimit-Reset` is, rounded up to whole µs (the
-/// clock's resolution), so a spent counter keeps its hold.
+/// clock's resolution), so a spent counter keeps its penalty.
 #[test]
 fn an_openai_reset_in_plain_seconds_is_read() {
     let now = 1_700_000_000;

@@ -1,17 +1,17 @@
-//! What a booking answers and keeps: the [`Reservation`] of `reserve`
+//! What a booking answers and keeps: the [`Booking`] of `book`
 //! and the [`Marks`] a settlement reads.
 
 use super::Micros;
 
-/// The answer of `reserve`.
+/// The answer of `book`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
+pub struct Booking {
     /// How long after now the booked cost may be used.
     pub wait: Micros,
     /// False when the wait exceeded `max_wait` and nothing was booked.
     pub booked: bool,
     /// The booking's marks on the store's clock, one per bucket, for a
-    /// settlement of this reservation (`settle`'s `since`).
+    /// settlement of this booking (`settle`'s `since`).
     pub since: Marks,
 }
 
@@ -19,9 +19,9 @@ pub struct Reservation {
 pub const MARKED: usize = 4;
 
 /// A booking's marks, one per bucket: the store's now at the booking, or,
-/// for a bucket the cost is charged to, the end of the hold the bucket was
-/// under then if later. A bucket held past its mark was held after the
-/// booking (a hold never shortens `nb`). Buckets from the fourth on share
+/// for a bucket the cost is charged to, the end of the penalty the bucket was
+/// under then if later. A bucket penalized past its mark was penalized
+/// after the booking (a penalty never shortens `nb`). Buckets from the fourth on share
 /// the fourth mark, the earliest of theirs. With them, the booking's `due`
 /// time: when its cost is used, on the store's clock.
 ///
@@ -48,7 +48,7 @@ impl Marks {
         due: Micros::MAX,
     };
 
-    /// The same mark for every bucket: a booking at `at` under no hold,
+    /// The same mark for every bucket: a booking at `at` under no penalty,
     /// due at once.
     pub fn uniform(at: Micros) -> Self {
         Self {

@@ -2,9 +2,9 @@
 //! the transitions over all limits at once: all limits pass or nothing is
 //! consumed. Pure functions; backends call them (memory) or mirror them (Lua).
 //!
-//! The transitions live by concern: [`try_acquire`] and [`reserve`] take
-//! from the buckets (`take`), [`hold_slot`] and its kin hold concurrency
-//! slots (`slots`), [`penalize`] and [`adopt`] hold a resource (`penalty`),
+//! The transitions live by concern: [`try_acquire`] and [`book`] take
+//! from the buckets (`take`), [`take_slot`] and its kin hold concurrency
+//! slots (`slots`), [`penalize`] and [`adopt`] put a penalty on a resource (`penalty`),
 //! [`reconcile`] reads upstream counters (`counters`); a booking's
 //! [`Marks`] are in `booking`.
 
@@ -21,11 +21,11 @@ use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
 pub use super::verdict::{Decision, DenyReason, LeaseId, LocalVerdict, RefillTime, Verdict};
-pub use booking::{Marks, Reservation, MARKED};
+pub use booking::{Booking, Marks, MARKED};
 pub use counters::{can_last_until, observed_for, reconcile};
-pub use penalty::{adopt, held_until, hold_left, hold_until, latest_not_before, penalize};
-pub use slots::{hold_slot, release, renew};
-pub use take::{reserve, settle, try_acquire, try_take_one, wait_all};
+pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
+pub use slots::{release, renew, take_slot};
+pub use take::{book, settle, try_acquire, try_take_one, wait_all};
 
 /// Limits compiled for the state machine: one bucket per rate limit, plus
 /// the concurrency limit and how long a lease lives if never released.
@@ -77,11 +77,12 @@ pub struct ResourceState {
     /// Held concurrency slots.
     pub leases: Vec<Lease>,
     /// The end of a penalty on a resource without rate limits (no bucket
-    /// to hold): until then every cost is denied by rate, and a booking
+    /// to penalize): until then every cost is denied by rate, and a booking
     /// waits for it. Set by [`penalize`] only when [`LimitSpec::buckets`]
     /// is empty, and read only then: with rate limits, each bucket's `nb`
-    /// holds the resource, and this stays 0. 0 when none was set.
-    pub hold: Micros,
+    /// carries the penalty, and this stays 0. 0 when none was set (Redis
+    /// keeps it in the hash field `hold`).
+    pub penalty: Micros,
 }
 
 impl ResourceState {
@@ -94,7 +95,7 @@ impl ResourceState {
                 .map(|(_, p)| BucketState::fresh(p, now))
                 .collect(),
             leases: Vec::new(),
-            hold: 0,
+            penalty: 0,
         }
     }
 }
@@ -104,10 +105,10 @@ fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
 }
 
 /// True when every bucket is idle, no lease is live and no
-/// [`ResourceState::hold`] is in force: the state equals a fresh one and
+/// [`ResourceState::penalty`] is in force: the state equals a fresh one and
 /// may be dropped.
 pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
-    state.hold <= now
+    state.penalty <= now
         && state.leases.iter().all(|l| l.expires <= now)
         && spec
             .buckets
@@ -117,7 +118,7 @@ pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
 }
 
 /// How long the state must be kept (the longest bucket TTL, lease, or
-/// [`ResourceState::hold`]).
+/// [`ResourceState::penalty`]).
 pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
     let buckets = spec
         .buckets
@@ -132,7 +133,7 @@ pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
         .map(|l| l.expires.saturating_sub(now))
         .max()
         .unwrap_or(0);
-    buckets.max(leases).max(state.hold.saturating_sub(now))
+    buckets.max(leases).max(state.penalty.saturating_sub(now))
 }
 
 #[cfg(test)]

@@ -1,21 +1,22 @@
-//! Holding a resource: a 429's penalty, a hold carried across a reload,
-//! and how long a call is still held.
+//! Penalties on a resource: a 429's or a spent counter's penalty, one
+//! carried across a reload, and how long a call is still under one.
 
 use super::{costs, LimitSpec, Micros, ResourceState};
 use crate::model::bucket::{self, BucketState};
 use crate::model::limits::Cost;
 
-/// `hold_left`: how long, from `now`, a call of `cost` is still held by a
-/// 429's penalty or a spent counter's hold (see [`penalize`] and
-/// [`reconcile`](super::reconcile)), whatever the tokens: the latest not-before of the
-/// buckets the cost draws on, each read from its own time as
-/// [`wait_all`](super::wait_all) reads it, or, without rate limits, the time left of the
-/// [`ResourceState::hold`]; 0 for none. Changes nothing. A call booked
-/// before the hold came, asked once its booked time has come, finds the
-/// hold here where the booking did not wait for it.
-pub fn hold_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
+/// `penalty_left`: how long, from `now`, a call of `cost` is still under a
+/// 429's or a spent counter's penalty (see [`penalize`] and
+/// [`reconcile`](super::reconcile)), whatever the tokens: the latest
+/// not-before of the buckets the cost draws on, each read from its own
+/// time as [`wait_all`](super::wait_all) reads it, or, without rate limits,
+/// the time left of the [`ResourceState::penalty`]; 0 for none. Changes
+/// nothing. A call booked before the penalty came, asked once its booked
+/// time has come, finds the penalty here where the booking did not wait
+/// for it.
+pub fn penalty_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
     if spec.buckets.is_empty() {
-        return state.hold.saturating_sub(now);
+        return state.penalty.saturating_sub(now);
     }
     costs(spec, cost)
         .zip(&state.buckets)
@@ -25,13 +26,13 @@ pub fn hold_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cos
         .unwrap_or(0)
 }
 
-/// `penalize`: drains every bucket and holds it until `until`. A resource
-/// without rate limits has no bucket to hold: its
-/// [`ResourceState::hold`] is set to `until` instead (never shortened), so
-/// that every user of the store waits it out.
+/// `penalize`: drains every bucket and penalizes it until `until`. A
+/// resource without rate limits has no bucket to penalize: its
+/// [`ResourceState::penalty`] is set to `until` instead (never shortened),
+/// so that every user of the store waits it out.
 pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
     if spec.buckets.is_empty() {
-        state.hold = state.hold.max(until);
+        state.penalty = state.penalty.max(until);
         return;
     }
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
@@ -40,11 +41,11 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
 }
 
 /// The end of the penalty `state` is under, whatever limits it was made
-/// for: the latest not-before of its buckets (a 429's hold, or a spent
-/// counter's until its reset), or its [`ResourceState::hold`]; 0 for
+/// for: the latest not-before of its buckets (a 429's penalty, or a spent
+/// counter's until its reset), or its [`ResourceState::penalty`]; 0 for
 /// none. On the state's own clock (see [`bucket::on_bucket_time`]).
-pub fn held_until(state: &ResourceState) -> Micros {
-    latest_not_before(&state.buckets).max(state.hold)
+pub fn penalty_end(state: &ResourceState) -> Micros {
+    latest_not_before(&state.buckets).max(state.penalty)
 }
 
 /// The latest not-before of `buckets` (made for any limits); 0 for none.
@@ -52,14 +53,14 @@ pub fn latest_not_before(buckets: &[BucketState]) -> Micros {
     buckets.iter().map(|b| b.nb).max().unwrap_or(0)
 }
 
-/// `hold_until`: holds `state` (made for `spec`) until `until`, as
+/// `penalize_until`: penalizes `state` (made for `spec`) until `until`, as
 /// [`penalize`] does but without draining a bucket: each bucket's
 /// not-before moves to `until` (on the bucket's time, see
 /// [`bucket::on_bucket_time`]) unless it is later; with no bucket, the
-/// [`ResourceState::hold`] does. Never shortens a hold.
-pub fn hold_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
+/// [`ResourceState::penalty`] does. Never shortens a penalty.
+pub fn penalize_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
     if spec.buckets.is_empty() {
-        state.hold = state.hold.max(until);
+        state.penalty = state.penalty.max(until);
         return;
     }
     for b in &mut state.buckets {
@@ -72,14 +73,14 @@ pub fn hold_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, unti
 /// buckets cannot be matched to the new ones, so they start full, as
 /// [`ResourceState::fresh`]; its leases stay held, so the concurrency
 /// limit still counts them; and the penalty it was under (see
-/// [`held_until`]) holds the new state until the same end (see
-/// [`hold_until`]): a reload while an upstream's 429 holds the resource
-/// does not let calls through before the upstream said they may come.
+/// [`penalty_end`]) goes on the new state until the same end (see
+/// [`penalize_until`]): a reload during an upstream 429's penalty does not
+/// let calls through before the upstream said they may come.
 ///
-/// The buckets are held, not drained: what `adopt` makes does not depend
+/// The buckets are penalized, not drained: what `adopt` makes does not depend
 /// on when after the reload it runs (a full bucket stays full), so a
 /// store that does not write the adopted state back on every call (the
-/// Redis scripts write nothing on a denial, and `hold_slot` reads no
+/// Redis scripts write nothing on a denial, and `take_slot` reads no
 /// bucket) decides as one that does.
 ///
 /// ```
@@ -99,13 +100,13 @@ pub fn hold_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, unti
 /// assert_eq!(state::wait_all(&s, &two, 1_000_000, broker_core::Cost::default()), 2_000_000);
 /// ```
 pub fn adopt(old: ResourceState, spec: &LimitSpec, now: Micros) -> ResourceState {
-    let until = held_until(&old);
+    let until = penalty_end(&old);
     let mut state = ResourceState {
         leases: old.leases,
         ..ResourceState::fresh(spec, now)
     };
     if until > now {
-        hold_until(&mut state, spec, now, until);
+        penalize_until(&mut state, spec, now, until);
     }
     state
 }

@@ -8,7 +8,7 @@ fn purge_expired(leases: &mut Vec<Lease>, now: Micros) {
 
 /// Takes a concurrency slot under `lease` if one is free. True when held
 /// (always true without a concurrency limit).
-pub fn hold_slot(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease: LeaseId) -> bool {
+pub fn take_slot(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease: LeaseId) -> bool {
     let Some(max) = spec.max_concurrent else {
         return true;
     };

@@ -1,19 +1,19 @@
-//! Taking from the buckets: `try`, `reserve` and `settle` over all rate
+//! Taking from the buckets: `try`, `book` and `settle` over all rate
 //! limits at once (all pass or nothing is taken).
 
 use super::{
-    costs, hold_slot, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros, Reservation,
+    costs, take_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
     ResourceState,
 };
 use crate::model::bucket::{self, BucketParams, BucketState, Shortfall};
 use crate::model::limits::{Cost, Unit};
 
 /// The longest wait among the buckets for `cost` at `now`, changing nothing.
-/// A resource without rate limits waits for its [`ResourceState::hold`]
+/// A resource without rate limits waits for its [`ResourceState::penalty`]
 /// alone, whatever the cost.
 pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
     if spec.buckets.is_empty() {
-        return state.hold.saturating_sub(now);
+        return state.penalty.saturating_sub(now);
     }
     let mut wait = 0;
     for (((_, p), c), s) in spec
@@ -39,7 +39,7 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
         .zip(&mut state.buckets)
     {
         if c > 0.0 {
-            *s = bucket::book(*s, p, now, c, wait);
+            *s = bucket::book_at(*s, p, now, c, wait);
         }
     }
 }
@@ -47,7 +47,7 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 /// `try` over all limits: takes `cost` from every bucket and, if the
 /// resource has a concurrency limit, a slot under `lease`, or nothing at all.
 /// A zero cost for a bucket skips that bucket. A resource without rate
-/// limits is denied by rate while its [`ResourceState::hold`] lasts, with
+/// limits is denied by rate while its [`ResourceState::penalty`] lasts, with
 /// the wait to its end (see [`wait_all`]).
 pub fn try_acquire(
     state: &mut ResourceState,
@@ -65,7 +65,7 @@ pub fn try_acquire(
         Ok(taken) => taken,
         Err(wait) => return Decision::deny(DenyReason::Rate, wait),
     };
-    if !hold_slot(state, spec, now, lease) {
+    if !take_slot(state, spec, now, lease) {
         return Decision::deny(DenyReason::Concurrency, 0);
     }
     state.buckets[0] = taken;
@@ -126,26 +126,26 @@ pub(super) fn try_acquire_in_two_passes(
     if wait > 0 {
         return Decision::deny(DenyReason::Rate, wait);
     }
-    if !hold_slot(state, spec, now, lease) {
+    if !take_slot(state, spec, now, lease) {
         return Decision::deny(DenyReason::Concurrency, 0);
     }
     book_all(state, spec, now, cost, 0);
     Decision::allow(spec.max_concurrent.map(|_| lease))
 }
 
-/// `reserve` over all rate limits: books `cost` in every bucket for the
+/// `book` over all rate limits: books `cost` in every bucket for the
 /// latest of their earliest times, or books nothing if that is beyond
-/// `max_wait`. Concurrency slots are not reserved (see [`hold_slot`]).
+/// `max_wait`. Concurrency slots are not booked (see [`take_slot`]).
 /// A resource without rate limits books for the end of its
-/// [`ResourceState::hold`] (the wait is the time left of it; nothing to
+/// [`ResourceState::penalty`] (the wait is the time left of it; nothing to
 /// take, so nothing changes).
-pub fn reserve(
+pub fn book(
     state: &mut ResourceState,
     spec: &LimitSpec,
     now: Micros,
     cost: Cost,
     max_wait: Micros,
-) -> Reservation {
+) -> Booking {
     let wait = wait_all(state, spec, now, cost);
     let marks =
         costs(spec, cost)
@@ -153,33 +153,33 @@ pub fn reserve(
             .map(|(c, s)| if c > 0.0 { s.nb.max(now) } else { now });
     let since = Marks::new(now, marks).due_at(now.saturating_add(wait));
     if wait > max_wait {
-        return Reservation {
+        return Booking {
             wait,
             booked: false,
             since,
         };
     }
     book_all(state, spec, now, cost, wait);
-    Reservation {
+    Booking {
         wait,
         booked: true,
         since,
     }
 }
 
-/// `settle`: corrects the charge of every bucket from `reserved` to
-/// `actual`. `since`: the settled reservation's [`Reservation::since`], if
+/// `settle`: corrects the charge of every bucket from `booked` to
+/// `actual`. `since`: the settled booking's [`Booking::since`], if
 /// there was one: its marks and its due time (see [`bucket::settle`]).
 pub fn settle(
     state: &mut ResourceState,
     spec: &LimitSpec,
     now: Micros,
-    reserved: Cost,
+    booked: Cost,
     actual: Cost,
     since: Option<Marks>,
 ) {
     for (i, (u, p)) in spec.buckets.iter().enumerate() {
-        let delta = reserved.of(*u) as f64 - actual.of(*u) as f64;
+        let delta = booked.of(*u) as f64 - actual.of(*u) as f64;
         if delta != 0.0 {
             let (mark, due) = (since.map(|m| m.of(i)), since.map(|m| m.due()));
             state.buckets[i] = bucket::settle(state.buckets[i], p, now, delta, mark, due);

@@ -69,7 +69,7 @@ fn a_counter_with_a_window_narrows_the_bucket_of_that_window() {
 }
 
 /// A resource with a concurrency limit alone has no bucket for a
-/// penalty to hold: the state-wide hold denies every `try` by rate,
+/// penalty to put on: the state-wide penalty denies every `try` by rate,
 /// with the wait to its end and no slot taken, puts a booking after
 /// it, is never shortened, keeps the state from being dropped, and
 /// ends on time.
@@ -80,15 +80,15 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
     assert!(try_acquire(&mut s, &spec, 0, Cost::default(), 1).allowed);
     penalize(&mut s, &spec, 1_000, 5_001_000);
     penalize(&mut s, &spec, 2_000, 3_000_000);
-    assert_eq!(s.hold, 5_001_000, "never shortened");
+    assert_eq!(s.penalty, 5_001_000, "never shortened");
     assert_eq!(
         try_acquire(&mut s, &spec, 1_000_000, Cost::default(), 2),
         Decision::deny(DenyReason::Rate, 4_001_000)
     );
     assert_eq!(s.leases.len(), 1, "no slot taken while held");
-    let late = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
+    let late = book(&mut s, &spec, 1_000_000, Cost::requests(1), 4_000_000);
     assert_eq!((late.wait, late.booked), (4_001_000, false));
-    let booked = reserve(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
+    let booked = book(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
     assert_eq!((booked.wait, booked.booked), (4_001_000, true));
     assert_eq!(booked.since, Marks::uniform(1_000_000).due_at(5_001_000));
     assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
@@ -100,7 +100,7 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
         try_acquire(&mut s, &spec, 5_001_000, Cost::default(), 3),
         Decision::allow(Some(3))
     );
-    // Without any limit, the hold is all there is to wait for.
+    // Without any limit, the penalty is all there is to wait for.
     let none = self::spec(&[], None);
     let mut s = ResourceState::fresh(&none, 0);
     penalize(&mut s, &none, 0, u64::MAX);
@@ -110,8 +110,8 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
     );
 }
 
-/// With rate limits, a penalty holds the buckets (`nb`) and leaves the
-/// state-wide hold at 0, so such states are what they were.
+/// With rate limits, a penalty goes on the buckets (`nb`) and leaves the
+/// state-wide penalty at 0, so such states are what they were.
 #[test]
 fn a_penalty_with_rate_limits_holds_the_buckets_only() {
     for max_concurrent in [None, Some(2)] {
@@ -121,19 +121,19 @@ fn a_penalty_with_rate_limits_holds_the_buckets_only() {
         );
         let mut s = ResourceState::fresh(&spec, 0);
         penalize(&mut s, &spec, 0, 2_000_000);
-        assert_eq!(s.hold, 0);
+        assert_eq!(s.penalty, 0);
         assert!(s.buckets.iter().all(|b| b.nb == 2_000_000));
     }
 }
 
-/// `hold_left` reads the holds of the buckets a cost draws on, not
-/// their tokens: a spent tokens counter holds a call of tokens, not
-/// one of requests alone; a penalty holds both. Each bucket's hold is
+/// `penalty_left` reads the penalties of the buckets a cost draws on, not
+/// their tokens: a spent tokens counter stops a call of tokens, not
+/// one of requests alone; a penalty stops both. Each bucket's penalty is
 /// read from its own time, so a caller whose clock lags waits no
 /// longer than the store would make it. Without rate limits, the
-/// state's hold.
+/// state's penalty.
 #[test]
-fn hold_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
+fn penalty_left_is_the_penalty_of_the_buckets_a_cost_draws_on() {
     let two = spec(&[(1, 1_000, 3, false), (10, 1_000, 30, true)], None);
     let requests = Cost::default();
     let tokens = Cost {
@@ -142,25 +142,29 @@ fn hold_left_is_the_hold_of_the_buckets_a_cost_draws_on() {
     };
     let mut s = ResourceState::fresh(&two, 0);
     while try_acquire(&mut s, &two, 0, requests, 0).allowed {}
-    assert_eq!(hold_left(&s, &two, 0, requests), 0, "drained, not held");
+    assert_eq!(penalty_left(&s, &two, 0, requests), 0, "drained, not held");
     s.buckets[1].nb = 2_000_000;
-    assert_eq!(hold_left(&s, &two, 0, requests), 0);
-    assert_eq!(hold_left(&s, &two, 500_000, tokens), 1_500_000);
-    assert_eq!(hold_left(&s, &two, 2_000_000, tokens), 0);
+    assert_eq!(penalty_left(&s, &two, 0, requests), 0);
+    assert_eq!(penalty_left(&s, &two, 500_000, tokens), 1_500_000);
+    assert_eq!(penalty_left(&s, &two, 2_000_000, tokens), 0);
     s.buckets[1].ts = 500_000;
-    assert_eq!(hold_left(&s, &two, 0, tokens), 1_500_000, "a lagging clock");
+    assert_eq!(
+        penalty_left(&s, &two, 0, tokens),
+        1_500_000,
+        "a lagging clock"
+    );
     penalize(&mut s, &two, 500_000, 3_000_000);
-    assert_eq!(hold_left(&s, &two, 1_000_000, requests), 2_000_000);
-    assert_eq!(hold_left(&s, &two, 1_000_000, tokens), 2_000_000);
+    assert_eq!(penalty_left(&s, &two, 1_000_000, requests), 2_000_000);
+    assert_eq!(penalty_left(&s, &two, 1_000_000, tokens), 2_000_000);
     let none = spec(&[], Some(1));
     let mut s = ResourceState::fresh(&none, 0);
     penalize(&mut s, &none, 0, 1_000_000);
-    assert_eq!(hold_left(&s, &none, 250_000, requests), 750_000);
-    assert_eq!(hold_left(&s, &none, 1_000_000, requests), 0);
+    assert_eq!(penalty_left(&s, &none, 250_000, requests), 750_000);
+    assert_eq!(penalty_left(&s, &none, 1_000_000, requests), 0);
 }
 
 /// A reload to another number of rate limits keeps the penalty, from
-/// buckets to buckets, from buckets to the state-wide hold and back,
+/// buckets to buckets, from buckets to the state-wide penalty and back,
 /// and the leases; with no penalty in force the state is fresh.
 #[test]
 fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
@@ -179,10 +183,10 @@ fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
         .all(|(b, (_, p))| b.nb == 3_000_000 && b.tokens == p.capacity()));
     assert_eq!(wait_all(&s, &two, 1_000_000, Cost::default()), 2_000_000);
     let s = adopt(s, &none, 1_500_000);
-    assert_eq!((s.hold, s.leases.len()), (3_000_000, 1));
+    assert_eq!((s.penalty, s.leases.len()), (3_000_000, 1));
     assert_eq!(wait_all(&s, &none, 1_500_000, Cost::default()), 1_500_000);
     let s = adopt(s, &one, 2_000_000);
-    assert_eq!((s.hold, s.buckets[0].nb), (0, 3_000_000));
+    assert_eq!((s.penalty, s.buckets[0].nb), (0, 3_000_000));
     assert_eq!(wait_all(&s, &one, 2_000_000, Cost::default()), 1_000_000);
     // Over: a fresh state, the lease kept.
     let s = adopt(s, &two, 3_000_000);
@@ -191,7 +195,7 @@ fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
         ..ResourceState::fresh(&two, 3_000_000)
     };
     assert_eq!(s, fresh);
-    assert_eq!(held_until(&s), 0);
+    assert_eq!(penalty_end(&s), 0);
 }
 
 fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {

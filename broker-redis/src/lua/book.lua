@@ -1,4 +1,4 @@
--- reserve (state::reserve): book c in every bucket at the latest of their
+-- book (state::book): book c in every bucket at the latest of their
 -- earliest times, or nothing if that is beyond max_wait.
 -- ARGV[REST] max_wait. Returns {booked, wait, now, mark 1, .., mark 4} as
 -- strings (state::Marks: a bucket's mark is now, or its nb if charged and

@@ -1,10 +1,10 @@
--- hold_slot (state::hold_slot): take a concurrency slot under a lease.
+-- take_slot (state::take_slot): take a concurrency slot under a lease.
 -- ARGV[REST] max_concurrent, ARGV[REST+1] lease_ttl, ARGV[REST+2] lease id.
 -- Returns 1 when held.
 args()
 local now = read_now()
 local lease = ARGV[REST + 2]
-if hold_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), lease) or held(now, lease) then
+if take_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), lease) or held(now, lease) then
   return 1
 end
 return 0
