@@ -8,14 +8,16 @@
 //! Real time (Redis keeps real time): scaled to a quota of 20 a second, one
 //! at once, for 6 s. Run with `--nocapture` to see the figures.
 
-use std::process::{Command, Stdio};
+mod workers;
+
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use broker_core::clock::micros;
 use broker_core::{Cost, Limits, Outcome, RateLimit, ResourceBroker, ResourceConfig, Target};
 use broker_redis::RedisBackend;
 use broker_testkit::RedisServer;
+use workers::{run_workers, wall_us};
 
 /// The quota of the tests: 20 a second, one at once.
 const RATE: u64 = 20;
@@ -27,49 +29,8 @@ const RUN: Duration = Duration::from_secs(6);
 /// backlogged throughout.
 const COUNT_FROM: Duration = Duration::from_secs(1);
 
-fn wall_us() -> u64 {
-    micros(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
-}
-
 /// The tests of this file run one at a time: their timings are real.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// Runs this test's binary as one worker per role of `roles` (`flow:weight`),
-/// all starting their load at `t0` (wall µs, returned: a second and a half
-/// ahead, time to start and connect). Returns each worker's stdout lines.
-fn run_workers(test: &str, roles: &[&str], url: &str) -> (u64, Vec<Vec<String>>) {
-    let exe = std::env::current_exe().expect("own test binary");
-    let t0 = wall_us() + 1_500_000;
-    let children: Vec<_> = roles
-        .iter()
-        .map(|role| {
-            Command::new(&exe)
-                .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-                .env("RB_WORKER", role)
-                .env("RB_URL", url)
-                .env("RB_T0", t0.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn a worker process")
-        })
-        .collect();
-    let outputs = children
-        .into_iter()
-        .map(|child| {
-            let out = child.wait_with_output().expect("worker output");
-            assert!(out.status.success(), "a worker failed: {:?}", out.status);
-            (String::from_utf8_lossy(&out.stdout).lines())
-                .map(str::to_owned)
-                .collect()
-        })
-        .collect();
-    (t0, outputs)
-}
 
 /// The sends of one worker's `lines`, µs from `t0`.
 fn sends(t0: u64, lines: &[String]) -> Vec<u64> {

@@ -20,9 +20,10 @@
 //! sends closer than the quota allows anywhere in a busy stretch answer
 //! 429.
 
-use std::process::{Command, Stdio};
+mod workers;
+
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use broker_core::clock::micros;
 use broker_core::{
@@ -30,18 +31,11 @@ use broker_core::{
 };
 use broker_redis::RedisBackend;
 use broker_testkit::{RedisServer, StrictServer, Tally};
+use workers::{run_workers, wall_us};
 
 /// The quota of the tests: 10 a second, one at once.
 const RATE: u64 = 10;
 const INTERVAL: Duration = Duration::from_millis(1000 / RATE);
-
-fn wall_us() -> u64 {
-    micros(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
-}
 
 /// The tests of this file run one at a time: their timings are real, and
 /// four pairs of workers on two cores would stall each other's sends.
@@ -57,41 +51,6 @@ impl Lcg {
             .wrapping_add(1442695040888963407);
         (self.0 >> 33) % bound
     }
-}
-
-/// Runs this test's binary as one worker per role of `roles`, all starting
-/// their load at `t0` (wall µs, returned: a second and a half ahead, time
-/// to start and connect). Returns each worker's stdout lines.
-fn run_workers(test: &str, roles: &[&str], url: &str) -> (u64, Vec<Vec<String>>) {
-    let exe = std::env::current_exe().expect("own test binary");
-    let t0 = wall_us() + 1_500_000;
-    let children: Vec<_> = roles
-        .iter()
-        .enumerate()
-        .map(|(i, role)| {
-            Command::new(&exe)
-                .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-                .env("RB_WORKER", role)
-                .env("RB_WORKER_ID", i.to_string())
-                .env("RB_URL", url)
-                .env("RB_T0", t0.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn a worker process")
-        })
-        .collect();
-    let outputs = children
-        .into_iter()
-        .map(|child| {
-            let out = child.wait_with_output().expect("worker output");
-            assert!(out.status.success(), "a worker failed: {:?}", out.status);
-            (String::from_utf8_lossy(&out.stdout).lines())
-                .map(str::to_owned)
-                .collect()
-        })
-        .collect();
-    (t0, outputs)
 }
 
 /// The numbers of the lines `<tag> <n>` of `lines`.
