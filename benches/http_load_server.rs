@@ -15,9 +15,8 @@
 use std::time::Duration;
 
 use axum::middleware;
-use axum::routing::post;
 use axum::Router;
-use resource_broker::axum::{FromExtension, Pressure, PressureConfig};
+use resource_broker::axum::Pressure;
 use resource_broker::{MemoryBackend, ResourceBroker};
 use tower::ServiceBuilder;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -27,84 +26,12 @@ use tower_governor::{GovernorError, GovernorLayer};
 #[path = "../examples/webhook/mod.rs"]
 mod webhook;
 
-use webhook::{authenticate, receive_webhook, sign, Claims};
+use webhook::{
+    authenticate, flags_config, flags_or_exit, pressured_webhooks, serve, webhooks, Claims, Flags,
+};
 
-#[derive(Debug)]
-struct Args {
-    port: u16,
-    rps: u64,
-    concurrency: u32,
-    tenant_rpm: u64,
-    layer: String,
-    print_token: Option<String>,
-    help: bool,
-}
-
-const USAGE: &str = "\
-usage: http_load_server [flags]
-  --port N             port on 127.0.0.1 (3000; 0 picks a free one)
-  --layer L            pressure (default), none, or governor (tower_governor
-                       with tower's concurrency limit, the same numbers)
-  --rps N              the webhook route's requests per second (100)
-  --concurrency N      its concurrent requests (200; 0: no concurrency limit)
-  --tenant-rpm N       each tenant's requests per minute (6000)
-  --print-token TENANT print a bearer token for TENANT and exit
-  --help               this text
+const USAGE: &str = "  --layer L            pressure, none or governor (pressure)
 ";
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        port: 3000,
-        rps: 100,
-        concurrency: 200,
-        tenant_rpm: 6000,
-        layer: "pressure".into(),
-        print_token: None,
-        help: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--port" => args.port = number(value()?)?.try_into().map_err(|_| "bad --port")?,
-            "--rps" => args.rps = number(value()?)?,
-            "--concurrency" => {
-                args.concurrency = number(value()?)?
-                    .try_into()
-                    .map_err(|_| "bad --concurrency")?
-            }
-            "--tenant-rpm" => args.tenant_rpm = number(value()?)?,
-            "--layer" => args.layer = value()?,
-            "--print-token" => args.print_token = Some(value()?),
-            "--help" | "-h" => args.help = true,
-            other => return Err(format!("unknown flag {other} (--help lists them)")),
-        }
-    }
-    Ok(args)
-}
-
-/// The example's pressure config, from the flags.
-fn pressure_config(args: &Args) -> Result<PressureConfig, String> {
-    let concurrency = match args.concurrency {
-        0 => String::new(),
-        n => format!(r#", "maxConcurrentRequests": {n}"#),
-    };
-    let json = format!(
-        r#"{{
-        "enabled": true,
-        "perRoute": [{{
-            "resource": "gateway:route:webhooks",
-            "pathPrefix": "/api/v1/webhooks",
-            "limits": {{ "requestsPerSecond": {rps}{concurrency} }}
-        }}],
-        "perTenant": {{ "enabled": true, "limits": {{ "requestsPerMinute": {rpm} }} }}
-    }}"#,
-        rps = args.rps,
-        rpm = args.tenant_rpm
-    );
-    PressureConfig::from_json("flags", &json).map_err(|e| e.to_string())
-}
 
 /// tower_governor's key for the per-tenant quota: the verified namespace.
 #[derive(Clone)]
@@ -135,8 +62,8 @@ fn governor_rate(flag: &str, amount: u64, period: Duration) -> Result<(Duration,
 
 /// The tower_governor stack: a global limit for the route, tower's
 /// concurrency limit (unless `--concurrency 0`), a keyed limit per tenant.
-fn governor_app(args: &Args, webhooks: Router) -> Result<Router, String> {
-    let (route_period, route_burst) = governor_rate("--rps", args.rps, Duration::from_secs(1))?;
+fn governor_app(flags: &Flags, webhooks: Router) -> Result<Router, String> {
+    let (route_period, route_burst) = governor_rate("--rps", flags.rps, Duration::from_secs(1))?;
     let route = GovernorConfigBuilder::default()
         .period(route_period)
         .burst_size(route_burst)
@@ -144,7 +71,7 @@ fn governor_app(args: &Args, webhooks: Router) -> Result<Router, String> {
         .finish()
         .ok_or("bad governor route config")?;
     let (tenant_period, tenant_burst) =
-        governor_rate("--tenant-rpm", args.tenant_rpm, Duration::from_secs(60))?;
+        governor_rate("--tenant-rpm", flags.tenant_rpm, Duration::from_secs(60))?;
     let tenant = GovernorConfigBuilder::default()
         .period(tenant_period)
         .burst_size(tenant_burst)
@@ -154,7 +81,7 @@ fn governor_app(args: &Args, webhooks: Router) -> Result<Router, String> {
     // tower's concurrency limit holds its slot until the response head is
     // ready (this crate's permit, until the body ends). Two stacks rather
     // than an optional layer, so neither pays for a dispatch.
-    Ok(match args.concurrency {
+    Ok(match flags.concurrency {
         0 => webhooks.layer(
             ServiceBuilder::new()
                 .layer(GovernorLayer::new(route))
@@ -171,26 +98,16 @@ fn governor_app(args: &Args, webhooks: Router) -> Result<Router, String> {
     })
 }
 
-fn app(args: &Args) -> Result<Router, String> {
-    let webhooks = Router::new().route("/api/v1/webhooks/{source}", post(receive_webhook));
-    match args.layer.as_str() {
+fn app(flags: &Flags) -> Result<Router, String> {
+    match flags.own("--layer").unwrap_or("pressure") {
         "pressure" => {
             let broker = ResourceBroker::new(MemoryBackend::new());
             let pressure =
-                Pressure::new(broker, &pressure_config(args)?).map_err(|e| e.to_string())?;
-            // One `Router::layer` for the whole stack, as in the example.
-            Ok(webhooks.layer(
-                ServiceBuilder::new()
-                    .layer(pressure.layer())
-                    .layer(middleware::from_fn(authenticate))
-                    .layer(
-                        pressure
-                            .tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())),
-                    ),
-            ))
+                Pressure::new(broker, &flags_config(flags)?).map_err(|e| e.to_string())?;
+            Ok(pressured_webhooks(&pressure))
         }
-        "none" => Ok(webhooks.layer(middleware::from_fn(authenticate))),
-        "governor" => governor_app(args, webhooks),
+        "none" => Ok(webhooks().layer(middleware::from_fn(authenticate))),
+        "governor" => governor_app(flags, webhooks()),
         other => Err(format!(
             "--layer {other}: expected pressure, none or governor"
         )),
@@ -199,39 +116,11 @@ fn app(args: &Args) -> Result<Router, String> {
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("http_load_server: {e}");
-            std::process::exit(2);
-        }
+    let Some(flags) = flags_or_exit("http_load_server", USAGE, &["--layer"]) else {
+        return;
     };
-    if args.help {
-        print!("{USAGE}");
-        return;
-    }
-    if let Some(tenant) = &args.print_token {
-        println!("{}", sign(tenant));
-        return;
-    }
-    let result = async {
-        let app = app(&args)?;
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
-            .await
-            .map_err(|e| format!("bind 127.0.0.1:{}: {e}", args.port))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        println!(
-            "http_load_server listening on http://{addr} (layer: {})",
-            args.layer
-        );
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .map_err(|e| e.to_string())
-    }
-    .await;
+    let layer = format!("layer: {}", flags.own("--layer").unwrap_or("pressure"));
+    let result = async { serve("http_load_server", flags.port, app(&flags)?, &layer).await }.await;
     if let Err(e) = result {
         eprintln!("http_load_server: {e}");
         std::process::exit(1);

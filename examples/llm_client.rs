@@ -28,15 +28,9 @@ const RPM: u64 = 600;
 const TPM: u64 = 150_000;
 const ESTIMATE: u64 = 600;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()?
-        .block_on(demo())
-}
-
-async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// Runs in virtual time: the waits are real to the broker, instant to you.
+#[tokio::main(flavor = "current_thread", start_paused = true)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     batch_with_feedback().await?;
     interactive_overtakes_a_batch().await?;
     a_small_tenant_beside_a_big_one().await?;

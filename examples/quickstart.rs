@@ -24,15 +24,9 @@ use tokio::time::Instant;
 
 mod support;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()?
-        .block_on(demo())
-}
-
-async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// Runs in virtual time: the waits are real to the broker, instant to you.
+#[tokio::main(flavor = "current_thread", start_paused = true)]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("1. Two workers, four jobs each; upstream quota: burst 3, 2 req/s\n");
     println!("{}", support::header(36));
     for shared in [false, true] {

@@ -19,105 +19,31 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::IntoResponse;
-use axum::routing::post;
 use axum::Router;
-use resource_broker::axum::{stats_router, FromExtension, Pressure, PressureConfig};
+use resource_broker::axum::{stats_router, Pressure, PressureConfig};
 use resource_broker::ResourceBroker;
-use tower::ServiceBuilder;
 
 mod webhook;
 
-use webhook::{authenticate, receive_webhook, sign, Claims};
+use webhook::{flags_config, flags_or_exit, pressured_webhooks, serve, Flags};
 
-#[derive(Debug)]
-struct Args {
-    port: u16,
-    redis: Option<String>,
-    config: Option<String>,
-    rps: u64,
-    concurrency: u32,
-    tenant_rpm: u64,
-    admin_token: String,
-    print_token: Option<String>,
-    help: bool,
-}
-
-const USAGE: &str = "\
-usage: webhook_server [flags]
-  --port N             port on 127.0.0.1 (3000; 0 picks a free one)
-  --redis URL          keep the limits in Redis instead of in memory
+const USAGE: &str = "  --redis URL          keep the limits in Redis instead of in memory
   --config FILE        read the `pressure` object from a JSON config document
-  --rps N              the webhook route's requests per second (100)
-  --concurrency N      its concurrent requests (200; 0: no concurrency limit)
-  --tenant-rpm N       each tenant's requests per minute (6000)
   --admin-token T      the token the stats endpoint requires (dev-admin)
-  --print-token TENANT print a bearer token for TENANT and exit
-  --help               this text
 ";
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        port: 3000,
-        redis: None,
-        config: None,
-        rps: 100,
-        concurrency: 200,
-        tenant_rpm: 6000,
-        admin_token: "dev-admin".into(),
-        print_token: None,
-        help: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--port" => args.port = number(value()?)?.try_into().map_err(|_| "bad --port")?,
-            "--redis" => args.redis = Some(value()?),
-            "--config" => args.config = Some(value()?),
-            "--rps" => args.rps = number(value()?)?,
-            "--concurrency" => {
-                args.concurrency = number(value()?)?
-                    .try_into()
-                    .map_err(|_| "bad --concurrency")?
-            }
-            "--tenant-rpm" => args.tenant_rpm = number(value()?)?,
-            "--admin-token" => args.admin_token = value()?,
-            "--print-token" => args.print_token = Some(value()?),
-            "--help" | "-h" => args.help = true,
-            other => return Err(format!("unknown flag {other} (--help lists them)")),
+fn pressure_config(flags: &Flags) -> Result<PressureConfig, String> {
+    match flags.own("--config") {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            PressureConfig::from_document(path, &text).map_err(|e| e.to_string())
         }
+        None => flags_config(flags),
     }
-    Ok(args)
 }
 
-fn pressure_config(args: &Args) -> Result<PressureConfig, String> {
-    if let Some(path) = &args.config {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        return PressureConfig::from_document(path, &text).map_err(|e| e.to_string());
-    }
-    let concurrency = match args.concurrency {
-        0 => String::new(),
-        n => format!(r#", "maxConcurrentRequests": {n}"#),
-    };
-    let json = format!(
-        r#"{{
-        "enabled": true,
-        "perRoute": [{{
-            "resource": "gateway:route:webhooks",
-            "pathPrefix": "/api/v1/webhooks",
-            "limits": {{ "requestsPerSecond": {rps}{concurrency} }}
-        }}],
-        "perTenant": {{ "enabled": true, "limits": {{ "requestsPerMinute": {rpm} }} }}
-    }}"#,
-        rps = args.rps,
-        rpm = args.tenant_rpm
-    );
-    PressureConfig::from_json("flags", &json).map_err(|e| e.to_string())
-}
-
-async fn broker(args: &Args) -> Result<ResourceBroker, String> {
-    Ok(match &args.redis {
+async fn broker(flags: &Flags) -> Result<ResourceBroker, String> {
+    Ok(match flags.own("--redis") {
         Some(url) => ResourceBroker::new(
             resource_broker::redis::RedisBackend::connect(url)
                 .await
@@ -144,87 +70,39 @@ fn admin(broker: ResourceBroker, token: String) -> Router {
     ))
 }
 
-fn app(args: &Args, broker: ResourceBroker) -> Result<Router, String> {
-    let config = pressure_config(args)?;
-    let pressure = Pressure::new(broker.clone(), &config).map_err(|e| e.to_string())?;
-    // One `Router::layer` for the whole stack (axum boxes and clones each
-    // layer it is given per request): the route stage before
-    // authentication, the tenant stage after it.
-    let webhooks = Router::new()
-        .route("/api/v1/webhooks/{source}", post(receive_webhook))
-        .layer(
-            ServiceBuilder::new()
-                .layer(pressure.layer())
-                .layer(middleware::from_fn(authenticate))
-                .layer(
-                    pressure.tenant_layer(FromExtension::new(|c: &Claims| c.namespace_id.as_str())),
-                ),
-        );
-    Ok(webhooks.merge(admin(broker, args.admin_token.clone())))
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
+fn app(flags: &Flags, broker: ResourceBroker) -> Result<Router, String> {
+    let pressure =
+        Pressure::new(broker.clone(), &pressure_config(flags)?).map_err(|e| e.to_string())?;
+    let token = flags.own("--admin-token").unwrap_or("dev-admin").to_owned();
+    Ok(pressured_webhooks(&pressure).merge(admin(broker, token)))
 }
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("webhook_server: {e}");
-            std::process::exit(2);
-        }
+    let Some(flags) = flags_or_exit(
+        "webhook_server",
+        USAGE,
+        &["--redis", "--config", "--admin-token"],
+    ) else {
+        return;
     };
-    if args.help {
-        print!("{USAGE}");
-        return;
-    }
-    if let Some(tenant) = &args.print_token {
-        println!("{}", sign(tenant));
-        return;
-    }
     tracing_subscriber::fmt()
         .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
         .init();
     let result = async {
-        let broker = broker(&args).await?;
-        let app = app(&args, broker)?;
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
-            .await
-            .map_err(|e| format!("bind 127.0.0.1:{}: {e}", args.port))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        println!(
-            "webhook_server listening on http://{addr} (store: {})",
-            if args.redis.is_some() {
-                "redis"
-            } else {
-                "memory"
-            }
-        );
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .map_err(|e| e.to_string())?;
-        println!("webhook_server stopped");
-        Ok::<(), String>(())
+        let app = app(&flags, broker(&flags).await?)?;
+        let store = if flags.own("--redis").is_some() {
+            "redis"
+        } else {
+            "memory"
+        };
+        serve(
+            "webhook_server",
+            flags.port,
+            app,
+            &format!("store: {store}"),
+        )
+        .await
     }
     .await;
     if let Err(e) = result {

@@ -95,19 +95,19 @@ proptest! {
     #[test]
     fn refunds_during_a_penalty_give_nothing_back(
         p in params(),
-        before in -5.0f64..20.0, hold in 1u64..10_000_000,
+        before in -5.0f64..20.0, penalty in 1u64..10_000_000,
         settles in prop::collection::vec((0u64..10_000_000, -3.0f64..30.0), 1..20),
     ) {
         let fresh = BucketState { tokens: before.min(p.capacity()), ts: 0, nb: 0 };
-        let penalized = bucket::penalize(fresh, &p, 0, hold);
+        let penalized = bucket::penalize(fresh, &p, 0, penalty);
         let mut s = penalized;
         let mut settles = settles;
         settles.sort_by_key(|(at, _)| *at);
-        for (at, delta) in settles.into_iter().filter(|(at, _)| *at < hold) {
+        for (at, delta) in settles.into_iter().filter(|(at, _)| *at < penalty) {
             s = bucket::settle(s, &p, at, delta, None, None);
         }
-        let settled = bucket::refill(s, &p, hold).tokens;
-        let untouched = bucket::refill(penalized, &p, hold).tokens;
+        let settled = bucket::refill(s, &p, penalty).tokens;
+        let untouched = bucket::refill(penalized, &p, penalty).tokens;
         prop_assert!(
             settled <= untouched + 1e-9,
             "{settled} tokens when the penalty ends, {untouched} without the settlements"

@@ -441,12 +441,12 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         clock.advance(Duration::from_micros(seed % 200_000));
-        let mut hold = None;
+        let mut penalty = None;
         if step % 100 == 99 {
             let h = Duration::from_micros(seed % 600_000);
             local_store.penalize(&joined, &spec, h).await.unwrap();
             keyed_store.penalize(&joined, &spec, h).await.unwrap();
-            hold = Some(h.as_micros() as u64);
+            penalty = Some(h.as_micros() as u64);
         }
         let cost = Cost::requests(1 + seed % 3);
         let ours = local.try_acquire(Some("k"), cost).verdict();
@@ -456,12 +456,12 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
             denials += 1;
             // The clock has not moved since the penalty was put on: a wait of
             // exactly the penalty is the penalty's end.
-            at_penalty_end += usize::from(hold.is_some_and(|h| h > 0 && wait == h));
+            at_penalty_end += usize::from(penalty.is_some_and(|h| h > 0 && wait == h));
         }
     }
     assert!(denials > 1_000, "{denials} denials");
     assert!(
         at_penalty_end > 5,
-        "{at_penalty_end} denials waited for a hold's end"
+        "{at_penalty_end} denials waited for a penalty's end"
     );
 }

@@ -310,14 +310,14 @@ async fn a_penalty_without_rate_limits_is_kept_through_sweeps_and_folds() {
         tries(&b, &format!("api:fast-{i}"), &fast, 1);
     }
     assert!(b.folded() > 0, "the bound folded states");
-    let hold = b.state("api:held").expect("kept").penalty;
-    assert_eq!(hold, 1_000_000_000 + 3_600_000_000);
+    let penalty_end = b.state("api:held").expect("kept").penalty;
+    assert_eq!(penalty_end, 1_000_000_000 + 3_600_000_000);
     let d = b
         .try_acquire("api:held", &slots, broker_core::Cost::default())
         .await
         .unwrap();
     assert!(!d.allowed && d.wait > 3_598_000_000, "{d:?}");
-    clock.set(hold);
+    clock.set(penalty_end);
     b.evict_idle();
     assert!(b.state("api:held").is_none(), "dropped once it ended");
 }

@@ -488,7 +488,7 @@ async fn calls_held_by_a_penalty_leave_spaced_when_it_ends() {
 /// ceiling, with `WaitTooLong`, as a call made during the penalty does.
 #[tokio::test(start_paused = true)]
 async fn a_penalty_beyond_the_ceiling_ends_a_booked_call_at_the_ceiling() {
-    for hold in [Duration::from_secs(3600), Duration::MAX] {
+    for penalty in [Duration::from_secs(3600), Duration::MAX] {
         let broker = broker();
         let limits = Limits::new().rate(RateLimit::per_second(1));
         broker.register("api", ResourceConfig::new(limits)).unwrap();
@@ -501,7 +501,7 @@ async fn a_penalty_beyond_the_ceiling_ends_a_booked_call_at_the_ceiling() {
             (t0.elapsed(), r)
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        broker.penalize("api", hold).await.unwrap();
+        broker.penalize("api", penalty).await.unwrap();
         let (after, result) = booked.await.unwrap();
         assert!(
             matches!(
@@ -510,7 +510,7 @@ async fn a_penalty_beyond_the_ceiling_ends_a_booked_call_at_the_ceiling() {
             ),
             "{result:?}"
         );
-        assert!(after <= Duration::from_secs(61), "{hold:?}: {after:?}");
+        assert!(after <= Duration::from_secs(61), "{penalty:?}: {after:?}");
     }
 }
 
@@ -685,7 +685,7 @@ async fn a_dropped_call_does_not_let_a_later_one_go_beside_another() {
 /// than without the call (1). Giving its cost back would undo the
 /// penalty's drain (the booking's debt hid the tokens the drain should
 /// have taken): 9 would pass. The cost stays spent instead, so 0 pass:
-/// a refund after a later hold is refused whole, even the part of it the
+/// a refund after a later penalty is refused whole, even the part of it the
 /// drain did not take.
 #[tokio::test(start_paused = true)]
 async fn a_call_cancelled_after_a_shorter_penalty_does_not_undo_its_drain() {
@@ -1435,7 +1435,7 @@ async fn a_call_booked_under_a_penalty_is_charged_once() {
         })
         .await;
     first.unwrap();
-    // A call of requests only, during the 30 s hold: it waits it out.
+    // A call of requests only, during the 30 s penalty: it waits it out.
     let start = Instant::now();
     let ok = |_| async { Outcome::<(), ()>::ok(()) };
     broker.enqueue("api", Cost::requests(1), ok).await.unwrap();
@@ -1447,7 +1447,7 @@ async fn a_call_booked_under_a_penalty_is_charged_once() {
 /// An `acquire` denied because this process penalizes the state beyond its
 /// `max_wait` (an upstream 429 the store failed to take as a penalty)
 /// books nothing, as a denial says: before, the booking it made under the
-/// hold stayed spent, so every denied call took a request.
+/// penalty stayed spent, so every denied call took a request.
 #[tokio::test(start_paused = true)]
 async fn an_acquire_denied_by_a_penalty_takes_nothing() {
     let broker = broker_missing_penalties();

@@ -257,12 +257,12 @@ async fn run_case(
                 let state = reference.get(&spec, now);
                 state::settle(state, &spec, now, booked, actual, marks);
             }
-            Op::Penalize(hold) => {
+            Op::Penalize(penalty) => {
                 redis
-                    .penalize(key, &spec, Duration::from_micros(hold))
+                    .penalize(key, &spec, Duration::from_micros(penalty))
                     .await
                     .expect("penalize");
-                state::penalize(reference.get(&spec, now), &spec, now, now + hold);
+                state::penalize(reference.get(&spec, now), &spec, now, now + penalty);
             }
             Op::Reconcile(requests, tokens, reset) => {
                 let observed = ObservedLimit {
@@ -302,10 +302,10 @@ async fn run_case(
 
 /// Compares the state Redis holds with the reference's, as of `now`, the
 /// leading replica's (the latest any replica reads). Redis drops the
-/// buckets once every one is idle (`bucket::is_idle`: full, any hold
+/// buckets once every one is idle (`bucket::is_idle`: full, any penalty
 /// passed), as the in-memory store's sweep does: from then on they are
 /// fresh ones, and so are the reference's, which would otherwise remember
-/// the end of a passed hold (a later settle compares its booking's mark
+/// the end of a passed penalty (a later settle compares its booking's mark
 /// with it) and the time they were dropped at.
 async fn compare(
     redis: &RedisBackend,

@@ -2,7 +2,7 @@
 //! the two on different threads: the waiter must not go out before the
 //! 429's penalty is on. Its own test binary: it installs the process's
 //! `metrics` recorder, the one place the 429's handling can be stopped
-//! between freeing the slot and putting the hold on.
+//! between freeing the slot and putting the penalty on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -63,8 +63,8 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// The call holding the only slot gets a 429 on one runtime's thread; the
 /// call waiting for that slot runs on another's. The waiter must wait the
-/// 429's hold out, not take the slot the 429'd call frees before its hold
-/// is on (before, it went out at once: the hold was put on after the slot
+/// 429's penalty out, not take the slot the 429'd call frees before its penalty
+/// is on (before, it went out at once: the penalty was put on after the slot
 /// was released, and checked by the waiter once it had the slot).
 #[test]
 fn a_call_waiting_on_another_thread_waits_out_a_429_of_the_call_holding_it() {
@@ -105,6 +105,6 @@ fn a_call_waiting_on_another_thread_waits_out_a_429_of_the_call_holding_it() {
     assert_eq!(
         WENT_DURING_429.get(),
         Some(&false),
-        "the waiting call went out before the 429's hold was on"
+        "the waiting call went out before the 429's penalty was on"
     );
 }

@@ -124,7 +124,7 @@ fn a_store_that_answers_on_the_first_poll_answers() {
 /// permit, and `None` with nothing consumed or counted where only the
 /// call in full answers (a cost that never fits, a store that needs I/O).
 #[tokio::test]
-async fn the_compact_verdict_counts_and_holds_as_the_full_answer_does() {
+async fn the_compact_verdict_counts_and_takes_slots_as_the_full_answer_does() {
     use broker_core::{Permit, Verdict};
     let broker = ResourceBroker::new(MemoryBackend::with_clock(ManualClock::new()));
     broker

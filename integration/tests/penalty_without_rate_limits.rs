@@ -29,12 +29,12 @@ fn config() -> ResourceConfig {
 }
 
 /// Asserts that a call enqueued on `broker` now starts its work when a
-/// hold of `hold` from `since` ends (in paused time, within 50 ms of it).
-async fn starts_once_held_for(broker: &ResourceBroker, since: Instant, hold: Duration) {
+/// penalty of `penalty` from `since` ends (in paused time, within 50 ms of it).
+async fn starts_once_penalized_for(broker: &ResourceBroker, since: Instant, penalty: Duration) {
     let waited = enqueued_starts_after(broker, since).await;
     assert!(
-        waited >= hold && waited < hold + Duration::from_millis(50),
-        "started {waited:?} after the hold began"
+        waited >= penalty && waited < penalty + Duration::from_millis(50),
+        "started {waited:?} after the penalty began"
     );
 }
 
@@ -92,7 +92,7 @@ async fn a_spent_counter_stops_every_broker_on_the_memory_store() {
     let at_reply = Instant::now();
     denied_by_rate_for(&b, RESET).await;
     // The broker that read the headers waits too, from its own penalty.
-    starts_once_held_for(&a, at_reply, RESET).await;
+    starts_once_penalized_for(&a, at_reply, RESET).await;
     assert_eq!(a.stats().resources["llm"].upstream_429, 0);
 }
 
@@ -129,12 +129,12 @@ async fn a_429_stops_every_broker_on_the_memory_store() {
     a.register("llm", config()).unwrap();
     b.register("llm", config()).unwrap();
     let before = b.try_acquire("llm", Cost::default()).await.unwrap();
-    assert!(before.allowed, "no hold before the 429");
+    assert!(before.allowed, "no penalty before the 429");
     drop(before);
     answered_429(&a, RETRY_AFTER).await;
     let at_429 = Instant::now();
     denied_by_rate_for(&b, RETRY_AFTER).await;
-    starts_once_held_for(&b, at_429, RETRY_AFTER).await;
+    starts_once_penalized_for(&b, at_429, RETRY_AFTER).await;
     assert!(b.try_acquire("llm", Cost::default()).await.unwrap().allowed);
 }
 
@@ -153,7 +153,7 @@ async fn a_429_stops_every_replica_on_redis() {
         replica(&server, &clock, config()).await,
     );
     let before = b.try_acquire("llm", Cost::default()).await.unwrap();
-    assert!(before.allowed, "no hold before the 429");
+    assert!(before.allowed, "no penalty before the 429");
     drop(before);
     answered_429(&a, RETRY_AFTER).await;
     let at_429 = Instant::now();
@@ -306,7 +306,7 @@ async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> 
 /// 429, or a success whose headers say the counter is spent: the slot
 /// freed must not let the waiter start its work during the penalty the store
 /// then has, neither on a store that applies the penalty at once nor on
-/// one that takes a while (the hold must reach it before the slot is
+/// one that takes a while (the penalty must reach it before the slot is
 /// freed).
 #[tokio::test(start_paused = true)]
 async fn a_call_waiting_for_the_slot_starts_once_the_stores_penalty_ends() {
@@ -333,9 +333,9 @@ async fn a_call_waiting_for_the_slot_starts_once_the_stores_penalty_ends() {
 /// A call dropped after its answer while the store applies a 429's or a
 /// spent counter's penalty: the penalty still reaches the store
 /// before the call's slot is freed, so the other broker's call waiting
-/// for the slot starts its work once the hold ends.
+/// for the slot starts its work once the penalty ends.
 #[tokio::test(start_paused = true)]
-async fn a_call_dropped_while_the_store_takes_its_hold_frees_the_slot_after_it() {
+async fn a_call_dropped_while_the_store_takes_its_penalty_frees_the_slot_after_it() {
     let cases: [(&str, Answer); 2] = [
         ("429", || {
             Outcome::rate_limited("429", Some(Duration::from_secs(5)))
@@ -411,7 +411,7 @@ impl broker_testkit::Hooks for PenaltyFails {
     }
 }
 
-/// A 429 whose penalty, and a spent counter whose hold, the store fails
+/// A 429 whose penalty, and a spent counter whose penalty, the store fails
 /// to take: the call ends with the upstream's answer (the 429 counted
 /// once, the failures as backend errors) and frees its slot, which the
 /// next call takes.
@@ -447,9 +447,9 @@ async fn a_penalty_the_store_fails_to_take_frees_the_slot() {
     );
     assert_eq!(
         stats.backend_errors, 2,
-        "the penalty and the spent counter's hold"
+        "the penalty and the spent counter's penalty"
     );
     // This process's own penalty still keeps the next call until it ends.
     let at_429 = Instant::now();
-    starts_once_held_for(&broker, at_429, Duration::from_secs(5)).await;
+    starts_once_penalized_for(&broker, at_429, Duration::from_secs(5)).await;
 }

@@ -192,7 +192,7 @@ async fn a_penalty_on_a_concurrency_limit_alone_keeps_its_key_until_it_ends() {
     assert_eq!(
         server.command(&format!("EXISTS {key}")),
         ":0",
-        "a hold that has ended is deleted"
+        "a penalty that has ended is deleted"
     );
 }
 

@@ -56,7 +56,7 @@ async fn every_reload_keeps_the_penalty(
     elapsed: impl AsyncFn(Duration),
 ) {
     let warm = b.try_acquire("llm", Cost::default()).await.unwrap();
-    assert!(warm.allowed, "no hold before the 429");
+    assert!(warm.allowed, "no penalty before the 429");
     drop(warm);
     answered_429(a, RETRY_AFTER).await;
     let mut left = RETRY_AFTER;

@@ -232,7 +232,7 @@ impl Hooks for Distant {
 /// call waiting for the only slot must wait the reset out, not take the
 /// slot the first call frees and go out while that call is still settling
 /// (before, it went out at once, into the spent window: the exhausted
-/// counter's hold was put on only after the settlement, the slot freed
+/// counter's penalty was put on only after the settlement, the slot freed
 /// before both).
 #[tokio::test(start_paused = true)]
 async fn a_call_waiting_for_the_slot_waits_out_a_counter_a_success_reported_spent() {

@@ -301,7 +301,7 @@ pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) 
     assert_eq!(
         under.since.of(0) - before.since.of(0),
         2 * S,
-        "booked under the hold"
+        "booked under the penalty"
     );
     // Cancelled: given back in full.
     b.settle(&key, &spec, tokens(5), tokens(0), Some(under.since))
@@ -319,7 +319,7 @@ pub async fn a_refund_follows_the_penalties_put_on_after_the_booking(env: &Env) 
         "3 tokens refilled, no more"
     );
     assert!(b.try_acquire(&key, &spec, tokens(3)).await.unwrap().allowed);
-    // A cost booked 10 s ahead, then a 1 s hold that ends before it is due,
+    // A cost booked 10 s ahead, then a 1 s penalty that ends before it is due,
     // then the booking cancelled: the penalty's drain is not undone.
     env.advance_ms(60_000);
     assert!(
@@ -425,7 +425,7 @@ async fn tokens_out_for_two_seconds(b: &dyn Store, key: &str) -> LimitSpec {
 
 /// The mark of a cost charged to two buckets, one of them held when it was
 /// booked, is the earlier of their penalties: a shorter penalty afterwards,
-/// which holds the other bucket for less than the first hold, is seen, and
+/// which holds the other bucket for less than the first penalty, is seen, and
 /// a cancelled booking gives nothing back to the bucket it drained.
 pub async fn a_refund_sees_a_penalty_on_any_bucket_it_charged(env: &Env) {
     let (b, key) = (&*env.backend, env.key("settle-two"));
@@ -840,12 +840,12 @@ pub async fn a_state_adopted_under_a_penalty_is_the_one_later_calls_find(env: &E
         ("to-one-booked", &two, &one, First::Book),
         ("to-two-slot", &one, &two_held, First::TakeSlot),
     ];
-    let hold = Duration::from_millis(100);
+    let penalty = Duration::from_millis(100);
     let t0 = env.clock.now();
     let mut reference = Vec::new();
     for (name, old, new, first) in cases {
         let key = env.key(name);
-        b.penalize(&key, old, hold).await.unwrap();
+        b.penalize(&key, old, penalty).await.unwrap();
         let mut s = ResourceState::fresh(old, t0);
         state::penalize(&mut s, old, t0, t0 + 100_000);
         let mut s = state::adopt(s, new, t0);
