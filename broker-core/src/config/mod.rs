@@ -70,8 +70,7 @@ pub fn parse<T: DeserializeOwned>(
         }
     };
     // serde reads a list as a struct's fields in order: read JSON and TOML
-    // again from the tree, where only the refusal of such a list counts
-    // (YAML's reader refuses it itself).
+    // again as a tree to refuse that (YAML's reader refuses it itself).
     let tree: Option<serde_json::Value> = match format {
         Format::Json => serde_json::from_str(text).ok(),
         Format::Toml => toml::from_str(text).ok(),
@@ -86,7 +85,6 @@ pub fn parse<T: DeserializeOwned>(
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
         Format::Yaml => {
-            // YAML's messages name the path; only a repeated key counts.
             let de = serde_norway::Deserializer::from_str(text);
             if let Err(e) = unique_keys::UniqueKeys::deserialize(de) {
                 let message = e.to_string();
@@ -101,8 +99,8 @@ pub fn parse<T: DeserializeOwned>(
     Ok(parsed)
 }
 
-/// Refuses a JSON document with a key written twice in one object (a JSON
-/// reader would silently keep the last); [`parse`] runs it already.
+/// Refuses a JSON document with a key written twice in one object;
+/// [`parse`] runs it already.
 ///
 /// ```
 /// use broker_core::config::refuse_repeated_keys;
