@@ -1,6 +1,5 @@
-//! Loading config documents: JSON, YAML and TOML load into the model's
-//! types ([`LimitsConfig`], [`ResourceConfig`], ...); errors name the
-//! source, the path inside it and what is wrong.
+//! Loading JSON, YAML and TOML config documents; errors name the source and
+//! the path inside it.
 
 mod named_fields;
 mod unique_keys;

@@ -78,7 +78,6 @@ impl Backoff {
         if !grown.is_finite() || grown >= self.max.as_secs_f64() {
             return self.max;
         }
-        // A negative factor (built in code, unchecked): no backoff, no panic.
         Duration::from_secs_f64(grown.max(0.0)).min(self.max)
     }
 
