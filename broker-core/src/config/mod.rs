@@ -53,12 +53,7 @@ pub fn parse<T: DeserializeOwned>(
 ) -> Result<T, ConfigError> {
     let fail = |message: String| parse_error(source_name, message);
     let parsed = match format {
-        Format::Json => {
-            let de = &mut serde_json::Deserializer::from_str(text);
-            let parsed = serde_path_to_error::deserialize(&mut *de).map_err(|e| fail(located(&e)));
-            // Trailing text would otherwise be dropped without a word.
-            parsed.and_then(|v| de.end().map(|()| v).map_err(|e| fail(e.to_string())))
-        }
+        Format::Json => json(source_name, text),
         Format::Yaml => {
             let de = serde_norway::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| fail(located(&e)))
@@ -137,12 +132,17 @@ fn located<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
 /// assert!(e.to_string().starts_with("kb.json: at a[0].b: number out of range"), "{e}");
 /// ```
 pub fn tree(source_name: &str, text: &str) -> Result<serde_json::Value, ConfigError> {
+    json(source_name, text)
+}
+
+/// Reads `T` from a JSON document, refusing trailing text.
+fn json<T: DeserializeOwned>(source_name: &str, text: &str) -> Result<T, ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    let tree = serde_path_to_error::deserialize(&mut *de)
+    let value = serde_path_to_error::deserialize(&mut *de)
         .map_err(|e| parse_error(source_name, located(&e)))?;
     de.end()
         .map_err(|e| parse_error(source_name, e.to_string()))?;
-    Ok(tree)
+    Ok(value)
 }
 
 /// Reads `T` from a JSON tree, every struct from an object only (a list

@@ -67,18 +67,12 @@ impl<T, E> Outcome<T, E> {
 
     /// A transient failure (5xx, network error) without headers.
     pub fn transient(error: E) -> Self {
-        Outcome::Transient {
-            error,
-            observed: None,
-        }
+        Self::failed(OutcomeClass::Transient, error, None)
     }
 
     /// A failure no retry fixes (401/403/404, bad request), without headers.
     pub fn fatal(error: E) -> Self {
-        Outcome::Fatal {
-            error,
-            observed: None,
-        }
+        Self::failed(OutcomeClass::Fatal, error, None)
     }
 
     /// A 429 with an optional `Retry-After`.

@@ -239,14 +239,10 @@ impl SupplierBuckets {
         endpoint: &str,
         credential: &Credential,
     ) -> Result<Permit, BrokerError> {
-        if !self.config.rate_limit.auth.contains_key(endpoint) {
-            return Err(BrokerError::UnknownResource(resource_id(
-                &self.supplier,
-                BucketClass::Auth,
-                endpoint,
-            )));
-        }
         let key = self.key(BucketClass::Auth, endpoint, credential);
+        if !self.config.rate_limit.auth.contains_key(endpoint) {
+            return Err(BrokerError::UnknownResource(key.resource));
+        }
         self.wait(&key).await
     }
 
@@ -258,14 +254,10 @@ impl SupplierBuckets {
         credential: &Credential,
         skips: u32,
     ) -> Result<Admission, BrokerError> {
-        let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
-            return Err(BrokerError::UnknownResource(resource_id(
-                &self.supplier,
-                BucketClass::Data,
-                endpoint,
-            )));
-        };
         let key = self.key(BucketClass::Data, endpoint, credential);
+        let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
+            return Err(BrokerError::UnknownResource(key.resource));
+        };
         if bucket.mode == Mode::Wait {
             return self.wait(&key).await.map(Admission::Go);
         }

@@ -4,7 +4,6 @@
 
 pub use super::time::ceil_micros;
 use super::time::Micros;
-use super::verdict::{LocalVerdict, RefillTime};
 
 /// One bucket's parameters: `amount` tokens per `period` µs, at most
 /// `capacity` held.
@@ -126,15 +125,6 @@ impl Shortfall {
     /// The wait in whole µs, as [`wait_for`] gives it.
     pub fn micros(self) -> Micros {
         ceil_micros(self.rate).max(self.penalty)
-    }
-
-    /// The denial of an in-process store: [`LocalVerdict::Short`] unless a
-    /// penalty is in force.
-    pub fn local_verdict(self) -> LocalVerdict {
-        match self.penalty {
-            0 => LocalVerdict::Short(RefillTime::new(self.rate)),
-            _ => LocalVerdict::Rate(self.micros()),
-        }
     }
 }
 
