@@ -78,16 +78,10 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
             None => Observed::default(),
         }
     };
-    let openai_requests = Observed {
-        limit: count("x-ratelimit-limit-requests"),
-        remaining: count("x-ratelimit-remaining-requests"),
-        reset: text("x-ratelimit-reset-requests").and_then(|v| parse_reset(v, now)),
-        ..Observed::default()
-    };
-    let openai_tokens = Observed {
-        limit: count("x-ratelimit-limit-tokens"),
-        remaining: count("x-ratelimit-remaining-tokens"),
-        reset: text("x-ratelimit-reset-tokens").and_then(|v| parse_reset(v, now)),
+    let openai = |counter: &str| Observed {
+        limit: count(&format!("x-ratelimit-limit-{counter}")),
+        remaining: count(&format!("x-ratelimit-remaining-{counter}")),
+        reset: text(&format!("x-ratelimit-reset-{counter}")).and_then(|v| parse_reset(v, now)),
         ..Observed::default()
     };
 
@@ -100,8 +94,8 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
     .max();
 
     ObservedLimit {
-        requests: most_restrictive([x_ratelimit, older_ietf, structured, openai_requests]),
-        tokens: most_restrictive([openai_tokens]),
+        requests: most_restrictive([x_ratelimit, older_ietf, structured, openai("requests")]),
+        tokens: most_restrictive([openai("tokens")]),
         retry_after,
     }
 }

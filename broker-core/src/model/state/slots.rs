@@ -2,17 +2,13 @@
 
 use super::{Lease, LeaseId, LimitSpec, Micros, ResourceState};
 
-fn purge_expired(leases: &mut Vec<Lease>, now: Micros) {
-    leases.retain(|l| l.expires > now);
-}
-
 /// Takes a concurrency slot under `lease` if one is free. True when held
 /// (always true without a concurrency limit).
 pub fn take_slot(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease: LeaseId) -> bool {
     let Some(max) = spec.max_concurrent else {
         return true;
     };
-    purge_expired(&mut state.leases, now);
+    state.leases.retain(|l| l.expires > now);
     if state.leases.len() >= max as usize {
         return false;
     }
@@ -25,13 +21,8 @@ pub fn take_slot(state: &mut ResourceState, spec: &LimitSpec, now: Micros, lease
 
 /// Frees the slot held under `lease`; false if it was not held.
 pub fn release(state: &mut ResourceState, lease: LeaseId) -> bool {
-    match state.leases.iter().position(|l| l.id == lease) {
-        Some(i) => {
-            state.leases.swap_remove(i);
-            true
-        }
-        None => false,
-    }
+    let held = state.leases.iter().position(|l| l.id == lease);
+    held.map(|i| state.leases.swap_remove(i)).is_some()
 }
 
 /// Extends a live `lease` to `lease_ttl` from `now`; an expired one is not
