@@ -50,6 +50,7 @@ pub struct ResourceConfig {
 
 impl<'de> Deserialize<'de> for ResourceConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // The inherent `deserialize` that `remote = "Self"` derives.
         let config = ResourceConfig::deserialize(d)?;
         config.validate().map_err(serde::de::Error::custom)?;
         Ok(config)
@@ -58,7 +59,7 @@ impl<'de> Deserialize<'de> for ResourceConfig {
 
 impl Serialize for ResourceConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        ResourceConfig::serialize(self, s)
+        ResourceConfig::serialize(self, s) // the derived one, as above
     }
 }
 
