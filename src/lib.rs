@@ -26,9 +26,6 @@
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-// The README's snippets are compiled as a user's crate's doc tests
-// (tests/user_crate.rs), where only the facade is in scope.
-
 pub use broker_core::{
     Acquisition, BackendError, BrokerError, BrokerStats, Clock, ConfigError, Cost, EnqueueError,
     FailurePolicy, Limits, ManualClock, Outcome, OutcomeClass, Permit, Priority, RateLimit,
@@ -36,15 +33,12 @@ pub use broker_core::{
     Target, TokioClock, Unit, WaitBound,
 };
 
-/// The argument and future types of the broker's calls, for code that
-/// names them (`Attempt` in an `enqueue` closure, the future of
-/// `try_acquire`).
+/// The argument and future types of the broker's calls.
 pub mod calls {
     pub use broker_core::{Attempt, EntryError, OnOtherLimits, TryAcquire, TryAcquireOnHandle};
 }
 
-/// Reading an upstream's rate-limit headers into an observation the broker
-/// reconciles (`headers::parse`), and the header map it reads.
+/// Reading an upstream's rate-limit headers (`headers::parse`).
 pub mod headers {
     pub use broker_core::headers::*;
     pub use broker_core::{Observed, ObservedLimit};
@@ -62,14 +56,8 @@ pub mod stats {
     pub use broker_core::stats::*;
 }
 
-/// For writers and composers of a state store: the [`Store`](store::Store)
-/// seam, its optional capabilities [`LocalStore`](store::LocalStore)
-/// (synchronous calls), [`Releases`](store::Releases) (pending
-/// releases) and [`Turns`](store::Turns) (the shared turn ledger of
-/// weighted flows), [`Failover`](store::Failover) (the
-/// failure policy that wraps a primary store and answers while it is
-/// unreachable), and the model a store runs (the bucket, the state over
-/// several limits, keys and their fingerprints).
+/// For writers of a state store: the [`Store`](store::Store) seam, its
+/// capabilities, [`Failover`](store::Failover), and the model a store runs.
 pub mod store {
     pub use broker_core::store::{
         Failover, LocalStates, LocalStore, Releases, Renewal, Store, Turn, TurnAsk, Turns,

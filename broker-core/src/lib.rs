@@ -1,13 +1,8 @@
 //! # broker-core
 //!
-//! The model of resource-broker and the runtime above it. The model
-//! (`src/model/`, no I/O): limits and costs, the token bucket state machine
-//! as pure functions ([`bucket`], [`state`]), header parsing, the retry
-//! policy, key building. Above it: clocks, stats, the [`Store`] trait that
-//! state stores implement, and the [`ResourceBroker`] facade that offers
-//! both strategies, `enqueue` (queue + execute) and `try_acquire` (check +
-//! reject), over any backend. At the edge: config loading ([`config`]) and
-//! the [`supplier`] classes.
+//! The pure model of resource-broker (limits, the token bucket, state,
+//! headers, retries, keys), the [`Store`] seam, and the [`ResourceBroker`]
+//! with `enqueue` (queue + execute) and `try_acquire` (check + reject).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,6 +1,5 @@
-//! Loading config documents: JSON, YAML and TOML load into the model's
-//! types ([`LimitsConfig`], [`ResourceConfig`], ...); errors name the
-//! source, the path inside it and what is wrong.
+//! Loading JSON, YAML and TOML config documents; errors name the source and
+//! the path inside it.
 
 mod named_fields;
 mod unique_keys;
@@ -54,12 +53,7 @@ pub fn parse<T: DeserializeOwned>(
 ) -> Result<T, ConfigError> {
     let fail = |message: String| parse_error(source_name, message);
     let parsed = match format {
-        Format::Json => {
-            let de = &mut serde_json::Deserializer::from_str(text);
-            let parsed = serde_path_to_error::deserialize(&mut *de).map_err(|e| fail(located(&e)));
-            // Trailing text would otherwise be dropped without a word.
-            parsed.and_then(|v| de.end().map(|()| v).map_err(|e| fail(e.to_string())))
-        }
+        Format::Json => json(source_name, text),
         Format::Yaml => {
             let de = serde_norway::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| fail(located(&e)))
@@ -70,8 +64,7 @@ pub fn parse<T: DeserializeOwned>(
         }
     };
     // serde reads a list as a struct's fields in order: read JSON and TOML
-    // again from the tree, where only the refusal of such a list counts
-    // (YAML's reader refuses it itself).
+    // again as a tree to refuse that (YAML's reader refuses it itself).
     let tree: Option<serde_json::Value> = match format {
         Format::Json => serde_json::from_str(text).ok(),
         Format::Toml => toml::from_str(text).ok(),
@@ -86,7 +79,6 @@ pub fn parse<T: DeserializeOwned>(
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
         Format::Yaml => {
-            // YAML's messages name the path; only a repeated key counts.
             let de = serde_norway::Deserializer::from_str(text);
             if let Err(e) = unique_keys::UniqueKeys::deserialize(de) {
                 let message = e.to_string();
@@ -101,8 +93,8 @@ pub fn parse<T: DeserializeOwned>(
     Ok(parsed)
 }
 
-/// Refuses a JSON document with a key written twice in one object (a JSON
-/// reader would silently keep the last); [`parse`] runs it already.
+/// Refuses a JSON document with a key written twice in one object;
+/// [`parse`] runs it already.
 ///
 /// ```
 /// use broker_core::config::refuse_repeated_keys;
@@ -140,12 +132,17 @@ fn located<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
 /// assert!(e.to_string().starts_with("kb.json: at a[0].b: number out of range"), "{e}");
 /// ```
 pub fn tree(source_name: &str, text: &str) -> Result<serde_json::Value, ConfigError> {
+    json(source_name, text)
+}
+
+/// Reads `T` from a JSON document, refusing trailing text.
+fn json<T: DeserializeOwned>(source_name: &str, text: &str) -> Result<T, ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    let tree = serde_path_to_error::deserialize(&mut *de)
+    let value = serde_path_to_error::deserialize(&mut *de)
         .map_err(|e| parse_error(source_name, located(&e)))?;
     de.end()
         .map_err(|e| parse_error(source_name, e.to_string()))?;
-    Ok(tree)
+    Ok(value)
 }
 
 /// Reads `T` from a JSON tree, every struct from an object only (a list

@@ -2,13 +2,13 @@
 //! object only, so `[5, "1s", 10]` cannot pass for a rate with its fields
 //! swapped; a list where a struct stands is an error at its path.
 
-use serde::de::value::StrDeserializer;
+use serde::de::value::{MapDeserializer, SeqDeserializer, StrDeserializer};
 use serde::de::{
-    self, DeserializeSeed, EnumAccess, Error as _, IntoDeserializer, MapAccess, SeqAccess,
-    Unexpected, VariantAccess, Visitor,
+    self, Deserialize, DeserializeSeed, EnumAccess, Error as _, IntoDeserializer, Unexpected,
+    VariantAccess, Visitor,
 };
 use serde::forward_to_deserialize_any;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// What a struct is read from.
 const EXPECTED: &str = "an object with named fields";
@@ -26,17 +26,14 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.0 {
-            Value::Null => visitor.visit_unit(),
-            Value::Bool(b) => visitor.visit_bool(*b),
-            Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-                (Some(u), _, _) => visitor.visit_u64(u),
-                (None, Some(i), _) => visitor.visit_i64(i),
-                (None, None, Some(f)) => visitor.visit_f64(f),
-                (None, None, None) => Err(Self::Error::custom(format!("unreadable number {n}"))),
-            },
-            Value::String(s) => visitor.visit_str(s),
-            Value::Array(items) => visitor.visit_seq(Items(items.iter())),
-            Value::Object(map) => visitor.visit_map(Fields::new(map)),
+            Value::Array(items) => {
+                visitor.visit_seq(SeqDeserializer::new(items.iter().map(NamedFields)))
+            }
+            Value::Object(map) => {
+                let entries = map.iter().map(|(k, v)| (k.as_str(), NamedFields(v)));
+                visitor.visit_map(MapDeserializer::new(entries))
+            }
+            scalar => scalar.clone().deserialize_any(visitor),
         }
     }
 
@@ -54,7 +51,6 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
         match self.0 {
-            Value::Object(map) => visitor.visit_map(Fields::new(map)),
             Value::Array(_) => Err(Self::Error::invalid_type(Unexpected::Seq, &EXPECTED)),
             _ => self.deserialize_any(visitor),
         }
@@ -68,31 +64,20 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
         visitor.visit_newtype_struct(self)
     }
 
+    /// An enum is a variant name, or an object with one entry: the variant
+    /// and its value.
     fn deserialize_enum<V: Visitor<'de>>(
         self,
-        _name: &'static str,
-        _variants: &'static [&'static str],
+        name: &'static str,
+        variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::String(s) => visitor.visit_enum(s.as_str().into_deserializer()),
-            Value::Object(map) => {
-                let mut entries = map.iter();
-                match (entries.next(), entries.next()) {
-                    (Some((variant, value)), None) => {
-                        visitor.visit_enum(Variant { variant, value })
-                    }
-                    _ => Err(Self::Error::invalid_type(
-                        Unexpected::Map,
-                        &"a variant name, or an object with one variant",
-                    )),
-                }
+        if let Value::Object(map) = self.0 {
+            if let [(variant, value)] = map.iter().collect::<Vec<_>>()[..] {
+                return visitor.visit_enum(Variant(variant, value));
             }
-            other => Err(Self::Error::invalid_type(
-                unexpected(other),
-                &"a variant name, or an object with one variant",
-            )),
         }
+        self.0.clone().deserialize_enum(name, variants, visitor)
     }
 
     forward_to_deserialize_any! {
@@ -102,94 +87,16 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
     }
 }
 
-/// How a value is named in a type error.
-fn unexpected(value: &Value) -> Unexpected<'_> {
-    match value {
-        Value::Null => Unexpected::Unit,
-        Value::Bool(b) => Unexpected::Bool(*b),
-        Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-            (Some(u), _, _) => Unexpected::Unsigned(u),
-            (None, Some(i), _) => Unexpected::Signed(i),
-            (None, None, Some(f)) => Unexpected::Float(f),
-            (None, None, None) => Unexpected::Other("a number"),
-        },
-        Value::String(s) => Unexpected::Str(s),
-        Value::Array(_) => Unexpected::Seq,
-        Value::Object(_) => Unexpected::Map,
-    }
-}
+impl<'de, 'a> IntoDeserializer<'de, serde_json::Error> for NamedFields<'a> {
+    type Deserializer = Self;
 
-/// The items of a list.
-struct Items<'a>(std::slice::Iter<'a, Value>);
-
-impl<'de> SeqAccess<'de> for Items<'_> {
-    type Error = serde_json::Error;
-
-    fn next_element_seed<T: DeserializeSeed<'de>>(
-        &mut self,
-        seed: T,
-    ) -> Result<Option<T::Value>, Self::Error> {
-        self.0
-            .next()
-            .map(|item| seed.deserialize(NamedFields(item)))
-            .transpose()
-    }
-
-    fn size_hint(&self) -> Option<usize> {
-        Some(self.0.len())
-    }
-}
-
-/// The entries of an object.
-struct Fields<'a> {
-    entries: serde_json::map::Iter<'a>,
-    value: Option<&'a Value>,
-}
-
-impl<'a> Fields<'a> {
-    fn new(map: &'a Map<String, Value>) -> Self {
-        Self {
-            entries: map.iter(),
-            value: None,
-        }
-    }
-}
-
-impl<'de> MapAccess<'de> for Fields<'_> {
-    type Error = serde_json::Error;
-
-    fn next_key_seed<K: DeserializeSeed<'de>>(
-        &mut self,
-        seed: K,
-    ) -> Result<Option<K::Value>, Self::Error> {
-        let Some((key, value)) = self.entries.next() else {
-            return Ok(None);
-        };
-        self.value = Some(value);
-        let key: StrDeserializer<'_, Self::Error> = key.as_str().into_deserializer();
-        seed.deserialize(key).map(Some)
-    }
-
-    fn next_value_seed<V: DeserializeSeed<'de>>(
-        &mut self,
-        seed: V,
-    ) -> Result<V::Value, Self::Error> {
-        match self.value.take() {
-            Some(value) => seed.deserialize(NamedFields(value)),
-            None => Err(Self::Error::custom("a value asked for before its key")),
-        }
-    }
-
-    fn size_hint(&self) -> Option<usize> {
-        Some(self.entries.len())
+    fn into_deserializer(self) -> Self {
+        self
     }
 }
 
 /// An enum written as an object with one entry: the variant and its value.
-struct Variant<'a> {
-    variant: &'a String,
-    value: &'a Value,
-}
+struct Variant<'a>(&'a str, &'a Value);
 
 impl<'de, 'a> EnumAccess<'de> for Variant<'a> {
     type Error = serde_json::Error;
@@ -198,9 +105,9 @@ impl<'de, 'a> EnumAccess<'de> for Variant<'a> {
     fn variant_seed<V: DeserializeSeed<'de>>(
         self,
         seed: V,
-    ) -> Result<(V::Value, Self::Variant), Self::Error> {
-        let name: StrDeserializer<'_, Self::Error> = self.variant.as_str().into_deserializer();
-        Ok((seed.deserialize(name)?, NamedFields(self.value)))
+    ) -> Result<(V::Value, NamedFields<'a>), Self::Error> {
+        let name: StrDeserializer<'_, Self::Error> = self.0.into_deserializer();
+        Ok((seed.deserialize(name)?, NamedFields(self.1)))
     }
 }
 
@@ -208,10 +115,7 @@ impl<'de> VariantAccess<'de> for NamedFields<'_> {
     type Error = serde_json::Error;
 
     fn unit_variant(self) -> Result<(), Self::Error> {
-        match self.0 {
-            Value::Null => Ok(()),
-            other => Err(Self::Error::invalid_type(unexpected(other), &"no value")),
-        }
+        <()>::deserialize(self)
     }
 
     fn newtype_variant_seed<T: DeserializeSeed<'de>>(

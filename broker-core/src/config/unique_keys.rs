@@ -13,6 +13,14 @@ use serde::de::{
 /// key (an error at that mapping's path).
 pub(crate) struct UniqueKeys;
 
+/// What the refusal of a repeated key says of it.
+const TWICE: &str = "is written twice";
+
+/// Whether `message` is the refusal of a repeated key (not a non-text key).
+pub(crate) fn refuses_a_repeated_key(message: &str) -> bool {
+    message.contains(TWICE)
+}
+
 impl<'de> Deserialize<'de> for UniqueKeys {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(Values)
@@ -21,12 +29,13 @@ impl<'de> Deserialize<'de> for UniqueKeys {
 
 struct Values;
 
-/// What the refusal of a repeated key says of it.
-const TWICE: &str = "is written twice";
-
-/// Whether `message` is the refusal of a repeated key (not a non-text key).
-pub(crate) fn refuses_a_repeated_key(message: &str) -> bool {
-    message.contains(TWICE)
+/// Visits that accept a scalar as it is.
+macro_rules! scalars {
+    ($($visit:ident($t:ty)),*) => {$(
+        fn $visit<E>(self, _: $t) -> Result<UniqueKeys, E> {
+            Ok(UniqueKeys)
+        }
+    )*};
 }
 
 impl<'de> Visitor<'de> for Values {
@@ -36,37 +45,16 @@ impl<'de> Visitor<'de> for Values {
         f.write_str("a JSON or YAML value")
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_i128<E>(self, _: i128) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_u128<E>(self, _: u128) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_bytes<E>(self, _: &[u8]) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
+    scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_str(&str),
+        visit_i128(i128),
+        visit_u128(u128),
+        visit_bytes(&[u8])
+    );
 
     fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
         Ok(UniqueKeys)
@@ -92,97 +80,17 @@ impl<'de> Visitor<'de> for Values {
         Ok(UniqueKeys)
     }
 
+    /// Keys are read as written (`1` and `"1"` are one name, `1.1` and
+    /// `1.10` two); a key with no text (`? [a, b]`) is an error.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
         let mut seen = HashSet::new();
-        while let Some(Key(key)) = map.next_key::<Key>()? {
-            let Some(key) = key else {
-                // Not a string (see `Key`): its value is still read.
-                map.next_value::<UniqueKeys>()?;
-                continue;
-            };
+        while let Some(key) = map.next_key::<String>()? {
             if let Some(key) = seen.replace(key) {
                 return Err(de::Error::custom(format_args!("the key `{key}` {TWICE}")));
             }
             map.next_value::<UniqueKeys>()?;
         }
         Ok(UniqueKeys)
-    }
-}
-
-/// A mapping's key as written (`1` and `"1"` one name, `1.1` and `1.10`
-/// two), read as a string so numbers keep their spelling; `None` for a key
-/// handed over as something else.
-struct Key(Option<String>);
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(KeyText)
-    }
-}
-
-struct KeyText;
-
-impl<'de> Visitor<'de> for KeyText {
-    type Value = Key;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a key")
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Key, E> {
-        Ok(Key(Some(v.to_owned())))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_i128<E>(self, _: i128) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_u128<E>(self, _: u128) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_bytes<E>(self, _: &[u8]) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_unit<E>(self) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_none<E>(self) -> Result<Key, E> {
-        Ok(Key(None))
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Key, D::Error> {
-        UniqueKeys::deserialize(d).map(|_| Key(None))
-    }
-
-    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Key, A::Error> {
-        Values.visit_enum(data).map(|_| Key(None))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Key, A::Error> {
-        Values.visit_seq(seq).map(|_| Key(None))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Key, A::Error> {
-        Values.visit_map(map).map(|_| Key(None))
     }
 }
 

@@ -1,5 +1,4 @@
-//! Error types: configuration errors, backend errors and the errors a caller
-//! of the broker can see.
+//! Configuration, backend and broker errors.
 
 use std::time::Duration;
 
@@ -22,9 +21,8 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
-    /// The resource id is registered already, in a way that a batch
-    /// registration may not change (see
-    /// [`crate::ResourceBroker::register_limits`]).
+    /// The resource id is registered already in a way a batch registration
+    /// may not change.
     #[error("resource {id:?} is already registered {reason}")]
     Taken {
         /// The resource id.
@@ -46,6 +44,14 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// Shorthand for [`ConfigError::NotPositive`].
+    pub fn not_positive(field: impl Into<String>, value: impl Into<String>) -> Self {
+        Self::NotPositive {
+            field: field.into(),
+            value: value.into(),
+        }
+    }
+
     /// Shorthand for [`ConfigError::Invalid`].
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::Invalid {
@@ -74,9 +80,8 @@ impl BackendError {
         }
     }
 
-    /// The store could not be reached: connection refused or lost, no reply
-    /// in time, or down and not yet found back. A
-    /// [`Failover`](crate::store::Failover) answers these by its policy.
+    /// The store could not be reached (a [`Failover`](crate::store::Failover)
+    /// answers these by its policy).
     ///
     /// ```
     /// use broker_core::BackendError;
@@ -90,8 +95,7 @@ impl BackendError {
         }
     }
 
-    /// Whether the store could not be reached (see
-    /// [`BackendError::unavailable`]); false for a command or script error.
+    /// Whether the store could not be reached.
     pub fn is_unavailable(&self) -> bool {
         self.unavailable
     }
@@ -127,9 +131,8 @@ pub enum BrokerError {
         /// The configured queue capacity.
         capacity: usize,
     },
-    /// The call would wait beyond a bound: its deadline, or, for a
-    /// penalty (an upstream 429's, a spent counter's), the retry
-    /// policy's ceiling. Waiting for one's turn has no bound but a deadline.
+    /// The call would wait beyond its deadline or, for a penalty, the retry
+    /// policy's ceiling.
     #[error(
         "resource {resource:?}: waited {waited:?}; the next send time is {would_wait:?} away, beyond {bound}"
     )]
@@ -138,10 +141,7 @@ pub enum BrokerError {
         resource: String,
         /// How long the call has waited (since it was enqueued).
         waited: Duration,
-        /// How long it would still wait: the store's answer; for a call
-        /// still queued behind others in this process, an estimate (the
-        /// head's time still ahead, then the refill time of each call
-        /// ahead of it and of its own).
+        /// How long it would still wait (an estimate while still queued).
         would_wait: Duration,
         /// The bound it met.
         bound: WaitBound,
@@ -164,12 +164,9 @@ pub enum BrokerError {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitBound {
-    /// The call's deadline (`Target::deadline`, or the resource's
-    /// `queue_deadline`; for `acquire`, its `max_wait`), counted from
-    /// when the call began.
+    /// The call's deadline, counted from when the call began.
     Deadline(Duration),
-    /// The retry policy's ceiling, which bounds a penalty (an
-    /// upstream 429, a spent counter) and a retry pause.
+    /// The retry policy's ceiling, which bounds a penalty and a retry pause.
     PenaltyCeiling(Duration),
 }
 

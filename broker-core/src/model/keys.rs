@@ -1,19 +1,14 @@
 //! Keys built from user data: every part is escaped, so no id addresses
-//! another's state; secrets become a fingerprint before any key or log.
+//! another's state; secrets become a fingerprint.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-/// Bytes with a meaning in keys: `:`, Redis hash-tag braces, the escape
-/// characters, and anything non-printable.
+/// Bytes with a meaning in keys: `:`, hash-tag braces, escapes, non-printables.
 const fn needs_escape(b: u8) -> bool {
     matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || b < 0x21 || b >= 0x7f
-}
-
-fn any_needs_escape(part: &[u8]) -> bool {
-    part.iter().any(|&b| needs_escape(b))
 }
 
 /// Whether [`escape`] changes `part`.
@@ -24,11 +19,10 @@ fn any_needs_escape(part: &[u8]) -> bool {
 /// assert!(needs_escaping("a:b"));
 /// ```
 pub fn needs_escaping(part: &str) -> bool {
-    any_needs_escape(part.as_bytes())
+    part.bytes().any(needs_escape)
 }
 
-/// Escapes one user-supplied part of a key (percent-encoding of the special
-/// bytes). Two different inputs never escape to the same output.
+/// Percent-encodes the special bytes of one part of a key; one to one.
 ///
 /// ```
 /// use broker_core::keys::escape;
@@ -36,7 +30,7 @@ pub fn needs_escaping(part: &str) -> bool {
 /// assert_eq!(escape("a:b{c}"), "a%3Ab%7Bc%7D");
 /// ```
 pub fn escape(part: &str) -> Cow<'_, str> {
-    if !any_needs_escape(part.as_bytes()) {
+    if !needs_escaping(part) {
         return Cow::Borrowed(part);
     }
     let mut out = String::with_capacity(part.len() + 8);
@@ -50,8 +44,7 @@ pub fn escape(part: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The input [`escape`] turns into `escaped`, or `None` if `escaped` is no
-/// output of [`escape`]: `unescape(&escape(x)) == Some(x)`, one to one.
+/// The input [`escape`] turns into `escaped`, or `None` if there is none.
 ///
 /// ```
 /// use broker_core::keys::{escape, unescape};
@@ -63,7 +56,7 @@ pub fn escape(part: &str) -> Cow<'_, str> {
 pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
     let bytes = escaped.as_bytes();
     if !bytes.contains(&b'%') {
-        return (!any_needs_escape(bytes)).then_some(Cow::Borrowed(escaped));
+        return (!needs_escaping(escaped)).then_some(Cow::Borrowed(escaped));
     }
     let upper_hex = |h: u8| match h {
         b'0'..=b'9' => Some(h - b'0'),
@@ -107,8 +100,7 @@ pub fn keyed(resource: &str, key: &str) -> String {
     format!("{}:{}", escape(resource), escape(key))
 }
 
-/// A non-reversible fingerprint of a secret: the first 16 hex digits of its
-/// SHA-256, for telling credentials apart in keys and logs.
+/// A fingerprint of a secret: the first 16 hex digits of its SHA-256.
 ///
 /// ```
 /// use broker_core::keys::fingerprint;
@@ -118,11 +110,7 @@ pub fn keyed(resource: &str, key: &str) -> String {
 /// ```
 pub fn fingerprint(secret: &str) -> String {
     let digest = Sha256::digest(secret.as_bytes());
-    let mut out = String::with_capacity(16);
-    for b in &digest[..8] {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

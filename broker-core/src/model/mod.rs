@@ -1,8 +1,6 @@
-//! The model: limits and costs, the token bucket, the state over several
-//! limits, the answers of a decision, header parsing, retry arithmetic,
-//! pacing and key building. Pure functions over plain data: no tokio, no
-//! I/O, no metrics or tracing, and no module imports another in a loop
-//! (`tests/model_is_pure.rs` checks it).
+//! The model: limits, the token bucket, the state over several limits,
+//! header parsing, retries, pacing and keys. Pure functions over plain data:
+//! no I/O, tokio, metrics or tracing (`tests/model_is_pure.rs` checks it).
 
 pub mod bucket;
 pub mod error;

@@ -19,8 +19,7 @@ pub struct Observed {
     pub policy: Option<std::sync::Arc<str>>,
 }
 
-/// Everything read from one upstream response: a request counter, a token
-/// counter (OpenAI-style), and `Retry-After`.
+/// Everything read from one upstream response.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ObservedLimit {
     /// The request counter (`X-Ratelimit-*`, `RateLimit`, `...-requests`).

@@ -1,6 +1,5 @@
-//! An optional pacing margin: spend slightly under the upstream's limit, as
-//! varying latency can bunch requests sent one refill apart. A margin `m`
-//! stretches every period by `1 / (1 - m)`; bursts are unchanged.
+//! An optional pacing margin `m`: every period stretched by `1 / (1 - m)`,
+//! bursts unchanged, so varying latency cannot bunch requests past a limit.
 
 use std::time::Duration;
 
@@ -21,8 +20,7 @@ pub fn validate(margin: f64) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `limits` paced `margin` under: every period stretched by `1 / (1 - margin)`.
-/// A margin of 0 (or an invalid one) returns the limits unchanged.
+/// `limits` paced `margin` under (unchanged for 0 or an invalid margin).
 ///
 /// ```
 /// use broker_core::{pacing, Limits, RateLimit};
@@ -40,7 +38,6 @@ pub fn paced(limits: &Limits, margin: f64) -> Limits {
     let mut out = limits.clone();
     for r in &mut out.rates {
         let stretched = r.period.as_secs_f64() / (1.0 - margin);
-        // Whole microseconds, rounded up: never faster than the margin asks.
         let micros = (stretched * 1e6).ceil();
         r.period = Duration::from_micros(micros as u64);
     }

@@ -1,9 +1,9 @@
-//! Settings of a resource used with `enqueue`: its limits, queue capacity,
-//! lease lifetime, longest hold, retry policy and pacing margin.
+//! Settings of a resource: its limits, queue capacity, lease lifetime,
+//! longest hold, retry policy and pacing margin.
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::ConfigError;
 use super::limits::Limits;
@@ -11,51 +11,35 @@ use super::pacing;
 use super::retry::RetryPolicy;
 use super::time::micros;
 
-/// Settings of a resource used with `enqueue` (and `try_acquire`).
+/// Settings of a resource used with `enqueue` (and `try_acquire`); read
+/// from a document, it is validated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    rename_all = "camelCase",
-    deny_unknown_fields,
-    try_from = "RawResourceConfig"
-)]
+#[serde(remote = "Self", rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceConfig {
     /// The limits.
     pub limits: Limits,
-    /// At most this many `enqueue` calls waiting at once; more get
-    /// `QueueFull` at once. A call keeps its place while it runs and
-    /// between its retries (it counts as waiting again then), so the
-    /// calls waiting can exceed this by the number retrying; no new call
-    /// is let in while they do.
+    /// At most this many `enqueue` calls waiting at once (a call retrying
+    /// counts as waiting); more get `QueueFull` at once.
     #[serde(default = "default_queue_capacity")]
     pub queue_capacity: usize,
-    /// On a store shared by processes (Redis), a concurrency lease not
-    /// released or renewed within this time expires (its holder died): the
-    /// broker renews the leases of its live permits three times per
-    /// `lease_ttl`, so a hold may last longer. There, registration refuses
-    /// a TTL under 30 ms (renewals come at most every 10 ms, and a shorter
-    /// lease would expire under a live permit). On the in-memory store a
-    /// lease ends only when its permit is released or dropped (see
-    /// [`crate::LocalStore`]).
+    /// On a store shared by processes, a lease not released or renewed
+    /// within this time expires; the broker renews live permits' leases
+    /// three times per `lease_ttl` (at least 30 ms there).
     #[serde(default = "default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
-    /// How long a permit may hold its concurrency slot (`maxHold`, 1 h by
-    /// default): on a store shared by processes (Redis), its lease is
-    /// renewed for at most this long, then expires within `lease_ttl`, so a
-    /// permit never released (`std::mem::forget`) frees its slot.
+    /// How long a permit's lease is renewed at most (1 h by default), so a
+    /// permit never released frees its slot.
     #[serde(default = "default_max_hold", with = "humantime_serde")]
     pub max_hold: Duration,
     /// How `enqueue` retries.
     #[serde(default)]
     pub retry: RetryPolicy,
-    /// Spend this fraction under every rate (0 to 0.5, default 0): absorbs
-    /// the drift between our send time and the upstream's receive time
-    /// (see [`crate::pacing`]).
+    /// Spend this fraction under every rate (0 to 0.5, default 0; see
+    /// [`crate::pacing`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pacing_margin: f64,
     /// How long an `enqueue` call may wait for its turn by default (a
-    /// call's `Target::deadline` overrides it); `None` (the default): as
-    /// long as the queue holds it. Written as a duration: `queueDeadline:
-    /// "30s"`.
+    /// call's `Target::deadline` overrides it); `None`: no bound.
     #[serde(
         default,
         with = "humantime_serde",
@@ -64,45 +48,23 @@ pub struct ResourceConfig {
     pub queue_deadline: Option<Duration>,
 }
 
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
-}
-
-/// [`ResourceConfig`] as written, before validation.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct RawResourceConfig {
-    limits: Limits,
-    #[serde(default = "default_queue_capacity")]
-    queue_capacity: usize,
-    #[serde(default = "default_lease_ttl", with = "humantime_serde")]
-    lease_ttl: Duration,
-    #[serde(default = "default_max_hold", with = "humantime_serde")]
-    max_hold: Duration,
-    #[serde(default)]
-    retry: RetryPolicy,
-    #[serde(default)]
-    pacing_margin: f64,
-    #[serde(default, with = "humantime_serde")]
-    queue_deadline: Option<Duration>,
-}
-
-impl TryFrom<RawResourceConfig> for ResourceConfig {
-    type Error = ConfigError;
-
-    fn try_from(raw: RawResourceConfig) -> Result<Self, ConfigError> {
-        let config = ResourceConfig {
-            limits: raw.limits,
-            queue_capacity: raw.queue_capacity,
-            lease_ttl: raw.lease_ttl,
-            max_hold: raw.max_hold,
-            retry: raw.retry,
-            pacing_margin: raw.pacing_margin,
-            queue_deadline: raw.queue_deadline,
-        };
-        config.validate()?;
+impl<'de> Deserialize<'de> for ResourceConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // The inherent `deserialize` that `remote = "Self"` derives.
+        let config = ResourceConfig::deserialize(d)?;
+        config.validate().map_err(serde::de::Error::custom)?;
         Ok(config)
     }
+}
+
+impl Serialize for ResourceConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ResourceConfig::serialize(self, s) // the derived one, as above
+    }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn default_queue_capacity() -> usize {
@@ -173,30 +135,22 @@ impl ResourceConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate()?;
         if self.queue_capacity == 0 {
-            return Err(ConfigError::NotPositive {
-                field: "queueCapacity".into(),
-                value: "0".into(),
-            });
+            return Err(ConfigError::not_positive("queueCapacity", "0"));
         }
-        // Counted in whole µs: a shorter one would let every lease expire
-        // at once (no concurrency limit at all).
         if micros(self.lease_ttl) == 0 {
-            return Err(ConfigError::NotPositive {
-                field: "leaseTtl".into(),
-                value: format!("{:?}", self.lease_ttl),
-            });
+            return Err(ConfigError::not_positive(
+                "leaseTtl",
+                format!("{:?}", self.lease_ttl),
+            ));
         }
         if self.max_hold.is_zero() {
-            return Err(ConfigError::NotPositive {
-                field: "maxHold".into(),
-                value: format!("{:?}", self.max_hold),
-            });
+            return Err(ConfigError::not_positive(
+                "maxHold",
+                format!("{:?}", self.max_hold),
+            ));
         }
         if self.queue_deadline.is_some_and(|d| d.is_zero()) {
-            return Err(ConfigError::NotPositive {
-                field: "queueDeadline".into(),
-                value: "0s".into(),
-            });
+            return Err(ConfigError::not_positive("queueDeadline", "0s"));
         }
         pacing::validate(self.pacing_margin)?;
         self.retry.validate()

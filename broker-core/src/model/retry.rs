@@ -1,8 +1,5 @@
 //! Outcomes of upstream work and the retry policy `enqueue` applies to them:
-//! 429 and transient failures retry ([`OutcomeClass::is_retryable`]), fatal
-//! ones never. [`RetryPolicy::ceiling`] bounds a penalty and every
-//! retry pause; the wait for one's turn in the queue has no bound but a
-//! deadline.
+//! 429 and transient failures retry, fatal ones never.
 
 use std::time::Duration;
 
@@ -70,18 +67,12 @@ impl<T, E> Outcome<T, E> {
 
     /// A transient failure (5xx, network error) without headers.
     pub fn transient(error: E) -> Self {
-        Outcome::Transient {
-            error,
-            observed: None,
-        }
+        Self::failed(OutcomeClass::Transient, error, None)
     }
 
     /// A failure no retry fixes (401/403/404, bad request), without headers.
     pub fn fatal(error: E) -> Self {
-        Outcome::Fatal {
-            error,
-            observed: None,
-        }
+        Self::failed(OutcomeClass::Fatal, error, None)
     }
 
     /// A 429 with an optional `Retry-After`.
@@ -93,8 +84,8 @@ impl<T, E> Outcome<T, E> {
         }
     }
 
-    /// A failure of `class` with the response's headers (a 429 takes its
-    /// `Retry-After` from them); an `Ok` class becomes [`Outcome::Fatal`].
+    /// A failure of `class` with the response's headers; an `Ok` class
+    /// becomes [`Outcome::Fatal`].
     ///
     /// ```
     /// use broker_core::{headers, Outcome, OutcomeClass};
@@ -177,13 +168,12 @@ pub enum OutcomeClass {
 }
 
 impl OutcomeClass {
-    /// The one retry rule: rate limits and transient failures are retried.
+    /// Rate limits and transient failures are retried.
     pub fn is_retryable(self) -> bool {
         matches!(self, OutcomeClass::RateLimited | OutcomeClass::Transient)
     }
 
-    /// Classifies an HTTP status: 2xx/3xx ok, 429 rate limited, 408 and 5xx
-    /// transient, any other 4xx fatal.
+    /// 429 rate limited, 408 and 5xx transient, other 4xx fatal, else ok.
     pub fn from_status(status: u16) -> Self {
         match status {
             429 => OutcomeClass::RateLimited,
@@ -234,23 +224,16 @@ impl RetryPolicy {
     /// Checks the policy.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
-            return Err(ConfigError::NotPositive {
-                field: "retry.maxAttempts".into(),
-                value: "0".into(),
-            });
+            return Err(ConfigError::not_positive("retry.maxAttempts", "0"));
         }
         if self.base_backoff.is_zero() {
-            return Err(ConfigError::NotPositive {
-                field: "retry.baseBackoff".into(),
-                value: "0s".into(),
-            });
+            return Err(ConfigError::not_positive("retry.baseBackoff", "0s"));
         }
         Ok(())
     }
 
-    /// The one wait ceiling, `max(wait_ceiling, N × longest window + margin)`,
-    /// never below one request token's refill: it bounds a penalty and
-    /// every retry pause, not the wait for one's turn.
+    /// `max(wait_ceiling, N × longest window + margin, one token's refill)`:
+    /// bounds a penalty and every retry pause.
     ///
     /// ```
     /// use broker_core::{Limits, RateLimit, RetryPolicy};
@@ -266,8 +249,7 @@ impl RetryPolicy {
     }
 
     /// The pause before retrying after `attempt` ended in `class`, or `None`
-    /// when not retried or the budget is spent; a transient pause is at least
-    /// `retry_after`.
+    /// when not retried.
     ///
     /// ```
     /// use broker_core::{Limits, OutcomeClass, RateLimit, RetryPolicy};
@@ -318,8 +300,7 @@ impl RetryPolicy {
             .min(self.ceiling(limits))
     }
 
-    /// Pause after a transient failure on `attempt`: full jitter, a random
-    /// duration in `[0, min(exponential, ceiling)]`.
+    /// Pause after a transient failure: random in `[0, min(exponential, ceiling)]`.
     pub fn transient_pause(&self, attempt: u32, limits: &Limits) -> Duration {
         use rand::Rng;
         let cap = self.exponential(attempt).min(self.ceiling(limits));

@@ -1,5 +1,4 @@
-//! Time in the model: whole microseconds, and the one rounding rule that
-//! turns a fractional wait into them.
+//! Time in the model: whole microseconds, and the rounding of a wait.
 
 use std::time::Duration;
 
@@ -16,8 +15,8 @@ pub fn micros(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Rounds a wait up to a whole µs, but within 1 ns of a whole µs down (float
-/// noise must not make a booking a µs late); not a positive number: 0.
+/// Rounds a wait up to a whole µs, but within 1 ns of one down (float noise);
+/// 0 for no positive number.
 ///
 /// ```
 /// use broker_core::bucket::ceil_micros;

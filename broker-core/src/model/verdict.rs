@@ -1,6 +1,5 @@
 //! The answers of a decision: [`Decision`] in full, [`Verdict`] in short,
-//! and [`LocalVerdict`], the short answer of a store that decides in
-//! process, whose wait may not be rounded yet.
+//! [`LocalVerdict`] with a wait maybe not rounded yet.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,18 +23,15 @@ pub enum DenyReason {
 pub struct Decision {
     /// Whether the cost was taken.
     pub allowed: bool,
-    /// When denied by rate: how long until it would fit. Zero when allowed
-    /// or when denied by concurrency (a slot may free at any moment).
+    /// When denied by rate: how long until it would fit; else zero.
     pub wait: Micros,
     /// Why it was denied.
     pub denied_by: Option<DenyReason>,
     /// The lease taken when the resource has a concurrency limit.
     pub lease: Option<LeaseId>,
-    /// Whether a shared store's failure policy answered in this process
-    /// while the store was out of reach, so that the cost is not in the
-    /// store (it went to this process's fallback bucket, or nowhere):
-    /// settle it with [`Marks::ANSWERED_HERE`](super::state::Marks::ANSWERED_HERE). Set by the store, never by
-    /// the state machine.
+    /// Whether a store's failure policy answered in this process, so the
+    /// cost is not in the store (settle it with
+    /// [`Marks::ANSWERED_HERE`](super::state::Marks::ANSWERED_HERE)).
     pub answered_here: bool,
 }
 
@@ -62,8 +58,7 @@ impl Decision {
         }
     }
 
-    /// This decision, marked as answered by a shared store's failure
-    /// policy (see [`Decision::answered_here`]).
+    /// This decision, marked [`Decision::answered_here`].
     pub fn by_failure_policy(self) -> Self {
         Self {
             answered_here: true,
@@ -72,10 +67,7 @@ impl Decision {
     }
 }
 
-/// A [`Decision`] in short: the answer of [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
-/// the in-memory fast path, which converts to and from a [`Decision`]
-/// without loss (save [`Decision::answered_here`], which only a shared
-/// store's failure policy sets).
+/// A [`Decision`] in short (without [`Decision::answered_here`]).
 ///
 /// ```
 /// use broker_core::{Decision, DenyReason, Verdict};
@@ -102,12 +94,8 @@ impl Verdict {
     }
 }
 
-/// A [`Verdict`] as a store that answers in process gives it
-/// ([`LocalStates::try_acquire`](crate::LocalStates::try_acquire)): a
-/// rate denial's wait may come as the refill time before rounding
-/// ([`LocalVerdict::Short`]), and is rounded by [`LocalVerdict::verdict`]
-/// where the caller reads it, so a caller that only asks whether the cost
-/// was taken does not wait for the rounding.
+/// A [`Verdict`] from [`LocalStates::try_acquire`](crate::LocalStates::try_acquire),
+/// whose rate wait may still be unrounded ([`LocalVerdict::Short`]).
 ///
 /// ```
 /// use broker_core::{LocalVerdict, RefillTime, Verdict};
@@ -122,11 +110,10 @@ pub enum LocalVerdict {
     Allowed,
     /// Allowed, holding a concurrency slot under this lease.
     Leased(LeaseId),
-    /// Denied by a rate limit: how long until the cost would fit, in whole
-    /// µs.
+    /// Denied by a rate limit: how long until the cost would fit, in µs.
     Rate(Micros),
-    /// Denied by a rate limit with no penalty in force: the refill time the
-    /// missing tokens need, not yet rounded.
+    /// Denied by a rate limit with no penalty in force: the unrounded refill
+    /// time.
     Short(RefillTime),
     /// Denied: every concurrency slot is held.
     Concurrency,
@@ -150,8 +137,7 @@ impl LocalVerdict {
     }
 }
 
-/// The refill time a denied cost needs, in µs, before rounding (kept as
-/// the bits of an `f64`, so that [`LocalVerdict`] can be `Eq`).
+/// An unrounded refill time in µs (an `f64`'s bits, so that it is `Eq`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RefillTime(u64);
 
@@ -166,8 +152,7 @@ impl RefillTime {
         f64::from_bits(self.0)
     }
 
-    /// The wait in whole µs, rounded up by
-    /// [`super::time::ceil_micros`].
+    /// The wait in whole µs ([`super::time::ceil_micros`]).
     pub fn micros(self) -> Micros {
         super::time::ceil_micros(self.as_f64())
     }

@@ -1,15 +1,14 @@
-//! The failure policy above the stores: [`Failover`] wraps a primary store
-//! and answers by its [`FailurePolicy`] every call the primary could not
-//! take because it was unreachable ([`BackendError::is_unavailable`]).
-//! Other errors (a script error, a bad key) are returned as they are.
+//! [`Failover`] wraps a primary store and answers by its [`FailurePolicy`]
+//! every call the primary could not take because it was unreachable
+//! ([`BackendError::is_unavailable`]); other errors are returned as they are.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Releases, Renewal, Store};
+use super::{Releases, Renewal, Store, Turns};
 use crate::bucket::BucketParams;
 use crate::error::BackendError;
 use crate::limits::Cost;
@@ -20,11 +19,10 @@ use crate::Micros;
 
 /// What a [`Failover`] answers while its primary store is unreachable.
 ///
-/// The default is [`FailurePolicy::FailClosed`]: it is the only policy that
-/// can never let more through than the shared quota, however many replicas
-/// run. [`FailurePolicy::LocalFallback`] is safe only if `share` × the
-/// number of replicas is at most 1, which this library cannot know;
-/// [`FailurePolicy::FailOpen`] trades the quota for availability.
+/// [`FailurePolicy::FailClosed`] (the default) never lets more through than
+/// the shared quota; [`FailurePolicy::LocalFallback`] is safe only if
+/// `share` × replicas ≤ 1; [`FailurePolicy::FailOpen`] trades the quota for
+/// availability.
 ///
 /// ```
 /// use broker_core::FailurePolicy;
@@ -39,16 +37,12 @@ pub enum FailurePolicy {
     /// Every acquisition is allowed at once; `penalize`, `reconcile` and
     /// `settle` are dropped.
     FailOpen,
-    /// Decisions come from `store`, a store in this process, holding
-    /// `share` (0 < share ≤ 1) of every limit: bursts times `share`
-    /// (fractional bursts are kept, never rounded up), periods stretched by
-    /// `1 / share` (rounded up to a whole µs), concurrency limits times
-    /// `share` rounded down. A limit too small to split (a burst times
-    /// `share` below the cost, a concurrency limit that rounds down to 0)
-    /// admits nothing locally: such a call fails with an error that says
-    /// so, as under [`FailurePolicy::FailClosed`]. Set `share` to
-    /// `1 / replicas` or less to keep the sum within the quota. Build it
-    /// with [`FailurePolicy::local_fallback`].
+    /// Decisions come from `store`, in this process, holding `share`
+    /// (0 < share ≤ 1) of every limit: bursts times `share` (never rounded
+    /// up), periods over `share` (rounded up to a whole µs), concurrency
+    /// limits times `share` rounded down. A call such a limit can never
+    /// admit fails as under fail-closed. Built by
+    /// [`FailurePolicy::local_fallback`].
     LocalFallback {
         /// The fraction of every limit this process may use alone.
         share: f64,
@@ -58,8 +52,7 @@ pub enum FailurePolicy {
 }
 
 impl FailurePolicy {
-    /// [`FailurePolicy::LocalFallback`] at `share` in `store` (the user
-    /// passes e.g. a `MemoryBackend`).
+    /// [`FailurePolicy::LocalFallback`] at `share` in `store`.
     ///
     /// ```
     /// # use broker_core::{Store, FailurePolicy};
@@ -87,9 +80,7 @@ impl FailurePolicy {
             FailurePolicy::LocalFallback { .. } => "local_fallback",
         }
     }
-}
 
-impl FailurePolicy {
     /// An error naming `share` when a local fallback's share is not in
     /// (0, 1].
     ///
@@ -100,26 +91,26 @@ impl FailurePolicy {
     /// # }
     /// ```
     pub fn check(&self) -> Result<(), BackendError> {
-        if let FailurePolicy::LocalFallback { share, .. } = self {
-            if !(*share > 0.0 && *share <= 1.0) {
-                return Err(BackendError::new(format!(
+        match self {
+            FailurePolicy::LocalFallback { share, .. } if !(*share > 0.0 && *share <= 1.0) => {
+                Err(BackendError::new(format!(
                     "LocalFallback share must be in (0, 1], got {share}"
-                )));
+                )))
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
 impl std::fmt::Debug for FailurePolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FailurePolicy::FailClosed => f.write_str("FailClosed"),
-            FailurePolicy::FailOpen => f.write_str("FailOpen"),
             FailurePolicy::LocalFallback { share, .. } => f
                 .debug_struct("LocalFallback")
                 .field("share", share)
                 .finish_non_exhaustive(),
+            FailurePolicy::FailClosed => f.write_str("FailClosed"),
+            FailurePolicy::FailOpen => f.write_str("FailOpen"),
         }
     }
 }
@@ -127,49 +118,52 @@ impl std::fmt::Debug for FailurePolicy {
 /// The limits of `spec` scaled down to `share` for a local fallback store.
 pub fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
     LimitSpec {
-        buckets: spec
-            .buckets
-            .iter()
+        buckets: (spec.buckets.iter())
             .map(|(unit, p)| {
                 let period = (p.period() / share).ceil();
-                (
-                    *unit,
-                    BucketParams::new(p.capacity() * share, p.amount(), period),
-                )
+                let params = BucketParams::new(p.capacity() * share, p.amount(), period);
+                (*unit, params)
             })
             .collect(),
-        max_concurrent: spec
-            .max_concurrent
-            .map(|m| (m as f64 * share).floor() as u32),
+        max_concurrent: (spec.max_concurrent).map(|m| (m as f64 * share).floor() as u32),
         lease_ttl: spec.lease_ttl,
     }
 }
 
-/// Why the `scaled` limits (at `share`) can never admit `cost`, with a
-/// slot if `slot`: a bucket whose share is smaller than the cost, or a
-/// concurrency limit that rounds down to no slot. `None` when they can.
-fn never_admits(scaled: &LimitSpec, share: f64, cost: Cost, slot: bool) -> Option<String> {
-    if slot && scaled.max_concurrent == Some(0) {
-        return Some(format!(
-            "the local fallback's share {share} of the concurrency limit is no slot"
-        ));
-    }
-    scaled.buckets.iter().find_map(|(unit, p)| {
-        let c = cost.of(*unit);
-        (c as f64 > p.capacity()).then(|| {
-            format!(
-                "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
-                p.capacity(),
-                unit.as_str()
-            )
+/// Refuses `op` of `cost` (with a slot if `slot`) when the `scaled` limits
+/// can never admit it: a denial would promise a wait that never ends.
+fn admissible(
+    op: &str,
+    scaled: &LimitSpec,
+    share: f64,
+    cost: Cost,
+    slot: bool,
+) -> Result<(), BackendError> {
+    let no_slot = (slot && scaled.max_concurrent == Some(0))
+        .then(|| format!("the local fallback's share {share} of the concurrency limit is no slot"));
+    let why = no_slot.or_else(|| {
+        scaled.buckets.iter().find_map(|(unit, p)| {
+            let c = cost.of(*unit);
+            (c as f64 > p.capacity()).then(|| {
+                format!(
+                    "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
+                    p.capacity(),
+                    unit.as_str()
+                )
+            })
         })
-    })
+    });
+    match why {
+        None => Ok(()),
+        Some(why) => Err(BackendError::unavailable(format!(
+            "store unreachable, {op} refused: {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
+        ))),
+    }
 }
 
 /// A store that answers by a [`FailurePolicy`] while its primary is
-/// unreachable: the primary's "unavailable" errors become the policy's
-/// answer, marked as answered here ([`Decision::answered_here`],
-/// [`Marks::ANSWERED_HERE`]), and are counted in the metrics.
+/// unreachable, marking such answers ([`Decision::answered_here`],
+/// [`Marks::ANSWERED_HERE`]) and counting them in the metrics.
 ///
 /// ```
 /// use broker_core::{Failover, FailurePolicy, ResourceBroker};
@@ -216,8 +210,8 @@ impl<P: Store> Failover<P> {
         &self.policy
     }
 
-    /// The policy's answer to `error` of `op`: returned as is unless the
-    /// primary was unreachable; refused under fail-closed.
+    /// The policy's answer to `error` of `op`: the error itself unless the
+    /// primary was unreachable, or under fail-closed.
     fn answer(
         &self,
         op: &'static str,
@@ -240,15 +234,13 @@ impl<P: Store> Failover<P> {
         }
     }
 
-    fn granted(&self) -> std::sync::MutexGuard<'_, HashSet<LeaseId>> {
+    fn granted(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
         self.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Notes `lease`, granted by the fallback store.
     fn granted_here(&self, lease: Option<LeaseId>) {
-        if let Some(lease) = lease {
-            self.granted().insert(lease);
-        }
+        self.granted().extend(lease);
     }
 
     /// The fallback store, under the local fallback.
@@ -258,23 +250,11 @@ impl<P: Store> Failover<P> {
             _ => None,
         }
     }
-}
 
-/// Refuses `op` of `cost` (with a slot if `slot`) when the local share can
-/// never admit it: a denial would promise a wait that never ends, a
-/// booking would take more than the share.
-fn admissible(
-    op: &str,
-    scaled: &LimitSpec,
-    share: f64,
-    cost: Cost,
-    slot: bool,
-) -> Result<(), BackendError> {
-    match never_admits(scaled, share, cost, slot) {
-        None => Ok(()),
-        Some(why) => Err(BackendError::unavailable(format!(
-            "store unreachable, {op} refused: {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
-        ))),
+    /// Frees `lease` in the fallback store if that store granted it.
+    async fn release_here(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
+        let fallback = self.fallback().filter(|_| self.granted().remove(&lease))?;
+        Some(fallback.release(key, lease).await)
     }
 }
 
@@ -290,19 +270,16 @@ impl<P: Store> Store for Failover<P> {
             Err(e) => e,
             decided => return decided,
         };
-        match self.answer("try_acquire", error, spec)? {
-            Answer::Open => {
-                let lease = spec.max_concurrent.map(|_| rand::random());
-                Ok(Decision::allow(lease))
-            }
+        let decided = match self.answer("try_acquire", error, spec)? {
+            Answer::Open => Decision::allow(spec.max_concurrent.map(|_| rand::random())),
             Answer::Local(store, scaled, share) => {
                 admissible("try_acquire", &scaled, share, cost, true)?;
                 let decided = store.try_acquire(key, &scaled, cost).await?;
                 self.granted_here(decided.lease);
-                Ok(decided)
+                decided
             }
-        }
-        .map(Decision::by_failure_policy)
+        };
+        Ok(decided.by_failure_policy())
     }
 
     async fn book(
@@ -354,11 +331,8 @@ impl<P: Store> Store for Failover<P> {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        // A lease the fallback granted is freed there.
-        if let Some(f) = self.fallback() {
-            if self.granted().remove(&lease) {
-                return f.release(key, lease).await;
-            }
+        if let Some(released) = self.release_here(key, lease).await {
+            return released;
         }
         match self.primary.release(key, lease).await {
             Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
@@ -366,31 +340,25 @@ impl<P: Store> Store for Failover<P> {
         }
     }
 
+    /// A lease the fallback granted is renewed there and at the primary:
+    /// once the primary answers, it takes the lease again and the fallback
+    /// frees it, so the primary counts the work running.
     async fn renew(
         &self,
         key: &str,
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
-        // A lease the fallback granted is renewed where it is held, as
-        // `release` frees it there. The primary is asked too: once it
-        // answers, the lease is not there and is taken again there, and
-        // freed in the fallback, so that the primary counts the work
-        // running, as for a lease granted under fail-open.
         let here = self.granted().contains(&lease);
         if let (true, FailurePolicy::LocalFallback { share, store }) = (here, &self.policy) {
             store.renew(key, &scaled(spec, *share), lease).await?;
         }
         match self.primary.renew(key, spec, lease).await {
             Ok(Renewal::Retaken) => {
-                let removed = self.granted().remove(&lease);
-                if let (true, Some(f)) = (removed, self.fallback()) {
-                    let _ = f.release(key, lease).await;
-                }
+                let _ = self.release_here(key, lease).await;
                 Ok(Renewal::Retaken)
             }
-            // Unreachable: the lease is as the store last left it, and the
-            // next renewal tries again.
+            // Unreachable: the next renewal tries again.
             Err(e) => self.answer("renew", e, &NO_LIMITS).map(|_| Renewal::Held),
             renewed => renewed,
         }
@@ -405,9 +373,8 @@ impl<P: Store> Store for Failover<P> {
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
         if since == Some(Marks::ANSWERED_HERE) {
-            // The primary never charged it: the fallback's booking is
-            // settled there (without marks, which name that store's own
-            // penalties); a fail-open booking charged nothing anywhere.
+            // Never charged in the primary: a fallback booking is settled
+            // there (without marks, which name that store's penalties).
             return match &self.policy {
                 FailurePolicy::LocalFallback { share, store } => {
                     let scaled = scaled(spec, *share);
@@ -422,10 +389,8 @@ impl<P: Store> Store for Failover<P> {
         };
         match self.answer("settle", error, spec)? {
             Answer::Open => Ok(()),
-            // Charged in the primary, not here: what the work did not use
-            // goes back nowhere (the fallback never took it, and would
-            // then hand out more than its share); what it used beyond the
-            // booking is charged here too, which only narrows the share.
+            // Charged in the primary: no refund here (the fallback never
+            // took it), but a charge beyond the booking narrows the share.
             Answer::Local(store, scaled, _) => {
                 let used = Cost {
                     requests: actual.requests.max(booked.requests),
@@ -442,13 +407,12 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         penalty: Duration,
     ) -> Result<(), BackendError> {
-        let error = match self.primary.penalize(key, spec, penalty).await {
-            Err(e) => e,
-            done => return done,
-        };
-        match self.answer("penalize", error, spec)? {
-            Answer::Open => Ok(()),
-            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
+        match self.primary.penalize(key, spec, penalty).await {
+            Err(e) => match self.answer("penalize", e, spec)? {
+                Answer::Open => Ok(()),
+                Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
+            },
+            done => done,
         }
     }
 
@@ -458,13 +422,12 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        let error = match self.primary.wait_left(key, spec, cost).await {
-            Err(e) => e,
-            left => return left,
-        };
-        match self.answer("wait_left", error, spec)? {
-            Answer::Open => Ok(0),
-            Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
+        match self.primary.wait_left(key, spec, cost).await {
+            Err(e) => match self.answer("wait_left", e, spec)? {
+                Answer::Open => Ok(0),
+                Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
+            },
+            left => left,
         }
     }
 
@@ -474,13 +437,12 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         observed: &ObservedLimit,
     ) -> Result<(), BackendError> {
-        let error = match self.primary.reconcile(key, spec, observed).await {
-            Err(e) => e,
-            done => return done,
-        };
-        match self.answer("reconcile", error, spec)? {
-            Answer::Open => Ok(()),
-            Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
+        match self.primary.reconcile(key, spec, observed).await {
+            Err(e) => match self.answer("reconcile", e, spec)? {
+                Answer::Open => Ok(()),
+                Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
+            },
+            done => done,
         }
     }
 
@@ -488,14 +450,14 @@ impl<P: Store> Store for Failover<P> {
         self.primary.health()
     }
 
-    /// The primary's ledger: while it is out of reach, its turns fail,
-    /// and the queue goes by its local order alone.
-    fn turns(&self) -> Option<&dyn super::Turns> {
+    /// The primary's ledger: while it is out of reach, its turns fail and
+    /// the queue goes by its local order.
+    fn turns(&self) -> Option<&dyn Turns> {
         self.primary.turns()
     }
 
-    /// The primary's pending releases, and, under a local fallback, the
-    /// leases the fallback granted, freed there at once.
+    /// The primary's pending releases and, under a local fallback, the
+    /// leases the fallback granted.
     fn releases(&self) -> Option<&dyn Releases> {
         let any = self.primary.releases().is_some() || self.fallback().is_some();
         any.then_some(self as &dyn Releases)
@@ -504,9 +466,8 @@ impl<P: Store> Store for Failover<P> {
 
 #[async_trait]
 impl<P: Store> Releases for Failover<P> {
+    /// A lease the fallback granted is freed there at once, without I/O.
     fn release_sent(&self, key: &str, lease: LeaseId) {
-        // A lease the fallback granted is freed there at once, without
-        // I/O: the next decision here finds its slot free.
         let local = self.fallback().and_then(|f| f.local());
         if let Some(local) = local.filter(|_| self.granted().contains(&lease)) {
             if let Some(Ok(_)) = local.release_now(key, lease) {
@@ -526,10 +487,8 @@ impl<P: Store> Releases for Failover<P> {
     }
 
     async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(f) = self.fallback() {
-            if self.granted().remove(&lease) {
-                return f.release(key, lease).await;
-            }
+        if let Some(released) = self.release_here(key, lease).await {
+            return released;
         }
         let released = match self.primary.releases() {
             Some(primary) => primary.release_announced(key, lease).await,

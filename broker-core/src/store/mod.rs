@@ -1,15 +1,7 @@
-//! The [`Store`] trait: the only thing a state store implements, one method
-//! per transition of the model; two optional capabilities, [`LocalStore`]
-//! (synchronous calls, for a store in this process) and [`Releases`]
-//! (pending releases); and [`Failover`], the failure policy above the
-//! stores.
-//!
-//! A store holds [`ResourceState`](crate::state::ResourceState)s by key and
-//! applies the transitions of [`crate::state`] atomically per key, using its
-//! own clock (the in-memory store its [`Clock`](crate::Clock); Redis the
-//! server's `TIME`). Waits are returned relative to that clock, so callers
-//! never compare clocks across machines. Stores hold state, not policy:
-//! retries, queues and failure handling live above them.
+//! The [`Store`] trait a state store implements (one method per transition
+//! of [`crate::state`], atomic per key, on the store's own clock, waits
+//! relative to it), its optional capabilities [`LocalStore`], [`Releases`]
+//! and [`Turns`], and [`Failover`]. Stores hold state, not policy.
 
 pub mod failover;
 pub mod turns;
@@ -41,8 +33,8 @@ pub use turns::{Turn, TurnAsk, Turns};
 /// ```
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// `try`: take `cost` (and a concurrency slot, if the spec has a limit)
-    /// now, or report the wait. Nothing is consumed when denied.
+    /// Takes `cost` (and a slot, under a concurrency limit) now, or reports
+    /// the wait, consuming nothing.
     async fn try_acquire(
         &self,
         key: &str,
@@ -50,8 +42,7 @@ pub trait Store: Send + Sync + 'static {
         cost: Cost,
     ) -> Result<Decision, BackendError>;
 
-    /// `book`: book `cost` at the earliest time it fits, if within
-    /// `max_wait`.
+    /// Books `cost` at the earliest time it fits, if within `max_wait`.
     async fn book(
         &self,
         key: &str,
@@ -67,16 +58,10 @@ pub trait Store: Send + Sync + 'static {
     /// Frees the slot held under `lease`. Idempotent; true if it was held.
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
 
-    /// Extends `lease` to the spec's `lease_ttl` from now, if it is still
-    /// held ([`Renewal::Held`]); else takes a slot again under it if one is
-    /// free ([`Renewal::Retaken`]: it expired while the store was out of
-    /// reach, was lost with the store's data, or was granted by a failure
-    /// policy and never stored), or reports it [`Renewal::Gone`], with
-    /// nothing taken. The broker renews the leases of live permits on a
-    /// store without the [`LocalStore`] capability, whose leases expire,
-    /// so that a hold longer than `lease_ttl` keeps its slot while a dead
-    /// holder's still expires. The default, for a store whose leases end
-    /// with their holders, has nothing to extend.
+    /// Extends `lease` to `lease_ttl` from now if held ([`Renewal::Held`]),
+    /// else takes a free slot under it again ([`Renewal::Retaken`]) or
+    /// takes nothing ([`Renewal::Gone`]). The default, for a store whose
+    /// leases end with their permits, has nothing to extend.
     async fn renew(
         &self,
         _key: &str,
@@ -86,11 +71,9 @@ pub trait Store: Send + Sync + 'static {
         Ok(Renewal::Held)
     }
 
-    /// `settle`: correct the charge from `booked` to `actual`. `since`:
-    /// the [`Booking::since`] marks of the booking settled, when
-    /// there was one; a refund is not made to a bucket penalized past its mark
-    /// (a penalty put on after the booking, see [`crate::bucket::settle`]),
-    /// nor, without marks, while a penalty is on.
+    /// Corrects the charge from `booked` to `actual`. `since`: the settled
+    /// booking's [`Booking::since`]; no refund goes to a bucket penalized
+    /// past its mark (see [`crate::bucket::settle`]).
     async fn settle(
         &self,
         key: &str,
@@ -100,11 +83,8 @@ pub trait Store: Send + Sync + 'static {
         since: Option<Marks>,
     ) -> Result<(), BackendError>;
 
-    /// `penalize`: drain and penalize every bucket for `penalty` from the store's
-    /// now; a resource without rate limits has its state penalized instead
-    /// ([`crate::state::ResourceState::penalty`]), so that `try_acquire` and
-    /// `book` wait for the end on every user of the store. Never
-    /// shortens a longer penalty.
+    /// Drains and penalizes every bucket for `penalty` from the store's now
+    /// (see [`crate::state::penalize`]); never shortens a longer penalty.
     async fn penalize(
         &self,
         key: &str,
@@ -112,7 +92,7 @@ pub trait Store: Send + Sync + 'static {
         penalty: Duration,
     ) -> Result<(), BackendError>;
 
-    /// `reconcile`: narrow the buckets to what the upstream reported.
+    /// Narrows the buckets to what the upstream reported.
     async fn reconcile(
         &self,
         key: &str,
@@ -120,20 +100,15 @@ pub trait Store: Send + Sync + 'static {
         observed: &ObservedLimit,
     ) -> Result<(), BackendError>;
 
-    /// Reads the state at `key`: how long, from the store's now, a call of
-    /// `cost` must still wait out a 429's or a spent counter's penalty
-    /// ([`crate::state::penalty_left`]); 0 for none. Changes nothing. The
-    /// broker asks it when a call wakes from its booking's time or its wait
-    /// for a slot, so that a penalty another process put on meanwhile stops
-    /// the call too. The default asks [`Store::book`] for nothing within
-    /// no wait, which sees the penalty of a state without buckets only.
+    /// How long a call of `cost` must still wait out a penalty
+    /// ([`crate::state::penalty_left`]), changing nothing. The default books
+    /// nothing, which sees only the penalty of a state without buckets.
     async fn wait_left(
         &self,
         key: &str,
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        // Sees no bucket's penalty, whatever the cost.
         let _ = cost;
         let nothing = Cost {
             requests: 0,
@@ -142,36 +117,30 @@ pub trait Store: Send + Sync + 'static {
         Ok(self.book(key, spec, nothing, Duration::ZERO).await?.wait)
     }
 
-    /// Reachability of the store and the calls refused while it was out of
-    /// reach (for stores that can be unreachable; the default is always up).
+    /// Reachability of the store (the default is always up).
     fn health(&self) -> BackendHealth {
         BackendHealth::default()
     }
 
-    /// The synchronous capability of a store in this process (see
-    /// [`LocalStore`]); `None` (the default) for a store that needs I/O.
+    /// The synchronous capability of a store in this process.
     fn local(&self) -> Option<&dyn LocalStore> {
         None
     }
 
-    /// The turn ledger of weighted flows shared by the processes on this
-    /// store (see [`Turns`]); `None` (the default) for a store of one
-    /// process, whose local queue is exact.
+    /// The turn ledger shared by the processes on this store.
     fn turns(&self) -> Option<&dyn Turns> {
         None
     }
 
-    /// The pending-release capability of a store (see [`Releases`]);
-    /// `None` (the default): a permit dropped without a synchronous
-    /// release is released by a plain [`Store::release`] from a task.
+    /// The pending-release capability; without it a dropped permit is
+    /// released by [`Store::release`] from a task.
     fn releases(&self) -> Option<&dyn Releases> {
         None
     }
 }
 
 /// Pending releases: for a store whose next decision could overtake a
-/// release sent from a task (another connection, a batch), so that it
-/// sends that release ahead of its next decision on the key.
+/// release sent from a task, so it sends that release first.
 ///
 /// ```
 /// # fn demo(store: &dyn broker_core::Store) {
@@ -180,20 +149,17 @@ pub trait Store: Send + Sync + 'static {
 /// ```
 #[async_trait]
 pub trait Releases: Send + Sync {
-    /// Told, without I/O, that a [`Store::release`] of `lease` on `key`
-    /// is about to be sent from a task of its own (a permit dropped with no
-    /// synchronous release). The store keeps it, and sends it ahead of a
-    /// later decision on `key` from this process: a slot freed here is
-    /// free to the next caller here.
+    /// Told, without I/O, that a [`Store::release`] of `lease` on `key` is
+    /// about to be sent from a task; the store sends it ahead of its next
+    /// decision on `key`.
     fn release_sent(&self, key: &str, lease: LeaseId);
 
-    /// The release [`Releases::release_sent`] announced will not be sent
-    /// (its task was dropped before it ran), or was: forget it, without
-    /// I/O.
+    /// Forgets, without I/O, the release [`Releases::release_sent`]
+    /// announced.
     fn release_unsent(&self, key: &str, lease: LeaseId);
 
-    /// The release [`Releases::release_sent`] announced, sent from its
-    /// task: nothing to do if a decision already sent it.
+    /// Sends the release [`Releases::release_sent`] announced, unless a
+    /// decision already did.
     async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
 }
 
@@ -221,11 +187,9 @@ impl Renewal {
     }
 }
 
-/// The synchronous capability of a store that lives in the process of
-/// every permit on it (the in-memory store): its transitions need no I/O,
-/// so the broker makes them in its caller's line, and its leases end only
-/// when their permits do (they are never renewed). Each method may still
-/// answer `None` for a call the store wants made through [`Store`].
+/// The synchronous capability of a store in the process of every permit on
+/// it: no I/O, leases end only with their permits. A method may answer
+/// `None` for a call to be made through [`Store`].
 ///
 /// ```
 /// # fn demo(store: &dyn broker_core::Store) {
@@ -241,8 +205,7 @@ pub trait LocalStore: Send + Sync {
         cost: Cost,
     ) -> Option<Result<Decision, BackendError>>;
 
-    /// Synchronous [`Store::take_slot`]: a call the broker makes in its
-    /// caller's line, which no caller going away can leave in flight.
+    /// Synchronous [`Store::take_slot`].
     fn take_slot_now(
         &self,
         key: &str,
@@ -252,8 +215,7 @@ pub trait LocalStore: Send + Sync {
     /// Synchronous [`Store::release`] (used from `Drop`).
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>>;
 
-    /// Synchronous [`Store::settle`] (used from `Drop` to refund a
-    /// cancelled booking).
+    /// Synchronous [`Store::settle`] (used from `Drop`).
     fn settle_now(
         &self,
         key: &str,
@@ -263,26 +225,18 @@ pub trait LocalStore: Send + Sync {
         since: Option<Marks>,
     ) -> Option<Result<(), BackendError>>;
 
-    /// The states of one resource: `resource_key` is the resource's state
-    /// key (its escaped id) and `spec` its compiled limits. The broker
-    /// resolves it once per registration and then answers `try_acquire` on
-    /// the resource and its sub-keys through it, without building a state
-    /// key per call. The state of sub-key `k` is the one at
-    /// [`keyed`](crate::keys::keyed)`(id, k)`.
+    /// The states of the resource at state key `resource_key` under `spec`;
+    /// sub-key `k`'s state is the one at [`keyed`](crate::keys::keyed)`(id, k)`.
     fn states(&self, resource_key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>>;
 }
 
-/// One resource's states in a store that answers without I/O (see
-/// [`LocalStore::states`]). `sub` is a sub-key as the caller gave it
-/// (not escaped), `None` for the resource's own state.
+/// One resource's states in a store without I/O ([`LocalStore::states`]);
+/// `sub` is a sub-key as given (not escaped), `None` for the resource's own.
 pub trait LocalStates: Send + Sync + 'static {
-    /// [`Store::try_acquire`] on the state of `sub`, answered as a
-    /// [`LocalVerdict`]: the same decision, a rate denial's wait possibly
-    /// not yet rounded.
+    /// [`Store::try_acquire`] on the state of `sub`.
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict;
 
-    /// [`Store::release`] on the state of `sub`: frees the slot held
-    /// under `lease`. Idempotent; true if it was held.
+    /// [`Store::release`] on the state of `sub`.
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool;
 }
 

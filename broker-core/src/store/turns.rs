@@ -1,7 +1,5 @@
-//! [`Turns`]: the optional capability of a store shared by processes to
-//! keep one turn ledger per state and priority level, so that weighted
-//! flows of different processes split the state's sends by weight (fair
-//! queuing by virtual time: a flow's served cost over its weight).
+//! [`Turns`]: a turn ledger per state and priority level, shared by the
+//! processes on a store, so weighted flows split sends by weight.
 
 use std::time::Duration;
 
@@ -26,18 +24,15 @@ pub struct TurnAsk<'a> {
     pub weight: u32,
     /// The call's cost as the time it refills in the slowest bucket, µs.
     pub units: u64,
-    /// The call is its flow's last waiter in this process: once served,
-    /// the flow leaves the ledger after `units` (so that it holds no other
-    /// flow back), unless a waiter of it asks meanwhile.
+    /// The call is its flow's last waiter in this process: once served, the
+    /// flow leaves the ledger after `units` unless it asks again.
     pub last: bool,
-    /// How long a flow counts as active after its last ask: a flow not
-    /// seen for this long leaves the ledger.
+    /// How long a flow stays in the ledger after its last ask.
     pub active: Duration,
 }
 
 impl TurnAsk<'_> {
-    /// The virtual time one such call adds to its flow: its cost over its
-    /// weight.
+    /// The virtual time one such call adds to its flow: cost over weight.
     pub fn quantum(&self) -> f64 {
         self.units as f64 / f64::from(self.weight.max(1))
     }
@@ -57,13 +52,10 @@ pub enum Turn {
     NotYet,
 }
 
-/// A turn ledger shared by every process on a store: for each active flow
-/// of a state and level, its virtual time (served cost over weight). A
-/// flow (re)joining starts at the least virtual time of the active flows;
-/// a flow may book while its virtual time is at most that least one plus
-/// one quantum of its call ([`TurnAsk::quantum`]), which then is charged.
-/// Flows not seen for [`TurnAsk::active`] leave it, and so does one
-/// whose last waiter was served, soon after ([`TurnAsk::last`]).
+/// A turn ledger shared by every process on a store: each active flow's
+/// virtual time (served cost over weight). A joining flow starts at the
+/// least one; a flow may book while at most one quantum
+/// ([`TurnAsk::quantum`]) ahead of it, and is then charged.
 ///
 /// ```
 /// # async fn demo(store: &dyn broker_core::Store) -> Result<(), broker_core::BackendError> {

@@ -1,18 +1,5 @@
-//! The supplier config shape (one file per supplier):
-//!
-//! ```yaml
-//! rate_limit:
-//!   auth:
-//!     login: { rate: 1, period: 120s, mode: wait }
-//!   data:
-//!     price:
-//!       rate: 1
-//!       period: 1s
-//!       mode: skip_and_reschedule
-//!       backoff: { initial: 500ms, max: 30s, factor: 2 }
-//!   egress_ip: true
-//! ```
-//!
+//! The supplier config (one file per supplier, see
+//! [`SupplierBuckets`](super::SupplierBuckets)).
 //! Every bucket compiles to [`Limits`]; errors name the file and the path.
 
 use std::collections::BTreeMap;
@@ -78,7 +65,6 @@ impl Backoff {
         if !grown.is_finite() || grown >= self.max.as_secs_f64() {
             return self.max;
         }
-        // A negative factor (built in code, unchecked): no backoff, no panic.
         Duration::from_secs_f64(grown.max(0.0)).min(self.max)
     }
 

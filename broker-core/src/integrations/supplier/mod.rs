@@ -71,8 +71,8 @@ impl BucketClass {
     }
 }
 
-/// Where one bucket lives: the registered resource `supplier/class/endpoint`
-/// and the credential's fingerprint as its sub-key.
+/// Where one bucket lives: resource `supplier/class/endpoint`, sub-key the
+/// credential's fingerprint.
 ///
 /// ```
 /// use broker_core::supplier::{BucketClass, BucketKey, Credential};
@@ -124,8 +124,7 @@ fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
     )
 }
 
-/// A name as a part of a resource id, `/` escaped too so no two
-/// (supplier, class, endpoint) make one id.
+/// A name as a part of a resource id, `/` escaped too.
 fn id_part(name: &str) -> Cow<'_, str> {
     match keys::escape(name) {
         escaped if escaped.contains('/') => Cow::Owned(escaped.replace('/', "%2F")),
@@ -156,11 +155,8 @@ impl Admission {
     }
 }
 
-/// Requests per egress IP: an informational bucket that never limits.
-#[derive(Debug, Default)]
-struct EgressCounter {
-    counts: Mutex<BTreeMap<IpAddr, u64>>,
-}
+/// Requests per egress IP (informational, never limits).
+type EgressCounter = Mutex<BTreeMap<IpAddr, u64>>;
 
 /// At most this many distinct egress IPs are counted (bounded labels).
 const MAX_EGRESS_IPS: usize = 64;
@@ -197,7 +193,7 @@ pub struct SupplierBuckets {
 
 impl SupplierBuckets {
     /// Registers every bucket of `config` for `supplier` on `broker`, all or
-    /// none ([`ResourceBroker::register_limits`]); other limits are replaced.
+    /// none, replacing other limits.
     pub fn register(
         broker: &ResourceBroker,
         supplier: &str,
@@ -237,40 +233,31 @@ impl SupplierBuckets {
     }
 
     /// Takes a token of the auth bucket `endpoint`, waiting as long as it
-    /// takes; fails only on an unknown class or a backend failure.
+    /// takes.
     pub async fn auth(
         &self,
         endpoint: &str,
         credential: &Credential,
     ) -> Result<Permit, BrokerError> {
-        if !self.config.rate_limit.auth.contains_key(endpoint) {
-            return Err(BrokerError::UnknownResource(resource_id(
-                &self.supplier,
-                BucketClass::Auth,
-                endpoint,
-            )));
-        }
         let key = self.key(BucketClass::Auth, endpoint, credential);
+        if !self.config.rate_limit.auth.contains_key(endpoint) {
+            return Err(BrokerError::UnknownResource(key.resource));
+        }
         self.wait(&key).await
     }
 
-    /// Asks the data bucket `endpoint`: in [`Mode::SkipAndReschedule`] at
-    /// once (`skips` earlier skips set the backoff), in [`Mode::Wait`] as
-    /// [`SupplierBuckets::auth`] does.
+    /// Asks the data bucket `endpoint`: at once in [`Mode::SkipAndReschedule`]
+    /// (`skips` earlier skips set the backoff), else as [`SupplierBuckets::auth`].
     pub async fn data(
         &self,
         endpoint: &str,
         credential: &Credential,
         skips: u32,
     ) -> Result<Admission, BrokerError> {
-        let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
-            return Err(BrokerError::UnknownResource(resource_id(
-                &self.supplier,
-                BucketClass::Data,
-                endpoint,
-            )));
-        };
         let key = self.key(BucketClass::Data, endpoint, credential);
+        let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
+            return Err(BrokerError::UnknownResource(key.resource));
+        };
         if bucket.mode == Mode::Wait {
             return self.wait(&key).await.map(Admission::Go);
         }
@@ -314,7 +301,6 @@ impl SupplierBuckets {
             if a.allowed {
                 return Ok(a.permit);
             }
-            // Beyond the ceiling (a long penalty) or no slot: wait and ask again.
             let pause = if a.wait_time.is_zero() {
                 Duration::from_millis(25)
             } else {
@@ -324,11 +310,11 @@ impl SupplierBuckets {
         }
     }
 
-    /// Counts one request sent from `ip` and logs a newly seen IP; returns
-    /// its count, or 0 when counting is off or past 64 distinct IPs.
+    /// Counts one request sent from `ip`: its count, or 0 when counting is
+    /// off or past 64 distinct IPs.
     pub fn note_egress(&self, ip: IpAddr) -> u64 {
         let Some(egress) = &self.egress else { return 0 };
-        let mut counts = egress.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = egress.lock().unwrap_or_else(|p| p.into_inner());
         let known = counts.len();
         if !counts.contains_key(&ip) {
             if known >= MAX_EGRESS_IPS {
@@ -353,7 +339,7 @@ impl SupplierBuckets {
     pub fn egress_counts(&self) -> BTreeMap<IpAddr, u64> {
         self.egress
             .as_ref()
-            .map(|e| e.counts.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|e| e.lock().unwrap_or_else(|p| p.into_inner()).clone())
             .unwrap_or_default()
     }
 

@@ -4,10 +4,9 @@
 
 pub use super::time::ceil_micros;
 use super::time::Micros;
-use super::verdict::{LocalVerdict, RefillTime};
 
 /// One bucket's parameters: `amount` tokens per `period` µs, at most
-/// `capacity` held. Private fields keep the two precomputed rates in step.
+/// `capacity` held.
 ///
 /// ```
 /// use broker_core::bucket::BucketParams;
@@ -51,7 +50,7 @@ impl BucketParams {
         self.period
     }
 
-    /// Tokens refilled per µs: `amount / period` (the Lua computes the same).
+    /// Tokens refilled per µs: `amount / period`.
     pub const fn tokens_per_micro(&self) -> f64 {
         self.tokens_per_micro
     }
@@ -90,8 +89,7 @@ impl BucketState {
     }
 }
 
-/// Refills `state` to `now`, capped at capacity even with no time passed
-/// (a bucket kept across a re-registration with a smaller burst).
+/// Refills `state` to `now`, capped at capacity even with no time passed.
 pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
     let (tokens, ts) = if now <= state.ts {
         (state.tokens, state.ts)
@@ -108,13 +106,13 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
     }
 }
 
-/// µs after `now` until `cost` tokens are available and `nb` has passed,
-/// for a state refilled to `now`; rounded up by [`ceil_micros`].
+/// µs after `now` until `cost` tokens are available and `nb` has passed
+/// (state refilled to `now`).
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
     shortfall(state, params, now, cost).map_or(0, Shortfall::micros)
 }
 
-/// A wait before its rounding, so a caller under a lock can round it after.
+/// A wait before its rounding.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shortfall {
     /// Refill time of the missing tokens, µs, unrounded.
@@ -124,23 +122,14 @@ pub struct Shortfall {
 }
 
 impl Shortfall {
-    /// The wait in whole µs, as [`wait_for`] gives it: at least 1.
+    /// The wait in whole µs, as [`wait_for`] gives it.
     pub fn micros(self) -> Micros {
         ceil_micros(self.rate).max(self.penalty)
-    }
-
-    /// The denial of an in-process store: unrounded refill time when no
-    /// penalty is in force ([`LocalVerdict::Short`]), else the rounded wait.
-    pub fn local_verdict(self) -> LocalVerdict {
-        match self.penalty {
-            0 => LocalVerdict::Short(RefillTime::new(self.rate)),
-            _ => LocalVerdict::Rate(self.micros()),
-        }
     }
 }
 
 /// The [`Shortfall`] of `cost` for a state refilled to `now`, or `None`
-/// when the wait is zero (below 1e-3 µs, as [`ceil_micros`] rounds to 0).
+/// when the wait rounds to zero.
 pub fn shortfall(
     state: &BucketState,
     params: &BucketParams,
@@ -163,9 +152,8 @@ pub fn shortfall(
     Some(Shortfall { rate, penalty })
 }
 
-/// Books `cost` for use `wait` µs after `now` (`wait` >= [`wait_for`]).
-/// Tokens are taken as of the send time, refill to it capped at capacity as a
-/// strict upstream does; `ts` stays at `now`.
+/// Books `cost` for use `wait` µs after `now` (`wait` >= [`wait_for`]),
+/// refilled to the send time capped at capacity; `ts` stays at `now`.
 pub fn book_at(
     state: BucketState,
     params: &BucketParams,
@@ -180,8 +168,7 @@ pub fn book_at(
     s
 }
 
-/// `try`: takes `cost` if available now, else reports the wait.
-/// Returns `(new state, wait)`; `wait == 0` means taken.
+/// Takes `cost` if available now: `(new state, wait)`, `wait == 0` if taken.
 ///
 /// ```
 /// use broker_core::bucket::{try_take, BucketParams, BucketState};
@@ -205,8 +192,8 @@ pub fn try_take(
     (s, wait)
 }
 
-/// `book`: books `cost` at the earliest time it fits within `max_wait`.
-/// Returns `(new state, wait, booked)`; debt spaces the next booking.
+/// Books `cost` at the earliest time it fits within `max_wait`:
+/// `(new state, wait, booked)`.
 pub fn book(
     state: BucketState,
     params: &BucketParams,
@@ -223,11 +210,9 @@ pub fn book(
     (book_at(s, params, now, cost, wait), wait, true)
 }
 
-/// `settle`: corrects a charge after the work; `delta = booked - actual`
-/// (positive refunds, capped at capacity; negative charges more).
-/// No refund when `nb` is past `since` (the booking's [`crate::state::Marks`]
-/// mark): a later penalty drained those tokens. With `due`, only the
-/// [`unclaimed`] part is refunded.
+/// Corrects a charge by `delta = booked - actual` (capped at capacity). No
+/// refund when `nb` is past `since` (a later penalty drained those tokens);
+/// with `due`, only the [`unclaimed`] part is refunded.
 pub fn settle(
     state: BucketState,
     params: &BucketParams,
@@ -250,7 +235,7 @@ pub fn settle(
 }
 
 /// The part of a refund of `delta`, booked for `due`, that no later booking
-/// was granted (as x/time/rate's `Reservation.Cancel`), 0 at least.
+/// was granted (as x/time/rate's `Reservation.Cancel`).
 ///
 /// ```
 /// use broker_core::bucket::{book, unclaimed, BucketParams, BucketState};
@@ -286,14 +271,13 @@ pub fn unclaimed(
     }
 }
 
-/// `at` on the caller's clock (reading `now`) moved onto the bucket's clock,
-/// so a penalty from a lagging caller lasts its full length. Saturating.
+/// `at` on the caller's clock (reading `now`) moved onto the bucket's clock.
 pub fn on_bucket_time(state: &BucketState, now: Micros, at: Micros) -> Micros {
     at.saturating_add(state.ts.saturating_sub(now))
 }
 
-/// `penalize`: after an upstream 429, drains to zero (keeping debt) and
-/// penalizes until `until` (caller's clock); a penalty is never shortened.
+/// Drains to zero (keeping debt) and penalizes until `until` (caller's
+/// clock); never shortens a penalty.
 pub fn penalize(
     state: BucketState,
     params: &BucketParams,
@@ -308,8 +292,8 @@ pub fn penalize(
     s
 }
 
-/// `reconcile`: narrows tokens to what the upstream says remains (never
-/// widens); `remaining == 0` also penalizes until `reset_at`, like [`penalize`].
+/// Narrows tokens to what the upstream says remains; `remaining == 0` also
+/// penalizes until `reset_at`.
 pub fn reconcile(
     state: BucketState,
     params: &BucketParams,
@@ -329,15 +313,13 @@ pub fn reconcile(
     s
 }
 
-/// Whether the bucket at `now` is full and under no penalty, so it can be
-/// dropped.
+/// Whether the bucket at `now` is full and under no penalty.
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
     let s = refill(*state, params, now.max(state.ts));
     s.tokens >= params.capacity && s.nb <= now
 }
 
-/// The tighter of two states of one bucket, both refilled to the later `ts`;
-/// a bounded store folds a state it drops into such a merge.
+/// The tighter of two states of one bucket, both refilled to the later `ts`.
 ///
 /// ```
 /// use broker_core::bucket::{refill, tighter, BucketParams, BucketState};
@@ -353,8 +335,7 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
     fewest(refill(a, params, ts), refill(b, params, ts))
 }
 
-/// A state never holding more than `a` or `b` under any limits: merged
-/// without refilling (for a reload); [`tighter`] is closer for one limit set.
+/// A state never holding more than `a` or `b` under any limits (no refill).
 ///
 /// ```
 /// use broker_core::bucket::{fewest, BucketState};

@@ -1,18 +1,8 @@
-//! Reading an upstream's rate-limit headers into one [`ObservedLimit`].
-//!
-//! [`parse`] reads every family we know, from a response of any status:
-//!
-//! | family | headers | counter |
-//! |---|---|---|
-//! | `X-Ratelimit-*` | `X-Ratelimit-Limit`, `-Remaining`, `-Reset` (seconds, or a Unix time), `-Retry` (seconds) | requests |
-//! | IETF structured fields | `RateLimit-Policy: "p";q=100;w=60`, `RateLimit: "p";r=42;t=30` | requests |
-//! | older IETF drafts | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`; `RateLimit: limit=100, remaining=42, reset=30`; `RateLimit-Policy: 100;w=60` (the quota as the bare integer item when there is no `q`) | requests |
-//! | OpenAI style | `x-ratelimit-{limit,remaining,reset}-requests`, `x-ratelimit-{limit,remaining,reset}-tokens`, resets as Go durations (`6m0s`, `12ms`) or plain seconds (`1`, `0.5`: read as `X-Ratelimit-Reset` is, rounded up to whole µs) | requests, tokens |
-//! | `Retry-After` | delay-seconds or an HTTP-date | retry after |
-//!
-//! Nothing here fails or panics: a malformed, negative or oversized value is
-//! ignored as absent; times are capped at 366 days; decimal counts round down.
-//! Of several families, the lowest `remaining` and the longest retry win.
+//! Reading an upstream's rate-limit headers into one [`ObservedLimit`]:
+//! `X-Ratelimit-*`, IETF `RateLimit`/`RateLimit-Policy` (current and older
+//! drafts), OpenAI's `x-ratelimit-*-{requests,tokens}` and `Retry-After`.
+//! A malformed value is ignored; times are capped at 366 days. Of several
+//! families, the lowest `remaining` and the longest retry win.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,8 +11,7 @@ use http::HeaderMap;
 use super::limits::{MAX_AMOUNT, MAX_PERIOD};
 use super::observed::{Observed, ObservedLimit};
 
-/// A reset or retry value at or above this many seconds is read as a Unix
-/// time (as GitHub's `X-RateLimit-Reset` is), not as a delay.
+/// A reset or retry value at or above this many seconds is a Unix time.
 const UNIX_TIME_FROM: u64 = 1_000_000_000;
 
 /// A Unix time at or above this is in milliseconds (then µs, ns per 1,000×).
@@ -48,14 +37,12 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 /// assert_eq!(seen.retry_after, None);
 /// ```
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
-    // UTF-8, not `to_str`: a Go duration's `µs` is not ASCII.
     let text = |name: &str| {
         headers
             .get(name)
             .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(str::trim)
     };
-    // A list field sent as several lines is one list (RFC 9110 §5.3).
     let list = |name: &str| {
         let lines: Vec<&str> = (headers.get_all(name).iter())
             .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
@@ -91,16 +78,10 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
             None => Observed::default(),
         }
     };
-    let openai_requests = Observed {
-        limit: count("x-ratelimit-limit-requests"),
-        remaining: count("x-ratelimit-remaining-requests"),
-        reset: text("x-ratelimit-reset-requests").and_then(|v| parse_reset(v, now)),
-        ..Observed::default()
-    };
-    let openai_tokens = Observed {
-        limit: count("x-ratelimit-limit-tokens"),
-        remaining: count("x-ratelimit-remaining-tokens"),
-        reset: text("x-ratelimit-reset-tokens").and_then(|v| parse_reset(v, now)),
+    let openai = |counter: &str| Observed {
+        limit: count(&format!("x-ratelimit-limit-{counter}")),
+        remaining: count(&format!("x-ratelimit-remaining-{counter}")),
+        reset: text(&format!("x-ratelimit-reset-{counter}")).and_then(|v| parse_reset(v, now)),
         ..Observed::default()
     };
 
@@ -113,8 +94,8 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
     .max();
 
     ObservedLimit {
-        requests: most_restrictive([x_ratelimit, older_ietf, structured, openai_requests]),
-        tokens: most_restrictive([openai_tokens]),
+        requests: most_restrictive([x_ratelimit, older_ietf, structured, openai("requests")]),
+        tokens: most_restrictive([openai("tokens")]),
         retry_after,
     }
 }
@@ -124,9 +105,8 @@ pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
     parse(headers, SystemTime::now())
 }
 
-/// The reading with the lowest `remaining`, then the latest reset; else the
-/// first that says anything. A tie keeps the first, filling in the other's
-/// `limit`, window and policy.
+/// The reading with the lowest `remaining`, then the latest reset; a tie
+/// keeps the first, filling in the other's `limit`, window and policy.
 fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
     let seen = candidates.into_iter().filter(|o| *o != Observed::default());
     let mut best: Option<Observed> = None;
@@ -146,8 +126,7 @@ fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observe
     best
 }
 
-/// Whether reading `o` says less is left than `b`: a lower `remaining`,
-/// or as low with a later reset.
+/// Whether `o` says less is left than `b`.
 fn more_restrictive(o: &Observed, b: &Observed) -> bool {
     match (b.remaining, o.remaining) {
         (Some(br), Some(or)) => or < br || (or == br && o.reset > b.reset),
@@ -159,15 +138,13 @@ fn more_restrictive(o: &Observed, b: &Observed) -> bool {
 /// A count up to `MAX_AMOUNT`; a decimal rounds down (Reddit's `0.0`).
 fn parse_count(v: &str) -> Option<u64> {
     let (int, frac) = decimal_parts(v)?;
-    // Above the bound by a fraction is above it too.
     let whole = frac.bytes().all(|b| b == b'0');
     int.parse::<u64>()
         .ok()
         .filter(|n| *n < MAX_AMOUNT || (*n == MAX_AMOUNT && whole))
 }
 
-/// Integer and fraction digits of a plain decimal (`"42"`, `"0.5"`); `None`
-/// for `"1."`, `".5"`, `"1e3"`, `"-1"`.
+/// Integer and fraction digits of a plain decimal (`"42"`, `"0.5"`).
 fn decimal_parts(v: &str) -> Option<(&str, &str)> {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     match v.split_once('.') {
@@ -181,8 +158,8 @@ fn bounded(d: Duration) -> Option<Duration> {
     Some(d.min(MAX_PERIOD))
 }
 
-/// Decimal seconds (`"30"`, `"0.5"`); from [`UNIX_TIME_FROM`] up a Unix
-/// time, turned into a delay from `now` (zero if past).
+/// Decimal seconds, or from [`UNIX_TIME_FROM`] up a Unix time as a delay
+/// from `now`.
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     let (int, frac) = decimal_parts(v)?;
     let whole: u64 = int.parse().ok()?;
@@ -191,7 +168,6 @@ fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
         nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
     }
     if whole >= UNIX_TIME_FROM {
-        // With a fraction too (Discord's `1470173023.123`).
         let Some(at) = UNIX_EPOCH.checked_add(unix_time(whole, nanos)) else {
             return bounded(MAX_PERIOD);
         };
@@ -211,7 +187,6 @@ fn unix_time(whole: u64, nanos: u32) -> Duration {
     let units = u128::from(whole) * 1_000_000_000 + u128::from(nanos);
     let total = units / u128::from(per_second);
     let secs = u64::try_from(total / 1_000_000_000).unwrap_or(u64::MAX);
-    // Below a billion: fits.
     Duration::new(secs, (total % 1_000_000_000) as u32)
 }
 
@@ -300,7 +275,6 @@ fn scaled(number: &str, unit_nanos: u128) -> Option<u128> {
         return None;
     }
     let whole: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    // At most 2^64 times an hour's nanoseconds: fits.
     let mut value = u128::from(whole) * unit_nanos;
     let mut place = unit_nanos;
     for b in frac.bytes().take(18) {
@@ -354,7 +328,6 @@ fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
 }
 
 fn members(field: &str) -> Vec<Member<'_>> {
-    // Line by line, so an open quote does not swallow the next line.
     field
         .split('\n')
         .flat_map(|line| split_unquoted(line, b','))
@@ -378,8 +351,7 @@ fn members(field: &str) -> Vec<Member<'_>> {
         .collect()
 }
 
-/// IETF `RateLimit` / `RateLimit-Policy` (current and older drafts); a
-/// counter keeps its policy's name and window.
+/// IETF `RateLimit` / `RateLimit-Policy` (current and older drafts).
 fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
     let policies = policy.map(members).unwrap_or_default();
     // The lowest-quota policy named `name` (any if `None`).
@@ -397,7 +369,6 @@ fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemT
             window: (p.get("w").and_then(parse_count))
                 .filter(|w| *w > 0)
                 .map(Duration::from_secs),
-            // An older draft's bare quota is no name.
             policy: p.name.filter(|_| p.integer.is_none()).map(Into::into),
             ..Observed::default()
         }

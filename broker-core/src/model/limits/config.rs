@@ -1,6 +1,4 @@
-//! The serialized form of [`Limits`]: the shorthands of the `pressure`
-//! config (`requestsPerSecond`, `requestsPerMinute`, `tokensPerMinute`,
-//! `maxConcurrentRequests`) or explicit `rates`.
+//! The serialized form of [`Limits`]: shorthands or explicit `rates`.
 
 use std::time::Duration;
 
@@ -59,7 +57,7 @@ pub struct LimitsConfig {
     pub rates: Vec<RateLimit>,
 }
 
-/// A limit that is written: `null` would load as no limit, so is refused.
+/// A limit that is written: `null` is refused.
 fn written<'de, D, T>(de: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -93,32 +91,23 @@ impl TryFrom<LimitsConfig> for Limits {
             ),
             ("tokensPerMinute", c.tokens_per_minute, 60, Unit::Tokens),
         ];
-        // The explicit rates first, by the indices their author wrote.
         for (i, rate) in c.rates.iter().enumerate() {
             rate.validate(&format!("rates[{i}]"))?;
         }
         for (field, amount, secs, unit) in shorthands {
             let Some(amount) = amount else { continue };
             let rate = RateLimit::per(amount, Duration::from_secs(secs)).unit(unit);
-            // The shorthand's own name, with the reason the rate's check gave.
             rate.validate(field).map_err(|e| match e {
-                ConfigError::NotPositive { .. } => ConfigError::NotPositive {
-                    field: field.into(),
-                    value: amount.to_string(),
-                },
-                ConfigError::Invalid { reason, .. } => ConfigError::Invalid {
-                    field: field.into(),
-                    reason,
-                },
+                ConfigError::NotPositive { .. } => {
+                    ConfigError::not_positive(field, amount.to_string())
+                }
+                ConfigError::Invalid { reason, .. } => ConfigError::invalid(field, reason),
                 other => other,
             })?;
             rates.push(rate);
         }
         if c.max_concurrent_requests == Some(0) {
-            return Err(ConfigError::NotPositive {
-                field: "maxConcurrentRequests".into(),
-                value: "0".into(),
-            });
+            return Err(ConfigError::not_positive("maxConcurrentRequests", "0"));
         }
         rates.extend(c.rates);
         let limits = Limits {

@@ -99,24 +99,17 @@ impl RateLimit {
     /// Checks amount, period and burst; `field` is the path for messages.
     pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
         if self.amount == 0 {
-            return Err(ConfigError::NotPositive {
-                field: format!("{field}.amount"),
-                value: "0".into(),
-            });
+            return Err(ConfigError::not_positive(format!("{field}.amount"), "0"));
         }
         if micros(self.period) == 0 {
-            return Err(ConfigError::NotPositive {
-                field: format!("{field}.period"),
-                value: format!("{:?}", self.period),
-            });
+            return Err(ConfigError::not_positive(
+                format!("{field}.period"),
+                format!("{:?}", self.period),
+            ));
         }
         if self.burst == Some(0) {
-            return Err(ConfigError::NotPositive {
-                field: format!("{field}.burst"),
-                value: "0".into(),
-            });
+            return Err(ConfigError::not_positive(format!("{field}.burst"), "0"));
         }
-        // One field per error: config readers rename `amount` in messages.
         for (name, value) in [("amount", self.amount), ("burst", self.burst())] {
             if value > MAX_AMOUNT {
                 return Err(ConfigError::invalid(
@@ -134,8 +127,7 @@ impl RateLimit {
         Ok(())
     }
 
-    /// The bucket parameters of this limit; the period is rounded up to a
-    /// whole µs, so the rate is never faster than configured.
+    /// The bucket parameters, the period rounded up to a whole µs.
     pub fn params(&self) -> BucketParams {
         BucketParams::new(
             self.burst() as f64,
@@ -150,8 +142,7 @@ pub const MAX_AMOUNT: u64 = 1 << 40;
 /// Longest period accepted.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// All limits of one resource: rate limits and an optional concurrency
-/// limit; an acquisition passes all of them or consumes nothing.
+/// All limits of one resource: rate limits and an optional concurrency limit.
 ///
 /// ```
 /// use broker_core::{Limits, RateLimit};
@@ -191,10 +182,7 @@ impl Limits {
             r.validate(&format!("rates[{i}]"))?;
         }
         if self.max_concurrent == Some(0) {
-            return Err(ConfigError::NotPositive {
-                field: "maxConcurrent".into(),
-                value: "0".into(),
-            });
+            return Err(ConfigError::not_positive("maxConcurrent", "0"));
         }
         Ok(())
     }

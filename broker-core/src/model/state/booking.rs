@@ -1,5 +1,4 @@
-//! What a booking answers and keeps: the [`Booking`] of `book`
-//! and the [`Marks`] a settlement reads.
+//! The [`Booking`] of `book` and the [`Marks`] a settlement reads.
 
 use super::Micros;
 
@@ -10,20 +9,16 @@ pub struct Booking {
     pub wait: Micros,
     /// False when the wait exceeded `max_wait` and nothing was booked.
     pub booked: bool,
-    /// The booking's marks on the store's clock, one per bucket, for a
-    /// settlement of this booking (`settle`'s `since`).
+    /// The booking's marks, for its settlement (`settle`'s `since`).
     pub since: Marks,
 }
 
 /// How many buckets of a booking have a mark of their own in [`Marks`].
 pub const MARKED: usize = 4;
 
-/// A booking's marks, one per bucket: the store's now at the booking, or,
-/// for a bucket the cost is charged to, the end of the penalty the bucket was
-/// under then if later. A bucket penalized past its mark was penalized
-/// after the booking (a penalty never shortens `nb`). Buckets from the fourth on share
-/// the fourth mark, the earliest of theirs. With them, the booking's `due`
-/// time: when its cost is used, on the store's clock.
+/// A booking's marks, one per bucket (the store's now, or a charged
+/// bucket's later `nb`; from the fourth on, the earliest of theirs), and
+/// its `due` time; a bucket penalized past its mark was penalized later.
 ///
 /// ```
 /// use broker_core::state::Marks;
@@ -38,18 +33,13 @@ pub struct Marks {
 }
 
 impl Marks {
-    /// The marks of a booking a store's failure policy answered outside the
-    /// store (its local fallback, or no store at all) while the store was
-    /// out of reach: a time no store gives. The store settles such a
-    /// booking where its cost went, and the broker passes these marks on
-    /// whatever the limits are now.
+    /// The marks of a booking a failure policy answered outside the store.
     pub const ANSWERED_HERE: Self = Self {
         marks: [Micros::MAX; MARKED],
         due: Micros::MAX,
     };
 
-    /// The same mark for every bucket: a booking at `at` under no penalty,
-    /// due at once.
+    /// The same mark for every bucket, due at `at`.
     pub fn uniform(at: Micros) -> Self {
         Self {
             marks: [at; MARKED],
@@ -57,8 +47,7 @@ impl Marks {
         }
     }
 
-    /// The marks of buckets `0, 1, ...` in order, as of `now` (a bucket
-    /// past the last given has `now`), due at `now`.
+    /// The marks of buckets `0, 1, ...` (`now` past the last), due at `now`.
     pub fn new(now: Micros, marks: impl IntoIterator<Item = Micros>) -> Self {
         let mut out = [now; MARKED];
         for (i, m) in marks.into_iter().enumerate() {
@@ -83,8 +72,7 @@ impl Marks {
         self.marks[i.min(MARKED - 1)]
     }
 
-    /// When the booking's cost is used, on the store's clock (`settle`
-    /// gives back only what no later booking was granted).
+    /// When the booking's cost is used, on the store's clock.
     pub fn due(&self) -> Micros {
         self.due
     }

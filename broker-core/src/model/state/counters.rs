@@ -1,5 +1,4 @@
-//! Reading upstream counters: which bucket a counter describes, and
-//! narrowing that bucket to it.
+//! Reading upstream counters into the bucket each describes.
 
 use super::{LimitSpec, Micros, ResourceState};
 use crate::model::bucket::{self, BucketParams};
@@ -7,19 +6,11 @@ use crate::model::observed::{Observed, ObservedLimit};
 use crate::model::pacing::MAX_MARGIN;
 use crate::model::time::micros;
 
-/// The upstream counter that describes bucket `i` of `spec`, if any. An
-/// upstream reports one window per unit; with several buckets of a unit
-/// (10 a second and 1,000 a day), it describes one of them: the bucket
-/// whose burst is nearest the reported limit, or without a limit the
-/// shortest window (ties: the shorter window), of the buckets whose window
-/// can last until the counter's reset (see [`can_last_until`]; when none
-/// can, of those slowest to fill), and of the buckets whose burst is the
-/// reported limit if there are any, whatever the reset; first of all, of
-/// the buckets whose period is the counter's window (IETF `w`, or that
-/// window paced) if there are any. The others are left alone, so a per-second counter at 0 does
-/// not drain the daily budget, a per-minute one reporting a reset of
-/// minutes neither, and a daily counter, whose reset is hours away, is not
-/// read as the per-second bucket's.
+/// The upstream counter that describes bucket `i` of `spec`, if any: of the
+/// buckets of its unit, narrowed in turn to those whose period is its
+/// window, whose burst is its limit, and that can last until its reset
+/// (else the slowest to fill), the one whose burst is nearest its limit,
+/// then the shortest period.
 pub fn observed_for<'o>(
     spec: &LimitSpec,
     observed: &'o ObservedLimit,
@@ -31,8 +22,7 @@ pub fn observed_for<'o>(
         Some(limit) => (p.capacity() - limit as f64).abs(),
         None => 0.0,
     };
-    // A window that is a bucket's period (as a pacing margin stretches
-    // it, at most `1 / (1 - MAX_MARGIN)` times) names the bucket first.
+    // A window that is a bucket's period, maybe paced, names it first.
     let spans = |p: &BucketParams| {
         o.window.is_some_and(|w| {
             let w = micros(w) as f64;
@@ -46,10 +36,6 @@ pub fn observed_for<'o>(
             .enumerate()
             .filter(move |(_, (u, p))| u == unit && (!spanned || spans(p)))
     };
-    // A limit that is a bucket's burst names the bucket: a counter's reset
-    // may outlast its window (OpenAI's per-minute counters report resets
-    // such as "6m0s"), and a per-minute counter read as the day's would
-    // drain the daily budget.
     let names = |p: &BucketParams| o.limit.is_some_and(|l| p.capacity() == l as f64);
     let named = of_unit().any(|(_, (_, p))| names(p));
     let candidates = || of_unit().filter(move |(_, (_, p))| !named || names(p));
@@ -57,8 +43,6 @@ pub fn observed_for<'o>(
     let longest = candidates()
         .map(|(_, (_, p))| full_after(p))
         .fold(0.0, f64::max);
-    // Of the buckets that can last until the reset; when none can, the
-    // ones that come nearest (the longest to fill).
     let some_lasts = candidates().any(|(_, (_, p))| lasts(p));
     let described = candidates()
         .filter(|(_, (_, p))| match some_lasts {
@@ -74,11 +58,8 @@ pub fn observed_for<'o>(
     (described == Some(i)).then_some(o)
 }
 
-/// Whether a counter that resets `reset` from now can count the window of
-/// a bucket of `params`: the bucket refills from empty to full no faster
-/// than half as fast as that, with a second to spare for a reset rounded
-/// up to whole seconds. A bucket full again in one second cannot be the
-/// window of a counter that resets in five hours.
+/// Whether a counter resetting `reset` from now can count a bucket's
+/// window: `reset` at most twice its time to fill, plus a second.
 pub fn can_last_until(params: &BucketParams, reset: std::time::Duration) -> bool {
     micros(reset) as f64 <= 2.0 * full_after(params) + 1e6
 }
@@ -88,8 +69,7 @@ fn full_after(params: &BucketParams) -> f64 {
     params.capacity() * params.micros_per_token()
 }
 
-/// `reconcile`: narrows each bucket to the upstream counter that describes
-/// it (see [`observed_for`]).
+/// Narrows each bucket to the counter that describes it ([`observed_for`]).
 pub fn reconcile(
     state: &mut ResourceState,
     spec: &LimitSpec,

@@ -1,12 +1,6 @@
-//! The state of one resource (all its buckets and concurrency leases) and
-//! the transitions over all limits at once: all limits pass or nothing is
-//! consumed. Pure functions; backends call them (memory) or mirror them (Lua).
-//!
-//! The transitions live by concern: [`try_acquire`] and [`book`] take
-//! from the buckets (`take`), [`take_slot`] and its kin hold concurrency
-//! slots (`slots`), [`penalize`] and [`adopt`] put a penalty on a resource (`penalty`),
-//! [`reconcile`] reads upstream counters (`counters`); a booking's
-//! [`Marks`] are in `booking`.
+//! The state of one resource (its buckets and leases) and the transitions
+//! over all its limits at once: all pass or nothing is consumed. Pure
+//! functions; the memory store calls them, the Lua mirrors them.
 
 mod booking;
 mod counters;
@@ -27,8 +21,7 @@ pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_en
 pub use slots::{release, renew, take_slot};
 pub use take::{book, settle, try_acquire, try_take_one, wait_all};
 
-/// Limits compiled for the state machine: one bucket per rate limit, plus
-/// the concurrency limit and how long a lease lives if never released.
+/// Limits compiled for the state machine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitSpec {
     /// One entry per rate limit, in the order of [`Limits::rates`].
@@ -49,8 +42,8 @@ impl LimitSpec {
         }
     }
 
-    /// True if no observed counter is narrower than its bucket's capacity:
-    /// then [`reconcile`] would change nothing and the call can be skipped.
+    /// True if no observed counter is narrower than its bucket: [`reconcile`]
+    /// would change nothing.
     pub fn reconcile_is_noop(&self, observed: &ObservedLimit) -> bool {
         self.buckets.iter().enumerate().all(|(i, (_, p))| {
             observed_for(self, observed, i)
@@ -76,12 +69,9 @@ pub struct ResourceState {
     pub buckets: Vec<BucketState>,
     /// Held concurrency slots.
     pub leases: Vec<Lease>,
-    /// The end of a penalty on a resource without rate limits (no bucket
-    /// to penalize): until then every cost is denied by rate, and a booking
-    /// waits for it. Set by [`penalize`] only when [`LimitSpec::buckets`]
-    /// is empty, and read only then: with rate limits, each bucket's `nb`
-    /// carries the penalty, and this stays 0. 0 when none was set (Redis
-    /// keeps it in the hash field `hold`).
+    /// The end of a penalty on a resource without rate limits (with them,
+    /// each bucket's `nb` carries it and this stays 0). Redis keeps it in
+    /// the hash field `hold`.
     pub penalty: Micros,
 }
 
@@ -104,9 +94,7 @@ fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
     spec.buckets.iter().map(move |(u, _)| cost.of(*u) as f64)
 }
 
-/// True when every bucket is idle, no lease is live and no
-/// [`ResourceState::penalty`] is in force: the state equals a fresh one and
-/// may be dropped.
+/// True when the state equals a fresh one and may be dropped.
 pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
     state.penalty <= now
         && state.leases.iter().all(|l| l.expires <= now)

@@ -1,19 +1,13 @@
-//! Penalties on a resource: a 429's or a spent counter's penalty, one
-//! carried across a reload, and how long a call is still under one.
+//! Penalties on a resource: putting them on, carrying them across a reload,
+//! and how long a call is still under one.
 
 use super::{costs, LimitSpec, Micros, ResourceState};
 use crate::model::bucket::{self, BucketState};
 use crate::model::limits::Cost;
 
-/// `penalty_left`: how long, from `now`, a call of `cost` is still under a
-/// 429's or a spent counter's penalty (see [`penalize`] and
-/// [`reconcile`](super::reconcile)), whatever the tokens: the latest
-/// not-before of the buckets the cost draws on, each read from its own
-/// time as [`wait_all`](super::wait_all) reads it, or, without rate limits,
-/// the time left of the [`ResourceState::penalty`]; 0 for none. Changes
-/// nothing. A call booked before the penalty came, asked once its booked
-/// time has come, finds the penalty here where the booking did not wait
-/// for it.
+/// How long from `now` a call of `cost` is still under a penalty, whatever
+/// the tokens: the latest `nb` of the buckets it draws on, or without rate
+/// limits the [`ResourceState::penalty`]; 0 for none.
 pub fn penalty_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
     if spec.buckets.is_empty() {
         return state.penalty.saturating_sub(now);
@@ -26,10 +20,8 @@ pub fn penalty_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: 
         .unwrap_or(0)
 }
 
-/// `penalize`: drains every bucket and penalizes it until `until`. A
-/// resource without rate limits has no bucket to penalize: its
-/// [`ResourceState::penalty`] is set to `until` instead (never shortened),
-/// so that every user of the store waits it out.
+/// Drains every bucket and penalizes it until `until`; without rate limits
+/// sets [`ResourceState::penalty`] (never shortened).
 pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
     if spec.buckets.is_empty() {
         state.penalty = state.penalty.max(until);
@@ -40,10 +32,7 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
     }
 }
 
-/// The end of the penalty `state` is under, whatever limits it was made
-/// for: the latest not-before of its buckets (a 429's penalty, or a spent
-/// counter's until its reset), or its [`ResourceState::penalty`]; 0 for
-/// none. On the state's own clock (see [`bucket::on_bucket_time`]).
+/// The end of the penalty `state` is under, on its own clock; 0 for none.
 pub fn penalty_end(state: &ResourceState) -> Micros {
     latest_not_before(&state.buckets).max(state.penalty)
 }
@@ -53,11 +42,8 @@ pub fn latest_not_before(buckets: &[BucketState]) -> Micros {
     buckets.iter().map(|b| b.nb).max().unwrap_or(0)
 }
 
-/// `penalize_until`: penalizes `state` (made for `spec`) until `until`, as
-/// [`penalize`] does but without draining a bucket: each bucket's
-/// not-before moves to `until` (on the bucket's time, see
-/// [`bucket::on_bucket_time`]) unless it is later; with no bucket, the
-/// [`ResourceState::penalty`] does. Never shortens a penalty.
+/// [`penalize`] without draining: each bucket's `nb` moves to `until` unless
+/// later.
 pub fn penalize_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
     if spec.buckets.is_empty() {
         state.penalty = state.penalty.max(until);
@@ -68,20 +54,10 @@ pub fn penalize_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, 
     }
 }
 
-/// `adopt`: the state of a key made for other limits with another number
-/// of rate limits (a reload), taken on under `spec` as of `now`. Its
-/// buckets cannot be matched to the new ones, so they start full, as
-/// [`ResourceState::fresh`]; its leases stay held, so the concurrency
-/// limit still counts them; and the penalty it was under (see
-/// [`penalty_end`]) goes on the new state until the same end (see
-/// [`penalize_until`]): a reload during an upstream 429's penalty does not
-/// let calls through before the upstream said they may come.
-///
-/// The buckets are penalized, not drained: what `adopt` makes does not depend
-/// on when after the reload it runs (a full bucket stays full), so a
-/// store that does not write the adopted state back on every call (the
-/// Redis scripts write nothing on a denial, and `take_slot` reads no
-/// bucket) decides as one that does.
+/// The state of a key made for another number of rate limits (a reload),
+/// taken on under `spec`: fresh buckets, the same leases, and the penalty
+/// it was under kept (penalized, not drained, so the result does not
+/// depend on when it runs).
 ///
 /// ```
 /// use broker_core::state::{self, LimitSpec, ResourceState};

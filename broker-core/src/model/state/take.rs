@@ -1,5 +1,4 @@
-//! Taking from the buckets: `try`, `book` and `settle` over all rate
-//! limits at once (all pass or nothing is taken).
+//! Taking from the buckets: `try`, `book` and `settle` over all rate limits.
 
 use super::{
     costs, take_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
@@ -8,9 +7,8 @@ use super::{
 use crate::model::bucket::{self, BucketParams, BucketState, Shortfall};
 use crate::model::limits::{Cost, Unit};
 
-/// The longest wait among the buckets for `cost` at `now`, changing nothing.
-/// A resource without rate limits waits for its [`ResourceState::penalty`]
-/// alone, whatever the cost.
+/// The longest wait among the buckets for `cost` at `now`, changing nothing;
+/// without rate limits, the time left of [`ResourceState::penalty`].
 pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
     if spec.buckets.is_empty() {
         return state.penalty.saturating_sub(now);
@@ -44,78 +42,9 @@ fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
     }
 }
 
-/// `try` over all limits: takes `cost` from every bucket and, if the
-/// resource has a concurrency limit, a slot under `lease`, or nothing at all.
-/// A zero cost for a bucket skips that bucket. A resource without rate
-/// limits is denied by rate while its [`ResourceState::penalty`] lasts, with
-/// the wait to its end (see [`wait_all`]).
+/// Takes `cost` from every bucket and, under a concurrency limit, a slot
+/// under `lease`, or nothing at all.
 pub fn try_acquire(
-    state: &mut ResourceState,
-    spec: &LimitSpec,
-    now: Micros,
-    cost: Cost,
-    lease: LeaseId,
-) -> Decision {
-    let ([(unit, p)], [s]) = (spec.buckets.as_slice(), state.buckets.as_slice()) else {
-        return try_acquire_in_two_passes(state, spec, now, cost, lease);
-    };
-    // One rate limit (the common case): what `wait_all` then `take_all`
-    // compute, with the bucket refilled once.
-    let taken = match take_one(*s, p, now, cost.of(*unit) as f64) {
-        Ok(taken) => taken,
-        Err(wait) => return Decision::deny(DenyReason::Rate, wait),
-    };
-    if !take_slot(state, spec, now, lease) {
-        return Decision::deny(DenyReason::Concurrency, 0);
-    }
-    state.buckets[0] = taken;
-    Decision::allow(spec.max_concurrent.map(|_| lease))
-}
-
-/// [`try_acquire`] for a resource of one rate limit and no concurrency
-/// limit, on its one bucket: the same decision and the same new bucket,
-/// with a denial's wait left unrounded. A caller deciding under a lock
-/// rounds it ([`Shortfall::micros`]) after releasing the lock.
-pub fn try_take_one(
-    bucket: &mut BucketState,
-    unit: Unit,
-    params: &BucketParams,
-    now: Micros,
-    cost: Cost,
-) -> Result<(), Shortfall> {
-    take(bucket, params, now, cost.of(unit) as f64)
-}
-
-/// One bucket's part of `try`: takes `c` from the bucket, or leaves it and
-/// gives the shortfall.
-fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
-    if c <= 0.0 {
-        return Ok(());
-    }
-    let now = now.max(bucket.ts);
-    let r = bucket::refill(*bucket, p, now);
-    if let Some(short) = bucket::shortfall(&r, p, now, c) {
-        return Err(short);
-    }
-    *bucket = BucketState {
-        tokens: r.tokens - c,
-        ..r
-    };
-    Ok(())
-}
-
-/// [`take`] on a copy: the bucket with `c` taken, or the wait.
-fn take_one(s: BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<BucketState, Micros> {
-    let mut taken = s;
-    take(&mut taken, p, now, c)
-        .map(|()| taken)
-        .map_err(Shortfall::micros)
-}
-
-/// [`try_acquire`] as the composition of [`wait_all`] and `take_all`: any
-/// number of limits, and the reference the one-limit path is checked
-/// against.
-pub(super) fn try_acquire_in_two_passes(
     state: &mut ResourceState,
     spec: &LimitSpec,
     now: Micros,
@@ -133,12 +62,37 @@ pub(super) fn try_acquire_in_two_passes(
     Decision::allow(spec.max_concurrent.map(|_| lease))
 }
 
-/// `book` over all rate limits: books `cost` in every bucket for the
-/// latest of their earliest times, or books nothing if that is beyond
-/// `max_wait`. Concurrency slots are not booked (see [`take_slot`]).
-/// A resource without rate limits books for the end of its
-/// [`ResourceState::penalty`] (the wait is the time left of it; nothing to
-/// take, so nothing changes).
+/// [`try_acquire`] on the one bucket of a resource of one rate limit and no
+/// concurrency limit, with a denial's wait left unrounded.
+pub fn try_take_one(
+    bucket: &mut BucketState,
+    unit: Unit,
+    params: &BucketParams,
+    now: Micros,
+    cost: Cost,
+) -> Result<(), Shortfall> {
+    take(bucket, params, now, cost.of(unit) as f64)
+}
+
+/// Takes `c` from the bucket, or leaves it and gives the shortfall.
+fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
+    if c <= 0.0 {
+        return Ok(());
+    }
+    let now = now.max(bucket.ts);
+    let r = bucket::refill(*bucket, p, now);
+    if let Some(short) = bucket::shortfall(&r, p, now, c) {
+        return Err(short);
+    }
+    *bucket = BucketState {
+        tokens: r.tokens - c,
+        ..r
+    };
+    Ok(())
+}
+
+/// Books `cost` in every bucket for the latest of their earliest times, or
+/// nothing if that is beyond `max_wait`. Slots are not booked.
 pub fn book(
     state: &mut ResourceState,
     spec: &LimitSpec,
@@ -167,9 +121,8 @@ pub fn book(
     }
 }
 
-/// `settle`: corrects the charge of every bucket from `booked` to
-/// `actual`. `since`: the settled booking's [`Booking::since`], if
-/// there was one: its marks and its due time (see [`bucket::settle`]).
+/// Corrects every bucket's charge from `booked` to `actual`; `since` is the
+/// settled booking's [`Booking::since`] (see [`bucket::settle`]).
 pub fn settle(
     state: &mut ResourceState,
     spec: &LimitSpec,

