@@ -19,7 +19,7 @@ pub use booking::{Booking, Marks, MARKED};
 pub use counters::{can_last_until, observed_for, reconcile};
 pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
 pub use slots::{release, renew, take_slot};
-pub use take::{book, settle, try_acquire, try_take_one, wait_all};
+pub use take::{book, settle, try_acquire, wait_all};
 
 /// Limits compiled for the state machine.
 #[derive(Debug, Clone, PartialEq)]

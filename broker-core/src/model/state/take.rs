@@ -4,8 +4,8 @@ use super::{
     costs, take_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
     ResourceState,
 };
-use crate::model::bucket::{self, BucketParams, BucketState, Shortfall};
-use crate::model::limits::{Cost, Unit};
+use crate::model::bucket;
+use crate::model::limits::Cost;
 
 /// The longest wait among the buckets for `cost` at `now`, changing nothing;
 /// without rate limits, the time left of [`ResourceState::penalty`].
@@ -60,35 +60,6 @@ pub fn try_acquire(
     }
     book_all(state, spec, now, cost, 0);
     Decision::allow(spec.max_concurrent.map(|_| lease))
-}
-
-/// [`try_acquire`] on the one bucket of a resource of one rate limit and no
-/// concurrency limit, with a denial's wait left unrounded.
-pub fn try_take_one(
-    bucket: &mut BucketState,
-    unit: Unit,
-    params: &BucketParams,
-    now: Micros,
-    cost: Cost,
-) -> Result<(), Shortfall> {
-    take(bucket, params, now, cost.of(unit) as f64)
-}
-
-/// Takes `c` from the bucket, or leaves it and gives the shortfall.
-fn take(bucket: &mut BucketState, p: &BucketParams, now: Micros, c: f64) -> Result<(), Shortfall> {
-    if c <= 0.0 {
-        return Ok(());
-    }
-    let now = now.max(bucket.ts);
-    let r = bucket::refill(*bucket, p, now);
-    if let Some(short) = bucket::shortfall(&r, p, now, c) {
-        return Err(short);
-    }
-    *bucket = BucketState {
-        tokens: r.tokens - c,
-        ..r
-    };
-    Ok(())
 }
 
 /// Books `cost` in every bucket for the latest of their earliest times, or

@@ -19,7 +19,6 @@ fn a_verdict_and_a_decision_convert_both_ways_without_loss() {
     assert_eq!(std::mem::size_of::<Verdict>(), 16, "two words");
 }
 use crate::limits::RateLimit;
-use proptest::prelude::*;
 
 /// 100 a second and 100 a minute: a counter of 100 whose reset is a
 /// second away fits both, and read as the shorter one's, left the
@@ -209,39 +208,4 @@ fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSp
     }
     limits.max_concurrent = max_concurrent;
     LimitSpec::new(&limits, std::time::Duration::from_secs(1))
-}
-
-proptest! {
-    /// `try` decides and leaves exactly the state that the two-pass
-    /// reference does, step after step, for any number of limits.
-    #[test]
-    fn try_equals_the_two_pass_reference(
-        rates in prop::collection::vec((1u64..50, 1u64..2_000, 1u64..20, any::<bool>()), 0..4),
-        max_concurrent in prop::option::of(1u32..4),
-        steps in prop::collection::vec((0u64..400_000, 0u64..6, 0u64..25), 1..60),
-    ) {
-        let spec = spec(&rates, max_concurrent);
-        let mut fast = ResourceState::fresh(&spec, 0);
-        let mut reference = fast.clone();
-        let mut one_bucket = fast.buckets.clone();
-        let mut now = 0;
-        for (i, (dt, requests, tokens)) in steps.into_iter().enumerate() {
-            now += dt;
-            let cost = Cost { requests, tokens };
-            let a = try_acquire(&mut fast, &spec, now, cost, i as LeaseId);
-            let b = try_acquire(&mut reference, &spec, now, cost, i as LeaseId);
-            prop_assert_eq!(a, b);
-            prop_assert_eq!(&fast, &reference);
-            // The one-bucket path, where it applies, on its own copy.
-            if let ([(unit, p)], None) = (spec.buckets.as_slice(), spec.max_concurrent) {
-                let one = &mut one_bucket[0];
-                let c = match try_take_one(one, *unit, p, now, cost) {
-                    Ok(()) => Decision::allow(None),
-                    Err(short) => Decision::deny(DenyReason::Rate, short.micros()),
-                };
-                prop_assert_eq!(c, b);
-                prop_assert_eq!(&one_bucket, &reference.buckets);
-            }
-        }
-    }
 }
