@@ -54,7 +54,13 @@ impl RedisBackendBuilder {
             },
             probe_interval: Duration::from_millis(250),
             ttl_margin: Duration::from_secs(1),
-            coalesce: coalesce::Settings::default(),
+            coalesce: coalesce::Settings {
+                enabled: true,
+                max_batch: 32,
+                max_in_flight: 5,
+                batch_every_call: false,
+                group_by_tag: false,
+            },
             lazy: false,
         }
     }

@@ -34,18 +34,6 @@ pub(crate) struct Settings {
     pub(crate) group_by_tag: bool,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            max_batch: 32,
-            max_in_flight: 5,
-            batch_every_call: false,
-            group_by_tag: false,
-        }
-    }
-}
-
 type Lease = (KeyPair, LeaseId);
 
 /// A queued decision's reply, with the lease it may have been granted, so

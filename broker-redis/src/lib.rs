@@ -1,12 +1,10 @@
 //! # broker-redis
 //!
 //! [`RedisBackend`]: resource states in Redis (or Redis Cluster, with the
-//! `cluster` feature), shared by every process and replica that uses it, so
-//! N replicas with one credential behave as one client. Each transition is
-//! one atomic Lua script (`src/lua`, a mirror of broker-core's model);
-//! concurrent `try_acquire` calls are coalesced into one script call. While
-//! Redis is unreachable the failure policy above the store answers, and a
-//! background probe finds Redis back. A drop-in for the in-memory backend:
+//! `cluster` feature), shared by every process that uses it. Each
+//! transition is one atomic Lua script (`src/lua`, mirroring broker-core's
+//! model); concurrent `try_acquire` calls are coalesced. A drop-in for the
+//! in-memory backend:
 //!
 //! ```no_run
 //! use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
