@@ -1,5 +1,4 @@
-//! [`RedisBackendBuilder`]: connection, time source, key prefix and
-//! timeouts of a [`RedisBackend`], and the failure policy above it.
+//! [`RedisBackendBuilder`]: the settings of a [`RedisBackend`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,31 +54,22 @@ impl RedisBackendBuilder {
             },
             probe_interval: Duration::from_millis(250),
             ttl_margin: Duration::from_secs(1),
-            coalesce: coalesce::Settings::default(),
+            coalesce: coalesce::Settings {
+                enabled: true,
+                max_batch: 32,
+                max_in_flight: 5,
+                batch_every_call: false,
+                group_by_tag: false,
+            },
             lazy: false,
         }
     }
 
-    /// Lazy connection: [`RedisBackendBuilder::connect`] returns at once
-    /// without talking to Redis, and the first call connects. A service
-    /// can so start while Redis is down: until Redis answers, the
-    /// [failure policy](RedisBackendBuilder::connect_with_policy) answers
-    /// every call (without one, an "unavailable" backend error), and decisions
-    /// are shared as soon as it does. The `maxmemory-policy` check needs a
-    /// connection and is skipped. One server only: with
-    /// a cluster (`cluster(urls)`), `connect` refuses it. Default off:
-    /// `connect` fails with a clear error when Redis cannot be reached.
-    ///
-    /// ```no_run
-    /// use broker_core::FailurePolicy;
-    /// use broker_redis::RedisBackend;
-    /// # async fn demo(memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
-    /// let store = RedisBackend::builder("redis://redis.internal:6379/")
-    ///     .lazy_connect(true)
-    ///     .connect_with_policy(FailurePolicy::local_fallback(0.25, memory))
-    ///     .await?; // Ok even if Redis is not up yet.
-    /// # Ok(()) }
-    /// ```
+    /// Lazy connection: [`RedisBackendBuilder::connect`] returns at once and
+    /// the first call connects, so a service can start while Redis is down
+    /// (the [failure policy](RedisBackendBuilder::connect_with_policy)
+    /// answers meanwhile). Skips the `maxmemory-policy` check; one server
+    /// only. Default off: `connect` fails when Redis cannot be reached.
     pub fn lazy_connect(mut self, lazy: bool) -> Self {
         self.lazy = lazy;
         self
@@ -92,125 +82,83 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Client-time mode: `now` comes from `clock` and is passed to the
-    /// scripts, for stores that reject `TIME` in scripts (and for tests on
-    /// a [`broker_core::ManualClock`]). Replicas' clocks should agree; a
-    /// bucket never runs backwards (`now` is clamped to its `ts`, and a
-    /// penalty a lagging replica puts on, a 429's or a counter's reported out,
-    /// lasts as long from that `ts`), but a replica whose clock lags waits
-    /// longer than needed. A replica whose clock runs ahead of the one
-    /// that put a penalty on sees it end early by up to the skew: a bucket
-    /// last written by the lagging replica, and the penalty of a resource
-    /// without rate limits (an end time with no `ts` to read it from). A
-    /// concurrency lease expires on the clock of the replica that looks
-    /// at it: one whose clock runs ahead of another's by `d` takes that
-    /// replica's leases for expired `d` early, so keep the skew well under
-    /// the lease TTL (a third of it, the renewal interval, keeps every
-    /// live lease live).
+    /// Client-time mode: `now` comes from `clock`, for stores that reject
+    /// `TIME` in scripts (and for tests on a [`broker_core::ManualClock`]).
+    /// A bucket never runs backwards, but replicas' clocks should agree: a
+    /// lagging one waits longer than needed, one ahead by `d` sees a penalty
+    /// end and other replicas' leases expire up to `d` early. Keep the skew
+    /// well under a third of the lease TTL.
     pub fn client_time(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
     }
 
-    /// Connects (see [`RedisBackendBuilder::connect`]) and puts the store
-    /// under `policy`, which answers while Redis is unreachable. Under
-    /// [`FailurePolicy::FailOpen`], a decision Redis grants after its call
-    /// timed out keeps its cost there (the call went out); under the other
-    /// policies it is given back.
-    ///
-    /// ```no_run
-    /// use broker_core::FailurePolicy;
-    /// # async fn demo() -> Result<(), broker_core::BackendError> {
-    /// let store = broker_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
-    ///     .connect_with_policy(FailurePolicy::FailOpen)
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
+    /// Connects and puts the store under `policy`, which answers while Redis
+    /// is unreachable. A decision Redis grants after its call timed out
+    /// keeps its cost under [`FailurePolicy::FailOpen`] (the call went out)
+    /// and gives it back under the others.
     pub async fn connect_with_policy(
         mut self,
         policy: FailurePolicy,
     ) -> Result<Failover<RedisBackend>, BackendError> {
         self.refund_late = !matches!(policy, FailurePolicy::FailOpen);
-        // The share is checked before connecting.
         policy.check()?;
         Failover::new(self.connect().await?, policy)
     }
 
-    /// Time allowed to open a connection: by [`RedisBackendBuilder::connect`],
-    /// and when one is opened again. A call waits for one no longer than
-    /// the [response timeout](RedisBackendBuilder::response_timeout). Default 1 s.
+    /// Time allowed to open a connection, at connect and when one is opened
+    /// again (a call still waits no longer than the response timeout).
+    /// Default 1 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.connect = timeout;
         self
     }
 
-    /// The most any call waits for Redis, a connection it waits for, the
-    /// releases a decision sends ahead of itself and a batch it queues for
-    /// included; then the failure policy answers it. Default 1 s.
+    /// The most any call waits for Redis, everything it waits for included;
+    /// then the failure policy answers it. Default 1 s.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.response = timeout;
         self
     }
 
     /// While Redis is down, a background `PING` per `interval` (at least
-    /// 10 ms apart, each waiting 250 ms at most) checks whether it answers
-    /// again; every call is answered by the failure policy at once
-    /// meanwhile. Default 250 ms.
+    /// 10 ms apart, each waiting 250 ms at most) checks whether it is back;
+    /// the failure policy answers every call meanwhile. Default 250 ms.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
         self
     }
 
-    /// Added to every key's TTL (computed from the state: until the
-    /// buckets are full and `nb` has passed). Keeping an idle key longer is
-    /// harmless; the margin covers clock differences in client-time mode.
-    /// Default 1 s.
+    /// Added to every key's TTL (computed from the state); covers clock
+    /// differences in client-time mode. Default 1 s.
     pub fn ttl_margin(mut self, margin: Duration) -> Self {
         self.ttl_margin = margin;
         self
     }
 
-    /// Whether concurrent `try_acquire` calls on this backend are coalesced.
-    /// Default on.
+    /// Whether concurrent `try_acquire` calls are coalesced. Default on.
     ///
-    /// On: while a `try_acquire` is waiting for Redis, the ones that start
-    /// meanwhile queue, and go out together as one `EVALSHA` of a batch
-    /// script when a call in flight returns (by default at most 5 calls in
-    /// flight and 32 decisions per batch: see
-    /// [`RedisBackendBuilder::coalesce_limits`]). The batch script applies each decision
-    /// in order, exactly as its own script would, and answers each caller
-    /// apart; every decision stays atomic and takes one round trip (a
-    /// queued one waits, at most, for the call in flight when it queued). A
-    /// lone call is sent at once, with no timer: the same single `EVALSHA`
-    /// as with coalescing off. Under load this cuts Redis's work per
-    /// decision, since one script call is shared by many decisions.
-    ///
-    /// Off: one `EVALSHA` per decision. Other transitions (`book`,
-    /// `release`, ...) are never coalesced. On a Redis Cluster, a batch is
-    /// split by resource (hash tag): the decisions on one resource go as
-    /// one call, the calls for different resources at once.
+    /// On: once the calls in flight are at their limit (see
+    /// [`RedisBackendBuilder::coalesce_limits`]), the next decisions queue
+    /// and go out together as one `EVALSHA` of a batch script, which applies
+    /// each in order exactly as its own script would. A lone call is sent
+    /// at once. Off: one `EVALSHA` per decision. Other transitions are never
+    /// coalesced; on a cluster, a batch is split by resource.
     pub fn coalesce(mut self, enabled: bool) -> Self {
         self.coalesce.enabled = enabled;
         self
     }
 
     /// The limits of coalescing: at most `max_batch` decisions in one call
-    /// (default 32) and at most `max_in_flight` calls in flight before
-    /// `try_acquire` calls queue (default 5); both at least 1. More calls in
-    /// flight means smaller batches but less waiting; one call in flight
-    /// makes the largest batches. On a cluster both limits are per hash
-    /// slot (a call's keys are all in one), so a frozen node holds up no
-    /// decision on another. A process that keeps hundreds of decisions in
-    /// flight on one backend may prefer larger batches, e.g. `(64, 2)`.
+    /// (default 32) and `max_in_flight` calls in flight before calls queue
+    /// (default 5); both at least 1, and per hash slot on a cluster.
     pub fn coalesce_limits(mut self, max_batch: usize, max_in_flight: usize) -> Self {
         self.coalesce.max_batch = max_batch.max(1);
         self.coalesce.max_in_flight = max_in_flight.max(1);
         self
     }
 
-    /// Sends every `try_acquire`, even a lone one, through the batch script
-    /// (as a batch of one). Slower; for tests that check the batch script
-    /// against the single-call one.
+    /// Sends every `try_acquire` through the batch script (for tests).
     #[doc(hidden)]
     pub fn coalesce_every_call(mut self) -> Self {
         self.coalesce.enabled = true;
@@ -231,47 +179,34 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Connects, checks `maxmemory-policy` (a warning on any policy but
-    /// `noeviction`) and returns the backend. Fails if Redis cannot be
-    /// reached now.
+    /// Connects and checks `maxmemory-policy` (a warning on any policy but
+    /// `noeviction`). Fails if Redis cannot be reached now.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         keys::check_prefix(&self.prefix)?;
         let url = self
             .urls
             .first()
             .ok_or_else(|| BackendError::new("no redis url given"))?;
-        if self.lazy {
-            if self.cluster {
-                return Err(BackendError::new(
-                    "lazy_connect applies to one server, not to a cluster",
-                ));
-            }
-            let conn = Conn::single_lazy(url, self.timeouts)
-                .map_err(|e| BackendError::new(format!("redis url {url:?}: {e}")))?;
-            return Ok(RedisBackend::from_parts(self, conn, None));
-        }
-        let conn = if self.cluster {
-            self.connect_cluster().await?
-        } else {
-            Conn::single(url, self.timeouts)
+        let conn = match (self.cluster, self.lazy) {
+            (true, true) => Err(BackendError::new(
+                "lazy_connect applies to one server, not to a cluster",
+            )),
+            #[cfg(feature = "cluster")]
+            (true, false) => Conn::cluster(&self.urls, self.timeouts)
                 .await
-                .map_err(|e| BackendError::new(format!("connecting to redis: {e}")))?
+                .map_err(|e| BackendError::new(format!("connecting to redis cluster: {e}"))),
+            #[cfg(not(feature = "cluster"))]
+            (true, false) => Err(BackendError::new(
+                "redis cluster support needs the `cluster` feature",
+            )),
+            (false, lazy) => Conn::single(url, self.timeouts, lazy)
+                .await
+                .map_err(|e| BackendError::new(format!("connecting to redis url {url:?}: {e}"))),
+        }?;
+        let maxmemory_policy = match self.lazy {
+            true => None,
+            false => startup::check_maxmemory_policy(&conn, &self).await,
         };
-        let maxmemory_policy = startup::check_maxmemory_policy(&conn, &self).await;
         Ok(RedisBackend::from_parts(self, conn, maxmemory_policy))
-    }
-
-    #[cfg(feature = "cluster")]
-    async fn connect_cluster(&self) -> Result<Conn, BackendError> {
-        Conn::cluster(&self.urls, self.timeouts)
-            .await
-            .map_err(|e| BackendError::new(format!("connecting to redis cluster: {e}")))
-    }
-
-    #[cfg(not(feature = "cluster"))]
-    async fn connect_cluster(&self) -> Result<Conn, BackendError> {
-        Err(BackendError::new(
-            "redis cluster support needs the `cluster` feature",
-        ))
     }
 }

@@ -1,39 +1,27 @@
-//! Reachability of Redis as the calls see it: the [`Health`] tracker that
-//! logs once per outage, counts the calls refused while it lasts and keeps
-//! every call from Redis while it is down (a background probe finds it
-//! back, see `probe.rs`); one for a server, one per hash slot for a cluster
-//! ([`Healths`]). What to answer meanwhile is the failure policy's, above
-//! the store (`broker_core::Failover`).
+//! Reachability of Redis per [`Scope`] (the server, or a cluster's hash
+//! slot): each outage is logged and counted once, the calls the failure
+//! policy answered are counted, and no call goes to a scope that is down
+//! until the background probe (`probe.rs`) finds it back.
 
-#[cfg(feature = "cluster")]
 use std::collections::HashMap;
-#[cfg(feature = "cluster")]
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-#[cfg(feature = "cluster")]
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use broker_core::stats::BackendHealth;
 
-/// The part of the store a call needs, whose outage the failure policy
-/// answers it through: the whole store (one server), or on a cluster the
-/// hash slot of its keys (all keys of a resource share one), whose node
-/// may be down while the other nodes serve their slots.
+/// The part of the store a call needs: the one server, or on a cluster the
+/// hash slot of its keys, whose node may be down while the others serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Scope {
-    /// The one server.
     Whole,
-    /// One hash slot of a cluster.
     #[cfg(feature = "cluster")]
     Slot(redis::cluster_routing::Slot),
 }
 
 impl Scope {
-    /// The scope of the calls on state `key` over `conn`: the slot of its
-    /// hash tag, which is `key` itself (see `keys::key_pair`), on a
-    /// cluster.
+    /// The scope of the calls on state `key` (its hash tag's slot on a
+    /// cluster).
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     pub(crate) fn of(conn: &crate::connection::Conn, key: &str) -> Self {
         #[cfg(feature = "cluster")]
@@ -44,377 +32,196 @@ impl Scope {
     }
 }
 
-/// The health of every scope a call may need: the store's as a whole,
-/// and on a cluster one per hash slot that has failed a call (kept, once
-/// made, so that its epoch keeps a stale failure from starting an outage
-/// again; at most one per slot). A slot that never failed a call is up
-/// and holds no entry, so the calls on a healthy cluster read a map and
-/// write nothing. Per slot, not per node: the client does not tell which
-/// node a slot's call went to, so each slot of a dead node learns of the
-/// outage by a failed call of its own (one response timeout each, on a
-/// frozen node), after which its calls are answered by the policy at once.
-#[derive(Debug)]
-pub(crate) struct Healths {
-    whole: Health,
-    #[cfg(feature = "cluster")]
-    slots: RwLock<HashMap<redis::cluster_routing::Slot, Arc<Health>>>,
-    /// How many slots are down: while none is, a call that reached Redis
-    /// looks for no slot to probe (one load).
-    #[cfg(feature = "cluster")]
-    down_slots: AtomicUsize,
-}
+/// How many outages of a scope had ended when a call went out.
+pub(crate) type Epoch = u64;
 
-impl Healths {
-    pub(crate) fn new(probe_interval: Duration) -> Self {
-        Self {
-            whole: Health::new(probe_interval, Scope::Whole),
-            #[cfg(feature = "cluster")]
-            slots: RwLock::default(),
-            #[cfg(feature = "cluster")]
-            down_slots: AtomicUsize::new(0),
-        }
-    }
-
-    /// Runs `f` on the health of `scope`; for a slot that never failed a
-    /// call (no health of its own: up, in epoch 0), returns `unseen`.
-    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    fn read<R>(&self, scope: Scope, unseen: R, f: impl FnOnce(&Health) -> R) -> R {
-        match scope {
-            Scope::Whole => f(&self.whole),
-            #[cfg(feature = "cluster")]
-            Scope::Slot(slot) => {
-                let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
-                match slots.get(&slot) {
-                    Some(h) => f(h),
-                    None => unseen,
-                }
-            }
-        }
-    }
-
-    /// Runs `f` on the health of `scope`, made for a slot that has none.
-    fn write<R>(&self, scope: Scope, f: impl FnOnce(&Health) -> R) -> R {
-        match scope {
-            Scope::Whole => f(&self.whole),
-            // Not under the lock: `f` may log.
-            #[cfg(feature = "cluster")]
-            Scope::Slot(slot) => f(&self.slot(slot)),
-        }
-    }
-
-    /// The health of `slot`, made if it has none.
-    #[cfg(feature = "cluster")]
-    fn slot(&self, slot: redis::cluster_routing::Slot) -> Arc<Health> {
-        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(h) = slots.get(&slot) {
-            return h.clone();
-        }
-        drop(slots);
-        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
-        let interval = self.whole.probe_interval;
-        slots
-            .entry(slot)
-            .or_insert_with(|| Arc::new(Health::new(interval, Scope::Slot(slot))))
-            .clone()
-    }
-
-    /// [`Health::should_try`] for a call on `scope` (epoch 0 for a slot
-    /// that never failed a call).
-    pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
-        self.read(scope, Some(0), Health::should_try)
-    }
-
-    /// [`Health::up`] for a call on `scope`.
-    pub(crate) fn up(&self, scope: Scope) {
-        // Logged at info level when the last down slot comes back (see
-        // `Healths::failed`).
-        #[cfg(feature = "cluster")]
-        let loud = self.down_slots.load(Ordering::Relaxed) <= 1;
-        #[cfg(not(feature = "cluster"))]
-        let loud = true;
-        let ended = self.read(scope, false, |h| h.up(loud));
-        #[cfg(feature = "cluster")]
-        if ended && matches!(scope, Scope::Slot(_)) {
-            self.down_slots.fetch_sub(1, Ordering::Relaxed);
-        }
-        let _ = ended;
-    }
-
-    /// The down slots due for the background probe's `PING` now (each once
-    /// per probe interval), at most [`PROBES_AT_ONCE`], the longest waiting
-    /// first.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn probes_due(&self) -> Vec<redis::cluster_routing::Slot> {
-        if self.down_slots.load(Ordering::Relaxed) == 0 {
-            return Vec::new();
-        }
-        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
-        let mut due: Vec<_> = slots
-            .iter()
-            .filter_map(|(slot, h)| h.probe_due().map(|since| (since, *slot, h)))
-            .collect();
-        due.sort_unstable_by_key(|(since, ..)| *since);
-        due.truncate(PROBES_AT_ONCE);
-        for (_, _, h) in &due {
-            h.probed();
-        }
-        due.into_iter().map(|(_, slot, _)| slot).collect()
-    }
-
-    /// Whether any scope is down: the server, or a slot of a cluster.
-    pub(crate) fn any_down(&self) -> bool {
-        #[cfg(feature = "cluster")]
-        if self.down_slots.load(Ordering::Relaxed) != 0 {
-            return true;
-        }
-        self.whole.is_down()
-    }
-
-    /// [`Health::kept_back`] for a call on `scope`.
-    pub(crate) fn kept_back(&self, scope: Scope) {
-        self.write(scope, Health::kept_back)
-    }
-
-    /// [`Health::failed`] for a call on `scope`.
-    ///
-    /// On a cluster, a dead node's slots each start an outage of their
-    /// own: only the first while no slot is down is logged at error level,
-    /// the others at debug level, so one node's failure logs one error,
-    /// not one per slot in use.
-    pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: Epoch) {
-        #[cfg(feature = "cluster")]
-        let loud = self.down_slots.load(Ordering::Relaxed) == 0;
-        #[cfg(not(feature = "cluster"))]
-        let loud = true;
-        let started = self.write(scope, |h| h.failed(error, epoch, loud));
-        #[cfg(feature = "cluster")]
-        if started && matches!(scope, Scope::Slot(_)) {
-            self.down_slots.fetch_add(1, Ordering::Relaxed);
-        }
-        let _ = started;
-    }
-
-    /// [`Health::is_down`] for `scope`.
-    pub(crate) fn is_down(&self, scope: Scope) -> bool {
-        self.read(scope, false, Health::is_down)
-    }
-
-    /// The health of the store: down while any scope is (a server, or a
-    /// slot of a cluster), with the outages and the calls handled by the
-    /// policy of every scope summed.
-    pub(crate) fn snapshot(&self) -> BackendHealth {
-        #[allow(unused_mut)]
-        let mut all = self.whole.snapshot();
-        #[cfg(feature = "cluster")]
-        for h in self
-            .slots
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            let s = h.snapshot();
-            all.down |= s.down;
-            all.outages += s.outages;
-            all.handled_errors += s.handled_errors;
-        }
-        all
-    }
-}
-
-/// At most this many down slots are probed at once (see
-/// [`Healths::probes_due`]); the others wait for a later probe.
-#[cfg(feature = "cluster")]
+/// At most this many down scopes are probed at once.
 const PROBES_AT_ONCE: usize = 16;
 
-/// Reachability of the store, or of one slot of a cluster, as seen by the
-/// calls.
+/// The health of every scope that has failed a call (one that never did is
+/// up in epoch 0 and has no entry).
 #[derive(Debug)]
-pub(crate) struct Health {
-    /// What it is the health of (for the logs).
-    scope: Scope,
-    /// Whether the store is down (bit 0), and how many outages have ended
-    /// (the rest, the epoch): one word, so that a failure can start an
-    /// outage only in the epoch its call went out in (see
-    /// [`Health::failed`]).
-    state: AtomicU64,
+pub(crate) struct Healths {
+    probe_interval: Duration,
     origin: Instant,
+    scopes: RwLock<HashMap<Scope, Arc<Health>>>,
+    /// How many scopes are down.
+    down: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    /// Bit 0: down; the rest: the epoch. One word, so that a failure starts
+    /// an outage only in the epoch its call went out in.
+    state: AtomicU64,
     /// Milliseconds since `origin` before which no probe is sent.
     next_probe_ms: AtomicU64,
-    probe_interval: Duration,
     outages: AtomicU64,
     handled: AtomicU64,
     down_since: Mutex<Option<Instant>>,
 }
 
-/// The bit of [`Health::state`] that says the store is down.
 const DOWN: u64 = 1;
 
-/// The epoch of a [`Health::state`]: how many outages had ended.
-pub(crate) type Epoch = u64;
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 impl Health {
-    pub(crate) fn new(probe_interval: Duration, scope: Scope) -> Self {
+    fn is_down(&self) -> bool {
+        self.state.load(Ordering::Acquire) & DOWN != 0
+    }
+}
+
+impl Healths {
+    pub(crate) fn new(probe_interval: Duration) -> Self {
         Self {
-            scope,
-            state: AtomicU64::new(0),
-            origin: Instant::now(),
-            next_probe_ms: AtomicU64::new(0),
             probe_interval,
-            outages: AtomicU64::new(0),
-            handled: AtomicU64::new(0),
-            down_since: Mutex::new(None),
+            origin: Instant::now(),
+            scopes: RwLock::default(),
+            down: AtomicUsize::new(0),
         }
     }
 
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    fn get(&self, scope: Scope) -> Option<Arc<Health>> {
+        let scopes = self.scopes.read().unwrap_or_else(|p| p.into_inner());
+        scopes.get(&scope).cloned()
     }
 
-    /// A probe interval after `ms` (since `origin`), in the far future
-    /// for an interval too long to add.
-    fn after_interval(&self, ms: u64) -> u64 {
-        let interval = u64::try_from(self.probe_interval.as_millis()).unwrap_or(u64::MAX);
-        ms.saturating_add(interval)
+    fn entry(&self, scope: Scope) -> Arc<Health> {
+        if let Some(h) = self.get(scope) {
+            return h;
+        }
+        let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
+        scopes.entry(scope).or_default().clone()
     }
 
-    /// Whether a call should go to Redis: `Some` with the epoch it goes out
-    /// in (for [`Health::failed`]) while Redis is up; `None` while it is
-    /// down (the failure policy answers; the background probe finds it back).
-    pub(crate) fn should_try(&self) -> Option<Epoch> {
-        let state = self.state.load(Ordering::Acquire);
+    /// A probe interval from now, in ms since `origin`.
+    fn next_probe(&self) -> u64 {
+        ms(self.origin.elapsed()).saturating_add(ms(self.probe_interval))
+    }
+
+    /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
+    /// while the scope is down.
+    pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
+        let Some(h) = self.get(scope) else {
+            return Some(0);
+        };
+        let state = h.state.load(Ordering::Acquire);
         (state & DOWN == 0).then_some(state >> 1)
     }
 
-    /// Whether this scope is down and due for a probe: at most once per
-    /// probe interval (the last probe's time, for [`Healths::probes_due`]
-    /// to probe the longest waiting first).
-    #[cfg(feature = "cluster")]
-    fn probe_due(&self) -> Option<u64> {
-        if !self.is_down() {
-            return None;
-        }
-        let now = self.elapsed_ms();
-        let next = self.next_probe_ms.load(Ordering::Relaxed);
-        (now >= next).then_some(next)
+    pub(crate) fn is_down(&self, scope: Scope) -> bool {
+        self.get(scope).is_some_and(|h| h.is_down())
     }
 
-    /// Marks this scope probed now: not due again for a probe interval.
-    #[cfg(feature = "cluster")]
-    fn probed(&self) {
-        self.next_probe_ms
-            .store(self.after_interval(self.elapsed_ms()), Ordering::Relaxed);
+    pub(crate) fn any_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed) != 0
     }
 
-    /// A call reached Redis: ends an outage, if there was one (whether it
-    /// did).
-    /// The end of an outage of a cluster's slot is logged at info level if
-    /// `loud`, else at debug level.
-    pub(crate) fn up(&self, loud: bool) -> bool {
-        // Down: the next epoch, up.
-        let ended = self
+    /// A call kept from a down scope: counted as answered by the policy.
+    pub(crate) fn kept_back(&self, scope: Scope) {
+        self.entry(scope).handled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A call on `scope` reached Redis: ends its outage, if any.
+    pub(crate) fn up(&self, scope: Scope) {
+        let Some(h) = self.get(scope) else { return };
+        let ended = h
             .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
-                (state & DOWN != 0).then(|| ((state >> 1) + 1) << 1)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                (s & DOWN != 0).then(|| ((s >> 1) + 1) << 1)
             });
         if ended.is_err() {
-            return false;
+            return;
         }
-        let since = self
+        let last = self.down.fetch_sub(1, Ordering::Relaxed) == 1;
+        let since = h
             .down_since
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
         let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
-        let handled = self.handled.load(Ordering::Relaxed);
-        match self.scope {
-            Scope::Whole => tracing::info!(
-                down_ms,
-                handled,
-                "redis reachable again; decisions are shared again"
-            ),
-            #[cfg(feature = "cluster")]
-            Scope::Slot(slot) if loud => tracing::info!(
-                ?slot,
-                down_ms,
-                handled,
-                "redis cluster slot reachable again, the last one down; its decisions are shared again"
-            ),
-            #[cfg(feature = "cluster")]
-            Scope::Slot(slot) => tracing::debug!(
-                ?slot,
-                down_ms,
-                handled,
-                "redis cluster slot reachable again; its decisions are shared again"
-            ),
+        let handled = h.handled.load(Ordering::Relaxed);
+        let msg = if scope == Scope::Whole {
+            "redis reachable again; decisions are shared again"
+        } else if last {
+            "redis cluster slot reachable again, the last one down; its decisions are shared again"
+        } else {
+            "redis cluster slot reachable again; its decisions are shared again"
+        };
+        match last {
+            true => tracing::info!(?scope, down_ms, handled, "{msg}"),
+            false => tracing::debug!(?scope, down_ms, handled, "{msg}"),
         }
-        let _ = loud;
-        true
     }
 
-    /// A call kept from trying (Redis is down): counted
-    /// as handled by the policy.
-    pub(crate) fn kept_back(&self) {
-        self.handled.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Redis could not be reached by a call that went out in `epoch` (see
-    /// [`Health::should_try`]). Starts an outage on the first failure and
-    /// logs it once; counts the call as handled by the policy. A failure
-    /// of a call that went out before the latest outage ended is stale (a
-    /// call since reached Redis): it starts no outage, and a call that
-    /// goes out now finds out for itself. Whether it started one.
-    /// The start of an outage of a cluster's slot is logged at error level
-    /// if `loud`, else at debug level.
-    pub(crate) fn failed(&self, error: &str, epoch: Epoch, loud: bool) -> bool {
-        self.kept_back();
-        // Only from up in the call's own epoch: not again while down, nor
-        // after a recovery the call went out before.
+    /// A call on `scope` that went out in `epoch` could not reach Redis:
+    /// counted as answered by the policy; starts an outage unless one has
+    /// started or ended since. Only the first scope down logs an error.
+    pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: Epoch) {
+        let h = self.entry(scope);
+        h.handled.fetch_add(1, Ordering::Relaxed);
         let up = epoch << 1;
-        if self
+        let started = h
             .state
-            .compare_exchange(up, up | DOWN, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return false;
+            .compare_exchange(up, up | DOWN, Ordering::AcqRel, Ordering::Acquire);
+        if started.is_err() {
+            return;
         }
-        *self.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        self.next_probe_ms
-            .store(self.after_interval(self.elapsed_ms()), Ordering::Relaxed);
-        self.outages.fetch_add(1, Ordering::Relaxed);
-        match self.scope {
-            Scope::Whole => tracing::error!(
-                error,
-                "redis unreachable; the failure policy answers until it returns"
-            ),
-            #[cfg(feature = "cluster")]
-            Scope::Slot(slot) if loud => tracing::error!(
-                ?slot,
-                error,
-                "redis cluster slot unreachable; the failure policy answers its keys until it returns \
-                 (other slots that go down while one is are logged at debug level)"
-            ),
-            #[cfg(feature = "cluster")]
-            Scope::Slot(slot) => tracing::debug!(
-                ?slot,
-                error,
-                "redis cluster slot unreachable; the failure policy answers its keys until it returns"
-            ),
+        *h.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        h.next_probe_ms.store(self.next_probe(), Ordering::Relaxed);
+        h.outages.fetch_add(1, Ordering::Relaxed);
+        let first = self.down.fetch_add(1, Ordering::Relaxed) == 0;
+        let msg = if scope == Scope::Whole {
+            "redis unreachable; the failure policy answers until it returns"
+        } else if first {
+            "redis cluster slot unreachable; the failure policy answers its keys until it returns \
+             (other slots that go down while one is are logged at debug level)"
+        } else {
+            "redis cluster slot unreachable; the failure policy answers its keys until it returns"
+        };
+        match first {
+            true => tracing::error!(?scope, error, "{msg}"),
+            false => tracing::debug!(?scope, error, "{msg}"),
         }
-        let _ = loud;
-        true
     }
 
-    /// Whether the store is down (an outage has started and not ended).
-    pub(crate) fn is_down(&self) -> bool {
-        self.state.load(Ordering::Relaxed) & DOWN != 0
+    /// The down scopes due for a probe (each once per probe interval), at
+    /// most [`PROBES_AT_ONCE`], the longest waiting first.
+    pub(crate) fn probes_due(&self) -> Vec<Scope> {
+        if !self.any_down() {
+            return Vec::new();
+        }
+        let now = ms(self.origin.elapsed());
+        let scopes = self.scopes.read().unwrap_or_else(|p| p.into_inner());
+        let mut due: Vec<_> = scopes
+            .iter()
+            .filter(|(_, h)| h.is_down())
+            .map(|(scope, h)| (h.next_probe_ms.load(Ordering::Relaxed), *scope, h))
+            .filter(|(next, ..)| now >= *next)
+            .collect();
+        due.sort_unstable_by_key(|(next, ..)| *next);
+        due.truncate(PROBES_AT_ONCE);
+        let next = self.next_probe();
+        due.into_iter()
+            .map(|(_, scope, h)| {
+                h.next_probe_ms.store(next, Ordering::Relaxed);
+                scope
+            })
+            .collect()
     }
 
+    /// Down while any scope is; outages and handled calls summed.
     pub(crate) fn snapshot(&self) -> BackendHealth {
-        BackendHealth {
-            down: self.is_down(),
-            outages: self.outages.load(Ordering::Relaxed),
-            handled_errors: self.handled.load(Ordering::Relaxed),
+        let scopes = self.scopes.read().unwrap_or_else(|p| p.into_inner());
+        let mut all = BackendHealth::default();
+        for h in scopes.values() {
+            all.down |= h.is_down();
+            all.outages += h.outages.load(Ordering::Relaxed);
+            all.handled_errors += h.handled.load(Ordering::Relaxed);
         }
+        all
     }
 }
 
@@ -424,16 +231,19 @@ mod tests {
 
     #[test]
     fn one_outage_is_logged_and_counted_once() {
-        let h = Health::new(Duration::from_secs(3600), Scope::Whole);
-        let epoch = h.should_try().expect("up: every call goes out");
-        h.failed("refused", epoch, true);
-        h.failed("refused", epoch, true);
-        assert!(h.should_try().is_none(), "down: no call goes out");
-        h.kept_back();
+        let h = Healths::new(Duration::from_secs(3600));
+        let epoch = h.should_try(Scope::Whole).expect("up: every call goes out");
+        h.failed(Scope::Whole, "refused", epoch);
+        h.failed(Scope::Whole, "refused", epoch);
+        assert!(
+            h.should_try(Scope::Whole).is_none(),
+            "down: no call goes out"
+        );
+        h.kept_back(Scope::Whole);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
-        h.up(true);
-        assert!(h.should_try().is_some());
+        h.up(Scope::Whole);
+        assert!(h.should_try(Scope::Whole).is_some());
         assert!(!h.snapshot().down);
     }
 
@@ -469,37 +279,38 @@ mod tests {
     fn a_down_slot_is_probed_once_per_interval() {
         use redis::cluster_routing::Slot;
         let h = Healths::new(Duration::from_millis(50));
-        let dead = Slot::for_key("a");
+        let dead = Scope::Slot(Slot::for_key("a"));
         assert!(h.probes_due().is_empty(), "none is down");
-        let epoch = h.should_try(Scope::Slot(dead)).expect("up");
-        h.failed(Scope::Slot(dead), "no reply in time", epoch);
+        let epoch = h.should_try(dead).expect("up");
+        h.failed(dead, "no reply in time", epoch);
         assert!(h.probes_due().is_empty(), "not before the interval");
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(h.probes_due(), [dead]);
         assert!(h.probes_due().is_empty(), "once per interval");
-        h.up(Scope::Slot(dead));
+        h.up(dead);
         std::thread::sleep(Duration::from_millis(60));
         assert!(h.probes_due().is_empty(), "up again");
         assert!(!h.snapshot().down);
     }
 
-    /// A failure of a call that went out before a recovery (a call behind
-    /// the one that timed out, answered by the policy; one in flight when
-    /// the probe found Redis back) ends no outage and starts none; one
-    /// that went out after it starts the next.
+    /// A failure of a call that went out before a recovery ends no outage
+    /// and starts none; one that went out after it starts the next.
     #[test]
     fn a_failure_from_before_a_recovery_starts_no_outage() {
-        let h = Health::new(Duration::ZERO, Scope::Whole);
-        let before = h.should_try().expect("up");
-        h.failed("no reply in time", before, true);
-        assert!(h.should_try().is_none(), "down: no call goes out");
-        h.up(true);
-        h.failed("queued behind the timeout", before, true);
+        let h = Healths::new(Duration::ZERO);
+        let before = h.should_try(Scope::Whole).expect("up");
+        h.failed(Scope::Whole, "no reply in time", before);
+        assert!(
+            h.should_try(Scope::Whole).is_none(),
+            "down: no call goes out"
+        );
+        h.up(Scope::Whole);
+        h.failed(Scope::Whole, "queued behind the timeout", before);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 2));
-        let after = h.should_try().expect("up again");
+        let after = h.should_try(Scope::Whole).expect("up again");
         assert_ne!(after, before);
-        h.failed("refused", after, true);
+        h.failed(Scope::Whole, "refused", after);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages), (true, 2), "a new outage");
     }

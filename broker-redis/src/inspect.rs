@@ -1,6 +1,4 @@
-//! Reading what is stored, for tests and operators: the keys of a state,
-//! the state itself, the startup check's findings. Nothing here is on the
-//! hot path.
+//! Reading what is stored, for tests and operators.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -21,9 +19,8 @@ impl RedisBackend {
         self.inner.maxmemory_policy.as_deref()
     }
 
-    /// Whether the startup check found an eviction policy other than
-    /// `noeviction`, which may evict a bucket mid-window (`volatile-*`
-    /// ones too: the broker's keys all have a TTL); a warning was logged.
+    /// Whether the startup check found a policy other than `noeviction`,
+    /// which may evict a bucket mid-window (a warning was logged).
     pub fn eviction_risk(&self) -> bool {
         self.maxmemory_policy().is_some_and(crate::startup::evicts)
     }
@@ -38,10 +35,9 @@ impl RedisBackend {
         Ok(self.keys(key)?.leases)
     }
 
-    /// The state of `key` as stored (for tests and inspection): `None` when
-    /// neither key exists (the state equals a fresh one). When only leases
-    /// exist, `buckets` is empty. A state of no bucket under a penalty has
-    /// its end in [`ResourceState::penalty`]. Not atomic with other calls.
+    /// The state of `key` as stored: `None` when neither key exists (a
+    /// fresh state); `buckets` is empty when only leases exist. Not atomic
+    /// with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
         let conn = (&self.inner.conn, self.inner.response_timeout);
@@ -73,7 +69,7 @@ impl RedisBackend {
                 nb: field("nb", i)? as Micros,
             });
         }
-        // A hash of no bucket keeps the end of a penalty, if any, in its field `hold`.
+        // With no bucket, the field `hold` keeps the end of a penalty.
         let penalty = match n {
             0 => hash
                 .get("hold")

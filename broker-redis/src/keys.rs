@@ -23,11 +23,9 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// The keys of the state `key` (a key built by `broker_core::keys`, which
-/// escapes braces, so no user id can reach into another's hash tag). An
-/// empty key is refused: `{}` is no hash tag (Redis Cluster then hashes
-/// the whole name), so its two keys would land on different slots and
-/// every script on them would fail with `CROSSSLOT`.
+/// The keys of the state `key` (built by `broker_core::keys`, which escapes
+/// braces). An empty key is refused: `{}` is no hash tag, so its keys would
+/// land on different cluster slots.
 pub(crate) fn key_pair(prefix: &str, key: &str) -> Result<KeyPair, BackendError> {
     if key.contains(['{', '}']) {
         return Err(BackendError::new(format!(
@@ -39,20 +37,14 @@ pub(crate) fn key_pair(prefix: &str, key: &str) -> Result<KeyPair, BackendError>
             "the state key is empty: it would give no hash tag (CROSSSLOT on Redis Cluster)",
         ));
     }
-    let mut buckets = String::with_capacity(prefix.len() + key.len() + 5);
-    buckets.push_str(prefix);
-    buckets.push_str(":{");
-    buckets.push_str(key);
-    buckets.push_str("}:b");
-    let mut leases = buckets.clone();
-    leases.pop();
-    leases.push('l');
-    Ok(KeyPair { buckets, leases })
+    Ok(KeyPair {
+        buckets: format!("{prefix}:{{{key}}}:b"),
+        leases: format!("{prefix}:{{{key}}}:l"),
+    })
 }
 
-/// The keys of the turn ledger of state `key` at priority `level` (see
-/// `lua/turn.lua`): `prefix:{key}:t<level>v` (virtual times) and
-/// `prefix:{key}:t<level>s` (last seen), on the state's hash tag.
+/// The turn ledger of state `key` at priority `level` (see
+/// `lua/turn.lua`): `prefix:{key}:t<level>v` and `:t<level>s`.
 pub(crate) fn turn_keys(prefix: &str, key: &str, level: u8) -> Result<[String; 2], BackendError> {
     let pair = key_pair(prefix, key)?;
     let stem = pair.buckets.strip_suffix('b').unwrap_or(&pair.buckets);

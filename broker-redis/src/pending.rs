@@ -1,18 +1,8 @@
-//! Releases not yet sent: handed to a task of their own, or kept because
-//! Redis could not be reached. A decision on the same key from this process
-//! takes them out and sends them first, so a slot a permit freed is free to
-//! the next caller here; the kept ones are also sent by the background
-//! probe once Redis answers again (see `probe.rs`), so a slot freed during
-//! an outage does not stay taken until its lease's TTL.
-//!
-//! A permit dropped with no synchronous release to make hands its release
-//! to a spawned task. The next decision may go out before it, on another
-//! connection or in a batch, and Redis would then still count the slot:
-//! with a limit of 1, a client that sends its requests one after another
-//! on a keep-alive connection was denied its second. A release stays here
-//! until its task's send is answered, so a decision meanwhile still finds
-//! it; a decision takes it out, so it is sent by one decision at most, and
-//! by its task only if no decision took it first.
+//! Releases not yet sent: handed to a task, or kept while Redis was out of
+//! reach. A decision on the same key takes them out and sends them first,
+//! so it never overtakes a release made before it (which would count a
+//! freed slot as taken); the background probe sends the kept ones once
+//! Redis answers again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +10,8 @@ use std::sync::Mutex;
 
 use broker_core::LeaseId;
 
-/// Most releases kept while Redis is out of reach: past it, the next ones
-/// are left to their leases' TTL (memory stays bounded in a long outage).
+/// Most releases kept while Redis is out of reach; past it, the next ones
+/// are left to their leases' TTL.
 const MAX_KEPT: usize = 100_000;
 
 /// The releases not yet sent, by state key.
@@ -30,12 +20,11 @@ pub(crate) struct Pending {
     /// How many leases `by_key` holds: a decision finds none without the
     /// lock.
     count: AtomicUsize,
-    /// How many of them are kept (no task sends them).
+    /// How many of them are kept.
     kept: AtomicUsize,
     by_key: Mutex<HashMap<String, Vec<Release>>>,
 }
 
-/// One release not yet sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Release {
     lease: LeaseId,
@@ -46,15 +35,13 @@ struct Release {
 impl Pending {
     /// A release of `lease` on `key` was handed to a task.
     pub(crate) fn add(&self, key: &str, lease: LeaseId) {
-        let mut map = self.lock();
         let release = Release { lease, kept: false };
-        map.entry(key.to_owned()).or_default().push(release);
+        self.lock().entry(key.to_owned()).or_default().push(release);
         self.count.fetch_add(1, Ordering::Release);
     }
 
-    /// The release of `lease` on `key` could not reach Redis: kept until a
-    /// decision on `key` or the background probe sends it. False when
-    /// [`MAX_KEPT`] are kept already (it is left to the lease's TTL).
+    /// Keeps the release of `lease` on `key`, which could not reach Redis;
+    /// false when [`MAX_KEPT`] are kept already.
     pub(crate) fn keep(&self, key: &str, lease: LeaseId) -> bool {
         let mut map = self.lock();
         let leases = map.entry(key.to_owned()).or_default();
@@ -77,29 +64,25 @@ impl Pending {
         true
     }
 
-    /// Whether any release is kept (see [`Pending::keep`]).
     pub(crate) fn any_kept(&self) -> bool {
         self.kept.load(Ordering::Relaxed) != 0
     }
 
-    /// Takes out the kept releases whose key `send_now` accepts (its part
-    /// of the store answers again), for the caller to send.
+    /// Takes out the kept releases of the keys `send_now` accepts.
     pub(crate) fn take_kept(&self, send_now: impl Fn(&str) -> bool) -> Vec<(String, LeaseId)> {
         if !self.any_kept() {
             return Vec::new();
         }
         let mut taken = Vec::new();
-        let mut map = self.lock();
-        map.retain(|key, leases| {
-            if !send_now(key) {
-                return true;
+        self.lock().retain(|key, leases| {
+            if send_now(key) {
+                leases.retain(|r| {
+                    if r.kept {
+                        taken.push((key.clone(), r.lease));
+                    }
+                    !r.kept
+                });
             }
-            leases.retain(|r| {
-                if r.kept {
-                    taken.push((key.clone(), r.lease));
-                }
-                !r.kept
-            });
             !leases.is_empty()
         });
         self.kept.fetch_sub(taken.len(), Ordering::Relaxed);
@@ -107,9 +90,8 @@ impl Pending {
         taken
     }
 
-    /// Takes out the release of `lease` on `key` that its task was handed
-    /// (the task sent it, or will not run): whether it was still here, not
-    /// taken out by a decision nor kept.
+    /// Takes out the release of `lease` on `key` that its task was handed:
+    /// whether it was still here (not taken by a decision, nor kept).
     pub(crate) fn remove(&self, key: &str, lease: LeaseId) -> bool {
         if self.count.load(Ordering::Acquire) == 0 {
             return false;
@@ -118,22 +100,18 @@ impl Pending {
         let Some(leases) = map.get_mut(key) else {
             return false;
         };
-        let found = match leases.iter().position(|r| r.lease == lease && !r.kept) {
-            Some(at) => {
-                leases.swap_remove(at);
-                self.count.fetch_sub(1, Ordering::Release);
-                true
-            }
-            None => false,
-        };
+        let at = leases.iter().position(|r| r.lease == lease && !r.kept);
+        if let Some(at) = at {
+            leases.swap_remove(at);
+            self.count.fetch_sub(1, Ordering::Release);
+        }
         if leases.is_empty() {
             map.remove(key);
         }
-        found
+        at.is_some()
     }
 
-    /// Whether the release of `lease` on `key` is still its task's to send:
-    /// not taken out by a decision, which sent it, nor kept.
+    /// Whether the release of `lease` on `key` is still its task's to send.
     pub(crate) fn contains(&self, key: &str, lease: LeaseId) -> bool {
         self.count.load(Ordering::Acquire) != 0
             && self
@@ -142,10 +120,8 @@ impl Pending {
                 .is_some_and(|l| l.contains(&Release { lease, kept: false }))
     }
 
-    /// Takes out the leases on `key` whose release is not yet sent, for
-    /// the caller to send (none, without a lock or an allocation, when no
-    /// release is): each is sent by at most one decision, besides its own
-    /// task.
+    /// Takes out the leases on `key` whose release is not yet sent, for the
+    /// caller to send.
     pub(crate) fn take(&self, key: &str) -> Vec<LeaseId> {
         if self.count.load(Ordering::Acquire) == 0 {
             return Vec::new();

@@ -1,24 +1,21 @@
-//! The background probe: while a part of the store (the server, a cluster's
-//! slot) is down or releases are kept, one task per backend `PING`s each part
-//! down per probe interval and sends the kept releases of the parts up.
+//! The background probe: while a scope is down or releases are kept, one
+//! task per backend `PING`s each scope down once per probe interval and
+//! sends the kept releases of the scopes up.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::health::Scope;
 use crate::{Inner, RedisBackend};
 
 /// The least time between two probes (with a probe interval of zero).
 const MIN_GAP: Duration = Duration::from_millis(10);
 
-/// The longest a probe's `PING` waits (less if the response timeout is
-/// shorter): a server that answers slower than this is not back yet.
+/// The longest a probe's `PING` waits: a slower server is not back yet.
 const PING_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl RedisBackend {
-    /// Starts the background probe unless it runs (a part of the store is
-    /// down, or a release is kept).
+    /// Starts the background probe unless it runs.
     pub(crate) fn watch(&self) {
         let probing = &self.inner.probing;
         if probing.load(Ordering::Acquire) || probing.swap(true, Ordering::AcqRel) {
@@ -26,39 +23,29 @@ impl RedisBackend {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(probe(Running(Arc::downgrade(&self.inner))))),
-            // No runtime (it is shutting down): nothing to probe for.
             Err(_) => probing.store(false, Ordering::Release),
         }
     }
 
-    /// Whether the probe has work: a part of the store down, a release
-    /// kept.
     fn needs_probe(&self) -> bool {
         self.inner.health.any_down() || self.inner.pending.any_kept()
     }
 
-    /// One round: a `PING` to each part down (on a cluster, the slots
-    /// `Healths::probes_due` gives), each within [`PING_TIMEOUT`]; then
-    /// the kept releases of the parts up are sent.
+    /// One round: a `PING` to each scope due, then the kept releases of the
+    /// scopes up.
     async fn probe_once(&self) {
         let inner = &self.inner;
         let timeout = inner.response_timeout.min(PING_TIMEOUT);
-        if inner.health.is_down(Scope::Whole) && inner.conn.ping(timeout).await {
-            inner.health.up(Scope::Whole);
-        }
-        #[cfg(feature = "cluster")]
-        {
-            let pings = inner
-                .health
-                .probes_due()
-                .into_iter()
-                .map(|slot| async move { (slot, inner.conn.ping_slot(slot, timeout).await) });
-            for (slot, answered) in futures::future::join_all(pings).await {
-                if answered {
-                    inner.health.up(Scope::Slot(slot));
+        let pings = inner
+            .health
+            .probes_due()
+            .into_iter()
+            .map(|scope| async move {
+                if inner.conn.ping(scope, timeout).await {
+                    inner.health.up(scope);
                 }
-            }
-        }
+            });
+        futures::future::join_all(pings).await;
         let kept = inner
             .pending
             .take_kept(|key| !inner.health.is_down(self.scope(key)));
@@ -97,7 +84,7 @@ async fn probe(mut running: Running) {
 }
 
 /// The probe's task while it runs: dropped unfinished (its runtime shut
-/// down, even before it ran), it lets the next call start a probe again.
+/// down), it lets the next call start a probe again.
 struct Running(Weak<Inner>);
 
 impl Drop for Running {

@@ -1,9 +1,6 @@
-//! The Lua scripts, one per transition, and the arguments they take.
-//!
-//! Every script is `lua/lib.lua` (the helpers, written once: the clock,
-//! broker-core's `bucket.rs` and `state.rs` on plain values, the lease set;
-//! see its header for the layout of `KEYS` and `ARGV`) followed by the
-//! transition's own body (`lua/<transition>.lua`).
+//! The Lua scripts, one per transition: `lua/lib.lua` (the helpers, and
+//! the layout of `KEYS` and `ARGV`) followed by the transition's own body
+//! (`lua/<transition>.lua`); and building and taking apart their calls.
 
 use std::sync::LazyLock;
 
@@ -12,11 +9,8 @@ use redis::{Cmd, Script};
 
 use crate::keys::KeyPair;
 
-/// A script and its source: the source to load it on one node of a
-/// cluster (see `connection::load_on_node`; [`Script`] hands its source
-/// only to its own `SCRIPT LOAD`, which a cluster's client sends to every
-/// primary). Every script of the backend is one, and the calls pass it
-/// down as one, so the source goes with it.
+/// A script with its source, which a cluster's `SCRIPT LOAD` on one node
+/// needs (see `Conn::load`).
 pub(crate) struct Lua {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) source: &'static str,
@@ -32,28 +26,27 @@ impl std::ops::Deref for Lua {
 }
 
 macro_rules! script {
-    ($(#[$doc:meta])* $name:ident = $source:expr) => {
-        $(#[$doc])*
+    ($name:ident = $source:expr) => {
         pub(crate) static $name: Lua = Lua {
             source: $source,
             script: LazyLock::new(|| Script::new($source)),
         };
     };
-    ($(#[$doc:meta])* $name:ident, $body:literal) => {
-        script!($(#[$doc])* $name = concat!(
-            include_str!("lua/lib.lua"),
-            "\n",
-            include_str!(concat!("lua/", $body, ".lua"))
-        ));
+    ($name:ident, $body:literal) => {
+        script!(
+            $name = concat!(
+                include_str!("lua/lib.lua"),
+                "\n",
+                include_str!(concat!("lua/", $body, ".lua"))
+            )
+        );
     };
 }
 
 script!(TRY, "try");
+// Several `try` decisions in one call: the helpers once, and try's body as a
+// function run with each decision's own `KEYS` and `ARGV`.
 script!(
-    /// Several `try` decisions in one call (see `lua/try_batch.lua`): the
-    /// helpers defined once, the body of [`TRY`] as a function whose `KEYS`
-    /// and `ARGV` are each decision's own; bucket hashes, `TIME` and
-    /// numbers go through the batch's cache (`lua/batch_cache.lua`).
     TRY_BATCH = concat!(
         "local G_KEYS, G_ARGV = KEYS, ARGV\n",
         "local KEYS, ARGV\n",
@@ -74,27 +67,11 @@ script!(RENEW, "renew");
 script!(SETTLE, "settle");
 script!(PENALIZE, "penalize");
 script!(RECONCILE, "reconcile");
-script!(
-    /// The shared turn ledger of weighted flows (`store::Turns`); its keys
-    /// are the ledger's two sets, not a state's buckets and leases.
-    TURN,
-    "turn"
-);
+// The turn ledger of weighted flows (`store::Turns`), on its own two keys.
+script!(TURN, "turn");
 
-/// One script operand: an integer, an `f64`, or nothing (`''` in Lua).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Operand {
-    /// Written as a decimal integer.
-    Int(u64),
-    /// Written so that Lua reads it back exactly.
-    Num(f64),
-    /// The empty string.
-    None,
-}
-
-/// Appends `x` as Lua reads it back exactly: whole numbers below 2^53 as
-/// integers (no allocation), others in Rust's shortest round-trip form.
-pub(crate) fn push_num(cmd: &mut Cmd, x: f64) {
+/// Appends `x` so that Lua reads it back exactly.
+fn push_num(cmd: &mut Cmd, x: f64) {
     if x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 {
         cmd.arg(x as i64);
     } else {
@@ -102,80 +79,62 @@ pub(crate) fn push_num(cmd: &mut Cmd, x: f64) {
     }
 }
 
-fn push(cmd: &mut Cmd, o: Operand) {
-    match o {
-        Operand::Int(n) => cmd.arg(n),
-        Operand::Num(x) => {
-            push_num(cmd, x);
-            cmd
-        }
-        Operand::None => cmd.arg(""),
+/// `EVALSHA sha 2 key1 key2 now margin n`, with `''` for no `now`.
+pub(crate) fn head(
+    script: &Script,
+    keys: [&str; 2],
+    now: Option<Micros>,
+    margin_ms: u64,
+    n: usize,
+) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(2).arg(keys[0]).arg(keys[1]);
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
     };
+    cmd.arg(margin_ms).arg(n);
+    cmd
 }
 
-/// Builds `EVALSHA sha 2 buckets leases now margin n [bucket args] ...`.
+/// `EVALSHA sha 2 buckets leases now margin n`, then capacity, amount,
+/// period and `operand(i)` (`''` for `None`) for each bucket.
 pub(crate) fn evalsha(
     script: &Script,
     keys: &KeyPair,
     now: Option<Micros>,
     margin_ms: u64,
     spec: &LimitSpec,
-    mut operand: impl FnMut(usize) -> Operand,
+    mut operand: impl FnMut(usize) -> Option<f64>,
 ) -> Cmd {
-    // Sized for the common call (one or two buckets, a lease), so that
-    // building it does not grow its buffers.
     let n = spec.buckets.len();
-    let mut cmd = Cmd::with_capacity(
-        10 + 4 * n,
-        64 + keys.buckets.len() + keys.leases.len() + 48 * n,
-    );
-    cmd.arg("EVALSHA");
-    cmd.arg(script.get_hash())
-        .arg(2)
-        .arg(&keys.buckets)
-        .arg(&keys.leases);
-    match now {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
-    cmd.arg(margin_ms).arg(spec.buckets.len());
+    let mut cmd = head(script, [&keys.buckets, &keys.leases], now, margin_ms, n);
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
         push_num(&mut cmd, p.capacity());
         push_num(&mut cmd, p.amount());
         push_num(&mut cmd, p.period());
-        push(&mut cmd, operand(i));
+        match operand(i) {
+            Some(x) => push_num(&mut cmd, x),
+            None => {
+                cmd.arg("");
+            }
+        }
     }
     cmd
 }
 
-/// Like [`evalsha`] for scripts that read no buckets (`release`).
-pub(crate) fn evalsha_no_buckets(script: &Script, keys: &KeyPair) -> Cmd {
-    evalsha_leases(script, keys, None, 0)
-}
-
-/// Like [`evalsha`] for scripts that read no buckets but may read the
-/// clock and set the lease set's expiry (`renew`).
+/// [`head`] on a state's two keys, for a script that reads no bucket.
 pub(crate) fn evalsha_leases(
     script: &Script,
     keys: &KeyPair,
     now: Option<Micros>,
     margin_ms: u64,
 ) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash())
-        .arg(2)
-        .arg(&keys.buckets)
-        .arg(&keys.leases);
-    match now {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
-    cmd.arg(margin_ms).arg(0);
-    cmd
+    head(script, [&keys.buckets, &keys.leases], now, margin_ms, 0)
 }
 
-/// The arguments of `cmd`, an `EVALSHA` built by [`evalsha`], as bytes.
-fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
+/// The arguments of `cmd` as bytes.
+pub(crate) fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
     cmd.args_iter()
         .map(|a| match a {
             redis::Arg::Simple(b) => b,
@@ -184,11 +143,9 @@ fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
         .collect()
 }
 
-/// The `settle` that gives back the cost `cmd` took: `cmd` a `try` or
-/// `book` call built by [`evalsha`], whose operand for each bucket is
-/// its cost (so, as a `settle`'s delta, a refund of all of it), under the
-/// booking's `marks` and `due` time (`""` for a `try`: none). `None` when
-/// `cmd` is not such a call.
+/// The `settle` that gives back what `cmd`, a `try` or `book` built by
+/// [`evalsha`] with each bucket's cost as operand, took, under the
+/// booking's `marks` and `due` (`""` for a `try`).
 pub(crate) fn refund_of(
     cmd: &Cmd,
     marks: [&[u8]; broker_core::state::MARKED],
@@ -197,28 +154,19 @@ pub(crate) fn refund_of(
     let args = args_of(cmd);
     // EVALSHA sha 2 buckets leases now margin n, then 4 per bucket.
     let n: usize = std::str::from_utf8(args.get(7)?).ok()?.parse().ok()?;
-    let head = args.get(2..8 + 4 * n)?;
     let mut undo = redis::cmd("EVALSHA");
     undo.arg(SETTLE.get_hash());
-    for a in head {
+    for a in args.get(2..8 + 4 * n)?.iter().chain(&marks) {
         undo.arg(*a);
-    }
-    for m in marks {
-        undo.arg(m);
     }
     undo.arg(due);
     Some(undo)
 }
 
-/// `cmd`, a `settle` built by [`evalsha`] or [`refund_of`], made to run
-/// once however often it is sent: with a third key of its own,
-/// `prefix:{key}:s:<id>` (the hash tag of its bucket key, so on its slot),
-/// which the script sets for `ms` before it settles and finds set if it
-/// runs again (see `lua/settle.lua`; `ms` follows the due time). For a
-/// cluster, whose client sends a command again when its reply is lost with
-/// the connection or its response timeout passes, after the command may
-/// have run: a second `settle` would refund or charge again. `None` when
-/// `cmd` is not such a call.
+/// `cmd`, a `settle`, made to run once however often a cluster's client
+/// sends it: with a third key, `prefix:{key}:s:<id>` on its bucket's hash
+/// tag, which the script sets for `ms` and finds set if it runs again (see
+/// `lua/settle.lua`).
 #[cfg(any(feature = "cluster", test))]
 pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
     let args = args_of(cmd);
@@ -242,14 +190,11 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
 }
 
 /// The `release` of `lease` on the keys of `cmd`, a call built by
-/// [`evalsha`]; `None` when `cmd` is not such a call.
+/// [`evalsha`].
 pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
     let args = args_of(cmd);
-    let keys = KeyPair {
-        buckets: String::from_utf8(args.get(3)?.to_vec()).ok()?,
-        leases: String::from_utf8(args.get(4)?.to_vec()).ok()?,
-    };
-    let mut undo = evalsha_no_buckets(&RELEASE, &keys);
+    let key = |i: usize| std::str::from_utf8(args.get(i)?).ok();
+    let mut undo = head(&RELEASE, [key(3)?, key(4)?], None, 0, 0);
     undo.arg(lease);
     Some(undo)
 }
@@ -261,9 +206,7 @@ mod tests {
 
     /// A `settle` charging 3 tokens of a fresh bucket of 10, for `key`.
     fn charge_three(key: &KeyPair, spec: &LimitSpec) -> Cmd {
-        let mut cmd = evalsha(&SETTLE, key, Some(1_000_000), 1_000, spec, |_| {
-            Operand::Num(-3.0)
-        });
+        let mut cmd = evalsha(&SETTLE, key, Some(1_000_000), 1_000, spec, |_| Some(-3.0));
         // The marks and the due time: none.
         for _ in 0..=broker_core::state::MARKED {
             cmd.arg("");

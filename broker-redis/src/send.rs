@@ -1,6 +1,5 @@
-//! Sending one call to Redis: answered by a deadline, with what a late
-//! reply took given back (its lease, and its cost when the policy says so),
-//! and a lease whose outcome is unknown released.
+//! Sending one call to Redis by a deadline: what a decision answered
+//! late took is given back, and a lease whose outcome is unknown released.
 
 use std::time::Duration;
 
@@ -12,27 +11,24 @@ use tokio::time::Instant;
 use crate::connection::Conn;
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua};
+use crate::RedisBackend;
 
-/// The answer to one decision: the script's reply or error, or no reply
-/// within the timeout.
+/// The answer to one call.
 #[derive(Debug, Clone)]
 pub(crate) enum Reply {
-    /// The reply (an error raised by this decision's script included).
+    /// The reply (an error raised by the call's script included).
     Done(RedisResult<Value>),
-    /// No reply within the response timeout.
+    /// No reply by the deadline.
     TimedOut,
-    /// Not sent: a call in flight on its scope when it queued got no
-    /// reply within the timeout, so it is answered as a new call would be
-    /// then, by the failure policy, instead of waiting out a timeout of its
-    /// own behind the ones before it.
+    /// Not sent: a call before it on its scope timed out, so the failure
+    /// policy answers it at once instead of after a timeout of its own.
     Unsent,
 }
 
 impl Reply {
-    /// Whether the call's script may have run without its caller learning
-    /// of it: no reply in time, or the connection failed under it (a
-    /// timeout of the connection's own, a reset). A lease it may have
-    /// granted is then released.
+    /// Whether the script may have run without its caller learning of it
+    /// (no reply in time, a failed connection): a lease it may have granted
+    /// is then released.
     pub(crate) fn unknown(&self) -> bool {
         match self {
             Reply::TimedOut => true,
@@ -40,82 +36,18 @@ impl Reply {
             Reply::Done(Ok(_)) | Reply::Unsent => false,
         }
     }
-}
 
-/// Releases `lease` from a task of its own: its holder went away, or never
-/// learnt whether it was granted (no reply in time, and its script may
-/// still run). Sent through the same connection as the decision: where
-/// that connection is still the one the decision went on, Redis runs the
-/// release after the decision's script. Where it is not (the manager
-/// reconnected meanwhile), the release may arrive first, and a lease the
-/// late script then grants expires after its TTL, as it does without a
-/// runtime or when the release fails.
-pub(crate) fn release_later(conn: &Conn, timeout: Duration, (keys, lease): (KeyPair, LeaseId)) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let conn = conn.clone();
-    runtime.spawn(async move {
-        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
-        cmd.arg(lease);
-        if let Reply::Done(Err(e)) = send(&conn, timeout, &scripts::RELEASE, &cmd).await {
-            tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
-        }
-    });
-}
-
-/// A lease a decision in flight may be granted, released (by
-/// [`release_later`]) unless the decision's answer is known: when the
-/// caller goes away first, or the outcome is unknown (no reply in time, a
-/// failed connection).
-pub(crate) struct Unsettled<'a> {
-    conn: &'a Conn,
-    timeout: Duration,
-    lease: Option<(KeyPair, LeaseId)>,
-}
-
-impl<'a> Unsettled<'a> {
-    pub(crate) fn new(
-        conn: &'a Conn,
-        timeout: Duration,
-        lease: Option<(KeyPair, LeaseId)>,
-    ) -> Self {
-        Self {
-            conn,
-            timeout,
-            lease,
-        }
-    }
-
-    /// The answer came (`reply`): the lease is the caller's to keep or
-    /// release, unless the outcome is unknown.
-    pub(crate) fn settle(mut self, reply: &Reply) {
-        if !reply.unknown() {
-            self.lease = None;
-        }
+    /// Whether this is a granted `try` or `take_slot`.
+    pub(crate) fn granted(&self) -> bool {
+        matches!(self, Reply::Done(Ok(Value::Int(1))))
     }
 }
 
-impl Drop for Unsettled<'_> {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            release_later(self.conn, self.timeout, lease);
-        }
-    }
-}
-
-/// Whether `reply` is an allowed `try` (which holds its lease, if any).
-pub(crate) fn granted(reply: &Reply) -> bool {
-    matches!(reply, Reply::Done(Ok(Value::Int(1))))
-}
-
-/// How long a decision that got no reply within the response timeout is
-/// still waited for, on a task of its own, so that what Redis took for it
-/// when it ran late is given back (see [`Late`]). A decision Redis runs
-/// later still keeps what it took (a lease until its TTL).
+/// How long a decision with no reply by its deadline is still waited for,
+/// from a task, to give back what it took (see [`Late`]).
 pub(crate) const LATE: Duration = Duration::from_secs(30);
 
-/// What a decision takes in Redis when it is granted.
+/// What a decision takes in Redis when granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Takes {
     /// A `try`: its cost, and its lease if it asks for one.
@@ -126,13 +58,9 @@ pub(crate) enum Takes {
     Slot,
 }
 
-/// What to give back of a decision that Redis granted after its caller
-/// was told it got no reply in time (and was answered by the failure
-/// policy: denied, counted in the local fallback, or let through open):
-/// its lease, which no caller holds, and, when `refund`, its cost, which
-/// paid for no call that went out under Redis's count (fail-closed denied
-/// it; the local fallback counted it, or denied it, itself). Fail-open
-/// keeps the cost in Redis: the call went out.
+/// What to give back of a decision Redis granted after its caller was
+/// answered by the failure policy: its lease, which no caller holds, and
+/// when `refund` its cost (not under fail-open, whose call went out).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Late {
     pub(crate) takes: Takes,
@@ -143,19 +71,14 @@ pub(crate) struct Late {
 impl Late {
     /// Gives back what `reply`, the late reply to `cmd`, took.
     pub(crate) async fn give_back(self, conn: &Conn, timeout: Duration, cmd: &Cmd, reply: &Value) {
-        let granted = |v: &Value| matches!(v, Value::Int(1));
+        let granted = matches!(reply, Value::Int(1));
+        if granted && self.takes != Takes::Book {
+            if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
+                let _ = send_within(conn, timeout, &scripts::RELEASE, undo).await;
+            }
+        }
         let refund = match (self.takes, reply) {
-            (Takes::Slot, v) => {
-                if granted(v) {
-                    self.release(conn, timeout, cmd).await;
-                }
-                return;
-            }
-            (Takes::Try, v) if granted(v) => {
-                self.release(conn, timeout, cmd).await;
-                scripts::refund_of(cmd, [b""; MARKED], b"")
-            }
-            (Takes::Try, _) => return,
+            (Takes::Try, _) if granted => scripts::refund_of(cmd, [b""; MARKED], b""),
             // Booked with no wait and no penalty: the store's time alone.
             (Takes::Book, Value::BulkString(now)) => {
                 scripts::refund_of(cmd, [now.as_slice(); MARKED], now)
@@ -169,29 +92,22 @@ impl Late {
                             *m = b;
                         }
                     }
-                    let due = due_of(wait, now).map(|d| d.to_string());
-                    scripts::refund_of(cmd, marks, due.as_deref().unwrap_or("").as_bytes())
+                    let due = due_of(wait, now).map(|d| d.to_string()).unwrap_or_default();
+                    scripts::refund_of(cmd, marks, due.as_bytes())
                 }
-                _ => return,
+                _ => None,
             },
-            (Takes::Book, _) => return,
+            _ => None,
         };
         if let Some(undo) = refund.filter(|_| self.refund) {
-            if let Reply::Done(Err(e)) = send(conn, timeout, &scripts::SETTLE, &undo).await {
+            if let Reply::Done(Err(e)) = send_within(conn, timeout, &scripts::SETTLE, undo).await {
                 tracing::debug!(error = %e, "giving back the cost of a timed-out decision failed");
             }
         }
     }
-
-    async fn release(&self, conn: &Conn, timeout: Duration, cmd: &Cmd) {
-        if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
-            let _ = send(conn, timeout, &scripts::RELEASE, &undo).await;
-        }
-    }
 }
 
-/// A booking's due time on the store's clock, `now + wait`, from the
-/// strings of a `book`'s reply.
+/// A booking's due time, `now + wait`, from the strings of its reply.
 fn due_of(wait: &Value, now: &Value) -> Option<u64> {
     let num = |v: &Value| match v {
         Value::BulkString(b) => std::str::from_utf8(b)
@@ -204,64 +120,132 @@ fn due_of(wait: &Value, now: &Value) -> Option<u64> {
     Some(num(now)?.saturating_add(num(wait)?))
 }
 
-/// What to give back if a call's reply comes late: one decision's, or
-/// each of a coalesced batch's (their own calls, in the batch's order).
+/// What to give back if a call's reply comes late: one decision's, or each
+/// of a coalesced batch's (their own calls, in the batch's order).
 pub(crate) enum Undo {
     One(Late),
     Batch(Vec<(Cmd, Late)>),
 }
 
-/// A decision's `EVALSHA` (`cmd`, of `script`) answered by `deadline`; with
-/// no reply by then, a task waits up to [`LATE`] for it and gives back what
-/// it took (each call within `timeout`, see [`Late`]).
-pub(crate) async fn send_or_later(
+/// `deadline` for a call starting now and lasting at most `timeout`.
+pub(crate) fn after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    // `Duration::MAX` ("no limit"): 30 years, as tokio's own far future.
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
+
+/// `cmd`, an `EVALSHA` of `script`, answered by `deadline`. With no reply
+/// by then and an `undo`, a task waits up to [`LATE`] for the reply and
+/// gives back what it took (its calls each within `timeout`).
+pub(crate) async fn send(
     conn: &Conn,
+    timeout: Duration,
     deadline: Instant,
+    script: &'static Lua,
+    cmd: Cmd,
+    undo: Option<Undo>,
+) -> Reply {
+    let on = conn.clone();
+    let mut call = Box::pin(async move { (on.evalsha(script, &cmd).await, cmd) });
+    let Ok((reply, _)) = tokio::time::timeout_at(deadline, &mut call).await else {
+        // Without a runtime (it is shutting down), what it took stays.
+        if let (Some(undo), Ok(runtime)) = (undo, tokio::runtime::Handle::try_current()) {
+            let conn = conn.clone();
+            runtime.spawn(async move {
+                let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
+                    return;
+                };
+                match undo {
+                    Undo::One(late) => late.give_back(&conn, timeout, &cmd, &reply).await,
+                    Undo::Batch(decisions) => {
+                        crate::coalesce::give_back(decisions, &conn, timeout, reply).await
+                    }
+                }
+            });
+        }
+        return Reply::TimedOut;
+    };
+    Reply::Done(reply)
+}
+
+/// One `EVALSHA` within `timeout`, with nothing to give back.
+pub(crate) async fn send_within(
+    conn: &Conn,
     timeout: Duration,
     script: &'static Lua,
     cmd: Cmd,
-    undo: Undo,
 ) -> Reply {
-    let on = conn.clone();
-    let mut call = Box::pin(async move {
-        let reply = on.evalsha(script, &cmd).await;
-        (reply, cmd)
-    });
-    match tokio::time::timeout_at(deadline, &mut call).await {
-        Ok((reply, _)) => Reply::Done(reply),
-        Err(_) => {
-            // Without a runtime (it is shutting down), what it took stays.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let conn = conn.clone();
-                runtime.spawn(async move {
-                    let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
-                        return;
-                    };
-                    match undo {
-                        Undo::One(late) => late.give_back(&conn, timeout, &cmd, &reply).await,
-                        Undo::Batch(decisions) => {
-                            crate::coalesce::give_back(decisions, &conn, timeout, reply).await
-                        }
-                    }
-                });
+    match tokio::time::timeout(timeout, conn.evalsha(script, &cmd)).await {
+        Ok(r) => Reply::Done(r),
+        Err(_) => Reply::TimedOut,
+    }
+}
+
+impl RedisBackend {
+    /// Releases `lease` from a task: its holder went away, or never learnt
+    /// whether it was granted. Sent on the decision's connection, so Redis
+    /// runs it after the decision unless the connection was replaced
+    /// meanwhile (the lease then expires after its TTL).
+    pub(crate) fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
+        runtime.spawn(async move {
+            let mut cmd = scripts::evalsha_leases(&scripts::RELEASE, &keys, None, 0);
+            cmd.arg(lease);
+            if let Reply::Done(Err(e)) = send_within(&conn, timeout, &scripts::RELEASE, cmd).await {
+                tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
             }
-            Reply::TimedOut
+        });
+    }
+
+    pub(crate) fn late(&self, takes: Takes, lease: Option<&(KeyPair, LeaseId)>) -> Late {
+        Late {
+            takes,
+            lease: lease.map(|l| l.1),
+            refund: self.inner.refund_late,
         }
     }
-}
 
-/// One `EVALSHA` (reloading the script on `NOSCRIPT`) within `timeout`.
-pub(crate) async fn send(conn: &Conn, timeout: Duration, script: &Lua, cmd: &Cmd) -> Reply {
-    match tokio::time::timeout(timeout, conn.evalsha(script, cmd)).await {
-        Ok(r) => Reply::Done(r),
-        Err(_) => Reply::TimedOut,
+    /// Sends `cmd` by `deadline`. `lease`, which it may grant, is released
+    /// unless the answer is known (also when the caller goes away first);
+    /// with `takes`, what a late reply took is given back.
+    pub(crate) async fn send(
+        &self,
+        script: &'static Lua,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+        takes: Option<Takes>,
+        deadline: Instant,
+    ) -> Reply {
+        let undo = takes.map(|t| Undo::One(self.late(t, lease.as_ref())));
+        let mut unsettled = Unsettled(self, lease);
+        let inner = &self.inner;
+        let reply = send(
+            &inner.conn,
+            inner.response_timeout,
+            deadline,
+            script,
+            cmd,
+            undo,
+        )
+        .await;
+        if !reply.unknown() {
+            unsettled.1 = None;
+        }
+        reply
     }
 }
 
-/// [`send`], answered by `deadline`.
-pub(crate) async fn send_by(conn: &Conn, deadline: Instant, script: &Lua, cmd: &Cmd) -> Reply {
-    match tokio::time::timeout_at(deadline, conn.evalsha(script, cmd)).await {
-        Ok(r) => Reply::Done(r),
-        Err(_) => Reply::TimedOut,
+/// A lease a call in flight may grant, released when dropped unsettled.
+struct Unsettled<'a>(&'a RedisBackend, Option<(KeyPair, LeaseId)>);
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.1.take() {
+            self.0.release_later(lease);
+        }
     }
 }

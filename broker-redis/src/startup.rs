@@ -1,45 +1,42 @@
 //! The startup check of `maxmemory-policy`: any policy but `noeviction`
-//! may evict a bucket in the middle of its window (`volatile-*` ones too:
-//! every bucket and lease key has a TTL, and `volatile-ttl` takes the
-//! shortest first), and an evicted bucket reads as a fresh, full one.
+//! may evict a bucket mid-window (every key has a TTL, so `volatile-*`
+//! ones too), and an evicted bucket reads as a full one.
 
 use std::collections::HashMap;
+
+use redis::RedisResult;
 
 use crate::builder::RedisBackendBuilder;
 use crate::connection::Conn;
 
-/// Reads `maxmemory-policy` (on every given node for a cluster), warns on
-/// any policy that evicts, and returns the first policy read. A store that refuses
-/// `CONFIG` (managed services often do) is noted at debug level.
+/// Reads `maxmemory-policy` (on every given node of a cluster), warns on
+/// any policy that evicts, and returns the first policy read.
 pub(crate) async fn check_maxmemory_policy(
     conn: &Conn,
     builder: &RedisBackendBuilder,
 ) -> Option<String> {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
+    if !builder.cluster {
+        let policy = conn.query(&cmd, builder.timeouts.response).await;
+        return note(
+            &builder.urls[0],
+            policy.and_then(|v| Ok(redis::from_redis_value(v)?)),
+        );
+    }
     let mut found = None;
-    if builder.cluster {
-        for url in &builder.urls {
-            let policy = async {
-                let client = redis::Client::open(url.as_str())?;
-                let mut c = client.get_multiplexed_async_connection().await?;
-                cmd.query_async::<HashMap<String, String>>(&mut c).await
-            }
-            .await;
-            found = found.or(note(url, policy));
-        }
-    } else {
-        let timeout = builder.timeouts.response;
-        let policy = conn
-            .query(&cmd, timeout)
-            .await
-            .and_then(|v| Ok(redis::from_redis_value::<HashMap<String, String>>(v)?));
-        found = note(&builder.urls[0], policy);
+    for url in &builder.urls {
+        let policy = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut c = client.get_multiplexed_async_connection().await?;
+            cmd.query_async(&mut c).await
+        };
+        found = found.or(note(url, policy.await));
     }
     found
 }
 
-fn note(url: &str, policy: redis::RedisResult<HashMap<String, String>>) -> Option<String> {
+fn note(url: &str, policy: RedisResult<HashMap<String, String>>) -> Option<String> {
     let url = redacted(url);
     match policy {
         Ok(map) => {
@@ -56,6 +53,7 @@ fn note(url: &str, policy: redis::RedisResult<HashMap<String, String>>) -> Optio
             Some(policy)
         }
         Err(e) => {
+            // Managed services often refuse CONFIG.
             tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)");
             None
         }
@@ -72,8 +70,6 @@ fn redacted(url: &str) -> String {
     }
 }
 
-/// Whether `policy` may evict the broker's keys: every policy but
-/// `noeviction`.
 pub(crate) fn evicts(policy: &str) -> bool {
     policy != "noeviction"
 }

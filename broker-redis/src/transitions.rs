@@ -1,5 +1,4 @@
-//! The transitions: one `EVALSHA` per call (see [`crate::call`]); an
-//! "unavailable" error when Redis cannot be reached.
+//! The [`Store`] transitions: one `EVALSHA` each (see `call.rs`).
 
 use std::time::Duration;
 
@@ -14,37 +13,35 @@ use broker_core::{
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::call::{micros_of, new_lease, parse, Failure, TakenReleases};
+use crate::call::{micros_of, parse, Failure, TakenReleases};
 use crate::keys::KeyPair;
-use crate::scripts::{self, Lua, Operand};
+use crate::scripts::{self, Lua};
 use crate::send::Takes;
 use crate::RedisBackend;
 
 impl RedisBackend {
-    /// The call of `script`, a transition that takes `cost` in every
-    /// bucket, with the bucket operands filled in.
-    fn cost_call<'s>(
+    /// The call of `script` on `keys`, with `operand(i)` for bucket `i`.
+    fn cmd(
         &self,
-        script: &'s Lua,
+        script: &Lua,
         keys: &KeyPair,
         spec: &LimitSpec,
-        cost: Cost,
-    ) -> (&'s Lua, Cmd) {
-        let cmd = scripts::evalsha(
-            script,
-            keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |i| Operand::Int(cost.of(spec.buckets[i].0)),
-        );
-        (script, cmd)
+        operand: impl FnMut(usize) -> Option<f64>,
+    ) -> Cmd {
+        let (now, margin) = (self.now_arg(), self.inner.margin_ms);
+        scripts::evalsha(script, keys, now, margin, spec, operand)
     }
 
-    /// `take_slot` in Redis, under `lease`, answered by `deadline`: true
-    /// when held. `fresh`: a new lease (`take_slot`), released if granted
-    /// after the caller was told the call timed out; else a live permit's
-    /// (`renew` taking it again), which its next renewal finds held.
+    /// The call of `script`, which takes `cost` in every bucket.
+    fn cost_cmd(&self, script: &Lua, keys: &KeyPair, spec: &LimitSpec, cost: Cost) -> Cmd {
+        self.cmd(script, keys, spec, |i| {
+            Some(cost.of(spec.buckets[i].0) as f64)
+        })
+    }
+
+    /// `take_slot` under `lease` by `deadline`: whether held. `fresh`: a new
+    /// lease, released if granted after its caller timed out; else a live
+    /// permit's (`renew`), which its next renewal finds held.
     async fn take_slot_as(
         &self,
         key: &str,
@@ -53,49 +50,20 @@ impl RedisBackend {
         (lease, fresh): (LeaseId, bool),
         deadline: Instant,
     ) -> Result<bool, Failure> {
-        let mut cmd = scripts::evalsha(
-            &scripts::TAKE_SLOT,
-            keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |_| Operand::Int(0),
-        );
-        match spec.max_concurrent {
-            Some(max) => cmd.arg(max),
-            None => cmd.arg(""),
-        };
+        let mut cmd = self.cmd(&scripts::TAKE_SLOT, keys, spec, |_| Some(0.0));
+        cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
         cmd.arg(spec.lease_ttl).arg(lease);
-        let leased = Some((keys.clone(), lease));
-        let reply = match fresh {
-            true => {
-                self.run_decision(
-                    self.scope(key),
-                    &scripts::TAKE_SLOT,
-                    cmd,
-                    leased,
-                    Takes::Slot,
-                    deadline,
-                )
-                .await?
-            }
-            false => {
-                let scope = self.scope(key);
-                self.run_leased(scope, &scripts::TAKE_SLOT, cmd, leased, deadline)
-                    .await?
-            }
-        };
-        let held = parse::<i64>(reply)?;
-        Ok(held == 1)
+        let (leased, takes) = (Some((keys.clone(), lease)), fresh.then_some(Takes::Slot));
+        let reply = self
+            .call(key, &scripts::TAKE_SLOT, cmd, leased, takes, deadline)
+            .await?;
+        Ok(parse::<i64>(reply)? == 1)
     }
 
-    /// Sends the releases of `key` not yet sent (see `pending.rs`) ahead of a
-    /// decision on it, by the decision's `deadline`, so it never overtakes
-    /// them; false while Redis is down (they are kept, the policy answers).
+    /// Sends the releases of `key` not yet sent (see `pending.rs`) ahead of
+    /// a decision on it, so it never overtakes them; false while Redis is
+    /// down (they are kept, the policy answers).
     async fn send_pending_releases(&self, key: &str, deadline: Instant) -> bool {
-        // Taken out, they are this call's to send: if it goes away first,
-        // the rest are sent from a task (see `TakenReleases`). One that
-        // cannot reach Redis is kept again, for the background probe.
         let mut taken = TakenReleases {
             backend: self,
             key,
@@ -117,7 +85,8 @@ impl RedisBackend {
         }
     }
 
-    /// [`Store::release`], answered by `deadline`.
+    /// [`Store::release`] by `deadline`; kept for later if Redis is out of
+    /// reach.
     async fn release_by(
         &self,
         key: &str,
@@ -125,15 +94,12 @@ impl RedisBackend {
         deadline: Instant,
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha_no_buckets(&scripts::RELEASE, &keys);
+        let mut cmd = scripts::evalsha_leases(&scripts::RELEASE, &keys, None, 0);
         cmd.arg(lease);
-        let scope = self.scope(key);
-        let run = self.run_leased(scope, &scripts::RELEASE, cmd, None, deadline);
-        let result = async { parse::<i64>(run.await?) }.await;
-        match result {
+        let run = self.call(key, &scripts::RELEASE, cmd, None, None, deadline);
+        match async { parse::<i64>(run.await?) }.await {
             Ok(n) => Ok(n == 1),
             Err(f) => {
-                // Sent once Redis answers again, not left to the lease's TTL.
                 if let Failure::Unavailable(_) = f {
                     self.keep_release(key, lease);
                 }
@@ -142,45 +108,9 @@ impl RedisBackend {
         }
     }
 
-    async fn try_redis(
-        &self,
-        key: &str,
-        keys: &KeyPair,
-        spec: &LimitSpec,
-        cost: Cost,
-        lease: LeaseId,
-        deadline: Instant,
-    ) -> Result<Decision, Failure> {
-        let (script, mut cmd) = self.cost_call(&scripts::TRY, keys, spec, cost);
-        match spec.max_concurrent {
-            Some(max) => cmd.arg(max),
-            None => cmd.arg(""),
-        };
-        cmd.arg(spec.lease_ttl).arg(lease);
-        // 1 when allowed; {reason, wait} when denied.
-        let reply = self
-            .run_try(
-                self.scope(key),
-                script,
-                cmd,
-                keys,
-                spec.max_concurrent.map(|_| lease),
-                deadline,
-            )
-            .await?;
-        if let Value::Int(1) = reply {
-            return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
-        }
-        let (reason, wait): (i64, String) = parse(reply)?;
-        Ok(match reason {
-            2 => Decision::deny(DenyReason::Concurrency, 0),
-            _ => Decision::deny(DenyReason::Rate, micros_of(&wait)?),
-        })
-    }
-
-    /// `book`, also returning the store's time of the decision, so the
-    /// wait can be turned into an absolute time on the store's clock
-    /// (`now + wait`): the server's `TIME`, or the client clock.
+    /// `book`, with the store's time of the decision (the server's `TIME`,
+    /// or the client clock), so the wait can be turned into an absolute
+    /// time on the store's clock (`now + wait`).
     pub async fn book_at(
         &self,
         key: &str,
@@ -189,28 +119,16 @@ impl RedisBackend {
         max_wait: Duration,
     ) -> Result<(Booking, Micros), BackendError> {
         let keys = self.keys(key)?;
-        Ok(self.book_redis(key, &keys, spec, cost, max_wait).await?)
-    }
-
-    async fn book_redis(
-        &self,
-        key: &str,
-        keys: &KeyPair,
-        spec: &LimitSpec,
-        cost: Cost,
-        max_wait: Duration,
-    ) -> Result<(Booking, Micros), Failure> {
-        let (script, mut cmd) = self.cost_call(&scripts::BOOK, keys, spec, cost);
+        let mut cmd = self.cost_cmd(&scripts::BOOK, &keys, spec, cost);
         cmd.arg(micros(max_wait));
-        // The store's time alone when booked with no wait and no penalty;
-        // else {booked, wait, now, mark 1, .., mark 4} (Marks).
-        let (scope, deadline) = (self.scope(key), self.deadline());
+        let (script, deadline) = (&scripts::BOOK, self.deadline());
         let reply = self
-            .run_decision(scope, script, cmd, None, Takes::Book, deadline)
+            .call(key, script, cmd, None, Some(Takes::Book), deadline)
             .await?;
+        // The store's time alone when booked with no wait and no penalty;
+        // else {booked, wait, now, mark 1, .., mark 4}.
         if !matches!(reply, Value::Array(_)) {
-            let now: String = parse(reply)?;
-            let now = micros_of(&now)?;
+            let now = micros_of(&parse::<String>(reply)?)?;
             let booked = Booking {
                 wait: 0,
                 booked: true,
@@ -218,20 +136,19 @@ impl RedisBackend {
             };
             return Ok((booked, now));
         }
-        type Reply = (i64, String, String, String, String, String, String);
-        let (booked, wait, now, m1, m2, m3, m4): Reply = parse(reply)?;
-        let marks = [
-            micros_of(&m1)?,
-            micros_of(&m2)?,
-            micros_of(&m3)?,
-            micros_of(&m4)?,
-        ];
-        let (wait, now) = (micros_of(&wait)?, micros_of(&now)?);
+        let v: Vec<String> = parse(reply)?;
+        let n = v.iter().skip(1).map(|s| micros_of(s));
+        let n = n.collect::<Result<Vec<_>, _>>()?;
+        let [wait, now, m1, m2, m3, m4] = n[..] else {
+            return Err(BackendError::new(format!("unexpected book reply: {v:?}")));
+        };
+        let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
+        let booked = v[0] == "1";
         Ok((
             Booking {
                 wait,
-                booked: booked == 1,
-                since: Marks::new(now, marks).due_at(now.saturating_add(wait)),
+                booked,
+                since,
             },
             now,
         ))
@@ -249,16 +166,27 @@ impl Store for RedisBackend {
         let keys = self.keys(key)?;
         // One bound for the releases sent ahead and the decision.
         let deadline = self.deadline();
-        let reached =
-            spec.max_concurrent.is_none() || self.send_pending_releases(key, deadline).await;
-        let lease = new_lease();
-        let decided = if reached {
-            self.try_redis(key, &keys, spec, cost, lease, deadline)
-                .await
-        } else {
-            Err(self.kept_back(self.scope(key)))
-        };
-        Ok(decided?)
+        if spec.max_concurrent.is_some() && !self.send_pending_releases(key, deadline).await {
+            return Err(self.kept_back(self.scope(key)).into());
+        }
+        let lease: LeaseId = rand::random();
+        let mut cmd = self.cost_cmd(&scripts::TRY, &keys, spec, cost);
+        cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
+        cmd.arg(spec.lease_ttl).arg(lease);
+        let leased = spec.max_concurrent.map(|_| (keys, lease));
+        let takes = Some(Takes::Try);
+        let reply = self
+            .call(key, &scripts::TRY, cmd, leased, takes, deadline)
+            .await?;
+        // 1 when allowed; {reason, wait} when denied.
+        if let Value::Int(1) = reply {
+            return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
+        }
+        let (reason, wait): (i64, String) = parse(reply)?;
+        Ok(match reason {
+            2 => Decision::deny(DenyReason::Concurrency, 0),
+            _ => Decision::deny(DenyReason::Rate, micros_of(&wait)?),
+        })
     }
 
     async fn book(
@@ -278,15 +206,12 @@ impl Store for RedisBackend {
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
         let deadline = self.deadline();
-        let reached = self.send_pending_releases(key, deadline).await;
-        let lease = new_lease();
-        let held = if reached {
-            self.take_slot_as(key, &keys, spec, (lease, true), deadline)
-                .await
-        } else {
-            Err(self.kept_back(self.scope(key)))
-        };
-        Ok(held?.then_some(lease))
+        if !self.send_pending_releases(key, deadline).await {
+            return Err(self.kept_back(self.scope(key)).into());
+        }
+        let lease: LeaseId = rand::random();
+        let held = self.take_slot_as(key, &keys, spec, (lease, true), deadline);
+        Ok(held.await?.then_some(lease))
     }
 
     async fn wait_left(
@@ -296,12 +221,9 @@ impl Store for RedisBackend {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
-        let (script, cmd) = self.cost_call(&scripts::PENALTY_LEFT, &keys, spec, cost);
-        let result = async {
-            let left: String = parse(self.run(self.scope(key), script, cmd).await?)?;
-            micros_of(&left)
-        };
-        Ok(result.await?)
+        let cmd = self.cost_cmd(&scripts::PENALTY_LEFT, &keys, spec, cost);
+        let left = self.run(key, &scripts::PENALTY_LEFT, cmd).await?;
+        Ok(micros_of(&parse::<String>(left)?)?)
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
@@ -315,12 +237,10 @@ impl Store for RedisBackend {
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
         let keys = self.keys(key)?;
-        let mut cmd =
-            scripts::evalsha_leases(&scripts::RENEW, &keys, self.now_arg(), self.inner.margin_ms);
+        let (now, margin) = (self.now_arg(), self.inner.margin_ms);
+        let mut cmd = scripts::evalsha_leases(&scripts::RENEW, &keys, now, margin);
         cmd.arg(spec.lease_ttl).arg(lease);
-        let result =
-            async { parse::<i64>(self.run(self.scope(key), &scripts::RENEW, cmd).await?) }.await;
-        if result? == 1 {
+        if parse::<i64>(self.run(key, &scripts::RENEW, cmd).await?)? == 1 {
             return Ok(Renewal::Held);
         }
         // Not held: taken again under the same lease if a slot is free.
@@ -345,28 +265,16 @@ impl Store for RedisBackend {
             return Ok(());
         }
         let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha(
-            &scripts::SETTLE,
-            &keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |i| {
-                let u = spec.buckets[i].0;
-                Operand::Num(booked.of(u) as f64 - actual.of(u) as f64)
-            },
-        );
+        let mut cmd = self.cmd(&scripts::SETTLE, &keys, spec, |i| {
+            let u = spec.buckets[i].0;
+            Some(booked.of(u) as f64 - actual.of(u) as f64)
+        });
+        let text = |x: Option<Micros>| x.map_or(String::new(), |x| x.to_string());
         for i in 0..MARKED {
-            match since {
-                Some(marks) => cmd.arg(marks.of(i)),
-                None => cmd.arg(""),
-            };
+            cmd.arg(text(since.map(|m| m.of(i))));
         }
-        match since {
-            Some(marks) => cmd.arg(marks.due()),
-            None => cmd.arg(""),
-        };
-        self.run(self.scope(key), &scripts::SETTLE, cmd).await?;
+        cmd.arg(text(since.map(|m| m.due())));
+        self.run(key, &scripts::SETTLE, cmd).await?;
         Ok(())
     }
 
@@ -377,16 +285,9 @@ impl Store for RedisBackend {
         penalty: Duration,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha(
-            &scripts::PENALIZE,
-            &keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |_| Operand::Int(0),
-        );
+        let mut cmd = self.cmd(&scripts::PENALIZE, &keys, spec, |_| Some(0.0));
         cmd.arg(micros(penalty));
-        self.run(self.scope(key), &scripts::PENALIZE, cmd).await?;
+        self.run(key, &scripts::PENALIZE, cmd).await?;
         Ok(())
     }
 
@@ -398,25 +299,17 @@ impl Store for RedisBackend {
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
         let counter = |i: usize| broker_core::state::observed_for(spec, observed, i);
-        let mut cmd = scripts::evalsha(
-            &scripts::RECONCILE,
-            &keys,
-            self.now_arg(),
-            self.inner.margin_ms,
-            spec,
-            |i| {
-                counter(i)
-                    .and_then(|o| o.remaining)
-                    .map_or(Operand::None, Operand::Int)
-            },
-        );
+        let mut cmd = self.cmd(&scripts::RECONCILE, &keys, spec, |i| {
+            counter(i).and_then(|o| o.remaining).map(|r| r as f64)
+        });
         for i in 0..spec.buckets.len() {
-            match counter(i).and_then(|o| o.reset) {
-                Some(reset) => cmd.arg(micros(reset)),
-                None => cmd.arg(""),
-            };
+            cmd.arg(
+                counter(i)
+                    .and_then(|o| o.reset)
+                    .map_or(String::new(), |r| micros(r).to_string()),
+            );
         }
-        self.run(self.scope(key), &scripts::RECONCILE, cmd).await?;
+        self.run(key, &scripts::RECONCILE, cmd).await?;
         Ok(())
     }
 

@@ -1,23 +1,12 @@
--- The write-back cache of a batch (try_batch.lua): within one batch, the
--- bucket hashes are read from Redis once, then held here, and written back
--- once at the end, so that decisions on the same resource (the common case
--- of a batch: one shared quota) do not each read and write the hash. The
--- decisions see exactly what Redis would hold: the values they wrote
--- (passed to HSET as Lua numbers, which Redis stores so that they read back
--- bit for bit, see lib.lua) and nothing of a hash they deleted.
---
--- It stands in for redis.call in the transitions' text (through a local
--- `redis` table), for HMGET, HSET and DEL, and PEXPIRE of a cached key;
--- every other command (the lease set's) goes to Redis, except TIME: it is
--- read once per batch, so the batch's decisions are taken at one instant
--- (as decisions sent within the same microsecond would be).
---
--- tonumber, as the transitions see it, remembers the numbers it read from
--- strings (the same ARGV strings recur in every decision on a resource):
--- the same string gives the same number, without parsing it again.
+-- The write-back cache of a batch (try_batch.lua), for speed: bucket
+-- hashes are read from Redis once per batch and written back once at the
+-- end, so decisions on one resource do not each read and write the hash;
+-- they see exactly what Redis would hold. It stands in for redis.call (a
+-- local `redis` table) for HMGET, HSET, DEL and PEXPIRE of a cached key;
+-- TIME is read once per batch, and tonumber remembers what it parsed.
 local real_call = redis.call
 -- key -> { f = field -> value (false: absent), w = fields written,
--- deleted = whether deleted in this batch, ttl = last PEXPIRE }
+-- deleted, ttl = last PEXPIRE }
 local cache = {}
 local batch_time
 
@@ -63,7 +52,6 @@ local function cached_call(cmd, key, ...)
       out[i] = x
     end
     if missing then
-      -- Fields neither read nor written yet: Redis still holds them.
       local v = real_call('HMGET', key, ...)
       for i = 1, #names do
         if out[i] == nil then
@@ -94,7 +82,6 @@ local function cached_call(cmd, key, ...)
   return real_call(cmd, key, ...)
 end
 
--- Writes the cached hashes back: what the batch's commands would have left.
 local function write_back()
   for key, c in pairs(cache) do
     if c.deleted then

@@ -1,10 +1,8 @@
 -- book (state::book): book c in every bucket at the latest of their
--- earliest times, or nothing if that is beyond max_wait.
--- ARGV[REST] max_wait. Returns {booked, wait, now, mark 1, .., mark 4} as
--- strings (state::Marks: a bucket's mark is now, or its nb if charged and
--- later; buckets from the fourth on share the fourth, the earliest of
--- theirs); when booked with no wait and every mark is now, now alone (no
--- reply table to build).
+-- earliest times, or nothing if that is beyond max_wait (ARGV[REST]).
+-- Returns {booked, wait, now, mark 1, .., mark 4} as strings (state::Marks;
+-- buckets from the fourth on share the fourth); now alone when booked with
+-- no wait and every mark is now.
 args()
 local now = read_now()
 load(now)

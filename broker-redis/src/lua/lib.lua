@@ -1,13 +1,9 @@
--- resource-broker: the helpers every script is built on, written once: the
--- clock and saturating arithmetic, the bucket (broker-core's bucket.rs),
--- the state over n buckets (state.rs) and the lease set (take_slot).
--- Each transition's script is this file followed by its own body, which
--- starts with args().
--- Times are microseconds held in doubles (exact below 2^53 us, about 285
--- years). Stored numbers are passed to HSET as Lua numbers, which Redis
--- writes with 17 significant digits (or the shortest exact form), so they
--- read back bit for bit; results that are not small integers are returned
--- as strings.
+-- The helpers every script is built on: a mirror of broker-core's
+-- bucket.rs and state.rs over plain values, and the lease set. Each
+-- transition's script is this file followed by its own body.
+-- Times are microseconds in doubles. Stored numbers go to HSET as Lua
+-- numbers, which Redis writes so that they read back bit for bit; results
+-- that are not small integers are returned as strings.
 --
 -- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n; with
 --          n = 0 (no rate limit), hold: the end of a penalty (see load)
@@ -26,8 +22,7 @@ local format, call, tonumber = string.format, redis.call, tonumber
 -- u64::MAX as an f64: where Rust saturates, Lua clamps to this.
 local U64 = 18446744073709551616
 
--- N, the number of buckets, and REST, the first operand of the transition;
--- set from ARGV by args(), once per call, before the transition's body.
+-- The number of buckets, and the first operand of the transition.
 local N, REST
 
 local function args()
@@ -50,8 +45,7 @@ local function read_now()
   if ARGV[1] ~= '' then
     return tonumber(ARGV[1])
   end
-  -- Redis before 5 replicates scripts verbatim unless told otherwise, and
-  -- refuses writes after TIME; since Redis 5 this is the default (a no-op).
+  -- Needed before Redis 5 to write after TIME; a no-op since.
   if redis.replicate_commands then
     redis.replicate_commands()
   end
@@ -59,11 +53,9 @@ local function read_now()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- state::penalty_end of the hash KEYS[1] made for another number of
--- buckets than N (its field n says `n`): the latest nb of its buckets, or
--- its penalty; 0 for none. What state::adopt carries over to the new
--- buckets (a reload to another number of rate limits). The buckets read
--- are bounded by the hash's own size, whatever n says.
+-- state::penalty_end of a hash made for `n` buckets, not N: the latest nb
+-- of its buckets, or its penalty; 0 for none (what state::adopt carries
+-- over).
 local function penalty_end(n)
   local fields = { 'hold' }
   for i = 1, min(n, call('HLEN', KEYS[1]), 4096) do
@@ -77,11 +69,7 @@ local function penalty_end(n)
   return until_
 end
 
--- Bucket: a line-by-line mirror of broker-core's bucket.rs on plain values: a
--- bucket is tokens, ts, nb (same names), its parameters capacity, amount,
--- period. No tables, and no call out of Lua on the common path:
--- `if b < a then a = b end` is f64::min as math.min computes it, and
--- `if a < b then a = b end` is max.
+-- Bucket (bucket.rs): tokens, ts, nb; parameters capacity, amount, period.
 
 -- bucket::refill: returns tokens, ts.
 local function refill(tokens, ts, now, capacity, amount, period)
@@ -89,14 +77,12 @@ local function refill(tokens, ts, now, capacity, amount, period)
     tokens = tokens + (now - ts) * (amount / period)
     ts = now
   end
-  -- Capped also with no time passed: a burst lowered since (a
-  -- re-registration) holds no more than the new burst.
+  -- Capped also with no time passed: the burst may have been lowered.
   if capacity < tokens then tokens = capacity end
   return tokens, ts
 end
 
--- bucket::ceil_micros: up to a whole us, except within a nanosecond of one
--- (nearest is f64::round, half away from zero, for x >= 0); saturating.
+-- bucket::ceil_micros: up to a whole us, except within a nanosecond of one.
 local function ceil_micros(x)
   local nearest = floor(x)
   if x - nearest >= 0.5 then nearest = nearest + 1 end
@@ -106,8 +92,7 @@ local function ceil_micros(x)
   return r
 end
 
--- bucket::wait_for, for a bucket refilled to now: the rate wait, or until
--- nb (nb.saturating_sub(now)) if that is longer.
+-- bucket::wait_for, for a bucket refilled to now.
 local function wait_for(tokens, nb, now, cost, amount, period)
   local deficit = cost - tokens
   local rate_wait = 0
@@ -120,8 +105,7 @@ local function wait_for(tokens, nb, now, cost, amount, period)
   return rate_wait
 end
 
--- bucket::book_at: take cost as of the send time, wait after now. Returns
--- tokens, ts.
+-- bucket::book_at: take cost as of now + wait. Returns tokens, ts.
 local function book_at(tokens, ts, now, cost, wait, capacity, amount, period)
   if now < ts then now = ts end
   tokens, ts = refill(tokens, ts, now, capacity, amount, period)
@@ -132,9 +116,7 @@ local function book_at(tokens, ts, now, cost, wait, capacity, amount, period)
 end
 
 -- bucket::unclaimed: of a refund of delta booked for due, what no later
--- booking was granted: delta less the refill from due to the last booking
--- (when the debt is refilled, or nb if later), 0 at least. For a bucket
--- refilled to now.
+-- booking was granted. For a bucket refilled to now.
 local function unclaimed(tokens, nb, now, delta, due, amount, period)
   local debt = 0
   if tokens < 0 then debt = ceil_micros(-tokens * (period / amount)) end
@@ -146,9 +128,7 @@ local function unclaimed(tokens, nb, now, delta, due, amount, period)
   return 0
 end
 
--- bucket::ttl in whole ms (PEXPIRE's unit, at most 10^15) plus the margin;
--- nil when the bucket is idle (bucket::is_idle: it equals a fresh one, so
--- it is dropped). wait_for to capacity already covers nb.
+-- bucket::ttl in ms (at most 10^15) plus the margin; nil when idle.
 local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
   local n = now
   if n < ts then n = ts end
@@ -161,33 +141,22 @@ local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
   return ms + tonumber(ARGV[2])
 end
 
--- State: the multi-limit helpers of broker-core's state.rs (wait_all, book_all)
--- over n buckets, and reading and writing the bucket hash. Bucket i's
--- parameters, operand and state are held in parallel arrays.
+-- State (state.rs) over N buckets, held in parallel arrays.
 
 local capacity, amount, period, c = {}, {}, {}, {}
 local tokens, ts, nb = {}, {}, {}
--- ResourceState::penalty: with no bucket (N = 0, a concurrency limit alone),
--- the end of a penalty, field `hold` of the hash (with n = 0); 0 for none,
--- and for a hash without the field. Neither read nor written when N > 0.
+-- ResourceState::penalty: with no bucket, the end of a penalty (field
+-- `hold`); 0 for none.
 local penalty = 0
 
--- The field names of bucket i.
 local function names(i)
-  if i == 1 then return 'tokens:1', 'ts:1', 'nb:1' end
-  if i == 2 then return 'tokens:2', 'ts:2', 'nb:2' end
   return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
 end
 
--- Reads the buckets (with none, the penalty); a missing hash is
--- ResourceState::fresh (full buckets as of now, no penalty), and one made for
--- another number of buckets is that, under the penalty it carries
--- (state::adopt: its penalty_end, put on as state::penalize_until does: full
--- buckets penalized, so that what is adopted does not depend on when). A
--- hash of another number of buckets is written back at once as taken on
--- (or deleted, when that is idle): the reference keeps the adopted state
--- whatever the call decides, so a call that writes nothing after (a
--- denial, a book call that booked nothing) leaves the same state behind.
+-- Reads the buckets (with none, the penalty). A missing hash is fresh; one
+-- made for another number of buckets is fresh under the penalty it
+-- carries (state::adopt), and written back at once, as the reference keeps
+-- the adopted state whatever the call decides.
 local save
 local function load(now)
   if N == 0 then
@@ -221,8 +190,6 @@ local function load(now)
     capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     c[i] = ARGV[a + 3]
     if fresh then
-      -- A fresh bucket; under a penalty (until_ > now), penalized until its
-      -- end (state::penalize_until on a fresh bucket: ts is now).
       tokens[i], ts[i], nb[i] = capacity[i], now, 0
       if until_ > now then
         nb[i] = until_
@@ -235,9 +202,7 @@ local function load(now)
 end
 
 -- Writes the buckets back with the longest TTL among them, or deletes the
--- hash when every bucket is idle. With no bucket, writes the penalty until
--- it ends (state::ttl: its time left, plus the margin), or deletes the
--- hash once it has ended.
+-- hash when all are idle; with no bucket, the penalty until it ends.
 function save(now)
   if N == 0 then
     if penalty <= now then
@@ -272,8 +237,7 @@ function save(now)
   call('PEXPIRE', KEYS[1], ms)
 end
 
--- state::wait_all: the longest wait among buckets with a non-zero cost;
--- with no bucket, the time left of the penalty.
+-- state::wait_all: the longest wait among buckets with a non-zero cost.
 local function wait_all(now)
   if N == 0 then
     if penalty > now then return penalty - now end
@@ -301,7 +265,7 @@ local function book_all(now, wait)
   end
 end
 
--- Leases. Keeps the lease set as long as its latest lease, plus the margin.
+-- Keeps the lease set as long as its latest lease, plus the margin.
 local function keep_lease_set(now)
   local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   local keep = tonumber(last[2]) - now
@@ -310,8 +274,7 @@ local function keep_lease_set(now)
   call('PEXPIRE', KEYS[2], ms)
 end
 
--- state::take_slot over the lease set; max_concurrent == '' means no
--- concurrency limit.
+-- state::take_slot; max_concurrent '' for no limit.
 local function take_slot(now, max_concurrent, lease_ttl, lease)
   if max_concurrent == '' then
     return true
@@ -326,12 +289,8 @@ local function take_slot(now, max_concurrent, lease_ttl, lease)
 end
 
 -- Whether `lease` is held and live. A decision's lease id is new, so it is
--- held only if this very decision ran before: the shared connection sends
--- a command again when its reply was lost with a broken pipe (see
--- connection.rs), and the first run may have granted the lease. A second
--- run that would deny answers as the first did instead, since a denied
--- caller never releases the lease that holds the slot. Asked on denials
--- only.
+-- held only if this decision ran before (sent again after a lost reply):
+-- a second run that would deny answers as the first did.
 local function held(now, lease)
   local expiry = call('ZSCORE', KEYS[2], lease)
   return expiry and tonumber(expiry) > now

@@ -11,8 +11,7 @@ for i = 1, N do
     local reset = tonumber(ARGV[REST + i - 1])
     local reset_at = nil
     if reset ~= nil then
-      -- On the bucket's time (bucket::on_bucket_time): moved forward by as
-      -- much as now is clamped to ts.
+      -- bucket::on_bucket_time.
       reset_at = sat_add(sat_add(now, reset), n - now)
     end
     tokens[i], ts[i] = refill(tokens[i], ts[i], n, capacity[i], amount[i], period[i])

@@ -1,7 +1,5 @@
--- renew (state::renew): extend a lease while it is live (in the set, its
--- expiry after now) to now + lease_ttl, and the set's expiry with it (as
--- take_slot keeps it). An expired lease is not brought back, even before a
--- purge removes it: its slot may be another holder's.
+-- renew (state::renew): extend a live lease to now + lease_ttl, and the
+-- set's expiry with it. An expired lease is not brought back.
 -- ARGV[REST] lease_ttl, ARGV[REST+1] lease id. Returns 1 if it was live.
 args()
 local now = read_now()

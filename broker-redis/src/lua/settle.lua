@@ -1,14 +1,9 @@
--- settle (state::settle, bucket::settle): c is delta = booked - actual;
--- a positive delta refunds (capped at capacity), a negative one charges.
--- ARGV[REST .. REST + 3] are the settled booking's marks in us
--- (state::Marks; buckets from the fourth on share the fourth; '' when
--- there are none: now), ARGV[REST + 4] its due time ('' when none). No
--- refund to a bucket penalized past its mark (nb after it): the penalty came after
--- the booking, and its drain took tokens. A refund gives back only what no
--- booking due later was granted (bucket::unclaimed).
--- KEYS[3], when given (see scripts::run_once): this settle's own key, set
--- for ARGV[REST + 5] ms as it settles; a settle sent again finds it and
--- changes nothing.
+-- settle (state::settle): c is delta = booked - actual; a positive delta
+-- refunds (capped, and only what no later booking was granted), a negative
+-- one charges. ARGV[REST .. REST + 3] the booking's marks ('' for none),
+-- ARGV[REST + 4] its due time. No refund to a bucket penalized past its
+-- mark. KEYS[3], when given: this settle's own key, set for ARGV[REST + 5]
+-- ms; a settle sent again finds it and changes nothing.
 args()
 local now = read_now()
 if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 5]) then

@@ -1,9 +1,7 @@
 -- try (state::try_acquire): take c from every bucket and a slot, or nothing.
--- A decision whose lease is already held ran before (see held): allowed.
 -- ARGV[REST] max_concurrent ('' for none), ARGV[REST+1] lease_ttl,
--- ARGV[REST+2] lease id. Returns 1 when allowed (no table to build on the
--- common path); when denied, {reason, wait}: reason 1 rate, 2 concurrency,
--- wait as a string.
+-- ARGV[REST+2] lease id. Returns 1 when allowed; when denied, {reason,
+-- wait}: reason 1 rate, 2 concurrency.
 args()
 local now = read_now()
 load(now)

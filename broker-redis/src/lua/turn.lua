@@ -5,12 +5,9 @@
 -- ARGV[3] = 0 (no bucket); ARGV[REST ..] flow (a fingerprint), weight,
 -- units (the call's cost in us), active (us a flow stays without being
 -- seen), last ('1': the flow's last waiter in its process).
--- A flow not seen for `active` leaves both sets (a few per call). A flow
--- joining starts at the least virtual time of the active ones (its own
--- is kept only while it is active, and is never below that least one);
--- it may book while its virtual time is at most that least one plus one
--- quantum (units / weight), and then is charged one quantum; its last
--- waiter served, it leaves after one call's units unless it asks again.
+-- A flow not seen for `active` leaves both sets. A joining flow starts at
+-- the least virtual time; it may book while its own is at most that plus
+-- one quantum (units / weight), and is then charged one quantum.
 -- Returns 1 (its turn) or 0 (not yet).
 args()
 local now = read_now()
