@@ -45,7 +45,7 @@ impl PermitBody for axum::body::Body {
     fn hold(&mut self, permit: Permit) {
         // Boxed as axum's own `UnsyncBoxBody`, so `Body::new` takes it as is.
         let body = std::mem::take(self);
-        *self = axum::body::Body::new(HeldBody::new(body, permit).boxed_unsync());
+        *self = axum::body::Body::new(PressureBody::new(body, Some(permit)).boxed_unsync());
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -63,7 +63,7 @@ where
 {
     fn hold(&mut self, permit: Permit) {
         let body = std::mem::take(self);
-        *self = HeldBody::new(body, permit).boxed();
+        *self = PressureBody::new(body, Some(permit)).boxed();
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -81,7 +81,7 @@ where
 {
     fn hold(&mut self, permit: Permit) {
         let body = std::mem::take(self);
-        *self = HeldBody::new(body, permit).boxed_unsync();
+        *self = PressureBody::new(body, Some(permit)).boxed_unsync();
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -115,27 +115,6 @@ impl<B: Body> PermitBody for PressureBody<B> {
     }
 }
 
-pin_project! {
-    /// A body holding one permit until it ends, fails or is dropped.
-    struct HeldBody<B> {
-        #[pin]
-        inner: B,
-        permit: Permit,
-        // Data bytes handed to the server so far (see `may_end`).
-        handed: usize,
-    }
-}
-
-impl<B> HeldBody<B> {
-    fn new(inner: B, permit: Permit) -> Self {
-        Self {
-            inner,
-            permit,
-            handed: 0,
-        }
-    }
-}
-
 /// Bodies up to this size may end with their last frame ([`may_end`]).
 const SMALL_BODY: usize = 16 << 10;
 
@@ -152,37 +131,6 @@ fn data_len<D: Buf, E>(frame: &Poll<Option<Result<Frame<D>, E>>>) -> usize {
     match frame {
         Poll::Ready(Some(Ok(f))) => f.data_ref().map_or(0, Buf::remaining),
         _ => 0,
-    }
-}
-
-impl<B: Body> Body for HeldBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if let Poll::Ready(None | Some(Err(_))) = &polled {
-            this.permit.release();
-        }
-        *this.handed = this.handed.saturating_add(data_len(&polled));
-        polled
-    }
-
-    /// See [`may_end`].
-    fn is_end_stream(&self) -> bool {
-        may_end(
-            self.inner.is_end_stream(),
-            self.permit.is_held(),
-            self.handed,
-        )
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -1,6 +1,5 @@
 //! Giving a route/service stage its cost back (`settle` to zero) when the
-//! request goes no further: a tenant-stage refusal, a second reading's
-//! denial, a client that leaves before the request reached its handler.
+//! request never reaches its handler.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,8 +18,7 @@ pub(crate) struct Refund {
     pub(crate) answered_here: u8,
 }
 
-/// `1` when the failure policy answered `result` (told by the answer, not
-/// the store's health, which may change).
+/// `1` when the store's failure policy answered `result`.
 pub(crate) fn answered_here(result: &Result<Acquisition, BrokerError>) -> u8 {
     result.as_ref().map_or(0, |a| u8::from(a.answered_here))
 }
@@ -39,23 +37,21 @@ pub(crate) async fn refund(policy: Arc<Policy>, refund: Refund) {
     }
 }
 
-/// Spawns [`refund`] on the current runtime; without one (it is shutting
-/// down) the cost stays charged.
+/// Spawns [`refund`] on the current runtime; without one the cost stays charged.
 pub(crate) fn spawn_refund(policy: Arc<Policy>, of: Refund) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(refund(policy, of));
     }
 }
 
-/// A refund that runs to its end even if dropped: polled in place, then
-/// moved to a task once it waits.
+/// A refund that runs to its end even if dropped: polled in place, moved to
+/// a task once it waits.
 pub(crate) struct Refunding {
     refund: Pin<Box<dyn Future<Output = ()> + Send>>,
     detached: bool,
 }
 
 impl Refunding {
-    /// The refund of `of` on `policy`.
     pub(crate) fn new(policy: Arc<Policy>, of: Refund) -> Self {
         Self {
             refund: Box::pin(refund(policy, of)),
@@ -63,7 +59,7 @@ impl Refunding {
         }
     }
 
-    /// Moves the refund to a task of its own; false outside a runtime.
+    /// Moves the refund to a task; false outside a runtime.
     fn detach(&mut self) -> bool {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;

@@ -18,7 +18,6 @@ pub(crate) struct Refusal {
     stage: Stage,
     /// The wait of a denial; none for a backend failure.
     wait: Option<Duration>,
-    /// Denied by the concurrency limit, not by a rate.
     by_concurrency: bool,
     /// The route/service charge a tenant-stage refusal gives back.
     charge: Option<Arc<Charge>>,
@@ -38,8 +37,8 @@ pub(crate) fn judge(
 }
 
 impl Refusal {
-    /// The refusal of `result`: a denial logged once, a backend failure at
-    /// debug level (the broker warns).
+    /// The refusal of `result`, logged (a backend failure at debug level:
+    /// the broker warns).
     fn logged(
         policy: &Arc<Policy>,
         stage: Stage,
@@ -86,8 +85,7 @@ impl Refusal {
         self
     }
 
-    /// The response: the denial or the backend failure, naming the
-    /// charge it gives back.
+    /// The response, naming the charge it gives back.
     pub(crate) fn respond<B: PermitBody>(self) -> Response<B> {
         let policy = &self.policy;
         let mut res = match (self.wait, policy.limited(self.stage)) {
@@ -104,12 +102,4 @@ impl Refusal {
         }
         res
     }
-}
-
-/// The response of the refusal in `slot`; panics if polled after completion.
-pub(crate) fn respond_once<B: PermitBody>(slot: &mut Option<Refusal>) -> Response<B> {
-    let refusal = slot.take();
-    refusal
-        .expect("admission future polled after completion")
-        .respond()
 }

@@ -29,9 +29,6 @@ pub(crate) struct Route {
     prefix: Box<[u8]>,
     /// The prefix as a wildcard handler reads it, when different.
     slashed: Option<Box<[u8]>>,
-    /// Whether another route's prefix continues this one's (as a wildcard
-    /// handler reads them).
-    deeper: bool,
     pub(crate) limited: Limited,
 }
 
@@ -128,22 +125,11 @@ impl Policy {
                 Ok(Route {
                     slashed: (*second != *prefix).then(|| second.into()),
                     prefix,
-                    deeper: false,
                     limited: limited(wanted)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
-        let deeper: Vec<bool> = (routes.iter())
-            .map(|of| {
-                let of = of.slashed();
-                (routes.iter())
-                    .any(|r| r.slashed().len() > of.len() && prefix_matches(r.slashed(), of))
-            })
-            .collect();
-        for (route, deeper) in routes.iter_mut().zip(deeper) {
-            route.deeper = deeper;
-        }
         let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
         let tenant = tenant.as_ref().map(limited).transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -169,25 +155,11 @@ impl Policy {
         if !self.enabled {
             return None;
         }
-        if self.routes.is_empty() {
-            return self.route_or_service(None);
-        }
         let form = match path.starts_with('/') {
             true => normal_path(path),
             false => Cow::Borrowed(&b"/"[..]),
         };
-        let found = self.route_for(&form);
-        if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
-            return self.read_both_ways(path, &form, found);
-        }
-        // Dropping a dot or empty segment can only move a path outside every
-        // route, or in one a longer prefix continues.
-        if found.is_none_or(|i| self.routes[i as usize].deeper)
-            && has_dot_or_empty_segment(path.as_bytes())
-        {
-            return self.read_both_ways(path, &form, found);
-        }
-        self.route_or_service(found)
+        self.read_both_ways(path, &form, self.route_for(&form))
     }
 
     /// The index of the longest route whose prefix `form` matches.
