@@ -139,15 +139,13 @@ impl MemoryBackend {
         })
     }
 
-    /// `try_acquire` on the joined state `key`.
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        let store = &self.store;
-        key::with_parsed(key, |key| {
-            store.try_acquire(key, None, spec, || store.shared_spec(spec), cost)
+        let lease = store::lease_for(spec);
+        self.with_state(key, spec, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
         })
     }
 
-    /// `take_slot` on the joined state `key`: the lease, when held.
     fn take_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
         let lease = store::next_lease();
         self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease))

@@ -1,6 +1,5 @@
-//! [`ResourceStates`]: one resource's states, reached by sub-key without a
-//! joined state key (the broker's fast path, see
-//! [`broker_core::LocalStore::states`]).
+//! [`ResourceStates`]: one resource's states, reached by sub-key
+//! ([`broker_core::LocalStore::states`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,11 +14,10 @@ use crate::store::Store;
 pub(crate) struct ResourceStates {
     store: Arc<Store>,
     spec: Arc<LimitSpec>,
-    /// The resource's state key (its escaped id), shared by the keys of
-    /// the states this handle creates.
+    /// The resource's state key, shared by the keys of the states it makes.
     resource: Arc<str>,
-    /// Whether this registration has decided on the resource's own state,
-    /// which the store then keeps until it is dropped.
+    /// Whether this registration decided on the resource's own state (which
+    /// the store then keeps until it is dropped).
     decides_on_own: AtomicBool,
 }
 

@@ -147,10 +147,9 @@ impl Policy {
     }
 
     /// The stage limiting `path` before authentication: the longest matching
-    /// route, else the service (a non-path such as `*` reads as `/`).
-    /// A path that reads differently to the router and to a wildcard handler
-    /// (`%2F`, `.` or empty segments) and so meets two stages gets
-    /// [`Stage::Both`]: it is charged on both, so no reading steps around a limit.
+    /// route, else the service (a non-path such as `*` reads as `/`). A path
+    /// that a wildcard handler reads differently (`%2F`, `.` or empty
+    /// segments) and so meets two stages gets [`Stage::Both`], charged on both.
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
             return None;
@@ -159,38 +158,13 @@ impl Policy {
             true => normal_path(path),
             false => Cow::Borrowed(&b"/"[..]),
         };
-        self.read_both_ways(path, &form, self.route_for(&form))
-    }
-
-    /// The index of the longest route whose prefix `form` matches.
-    fn route_for(&self, form: &[u8]) -> Option<u32> {
-        let i = self
-            .routes
-            .iter()
-            .position(|r| prefix_matches(form, &r.prefix))?;
-        // At most `u32::MAX - 1` routes (`Policy::new`).
-        Some(i as u32)
-    }
-
-    /// The route (`found`), else the service stage.
-    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
-        match found {
-            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
-            None => self.service.as_ref().map(|s| (Stage::Service, s)),
-        }
-    }
-
-    /// [`Policy::stage_for`] of a path read twice; `found` is the router's.
-    fn read_both_ways(
-        &self,
-        path: &str,
-        form: &[u8],
-        found: Option<u32>,
-    ) -> Option<(Stage, &Limited)> {
-        let routed = self.route_or_service(found);
         let path = path.as_bytes();
+        let found = (0u32..)
+            .zip(&self.routes)
+            .find_map(|(i, r)| prefix_matches(&form, &r.prefix).then_some(i));
+        let routed = self.route_or_service(found);
         let second =
-            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(form);
+            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(&form);
         if !path.starts_with(b"/") || !second {
             return routed;
         }
@@ -219,14 +193,17 @@ impl Policy {
         }
     }
 
-    /// The tenant stage's resource, when the tenant stage limits anything.
-    pub(crate) fn tenant_stage(&self) -> Option<&Limited> {
-        self.tenant.as_ref().filter(|_| self.enabled)
+    /// The route (`found`), else the service stage.
+    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
+        match found {
+            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
+            None => self.service.as_ref().map(|s| (Stage::Service, s)),
+        }
     }
 
     /// Whether the tenant stage limits anything.
     pub(crate) fn has_tenant_stage(&self) -> bool {
-        self.tenant_stage().is_some()
+        self.enabled && self.tenant.is_some()
     }
 
     /// The resource of `stage` (none for [`Stage::Both`]: see its

@@ -52,7 +52,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let policy = &self.policy;
-        if policy.tenant_stage().is_none() {
+        if !policy.has_tenant_stage() {
             return TenantFuture::pass(&mut self.inner, req);
         }
         // Taken out whatever comes next: only this stage answers for it.

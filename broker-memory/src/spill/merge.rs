@@ -1,5 +1,4 @@
-//! How a place folds states in and how a new state reads one: the
-//! bucket-wise merges a place is made of.
+//! The bucket-wise merges of places.
 
 use broker_core::bucket::{self, BucketParams, BucketState};
 use broker_core::state::LimitSpec;
@@ -32,9 +31,7 @@ pub(super) fn merge_raw(place: &mut [BucketState], kept: &[BucketState]) {
     }
 }
 
-/// Narrows `into` (made for `spec`, at `now`) to `place`, read under
-/// `spec`'s limits as a state kept across a reload is (`tighter` refills
-/// it to `now` under them).
+/// Narrows `into` (made for `spec`) to `place`, refilled under `spec`.
 pub(super) fn narrow(into: &mut [BucketState], place: &[BucketState], spec: &LimitSpec) {
     for ((b, read), p) in into.iter_mut().zip(place).zip(params_of(spec)) {
         *b = bucket::tighter(*b, *read, p);
