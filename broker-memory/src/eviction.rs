@@ -101,8 +101,6 @@ pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize, budget: usize) ->
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.
     len: AtomicUsize,
-    /// No sweep runs below this many states.
-    floor: AtomicUsize,
     threshold: AtomicUsize,
     /// The bound.
     max: AtomicUsize,
@@ -118,7 +116,6 @@ impl Default for Sweeper {
         Self {
             len: AtomicUsize::new(0),
             threshold: AtomicUsize::new(MIN_SWEEP_LEN),
-            floor: AtomicUsize::new(MIN_SWEEP_LEN),
             max: AtomicUsize::new(DEFAULT_MAX_STATES),
             last: AtomicU64::new(0),
             sweeping: Mutex::new(()),
@@ -133,7 +130,6 @@ impl Sweeper {
     pub(crate) fn set_max(&self, max: usize) {
         let max = max.max(MIN_MAX_STATES);
         self.max.store(max, Ordering::Relaxed);
-        self.floor.store(MIN_SWEEP_LEN.min(max), Ordering::Relaxed);
         let len = self.len.load(Ordering::Relaxed);
         self.threshold
             .store((len * 2).max(MIN_SWEEP_LEN).min(max), Ordering::Relaxed);
@@ -152,7 +148,7 @@ impl Sweeper {
         } else {
             self.len.load(Ordering::Relaxed)
         };
-        if len < self.floor.load(Ordering::Relaxed) {
+        if len < MIN_SWEEP_LEN.min(self.max()) {
             return;
         }
         let grown = len > self.threshold.load(Ordering::Relaxed);

@@ -17,7 +17,6 @@ use super::refund::{answered_here, spawn_refund, Refund, Refunding};
 use super::refusal::{judge, Refusal};
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
-use crate::tenant::keys::TenantId;
 
 pin_project! {
     /// The response future of both stages' services: the denial, or the
@@ -73,7 +72,7 @@ pin_project! {
             acquire: Pin<Box<dyn Future<Output = Answer> + Send>>,
             call: Option<Call<S, ReqB>>,
             policy: Arc<Policy>,
-            tenant: Option<TenantId>,
+            tenant: Option<String>,
             charge: Option<Arc<Charge>>,
         },
         // Admitted; `charged` when a tenant stage follows this route/service stage.
@@ -145,7 +144,7 @@ where
     pub(crate) fn admit(
         policy: &Arc<Policy>,
         stage: Stage,
-        tenant: Option<TenantId>,
+        tenant: Option<String>,
         charge: Option<Arc<Charge>>,
         inner: &mut S,
         req: Request<ReqB>,
@@ -153,7 +152,7 @@ where
     where
         S: Clone,
     {
-        let key = tenant.as_ref().map(TenantId::as_str);
+        let key = tenant.as_deref();
         let now =
             (policy.limited(stage)).and_then(|l| l.handle.try_acquire_now(key, Cost::default()));
         let state = match now {
@@ -169,11 +168,9 @@ where
             None => {
                 let clone = inner.clone();
                 let inner = std::mem::replace(inner, clone);
-                let asked = policy.clone();
+                let (asked, key) = (policy.clone(), tenant.clone());
                 State::Admitting {
-                    acquire: Box::pin(async move {
-                        acquire(&asked, stage, tenant.as_ref().map(TenantId::as_str)).await
-                    }),
+                    acquire: Box::pin(async move { acquire(&asked, stage, key.as_deref()).await }),
                     call: Some(Box::new((inner, req))),
                     policy: policy.clone(),
                     tenant,
@@ -206,7 +203,7 @@ where
                 } => {
                     let answer = ready!(acquire.as_mut().poll(cx));
                     let (mut inner, req) = *call.take().expect(DONE);
-                    let key = tenant.as_ref().map(TenantId::as_str);
+                    let key = tenant.as_deref();
                     let next = decide(policy, answer, key, charge.take(), &mut inner, req);
                     state.set(next);
                 }

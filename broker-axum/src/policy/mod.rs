@@ -1,6 +1,5 @@
-//! The shared, immutable state of one [`crate::Pressure`]: broker, route
-//! table, resources, responses. Limiter state lives in the broker, so clones
-//! never split a limit.
+//! The shared, immutable state of one [`crate::Pressure`]; limiter state
+//! lives in the broker.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
