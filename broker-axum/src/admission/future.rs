@@ -14,7 +14,7 @@ use super::acquire::{acquire, Answer};
 use super::carry::Carry;
 use super::charge::Charge;
 use super::refund::{answered_here, spawn_refund, Refund, Refunding};
-use super::refusal::{judge, Refusal};
+use super::refusal::judge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
@@ -45,7 +45,10 @@ pin_project! {
                 StateProj::Calling { charged, .. } => {
                     if let Some((charge, of)) = charged.take() {
                         // Drops the inner call, and the tenant stage in it.
-                        state.set(State::Refused { refusal: None });
+                        state.set(State::Answering {
+                            refund: None,
+                            response: None,
+                        });
                         if charge.was_left_unanswered() {
                             spawn_refund(charge.policy().clone(), of);
                         }
@@ -81,13 +84,10 @@ pin_project! {
             call: Carry<S::Future>,
             charged: Option<(Arc<Charge>, Refund)>,
         },
-        // The tenant stage refused: the cost goes back, then the refusal.
-        Refunding {
-            refund: Refunding,
+        // Refused, here or by the tenant stage (then the cost goes back first).
+        Answering {
+            refund: Option<Refunding>,
             response: Option<Box<Response<ResB>>>,
-        },
-        Refused {
-            refusal: Option<Refusal>,
         },
     }
 }
@@ -103,6 +103,7 @@ fn decide<S, ReqB, ResB>(
 ) -> State<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
 {
     let stage = answer.stage;
     match judge(policy, stage, answer.result, tenant) {
@@ -118,15 +119,22 @@ where
                 charged,
             }
         }
-        Err(refusal) => State::Refused {
-            refusal: Some(refusal.giving_back(charge)),
-        },
+        Err(mut response) => {
+            if let Some(charge) = charge {
+                charge.name_on(&mut response);
+            }
+            State::Answering {
+                refund: None,
+                response: Some(Box::new(response)),
+            }
+        }
     }
 }
 
 impl<S, ReqB, ResB> ResponseFuture<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: PermitBody,
 {
     /// Calls `inner` with `req`, no limit applying.
     pub(crate) fn pass(inner: &mut S, req: Request<ReqB>) -> Self {
@@ -211,19 +219,18 @@ where
                     let mut res = ready!(call.poll(cx))?;
                     match charged.take() {
                         Some((charge, of)) if charge.refused_in(&mut res) => {
-                            let refund = Refunding::new(charge.policy().clone(), of);
+                            let refund = Some(Refunding::new(charge.policy().clone(), of));
                             let response = Some(Box::new(res));
-                            state.set(State::Refunding { refund, response });
+                            state.set(State::Answering { refund, response });
                         }
                         _ => return Poll::Ready(Ok(res)),
                     }
                 }
-                StateProj::Refunding { refund, response } => {
-                    ready!(Pin::new(refund).poll(cx));
+                StateProj::Answering { refund, response } => {
+                    if let Some(refund) = refund {
+                        ready!(Pin::new(refund).poll(cx));
+                    }
                     return Poll::Ready(Ok(*response.take().expect(DONE)));
-                }
-                StateProj::Refused { refusal } => {
-                    return Poll::Ready(Ok(refusal.take().expect(DONE).respond()))
                 }
             }
         }

@@ -23,7 +23,7 @@ use broker_core::state::{self, LimitSpec, ResourceState};
 use broker_core::Micros;
 use parking_lot::{Mutex, RwLock};
 
-use merge::{merge, merge_raw, narrow, params_of};
+use merge::{merge, merge_raw, params_of};
 use places::{At, Places, Table};
 use shared::{Held, SHARED};
 
@@ -209,12 +209,16 @@ impl Spills {
                 continue;
             }
             let same = params_of(spec).eq(places.params.iter());
-            narrow(&mut buckets, if same { tight } else { raw }, spec);
+            merge(
+                &mut buckets,
+                if same { tight } else { raw },
+                params_of(spec),
+            );
         }
         let shared = self.shared.lock();
         for held in &shared[hash as usize % SHARED] {
             match held.raw.len() == n {
-                true => narrow(&mut buckets, &held.raw, spec),
+                true => merge(&mut buckets, &held.raw, params_of(spec)),
                 false => penalty_end = penalty_end.max(state::latest_not_before(&held.raw)),
             }
         }
