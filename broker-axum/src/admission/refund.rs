@@ -39,38 +39,26 @@ pub(crate) async fn refund(policy: Arc<Policy>, refund: Refund) {
 
 /// Spawns [`refund`] on the current runtime; without one the cost stays charged.
 pub(crate) fn spawn_refund(policy: Arc<Policy>, of: Refund) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(refund(policy, of));
-    }
+    drop(Refunding::new(policy, of));
 }
 
-/// A refund that runs to its end even if dropped: polled in place, moved to
-/// a task once it waits.
-pub(crate) struct Refunding {
-    refund: Pin<Box<dyn Future<Output = ()> + Send>>,
-    detached: bool,
-}
+/// A refund that runs to its end even if dropped: on a task of its own, or
+/// in place outside a runtime.
+pub(crate) struct Refunding(Pin<Box<dyn Future<Output = ()> + Send>>);
 
 impl Refunding {
     pub(crate) fn new(policy: Arc<Policy>, of: Refund) -> Self {
-        Self {
-            refund: Box::pin(refund(policy, of)),
-            detached: false,
+        let refund = refund(policy, of);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(refund);
+                // A refund that panicked only leaves the cost charged.
+                Self(Box::pin(async move {
+                    let _ = task.await;
+                }))
+            }
+            Err(_) => Self(Box::pin(refund)),
         }
-    }
-
-    /// Moves the refund to a task; false outside a runtime.
-    fn detach(&mut self) -> bool {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        let rest = std::mem::replace(&mut self.refund, Box::pin(std::future::ready(())));
-        let task = runtime.spawn(rest);
-        self.refund = Box::pin(async move {
-            // A refund that panicked only leaves the cost charged.
-            let _ = task.await;
-        });
-        true
     }
 }
 
@@ -78,13 +66,6 @@ impl Future for Refunding {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.refund.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(());
-        }
-        if self.detached || !self.detach() {
-            return Poll::Pending;
-        }
-        self.detached = true;
-        self.refund.as_mut().poll(cx)
+        self.0.as_mut().poll(cx)
     }
 }
