@@ -121,7 +121,11 @@ impl MemoryBackend {
 
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
-        key::with_parsed(key, |key| self.store.state(key))
+        key::with_parsed(key, |key| {
+            let entry = self.store.states.get(key)?;
+            let state = entry.lock().state.clone();
+            Some(state)
+        })
     }
 }
 

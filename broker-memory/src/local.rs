@@ -4,11 +4,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use broker_core::state::{LimitSpec, Verdict};
+use broker_core::state::{self, LimitSpec, Verdict};
 use broker_core::{Cost, LeaseId, LocalStates, LocalVerdict};
 
 use crate::key::KeyRef;
-use crate::store::Store;
+use crate::store::{self, Store};
 
 /// The states of one resource, for one registration's limits.
 pub(crate) struct ResourceStates {
@@ -45,12 +45,13 @@ impl LocalStates for ResourceStates {
             self.store.register_own(&self.resource);
         }
         let spec = &self.spec;
-        let decided = self.store.try_acquire(
+        let lease = store::lease_for(spec);
+        let decided = self.store.with_state(
             self.key(sub),
             Some(&self.resource),
             spec,
             || spec.clone(),
-            cost,
+            |s, now| state::try_acquire(s, spec, now, cost, lease),
         );
         Verdict::from(decided).into()
     }

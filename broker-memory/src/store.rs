@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::state::{self, Decision, LimitSpec, ResourceState};
-use broker_core::{Clock, Cost, LeaseId, Micros};
+use broker_core::state::{self, LimitSpec, ResourceState};
+use broker_core::{Clock, LeaseId, Micros};
 use parking_lot::Mutex;
 
 use crate::eviction::Sweeper;
@@ -98,31 +98,11 @@ impl Store {
         Some(f(e.current(spec, shared, now), now))
     }
 
-    /// `try` on the state of `key` (see [`Store::with_state`]).
-    pub(crate) fn try_acquire(
-        &self,
-        key: KeyRef<'_>,
-        resource: Option<&Arc<str>>,
-        spec: &LimitSpec,
-        shared: impl Fn() -> Arc<LimitSpec>,
-        cost: Cost,
-    ) -> Decision {
-        let lease = lease_for(spec);
-        self.with_state(key, resource, spec, shared, |s, now| {
-            state::try_acquire(s, spec, now, cost, lease)
-        })
-    }
-
     /// Frees the slot held under `lease` on the state of `key`.
     pub(crate) fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         self.states
             .get(key)
             .is_some_and(|e| state::release(&mut e.lock().state, lease))
-    }
-
-    /// The state of `key`, if held.
-    pub(crate) fn state(&self, key: KeyRef<'_>) -> Option<ResourceState> {
-        self.states.get(key).map(|e| e.lock().state.clone())
     }
 
     /// A registration decides on `resource`'s own state: the sweeper keeps it.
