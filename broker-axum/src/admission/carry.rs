@@ -24,21 +24,17 @@ pin_project! {
 }
 
 impl<F> Carry<F> {
-    pub(crate) fn new(fut: F, permit: Permit, method: &Method) -> Self {
-        let connect = permit.is_held() && method == Method::CONNECT;
-        Self {
-            fut,
-            permit,
-            connect,
-        }
-    }
-
+    /// Calls `inner` with `req`, the response taking `permit` along.
     pub(crate) fn call<S, ReqB>(inner: &mut S, req: Request<ReqB>, permit: Permit) -> Self
     where
         S: Service<Request<ReqB>, Future = F>,
     {
-        let method = req.method().clone();
-        Self::new(inner.call(req), permit, &method)
+        let connect = permit.is_held() && req.method() == Method::CONNECT;
+        Self {
+            fut: inner.call(req),
+            permit,
+            connect,
+        }
     }
 }
 

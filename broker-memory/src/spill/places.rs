@@ -121,30 +121,20 @@ impl Table {
 
     /// The tight and raw states kept at `at` for `n` buckets.
     pub(super) fn read(&self, at: At, n: usize) -> (&[BucketState], &[BucketState]) {
-        match at {
-            At::Own(i) => (
-                &self.tight[i * n..(i + 1) * n],
-                &self.raw[i * n..(i + 1) * n],
-            ),
-            At::Group(g) => (
-                &self.over_tight[g * n..(g + 1) * n],
-                &self.over_raw[g * n..(g + 1) * n],
-            ),
-        }
+        let (tight, raw, r) = match at {
+            At::Own(i) => (&self.tight, &self.raw, i * n..(i + 1) * n),
+            At::Group(g) => (&self.over_tight, &self.over_raw, g * n..(g + 1) * n),
+        };
+        (&tight[r.clone()], &raw[r])
     }
 
     /// [`Table::read`], to write.
     pub(super) fn write(&mut self, at: At, n: usize) -> (&mut [BucketState], &mut [BucketState]) {
-        match at {
-            At::Own(i) => (
-                &mut self.tight[i * n..(i + 1) * n],
-                &mut self.raw[i * n..(i + 1) * n],
-            ),
-            At::Group(g) => (
-                &mut self.over_tight[g * n..(g + 1) * n],
-                &mut self.over_raw[g * n..(g + 1) * n],
-            ),
-        }
+        let (tight, raw, r) = match at {
+            At::Own(i) => (&mut self.tight, &mut self.raw, i * n..(i + 1) * n),
+            At::Group(g) => (&mut self.over_tight, &mut self.over_raw, g * n..(g + 1) * n),
+        };
+        (&mut tight[r.clone()], &mut raw[r])
     }
 }
 
