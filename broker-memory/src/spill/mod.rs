@@ -1,12 +1,8 @@
-//! What a bounded store keeps of the states it folds. Each folded state is
-//! merged into a place of its resource part and exact limits, picked by the
-//! table's random hash of its key: a place of its own in its group of
-//! [`WAYS`](places::WAYS) while one is free, else the group's shared state.
-//! A new state starts from the tightest of its places, so no key comes back
-//! with more than it had. Each place keeps its buckets *tight* (under the
-//! set's limits) and *raw* (fewest tokens, latest times, unrefilled: read by
-//! a key of other limits). Sets share a budget of places; past it a state
-//! goes to one of [`SHARED`] raw places shared by every resource.
+//! What a bounded store keeps of the states it folds: each goes into a place
+//! of its resource part and limits (its own in its group of
+//! [`WAYS`](places::WAYS) while one is free, else the group's), kept *tight*
+//! under those limits and *raw* for other limits; a new state starts from the
+//! tightest of its places. Past the budget, [`SHARED`] raw places take the rest.
 
 mod merge;
 mod places;
@@ -77,14 +73,10 @@ impl Spills {
         params: &[BucketParams],
         budget: usize,
     ) -> Option<Arc<Places>> {
-        let find = |sets: &Vec<Arc<Places>>| sets.iter().find(|p| *p.params == *params).cloned();
-        if let Some(found) = self.by_resource.read().get(resource).and_then(find) {
-            return Some(found);
-        }
         let mut map = self.by_resource.write();
         let sets = map.entry(resource.clone()).or_default();
-        if let Some(found) = find(sets) {
-            return Some(found);
+        if let Some(found) = sets.iter().find(|p| *p.params == *params) {
+            return Some(found.clone());
         }
         let left = budget.saturating_sub(self.used.load(Ordering::Relaxed));
         let size = match left / 2 {
