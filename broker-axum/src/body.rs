@@ -1,6 +1,5 @@
-//! Response bodies: [`PermitBody`] builds the inner service's own body type
-//! from a denial's bytes and makes it hold a concurrency [`Permit`] until it
-//! ends, fails or is dropped. A response with no permit keeps its body.
+//! Response bodies: [`PermitBody`] builds the inner service's body type from a
+//! denial's bytes and makes it hold a concurrency [`Permit`] until it ends.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -35,7 +34,7 @@ pub trait PermitBody: Sized {
     fn from_bytes(bytes: Bytes) -> Self;
 
     /// Whether the length is known up front (then the response holds its
-    /// slot to the end whatever its content type). Default `false`.
+    /// slot to the end whatever its content type).
     fn has_exact_length(&self) -> bool {
         false
     }
@@ -43,9 +42,8 @@ pub trait PermitBody: Sized {
 
 impl PermitBody for axum::body::Body {
     fn hold(&mut self, permit: Permit) {
-        // Boxed as axum's own `UnsyncBoxBody`, so `Body::new` takes it as is.
         let body = std::mem::take(self);
-        *self = axum::body::Body::new(HeldBody::new(body, permit).boxed_unsync());
+        *self = axum::body::Body::new(PressureBody::new(body, Some(permit)).boxed_unsync());
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -57,43 +55,28 @@ impl PermitBody for axum::body::Body {
     }
 }
 
-impl<E> PermitBody for BoxBody<Bytes, E>
-where
-    E: 'static,
-{
-    fn hold(&mut self, permit: Permit) {
-        let body = std::mem::take(self);
-        *self = HeldBody::new(body, permit).boxed();
-    }
+/// [`PermitBody`] for a boxed body type, boxed again with `$boxed`.
+macro_rules! boxed_permit_body {
+    ($body:ident, $boxed:ident) => {
+        impl<E: 'static> PermitBody for $body<Bytes, E> {
+            fn hold(&mut self, permit: Permit) {
+                let body = std::mem::take(self);
+                *self = PressureBody::new(body, Some(permit)).$boxed();
+            }
 
-    fn from_bytes(bytes: Bytes) -> Self {
-        Full::new(bytes).map_err(|never| match never {}).boxed()
-    }
+            fn from_bytes(bytes: Bytes) -> Self {
+                Full::new(bytes).map_err(|never| match never {}).$boxed()
+            }
 
-    fn has_exact_length(&self) -> bool {
-        self.size_hint().exact().is_some()
-    }
+            fn has_exact_length(&self) -> bool {
+                self.size_hint().exact().is_some()
+            }
+        }
+    };
 }
 
-impl<E> PermitBody for UnsyncBoxBody<Bytes, E>
-where
-    E: 'static,
-{
-    fn hold(&mut self, permit: Permit) {
-        let body = std::mem::take(self);
-        *self = HeldBody::new(body, permit).boxed_unsync();
-    }
-
-    fn from_bytes(bytes: Bytes) -> Self {
-        Full::new(bytes)
-            .map_err(|never| match never {})
-            .boxed_unsync()
-    }
-
-    fn has_exact_length(&self) -> bool {
-        self.size_hint().exact().is_some()
-    }
-}
+boxed_permit_body!(BoxBody, boxed);
+boxed_permit_body!(UnsyncBoxBody, boxed_unsync);
 
 impl<B: Body> PermitBody for PressureBody<B> {
     fn hold(&mut self, permit: Permit) {
@@ -108,41 +91,18 @@ impl<B: Body> PermitBody for PressureBody<B> {
     }
 
     fn has_exact_length(&self) -> bool {
-        // Fixed bytes have the length of their bytes.
         self.inner
             .as_ref()
             .is_none_or(|b| b.size_hint().exact().is_some())
     }
 }
 
-pin_project! {
-    /// A body holding one permit until it ends, fails or is dropped.
-    struct HeldBody<B> {
-        #[pin]
-        inner: B,
-        permit: Permit,
-        // Data bytes handed to the server so far (see `may_end`).
-        handed: usize,
-    }
-}
-
-impl<B> HeldBody<B> {
-    fn new(inner: B, permit: Permit) -> Self {
-        Self {
-            inner,
-            permit,
-            handed: 0,
-        }
-    }
-}
-
 /// Bodies up to this size may end with their last frame ([`may_end`]).
 const SMALL_BODY: usize = 16 << 10;
 
-/// Whether a body reports its end with its last frame (the server then drops
-/// it, releasing the permit). A permit-holding body larger than
-/// [`SMALL_BODY`] waits for one more poll, once the write buffer has room,
-/// so its slot is not freed before most of it is sent.
+/// Whether a body reports its end with its last frame (then the server drops
+/// it); a larger permit-holding body waits one more poll, so its slot is not
+/// freed before most of it is sent.
 fn may_end(inner_ended: bool, held: bool, handed: usize) -> bool {
     inner_ended && (!held || handed <= SMALL_BODY)
 }
@@ -155,40 +115,8 @@ fn data_len<D: Buf, E>(frame: &Poll<Option<Result<Frame<D>, E>>>) -> usize {
     }
 }
 
-impl<B: Body> Body for HeldBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if let Poll::Ready(None | Some(Err(_))) = &polled {
-            this.permit.release();
-        }
-        *this.handed = this.handed.saturating_add(data_len(&polled));
-        polled
-    }
-
-    /// See [`may_end`].
-    fn is_end_stream(&self) -> bool {
-        may_end(
-            self.inner.is_end_stream(),
-            self.permit.is_held(),
-            self.handed,
-        )
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 pin_project! {
-    /// A body plus the permits it holds until it ends, fails or is dropped,
-    /// or a fixed body.
+    /// A body holding permits until it ends, fails or is dropped; or fixed bytes.
     ///
     /// ```
     /// use broker_axum::PressureBody;
@@ -208,8 +136,7 @@ pin_project! {
 }
 
 impl<B> PressureBody<B> {
-    /// Wraps `inner`; `permit` (if any) is released when the body ends or
-    /// is dropped.
+    /// Wraps `inner`, holding `permit` (if any).
     pub fn new(inner: B, permit: Option<Permit>) -> Self {
         Self {
             inner: Some(inner),
@@ -263,7 +190,7 @@ where
         frame
     }
 
-    /// A permit-holding body over 16 KiB ends one poll after its last frame.
+    /// See [`may_end`].
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),

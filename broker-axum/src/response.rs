@@ -1,6 +1,5 @@
-//! What a denied or failed admission answers: `429` with `Retry-After`, the
-//! IETF draft `RateLimit-Policy` / `RateLimit` headers, optionally the legacy
-//! `X-RateLimit-*`; and the answer when the backend fails.
+//! What a denied or failed admission answers: `429` with `Retry-After` and the
+//! draft `RateLimit-Policy` / `RateLimit` headers (optionally `X-RateLimit-*`).
 
 use std::time::Duration;
 
@@ -81,8 +80,8 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 pub(crate) struct RateHeaders {
     /// `RateLimit-Policy`, when the resource has rate limits.
     policy: Option<HeaderValue>,
-    /// Quoted name and amount of the only rate limit: with several, a
-    /// denial cannot say which one ran out.
+    /// Quoted name and amount of the only rate limit (with several, a denial
+    /// cannot say which ran out).
     only: Option<(String, u64)>,
 }
 
@@ -106,33 +105,29 @@ fn sf_string(s: &str) -> String {
 
 impl RateHeaders {
     pub(crate) fn new(resource: &str, limits: &Limits) -> Self {
-        let names: Vec<String> = (0..limits.rates.len())
-            .map(|i| match i {
-                0 => sf_string(resource),
-                _ => sf_string(&format!("{resource}#{i}")),
+        let name = |i: usize| match i {
+            0 => sf_string(resource),
+            _ => sf_string(&format!("{resource}#{i}")),
+        };
+        // The quota is what a window refills, not the burst.
+        let items: Vec<String> = (limits.rates.iter().enumerate())
+            .map(|(i, r)| {
+                format!(
+                    "{};q={};w={}",
+                    name(i),
+                    r.amount,
+                    retry_after_secs(r.period)
+                )
             })
             .collect();
-        let policy = (!limits.rates.is_empty()).then(|| {
-            let items: Vec<String> = limits
-                .rates
-                .iter()
-                .zip(&names)
-                .map(|(r, name)| {
-                    // The quota is what a window refills, not the burst.
-                    let w = retry_after_secs(r.period);
-                    format!("{name};q={};w={w}", r.amount)
-                })
-                .collect();
-            HeaderValue::from_str(&items.join(", ")).ok()
-        });
-        let only = match (limits.rates.as_slice(), names.into_iter().next()) {
-            ([rate], Some(name)) => Some((name, rate.amount)),
+        let policy = (!items.is_empty())
+            .then(|| HeaderValue::from_str(&items.join(", ")).ok())
+            .flatten();
+        let only = match limits.rates.as_slice() {
+            [rate] => Some((name(0), rate.amount)),
             _ => None,
         };
-        Self {
-            policy: policy.flatten(),
-            only,
-        }
+        Self { policy, only }
     }
 }
 

@@ -1,5 +1,4 @@
-//! `GET /admin/pressure/stats`: the broker's counters as JSON, for ops
-//! dashboards. Opt-in: mount [`stats_router`] behind your own auth.
+//! `GET /admin/pressure/stats`: the broker's counters as JSON.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,4 @@
-//! [`QuantaClock`], the default clock of [`crate::MemoryBackend`]: the same
-//! time as [`broker_core::SystemClock`], read through [`quanta`].
+//! [`QuantaClock`], the default clock of [`crate::MemoryBackend`].
 
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -7,10 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use broker_core::clock::micros;
 use broker_core::{Clock, Micros};
 
-/// A monotonic clock read through [`quanta::Clock`] (the CPU's counter
-/// where it is invariant, else the operating system's monotonic clock).
-/// Like [`broker_core::SystemClock`] it counts microseconds since the Unix
-/// epoch as read once at construction.
+/// A monotonic clock read through [`quanta::Clock`]; like
+/// [`broker_core::SystemClock`] it counts microseconds since the Unix epoch
+/// as read at construction.
 ///
 /// ```
 /// use broker_core::Clock;
@@ -22,12 +20,11 @@ use broker_core::{Clock, Micros};
 #[derive(Debug, Clone)]
 pub struct QuantaClock {
     clock: quanta::Clock,
-    /// quanta's raw reading at construction.
     origin: u64,
     origin_unix: Micros,
 }
 
-/// One calibrated clock per process (calibration takes a few milliseconds).
+/// One calibrated clock per process (calibration takes milliseconds).
 fn calibrated() -> quanta::Clock {
     static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
     CLOCK.get_or_init(quanta::Clock::new).clone()

@@ -1,8 +1,5 @@
-//! The key of a state: the resource part of its state key and the sub-key
-//! as the caller gave it. The broker's calls (through
-//! [`LocalStates`](broker_core::LocalStates)) name a state by its two
-//! parts; the keyed [`Store`](broker_core::Store) calls by a joined
-//! state key, parsed here into the same parts.
+//! The key of a state: its resource part and its sub-key. Local calls name
+//! the two parts; keyed calls a joined state key, parsed here into them.
 
 use std::borrow::{Borrow, Cow};
 use std::hash::{Hash, Hasher};
@@ -18,13 +15,12 @@ pub(crate) enum Sub {
     /// A sub-key: the state key `resource:escape(sub)`.
     Raw,
     /// A state key whose part after the first `:` is no output of
-    /// [`keys::escape`] (not built by the broker): kept as it is, apart
-    /// from every `Raw` key.
+    /// [`keys::escape`]: kept as it is, apart from every `Raw` key.
     Opaque,
 }
 
 /// A key as the table holds it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct StateKey {
     resource: Arc<str>,
     kind: Sub,
@@ -40,9 +36,9 @@ pub(crate) struct KeyRef<'a> {
     pub(crate) sub: &'a str,
 }
 
-/// The parts of a key, owned or borrowed: the table holds [`StateKey`]s
-/// and is searched with a [`KeyRef`] seen as a `dyn Parts`, so a lookup
-/// builds no key.
+/// The parts of a key: the table holds [`StateKey`]s and is searched with a
+/// [`KeyRef`] as a `dyn Parts`, so a lookup builds no key. Hashed and
+/// compared as [`StateKey`] derives it.
 pub(crate) trait Parts {
     fn parts(&self) -> KeyRef<'_>;
 }
@@ -87,27 +83,11 @@ impl PartialEq for dyn Parts + '_ {
 
 impl Eq for dyn Parts + '_ {}
 
-impl Hash for StateKey {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        (self as &dyn Parts).hash(h);
-    }
-}
-
-impl PartialEq for StateKey {
-    fn eq(&self, other: &Self) -> bool {
-        (self as &dyn Parts) == (other as &dyn Parts)
-    }
-}
-
-impl Eq for StateKey {}
-
 impl StateKey {
-    /// The resource part.
     pub(crate) fn resource(&self) -> &Arc<str> {
         &self.resource
     }
 
-    /// Whether this is a resource's own state.
     pub(crate) fn is_own(&self) -> bool {
         self.kind == Sub::Own
     }
@@ -138,10 +118,9 @@ impl<'a> KeyRef<'a> {
     }
 }
 
-/// A joined state key, split into its parts: the part before the first
-/// `:` is the resource part; the rest is unescaped when it is exactly an
-/// escaped sub-key (as [`keys::keyed`] builds), else kept opaque. One to
-/// one: two different state keys never parse to the same parts.
+/// A joined state key split into its parts: before the first `:`, the
+/// resource part; the rest unescaped when it is an escaped sub-key, else
+/// opaque. Two different state keys never parse to the same parts.
 pub(crate) fn parse(key: &str) -> (&str, Sub, Cow<'_, str>) {
     match key.split_once(':') {
         None => (key, Sub::Own, Cow::Borrowed("")),

@@ -1,13 +1,9 @@
 //! # broker-memory
 //!
-//! [`MemoryBackend`]: resource states in a [`dashmap::DashMap`], each
-//! behind a mutex of its own, every decision made by broker-core's
-//! reference transitions. Idle states (equal to a fresh bucket) are
-//! evicted, and the number of states is bounded
-//! ([`MemoryBackend::max_states`]): past the bound, the states least
-//! recently taken from are folded into a fixed table that never hands a
-//! key back more than it had (see `spill`), so memory stays bounded when
-//! keys are not.
+//! [`MemoryBackend`]: resource states in a [`dashmap::DashMap`], each behind
+//! its own mutex, decided by broker-core's reference transitions. Idle states
+//! are evicted; past [`MemoryBackend::max_states`] the least recently used are
+//! folded into a fixed table that never hands a key back more than it had.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -54,8 +50,7 @@ impl Default for MemoryBackend {
 
 /// # Making a store
 impl MemoryBackend {
-    /// A store on the system's monotonic time, read through
-    /// [`QuantaClock`].
+    /// A store on [`QuantaClock`].
     pub fn new() -> Self {
         Self::with_clock(QuantaClock::new())
     }
@@ -72,25 +67,12 @@ impl MemoryBackend {
         }
     }
 
-    /// Bounds the number of states the store holds at `max` (at least 64;
-    /// 1,048,576 unless set). Past the bound, idle states are dropped
-    /// first; then the states least recently taken from that still count
-    /// (not idle, holding no slot, under no penalty of a resource without
-    /// rate limits, not a registered resource's own state) are dropped
-    /// down to seven eighths of the bound, each folded into a place kept
-    /// for its resource and limits: a key dropped so never comes back
-    /// with more than it had. It comes back with what it had when it got
-    /// a place of its own (the first keys folded into each group of eight
-    /// places do, such as keys light before a flood of new ones), else
-    /// possibly with less (what the other keys sharing its group's state
-    /// took, until that refills). A flood of new keys (random tenant ids)
-    /// so cannot grow memory past the bound, nor give any key a fresh
-    /// bucket; a flood heavy enough to take the places is denied rather
-    /// than let through (see the `spill` module), while the keys in use
-    /// stay held. States holding slots are never dropped, nor states
-    /// under such a penalty until it ends, nor a registered resource's
-    /// own state, so the bound can be passed by as many as those. The
-    /// example `tenant_memory` measures what a state takes.
+    /// Bounds the number of states at `max` (at least 64; 1,048,576 unless
+    /// set). Past it, idle states go first, then the least recently used down
+    /// to seven eighths of the bound, each folded into a place kept for its
+    /// resource and limits, so a dropped key never comes back with more than
+    /// it had. States holding a slot, under a penalty of a resource without
+    /// rate limits, or a registered resource's own state are never dropped.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;
@@ -110,8 +92,7 @@ impl MemoryBackend {
         self.store.sweeper.max()
     }
 
-    /// How many states were dropped at the bound and folded into their
-    /// resource's places so far (see [`MemoryBackend::max_states`]).
+    /// How many states were folded at the bound so far.
     pub fn folded(&self) -> u64 {
         self.store.spills.folded()
     }
@@ -126,12 +107,9 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    /// Drops every state that equals a fresh one (full buckets, no penalty,
-    /// no live lease) and was not used in the last 50 ms (a key in use is
-    /// kept though its bucket refills between calls). A resource's own
-    /// state is kept while a registration of the resource decides on it
-    /// (one per registered resource). Runs by itself as the map grows;
-    /// call it to bound memory at a moment of your choosing.
+    /// Drops every state equal to a fresh one and unused for 50 ms (but a
+    /// registered resource's own state); returns how many. Also runs by
+    /// itself as the map grows.
     pub fn evict_idle(&self) -> usize {
         let store = &self.store;
         let now = store.clock.now();
@@ -143,13 +121,16 @@ impl MemoryBackend {
 
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
-        key::with_parsed(key, |key| self.store.state(key))
+        key::with_parsed(key, |key| {
+            let entry = self.store.states.get(key)?;
+            let state = entry.lock().state.clone();
+            Some(state)
+        })
     }
 }
 
 impl MemoryBackend {
-    /// Runs the reference transition `f` on the state of the joined state
-    /// `key`, made for `spec`.
+    /// Runs the reference transition `f` on the state of the joined `key`.
     fn with_state<R>(
         &self,
         key: &str,
@@ -162,15 +143,13 @@ impl MemoryBackend {
         })
     }
 
-    /// `try_acquire` on the joined state `key`.
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        let store = &self.store;
-        key::with_parsed(key, |key| {
-            store.try_acquire(key, None, spec, || store.shared_spec(spec), cost)
+        let lease = store::lease_for(spec);
+        self.with_state(key, spec, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
         })
     }
 
-    /// `take_slot` on the joined state `key`: the lease, when held.
     fn take_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
         let lease = store::next_lease();
         self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease))
@@ -233,8 +212,7 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
-        // A lease is renewed where it is held: a key with no state holds
-        // none, and gets no state made for the question.
+        // A key with no state holds no lease: none is made for the question.
         let store = &self.store;
         let renewed = key::with_parsed(key, |key| {
             store.with_existing(
@@ -297,9 +275,7 @@ impl broker_core::Store for MemoryBackend {
     }
 }
 
-/// The store lives in the process of every permit on it: its transitions
-/// need no I/O, and a lease ends when its permit is released or dropped,
-/// however long it runs.
+/// Transitions need no I/O; a lease ends when its permit is released or dropped.
 impl LocalStore for MemoryBackend {
     fn try_acquire_now(
         &self,

@@ -1,25 +1,23 @@
-//! [`ResourceStates`]: one resource's states, reached by sub-key without a
-//! joined state key (the broker's fast path, see
-//! [`broker_core::LocalStore::states`]).
+//! [`ResourceStates`]: one resource's states, reached by sub-key
+//! ([`broker_core::LocalStore::states`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use broker_core::state::{LimitSpec, Verdict};
+use broker_core::state::{self, LimitSpec, Verdict};
 use broker_core::{Cost, LeaseId, LocalStates, LocalVerdict};
 
 use crate::key::KeyRef;
-use crate::store::Store;
+use crate::store::{self, Store};
 
 /// The states of one resource, for one registration's limits.
 pub(crate) struct ResourceStates {
     store: Arc<Store>,
     spec: Arc<LimitSpec>,
-    /// The resource's state key (its escaped id), shared by the keys of
-    /// the states this handle creates.
+    /// The resource's state key, shared by the keys of the states it makes.
     resource: Arc<str>,
-    /// Whether this registration has decided on the resource's own state,
-    /// which the store then keeps until it is dropped.
+    /// Whether this registration decided on the resource's own state (which
+    /// the store then keeps until it is dropped).
     decides_on_own: AtomicBool,
 }
 
@@ -47,12 +45,13 @@ impl LocalStates for ResourceStates {
             self.store.register_own(&self.resource);
         }
         let spec = &self.spec;
-        let decided = self.store.try_acquire(
+        let lease = store::lease_for(spec);
+        let decided = self.store.with_state(
             self.key(sub),
             Some(&self.resource),
             spec,
             || spec.clone(),
-            cost,
+            |s, now| state::try_acquire(s, spec, now, cost, lease),
         );
         Verdict::from(decided).into()
     }

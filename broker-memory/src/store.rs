@@ -1,15 +1,13 @@
-//! [`Store`]: what a [`crate::MemoryBackend`] and the per-resource states
-//! it hands out share, and the transitions on it. Each transition finds
-//! its state under the shard's read lock and runs broker-core's reference
-//! transition under the state's own mutex; only a new state takes the
-//! shard's write lock.
+//! [`Store`]: what a [`crate::MemoryBackend`] and its per-resource handles
+//! share. A transition runs under the state's own mutex and the shard's read
+//! lock; only a new state takes the shard's write lock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::state::{self, Decision, LimitSpec, ResourceState};
-use broker_core::{Clock, Cost, LeaseId, Micros};
+use broker_core::state::{self, LimitSpec, ResourceState};
+use broker_core::{Clock, LeaseId, Micros};
 use parking_lot::Mutex;
 
 use crate::eviction::Sweeper;
@@ -24,11 +22,9 @@ pub(crate) struct Store {
     pub(crate) states: States,
     pub(crate) sweeper: Sweeper,
     pub(crate) spills: Spills,
-    /// The resources whose own state a registration decides on, with how
-    /// many registrations do: the sweeper keeps those states.
+    /// Resources whose own state registrations decide on, with how many do.
     pub(crate) registered: Mutex<HashMap<Arc<str>, usize>>,
-    /// The spec of the last keyed call that made a state, so the states
-    /// of one resource share one copy.
+    /// The spec of the last keyed call, so a resource's states share one copy.
     last_spec: Mutex<Option<Arc<LimitSpec>>>,
 }
 
@@ -57,11 +53,9 @@ impl Store {
         }
     }
 
-    /// Runs the reference transition `f` on the state of `key`, made for
-    /// `spec` (`shared` gives the allocation of `spec` a state keeps),
-    /// making the state if there is none: from what the bound kept of it
-    /// (see [`crate::spill`]), else fresh. `resource` is the caller's
-    /// allocation of `key.resource`, if it has one.
+    /// Runs the reference transition `f` on the state of `key` for `spec`
+    /// (`shared` gives the allocation a state keeps), making the state from
+    /// its folded places, else fresh. `resource`: an allocation of its part.
     pub(crate) fn with_state<R>(
         &self,
         key: KeyRef<'_>,
@@ -77,20 +71,20 @@ impl Store {
                 key,
                 || key.to_owned_with(resource),
                 |hash| match self.spills.restore(key.resource, hash, spec, now) {
-                    Some(kept) => Entry::with(shared(), kept),
+                    Some(state) => Entry {
+                        spec: shared(),
+                        state,
+                    },
                     None => Entry::new(shared(), spec, now),
                 },
                 |e| f(e.current(spec, &shared, now), now),
             ),
         };
-        // Every decision, a denial too, checks whether a sweep is due: one
-        // is due on time as well as on growth.
         self.sweeper.after_write(self, now, inserted);
         result
     }
 
-    /// [`Store::with_state`] on a state that exists: `None`, and nothing
-    /// made, when `key` has none.
+    /// [`Store::with_state`] on a state that exists: `None` when there is none.
     pub(crate) fn with_existing<R>(
         &self,
         key: KeyRef<'_>,
@@ -104,21 +98,6 @@ impl Store {
         Some(f(e.current(spec, shared, now), now))
     }
 
-    /// `try` on the state of `key` (arguments as for [`Store::with_state`]).
-    pub(crate) fn try_acquire(
-        &self,
-        key: KeyRef<'_>,
-        resource: Option<&Arc<str>>,
-        spec: &LimitSpec,
-        shared: impl Fn() -> Arc<LimitSpec>,
-        cost: Cost,
-    ) -> Decision {
-        let lease = lease_for(spec);
-        self.with_state(key, resource, spec, shared, |s, now| {
-            state::try_acquire(s, spec, now, cost, lease)
-        })
-    }
-
     /// Frees the slot held under `lease` on the state of `key`.
     pub(crate) fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         self.states
@@ -126,18 +105,11 @@ impl Store {
             .is_some_and(|e| state::release(&mut e.lock().state, lease))
     }
 
-    /// The state of `key`, if held.
-    pub(crate) fn state(&self, key: KeyRef<'_>) -> Option<ResourceState> {
-        self.states.get(key).map(|e| e.lock().state.clone())
-    }
-
-    /// A registration of `resource` decides on its own state: the
-    /// sweeper keeps that state until [`Store::unregister_own`].
+    /// A registration decides on `resource`'s own state: the sweeper keeps it.
     pub(crate) fn register_own(&self, resource: &Arc<str>) {
         *self.registered.lock().entry(resource.clone()).or_default() += 1;
     }
 
-    /// The end of a [`Store::register_own`].
     pub(crate) fn unregister_own(&self, resource: &str) {
         let mut registered = self.registered.lock();
         if let Some(n) = registered.get_mut(resource) {
@@ -155,8 +127,7 @@ pub(crate) fn next_lease() -> LeaseId {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A lease id for a `try` under `spec` (none needed without a concurrency
-/// limit).
+/// A lease id for a `try` under `spec` (0 without a concurrency limit).
 pub(crate) fn lease_for(spec: &LimitSpec) -> LeaseId {
     if spec.max_concurrent.is_some() {
         next_lease()

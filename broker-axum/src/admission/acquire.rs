@@ -1,6 +1,6 @@
 //! The broker's answer for a stage when the store needs I/O: one
-//! `try_acquire`, or, for a path read two ways ([`Stage::Both`]), one per
-//! reading, the first given back if the second refuses.
+//! `try_acquire`, or one per reading of a [`Stage::Both`], the first given
+//! back if the second refuses.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,51 +13,45 @@ use crate::policy::{Policy, Stage};
 /// The broker's answer on one stage.
 pub(crate) struct Answer {
     pub(crate) result: Result<Acquisition, BrokerError>,
-    /// The stage answered: the one asked for, or the part of
-    /// [`Stage::Both`] that refused.
+    /// The stage asked for, or the part of [`Stage::Both`] that refused.
     pub(crate) stage: Stage,
-    /// Its parts the store's failure policy answered (see [`Refund`]).
+    /// The parts the store's failure policy answered (see [`Refund`]).
     pub(crate) answered_here: u8,
 }
 
-/// The broker's answer on `stage`. [`Stage::Both`] is asked part by part;
-/// if the second refuses, the first part's cost is given back.
-pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&str>) -> Answer {
-    let mut parts = stage.parts();
-    let (Some(first), Some(second)) = (parts.next(), parts.next()) else {
-        let result = acquire_on(policy, stage, tenant).await;
+impl Answer {
+    fn new(result: Result<Acquisition, BrokerError>, stage: Stage) -> Self {
         let answered_here = answered_here(&result);
-        return Answer {
+        Self {
             result,
             stage,
             answered_here,
-        };
+        }
+    }
+}
+
+/// The broker's answer on `stage`, part by part.
+pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&str>) -> Answer {
+    let mut parts = stage.parts();
+    let (Some(first), Some(second)) = (parts.next(), parts.next()) else {
+        return Answer::new(acquire_on(policy, stage, tenant).await, stage);
     };
     let admitted = match acquire_on(policy, first, tenant).await {
         Ok(a) if a.allowed => a,
-        refused => {
-            let answered_here = answered_here(&refused);
-            return Answer {
-                result: refused,
-                stage: first,
-                answered_here,
-            };
-        }
+        refused => return Answer::new(refused, first),
     };
     let first_here = u8::from(admitted.answered_here);
+    let of = Refund {
+        stage: first,
+        answered_here: first_here,
+    };
     // A client leaving before the second answer gets the first refunded.
-    let mut unanswered = FirstPart(Some((
-        policy.clone(),
-        Refund {
-            stage: first,
-            answered_here: first_here,
-        },
-    )));
+    let mut unanswered = FirstPart(Some(policy.clone()), of);
     let result = acquire_on(policy, second, tenant).await;
-    let second_here = answered_here(&result);
-    let first_part = unanswered.0.take();
+    unanswered.0 = None;
     match result {
         Ok(mut both) if both.allowed => {
+            let second_here = u8::from(both.answered_here);
             both.permit = admitted.permit.join(both.permit);
             Answer {
                 result: Ok(both),
@@ -67,26 +61,20 @@ pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&
         }
         refused => {
             drop(admitted);
-            if let Some((policy, of)) = first_part {
-                Refunding::new(policy, of).await;
-            }
-            Answer {
-                result: refused,
-                stage: second,
-                answered_here: second_here,
-            }
+            Refunding::new(policy.clone(), of).await;
+            Answer::new(refused, second)
         }
     }
 }
 
 /// The first part of a [`Stage::Both`] admission: dropped before the second
 /// answers, it refunds the first from a task.
-struct FirstPart(Option<(Arc<Policy>, Refund)>);
+struct FirstPart(Option<Arc<Policy>>, Refund);
 
 impl Drop for FirstPart {
     fn drop(&mut self) {
-        if let Some((policy, of)) = self.0.take() {
-            spawn_refund(policy, of);
+        if let Some(policy) = self.0.take() {
+            spawn_refund(policy, self.1);
         }
     }
 }

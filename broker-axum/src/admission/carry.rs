@@ -24,23 +24,17 @@ pin_project! {
 }
 
 impl<F> Carry<F> {
-    /// The inner call `fut` of a request with `method`, carrying `permit`.
-    pub(crate) fn new(fut: F, permit: Permit, method: &Method) -> Self {
-        let connect = permit.is_held() && method == Method::CONNECT;
-        Self {
-            fut,
-            permit,
-            connect,
-        }
-    }
-
     /// Calls `inner` with `req`, the response taking `permit` along.
     pub(crate) fn call<S, ReqB>(inner: &mut S, req: Request<ReqB>, permit: Permit) -> Self
     where
         S: Service<Request<ReqB>, Future = F>,
     {
-        let method = req.method().clone();
-        Self::new(inner.call(req), permit, &method)
+        let connect = permit.is_held() && req.method() == Method::CONNECT;
+        Self {
+            fut: inner.call(req),
+            permit,
+            connect,
+        }
     }
 }
 
@@ -73,7 +67,6 @@ fn is_long_lived<B: PermitBody>(connect: bool, res: &Response<B>) -> bool {
         || (!res.body().has_exact_length() && is_event_stream(res))
 }
 
-/// Whether `res` says it is a stream of server-sent events.
 fn is_event_stream<B>(res: &Response<B>) -> bool {
     res.headers()
         .get(header::CONTENT_TYPE)

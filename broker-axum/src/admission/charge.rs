@@ -1,7 +1,7 @@
-//! How the two stages of one [`crate::Pressure`] talk about a request,
-//! through extensions: the route/service stage puts a [`Charge`] in the
-//! request; the tenant stage takes it out, and names it in a refusal or marks
-//! it when dropped undecided, so the route/service stage refunds it.
+//! How the two stages of one [`crate::Pressure`] talk through extensions: the
+//! route/service stage puts a [`Charge`] in the request; the tenant stage
+//! takes it out, and names it in a refusal or marks it when dropped undecided,
+//! so the route/service stage refunds it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,7 +49,6 @@ impl Charge {
             .map(|c| c.0)
     }
 
-    /// The policy whose route/service stage made this charge.
     pub(crate) fn policy(&self) -> &Arc<Policy> {
         &self.policy
     }
@@ -59,8 +58,7 @@ impl Charge {
         res.extensions_mut().insert(Denied(self));
     }
 
-    /// Whether `res` is a tenant-stage refusal of this very charge (taken
-    /// off `res` if so).
+    /// Whether `res` is a tenant-stage refusal of this charge (taken off `res`).
     pub(crate) fn refused_in<B>(self: &Arc<Self>, res: &mut Response<B>) -> bool {
         let ours = res
             .extensions()
@@ -72,12 +70,10 @@ impl Charge {
         ours
     }
 
-    /// Marks that the tenant stage was dropped before it decided.
     pub(crate) fn left_unanswered(&self) {
         self.left_unanswered.store(true, Ordering::Relaxed);
     }
 
-    /// Whether the tenant stage was dropped before it decided.
     pub(crate) fn was_left_unanswered(&self) -> bool {
         self.left_unanswered.load(Ordering::Relaxed)
     }

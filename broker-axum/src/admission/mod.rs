@@ -3,6 +3,6 @@
 pub(crate) mod acquire;
 pub(crate) mod carry;
 pub(crate) mod charge;
+pub(crate) mod future;
 pub(crate) mod refund;
 pub(crate) mod refusal;
-pub(crate) mod waiting;

@@ -1,6 +1,5 @@
 //! Giving a route/service stage its cost back (`settle` to zero) when the
-//! request goes no further: a tenant-stage refusal, a second reading's
-//! denial, a client that leaves before the request reached its handler.
+//! request never reaches its handler.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,8 +18,7 @@ pub(crate) struct Refund {
     pub(crate) answered_here: u8,
 }
 
-/// `1` when the failure policy answered `result` (told by the answer, not
-/// the store's health, which may change).
+/// `1` when the store's failure policy answered `result`.
 pub(crate) fn answered_here(result: &Result<Acquisition, BrokerError>) -> u8 {
     result.as_ref().map_or(0, |a| u8::from(a.answered_here))
 }
@@ -39,42 +37,28 @@ pub(crate) async fn refund(policy: Arc<Policy>, refund: Refund) {
     }
 }
 
-/// Spawns [`refund`] on the current runtime; without one (it is shutting
-/// down) the cost stays charged.
+/// Spawns [`refund`] on the current runtime; without one the cost stays charged.
 pub(crate) fn spawn_refund(policy: Arc<Policy>, of: Refund) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(refund(policy, of));
-    }
+    drop(Refunding::new(policy, of));
 }
 
-/// A refund that runs to its end even if dropped: polled in place, then
-/// moved to a task once it waits.
-pub(crate) struct Refunding {
-    refund: Pin<Box<dyn Future<Output = ()> + Send>>,
-    detached: bool,
-}
+/// A refund that runs to its end even if dropped: on a task of its own, or
+/// in place outside a runtime.
+pub(crate) struct Refunding(Pin<Box<dyn Future<Output = ()> + Send>>);
 
 impl Refunding {
-    /// The refund of `of` on `policy`.
     pub(crate) fn new(policy: Arc<Policy>, of: Refund) -> Self {
-        Self {
-            refund: Box::pin(refund(policy, of)),
-            detached: false,
+        let refund = refund(policy, of);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(refund);
+                // A refund that panicked only leaves the cost charged.
+                Self(Box::pin(async move {
+                    let _ = task.await;
+                }))
+            }
+            Err(_) => Self(Box::pin(refund)),
         }
-    }
-
-    /// Moves the refund to a task of its own; false outside a runtime.
-    fn detach(&mut self) -> bool {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        let rest = std::mem::replace(&mut self.refund, Box::pin(std::future::ready(())));
-        let task = runtime.spawn(rest);
-        self.refund = Box::pin(async move {
-            // A refund that panicked only leaves the cost charged.
-            let _ = task.await;
-        });
-        true
     }
 }
 
@@ -82,13 +66,6 @@ impl Future for Refunding {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.refund.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(());
-        }
-        if self.detached || !self.detach() {
-            return Poll::Pending;
-        }
-        self.detached = true;
-        self.refund.as_mut().poll(cx)
+        self.0.as_mut().poll(cx)
     }
 }

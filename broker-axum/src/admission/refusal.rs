@@ -1,115 +1,52 @@
-//! A denied or failed admission: logged once when decided, answered
-//! (`429` with its headers, or the backend-error status) when polled.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! A denied or failed admission: logged once, answered `429` with its headers
+//! or the backend-error status.
 
 use broker_core::{Acquisition, BrokerError, DenyReason, Permit};
 use http::Response;
 
-use super::charge::Charge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 use crate::response;
 
-/// A denied or failed admission, to be answered.
-pub(crate) struct Refusal {
-    policy: Arc<Policy>,
-    stage: Stage,
-    /// The wait of a denial; none for a backend failure.
-    wait: Option<Duration>,
-    /// Denied by the concurrency limit, not by a rate.
-    by_concurrency: bool,
-    /// The route/service charge a tenant-stage refusal gives back.
-    charge: Option<Arc<Charge>>,
-}
-
-/// The permit an admitted request carries, or the refusal to answer.
-pub(crate) fn judge(
-    policy: &Arc<Policy>,
+/// The permit an admitted request carries, or the response refusing it
+/// (logged; a backend failure at debug level, as the broker warns).
+pub(crate) fn judge<B: PermitBody>(
+    policy: &Policy,
     stage: Stage,
     result: Result<Acquisition, BrokerError>,
     tenant: Option<&str>,
-) -> Result<Permit, Refusal> {
-    match result {
-        Ok(acquisition) if acquisition.allowed => Ok(acquisition.permit),
-        refused => Err(Refusal::logged(policy, stage, refused, tenant)),
-    }
-}
-
-impl Refusal {
-    /// The refusal of `result`: a denial logged once, a backend failure at
-    /// debug level (the broker warns).
-    fn logged(
-        policy: &Arc<Policy>,
-        stage: Stage,
-        result: Result<Acquisition, BrokerError>,
-        tenant: Option<&str>,
-    ) -> Self {
-        let resource = policy.limited(stage).map_or("", |l| &*l.id);
-        let (wait, by_concurrency) = match result {
-            Ok(a) => {
-                tracing::info!(
-                    resource = %resource,
-                    layer = stage.name(),
-                    wait_ms = u64::try_from(a.wait_time.as_millis()).unwrap_or(u64::MAX),
-                    tenant,
-                    denied_by = ?a.denied_by,
-                    "request denied"
-                );
-                let by_concurrency = a.denied_by == Some(DenyReason::Concurrency);
-                (Some(a.wait_time), by_concurrency)
-            }
-            Err(error) => {
-                tracing::debug!(
-                    resource = %resource,
-                    layer = stage.name(),
-                    tenant,
-                    %error,
-                    "pressure check failed; answering the backend-error status"
-                );
-                (None, false)
-            }
-        };
-        Self {
-            policy: policy.clone(),
-            stage,
-            wait,
-            by_concurrency,
-            charge: None,
+) -> Result<Permit, Response<B>> {
+    let limited = policy.limited(stage);
+    let resource = limited.map_or("", |l| &*l.id);
+    let a = match result {
+        Ok(a) if a.allowed => return Ok(a.permit),
+        Ok(a) => a,
+        Err(error) => {
+            tracing::debug!(
+                resource = %resource,
+                layer = stage.name(),
+                tenant,
+                %error,
+                "pressure check failed; answering the backend-error status"
+            );
+            return Err(response::backend_failed(&policy.responses));
         }
-    }
-
-    /// This refusal, by the tenant stage, gives `charge` back (if any).
-    pub(crate) fn giving_back(mut self, charge: Option<Arc<Charge>>) -> Self {
-        self.charge = charge;
-        self
-    }
-
-    /// The response: the denial or the backend failure, naming the
-    /// charge it gives back.
-    pub(crate) fn respond<B: PermitBody>(self) -> Response<B> {
-        let policy = &self.policy;
-        let mut res = match (self.wait, policy.limited(self.stage)) {
-            (Some(wait), Some(limited)) => response::denied(
-                &policy.responses,
-                &limited.headers(&policy.broker),
-                wait,
-                self.by_concurrency,
-            ),
-            _ => response::backend_failed(&policy.responses),
-        };
-        if let Some(charge) = self.charge {
-            charge.name_on(&mut res);
-        }
-        res
-    }
-}
-
-/// The response of the refusal in `slot`; panics if polled after completion.
-pub(crate) fn respond_once<B: PermitBody>(slot: &mut Option<Refusal>) -> Response<B> {
-    let refusal = slot.take();
-    refusal
-        .expect("admission future polled after completion")
-        .respond()
+    };
+    tracing::info!(
+        resource = %resource,
+        layer = stage.name(),
+        wait_ms = u64::try_from(a.wait_time.as_millis()).unwrap_or(u64::MAX),
+        tenant,
+        denied_by = ?a.denied_by,
+        "request denied"
+    );
+    Err(match limited {
+        Some(limited) => response::denied(
+            &policy.responses,
+            &limited.headers(&policy.broker),
+            a.wait_time,
+            a.denied_by == Some(DenyReason::Concurrency),
+        ),
+        None => response::backend_failed(&policy.responses),
+    })
 }

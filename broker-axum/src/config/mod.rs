@@ -1,20 +1,7 @@
-//! The `pressure` configuration, exactly as a gateway config writes it:
-//!
-//! ```json
-//! {
-//!   "enabled": true,
-//!   "perService": { "rest": { "requestsPerSecond": 50 } },
-//!   "perRoute": [{
-//!     "resource": "gateway:route:webhooks-github",
-//!     "pathPrefix": "/api/v1/webhooks/github",
-//!     "limits": { "requestsPerSecond": 100, "maxConcurrentRequests": 200 }
-//!   }],
-//!   "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 6000 } }
-//! }
-//! ```
-//!
-//! Limits use broker-core's shorthands or `rates` in requests (a rate in
-//! tokens is refused: the layers charge requests). Every error names its field.
+//! The `pressure` configuration as a gateway config writes it (`enabled`,
+//! `perService`, `perRoute`, `perTenant`; see the crate example). Limits use
+//! broker-core's shorthands or `rates` in requests, never tokens. Every error
+//! names its field.
 
 use std::collections::BTreeMap;
 
@@ -69,11 +56,10 @@ impl Default for PressureConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RouteConfig {
-    /// The broker resource id (shared with anything else using it).
+    /// The broker resource id.
     pub resource: String,
-    /// A literal path prefix matched on segment boundaries (`/api/hooks`
-    /// matches `/api/hooks/x`, not `/api/hooksx`), `%XX` decoded; a path that
-    /// reads several ways (`%2F`, `.` or empty segments) meets every reading.
+    /// A literal path prefix matched on segment boundaries, `%XX` decoded; a
+    /// path that reads several ways (`%2F`, `.` segments) meets every reading.
     pub path_prefix: String,
     /// The limits. Empty limits exempt the route from the service limit.
     pub limits: Limits,
@@ -83,14 +69,14 @@ pub struct RouteConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", from = "RawTenantConfig")]
 pub struct TenantConfig {
-    /// Whether the tenant stage limits anything; left out, whether `limits` sets one.
+    /// Whether the tenant stage limits anything (default: whether `limits` sets one).
     pub enabled: bool,
     /// The limits every tenant gets, each tenant its own state.
     pub limits: Limits,
     /// The broker resource id whose sub-keys are the tenants.
     pub resource: String,
-    /// Debugging only: plain ids (1-64 bytes of `[A-Za-z0-9._@+-]`) reach
-    /// keys and logs in clear. Never where ids are secrets.
+    /// Debugging only: plain ids (1-64 bytes of `[A-Za-z0-9._@+-]`) reach keys
+    /// and logs in clear.
     pub clear_ids: bool,
 }
 
@@ -173,7 +159,6 @@ impl PressureConfig {
         Self::from_tree(source_name, text, doc)
     }
 
-    /// [`PressureConfig::from_document`] of `text`, already parsed into `doc`.
     fn from_tree(
         source_name: &str,
         text: &str,
@@ -183,7 +168,6 @@ impl PressureConfig {
             source_name: source_name.to_owned(),
             message,
         };
-        // The tree keeps one value per key, so repeats are checked on the text.
         broker_core::config::refuse_repeated_keys(source_name, text)?;
         let (prefix, value) = find_pressure(doc)
             .map_err(|(a, b)| {
@@ -223,8 +207,8 @@ fn is_document(doc: &serde_json::Value) -> bool {
     }
 }
 
-/// The `pressure` object of `doc` with its path (top level, or an object one
-/// level down); two are an error naming both.
+/// The `pressure` object of `doc` with its path (top level or one down); two
+/// are an error naming both.
 fn find_pressure(
     doc: serde_json::Value,
 ) -> Result<Option<(String, serde_json::Value)>, (String, String)> {

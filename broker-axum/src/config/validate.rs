@@ -1,5 +1,4 @@
-//! What serde cannot check in a `pressure` config: path prefixes,
-//! resource ids, duplicates, an enabled tenant stage without limits.
+//! What serde cannot check in a `pressure` config.
 
 use std::collections::HashSet;
 
@@ -8,8 +7,8 @@ use broker_core::{ConfigError, Limits, Unit};
 use super::{service_resource, PressureConfig};
 
 impl PressureConfig {
-    /// Checks what serde cannot: path prefixes, resource ids, duplicates,
-    /// an enabled tenant stage without limits.
+    /// Checks what serde cannot: path prefixes, resource ids, duplicates, an
+    /// enabled tenant stage without limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_at("<config>", "")
     }

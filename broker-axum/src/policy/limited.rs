@@ -1,5 +1,4 @@
-//! A resource the layers acquire on, and the registration of a config's
-//! resources on a broker.
+//! A resource the layers acquire on, and registration errors.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -8,8 +7,7 @@ use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker
 
 use crate::response::RateHeaders;
 
-/// A resource the layer acquires on, looked up once, with its headers
-/// (rebuilt after a reload, see [`Limited::headers`]).
+/// A resource the layer acquires on, with its rate-limit headers.
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
     pub(crate) id: Arc<str>,
@@ -61,7 +59,6 @@ impl Limited {
         }
     }
 
-    /// The registered resource `id` (of `limits`).
     pub(super) fn on(
         broker: &ResourceBroker,
         id: &str,

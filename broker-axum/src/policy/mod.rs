@@ -1,6 +1,5 @@
-//! The shared, immutable state of one [`crate::Pressure`]: broker, route
-//! table, resources, responses. Limiter state lives in the broker, so clones
-//! never split a limit.
+//! The shared, immutable state of one [`crate::Pressure`]; limiter state
+//! lives in the broker.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,9 +28,6 @@ pub(crate) struct Route {
     prefix: Box<[u8]>,
     /// The prefix as a wildcard handler reads it, when different.
     slashed: Option<Box<[u8]>>,
-    /// Whether another route's prefix continues this one's (as a wildcard
-    /// handler reads them).
-    deeper: bool,
     pub(crate) limited: Limited,
 }
 
@@ -128,22 +124,11 @@ impl Policy {
                 Ok(Route {
                     slashed: (*second != *prefix).then(|| second.into()),
                     prefix,
-                    deeper: false,
                     limited: limited(wanted)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
-        let deeper: Vec<bool> = (routes.iter())
-            .map(|of| {
-                let of = of.slashed();
-                (routes.iter())
-                    .any(|r| r.slashed().len() > of.len() && prefix_matches(r.slashed(), of))
-            })
-            .collect();
-        for (route, deeper) in routes.iter_mut().zip(deeper) {
-            route.deeper = deeper;
-        }
         let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
         let tenant = tenant.as_ref().map(limited).transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -161,64 +146,24 @@ impl Policy {
     }
 
     /// The stage limiting `path` before authentication: the longest matching
-    /// route, else the service (a non-path such as `*` reads as `/`).
-    /// A path that reads differently to the router and to a wildcard handler
-    /// (`%2F`, `.` or empty segments) and so meets two stages gets
-    /// [`Stage::Both`]: it is charged on both, so no reading steps around a limit.
+    /// route, else the service (a non-path such as `*` reads as `/`). A path
+    /// that a wildcard handler reads differently (`%2F`, `.` or empty
+    /// segments) and so meets two stages gets [`Stage::Both`], charged on both.
     pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
         if !self.enabled {
             return None;
-        }
-        if self.routes.is_empty() {
-            return self.route_or_service(None);
         }
         let form = match path.starts_with('/') {
             true => normal_path(path),
             false => Cow::Borrowed(&b"/"[..]),
         };
-        let found = self.route_for(&form);
-        if matches!(form, Cow::Owned(_)) || self.slashed_prefixes {
-            return self.read_both_ways(path, &form, found);
-        }
-        // Dropping a dot or empty segment can only move a path outside every
-        // route, or in one a longer prefix continues.
-        if found.is_none_or(|i| self.routes[i as usize].deeper)
-            && has_dot_or_empty_segment(path.as_bytes())
-        {
-            return self.read_both_ways(path, &form, found);
-        }
-        self.route_or_service(found)
-    }
-
-    /// The index of the longest route whose prefix `form` matches.
-    fn route_for(&self, form: &[u8]) -> Option<u32> {
-        let i = self
-            .routes
-            .iter()
-            .position(|r| prefix_matches(form, &r.prefix))?;
-        // At most `u32::MAX - 1` routes (`Policy::new`).
-        Some(i as u32)
-    }
-
-    /// The route (`found`), else the service stage.
-    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
-        match found {
-            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
-            None => self.service.as_ref().map(|s| (Stage::Service, s)),
-        }
-    }
-
-    /// [`Policy::stage_for`] of a path read twice; `found` is the router's.
-    fn read_both_ways(
-        &self,
-        path: &str,
-        form: &[u8],
-        found: Option<u32>,
-    ) -> Option<(Stage, &Limited)> {
-        let routed = self.route_or_service(found);
         let path = path.as_bytes();
+        let found = (0u32..)
+            .zip(&self.routes)
+            .find_map(|(i, r)| prefix_matches(&form, &r.prefix).then_some(i));
+        let routed = self.route_or_service(found);
         let second =
-            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(form);
+            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(&form);
         if !path.starts_with(b"/") || !second {
             return routed;
         }
@@ -247,14 +192,17 @@ impl Policy {
         }
     }
 
-    /// The tenant stage's resource, when the tenant stage limits anything.
-    pub(crate) fn tenant_stage(&self) -> Option<&Limited> {
-        self.tenant.as_ref().filter(|_| self.enabled)
+    /// The route (`found`), else the service stage.
+    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
+        match found {
+            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
+            None => self.service.as_ref().map(|s| (Stage::Service, s)),
+        }
     }
 
     /// Whether the tenant stage limits anything.
     pub(crate) fn has_tenant_stage(&self) -> bool {
-        self.tenant_stage().is_some()
+        self.enabled && self.tenant.is_some()
     }
 
     /// The resource of `stage` (none for [`Stage::Both`]: see its

@@ -1,5 +1,3 @@
-//! [`Stage`]: which resource an admission is for.
-
 /// Which resource an admission is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
@@ -9,8 +7,8 @@ pub(crate) enum Stage {
     Service,
     /// The per-tenant limit.
     Tenant,
-    /// Two route/service stages (route index or [`SERVICE`]) in charging
-    /// order, for a path read two ways ([`Policy::stage_for`]).
+    /// Two route/service stages (route index or [`SERVICE`]) for a path read
+    /// two ways, in charging order.
     Both(u32, u32),
 }
 

@@ -1,5 +1,4 @@
-//! [`PressureLayer`]: a cheap clone holding the shared policy; all state
-//! lives in the broker.
+//! [`PressureLayer`]: a cheap clone of the shared policy.
 
 use std::sync::Arc;
 

@@ -3,15 +3,12 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use broker_core::Cost;
 use http::{Request, Response};
 use tower::Service;
 
 use super::future::ResponseFuture;
-use crate::admission::refund::{answered_here, Refund};
-use crate::admission::refusal::judge;
 use crate::body::PermitBody;
-use crate::policy::{Policy, Stage};
+use crate::policy::Policy;
 
 /// The route/service stage: the longest matching route's resource, else the
 /// service's. Built by [`crate::Pressure::layer`].
@@ -46,29 +43,11 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let policy = &self.policy;
-        let Some((stage, limited)) = policy.stage_for(req.uri().path()) else {
-            return ResponseFuture::pass(self.inner.call(req));
-        };
-        // A path read two ways is asked reading by reading; any other is
-        // answered at once when the store needs no I/O.
-        let now = match stage {
-            Stage::Both(..) => None,
-            _ => limited.handle.try_acquire_now(None, Cost::default()),
-        };
-        let Some(result) = now else {
-            return ResponseFuture::admit_later(policy, stage, &mut self.inner, req);
-        };
-        let answered_here = answered_here(&result);
-        match judge(policy, stage, result, None) {
-            Ok(permit) => {
-                let of = Refund {
-                    stage,
-                    answered_here,
-                };
-                ResponseFuture::admitted(policy, of, permit, &mut self.inner, req)
+        match self.policy.stage_for(req.uri().path()) {
+            Some((stage, _)) => {
+                ResponseFuture::admit(&self.policy, stage, None, None, &mut self.inner, req)
             }
-            Err(refusal) => ResponseFuture::refused(refusal),
+            None => ResponseFuture::pass(&mut self.inner, req),
         }
     }
 }

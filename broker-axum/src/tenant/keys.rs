@@ -1,6 +1,8 @@
-//! The keys tenants are stored and logged under: a keyed fingerprint of
-//! the id (see [`crate::Pressure::with_tenant_secret`]), or with
+//! The keys tenants are stored and logged under: a keyed fingerprint of the
+//! id (see [`crate::Pressure::with_tenant_secret`]), or with
 //! `perTenant.clearIds` a plain id.
+
+use std::fmt::Write;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -10,22 +12,11 @@ use super::extract::Tenant;
 /// Longest tenant id kept in clear with `perTenant.clearIds`.
 pub const MAX_TENANT_LEN: usize = 64;
 
-/// The bytes a tenant id is kept in clear with, as a table.
-static ALLOWED: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 256 {
-        let c = b as u8;
-        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'@' | b'+');
-        b += 1;
-    }
-    table
-};
-
 /// Whether `id` may be kept in clear: 1..=[`MAX_TENANT_LEN`] bytes of
 /// `[A-Za-z0-9._@+-]` (never `~`, which starts a fingerprint).
 fn plain(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(|b| ALLOWED[usize::from(b)])
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-_.@+".contains(&b);
+    !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(allowed)
 }
 
 /// Length of a fingerprint: `~` and 32 hex digits.
@@ -65,17 +56,9 @@ impl TenantKeys {
     }
 
     /// The sub-key of `tenant`.
-    pub(crate) fn key(&self, tenant: &Tenant<'_>) -> TenantId {
-        let mut id = TenantId {
-            len: FINGERPRINT_LEN as u8,
-            buf: [0; MAX_TENANT_LEN],
-        };
+    pub(crate) fn key(&self, tenant: &Tenant<'_>) -> String {
         let (tag, bytes): (&[u8], &[u8]) = match tenant {
-            Tenant::Text(text) if self.clear && plain(text) => {
-                id.buf[..text.len()].copy_from_slice(text.as_bytes());
-                id.len = text.len() as u8;
-                return id;
-            }
+            Tenant::Text(text) if self.clear && plain(text) => return text.to_string(),
             Tenant::Text(text) => (b"t", text.as_bytes()),
             Tenant::Bytes(bytes) => (b"b", bytes),
         };
@@ -83,28 +66,12 @@ impl TenantKeys {
         mac.update(tag);
         mac.update(bytes);
         let digest = mac.finalize().into_bytes();
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        id.buf[0] = b'~';
-        for (i, b) in digest[..16].iter().enumerate() {
-            id.buf[1 + 2 * i] = HEX[usize::from(b >> 4)];
-            id.buf[2 + 2 * i] = HEX[usize::from(b & 0xf)];
+        let mut key = String::with_capacity(FINGERPRINT_LEN);
+        key.push('~');
+        for b in &digest[..16] {
+            let _ = write!(key, "{b:02x}");
         }
-        id
-    }
-}
-
-/// A tenant's sub-key, held inline (no allocation per request).
-#[derive(Clone, Copy)]
-pub(crate) struct TenantId {
-    len: u8,
-    buf: [u8; MAX_TENANT_LEN],
-}
-
-impl TenantId {
-    /// The key.
-    pub(crate) fn as_str(&self) -> &str {
-        // Only ASCII is ever written, so this never falls back.
-        std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or_default()
+        key
     }
 }
 

@@ -1,5 +1,4 @@
-//! [`TenantLayer`]: a cheap clone holding the shared policy and the
-//! extractor; all state lives in the broker.
+//! [`TenantLayer`]: a cheap clone of the shared policy and the extractor.
 
 use std::sync::Arc;
 

@@ -1,6 +1,5 @@
-//! The tenant stage, after authentication: a [`TenantExtractor`] finds
-//! who the request is for, and each tenant has its own state under one
-//! per-tenant resource, keyed by a fingerprint of its id.
+//! The tenant stage, after authentication: each tenant the [`TenantExtractor`]
+//! finds has its own state under the per-tenant resource.
 
 mod extract;
 mod future;

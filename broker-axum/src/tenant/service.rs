@@ -3,14 +3,12 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use broker_core::Cost;
 use http::{Request, Response};
 use tower::Service;
 
 use super::extract::TenantExtractor;
 use super::future::TenantFuture;
 use crate::admission::charge::Charge;
-use crate::admission::refusal::judge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
@@ -54,22 +52,22 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let policy = &self.policy;
-        let Some(limited) = policy.tenant_stage() else {
-            return TenantFuture::admitted(Default::default(), &mut self.inner, req);
-        };
+        if !policy.has_tenant_stage() {
+            return TenantFuture::pass(&mut self.inner, req);
+        }
         // Taken out whatever comes next: only this stage answers for it.
         let charge = Charge::take(&mut req, policy.id);
         let tenant = self.extractor.tenant(req.headers(), req.extensions());
-        let Some(tenant) = tenant.map(|t| policy.tenant_keys.key(&t)) else {
-            return TenantFuture::admitted(Default::default(), &mut self.inner, req);
-        };
-        let key = Some(tenant.as_str());
-        let Some(result) = limited.handle.try_acquire_now(key, Cost::default()) else {
-            return TenantFuture::admit_later(policy, tenant, charge, &mut self.inner, req);
-        };
-        match judge(policy, Stage::Tenant, result, key) {
-            Ok(permit) => TenantFuture::admitted(permit, &mut self.inner, req),
-            Err(refusal) => TenantFuture::refused(refusal.giving_back(charge)),
+        match tenant.map(|t| policy.tenant_keys.key(&t)) {
+            Some(key) => TenantFuture::admit(
+                policy,
+                Stage::Tenant,
+                Some(key),
+                charge,
+                &mut self.inner,
+                req,
+            ),
+            None => TenantFuture::pass(&mut self.inner, req),
         }
     }
 }

@@ -1,5 +1,4 @@
-//! How a place folds states in and how a new state reads one: the
-//! bucket-wise merges a place is made of.
+//! The bucket-wise merges of places.
 
 use broker_core::bucket::{self, BucketParams, BucketState};
 use broker_core::state::LimitSpec;
@@ -18,8 +17,13 @@ pub(super) fn idle(states: &[BucketState], params: &[BucketParams], now: Micros)
         .all(|(b, p)| bucket::is_idle(b, p, now))
 }
 
-/// Folds `kept` into `place`, both made for `params`.
-pub(super) fn merge(place: &mut [BucketState], kept: &[BucketState], params: &[BucketParams]) {
+/// Folds `kept` into `place`, both read under `params` (`tighter` refills
+/// them to the later time).
+pub(super) fn merge<'p>(
+    place: &mut [BucketState],
+    kept: &[BucketState],
+    params: impl IntoIterator<Item = &'p BucketParams>,
+) {
     for ((place, kept), p) in place.iter_mut().zip(kept).zip(params) {
         *place = bucket::tighter(*place, *kept, p);
     }
@@ -29,14 +33,5 @@ pub(super) fn merge(place: &mut [BucketState], kept: &[BucketState], params: &[B
 pub(super) fn merge_raw(place: &mut [BucketState], kept: &[BucketState]) {
     for (place, kept) in place.iter_mut().zip(kept) {
         *place = bucket::fewest(*place, *kept);
-    }
-}
-
-/// Narrows `into` (made for `spec`, at `now`) to `place`, read under
-/// `spec`'s limits as a state kept across a reload is (`tighter` refills
-/// it to `now` under them).
-pub(super) fn narrow(into: &mut [BucketState], place: &[BucketState], spec: &LimitSpec) {
-    for ((b, read), p) in into.iter_mut().zip(place).zip(params_of(spec)) {
-        *b = bucket::tighter(*b, *read, p);
     }
 }

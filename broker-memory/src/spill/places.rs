@@ -1,6 +1,5 @@
-//! A resource part's set of places for one set of limits: a table of
-//! groups of [`WAYS`] places, each marked with the key it keeps, and one
-//! shared state per group for the keys that found no place of their own.
+//! A resource part's places for one set of limits: groups of [`WAYS`]
+//! places, each marked with its key, and one state per group for the rest.
 
 use broker_core::bucket::{BucketParams, BucketState};
 use broker_core::Micros;
@@ -12,8 +11,7 @@ use crate::eviction::RECENT;
 /// Places in a group: the keys a group keeps apart.
 pub(super) const WAYS: usize = 8;
 
-/// A place nothing was folded into: under [`bucket::refill`](broker_core::bucket::refill) it is a full
-/// bucket, and [`bucket::tighter`](broker_core::bucket::tighter) with it keeps the other state.
+/// A place nothing was folded into: a full bucket, which `tighter` ignores.
 const EMPTY: BucketState = BucketState {
     tokens: f64::INFINITY,
     ts: 0,
@@ -46,13 +44,11 @@ pub(super) struct Table {
     pub(super) mask: usize,
     /// The latest time a state was folded in.
     pub(super) last: Micros,
-    /// Dropped from the store (all its places had refilled): a fold that
-    /// finds it so looks the set up again.
+    /// Dropped from the store: a fold that finds it so looks the set up again.
     pub(super) retired: bool,
 }
 
-/// A key's mark in its group: its table hash, never 0 (the group's index
-/// is in the low bits, the same for every key of the group).
+/// A key's mark in its group: its table hash, never 0.
 fn mark(hash: u64) -> u64 {
     hash | 1
 }
@@ -99,9 +95,9 @@ impl Table {
         }
     }
 
-    /// Where the key with table hash `hash` (made for `params`) is folded at
-    /// `now`: its own place, else a free one taken for it (none held, or
-    /// refilled and not folded into within [`RECENT`]), else the group's.
+    /// Where the key with table hash `hash` is folded at `now`: its own
+    /// place, else a free one (never taken, or refilled and not folded into
+    /// within [`RECENT`]), else the group's.
     pub(super) fn place_for(&mut self, hash: u64, params: &[BucketParams], now: Micros) -> At {
         if let own @ At::Own(_) = self.find(hash) {
             return own;
@@ -123,40 +119,28 @@ impl Table {
         }
     }
 
-    /// The states kept at `at` for `n` buckets: merged under the set's
-    /// limits, and without refilling.
+    /// The tight and raw states kept at `at` for `n` buckets.
     pub(super) fn read(&self, at: At, n: usize) -> (&[BucketState], &[BucketState]) {
-        match at {
-            At::Own(i) => (
-                &self.tight[i * n..(i + 1) * n],
-                &self.raw[i * n..(i + 1) * n],
-            ),
-            At::Group(g) => (
-                &self.over_tight[g * n..(g + 1) * n],
-                &self.over_raw[g * n..(g + 1) * n],
-            ),
-        }
+        let (tight, raw, r) = match at {
+            At::Own(i) => (&self.tight, &self.raw, i * n..(i + 1) * n),
+            At::Group(g) => (&self.over_tight, &self.over_raw, g * n..(g + 1) * n),
+        };
+        (&tight[r.clone()], &raw[r])
     }
 
     /// [`Table::read`], to write.
     pub(super) fn write(&mut self, at: At, n: usize) -> (&mut [BucketState], &mut [BucketState]) {
-        match at {
-            At::Own(i) => (
-                &mut self.tight[i * n..(i + 1) * n],
-                &mut self.raw[i * n..(i + 1) * n],
-            ),
-            At::Group(g) => (
-                &mut self.over_tight[g * n..(g + 1) * n],
-                &mut self.over_raw[g * n..(g + 1) * n],
-            ),
-        }
+        let (tight, raw, r) = match at {
+            At::Own(i) => (&mut self.tight, &mut self.raw, i * n..(i + 1) * n),
+            At::Group(g) => (&mut self.over_tight, &mut self.over_raw, g * n..(g + 1) * n),
+        };
+        (&mut tight[r.clone()], &mut raw[r])
     }
 }
 
 impl Places {
-    /// Whether the set may be dropped at `now`: nothing folded in within
-    /// [`RECENT`], and every place, refilled to `now` under the set's
-    /// limits, equal to a fresh bucket.
+    /// Whether the set may be dropped: nothing folded in within [`RECENT`]
+    /// and every place refilled.
     pub(super) fn spent(&self, table: &Table, now: Micros) -> bool {
         now.saturating_sub(table.last) >= RECENT
             && (table.tight.chunks_exact(self.params.len()))

@@ -1,5 +1,4 @@
-//! The places shared by every resource: where a state goes when the
-//! budget has no room for a set of its own limits.
+//! The places shared by every resource, for when the budget has no room.
 
 use std::sync::atomic::Ordering;
 
@@ -13,9 +12,8 @@ use crate::eviction::RECENT;
 /// Places shared by every resource.
 pub(super) const SHARED: usize = 4096;
 
-/// A shared place's states of one number of buckets, merged without
-/// refilling, and the limits it is judged refilled under: per bucket, the
-/// largest burst and the slowest refill of the limits folded in.
+/// A shared place's states of one number of buckets, merged raw, judged
+/// refilled under the largest burst and slowest refill folded in.
 #[derive(Debug)]
 pub(super) struct Held {
     pub(super) raw: Box<[BucketState]>,
