@@ -227,7 +227,7 @@ macro_rules! keep {
         black_box($v.allowed())
     };
     (wait, store $v:expr) => {
-        black_box($v.verdict())
+        black_box($v)
     };
     (allowed, decision $d:expr) => {
         black_box($d.allowed)

@@ -64,8 +64,8 @@ pub mod store {
     };
     pub use broker_core::{bucket, keys, state};
     pub use broker_core::{
-        BackendHealth, Booking, Decision, DenyReason, LeaseId, LimitSpec, LocalVerdict, Marks,
-        Micros, ObservedLimit, RefillTime, Verdict,
+        BackendHealth, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
+        ObservedLimit, Verdict,
     };
 }
 

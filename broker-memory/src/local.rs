@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use broker_core::state::{self, LimitSpec, Verdict};
-use broker_core::{Cost, LeaseId, LocalStates, LocalVerdict};
+use broker_core::{Cost, LeaseId, LocalStates};
 
 use crate::key::KeyRef;
 use crate::store::{self, Store};
@@ -37,7 +37,7 @@ impl ResourceStates {
 }
 
 impl LocalStates for ResourceStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
         if sub.is_none()
             && !self.decides_on_own.load(Ordering::Relaxed)
             && !self.decides_on_own.swap(true, Ordering::AcqRel)
@@ -53,7 +53,7 @@ impl LocalStates for ResourceStates {
             || spec.clone(),
             |s, now| state::try_acquire(s, spec, now, cost, lease),
         );
-        Verdict::from(decided).into()
+        Verdict::from(decided)
     }
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {

@@ -449,7 +449,7 @@ async fn unrounded_local_denials_round_to_the_backends_waits() {
             penalty = Some(h.as_micros() as u64);
         }
         let cost = Cost::requests(1 + seed % 3);
-        let ours = local.try_acquire(Some("k"), cost).verdict();
+        let ours = local.try_acquire(Some("k"), cost);
         let theirs = Verdict::from(keyed_store.try_acquire(&joined, &spec, cost).await.unwrap());
         assert_eq!(ours, theirs, "step {step}");
         if let Verdict::Rate(wait) = ours {

@@ -176,7 +176,7 @@ fn the_own_state_follows_re_registration() {
 #[test]
 fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
     use broker_core::state::LimitSpec;
-    use broker_core::{LocalVerdict, Verdict};
+    use broker_core::Verdict;
 
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
@@ -187,7 +187,7 @@ fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
         &Limits::new().rate(rate()).max_concurrent(5),
         ttl,
     ));
-    let lease = |v: LocalVerdict| match v.verdict() {
+    let lease = |v: Verdict| match v {
         Verdict::Leased(l) => l,
         other => panic!("expected a lease, got {other:?}"),
     };

@@ -124,7 +124,7 @@ impl ResourceBroker {
         if !resource.fits(cost) {
             return None;
         }
-        let v = local.try_acquire(key, cost).verdict();
+        let v = local.try_acquire(key, cost);
         let counters = &resource.counters;
         Some(self.judge(resource, counters, || HeldKey::sub(key), v, permit))
     }

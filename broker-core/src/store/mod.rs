@@ -15,7 +15,7 @@ use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Booking, Decision, LeaseId, LimitSpec, LocalVerdict, Marks};
+use crate::state::{Booking, Decision, LeaseId, LimitSpec, Marks, Verdict};
 use crate::stats::BackendHealth;
 
 pub use failover::{Failover, FailurePolicy};
@@ -234,7 +234,7 @@ pub trait LocalStore: Send + Sync {
 /// `sub` is a sub-key as given (not escaped), `None` for the resource's own.
 pub trait LocalStates: Send + Sync + 'static {
     /// [`Store::try_acquire`] on the state of `sub`.
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> LocalVerdict;
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict;
 
     /// [`Store::release`] on the state of `sub`.
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool;

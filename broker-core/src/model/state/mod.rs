@@ -14,7 +14,7 @@ use super::bucket::{self, BucketParams, BucketState};
 use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
-pub use super::verdict::{Decision, DenyReason, LeaseId, LocalVerdict, RefillTime, Verdict};
+pub use super::verdict::{Decision, DenyReason, LeaseId, Verdict};
 pub use booking::{Booking, Marks, MARKED};
 pub use counters::{can_last_until, observed_for, reconcile};
 pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
