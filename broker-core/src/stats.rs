@@ -1,27 +1,18 @@
-//! Counters per resource and their serializable snapshot.
-//!
-//! The counters tell apart a local limiter wait, an upstream 429, an
-//! exhausted retry budget, a skip-and-reschedule and a backend error handled
-//! by the failure policy. Updating them is a relaxed atomic add (for the
-//! two counted on every decision, a store to a stripe of the thread's own);
-//! nothing is logged per allowed request.
+//! Counters per resource and their serializable snapshot. Updating one is
+//! a relaxed atomic add; nothing is logged per allowed request.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::striped::Striped;
-
 pub use crate::broker::{FlowStats, LevelStats, QueueStats};
 
 /// Live counters of one resource.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Striped: bumped on every decision, from every thread.
-    pub(crate) allowed: Striped,
-    /// Striped: bumped on every decision, from every thread.
-    pub(crate) denied: Striped,
+    pub(crate) allowed: AtomicU64,
+    pub(crate) denied: AtomicU64,
     pub(crate) waits: AtomicU64,
     pub(crate) wait_micros: AtomicU64,
     pub(crate) upstream_429: AtomicU64,
@@ -47,25 +38,8 @@ pub(crate) struct Live {
     pub(crate) in_flight: AtomicU64,
 }
 
-/// A counter that can be bumped: a plain atomic, or a [`Striped`] one.
-pub(crate) trait Bump {
-    fn bump(&self);
-}
-
-impl Bump for AtomicU64 {
-    fn bump(&self) {
-        self.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl Bump for Striped {
-    fn bump(&self) {
-        Striped::bump(self);
-    }
-}
-
-pub(crate) fn bump(c: &impl Bump) {
-    c.bump();
+pub(crate) fn bump(c: &AtomicU64) {
+    add(c, 1);
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -83,8 +57,8 @@ impl Counters {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ResourceStats {
             kind,
-            allowed: self.allowed.get(),
-            denied: self.denied.get(),
+            allowed: get(&self.allowed),
+            denied: get(&self.denied),
             queued: get(&live.queued),
             in_flight: get(&live.in_flight),
             local_waits: get(&self.waits),

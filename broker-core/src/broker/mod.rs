@@ -3,7 +3,6 @@
 mod calls;
 mod enqueue;
 mod feedback;
-mod first_poll;
 mod handle;
 mod in_flight;
 mod keeper;
@@ -18,22 +17,19 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-use calls::ById;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use calls::{TryAcquire, TryAcquireOnHandle};
 pub use enqueue::{Attempt, EnqueueError};
-use first_poll::{acquisition, Call, FirstPoll, Later};
-pub use first_poll::{TryAcquire, TryAcquireOnHandle};
 pub use handle::ResourceHandle;
 pub(crate) use lineage::{Epochs, Latest, Lineage};
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
 pub use queue::{FlowStats, LevelStats, QueueStats};
 pub use register::{EntryError, OnOtherLimits};
-use resource::largest_fit;
 pub(crate) use resource::{note_backend_error, Resource};
 pub use target::{Priority, Target};
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{largest_fit, Epochs, Lineage, Registry, Resource, ResourceBroker};
+use super::{Epochs, Lineage, Registry, Resource, ResourceBroker};
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
@@ -259,13 +259,11 @@ impl ResourceBroker {
             local: ready.local,
             key: ready.key,
             spec: ready.spec,
-            fits: largest_fit(&ready.config.limits),
             config: ready.config,
             kind: ready.kind,
             counters: Counters::default(),
             live,
             slot_notify: tokio::sync::Notify::new(),
-            slot_waiters: std::sync::atomic::AtomicUsize::new(0),
             penalties,
             lines,
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),

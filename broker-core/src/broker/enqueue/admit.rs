@@ -288,10 +288,9 @@ pub(crate) async fn wait_slot(
         return Ok(SlotOutcome::Unlimited);
     }
     let backend = &broker.inner.backend;
-    let _waiting = resource.wait_for_slots();
     let mut waited = false;
     loop {
-        let freed = resource.slot_notified();
+        let freed = resource.slot_notify.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
         // A store that answers in process, in the caller's line; any other
