@@ -30,8 +30,7 @@ pub struct Counters {
 }
 
 /// The calls waiting and the work running (or permits held) under one
-/// resource id, shared by its registrations: a call made on a registration
-/// that a later one replaced is still queued or in flight under the id.
+/// resource id, shared by its registrations.
 #[derive(Debug, Default)]
 pub(crate) struct Live {
     pub(crate) queued: AtomicU64,
@@ -82,9 +81,7 @@ impl Counters {
 pub enum ResourceKind {
     /// Registered with `register`: has a queue (`enqueue`).
     Queue,
-    /// Registered with `register_limit`: for check + reject, no queue
-    /// configured (an `enqueue` on it gets the default queue), so an empty
-    /// queue says nothing about its health.
+    /// Registered with `register_limit`: for check + reject.
     LimitOnly,
 }
 
@@ -115,18 +112,15 @@ pub struct ResourceStats {
     pub retries_exhausted: u64,
     /// Acquisitions answered with skip-and-reschedule.
     pub skipped: u64,
-    /// Store errors that reached the broker (returned by the backend).
-    /// Errors a backend's own failure policy answered (broker-redis's
-    /// fail-open or local fallback) are counted by that backend instead:
-    /// `BackendHealth::handled_errors`.
+    /// Store errors that reached the broker (those a backend's failure
+    /// policy answered are in `BackendHealth::handled_errors`).
     pub backend_errors: u64,
     /// `enqueue` calls that finished successfully.
     pub completed: u64,
     /// `enqueue` calls that ended in an error.
     pub failed: u64,
-    /// Upstream headers that narrowed a bucket (`reconcile` calls sent to
-    /// the backend), or, on a resource without rate limits, penalized its state
-    /// until a spent counter's reset (a `penalize` sent to the backend).
+    /// Upstream headers that narrowed a bucket (or, without rate limits,
+    /// penalized the state until a spent counter's reset).
     #[serde(default)]
     pub reconciles: u64,
     /// The `enqueue` queue: calls waiting for their turn per priority,

@@ -295,18 +295,17 @@ impl ResourceBroker {
             deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),
             ceiling: None,
         };
-        let (booking, permit) =
-            match enqueue::admit_until(self, &resource, state, cost, &bounds, None, true).await? {
-                enqueue::Admitted::Go(booking, permit) => (booking, permit),
-                enqueue::Admitted::TooLong(wait, _) => {
-                    bump(&resource.tally().counters.denied);
-                    return Ok(denied(DenyReason::Rate, wait));
-                }
-                enqueue::Admitted::NoSlot(_) => {
-                    bump(&resource.tally().counters.denied);
-                    return Ok(denied(DenyReason::Concurrency, 0));
-                }
-            };
+        let admitted = enqueue::admit_until(self, &resource, state, cost, &bounds, None, true);
+        let (booking, permit) = match admitted.await? {
+            enqueue::Admitted::Go(booking, permit) => (booking, permit),
+            other => {
+                bump(&resource.tally().counters.denied);
+                return Ok(match other {
+                    enqueue::Admitted::TooLong(wait, _) => denied(DenyReason::Rate, wait),
+                    _ => denied(DenyReason::Concurrency, 0),
+                });
+            }
+        };
         let booked = booking.consume();
         bump(&resource.tally().counters.allowed);
         Ok(Acquisition {

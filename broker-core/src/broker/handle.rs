@@ -44,20 +44,6 @@ impl std::fmt::Debug for ResourceHandle {
 impl ResourceBroker {
     /// A handle on the registered `resource` (see [`ResourceHandle`]).
     /// Unknown resource: [`BrokerError::UnknownResource`].
-    ///
-    /// ```
-    /// use broker_core::{BrokerError, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(10)))?;
-    /// let webhooks = broker.resource_handle("webhooks")?;
-    /// assert_eq!(webhooks.resource(), "webhooks");
-    /// assert!(matches!(
-    ///     broker.resource_handle("nope"),
-    ///     Err(BrokerError::UnknownResource(_))
-    /// ));
-    /// # Ok(()) }
-    /// ```
     pub fn resource_handle(&self, resource: &str) -> Result<ResourceHandle, BrokerError> {
         Ok(ResourceHandle {
             broker: self.clone(),
@@ -96,21 +82,6 @@ impl ResourceHandle {
     /// process and the cost fits, the [`Verdict`], counted, with the slot
     /// of a [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
     /// consumed or counted: `try_acquire_now` then gives the full answer.
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// let tenants = broker.resource_handle("tenants")?;
-    /// let mut permit = Permit::empty();
-    /// match tenants.verdict_now(Some("acme"), Cost::default(), &mut permit) {
-    ///     Some(v) if v.allowed() => println!("admitted"),
-    ///     Some(v) => println!("denied: {v:?}"),
-    ///     None => println!("{:?}", tenants.try_acquire_now("acme", Cost::default())),
-    /// }
-    /// # Ok(()) }
-    /// ```
     pub fn verdict_now(
         &self,
         key: Option<&str>,

@@ -24,33 +24,15 @@ pub struct Acquisition {
     /// Holds the concurrency slot, if the resource has a concurrency limit.
     /// Release it (or drop it) when the work is done. A no-op when denied.
     pub permit: Permit,
-    /// Whether a shared store's failure policy answered while the store
-    /// was out of reach, so that the cost is not in the store (see
-    /// [`Acquisition::settle_marks`]).
+    /// Whether a shared store's failure policy answered, so that the cost
+    /// is not in the store.
     pub answered_here: bool,
 }
 
 impl Acquisition {
-    /// Where this acquisition's cost went, as
-    /// [`crate::ResourceBroker::settle_since`] takes it: `None` for the
-    /// store, [`Marks::ANSWERED_HERE`] when the store's failure policy
-    /// answered (this process's fallback bucket, or nowhere), so that a
-    /// later correction of the cost goes where the cost went, whatever
-    /// the store's health is by then.
-    ///
-    /// ```
-    /// # use broker_core::{Cost, ResourceBroker};
-    /// # async fn demo(broker: &ResourceBroker) -> Result<(), broker_core::BrokerError> {
-    /// let taken = broker.try_acquire("webhooks", Cost::requests(1)).await?;
-    /// if taken.allowed {
-    ///     // The work was not done after all: the cost goes back.
-    ///     let since = taken.settle_marks();
-    ///     broker
-    ///         .settle_since("webhooks", Cost::requests(1), Cost::requests(0), since)
-    ///         .await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
+    /// Where this acquisition's cost went, for
+    /// [`crate::ResourceBroker::settle_since`]: `None` for the store,
+    /// [`Marks::ANSWERED_HERE`] when the store's failure policy answered.
     pub fn settle_marks(&self) -> Option<Marks> {
         self.answered_here.then_some(Marks::ANSWERED_HERE)
     }

@@ -1,11 +1,12 @@
-//! The resource record: a registration's compiled limits, counters and
-//! slot waiters, and the logging of a store's errors on it.
+//! The resource record: a registration's compiled limits and counters, the
+//! lineage its id's registrations share, and the logging of store errors.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::lineage::{Epochs, Latest, Lineage};
-use super::{keeper, penalties, queue};
+use arc_swap::ArcSwap;
+
+use super::{enqueue, keeper, penalties, queue};
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
@@ -131,5 +132,65 @@ pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &Back
         tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
     } else {
         tracing::debug!(resource = %resource.id, op, error = %e.message, "backend error");
+    }
+}
+
+/// The latest registration of one resource id, shared by all of them. It
+/// holds the latest weakly, so an old registration kept alive keeps no
+/// later one alive.
+#[derive(Debug)]
+pub(crate) struct Lineage {
+    pub(super) latest: ArcSwap<Latest>,
+}
+
+/// The latest registration of an id, as an earlier one sees it.
+#[derive(Debug)]
+pub(crate) struct Latest {
+    pub(crate) spec: Arc<LimitSpec>,
+    pub(crate) epochs: Epochs,
+    pub(super) resource: std::sync::Weak<Resource>,
+}
+
+/// How many registrations of an id since its first changed its limits,
+/// and how many of those its buckets (units or their number): equal epochs,
+/// same limits (buckets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Epochs {
+    pub(crate) limits: u64,
+    pub(crate) buckets: u64,
+}
+
+impl Epochs {
+    /// The epochs of a registration of `spec` over one of `before`.
+    pub(crate) fn after(self, before: &Arc<LimitSpec>, spec: &Arc<LimitSpec>) -> Self {
+        if Arc::ptr_eq(before, spec) || **before == **spec {
+            return self;
+        }
+        Self {
+            limits: self.limits + 1,
+            buckets: self.buckets + u64::from(!enqueue::same_units(before, spec)),
+        }
+    }
+}
+
+impl Lineage {
+    /// The lineage of a first registration, of `spec`.
+    pub(crate) fn new(spec: Arc<LimitSpec>) -> Self {
+        Self {
+            latest: ArcSwap::from_pointee(Latest {
+                spec,
+                epochs: Epochs::default(),
+                resource: std::sync::Weak::new(),
+            }),
+        }
+    }
+
+    /// Makes `resource` the latest registration of the id.
+    pub(crate) fn install(&self, resource: &Arc<Resource>) {
+        self.latest.store(Arc::new(Latest {
+            spec: resource.spec.clone(),
+            epochs: resource.epochs,
+            resource: Arc::downgrade(resource),
+        }));
     }
 }
