@@ -225,9 +225,14 @@ impl ResourceBroker {
                 .try_acquire(key, &asked.spec, cost)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
-            let unclaimed =
-                in_flight::Unclaimed::new(decision, backend, asked, owned_key, cost, penalty_end);
-            Ok::<_, BackendError>(unclaimed)
+            Ok::<_, BackendError>(in_flight::Unclaimed {
+                decision: Some(decision),
+                backend,
+                resource: asked,
+                key: owned_key,
+                cost,
+                penalty_end,
+            })
         });
         let (decision, owned_key) = decided.await?.claim();
         // Counted on the latest registration, which may have replaced this one.

@@ -66,35 +66,17 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 /// cost back, unless a penalty was put on since it was asked or a
 /// registration since had other buckets.
 pub(crate) struct Unclaimed {
-    decision: Option<Decision>,
-    backend: Arc<dyn Store>,
-    resource: Arc<Resource>,
+    pub(crate) decision: Option<Decision>,
+    pub(crate) backend: Arc<dyn Store>,
+    pub(crate) resource: Arc<Resource>,
     /// The state asked (`None`: the resource's own).
-    key: Option<String>,
-    cost: Cost,
+    pub(crate) key: Option<String>,
+    pub(crate) cost: Cost,
     /// This process's penalty on the state when it was asked.
-    penalty_end: Option<tokio::time::Instant>,
+    pub(crate) penalty_end: Option<tokio::time::Instant>,
 }
 
 impl Unclaimed {
-    pub(crate) fn new(
-        decision: Decision,
-        backend: Arc<dyn Store>,
-        resource: Arc<Resource>,
-        key: Option<String>,
-        cost: Cost,
-        penalty_end: Option<tokio::time::Instant>,
-    ) -> Self {
-        Self {
-            decision: Some(decision),
-            backend,
-            resource,
-            key,
-            cost,
-            penalty_end,
-        }
-    }
-
     /// The decision, now held by its caller, and its state key.
     pub(crate) fn claim(mut self) -> (Decision, Option<String>) {
         let decision = self.decision.take().expect("claimed once");
@@ -129,27 +111,13 @@ impl Drop for Unclaimed {
 /// A lease `take_slot` took for a caller that may have gone away: dropped
 /// without [`UntoldLease::claim`], it is released.
 pub(crate) struct UntoldLease {
-    lease: Option<LeaseId>,
-    backend: Arc<dyn Store>,
-    resource: Arc<Resource>,
-    key: String,
+    pub(crate) lease: Option<LeaseId>,
+    pub(crate) backend: Arc<dyn Store>,
+    pub(crate) resource: Arc<Resource>,
+    pub(crate) key: String,
 }
 
 impl UntoldLease {
-    pub(crate) fn new(
-        lease: LeaseId,
-        backend: Arc<dyn Store>,
-        resource: Arc<Resource>,
-        key: String,
-    ) -> Self {
-        Self {
-            lease: Some(lease),
-            backend,
-            resource,
-            key,
-        }
-    }
-
     /// The lease, now held by its caller.
     pub(crate) fn claim(mut self) -> LeaseId {
         self.lease.take().expect("claimed once")

@@ -324,7 +324,12 @@ async fn take_slot_later(
             .take_slot(&key, &spec)
             .await
             .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
-        let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));
+        let untold = held.map(|lease| UntoldLease {
+            lease: Some(lease),
+            backend,
+            resource,
+            key,
+        });
         Ok::<_, BackendError>(untold)
     });
     Ok(held.await?.map(UntoldLease::claim))

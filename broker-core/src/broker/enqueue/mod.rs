@@ -297,7 +297,15 @@ impl ResourceBroker {
                 });
             }
             let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
-                break Err(exhausted(&resource, error, number, class));
+                bump(&resource.tally().counters.retries_exhausted);
+                telemetry::count(&resource.id, Signal::RetriesExhausted);
+                let (attempts, last) = (number, class);
+                tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
+                break Err(EnqueueError::RetriesExhausted {
+                    error,
+                    attempts,
+                    last,
+                });
             };
             bump(&resource.tally().counters.retries);
             tokio::time::sleep(pause).await;
@@ -336,21 +344,5 @@ impl<E> EnqueueError<E> {
     /// Whether a later run of the whole job may succeed (by its class).
     pub fn is_retryable(&self) -> bool {
         self.class().is_retryable()
-    }
-}
-
-fn exhausted<E>(
-    resource: &Resource,
-    error: E,
-    attempts: u32,
-    last: OutcomeClass,
-) -> EnqueueError<E> {
-    bump(&resource.tally().counters.retries_exhausted);
-    telemetry::count(&resource.id, Signal::RetriesExhausted);
-    tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
-    EnqueueError::RetriesExhausted {
-        error,
-        attempts,
-        last,
     }
 }
