@@ -18,70 +18,57 @@ use crate::stats::{bump, Counters};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
-/// Declares a public future of `try_acquire`, with its `now_or_never`.
-macro_rules! try_acquire_future {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[must_use = "futures do nothing unless polled"]
-        pub struct $name<'s>(pub(super) Boxed<'s>);
+/// The future of [`ResourceBroker::try_acquire`]: the call is made when it
+/// is first polled, never before.
+#[must_use = "futures do nothing unless polled"]
+pub struct TryAcquire<'s>(pub(super) Boxed<'s>);
 
-        impl $name<'_> {
-            /// The answer of one poll, or `None` if the call is still
-            /// pending on its store (the call is then dropped). A store
-            /// that answers without I/O (the in-memory one) always answers.
-            ///
-            /// # Panics
-            ///
-            /// If the future has already completed.
-            ///
-            /// ```
-            /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-            /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-            /// let broker = ResourceBroker::new(backend);
-            /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
-            /// let answer = broker.try_acquire(("tenants", "acme"), Cost::default()).now_or_never();
-            /// match answer {
-            ///     Some(answer) => println!("allowed: {}", answer?.allowed),
-            ///     None => println!("the backend is asked asynchronously"),
-            /// }
-            /// # Ok(()) }
-            /// ```
-            pub fn now_or_never(mut self) -> Option<Result<Acquisition, BrokerError>> {
-                let mut cx = Context::from_waker(Waker::noop());
-                match self.0.as_mut().poll(&mut cx) {
-                    Poll::Ready(answer) => Some(answer),
-                    Poll::Pending => None,
-                }
-            }
+/// The future of [`super::ResourceHandle::try_acquire`].
+pub type TryAcquireOnHandle<'s> = TryAcquire<'s>;
+
+impl TryAcquire<'_> {
+    /// The answer of one poll, or `None` if the call is still pending on
+    /// its store (the call is then dropped). A store that answers without
+    /// I/O (the in-memory one) always answers.
+    ///
+    /// # Panics
+    ///
+    /// If the future has already completed.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let answer = broker.try_acquire(("tenants", "acme"), Cost::default()).now_or_never();
+    /// match answer {
+    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
+    ///     None => println!("the backend is asked asynchronously"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn now_or_never(mut self) -> Option<Result<Acquisition, BrokerError>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.0.as_mut().poll(&mut cx) {
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => None,
         }
-
-        impl Future for $name<'_> {
-            type Output = Result<Acquisition, BrokerError>;
-
-            fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-                self.0.as_mut().poll(cx)
-            }
-        }
-
-        impl std::fmt::Debug for $name<'_> {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($name)).finish_non_exhaustive()
-            }
-        }
-    };
+    }
 }
 
-try_acquire_future!(
-    /// The future of [`ResourceBroker::try_acquire`]: the call is made
-    /// when it is first polled, never before.
-    TryAcquire
-);
+impl Future for TryAcquire<'_> {
+    type Output = Result<Acquisition, BrokerError>;
 
-try_acquire_future!(
-    /// The future of [`super::ResourceHandle::try_acquire`]: the call is
-    /// made when it is first polled, never before.
-    TryAcquireOnHandle
-);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl std::fmt::Debug for TryAcquire<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TryAcquire").finish_non_exhaustive()
+    }
+}
 
 /// The acquisition of verdict `v`, already counted, with `permit`.
 fn acquisition(v: Verdict, permit: Permit) -> Acquisition {

@@ -75,7 +75,7 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> TryAcquireOnHandle<'s> {
-        TryAcquireOnHandle(self.broker.try_acquire(self.target(key.into()), cost).0)
+        self.broker.try_acquire(self.target(key.into()), cost)
     }
 
     /// The compact answer for a hot path: when the store answers in
