@@ -190,7 +190,7 @@ where
         frame
     }
 
-    /// See [`may_end`].
+    /// Whether the body has ended; a large body holding a slot waits one more poll.
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),

@@ -1,6 +1,5 @@
-//! Clocks: where `now` ([`Micros`]) comes from. [`SystemClock`] in
-//! production, [`ManualClock`] driven by hand, [`TokioClock`] under tokio's
-//! paused time.
+//! Clocks: [`SystemClock`] in production, [`ManualClock`] driven by hand,
+//! [`TokioClock`] under tokio's paused time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,8 +28,7 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     fn now(&self) -> Micros;
 }
 
-/// µs since the Unix epoch, read once and then advanced by a monotonic
-/// [`Instant`], so a stepped system clock never moves it backwards.
+/// µs since the Unix epoch, advanced by a monotonic [`Instant`].
 ///
 /// ```
 /// use broker_core::{Clock, SystemClock};
@@ -112,8 +110,7 @@ impl Clock for ManualClock {
     }
 }
 
-/// Time from tokio's clock, so tests under `tokio::time::pause()` see one
-/// virtual time in the bucket and in `sleep`.
+/// Time from tokio's clock (virtual under `tokio::time::pause()`).
 #[derive(Debug, Clone)]
 pub struct TokioClock {
     origin: tokio::time::Instant,

@@ -13,7 +13,6 @@ mod integrations;
 mod model;
 pub mod stats;
 pub mod store;
-mod striped;
 pub mod telemetry;
 
 pub use integrations::supplier;

@@ -1,27 +1,18 @@
-//! Counters per resource and their serializable snapshot.
-//!
-//! The counters tell apart a local limiter wait, an upstream 429, an
-//! exhausted retry budget, a skip-and-reschedule and a backend error handled
-//! by the failure policy. Updating them is a relaxed atomic add (for the
-//! two counted on every decision, a store to a stripe of the thread's own);
-//! nothing is logged per allowed request.
+//! Counters per resource and their serializable snapshot. Updating one is
+//! a relaxed atomic add; nothing is logged per allowed request.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::striped::Striped;
-
 pub use crate::broker::{FlowStats, LevelStats, QueueStats};
 
 /// Live counters of one resource.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Striped: bumped on every decision, from every thread.
-    pub(crate) allowed: Striped,
-    /// Striped: bumped on every decision, from every thread.
-    pub(crate) denied: Striped,
+    pub(crate) allowed: AtomicU64,
+    pub(crate) denied: AtomicU64,
     pub(crate) waits: AtomicU64,
     pub(crate) wait_micros: AtomicU64,
     pub(crate) upstream_429: AtomicU64,
@@ -39,33 +30,15 @@ pub struct Counters {
 }
 
 /// The calls waiting and the work running (or permits held) under one
-/// resource id, shared by its registrations: a call made on a registration
-/// that a later one replaced is still queued or in flight under the id.
+/// resource id, shared by its registrations.
 #[derive(Debug, Default)]
 pub(crate) struct Live {
     pub(crate) queued: AtomicU64,
     pub(crate) in_flight: AtomicU64,
 }
 
-/// A counter that can be bumped: a plain atomic, or a [`Striped`] one.
-pub(crate) trait Bump {
-    fn bump(&self);
-}
-
-impl Bump for AtomicU64 {
-    fn bump(&self) {
-        self.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl Bump for Striped {
-    fn bump(&self) {
-        Striped::bump(self);
-    }
-}
-
-pub(crate) fn bump(c: &impl Bump) {
-    c.bump();
+pub(crate) fn bump(c: &AtomicU64) {
+    add(c, 1);
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -83,8 +56,8 @@ impl Counters {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ResourceStats {
             kind,
-            allowed: self.allowed.get(),
-            denied: self.denied.get(),
+            allowed: get(&self.allowed),
+            denied: get(&self.denied),
             queued: get(&live.queued),
             in_flight: get(&live.in_flight),
             local_waits: get(&self.waits),
@@ -108,9 +81,7 @@ impl Counters {
 pub enum ResourceKind {
     /// Registered with `register`: has a queue (`enqueue`).
     Queue,
-    /// Registered with `register_limit`: for check + reject, no queue
-    /// configured (an `enqueue` on it gets the default queue), so an empty
-    /// queue says nothing about its health.
+    /// Registered with `register_limit`: for check + reject.
     LimitOnly,
 }
 
@@ -141,18 +112,15 @@ pub struct ResourceStats {
     pub retries_exhausted: u64,
     /// Acquisitions answered with skip-and-reschedule.
     pub skipped: u64,
-    /// Store errors that reached the broker (returned by the backend).
-    /// Errors a backend's own failure policy answered (broker-redis's
-    /// fail-open or local fallback) are counted by that backend instead:
-    /// `BackendHealth::handled_errors`.
+    /// Store errors that reached the broker (those a backend's failure
+    /// policy answered are in `BackendHealth::handled_errors`).
     pub backend_errors: u64,
     /// `enqueue` calls that finished successfully.
     pub completed: u64,
     /// `enqueue` calls that ended in an error.
     pub failed: u64,
-    /// Upstream headers that narrowed a bucket (`reconcile` calls sent to
-    /// the backend), or, on a resource without rate limits, penalized its state
-    /// until a spent counter's reset (a `penalize` sent to the backend).
+    /// Upstream headers that narrowed a bucket (or, without rate limits,
+    /// penalized the state until a spent counter's reset).
     #[serde(default)]
     pub reconciles: u64,
     /// The `enqueue` queue: calls waiting for their turn per priority,

@@ -1,5 +1,4 @@
-//! Counters through the [`metrics`] facade, named so that a dashboard tells
-//! apart why work did not go out at once.
+//! Counters through the [`metrics`] facade.
 //!
 //! | metric | labels | counts |
 //! |---|---|---|
@@ -11,9 +10,6 @@
 //! | `resource_broker_backend_errors_total` | `resource`, `op` | backend errors seen by the broker |
 //! | `resource_broker_backend_fallbacks_total` | `policy`, `op` | backend errors a backend handled by its failure policy |
 //! | `resource_broker_egress_requests_total` | `supplier`, `ip` | requests a supplier's egress IP counter saw ([`crate::supplier`]) |
-//!
-//! Nothing is emitted per allowed request; without a recorder every call
-//! here is a no-op.
 
 /// One event worth a counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +22,7 @@ pub enum Signal {
     RetriesExhausted,
     /// A data bucket answered skip-and-reschedule.
     Skipped,
-    /// Upstream headers narrowed a bucket, or penalized a resource without rate
-    /// limits until a spent counter's reset.
+    /// Upstream headers narrowed a bucket (or penalized a resource).
     Reconciled,
 }
 

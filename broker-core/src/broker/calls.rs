@@ -1,38 +1,98 @@
-//! The broker's check + reject calls: `try_acquire` (at once, or through
-//! the store's asynchronous call) and `acquire` (waiting up to a bound).
+//! Check + reject: `try_acquire` (at once, or through the store's
+//! asynchronous call) and `acquire` (waiting up to a bound).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use super::first_poll::{acquisition, denied, Call, FirstPoll, Later};
 use super::permit::HeldKey;
 use super::{enqueue, in_flight, note_backend_error, state_key};
-use super::{Acquisition, Permit, Resource, ResourceBroker, Target, TryAcquire};
+use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
+use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{Decision, DenyReason, Verdict};
 use crate::stats::{bump, Counters};
 
-/// `try_acquire` on a resource by id, as its future holds it.
-pub(super) struct ById<'s> {
-    broker: &'s ResourceBroker,
-    target: Target<'s>,
-    cost: Cost,
+type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
+
+/// The future of [`ResourceBroker::try_acquire`]: the call is made when it
+/// is first polled, never before.
+#[must_use = "futures do nothing unless polled"]
+pub struct TryAcquire<'s>(pub(super) Boxed<'s>);
+
+/// The future of [`super::ResourceHandle::try_acquire`].
+pub type TryAcquireOnHandle<'s> = TryAcquire<'s>;
+
+impl TryAcquire<'_> {
+    /// The answer of one poll, or `None` if the call is still pending on
+    /// its store (the call is then dropped). A store that answers without
+    /// I/O (the in-memory one) always answers.
+    ///
+    /// # Panics
+    ///
+    /// If the future has already completed.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let answer = broker.try_acquire(("tenants", "acme"), Cost::default()).now_or_never();
+    /// match answer {
+    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
+    ///     None => println!("the backend is asked asynchronously"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn now_or_never(mut self) -> Option<Result<Acquisition, BrokerError>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.0.as_mut().poll(&mut cx) {
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => None,
+        }
+    }
 }
 
-impl<'s> Call<'s> for ById<'s> {
-    fn quick(&self, permit: &mut Permit) -> Option<Verdict> {
-        self.broker.quick_by_id(self.target, self.cost, permit)
-    }
+impl Future for TryAcquire<'_> {
+    type Output = Result<Acquisition, BrokerError>;
 
-    fn start(self) -> Result<Result<Acquisition, BrokerError>, Later<'s>> {
-        let (broker, cost) = (self.broker, self.cost);
-        let mut state_key = None;
-        broker
-            .now_or_later(self.target, cost, &mut state_key)
-            .map_err(|resource| {
-                Box::pin(broker.try_acquire_later(resource, state_key, cost)) as Later<'s>
-            })
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl std::fmt::Debug for TryAcquire<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TryAcquire").finish_non_exhaustive()
+    }
+}
+
+/// The acquisition of verdict `v`, already counted, with `permit`.
+fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
+    match v {
+        Verdict::Allowed | Verdict::Leased(_) => Acquisition {
+            allowed: true,
+            wait_time: Duration::ZERO,
+            denied_by: None,
+            permit,
+            answered_here: false,
+        },
+        Verdict::Rate(wait) => denied(DenyReason::Rate, wait),
+        Verdict::Concurrency => denied(DenyReason::Concurrency, 0),
+    }
+}
+
+/// A denied acquisition, holding nothing.
+fn denied(reason: DenyReason, wait: Micros) -> Acquisition {
+    Acquisition {
+        allowed: false,
+        wait_time: Duration::from_micros(wait),
+        denied_by: Some(reason),
+        permit: Permit::empty(),
+        answered_here: false,
     }
 }
 
@@ -49,18 +109,19 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         cost: Cost,
     ) -> TryAcquire<'s> {
-        TryAcquire(FirstPoll::new(ById {
-            broker: self,
-            target: target.into(),
-            cost,
+        let target = target.into();
+        TryAcquire(Box::pin(async move {
+            let resource = self.resource(target.resource)?;
+            match self.acquire_now(&resource, target.key, cost) {
+                Ok(answer) => answer,
+                Err(key) => self.try_acquire_later(resource, key, cost).await,
+            }
         }))
     }
 
-    /// [`ResourceBroker::try_acquire`] without waiting, for callers that
-    /// can use a synchronous answer (a tower service answering in `call`):
-    /// `Some(answer)` when the backend answered without I/O (the in-memory
-    /// store), `None` when it must be asked asynchronously; then nothing
-    /// was consumed, and `try_acquire` is the call to make.
+    /// [`ResourceBroker::try_acquire`] without waiting: `Some(answer)` when
+    /// the backend answered without I/O (the in-memory store), `None` when
+    /// it must be asked asynchronously (nothing was consumed).
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
@@ -79,40 +140,15 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         let target = target.into();
-        let mut permit = Permit::empty();
-        if let Some(v) = self.quick_by_id(target, cost, &mut permit) {
-            return Some(Ok(acquisition(v, permit)));
+        match self.resource(target.resource) {
+            Ok(resource) => self.acquire_now(&resource, target.key, cost).ok(),
+            Err(e) => Some(Err(e)),
         }
-        self.try_acquire_now_in_full(target, cost)
     }
 
-    /// [`ResourceBroker::try_acquire_now`] past its common case, out of
-    /// the callers' line.
-    pub(super) fn try_acquire_now_in_full(
-        &self,
-        target: Target<'_>,
-        cost: Cost,
-    ) -> Option<Result<Acquisition, BrokerError>> {
-        self.now_or_later(target, cost, &mut None).ok()
-    }
-
-    /// [`ResourceBroker::quick`] on the resource `target` names, if it is
-    /// registered.
-    pub(super) fn quick_by_id(
-        &self,
-        target: Target<'_>,
-        cost: Cost,
-        permit: &mut Permit,
-    ) -> Option<Verdict> {
-        let registry = self.inner.resources.load();
-        self.quick(registry.get(target.resource)?, target.key, cost, permit)
-    }
-
-    /// The common case of `try_acquire`, kept short: a store that answers
-    /// without I/O, a cost that fits. The verdict is counted, and the slot
-    /// of a [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
-    /// consumed, and [`ResourceBroker::acquire_now`] makes the answer (or
-    /// the error).
+    /// The verdict of a store that answers without I/O on a cost that fits,
+    /// counted, with the slot of a [`Verdict::Leased`] put in `permit`;
+    /// else `None`, with nothing consumed.
     pub(super) fn quick(
         &self,
         resource: &Arc<Resource>,
@@ -121,62 +157,35 @@ impl ResourceBroker {
         permit: &mut Permit,
     ) -> Option<Verdict> {
         let local = resource.local.as_ref()?;
-        if !resource.fits(cost) {
-            return None;
-        }
+        resource.check_fits(cost).ok()?;
         let v = local.try_acquire(key, cost);
         let counters = &resource.counters;
         Some(self.judge(resource, counters, || HeldKey::sub(key), v, permit))
     }
 
-    /// The answer given without I/O, or the resource whose backend must be
-    /// asked asynchronously, with `later` set to the state key to ask for.
-    pub(super) fn now_or_later(
-        &self,
-        target: Target<'_>,
-        cost: Cost,
-        later: &mut Option<String>,
-    ) -> Result<Result<Acquisition, BrokerError>, Arc<Resource>> {
-        let registry = self.inner.resources.load();
-        let Some(resource) = registry.get(target.resource) else {
-            return Ok(Err(BrokerError::UnknownResource(
-                target.resource.to_owned(),
-            )));
-        };
-        self.acquire_now(resource, target.key, cost, later)
-            .ok_or_else(|| resource.clone())
-    }
-
-    /// `try_acquire` on a resource already looked up, without I/O; else
-    /// `None` (nothing was consumed), with `later` set to the state key of
-    /// sub-key `key` (`None`: the resource's own) for the backend's
-    /// asynchronous call. The answer is returned as the callers return it,
-    /// so it is written once, in place.
-    pub(super) fn acquire_now(
+    /// `try_acquire` answered without I/O, or `Err` with the state key
+    /// (`None`: the resource's own) to ask the store for asynchronously.
+    fn acquire_now(
         &self,
         resource: &Arc<Resource>,
         key: Option<&str>,
         cost: Cost,
-        later: &mut Option<String>,
-    ) -> Option<Result<Acquisition, BrokerError>> {
+    ) -> Result<Result<Acquisition, BrokerError>, Option<String>> {
         if let Err(e) = resource.check_fits(cost) {
-            return Some(Err(e));
+            return Ok(Err(e));
         }
-        // A store that answers in process: the one in-process decision.
         let mut permit = Permit::empty();
         if let Some(v) = self.quick(resource, key, cost, &mut permit) {
-            return Some(Ok(acquisition(v, permit)));
+            return Ok(Ok(acquisition(v, permit)));
         }
-        // Any other store is asked by state key, built once for both calls.
         let owned = state_key(resource, key);
         let state = owned.as_deref().unwrap_or(&resource.key);
         let local = self.inner.backend.local();
         let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
         else {
-            *later = owned;
-            return None;
+            return Err(owned);
         };
-        Some(match decision {
+        Ok(match decision {
             Ok(d) => Ok(self.answer(resource, &resource.counters, || HeldKey::State(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
@@ -186,7 +195,7 @@ impl ResourceBroker {
     }
 
     /// `try_acquire` through the backend's asynchronous call.
-    pub(super) async fn try_acquire_later(
+    async fn try_acquire_later(
         &self,
         resource: Arc<Resource>,
         owned_key: Option<String>,
@@ -194,8 +203,8 @@ impl ResourceBroker {
     ) -> Result<Acquisition, BrokerError> {
         let backend = self.inner.backend.clone();
         let asked = resource.clone();
-        // Run to its answer if the caller goes away meanwhile: a decision
-        // that took a cost or a slot then gives them back, unclaimed.
+        // Run to its answer if the caller goes away: a decision that took
+        // a cost or a slot then gives them back, unclaimed.
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
             let penalty_end = asked.penalties.until(key);
@@ -203,22 +212,24 @@ impl ResourceBroker {
                 .try_acquire(key, &asked.spec, cost)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
-            let unclaimed =
-                in_flight::Unclaimed::new(decision, backend, asked, owned_key, cost, penalty_end);
-            Ok::<_, BackendError>(unclaimed)
+            Ok::<_, BackendError>(in_flight::Unclaimed {
+                decision: Some(decision),
+                backend,
+                resource: asked,
+                key: owned_key,
+                cost,
+                penalty_end,
+            })
         });
         let (decision, owned_key) = decided.await?.claim();
-        // Counted on the latest registration: one may have replaced this
-        // one while the store decided.
+        // Counted on the latest registration, which may have replaced this one.
         let tally = resource.tally();
         let key = || HeldKey::State(owned_key);
         Ok(self.answer(&resource, &tally.counters, key, decision))
     }
 
-    /// The acquisition of the store's decision `d`, counted in `counters`;
-    /// `key` names the state a held lease is released on (made only when a
-    /// lease is held).
-    pub(super) fn answer(
+    /// The acquisition of the store's decision `d`, counted in `counters`.
+    fn answer(
         &self,
         resource: &Arc<Resource>,
         counters: &Counters,
@@ -233,11 +244,10 @@ impl ResourceBroker {
         }
     }
 
-    /// Counts verdict `v` in `counters` (the resource's, or those of the
-    /// registration that replaced it) and returns it, with the slot of a
-    /// [`Verdict::Leased`] put in `permit` (`key` names the state it is
-    /// released on, made only then).
-    pub(super) fn judge(
+    /// Counts verdict `v` in `counters` and returns it, with the slot of a
+    /// [`Verdict::Leased`] put in `permit` (released on the state `key`
+    /// names).
+    fn judge(
         &self,
         resource: &Arc<Resource>,
         counters: &Counters,
@@ -277,18 +287,17 @@ impl ResourceBroker {
             deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),
             ceiling: None,
         };
-        let (booking, permit) =
-            match enqueue::admit_until(self, &resource, state, cost, &bounds, None, true).await? {
-                enqueue::Admitted::Go(booking, permit) => (booking, permit),
-                enqueue::Admitted::TooLong(wait, _) => {
-                    bump(&resource.tally().counters.denied);
-                    return Ok(denied(DenyReason::Rate, wait));
-                }
-                enqueue::Admitted::NoSlot(_) => {
-                    bump(&resource.tally().counters.denied);
-                    return Ok(denied(DenyReason::Concurrency, 0));
-                }
-            };
+        let admitted = enqueue::admit_until(self, &resource, state, cost, &bounds, None, true);
+        let (booking, permit) = match admitted.await? {
+            enqueue::Admitted::Go(booking, permit) => (booking, permit),
+            other => {
+                bump(&resource.tally().counters.denied);
+                return Ok(match other {
+                    enqueue::Admitted::TooLong(wait, _) => denied(DenyReason::Rate, wait),
+                    _ => denied(DenyReason::Concurrency, 0),
+                });
+            }
+        };
         let booked = booking.consume();
         bump(&resource.tally().counters.allowed);
         Ok(Acquisition {

@@ -1,24 +1,25 @@
-//! Upstream feedback: `penalize`, `reconcile` and `settle` on a resource.
+//! Upstream feedback: `penalize`, `reconcile` and `settle` on a resource,
+//! and what an `enqueue` attempt's answer tells the store.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{note_backend_error, state_key, ResourceBroker, Target};
+use super::in_flight::to_its_answer;
+use super::{note_backend_error, state_key, Resource, ResourceBroker, Target};
 use crate::error::BrokerError;
-use crate::limits::Cost;
+use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::state::Marks;
 use crate::stats::bump;
+use crate::telemetry::{self, Signal};
 
 /// # Upstream feedback
 impl ResourceBroker {
-    /// `penalize`: after a real upstream 429, drain the resource's buckets
-    /// and penalize them for `penalty` (a resource without rate limits:
-    /// penalize its state in the store, see [`crate::state::penalize`]). Never shortens
-    /// a longer penalty. Counted as an upstream 429 in
-    /// [`ResourceBroker::stats`]. Call it before the permit of the call
-    /// that got the 429 is dropped: on a resource without rate limits, a
-    /// call of another process waiting for the slot would otherwise take
-    /// it before the store has the penalty.
+    /// After an upstream 429: drains the resource's buckets and penalizes
+    /// them (or, without rate limits, its state) for `penalty`, never
+    /// shortening a longer one; counted as an upstream 429. Call it before
+    /// dropping the permit of the call that got the 429.
     pub async fn penalize<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -27,7 +28,7 @@ impl ResourceBroker {
         let target = target.into();
         let resource = self.resource(target.resource)?;
         bump(&resource.counters.upstream_429);
-        crate::telemetry::count(&resource.id, crate::telemetry::Signal::Upstream429);
+        telemetry::count(&resource.id, Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
         resource
@@ -41,16 +42,11 @@ impl ResourceBroker {
         Ok(())
     }
 
-    /// `reconcile`: narrow the resource's buckets to what the upstream's
-    /// headers say remains. Skipped without a backend call when nothing is
-    /// narrower than the configured capacity. A reset longer than the
-    /// resource's wait ceiling holds for the ceiling only. An observed
-    /// limit other than the configured one is logged at debug level, never
-    /// applied. A resource without rate limits has no bucket to narrow: a
-    /// spent counter (`remaining` 0) holds it in the store until its reset,
-    /// as [`ResourceBroker::penalize`] does, without counting a 429; call
-    /// it, as `penalize`, before the permit of the call whose answer it
-    /// reads is dropped.
+    /// Narrows the resource's buckets to what the upstream's headers say
+    /// remains (no backend call when nothing narrows); a reset counts up to
+    /// the wait ceiling. Without rate limits, a spent counter penalizes the
+    /// state until its reset: call it, as `penalize`, before dropping the
+    /// permit.
     pub async fn reconcile<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -63,19 +59,10 @@ impl ResourceBroker {
         self.reconcile_key(&resource, key, observed).await
     }
 
-    /// `settle`: correct a charge after the work, from `booked` to
-    /// `actual` (refund or charge the difference). A refund is not made
-    /// while a penalty is on (a 429's or an exhausted upstream counter's
-    /// drained what it would give back).
-    ///
-    /// The correction goes to the store as it is now. A cost a shared
-    /// store's failure policy answered while the store was out of reach (a
-    /// `try_acquire` let through open, or taken by the local fallback) was
-    /// never in the store, and a refund of it made once the store is back
-    /// would give the store tokens no call took: this call cannot tell such
-    /// a cost apart; [`ResourceBroker::settle_since`] with the
-    /// acquisition's [`crate::Acquisition::settle_marks`] settles it where it
-    /// went. `enqueue` settles its own bookings where their cost went.
+    /// Corrects a charge after the work from `booked` to `actual`; no
+    /// refund while a penalty is on. The correction goes to the store: for
+    /// a cost the store's failure policy answered, use
+    /// [`ResourceBroker::settle_since`].
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -85,13 +72,9 @@ impl ResourceBroker {
         self.settle_since(target, booked, actual, None).await
     }
 
-    /// [`ResourceBroker::settle`], told where the cost went: `since` are the
-    /// marks of the booking settled ([`crate::Booking::since`]), or
-    /// those of an acquisition ([`crate::Acquisition::settle_marks`]):
-    /// [`Marks::ANSWERED_HERE`] for a cost the store's failure policy
-    /// answered while the store was out of reach, which is then settled
-    /// where it went (this process's fallback bucket, or nowhere), not in
-    /// the store.
+    /// [`ResourceBroker::settle`], told where the cost went: the marks of
+    /// a booking ([`crate::Booking::since`]) or of an acquisition
+    /// ([`crate::Acquisition::settle_marks`]).
     ///
     /// ```
     /// # use broker_core::{Cost, ResourceBroker};
@@ -121,5 +104,158 @@ impl ResourceBroker {
             .await
             .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
         Ok(())
+    }
+}
+
+/// # Upstream feedback of `enqueue`
+impl ResourceBroker {
+    /// After an upstream 429: counts, logs and penalizes the state in the
+    /// store for `penalty` (this process's penalty is on already). A failed
+    /// penalize is logged.
+    pub(super) async fn note_upstream_429(
+        &self,
+        resource: &Arc<Resource>,
+        key: &str,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        penalty: Duration,
+    ) {
+        bump(&resource.tally().counters.upstream_429);
+        telemetry::count(&resource.id, Signal::Upstream429);
+        tracing::info!(
+            resource = %resource.id,
+            attempt,
+            retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+            hold_ms = penalty.as_millis() as u64,
+            "upstream 429"
+        );
+        let (backend, resource) = (self.inner.backend.clone(), resource.clone());
+        let (key, spec) = (key.to_owned(), resource.latest().spec.clone());
+        to_its_answer(async move {
+            if let Err(e) = backend.penalize(&key, &spec, penalty).await {
+                note_backend_error(&resource, "penalize", &e);
+            }
+        })
+        .await;
+    }
+
+    /// `reconcile` on state `key`: resets capped at the wait ceiling, an
+    /// observed limit other than the configured one logged (never applied),
+    /// and no backend call when nothing would narrow.
+    pub(crate) async fn reconcile_key(
+        &self,
+        resource: &Arc<Resource>,
+        key: &str,
+        observed: &ObservedLimit,
+    ) -> Result<(), BrokerError> {
+        let observed = &capped_resets(resource, observed);
+        note_calibration(resource, observed);
+        let spec = &resource.latest().spec;
+        // No bucket to narrow: a spent counter penalizes the state until
+        // its reset.
+        let spent = spec.buckets.is_empty().then(|| spent_reset(observed));
+        let noop = match spent {
+            Some(reset) => reset.is_none(),
+            None => spec.reconcile_is_noop(observed),
+        };
+        if noop {
+            return Ok(());
+        }
+        penalize_spent_counters(resource, key, observed);
+        let backend = &self.inner.backend;
+        match spent.flatten() {
+            Some(reset) => backend.penalize(key, spec, reset).await,
+            None => backend.reconcile(key, spec, observed).await,
+        }
+        .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
+        bump(&resource.tally().counters.reconciles);
+        telemetry::count(&resource.id, Signal::Reconciled);
+        Ok(())
+    }
+}
+
+/// `observed` with every reset at most the resource's wait ceiling.
+pub(super) fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> ObservedLimit {
+    let ceiling = resource
+        .config
+        .retry
+        .ceiling(&resource.config.paced_limits());
+    cap_resets(observed, ceiling)
+}
+
+/// Penalizes `key` in this process until the reset of every spent counter
+/// of `capped` with a bucket of its unit (without rate limits: of any
+/// spent counter), as the store's `reconcile` makes new bookings wait.
+pub(super) fn penalize_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
+    let buckets = &resource.latest().spec.buckets;
+    if buckets.is_empty() {
+        if let Some(reset) = spent_reset(capped) {
+            resource
+                .penalties
+                .penalize(key, crate::clock::tokio_after(reset));
+        }
+        return;
+    }
+    for (unit, _) in buckets {
+        if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
+            if let Some(reset) = o.reset {
+                resource
+                    .penalties
+                    .penalize(key, crate::clock::tokio_after(reset));
+            }
+        }
+    }
+}
+
+/// The latest reset among the spent counters of `observed`.
+fn spent_reset(observed: &ObservedLimit) -> Option<Duration> {
+    [&observed.requests, &observed.tokens]
+        .into_iter()
+        .flatten()
+        .filter(|o| o.remaining == Some(0))
+        .filter_map(|o| o.reset)
+        .max()
+}
+
+/// `observed` with every reset at most `ceiling`.
+fn cap_resets(observed: &ObservedLimit, ceiling: Duration) -> ObservedLimit {
+    let cap = |o: &Option<crate::observed::Observed>| {
+        o.clone().map(|mut o| {
+            o.reset = o.reset.map(|r| r.min(ceiling));
+            o
+        })
+    };
+    ObservedLimit {
+        requests: cap(&observed.requests),
+        tokens: cap(&observed.tokens),
+        retry_after: observed.retry_after,
+    }
+}
+
+/// Logs at debug level (once per value) an upstream limit other than the
+/// configured burst of the bucket its counter describes.
+fn note_calibration(resource: &Resource, observed: &ObservedLimit) {
+    for (i, rate) in resource.config.limits.rates.iter().enumerate() {
+        let described = crate::state::observed_for(&resource.spec, observed, i);
+        let Some(limit) = described.and_then(|o| o.limit) else {
+            continue;
+        };
+        let configured = rate.burst();
+        if limit == configured {
+            continue;
+        }
+        let last = match rate.unit {
+            Unit::Requests => &resource.counters.observed_request_limit,
+            Unit::Tokens => &resource.counters.observed_token_limit,
+        };
+        if last.swap(limit, Ordering::Relaxed) != limit {
+            tracing::debug!(
+                resource = %resource.id,
+                unit = rate.unit.as_str(),
+                observed_limit = limit,
+                configured,
+                "upstream reports a limit other than the configured one (not applied)"
+            );
+        }
     }
 }

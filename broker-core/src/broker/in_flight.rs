@@ -1,16 +1,7 @@
-//! A call to the store that takes something when it is answered (a cost,
-//! a booking), run to its answer when its caller goes away while it is in
-//! flight (a timeout around `try_acquire`, `acquire` or `enqueue`, a
-//! dropped request): the store decides it anyway once it has it, and
-//! cut off, what it took would stay taken for work that never goes out.
-//! Run to its end on a task of its own, its answer is dropped there,
-//! and an answer that took something gives it back when dropped unused
-//! (a [`super::enqueue::LiveBooking`] refunds its cost, an [`Unclaimed`]
-//! decision its cost and its slot, an [`UntoldLease`] its slot). A
-//! correction of the store (a 429's penalty) runs to its end the same way.
-//!
-//! A store that answers in process answers on the first poll: nothing is
-//! ever left in flight there.
+//! Store calls that take something when answered (a cost, a booking, a
+//! slot) or correct the store (a 429's penalty): run to their answer on a
+//! task of their own when the caller goes away while they are in flight,
+//! and an answer that took something gives it back when dropped unused.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,10 +15,9 @@ use crate::limits::Cost;
 use crate::state::{Decision, LeaseId, Marks};
 use crate::store::Store;
 
-/// `call`'s answer; if the caller goes away after it was first polled
-/// (sent) and before it was answered, `call` is run to its end on a task
-/// of its own, and its answer dropped there. Without a runtime (it is
-/// shutting down), it is dropped where it is.
+/// `call`'s answer; dropped after it was first polled and before it was
+/// answered, `call` runs to its end on a task of its own (if a runtime is
+/// still there) and its answer is dropped there.
 pub(crate) fn to_its_answer<T: Send + 'static>(
     call: impl Future<Output = T> + Send + 'static,
 ) -> InFlight<T> {
@@ -39,9 +29,8 @@ pub(crate) fn to_its_answer<T: Send + 'static>(
 
 /// The future of [`to_its_answer`].
 pub(crate) struct InFlight<T: Send + 'static> {
-    /// The call, until it is answered.
     call: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
-    /// Whether it was polled: it may have reached the store.
+    /// Polled: it may have reached the store.
     sent: bool,
 }
 
@@ -50,9 +39,7 @@ impl<T: Send + 'static> Future for InFlight<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        // Out of its place while polled: a call that panics is dropped as
-        // the panic unwinds, not run again on a task of its own (polled
-        // after its panic, it would only panic again there).
+        // Taken out while polled: a call that panics is not run again.
         let mut call = this.call.take().expect("a call polled after its answer");
         this.sent = true;
         let Poll::Ready(answer) = call.as_mut().poll(cx) else {
@@ -74,47 +61,23 @@ impl<T: Send + 'static> Drop for InFlight<T> {
     }
 }
 
-/// A `try` decision of the store for a caller that may have gone away
-/// before it was told: dropped without [`Unclaimed::claim`], an allowed
-/// decision gives its cost back and frees its slot, as a permit dropped
-/// unused would (its cost is not given back if a penalty was put on since
-/// it was asked: then the store's drain stands, as a cancelled booking's
-/// does; nor if a registration since had other buckets: then the state
-/// may have been started afresh).
+/// A `try` decision for a caller that may have gone away: dropped without
+/// [`Unclaimed::claim`], an allowed decision frees its slot and gives its
+/// cost back, unless a penalty was put on since it was asked or a
+/// registration since had other buckets.
 pub(crate) struct Unclaimed {
-    decision: Option<Decision>,
-    backend: Arc<dyn Store>,
-    resource: Arc<Resource>,
+    pub(crate) decision: Option<Decision>,
+    pub(crate) backend: Arc<dyn Store>,
+    pub(crate) resource: Arc<Resource>,
     /// The state asked (`None`: the resource's own).
-    key: Option<String>,
-    cost: Cost,
-    /// The end of this process's penalty on the state when it was asked.
-    penalty_end: Option<tokio::time::Instant>,
+    pub(crate) key: Option<String>,
+    pub(crate) cost: Cost,
+    /// This process's penalty on the state when it was asked.
+    pub(crate) penalty_end: Option<tokio::time::Instant>,
 }
 
 impl Unclaimed {
-    /// `decision` on state `key` (`None`: the resource's own), asked for
-    /// `cost`.
-    pub(crate) fn new(
-        decision: Decision,
-        backend: Arc<dyn Store>,
-        resource: Arc<Resource>,
-        key: Option<String>,
-        cost: Cost,
-        penalty_end: Option<tokio::time::Instant>,
-    ) -> Self {
-        Self {
-            decision: Some(decision),
-            backend,
-            resource,
-            key,
-            cost,
-            penalty_end,
-        }
-    }
-
-    /// The decision, told to its caller (which now holds what it took),
-    /// and the state key it was made on.
+    /// The decision, now held by its caller, and its state key.
     pub(crate) fn claim(mut self) -> (Decision, Option<String>) {
         let decision = self.decision.take().expect("claimed once");
         (decision, self.key.take())
@@ -136,8 +99,6 @@ impl Drop for Unclaimed {
         if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.penalty_end) {
             return;
         }
-        // Under the latest limits, none if a registration since the call
-        // was asked had other buckets (see `refund_spec`).
         let Some(spec) = refund_spec(resource) else {
             return;
         };
@@ -147,33 +108,17 @@ impl Drop for Unclaimed {
     }
 }
 
-/// A lease `take_slot` took on state `key` for a caller that may have
-/// gone away before it was told: dropped without [`UntoldLease::claim`],
-/// it is released, as a permit dropped unused would be.
+/// A lease `take_slot` took for a caller that may have gone away: dropped
+/// without [`UntoldLease::claim`], it is released.
 pub(crate) struct UntoldLease {
-    lease: Option<LeaseId>,
-    backend: Arc<dyn Store>,
-    resource: Arc<Resource>,
-    key: String,
+    pub(crate) lease: Option<LeaseId>,
+    pub(crate) backend: Arc<dyn Store>,
+    pub(crate) resource: Arc<Resource>,
+    pub(crate) key: String,
 }
 
 impl UntoldLease {
-    /// `lease`, held on state `key` of `resource`.
-    pub(crate) fn new(
-        lease: LeaseId,
-        backend: Arc<dyn Store>,
-        resource: Arc<Resource>,
-        key: String,
-    ) -> Self {
-        Self {
-            lease: Some(lease),
-            backend,
-            resource,
-            key,
-        }
-    }
-
-    /// The lease, told to its caller (which now holds it).
+    /// The lease, now held by its caller.
     pub(crate) fn claim(mut self) -> LeaseId {
         self.lease.take().expect("claimed once")
     }

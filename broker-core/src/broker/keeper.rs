@@ -1,18 +1,8 @@
 //! [`Keeper`]: renews the leases this process holds on a store whose
-//! leases expire (Redis), each every third of its resource's `lease_ttl`,
-//! so that a hold longer than the TTL (a long LLM call, a response body
-//! sent for minutes) keeps its slot, while the lease of a holder that
-//! died is no longer renewed and expires as before.
-//!
-//! A permit holding such a lease is kept from its making to its release
-//! (see `permit.rs`), for its resource's `max_hold` at most: a permit
-//! never released (`std::mem::forget`) loses its lease within `lease_ttl`
-//! after that, so its slot is not lost to every replica. One task per runtime renews the leases of the
-//! permits made on it, on that runtime; it runs while such leases are
-//! kept. A task is lost with its runtime: the leases it renewed are handed
-//! to the task of another runtime, or, with none running, to the next one
-//! started. A permit made outside a runtime is not kept: its lease lives
-//! for its TTL, as a lease always did.
+//! leases expire (Redis), each every third of its `lease_ttl`, for its
+//! resource's `max_hold` at most. One task per runtime renews the leases
+//! of the permits made on it; when a runtime shuts down its leases go to
+//! another runtime's task, or to the next one started.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,7 +16,7 @@ use super::Resource;
 use crate::state::{LeaseId, LimitSpec};
 use crate::store::{Renewal, Store};
 
-/// The leases kept, and the renewing tasks' state.
+/// The leases kept, by the runtime whose task renews them.
 pub(crate) struct Keeper {
     backend: Arc<dyn Store>,
     held: Mutex<Held>,
@@ -34,11 +24,9 @@ pub(crate) struct Keeper {
 
 #[derive(Default)]
 struct Held {
-    /// The runtimes whose renewing task runs, with the leases it renews.
     /// A task stops, and its runtime leaves, once it renews none.
     runtimes: Vec<OnRuntime>,
-    /// Leases whose task was lost with its runtime while no other ran:
-    /// taken up by the next task started.
+    /// Leases whose task was lost with its runtime while no other ran.
     orphans: HashMap<LeaseId, Kept>,
 }
 
@@ -46,13 +34,11 @@ struct Held {
 struct OnRuntime {
     id: Id,
     leases: HashMap<LeaseId, Kept>,
-    /// Wakes the task when a lease is kept, which may be due before the
-    /// task's next wake-up (a resource with a shorter TTL).
+    /// Wakes the task when a lease is kept (it may be due sooner).
     kept: Arc<Notify>,
 }
 
 impl Held {
-    /// The place of runtime `id`'s task in `runtimes`, if it runs.
     fn at(&self, id: Id) -> Option<usize> {
         self.runtimes.iter().position(|r| r.id == id)
     }
@@ -61,7 +47,6 @@ impl Held {
         self.at(id).map(|i| &mut self.runtimes[i])
     }
 
-    /// Whether `lease` is kept (its permit not released).
     fn keeps(&self, lease: LeaseId) -> bool {
         self.orphans.contains_key(&lease)
             || self.runtimes.iter().any(|r| r.leases.contains_key(&lease))
@@ -77,8 +62,7 @@ impl Held {
     }
 }
 
-/// One lease kept: its state, the limits it was taken under (its TTL),
-/// when to renew it next, and when to stop (`None`: never).
+/// One lease kept: when to renew it next, and when to stop (`None`: never).
 struct Kept {
     resource: Arc<Resource>,
     key: String,
@@ -90,26 +74,18 @@ struct Kept {
 /// The shortest time between two renewals of one lease.
 const MIN_EVERY: Duration = Duration::from_millis(10);
 
-/// The shortest lease TTL on a store whose leases expire: one that is
-/// renewed three times per TTL at [`MIN_EVERY`]. A shorter one would
-/// expire between two renewals of a live permit, and another holder would
-/// take its slot.
+/// The shortest lease TTL on a store whose leases expire: renewed three
+/// times per TTL at [`MIN_EVERY`].
 pub(crate) const MIN_LEASE_TTL: Duration = MIN_EVERY.saturating_mul(3);
 
-/// How often a lease taken under `spec` is renewed: three times per TTL,
-/// so that one late or failed renewal does not let it expire.
+/// How often a lease taken under `spec` is renewed: three times per TTL.
 fn every(spec: &LimitSpec) -> Duration {
     (Duration::from_micros(spec.lease_ttl) / 3).max(MIN_EVERY)
 }
 
 impl std::fmt::Debug for Keeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let held = self.lock();
-        let on_runtimes: usize = held.runtimes.iter().map(|r| r.leases.len()).sum();
-        f.debug_struct("Keeper")
-            .field("leases", &(on_runtimes + held.orphans.len()))
-            .field("runtimes", &held.runtimes.len())
-            .finish_non_exhaustive()
+        f.debug_struct("Keeper").finish_non_exhaustive()
     }
 }
 
@@ -125,9 +101,8 @@ impl Keeper {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Renews `lease`, taken under the latest limits of `resource` on the
-    /// state at `key`, until it is forgotten or its `max_hold` has passed,
-    /// from the current runtime's task; nothing outside a tokio runtime.
+    /// Renews `lease` on state `key` until it is forgotten or `max_hold`
+    /// has passed, from the current runtime's task (none outside one).
     pub(crate) fn keep(self: &Arc<Self>, resource: &Arc<Resource>, key: String, lease: LeaseId) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -159,7 +134,7 @@ impl Keeper {
         };
         if start {
             // Spawned with the lock let go: a runtime shutting down drops
-            // the task at once, and its guard takes the lock to say so.
+            // the task at once, and its guard takes the lock.
             let stopped = Stopped {
                 keeper: self.clone(),
                 id,
@@ -176,12 +151,9 @@ impl Keeper {
     }
 }
 
-/// A renewing task's hold on its keeper: when the task is dropped before
-/// it finished (its runtime shut down, maybe before it ever ran), takes
-/// its runtime out, so that the next `keep` there starts another, and
-/// hands the leases it renewed to another runtime's task (or, with none
-/// running, to the next one started); disarmed when the task stops by
-/// itself.
+/// Dropped with a renewing task that did not finish (its runtime shut
+/// down): takes the runtime out and hands its leases on. Disarmed when the
+/// task stops by itself.
 struct Stopped {
     keeper: Arc<Keeper>,
     id: Id,
@@ -217,8 +189,7 @@ impl Drop for Stopped {
     }
 }
 
-/// Renews every lease kept on its runtime when it is due, until none is;
-/// stops keeping a lease once its `until` has come.
+/// Renews the leases kept on its runtime when due, until none is left.
 async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
     let keeper = stopped.keeper.clone();
     let id = stopped.id;
@@ -267,19 +238,8 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
         for (lease, (resource, key, spec)) in due {
             match keeper.backend.renew(&key, &spec, lease).await {
                 Ok(Renewal::Held) => {}
-                // Not in the store while its permit lives: it expired
-                // before a renewal reached the store (the store was out of
-                // reach for longer than the TTL), it was lost with the
-                // store's data (a restart, a failover), or it was granted
-                // while the store was out of reach and its failure policy
-                // let the call through. Taken again if a slot was free, so
-                // the store counts the work running; else its slot is
-                // another holder's.
-                //
-                // Its permit was released meanwhile (it was forgotten
-                // before its release was sent, so that release may have
-                // gone out before the renewal took it again): freed again
-                // here.
+                // Taken again, but its permit was released meanwhile (the
+                // release may have gone out first): freed again.
                 Ok(Renewal::Retaken) if !keeper.lock().keeps(lease) => {
                     if let Err(e) = keeper.backend.release(&key, lease).await {
                         super::note_backend_error(&resource, "release", &e);
@@ -303,7 +263,6 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                         );
                     }
                 }
-                // Tried again at the next renewal.
                 Err(e) => super::note_backend_error(&resource, "renew", &e),
             }
         }

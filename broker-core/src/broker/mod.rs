@@ -3,45 +3,39 @@
 mod calls;
 mod enqueue;
 mod feedback;
-mod first_poll;
 mod handle;
 mod in_flight;
 mod keeper;
-mod lineage;
 mod penalties;
 mod permit;
 mod queue;
 mod register;
 mod resource;
-mod stats;
 mod target;
 #[cfg(test)]
 mod tests;
 
-use calls::ById;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use calls::{TryAcquire, TryAcquireOnHandle};
 pub use enqueue::{Attempt, EnqueueError};
-use first_poll::{acquisition, Call, FirstPoll, Later};
-pub use first_poll::{TryAcquire, TryAcquireOnHandle};
 pub use handle::ResourceHandle;
-pub(crate) use lineage::{Epochs, Latest, Lineage};
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
 pub use queue::{FlowStats, LevelStats, QueueStats};
 pub use register::{EntryError, OnOtherLimits};
-use resource::largest_fit;
 pub(crate) use resource::{note_backend_error, Resource};
+pub(crate) use resource::{Epochs, Latest, Lineage};
 pub use target::{Priority, Target};
 
 use crate::config::ResourceConfig;
 use crate::error::{BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::Limits;
-use crate::stats::ResourceKind;
+use crate::stats::{BrokerStats, ResourceKind};
 use crate::store::Store;
 
 /// One broker over one state store: `enqueue` (queue + execute) and
@@ -65,16 +59,13 @@ pub struct ResourceBroker {
     inner: Arc<Inner>,
 }
 
-/// Registered resources by id. Ids are chosen by the application (user
-/// data goes into sub-keys, which the backend holds), so the registry uses a
-/// fast hasher: it is read on every call.
+/// Registered resources by id.
 type Registry = HashMap<String, Arc<Resource>, foldhash::fast::RandomState>;
 
 struct Inner {
     backend: Arc<dyn Store>,
     resources: ArcSwap<Registry>,
     register: std::sync::Mutex<()>,
-    /// Renews the leases of live permits, on a store whose leases expire.
     keeper: Option<Arc<keeper::Keeper>>,
 }
 
@@ -88,8 +79,7 @@ impl std::fmt::Debug for ResourceBroker {
 
 /// # Construction and registration
 impl ResourceBroker {
-    /// A broker over `backend` (e.g. `MemoryBackend::new()` or a
-    /// `RedisBackend`).
+    /// A broker over `backend`.
     pub fn new(backend: impl Store) -> Self {
         Self::from_arc(Arc::new(backend))
     }
@@ -115,17 +105,14 @@ impl ResourceBroker {
         &self.inner.backend
     }
 
-    /// Registers (or re-configures) a resource for `enqueue` and
-    /// `try_acquire`.
+    /// Registers (or re-configures) a resource.
     pub fn register(&self, resource: &str, config: ResourceConfig) -> Result<(), ConfigError> {
         self.insert(resource, config, ResourceKind::Queue)
     }
 
-    /// Registers (or re-configures) a limit-only resource for `try_acquire`
-    /// and `acquire` (no queue configured). `enqueue` on it still queues,
-    /// with the queue capacity and retry policy of [`ResourceConfig::new`]
-    /// (the same limits, one state): register it with
-    /// [`ResourceBroker::register`] to choose them.
+    /// Registers (or re-configures) a limit-only resource, for
+    /// `try_acquire` and `acquire`; `enqueue` on it queues with the
+    /// defaults of [`ResourceConfig::new`].
     pub fn register_limit(&self, resource: &str, limits: Limits) -> Result<(), ConfigError> {
         self.insert(
             resource,
@@ -153,10 +140,21 @@ impl ResourceBroker {
         Ok(self.resource(resource)?.config.limits.clone())
     }
 
-    /// How a resource was registered: with [`ResourceBroker::register`]
-    /// (a queue) or [`ResourceBroker::register_limit`] (limit-only).
+    /// How a resource was registered.
     pub fn kind(&self, resource: &str) -> Result<ResourceKind, BrokerError> {
         Ok(self.resource(resource)?.kind)
+    }
+
+    /// Counters of every resource since its latest registration (`queued`
+    /// and `in_flight` also count earlier ones), and the store's health.
+    pub fn stats(&self) -> BrokerStats {
+        let resources = self.inner.resources.load();
+        BrokerStats {
+            resources: (resources.values())
+                .map(|r| (r.id.clone(), r.stats()))
+                .collect(),
+            backend: self.inner.backend.health(),
+        }
     }
 }
 

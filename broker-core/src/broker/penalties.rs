@@ -1,18 +1,13 @@
 //! Local penalties: after a 429 or an exhausted upstream counter, the
-//! attempts this process booked *before* the news (and is sleeping until
-//! their send time) must not go out either. The bucket's `nb` stops new
-//! bookings; a penalty stops the ones already booked, which keep their
-//! place in the bucket and go out when the penalty ends.
+//! attempts this process booked before the news wait until it ends.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tokio::time::Instant;
 
-/// The penalties of one resource, by state key. Expired penalties are
-/// dropped when the map has doubled since the last sweep (each write pays
-/// a share of it, not a pass over the whole map), so the map keeps fewer
-/// than twice the keys under a penalty at that sweep (32 at least).
+/// The penalties of one resource, by state key. Expired ones are swept
+/// when the map has doubled since the last sweep.
 #[derive(Debug, Default)]
 pub(crate) struct Penalties {
     until: Mutex<Map>,

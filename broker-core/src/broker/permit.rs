@@ -1,7 +1,6 @@
 //! The answer of `try_acquire` / `acquire`, and the [`Permit`] that holds a
 //! concurrency slot until it is released or dropped.
 
-use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,33 +24,15 @@ pub struct Acquisition {
     /// Holds the concurrency slot, if the resource has a concurrency limit.
     /// Release it (or drop it) when the work is done. A no-op when denied.
     pub permit: Permit,
-    /// Whether a shared store's failure policy answered while the store
-    /// was out of reach, so that the cost is not in the store (see
-    /// [`Acquisition::settle_marks`]).
+    /// Whether a shared store's failure policy answered, so that the cost
+    /// is not in the store.
     pub answered_here: bool,
 }
 
 impl Acquisition {
-    /// Where this acquisition's cost went, as
-    /// [`crate::ResourceBroker::settle_since`] takes it: `None` for the
-    /// store, [`Marks::ANSWERED_HERE`] when the store's failure policy
-    /// answered (this process's fallback bucket, or nowhere), so that a
-    /// later correction of the cost goes where the cost went, whatever
-    /// the store's health is by then.
-    ///
-    /// ```
-    /// # use broker_core::{Cost, ResourceBroker};
-    /// # async fn demo(broker: &ResourceBroker) -> Result<(), broker_core::BrokerError> {
-    /// let taken = broker.try_acquire("webhooks", Cost::requests(1)).await?;
-    /// if taken.allowed {
-    ///     // The work was not done after all: the cost goes back.
-    ///     let since = taken.settle_marks();
-    ///     broker
-    ///         .settle_since("webhooks", Cost::requests(1), Cost::requests(0), since)
-    ///         .await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
+    /// Where this acquisition's cost went, for
+    /// [`crate::ResourceBroker::settle_since`]: `None` for the store,
+    /// [`Marks::ANSWERED_HERE`] when the store's failure policy answered.
     pub fn settle_marks(&self) -> Option<Marks> {
         self.answered_here.then_some(Marks::ANSWERED_HERE)
     }
@@ -61,17 +42,15 @@ impl Acquisition {
 /// the permit releases it. Permits of resources without a concurrency limit
 /// and of denied acquisitions hold nothing.
 ///
-/// A permit passed to `std::mem::forget` is never released, like a
-/// forgotten permit of tokio's `Semaphore`: on the in-memory store its slot
-/// stays taken while the broker lives; on Redis its lease is renewed for
-/// the resource's [`max_hold`](crate::ResourceConfig::max_hold) at most,
-/// then expires within its `lease_ttl`, and the slot is free again.
-#[derive(Debug)]
+/// A permit passed to `std::mem::forget` is never released: on the
+/// in-memory store its slot stays taken while the broker lives; on Redis
+/// its lease is renewed for the resource's
+/// [`max_hold`](crate::ResourceConfig::max_hold) at most, then expires
+/// within its `lease_ttl`.
+#[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
-    /// Taken out by [`Permit::release`], which `drop` calls: no drop glue
-    /// runs after it.
-    held: ManuallyDrop<Held>,
+    held: Held,
 }
 
 /// What a permit holds.
@@ -80,24 +59,18 @@ enum Held {
     /// Nothing (no concurrency limit, denied, or released).
     #[default]
     Nothing,
-    /// A lease on the own state of a resource decided in process, counted
-    /// in flight: the common lease (a route's concurrency limit).
-    Own {
-        resource: Arc<Resource>,
-        lease: LeaseId,
-    },
-    /// Any other lease.
-    Other(Box<HeldElsewhere>),
+    One(Box<Lease>),
     /// The slots of two permits, released together (see [`Permit::join`]).
     Both(Box<[Permit; 2]>),
 }
 
 #[derive(Debug)]
-struct HeldElsewhere {
+struct Lease {
     backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
+    /// Counted in the resource's `in_flight`.
     counted: bool,
 }
 
@@ -115,8 +88,7 @@ impl HeldKey {
         Self::Sub(key.map(Box::from))
     }
 
-    /// The state key of `resource` the lease is on; `None` for the
-    /// resource's own state (`resource.key`).
+    /// The state key the lease is on; `None` for the resource's own.
     fn state_key(&self, resource: &Resource) -> Option<String> {
         match self {
             HeldKey::Sub(sub) => super::state_key(resource, sub.as_deref()),
@@ -135,14 +107,12 @@ impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
         Self {
-            held: ManuallyDrop::new(Held::Nothing),
+            held: Held::Nothing,
         }
     }
 
-    /// The permit of `lease` (`backend` is cloned only for a lease that
-    /// keeps it). The own state's lease of a resource decided in process
-    /// (a route's concurrency limit) is built in the caller's line; any
-    /// other, boxed, out of it.
+    /// The permit of `lease`, counted in flight if `counted`, and kept
+    /// renewed on a store whose leases expire.
     pub(crate) fn held(
         backend: &Arc<dyn Store>,
         resource: Arc<Resource>,
@@ -153,15 +123,19 @@ impl Permit {
         if counted {
             bump(&resource.live.in_flight);
         }
-        let held = if counted && resource.local.is_some() && matches!(key, HeldKey::Sub(None)) {
-            // `Sub(None)` owns nothing: no drop to run.
-            std::mem::forget(key);
-            Held::Own { resource, lease }
-        } else {
-            held_elsewhere(backend, resource, key, lease, counted)
+        if let Some(keeper) = &resource.keeper {
+            let on = key.state_key(&resource);
+            keeper.keep(&resource, on.unwrap_or_else(|| resource.key.clone()), lease);
+        }
+        let lease = Lease {
+            backend: backend.clone(),
+            resource,
+            key,
+            lease,
+            counted,
         };
         Self {
-            held: ManuallyDrop::new(held),
+            held: Held::One(Box::new(lease)),
         }
     }
 
@@ -189,93 +163,59 @@ impl Permit {
             (_, false) => self,
             (false, true) => other,
             (true, true) => Self {
-                held: ManuallyDrop::new(Held::Both(Box::new([self, other]))),
+                held: Held::Both(Box::new([self, other])),
             },
         }
     }
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        !matches!(*self.held, Held::Nothing)
+        !matches!(self.held, Held::Nothing)
     }
 
     /// Releases the slot. Idempotent; a no-op on an empty permit.
     ///
     /// On an in-memory backend this is immediate. On a remote backend the
     /// release is sent on the current tokio runtime; without one, the lease
-    /// expires after the resource's `lease_ttl`. Until it is released, a
-    /// permit's lease on a remote backend is renewed (on the runtime it
-    /// was made on) for the resource's `max_hold` at most, so it does not
-    /// expire while held.
+    /// expires after the resource's `lease_ttl`.
     pub fn release(&mut self) {
-        if self.is_held() {
-            release_held(std::mem::take(&mut *self.held));
+        match std::mem::take(&mut self.held) {
+            Held::Nothing => {}
+            Held::One(lease) => release_lease(*lease),
+            Held::Both(both) => drop(both),
         }
     }
 }
 
-/// The boxed lease of [`Permit::held`].
-fn held_elsewhere(
-    backend: &Arc<dyn Store>,
-    resource: Arc<Resource>,
-    key: HeldKey,
-    lease: LeaseId,
-    counted: bool,
-) -> Held {
-    if let Some(keeper) = &resource.keeper {
-        let on = key.state_key(&resource);
-        keeper.keep(&resource, on.unwrap_or_else(|| resource.key.clone()), lease);
-    }
-    Held::Other(Box::new(HeldElsewhere {
-        backend: backend.clone(),
-        resource,
-        key,
-        lease,
-        counted,
-    }))
-}
-
 /// Releases `lease` on state `key` of `resource` as a dropped permit
-/// would: a lease the store granted to a caller that went away before it
-/// was told (see `in_flight.rs`), so never kept nor counted in flight.
+/// would, for a caller that went away before it was told (see
+/// `in_flight.rs`): never kept nor counted in flight.
 pub(super) fn release_untold(
     backend: &Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
 ) {
-    release_held(Held::Other(Box::new(HeldElsewhere {
+    release_lease(Lease {
         backend: backend.clone(),
         resource,
         key,
         lease,
         counted: false,
-    })));
+    });
 }
 
-fn release_held(held: Held) {
-    let h = match held {
-        Held::Nothing => return,
-        Held::Own { resource, lease } => {
-            drop_one(&resource.live.in_flight);
-            release_in_process(&resource, None, lease);
-            return;
-        }
-        Held::Other(h) => *h,
-        // Each released as it is dropped.
-        Held::Both(both) => return drop(both),
-    };
-    if let Some(keeper) = &h.resource.keeper {
+fn release_lease(h: Lease) {
+    let resource = &h.resource;
+    if let Some(keeper) = &resource.keeper {
         keeper.forget(h.lease);
     }
     if h.counted {
-        drop_one(&h.resource.live.in_flight);
+        drop_one(&resource.live.in_flight);
     }
-    let resource = &h.resource;
-    if let HeldKey::Sub(sub) = &h.key {
-        if release_in_process(resource, sub.as_deref(), h.lease) {
-            return;
-        }
+    if let (HeldKey::Sub(sub), Some(local)) = (&h.key, &resource.local) {
+        local.release(sub.as_deref(), h.lease);
+        return resource.slot_freed();
     }
     let key = h.key.state_key(resource);
     let state = key.as_deref().unwrap_or(&resource.key);
@@ -288,7 +228,7 @@ fn release_held(held: Held) {
         }
         None => {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let key = key.unwrap_or_else(|| h.resource.key.clone());
+                let key = key.unwrap_or_else(|| resource.key.clone());
                 let release = Announced::new(h.backend, key, h.lease);
                 let resource = h.resource;
                 rt.spawn(async move {
@@ -343,30 +283,11 @@ impl Drop for Announced {
     }
 }
 
-/// Releases `lease` on the state of `sub` (`None`: the own state) of a
-/// resource decided in process, and wakes its slot waiters; false, with
-/// nothing done, for a resource whose store answers with I/O.
-fn release_in_process(resource: &Resource, sub: Option<&str>, lease: LeaseId) -> bool {
-    let Some(local) = &resource.local else {
-        return false;
-    };
-    local.release(sub, lease);
-    resource.slot_freed();
-    true
-}
-
-impl Default for Permit {
-    fn default() -> Self {
-        Self::empty()
-    }
-}
-
 impl Drop for Permit {
     fn drop(&mut self) {
         self.release();
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

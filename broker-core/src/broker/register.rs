@@ -1,12 +1,11 @@
-//! Registration: one resource at a time ([`ResourceBroker::register`],
-//! [`ResourceBroker::register_limit`]), or limit-only resources as one
-//! step that refuses ids already taken ([`ResourceBroker::register_limits`]).
+//! Registration: one resource at a time, or limit-only resources as one
+//! step ([`ResourceBroker::register_limits`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{largest_fit, Epochs, Lineage, Registry, Resource, ResourceBroker};
+use super::{Epochs, Lineage, Registry, Resource, ResourceBroker};
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
@@ -56,8 +55,8 @@ fn same_limits(a: &Limits, b: &Limits) -> bool {
         })
 }
 
-/// `lease_ttl` on a store whose leases expire, if the broker can renew a
-/// live permit's lease before it does (see [`super::keeper`]).
+/// `lease_ttl` on a store whose leases expire, if a live permit's lease
+/// can be renewed before it expires.
 fn renewable(lease_ttl: Duration) -> Result<Duration, ConfigError> {
     let least = super::keeper::MIN_LEASE_TTL;
     if lease_ttl < least {
@@ -75,14 +74,11 @@ fn renewable(lease_ttl: Duration) -> Result<Duration, ConfigError> {
 }
 
 impl ResourceBroker {
-    /// Registers limit-only resources, `(id, limits)` each, as one step:
-    /// either every entry is registered or none is. An id the broker
-    /// already holds is kept as it is (its state and counters too) when
-    /// it is a limit-only resource whose limits decide alike, refused when
-    /// it is a queue ([`ResourceBroker::register`]), and refused or
-    /// re-configured as `on_other` says when its limits differ. An id
-    /// named twice in one batch is refused. The error names the first
-    /// entry that could not be registered.
+    /// Registers limit-only resources, `(id, limits)` each, all or none.
+    /// An id already held is kept as it is when it is limit-only with
+    /// limits that decide alike, refused when it is a queue, and refused or
+    /// re-configured as `on_other` says when its limits differ. An id named
+    /// twice is refused. The error names the first entry refused.
     ///
     /// ```
     /// use broker_core::{Limits, OnOtherLimits, RateLimit, ResourceBroker};
@@ -108,10 +104,9 @@ impl ResourceBroker {
             let error = ConfigError::invalid(id, "named twice in one batch");
             return Err(EntryError { index, error });
         }
-        // Every entry made ready before the lock (a store's states may
-        // register another resource from here), then decided on the
-        // registry as it is under the lock: no entry is decided on a
-        // registry that may change before it is installed.
+        // Made ready before the lock, decided under it. What the lock's
+        // guard is declared after is dropped once the lock is let go: a
+        // store's states may register again from their destructor.
         let ready = (entries.iter().enumerate())
             .map(|(index, &(id, limits))| {
                 let config = ResourceConfig::new(limits.clone());
@@ -119,9 +114,10 @@ impl ResourceBroker {
                     .map_err(|error| EntryError { index, error })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let guard = self.lock_registry();
+        let mut replaced = Vec::new();
+        let _guard = self.lock_registry();
         let current = self.inner.resources.load_full();
-        let decided = (ready.iter().enumerate())
+        let install = (ready.iter().enumerate())
             .map(|(index, r)| {
                 let taken = |reason: &str| EntryError {
                     index,
@@ -140,41 +136,18 @@ impl ResourceBroker {
                     Some(_) => Ok(true),
                 }
             })
-            .collect::<Result<Vec<bool>, _>>();
-        let install = match decided {
-            Ok(install) => install,
-            Err(e) => {
-                // The prepared entries go once the lock is let go: a
-                // store's states may register again from their destructor.
-                drop(guard);
-                drop(ready);
-                return Err(e);
-            }
-        };
-        let (mut replaced, mut unused) = (Vec::new(), Vec::new());
-        if install.iter().any(|&i| i) {
+            .collect::<Result<Vec<bool>, _>>()?;
+        if install.contains(&true) {
             let mut map = HashMap::clone(&current);
-            for (r, install) in ready.into_iter().zip(install) {
-                match install {
-                    true => replaced.extend(self.install(&mut map, r)),
-                    false => unused.push(r),
-                }
+            for (r, _) in ready.iter().zip(install).filter(|(_, i)| *i) {
+                replaced.extend(self.install(&mut map, r));
             }
             self.publish(map, &replaced);
-        } else {
-            // Every entry is there already as it would be: the registry
-            // stays.
-            unused = ready;
         }
-        // Dropped once the lock is let go: a store's states may register
-        // again from their destructor.
-        drop(guard);
-        drop((replaced, unused));
         Ok(())
     }
 
-    /// Registers (or re-configures) `id` with `config` as a `kind`
-    /// resource.
+    /// Registers (or re-configures) `id` as a `kind` resource.
     pub(super) fn insert(
         &self,
         id: &str,
@@ -182,14 +155,12 @@ impl ResourceBroker {
         kind: ResourceKind,
     ) -> Result<(), ConfigError> {
         let ready = self.ready(id, config, kind)?;
-        let guard = self.lock_registry();
+        // Dropped after the lock is let go (see `register_limits`).
+        let replaced;
+        let _guard = self.lock_registry();
         let mut map = HashMap::clone(&self.inner.resources.load());
-        let replaced = self.install(&mut map, ready);
+        replaced = self.install(&mut map, &ready);
         self.publish(map, replaced.as_slice());
-        // Dropped once the lock is let go: a store's states may register
-        // again from their destructor.
-        drop(guard);
-        drop(replaced);
         Ok(())
     }
 
@@ -201,9 +172,8 @@ impl ResourceBroker {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Checks `id` and `config` and makes what a registration needs from
-    /// the store, before the registry's lock is taken: a store's states
-    /// may register another resource from here.
+    /// Checks `id` and `config` and makes the store's states, before the
+    /// registry's lock (a store's states may register from here).
     fn ready(
         &self,
         id: &str,
@@ -231,13 +201,9 @@ impl ResourceBroker {
         })
     }
 
-    /// Puts `ready` in `map` (under the registry's lock), in place of the
-    /// registration of its id there, which it returns.
-    fn install(&self, map: &mut Registry, ready: Ready) -> Option<Arc<Resource>> {
-        // The penalties, the latest registration and the count of the calls
-        // queued and running belong to the resource id, not to one
-        // registration: a call still running on an earlier registration
-        // sees a penalty set through this one, and the other way round.
+    /// Puts `ready` in `map` in place of its id's registration, returned;
+    /// what belongs to the id is carried over.
+    fn install(&self, map: &mut Registry, ready: &Ready) -> Option<Arc<Resource>> {
         let (penalties, lines, lineage, epochs, live) = match map.get(&ready.id) {
             Some(old) => (
                 old.penalties.clone(),
@@ -256,16 +222,14 @@ impl ResourceBroker {
         };
         let resource = Arc::new(Resource {
             id: ready.id.clone(),
-            local: ready.local,
-            key: ready.key,
-            spec: ready.spec,
-            fits: largest_fit(&ready.config.limits),
-            config: ready.config,
+            local: ready.local.clone(),
+            key: ready.key.clone(),
+            spec: ready.spec.clone(),
+            config: ready.config.clone(),
             kind: ready.kind,
             counters: Counters::default(),
             live,
             slot_notify: tokio::sync::Notify::new(),
-            slot_waiters: std::sync::atomic::AtomicUsize::new(0),
             penalties,
             lines,
             warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
@@ -275,16 +239,14 @@ impl ResourceBroker {
             epochs,
         });
         resource.lineage.install(&resource);
-        map.insert(ready.id, resource)
+        map.insert(ready.id.clone(), resource)
     }
 
-    /// Makes `map` the registry (under its lock) and retires the
-    /// registrations it replaced.
+    /// Makes `map` the registry and retires the registrations replaced.
     fn publish(&self, map: Registry, replaced: &[Arc<Resource>]) {
         self.inner.resources.store(Arc::new(map));
         for old in replaced {
-            // After the new registry is stored: a handle that sees the
-            // flag finds the new resource.
+            // After the store: a handle that sees the flag finds the new one.
             old.retired
                 .store(true, std::sync::atomic::Ordering::Release);
         }

@@ -1,59 +1,48 @@
-//! The resource record: a registration's compiled limits, counters and
-//! slot waiters, and the logging of a store's errors on it.
+//! The resource record: a registration's compiled limits and counters, the
+//! lineage its id's registrations share, and the logging of store errors.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::lineage::{Epochs, Latest, Lineage};
-use super::{keeper, penalties, queue};
+use arc_swap::ArcSwap;
+
+use super::{enqueue, keeper, penalties, queue};
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError};
-use crate::limits::{Cost, Limits};
+use crate::limits::Cost;
 use crate::state::LimitSpec;
-use crate::stats::{bump, Counters, ResourceKind, ResourceStats};
+use crate::stats::{bump, Counters, Live, ResourceKind, ResourceStats};
 use crate::store::LocalStates;
 
-/// A registered resource: its limits compiled once, its counters.
+/// A registered resource: its limits compiled once, its counters. The
+/// `Arc` fields belong to the resource id and are shared by all its
+/// registrations.
 #[derive(Debug)]
 pub(crate) struct Resource {
-    /// The backend's states of this resource, when it answers without I/O
-    /// (see [`LocalStore::states`](crate::LocalStore::states)).
+    /// The backend's states of this resource, when it answers without I/O.
     pub(crate) local: Option<Arc<dyn LocalStates>>,
-    /// The largest cost of each unit that can ever fit (the smallest burst
-    /// of the limits counting it): a cost within it passes
-    /// `Limits::check_fits`.
-    pub(crate) fits: Cost,
-    /// How many calls are in `enqueue::wait_slot` now.
-    pub(super) slot_waiters: std::sync::atomic::AtomicUsize,
-    /// The calls waiting and the work running (or permits held) under
-    /// this id, shared by its registrations (a permit counts itself in
-    /// flight here).
-    pub(crate) live: Arc<crate::stats::Live>,
-    /// Set once a registration under the same id replaced this resource:
-    /// a [`ResourceHandle`] holding it then goes through the registry.
-    pub(crate) retired: std::sync::atomic::AtomicBool,
+    /// The calls waiting and the work running (or permits held) under this id.
+    pub(crate) live: Arc<Live>,
+    /// Set once a later registration of the id replaced this one.
+    pub(crate) retired: AtomicBool,
     pub(crate) id: String,
     pub(crate) key: String,
     pub(crate) config: ResourceConfig,
     pub(crate) spec: Arc<LimitSpec>,
     pub(crate) kind: ResourceKind,
     pub(crate) counters: Counters,
-    /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot;
-    /// notified only while `slot_waiters` says someone waits.
+    /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot.
     pub(super) slot_notify: tokio::sync::Notify,
-    /// Penalties on attempts already booked in this process (`penalties.rs`),
-    /// shared by every registration of this id.
+    /// Penalties on attempts already booked in this process.
     pub(crate) penalties: Arc<penalties::Penalties>,
-    /// The local wait queues of `enqueue`, by state key, shared by every
-    /// registration of this id.
+    /// The local wait queues of `enqueue`, by state key.
     pub(crate) lines: Arc<queue::Lines>,
     /// When this resource last logged a backend error at warn level (ms
     /// since the process-wide origin), `u64::MAX` for never.
-    pub(crate) warned_at_ms: std::sync::atomic::AtomicU64,
-    /// Renews the leases of this resource's live permits, on a store whose
-    /// leases expire (see `keeper.rs`).
+    pub(crate) warned_at_ms: AtomicU64,
+    /// Renews the leases of live permits, on a store whose leases expire.
     pub(crate) keeper: Option<Arc<keeper::Keeper>>,
-    /// The latest registration of this id, shared by all its
-    /// registrations.
+    /// The latest registration of this id.
     pub(crate) lineage: Arc<Lineage>,
     /// This registration's changes of limits since the first of its id.
     pub(crate) epochs: Epochs,
@@ -62,9 +51,7 @@ pub(crate) struct Resource {
 /// The registration whose counters count an event of a call (see
 /// [`Resource::tally`]).
 pub(crate) enum Tally<'r> {
-    /// The registration the call was made on, still the latest.
     Own(&'r Resource),
-    /// The latest, which replaced it.
     Latest(Arc<Resource>),
 }
 
@@ -80,24 +67,19 @@ impl std::ops::Deref for Tally<'_> {
 }
 
 impl Resource {
-    /// The latest registration under this resource's id: its own, or that
-    /// of the one that replaced it (and so on). A call that began under a
-    /// replaced registration makes its later transitions (its refund, its
-    /// settlement, a retry's booking, a penalty) with the latest limits: a
-    /// store keeps a state for one set of limits, and one made for other
-    /// buckets starts afresh (but for a penalty, see
-    /// [`crate::state::adopt`]), so transitions under two sets in turn
-    /// would start it afresh again and again.
+    /// The latest registration under this id. A call begun under a
+    /// replaced registration makes its later transitions (refund,
+    /// settlement, a retry's booking, a penalty) with the latest limits:
+    /// a store keeps a state for one set of limits and starts it afresh
+    /// for other buckets.
     pub(crate) fn latest(&self) -> Arc<Latest> {
         self.lineage.latest.load_full()
     }
 
     /// The registration whose counters count what happens now to a call
-    /// made on this one: itself, or, once a registration replaced it, the
-    /// latest, so that the stats the broker reports (those of the latest)
-    /// count every event after it, as the metrics (by id) do.
+    /// made on this one: itself, or the latest once one replaced it.
     pub(crate) fn tally(&self) -> Tally<'_> {
-        if !self.retired.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.retired.load(Ordering::Acquire) {
             return Tally::Own(self);
         }
         match self.lineage.latest.load().resource.upgrade() {
@@ -106,10 +88,8 @@ impl Resource {
         }
     }
 
-    /// The counters of this registration; `queued` and `in_flight` count
-    /// the calls waiting and the work running (or permits held) on every
-    /// registration of the id, also on one this one replaced: those are
-    /// still queued and in flight under this id.
+    /// The counters of this registration, with the calls queued and in
+    /// flight on every registration of the id.
     pub(super) fn stats(&self) -> ResourceStats {
         ResourceStats {
             queue: self.lines.stats(),
@@ -117,85 +97,23 @@ impl Resource {
         }
     }
 
-    /// `config.limits.check_fits`, answered from `fits` when it passes.
+    /// `config.limits.check_fits`.
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
-        if self.fits(cost) {
-            return Ok(());
-        }
-        self.check_fits_slow(cost)
-    }
-
-    /// Whether `cost` passes `config.limits.check_fits`.
-    pub(crate) fn fits(&self, cost: Cost) -> bool {
-        cost.requests <= self.fits.requests && cost.tokens <= self.fits.tokens
-    }
-
-    fn check_fits_slow(&self, cost: Cost) -> Result<(), BrokerError> {
         self.config.limits.check_fits(&self.id, cost)
     }
-}
 
-/// Waiting for a freed concurrency slot. A waiter is counted before its
-/// first attempt to take a slot, so a release either happens before that
-/// attempt (which then sees the free slot) or sees the count and notifies.
-impl Resource {
-    /// After a slot was released: wakes the waiters, if any (the common
-    /// case, none, costs one atomic load instead of the notifier's lock).
+    /// Wakes the calls waiting for a slot, after one was released.
     pub(crate) fn slot_freed(&self) {
-        if self.slot_waiters.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            self.slot_notify.notify_waiters();
-        }
-    }
-
-    /// Counts the caller as a slot waiter until the guard is dropped.
-    pub(crate) fn wait_for_slots(&self) -> SlotWaiter<'_> {
-        self.slot_waiters
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        SlotWaiter(self)
-    }
-
-    /// A future that completes at the next [`Resource::slot_freed`] with
-    /// waiters.
-    pub(crate) fn slot_notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.slot_notify.notified()
-    }
-}
-
-/// A counted slot waiter (see [`Resource::wait_for_slots`]).
-pub(crate) struct SlotWaiter<'r>(&'r Resource);
-
-impl Drop for SlotWaiter<'_> {
-    fn drop(&mut self) {
-        self.0
-            .slot_waiters
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// The largest cost of each unit that `limits` can ever grant.
-pub(super) fn largest_fit(limits: &Limits) -> Cost {
-    let smallest = |unit| {
-        limits
-            .rates
-            .iter()
-            .filter(|r| r.unit == unit)
-            .map(|r| r.burst())
-            .min()
-            .unwrap_or(u64::MAX)
-    };
-    Cost {
-        requests: smallest(crate::limits::Unit::Requests),
-        tokens: smallest(crate::limits::Unit::Tokens),
+        self.slot_notify.notify_waiters();
     }
 }
 
 /// A resource logs a backend error at warn level at most once per this
-/// many milliseconds; the rest go to debug level. During an outage every
-/// call fails, and the backend already logs the outage once.
+/// many milliseconds; the rest go to debug level.
 const BACKEND_WARN_INTERVAL_MS: u64 = 10_000;
 
+/// Counts and logs a backend error on `resource`.
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
-    use std::sync::atomic::Ordering;
     bump(&resource.tally().counters.backend_errors);
     crate::telemetry::backend_error(&resource.id, op);
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -214,5 +132,65 @@ pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &Back
         tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
     } else {
         tracing::debug!(resource = %resource.id, op, error = %e.message, "backend error");
+    }
+}
+
+/// The latest registration of one resource id, shared by all of them. It
+/// holds the latest weakly, so an old registration kept alive keeps no
+/// later one alive.
+#[derive(Debug)]
+pub(crate) struct Lineage {
+    pub(super) latest: ArcSwap<Latest>,
+}
+
+/// The latest registration of an id, as an earlier one sees it.
+#[derive(Debug)]
+pub(crate) struct Latest {
+    pub(crate) spec: Arc<LimitSpec>,
+    pub(crate) epochs: Epochs,
+    pub(super) resource: std::sync::Weak<Resource>,
+}
+
+/// How many registrations of an id since its first changed its limits,
+/// and how many of those its buckets (units or their number): equal epochs,
+/// same limits (buckets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Epochs {
+    pub(crate) limits: u64,
+    pub(crate) buckets: u64,
+}
+
+impl Epochs {
+    /// The epochs of a registration of `spec` over one of `before`.
+    pub(crate) fn after(self, before: &Arc<LimitSpec>, spec: &Arc<LimitSpec>) -> Self {
+        if Arc::ptr_eq(before, spec) || **before == **spec {
+            return self;
+        }
+        Self {
+            limits: self.limits + 1,
+            buckets: self.buckets + u64::from(!enqueue::same_units(before, spec)),
+        }
+    }
+}
+
+impl Lineage {
+    /// The lineage of a first registration, of `spec`.
+    pub(crate) fn new(spec: Arc<LimitSpec>) -> Self {
+        Self {
+            latest: ArcSwap::from_pointee(Latest {
+                spec,
+                epochs: Epochs::default(),
+                resource: std::sync::Weak::new(),
+            }),
+        }
+    }
+
+    /// Makes `resource` the latest registration of the id.
+    pub(crate) fn install(&self, resource: &Arc<Resource>) {
+        self.latest.store(Arc::new(Latest {
+            spec: resource.spec.clone(),
+            epochs: resource.epochs,
+            resource: Arc::downgrade(resource),
+        }));
     }
 }

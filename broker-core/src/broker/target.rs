@@ -1,14 +1,11 @@
-//! What an acquisition addresses: a registered resource, optionally one
-//! sub-key of it (a tenant, a route, a credential fingerprint), and for
-//! `enqueue` its place in the wait queue: a priority, a flow, a deadline.
+//! What an acquisition addresses: a resource, maybe a sub-key, and for
+//! `enqueue` a priority, a flow and a deadline.
 
 use std::time::Duration;
 
-/// A registered resource, or one sub-key of it. Sub-keys share the
-/// resource's limits but each has its own state, created on first use and
-/// evicted when idle. The builder methods set how an `enqueue` call waits
-/// (see [`Priority`], [`Target::flow`], [`Target::deadline`]); other calls
-/// ignore them.
+/// A registered resource, or one sub-key of it: sub-keys share the
+/// resource's limits, each with its own state. The builder methods set how
+/// an `enqueue` call waits; other calls ignore them.
 ///
 /// ```
 /// use broker_core::{Priority, Target};
@@ -39,10 +36,8 @@ pub struct Target<'a> {
     pub deadline: Option<Duration>,
 }
 
-/// The priority of an `enqueue` call: a higher one gets its turn before
-/// every queued lower one in this process. A lower level still gets one
-/// turn in [`Priority::MIN_SHARE`] while higher ones are backlogged, given
-/// to its longest-waiting call.
+/// The priority of an `enqueue` call: a higher one goes first, but a
+/// lower level still gets one turn in [`Priority::MIN_SHARE`].
 ///
 /// ```
 /// use broker_core::Priority;
@@ -56,8 +51,7 @@ pub enum Priority {
     /// The default: books at most two token intervals ahead.
     #[default]
     Default,
-    /// A user is waiting: books at most four token intervals ahead (so a
-    /// backlog of them leaves lower levels their share).
+    /// A user is waiting: books at most four token intervals ahead.
     Interactive,
 }
 
@@ -65,8 +59,7 @@ impl Priority {
     /// Every level, lowest first.
     pub const ALL: [Priority; 3] = [Priority::Batch, Priority::Default, Priority::Interactive];
 
-    /// One turn in this many goes to a lower level that waits while higher
-    /// ones are backlogged.
+    /// One turn in this many goes to a waiting lower level.
     pub const MIN_SHARE: u32 = 10;
 
     /// The level's name, as stats show it.
@@ -102,21 +95,19 @@ impl<'a> Target<'a> {
         self
     }
 
-    /// Sets the flow (tenant, API key, user), of weight 1. Kept only as a
-    /// fingerprint.
+    /// Sets the flow (tenant, API key, user), of weight 1.
     pub fn flow(self, flow: &'a str) -> Self {
         self.flow_weighted(flow, 1)
     }
 
-    /// Sets the flow and its weight (0 is taken as 1): while flows are
-    /// backlogged, each gets turns in proportion to its weight.
+    /// Sets the flow and its weight (0 is taken as 1): backlogged flows
+    /// get turns in proportion to their weights.
     pub fn flow_weighted(mut self, flow: &'a str, weight: u32) -> Self {
         self.flow = Some((flow, weight.max(1)));
         self
     }
 
-    /// Sets how long an `enqueue` call may wait for its turn before it
-    /// ends in `WaitTooLong` (bound `Deadline`).
+    /// Sets how long an `enqueue` call may wait for its turn.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self

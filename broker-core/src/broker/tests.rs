@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use super::ResourceBroker;
 use crate::error::BackendError;
+use crate::limits::RateLimit;
 use crate::limits::{Cost, Limits};
-use crate::limits::{RateLimit, Unit};
 use crate::observed::ObservedLimit;
 use crate::state::Decision;
 use crate::state::LimitSpec;
 use crate::store::Store;
-use proptest::prelude::*;
 
 #[derive(Debug)]
 struct NoStore;
@@ -86,28 +85,4 @@ fn re_registrations_are_not_kept_alive_by_an_old_one() {
         .count();
     assert_eq!(alive, 1, "only the latest, besides the first");
     assert!(!first.is_current());
-}
-
-proptest! {
-    /// The precomputed fit check accepts and refuses exactly the costs
-    /// `Limits::check_fits` does, with the same error.
-    #[test]
-    fn fast_fit_check_equals_check_fits(
-        rates in prop::collection::vec((1u64..100, any::<bool>()), 0..4),
-        requests in 0u64..120,
-        tokens in 0u64..120,
-    ) {
-        let mut limits = Limits::new();
-        for (burst, tokens) in rates {
-            let unit = if tokens { Unit::Tokens } else { Unit::Requests };
-            limits = limits.rate(RateLimit::per_second(burst).unit(unit));
-        }
-        let broker = ResourceBroker::new(NoStore);
-        broker.register_limit("r", limits.clone()).unwrap();
-        let resource = broker.resource("r").unwrap();
-        let cost = Cost { requests, tokens };
-        let fast = resource.check_fits(cost).map_err(|e| e.to_string());
-        let slow = limits.check_fits("r", cost).map_err(|e| e.to_string());
-        prop_assert_eq!(fast, slow);
-    }
 }

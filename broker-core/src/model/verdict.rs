@@ -1,5 +1,4 @@
-//! The answers of a decision: [`Decision`] in full, [`Verdict`] in short,
-//! [`LocalVerdict`] with a wait maybe not rounded yet.
+//! The answers of a decision: [`Decision`] in full, [`Verdict`] in short.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,5 @@
-//! One attempt's admission: its booking (through the call's place in the
-//! line of its state), its booked time, holds, and a concurrency slot.
+//! One attempt's admission: its booking, its booked time, penalties, and
+//! a concurrency slot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,20 +16,16 @@ use crate::store::{Store, Turn, TurnAsk};
 
 pub(crate) enum SlotOutcome {
     Unlimited,
-    /// The lease, and whether the slot was waited for (the first
-    /// `take_slot` found every slot held).
+    /// The lease, and whether the slot was waited for.
     Held(LeaseId, bool),
     TimedOut,
 }
 
-/// What one attempt of `enqueue` or `acquire` was given by
-/// [`admit_until`].
+/// What [`admit_until`] gave one attempt of `enqueue` or `acquire`.
 pub(crate) enum Admitted {
-    /// The booked cost, due now, and the slot (an empty permit without a
-    /// concurrency limit).
+    /// The booked cost, due now, and the slot (if limited).
     Go(LiveBooking, Permit),
-    /// The cost does not fit within a bound (a wait or a penalty beyond it):
-    /// the wait still ahead and the bound, nothing booked.
+    /// A wait or a penalty beyond a bound: the wait ahead, nothing booked.
     TooLong(Micros, WaitBound),
     /// No slot came free before the deadline.
     NoSlot(WaitBound),
@@ -58,7 +54,7 @@ impl Bounds {
             .map_or_else(|| crate::clock::tokio_after(Duration::MAX), |(at, _)| at)
     }
 
-    /// The deadline as a bound (zero without one: never reported then).
+    /// The deadline as a bound (zero without one).
     fn deadline_bound(&self) -> WaitBound {
         WaitBound::Deadline(self.deadline.map_or(Duration::ZERO, |(_, d)| d))
     }
@@ -76,24 +72,14 @@ impl Bounds {
     }
 }
 
-/// Books `cost` on `key`, waits for its time, then for a slot, all before
-/// `deadline`. A penalty (an upstream 429 or an exhausted counter) that came
-/// after the booking voids its time: the booking stays spent (its time has
-/// come, as a sent call's would), and the cost is booked again when the
-/// penalty ends, so the calls the penalty kept leave spaced as the bucket
-/// spaces them, not together when it ends. A penalty that came while the call waited
-/// for its slot (the call that held the slot got a 429) voids it as well:
-/// the slot is given back, and the call waits the hold out; so does the
-/// store's penalty of a 429 (or a spent counter) another process got while
-/// the call waited for its slot or its booking's time. A booking
-/// made under the penalty it then meets (one the store did not make it wait out:
-/// the store missed the penalty, or penalizes only a bucket this cost does not
-/// draw on) is given back, as a cancelled one is (see `LiveBooking`'s `Drop`):
-/// the call is charged once, by the booking it makes when the penalty ends.
-///
-/// The slot's permit is released on state `key` (`keyed`: a sub-key's
-/// state, else the resource's own), and counted in flight if `counted`
-/// (see [`Permit::held`]).
+/// Books `cost` on `key`, waits for its time, then for a slot, within
+/// `bounds`. A penalty that came after the booking (a 429, a spent
+/// counter, here or, after a wait, in the store) voids it: the slot is
+/// given back, the booking stays spent (or is refunded if made under that
+/// penalty, see `LiveBooking`'s `Drop`), and the cost is booked again when
+/// the penalty ends, so the calls it kept leave spaced. The permit is
+/// released on state `key` (`keyed`: a sub-key's) and counted in flight
+/// if `counted`.
 pub(crate) async fn admit_until(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -106,7 +92,11 @@ pub(crate) async fn admit_until(
     let backend = &broker.inner.backend;
     loop {
         let booked = match ticket.as_deref_mut() {
-            Some(ticket) => book_in_line(broker, resource, key, cost, bounds, ticket).await?,
+            Some(ticket) => {
+                let booked = book_in_line(broker, resource, key, cost, bounds, ticket).await;
+                ticket.leave();
+                booked?
+            }
             None => LiveBooking::book(broker, resource, key.to_owned(), cost, bounds.left())
                 .await?
                 .map_err(|wait| Admitted::TooLong(wait, bounds.deadline_bound())),
@@ -131,8 +121,7 @@ pub(crate) async fn admit_until(
                     }
                     SlotOutcome::TimedOut => return Ok(Admitted::NoSlot(bounds.deadline_bound())),
                 };
-                // A wait, for the booking's time or for the slot, is when
-                // the store may have been penalized since the booking.
+                // After a wait the store may have a penalty since.
                 let held = match resource.penalties.until(key) {
                     None if waited || booking.wait > 0 => {
                         store_penalty(broker, resource, key, cost).await?
@@ -148,7 +137,6 @@ pub(crate) async fn admit_until(
                 }
             }
         };
-        // Spent if the penalty came after it, else given back (its `Drop`).
         drop(booking);
         if let Some(bound) = bounds.penalty_beyond(until) {
             let now = tokio::time::Instant::now();
@@ -158,12 +146,10 @@ pub(crate) async fn admit_until(
     }
 }
 
-/// Books `cost` on `key` through the call's place in the line of its
-/// state: waits for its turn at no store cost, then, as head, books at
-/// most its priority's horizon ahead (see [`queue::horizon`]); further
-/// off, it naps until the time is within the horizon (or something gives
-/// time back) and asks again. Booked, it leaves the line and the next
-/// waiter is head at once. `Err`: a bound met, nothing booked.
+/// Books `cost` on `key` through the call's place in its line: waits for
+/// its turn, then, as head, books at most its priority's horizon ahead
+/// ([`queue::horizon`]), napping until the time comes within it. `Err`: a
+/// bound met, nothing booked. The caller leaves the line after it.
 async fn book_in_line(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -173,13 +159,12 @@ async fn book_in_line(
     ticket: &mut Ticket,
 ) -> Result<Result<LiveBooking, Admitted>, BrokerError> {
     ticket.join();
-    // The shared ledger charged this booking's flow (see `shared_turn`).
+    // The shared ledger charged this booking's flow.
     let mut charged = false;
     loop {
         if let Some((at, d)) = bounds.deadline {
             if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
                 let ahead = crate::clock::micros(ticket.ahead());
-                ticket.leave();
                 return Ok(Err(Admitted::TooLong(ahead, WaitBound::Deadline(d))));
             }
         } else {
@@ -192,10 +177,8 @@ async fn book_in_line(
             if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
                     let ahead = crate::clock::micros(ticket.ahead());
-                    ticket.leave();
                     return Ok(Err(Admitted::TooLong(ahead, bounds.deadline_bound())));
                 }
-                // Its place kept: asks again in about one token interval.
                 ticket
                     .nap(Duration::from_micros(ticket.units).min(left))
                     .await;
@@ -207,13 +190,11 @@ async fn book_in_line(
         let wait = match LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?
         {
             Ok(booking) => {
-                ticket.leave();
                 return Ok(Ok(booking));
             }
             Err(wait) => Duration::from_micros(wait),
         };
         if wait > left {
-            ticket.leave();
             let bound = bounds.deadline_bound();
             return Ok(Err(Admitted::TooLong(crate::clock::micros(wait), bound)));
         }
@@ -225,7 +206,6 @@ async fn book_in_line(
             };
             if let Some(until) = held {
                 if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.penalty_beyond(until) {
-                    ticket.leave();
                     let now = tokio::time::Instant::now();
                     let would = crate::clock::micros(until.saturating_duration_since(now));
                     return Ok(Err(Admitted::TooLong(would, bound)));
@@ -238,15 +218,11 @@ async fn book_in_line(
     }
 }
 
-/// The least time a flow stays in the shared turn ledger after its last
-/// ask (see [`crate::store::Turns`]); longer for a call of a longer token interval.
+/// The least time a flow stays in the shared turn ledger after its last ask.
 const ACTIVE_AT_LEAST: Duration = Duration::from_secs(1);
 
-/// Asks the store's shared turn ledger, if it has one, whether the flow
-/// of the head `ticket` may book on state `key` now, which charges the
-/// call to its flow when it may. A call without a flow, a store without a
-/// ledger, and a ledger that fails to answer (the store out of reach: the
-/// local order alone then) give the turn.
+/// Whether the store's shared turn ledger gives the head `ticket`'s flow
+/// the turn on `key` (charging it). No flow, no ledger, or no answer: yes.
 async fn shared_turn(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -272,8 +248,7 @@ async fn shared_turn(
     })
 }
 
-/// How often a waiter re-checks a slot held by another process (local
-/// releases wake waiters at once).
+/// How often a waiter re-checks a slot held by another process.
 const SLOT_POLL: Duration = Duration::from_millis(25);
 
 /// Waits for a concurrency slot until `deadline`.
@@ -288,14 +263,11 @@ pub(crate) async fn wait_slot(
         return Ok(SlotOutcome::Unlimited);
     }
     let backend = &broker.inner.backend;
-    let _waiting = resource.wait_for_slots();
     let mut waited = false;
     loop {
-        let freed = resource.slot_notified();
+        let freed = resource.slot_notify.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
-        // A store that answers in process, in the caller's line; any other
-        // through `take_slot_later`.
         let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
             Some(held) => held.inspect_err(|e| note_backend_error(resource, "take_slot", e))?,
             None => take_slot_later(backend, resource, key, spec).await?,
@@ -313,17 +285,10 @@ pub(crate) async fn wait_slot(
     }
 }
 
-/// The end of a penalty the store has on state `key` for a call of `cost`,
-/// if one is in force ([`Store::wait_left`]: a 429's penalty or a spent
-/// counter another process reported, on the buckets the cost draws on, or
-/// on a resource without rate limits the state's
-/// [`crate::state::ResourceState::penalty`]). Asked by a call that waited for
-/// its booking's time or for its slot: a hold put on meanwhile (a 429 of
-/// another process, or of the call that held the slot) would otherwise let
-/// it go out during the penalty, as this process's own penalties do not know
-/// of it. A store that fails to answer reports no penalty on a resource
-/// with rate limits: the store granted the booking, which goes ahead as
-/// granted.
+/// The end of a penalty the store has on state `key` for `cost`, if one
+/// is in force ([`Store::wait_left`]): one of another process this one
+/// does not know of. A store that fails to answer reports none on a
+/// resource with rate limits (the booking it granted stands).
 async fn store_penalty(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -344,10 +309,8 @@ async fn store_penalty(
     Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
 }
 
-/// `take_slot` on state `key` through the store's asynchronous call, run
-/// to its answer if the caller goes away meanwhile (a timeout around
-/// `acquire` or `enqueue` while the store is slow): a lease the store
-/// grants then is released there, untold, not left held until it expires.
+/// `take_slot` through the store's asynchronous call, run to its answer if
+/// the caller goes away: a lease granted then is released, untold.
 async fn take_slot_later(
     backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
@@ -361,7 +324,12 @@ async fn take_slot_later(
             .take_slot(&key, &spec)
             .await
             .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
-        let untold = held.map(|lease| UntoldLease::new(lease, backend, resource, key));
+        let untold = held.map(|lease| UntoldLease {
+            lease: Some(lease),
+            backend,
+            resource,
+            key,
+        });
         Ok::<_, BackendError>(untold)
     });
     Ok(held.await?.map(UntoldLease::claim))

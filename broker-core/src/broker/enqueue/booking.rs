@@ -1,5 +1,5 @@
-//! Bookings made in the store: refunded when dropped
-//! unused, and settled after the work.
+//! Bookings made in the store: refunded when dropped unused, and settled
+//! after the work.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,22 +19,20 @@ pub(crate) const NO_COST: Cost = Cost {
     tokens: 0,
 };
 
-/// A booking made in the store. Dropped before [`LiveBooking::consume`], it refunds
-/// the cost, unless a penalty put on since has drained it (see its `Drop`).
+/// A booking made in the store. Dropped before [`LiveBooking::consume`],
+/// it refunds the cost, unless a penalty put on since has drained it.
 pub(crate) struct LiveBooking {
     backend: Arc<dyn Store>,
     resource: Arc<Resource>,
-    /// The epochs of the registration it was booked under: the latest
-    /// then (see [`Resource::latest`]).
+    /// The epochs of the latest registration when it was booked.
     booked_under: Epochs,
     key: String,
     cost: Cost,
     pub(super) wait: Micros,
-    /// The booking's marks on the store's clock
-    /// ([`crate::state::Booking::since`]).
+    /// The booking's marks on the store's clock.
     since: Marks,
-    /// The same on this process's clock and penalties: the time of the
-    /// booking, or the end of the local penalty it was made under if later.
+    /// The same here: the time of the booking, or the end of the local
+    /// penalty it was made under if later.
     since_here: tokio::time::Instant,
     armed: bool,
 }
@@ -52,8 +50,7 @@ impl LiveBooking {
         let latest = resource.latest();
         let backend = broker.inner.backend.clone();
         let resource = resource.clone();
-        // Run to its answer if the caller goes away meanwhile: a booking
-        // the store makes then is dropped there, which refunds it.
+        // Run to its answer if the caller goes away: dropped, it refunds.
         to_its_answer(async move {
             let r = backend
                 .book(&key, &latest.spec, cost, max_wait)
@@ -79,8 +76,8 @@ impl LiveBooking {
         .await
     }
 
-    /// Sleeps until the booked time, counting it as a local limiter wait:
-    /// the time it waited, also when the call is dropped before the end.
+    /// Sleeps until the booked time, counted as a local limiter wait (also
+    /// when the call is dropped before the end).
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
             let tally = self.resource.tally();
@@ -95,8 +92,7 @@ impl LiveBooking {
         }
     }
 
-    /// The booking is used: no refund on drop. What a settlement of its
-    /// cost needs.
+    /// The booking is used: no refund on drop.
     pub(crate) fn consume(mut self) -> UsedBooking {
         self.armed = false;
         UsedBooking {
@@ -106,9 +102,8 @@ impl LiveBooking {
         }
     }
 
-    /// The limits to refund under, or `None` when no refund is due: the
-    /// booking's state was started afresh by a registration with other
-    /// buckets, so holds none of its cost.
+    /// The limits to refund under; `None` when a registration since had
+    /// other buckets (the state holds none of the cost).
     fn refund_under(&self) -> Option<(Arc<LimitSpec>, Option<Marks>)> {
         match under(&self.resource.latest(), self.booked_under, self.since) {
             Under::Same(spec, since) => Some((spec, since)),
@@ -120,33 +115,21 @@ impl LiveBooking {
 /// A used booking, for the settlement of its cost.
 pub(crate) struct UsedBooking {
     since: Marks,
-    /// The booking's time on this process's clock and penalties (see
-    /// [`LiveBooking`]).
     since_here: tokio::time::Instant,
-    /// The epochs of the registration it was booked under.
     booked_under: Epochs,
 }
 
 impl UsedBooking {
-    /// Whether a shared store's failure policy answered the booking while
-    /// the store was out of reach (see [`Marks::ANSWERED_HERE`]).
+    /// Whether a shared store's failure policy answered the booking.
     pub(crate) fn answered_here(&self) -> bool {
         self.since == Marks::ANSWERED_HERE
     }
 
     /// How the work's `usage` (`None`: the booked `cost`) settles on the
-    /// latest limits of `resource` (the registration booked on, or one it
-    /// replaced): the settlement of the booking, or, when the
-    /// booking's state may have been started afresh since by a
-    /// registration with other buckets (so holds none of it), a charge of
-    /// the whole usage. `None` when there is nothing to settle.
-    ///
-    /// `penalty_end` is this process's penalty on the booking's state, if
-    /// any: one put on after the booking (an upstream 429 since) keeps
-    /// the unused part of the cost spent, as a cancelled booking's is
-    /// (see `LiveBooking`'s `Drop`): the store decides by its own penalties, and
-    /// this one covers a store that failed to take one. Usage above the
-    /// estimate is charged whatever the penalty.
+    /// latest limits: a correction of the booking, or a charge of the whole
+    /// usage when a registration since had other buckets; `None`: nothing
+    /// to settle. After a penalty put on since the booking (`penalty_end`)
+    /// the unused part stays spent; usage above the cost is charged anyway.
     pub(super) fn settlement(
         &self,
         resource: &Resource,
@@ -168,23 +151,17 @@ impl UsedBooking {
     }
 }
 
-/// What a booking's state is now, against the limits it was booked under.
+/// A booking's state now, against the limits it was booked under.
 enum Under {
-    /// Every registration since kept the buckets it was booked in (the
-    /// same units in the same order: a store starts a state afresh only
-    /// for another number of buckets, and keeps buckets by place): the
-    /// latest limits, with its marks if no registration since changed the
-    /// limits (marks name the buckets of the limits they were made under),
-    /// or if a failure policy answered it (see [`Marks::ANSWERED_HERE`]).
+    /// The same buckets since: the latest limits, with the booking's marks
+    /// if the limits did not change either (or a failure policy answered).
     Same(Arc<LimitSpec>, Option<Marks>),
     /// A registration since had other buckets: the state may have been
-    /// started afresh. The latest limits.
+    /// started afresh.
     Afresh(Arc<LimitSpec>),
 }
 
-/// [`Under`] for a booking made under a registration of epochs
-/// `booked_under` with marks `since`, now that `latest` is the latest
-/// registration (see [`Epochs`]).
+/// [`Under`] for a booking of epochs `booked_under` and marks `since`.
 fn under(latest: &Latest, booked_under: Epochs, since: Marks) -> Under {
     let spec = latest.spec.clone();
     if latest.epochs.buckets != booked_under.buckets {
@@ -195,12 +172,8 @@ fn under(latest: &Latest, booked_under: Epochs, since: Marks) -> Under {
     Under::Same(spec, keep.then_some(since))
 }
 
-/// The limits to give back a cost taken, without a booking's marks, under
-/// registration `taken_under` (see [`Under`]): the latest, or `None` when a
-/// registration since had other buckets (the state may have been started
-/// afresh, and holds none of it; a refund under the limits it was taken
-/// under would start it afresh again, as a cancelled booking's would: see
-/// [`LiveBooking::refund_under`]).
+/// The limits to give back a cost taken under `taken_under`: the latest,
+/// or `None` when a registration since had other buckets.
 pub(crate) fn refund_spec(taken_under: &Resource) -> Option<Arc<LimitSpec>> {
     match under(
         &taken_under.latest(),
@@ -220,11 +193,7 @@ pub(crate) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
 
 impl Drop for LiveBooking {
     fn drop(&mut self) {
-        // After a penalty put on since this booking (an upstream 429), giving
-        // the cost back could return tokens the penalty drained: the booking
-        // stays spent instead. A booking made under a penalty is given back.
-        // The store decides by its own penalties (`settle` with the booking's
-        // mark); this process's penalties cover a store that failed to take one.
+        // A penalty put on since drained the booking: it stays spent.
         if !self.armed
             || self
                 .resource
@@ -238,7 +207,6 @@ impl Drop for LiveBooking {
             return;
         };
         let change = (self.cost, NO_COST, since);
-        // Dropped: nothing waits for the task.
         let _ = settle_or_spawn(
             &self.backend,
             &self.resource,
@@ -247,16 +215,13 @@ impl Drop for LiveBooking {
             change,
             "refund",
         );
-        // The time given back may be the head's of this state's line.
         self.resource.lines.gave_back(&self.key);
     }
 }
 
-/// Settles `change` (booked, actual, the booking's marks) on the state at
-/// `key` under `spec`: at once when the store answers in process, else as
-/// a task of its own, returned, so that no caller going away cuts the
-/// correction off (`None`: made at once, or no runtime to run it). A
-/// failure is logged as `op`.
+/// Settles `change` (booked, actual, marks) on state `key`: at once when
+/// the store answers in process, else on a task of its own, returned (no
+/// caller going away cuts it off). A failure is logged as `op`.
 pub(crate) fn settle_or_spawn(
     backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
@@ -286,9 +251,8 @@ pub(crate) fn settle_or_spawn(
     }
 }
 
-/// Adds the time since `since` (the booked wait at most) to `total`, in
-/// µs, when dropped: at the end of a wait, or when its call is dropped
-/// during it.
+/// Adds the µs since `since` (the booked wait at most) to `total` when
+/// dropped.
 struct Waited<'a> {
     total: &'a std::sync::atomic::AtomicU64,
     since: tokio::time::Instant,

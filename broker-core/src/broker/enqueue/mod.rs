@@ -1,13 +1,11 @@
 //! Queue + execute: `enqueue` waits for its turn in the local queue of its
-//! state (`queue`), books when at the head, sleeps to the booked time (and
-//! out of a hold an upstream 429 set meanwhile), takes a concurrency slot,
-//! runs the work and retries it by the resource's [`RetryPolicy`].
-//! Cancellation-safe: the guards here leave the queue, refund an unused
-//! booking and free a held slot when the future is dropped at any
-//! await point.
+//! state, books, sleeps to the booked time (and out of a penalty), takes a
+//! concurrency slot, runs the work and retries it by the resource's
+//! [`RetryPolicy`]. Dropped at any await point, it leaves the queue,
+//! refunds an unused booking and frees a held slot.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +21,8 @@ use crate::telemetry::{self, Signal};
 
 mod admit;
 mod booking;
-mod feedback;
 
-use feedback::{capped_resets, penalize_spent_counters};
+use super::feedback::{capped_resets, penalize_spent_counters};
 
 pub(crate) use admit::{admit_until, Admitted, Bounds};
 pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
@@ -71,8 +68,7 @@ pub enum EnqueueError<E> {
     },
 }
 
-/// Counts an `enqueue` call as queued, then as running, and undoes the
-/// count when dropped.
+/// Counts an `enqueue` call as queued, then as running, until dropped.
 struct QueuePlace<'r> {
     resource: &'r Resource,
     running: bool,
@@ -81,14 +77,11 @@ struct QueuePlace<'r> {
 impl<'r> QueuePlace<'r> {
     fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
         let capacity = resource.config.queue_capacity;
-        // Counted for the resource id: the calls still waiting on a
-        // registration this one replaced are in this resource's queue
-        // too, so a re-registration does not make room for more.
+        // Counted for the id: a re-registration does not make room.
         let queued = &resource.live.queued;
         let before = queued.fetch_add(1, Ordering::AcqRel);
         if before >= capacity as u64 {
             drop_one(queued);
-            // A call refused at once still ended in an error.
             bump(&resource.counters.failed);
             return Err(BrokerError::QueueFull {
                 resource: resource.id.clone(),
@@ -102,61 +95,44 @@ impl<'r> QueuePlace<'r> {
         })
     }
 
-    fn set_running(&mut self, running: bool) {
-        if self.running == running {
-            return;
+    fn counter(&self) -> &AtomicU64 {
+        let live = &self.resource.live;
+        match self.running {
+            true => &live.in_flight,
+            false => &live.queued,
         }
-        let (from, to) = if running {
-            (&self.resource.live.queued, &self.resource.live.in_flight)
-        } else {
-            (&self.resource.live.in_flight, &self.resource.live.queued)
-        };
-        drop_one(from);
-        bump(to);
-        self.running = running;
+    }
+
+    fn set_running(&mut self, running: bool) {
+        if self.running != running {
+            drop_one(self.counter());
+            self.running = running;
+            bump(self.counter());
+        }
     }
 }
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
-        let c = &self.resource.live;
-        drop_one(if self.running {
-            &c.in_flight
-        } else {
-            &c.queued
-        });
+        drop_one(self.counter());
     }
 }
 
 /// # Queue + execute
 impl ResourceBroker {
     /// Waits for its turn on `target`, runs `work`, and retries it on 429
-    /// and transient failures by the resource's retry policy. Calls wait
-    /// in a local queue per state; only the head books in the store, at
-    /// most a few token intervals ahead (see [`crate::Priority`]), so a
-    /// caller who leaves costs nothing and the line moves up. The target's
-    /// priority, flow and deadline set the call's place (see
-    /// [`Target`]): strict priority with a minimum share for lower
-    /// levels, weighted round robin over flows, FIFO within a flow. A 429
+    /// and transient failures by the resource's retry policy. Only the head
+    /// of a state's local queue books in the store; the target's priority,
+    /// flow and deadline set the call's place (see [`Target`]). A 429
     /// penalizes the bucket for every other consumer;
     /// `Outcome::Ok { usage, observed }` settles the actual cost and
     /// reconciles the upstream's headers.
     ///
-    /// A call waits for its turn as long as the queue holds it
-    /// ([`BrokerError::QueueFull`] at once when the queue is full), unless
-    /// it has a deadline (the target's, else the resource's
-    /// `queue_deadline`); the retry policy's ceiling bounds a penalty
-    /// and every retry pause. A bound met ends the call in
-    /// [`BrokerError::WaitTooLong`], which says how long it waited and
-    /// would still wait.
-    ///
-    /// Dropping the returned future at any point leaves the queue, refunds
-    /// an unused booking and frees a held concurrency slot.
-    ///
-    /// A resource registered with [`ResourceBroker::register_limit`] is
-    /// queued too, with the queue capacity and retry policy of
-    /// [`crate::ResourceConfig::new`]; [`ResourceBroker::register`]
-    /// chooses them.
+    /// Errors: [`BrokerError::QueueFull`] at once when the queue is full;
+    /// [`BrokerError::WaitTooLong`] when a deadline (the target's, else the
+    /// resource's `queue_deadline`) or the retry policy's ceiling on a
+    /// penalty is met. Dropping the future at any point leaves the queue,
+    /// refunds an unused booking and frees a held slot.
     ///
     /// ```
     /// use broker_core::{Cost, Outcome, Priority, ResourceBroker, Target};
@@ -189,12 +165,7 @@ impl ResourceBroker {
     {
         let target = target.into();
         let resource = self.resource(target.resource)?;
-        // A cost that never fits ends the call in an error, counted.
-        resource
-            .config
-            .limits
-            .check_fits(&resource.id, cost)
-            .inspect_err(|_| bump(&resource.counters.failed))?;
+        (resource.check_fits(cost)).inspect_err(|_| bump(&resource.counters.failed))?;
         let key = match target.key {
             Some(k) => crate::keys::keyed(&resource.id, k),
             None => resource.key.clone(),
@@ -203,8 +174,6 @@ impl ResourceBroker {
         let started = tokio::time::Instant::now();
         let policy: &RetryPolicy = &resource.config.retry;
         let limits = resource.config.paced_limits();
-        // The ceiling bounds a penalty and every retry pause; the
-        // wait for one's turn has no bound but a deadline.
         let ceiling = policy.ceiling(&limits);
         let deadline = (target.deadline)
             .or(resource.config.queue_deadline)
@@ -228,8 +197,7 @@ impl ResourceBroker {
         let mut number = 0;
         let result = loop {
             number += 1;
-            // The slot is not counted in flight: the queue place counts
-            // this work.
+            // The slot is not counted in flight: `place` counts this work.
             let state = (key.as_str(), target.key.is_some());
             let admitted = admit_until(
                 self,
@@ -252,7 +220,6 @@ impl ResourceBroker {
                 Ok(Admitted::Go(booking, permit)) => (booking, permit),
                 Ok(Admitted::TooLong(wait, bound)) => break Err(too_long(wait, bound)),
                 Ok(Admitted::NoSlot(bound)) => break Err(too_long(0, bound)),
-                // A backend error ends the call as a failed one, counted below.
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
             if number == 1 {
@@ -267,14 +234,10 @@ impl ResourceBroker {
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
             let retry_after = outcome.retry_after();
-            // This process's penalty on the state before the answer's own
-            // penalties: what the settlement of a success goes by.
+            // The penalty before the answer's own: the settlement's.
             let penalty_end = resource.penalties.until(&key);
-            // A 429's penalty, and that of a counter the answer reports spent,
-            // go on before the slot is freed: a call waiting for the slot
-            // would otherwise take it, find no penalty yet, and go out during
-            // the penalty or into the spent window (the settlement and the
-            // penalty before the reconcile are round trips to the store).
+            // A 429's or a spent counter's penalty goes on before the slot
+            // is freed, or a call waiting for the slot would go out into it.
             let penalty = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
                 let penalty = policy.rate_limited_pause(number, retry_after, &limits);
                 resource
@@ -285,57 +248,41 @@ impl ResourceBroker {
             if let Some(observed) = outcome.observed() {
                 penalize_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
-            // What the answer tells the store (a 429's penalty, the
-            // settlement of a success, the counters it reports) reaches
-            // the store before a slot is freed: a call of another process
-            // that waited for the slot asks the store for a penalty once it
-            // has the slot (see `admit_until`; a resource without rate
-            // limits is penalized by the store's state alone,
-            // `ResourceState::penalty`), and would otherwise find none yet,
-            // and go out during the penalty or into the spent window. The
-            // settlement goes before the reconcile, which corrects the
-            // state it leaves. Run to its end, the slot freed after it,
-            // even if this call is dropped meanwhile (a timeout around
-            // `enqueue`): dropped with the call, the slot would be freed
-            // before the store penalizes the state, and the 429's or the
-            // spent counter's penalty lost.
+            // Likewise in the store, for other processes: the penalty, the
+            // settlement, then the reconcile, and only then is the slot
+            // freed, run to its end even if this call is dropped meanwhile.
             let settlement = match &outcome {
                 Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, penalty_end),
                 _ => None,
             };
             let observed = outcome.observed().cloned();
-            if penalty.is_some() || settlement.is_some() || observed.is_some() {
-                let (broker, resource, key) = (self.clone(), resource.clone(), key.clone());
-                to_its_answer(async move {
-                    if let Some(penalty) = penalty {
-                        broker
-                            .note_upstream_429(&resource, &key, number, retry_after, penalty)
-                            .await;
+            let (broker, owned, key_owned) = (self.clone(), resource.clone(), key.clone());
+            to_its_answer(async move {
+                let (resource, key) = (owned, key_owned);
+                if let Some(penalty) = penalty {
+                    broker
+                        .note_upstream_429(&resource, &key, number, retry_after, penalty)
+                        .await;
+                }
+                if let Some((spec, booked, actual, since)) = settlement {
+                    let change = (booked, actual, since);
+                    let backend = &broker.inner.backend;
+                    if let Some(task) =
+                        settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
+                    {
+                        let _ = task.await;
                     }
-                    if let Some((spec, booked, actual, since)) = settlement {
-                        // A failed correction is logged, not returned.
-                        let change = (booked, actual, since);
-                        let backend = &broker.inner.backend;
-                        if let Some(task) =
-                            settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
-                        {
-                            let _ = task.await;
-                        }
-                        // Time given back may be the head's of this line.
-                        if actual.requests < booked.requests || actual.tokens < booked.tokens {
-                            resource.lines.gave_back(&key);
-                        }
+                    // Time given back may be the head's of this line.
+                    if actual.requests < booked.requests || actual.tokens < booked.tokens {
+                        resource.lines.gave_back(&key);
                     }
-                    if let Some(observed) = observed {
-                        // Likewise: a failed reconcile never fails the answer.
-                        let _ = broker.reconcile_key(&resource, &key, &observed).await;
-                    }
-                    drop(permit);
-                })
-                .await;
-            } else {
+                }
+                if let Some(observed) = observed {
+                    let _ = broker.reconcile_key(&resource, &key, &observed).await;
+                }
                 drop(permit);
-            }
+            })
+            .await;
             place.set_running(false);
             let error = match outcome {
                 Outcome::Ok { value, .. } => break Ok(value),
@@ -350,7 +297,15 @@ impl ResourceBroker {
                 });
             }
             let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
-                break Err(exhausted(&resource, error, number, class));
+                bump(&resource.tally().counters.retries_exhausted);
+                telemetry::count(&resource.id, Signal::RetriesExhausted);
+                let (attempts, last) = (number, class);
+                tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
+                break Err(EnqueueError::RetriesExhausted {
+                    error,
+                    attempts,
+                    last,
+                });
             };
             bump(&resource.tally().counters.retries);
             tokio::time::sleep(pause).await;
@@ -366,12 +321,10 @@ impl ResourceBroker {
 }
 
 impl<E> EnqueueError<E> {
-    /// The class of this error, by the same rule as the work's outcomes:
-    /// a fatal upstream error or a call that can never succeed (unknown
-    /// resource, cost beyond the burst, bad config) is [`OutcomeClass::Fatal`];
-    /// an exhausted budget keeps the class of its last outcome; a full queue
-    /// or a wait beyond the ceiling is [`OutcomeClass::RateLimited`]; a
-    /// backend failure is [`OutcomeClass::Transient`].
+    /// The class of this error: an exhausted budget keeps its last
+    /// outcome's; a full queue or a wait too long is
+    /// [`OutcomeClass::RateLimited`]; a backend failure
+    /// [`OutcomeClass::Transient`]; the rest [`OutcomeClass::Fatal`].
     pub fn class(&self) -> OutcomeClass {
         match self {
             EnqueueError::Fatal { .. } => OutcomeClass::Fatal,
@@ -388,26 +341,8 @@ impl<E> EnqueueError<E> {
         }
     }
 
-    /// Whether a later run of the whole job may succeed (the one rule,
-    /// [`OutcomeClass::is_retryable`], applied to this error's class): a job
-    /// queue should fail the job at once when this is false.
+    /// Whether a later run of the whole job may succeed (by its class).
     pub fn is_retryable(&self) -> bool {
         self.class().is_retryable()
-    }
-}
-
-fn exhausted<E>(
-    resource: &Resource,
-    error: E,
-    attempts: u32,
-    last: OutcomeClass,
-) -> EnqueueError<E> {
-    bump(&resource.tally().counters.retries_exhausted);
-    telemetry::count(&resource.id, Signal::RetriesExhausted);
-    tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
-    EnqueueError::RetriesExhausted {
-        error,
-        attempts,
-        last,
     }
 }

@@ -7,16 +7,12 @@ use std::sync::Arc;
 /// A waiter in its flow's queue.
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
-    /// The waiter's ticket.
     pub(super) id: u64,
-    /// When the call joined the queue first: its place in its flow.
+    /// When the call first joined: its place in its flow.
     pub(super) seq: u64,
-    /// Its cost, as the time it refills in the slowest bucket (µs, at
-    /// least 1).
+    /// Its cost (see `queue::units`).
     pub(super) units: u64,
-    /// Its flow's weight.
     pub(super) weight: u32,
-    /// Wakes the waiter when its turn comes.
     pub(super) wake: Arc<tokio::sync::Notify>,
 }
 
@@ -30,15 +26,14 @@ struct Flow {
     in_turn: bool,
 }
 
-/// The waiters of one priority level. A flow's entry exists only while
-/// it has waiters, so the flows are never more than the waiters.
+/// The waiters of one priority level; a flow is kept only while it has
+/// waiters.
 #[derive(Debug, Default)]
 pub(super) struct Flows {
     flows: HashMap<Arc<str>, Flow>,
     /// The flows with waiters, in round-robin order.
     active: VecDeque<Arc<str>>,
-    /// The quantum of weight 1: the largest cost seen, so every flow at
-    /// the front is served at least once per turn.
+    /// The quantum of weight 1: the largest cost seen.
     quantum: u64,
     len: usize,
 }
@@ -57,9 +52,8 @@ impl Flows {
             .min()
     }
 
-    /// Queues `entry` in `flow` (of the entry's weight), in its place by `seq`
-    /// (a call that had a turn before and comes back keeps its place);
-    /// `credit` gives back the deficit its turn took.
+    /// Queues `entry` in `flow`, in its place by `seq`; `credit` gives
+    /// back the deficit its turn took.
     pub(super) fn push(&mut self, flow: &Arc<str>, entry: Entry, credit: bool) {
         let weight = entry.weight;
         self.quantum = self.quantum.max(entry.units);
@@ -115,8 +109,7 @@ impl Flows {
         }
     }
 
-    /// Takes the longest-waiting waiter, out of turn (a lower level's
-    /// minimum share), charging its flow's deficit as far as it goes.
+    /// Takes the longest-waiting waiter out of turn, charging its flow.
     pub(super) fn pop_oldest(&mut self) -> Option<(Arc<str>, Entry)> {
         let name = self
             .flows
@@ -135,8 +128,7 @@ impl Flows {
         Some((name, entry))
     }
 
-    /// Removes waiter `id` of `flow` (it left the queue); whether it was
-    /// there.
+    /// Removes waiter `id` of `flow`; whether it was there.
     pub(super) fn remove(&mut self, flow: &Arc<str>, id: u64) -> bool {
         let Some(f) = self.flows.get_mut(flow) else {
             return false;

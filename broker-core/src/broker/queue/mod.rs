@@ -1,16 +1,9 @@
 //! The local wait queue of `enqueue`: per state key, a line of waiters of
-//! which only the head books in the store; the rest wait here at no store
-//! cost, so a caller who leaves costs nothing and the line moves up.
-//!
-//! Who becomes head: the highest priority with waiters (strict priority),
-//! but one turn in [`Priority::MIN_SHARE`] goes to the longest-waiting
-//! call of a lower level while higher ones are backlogged; within a level,
-//! deficit round robin over flows by cost and weight, FIFO within a flow.
-//! A higher-priority arrival takes the head from a lower head not yet
-//! booked (unless that one got its turn by the minimum share). Across
-//! processes, on a store with a shared turn ledger
-//! ([`crate::store::Turns`]: Redis), the head of a flow books only once
-//! the ledger gives its flow the turn, so weights hold across replicas.
+//! which only the head books in the store. Strict priority, but one turn
+//! in [`Priority::MIN_SHARE`] goes to a lower level's oldest call; deficit
+//! round robin over flows within a level, FIFO within a flow. A store with
+//! a shared turn ledger ([`crate::store::Turns`]) keeps weights across
+//! replicas.
 
 mod drr;
 pub(crate) mod stats;
@@ -28,8 +21,7 @@ use crate::state::LimitSpec;
 use drr::{Entry, Flows};
 pub use stats::{FlowStats, LevelStats, QueueStats};
 
-/// The lines of one resource id, by state key (shared by its
-/// registrations).
+/// The lines of one resource id, by state key.
 #[derive(Debug, Default)]
 pub(crate) struct Lines {
     lines: Mutex<HashMap<String, Line>>,
@@ -42,11 +34,9 @@ pub(crate) struct Lines {
 struct Line {
     levels: [Flows; 3],
     head: Option<Head>,
-    /// Turns given to a higher level while a lower one waited, since a
-    /// lower one last had one.
+    /// Turns given to a higher level since a waiting lower one had one.
     over_lower: u32,
-    /// When the head's cost fits, as the store last told it (the head
-    /// waits for it to come within its horizon).
+    /// When the head's cost fits, as the store last told it.
     head_due: Option<tokio::time::Instant>,
 }
 
@@ -60,8 +50,8 @@ struct Head {
     by_share: bool,
 }
 
-/// The cost of `cost` on `spec` as the time it refills in its slowest
-/// bucket, µs (at least 1): a DRR cost, and the unit of the horizons.
+/// `cost` as the time it refills in the slowest bucket of `spec`, µs (at
+/// least 1): a DRR cost, and the unit of the horizons.
 pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
     spec.buckets
         .iter()
@@ -71,16 +61,9 @@ pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
         .max(1)
 }
 
-/// How far ahead a head of `priority` books a cost of `units` (its
-/// token interval): batch one interval, default two, interactive four.
-/// `None` for no horizon (as far as its deadline allows): a resource
-/// without rate limits has no interval and nothing to space (only a
-/// penalty makes it wait, booked through as before).
-///
-/// Interactive has a horizon too: without one, a backlog of interactive
-/// calls would book the whole future at once, and no lower level could
-/// get its minimum share of the sends; four intervals are more than a
-/// lone interactive call needs (lower levels book at most two ahead).
+/// How far ahead a head of `priority` books a cost of `units`: batch one
+/// interval, default two, interactive four (so lower levels keep their
+/// share). `None` without rate limits: nothing to space.
 pub(crate) fn horizon(priority: Priority, spec: &LimitSpec, units: u64) -> Option<Duration> {
     let intervals = match priority {
         _ if spec.buckets.is_empty() => return None,
@@ -142,7 +125,7 @@ impl Line {
 }
 
 /// An `enqueue` call's place in the line of its state key: joined for
-/// each booking, left once booked; leaves whatever it holds when dropped.
+/// each booking, left once booked or dropped.
 #[derive(Debug)]
 pub(crate) struct Ticket {
     lines: Arc<Lines>,
@@ -158,9 +141,7 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    /// A ticket for a call on state `key` of `priority`, of flow
-    /// `flow` (a fingerprint; empty for none) and `weight`, of cost
-    /// `units` (see [`units`]).
+    /// A ticket on state `key`; `flow` is a fingerprint (empty: none).
     pub(crate) fn new(
         lines: &Arc<Lines>,
         key: &str,
@@ -249,15 +230,12 @@ impl Ticket {
         }
     }
 
-    /// Waits until `d` has passed or something may have changed for the
-    /// head: time given back on its state, or a higher priority took the
-    /// turn.
+    /// Waits `d`, or until woken (time given back, or the turn taken).
     pub(crate) async fn nap(&self, d: Duration) {
         let _ = tokio::time::timeout(d, self.wake.notified()).await;
     }
 
-    /// Leaves the line (booked, or going away): the next waiter becomes
-    /// head at once.
+    /// Leaves the line: the next waiter becomes head at once.
     pub(crate) fn leave(&mut self) {
         if !self.joined {
             return;
@@ -288,10 +266,8 @@ impl Ticket {
         }
     }
 
-    /// An estimate of this queued call's wait for its send time, as this
-    /// process sees it: the head's time still ahead (as the store last
-    /// told it, else none), then the refill time of every call ahead of
-    /// this one in the line (at its priority or higher) and its own.
+    /// An estimate of this call's wait: the head's time still ahead, then
+    /// the refill time of every call ahead of it and its own.
     pub(crate) fn ahead(&self) -> Duration {
         let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
         let Some(line) = lines.get(&self.key) else {
@@ -321,8 +297,7 @@ impl Drop for Ticket {
 }
 
 impl Lines {
-    /// Time was given back on state `key` (a refund): wakes its head, to
-    /// ask the store again.
+    /// Time was given back on state `key`: wakes its head to ask again.
     pub(crate) fn gave_back(&self, key: &str) {
         let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(head) = lines.get(key).and_then(|l| l.head.as_ref()) {

@@ -1,5 +1,5 @@
-//! What the queue shows in `stats()`: wait times per priority in a small
-//! histogram of fixed log buckets, and the snapshot types.
+//! What the queue shows in `stats()`: wait times per priority in a
+//! histogram of log buckets, and the snapshot types.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -50,8 +50,7 @@ impl Histogram {
     }
 }
 
-/// The wait times of `enqueue` calls, from joining the queue to their
-/// first attempt, per priority.
+/// The waits of `enqueue` calls for their first attempt, per priority.
 #[derive(Debug, Default)]
 pub(crate) struct Waits([Histogram; 3]);
 
