@@ -35,7 +35,7 @@ pub use broker_core::{
 
 /// The argument and future types of the broker's calls.
 pub mod calls {
-    pub use broker_core::{Attempt, EntryError, OnOtherLimits, TryAcquire, TryAcquireOnHandle};
+    pub use broker_core::{Attempt, EntryError, OnOtherLimits, TryAcquire};
 }
 
 /// Reading an upstream's rate-limit headers (`headers::parse`).

@@ -20,7 +20,7 @@ pub use model::{bucket, error, headers, keys, limits, observed, pacing, retry, s
 
 pub use broker::{
     Acquisition, Attempt, EnqueueError, EntryError, OnOtherLimits, Permit, Priority,
-    ResourceBroker, ResourceHandle, Target, TryAcquire, TryAcquireOnHandle,
+    ResourceBroker, ResourceHandle, Target, TryAcquire,
 };
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
 pub use config::{LimitsConfig, ResourceConfig};

@@ -98,8 +98,8 @@ async fn a_penalized_state_is_not_evicted_before_its_penalty_ends() {
     assert_eq!(backend.evict_idle(), 1);
 }
 
-/// The broker's fast path (states reached by sub-key through
-/// `Store::local_states`) creates states in the same table the sweeps
+/// The broker's in-process path (states reached by sub-key through
+/// `LocalStore::states`) creates states in the same table the sweeps
 /// bound: a flood of distinct tenants does not keep their states alive.
 #[test]
 fn a_flood_of_sub_keys_through_the_fast_path_does_not_stay_alive() {
@@ -132,7 +132,7 @@ fn a_flood_of_sub_keys_through_the_fast_path_does_not_stay_alive() {
     assert_eq!(backend.len(), 0, "every idle state is evicted");
 }
 
-/// The same exactness through the broker's fast path, with each permit
+/// The same exactness through the broker's in-process path, with each permit
 /// released through it too (8 slots for 4 threads: a leaked slot would
 /// soon deny every call).
 #[test]
@@ -143,7 +143,7 @@ fn threads_hammering_one_sub_key_through_the_fast_path_never_over_admit() {
     hammer_through_the_broker(limits);
 }
 
-/// [`hammer_one_key`] through the broker's fast path, on one sub-key of a
+/// [`hammer_one_key`] through the broker's in-process path, on one sub-key of a
 /// resource of `limits`: a permit is held exactly when a concurrency
 /// limit is set and the call admitted, and none is left after a step.
 fn hammer_through_the_broker(limits: Limits) {
@@ -189,7 +189,7 @@ fn hammer_one_key(clock: &ManualClock, try_one: impl Fn() -> bool + Sync, after_
 
 /// A state of one rate limit and no concurrency limit is decided under its
 /// shard's read lock, by several threads at once: still exact, through the
-/// keyed calls and through the broker's fast path.
+/// keyed calls and through the broker's in-process path.
 #[test]
 fn threads_hammering_one_bucket_never_over_admit() {
     let limits = Limits::new().rate(RateLimit::per_second(1000).with_burst(500));
@@ -216,7 +216,7 @@ fn hammer_keyed(limits: &Limits) -> MemoryBackend {
 
 /// A state of several limits is decided under its shard's read lock and
 /// its own lock, by several threads at once: still exact, through the
-/// keyed calls and through the broker's fast path.
+/// keyed calls and through the broker's in-process path.
 #[test]
 fn threads_hammering_one_state_of_two_limits_never_over_admit() {
     // The second limit never binds (a burst of 10^6, refilled at 1/s):
@@ -419,13 +419,12 @@ async fn renew_extends_a_held_lease_and_takes_a_gone_one_again_while_a_slot_is_f
     assert_eq!(backend.len(), 1);
 }
 
-/// The unrounded denials `LocalStates` gives round to the waits the
-/// backend's keyed call gives: two stores on one clock see the same calls
-/// (costs, fractional refills, penalties) and answer alike, call by call, both
-/// while no penalty is in force (the wait comes unrounded) and right after a
-/// penalty longer than the refill (the penalty's end, rounded at once).
+/// The denials `LocalStates` gives are the waits the backend's keyed call
+/// gives: two stores on one clock see the same calls (costs, fractional
+/// refills, penalties) and answer alike, call by call, both while no
+/// penalty is in force and right after a penalty longer than the refill.
 #[tokio::test]
-async fn unrounded_local_denials_round_to_the_backends_waits() {
+async fn local_denials_equal_the_backends_waits() {
     use broker_core::{keys, Verdict};
     let clock = ManualClock::new();
     let local_store = MemoryBackend::with_clock(clock.clone());

@@ -134,7 +134,7 @@ async fn the_fast_path_and_the_keyed_calls_share_one_state_per_sub_key() {
         assert!(fast.allowed, "{sub}");
         let state_key = broker_core::keys::keyed("t:x", sub);
         let state = backend.state(&state_key).expect("the keyed state exists");
-        assert_eq!(state.leases.len(), 1, "{sub}: the fast path's lease");
+        assert_eq!(state.leases.len(), 1, "{sub}: the in-process path's lease");
         // The only slot is held: the keyed path sees it.
         let held = broker
             .acquire(("t:x", sub), Cost::default(), Duration::ZERO)
@@ -146,7 +146,7 @@ async fn the_fast_path_and_the_keyed_calls_share_one_state_per_sub_key() {
             backend.state(&state_key).unwrap().leases.is_empty(),
             "{sub}"
         );
-        // A penalty through the keyed path holds the fast path too.
+        // A penalty through the keyed path holds the in-process path too.
         broker
             .penalize(("t:x", sub), Duration::from_secs(5))
             .await

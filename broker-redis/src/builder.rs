@@ -199,9 +199,12 @@ impl RedisBackendBuilder {
             (true, false) => Err(BackendError::new(
                 "redis cluster support needs the `cluster` feature",
             )),
-            (false, lazy) => Conn::single(url, self.timeouts, lazy)
-                .await
-                .map_err(|e| BackendError::new(format!("connecting to redis url {url:?}: {e}"))),
+            (false, lazy) => Conn::single(url, self.timeouts, lazy).await.map_err(|e| {
+                BackendError::new(format!(
+                    "connecting to redis url {:?}: {e}",
+                    startup::redacted(url)
+                ))
+            }),
         }?;
         let maxmemory_policy = match self.lazy {
             true => None,

@@ -61,7 +61,7 @@ fn note(url: &str, policy: RedisResult<HashMap<String, String>>) -> Option<Strin
 }
 
 /// The url without its password, for logs.
-fn redacted(url: &str) -> String {
+pub(crate) fn redacted(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***{}", &url[..scheme], &url[at..])

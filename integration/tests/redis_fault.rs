@@ -192,6 +192,14 @@ async fn connecting_to_a_dead_server_fails_fast_with_a_clear_error() {
         .await
         .expect_err("nothing listens there");
     assert!(err.message.contains("connecting to redis"), "{err}");
+    // A password in the url stays out of the error (it is logged).
+    let url = format!("redis://:sekret@127.0.0.1:{}/", free_port());
+    let err = RedisBackend::builder(&url)
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    assert!(!err.message.contains("sekret"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,9 +23,6 @@ type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> +
 #[must_use = "futures do nothing unless polled"]
 pub struct TryAcquire<'s>(pub(super) Boxed<'s>);
 
-/// The future of [`super::ResourceHandle::try_acquire`].
-pub type TryAcquireOnHandle<'s> = TryAcquire<'s>;
-
 impl TryAcquire<'_> {
     /// The answer of one poll, or `None` if the call is still pending on
     /// its store (the call is then dropped). A store that answers without
@@ -112,11 +109,21 @@ impl ResourceBroker {
         let target = target.into();
         TryAcquire(Box::pin(async move {
             let resource = self.resource(target.resource)?;
-            match self.acquire_now(&resource, target.key, cost) {
-                Ok(answer) => answer,
-                Err(key) => self.try_acquire_later(resource, key, cost).await,
-            }
+            self.try_acquire_on(&resource, target.key, cost).await
         }))
+    }
+
+    /// [`ResourceBroker::try_acquire`] on `resource`, already looked up.
+    pub(super) async fn try_acquire_on(
+        &self,
+        resource: &Arc<Resource>,
+        key: Option<&str>,
+        cost: Cost,
+    ) -> Result<Acquisition, BrokerError> {
+        match self.acquire_now(resource, key, cost) {
+            Ok(answer) => answer,
+            Err(key) => self.try_acquire_later(resource.clone(), key, cost).await,
+        }
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting: `Some(answer)` when
@@ -165,7 +172,7 @@ impl ResourceBroker {
 
     /// `try_acquire` answered without I/O, or `Err` with the state key
     /// (`None`: the resource's own) to ask the store for asynchronously.
-    fn acquire_now(
+    pub(super) fn acquire_now(
         &self,
         resource: &Arc<Resource>,
         key: Option<&str>,

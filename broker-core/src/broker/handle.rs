@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Acquisition, Permit, Resource, ResourceBroker, Target, TryAcquireOnHandle};
+use super::{Acquisition, Permit, Resource, ResourceBroker, Target, TryAcquire};
 use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::state::Verdict;
@@ -74,8 +74,14 @@ impl ResourceHandle {
         &'s self,
         key: impl Into<Option<&'a str>>,
         cost: Cost,
-    ) -> TryAcquireOnHandle<'s> {
-        self.broker.try_acquire(self.target(key.into()), cost)
+    ) -> TryAcquire<'s> {
+        let key = key.into();
+        TryAcquire(Box::pin(async move {
+            match self.is_current() {
+                true => self.broker.try_acquire_on(&self.resource, key, cost).await,
+                false => self.broker.try_acquire(self.target(key), cost).await,
+            }
+        }))
     }
 
     /// The compact answer for a hot path: when the store answers in
@@ -88,8 +94,13 @@ impl ResourceHandle {
         cost: Cost,
         permit: &mut Permit,
     ) -> Option<Verdict> {
-        let resource = self.broker.resource(&self.resource.id).ok()?;
-        self.broker.quick(&resource, key, cost, permit)
+        match self.is_current() {
+            true => self.broker.quick(&self.resource, key, cost, permit),
+            false => {
+                let resource = self.broker.resource(&self.resource.id).ok()?;
+                self.broker.quick(&resource, key, cost, permit)
+            }
+        }
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource.
@@ -98,6 +109,10 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        self.broker.try_acquire_now(self.target(key.into()), cost)
+        let key = key.into();
+        match self.is_current() {
+            true => self.broker.acquire_now(&self.resource, key, cost).ok(),
+            false => self.broker.try_acquire_now(self.target(key), cost),
+        }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-pub use calls::{TryAcquire, TryAcquireOnHandle};
+pub use calls::TryAcquire;
 pub use enqueue::{Attempt, EnqueueError};
 pub use handle::ResourceHandle;
 use permit::HeldKey;
