@@ -21,7 +21,42 @@ type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> +
 /// The future of [`ResourceBroker::try_acquire`]: the call is made when it
 /// is first polled, never before.
 #[must_use = "futures do nothing unless polled"]
-pub struct TryAcquire<'s>(pub(super) Boxed<'s>);
+pub struct TryAcquire<'s>(Call<'s>);
+
+/// Where a [`TryAcquire`] is: an in-process answer needs no allocation.
+enum Call<'s> {
+    Unpolled {
+        broker: &'s ResourceBroker,
+        on: On<'s>,
+        key: Option<&'s str>,
+        cost: Cost,
+    },
+    Later(Boxed<'s>),
+    Done,
+}
+
+/// The resource of a call: by id, or a handle's while it is current.
+#[derive(Clone, Copy)]
+pub(super) enum On<'s> {
+    Id(&'s str),
+    Resource(&'s Arc<Resource>),
+}
+
+impl<'s> TryAcquire<'s> {
+    pub(super) fn new(
+        broker: &'s ResourceBroker,
+        on: On<'s>,
+        key: Option<&'s str>,
+        cost: Cost,
+    ) -> Self {
+        Self(Call::Unpolled {
+            broker,
+            on,
+            key,
+            cost,
+        })
+    }
+}
 
 impl TryAcquire<'_> {
     /// The answer of one poll, or `None` if the call is still pending on
@@ -46,7 +81,7 @@ impl TryAcquire<'_> {
     /// ```
     pub fn now_or_never(mut self) -> Option<Result<Acquisition, BrokerError>> {
         let mut cx = Context::from_waker(Waker::noop());
-        match self.0.as_mut().poll(&mut cx) {
+        match Pin::new(&mut self).poll(&mut cx) {
             Poll::Ready(answer) => Some(answer),
             Poll::Pending => None,
         }
@@ -56,8 +91,43 @@ impl TryAcquire<'_> {
 impl Future for TryAcquire<'_> {
     type Output = Result<Acquisition, BrokerError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.as_mut().poll(cx)
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut self.get_mut().0;
+        if let Call::Unpolled {
+            broker,
+            on,
+            key,
+            cost,
+        } = *this
+        {
+            *this = Call::Done;
+            let found;
+            let resource = match on {
+                On::Resource(resource) => resource,
+                On::Id(id) => match broker.resource(id) {
+                    Ok(resource) => {
+                        found = resource;
+                        &found
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                },
+            };
+            match broker.acquire_now(resource, key, cost) {
+                Ok(answer) => return Poll::Ready(answer),
+                Err(state_key) => {
+                    let later = broker.try_acquire_later(resource.clone(), state_key, cost);
+                    *this = Call::Later(Box::pin(later));
+                }
+            }
+        }
+        let Call::Later(later) = this else {
+            panic!("`try_acquire` polled after it completed");
+        };
+        let polled = later.as_mut().poll(cx);
+        if polled.is_ready() {
+            *this = Call::Done;
+        }
+        polled
     }
 }
 
@@ -107,23 +177,7 @@ impl ResourceBroker {
         cost: Cost,
     ) -> TryAcquire<'s> {
         let target = target.into();
-        TryAcquire(Box::pin(async move {
-            let resource = self.resource(target.resource)?;
-            self.try_acquire_on(&resource, target.key, cost).await
-        }))
-    }
-
-    /// [`ResourceBroker::try_acquire`] on `resource`, already looked up.
-    pub(super) async fn try_acquire_on(
-        &self,
-        resource: &Arc<Resource>,
-        key: Option<&str>,
-        cost: Cost,
-    ) -> Result<Acquisition, BrokerError> {
-        match self.acquire_now(resource, key, cost) {
-            Ok(answer) => answer,
-            Err(key) => self.try_acquire_later(resource.clone(), key, cost).await,
-        }
+        TryAcquire::new(self, On::Id(target.resource), target.key, cost)
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting: `Some(answer)` when

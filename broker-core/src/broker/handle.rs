@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::calls::On;
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target, TryAcquire};
 use crate::error::BrokerError;
 use crate::limits::Cost;
@@ -75,13 +76,11 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> TryAcquire<'s> {
-        let key = key.into();
-        TryAcquire(Box::pin(async move {
-            match self.is_current() {
-                true => self.broker.try_acquire_on(&self.resource, key, cost).await,
-                false => self.broker.try_acquire(self.target(key), cost).await,
-            }
-        }))
+        let on = match self.is_current() {
+            true => On::Resource(&self.resource),
+            false => On::Id(&self.resource.id),
+        };
+        TryAcquire::new(&self.broker, on, key.into(), cost)
     }
 
     /// The compact answer for a hot path: when the store answers in
