@@ -10,8 +10,8 @@ use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::state::Verdict;
 
-/// One registered resource of a [`ResourceBroker`]: its calls answer
-/// exactly as the broker's calls on the same id, and so follow a
+/// One registered resource of a [`ResourceBroker`], looked up once: its
+/// calls answer exactly as the broker's on the same id, and follow a
 /// re-registration of it. Cloning is cheap.
 ///
 /// ```
@@ -45,6 +45,16 @@ impl std::fmt::Debug for ResourceHandle {
 impl ResourceBroker {
     /// A handle on the registered `resource` (see [`ResourceHandle`]).
     /// Unknown resource: [`BrokerError::UnknownResource`].
+    ///
+    /// ```
+    /// use broker_core::{BrokerError, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(10)))?;
+    /// assert_eq!(broker.resource_handle("webhooks")?.resource(), "webhooks");
+    /// assert!(matches!(broker.resource_handle("nope"), Err(BrokerError::UnknownResource(_))));
+    /// # Ok(()) }
+    /// ```
     pub fn resource_handle(&self, resource: &str) -> Result<ResourceHandle, BrokerError> {
         Ok(ResourceHandle {
             broker: self.clone(),
@@ -71,6 +81,19 @@ impl ResourceHandle {
 
     /// [`ResourceBroker::try_acquire`] on this resource: `key` is a sub-key
     /// (`"acme"`, `Some(tenant)`) or `None` for the resource's own state.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # async fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let tenants = broker.resource_handle("tenants")?;
+    /// let a = tenants.try_acquire("acme", Cost::default()).await?;
+    /// if !a.allowed {
+    ///     println!("429, retry after {:?}", a.wait_time);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn try_acquire<'s, 'a: 's>(
         &'s self,
         key: impl Into<Option<&'a str>>,
@@ -87,6 +110,21 @@ impl ResourceHandle {
     /// process and the cost fits, the [`Verdict`], counted, with the slot
     /// of a [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
     /// consumed or counted: `try_acquire_now` then gives the full answer.
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// let tenants = broker.resource_handle("tenants")?;
+    /// let mut permit = Permit::empty();
+    /// match tenants.verdict_now(Some("acme"), Cost::default(), &mut permit) {
+    ///     Some(v) if v.allowed() => println!("admitted"),
+    ///     Some(v) => println!("denied: {v:?}"),
+    ///     None => println!("{:?}", tenants.try_acquire_now("acme", Cost::default())),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn verdict_now(
         &self,
         key: Option<&str>,
@@ -102,7 +140,20 @@ impl ResourceHandle {
         }
     }
 
-    /// [`ResourceBroker::try_acquire_now`] on this resource.
+    /// [`ResourceBroker::try_acquire_now`] on this resource: `None` when the
+    /// store must be asked asynchronously (nothing was consumed).
+    ///
+    /// ```
+    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
+    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
+    /// let broker = ResourceBroker::new(backend);
+    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
+    /// match broker.resource_handle("tenants")?.try_acquire_now("acme", Cost::default()) {
+    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
+    ///     None => println!("ask with try_acquire(..).await"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn try_acquire_now<'a>(
         &self,
         key: impl Into<Option<&'a str>>,

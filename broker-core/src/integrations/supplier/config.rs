@@ -1,5 +1,18 @@
-//! The supplier config (one file per supplier, see
-//! [`SupplierBuckets`](super::SupplierBuckets)).
+//! The supplier config shape (one file per supplier):
+//!
+//! ```yaml
+//! rate_limit:
+//!   auth:
+//!     login: { rate: 1, period: 120s, mode: wait }
+//!   data:
+//!     price:
+//!       rate: 1
+//!       period: 1s
+//!       mode: skip_and_reschedule
+//!       backoff: { initial: 500ms, max: 30s, factor: 2 }
+//!   egress_ip: true
+//! ```
+//!
 //! Every bucket compiles to [`Limits`]; errors name the file and the path.
 
 use std::collections::BTreeMap;
