@@ -252,7 +252,7 @@ impl ResourceBroker {
             // settlement, then the reconcile, and only then is the slot
             // freed, run to its end even if this call is dropped meanwhile.
             let settlement = match &outcome {
-                Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, penalty_end),
+                Outcome::Ok { usage, .. } => used.settlement(*usage, penalty_end),
                 _ => None,
             };
             let observed = outcome.observed().cloned();
