@@ -103,12 +103,11 @@ impl<'r> QueuePlace<'r> {
         }
     }
 
+    /// Moves the call from queued to running, or back.
     fn set_running(&mut self, running: bool) {
-        if self.running != running {
-            drop_one(self.counter());
-            self.running = running;
-            bump(self.counter());
-        }
+        drop_one(self.counter());
+        self.running = running;
+        bump(self.counter());
     }
 }
 
