@@ -14,13 +14,6 @@ use crate::limits::Cost;
 use crate::state::{LeaseId, LimitSpec};
 use crate::store::{Store, Turn, TurnAsk};
 
-pub(crate) enum SlotOutcome {
-    Unlimited,
-    /// The lease, and whether the slot was waited for.
-    Held(LeaseId, bool),
-    TimedOut,
-}
-
 /// What [`admit_until`] gave one attempt of `enqueue` or `acquire`.
 pub(crate) enum Admitted {
     /// The booked cost, due now, and the slot (if limited).
@@ -109,18 +102,14 @@ pub(crate) async fn admit_until(
         let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
-                let (permit, waited) = match wait_slot(broker, resource, key, bounds.until())
-                    .await?
-                {
-                    SlotOutcome::Unlimited => (Permit::empty(), false),
-                    SlotOutcome::Held(lease, waited) => {
-                        let held_key = crate::broker::HeldKey::State(keyed.then(|| key.to_owned()));
-                        let permit =
-                            Permit::held(backend, resource.clone(), held_key, lease, counted);
-                        (permit, waited)
-                    }
-                    SlotOutcome::TimedOut => return Ok(Admitted::NoSlot(bounds.deadline_bound())),
+                let slot = wait_slot(broker, resource, key, bounds.until()).await?;
+                let Some((lease, waited)) = slot else {
+                    return Ok(Admitted::NoSlot(bounds.deadline_bound()));
                 };
+                let permit = lease.map_or_else(Permit::empty, |lease| {
+                    let held_key = crate::broker::HeldKey::State(keyed.then(|| key.to_owned()));
+                    Permit::held(backend, resource.clone(), held_key, lease, counted)
+                });
                 // After a wait the store may have a penalty since.
                 let held = match resource.penalties.until(key) {
                     None if waited || booking.wait > 0 => {
@@ -251,16 +240,18 @@ async fn shared_turn(
 /// How often a waiter re-checks a slot held by another process.
 const SLOT_POLL: Duration = Duration::from_millis(25);
 
-/// Waits for a concurrency slot until `deadline`.
-pub(crate) async fn wait_slot(
+/// Waits for a concurrency slot until `deadline`: its lease (`None`
+/// without a concurrency limit) and whether it was waited for; `None` when
+/// none came free in time.
+async fn wait_slot(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
     deadline: tokio::time::Instant,
-) -> Result<SlotOutcome, BrokerError> {
+) -> Result<Option<(Option<LeaseId>, bool)>, BrokerError> {
     let spec = &resource.latest().spec;
     if spec.max_concurrent.is_none() {
-        return Ok(SlotOutcome::Unlimited);
+        return Ok(Some((None, false)));
     }
     let backend = &broker.inner.backend;
     let mut waited = false;
@@ -273,12 +264,12 @@ pub(crate) async fn wait_slot(
             None => take_slot_later(backend, resource, key, spec).await?,
         };
         if let Some(lease) = held {
-            return Ok(SlotOutcome::Held(lease, waited));
+            return Ok(Some((Some(lease), waited)));
         }
         waited = true;
         let now = tokio::time::Instant::now();
         if now >= deadline {
-            return Ok(SlotOutcome::TimedOut);
+            return Ok(None);
         }
         let until = deadline.min(now + SLOT_POLL);
         let _ = tokio::time::timeout_at(until, freed).await;

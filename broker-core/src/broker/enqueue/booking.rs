@@ -93,96 +93,54 @@ impl LiveBooking {
     }
 
     /// The booking is used: no refund on drop.
-    pub(crate) fn consume(mut self) -> UsedBooking {
+    pub(crate) fn consume(mut self) -> Self {
         self.armed = false;
-        UsedBooking {
-            since: self.since,
-            since_here: self.since_here,
-            booked_under: self.booked_under,
-        }
+        self
     }
 
-    /// The limits to refund under; `None` when a registration since had
-    /// other buckets (the state holds none of the cost).
-    fn refund_under(&self) -> Option<(Arc<LimitSpec>, Option<Marks>)> {
-        match under(&self.resource.latest(), self.booked_under, self.since) {
-            Under::Same(spec, since) => Some((spec, since)),
-            Under::Afresh(_) => None,
-        }
-    }
-}
-
-/// A used booking, for the settlement of its cost.
-pub(crate) struct UsedBooking {
-    since: Marks,
-    since_here: tokio::time::Instant,
-    booked_under: Epochs,
-}
-
-impl UsedBooking {
     /// Whether a shared store's failure policy answered the booking.
     pub(crate) fn answered_here(&self) -> bool {
         self.since == Marks::ANSWERED_HERE
     }
 
-    /// How the work's `usage` (`None`: the booked `cost`) settles on the
+    /// How the work's `usage` (`None`: the booked cost) settles on the
     /// latest limits: a correction of the booking, or a charge of the whole
     /// usage when a registration since had other buckets; `None`: nothing
     /// to settle. After a penalty put on since the booking (`penalty_end`)
     /// the unused part stays spent; usage above the cost is charged anyway.
     pub(super) fn settlement(
         &self,
-        resource: &Resource,
-        cost: Cost,
         usage: Option<Cost>,
         penalty_end: Option<tokio::time::Instant>,
     ) -> Option<(Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
-        match under(&resource.latest(), self.booked_under, self.since) {
-            Under::Same(spec, since) => {
-                let mut actual = usage?;
-                if penalty_end.is_some_and(|until| until > self.since_here) {
-                    actual.requests = actual.requests.max(cost.requests);
-                    actual.tokens = actual.tokens.max(cost.tokens);
-                }
-                (actual != cost).then_some((spec, cost, actual, since))
-            }
-            Under::Afresh(spec) => Some((spec, NO_COST, usage.unwrap_or(cost), None)),
+        let (latest, cost) = (self.resource.latest(), self.cost);
+        let spec = latest.spec.clone();
+        let Some(since) = marks_under(&latest, self.booked_under, self.since) else {
+            return Some((spec, NO_COST, usage.unwrap_or(cost), None));
+        };
+        let mut actual = usage?;
+        if penalty_end.is_some_and(|until| until > self.since_here) {
+            actual.requests = actual.requests.max(cost.requests);
+            actual.tokens = actual.tokens.max(cost.tokens);
         }
+        (actual != cost).then_some((spec, cost, actual, since))
     }
 }
 
-/// A booking's state now, against the limits it was booked under.
-enum Under {
-    /// The same buckets since: the latest limits, with the booking's marks
-    /// if the limits did not change either (or a failure policy answered).
-    Same(Arc<LimitSpec>, Option<Marks>),
-    /// A registration since had other buckets: the state may have been
-    /// started afresh.
-    Afresh(Arc<LimitSpec>),
-}
-
-/// [`Under`] for a booking of epochs `booked_under` and marks `since`.
-fn under(latest: &Latest, booked_under: Epochs, since: Marks) -> Under {
-    let spec = latest.spec.clone();
-    if latest.epochs.buckets != booked_under.buckets {
-        return Under::Afresh(spec);
-    }
-    let same_limits = latest.epochs.limits == booked_under.limits;
-    let keep = same_limits || since == Marks::ANSWERED_HERE;
-    Under::Same(spec, keep.then_some(since))
+/// The marks to settle a booking of epochs `booked_under` and marks `since`
+/// with on the latest limits (kept if the limits did not change or a
+/// failure policy answered); `None` when a registration since had other
+/// buckets, so the state may have been started afresh.
+fn marks_under(latest: &Latest, booked_under: Epochs, since: Marks) -> Option<Option<Marks>> {
+    let keep = latest.epochs.limits == booked_under.limits || since == Marks::ANSWERED_HERE;
+    (latest.epochs.buckets == booked_under.buckets).then_some(keep.then_some(since))
 }
 
 /// The limits to give back a cost taken under `taken_under`: the latest,
 /// or `None` when a registration since had other buckets.
 pub(crate) fn refund_spec(taken_under: &Resource) -> Option<Arc<LimitSpec>> {
-    match under(
-        &taken_under.latest(),
-        taken_under.epochs,
-        Marks::ANSWERED_HERE,
-    ) {
-        Under::Same(spec, _) => Some(spec),
-        Under::Afresh(_) => None,
-    }
+    let latest = taken_under.latest();
+    marks_under(&latest, taken_under.epochs, Marks::ANSWERED_HERE).map(|_| latest.spec.clone())
 }
 
 /// Whether `a` and `b` have buckets of the same units in the same order.
@@ -203,9 +161,11 @@ impl Drop for LiveBooking {
         {
             return;
         }
-        let Some((spec, since)) = self.refund_under() else {
+        let latest = self.resource.latest();
+        let Some(since) = marks_under(&latest, self.booked_under, self.since) else {
             return;
         };
+        let spec = latest.spec.clone();
         let change = (self.cost, NO_COST, since);
         let _ = settle_or_spawn(
             &self.backend,

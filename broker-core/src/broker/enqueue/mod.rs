@@ -103,12 +103,11 @@ impl<'r> QueuePlace<'r> {
         }
     }
 
+    /// Moves the call from queued to running, or back.
     fn set_running(&mut self, running: bool) {
-        if self.running != running {
-            drop_one(self.counter());
-            self.running = running;
-            bump(self.counter());
-        }
+        drop_one(self.counter());
+        self.running = running;
+        bump(self.counter());
     }
 }
 
@@ -252,7 +251,7 @@ impl ResourceBroker {
             // settlement, then the reconcile, and only then is the slot
             // freed, run to its end even if this call is dropped meanwhile.
             let settlement = match &outcome {
-                Outcome::Ok { usage, .. } => used.settlement(&resource, cost, *usage, penalty_end),
+                Outcome::Ok { usage, .. } => used.settlement(*usage, penalty_end),
                 _ => None,
             };
             let observed = outcome.observed().cloned();

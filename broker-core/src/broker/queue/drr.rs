@@ -7,9 +7,8 @@ use std::sync::Arc;
 /// A waiter in its flow's queue.
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
-    pub(super) id: u64,
     /// When the call first joined: its place in its flow.
-    pub(super) seq: u64,
+    pub(super) id: u64,
     /// Its cost (see `queue::units`).
     pub(super) units: u64,
     pub(super) weight: u32,
@@ -17,7 +16,7 @@ pub(super) struct Entry {
 }
 
 /// One flow's waiters and its deficit.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Flow {
     queue: VecDeque<Entry>,
     deficit: u64,
@@ -35,52 +34,41 @@ pub(super) struct Flows {
     active: VecDeque<Arc<str>>,
     /// The quantum of weight 1: the largest cost seen.
     quantum: u64,
-    len: usize,
 }
 
 impl Flows {
     /// Waiters queued at this level.
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.flows.values().map(|f| f.queue.len()).sum()
     }
 
-    /// The `seq` of the longest-waiting waiter, if any.
+    /// The `id` of the longest-waiting waiter, if any.
     pub(super) fn oldest(&self) -> Option<u64> {
         self.flows
             .values()
-            .filter_map(|f| f.queue.front().map(|e| e.seq))
+            .filter_map(|f| f.queue.front())
+            .map(|e| e.id)
             .min()
     }
 
-    /// Queues `entry` in `flow`, in its place by `seq`; `credit` gives
-    /// back the deficit its turn took.
+    /// Queues `entry` in `flow`, in its place by `id`; `credit` gives back
+    /// the deficit its turn took.
     pub(super) fn push(&mut self, flow: &Arc<str>, entry: Entry, credit: bool) {
-        let weight = entry.weight;
         self.quantum = self.quantum.max(entry.units);
-        let units = entry.units;
-        let f = match self.flows.get_mut(flow) {
-            Some(f) => f,
-            None => {
-                if credit {
-                    self.active.push_front(flow.clone());
-                } else {
-                    self.active.push_back(flow.clone());
-                }
-                self.flows.entry(flow.clone()).or_insert(Flow {
-                    queue: VecDeque::new(),
-                    deficit: 0,
-                    weight,
-                    in_turn: false,
-                })
+        if !self.flows.contains_key(flow) {
+            if credit {
+                self.active.push_front(flow.clone());
+            } else {
+                self.active.push_back(flow.clone());
             }
-        };
-        f.weight = weight.max(1);
-        let at = f.queue.partition_point(|e| e.seq < entry.seq);
-        f.queue.insert(at, entry);
-        if credit {
-            f.deficit += units;
         }
-        self.len += 1;
+        let f = self.flows.entry(flow.clone()).or_default();
+        f.weight = entry.weight.max(1);
+        if credit {
+            f.deficit += entry.units;
+        }
+        let at = f.queue.partition_point(|e| e.id < entry.id);
+        f.queue.insert(at, entry);
     }
 
     /// Takes the next waiter by deficit round robin.
@@ -93,16 +81,10 @@ impl Flows {
                 f.deficit = f.deficit.saturating_add(quantum * u64::from(f.weight));
                 f.in_turn = true;
             }
-            let units = f.queue.front().map_or(0, |e| e.units);
+            let units = f.queue.front()?.units;
             if f.deficit >= units {
                 f.deficit -= units;
-                let entry = f.queue.pop_front()?;
-                self.len -= 1;
-                if f.queue.is_empty() {
-                    self.flows.remove(&name);
-                    self.active.pop_front();
-                }
-                return Some((name, entry));
+                return self.take(&name, 0);
             }
             f.in_turn = false;
             self.active.rotate_left(1);
@@ -111,38 +93,31 @@ impl Flows {
 
     /// Takes the longest-waiting waiter out of turn, charging its flow.
     pub(super) fn pop_oldest(&mut self) -> Option<(Arc<str>, Entry)> {
-        let name = self
-            .flows
-            .iter()
-            .filter_map(|(n, f)| f.queue.front().map(|e| (e.seq, n)))
-            .min()
-            .map(|(_, n)| n.clone())?;
-        let f = self.flows.get_mut(&name)?;
-        let entry = f.queue.pop_front()?;
-        f.deficit = f.deficit.saturating_sub(entry.units);
-        self.len -= 1;
-        if f.queue.is_empty() {
-            self.flows.remove(&name);
-            self.active.retain(|n| *n != name);
+        let (_, name) = (self.flows.iter())
+            .filter_map(|(n, f)| f.queue.front().map(|e| (e.id, n.clone())))
+            .min()?;
+        let taken = self.take(&name, 0)?;
+        if let Some(f) = self.flows.get_mut(&name) {
+            f.deficit = f.deficit.saturating_sub(taken.1.units);
         }
-        Some((name, entry))
+        Some(taken)
     }
 
     /// Removes waiter `id` of `flow`; whether it was there.
     pub(super) fn remove(&mut self, flow: &Arc<str>, id: u64) -> bool {
-        let Some(f) = self.flows.get_mut(flow) else {
-            return false;
-        };
-        let Some(at) = f.queue.iter().position(|e| e.id == id) else {
-            return false;
-        };
-        f.queue.remove(at);
-        self.len -= 1;
+        let at = (self.flows.get(flow)).and_then(|f| f.queue.iter().position(|e| e.id == id));
+        at.and_then(|at| self.take(flow, at)).is_some()
+    }
+
+    /// Takes the waiter at `at` of `flow`, dropping the flow once empty.
+    fn take(&mut self, flow: &Arc<str>, at: usize) -> Option<(Arc<str>, Entry)> {
+        let f = self.flows.get_mut(flow)?;
+        let entry = f.queue.remove(at)?;
         if f.queue.is_empty() {
             self.flows.remove(flow);
             self.active.retain(|n| n != flow);
         }
-        true
+        Some((flow.clone(), entry))
     }
 
     /// Whether `flow` has waiters queued at this level.
@@ -150,22 +125,9 @@ impl Flows {
         self.flows.contains_key(flow)
     }
 
-    /// Each flow with its waiters' count and cost units.
-    pub(super) fn per_flow(&self) -> impl Iterator<Item = (&Arc<str>, u64, u64)> {
-        self.flows.iter().map(|(n, f)| {
-            let units = f.queue.iter().map(|e| e.units).sum();
-            (n, f.queue.len() as u64, units)
-        })
-    }
-
-    /// The cost units of the waiters queued before `seq` (all flows).
-    pub(super) fn units_before(&self, seq: u64) -> u64 {
-        self.flows
-            .values()
-            .flat_map(|f| f.queue.iter())
-            .filter(|e| e.seq < seq)
-            .map(|e| e.units)
-            .sum()
+    /// Each flow with its waiters.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (&Arc<str>, &Entry)> {
+        (self.flows.iter()).flat_map(|(n, f)| f.queue.iter().map(move |e| (n, e)))
     }
 }
 
@@ -176,7 +138,6 @@ mod tests {
     fn entry(id: u64, units: u64) -> Entry {
         Entry {
             id,
-            seq: id,
             units,
             weight: 1,
             wake: Arc::default(),

@@ -10,7 +10,7 @@ pub(crate) mod stats;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -89,7 +89,7 @@ impl Line {
             return;
         };
         let lower = (0..top)
-            .filter_map(|p| self.levels[p].oldest().map(|seq| (seq, p)))
+            .filter_map(|p| self.levels[p].oldest().map(|id| (id, p)))
             .min()
             .map(|(_, p)| p);
         let (level, by_share) = match lower {
@@ -130,8 +130,8 @@ impl Line {
 pub(crate) struct Ticket {
     lines: Arc<Lines>,
     key: String,
+    /// Its place in its line, kept when it joins again.
     id: u64,
-    seq: u64,
     priority: Priority,
     flow: Arc<str>,
     weight: u32,
@@ -154,7 +154,6 @@ impl Ticket {
             lines: lines.clone(),
             key: key.to_owned(),
             id,
-            seq: id,
             priority,
             flow,
             weight,
@@ -176,7 +175,7 @@ impl Ticket {
     /// Whether other calls of this call's flow and priority wait in its
     /// line.
     pub(crate) fn flow_queued(&self) -> bool {
-        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.lines.lock();
         (lines.get(&self.key)).is_some_and(|l| l.levels[self.priority.index()].has(&self.flow))
     }
 
@@ -186,11 +185,10 @@ impl Ticket {
             return;
         }
         self.joined = true;
-        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines = self.lines.lock();
         let line = lines.entry(self.key.clone()).or_default();
         let entry = Entry {
             id: self.id,
-            seq: self.seq,
             units: self.units,
             weight: self.weight,
             wake: self.wake.clone(),
@@ -212,7 +210,7 @@ impl Ticket {
 
     /// Whether this call is the head of its line.
     pub(crate) fn is_head(&self) -> bool {
-        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.lines.lock();
         lines
             .get(&self.key)
             .and_then(|l| l.head.as_ref())
@@ -241,7 +239,7 @@ impl Ticket {
             return;
         }
         self.joined = false;
-        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines = self.lines.lock();
         let Some(line) = lines.get_mut(&self.key) else {
             return;
         };
@@ -258,7 +256,7 @@ impl Ticket {
 
     /// The head was told by the store that its cost fits at `due`.
     pub(crate) fn set_due(&self, due: tokio::time::Instant) {
-        let mut lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines = self.lines.lock();
         if let Some(line) = lines.get_mut(&self.key) {
             if line.head.as_ref().is_some_and(|h| h.entry.id == self.id) {
                 line.head_due = Some(due);
@@ -269,19 +267,14 @@ impl Ticket {
     /// An estimate of this call's wait: the head's time still ahead, then
     /// the refill time of every call ahead of it and its own.
     pub(crate) fn ahead(&self) -> Duration {
-        let lines = self.lines.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.lines.lock();
         let Some(line) = lines.get(&self.key) else {
             return Duration::ZERO;
         };
         let queued: u64 = (self.priority.index()..3)
-            .map(|p| {
-                let seq = if p == self.priority.index() {
-                    self.seq
-                } else {
-                    u64::MAX
-                };
-                line.levels[p].units_before(seq)
-            })
+            .flat_map(|p| line.levels[p].entries().map(move |(_, e)| (p, e)))
+            .filter(|(p, e)| *p > self.priority.index() || e.id < self.id)
+            .map(|(_, e)| e.units)
             .sum();
         let head = line.head_due.map_or(Duration::ZERO, |due| {
             due.saturating_duration_since(tokio::time::Instant::now())
@@ -297,9 +290,13 @@ impl Drop for Ticket {
 }
 
 impl Lines {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Line>> {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Time was given back on state `key`: wakes its head to ask again.
     pub(crate) fn gave_back(&self, key: &str) {
-        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.lock();
         if let Some(head) = lines.get(key).and_then(|l| l.head.as_ref()) {
             head.entry.wake.notify_one();
         }
@@ -307,24 +304,20 @@ impl Lines {
 
     /// The queue's stats: depth per priority, the busiest flows, waits.
     pub(crate) fn stats(&self) -> QueueStats {
-        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = self.lock();
         let mut depth = [0u64; 3];
         let mut flows: HashMap<&Arc<str>, (u64, u64)> = HashMap::new();
-        for line in lines.values() {
-            for (p, level) in line.levels.iter().enumerate() {
-                depth[p] += level.len() as u64;
-                for (name, n, units) in level.per_flow() {
-                    let f = flows.entry(name).or_default();
-                    f.0 += n;
-                    f.1 += units;
-                }
-            }
-            if let Some(h) = &line.head {
-                depth[h.priority.index()] += 1;
-                let f = flows.entry(&h.flow).or_default();
-                f.0 += 1;
-                f.1 += h.entry.units;
-            }
+        let waiting = lines.values().flat_map(|line| {
+            let head = (line.head.iter()).map(|h| (h.priority.index(), &h.flow, &h.entry));
+            (0..3)
+                .flat_map(|p| line.levels[p].entries().map(move |(f, e)| (p, f, e)))
+                .chain(head)
+        });
+        for (p, flow, entry) in waiting {
+            depth[p] += 1;
+            let f = flows.entry(flow).or_default();
+            f.0 += 1;
+            f.1 += entry.units;
         }
         let flows = flows
             .into_iter()

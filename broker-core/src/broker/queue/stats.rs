@@ -58,10 +58,6 @@ impl Waits {
     pub(crate) fn record(&self, priority: Priority, wait: Duration) {
         self.0[priority.index()].record(wait);
     }
-
-    fn level(&self, priority: Priority) -> (u64, [u64; 3]) {
-        self.0[priority.index()].quantiles([500, 900, 990])
-    }
 }
 
 /// The queue of one resource in [`crate::ResourceStats`].
@@ -106,16 +102,13 @@ pub struct FlowStats {
     pub queued_cost_ms: u64,
 }
 
-/// How many flows the stats show.
-pub(crate) const TOP_FLOWS: usize = 10;
-
 /// The stats of a queue with `depth` waiting per priority and `flows`.
 pub(crate) fn snapshot(waits: &Waits, depth: [u64; 3], mut flows: Vec<FlowStats>) -> QueueStats {
     let levels = Priority::ALL
         .iter()
         .rev()
         .map(|&p| {
-            let (count, [p50, p90, p99]) = waits.level(p);
+            let (count, [p50, p90, p99]) = waits.0[p.index()].quantiles([500, 900, 990]);
             LevelStats {
                 priority: p.as_str().to_owned(),
                 depth: depth[p.index()],
@@ -127,7 +120,7 @@ pub(crate) fn snapshot(waits: &Waits, depth: [u64; 3], mut flows: Vec<FlowStats>
         })
         .collect();
     flows.sort_by_key(|f| std::cmp::Reverse((f.queued, f.queued_cost_ms)));
-    flows.truncate(TOP_FLOWS);
+    flows.truncate(10);
     QueueStats {
         levels,
         busiest_flows: flows,
