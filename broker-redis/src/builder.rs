@@ -70,6 +70,17 @@ impl RedisBackendBuilder {
     /// (the [failure policy](RedisBackendBuilder::connect_with_policy)
     /// answers meanwhile). Skips the `maxmemory-policy` check; one server
     /// only. Default off: `connect` fails when Redis cannot be reached.
+    ///
+    /// ```no_run
+    /// use broker_core::FailurePolicy;
+    /// use broker_redis::RedisBackend;
+    /// # async fn demo(memory: impl broker_core::Store) -> Result<(), broker_core::BackendError> {
+    /// let store = RedisBackend::builder("redis://redis.internal:6379/")
+    ///     .lazy_connect(true)
+    ///     .connect_with_policy(FailurePolicy::local_fallback(0.25, memory))
+    ///     .await?; // Ok even if Redis is not up yet.
+    /// # Ok(()) }
+    /// ```
     pub fn lazy_connect(mut self, lazy: bool) -> Self {
         self.lazy = lazy;
         self
@@ -97,6 +108,15 @@ impl RedisBackendBuilder {
     /// is unreachable. A decision Redis grants after its call timed out
     /// keeps its cost under [`FailurePolicy::FailOpen`] (the call went out)
     /// and gives it back under the others.
+    ///
+    /// ```no_run
+    /// use broker_core::FailurePolicy;
+    /// # async fn demo() -> Result<(), broker_core::BackendError> {
+    /// let store = broker_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
+    ///     .connect_with_policy(FailurePolicy::FailOpen)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect_with_policy(
         mut self,
         policy: FailurePolicy,
