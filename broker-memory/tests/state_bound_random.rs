@@ -3,6 +3,7 @@
 //! states) on a store bounded at 64 states: each key is allowed no more
 //! than its burst plus what refills in the time run.
 
+use broker_testkit::Lcg;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -10,17 +11,6 @@ use broker_core::{
     Cost, LimitSpec, Limits, ManualClock, Observed, ObservedLimit, RateLimit, Store,
 };
 use broker_memory::MemoryBackend;
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
 
 #[tokio::test]
 async fn random_calls_never_pass_a_keys_limit() {

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod down_backend;
+mod lcg;
 mod log_capture;
 mod redis_server;
 mod strict_server;
@@ -23,6 +24,7 @@ pub mod upstream;
 mod wrapped;
 
 pub use down_backend::DownBackend;
+pub use lcg::Lcg;
 pub use log_capture::{capture_logs, capture_scoped, Captured};
 pub use redis_server::{command_calls, free_port, raw_command, RedisCluster, RedisServer};
 pub use strict_server::{StrictServer, Tally};

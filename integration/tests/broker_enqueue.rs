@@ -1,5 +1,6 @@
 //! Queue + execute on the in-memory backend, in tokio's paused time.
 
+use broker_testkit::Lcg;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -113,18 +114,6 @@ async fn full_queue_answers_queue_full_at_once() {
     assert_eq!(t.elapsed(), Duration::ZERO);
     for w in waiting {
         w.await.unwrap().unwrap();
-    }
-}
-
-/// A tiny deterministic generator for the random drop points.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % bound
     }
 }
 

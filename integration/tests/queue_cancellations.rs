@@ -5,6 +5,7 @@
 //! callers wait, and nothing stays booked, queued or held. Memory store,
 //! tokio's paused time.
 
+use broker_testkit::Lcg;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,18 +13,6 @@ use broker_core::{Cost, Limits, Outcome, RateLimit, ResourceBroker, ResourceConf
 use broker_memory::MemoryBackend;
 use broker_testkit::{StrictServer, Tally};
 use tokio::time::Instant;
-
-/// A tiny deterministic generator for arrival and give-up times.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % bound
-    }
-}
 
 const CALLERS: u64 = 800;
 /// The quota: 10 a second, one at once.

@@ -4,6 +4,7 @@
 //! calls leaves a lower level its minimum share. Memory store, tokio's
 //! paused time.
 
+use broker_testkit::Lcg;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,17 +14,6 @@ use broker_core::{
 use broker_memory::MemoryBackend;
 use broker_testkit::StrictServer;
 use tokio::time::Instant;
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % bound
-    }
-}
 
 /// 10 a second, one at once: a token interval of 100 ms.
 const RATE: u64 = 10;

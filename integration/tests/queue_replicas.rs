@@ -22,6 +22,7 @@
 
 mod workers;
 
+use broker_testkit::Lcg;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -40,18 +41,6 @@ const INTERVAL: Duration = Duration::from_millis(1000 / RATE);
 /// The tests of this file run one at a time: their timings are real, and
 /// four pairs of workers on two cores would stall each other's sends.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// A tiny deterministic generator for arrival and give-up times.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % bound
-    }
-}
 
 /// The numbers of the lines `<tag> <n>` of `lines`.
 fn numbers(lines: &[String], tag: &str) -> Vec<u64> {
