@@ -207,9 +207,9 @@ impl ResourceBroker {
         }
     }
 
-    /// The verdict of a store that answers without I/O on a cost that fits,
-    /// counted, with the slot of a [`Verdict::Leased`] put in `permit`;
-    /// else `None`, with nothing consumed.
+    /// The verdict of a store that answers without I/O, counted, with the
+    /// slot of a [`Verdict::Leased`] put in `permit`; else `None`, with
+    /// nothing consumed. The caller has checked that the cost fits.
     pub(super) fn quick(
         &self,
         resource: &Arc<Resource>,
@@ -218,7 +218,6 @@ impl ResourceBroker {
         permit: &mut Permit,
     ) -> Option<Verdict> {
         let local = resource.local.as_ref()?;
-        resource.check_fits(cost).ok()?;
         let v = local.try_acquire(key, cost);
         let counters = &resource.counters;
         Some(self.judge(resource, counters, || HeldKey::sub(key), v, permit))

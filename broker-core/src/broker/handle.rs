@@ -131,13 +131,16 @@ impl ResourceHandle {
         cost: Cost,
         permit: &mut Permit,
     ) -> Option<Verdict> {
-        match self.is_current() {
-            true => self.broker.quick(&self.resource, key, cost, permit),
+        let found;
+        let resource = match self.is_current() {
+            true => &self.resource,
             false => {
-                let resource = self.broker.resource(&self.resource.id).ok()?;
-                self.broker.quick(&resource, key, cost, permit)
+                found = self.broker.resource(&self.resource.id).ok()?;
+                &found
             }
-        }
+        };
+        resource.check_fits(cost).ok()?;
+        self.broker.quick(resource, key, cost, permit)
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `None` when the
