@@ -5,18 +5,10 @@ use std::time::Duration;
 /// A configuration that cannot be used. The message names the field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConfigError {
-    /// A numeric field that must be positive was zero or negative.
-    #[error("{field}: must be greater than zero (got {value})")]
-    NotPositive {
-        /// Path of the field, e.g. `rates[0].amount`.
-        field: String,
-        /// The value as written.
-        value: String,
-    },
     /// A value outside its allowed range or of the wrong shape.
     #[error("{field}: {reason}")]
     Invalid {
-        /// Path of the field.
+        /// Path of the field, e.g. `rates[0].amount`.
         field: String,
         /// What is wrong.
         reason: String,
@@ -44,12 +36,9 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// Shorthand for [`ConfigError::NotPositive`].
-    pub fn not_positive(field: impl Into<String>, value: impl Into<String>) -> Self {
-        Self::NotPositive {
-            field: field.into(),
-            value: value.into(),
-        }
+    /// A numeric field that must be positive was zero (`value` as written).
+    pub fn not_positive(field: impl Into<String>, value: impl std::fmt::Display) -> Self {
+        Self::invalid(field, format!("must be greater than zero (got {value})"))
     }
 
     /// Shorthand for [`ConfigError::Invalid`].

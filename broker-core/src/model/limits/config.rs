@@ -98,9 +98,6 @@ impl TryFrom<LimitsConfig> for Limits {
             let Some(amount) = amount else { continue };
             let rate = RateLimit::per(amount, Duration::from_secs(secs)).unit(unit);
             rate.validate(field).map_err(|e| match e {
-                ConfigError::NotPositive { .. } => {
-                    ConfigError::not_positive(field, amount.to_string())
-                }
                 ConfigError::Invalid { reason, .. } => ConfigError::invalid(field, reason),
                 other => other,
             })?;
@@ -110,12 +107,10 @@ impl TryFrom<LimitsConfig> for Limits {
             return Err(ConfigError::not_positive("maxConcurrentRequests", "0"));
         }
         rates.extend(c.rates);
-        let limits = Limits {
+        Ok(Limits {
             rates,
             max_concurrent: c.max_concurrent_requests,
-        };
-        limits.validate()?;
-        Ok(limits)
+        })
     }
 }
 
