@@ -108,16 +108,20 @@ struct RawBucket {
     rate: u64,
     #[serde(with = "humantime_serde")]
     period: Duration,
-    #[serde(default)]
     burst: Option<u64>,
-    #[serde(default)]
     mode: Option<Mode>,
-    #[serde(default)]
     backoff: Option<Backoff>,
 }
 
 impl RawBucket {
-    fn limits(&self) -> Result<Limits, String> {
+    /// The limits, the mode (`default` when unset) and the backoff.
+    fn compile(self, default: Mode) -> Result<(Limits, Mode, Backoff), String> {
+        let mode = self.mode.unwrap_or(default);
+        if mode == Mode::Wait && self.backoff.is_some() {
+            return Err("backoff applies only to skip_and_reschedule buckets".into());
+        }
+        let backoff = self.backoff.unwrap_or_default();
+        backoff.validate()?;
         let mut rate = RateLimit::per(self.rate, self.period);
         rate.burst = self.burst;
         let limits = Limits::new().rate(rate);
@@ -126,7 +130,7 @@ impl RawBucket {
                 .replace("rates[0].amount", "rate")
                 .replace("rates[0].", "")
         })?;
-        Ok(limits)
+        Ok((limits, mode, backoff))
     }
 }
 
@@ -148,12 +152,8 @@ impl TryFrom<RawBucket> for AuthBucket {
                     .into(),
             );
         }
-        if raw.backoff.is_some() {
-            return Err("backoff applies only to skip_and_reschedule buckets".into());
-        }
-        Ok(Self {
-            limits: raw.limits()?,
-        })
+        let (limits, ..) = raw.compile(Mode::Wait)?;
+        Ok(Self { limits })
     }
 }
 
@@ -173,16 +173,9 @@ impl TryFrom<RawBucket> for DataBucket {
     type Error = String;
 
     fn try_from(raw: RawBucket) -> Result<Self, String> {
-        let mode = raw.mode.unwrap_or(Mode::SkipAndReschedule);
-        let backoff = match (mode, raw.backoff) {
-            (Mode::Wait, Some(_)) => {
-                return Err("backoff applies only to skip_and_reschedule buckets".into())
-            }
-            (_, b) => b.unwrap_or_default(),
-        };
-        backoff.validate()?;
+        let (limits, mode, backoff) = raw.compile(Mode::SkipAndReschedule)?;
         Ok(Self {
-            limits: raw.limits()?,
+            limits,
             mode,
             backoff,
         })
@@ -191,16 +184,13 @@ impl TryFrom<RawBucket> for DataBucket {
 
 /// The bucket classes of one supplier.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RateLimitClasses {
     /// Auth buckets by endpoint class (`login`, ...), one per credential.
-    #[serde(default)]
     pub auth: BTreeMap<String, AuthBucket>,
     /// Data buckets by endpoint class (`price`, ...), one per credential.
-    #[serde(default)]
     pub data: BTreeMap<String, DataBucket>,
     /// Count requests per egress IP (an informational bucket: never limits).
-    #[serde(default)]
     pub egress_ip: bool,
 }
 

@@ -204,15 +204,14 @@ impl SupplierBuckets {
         }
         let auth = (config.rate_limit.auth.iter()).map(|(e, b)| (BucketClass::Auth, e, &b.limits));
         let data = (config.rate_limit.data.iter()).map(|(e, b)| (BucketClass::Data, e, &b.limits));
-        let buckets: Vec<_> = auth.chain(data).collect();
-        let ids: Vec<String> = (buckets.iter())
-            .map(|(class, endpoint, _)| resource_id(supplier, *class, endpoint))
+        let buckets: Vec<_> = (auth.chain(data))
+            .map(|(class, e, limits)| (resource_id(supplier, class, e), limits, class, e))
             .collect();
-        let entries: Vec<(&str, &Limits)> = (ids.iter().zip(&buckets))
-            .map(|(id, (_, _, limits))| (&**id, *limits))
+        let entries: Vec<(&str, &Limits)> = (buckets.iter())
+            .map(|(id, limits, ..)| (id.as_str(), *limits))
             .collect();
         (broker.register_limits(&entries, OnOtherLimits::Replace)).map_err(|e| {
-            let (class, endpoint, _) = buckets[e.index];
+            let (_, _, class, endpoint) = buckets[e.index];
             let field = format!("rate_limit.{}.{endpoint}", class.as_str());
             ConfigError::invalid(field, e.error.to_string())
         })?;
