@@ -32,14 +32,12 @@ pub fn validate(margin: f64) -> Result<(), ConfigError> {
 /// assert_eq!(paced.rates[0].burst(), 60);
 /// ```
 pub fn paced(limits: &Limits, margin: f64) -> Limits {
-    if margin <= 0.0 || validate(margin).is_err() {
-        return limits.clone();
-    }
     let mut out = limits.clone();
-    for r in &mut out.rates {
-        let stretched = r.period.as_secs_f64() / (1.0 - margin);
-        let micros = (stretched * 1e6).ceil();
-        r.period = Duration::from_micros(micros as u64);
+    if margin > 0.0 && validate(margin).is_ok() {
+        for r in &mut out.rates {
+            let stretched = r.period.as_secs_f64() / (1.0 - margin);
+            r.period = Duration::from_micros((stretched * 1e6).ceil() as u64);
+        }
     }
     out
 }

@@ -183,12 +183,7 @@ pub fn try_take(
     now: Micros,
     cost: f64,
 ) -> (BucketState, Micros) {
-    let now = now.max(state.ts);
-    let s = refill(state, params, now);
-    let wait = wait_for(&s, params, now, cost);
-    if wait == 0 {
-        return (book_at(s, params, now, cost, 0), 0);
-    }
+    let (s, wait, _) = book(state, params, now, cost, 0);
     (s, wait)
 }
 

@@ -161,30 +161,26 @@ fn bounded(d: Duration) -> Option<Duration> {
 /// Decimal seconds, or from [`UNIX_TIME_FROM`] up a Unix time as a delay
 /// from `now`.
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
-    let (int, frac) = decimal_parts(v)?;
-    let whole: u64 = int.parse().ok()?;
-    let mut nanos = 0u32;
-    for (i, b) in frac.bytes().take(9).enumerate() {
-        nanos += u32::from(b - b'0') * 10u32.pow(8 - i as u32);
-    }
-    if whole >= UNIX_TIME_FROM {
-        let Some(at) = UNIX_EPOCH.checked_add(unix_time(whole, nanos)) else {
+    decimal_parts(v)?;
+    let nanos = scaled(v, 1_000_000_000)?;
+    if nanos >= u128::from(UNIX_TIME_FROM) * 1_000_000_000 {
+        let Some(at) = UNIX_EPOCH.checked_add(unix_time(nanos)) else {
             return bounded(MAX_PERIOD);
         };
         return bounded(at.duration_since(now).unwrap_or_default());
     }
-    bounded(Duration::new(whole, nanos))
+    bounded(Duration::from_nanos(nanos as u64))
 }
 
-/// A Unix time of `whole` units (s, ms, µs or ns by its size) plus `nanos`.
-fn unix_time(whole: u64, nanos: u32) -> Duration {
+/// A Unix time of `units` × 10⁻⁹ units (s, ms, µs or ns by its size).
+fn unix_time(units: u128) -> Duration {
+    let whole = units / 1_000_000_000;
     let mut per_second = 1u64;
     let mut from = UNIX_MILLIS_FROM;
-    while whole >= from && per_second < 1_000_000_000 {
+    while whole >= u128::from(from) && per_second < 1_000_000_000 {
         per_second *= 1_000;
         from = from.saturating_mul(1_000);
     }
-    let units = u128::from(whole) * 1_000_000_000 + u128::from(nanos);
     let total = units / u128::from(per_second);
     let secs = u64::try_from(total / 1_000_000_000).unwrap_or(u64::MAX);
     Duration::new(secs, (total % 1_000_000_000) as u32)
@@ -396,13 +392,7 @@ fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemT
         return best;
     }
     // The older draft: `limit=100, remaining=42, reset=30` as list members.
-    let older = |key: &str| {
-        items
-            .iter()
-            .flat_map(|m| m.params.iter())
-            .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            .map(|(_, v)| *v)
-    };
+    let older = |key: &str| items.iter().find_map(|m| m.get(key));
     // A `limit` other than the policy's quota is another counter's.
     let base = match older("limit").and_then(parse_count) {
         Some(limit) if policy_of(None).limit != Some(limit) => Observed {

@@ -77,17 +77,13 @@ pub fn book(
             .zip(&state.buckets)
             .map(|(c, s)| if c > 0.0 { s.nb.max(now) } else { now });
     let since = Marks::new(now, marks).due_at(now.saturating_add(wait));
-    if wait > max_wait {
-        return Booking {
-            wait,
-            booked: false,
-            since,
-        };
+    let booked = wait <= max_wait;
+    if booked {
+        book_all(state, spec, now, cost, wait);
     }
-    book_all(state, spec, now, cost, wait);
     Booking {
         wait,
-        booked: true,
+        booked,
         since,
     }
 }
