@@ -107,49 +107,16 @@ pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketS
 }
 
 /// µs after `now` until `cost` tokens are available and `nb` has passed
-/// (state refilled to `now`).
+/// (state refilled to `now`): the missing tokens' refill time, rounded up
+/// by [`ceil_micros`], or the penalty left if longer.
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
-    shortfall(state, params, now, cost).map_or(0, Shortfall::micros)
-}
-
-/// A wait before its rounding.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Shortfall {
-    /// Refill time of the missing tokens, µs, unrounded.
-    rate: f64,
-    /// How long the penalty (`nb`) on the bucket still lasts, µs.
-    penalty: Micros,
-}
-
-impl Shortfall {
-    /// The wait in whole µs, as [`wait_for`] gives it.
-    pub fn micros(self) -> Micros {
-        ceil_micros(self.rate).max(self.penalty)
-    }
-}
-
-/// The [`Shortfall`] of `cost` for a state refilled to `now`, or `None`
-/// when the wait rounds to zero.
-pub fn shortfall(
-    state: &BucketState,
-    params: &BucketParams,
-    now: Micros,
-    cost: f64,
-) -> Option<Shortfall> {
     let deficit = cost - state.tokens;
-    let penalty = state.nb.saturating_sub(now);
-    if deficit <= 0.0 && penalty == 0 {
-        return None;
-    }
     let rate = if deficit > 0.0 {
-        deficit * params.micros_per_token
+        ceil_micros(deficit * params.micros_per_token)
     } else {
-        0.0
+        0
     };
-    if (rate.is_nan() || rate < 1e-3) && penalty == 0 {
-        return None;
-    }
-    Some(Shortfall { rate, penalty })
+    rate.max(state.nb.saturating_sub(now))
 }
 
 /// Books `cost` for use `wait` µs after `now` (`wait` >= [`wait_for`]),

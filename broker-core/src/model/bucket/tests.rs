@@ -131,16 +131,21 @@ fn ceil_micros_is_the_rounding_it_describes() {
 }
 
 #[test]
-fn a_shortfall_is_the_wait_rounded_in_one_piece() {
-    // The wait as one expression, the form `shortfall` splits in two.
-    let in_one_piece = |s: &BucketState, p: &BucketParams, now: Micros, cost: f64| {
+fn a_wait_is_rounded_in_one_piece() {
+    // The wait as the refill time and the penalty apart, a tiny rate
+    // (below 1e-3 µs, or NaN) counting as none.
+    let split = |s: &BucketState, p: &BucketParams, now: Micros, cost: f64| {
         let deficit = cost - s.tokens;
+        let penalty = s.nb.saturating_sub(now);
         let rate = if deficit > 0.0 {
-            ceil_micros(deficit * p.micros_per_token())
+            deficit * p.micros_per_token()
         } else {
-            0
+            0.0
         };
-        rate.max(s.nb.saturating_sub(now))
+        if (deficit <= 0.0 || rate.is_nan() || rate < 1e-3) && penalty == 0 {
+            return 0;
+        }
+        ceil_micros(rate).max(penalty)
     };
     let params = [
         P,
@@ -167,14 +172,8 @@ fn a_shortfall_is_the_wait_rounded_in_one_piece() {
             ts: now,
             nb: [0, now - 1, now, now + 1, now + 5_000][(next() % 5) as usize],
         };
-        let whole = in_one_piece(&s, &p, now, cost);
-        let split = shortfall(&s, &p, now, cost);
-        assert_eq!(
-            split.map_or(0, Shortfall::micros),
-            whole,
-            "{s:?} {p:?} {cost}"
-        );
-        assert_eq!(split.is_none(), whole == 0, "{s:?} {p:?} {cost}");
+        let whole = wait_for(&s, &p, now, cost);
+        assert_eq!(split(&s, &p, now, cost), whole, "{s:?} {p:?} {cost}");
     }
 }
 
