@@ -22,19 +22,6 @@ pub enum Format {
     Toml,
 }
 
-impl Format {
-    /// The format implied by a file name's extension (JSON otherwise).
-    pub fn from_path(path: &str) -> Self {
-        if path.ends_with(".yaml") || path.ends_with(".yml") {
-            Format::Yaml
-        } else if path.ends_with(".toml") {
-            Format::Toml
-        } else {
-            Format::Json
-        }
-    }
-}
-
 /// Parses `text` (named `source_name` in errors) into `T`. Errors carry the
 /// path inside the document, e.g. `pressure.perRoute[1].limits.requestsPerSecond`.
 ///
@@ -54,14 +41,8 @@ pub fn parse<T: DeserializeOwned>(
     let fail = |message: String| parse_error(source_name, message);
     let parsed = match format {
         Format::Json => json(source_name, text),
-        Format::Yaml => {
-            let de = serde_norway::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| fail(located(&e)))
-        }
-        Format::Toml => {
-            let de = toml::Deserializer::new(text);
-            serde_path_to_error::deserialize(de).map_err(|e| fail(located(&e)))
-        }
+        Format::Yaml => read(source_name, serde_norway::Deserializer::from_str(text)),
+        Format::Toml => read(source_name, toml::Deserializer::new(text)),
     };
     // serde reads a list as a struct's fields in order: read JSON and TOML
     // again as a tree to refuse that (YAML's reader refuses it itself).
@@ -105,9 +86,16 @@ pub fn parse<T: DeserializeOwned>(
 /// ```
 pub fn refuse_repeated_keys(source_name: &str, text: &str) -> Result<(), ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize::<_, unique_keys::UniqueKeys>(de)
-        .map(|_| ())
-        .map_err(|e| parse_error(source_name, located(&e)))
+    read::<_, unique_keys::UniqueKeys>(source_name, de).map(|_| ())
+}
+
+/// Reads `T` from `de`; an error names the source and the path.
+fn read<'de, D, T>(source_name: &str, de: D) -> Result<T, ConfigError>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    serde_path_to_error::deserialize(de).map_err(|e| parse_error(source_name, located(&e)))
 }
 
 fn parse_error(source_name: &str, message: String) -> ConfigError {
@@ -138,8 +126,7 @@ pub fn tree(source_name: &str, text: &str) -> Result<serde_json::Value, ConfigEr
 /// Reads `T` from a JSON document, refusing trailing text.
 fn json<T: DeserializeOwned>(source_name: &str, text: &str) -> Result<T, ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    let value = serde_path_to_error::deserialize(&mut *de)
-        .map_err(|e| parse_error(source_name, located(&e)))?;
+    let value = read(source_name, &mut *de)?;
     de.end()
         .map_err(|e| parse_error(source_name, e.to_string()))?;
     Ok(value)
@@ -164,9 +151,15 @@ pub fn from_value<T: DeserializeOwned>(
     serde_path_to_error::deserialize(named_fields::NamedFields(tree))
 }
 
-/// Reads and parses a config file; the format comes from its extension.
+/// Reads and parses a config file; the format comes from its extension
+/// (`.yaml`/`.yml`, `.toml`, JSON otherwise).
 pub fn load<T: DeserializeOwned>(path: &std::path::Path) -> Result<T, ConfigError> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| parse_error(&name, e.to_string()))?;
-    parse(&name, &text, Format::from_path(&name))
+    let format = match name.rsplit_once('.').map(|(_, ext)| ext) {
+        Some("yaml" | "yml") => Format::Yaml,
+        Some("toml") => Format::Toml,
+        _ => Format::Json,
+    };
+    parse(&name, &text, format)
 }

@@ -242,7 +242,10 @@ impl RetryPolicy {
     /// assert_eq!(RetryPolicy::default().ceiling(&limits), Duration::from_secs(121));
     /// ```
     pub fn ceiling(&self, limits: &Limits) -> Duration {
-        let windows = limits.longest_period().saturating_mul(self.ceiling_windows);
+        let longest = limits.rates.iter().map(|r| r.period).max();
+        let windows = longest
+            .unwrap_or_default()
+            .saturating_mul(self.ceiling_windows);
         self.wait_ceiling
             .max(windows.saturating_add(self.ceiling_margin))
             .max(refill_one_token(limits))

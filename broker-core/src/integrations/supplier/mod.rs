@@ -28,7 +28,7 @@ use crate::telemetry::{self, Signal};
 /// assert!(!format!("{c:?}").contains("hunter2"));
 /// assert_eq!(c.fingerprint().len(), 16);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Credential {
     fingerprint: String,
 }
@@ -44,12 +44,6 @@ impl Credential {
     /// The fingerprint.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
-    }
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credential({})", self.fingerprint)
     }
 }
 

@@ -187,15 +187,6 @@ impl Limits {
         Ok(())
     }
 
-    /// The longest period among the rate limits (zero when there are none).
-    pub fn longest_period(&self) -> Duration {
-        self.rates
-            .iter()
-            .map(|r| r.period)
-            .max()
-            .unwrap_or_default()
-    }
-
     /// Checks that `cost` can ever be granted: no part larger than a burst.
     pub fn check_fits(&self, resource: &str, cost: Cost) -> Result<(), BrokerError> {
         for r in &self.rates {
