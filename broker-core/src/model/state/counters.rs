@@ -80,12 +80,9 @@ pub fn reconcile(
         let Some(o) = observed_for(spec, observed, i) else {
             continue;
         };
-        let Some(remaining) = o.remaining else {
+        let Some(remaining) = o.remaining.filter(|r| (*r as f64) < p.capacity()) else {
             continue;
         };
-        if remaining as f64 >= p.capacity() {
-            continue;
-        }
         let reset_at = o.reset.map(|r| now.saturating_add(micros(r)));
         state.buckets[i] = bucket::reconcile(state.buckets[i], p, now, remaining as f64, reset_at);
     }

@@ -108,20 +108,12 @@ pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
 /// How long the state must be kept (the longest bucket TTL, lease, or
 /// [`ResourceState::penalty`]).
 pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
-    let buckets = spec
-        .buckets
-        .iter()
-        .zip(&state.buckets)
-        .map(|((_, p), s)| bucket::ttl(s, p, now))
-        .max()
-        .unwrap_or(0);
-    let leases = state
-        .leases
-        .iter()
-        .map(|l| l.expires.saturating_sub(now))
-        .max()
-        .unwrap_or(0);
-    buckets.max(leases).max(state.penalty.saturating_sub(now))
+    let buckets =
+        (spec.buckets.iter().zip(&state.buckets)).map(|((_, p), s)| bucket::ttl(s, p, now));
+    let leases = state.leases.iter().map(|l| l.expires.saturating_sub(now));
+    buckets
+        .chain(leases)
+        .fold(state.penalty.saturating_sub(now), Micros::max)
 }
 
 #[cfg(test)]
