@@ -76,20 +76,11 @@ impl TryFrom<LimitsConfig> for Limits {
 
     fn try_from(c: LimitsConfig) -> Result<Self, ConfigError> {
         let mut rates = Vec::new();
+        use Unit::{Requests, Tokens};
         let shorthands = [
-            (
-                "requestsPerSecond",
-                c.requests_per_second,
-                1,
-                Unit::Requests,
-            ),
-            (
-                "requestsPerMinute",
-                c.requests_per_minute,
-                60,
-                Unit::Requests,
-            ),
-            ("tokensPerMinute", c.tokens_per_minute, 60, Unit::Tokens),
+            ("requestsPerSecond", c.requests_per_second, 1, Requests),
+            ("requestsPerMinute", c.requests_per_minute, 60, Requests),
+            ("tokensPerMinute", c.tokens_per_minute, 60, Tokens),
         ];
         for (i, rate) in c.rates.iter().enumerate() {
             rate.validate(&format!("rates[{i}]"))?;
