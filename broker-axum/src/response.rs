@@ -140,11 +140,13 @@ pub(crate) fn denied<B: PermitBody>(
     by_concurrency: bool,
 ) -> Response<B> {
     let secs = retry_after_secs(wait);
-    let mut res = Response::new(B::from_bytes(responses.denied_body.clone()));
-    *res.status_mut() = responses.denied_status;
+    let mut res = refusal(
+        responses.denied_status,
+        responses.denied_body.clone(),
+        responses.denied_content_type.clone(),
+        secs,
+    );
     let h = res.headers_mut();
-    h.insert(CONTENT_TYPE, responses.denied_content_type.clone());
-    h.insert(RETRY_AFTER, HeaderValue::from(secs));
     if let Some(policy) = &headers.policy {
         h.insert(RATELIMIT_POLICY, policy.clone());
     }
@@ -167,16 +169,26 @@ pub(crate) fn denied<B: PermitBody>(
 
 /// The response when the broker could not answer.
 pub(crate) fn backend_failed<B: PermitBody>(responses: &Responses) -> Response<B> {
-    let mut res = Response::new(B::from_bytes(Bytes::from_static(
-        br#"{"error":"limiter_unavailable"}"#,
-    )));
-    *res.status_mut() = responses.backend_error_status;
+    refusal(
+        responses.backend_error_status,
+        Bytes::from_static(br#"{"error":"limiter_unavailable"}"#),
+        HeaderValue::from_static("application/json"),
+        retry_after_secs(responses.backend_error_retry_after),
+    )
+}
+
+/// A `status` response of `body` (`content_type`), `Retry-After: secs`.
+fn refusal<B: PermitBody>(
+    status: StatusCode,
+    body: Bytes,
+    content_type: HeaderValue,
+    secs: u64,
+) -> Response<B> {
+    let mut res = Response::new(B::from_bytes(body));
+    *res.status_mut() = status;
     let h = res.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    h.insert(
-        RETRY_AFTER,
-        HeaderValue::from(retry_after_secs(responses.backend_error_retry_after)),
-    );
+    h.insert(CONTENT_TYPE, content_type);
+    h.insert(RETRY_AFTER, HeaderValue::from(secs));
     res
 }
 

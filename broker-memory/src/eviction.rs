@@ -12,7 +12,6 @@ use broker_core::Micros;
 use parking_lot::Mutex;
 
 use crate::key::StateKey;
-use crate::spill::Spills;
 use crate::states::Entry;
 use crate::store::Store;
 
@@ -53,7 +52,7 @@ fn foldable(k: &StateKey, e: &Entry, now: Micros, kept: &HashMap<Arc<str>, usize
 /// Drops idle states, then folds the least recently used until at most
 /// `keep` are left; returns how many it found no fold may drop (0 when none
 /// had to be folded).
-pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize, budget: usize) -> usize {
+pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize) -> usize {
     evict_idle(store, now);
     let (states, spills) = (&store.states, &store.spills);
     let len = states.len();
@@ -67,6 +66,8 @@ pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize, budget: usize) ->
         true => ages.push(e.last_used()),
         false => held += 1,
     });
+    #[cfg(test)]
+    store.sweeper.pause_after_count();
     let excess = (len - keep).min(ages.len());
     if excess == 0 {
         return held;
@@ -86,7 +87,7 @@ pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize, budget: usize) ->
             return true;
         }
         let hash = states.hash(crate::key::Parts::parts(k));
-        spills.fold(k.resource(), hash, &e.state, &e.spec, now, budget);
+        spills.fold(hash, &e.state, &e.spec, now);
         if used == cutoff {
             ties -= 1;
         }
@@ -107,8 +108,14 @@ pub(crate) struct Sweeper {
     last: AtomicU64,
     /// Held by the thread that sweeps.
     sweeping: Mutex<()>,
+    /// Inserts waiting for a sweep (tests).
     #[cfg(test)]
     pub(crate) waiting: AtomicUsize,
+    /// A fold waits at this lock once it has counted the states (tests).
+    #[cfg(test)]
+    pub(crate) after_count: Mutex<()>,
+    #[cfg(test)]
+    pub(crate) counted: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Sweeper {
@@ -121,11 +128,21 @@ impl Default for Sweeper {
             sweeping: Mutex::new(()),
             #[cfg(test)]
             waiting: AtomicUsize::new(0),
+            #[cfg(test)]
+            after_count: Mutex::new(()),
+            #[cfg(test)]
+            counted: Default::default(),
         }
     }
 }
 
 impl Sweeper {
+    #[cfg(test)]
+    fn pause_after_count(&self) {
+        self.counted.store(true, Ordering::Relaxed);
+        drop(self.after_count.lock());
+    }
+
     /// Bounds the store at `max` states (at least [`MIN_MAX_STATES`]).
     pub(crate) fn set_max(&self, max: usize) {
         let max = max.max(MIN_MAX_STATES);
@@ -167,7 +184,7 @@ impl Sweeper {
     fn sweep(&self, store: &Store, now: Micros, len: usize) {
         let max = self.max();
         let held = if len >= max {
-            fold_to(store, now, max - max / 8, Spills::budget_for(max))
+            fold_to(store, now, max - max / 8)
         } else {
             evict_idle(store, now);
             0

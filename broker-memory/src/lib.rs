@@ -3,7 +3,7 @@
 //! [`MemoryBackend`]: resource states in a [`dashmap::DashMap`], each behind
 //! its own mutex, decided by broker-core's reference transitions. Idle states
 //! are evicted; past [`MemoryBackend::max_states`] the least recently used are
-//! folded into a fixed table that never hands a key back more than it had.
+//! folded into places that never hand a key back more than it had.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -69,9 +69,9 @@ impl MemoryBackend {
 
     /// Bounds the number of states at `max` (at least 64; 1,048,576 unless
     /// set). Past it, idle states go first, then the least recently used down
-    /// to seven eighths of the bound, each folded into a place kept for its
-    /// resource and limits, so a dropped key never comes back with more than
-    /// it had. States holding a slot, under a penalty of a resource without
+    /// to seven eighths of the bound, each folded into a place of its own
+    /// (past a budget, one shared by keys), so a dropped key never comes back
+    /// with more than it had. States holding a slot, under a penalty of a resource without
     /// rate limits, or a registered resource's own state are never dropped.
     ///
     /// ```
@@ -81,6 +81,7 @@ impl MemoryBackend {
     /// ```
     pub fn max_states(self, max: usize) -> Self {
         self.store.sweeper.set_max(max);
+        self.store.spills.set_max(max);
         self
     }
 }

@@ -83,11 +83,6 @@ impl States {
         self.map.hasher().hash_one(&key as &dyn Parts)
     }
 
-    #[cfg(test)]
-    pub(crate) fn shard_index(&self, key: KeyRef<'_>) -> usize {
-        self.map.determine_map(&key as &dyn Parts)
-    }
-
     /// The entry of `key`, under its shard's read lock.
     pub(crate) fn get(&self, key: KeyRef<'_>) -> Option<Ref<'_, StateKey, Mutex<Entry>>> {
         self.map.get(&key as &dyn Parts)

@@ -70,7 +70,7 @@ impl Store {
             None => self.states.upsert(
                 key,
                 || key.to_owned_with(resource),
-                |hash| match self.spills.restore(key.resource, hash, spec, now) {
+                |hash| match self.spills.restore(hash, spec, now) {
                     Some(state) => Entry {
                         spec: shared(),
                         state,

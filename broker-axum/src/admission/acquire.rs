@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use broker_core::{Acquisition, BrokerError, Cost, Permit};
 
-use super::refund::{answered_here, spawn_refund, Refund, Refunding};
+use super::refund::{spawn_refund, Refund, Refunding};
 use crate::policy::{Policy, Stage};
 
 /// The broker's answer on one stage.
@@ -20,8 +20,8 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
-    fn new(result: Result<Acquisition, BrokerError>, stage: Stage) -> Self {
-        let answered_here = answered_here(&result);
+    pub(crate) fn new(result: Result<Acquisition, BrokerError>, stage: Stage) -> Self {
+        let answered_here = result.as_ref().map_or(0, |a| u8::from(a.answered_here));
         Self {
             result,
             stage,

@@ -3,7 +3,7 @@
 //! takes it out, and names it in a refusal or marks it when dropped undecided,
 //! so the route/service stage refunds it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -16,7 +16,7 @@ use crate::policy::Policy;
 pub(crate) struct Charge {
     policy: Arc<Policy>,
     /// The tenant stage was dropped undecided: no handler ran.
-    left_unanswered: AtomicBool,
+    pub(crate) left_unanswered: AtomicBool,
 }
 
 /// The request extension carrying a [`Charge`] to the tenant stage.
@@ -68,13 +68,5 @@ impl Charge {
             res.extensions_mut().remove::<Denied>();
         }
         ours
-    }
-
-    pub(crate) fn left_unanswered(&self) {
-        self.left_unanswered.store(true, Ordering::Relaxed);
-    }
-
-    pub(crate) fn was_left_unanswered(&self) -> bool {
-        self.left_unanswered.load(Ordering::Relaxed)
     }
 }

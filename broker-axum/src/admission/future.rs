@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -13,7 +14,7 @@ use tower::Service;
 use super::acquire::{acquire, Answer};
 use super::carry::Carry;
 use super::charge::Charge;
-use super::refund::{answered_here, spawn_refund, Refund, Refunding};
+use super::refund::{spawn_refund, Refund, Refunding};
 use super::refusal::judge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
@@ -39,7 +40,7 @@ pin_project! {
             match state.as_mut().project() {
                 StateProj::Admitting { charge, .. } => {
                     if let Some(charge) = charge.take() {
-                        charge.left_unanswered();
+                        charge.left_unanswered.store(true, Ordering::Relaxed);
                     }
                 }
                 StateProj::Calling { charged, .. } => {
@@ -49,7 +50,7 @@ pin_project! {
                             refund: None,
                             response: None,
                         });
-                        if charge.was_left_unanswered() {
+                        if charge.left_unanswered.load(Ordering::Relaxed) {
                             spawn_refund(charge.policy().clone(), of);
                         }
                     }
@@ -164,15 +165,7 @@ where
         let now =
             (policy.limited(stage)).and_then(|l| l.handle.try_acquire_now(key, Cost::default()));
         let state = match now {
-            Some(result) => {
-                let answered_here = answered_here(&result);
-                let answer = Answer {
-                    result,
-                    stage,
-                    answered_here,
-                };
-                decide(policy, answer, key, charge, inner, req)
-            }
+            Some(result) => decide(policy, Answer::new(result, stage), key, charge, inner, req),
             None => {
                 let clone = inner.clone();
                 let inner = std::mem::replace(inner, clone);

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use broker_core::{Acquisition, BrokerError, Cost, Marks};
+use broker_core::{Cost, Marks};
 
 use crate::policy::{Policy, Stage};
 
@@ -16,11 +16,6 @@ use crate::policy::{Policy, Stage};
 pub(crate) struct Refund {
     pub(crate) stage: Stage,
     pub(crate) answered_here: u8,
-}
-
-/// `1` when the store's failure policy answered `result`.
-pub(crate) fn answered_here(result: &Result<Acquisition, BrokerError>) -> u8 {
-    result.as_ref().map_or(0, |a| u8::from(a.answered_here))
 }
 
 /// Gives each part of `refund.stage` its cost back where it was charged; a

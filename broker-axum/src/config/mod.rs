@@ -30,24 +30,16 @@ pub const DEFAULT_TENANT_RESOURCE: &str = "pressure:tenant";
 
 /// The `pressure` object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct PressureConfig {
     /// When false, the layers pass everything untouched. Defaults to true.
-    #[serde(default = "yes")]
     pub enabled: bool,
     /// Limits per service name, for requests no `perRoute` entry matches.
-    #[serde(default)]
     pub per_service: BTreeMap<String, Limits>,
     /// Per-route overrides; the longest matching path prefix wins.
-    #[serde(default)]
     pub per_route: Vec<RouteConfig>,
     /// The per-tenant quota, applied after authentication.
-    #[serde(default)]
     pub per_tenant: TenantConfig,
-}
-
-fn yes() -> bool {
-    true
 }
 
 fn default_tenant_resource() -> String {

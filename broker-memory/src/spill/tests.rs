@@ -1,30 +1,18 @@
 //! Tests of [`super`].
 
-use super::places::WAYS;
 use super::*;
 
-/// A set made and then swept before anything is folded into it (a
-/// sweep racing a fold) is judged by the limits it was made for.
+/// A folded key keeps a place of its own while the budget has room; past
+/// it, keys share a place: each new key of that place starts from the
+/// fewest tokens any of them had, a key of another place starts fresh,
+/// and places are emptied once refilled and `RECENT` passed.
 #[test]
-fn a_set_with_nothing_folded_is_dropped_without_a_panic() {
-    let spills = Spills::new();
-    let params = [BucketParams::new(5.0, 5.0, 60_000_000.0)];
-    assert!(spills.set_for(&"ip-1".into(), &params, 1024).is_some());
-    spills.drop_idle(1_000_000);
-    assert!(spills.by_resource.read().is_empty());
-    assert!(!spills.any.load(Ordering::Relaxed));
-}
-
-/// A group keeps its first keys apart, each in a place of its own; the
-/// keys folded once those are taken share the group's state, which new
-/// keys start from, and none comes back with more than it had.
-#[test]
-fn a_group_keeps_its_first_keys_apart_and_the_rest_together() {
+fn keys_past_the_budget_share_a_place() {
     use broker_core::{Limits, RateLimit};
-    let spec = LimitSpec::new(
+    let spec = Arc::new(LimitSpec::new(
         &Limits::new().rate(RateLimit::per_minute(10)),
         std::time::Duration::from_secs(60),
-    );
+    ));
     let now: Micros = 1_000_000;
     let with = |tokens: f64| ResourceState {
         buckets: vec![BucketState {
@@ -36,48 +24,44 @@ fn a_group_keeps_its_first_keys_apart_and_the_rest_together() {
         penalty: 0,
     };
     let spills = Spills::new();
-    let part: Arc<str> = "tenant".into();
-    // 64 places, 8 groups: the keys `3 + 16 * k` share group 3.
-    let left = |hash: u64| {
+    spills.set_max(64);
+    let left = |hash: u64, at: Micros| {
         spills
-            .restore("tenant", hash, &spec, now)
+            .restore(hash, &spec, at)
             .map_or(10.0, |s| s.buckets[0].tokens)
     };
-    let key = |k: u64| 3 + 16 * k;
-    for k in 0..WAYS as u64 {
-        spills.fold(&part, key(k), &with(k as f64), &spec, now, 128);
+    // A budget of 1,024 own places, then 4,096 shared ones.
+    let own = |k: u64| 1 << 40 | k;
+    for k in 0..1024 {
+        spills.fold(own(k), &with(9.0), &spec, now);
     }
-    assert_eq!(
-        spills.by_resource.read()["tenant"][0].table.lock().places(),
-        64
-    );
-    // Past the group's places: together.
-    spills.fold(&part, key(10), &with(7.0), &spec, now, 128);
-    spills.fold(&part, key(11), &with(5.0), &spec, now, 128);
-    for k in 0..WAYS as u64 {
-        assert_eq!(left(key(k)), k as f64, "key {k}: its own place");
-    }
-    assert_eq!(left(key(10)), 5.0, "no more than it had");
-    assert_eq!(left(key(11)), 5.0);
-    assert_eq!(left(key(12)), 5.0, "a new key of the group");
-    assert_eq!(left(4), 10.0, "another group: fresh");
-    // A place whose state has refilled is free again after `RECENT`.
+    // The hashes `3 + 4096 * k` share place 3.
+    let key = |k: u64| 3 + 4096 * k;
+    spills.fold(key(0), &with(7.0), &spec, now);
+    spills.fold(key(1), &with(5.0), &spec, now);
+    spills.fold(own(0), &with(8.0), &spec, now);
+    assert_eq!(spills.folded(), 1027);
+    assert_eq!(left(own(0), now), 8.0, "its own place");
+    assert_eq!(left(own(1), now), 9.0);
+    assert_eq!(left(key(0), now), 5.0, "no more than it had");
+    assert_eq!(left(key(2), now), 5.0, "a new key of the place");
+    assert_eq!(left(4, now), 10.0, "another place: fresh");
+    // Refilled after a minute; emptied once dropped.
     let later = now + 60_000_000;
-    spills.fold(&part, key(12), &with(2.0), &spec, later, 128);
-    let table = spills.by_resource.read()["tenant"][0].clone();
-    assert!(matches!(table.table.lock().find(key(12)), At::Own(_)));
+    assert_eq!(left(key(0), later), 10.0);
+    spills.drop_idle(later);
+    assert_eq!(spills.places.lock().own, 0);
+    assert!(!spills.any.load(Ordering::Relaxed));
 }
 
 /// New keys made while another thread folds, past the states it
 /// counted, are not let past the bound: an insert an eighth past it
 /// waits for the fold to end and then folds in turn. Here the fold
-/// is held at a place set's lock (taken by the test) after it has
-/// counted the states, while another thread makes 200 new keys;
-/// before, the fold ended with all 200 kept and the next one due only
-/// an eighth past them.
+/// is held (at a lock the test takes) after it has counted the states,
+/// while another thread makes 200 new keys; before, the fold ended with
+/// all 200 kept and the next one due only an eighth past them.
 #[test]
 fn keys_made_during_a_fold_do_not_pass_the_bound() {
-    use crate::key::with_parsed;
     use broker_core::{Cost, Limits, LocalStore, ManualClock, RateLimit};
     use std::time::Duration;
 
@@ -89,48 +73,38 @@ fn keys_made_during_a_fold_do_not_pass_the_bound() {
         &Limits::new().rate(RateLimit::per_minute(5)),
         Duration::from_secs(60),
     );
-    let shard = |key: &str| with_parsed(key, |k| store.states.shard_index(k));
-    // Keys of `part` in shard 0 (`in_zero`) or in any other.
-    let keys = |part: &'static str, in_zero: bool, n: usize| {
-        (0..)
-            .map(move |i| format!("{part}:k{i}"))
-            .filter(move |k| (shard(k) == 0) == in_zero)
-            .take(n)
-            .collect::<Vec<_>>()
-    };
+    let keys = |part: &'static str, n: usize| (0..n).map(move |i| format!("{part}:k{i}"));
     let take = |key: &str| {
         backend
             .try_acquire_now(key, &spec, Cost::default())
             .unwrap()
             .unwrap()
     };
-    // 65 keys of `r` in shard 0: the 65th folds 9 of them, which
-    // makes `r`'s place set; 8 more bring the store to its bound.
-    for key in keys("r", true, 73) {
+    // 65 keys of `r`: the 65th folds 9 of them; 8 more bring the store
+    // to its bound.
+    for key in keys("r", 73) {
         assert!(take(&key).allowed);
     }
     assert_eq!(backend.len(), 64);
-    let set = store.spills.by_resource.read()["r"][0].clone();
-    let held = set.table.lock();
-    // One more key (another part, no place set to read): its insert
-    // folds, and waits at the set's lock once it has counted the states.
-    let s_key = keys("s", true, 1).pop().unwrap();
-    let flood = keys("other", false, 200);
+    let sweeper = &store.sweeper;
+    sweeper.counted.store(false, Ordering::Relaxed);
+    let paused = sweeper.after_count.lock();
+    // One more key: its insert folds, and waits once it has counted.
     std::thread::scope(|s| {
-        let folding = s.spawn(|| take(&s_key));
-        while Arc::strong_count(&set) < 3 {
+        let folding = s.spawn(|| take("s"));
+        while !sweeper.counted.load(Ordering::Relaxed) {
             std::thread::yield_now();
         }
-        // Meanwhile, 200 new keys in other shards.
+        // Meanwhile, 200 new keys.
         let inserting = s.spawn(|| {
-            flood.iter().for_each(|k| {
-                take(k);
+            keys("other", 200).for_each(|k| {
+                take(&k);
             })
         });
-        while !inserting.is_finished() && store.sweeper.waiting.load(Ordering::Relaxed) == 0 {
+        while !inserting.is_finished() && sweeper.waiting.load(Ordering::Relaxed) == 0 {
             std::thread::yield_now();
         }
-        drop(held);
+        drop(paused);
         folding.join().unwrap();
         inserting.join().unwrap();
     });

@@ -1,0 +1,251 @@
+//! What a bounded store keeps of the states it folds: a place per key (by
+//! its table hash) while the budget has room, else one of [`SHARED`]
+//! places, shared by keys. A place keeps, per number of
+//! buckets, the states folded into it merged two ways: *tight* (refilled
+//! under the limits they were made for, read under the same) and *raw*
+//! (never refilled, read under any limits). A new key starts from its own
+//! place, else its shared one, so it never comes back with more than it
+//! had: the error is one-sided.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use broker_core::bucket::{self, BucketParams, BucketState};
+use broker_core::state::{self, LimitSpec, ResourceState};
+use broker_core::Micros;
+use parking_lot::Mutex;
+
+use crate::eviction::RECENT;
+
+/// Fewest and most own places a store holds.
+const MIN_PLACES: usize = 1 << 10;
+const MAX_PLACES: usize = 1 << 20;
+/// Places shared by the keys past the budget.
+const SHARED: usize = 4096;
+
+/// The states of one number of buckets folded into a place.
+#[derive(Debug)]
+struct Held {
+    /// The limits the tight states were merged under: those of every state
+    /// folded in, or, once states of other limits were, the largest burst
+    /// and slowest refill of each bucket (the tight states then start over
+    /// from the raw ones).
+    spec: Arc<LimitSpec>,
+    /// The tight states, then the raw ones.
+    states: Box<[BucketState]>,
+    /// The latest time a state was folded in.
+    last: Micros,
+}
+
+impl Held {
+    fn split(&self) -> (&[BucketState], &[BucketState]) {
+        self.states.split_at(self.spec.buckets.len())
+    }
+
+    /// Whether the place may be emptied: nothing folded in within
+    /// [`RECENT`] and every tight state refilled under its limits.
+    fn spent(&self, now: Micros) -> bool {
+        now.saturating_sub(self.last) >= RECENT
+            && (self.split().0.iter().zip(params_of(&self.spec)))
+                .all(|(b, p)| bucket::is_idle(b, p, now))
+    }
+}
+
+/// The limits of `spec`, bucket by bucket.
+fn params_of(spec: &LimitSpec) -> impl Iterator<Item = &BucketParams> {
+    spec.buckets.iter().map(|(_, p)| p)
+}
+
+fn same_params(a: &LimitSpec, b: &LimitSpec) -> bool {
+    params_of(a).eq(params_of(b))
+}
+
+/// Per bucket, the largest burst and the slowest refill of `a` and `b`.
+fn slowest(a: &LimitSpec, b: &LimitSpec) -> LimitSpec {
+    let mut a = a.clone();
+    for ((_, a), b) in a.buckets.iter_mut().zip(params_of(b)) {
+        let slow = if b.tokens_per_micro() < a.tokens_per_micro() {
+            *b
+        } else {
+            *a
+        };
+        *a = BucketParams::new(a.capacity().max(b.capacity()), slow.amount(), slow.period());
+    }
+    a
+}
+
+/// A place: a key's own (by table hash), or one shared by keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum At {
+    Own(u64),
+    Shared(usize),
+}
+
+/// The places folded into, and how many are own places.
+#[derive(Debug, Default)]
+struct Places {
+    held: HashMap<At, Vec<Held>>,
+    own: usize,
+}
+
+/// The places of a store.
+#[derive(Debug)]
+pub(crate) struct Spills {
+    places: Mutex<Places>,
+    /// The most own places.
+    budget: AtomicUsize,
+    /// Whether anything is folded: until then a new state looks nowhere.
+    any: AtomicBool,
+    /// States folded so far.
+    folded: AtomicU64,
+}
+
+impl Spills {
+    pub(crate) fn new() -> Self {
+        Self {
+            places: Mutex::default(),
+            budget: AtomicUsize::new(MAX_PLACES),
+            any: AtomicBool::new(false),
+            folded: AtomicU64::new(0),
+        }
+    }
+
+    /// Sizes the places for a store bounded at `max` states.
+    pub(crate) fn set_max(&self, max: usize) {
+        let budget = max.next_power_of_two().clamp(MIN_PLACES, MAX_PLACES);
+        self.budget.store(budget, Ordering::Relaxed);
+    }
+
+    /// States folded so far.
+    pub(crate) fn folded(&self) -> u64 {
+        self.folded.load(Ordering::Relaxed)
+    }
+
+    fn shared(&self, hash: u64) -> At {
+        At::Shared(hash as usize % SHARED)
+    }
+
+    /// Folds `state` (made for `spec`, of the key with table hash `hash`)
+    /// into its own place, made if the budget has room, else its shared one.
+    pub(crate) fn fold(
+        &self,
+        hash: u64,
+        state: &ResourceState,
+        spec: &Arc<LimitSpec>,
+        now: Micros,
+    ) {
+        let (n, kept) = (spec.buckets.len(), &state.buckets);
+        if n == 0 || kept.len() != n {
+            // No rate limit: a foldable state holds nothing worth keeping.
+            return;
+        }
+        let mut guard = self.places.lock();
+        let places = &mut *guard;
+        let own = At::Own(hash);
+        let room = places.own < self.budget.load(Ordering::Relaxed);
+        let at = match room || places.held.contains_key(&own) {
+            true => own,
+            false => self.shared(hash),
+        };
+        let place = places.held.entry(at).or_insert_with(|| {
+            places.own += usize::from(at == own);
+            Vec::with_capacity(1)
+        });
+        match place.iter_mut().find(|h| h.spec.buckets.len() == n) {
+            None => place.push(Held {
+                spec: spec.clone(),
+                states: kept.iter().chain(kept).copied().collect(),
+                last: now,
+            }),
+            Some(h) => {
+                let (tight, raw) = h.states.split_at_mut(n);
+                for (raw, kept) in raw.iter_mut().zip(kept) {
+                    *raw = bucket::fewest(*raw, *kept);
+                }
+                if same_params(spec, &h.spec) {
+                    for ((tight, kept), p) in tight.iter_mut().zip(kept).zip(params_of(&h.spec)) {
+                        *tight = bucket::tighter(*tight, *kept, p);
+                    }
+                } else {
+                    h.spec = Arc::new(slowest(&h.spec, spec));
+                    tight.copy_from_slice(raw);
+                }
+                h.last = h.last.max(now);
+            }
+        }
+        self.any.store(true, Ordering::Release);
+        drop(guard);
+        self.folded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Empties the places that have all refilled by `now` and were not
+    /// folded into within [`RECENT`].
+    pub(crate) fn drop_idle(&self, now: Micros) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut places = self.places.lock();
+        let Places { held, own } = &mut *places;
+        held.retain(|at, place| {
+            place.retain(|h| !h.spent(now));
+            let kept = !place.is_empty();
+            *own -= usize::from(!kept && matches!(at, At::Own(_)));
+            kept
+        });
+        // The lock held: nothing is folded meanwhile.
+        if held.is_empty() {
+            self.any.store(false, Ordering::Release);
+        }
+    }
+
+    /// The state a new key (table hash `hash`) starts from: its own place,
+    /// else its shared one, read under `spec`, or `None` (fresh) when that
+    /// is idle. States of another number of buckets give it their penalty,
+    /// as `state::adopt` does.
+    pub(crate) fn restore(
+        &self,
+        hash: u64,
+        spec: &LimitSpec,
+        now: Micros,
+    ) -> Option<ResourceState> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let places = self.places.lock();
+        let held = &places.held;
+        let place = held.get(&At::Own(hash)).or(held.get(&self.shared(hash)))?;
+        let mut buckets: Vec<BucketState> = params_of(spec)
+            .map(|p| BucketState::fresh(p, now))
+            .collect();
+        let mut penalty_end: Micros = 0;
+        for h in place {
+            let (tight, raw) = h.split();
+            if h.spec.buckets.len() != buckets.len() {
+                penalty_end = penalty_end.max(state::latest_not_before(raw));
+                continue;
+            }
+            let folded = if same_params(spec, &h.spec) {
+                tight
+            } else {
+                raw
+            };
+            for ((b, kept), p) in buckets.iter_mut().zip(folded).zip(params_of(spec)) {
+                *b = bucket::tighter(*b, *kept, p);
+            }
+        }
+        drop(places);
+        let mut restored = ResourceState {
+            buckets,
+            leases: Vec::new(),
+            penalty: 0,
+        };
+        if penalty_end > now {
+            state::penalize_until(&mut restored, spec, now, penalty_end);
+        }
+        (!state::is_idle(&restored, spec, now)).then_some(restored)
+    }
+}
+
+#[cfg(test)]
+mod tests;
