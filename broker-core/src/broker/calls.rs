@@ -42,6 +42,21 @@ pub(super) enum On<'s> {
     Resource(&'s Arc<Resource>),
 }
 
+impl On<'_> {
+    /// `f` on the registration a call goes to: a current handle's own, else
+    /// the id's latest.
+    pub(super) fn with<R>(
+        self,
+        broker: &ResourceBroker,
+        f: impl FnOnce(&Arc<Resource>) -> R,
+    ) -> Result<R, BrokerError> {
+        match self {
+            On::Resource(resource) => Ok(f(resource)),
+            On::Id(id) => Ok(f(&broker.resource(id)?)),
+        }
+    }
+}
+
 impl<'s> TryAcquire<'s> {
     pub(super) fn new(
         broker: &'s ResourceBroker,
@@ -101,23 +116,15 @@ impl Future for TryAcquire<'_> {
         } = *this
         {
             *this = Call::Done;
-            let found;
-            let resource = match on {
-                On::Resource(resource) => resource,
-                On::Id(id) => match broker.resource(id) {
-                    Ok(resource) => {
-                        found = resource;
-                        &found
-                    }
-                    Err(e) => return Poll::Ready(Err(e)),
-                },
-            };
-            match broker.acquire_now(resource, key, cost) {
-                Ok(answer) => return Poll::Ready(answer),
-                Err(state_key) => {
-                    let later = broker.try_acquire_later(resource.clone(), state_key, cost);
-                    *this = Call::Later(Box::pin(later));
-                }
+            let now = on.with(broker, |resource| {
+                (broker.acquire_now(resource, key, cost)).map_err(|state_key| {
+                    broker.try_acquire_later(resource.clone(), state_key, cost)
+                })
+            });
+            match now {
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(Ok(answer)) => return Poll::Ready(answer),
+                Ok(Err(later)) => *this = Call::Later(Box::pin(later)),
             }
         }
         let Call::Later(later) = this else {
@@ -201,10 +208,18 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         let target = target.into();
-        match self.resource(target.resource) {
-            Ok(resource) => self.acquire_now(&resource, target.key, cost).ok(),
-            Err(e) => Some(Err(e)),
-        }
+        self.acquire_now_on(On::Id(target.resource), target.key, cost)
+    }
+
+    /// `try_acquire_now` on `on`.
+    pub(super) fn acquire_now_on(
+        &self,
+        on: On<'_>,
+        key: Option<&str>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
+        (on.with(self, |resource| self.acquire_now(resource, key, cost).ok()))
+            .unwrap_or_else(|e| Some(Err(e)))
     }
 
     /// The verdict of a store that answers without I/O, counted, with the
@@ -337,12 +352,12 @@ impl ResourceBroker {
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
-        resource.config.limits.check_fits(&resource.id, cost)?;
+        resource.check_fits(cost)?;
         let owned_key = state_key(&resource, target.key);
-        let state = match &owned_key {
-            Some(key) => (key.as_str(), true),
-            None => (resource.key.as_str(), false),
-        };
+        let state = (
+            owned_key.as_deref().unwrap_or(&resource.key),
+            owned_key.is_some(),
+        );
         let bounds = enqueue::Bounds {
             deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),
             ceiling: None,
