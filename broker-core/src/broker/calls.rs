@@ -10,7 +10,6 @@ use std::time::Duration;
 use super::permit::HeldKey;
 use super::{enqueue, in_flight, note_backend_error, state_key};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
-use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{Decision, DenyReason, Verdict};
@@ -144,29 +143,20 @@ impl std::fmt::Debug for TryAcquire<'_> {
     }
 }
 
-/// The acquisition of verdict `v`, already counted, with `permit`.
-fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
-    match v {
-        Verdict::Allowed | Verdict::Leased(_) => Acquisition {
-            allowed: true,
-            wait_time: Duration::ZERO,
-            denied_by: None,
-            permit,
-            answered_here: false,
-        },
-        Verdict::Rate(wait) => denied(DenyReason::Rate, wait),
-        Verdict::Concurrency => denied(DenyReason::Concurrency, 0),
-    }
-}
-
-/// A denied acquisition, holding nothing.
-fn denied(reason: DenyReason, wait: Micros) -> Acquisition {
+/// The acquisition of verdict `v`, already counted, with `permit` (held
+/// only when allowed).
+fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
+    let (wait, denied_by) = match v {
+        Verdict::Allowed | Verdict::Leased(_) => (0, None),
+        Verdict::Rate(wait) => (wait, Some(DenyReason::Rate)),
+        Verdict::Concurrency => (0, Some(DenyReason::Concurrency)),
+    };
     Acquisition {
-        allowed: false,
+        allowed: denied_by.is_none(),
         wait_time: Duration::from_micros(wait),
-        denied_by: Some(reason),
-        permit: Permit::empty(),
-        answered_here: false,
+        denied_by,
+        permit,
+        answered_here,
     }
 }
 
@@ -251,7 +241,7 @@ impl ResourceBroker {
         }
         let mut permit = Permit::empty();
         if let Some(v) = self.quick(resource, key, cost, &mut permit) {
-            return Ok(Ok(acquisition(v, permit)));
+            return Ok(Ok(acquisition(v, permit, false)));
         }
         let owned = state_key(resource, key);
         let state = owned.as_deref().unwrap_or(&resource.key);
@@ -313,10 +303,7 @@ impl ResourceBroker {
     ) -> Acquisition {
         let mut permit = Permit::empty();
         let v = self.judge(resource, counters, key, d.into(), &mut permit);
-        Acquisition {
-            answered_here: d.answered_here,
-            ..acquisition(v, permit)
-        }
+        acquisition(v, permit, d.answered_here)
     }
 
     /// Counts verdict `v` in `counters` and returns it, with the slot of a
@@ -367,17 +354,19 @@ impl ResourceBroker {
             enqueue::Admitted::Go(booking, permit) => (booking, permit),
             other => {
                 bump(&resource.tally().counters.denied);
-                return Ok(match other {
-                    enqueue::Admitted::TooLong(wait, _) => denied(DenyReason::Rate, wait),
-                    _ => denied(DenyReason::Concurrency, 0),
-                });
+                let v = match other {
+                    enqueue::Admitted::TooLong(wait, _) => Verdict::Rate(wait),
+                    _ => Verdict::Concurrency,
+                };
+                return Ok(acquisition(v, Permit::empty(), false));
             }
         };
         let booked = booking.consume();
         bump(&resource.tally().counters.allowed);
-        Ok(Acquisition {
-            answered_here: booked.answered_here(),
-            ..acquisition(Verdict::Allowed, permit)
-        })
+        Ok(acquisition(
+            Verdict::Allowed,
+            permit,
+            booked.answered_here(),
+        ))
     }
 }

@@ -180,12 +180,13 @@ impl ResourceBroker {
         }
         config.validate()?;
         let key = keys::resource_key(id);
-        let lease_ttl = match self.inner.backend.local().is_some() {
-            true => Duration::MAX,
-            false => renewable(config.lease_ttl)?,
+        let store = self.inner.backend.local();
+        let lease_ttl = match store {
+            Some(_) => Duration::MAX,
+            None => renewable(config.lease_ttl)?,
         };
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
-        let local = (self.inner.backend.local()).and_then(|l| l.states(&key, spec.clone()));
+        let local = store.and_then(|l| l.states(&key, spec.clone()));
         Ok(Resource {
             local,
             live: Arc::default(),
