@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{Epochs, Lineage, Registry, Resource, ResourceBroker};
+use super::{Epochs, Latest, Lineage, Registry, Resource, ResourceBroker};
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
@@ -194,7 +194,11 @@ impl ResourceBroker {
             id: id.to_owned(),
             key,
             config,
-            lineage: Arc::new(Lineage::new(spec.clone())),
+            lineage: Arc::new(Lineage::from_pointee(Latest {
+                spec: spec.clone(),
+                epochs: Epochs::default(),
+                resource: Weak::new(),
+            })),
             spec,
             kind,
             counters: Counters::default(),
@@ -208,8 +212,8 @@ impl ResourceBroker {
     }
 }
 
-/// Puts `ready` in `map` in place of its id's registration, returned; what
-/// belongs to the id is carried over.
+/// Puts `ready` in `map` in place of its id's registration, returned, and
+/// makes it the latest of its id; what belongs to the id is carried over.
 fn carry_over(map: &mut Registry, ready: Resource) -> Option<Arc<Resource>> {
     let resource = Arc::new(match map.get(&ready.id) {
         Some(old) => Resource {
@@ -222,6 +226,10 @@ fn carry_over(map: &mut Registry, ready: Resource) -> Option<Arc<Resource>> {
         },
         None => ready,
     });
-    resource.lineage.install(&resource);
+    resource.lineage.store(Arc::new(Latest {
+        spec: resource.spec.clone(),
+        epochs: resource.epochs,
+        resource: Arc::downgrade(&resource),
+    }));
     map.insert(resource.id.clone(), resource)
 }
