@@ -176,10 +176,7 @@ pub(super) fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> Ob
     let config = &resource.config;
     let ceiling = config.retry.ceiling(&config.paced_limits());
     let mut capped = observed.clone();
-    for o in [&mut capped.requests, &mut capped.tokens]
-        .into_iter()
-        .flatten()
-    {
+    for o in capped.requests.iter_mut().chain(capped.tokens.iter_mut()) {
         o.reset = o.reset.map(|r| r.min(ceiling));
     }
     capped
@@ -198,15 +195,13 @@ pub(super) fn penalize_spent_counters(resource: &Arc<Resource>, key: &str, cappe
 /// of their unit in `spec` (without rate limits: among all of them).
 fn spent_reset(observed: &ObservedLimit, spec: &LimitSpec) -> Option<Duration> {
     let bucketed = |unit| spec.buckets.is_empty() || spec.buckets.iter().any(|(u, _)| *u == unit);
-    [
-        (Unit::Requests, &observed.requests),
-        (Unit::Tokens, &observed.tokens),
-    ]
-    .into_iter()
-    .filter_map(|(unit, o)| o.as_ref().filter(|_| bucketed(unit)))
-    .filter(|o| o.remaining == Some(0))
-    .filter_map(|o| o.reset)
-    .max()
+    [Unit::Requests, Unit::Tokens]
+        .into_iter()
+        .filter(|unit| bucketed(*unit))
+        .filter_map(|unit| observed.of(unit))
+        .filter(|o| o.remaining == Some(0))
+        .filter_map(|o| o.reset)
+        .max()
 }
 
 /// Logs at debug level (once per value) an upstream limit other than the
