@@ -10,7 +10,6 @@ use std::time::Duration;
 use super::permit::HeldKey;
 use super::{enqueue, in_flight, note_backend_error, state_key};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
-use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{Decision, DenyReason, Verdict};
@@ -40,6 +39,21 @@ enum Call<'s> {
 pub(super) enum On<'s> {
     Id(&'s str),
     Resource(&'s Arc<Resource>),
+}
+
+impl On<'_> {
+    /// `f` on the registration a call goes to: a current handle's own, else
+    /// the id's latest.
+    pub(super) fn with<R>(
+        self,
+        broker: &ResourceBroker,
+        f: impl FnOnce(&Arc<Resource>) -> R,
+    ) -> Result<R, BrokerError> {
+        match self {
+            On::Resource(resource) => Ok(f(resource)),
+            On::Id(id) => Ok(f(&broker.resource(id)?)),
+        }
+    }
 }
 
 impl<'s> TryAcquire<'s> {
@@ -101,23 +115,15 @@ impl Future for TryAcquire<'_> {
         } = *this
         {
             *this = Call::Done;
-            let found;
-            let resource = match on {
-                On::Resource(resource) => resource,
-                On::Id(id) => match broker.resource(id) {
-                    Ok(resource) => {
-                        found = resource;
-                        &found
-                    }
-                    Err(e) => return Poll::Ready(Err(e)),
-                },
-            };
-            match broker.acquire_now(resource, key, cost) {
-                Ok(answer) => return Poll::Ready(answer),
-                Err(state_key) => {
-                    let later = broker.try_acquire_later(resource.clone(), state_key, cost);
-                    *this = Call::Later(Box::pin(later));
-                }
+            let now = on.with(broker, |resource| {
+                (broker.acquire_now(resource, key, cost)).map_err(|state_key| {
+                    broker.try_acquire_later(resource.clone(), state_key, cost)
+                })
+            });
+            match now {
+                Err(e) => return Poll::Ready(Err(e)),
+                Ok(Ok(answer)) => return Poll::Ready(answer),
+                Ok(Err(later)) => *this = Call::Later(Box::pin(later)),
             }
         }
         let Call::Later(later) = this else {
@@ -137,29 +143,20 @@ impl std::fmt::Debug for TryAcquire<'_> {
     }
 }
 
-/// The acquisition of verdict `v`, already counted, with `permit`.
-fn acquisition(v: Verdict, permit: Permit) -> Acquisition {
-    match v {
-        Verdict::Allowed | Verdict::Leased(_) => Acquisition {
-            allowed: true,
-            wait_time: Duration::ZERO,
-            denied_by: None,
-            permit,
-            answered_here: false,
-        },
-        Verdict::Rate(wait) => denied(DenyReason::Rate, wait),
-        Verdict::Concurrency => denied(DenyReason::Concurrency, 0),
-    }
-}
-
-/// A denied acquisition, holding nothing.
-fn denied(reason: DenyReason, wait: Micros) -> Acquisition {
+/// The acquisition of verdict `v`, already counted, with `permit` (held
+/// only when allowed).
+fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
+    let (wait, denied_by) = match v {
+        Verdict::Allowed | Verdict::Leased(_) => (0, None),
+        Verdict::Rate(wait) => (wait, Some(DenyReason::Rate)),
+        Verdict::Concurrency => (0, Some(DenyReason::Concurrency)),
+    };
     Acquisition {
-        allowed: false,
+        allowed: denied_by.is_none(),
         wait_time: Duration::from_micros(wait),
-        denied_by: Some(reason),
-        permit: Permit::empty(),
-        answered_here: false,
+        denied_by,
+        permit,
+        answered_here,
     }
 }
 
@@ -201,10 +198,18 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         let target = target.into();
-        match self.resource(target.resource) {
-            Ok(resource) => self.acquire_now(&resource, target.key, cost).ok(),
-            Err(e) => Some(Err(e)),
-        }
+        self.acquire_now_on(On::Id(target.resource), target.key, cost)
+    }
+
+    /// `try_acquire_now` on `on`.
+    pub(super) fn acquire_now_on(
+        &self,
+        on: On<'_>,
+        key: Option<&str>,
+        cost: Cost,
+    ) -> Option<Result<Acquisition, BrokerError>> {
+        (on.with(self, |resource| self.acquire_now(resource, key, cost).ok()))
+            .unwrap_or_else(|e| Some(Err(e)))
     }
 
     /// The verdict of a store that answers without I/O, counted, with the
@@ -236,7 +241,7 @@ impl ResourceBroker {
         }
         let mut permit = Permit::empty();
         if let Some(v) = self.quick(resource, key, cost, &mut permit) {
-            return Ok(Ok(acquisition(v, permit)));
+            return Ok(Ok(acquisition(v, permit, false)));
         }
         let owned = state_key(resource, key);
         let state = owned.as_deref().unwrap_or(&resource.key);
@@ -298,10 +303,7 @@ impl ResourceBroker {
     ) -> Acquisition {
         let mut permit = Permit::empty();
         let v = self.judge(resource, counters, key, d.into(), &mut permit);
-        Acquisition {
-            answered_here: d.answered_here,
-            ..acquisition(v, permit)
-        }
+        acquisition(v, permit, d.answered_here)
     }
 
     /// Counts verdict `v` in `counters` and returns it, with the slot of a
@@ -337,12 +339,12 @@ impl ResourceBroker {
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
-        resource.config.limits.check_fits(&resource.id, cost)?;
+        resource.check_fits(cost)?;
         let owned_key = state_key(&resource, target.key);
-        let state = match &owned_key {
-            Some(key) => (key.as_str(), true),
-            None => (resource.key.as_str(), false),
-        };
+        let state = (
+            owned_key.as_deref().unwrap_or(&resource.key),
+            owned_key.is_some(),
+        );
         let bounds = enqueue::Bounds {
             deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),
             ceiling: None,
@@ -352,17 +354,19 @@ impl ResourceBroker {
             enqueue::Admitted::Go(booking, permit) => (booking, permit),
             other => {
                 bump(&resource.tally().counters.denied);
-                return Ok(match other {
-                    enqueue::Admitted::TooLong(wait, _) => denied(DenyReason::Rate, wait),
-                    _ => denied(DenyReason::Concurrency, 0),
-                });
+                let v = match other {
+                    enqueue::Admitted::TooLong(wait, _) => Verdict::Rate(wait),
+                    _ => Verdict::Concurrency,
+                };
+                return Ok(acquisition(v, Permit::empty(), false));
             }
         };
         let booked = booking.consume();
         bump(&resource.tally().counters.allowed);
-        Ok(Acquisition {
-            answered_here: booked.answered_here(),
-            ..acquisition(Verdict::Allowed, permit)
-        })
+        Ok(acquisition(
+            Verdict::Allowed,
+            permit,
+            booked.answered_here(),
+        ))
     }
 }

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use super::in_flight::to_its_answer;
 use super::{note_backend_error, state_key, Resource, ResourceBroker, Target};
+use crate::clock::tokio_after;
 use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
-use crate::state::Marks;
+use crate::state::{LimitSpec, Marks};
 use crate::stats::bump;
 use crate::telemetry::{self, Signal};
 
@@ -27,19 +28,10 @@ impl ResourceBroker {
     ) -> Result<(), BrokerError> {
         let target = target.into();
         let resource = self.resource(target.resource)?;
-        bump(&resource.counters.upstream_429);
-        telemetry::count(&resource.id, Signal::Upstream429);
         let owned = state_key(&resource, target.key);
         let key = owned.as_deref().unwrap_or(&resource.key);
-        resource
-            .penalties
-            .penalize(key, crate::clock::tokio_after(penalty));
-        self.inner
-            .backend
-            .penalize(key, &resource.spec, penalty)
-            .await
-            .inspect_err(|e| note_backend_error(&resource, "penalize", e))?;
-        Ok(())
+        resource.penalties.penalize(key, tokio_after(penalty));
+        self.penalize_key(&resource, key, penalty).await
     }
 
     /// Narrows the resource's buckets to what the upstream's headers say
@@ -120,8 +112,6 @@ impl ResourceBroker {
         retry_after: Option<Duration>,
         penalty: Duration,
     ) {
-        bump(&resource.tally().counters.upstream_429);
-        telemetry::count(&resource.id, Signal::Upstream429);
         tracing::info!(
             resource = %resource.id,
             attempt,
@@ -129,14 +119,25 @@ impl ResourceBroker {
             hold_ms = penalty.as_millis() as u64,
             "upstream 429"
         );
-        let (backend, resource) = (self.inner.backend.clone(), resource.clone());
-        let (key, spec) = (key.to_owned(), resource.latest().spec.clone());
-        to_its_answer(async move {
-            if let Err(e) = backend.penalize(&key, &spec, penalty).await {
-                note_backend_error(&resource, "penalize", &e);
-            }
-        })
-        .await;
+        let (broker, resource, key) = (self.clone(), resource.clone(), key.to_owned());
+        let penalized = async move { broker.penalize_key(&resource, &key, penalty).await };
+        let _ = to_its_answer(penalized).await;
+    }
+
+    /// Counts an upstream 429 on `resource` and penalizes its state `key`
+    /// in the store for `penalty`.
+    async fn penalize_key(
+        &self,
+        resource: &Resource,
+        key: &str,
+        penalty: Duration,
+    ) -> Result<(), BrokerError> {
+        bump(&resource.tally().counters.upstream_429);
+        telemetry::count(&resource.id, Signal::Upstream429);
+        let spec = resource.latest().spec.clone();
+        (self.inner.backend.penalize(key, &spec, penalty).await)
+            .inspect_err(|e| note_backend_error(resource, "penalize", e))?;
+        Ok(())
     }
 
     /// `reconcile` on state `key`: resets capped at the wait ceiling, an
@@ -153,12 +154,8 @@ impl ResourceBroker {
         let spec = &resource.latest().spec;
         // No bucket to narrow: a spent counter penalizes the state until
         // its reset.
-        let spent = spec.buckets.is_empty().then(|| spent_reset(observed));
-        let noop = match spent {
-            Some(reset) => reset.is_none(),
-            None => spec.reconcile_is_noop(observed),
-        };
-        if noop {
+        let spent = spec.buckets.is_empty().then(|| spent_reset(observed, spec));
+        if spent.map_or_else(|| spec.reconcile_is_noop(observed), |r| r.is_none()) {
             return Ok(());
         }
         penalize_spent_counters(resource, key, observed);
@@ -176,60 +173,35 @@ impl ResourceBroker {
 
 /// `observed` with every reset at most the resource's wait ceiling.
 pub(super) fn capped_resets(resource: &Resource, observed: &ObservedLimit) -> ObservedLimit {
-    let ceiling = resource
-        .config
-        .retry
-        .ceiling(&resource.config.paced_limits());
-    cap_resets(observed, ceiling)
+    let config = &resource.config;
+    let ceiling = config.retry.ceiling(&config.paced_limits());
+    let mut capped = observed.clone();
+    for o in capped.requests.iter_mut().chain(capped.tokens.iter_mut()) {
+        o.reset = o.reset.map(|r| r.min(ceiling));
+    }
+    capped
 }
 
 /// Penalizes `key` in this process until the reset of every spent counter
 /// of `capped` with a bucket of its unit (without rate limits: of any
 /// spent counter), as the store's `reconcile` makes new bookings wait.
 pub(super) fn penalize_spent_counters(resource: &Arc<Resource>, key: &str, capped: &ObservedLimit) {
-    let buckets = &resource.latest().spec.buckets;
-    if buckets.is_empty() {
-        if let Some(reset) = spent_reset(capped) {
-            resource
-                .penalties
-                .penalize(key, crate::clock::tokio_after(reset));
-        }
-        return;
-    }
-    for (unit, _) in buckets {
-        if let Some(o) = capped.of(*unit).filter(|o| o.remaining == Some(0)) {
-            if let Some(reset) = o.reset {
-                resource
-                    .penalties
-                    .penalize(key, crate::clock::tokio_after(reset));
-            }
-        }
+    if let Some(reset) = spent_reset(capped, &resource.latest().spec) {
+        resource.penalties.penalize(key, tokio_after(reset));
     }
 }
 
-/// The latest reset among the spent counters of `observed`.
-fn spent_reset(observed: &ObservedLimit) -> Option<Duration> {
-    [&observed.requests, &observed.tokens]
+/// The latest reset among the spent counters of `observed` with a bucket
+/// of their unit in `spec` (without rate limits: among all of them).
+fn spent_reset(observed: &ObservedLimit, spec: &LimitSpec) -> Option<Duration> {
+    let bucketed = |unit| spec.buckets.is_empty() || spec.buckets.iter().any(|(u, _)| *u == unit);
+    [Unit::Requests, Unit::Tokens]
         .into_iter()
-        .flatten()
+        .filter(|unit| bucketed(*unit))
+        .filter_map(|unit| observed.of(unit))
         .filter(|o| o.remaining == Some(0))
         .filter_map(|o| o.reset)
         .max()
-}
-
-/// `observed` with every reset at most `ceiling`.
-fn cap_resets(observed: &ObservedLimit, ceiling: Duration) -> ObservedLimit {
-    let cap = |o: &Option<crate::observed::Observed>| {
-        o.clone().map(|mut o| {
-            o.reset = o.reset.map(|r| r.min(ceiling));
-            o
-        })
-    };
-    ObservedLimit {
-        requests: cap(&observed.requests),
-        tokens: cap(&observed.tokens),
-        retry_after: observed.retry_after,
-    }
 }
 
 /// Logs at debug level (once per value) an upstream limit other than the

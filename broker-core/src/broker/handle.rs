@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::calls::On;
-use super::{Acquisition, Permit, Resource, ResourceBroker, Target, TryAcquire};
+use super::{Acquisition, Permit, Resource, ResourceBroker, TryAcquire};
 use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::state::Verdict;
@@ -75,8 +75,12 @@ impl ResourceHandle {
         !self.resource.retired.load(Ordering::Acquire)
     }
 
-    fn target<'a>(&'a self, key: Option<&'a str>) -> Target<'a> {
-        Target::keyed(&self.resource.id, key)
+    /// Where this handle's calls go: its registration while it is current.
+    fn on(&self) -> On<'_> {
+        match self.is_current() {
+            true => On::Resource(&self.resource),
+            false => On::Id(&self.resource.id),
+        }
     }
 
     /// [`ResourceBroker::try_acquire`] on this resource: `key` is a sub-key
@@ -99,11 +103,7 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> TryAcquire<'s> {
-        let on = match self.is_current() {
-            true => On::Resource(&self.resource),
-            false => On::Id(&self.resource.id),
-        };
-        TryAcquire::new(&self.broker, on, key.into(), cost)
+        TryAcquire::new(&self.broker, self.on(), key.into(), cost)
     }
 
     /// The compact answer for a hot path: when the store answers in
@@ -131,16 +131,11 @@ impl ResourceHandle {
         cost: Cost,
         permit: &mut Permit,
     ) -> Option<Verdict> {
-        let found;
-        let resource = match self.is_current() {
-            true => &self.resource,
-            false => {
-                found = self.broker.resource(&self.resource.id).ok()?;
-                &found
-            }
-        };
-        resource.check_fits(cost).ok()?;
-        self.broker.quick(resource, key, cost, permit)
+        let verdict = self.on().with(&self.broker, |resource| {
+            resource.check_fits(cost).ok()?;
+            self.broker.quick(resource, key, cost, permit)
+        });
+        verdict.ok().flatten()
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `None` when the
@@ -162,10 +157,6 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        let key = key.into();
-        match self.is_current() {
-            true => self.broker.acquire_now(&self.resource, key, cost).ok(),
-            false => self.broker.try_acquire_now(self.target(key), cost),
-        }
+        self.broker.acquire_now_on(self.on(), key.into(), cost)
     }
 }

@@ -2,17 +2,17 @@
 //! step ([`ResourceBroker::register_limits`]).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{Epochs, Lineage, Registry, Resource, ResourceBroker};
+use super::{Epochs, Latest, Lineage, Registry, Resource, ResourceBroker};
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
 use crate::limits::Limits;
 use crate::state::LimitSpec;
 use crate::stats::{Counters, ResourceKind};
-use crate::store::LocalStates;
 
 /// What [`ResourceBroker::register_limits`] does with an id the broker
 /// already holds as a limit-only resource with other limits.
@@ -33,16 +33,6 @@ pub struct EntryError {
     pub index: usize,
     /// Why it could not be registered.
     pub error: ConfigError,
-}
-
-/// A registration made ready outside the registry's lock.
-struct Ready {
-    id: String,
-    config: ResourceConfig,
-    kind: ResourceKind,
-    key: String,
-    spec: Arc<LimitSpec>,
-    local: Option<Arc<dyn LocalStates>>,
 }
 
 /// Whether two limits decide alike: the same rates in the same order
@@ -104,9 +94,7 @@ impl ResourceBroker {
             let error = ConfigError::invalid(id, "named twice in one batch");
             return Err(EntryError { index, error });
         }
-        // Made ready before the lock, decided under it. What the lock's
-        // guard is declared after is dropped once the lock is let go: a
-        // store's states may register again from their destructor.
+        // Made ready before the registry's lock, decided under it.
         let ready = (entries.iter().enumerate())
             .map(|(index, &(id, limits))| {
                 let config = ResourceConfig::new(limits.clone());
@@ -114,37 +102,24 @@ impl ResourceBroker {
                     .map_err(|error| EntryError { index, error })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut replaced = Vec::new();
-        let _guard = self.lock_registry();
-        let current = self.inner.resources.load_full();
-        let install = (ready.iter().enumerate())
-            .map(|(index, r)| {
-                let taken = |reason: &str| EntryError {
-                    index,
-                    error: ConfigError::Taken {
-                        id: r.id.clone(),
-                        reason: reason.to_owned(),
-                    },
-                };
-                match current.get(&r.id) {
-                    None => Ok(true),
-                    Some(old) if old.kind == ResourceKind::Queue => {
-                        Err(taken("as a resource with a queue"))
-                    }
-                    Some(old) if same_limits(&old.config.limits, &r.config.limits) => Ok(false),
-                    Some(_) if on_other == OnOtherLimits::Refuse => Err(taken("with other limits")),
-                    Some(_) => Ok(true),
+        self.commit(ready, |current, index, r| {
+            let taken = |reason: &str| EntryError {
+                index,
+                error: ConfigError::Taken {
+                    id: r.id.clone(),
+                    reason: reason.to_owned(),
+                },
+            };
+            match current.get(&r.id) {
+                None => Ok(true),
+                Some(old) if old.kind == ResourceKind::Queue => {
+                    Err(taken("as a resource with a queue"))
                 }
-            })
-            .collect::<Result<Vec<bool>, _>>()?;
-        if install.contains(&true) {
-            let mut map = HashMap::clone(&current);
-            for (r, _) in ready.iter().zip(install).filter(|(_, i)| *i) {
-                replaced.extend(self.install(&mut map, r));
+                Some(old) if same_limits(&old.config.limits, &r.config.limits) => Ok(false),
+                Some(_) if on_other == OnOtherLimits::Refuse => Err(taken("with other limits")),
+                Some(_) => Ok(true),
             }
-            self.publish(map, &replaced);
-        }
-        Ok(())
+        })
     }
 
     /// Registers (or re-configures) `id` as a `kind` resource.
@@ -155,21 +130,41 @@ impl ResourceBroker {
         kind: ResourceKind,
     ) -> Result<(), ConfigError> {
         let ready = self.ready(id, config, kind)?;
-        // Dropped after the lock is let go (see `register_limits`).
-        let replaced;
-        let _guard = self.lock_registry();
-        let mut map = HashMap::clone(&self.inner.resources.load());
-        replaced = self.install(&mut map, &ready);
-        self.publish(map, replaced.as_slice());
-        Ok(())
+        self.commit(vec![ready], |_, _, _| Ok(true))
+            .map_err(|e| e.error)
     }
 
-    /// The registry's lock: registrations are made one after another.
-    fn lock_registry(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.inner
-            .register
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    /// Installs, under the registry's lock, each of `ready` that `install`
+    /// accepts (all or none), and retires the registrations replaced.
+    fn commit(
+        &self,
+        ready: Vec<Resource>,
+        install: impl Fn(&Registry, usize, &Resource) -> Result<bool, EntryError>,
+    ) -> Result<(), EntryError> {
+        // Declared before the lock's guard, so dropped after it is let go:
+        // a store's states may register again from their destructor.
+        let (mut replaced, mut unused) = (Vec::new(), Vec::new());
+        let _guard = (self.inner.register.lock()).unwrap_or_else(|p| p.into_inner());
+        let current = self.inner.resources.load_full();
+        let install = (ready.iter().enumerate())
+            .map(|(index, r)| install(&current, index, r))
+            .collect::<Result<Vec<bool>, _>>()?;
+        if !install.contains(&true) {
+            return Ok(());
+        }
+        let mut map = HashMap::clone(&current);
+        for (r, install) in ready.into_iter().zip(install) {
+            match install {
+                true => replaced.extend(carry_over(&mut map, r)),
+                false => unused.push(r),
+            }
+        }
+        self.inner.resources.store(Arc::new(map));
+        for old in &replaced {
+            // After the store: a handle that sees the flag finds the new one.
+            old.retired.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Checks `id` and `config` and makes the store's states, before the
@@ -179,76 +174,62 @@ impl ResourceBroker {
         id: &str,
         config: ResourceConfig,
         kind: ResourceKind,
-    ) -> Result<Ready, ConfigError> {
+    ) -> Result<Resource, ConfigError> {
         if id.is_empty() || id.len() > 256 {
             return Err(ConfigError::BadResourceId(id.to_owned()));
         }
         config.validate()?;
         let key = keys::resource_key(id);
-        let lease_ttl = match self.inner.backend.local().is_some() {
-            true => Duration::MAX,
-            false => renewable(config.lease_ttl)?,
+        let store = self.inner.backend.local();
+        let lease_ttl = match store {
+            Some(_) => Duration::MAX,
+            None => renewable(config.lease_ttl)?,
         };
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
-        let local = (self.inner.backend.local()).and_then(|l| l.states(&key, spec.clone()));
-        Ok(Ready {
-            id: id.to_owned(),
-            config,
-            kind,
-            key,
-            spec,
+        let local = store.and_then(|l| l.states(&key, spec.clone()));
+        Ok(Resource {
             local,
+            live: Arc::default(),
+            retired: AtomicBool::new(false),
+            id: id.to_owned(),
+            key,
+            config,
+            lineage: Arc::new(Lineage::from_pointee(Latest {
+                spec: spec.clone(),
+                epochs: Epochs::default(),
+                resource: Weak::new(),
+            })),
+            spec,
+            kind,
+            counters: Counters::default(),
+            slot_notify: tokio::sync::Notify::new(),
+            penalties: Arc::default(),
+            lines: Arc::default(),
+            warned_at_ms: AtomicU64::new(u64::MAX),
+            keeper: self.inner.keeper.clone(),
+            epochs: Epochs::default(),
         })
     }
+}
 
-    /// Puts `ready` in `map` in place of its id's registration, returned;
-    /// what belongs to the id is carried over.
-    fn install(&self, map: &mut Registry, ready: &Ready) -> Option<Arc<Resource>> {
-        let (penalties, lines, lineage, epochs, live) = match map.get(&ready.id) {
-            Some(old) => (
-                old.penalties.clone(),
-                old.lines.clone(),
-                old.lineage.clone(),
-                old.epochs.after(&old.spec, &ready.spec),
-                old.live.clone(),
-            ),
-            None => (
-                Arc::default(),
-                Arc::default(),
-                Arc::new(Lineage::new(ready.spec.clone())),
-                Epochs::default(),
-                Arc::default(),
-            ),
-        };
-        let resource = Arc::new(Resource {
-            id: ready.id.clone(),
-            local: ready.local.clone(),
-            key: ready.key.clone(),
-            spec: ready.spec.clone(),
-            config: ready.config.clone(),
-            kind: ready.kind,
-            counters: Counters::default(),
-            live,
-            slot_notify: tokio::sync::Notify::new(),
-            penalties,
-            lines,
-            warned_at_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
-            retired: std::sync::atomic::AtomicBool::new(false),
-            keeper: self.inner.keeper.clone(),
-            lineage,
-            epochs,
-        });
-        resource.lineage.install(&resource);
-        map.insert(ready.id.clone(), resource)
-    }
-
-    /// Makes `map` the registry and retires the registrations replaced.
-    fn publish(&self, map: Registry, replaced: &[Arc<Resource>]) {
-        self.inner.resources.store(Arc::new(map));
-        for old in replaced {
-            // After the store: a handle that sees the flag finds the new one.
-            old.retired
-                .store(true, std::sync::atomic::Ordering::Release);
-        }
-    }
+/// Puts `ready` in `map` in place of its id's registration, returned, and
+/// makes it the latest of its id; what belongs to the id is carried over.
+fn carry_over(map: &mut Registry, ready: Resource) -> Option<Arc<Resource>> {
+    let resource = Arc::new(match map.get(&ready.id) {
+        Some(old) => Resource {
+            penalties: old.penalties.clone(),
+            lines: old.lines.clone(),
+            lineage: old.lineage.clone(),
+            epochs: old.epochs.after(&old.spec, &ready.spec),
+            live: old.live.clone(),
+            ..ready
+        },
+        None => ready,
+    });
+    resource.lineage.store(Arc::new(Latest {
+        spec: resource.spec.clone(),
+        epochs: resource.epochs,
+        resource: Arc::downgrade(&resource),
+    }));
+    map.insert(resource.id.clone(), resource)
 }

@@ -73,7 +73,7 @@ impl Resource {
     /// a store keeps a state for one set of limits and starts it afresh
     /// for other buckets.
     pub(crate) fn latest(&self) -> Arc<Latest> {
-        self.lineage.latest.load_full()
+        self.lineage.load_full()
     }
 
     /// The registration whose counters count what happens now to a call
@@ -82,7 +82,7 @@ impl Resource {
         if !self.retired.load(Ordering::Acquire) {
             return Tally::Own(self);
         }
-        match self.lineage.latest.load().resource.upgrade() {
+        match self.lineage.load().resource.upgrade() {
             Some(latest) => Tally::Latest(latest),
             None => Tally::Own(self),
         }
@@ -138,10 +138,7 @@ pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &Back
 /// The latest registration of one resource id, shared by all of them. It
 /// holds the latest weakly, so an old registration kept alive keeps no
 /// later one alive.
-#[derive(Debug)]
-pub(crate) struct Lineage {
-    pub(super) latest: ArcSwap<Latest>,
-}
+pub(crate) type Lineage = ArcSwap<Latest>;
 
 /// The latest registration of an id, as an earlier one sees it.
 #[derive(Debug)]
@@ -170,27 +167,5 @@ impl Epochs {
             limits: self.limits + 1,
             buckets: self.buckets + u64::from(!enqueue::same_units(before, spec)),
         }
-    }
-}
-
-impl Lineage {
-    /// The lineage of a first registration, of `spec`.
-    pub(crate) fn new(spec: Arc<LimitSpec>) -> Self {
-        Self {
-            latest: ArcSwap::from_pointee(Latest {
-                spec,
-                epochs: Epochs::default(),
-                resource: std::sync::Weak::new(),
-            }),
-        }
-    }
-
-    /// Makes `resource` the latest registration of the id.
-    pub(crate) fn install(&self, resource: &Arc<Resource>) {
-        self.latest.store(Arc::new(Latest {
-            spec: resource.spec.clone(),
-            epochs: resource.epochs,
-            resource: Arc::downgrade(resource),
-        }));
     }
 }
