@@ -94,9 +94,9 @@ fn a_key_dropped_at_the_bound_comes_back_with_no_more_than_it_had() {
     broker.register_limit("tenant", five_a_minute()).unwrap();
     assert_eq!(take(&broker, "drained", 9), 5);
     assert_eq!(take(&broker, "used-one", 1), 1);
-    // Well over the bound, well under the resource's places (512, half
-    // the budget): no time passes, so nothing refills, yet the new keys
-    // are not denied.
+    // Well over the bound, well under the store's own places (1,024 at
+    // least): no time passes, so nothing refills, yet the new keys are not
+    // denied.
     assert!(flood(&broker, 120) >= 117);
     assert!(backend.len() <= BOUND + 1);
     assert!(backend.folded() > 50);

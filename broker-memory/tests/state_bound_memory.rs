@@ -43,9 +43,8 @@ fn a_flood_of_resource_parts_stays_within_the_bound_and_the_budget() {
             most = most.max(backend.len());
         }
     };
-    // Each flood fills more of the 4,096 shared places (three small
-    // blocks each for one number of buckets: about 700 KiB in all), and
-    // less each time.
+    // Past the own places' budget, each flood fills more of the 4,096
+    // shared places, and less each time.
     let mut grown = Vec::new();
     for round in 0..3 {
         let before = live();
