@@ -51,16 +51,16 @@ impl Bounds {
         WaitBound::Deadline(self.deadline.map_or(Duration::ZERO, |(_, d)| d))
     }
 
-    /// The bound a penalty ending at `until` meets, if any.
-    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
+    /// The refusal of a penalty ending at `until` that meets a bound, if
+    /// it does.
+    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<Admitted> {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
-        if let Some(c) = self.ceiling.filter(|&c| left > c) {
-            return Some(WaitBound::PenaltyCeiling(c));
-        }
-        match self.deadline {
-            Some((at, d)) if until > at => Some(WaitBound::Deadline(d)),
-            _ => None,
-        }
+        let bound = match (self.ceiling, self.deadline) {
+            (Some(c), _) if left > c => WaitBound::PenaltyCeiling(c),
+            (_, Some((at, d))) if until > at => WaitBound::Deadline(d),
+            _ => return None,
+        };
+        Some(Admitted::TooLong(crate::clock::micros(left), bound))
     }
 }
 
@@ -118,9 +118,8 @@ pub(crate) async fn admit_until(
             }
         };
         drop(booking);
-        if let Some(bound) = bounds.penalty_beyond(until) {
-            let now = tokio::time::Instant::now();
-            return Ok(Admitted::TooLong(crate::clock::micros(until - now), bound));
+        if let Some(too_long) = bounds.penalty_beyond(until) {
+            return Ok(too_long);
         }
         tokio::time::sleep_until(until).await;
     }
@@ -141,11 +140,12 @@ async fn book_in_line(
     ticket.join();
     // The shared ledger charged this booking's flow.
     let mut charged = false;
+    let behind =
+        |t: &Ticket| Admitted::TooLong(crate::clock::micros(t.ahead()), bounds.deadline_bound());
     loop {
-        if let Some((at, d)) = bounds.deadline {
+        if let Some((at, _)) = bounds.deadline {
             if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
-                let ahead = crate::clock::micros(ticket.ahead());
-                return Ok(Err(Admitted::TooLong(ahead, WaitBound::Deadline(d))));
+                return Ok(Err(behind(ticket)));
             }
         } else {
             ticket.turn().await;
@@ -156,8 +156,7 @@ async fn book_in_line(
         if !charged && horizon.is_some() {
             if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
-                    let ahead = crate::clock::micros(ticket.ahead());
-                    return Ok(Err(Admitted::TooLong(ahead, bounds.deadline_bound())));
+                    return Ok(Err(behind(ticket)));
                 }
                 ticket
                     .nap(Duration::from_micros(ticket.units()).min(left))
@@ -167,11 +166,9 @@ async fn book_in_line(
             charged = true;
         }
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
-        let wait = match LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?
-        {
-            Ok(booking) => {
-                return Ok(Ok(booking));
-            }
+        let booked = LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?;
+        let wait = match booked {
+            Ok(booking) => return Ok(Ok(booking)),
             Err(wait) => Duration::from_micros(wait),
         };
         if wait > left {
@@ -184,12 +181,9 @@ async fn book_in_line(
                 Some(until) => Some(until),
                 None => store_penalty(broker, resource, key, cost).await?,
             };
-            if let Some(until) = held {
-                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.penalty_beyond(until) {
-                    let now = tokio::time::Instant::now();
-                    let would = crate::clock::micros(until.saturating_duration_since(now));
-                    return Ok(Err(Admitted::TooLong(would, bound)));
-                }
+            let beyond = held.and_then(|until| bounds.penalty_beyond(until));
+            if let Some(too_long @ Admitted::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
+                return Ok(Err(too_long));
             }
         }
         ticket.set_due(crate::clock::tokio_after(wait));

@@ -263,8 +263,7 @@ impl ResourceBroker {
                         .note_upstream_429(&resource, &key, number, retry_after, penalty)
                         .await;
                 }
-                if let Some((spec, booked, actual, since)) = settlement {
-                    let change = (booked, actual, since);
+                if let Some((spec, change @ (booked, actual, _))) = settlement {
                     let backend = &broker.inner.backend;
                     if let Some(task) =
                         settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
