@@ -222,10 +222,8 @@ impl ResourceBroker {
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
             if number == 1 {
-                resource
-                    .lines
-                    .waits
-                    .record(target.priority, started.elapsed());
+                let waits = &resource.lines.waits[target.priority.index()];
+                waits.record(started.elapsed());
             }
             let used = booking.consume();
             bump(&resource.tally().counters.allowed);

@@ -24,7 +24,8 @@ pub use stats::{FlowStats, LevelStats, QueueStats};
 pub(crate) struct Lines {
     lines: Mutex<HashMap<String, Line>>,
     next: AtomicU64,
-    pub(crate) waits: stats::Waits,
+    /// By priority.
+    pub(crate) waits: [stats::Histogram; 3],
 }
 
 /// The waiters of one state key.
