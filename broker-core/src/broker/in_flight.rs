@@ -12,7 +12,7 @@ use super::enqueue::{refund_spec, settle_or_spawn, NO_COST};
 use super::permit::release_untold;
 use super::{HeldKey, Resource};
 use crate::limits::Cost;
-use crate::state::{Decision, LeaseId, Marks};
+use crate::state::{Decision, Marks};
 use crate::store::Store;
 
 /// `call`'s answer; dropped after it was first polled and before it was
@@ -105,32 +105,6 @@ impl Drop for Unclaimed {
         let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
         let change = (self.cost, NO_COST, since);
         let _ = settle_or_spawn(&self.backend, resource, key, &spec, change, "refund");
-    }
-}
-
-/// A lease `take_slot` took for a caller that may have gone away: dropped
-/// without [`UntoldLease::claim`], it is released.
-pub(crate) struct UntoldLease {
-    pub(crate) lease: Option<LeaseId>,
-    pub(crate) backend: Arc<dyn Store>,
-    pub(crate) resource: Arc<Resource>,
-    pub(crate) key: String,
-}
-
-impl UntoldLease {
-    /// The lease, now held by its caller.
-    pub(crate) fn claim(mut self) -> LeaseId {
-        self.lease.take().expect("claimed once")
-    }
-}
-
-impl Drop for UntoldLease {
-    fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
-        let key = HeldKey::State(Some(std::mem::take(&mut self.key)));
-        release_untold(&self.backend, self.resource.clone(), key, lease);
     }
 }
 

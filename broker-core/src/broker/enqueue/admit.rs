@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::booking::LiveBooking;
-use crate::broker::in_flight::{to_its_answer, UntoldLease};
+use crate::broker::in_flight::to_its_answer;
 use crate::broker::queue::{self, Ticket};
-use crate::broker::{note_backend_error, Permit, Resource, ResourceBroker};
+use crate::broker::{note_backend_error, HeldKey, Permit, Resource, ResourceBroker};
 use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError, WaitBound};
 use crate::limits::Cost;
-use crate::state::{LeaseId, LimitSpec};
-use crate::store::{Store, Turn, TurnAsk};
+use crate::store::{Turn, TurnAsk};
 
 /// What [`admit_until`] gave one attempt of `enqueue` or `acquire`.
 pub(crate) enum Admitted {
@@ -52,16 +51,16 @@ impl Bounds {
         WaitBound::Deadline(self.deadline.map_or(Duration::ZERO, |(_, d)| d))
     }
 
-    /// The bound a penalty ending at `until` meets, if any.
-    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<WaitBound> {
+    /// The refusal of a penalty ending at `until` that meets a bound, if
+    /// it does.
+    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<Admitted> {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
-        if let Some(c) = self.ceiling.filter(|&c| left > c) {
-            return Some(WaitBound::PenaltyCeiling(c));
-        }
-        match self.deadline {
-            Some((at, d)) if until > at => Some(WaitBound::Deadline(d)),
-            _ => None,
-        }
+        let bound = match (self.ceiling, self.deadline) {
+            (Some(c), _) if left > c => WaitBound::PenaltyCeiling(c),
+            (_, Some((at, d))) if until > at => WaitBound::Deadline(d),
+            _ => return None,
+        };
+        Some(Admitted::TooLong(crate::clock::micros(left), bound))
     }
 }
 
@@ -82,7 +81,6 @@ pub(crate) async fn admit_until(
     mut ticket: Option<&mut Ticket>,
     counted: bool,
 ) -> Result<Admitted, BrokerError> {
-    let backend = &broker.inner.backend;
     loop {
         let booked = match ticket.as_deref_mut() {
             Some(ticket) => {
@@ -102,14 +100,10 @@ pub(crate) async fn admit_until(
         let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
-                let slot = wait_slot(broker, resource, key, bounds.until()).await?;
-                let Some((lease, waited)) = slot else {
+                let slot = wait_slot(broker, resource, (key, keyed), counted, bounds.until());
+                let Some((permit, waited)) = slot.await? else {
                     return Ok(Admitted::NoSlot(bounds.deadline_bound()));
                 };
-                let permit = lease.map_or_else(Permit::empty, |lease| {
-                    let held_key = crate::broker::HeldKey::State(keyed.then(|| key.to_owned()));
-                    Permit::held(backend, resource.clone(), held_key, lease, counted)
-                });
                 // After a wait the store may have a penalty since.
                 let held = match resource.penalties.until(key) {
                     None if waited || booking.wait > 0 => {
@@ -117,19 +111,15 @@ pub(crate) async fn admit_until(
                     }
                     held => held,
                 };
-                match held {
-                    None => return Ok(Admitted::Go(booking, permit)),
-                    Some(until) => {
-                        drop(permit);
-                        until
-                    }
-                }
+                let Some(until) = held else {
+                    return Ok(Admitted::Go(booking, permit));
+                };
+                until
             }
         };
         drop(booking);
-        if let Some(bound) = bounds.penalty_beyond(until) {
-            let now = tokio::time::Instant::now();
-            return Ok(Admitted::TooLong(crate::clock::micros(until - now), bound));
+        if let Some(too_long) = bounds.penalty_beyond(until) {
+            return Ok(too_long);
         }
         tokio::time::sleep_until(until).await;
     }
@@ -150,37 +140,35 @@ async fn book_in_line(
     ticket.join();
     // The shared ledger charged this booking's flow.
     let mut charged = false;
+    let behind =
+        |t: &Ticket| Admitted::TooLong(crate::clock::micros(t.ahead()), bounds.deadline_bound());
     loop {
-        if let Some((at, d)) = bounds.deadline {
+        if let Some((at, _)) = bounds.deadline {
             if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
-                let ahead = crate::clock::micros(ticket.ahead());
-                return Ok(Err(Admitted::TooLong(ahead, WaitBound::Deadline(d))));
+                return Ok(Err(behind(ticket)));
             }
         } else {
             ticket.turn().await;
         }
         let spec = resource.latest().spec.clone();
-        let horizon = queue::horizon(ticket.priority(), &spec, ticket.units);
+        let horizon = queue::horizon(ticket.priority(), &spec, ticket.units());
         let left = bounds.left();
         if !charged && horizon.is_some() {
             if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
-                    let ahead = crate::clock::micros(ticket.ahead());
-                    return Ok(Err(Admitted::TooLong(ahead, bounds.deadline_bound())));
+                    return Ok(Err(behind(ticket)));
                 }
                 ticket
-                    .nap(Duration::from_micros(ticket.units).min(left))
+                    .nap(Duration::from_micros(ticket.units()).min(left))
                     .await;
                 continue;
             }
             charged = true;
         }
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
-        let wait = match LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?
-        {
-            Ok(booking) => {
-                return Ok(Ok(booking));
-            }
+        let booked = LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?;
+        let wait = match booked {
+            Ok(booking) => return Ok(Ok(booking)),
             Err(wait) => Duration::from_micros(wait),
         };
         if wait > left {
@@ -193,12 +181,9 @@ async fn book_in_line(
                 Some(until) => Some(until),
                 None => store_penalty(broker, resource, key, cost).await?,
             };
-            if let Some(until) = held {
-                if let Some(bound @ WaitBound::PenaltyCeiling(_)) = bounds.penalty_beyond(until) {
-                    let now = tokio::time::Instant::now();
-                    let would = crate::clock::micros(until.saturating_duration_since(now));
-                    return Ok(Err(Admitted::TooLong(would, bound)));
-                }
+            let beyond = held.and_then(|until| bounds.penalty_beyond(until));
+            if let Some(too_long @ Admitted::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
+                return Ok(Err(too_long));
             }
         }
         ticket.set_due(crate::clock::tokio_after(wait));
@@ -222,12 +207,12 @@ async fn shared_turn(
     let Some(turns) = broker.inner.backend.turns().filter(|_| !flow.is_empty()) else {
         return Turn::Yours;
     };
-    let interval = Duration::from_micros(ticket.units);
+    let interval = Duration::from_micros(ticket.units());
     let ask = TurnAsk {
         level: ticket.priority().index() as u8,
         flow,
         weight,
-        units: ticket.units,
+        units: ticket.units(),
         last: !ticket.flow_queued(),
         active: interval.saturating_mul(4).max(ACTIVE_AT_LEAST),
     };
@@ -240,18 +225,19 @@ async fn shared_turn(
 /// How often a waiter re-checks a slot held by another process.
 const SLOT_POLL: Duration = Duration::from_millis(25);
 
-/// Waits for a concurrency slot until `deadline`: its lease (`None`
-/// without a concurrency limit) and whether it was waited for; `None` when
-/// none came free in time.
+/// Waits for a concurrency slot on state `key` until `deadline`: its
+/// permit (empty without a concurrency limit, released as `admit_until`'s)
+/// and whether it was waited for; `None` when none came free in time.
 async fn wait_slot(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
-    key: &str,
+    (key, keyed): (&str, bool),
+    counted: bool,
     deadline: tokio::time::Instant,
-) -> Result<Option<(Option<LeaseId>, bool)>, BrokerError> {
+) -> Result<Option<(Permit, bool)>, BrokerError> {
     let spec = &resource.latest().spec;
     if spec.max_concurrent.is_none() {
-        return Ok(Some((None, false)));
+        return Ok(Some((Permit::empty(), false)));
     }
     let backend = &broker.inner.backend;
     let mut waited = false;
@@ -259,12 +245,33 @@ async fn wait_slot(
         let freed = resource.slot_notify.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
-        let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
-            Some(held) => held.inspect_err(|e| note_backend_error(resource, "take_slot", e))?,
-            None => take_slot_later(backend, resource, key, spec).await?,
+        let permit = |lease| {
+            let held_key = HeldKey::State(keyed.then(|| key.to_owned()));
+            Permit::held(backend, resource.clone(), held_key, lease, counted)
         };
-        if let Some(lease) = held {
-            return Ok(Some((Some(lease), waited)));
+        let held =
+            match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
+                Some(held) => held
+                    .inspect_err(|e| note_backend_error(resource, "take_slot", e))?
+                    .map(permit),
+                // Run to its answer if the caller goes away: the permit of a
+                // lease granted then is dropped there, released.
+                None => {
+                    let (backend, resource) = (backend.clone(), resource.clone());
+                    let (owned, spec) = (key.to_owned(), spec.clone());
+                    to_its_answer(async move {
+                        let lease = (backend.take_slot(&owned, &spec).await)
+                            .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
+                        let held_key = HeldKey::State(keyed.then_some(owned));
+                        Ok::<_, BackendError>(lease.map(|lease| {
+                            Permit::held(&backend, resource, held_key, lease, counted)
+                        }))
+                    })
+                    .await?
+                }
+            };
+        if let Some(permit) = held {
+            return Ok(Some((permit, waited)));
         }
         waited = true;
         let now = tokio::time::Instant::now();
@@ -298,30 +305,4 @@ async fn store_penalty(
         }
     };
     Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
-}
-
-/// `take_slot` through the store's asynchronous call, run to its answer if
-/// the caller goes away: a lease granted then is released, untold.
-async fn take_slot_later(
-    backend: &Arc<dyn Store>,
-    resource: &Arc<Resource>,
-    key: &str,
-    spec: &Arc<LimitSpec>,
-) -> Result<Option<LeaseId>, BrokerError> {
-    let (backend, resource) = (backend.clone(), resource.clone());
-    let (key, spec) = (key.to_owned(), spec.clone());
-    let held = to_its_answer(async move {
-        let held = backend
-            .take_slot(&key, &spec)
-            .await
-            .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
-        let untold = held.map(|lease| UntoldLease {
-            lease: Some(lease),
-            backend,
-            resource,
-            key,
-        });
-        Ok::<_, BackendError>(untold)
-    });
-    Ok(held.await?.map(UntoldLease::claim))
 }

@@ -112,18 +112,18 @@ impl LiveBooking {
         &self,
         usage: Option<Cost>,
         penalty_end: Option<tokio::time::Instant>,
-    ) -> Option<(Arc<LimitSpec>, Cost, Cost, Option<Marks>)> {
+    ) -> Option<(Arc<LimitSpec>, Change)> {
         let (latest, cost) = (self.resource.latest(), self.cost);
-        let spec = latest.spec.clone();
         let Some(since) = marks_under(&latest, self.booked_under, self.since) else {
-            return Some((spec, NO_COST, usage.unwrap_or(cost), None));
+            let actual = usage.unwrap_or(cost);
+            return (actual != NO_COST).then(|| (latest.spec.clone(), (NO_COST, actual, None)));
         };
         let mut actual = usage?;
         if penalty_end.is_some_and(|until| until > self.since_here) {
             actual.requests = actual.requests.max(cost.requests);
             actual.tokens = actual.tokens.max(cost.tokens);
         }
-        (actual != cost).then_some((spec, cost, actual, since))
+        (actual != cost).then(|| (latest.spec.clone(), (cost, actual, since)))
     }
 }
 
@@ -150,34 +150,23 @@ pub(crate) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
 }
 
 impl Drop for LiveBooking {
+    /// Refunds an unused booking, unless a penalty put on since drained it.
     fn drop(&mut self) {
-        // A penalty put on since drained the booking: it stays spent.
-        if !self.armed
-            || self
-                .resource
-                .penalties
-                .until(&self.key)
-                .is_some_and(|until| until > self.since_here)
-        {
+        if !self.armed {
             return;
         }
-        let latest = self.resource.latest();
-        let Some(since) = marks_under(&latest, self.booked_under, self.since) else {
+        let penalty_end = self.resource.penalties.until(&self.key);
+        let Some((spec, change)) = self.settlement(Some(NO_COST), penalty_end) else {
             return;
         };
-        let spec = latest.spec.clone();
-        let change = (self.cost, NO_COST, since);
-        let _ = settle_or_spawn(
-            &self.backend,
-            &self.resource,
-            &self.key,
-            &spec,
-            change,
-            "refund",
-        );
-        self.resource.lines.gave_back(&self.key);
+        let (backend, resource) = (&self.backend, &self.resource);
+        let _ = settle_or_spawn(backend, resource, &self.key, &spec, change, "refund");
+        resource.lines.gave_back(&self.key);
     }
 }
+
+/// A settlement: the cost booked, the actual cost, and the booking's marks.
+pub(crate) type Change = (Cost, Cost, Option<Marks>);
 
 /// Settles `change` (booked, actual, marks) on state `key`: at once when
 /// the store answers in process, else on a task of its own, returned (no
@@ -187,7 +176,7 @@ pub(crate) fn settle_or_spawn(
     resource: &Arc<Resource>,
     key: &str,
     spec: &Arc<LimitSpec>,
-    (booked, actual, since): (Cost, Cost, Option<Marks>),
+    (booked, actual, since): Change,
     op: &'static str,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let local = backend.local();

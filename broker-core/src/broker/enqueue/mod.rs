@@ -222,10 +222,8 @@ impl ResourceBroker {
                 Err(e) => break Err(EnqueueError::Broker(e)),
             };
             if number == 1 {
-                resource
-                    .lines
-                    .waits
-                    .record(target.priority, started.elapsed());
+                let waits = &resource.lines.waits[target.priority.index()];
+                waits.record(started.elapsed());
             }
             let used = booking.consume();
             bump(&resource.tally().counters.allowed);
@@ -263,8 +261,7 @@ impl ResourceBroker {
                         .note_upstream_429(&resource, &key, number, retry_after, penalty)
                         .await;
                 }
-                if let Some((spec, booked, actual, since)) = settlement {
-                    let change = (booked, actual, since);
+                if let Some((spec, change @ (booked, actual, _))) = settlement {
                     let backend = &broker.inner.backend;
                     if let Some(task) =
                         settle_or_spawn(backend, &resource, &key, &spec, change, "settle")

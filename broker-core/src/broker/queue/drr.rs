@@ -37,17 +37,15 @@ pub(super) struct Flows {
 }
 
 impl Flows {
-    /// Waiters queued at this level.
-    pub(super) fn len(&self) -> usize {
-        self.flows.values().map(|f| f.queue.len()).sum()
+    /// Whether no waiter is queued at this level.
+    pub(super) fn is_empty(&self) -> bool {
+        self.flows.is_empty()
     }
 
-    /// The `id` of the longest-waiting waiter, if any.
-    pub(super) fn oldest(&self) -> Option<u64> {
-        self.flows
-            .values()
-            .filter_map(|f| f.queue.front())
-            .map(|e| e.id)
+    /// The `id` and flow of the longest-waiting waiter, if any.
+    pub(super) fn oldest(&self) -> Option<(u64, &Arc<str>)> {
+        (self.flows.iter())
+            .filter_map(|(n, f)| f.queue.front().map(|e| (e.id, n)))
             .min()
     }
 
@@ -93,9 +91,7 @@ impl Flows {
 
     /// Takes the longest-waiting waiter out of turn, charging its flow.
     pub(super) fn pop_oldest(&mut self) -> Option<(Arc<str>, Entry)> {
-        let (_, name) = (self.flows.iter())
-            .filter_map(|(n, f)| f.queue.front().map(|e| (e.id, n.clone())))
-            .min()?;
+        let name = self.oldest()?.1.clone();
         let taken = self.take(&name, 0)?;
         if let Some(f) = self.flows.get_mut(&name) {
             f.deficit = f.deficit.saturating_sub(taken.1.units);
@@ -171,7 +167,7 @@ mod tests {
         flows.push(&a, entry(1, 5), false);
         assert!(flows.remove(&a, 1));
         assert!(flows.flows.is_empty() && flows.active.is_empty());
-        assert_eq!(flows.len(), 0);
+        assert!(flows.is_empty());
     }
 
     #[test]

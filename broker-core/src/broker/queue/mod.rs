@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use super::Priority;
 use crate::limits::Cost;
 use crate::state::LimitSpec;
@@ -26,7 +24,8 @@ pub use stats::{FlowStats, LevelStats, QueueStats};
 pub(crate) struct Lines {
     lines: Mutex<HashMap<String, Line>>,
     next: AtomicU64,
-    pub(crate) waits: stats::Waits,
+    /// By priority.
+    pub(crate) waits: [stats::Histogram; 3],
 }
 
 /// The waiters of one state key.
@@ -36,8 +35,6 @@ struct Line {
     head: Option<Head>,
     /// Turns given to a higher level since a waiting lower one had one.
     over_lower: u32,
-    /// When the head's cost fits, as the store last told it.
-    head_due: Option<tokio::time::Instant>,
 }
 
 /// The waiter that may book now.
@@ -48,6 +45,8 @@ struct Head {
     entry: Entry,
     /// It got its turn by a lower level's minimum share: not displaced.
     by_share: bool,
+    /// When its cost fits, as the store last told it.
+    due: Option<tokio::time::Instant>,
 }
 
 /// `cost` as the time it refills in the slowest bucket of `spec`, µs (at
@@ -76,7 +75,7 @@ pub(crate) fn horizon(priority: Priority, spec: &LimitSpec, units: u64) -> Optio
 
 impl Line {
     fn is_empty(&self) -> bool {
-        self.head.is_none() && self.levels.iter().all(|l| l.len() == 0)
+        self.head.is_none() && self.levels.iter().all(Flows::is_empty)
     }
 
     /// Makes the next waiter head, if there is none.
@@ -84,34 +83,28 @@ impl Line {
         if self.head.is_some() {
             return;
         }
-        self.head_due = None;
-        let Some(top) = (0..3).rev().find(|&p| self.levels[p].len() > 0) else {
+        let Some(top) = (0..3).rev().find(|&p| !self.levels[p].is_empty()) else {
             return;
         };
         let lower = (0..top)
-            .filter_map(|p| self.levels[p].oldest().map(|id| (id, p)))
+            .filter_map(|p| self.levels[p].oldest().map(|(id, _)| (id, p)))
             .min()
             .map(|(_, p)| p);
         let (level, by_share) = match lower {
-            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => {
-                self.over_lower = 0;
-                (p, true)
-            }
-            Some(_) => {
-                self.over_lower += 1;
-                (top, false)
-            }
-            None => {
-                self.over_lower = 0;
-                (top, false)
-            }
+            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true),
+            _ => (top, false),
         };
-        let popped = if by_share {
-            self.levels[level].pop_oldest()
+        self.over_lower = if lower.is_some() && !by_share {
+            self.over_lower + 1
         } else {
-            self.levels[level].pop()
+            0
         };
-        let Some((flow, entry)) = popped else {
+        let flows = &mut self.levels[level];
+        let Some((flow, entry)) = (if by_share {
+            flows.pop_oldest()
+        } else {
+            flows.pop()
+        }) else {
             return;
         };
         entry.wake.notify_one();
@@ -120,6 +113,7 @@ impl Line {
             flow,
             entry,
             by_share,
+            due: None,
         });
     }
 }
@@ -130,13 +124,10 @@ impl Line {
 pub(crate) struct Ticket {
     lines: Arc<Lines>,
     key: String,
-    /// Its place in its line, kept when it joins again.
-    id: u64,
     priority: Priority,
     flow: Arc<str>,
-    weight: u32,
-    pub(crate) units: u64,
-    wake: Arc<Notify>,
+    /// Its place, cost and weight in its flow, kept when it joins again.
+    entry: Entry,
     joined: bool,
 }
 
@@ -149,18 +140,35 @@ impl Ticket {
         (flow, weight): (Arc<str>, u32),
         units: u64,
     ) -> Self {
-        let id = lines.next.fetch_add(1, Ordering::Relaxed);
+        let entry = Entry {
+            id: lines.next.fetch_add(1, Ordering::Relaxed),
+            units,
+            weight,
+            wake: Arc::default(),
+        };
         Self {
             lines: lines.clone(),
             key: key.to_owned(),
-            id,
             priority,
             flow,
-            weight,
-            units,
-            wake: Arc::default(),
+            entry,
             joined: false,
         }
+    }
+
+    /// Its cost (see [`units`]).
+    pub(crate) fn units(&self) -> u64 {
+        self.entry.units
+    }
+
+    /// Runs `f` on this call's line, if there is one.
+    fn on_line<T>(&self, f: impl FnOnce(&mut Line) -> T) -> Option<T> {
+        self.lines.lock().get_mut(&self.key).map(f)
+    }
+
+    /// This call's place as the head of `line`, if it is.
+    fn head_of<'l>(&self, line: &'l mut Line) -> Option<&'l mut Head> {
+        line.head.as_mut().filter(|h| h.entry.id == self.entry.id)
     }
 
     pub(crate) fn priority(&self) -> Priority {
@@ -169,14 +177,13 @@ impl Ticket {
 
     /// The call's flow (a fingerprint; empty for none) and its weight.
     pub(crate) fn flow(&self) -> (&str, u32) {
-        (&self.flow, self.weight)
+        (&self.flow, self.entry.weight)
     }
 
     /// Whether other calls of this call's flow and priority wait in its
     /// line.
     pub(crate) fn flow_queued(&self) -> bool {
-        let lines = self.lines.lock();
-        (lines.get(&self.key)).is_some_and(|l| l.levels[self.priority.index()].has(&self.flow))
+        self.on_line(|l| l.levels[self.priority.index()].has(&self.flow)) == Some(true)
     }
 
     /// Joins the line (again: in the place the call had in its flow).
@@ -187,12 +194,7 @@ impl Ticket {
         self.joined = true;
         let mut lines = self.lines.lock();
         let line = lines.entry(self.key.clone()).or_default();
-        let entry = Entry {
-            id: self.id,
-            units: self.units,
-            weight: self.weight,
-            wake: self.wake.clone(),
-        };
+        let entry = self.entry.clone();
         line.levels[self.priority.index()].push(&self.flow, entry, false);
         match &line.head {
             None => line.promote(),
@@ -210,17 +212,13 @@ impl Ticket {
 
     /// Whether this call is the head of its line.
     pub(crate) fn is_head(&self) -> bool {
-        let lines = self.lines.lock();
-        lines
-            .get(&self.key)
-            .and_then(|l| l.head.as_ref())
-            .is_some_and(|h| h.entry.id == self.id)
+        self.on_line(|l| self.head_of(l).is_some()) == Some(true)
     }
 
     /// Waits until this call is the head of its line.
     pub(crate) async fn turn(&self) {
         loop {
-            let woken = self.wake.notified();
+            let woken = self.entry.wake.notified();
             if self.is_head() {
                 return;
             }
@@ -230,7 +228,7 @@ impl Ticket {
 
     /// Waits `d`, or until woken (time given back, or the turn taken).
     pub(crate) async fn nap(&self, d: Duration) {
-        let _ = tokio::time::timeout(d, self.wake.notified()).await;
+        let _ = tokio::time::timeout(d, self.entry.wake.notified()).await;
     }
 
     /// Leaves the line: the next waiter becomes head at once.
@@ -243,11 +241,11 @@ impl Ticket {
         let Some(line) = lines.get_mut(&self.key) else {
             return;
         };
-        if line.head.as_ref().is_some_and(|h| h.entry.id == self.id) {
+        if self.head_of(line).is_some() {
             line.head = None;
             line.promote();
         } else {
-            line.levels[self.priority.index()].remove(&self.flow, self.id);
+            line.levels[self.priority.index()].remove(&self.flow, self.entry.id);
         }
         if line.is_empty() {
             lines.remove(&self.key);
@@ -256,12 +254,7 @@ impl Ticket {
 
     /// The head was told by the store that its cost fits at `due`.
     pub(crate) fn set_due(&self, due: tokio::time::Instant) {
-        let mut lines = self.lines.lock();
-        if let Some(line) = lines.get_mut(&self.key) {
-            if line.head.as_ref().is_some_and(|h| h.entry.id == self.id) {
-                line.head_due = Some(due);
-            }
-        }
+        self.on_line(|l| self.head_of(l).map(|h| h.due = Some(due)));
     }
 
     /// An estimate of this call's wait: the head's time still ahead, then
@@ -273,13 +266,15 @@ impl Ticket {
         };
         let queued: u64 = (self.priority.index()..3)
             .flat_map(|p| line.levels[p].entries().map(move |(_, e)| (p, e)))
-            .filter(|(p, e)| *p > self.priority.index() || e.id < self.id)
+            .filter(|(p, e)| *p > self.priority.index() || e.id < self.entry.id)
             .map(|(_, e)| e.units)
             .sum();
-        let head = line.head_due.map_or(Duration::ZERO, |due| {
-            due.saturating_duration_since(tokio::time::Instant::now())
-        });
-        head + Duration::from_micros(queued.saturating_add(self.units))
+        let head = (line.head.as_ref())
+            .and_then(|h| h.due)
+            .map_or(Duration::ZERO, |due| {
+                due.saturating_duration_since(tokio::time::Instant::now())
+            });
+        head + Duration::from_micros(queued.saturating_add(self.entry.units))
     }
 }
 

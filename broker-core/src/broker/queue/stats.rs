@@ -10,9 +10,9 @@ use crate::broker::Priority;
 /// those in `[2^(i-1), 2^i)` ms; the last also every longer one.
 const BUCKETS: usize = 40;
 
-/// Waits of one priority level.
+/// The waits of `enqueue` calls of one priority for their first attempt.
 #[derive(Debug)]
-struct Histogram([AtomicU64; BUCKETS]);
+pub(crate) struct Histogram([AtomicU64; BUCKETS]);
 
 impl Default for Histogram {
     fn default() -> Self {
@@ -21,7 +21,7 @@ impl Default for Histogram {
 }
 
 impl Histogram {
-    fn record(&self, wait: Duration) {
+    pub(crate) fn record(&self, wait: Duration) {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let bucket = (64 - ms.leading_zeros() as usize).min(BUCKETS - 1);
         self.0[bucket].fetch_add(1, Ordering::Relaxed);
@@ -47,16 +47,6 @@ impl Histogram {
             u64::MAX
         });
         (total, out)
-    }
-}
-
-/// The waits of `enqueue` calls for their first attempt, per priority.
-#[derive(Debug, Default)]
-pub(crate) struct Waits([Histogram; 3]);
-
-impl Waits {
-    pub(crate) fn record(&self, priority: Priority, wait: Duration) {
-        self.0[priority.index()].record(wait);
     }
 }
 
@@ -103,12 +93,16 @@ pub struct FlowStats {
 }
 
 /// The stats of a queue with `depth` waiting per priority and `flows`.
-pub(crate) fn snapshot(waits: &Waits, depth: [u64; 3], mut flows: Vec<FlowStats>) -> QueueStats {
+pub(crate) fn snapshot(
+    waits: &[Histogram; 3],
+    depth: [u64; 3],
+    mut flows: Vec<FlowStats>,
+) -> QueueStats {
     let levels = Priority::ALL
         .iter()
         .rev()
         .map(|&p| {
-            let (count, [p50, p90, p99]) = waits.0[p.index()].quantiles([500, 900, 990]);
+            let (count, [p50, p90, p99]) = waits[p.index()].quantiles([500, 900, 990]);
             LevelStats {
                 priority: p.as_str().to_owned(),
                 depth: depth[p.index()],
