@@ -12,36 +12,23 @@ use crate::scripts::Lua;
 use crate::send::{Reply, Takes};
 use crate::RedisBackend;
 
-/// Why a call did not reach a decision in Redis.
-pub(crate) enum Failure {
-    /// Redis is unreachable: the failure policy above the store answers.
-    Unavailable(String),
-    /// A command or script error, returned as is.
-    Other(BackendError),
+/// The error of a call that could not reach Redis: the failure policy
+/// above the store answers.
+fn unreachable(why: impl std::fmt::Display) -> BackendError {
+    BackendError::unavailable(format!("redis unreachable: {why}"))
 }
 
-impl From<Failure> for BackendError {
-    fn from(f: Failure) -> Self {
-        match f {
-            Failure::Unavailable(why) => {
-                BackendError::unavailable(format!("redis unreachable: {why}"))
-            }
-            Failure::Other(e) => e,
-        }
-    }
-}
-
-pub(crate) fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, Failure> {
+pub(crate) fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, BackendError> {
     redis::from_redis_value(v)
-        .map_err(|e| Failure::Other(BackendError::new(format!("unexpected script reply: {e}"))))
+        .map_err(|e| BackendError::new(format!("unexpected script reply: {e}")))
 }
 
 /// A wait or a time a script returned as a string, saturating like the
 /// reference.
-pub(crate) fn micros_of(s: &str) -> Result<Micros, Failure> {
+pub(crate) fn micros_of(s: &str) -> Result<Micros, BackendError> {
     s.parse::<f64>()
         .map(|x| x as Micros)
-        .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
+        .map_err(|_| BackendError::new(format!("bad number from script: {s:?}")))
 }
 
 /// Releases a decision took out of the pending ones to send ahead of
@@ -96,7 +83,7 @@ impl RedisBackend {
         key: &str,
         script: &'static Lua,
         cmd: Cmd,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, BackendError> {
         self.call(key, script, cmd, None, None, self.deadline())
             .await
     }
@@ -113,7 +100,7 @@ impl RedisBackend {
         lease: Option<(KeyPair, LeaseId)>,
         takes: Option<Takes>,
         deadline: Instant,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, BackendError> {
         let scope = self.scope(key);
         let epoch = self.gate(scope)?;
         let reply = match takes {
@@ -127,7 +114,7 @@ impl RedisBackend {
 
     /// Lets a call on `scope` through unless that is down: the epoch it
     /// goes out in.
-    fn gate(&self, scope: Scope) -> Result<Epoch, Failure> {
+    fn gate(&self, scope: Scope) -> Result<Epoch, BackendError> {
         self.inner
             .health
             .should_try(scope)
@@ -135,11 +122,11 @@ impl RedisBackend {
     }
 
     /// A call on `scope` kept from Redis while that is down.
-    pub(crate) fn kept_back(&self, scope: Scope) -> Failure {
+    pub(crate) fn kept_back(&self, scope: Scope) -> BackendError {
         self.inner.health.kept_back(scope);
         // Starts the probe again if its task was dropped with its runtime.
         self.watch();
-        Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
+        unreachable("redis is down (waiting for the probe to find it back)")
     }
 
     /// Keeps the release of `lease` on `key`, which could not reach Redis,
@@ -154,7 +141,7 @@ impl RedisBackend {
 
     /// Sorts a reply into a value, an outage of `scope` (unless one ended
     /// since `epoch`) or another error.
-    fn outcome(&self, reply: Reply, scope: Scope, epoch: Epoch) -> Result<Value, Failure> {
+    fn outcome(&self, reply: Reply, scope: Scope, epoch: Epoch) -> Result<Value, BackendError> {
         let health = &self.inner.health;
         let msg = match reply {
             Reply::Done(Ok(v)) => {
@@ -165,7 +152,7 @@ impl RedisBackend {
                 if connection::answered_by_redis(&e) {
                     health.up(scope);
                 }
-                return Err(Failure::Other(redis_error(e)));
+                return Err(redis_error(e));
             }
             Reply::Done(Err(e)) => e.to_string(),
             Reply::TimedOut => format!("no reply within {:?}", self.inner.response_timeout),
@@ -175,6 +162,6 @@ impl RedisBackend {
         };
         health.failed(scope, &msg, epoch);
         self.watch();
-        Err(Failure::Unavailable(msg))
+        Err(unreachable(msg))
     }
 }

@@ -42,7 +42,7 @@ const PROBES_AT_ONCE: usize = 16;
 /// up in epoch 0 and has no entry).
 #[derive(Debug)]
 pub(crate) struct Healths {
-    probe_interval: Duration,
+    pub(crate) probe_interval: Duration,
     origin: Instant,
     scopes: RwLock<HashMap<Scope, Arc<Health>>>,
     /// How many scopes are down.

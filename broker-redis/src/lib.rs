@@ -31,7 +31,6 @@ mod scripts;
 mod send;
 mod startup;
 mod transitions;
-mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,7 +62,6 @@ struct Inner {
     coalescer: coalesce::Coalescer,
     /// Releases not yet sent (see `pending.rs`).
     pending: pending::Pending,
-    probe_interval: Duration,
     /// Whether the background probe runs.
     probing: std::sync::atomic::AtomicBool,
 }
@@ -115,7 +113,6 @@ impl RedisBackend {
                 maxmemory_policy,
                 coalescer: coalesce::Coalescer::new(coalesce),
                 pending: pending::Pending::default(),
-                probe_interval: b.probe_interval,
                 probing: std::sync::atomic::AtomicBool::new(false),
             }),
         }

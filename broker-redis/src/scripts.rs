@@ -108,7 +108,7 @@ pub(crate) fn evalsha(
     mut operand: impl FnMut(usize) -> Option<f64>,
 ) -> Cmd {
     let n = spec.buckets.len();
-    let mut cmd = head(script, [&keys.buckets, &keys.leases], now, margin_ms, n);
+    let mut cmd = head(script, keys.both(), now, margin_ms, n);
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
         push_num(&mut cmd, p.capacity());
         push_num(&mut cmd, p.amount());
@@ -123,14 +123,11 @@ pub(crate) fn evalsha(
     cmd
 }
 
-/// [`head`] on a state's two keys, for a script that reads no bucket.
-pub(crate) fn evalsha_leases(
-    script: &Script,
-    keys: &KeyPair,
-    now: Option<Micros>,
-    margin_ms: u64,
-) -> Cmd {
-    head(script, [&keys.buckets, &keys.leases], now, margin_ms, 0)
+/// The `release` of `lease` on a state's two keys.
+pub(crate) fn release(keys: [&str; 2], lease: broker_core::LeaseId) -> Cmd {
+    let mut cmd = head(&RELEASE, keys, None, 0, 0);
+    cmd.arg(lease);
+    cmd
 }
 
 /// The arguments of `cmd` as bytes.
@@ -194,9 +191,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
 pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
     let args = args_of(cmd);
     let key = |i: usize| std::str::from_utf8(args.get(i)?).ok();
-    let mut undo = head(&RELEASE, [key(3)?, key(4)?], None, 0, 0);
-    undo.arg(lease);
-    Some(undo)
+    Some(release([key(3)?, key(4)?], lease))
 }
 
 #[cfg(test)]

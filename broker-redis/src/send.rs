@@ -193,8 +193,7 @@ impl RedisBackend {
         };
         let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
         runtime.spawn(async move {
-            let mut cmd = scripts::evalsha_leases(&scripts::RELEASE, &keys, None, 0);
-            cmd.arg(lease);
+            let cmd = scripts::release(keys.both(), lease);
             if let Reply::Done(Err(e)) = send_within(&conn, timeout, &scripts::RELEASE, cmd).await {
                 tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
             }
