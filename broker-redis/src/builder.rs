@@ -59,7 +59,6 @@ impl RedisBackendBuilder {
                 max_batch: 32,
                 max_in_flight: 5,
                 batch_every_call: false,
-                group_by_tag: false,
             },
             lazy: false,
         }

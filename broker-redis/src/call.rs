@@ -102,7 +102,12 @@ impl RedisBackend {
         deadline: Instant,
     ) -> Result<Value, BackendError> {
         let scope = self.scope(key);
-        let epoch = self.gate(scope)?;
+        // Kept from Redis while its scope is down: the policy answers at once.
+        let epoch = self
+            .inner
+            .health
+            .should_try(scope)
+            .ok_or_else(|| self.kept_back(scope))?;
         let reply = match takes {
             Some(Takes::Try) if self.inner.coalescer.settings.enabled => {
                 self.coalesced(script, cmd, scope, lease, deadline).await
@@ -110,15 +115,6 @@ impl RedisBackend {
             _ => self.send(script, cmd, lease, takes, deadline).await,
         };
         self.outcome(reply, scope, epoch)
-    }
-
-    /// Lets a call on `scope` through unless that is down: the epoch it
-    /// goes out in.
-    fn gate(&self, scope: Scope) -> Result<Epoch, BackendError> {
-        self.inner
-            .health
-            .should_try(scope)
-            .ok_or_else(|| self.kept_back(scope))
     }
 
     /// A call on `scope` kept from Redis while that is down.

@@ -30,8 +30,6 @@ pub(crate) struct Settings {
     pub(crate) max_in_flight: usize,
     /// Sends even a lone decision through the batch script (for tests).
     pub(crate) batch_every_call: bool,
-    /// Splits a batch by hash tag (Redis Cluster).
-    pub(crate) group_by_tag: bool,
 }
 
 type Lease = (KeyPair, LeaseId);
@@ -51,7 +49,7 @@ struct Pending {
 
 /// The queue and the calls in flight of one scope.
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     queue: Vec<Pending>,
     in_flight: usize,
 }
@@ -60,7 +58,7 @@ struct State {
 /// flight.
 pub(crate) struct Coalescer {
     pub(crate) settings: Settings,
-    states: Mutex<HashMap<Scope, State>>,
+    pub(crate) states: Mutex<HashMap<Scope, State>>,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -70,13 +68,6 @@ impl std::fmt::Debug for Coalescer {
 }
 
 impl Coalescer {
-    pub(crate) fn new(settings: Settings) -> Self {
-        Self {
-            settings,
-            states: Mutex::default(),
-        }
-    }
-
     fn lock(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
         self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -193,7 +184,7 @@ impl RedisBackend {
         runtime.spawn(async move {
             let mut batch = batch;
             loop {
-                let timed_out = this.flush(batch).await;
+                let timed_out = this.flush(scope, batch).await;
                 match this.next_batch(scope, timed_out) {
                     Some(next) => batch = next,
                     None => return,
@@ -202,10 +193,11 @@ impl RedisBackend {
         });
     }
 
-    /// Sends one batch, on a cluster as one call per hash tag at once, and
-    /// answers each caller. Whether any call got no reply in time.
-    async fn flush(&self, batch: Vec<Pending>) -> bool {
-        if !self.inner.coalescer.settings.group_by_tag {
+    /// Sends one batch, on a cluster (a slot's scope) as one call per hash
+    /// tag at once, and answers each caller. Whether any call got no reply
+    /// in time.
+    async fn flush(&self, scope: Scope, batch: Vec<Pending>) -> bool {
+        if scope == Scope::Whole {
             return self.flush_group(batch).await;
         }
         let mut groups: Vec<(Option<Vec<u8>>, Vec<Pending>)> = Vec::new();

@@ -19,10 +19,7 @@ pub(crate) async fn check_maxmemory_policy(
     cmd.arg("GET").arg("maxmemory-policy");
     if !builder.cluster {
         let policy = conn.query(&cmd, builder.timeouts.response).await;
-        return note(
-            &builder.urls[0],
-            policy.and_then(|v| Ok(redis::from_redis_value(v)?)),
-        );
+        return note(&builder.urls[0], policy);
     }
     let mut found = None;
     for url in &builder.urls {
