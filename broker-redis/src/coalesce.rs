@@ -377,7 +377,7 @@ pub(crate) async fn give_back(
     }
     for (item, (cmd, late)) in items.into_iter().zip(decisions) {
         if let Ok(reply) = decision_reply(item) {
-            late.give_back(conn, timeout, &cmd, &reply).await;
+            late.give_back(conn, timeout, &cmd, reply).await;
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use broker_core::state::MARKED;
 use broker_core::LeaseId;
 use redis::{Cmd, RedisResult, Value};
 use tokio::time::Instant;
@@ -11,6 +10,7 @@ use tokio::time::Instant;
 use crate::connection::Conn;
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua};
+use crate::transitions::booking_of;
 use crate::RedisBackend;
 
 /// The answer to one call.
@@ -70,31 +70,17 @@ pub(crate) struct Late {
 
 impl Late {
     /// Gives back what `reply`, the late reply to `cmd`, took.
-    pub(crate) async fn give_back(self, conn: &Conn, timeout: Duration, cmd: &Cmd, reply: &Value) {
+    pub(crate) async fn give_back(self, conn: &Conn, timeout: Duration, cmd: &Cmd, reply: Value) {
         let granted = matches!(reply, Value::Int(1));
         if granted && self.takes != Takes::Book {
             if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
                 let _ = send_within(conn, timeout, &scripts::RELEASE, undo).await;
             }
         }
-        let refund = match (self.takes, reply) {
-            (Takes::Try, _) if granted => scripts::refund_of(cmd, [b""; MARKED], b""),
-            // Booked with no wait and no penalty: the store's time alone.
-            (Takes::Book, Value::BulkString(now)) => {
-                scripts::refund_of(cmd, [now.as_slice(); MARKED], now)
-            }
-            // {booked, wait, now, mark 1, .., mark 4}
-            (Takes::Book, Value::Array(items)) => match items.as_slice() {
-                [Value::Int(1), wait, now, rest @ ..] => {
-                    let mut marks = [&b""[..]; MARKED];
-                    for (m, v) in marks.iter_mut().zip(rest) {
-                        if let Value::BulkString(b) = v {
-                            *m = b;
-                        }
-                    }
-                    let due = due_of(wait, now).map(|d| d.to_string()).unwrap_or_default();
-                    scripts::refund_of(cmd, marks, due.as_bytes())
-                }
+        let refund = match self.takes {
+            Takes::Try if granted => scripts::refund_of(cmd, None),
+            Takes::Book => match booking_of(reply) {
+                Ok((b, _)) if b.booked => scripts::refund_of(cmd, Some(b.since)),
                 _ => None,
             },
             _ => None,
@@ -105,19 +91,6 @@ impl Late {
             }
         }
     }
-}
-
-/// A booking's due time, `now + wait`, from the strings of its reply.
-fn due_of(wait: &Value, now: &Value) -> Option<u64> {
-    let num = |v: &Value| match v {
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()?
-            .parse::<f64>()
-            .ok()
-            .map(|x| x as u64),
-        _ => None,
-    };
-    Some(num(now)?.saturating_add(num(wait)?))
 }
 
 /// What to give back if a call's reply comes late: one decision's, or each
@@ -157,7 +130,7 @@ pub(crate) async fn send(
                     return;
                 };
                 match undo {
-                    Undo::One(late) => late.give_back(&conn, timeout, &cmd, &reply).await,
+                    Undo::One(late) => late.give_back(&conn, timeout, &cmd, reply).await,
                     Undo::Batch(decisions) => {
                         crate::coalesce::give_back(decisions, &conn, timeout, reply).await
                     }

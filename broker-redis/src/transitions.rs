@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::clock::micros;
-use broker_core::state::{DenyReason, MARKED};
+use broker_core::state::DenyReason;
 use broker_core::stats::BackendHealth;
 use broker_core::store::{Turn, TurnAsk, Turns};
 use broker_core::{
@@ -123,34 +123,39 @@ impl RedisBackend {
         let reply = self
             .call(key, script, cmd, None, Some(Takes::Book), deadline)
             .await?;
-        // The store's time alone when booked with no wait and no penalty;
-        // else {booked, wait, now, mark 1, .., mark 4}.
-        if !matches!(reply, Value::Array(_)) {
-            let now = micros_of(&parse::<String>(reply)?)?;
-            let booked = Booking {
-                wait: 0,
-                booked: true,
-                since: Marks::uniform(now),
-            };
-            return Ok((booked, now));
-        }
-        let v: Vec<String> = parse(reply)?;
-        let n = v.iter().skip(1).map(|s| micros_of(s));
-        let n = n.collect::<Result<Vec<_>, _>>()?;
-        let [wait, now, m1, m2, m3, m4] = n[..] else {
-            return Err(BackendError::new(format!("unexpected book reply: {v:?}")));
-        };
-        let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
-        let booked = v[0] == "1";
-        Ok((
-            Booking {
-                wait,
-                booked,
-                since,
-            },
-            now,
-        ))
+        booking_of(reply)
     }
+}
+
+/// A `book`'s reply, with the store's time of the decision: that time
+/// alone when booked with no wait and no penalty; else {booked, wait, now,
+/// mark 1, .., mark 4}.
+pub(crate) fn booking_of(reply: Value) -> Result<(Booking, Micros), BackendError> {
+    if !matches!(reply, Value::Array(_)) {
+        let now = micros_of(&parse::<String>(reply)?)?;
+        let booked = Booking {
+            wait: 0,
+            booked: true,
+            since: Marks::uniform(now),
+        };
+        return Ok((booked, now));
+    }
+    let v: Vec<String> = parse(reply)?;
+    let n = v.iter().skip(1).map(|s| micros_of(s));
+    let n = n.collect::<Result<Vec<_>, _>>()?;
+    let [wait, now, m1, m2, m3, m4] = n[..] else {
+        return Err(BackendError::new(format!("unexpected book reply: {v:?}")));
+    };
+    let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
+    let booked = v[0] == "1";
+    Ok((
+        Booking {
+            wait,
+            booked,
+            since,
+        },
+        now,
+    ))
 }
 
 #[async_trait]
@@ -267,11 +272,7 @@ impl Store for RedisBackend {
             let u = spec.buckets[i].0;
             Some(booked.of(u) as f64 - actual.of(u) as f64)
         });
-        let text = |x: Option<Micros>| x.map_or(String::new(), |x| x.to_string());
-        for i in 0..MARKED {
-            cmd.arg(text(since.map(|m| m.of(i))));
-        }
-        cmd.arg(text(since.map(|m| m.due())));
+        scripts::push_since(&mut cmd, since);
         self.run(key, &scripts::SETTLE, cmd).await?;
         Ok(())
     }
