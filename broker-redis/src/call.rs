@@ -110,7 +110,7 @@ impl RedisBackend {
             .ok_or_else(|| self.kept_back(scope))?;
         let reply = match takes {
             Some(Takes::Try) if self.inner.coalescer.settings.enabled => {
-                self.coalesced(script, cmd, scope, lease, deadline).await
+                self.coalesced(cmd, scope, lease, deadline).await
             }
             _ => self.send(script, cmd, lease, takes, deadline).await,
         };

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::connection::Conn;
 use crate::health::Scope;
 use crate::keys::KeyPair;
-use crate::scripts::{self, Lua};
+use crate::scripts;
 use crate::send::{send, Late, Reply, Takes, Undo};
 use crate::RedisBackend;
 
@@ -40,7 +40,6 @@ type Answer = (Reply, Option<Lease>);
 
 /// A decision waiting for its batch.
 struct Pending {
-    script: &'static Lua,
     cmd: Cmd,
     lease: Option<Lease>,
     deadline: Instant,
@@ -81,12 +80,11 @@ impl Coalescer {
 }
 
 impl RedisBackend {
-    /// Runs one `try` decision (`cmd`, of `script`, on `scope`), alone or
+    /// Runs one `try` decision (`cmd`, on `scope`), alone or
     /// in a batch; `lease`, if it may be granted one, is released if the
     /// caller goes away first.
     pub(crate) async fn coalesced(
         &self,
-        script: &'static Lua,
         cmd: Cmd,
         scope: Scope,
         lease: Option<Lease>,
@@ -105,7 +103,6 @@ impl RedisBackend {
             } else {
                 let (tx, rx) = oneshot::channel();
                 let pending = Pending {
-                    script,
                     cmd,
                     lease,
                     deadline,
@@ -130,7 +127,7 @@ impl RedisBackend {
                     timed_out: false,
                 };
                 let reply = self
-                    .send(script, cmd, lease, Some(Takes::Try), deadline)
+                    .send(&scripts::TRY, cmd, lease, Some(Takes::Try), deadline)
                     .await;
                 place.timed_out = matches!(reply, Reply::TimedOut);
                 return reply;
@@ -220,7 +217,7 @@ impl RedisBackend {
             let mut one = batch.remove(0);
             let undo = Undo::One(self.late(Takes::Try, one.lease.as_ref()));
             let cmd = std::mem::take(&mut one.cmd);
-            let reply = send(conn, timeout, one.deadline, one.script, cmd, Some(undo)).await;
+            let reply = send(conn, timeout, one.deadline, &scripts::TRY, cmd, Some(undo)).await;
             let timed_out = matches!(reply, Reply::TimedOut);
             self.answer(one, reply);
             return timed_out;

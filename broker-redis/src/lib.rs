@@ -92,9 +92,7 @@ impl RedisBackend {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
-        let first = urls.first().cloned().unwrap_or_default();
-        Self::builder(&first).cluster(urls).connect().await
+        Self::builder("").cluster(urls).connect().await
     }
 
     fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {
