@@ -20,7 +20,7 @@ impl RedisBackend {
     /// Whether the startup check found a policy other than `noeviction`,
     /// which may evict a bucket mid-window (a warning was logged).
     pub fn eviction_risk(&self) -> bool {
-        self.maxmemory_policy().is_some_and(crate::startup::evicts)
+        self.maxmemory_policy().is_some_and(crate::builder::evicts)
     }
 
     /// The Redis key of the bucket hash of state `key`.

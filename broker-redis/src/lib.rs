@@ -29,7 +29,6 @@ mod pending;
 mod probe;
 mod scripts;
 mod send;
-mod startup;
 mod transitions;
 
 use std::sync::Arc;
