@@ -238,11 +238,6 @@ impl<P: Store> Failover<P> {
         self.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Notes `lease`, granted by the fallback store.
-    fn granted_here(&self, lease: Option<LeaseId>) {
-        self.granted().extend(lease);
-    }
-
     /// The fallback store, under the local fallback.
     fn fallback(&self) -> Option<&dyn Store> {
         match &self.policy {
@@ -273,7 +268,7 @@ impl<P: Store> Store for Failover<P> {
             Answer::Local(store, scaled, share) => {
                 admissible("try_acquire", &scaled, share, cost, true)?;
                 let decided = store.try_acquire(key, &scaled, cost).await?;
-                self.granted_here(decided.lease);
+                self.granted().extend(decided.lease);
                 decided
             }
         };
@@ -318,7 +313,7 @@ impl<P: Store> Store for Failover<P> {
             Answer::Local(store, scaled, share) => {
                 admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
                 let held = store.take_slot(key, &scaled).await?;
-                self.granted_here(held);
+                self.granted().extend(held);
                 Ok(held)
             }
         }
