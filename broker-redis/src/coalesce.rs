@@ -15,11 +15,11 @@ use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::call::{send, Late, Reply, Takes, Undo};
 use crate::connection::Conn;
 use crate::health::Scope;
 use crate::keys::KeyPair;
 use crate::scripts;
-use crate::send::{send, Late, Reply, Takes, Undo};
 use crate::RedisBackend;
 
 /// The limits of the coalescing, and whether it is on.

@@ -45,11 +45,11 @@ impl Conn {
     pub(crate) async fn single(url: &str, t: Timeouts, lazy: bool) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
         // The client's own reply timeout is past the response timeout and
-        // [`LATE`](crate::send::LATE): a decision with no reply in time still
+        // [`LATE`](crate::call::LATE): a decision with no reply in time still
         // reads its late reply, to give back what it took.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(t.connect))
-            .set_response_timeout(Some(t.response.saturating_add(crate::send::LATE)))
+            .set_response_timeout(Some(t.response.saturating_add(crate::call::LATE)))
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
@@ -65,7 +65,7 @@ impl Conn {
         let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
             .connection_timeout(t.connect)
             // As the single server's: past the response timeout and LATE.
-            .response_timeout(t.response.saturating_add(crate::send::LATE))
+            .response_timeout(t.response.saturating_add(crate::call::LATE))
             .retries(1)
             .min_retry_wait(10)
             .max_retry_wait(100)

@@ -28,7 +28,6 @@ mod keys;
 mod pending;
 mod probe;
 mod scripts;
-mod send;
 mod transitions;
 
 use std::sync::Arc;

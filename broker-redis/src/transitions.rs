@@ -16,10 +16,9 @@ use broker_core::{
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::call::{micros_of, parse, TakenReleases};
+use crate::call::{micros_of, parse, TakenReleases, Takes};
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua};
-use crate::send::Takes;
 use crate::RedisBackend;
 
 impl RedisBackend {
