@@ -1,12 +1,14 @@
 //! [`RedisBackendBuilder`]: the settings of a [`RedisBackend`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::{BackendError, Clock, Failover, FailurePolicy};
+use redis::RedisResult;
 
 use crate::connection::{Conn, Timeouts};
-use crate::{coalesce, keys, startup, RedisBackend};
+use crate::{coalesce, keys, RedisBackend};
 
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix
 /// `"rb"`, 1 s connect and response timeouts, a background probe per
@@ -59,7 +61,6 @@ impl RedisBackendBuilder {
                 max_batch: 32,
                 max_in_flight: 5,
                 batch_every_call: false,
-                group_by_tag: false,
             },
             lazy: false,
         }
@@ -220,16 +221,86 @@ impl RedisBackendBuilder {
                 "redis cluster support needs the `cluster` feature",
             )),
             (false, lazy) => Conn::single(url, self.timeouts, lazy).await.map_err(|e| {
-                BackendError::new(format!(
-                    "connecting to redis url {:?}: {e}",
-                    startup::redacted(url)
-                ))
+                BackendError::new(format!("connecting to redis url {:?}: {e}", redacted(url)))
             }),
         }?;
         let maxmemory_policy = match self.lazy {
             true => None,
-            false => startup::check_maxmemory_policy(&conn, &self).await,
+            false => check_maxmemory_policy(&conn, &self).await,
         };
         Ok(RedisBackend::from_parts(self, conn, maxmemory_policy))
+    }
+}
+
+/// Reads `maxmemory-policy` (on every given node of a cluster), warns on
+/// any policy that evicts, and returns the first policy read: any policy
+/// but `noeviction` may evict a bucket mid-window (every key has a TTL, so
+/// `volatile-*` ones too), and an evicted bucket reads as a full one.
+async fn check_maxmemory_policy(conn: &Conn, builder: &RedisBackendBuilder) -> Option<String> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    if !builder.cluster {
+        let policy = conn.query(&cmd, builder.timeouts.response).await;
+        return note(&builder.urls[0], policy);
+    }
+    let mut found = None;
+    for url in &builder.urls {
+        let policy = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut c = client.get_multiplexed_async_connection().await?;
+            cmd.query_async(&mut c).await
+        };
+        found = found.or(note(url, policy.await));
+    }
+    found
+}
+
+fn note(url: &str, policy: RedisResult<HashMap<String, String>>) -> Option<String> {
+    let url = redacted(url);
+    match policy {
+        Ok(map) => {
+            let policy = map.get("maxmemory-policy").cloned()?;
+            if evicts(&policy) {
+                tracing::warn!(
+                    url,
+                    policy,
+                    "redis maxmemory-policy may evict bucket keys mid-window (an evicted bucket \
+                     reads as full; they all have a TTL, so volatile-* policies evict them too); \
+                     use noeviction"
+                );
+            }
+            Some(policy)
+        }
+        Err(e) => {
+            // Managed services often refuse CONFIG.
+            tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)");
+            None
+        }
+    }
+}
+
+/// The url without its password, for logs.
+pub(crate) fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+pub(crate) fn evicts(policy: &str) -> bool {
+    policy != "noeviction"
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            super::redacted("redis://user:secret@host:6379/"),
+            "redis://***@host:6379/"
+        );
+        assert_eq!(super::redacted("redis://host/"), "redis://host/");
     }
 }

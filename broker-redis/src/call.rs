@@ -1,47 +1,38 @@
 //! Running one call: the health gate, one `EVALSHA` by a deadline, and its
-//! outcome; an "unavailable" error when Redis cannot be reached.
+//! outcome; an "unavailable" error when Redis cannot be reached. What a
+//! decision answered late took is given back, and a lease whose outcome is
+//! unknown released.
+
+use std::time::Duration;
 
 use broker_core::{BackendError, LeaseId, Micros, Store};
-use redis::{Cmd, Value};
+use redis::{Cmd, RedisResult, Value};
 use tokio::time::Instant;
 
-use crate::connection::{self, redis_error};
+use crate::connection::{self, redis_error, Conn};
 use crate::health::{Epoch, Scope};
 use crate::keys::{self, KeyPair};
-use crate::scripts::Lua;
-use crate::send::{Reply, Takes};
+use crate::scripts::{self, Lua};
+use crate::transitions::booking_of;
 use crate::RedisBackend;
 
-/// Why a call did not reach a decision in Redis.
-pub(crate) enum Failure {
-    /// Redis is unreachable: the failure policy above the store answers.
-    Unavailable(String),
-    /// A command or script error, returned as is.
-    Other(BackendError),
+/// The error of a call that could not reach Redis: the failure policy
+/// above the store answers.
+fn unreachable(why: impl std::fmt::Display) -> BackendError {
+    BackendError::unavailable(format!("redis unreachable: {why}"))
 }
 
-impl From<Failure> for BackendError {
-    fn from(f: Failure) -> Self {
-        match f {
-            Failure::Unavailable(why) => {
-                BackendError::unavailable(format!("redis unreachable: {why}"))
-            }
-            Failure::Other(e) => e,
-        }
-    }
-}
-
-pub(crate) fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, Failure> {
+pub(crate) fn parse<T: redis::FromRedisValue>(v: Value) -> Result<T, BackendError> {
     redis::from_redis_value(v)
-        .map_err(|e| Failure::Other(BackendError::new(format!("unexpected script reply: {e}"))))
+        .map_err(|e| BackendError::new(format!("unexpected script reply: {e}")))
 }
 
 /// A wait or a time a script returned as a string, saturating like the
 /// reference.
-pub(crate) fn micros_of(s: &str) -> Result<Micros, Failure> {
+pub(crate) fn micros_of(s: &str) -> Result<Micros, BackendError> {
     s.parse::<f64>()
         .map(|x| x as Micros)
-        .map_err(|_| Failure::Other(BackendError::new(format!("bad number from script: {s:?}"))))
+        .map_err(|_| BackendError::new(format!("bad number from script: {s:?}")))
 }
 
 /// Releases a decision took out of the pending ones to send ahead of
@@ -83,7 +74,7 @@ impl RedisBackend {
 
     /// When a call starting now is answered at the latest.
     pub(crate) fn deadline(&self) -> Instant {
-        crate::send::after(self.inner.response_timeout)
+        after(self.inner.response_timeout)
     }
 
     pub(crate) fn scope(&self, key: &str) -> Scope {
@@ -96,7 +87,7 @@ impl RedisBackend {
         key: &str,
         script: &'static Lua,
         cmd: Cmd,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, BackendError> {
         self.call(key, script, cmd, None, None, self.deadline())
             .await
     }
@@ -113,33 +104,29 @@ impl RedisBackend {
         lease: Option<(KeyPair, LeaseId)>,
         takes: Option<Takes>,
         deadline: Instant,
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, BackendError> {
         let scope = self.scope(key);
-        let epoch = self.gate(scope)?;
+        // Kept from Redis while its scope is down: the policy answers at once.
+        let epoch = self
+            .inner
+            .health
+            .should_try(scope)
+            .ok_or_else(|| self.kept_back(scope))?;
         let reply = match takes {
             Some(Takes::Try) if self.inner.coalescer.settings.enabled => {
-                self.coalesced(script, cmd, scope, lease, deadline).await
+                self.coalesced(cmd, scope, lease, deadline).await
             }
             _ => self.send(script, cmd, lease, takes, deadline).await,
         };
         self.outcome(reply, scope, epoch)
     }
 
-    /// Lets a call on `scope` through unless that is down: the epoch it
-    /// goes out in.
-    fn gate(&self, scope: Scope) -> Result<Epoch, Failure> {
-        self.inner
-            .health
-            .should_try(scope)
-            .ok_or_else(|| self.kept_back(scope))
-    }
-
     /// A call on `scope` kept from Redis while that is down.
-    pub(crate) fn kept_back(&self, scope: Scope) -> Failure {
+    pub(crate) fn kept_back(&self, scope: Scope) -> BackendError {
         self.inner.health.kept_back(scope);
         // Starts the probe again if its task was dropped with its runtime.
         self.watch();
-        Failure::Unavailable("redis is down (waiting for the probe to find it back)".into())
+        unreachable("redis is down (waiting for the probe to find it back)")
     }
 
     /// Keeps the release of `lease` on `key`, which could not reach Redis,
@@ -154,7 +141,7 @@ impl RedisBackend {
 
     /// Sorts a reply into a value, an outage of `scope` (unless one ended
     /// since `epoch`) or another error.
-    fn outcome(&self, reply: Reply, scope: Scope, epoch: Epoch) -> Result<Value, Failure> {
+    fn outcome(&self, reply: Reply, scope: Scope, epoch: Epoch) -> Result<Value, BackendError> {
         let health = &self.inner.health;
         let msg = match reply {
             Reply::Done(Ok(v)) => {
@@ -165,7 +152,7 @@ impl RedisBackend {
                 if connection::answered_by_redis(&e) {
                     health.up(scope);
                 }
-                return Err(Failure::Other(redis_error(e)));
+                return Err(redis_error(e));
             }
             Reply::Done(Err(e)) => e.to_string(),
             Reply::TimedOut => format!("no reply within {:?}", self.inner.response_timeout),
@@ -175,6 +162,215 @@ impl RedisBackend {
         };
         health.failed(scope, &msg, epoch);
         self.watch();
-        Err(Failure::Unavailable(msg))
+        Err(unreachable(msg))
+    }
+}
+
+/// The answer to one call.
+#[derive(Debug, Clone)]
+pub(crate) enum Reply {
+    /// The reply (an error raised by the call's script included).
+    Done(RedisResult<Value>),
+    /// No reply by the deadline.
+    TimedOut,
+    /// Not sent: a call before it on its scope timed out, so the failure
+    /// policy answers it at once instead of after a timeout of its own.
+    Unsent,
+}
+
+impl Reply {
+    /// Whether the script may have run without its caller learning of it
+    /// (no reply in time, a failed connection): a lease it may have granted
+    /// is then released.
+    pub(crate) fn unknown(&self) -> bool {
+        match self {
+            Reply::TimedOut => true,
+            Reply::Done(Err(e)) => connection::is_unavailable(e),
+            Reply::Done(Ok(_)) | Reply::Unsent => false,
+        }
+    }
+
+    /// Whether this is a granted `try` or `take_slot`.
+    pub(crate) fn granted(&self) -> bool {
+        matches!(self, Reply::Done(Ok(Value::Int(1))))
+    }
+}
+
+/// How long a decision with no reply by its deadline is still waited for,
+/// from a task, to give back what it took (see [`Late`]).
+pub(crate) const LATE: Duration = Duration::from_secs(30);
+
+/// What a decision takes in Redis when granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Takes {
+    /// A `try`: its cost, and its lease if it asks for one.
+    Try,
+    /// A `book`: its cost.
+    Book,
+    /// A `take_slot`: its lease.
+    Slot,
+}
+
+/// What to give back of a decision Redis granted after its caller was
+/// answered by the failure policy: its lease, which no caller holds, and
+/// when `refund` its cost (not under fail-open, whose call went out).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Late {
+    pub(crate) takes: Takes,
+    pub(crate) lease: Option<LeaseId>,
+    pub(crate) refund: bool,
+}
+
+impl Late {
+    /// Gives back what `reply`, the late reply to `cmd`, took.
+    pub(crate) async fn give_back(self, conn: &Conn, timeout: Duration, cmd: &Cmd, reply: Value) {
+        let granted = matches!(reply, Value::Int(1));
+        if granted && self.takes != Takes::Book {
+            if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
+                let _ = send_within(conn, timeout, &scripts::RELEASE, undo).await;
+            }
+        }
+        let refund = match self.takes {
+            Takes::Try if granted => scripts::refund_of(cmd, None),
+            Takes::Book => match booking_of(reply) {
+                Ok((b, _)) if b.booked => scripts::refund_of(cmd, Some(b.since)),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(undo) = refund.filter(|_| self.refund) {
+            if let Reply::Done(Err(e)) = send_within(conn, timeout, &scripts::SETTLE, undo).await {
+                tracing::debug!(error = %e, "giving back the cost of a timed-out decision failed");
+            }
+        }
+    }
+}
+
+/// What to give back if a call's reply comes late: one decision's, or each
+/// of a coalesced batch's (their own calls, in the batch's order).
+pub(crate) enum Undo {
+    One(Late),
+    Batch(Vec<(Cmd, Late)>),
+}
+
+/// `deadline` for a call starting now and lasting at most `timeout`.
+pub(crate) fn after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    // `Duration::MAX` ("no limit"): 30 years, as tokio's own far future.
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
+
+/// `cmd`, an `EVALSHA` of `script`, answered by `deadline`. With no reply
+/// by then and an `undo`, a task waits up to [`LATE`] for the reply and
+/// gives back what it took (its calls each within `timeout`).
+pub(crate) async fn send(
+    conn: &Conn,
+    timeout: Duration,
+    deadline: Instant,
+    script: &'static Lua,
+    cmd: Cmd,
+    undo: Option<Undo>,
+) -> Reply {
+    let on = conn.clone();
+    let mut call = Box::pin(async move { (on.evalsha(script, &cmd).await, cmd) });
+    let Ok((reply, _)) = tokio::time::timeout_at(deadline, &mut call).await else {
+        // Without a runtime (it is shutting down), what it took stays.
+        if let (Some(undo), Ok(runtime)) = (undo, tokio::runtime::Handle::try_current()) {
+            let conn = conn.clone();
+            runtime.spawn(async move {
+                let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
+                    return;
+                };
+                match undo {
+                    Undo::One(late) => late.give_back(&conn, timeout, &cmd, reply).await,
+                    Undo::Batch(decisions) => {
+                        crate::coalesce::give_back(decisions, &conn, timeout, reply).await
+                    }
+                }
+            });
+        }
+        return Reply::TimedOut;
+    };
+    Reply::Done(reply)
+}
+
+/// One `EVALSHA` within `timeout`, with nothing to give back.
+pub(crate) async fn send_within(
+    conn: &Conn,
+    timeout: Duration,
+    script: &'static Lua,
+    cmd: Cmd,
+) -> Reply {
+    match tokio::time::timeout(timeout, conn.evalsha(script, &cmd)).await {
+        Ok(r) => Reply::Done(r),
+        Err(_) => Reply::TimedOut,
+    }
+}
+
+impl RedisBackend {
+    /// Releases `lease` from a task: its holder went away, or never learnt
+    /// whether it was granted. Sent on the decision's connection, so Redis
+    /// runs it after the decision unless the connection was replaced
+    /// meanwhile (the lease then expires after its TTL).
+    pub(crate) fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
+        runtime.spawn(async move {
+            let cmd = scripts::release(keys.both(), lease);
+            if let Reply::Done(Err(e)) = send_within(&conn, timeout, &scripts::RELEASE, cmd).await {
+                tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
+            }
+        });
+    }
+
+    pub(crate) fn late(&self, takes: Takes, lease: Option<&(KeyPair, LeaseId)>) -> Late {
+        Late {
+            takes,
+            lease: lease.map(|l| l.1),
+            refund: self.inner.refund_late,
+        }
+    }
+
+    /// Sends `cmd` by `deadline`. `lease`, which it may grant, is released
+    /// unless the answer is known (also when the caller goes away first);
+    /// with `takes`, what a late reply took is given back.
+    pub(crate) async fn send(
+        &self,
+        script: &'static Lua,
+        cmd: Cmd,
+        lease: Option<(KeyPair, LeaseId)>,
+        takes: Option<Takes>,
+        deadline: Instant,
+    ) -> Reply {
+        let undo = takes.map(|t| Undo::One(self.late(t, lease.as_ref())));
+        let mut unsettled = Unsettled(self, lease);
+        let inner = &self.inner;
+        let reply = send(
+            &inner.conn,
+            inner.response_timeout,
+            deadline,
+            script,
+            cmd,
+            undo,
+        )
+        .await;
+        if !reply.unknown() {
+            unsettled.1 = None;
+        }
+        reply
+    }
+}
+
+/// A lease a call in flight may grant, released when dropped unsettled.
+struct Unsettled<'a>(&'a RedisBackend, Option<(KeyPair, LeaseId)>);
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.1.take() {
+            self.0.release_later(lease);
+        }
     }
 }

@@ -15,11 +15,11 @@ use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::call::{send, Late, Reply, Takes, Undo};
 use crate::connection::Conn;
 use crate::health::Scope;
 use crate::keys::KeyPair;
-use crate::scripts::{self, Lua};
-use crate::send::{send, Late, Reply, Takes, Undo};
+use crate::scripts;
 use crate::RedisBackend;
 
 /// The limits of the coalescing, and whether it is on.
@@ -30,8 +30,6 @@ pub(crate) struct Settings {
     pub(crate) max_in_flight: usize,
     /// Sends even a lone decision through the batch script (for tests).
     pub(crate) batch_every_call: bool,
-    /// Splits a batch by hash tag (Redis Cluster).
-    pub(crate) group_by_tag: bool,
 }
 
 type Lease = (KeyPair, LeaseId);
@@ -42,7 +40,6 @@ type Answer = (Reply, Option<Lease>);
 
 /// A decision waiting for its batch.
 struct Pending {
-    script: &'static Lua,
     cmd: Cmd,
     lease: Option<Lease>,
     deadline: Instant,
@@ -51,7 +48,7 @@ struct Pending {
 
 /// The queue and the calls in flight of one scope.
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     queue: Vec<Pending>,
     in_flight: usize,
 }
@@ -60,7 +57,7 @@ struct State {
 /// flight.
 pub(crate) struct Coalescer {
     pub(crate) settings: Settings,
-    states: Mutex<HashMap<Scope, State>>,
+    pub(crate) states: Mutex<HashMap<Scope, State>>,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -70,13 +67,6 @@ impl std::fmt::Debug for Coalescer {
 }
 
 impl Coalescer {
-    pub(crate) fn new(settings: Settings) -> Self {
-        Self {
-            settings,
-            states: Mutex::default(),
-        }
-    }
-
     fn lock(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
         self.states.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -90,12 +80,11 @@ impl Coalescer {
 }
 
 impl RedisBackend {
-    /// Runs one `try` decision (`cmd`, of `script`, on `scope`), alone or
+    /// Runs one `try` decision (`cmd`, on `scope`), alone or
     /// in a batch; `lease`, if it may be granted one, is released if the
     /// caller goes away first.
     pub(crate) async fn coalesced(
         &self,
-        script: &'static Lua,
         cmd: Cmd,
         scope: Scope,
         lease: Option<Lease>,
@@ -114,7 +103,6 @@ impl RedisBackend {
             } else {
                 let (tx, rx) = oneshot::channel();
                 let pending = Pending {
-                    script,
                     cmd,
                     lease,
                     deadline,
@@ -139,7 +127,7 @@ impl RedisBackend {
                     timed_out: false,
                 };
                 let reply = self
-                    .send(script, cmd, lease, Some(Takes::Try), deadline)
+                    .send(&scripts::TRY, cmd, lease, Some(Takes::Try), deadline)
                     .await;
                 place.timed_out = matches!(reply, Reply::TimedOut);
                 return reply;
@@ -193,7 +181,7 @@ impl RedisBackend {
         runtime.spawn(async move {
             let mut batch = batch;
             loop {
-                let timed_out = this.flush(batch).await;
+                let timed_out = this.flush(scope, batch).await;
                 match this.next_batch(scope, timed_out) {
                     Some(next) => batch = next,
                     None => return,
@@ -202,10 +190,11 @@ impl RedisBackend {
         });
     }
 
-    /// Sends one batch, on a cluster as one call per hash tag at once, and
-    /// answers each caller. Whether any call got no reply in time.
-    async fn flush(&self, batch: Vec<Pending>) -> bool {
-        if !self.inner.coalescer.settings.group_by_tag {
+    /// Sends one batch, on a cluster (a slot's scope) as one call per hash
+    /// tag at once, and answers each caller. Whether any call got no reply
+    /// in time.
+    async fn flush(&self, scope: Scope, batch: Vec<Pending>) -> bool {
+        if scope == Scope::Whole {
             return self.flush_group(batch).await;
         }
         let mut groups: Vec<(Option<Vec<u8>>, Vec<Pending>)> = Vec::new();
@@ -228,7 +217,7 @@ impl RedisBackend {
             let mut one = batch.remove(0);
             let undo = Undo::One(self.late(Takes::Try, one.lease.as_ref()));
             let cmd = std::mem::take(&mut one.cmd);
-            let reply = send(conn, timeout, one.deadline, one.script, cmd, Some(undo)).await;
+            let reply = send(conn, timeout, one.deadline, &scripts::TRY, cmd, Some(undo)).await;
             let timed_out = matches!(reply, Reply::TimedOut);
             self.answer(one, reply);
             return timed_out;
@@ -385,7 +374,7 @@ pub(crate) async fn give_back(
     }
     for (item, (cmd, late)) in items.into_iter().zip(decisions) {
         if let Ok(reply) = decision_reply(item) {
-            late.give_back(conn, timeout, &cmd, &reply).await;
+            late.give_back(conn, timeout, &cmd, reply).await;
         }
     }
 }

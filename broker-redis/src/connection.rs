@@ -8,7 +8,7 @@ use std::time::Duration;
 use broker_core::BackendError;
 
 use redis::aio::ConnectionManager;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::health::Scope;
 use crate::scripts::Lua;
@@ -45,11 +45,11 @@ impl Conn {
     pub(crate) async fn single(url: &str, t: Timeouts, lazy: bool) -> RedisResult<Self> {
         let client = redis::Client::open(url)?;
         // The client's own reply timeout is past the response timeout and
-        // [`LATE`](crate::send::LATE): a decision with no reply in time still
+        // [`LATE`](crate::call::LATE): a decision with no reply in time still
         // reads its late reply, to give back what it took.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(t.connect))
-            .set_response_timeout(Some(t.response.saturating_add(crate::send::LATE)))
+            .set_response_timeout(Some(t.response.saturating_add(crate::call::LATE)))
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
@@ -65,7 +65,7 @@ impl Conn {
         let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
             .connection_timeout(t.connect)
             // As the single server's: past the response timeout and LATE.
-            .response_timeout(t.response.saturating_add(crate::send::LATE))
+            .response_timeout(t.response.saturating_add(crate::call::LATE))
             .retries(1)
             .min_retry_wait(10)
             .max_retry_wait(100)
@@ -77,9 +77,13 @@ impl Conn {
     }
 
     /// Sends one command; a timeout error after `timeout`.
-    pub(crate) async fn query(&self, cmd: &Cmd, timeout: Duration) -> RedisResult<Value> {
+    pub(crate) async fn query<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> RedisResult<T> {
         match tokio::time::timeout(timeout, self.send(cmd, true)).await {
-            Ok(reply) => reply,
+            Ok(reply) => Ok(redis::from_redis_value(reply?)?),
             Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
         }
     }
@@ -100,10 +104,10 @@ impl Conn {
         let ping = async {
             #[cfg(feature = "cluster")]
             if let (Conn::Cluster(c, _), Scope::Slot(slot)) = (self, scope) {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let node = Route::with_slot(slot, SlotAddr::Master);
-                let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
-                return c.clone().route_command(redis::cmd("PING"), node).await;
+                return c
+                    .clone()
+                    .route_command(redis::cmd("PING"), primary(slot))
+                    .await;
             }
             let _ = scope;
             self.send(&redis::cmd("PING"), true).await
@@ -145,15 +149,13 @@ impl Conn {
             Conn::Single(c) => script.load_async(&mut c.clone()).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c, _) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 // EVALSHA sha numkeys key ...
                 let Some(redis::Arg::Simple(key)) = cmd.args_iter().nth(3) else {
                     return script.load_async(&mut c.clone()).await;
                 };
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(script.source);
-                let node = Route::with_key(key, SlotAddr::Master);
-                let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
+                let node = primary(redis::cluster_routing::Slot::for_key(key));
                 let sha = c.clone().route_command(load, node).await?;
                 Ok(redis::from_redis_value(sha)?)
             }
@@ -161,13 +163,21 @@ impl Conn {
     }
 }
 
+/// The route to the primary of a cluster's hash `slot`.
+#[cfg(feature = "cluster")]
+fn primary(slot: redis::cluster_routing::Slot) -> redis::cluster_routing::RoutingInfo {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let node = Route::with_slot(slot, SlotAddr::Master);
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node))
+}
+
 /// How long (ms) a `settle` over a cluster keeps its own key (see
 /// `scripts::run_once`): twice past every resend of the cluster's client
 /// (4× the response timeout, plus a second), at least 10 s, at most a day.
 #[cfg(feature = "cluster")]
 fn once_ms(t: Timeouts) -> u64 {
-    let ms = u64::try_from(t.response.as_millis()).unwrap_or(u64::MAX);
-    ms.saturating_mul(4)
+    crate::ms(t.response)
+        .saturating_mul(4)
         .saturating_add(1_000)
         .clamp(10_000, 86_400_000)
 }

@@ -5,10 +5,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use broker_core::stats::BackendHealth;
+
+use crate::ms;
 
 /// The part of the store a call needs: the one server, or on a cluster the
 /// hash slot of its keys, whose node may be down while the others serve.
@@ -42,7 +44,7 @@ const PROBES_AT_ONCE: usize = 16;
 /// up in epoch 0 and has no entry).
 #[derive(Debug)]
 pub(crate) struct Healths {
-    probe_interval: Duration,
+    pub(crate) probe_interval: Duration,
     origin: Instant,
     scopes: RwLock<HashMap<Scope, Arc<Health>>>,
     /// How many scopes are down.
@@ -58,14 +60,11 @@ struct Health {
     next_probe_ms: AtomicU64,
     outages: AtomicU64,
     handled: AtomicU64,
-    down_since: Mutex<Option<Instant>>,
+    /// Milliseconds since `origin` when the outage started.
+    down_at_ms: AtomicU64,
 }
 
 const DOWN: u64 = 1;
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 impl Health {
     fn is_down(&self) -> bool {
@@ -94,11 +93,6 @@ impl Healths {
         }
         let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
         scopes.entry(scope).or_default().clone()
-    }
-
-    /// A probe interval from now, in ms since `origin`.
-    fn next_probe(&self) -> u64 {
-        ms(self.origin.elapsed()).saturating_add(ms(self.probe_interval))
     }
 
     /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
@@ -136,12 +130,8 @@ impl Healths {
             return;
         }
         let last = self.down.fetch_sub(1, Ordering::Relaxed) == 1;
-        let since = h
-            .down_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let down_ms = since.map_or(0, |s| s.elapsed().as_millis() as u64);
+        let down_ms =
+            ms(self.origin.elapsed()).saturating_sub(h.down_at_ms.load(Ordering::Relaxed));
         let handled = h.handled.load(Ordering::Relaxed);
         let msg = if scope == Scope::Whole {
             "redis reachable again; decisions are shared again"
@@ -169,8 +159,12 @@ impl Healths {
         if started.is_err() {
             return;
         }
-        *h.down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        h.next_probe_ms.store(self.next_probe(), Ordering::Relaxed);
+        let now = ms(self.origin.elapsed());
+        h.down_at_ms.store(now, Ordering::Relaxed);
+        h.next_probe_ms.store(
+            now.saturating_add(ms(self.probe_interval)),
+            Ordering::Relaxed,
+        );
         h.outages.fetch_add(1, Ordering::Relaxed);
         let first = self.down.fetch_add(1, Ordering::Relaxed) == 0;
         let msg = if scope == Scope::Whole {
@@ -203,7 +197,7 @@ impl Healths {
             .collect();
         due.sort_unstable_by_key(|(next, ..)| *next);
         due.truncate(PROBES_AT_ONCE);
-        let next = self.next_probe();
+        let next = now.saturating_add(ms(self.probe_interval));
         due.into_iter()
             .map(|(_, scope, h)| {
                 h.next_probe_ms.store(next, Ordering::Relaxed);

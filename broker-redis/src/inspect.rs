@@ -1,14 +1,12 @@
 //! Reading what is stored, for tests and operators.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use broker_core::bucket::BucketState;
 use broker_core::state::{Lease, ResourceState};
 use broker_core::{BackendError, Micros};
-use redis::Cmd;
 
-use crate::connection::{redis_error, Conn};
+use crate::connection::redis_error;
 use crate::RedisBackend;
 
 /// # Inspection
@@ -22,7 +20,7 @@ impl RedisBackend {
     /// Whether the startup check found a policy other than `noeviction`,
     /// which may evict a bucket mid-window (a warning was logged).
     pub fn eviction_risk(&self) -> bool {
-        self.maxmemory_policy().is_some_and(crate::startup::evicts)
+        self.maxmemory_policy().is_some_and(crate::builder::evicts)
     }
 
     /// The Redis key of the bucket hash of state `key`.
@@ -40,18 +38,14 @@ impl RedisBackend {
     /// with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
-        let conn = (&self.inner.conn, self.inner.response_timeout);
+        let (conn, timeout) = (&self.inner.conn, self.inner.response_timeout);
+        let mut hash = redis::cmd("HGETALL");
+        hash.arg(&keys.buckets);
         let hash: HashMap<String, String> =
-            query(conn, redis::cmd("HGETALL").arg(&keys.buckets)).await?;
-        let leases: Vec<(String, f64)> = query(
-            conn,
-            redis::cmd("ZRANGE")
-                .arg(&keys.leases)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES"),
-        )
-        .await?;
+            conn.query(&hash, timeout).await.map_err(redis_error)?;
+        let mut leases = redis::cmd("ZRANGE");
+        leases.arg(&keys.leases).arg(0).arg(-1).arg("WITHSCORES");
+        let leases: Vec<(String, f64)> = conn.query(&leases, timeout).await.map_err(redis_error)?;
         if hash.is_empty() && leases.is_empty() {
             return Ok(None);
         }
@@ -92,12 +86,4 @@ impl RedisBackend {
             penalty,
         }))
     }
-}
-
-async fn query<T: redis::FromRedisValue>(
-    (conn, timeout): (&Conn, Duration),
-    cmd: &Cmd,
-) -> Result<T, BackendError> {
-    let v = conn.query(cmd, timeout).await.map_err(redis_error)?;
-    redis::from_redis_value(v).map_err(|e| BackendError::new(format!("redis reply: {e}")))
 }

@@ -13,6 +13,12 @@ pub(crate) struct KeyPair {
     pub(crate) leases: String,
 }
 
+impl KeyPair {
+    pub(crate) fn both(&self) -> [&str; 2] {
+        [&self.buckets, &self.leases]
+    }
+}
+
 /// Checks a key prefix: braces would move the hash tag.
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), BackendError> {
     if prefix.contains(['{', '}']) {

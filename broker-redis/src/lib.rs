@@ -28,10 +28,7 @@ mod keys;
 mod pending;
 mod probe;
 mod scripts;
-mod send;
-mod startup;
 mod transitions;
-mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +38,11 @@ use broker_core::{BackendError, Clock};
 pub use builder::RedisBackendBuilder;
 
 use connection::Conn;
+
+/// `d` in whole milliseconds, saturating.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// A state store in Redis. Cloning is cheap and shares the connection.
 #[derive(Debug, Clone)]
@@ -63,7 +65,6 @@ struct Inner {
     coalescer: coalesce::Coalescer,
     /// Releases not yet sent (see `pending.rs`).
     pending: pending::Pending,
-    probe_interval: Duration,
     /// Whether the background probe runs.
     probing: std::sync::atomic::AtomicBool,
 }
@@ -89,33 +90,26 @@ impl RedisBackend {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
-        let first = urls.first().cloned().unwrap_or_default();
-        Self::builder(&first).cluster(urls).connect().await
+        Self::builder("").cluster(urls).connect().await
     }
 
     fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {
-        // On a cluster, a batch is split by hash tag: one call per slot.
-        let coalesce = coalesce::Settings {
-            group_by_tag: b.cluster,
-            ..b.coalesce
-        };
         Self {
             inner: Arc::new(Inner {
                 conn,
                 // At most 10^15 ms, like the TTL the scripts add it to.
-                margin_ms: u64::try_from(b.ttl_margin.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .min(1_000_000_000_000_000),
+                margin_ms: ms(b.ttl_margin).min(1_000_000_000_000_000),
                 prefix: b.prefix,
                 clock: b.clock,
                 refund_late: b.refund_late,
                 health: health::Healths::new(b.probe_interval),
                 response_timeout: b.timeouts.response,
                 maxmemory_policy,
-                coalescer: coalesce::Coalescer::new(coalesce),
+                coalescer: coalesce::Coalescer {
+                    settings: b.coalesce,
+                    states: Default::default(),
+                },
                 pending: pending::Pending::default(),
-                probe_interval: b.probe_interval,
                 probing: std::sync::atomic::AtomicBool::new(false),
             }),
         }

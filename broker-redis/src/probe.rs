@@ -61,7 +61,10 @@ impl RedisBackend {
 async fn probe(mut running: Running) {
     let inner = running.0.clone();
     loop {
-        let Some(gap) = inner.upgrade().map(|i| i.probe_interval.max(MIN_GAP)) else {
+        let Some(gap) = inner
+            .upgrade()
+            .map(|i| i.health.probe_interval.max(MIN_GAP))
+        else {
             return;
         };
         tokio::time::sleep(gap).await;

@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use broker_core::{LimitSpec, Micros};
+use broker_core::{LimitSpec, Marks, Micros};
 use redis::{Cmd, Script};
 
 use crate::keys::KeyPair;
@@ -108,7 +108,7 @@ pub(crate) fn evalsha(
     mut operand: impl FnMut(usize) -> Option<f64>,
 ) -> Cmd {
     let n = spec.buckets.len();
-    let mut cmd = head(script, [&keys.buckets, &keys.leases], now, margin_ms, n);
+    let mut cmd = head(script, keys.both(), now, margin_ms, n);
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
         push_num(&mut cmd, p.capacity());
         push_num(&mut cmd, p.amount());
@@ -123,14 +123,11 @@ pub(crate) fn evalsha(
     cmd
 }
 
-/// [`head`] on a state's two keys, for a script that reads no bucket.
-pub(crate) fn evalsha_leases(
-    script: &Script,
-    keys: &KeyPair,
-    now: Option<Micros>,
-    margin_ms: u64,
-) -> Cmd {
-    head(script, [&keys.buckets, &keys.leases], now, margin_ms, 0)
+/// The `release` of `lease` on a state's two keys.
+pub(crate) fn release(keys: [&str; 2], lease: broker_core::LeaseId) -> Cmd {
+    let mut cmd = head(&RELEASE, keys, None, 0, 0);
+    cmd.arg(lease);
+    cmd
 }
 
 /// The arguments of `cmd` as bytes.
@@ -143,23 +140,28 @@ pub(crate) fn args_of(cmd: &Cmd) -> Vec<&[u8]> {
         .collect()
 }
 
+/// Appends a `settle`'s booking marks and due time (`''` for none).
+pub(crate) fn push_since(cmd: &mut Cmd, since: Option<Marks>) {
+    let text = |x: Option<Micros>| x.map_or(String::new(), |x| x.to_string());
+    for i in 0..broker_core::state::MARKED {
+        cmd.arg(text(since.map(|m| m.of(i))));
+    }
+    cmd.arg(text(since.map(|m| m.due())));
+}
+
 /// The `settle` that gives back what `cmd`, a `try` or `book` built by
 /// [`evalsha`] with each bucket's cost as operand, took, under the
-/// booking's `marks` and `due` (`""` for a `try`).
-pub(crate) fn refund_of(
-    cmd: &Cmd,
-    marks: [&[u8]; broker_core::state::MARKED],
-    due: &[u8],
-) -> Option<Cmd> {
+/// booking's marks (`None` for a `try`).
+pub(crate) fn refund_of(cmd: &Cmd, since: Option<Marks>) -> Option<Cmd> {
     let args = args_of(cmd);
     // EVALSHA sha 2 buckets leases now margin n, then 4 per bucket.
     let n: usize = std::str::from_utf8(args.get(7)?).ok()?.parse().ok()?;
     let mut undo = redis::cmd("EVALSHA");
     undo.arg(SETTLE.get_hash());
-    for a in args.get(2..8 + 4 * n)?.iter().chain(&marks) {
+    for a in args.get(2..8 + 4 * n)? {
         undo.arg(*a);
     }
-    undo.arg(due);
+    push_since(&mut undo, since);
     Some(undo)
 }
 
@@ -194,9 +196,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
 pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
     let args = args_of(cmd);
     let key = |i: usize| std::str::from_utf8(args.get(i)?).ok();
-    let mut undo = head(&RELEASE, [key(3)?, key(4)?], None, 0, 0);
-    undo.arg(lease);
-    Some(undo)
+    Some(release([key(3)?, key(4)?], lease))
 }
 
 #[cfg(test)]
@@ -207,10 +207,7 @@ mod tests {
     /// A `settle` charging 3 tokens of a fresh bucket of 10, for `key`.
     fn charge_three(key: &KeyPair, spec: &LimitSpec) -> Cmd {
         let mut cmd = evalsha(&SETTLE, key, Some(1_000_000), 1_000, spec, |_| Some(-3.0));
-        // The marks and the due time: none.
-        for _ in 0..=broker_core::state::MARKED {
-            cmd.arg("");
-        }
+        push_since(&mut cmd, None);
         cmd
     }
 

@@ -1,11 +1,14 @@
-//! The [`Store`] transitions: one `EVALSHA` each (see `call.rs`).
+//! The [`Store`] transitions and the turn ledger of weighted flows
+//! ([`Turns`], `lua/turn.lua`, on two sorted sets under the state's hash
+//! tag): one `EVALSHA` each (see `call.rs`).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::clock::micros;
-use broker_core::state::{DenyReason, MARKED};
+use broker_core::state::DenyReason;
 use broker_core::stats::BackendHealth;
+use broker_core::store::{Turn, TurnAsk, Turns};
 use broker_core::{
     BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
     Releases, Renewal, Store,
@@ -13,10 +16,9 @@ use broker_core::{
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::call::{micros_of, parse, Failure, TakenReleases};
+use crate::call::{micros_of, parse, TakenReleases, Takes};
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua};
-use crate::send::Takes;
 use crate::RedisBackend;
 
 impl RedisBackend {
@@ -49,7 +51,7 @@ impl RedisBackend {
         spec: &LimitSpec,
         (lease, fresh): (LeaseId, bool),
         deadline: Instant,
-    ) -> Result<bool, Failure> {
+    ) -> Result<bool, BackendError> {
         let mut cmd = self.cmd(&scripts::TAKE_SLOT, keys, spec, |_| Some(0.0));
         cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
         cmd.arg(spec.lease_ttl).arg(lease);
@@ -94,18 +96,13 @@ impl RedisBackend {
         deadline: Instant,
     ) -> Result<bool, BackendError> {
         let keys = self.keys(key)?;
-        let mut cmd = scripts::evalsha_leases(&scripts::RELEASE, &keys, None, 0);
-        cmd.arg(lease);
+        let cmd = scripts::release(keys.both(), lease);
         let run = self.call(key, &scripts::RELEASE, cmd, None, None, deadline);
-        match async { parse::<i64>(run.await?) }.await {
-            Ok(n) => Ok(n == 1),
-            Err(f) => {
-                if let Failure::Unavailable(_) = f {
-                    self.keep_release(key, lease);
-                }
-                Err(f.into())
-            }
+        let released = async { parse::<i64>(run.await?) }.await;
+        if released.as_ref().is_err_and(BackendError::is_unavailable) {
+            self.keep_release(key, lease);
         }
+        released.map(|n| n == 1)
     }
 
     /// `book`, with the store's time of the decision (the server's `TIME`,
@@ -125,34 +122,39 @@ impl RedisBackend {
         let reply = self
             .call(key, script, cmd, None, Some(Takes::Book), deadline)
             .await?;
-        // The store's time alone when booked with no wait and no penalty;
-        // else {booked, wait, now, mark 1, .., mark 4}.
-        if !matches!(reply, Value::Array(_)) {
-            let now = micros_of(&parse::<String>(reply)?)?;
-            let booked = Booking {
-                wait: 0,
-                booked: true,
-                since: Marks::uniform(now),
-            };
-            return Ok((booked, now));
-        }
-        let v: Vec<String> = parse(reply)?;
-        let n = v.iter().skip(1).map(|s| micros_of(s));
-        let n = n.collect::<Result<Vec<_>, _>>()?;
-        let [wait, now, m1, m2, m3, m4] = n[..] else {
-            return Err(BackendError::new(format!("unexpected book reply: {v:?}")));
-        };
-        let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
-        let booked = v[0] == "1";
-        Ok((
-            Booking {
-                wait,
-                booked,
-                since,
-            },
-            now,
-        ))
+        booking_of(reply)
     }
+}
+
+/// A `book`'s reply, with the store's time of the decision: that time
+/// alone when booked with no wait and no penalty; else {booked, wait, now,
+/// mark 1, .., mark 4}.
+pub(crate) fn booking_of(reply: Value) -> Result<(Booking, Micros), BackendError> {
+    if !matches!(reply, Value::Array(_)) {
+        let now = micros_of(&parse::<String>(reply)?)?;
+        let booked = Booking {
+            wait: 0,
+            booked: true,
+            since: Marks::uniform(now),
+        };
+        return Ok((booked, now));
+    }
+    let v: Vec<String> = parse(reply)?;
+    let n = v.iter().skip(1).map(|s| micros_of(s));
+    let n = n.collect::<Result<Vec<_>, _>>()?;
+    let [wait, now, m1, m2, m3, m4] = n[..] else {
+        return Err(BackendError::new(format!("unexpected book reply: {v:?}")));
+    };
+    let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
+    let booked = v[0] == "1";
+    Ok((
+        Booking {
+            wait,
+            booked,
+            since,
+        },
+        now,
+    ))
 }
 
 #[async_trait]
@@ -167,7 +169,7 @@ impl Store for RedisBackend {
         // One bound for the releases sent ahead and the decision.
         let deadline = self.deadline();
         if spec.max_concurrent.is_some() && !self.send_pending_releases(key, deadline).await {
-            return Err(self.kept_back(self.scope(key)).into());
+            return Err(self.kept_back(self.scope(key)));
         }
         let lease: LeaseId = rand::random();
         let mut cmd = self.cost_cmd(&scripts::TRY, &keys, spec, cost);
@@ -207,7 +209,7 @@ impl Store for RedisBackend {
         let keys = self.keys(key)?;
         let deadline = self.deadline();
         if !self.send_pending_releases(key, deadline).await {
-            return Err(self.kept_back(self.scope(key)).into());
+            return Err(self.kept_back(self.scope(key)));
         }
         let lease: LeaseId = rand::random();
         let held = self.take_slot_as(key, &keys, spec, (lease, true), deadline);
@@ -223,7 +225,7 @@ impl Store for RedisBackend {
         let keys = self.keys(key)?;
         let cmd = self.cost_cmd(&scripts::PENALTY_LEFT, &keys, spec, cost);
         let left = self.run(key, &scripts::PENALTY_LEFT, cmd).await?;
-        Ok(micros_of(&parse::<String>(left)?)?)
+        micros_of(&parse::<String>(left)?)
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
@@ -238,7 +240,7 @@ impl Store for RedisBackend {
     ) -> Result<Renewal, BackendError> {
         let keys = self.keys(key)?;
         let (now, margin) = (self.now_arg(), self.inner.margin_ms);
-        let mut cmd = scripts::evalsha_leases(&scripts::RENEW, &keys, now, margin);
+        let mut cmd = scripts::head(&scripts::RENEW, keys.both(), now, margin, 0);
         cmd.arg(spec.lease_ttl).arg(lease);
         if parse::<i64>(self.run(key, &scripts::RENEW, cmd).await?)? == 1 {
             return Ok(Renewal::Held);
@@ -269,11 +271,7 @@ impl Store for RedisBackend {
             let u = spec.buckets[i].0;
             Some(booked.of(u) as f64 - actual.of(u) as f64)
         });
-        let text = |x: Option<Micros>| x.map_or(String::new(), |x| x.to_string());
-        for i in 0..MARKED {
-            cmd.arg(text(since.map(|m| m.of(i))));
-        }
-        cmd.arg(text(since.map(|m| m.due())));
+        scripts::push_since(&mut cmd, since);
         self.run(key, &scripts::SETTLE, cmd).await?;
         Ok(())
     }
@@ -317,7 +315,7 @@ impl Store for RedisBackend {
         self.inner.health.snapshot()
     }
 
-    fn turns(&self) -> Option<&dyn broker_core::store::Turns> {
+    fn turns(&self) -> Option<&dyn Turns> {
         Some(self)
     }
 
@@ -351,5 +349,24 @@ impl Releases for RedisBackend {
         let released = self.release(key, lease).await;
         self.inner.pending.remove(key, lease);
         released
+    }
+}
+
+#[async_trait]
+impl Turns for RedisBackend {
+    async fn turn(&self, key: &str, ask: &TurnAsk<'_>) -> Result<Turn, BackendError> {
+        let [times, seen] = crate::keys::turn_keys(&self.inner.prefix, key, ask.level)?;
+        let (now, margin) = (self.now_arg(), self.inner.margin_ms);
+        let mut cmd = scripts::head(&scripts::TURN, [&times, &seen], now, margin, 0);
+        cmd.arg(ask.flow)
+            .arg(ask.weight.max(1))
+            .arg(ask.units.max(1))
+            .arg(micros(ask.active))
+            .arg(if ask.last { "1" } else { "" });
+        let reply = self.run(key, &scripts::TURN, cmd).await?;
+        Ok(match parse::<i64>(reply)? {
+            1 => Turn::Yours,
+            _ => Turn::NotYet,
+        })
     }
 }

@@ -238,11 +238,6 @@ impl<P: Store> Failover<P> {
         self.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Notes `lease`, granted by the fallback store.
-    fn granted_here(&self, lease: Option<LeaseId>) {
-        self.granted().extend(lease);
-    }
-
     /// The fallback store, under the local fallback.
     fn fallback(&self) -> Option<&dyn Store> {
         match &self.policy {
@@ -266,16 +261,14 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Decision, BackendError> {
-        let error = match self.primary.try_acquire(key, spec, cost).await {
-            Err(e) => e,
-            decided => return decided,
-        };
+        let primary = self.primary.try_acquire(key, spec, cost).await;
+        let Err(error) = primary else { return primary };
         let decided = match self.answer("try_acquire", error, spec)? {
             Answer::Open => Decision::allow(spec.max_concurrent.map(|_| rand::random())),
             Answer::Local(store, scaled, share) => {
                 admissible("try_acquire", &scaled, share, cost, true)?;
                 let decided = store.try_acquire(key, &scaled, cost).await?;
-                self.granted_here(decided.lease);
+                self.granted().extend(decided.lease);
                 decided
             }
         };
@@ -289,10 +282,8 @@ impl<P: Store> Store for Failover<P> {
         cost: Cost,
         max_wait: Duration,
     ) -> Result<Booking, BackendError> {
-        let error = match self.primary.book(key, spec, cost, max_wait).await {
-            Err(e) => e,
-            booked => return booked,
-        };
+        let primary = self.primary.book(key, spec, cost, max_wait).await;
+        let Err(error) = primary else { return primary };
         // Marked as answered here: its settlement goes where its cost went.
         let since = Marks::ANSWERED_HERE;
         match self.answer("book", error, spec)? {
@@ -315,16 +306,14 @@ impl<P: Store> Store for Failover<P> {
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        let error = match self.primary.take_slot(key, spec).await {
-            Err(e) => e,
-            held => return held,
-        };
+        let primary = self.primary.take_slot(key, spec).await;
+        let Err(error) = primary else { return primary };
         match self.answer("take_slot", error, spec)? {
             Answer::Open => Ok(Some(rand::random())),
             Answer::Local(store, scaled, share) => {
                 admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
                 let held = store.take_slot(key, &scaled).await?;
-                self.granted_here(held);
+                self.granted().extend(held);
                 Ok(held)
             }
         }
@@ -383,10 +372,8 @@ impl<P: Store> Store for Failover<P> {
                 _ => Ok(()),
             };
         }
-        let error = match self.primary.settle(key, spec, booked, actual, since).await {
-            Err(e) => e,
-            settled => return settled,
-        };
+        let primary = self.primary.settle(key, spec, booked, actual, since).await;
+        let Err(error) = primary else { return primary };
         match self.answer("settle", error, spec)? {
             Answer::Open => Ok(()),
             // Charged in the primary: no refund here (the fallback never
@@ -407,12 +394,11 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         penalty: Duration,
     ) -> Result<(), BackendError> {
-        match self.primary.penalize(key, spec, penalty).await {
-            Err(e) => match self.answer("penalize", e, spec)? {
-                Answer::Open => Ok(()),
-                Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
-            },
-            done => done,
+        let primary = self.primary.penalize(key, spec, penalty).await;
+        let Err(e) = primary else { return primary };
+        match self.answer("penalize", e, spec)? {
+            Answer::Open => Ok(()),
+            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
         }
     }
 
@@ -422,12 +408,11 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Micros, BackendError> {
-        match self.primary.wait_left(key, spec, cost).await {
-            Err(e) => match self.answer("wait_left", e, spec)? {
-                Answer::Open => Ok(0),
-                Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
-            },
-            left => left,
+        let primary = self.primary.wait_left(key, spec, cost).await;
+        let Err(e) = primary else { return primary };
+        match self.answer("wait_left", e, spec)? {
+            Answer::Open => Ok(0),
+            Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
         }
     }
 
@@ -437,12 +422,11 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         observed: &ObservedLimit,
     ) -> Result<(), BackendError> {
-        match self.primary.reconcile(key, spec, observed).await {
-            Err(e) => match self.answer("reconcile", e, spec)? {
-                Answer::Open => Ok(()),
-                Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
-            },
-            done => done,
+        let primary = self.primary.reconcile(key, spec, observed).await;
+        let Err(e) = primary else { return primary };
+        match self.answer("reconcile", e, spec)? {
+            Answer::Open => Ok(()),
+            Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
         }
     }
 
