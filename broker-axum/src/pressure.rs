@@ -98,8 +98,7 @@ impl Pressure {
     /// every replica of one store. See the crate docs, "Tenant ids".
     pub fn with_tenant_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         let policy = Arc::make_mut(&mut self.policy);
-        let clear = policy.tenant_keys.is_clear();
-        policy.tenant_keys = TenantKeys::new(Some(secret.as_ref()), clear);
+        policy.tenant_keys = TenantKeys::new(Some(secret.as_ref()), policy.tenant_keys.clear);
         self
     }
 
