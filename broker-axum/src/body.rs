@@ -80,10 +80,7 @@ boxed_permit_body!(UnsyncBoxBody, boxed_unsync);
 
 impl<B: Body> PermitBody for PressureBody<B> {
     fn hold(&mut self, permit: Permit) {
-        match self.permit {
-            None => self.permit = Some(permit),
-            Some(_) => self.more.push(permit),
-        }
+        self.permit = std::mem::take(&mut self.permit).join(permit);
     }
 
     fn from_bytes(bytes: Bytes) -> Self {
@@ -128,8 +125,7 @@ pin_project! {
         #[pin]
         inner: Option<B>,
         fixed: Option<Bytes>,
-        permit: Option<Permit>,
-        more: Vec<Permit>,
+        permit: Permit,
         // Data bytes handed to the server so far (see `may_end`).
         handed: usize,
     }
@@ -141,8 +137,7 @@ impl<B> PressureBody<B> {
         Self {
             inner: Some(inner),
             fixed: None,
-            permit,
-            more: Vec::new(),
+            permit: permit.unwrap_or_default(),
             handed: 0,
         }
     }
@@ -152,15 +147,14 @@ impl<B> PressureBody<B> {
         Self {
             inner: None,
             fixed: Some(bytes),
-            permit: None,
-            more: Vec::new(),
+            permit: Permit::empty(),
             handed: 0,
         }
     }
 
     /// Whether this body still holds a concurrency permit.
     pub fn holds_permit(&self) -> bool {
-        self.permit.as_ref().is_some_and(Permit::is_held) || !self.more.is_empty()
+        self.permit.is_held()
     }
 }
 
@@ -183,8 +177,7 @@ where
         };
         let frame = body.poll_frame(cx);
         if let Poll::Ready(None | Some(Err(_))) = &frame {
-            *this.permit = None;
-            this.more.clear();
+            this.permit.release();
         }
         *this.handed = this.handed.saturating_add(data_len(&frame));
         frame

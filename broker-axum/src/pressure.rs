@@ -84,10 +84,8 @@ impl Pressure {
         service: Option<&str>,
         on_other: OnOtherLimits,
     ) -> Result<Self, ConfigError> {
-        let policy = Policy::new(broker, config, service, on_other)?;
-        Ok(Self {
-            policy: Arc::new(policy),
-        })
+        let policy = Arc::new(Policy::new(broker, config, service, on_other)?);
+        Ok(Self { policy })
     }
 
     /// Sets how denials and backend failures are answered (later layers).
@@ -100,8 +98,7 @@ impl Pressure {
     /// every replica of one store. See the crate docs, "Tenant ids".
     pub fn with_tenant_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         let policy = Arc::make_mut(&mut self.policy);
-        let clear = policy.tenant_keys.is_clear();
-        policy.tenant_keys = TenantKeys::new(Some(secret.as_ref()), clear);
+        policy.tenant_keys = TenantKeys::new(Some(secret.as_ref()), policy.tenant_keys.clear);
         self
     }
 
@@ -129,12 +126,17 @@ impl Pressure {
 
     /// The route/service stage: put it outermost, before authentication.
     pub fn layer(&self) -> PressureLayer {
-        PressureLayer::new(self.policy.clone())
+        PressureLayer {
+            policy: self.policy.clone(),
+        }
     }
 
     /// The tenant stage: put it inside authentication, so `extractor` sees
     /// what auth set. Passes everything when `perTenant` is not enabled.
     pub fn tenant_layer<E: TenantExtractor>(&self, extractor: E) -> TenantLayer<E> {
-        TenantLayer::new(self.policy.clone(), extractor)
+        TenantLayer {
+            policy: self.policy.clone(),
+            extractor,
+        }
     }
 }

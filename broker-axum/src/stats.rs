@@ -36,21 +36,13 @@ impl PressureStats {
     /// A snapshot of `broker`.
     pub fn of(broker: &ResourceBroker) -> Self {
         let stats = broker.stats();
-        let resources = stats
-            .resources
-            .into_iter()
-            .map(|(id, stats)| {
-                let view = ResourceView {
-                    limit_only: stats.kind == ResourceKind::LimitOnly,
-                    stats,
-                };
-                (id, view)
-            })
-            .collect();
-        Self {
-            resources,
-            backend: stats.backend,
-        }
+        let view = |(id, stats): (String, ResourceStats)| {
+            let limit_only = stats.kind == ResourceKind::LimitOnly;
+            (id, ResourceView { limit_only, stats })
+        };
+        let resources = stats.resources.into_iter().map(view).collect();
+        let backend = stats.backend;
+        Self { resources, backend }
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use broker_core::{Acquisition, BrokerError, Cost, Permit};
 
-use super::refund::{spawn_refund, Refund, Refunding};
+use super::refund::{refunding, spawn_refund, Refund};
 use crate::policy::{Policy, Stage};
 
 /// The broker's answer on one stage.
@@ -61,7 +61,7 @@ pub(crate) async fn acquire(policy: &Arc<Policy>, stage: Stage, tenant: Option<&
         }
         refused => {
             drop(admitted);
-            Refunding::new(policy.clone(), of).await;
+            refunding(policy.clone(), of).await;
             Answer::new(refused, second)
         }
     }

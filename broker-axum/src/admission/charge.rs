@@ -14,7 +14,7 @@ use crate::policy::Policy;
 /// same policy gives back.
 #[derive(Debug)]
 pub(crate) struct Charge {
-    policy: Arc<Policy>,
+    pub(crate) policy: Arc<Policy>,
     /// The tenant stage was dropped undecided: no handler ran.
     pub(crate) left_unanswered: AtomicBool,
 }
@@ -47,10 +47,6 @@ impl Charge {
         ours.then(|| req.extensions_mut().remove::<Charged>())
             .flatten()
             .map(|c| c.0)
-    }
-
-    pub(crate) fn policy(&self) -> &Arc<Policy> {
-        &self.policy
     }
 
     /// Names this charge on `res`, a refusal by the tenant stage.

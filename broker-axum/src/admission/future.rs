@@ -14,7 +14,7 @@ use tower::Service;
 use super::acquire::{acquire, Answer};
 use super::carry::Carry;
 use super::charge::Charge;
-use super::refund::{spawn_refund, Refund, Refunding};
+use super::refund::{refunding, spawn_refund, Refund, Refunding};
 use super::refusal::judge;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
@@ -51,7 +51,7 @@ pin_project! {
                             response: None,
                         });
                         if charge.left_unanswered.load(Ordering::Relaxed) {
-                            spawn_refund(charge.policy().clone(), of);
+                            spawn_refund(charge.policy.clone(), of);
                         }
                     }
                 }
@@ -61,8 +61,14 @@ pin_project! {
     }
 }
 
+/// The response future of [`crate::TenantService`] (see [`ResponseFuture`]).
+pub type TenantFuture<S, ReqB, ResB> = ResponseFuture<S, ReqB, ResB>;
+
 /// The ready inner service (taken in `call`, as tower does) and the request.
 type Call<S, ReqB> = Box<(S, Request<ReqB>)>;
+
+/// The broker's answer, with the policy and tenant it was asked for.
+type Asking = Pin<Box<dyn Future<Output = (Answer, Arc<Policy>, Option<String>)> + Send>>;
 
 pin_project! {
     #[project = StateProj]
@@ -73,10 +79,8 @@ pin_project! {
         // The store needs I/O: waiting for the broker's answer. `charge`:
         // the route/service charge a tenant-stage refusal gives back.
         Admitting {
-            acquire: Pin<Box<dyn Future<Output = Answer> + Send>>,
+            acquire: Asking,
             call: Option<Call<S, ReqB>>,
-            policy: Arc<Policy>,
-            tenant: Option<String>,
             charge: Option<Arc<Charge>>,
         },
         // Admitted; `charged` when a tenant stage follows this route/service stage.
@@ -169,12 +173,13 @@ where
             None => {
                 let clone = inner.clone();
                 let inner = std::mem::replace(inner, clone);
-                let (asked, key) = (policy.clone(), tenant.clone());
+                let policy = policy.clone();
                 State::Admitting {
-                    acquire: Box::pin(async move { acquire(&asked, stage, key.as_deref()).await }),
+                    acquire: Box::pin(async move {
+                        let answer = acquire(&policy, stage, tenant.as_deref()).await;
+                        (answer, policy, tenant)
+                    }),
                     call: Some(Box::new((inner, req))),
-                    policy: policy.clone(),
-                    tenant,
                     charge,
                 }
             }
@@ -198,21 +203,19 @@ where
                 StateProj::Admitting {
                     acquire,
                     call,
-                    policy,
-                    tenant,
                     charge,
                 } => {
-                    let answer = ready!(acquire.as_mut().poll(cx));
+                    let (answer, policy, tenant) = ready!(acquire.as_mut().poll(cx));
                     let (mut inner, req) = *call.take().expect(DONE);
                     let key = tenant.as_deref();
-                    let next = decide(policy, answer, key, charge.take(), &mut inner, req);
+                    let next = decide(&policy, answer, key, charge.take(), &mut inner, req);
                     state.set(next);
                 }
                 StateProj::Calling { call, charged } => {
                     let mut res = ready!(call.poll(cx))?;
                     match charged.take() {
                         Some((charge, of)) if charge.refused_in(&mut res) => {
-                            let refund = Some(Refunding::new(charge.policy().clone(), of));
+                            let refund = Some(refunding(charge.policy.clone(), of));
                             let response = Some(Box::new(res));
                             state.set(State::Answering { refund, response });
                         }
@@ -221,7 +224,7 @@ where
                 }
                 StateProj::Answering { refund, response } => {
                     if let Some(refund) = refund {
-                        ready!(Pin::new(refund).poll(cx));
+                        ready!(refund.as_mut().poll(cx));
                     }
                     return Poll::Ready(Ok(*response.take().expect(DONE)));
                 }

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use broker_core::{Cost, Marks};
 
@@ -34,33 +33,23 @@ pub(crate) async fn refund(policy: Arc<Policy>, refund: Refund) {
 
 /// Spawns [`refund`] on the current runtime; without one the cost stays charged.
 pub(crate) fn spawn_refund(policy: Arc<Policy>, of: Refund) {
-    drop(Refunding::new(policy, of));
+    drop(refunding(policy, of));
 }
 
 /// A refund that runs to its end even if dropped: on a task of its own, or
 /// in place outside a runtime.
-pub(crate) struct Refunding(Pin<Box<dyn Future<Output = ()> + Send>>);
+pub(crate) type Refunding = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-impl Refunding {
-    pub(crate) fn new(policy: Arc<Policy>, of: Refund) -> Self {
-        let refund = refund(policy, of);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let task = runtime.spawn(refund);
-                // A refund that panicked only leaves the cost charged.
-                Self(Box::pin(async move {
-                    let _ = task.await;
-                }))
-            }
-            Err(_) => Self(Box::pin(refund)),
+pub(crate) fn refunding(policy: Arc<Policy>, of: Refund) -> Refunding {
+    let refund = refund(policy, of);
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let task = runtime.spawn(refund);
+            // A refund that panicked only leaves the cost charged.
+            Box::pin(async move {
+                let _ = task.await;
+            })
         }
-    }
-}
-
-impl Future for Refunding {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.as_mut().poll(cx)
+        Err(_) => Box::pin(refund),
     }
 }

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 
 use broker_core::{ConfigError, Limits};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 mod validate;
 
@@ -142,7 +143,7 @@ impl PressureConfig {
     pub fn from_json(source_name: &str, text: &str) -> Result<Self, ConfigError> {
         let doc = broker_core::config::tree(source_name, text)?;
         if is_document(&doc) {
-            return Self::from_tree(source_name, text, doc);
+            return Self::from_tree(source_name, text, &doc);
         }
         let config: Self =
             broker_core::config::parse(source_name, text, broker_core::config::Format::Json)?;
@@ -161,14 +162,10 @@ impl PressureConfig {
     /// ```
     pub fn from_document(source_name: &str, text: &str) -> Result<Self, ConfigError> {
         let doc = broker_core::config::tree(source_name, text)?;
-        Self::from_tree(source_name, text, doc)
+        Self::from_tree(source_name, text, &doc)
     }
 
-    fn from_tree(
-        source_name: &str,
-        text: &str,
-        doc: serde_json::Value,
-    ) -> Result<Self, ConfigError> {
+    fn from_tree(source_name: &str, text: &str, doc: &Value) -> Result<Self, ConfigError> {
         let fail = |message: String| ConfigError::Parse {
             source_name: source_name.to_owned(),
             message,
@@ -184,7 +181,7 @@ impl PressureConfig {
             .ok_or_else(|| {
                 fail("no `pressure` object at the top level or one level down".into())
             })?;
-        let config: Self = broker_core::config::from_value(&value).map_err(|e| {
+        let config: Self = broker_core::config::from_value(value).map_err(|e| {
             let path = e.path().to_string();
             let at = if path.is_empty() || path == "." {
                 prefix.clone()
@@ -202,37 +199,24 @@ impl PressureConfig {
 const FIELDS: [&str; 4] = ["enabled", "perService", "perRoute", "perTenant"];
 
 /// Whether `doc` is a document holding a `pressure` object, not the object.
-fn is_document(doc: &serde_json::Value) -> bool {
-    match doc {
-        serde_json::Value::Object(root) => {
-            root.keys().any(|k| !FIELDS.contains(&k.as_str()))
-                && !matches!(find_pressure(doc.clone()), Ok(None))
-        }
-        _ => false,
-    }
+fn is_document(doc: &Value) -> bool {
+    (doc.as_object()).is_some_and(|root| root.keys().any(|k| !FIELDS.contains(&k.as_str())))
+        && !matches!(find_pressure(doc), Ok(None))
 }
 
 /// The `pressure` object of `doc` with its path (top level or one down); two
 /// are an error naming both.
-fn find_pressure(
-    doc: serde_json::Value,
-) -> Result<Option<(String, serde_json::Value)>, (String, String)> {
-    let serde_json::Value::Object(root) = doc else {
+fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, String)> {
+    let Value::Object(root) = doc else {
         return Ok(None);
     };
-    let mut found = Vec::new();
-    for (k, v) in root {
-        match v {
-            v if k == "pressure" => found.push((k, v)),
-            serde_json::Value::Object(mut o) => {
-                if let Some(p @ serde_json::Value::Object(_)) = o.remove("pressure") {
-                    found.push((format!("{k}.pressure"), p));
-                }
-            }
-            _ => {}
+    let mut found = root.iter().filter_map(|(k, v)| match v {
+        v if k == "pressure" => Some((k.clone(), v)),
+        Value::Object(o) => {
+            (o.get("pressure").filter(|p| p.is_object())).map(|p| (format!("{k}.pressure"), p))
         }
-    }
-    let mut found = found.into_iter();
+        _ => None,
+    });
     match (found.next(), found.next()) {
         (Some((a, _)), Some((b, _))) => Err((a, b)),
         (one, _) => Ok(one),

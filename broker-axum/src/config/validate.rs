@@ -14,15 +14,11 @@ impl PressureConfig {
     }
 
     pub(super) fn validate_at(&self, source_name: &str, prefix: &str) -> Result<(), ConfigError> {
-        let at = |field: String| {
-            if prefix.is_empty() {
-                field
-            } else {
-                format!("{prefix}.{field}")
-            }
-        };
         let bad = |field: String, reason: &str| ConfigError::Invalid {
-            field: format!("{source_name}: {}", at(field)),
+            field: match prefix {
+                "" => format!("{source_name}: {field}"),
+                _ => format!("{source_name}: {prefix}.{field}"),
+            },
             reason: reason.to_owned(),
         };
         let mut ids = HashSet::new();

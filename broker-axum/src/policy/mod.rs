@@ -67,26 +67,19 @@ impl Policy {
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let service = match service {
-            Some(name) => {
-                let limits = config.per_service.get(name).ok_or_else(|| {
-                    ConfigError::invalid(
-                        format!("perService.{name}"),
-                        "no such service in the config",
-                    )
-                })?;
-                Some((name, limits))
-            }
+            Some(name) => Some(config.per_service.get_key_value(name).ok_or_else(|| {
+                ConfigError::invalid(
+                    format!("perService.{name}"),
+                    "no such service in the config",
+                )
+            })?),
             None if config.per_service.len() > 1 => {
                 return Err(ConfigError::invalid(
                     "perService",
                     "several services are configured: pick one with Pressure::for_service",
                 ))
             }
-            None => config
-                .per_service
-                .iter()
-                .next()
-                .map(|(n, l)| (n.as_str(), l)),
+            None => config.per_service.iter().next(),
         };
         if config.per_route.len() >= SERVICE as usize {
             return Err(ConfigError::invalid(
@@ -194,10 +187,8 @@ impl Policy {
 
     /// The route (`found`), else the service stage.
     fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
-        match found {
-            Some(i) => Some((Stage::Route(i), &self.routes[i as usize].limited)),
-            None => self.service.as_ref().map(|s| (Stage::Service, s)),
-        }
+        let stage = found.map_or(Stage::Service, Stage::Route);
+        Some((stage, self.limited(stage)?))
     }
 
     /// Whether the tenant stage limits anything.

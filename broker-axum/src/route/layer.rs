@@ -11,19 +11,14 @@ use crate::policy::Policy;
 /// authentication (outermost). Built by [`crate::Pressure::layer`].
 #[derive(Debug, Clone)]
 pub struct PressureLayer {
-    policy: Arc<Policy>,
-}
-
-impl PressureLayer {
-    pub(crate) fn new(policy: Arc<Policy>) -> Self {
-        Self { policy }
-    }
+    pub(crate) policy: Arc<Policy>,
 }
 
 impl<S> Layer<S> for PressureLayer {
     type Service = PressureService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PressureService::new(inner, self.policy.clone())
+        let policy = self.policy.clone();
+        PressureService { inner, policy }
     }
 }

@@ -1,10 +1,9 @@
 //! The route/service stage, before authentication: the request's path
 //! picks a per-route resource (longest prefix) or the per-service one.
 
-mod future;
 mod layer;
 mod service;
 
-pub use future::ResponseFuture;
+pub use crate::admission::future::ResponseFuture;
 pub use layer::PressureLayer;
 pub use service::PressureService;

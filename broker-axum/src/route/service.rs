@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use super::future::ResponseFuture;
+use crate::admission::future::ResponseFuture;
 use crate::body::PermitBody;
 use crate::policy::Policy;
 
@@ -14,15 +14,11 @@ use crate::policy::Policy;
 /// service's. Built by [`crate::Pressure::layer`].
 #[derive(Debug, Clone)]
 pub struct PressureService<S> {
-    inner: S,
-    policy: Arc<Policy>,
+    pub(super) inner: S,
+    pub(super) policy: Arc<Policy>,
 }
 
 impl<S> PressureService<S> {
-    pub(crate) fn new(inner: S, policy: Arc<Policy>) -> Self {
-        Self { inner, policy }
-    }
-
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner

@@ -27,18 +27,10 @@ const BUILT_IN_SECRET: &[u8] = b"resource-broker tenant fingerprint v1";
 
 /// Tenant ids as sub-keys: `~` and 128 bits of an HMAC-SHA256 of the id
 /// tagged text or bytes, or with `clear` a plain text id.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct TenantKeys {
     mac: Hmac<Sha256>,
-    clear: bool,
-}
-
-impl std::fmt::Debug for TenantKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenantKeys")
-            .field("clear", &self.clear)
-            .finish_non_exhaustive()
-    }
+    pub(crate) clear: bool,
 }
 
 impl TenantKeys {
@@ -48,11 +40,6 @@ impl TenantKeys {
         let secret = secret.unwrap_or(BUILT_IN_SECRET);
         let mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
         Self { mac, clear }
-    }
-
-    /// Whether plain text ids are kept in clear.
-    pub(crate) fn is_clear(&self) -> bool {
-        self.clear
     }
 
     /// The sub-key of `tenant`.

@@ -12,20 +12,18 @@ use crate::policy::Policy;
 /// Built by [`crate::Pressure::tenant_layer`].
 #[derive(Debug, Clone)]
 pub struct TenantLayer<E> {
-    policy: Arc<Policy>,
-    extractor: E,
-}
-
-impl<E> TenantLayer<E> {
-    pub(crate) fn new(policy: Arc<Policy>, extractor: E) -> Self {
-        Self { policy, extractor }
-    }
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) extractor: E,
 }
 
 impl<S, E: TenantExtractor> Layer<S> for TenantLayer<E> {
     type Service = TenantService<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TenantService::new(inner, self.policy.clone(), self.extractor.clone())
+        TenantService {
+            inner,
+            policy: self.policy.clone(),
+            extractor: self.extractor.clone(),
+        }
     }
 }

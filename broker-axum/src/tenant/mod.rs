@@ -2,13 +2,12 @@
 //! finds has its own state under the per-tenant resource.
 
 mod extract;
-mod future;
 pub(crate) mod keys;
 mod layer;
 mod service;
 
+pub use crate::admission::future::TenantFuture;
 pub use extract::{FromExtension, FromHeader, Tenant, TenantExtractor};
-pub use future::TenantFuture;
 pub(crate) use keys::TenantKeys;
 pub use keys::MAX_TENANT_LEN;
 pub use layer::TenantLayer;

@@ -7,8 +7,8 @@ use http::{Request, Response};
 use tower::Service;
 
 use super::extract::TenantExtractor;
-use super::future::TenantFuture;
 use crate::admission::charge::Charge;
+use crate::admission::future::TenantFuture;
 use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 
@@ -16,20 +16,12 @@ use crate::policy::{Policy, Stage};
 /// requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
 #[derive(Debug, Clone)]
 pub struct TenantService<S, E> {
-    inner: S,
-    policy: Arc<Policy>,
-    extractor: E,
+    pub(super) inner: S,
+    pub(super) policy: Arc<Policy>,
+    pub(super) extractor: E,
 }
 
 impl<S, E> TenantService<S, E> {
-    pub(crate) fn new(inner: S, policy: Arc<Policy>, extractor: E) -> Self {
-        Self {
-            inner,
-            policy,
-            extractor,
-        }
-    }
-
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner

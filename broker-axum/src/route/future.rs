@@ -1,3 +1,0 @@
-//! The route/service stage's response future: the one both stages share.
-
-pub use crate::admission::future::ResponseFuture;
