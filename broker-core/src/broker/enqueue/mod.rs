@@ -7,12 +7,10 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::in_flight::to_its_answer;
 use super::queue::{self, Ticket};
 use super::{Resource, ResourceBroker, Target};
-use crate::clock::Micros;
 use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
@@ -24,7 +22,7 @@ mod booking;
 
 use super::feedback::{capped_resets, penalize_spent_counters};
 
-pub(crate) use admit::{admit_until, Admitted, Bounds};
+pub(crate) use admit::{admit_until, Bounds, Refused};
 pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
 
 /// Passed to the work on every attempt.
@@ -207,19 +205,9 @@ impl ResourceBroker {
                 Some(&mut ticket),
                 false,
             );
-            let too_long = |would_wait: Micros, bound| {
-                EnqueueError::Broker(BrokerError::WaitTooLong {
-                    resource: resource.id.clone(),
-                    waited: started.elapsed(),
-                    would_wait: Duration::from_micros(would_wait),
-                    bound,
-                })
-            };
             let (booking, permit) = match admitted.await {
-                Ok(Admitted::Go(booking, permit)) => (booking, permit),
-                Ok(Admitted::TooLong(wait, bound)) => break Err(too_long(wait, bound)),
-                Ok(Admitted::NoSlot(bound)) => break Err(too_long(0, bound)),
-                Err(e) => break Err(EnqueueError::Broker(e)),
+                Ok(go) => go,
+                Err(refused) => break Err(refused.into_error(&resource, started).into()),
             };
             if number == 1 {
                 let waits = &resource.lines.waits[target.priority.index()];
