@@ -119,16 +119,11 @@ pub(crate) async fn admit_until(
                 let slot = wait_slot(broker, resource, (key, keyed), counted, bounds);
                 let (permit, waited) = slot.await?;
                 // After a wait the store may have a penalty since.
-                let held = match resource.penalties.until(key) {
-                    None if waited || booking.wait > 0 => {
-                        store_penalty(broker, resource, key, cost).await?
-                    }
-                    held => held,
-                };
-                let Some(until) = held else {
-                    return Ok((booking, permit));
-                };
-                until
+                let ask_store = waited || booking.wait > 0;
+                match penalty_end(broker, resource, key, cost, ask_store).await? {
+                    Some(until) => until,
+                    None => return Ok((booking, permit)),
+                }
             }
         };
         drop(booking);
@@ -191,10 +186,7 @@ async fn book_in_line(
         }
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
-            let held = match resource.penalties.until(key) {
-                Some(until) => Some(until),
-                None => store_penalty(broker, resource, key, cost).await?,
-            };
+            let held = penalty_end(broker, resource, key, cost, true).await?;
             let beyond = held.and_then(|until| bounds.penalty_beyond(until));
             if let Some(too_long @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
                 return Err(too_long);
@@ -299,16 +291,22 @@ async fn wait_slot(
     }
 }
 
-/// The end of a penalty the store has on state `key` for `cost`, if one
-/// is in force ([`Store::wait_left`]): one of another process this one
-/// does not know of. A store that fails to answer reports none on a
-/// resource with rate limits (the booking it granted stands).
-async fn store_penalty(
+/// The end of a penalty in force on state `key`: this process's, else, if
+/// `ask_store`, one the store has for `cost` ([`Store::wait_left`]), of
+/// another process this one does not know of. A store that fails to answer
+/// reports none on a resource with rate limits (the booking it granted
+/// stands).
+async fn penalty_end(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
     cost: Cost,
+    ask_store: bool,
 ) -> Result<Option<Instant>, BrokerError> {
+    let held = resource.penalties.until(key);
+    if held.is_some() || !ask_store {
+        return Ok(held);
+    }
     let spec = resource.latest().spec.clone();
     let wait = match broker.inner.backend.wait_left(key, &spec, cost).await {
         Ok(wait) => wait,
