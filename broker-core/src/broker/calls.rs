@@ -350,23 +350,21 @@ impl ResourceBroker {
             ceiling: None,
         };
         let admitted = enqueue::admit_until(self, &resource, state, cost, &bounds, None, true);
-        let (booking, permit) = match admitted.await? {
-            enqueue::Admitted::Go(booking, permit) => (booking, permit),
-            other => {
-                bump(&resource.tally().counters.denied);
-                let v = match other {
-                    enqueue::Admitted::TooLong(wait, _) => Verdict::Rate(wait),
-                    _ => Verdict::Concurrency,
-                };
-                return Ok(acquisition(v, Permit::empty(), false));
+        let v = match admitted.await {
+            Ok((booking, permit)) => {
+                let booked = booking.consume();
+                bump(&resource.tally().counters.allowed);
+                return Ok(acquisition(
+                    Verdict::Allowed,
+                    permit,
+                    booked.answered_here(),
+                ));
             }
+            Err(enqueue::Refused::Broker(e)) => return Err(e),
+            Err(enqueue::Refused::TooLong(wait, _)) => Verdict::Rate(wait),
+            Err(enqueue::Refused::NoSlot(_)) => Verdict::Concurrency,
         };
-        let booked = booking.consume();
-        bump(&resource.tally().counters.allowed);
-        Ok(acquisition(
-            Verdict::Allowed,
-            permit,
-            booked.answered_here(),
-        ))
+        bump(&resource.tally().counters.denied);
+        Ok(acquisition(v, Permit::empty(), false))
     }
 }

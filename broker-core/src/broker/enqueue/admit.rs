@@ -4,30 +4,56 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::booking::LiveBooking;
 use crate::broker::in_flight::to_its_answer;
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, HeldKey, Permit, Resource, ResourceBroker};
 use crate::clock::Micros;
-use crate::error::{BackendError, BrokerError, WaitBound};
+use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::store::{Turn, TurnAsk};
 
-/// What [`admit_until`] gave one attempt of `enqueue` or `acquire`.
-pub(crate) enum Admitted {
-    /// The booked cost, due now, and the slot (if limited).
-    Go(LiveBooking, Permit),
+/// Why [`admit_until`] gave one attempt of `enqueue` or `acquire` nothing.
+pub(crate) enum Refused {
     /// A wait or a penalty beyond a bound: the wait ahead, nothing booked.
     TooLong(Micros, WaitBound),
     /// No slot came free before the deadline.
     NoSlot(WaitBound),
+    /// The store failed.
+    Broker(BrokerError),
+}
+
+impl From<BrokerError> for Refused {
+    fn from(e: BrokerError) -> Self {
+        Refused::Broker(e)
+    }
+}
+
+impl Refused {
+    /// The error of an `enqueue` call on `resource` refused after waiting
+    /// since `started`.
+    pub(crate) fn into_error(self, resource: &Resource, started: Instant) -> BrokerError {
+        let (would_wait, bound) = match self {
+            Refused::TooLong(wait, bound) => (wait, bound),
+            Refused::NoSlot(bound) => (0, bound),
+            Refused::Broker(e) => return e,
+        };
+        BrokerError::WaitTooLong {
+            resource: resource.id.clone(),
+            waited: started.elapsed(),
+            would_wait: Duration::from_micros(would_wait),
+            bound,
+        }
+    }
 }
 
 /// What bounds the waits of a call in [`admit_until`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {
     /// The call's deadline, and its length as the caller gave it.
-    pub(crate) deadline: Option<(tokio::time::Instant, Duration)>,
+    pub(crate) deadline: Option<(Instant, Duration)>,
     /// The longest penalty (a 429's, a spent counter's) the call waits out.
     pub(crate) ceiling: Option<Duration>,
 }
@@ -36,14 +62,8 @@ impl Bounds {
     /// The time left before the deadline (`Duration::MAX` without one).
     fn left(&self) -> Duration {
         self.deadline.map_or(Duration::MAX, |(at, _)| {
-            at.saturating_duration_since(tokio::time::Instant::now())
+            at.saturating_duration_since(Instant::now())
         })
-    }
-
-    /// The deadline, or the far future.
-    fn until(&self) -> tokio::time::Instant {
-        self.deadline
-            .map_or_else(|| crate::clock::tokio_after(Duration::MAX), |(at, _)| at)
     }
 
     /// The deadline as a bound (zero without one).
@@ -53,14 +73,14 @@ impl Bounds {
 
     /// The refusal of a penalty ending at `until` that meets a bound, if
     /// it does.
-    fn penalty_beyond(&self, until: tokio::time::Instant) -> Option<Admitted> {
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
+    fn penalty_beyond(&self, until: Instant) -> Option<Refused> {
+        let left = until.saturating_duration_since(Instant::now());
         let bound = match (self.ceiling, self.deadline) {
             (Some(c), _) if left > c => WaitBound::PenaltyCeiling(c),
             (_, Some((at, d))) if until > at => WaitBound::Deadline(d),
             _ => return None,
         };
-        Some(Admitted::TooLong(crate::clock::micros(left), bound))
+        Some(Refused::TooLong(crate::clock::micros(left), bound))
     }
 }
 
@@ -80,9 +100,9 @@ pub(crate) async fn admit_until(
     bounds: &Bounds,
     mut ticket: Option<&mut Ticket>,
     counted: bool,
-) -> Result<Admitted, BrokerError> {
+) -> Result<(LiveBooking, Permit), Refused> {
     loop {
-        let booked = match ticket.as_deref_mut() {
+        let booking = match ticket.as_deref_mut() {
             Some(ticket) => {
                 let booked = book_in_line(broker, resource, key, cost, bounds, ticket).await;
                 ticket.leave();
@@ -90,36 +110,25 @@ pub(crate) async fn admit_until(
             }
             None => LiveBooking::book(broker, resource, key.to_owned(), cost, bounds.left())
                 .await?
-                .map_err(|wait| Admitted::TooLong(wait, bounds.deadline_bound())),
-        };
-        let booking = match booked {
-            Ok(booking) => booking,
-            Err(too_long) => return Ok(too_long),
+                .map_err(|wait| Refused::TooLong(wait, bounds.deadline_bound()))?,
         };
         booking.sleep_until_due().await;
         let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
-                let slot = wait_slot(broker, resource, (key, keyed), counted, bounds.until());
-                let Some((permit, waited)) = slot.await? else {
-                    return Ok(Admitted::NoSlot(bounds.deadline_bound()));
-                };
+                let slot = wait_slot(broker, resource, (key, keyed), counted, bounds);
+                let (permit, waited) = slot.await?;
                 // After a wait the store may have a penalty since.
-                let held = match resource.penalties.until(key) {
-                    None if waited || booking.wait > 0 => {
-                        store_penalty(broker, resource, key, cost).await?
-                    }
-                    held => held,
-                };
-                let Some(until) = held else {
-                    return Ok(Admitted::Go(booking, permit));
-                };
-                until
+                let ask_store = waited || booking.wait > 0;
+                match penalty_end(broker, resource, key, cost, ask_store).await? {
+                    Some(until) => until,
+                    None => return Ok((booking, permit)),
+                }
             }
         };
         drop(booking);
         if let Some(too_long) = bounds.penalty_beyond(until) {
-            return Ok(too_long);
+            return Err(too_long);
         }
         tokio::time::sleep_until(until).await;
     }
@@ -127,8 +136,8 @@ pub(crate) async fn admit_until(
 
 /// Books `cost` on `key` through the call's place in its line: waits for
 /// its turn, then, as head, books at most its priority's horizon ahead
-/// ([`queue::horizon`]), napping until the time comes within it. `Err`: a
-/// bound met, nothing booked. The caller leaves the line after it.
+/// ([`queue::horizon`]), napping until the time comes within it. Refused:
+/// nothing booked. The caller leaves the line after it.
 async fn book_in_line(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -136,16 +145,16 @@ async fn book_in_line(
     cost: Cost,
     bounds: &Bounds,
     ticket: &mut Ticket,
-) -> Result<Result<LiveBooking, Admitted>, BrokerError> {
+) -> Result<LiveBooking, Refused> {
     ticket.join();
     // The shared ledger charged this booking's flow.
     let mut charged = false;
     let behind =
-        |t: &Ticket| Admitted::TooLong(crate::clock::micros(t.ahead()), bounds.deadline_bound());
+        |t: &Ticket| Refused::TooLong(crate::clock::micros(t.ahead()), bounds.deadline_bound());
     loop {
         if let Some((at, _)) = bounds.deadline {
             if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
-                return Ok(Err(behind(ticket)));
+                return Err(behind(ticket));
             }
         } else {
             ticket.turn().await;
@@ -156,7 +165,7 @@ async fn book_in_line(
         if !charged && horizon.is_some() {
             if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
-                    return Ok(Err(behind(ticket)));
+                    return Err(behind(ticket));
                 }
                 ticket
                     .nap(Duration::from_micros(ticket.units()).min(left))
@@ -168,22 +177,19 @@ async fn book_in_line(
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
         let booked = LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?;
         let wait = match booked {
-            Ok(booking) => return Ok(Ok(booking)),
+            Ok(booking) => return Ok(booking),
             Err(wait) => Duration::from_micros(wait),
         };
         if wait > left {
             let bound = bounds.deadline_bound();
-            return Ok(Err(Admitted::TooLong(crate::clock::micros(wait), bound)));
+            return Err(Refused::TooLong(crate::clock::micros(wait), bound));
         }
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
-            let held = match resource.penalties.until(key) {
-                Some(until) => Some(until),
-                None => store_penalty(broker, resource, key, cost).await?,
-            };
+            let held = penalty_end(broker, resource, key, cost, true).await?;
             let beyond = held.and_then(|until| bounds.penalty_beyond(until));
-            if let Some(too_long @ Admitted::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
-                return Ok(Err(too_long));
+            if let Some(too_long @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
+                return Err(too_long);
             }
         }
         ticket.set_due(crate::clock::tokio_after(wait));
@@ -225,19 +231,19 @@ async fn shared_turn(
 /// How often a waiter re-checks a slot held by another process.
 const SLOT_POLL: Duration = Duration::from_millis(25);
 
-/// Waits for a concurrency slot on state `key` until `deadline`: its
+/// Waits for a concurrency slot on state `key` within `bounds`: its
 /// permit (empty without a concurrency limit, released as `admit_until`'s)
-/// and whether it was waited for; `None` when none came free in time.
+/// and whether it was waited for.
 async fn wait_slot(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     (key, keyed): (&str, bool),
     counted: bool,
-    deadline: tokio::time::Instant,
-) -> Result<Option<(Permit, bool)>, BrokerError> {
+    bounds: &Bounds,
+) -> Result<(Permit, bool), Refused> {
     let spec = &resource.latest().spec;
     if spec.max_concurrent.is_none() {
-        return Ok(Some((Permit::empty(), false)));
+        return Ok((Permit::empty(), false));
     }
     let backend = &broker.inner.backend;
     let mut waited = false;
@@ -252,7 +258,8 @@ async fn wait_slot(
         let held =
             match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
                 Some(held) => held
-                    .inspect_err(|e| note_backend_error(resource, "take_slot", e))?
+                    .inspect_err(|e| note_backend_error(resource, "take_slot", e))
+                    .map_err(BrokerError::from)?
                     .map(permit),
                 // Run to its answer if the caller goes away: the permit of a
                 // lease granted then is dropped there, released.
@@ -263,7 +270,7 @@ async fn wait_slot(
                         let lease = (backend.take_slot(&owned, &spec).await)
                             .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
                         let held_key = HeldKey::State(keyed.then_some(owned));
-                        Ok::<_, BackendError>(lease.map(|lease| {
+                        Ok::<_, BrokerError>(lease.map(|lease| {
                             Permit::held(&backend, resource, held_key, lease, counted)
                         }))
                     })
@@ -271,28 +278,35 @@ async fn wait_slot(
                 }
             };
         if let Some(permit) = held {
-            return Ok(Some((permit, waited)));
+            return Ok((permit, waited));
         }
         waited = true;
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return Ok(None);
-        }
-        let until = deadline.min(now + SLOT_POLL);
+        let now = Instant::now();
+        let until = match bounds.deadline {
+            Some((at, _)) if now >= at => return Err(Refused::NoSlot(bounds.deadline_bound())),
+            Some((at, _)) => at.min(now + SLOT_POLL),
+            None => now + SLOT_POLL,
+        };
         let _ = tokio::time::timeout_at(until, freed).await;
     }
 }
 
-/// The end of a penalty the store has on state `key` for `cost`, if one
-/// is in force ([`Store::wait_left`]): one of another process this one
-/// does not know of. A store that fails to answer reports none on a
-/// resource with rate limits (the booking it granted stands).
-async fn store_penalty(
+/// The end of a penalty in force on state `key`: this process's, else, if
+/// `ask_store`, one the store has for `cost` ([`Store::wait_left`]), of
+/// another process this one does not know of. A store that fails to answer
+/// reports none on a resource with rate limits (the booking it granted
+/// stands).
+async fn penalty_end(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
     cost: Cost,
-) -> Result<Option<tokio::time::Instant>, BrokerError> {
+    ask_store: bool,
+) -> Result<Option<Instant>, BrokerError> {
+    let held = resource.penalties.until(key);
+    if held.is_some() || !ask_store {
+        return Ok(held);
+    }
     let spec = resource.latest().spec.clone();
     let wait = match broker.inner.backend.wait_left(key, &spec, cost).await {
         Ok(wait) => wait,

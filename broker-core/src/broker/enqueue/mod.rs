@@ -7,12 +7,10 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::in_flight::to_its_answer;
 use super::queue::{self, Ticket};
-use super::{Resource, ResourceBroker, Target};
-use crate::clock::Micros;
+use super::{ResourceBroker, Target};
 use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
@@ -24,7 +22,7 @@ mod booking;
 
 use super::feedback::{capped_resets, penalize_spent_counters};
 
-pub(crate) use admit::{admit_until, Admitted, Bounds};
+pub(crate) use admit::{admit_until, Bounds, Refused};
 pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
 
 /// Passed to the work on every attempt.
@@ -68,52 +66,22 @@ pub enum EnqueueError<E> {
     },
 }
 
-/// Counts an `enqueue` call as queued, then as running, until dropped.
-struct QueuePlace<'r> {
-    resource: &'r Resource,
-    running: bool,
-}
+/// Counts an `enqueue` call on a counter (queued, then in flight) until
+/// dropped.
+struct Counted<'r>(&'r AtomicU64);
 
-impl<'r> QueuePlace<'r> {
-    fn enter(resource: &'r Resource) -> Result<Self, BrokerError> {
-        let capacity = resource.config.queue_capacity;
-        // Counted for the id: a re-registration does not make room.
-        let queued = &resource.live.queued;
-        let before = queued.fetch_add(1, Ordering::AcqRel);
-        if before >= capacity as u64 {
-            drop_one(queued);
-            bump(&resource.counters.failed);
-            return Err(BrokerError::QueueFull {
-                resource: resource.id.clone(),
-                depth: usize::try_from(before).unwrap_or(usize::MAX),
-                capacity,
-            });
-        }
-        Ok(Self {
-            resource,
-            running: false,
-        })
-    }
-
-    fn counter(&self) -> &AtomicU64 {
-        let live = &self.resource.live;
-        match self.running {
-            true => &live.in_flight,
-            false => &live.queued,
-        }
-    }
-
-    /// Moves the call from queued to running, or back.
-    fn set_running(&mut self, running: bool) {
-        drop_one(self.counter());
-        self.running = running;
-        bump(self.counter());
+impl<'r> Counted<'r> {
+    /// Moves the call to `counter`.
+    fn move_to(&mut self, counter: &'r AtomicU64) {
+        drop_one(self.0);
+        bump(counter);
+        self.0 = counter;
     }
 }
 
-impl Drop for QueuePlace<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        drop_one(self.counter());
+        drop_one(self.0);
     }
 }
 
@@ -169,17 +137,26 @@ impl ResourceBroker {
             Some(k) => crate::keys::keyed(&resource.id, k),
             None => resource.key.clone(),
         };
-        let mut place = QueuePlace::enter(&resource)?;
+        let (live, capacity) = (&resource.live, resource.config.queue_capacity);
+        // Counted for the id: a re-registration does not make room.
+        let mut place = Counted(&live.queued);
+        let before = live.queued.fetch_add(1, Ordering::AcqRel);
+        if before >= capacity as u64 {
+            bump(&resource.counters.failed);
+            return Err(EnqueueError::Broker(BrokerError::QueueFull {
+                resource: resource.id.clone(),
+                depth: usize::try_from(before).unwrap_or(usize::MAX),
+                capacity,
+            }));
+        }
         let started = tokio::time::Instant::now();
         let policy: &RetryPolicy = &resource.config.retry;
         let limits = resource.config.paced_limits();
-        let ceiling = policy.ceiling(&limits);
-        let deadline = (target.deadline)
-            .or(resource.config.queue_deadline)
-            .map(|d| (crate::clock::tokio_after(d), d));
         let bounds = Bounds {
-            deadline,
-            ceiling: Some(ceiling),
+            deadline: (target.deadline)
+                .or(resource.config.queue_deadline)
+                .map(|d| (crate::clock::tokio_after(d), d)),
+            ceiling: Some(policy.ceiling(&limits)),
         };
         let flow: Arc<str> = target
             .flow
@@ -193,41 +170,24 @@ impl ResourceBroker {
             (flow, weight),
             units,
         );
+        let state = (key.as_str(), target.key.is_some());
         let mut number = 0;
         let result = loop {
             number += 1;
             // The slot is not counted in flight: `place` counts this work.
-            let state = (key.as_str(), target.key.is_some());
-            let admitted = admit_until(
-                self,
-                &resource,
-                state,
-                cost,
-                &bounds,
-                Some(&mut ticket),
-                false,
-            );
-            let too_long = |would_wait: Micros, bound| {
-                EnqueueError::Broker(BrokerError::WaitTooLong {
-                    resource: resource.id.clone(),
-                    waited: started.elapsed(),
-                    would_wait: Duration::from_micros(would_wait),
-                    bound,
-                })
-            };
-            let (booking, permit) = match admitted.await {
-                Ok(Admitted::Go(booking, permit)) => (booking, permit),
-                Ok(Admitted::TooLong(wait, bound)) => break Err(too_long(wait, bound)),
-                Ok(Admitted::NoSlot(bound)) => break Err(too_long(0, bound)),
-                Err(e) => break Err(EnqueueError::Broker(e)),
-            };
+            let ticket = Some(&mut ticket);
+            let (booking, permit) =
+                match admit_until(self, &resource, state, cost, &bounds, ticket, false).await {
+                    Ok(go) => go,
+                    Err(refused) => break Err(refused.into_error(&resource, started).into()),
+                };
             if number == 1 {
                 let waits = &resource.lines.waits[target.priority.index()];
                 waits.record(started.elapsed());
             }
             let used = booking.consume();
             bump(&resource.tally().counters.allowed);
-            place.set_running(true);
+            place.move_to(&live.in_flight);
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
             let retry_after = outcome.retry_after();
@@ -279,7 +239,7 @@ impl ResourceBroker {
                 drop(permit);
             })
             .await;
-            place.set_running(false);
+            place.move_to(&live.queued);
             let error = match outcome {
                 Outcome::Ok { value, .. } => break Ok(value),
                 Outcome::RateLimited { error, .. }
