@@ -85,7 +85,7 @@ enum At {
 /// The places folded into, and how many are own places.
 #[derive(Debug, Default)]
 struct Places {
-    held: HashMap<At, Vec<Held>>,
+    held: HashMap<At, Vec<Held>, foldhash::fast::RandomState>,
     own: usize,
 }
 
@@ -193,6 +193,9 @@ impl Spills {
             *own -= usize::from(!kept && matches!(at, At::Own(_)));
             kept
         });
+        if held.len() < held.capacity() / 4 {
+            held.shrink_to_fit();
+        }
         // The lock held: nothing is folded meanwhile.
         if held.is_empty() {
             self.any.store(false, Ordering::Release);
@@ -212,12 +215,12 @@ impl Spills {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
-        let places = self.places.lock();
-        let held = &places.held;
-        let place = held.get(&At::Own(hash)).or(held.get(&self.shared(hash)))?;
         let mut buckets: Vec<BucketState> = params_of(spec)
             .map(|p| BucketState::fresh(p, now))
             .collect();
+        let places = self.places.lock();
+        let held = &places.held;
+        let place = (held.get(&At::Own(hash))).or_else(|| held.get(&self.shared(hash)))?;
         let mut penalty_end: Micros = 0;
         for h in place {
             let (tight, raw) = h.split();

@@ -312,8 +312,8 @@ fn the_least_recently_used_state_is_folded_first() {
 }
 
 /// Keys that are each a resource part of their own (keyed calls with state
-/// keys without `:`) past the budget's place sets are folded into the
-/// places shared by every resource: a drained one still comes back
+/// keys without `:`) past the budget of own places are folded into the
+/// places shared by every key: a drained one still comes back
 /// drained, and waits its own refill.
 #[test]
 fn a_resource_part_past_the_budget_comes_back_drained() {

@@ -1,8 +1,8 @@
 //! The memory a bounded store holds under a flood of keys that are each a
 //! resource part of their own (keyed calls with state keys without `:`,
 //! e.g. `ip-10.0.0.7`): the states stay within the bound, and the places
-//! their folds go to stay within their budget (the sets' budget, then the
-//! places shared by every resource).
+//! their folds go to stay within their budget (own places, then the places
+//! shared by every key).
 #![forbid(unsafe_code)]
 
 use std::alloc::System;

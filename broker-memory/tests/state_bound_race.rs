@@ -65,8 +65,8 @@ fn racing_decisions_never_pass_the_burst_two_buckets_and_slots() {
 }
 
 /// Keyed calls of two specs (1 and 2 buckets) under one resource part,
-/// from three threads: folds make place sets (the map's write lock) while
-/// new keys restore (its read lock) under shard locks.
+/// from three threads: folds fill places (the places' lock) while new keys
+/// restore from them, both under shard locks.
 #[test]
 fn folds_and_restores_of_two_specs_do_not_deadlock() {
     let clock = ManualClock::new();

@@ -146,14 +146,14 @@ impl ResourceBroker {
         let (mut replaced, mut unused) = (Vec::new(), Vec::new());
         let _guard = (self.inner.register.lock()).unwrap_or_else(|p| p.into_inner());
         let current = self.inner.resources.load_full();
-        let install = (ready.iter().enumerate())
+        let installed = (ready.iter().enumerate())
             .map(|(index, r)| install(&current, index, r))
             .collect::<Result<Vec<bool>, _>>()?;
-        if !install.contains(&true) {
+        if !installed.contains(&true) {
             return Ok(());
         }
         let mut map = HashMap::clone(&current);
-        for (r, install) in ready.into_iter().zip(install) {
+        for (r, install) in ready.into_iter().zip(installed) {
             match install {
                 true => replaced.extend(carry_over(&mut map, r)),
                 false => unused.push(r),
