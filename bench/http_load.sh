@@ -24,15 +24,7 @@
 # concurrency limit frees its slot when the response head is ready, this
 # crate's permit when the body ends).
 #
-# `CALLGRIND=1` runs the server under valgrind's callgrind and reports,
-# instead of CPU time, the server's user-space instructions per request
-# (counted from after the warm-up to the end of the measured run): a figure
-# other work on the machine does not disturb (requests/s are then
-# valgrind's, not the server's). `CALLGRIND_KEEP=<dir>` also keeps each
-# run's callgrind file there, as `<layer>.<round>`, for callgrind_annotate;
-# `CALLGRIND_ARGS` adds options to valgrind's (e.g. `--dump-instr=yes`).
-#
-# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit CALLGRIND=0 TOGETHER=1 RESTART=0; SERVER_WORKERS=1: a pinned server's tokio workers)
+# Usage: bench/http_load.sh            (env: DURATION=10s CONNS=64 ROUNDS=3 SCENARIO=admit TOGETHER=1 RESTART=0; SERVER_WORKERS=1: a pinned server's tokio workers)
 # Needs root or sudo for `apt-get install wrk` when wrk is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,12 +33,7 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
 ROUNDS=${ROUNDS:-3}
 SCENARIO=${SCENARIO:-admit}
-CALLGRIND=${CALLGRIND:-0}
 RESTART=${RESTART:-0}
-if [ "$CALLGRIND" = 1 ] && [ "$RESTART" = 1 ]; then
-    echo "RESTART=1 needs CALLGRIND=0 (a dump counts from one server's start)" >&2
-    exit 2
-fi
 read -r -a LAYERS <<< "${LAYERS:-none pressure governor}"
 
 . bench/webhook_lib.sh
@@ -55,7 +42,7 @@ build_load_server
 scenario_limits "$SCENARIO"
 
 WORK=$(mktemp -d)
-declare -A PORT PID CG DUMPS CPU0 WRK_PID
+declare -A PORT PID CPU0 WRK_PID
 cleanup() {
     for pid in "${PID[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PID[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -80,10 +67,10 @@ else
     SERVER_PIN=(); WRK_PIN=(); WRK_THREADS=2
 fi
 
-# Under callgrind, or without a core of their own for the servers, the
-# variants run one after another.
+# Without a core of their own for the servers, the variants run one after
+# another.
 TOGETHER=${TOGETHER:-1}
-if [ "$CALLGRIND" = 1 ] || [ -z "${SERVER_PIN[*]}" ]; then TOGETHER=0; fi
+if [ -z "${SERVER_PIN[*]}" ]; then TOGETHER=0; fi
 
 TICKS=$(getconf CLK_TCK)
 # utime + stime of a process, in clock ticks.
@@ -97,14 +84,7 @@ cpu_ticks() {
 start_server() {
     local layer=$1
     local out="$WORK/server.$layer.out"
-    local VG=()
-    CG[$layer]="$WORK/callgrind.$layer"
-    DUMPS[$layer]=0
-    if [ "$CALLGRIND" = 1 ]; then
-        read -r -a VG_ARGS <<< "${CALLGRIND_ARGS:-}"
-        VG=(valgrind --tool=callgrind "${VG_ARGS[@]}" "--callgrind-out-file=${CG[$layer]}")
-    fi
-    "${PRIO[@]}" "${SERVER_PIN[@]}" "${VG[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
+    "${PRIO[@]}" "${SERVER_PIN[@]}" "$BIN" --port 0 --layer "$layer" "${LIMITS[@]}" > "$out" 2>&1 &
     PID[$layer]=$!
     PORT[$layer]=$(server_port "$out") || exit 1
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/post.lua" "$(url "$layer")" > /dev/null
@@ -123,25 +103,18 @@ url() {
 load_start() {
     local layer=$1
     CPU0[$layer]=$(cpu_ticks "${PID[$layer]}")
-    if [ "$CALLGRIND" = 1 ]; then callgrind_control -z "${PID[$layer]}" > /dev/null; fi
     "${PRIO[@]}" "${WRK_PIN[@]}" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" -s "$WORK/post.lua" "$(url "$layer")" > "$WORK/wrk.$layer.out" &
     WRK_PID[$layer]=$!
 }
 
 # Waits for `layer`'s wrk and prints its line: layer, requests/s, non-2xx
-# responses, and the server's CPU µs per request (under callgrind, the
-# user-space instructions per request of the dump taken at the end of
-# the measured run).
+# responses, and the server's CPU µs per request.
 load_finish() {
     local layer=$1
     local pid=${PID[$layer]}
     wait "${WRK_PID[$layer]}"
     local cpu1
     cpu1=$(cpu_ticks "$pid")
-    if [ "$CALLGRIND" = 1 ]; then
-        callgrind_control -d "$pid" > /dev/null
-        DUMPS[$layer]=$((DUMPS[$layer] + 1))
-    fi
     local out="$WORK/wrk.$layer.out" rps non2xx total
     rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
     total=$(awk '/requests in/ {print $1}' "$out")
@@ -150,17 +123,7 @@ load_finish() {
         echo "wrk gave no result for $layer:" >&2; cat "$out" >&2; exit 1
     fi
     local per_req
-    if [ "$CALLGRIND" = 1 ]; then
-        local dump="${CG[$layer]}.${DUMPS[$layer]}" ir
-        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
-        per_req=$(python3 -c "print(f'{$ir / $total:.0f}')")
-        if [ -n "${CALLGRIND_KEEP:-}" ]; then
-            mkdir -p "$CALLGRIND_KEEP"
-            cp "$dump" "$CALLGRIND_KEEP/$layer.$round"
-        fi
-    else
-        per_req=$(python3 -c "print(f'{($cpu1 - ${CPU0[$layer]}) / $TICKS * 1e6 / $total:.2f}')")
-    fi
+    per_req=$(python3 -c "print(f'{($cpu1 - ${CPU0[$layer]}) / $TICKS * 1e6 / $total:.2f}')")
     echo "$layer $rps ${non2xx:-0} $per_req"
 }
 
@@ -181,17 +144,15 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     for layer in "${ORDER[@]}"; do
         if [ "$TOGETHER" != 1 ]; then load_start "$layer"; fi
-        # Not in a subshell: `load_finish` counts the callgrind dumps.
-        load_finish "$layer" > "$WORK/line"
-        line=$(cat "$WORK/line")
+        line=$(load_finish "$layer")
         echo "round $round: $line" >&2
         echo "$line" >> "$WORK/results"
     done
 done
 
-python3 - "$WORK/results" "$CALLGRIND" <<'PY'
+python3 - "$WORK/results" <<'PY'
 import statistics, sys
-unit = "user-space instructions/request" if sys.argv[2] == "1" else "CPU µs/request"
+unit = "CPU µs/request"
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 by = {}
 for layer, rps, non2xx, cpu in rows:
@@ -204,7 +165,7 @@ for k in ("none", "pressure", "governor"):
     v = by.get(k)
     if not v:
         continue
-    per = f"{cpu[k]:.0f}" if sys.argv[2] == "1" else f"{cpu[k]:.2f}"
+    per = f"{cpu[k]:.2f}"
     print(f"| {k} | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r, _, _ in v)} | {per} | {v[-1][1]} |")
 print()
 PAIRS = (("pressure", "none"), ("pressure", "governor"), ("governor", "none"))
@@ -233,10 +194,9 @@ for a, b in PAIRS:
         below = sum(r <= 1 for r in pairs)
         print(f"per round: {unit} {a} / {b} median {statistics.median(pairs):.3f}, "
               f"range {min(pairs):.3f}-{max(pairs):.3f}, {a} <= {b} in {below} of {len(pairs)}")
-if sys.argv[2] != "1":
-    shares = {k: statistics.median(r * c / 1e6 for r, _, c in v) for k, v in by.items()}
-    print("server CPU share (cores, median per round): "
-          + ", ".join(f"{k} {shares[k]:.3f}" for k in ("none", "pressure", "governor") if k in shares))
+shares = {k: statistics.median(r * c / 1e6 for r, _, c in v) for k, v in by.items()}
+print("server CPU share (cores, median per round): "
+      + ", ".join(f"{k} {shares[k]:.3f}" for k in ("none", "pressure", "governor") if k in shares))
 # Each variant's fastest round: other work on the machine only slows a
 # round down, so the best round of each is the nearest to a quiet machine.
 print()

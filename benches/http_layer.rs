@@ -21,15 +21,9 @@
 //! `pressure_route_and_tenant`.
 //!
 //! Before criterion runs, the bench prints the heap allocations per request
-//! of each variant (a counting global allocator). For instruction counts,
-//! `HTTP_LAYER_RUN=<variant>:<requests>` runs only that variant's requests in
-//! one function, `measured`, and exits:
-//!
-//! ```text
-//! cargo bench -p resource-broker-benches --bench http_layer
-//! HTTP_LAYER_RUN=pressure_route:20000 valgrind --tool=callgrind \
-//!     --toggle-collect='*measured*' target/release/deps/http_layer-<hash>
-//! ```
+//! of each variant (a counting global allocator);
+//! `HTTP_LAYER_RUN=<variant>:<requests>` prints them for that variant alone
+//! and exits.
 #![forbid(unsafe_code)]
 
 use std::alloc::System;
@@ -291,17 +285,11 @@ fn requests(rt: &tokio::runtime::Runtime, app: &Router, n: u64) {
     });
 }
 
-/// [`requests`] in a function of its own, which callgrind can select.
-#[inline(never)]
-fn measured(rt: &tokio::runtime::Runtime, app: &Router, n: u64) {
-    requests(rt, app, n)
-}
-
 /// Heap allocations and bytes per request, after a warm-up.
 fn allocations(rt: &tokio::runtime::Runtime, app: &Router, n: u64) -> (f64, f64) {
     requests(rt, app, 1000);
     let region = Region::new(GLOBAL);
-    measured(rt, app, n);
+    requests(rt, app, n);
     let change = region.change();
     let allocs = change.allocations + change.reallocations;
     let bytes = change.bytes_allocated as f64 + change.bytes_reallocated.max(0) as f64;
