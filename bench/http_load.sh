@@ -144,7 +144,9 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     for layer in "${ORDER[@]}"; do
         if [ "$TOGETHER" != 1 ]; then load_start "$layer"; fi
-        line=$(load_finish "$layer")
+        # Not in a subshell: it waits for wrk, a child of this shell.
+        load_finish "$layer" > "$WORK/line"
+        line=$(cat "$WORK/line")
         echo "round $round: $line" >&2
         echo "$line" >> "$WORK/results"
     done
