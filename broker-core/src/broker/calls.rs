@@ -43,7 +43,7 @@ pub(super) enum On<'s> {
 
 impl On<'_> {
     /// `f` on the registration a call goes to: a current handle's own, else
-    /// the id's latest.
+    /// the id's latest, borrowed from the registry (no reference counted).
     pub(super) fn with<R>(
         self,
         broker: &ResourceBroker,
@@ -51,7 +51,10 @@ impl On<'_> {
     ) -> Result<R, BrokerError> {
         match self {
             On::Resource(resource) => Ok(f(resource)),
-            On::Id(id) => Ok(f(&broker.resource(id)?)),
+            On::Id(id) => match broker.inner.resources.load().get(id) {
+                Some(resource) => Ok(f(resource)),
+                None => Err(BrokerError::UnknownResource(id.to_owned())),
+            },
         }
     }
 }

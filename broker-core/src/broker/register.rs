@@ -153,8 +153,8 @@ impl ResourceBroker {
             return Ok(());
         }
         let mut map = HashMap::clone(&current);
-        for (r, install) in ready.into_iter().zip(installed) {
-            match install {
+        for (r, accepted) in ready.into_iter().zip(installed) {
+            match accepted {
                 true => replaced.extend(carry_over(&mut map, r)),
                 false => unused.push(r),
             }
