@@ -23,7 +23,7 @@ pub use broker::{
     ResourceBroker, ResourceHandle, Target, TryAcquire,
 };
 pub use clock::{Clock, ManualClock, Micros, SystemClock, TokioClock};
-pub use config::{LimitsConfig, ResourceConfig};
+pub use config::ResourceConfig;
 pub use error::{BackendError, BrokerError, ConfigError, WaitBound};
 pub use limits::{Cost, Limits, RateLimit, Unit};
 pub use observed::{Observed, ObservedLimit};

@@ -8,7 +8,6 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ConfigError;
-pub use crate::model::limits::LimitsConfig;
 pub use crate::model::resource_config::ResourceConfig;
 
 /// The document formats [`parse`] reads.

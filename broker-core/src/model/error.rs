@@ -151,19 +151,12 @@ pub enum BrokerError {
 /// let bound = WaitBound::PenaltyCeiling(Duration::from_secs(3));
 /// assert_eq!(bound.to_string(), "the penalty ceiling 3s");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitBound {
     /// The call's deadline, counted from when the call began.
+    #[error("the deadline {0:?}")]
     Deadline(Duration),
     /// The retry policy's ceiling, which bounds a penalty and a retry pause.
+    #[error("the penalty ceiling {0:?}")]
     PenaltyCeiling(Duration),
-}
-
-impl std::fmt::Display for WaitBound {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WaitBound::Deadline(d) => write!(f, "the deadline {d:?}"),
-            WaitBound::PenaltyCeiling(d) => write!(f, "the penalty ceiling {d:?}"),
-        }
-    }
 }

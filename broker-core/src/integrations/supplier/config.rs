@@ -113,67 +113,53 @@ struct RawBucket {
     backoff: Option<Backoff>,
 }
 
-impl RawBucket {
-    /// The limits, the mode (`default` when unset) and the backoff.
-    fn compile(self, default: Mode) -> Result<(Limits, Mode, Backoff), String> {
-        let mode = self.mode.unwrap_or(default);
-        if mode == Mode::Wait && self.backoff.is_some() {
-            return Err("backoff applies only to skip_and_reschedule buckets".into());
-        }
-        let backoff = self.backoff.unwrap_or_default();
-        backoff.validate()?;
-        let mut rate = RateLimit::per(self.rate, self.period);
-        rate.burst = self.burst;
-        let limits = Limits::new().rate(rate);
-        limits.validate().map_err(|e| {
-            e.to_string()
-                .replace("rates[0].amount", "rate")
-                .replace("rates[0].", "")
-        })?;
-        Ok((limits, mode, backoff))
-    }
-}
-
-/// An auth bucket: always [`Mode::Wait`], never sharing budget with data.
+/// One bucket: [`AuthBucket`] (always [`Mode::Wait`]: a lost login attempt
+/// can cost a ban) or [`DataBucket`] (default [`Mode::SkipAndReschedule`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "RawBucket")]
-pub struct AuthBucket {
+pub struct Bucket<const AUTH: bool> {
     /// `rate` per `period`, burst `burst` (default `rate`).
     pub limits: Limits,
-}
-
-impl TryFrom<RawBucket> for AuthBucket {
-    type Error = String;
-
-    fn try_from(raw: RawBucket) -> Result<Self, String> {
-        if raw.mode == Some(Mode::SkipAndReschedule) {
-            return Err(
-                "an auth bucket must have mode `wait`: a lost login attempt costs a ban, so auth waits for its token"
-                    .into(),
-            );
-        }
-        let (limits, ..) = raw.compile(Mode::Wait)?;
-        Ok(Self { limits })
-    }
-}
-
-/// A data bucket of one endpoint class.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(try_from = "RawBucket")]
-pub struct DataBucket {
-    /// `rate` per `period`, burst `burst` (default `rate`).
-    pub limits: Limits,
-    /// Default [`Mode::SkipAndReschedule`].
+    /// What the bucket does when it has no token.
     pub mode: Mode,
     /// Backoff of skipped jobs (default 500ms, ×2, at most 30s).
     pub backoff: Backoff,
 }
 
-impl TryFrom<RawBucket> for DataBucket {
+/// An auth bucket, never sharing budget with data.
+pub type AuthBucket = Bucket<true>;
+/// A data bucket of one endpoint class.
+pub type DataBucket = Bucket<false>;
+
+impl<const AUTH: bool> TryFrom<RawBucket> for Bucket<AUTH> {
     type Error = String;
 
     fn try_from(raw: RawBucket) -> Result<Self, String> {
-        let (limits, mode, backoff) = raw.compile(Mode::SkipAndReschedule)?;
+        let mode = (raw.mode).unwrap_or(if AUTH {
+            Mode::Wait
+        } else {
+            Mode::SkipAndReschedule
+        });
+        if AUTH && mode != Mode::Wait {
+            return Err(
+                "an auth bucket must have mode `wait`: a lost login attempt costs a ban, so auth waits for its token"
+                    .into(),
+            );
+        }
+        if mode == Mode::Wait && raw.backoff.is_some() {
+            return Err("backoff applies only to skip_and_reschedule buckets".into());
+        }
+        let backoff = raw.backoff.unwrap_or_default();
+        backoff.validate()?;
+        let limits = Limits::new().rate(RateLimit {
+            burst: raw.burst,
+            ..RateLimit::per(raw.rate, raw.period)
+        });
+        limits.validate().map_err(|e| {
+            e.to_string()
+                .replace("rates[0].amount", "rate")
+                .replace("rates[0].", "")
+        })?;
         Ok(Self {
             limits,
             mode,

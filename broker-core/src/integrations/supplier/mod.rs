@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-pub use config::{AuthBucket, Backoff, DataBucket, Mode, RateLimitClasses, SupplierConfig};
+pub use config::{AuthBucket, Backoff, Bucket, DataBucket, Mode, RateLimitClasses, SupplierConfig};
 
 use crate::broker::{Acquisition, OnOtherLimits, Permit, ResourceBroker};
 use crate::error::{BrokerError, ConfigError};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 mod config;
 
-pub use config::LimitsConfig;
+use config::LimitsConfig;
 
 use super::bucket::BucketParams;
 use super::error::{BrokerError, ConfigError};
@@ -142,19 +142,30 @@ pub const MAX_AMOUNT: u64 = 1 << 40;
 /// Longest period accepted.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// All limits of one resource: rate limits and an optional concurrency limit.
+/// All limits of one resource: rate limits and an optional concurrency
+/// limit; written with shorthands too (a `null` limit is refused).
 ///
 /// ```
 /// use broker_core::{Limits, RateLimit};
 /// let l = Limits::new().rate(RateLimit::per_second(5)).max_concurrent(2);
 /// assert!(l.validate().is_ok());
+/// let limits: Limits = serde_json::from_str(
+///     r#"{"requestsPerSecond": 100, "maxConcurrentRequests": 200}"#).unwrap();
+/// assert_eq!((limits.rates[0].amount, limits.max_concurrent), (100, Some(200)));
+/// let err = serde_json::from_str::<Limits>(r#"{"requestsPerSecond": 0}"#).unwrap_err();
+/// assert!(err.to_string().contains("requestsPerSecond"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(try_from = "LimitsConfig", into = "LimitsConfig")]
+#[serde(try_from = "LimitsConfig")]
 pub struct Limits {
     /// Rate limits; all must pass.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rates: Vec<RateLimit>,
     /// At most this many permits held at once.
+    #[serde(
+        rename = "maxConcurrentRequests",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_concurrent: Option<u32>,
 }
 
