@@ -157,14 +157,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Whether concurrent `try_acquire` calls are coalesced. Default on.
-    ///
-    /// On: once the calls in flight are at their limit (see
-    /// [`RedisBackendBuilder::coalesce_limits`]), the next decisions queue
-    /// and go out together as one `EVALSHA` of a batch script, which applies
-    /// each in order exactly as its own script would. A lone call is sent
-    /// at once. Off: one `EVALSHA` per decision. Other transitions are never
-    /// coalesced; on a cluster, a batch is split by resource.
+    /// Whether concurrent `try_acquire` calls are coalesced (default on):
+    /// past [`RedisBackendBuilder::coalesce_limits`] calls in flight, the
+    /// next ones go out together as one `EVALSHA`, each decided as alone.
     pub fn coalesce(mut self, enabled: bool) -> Self {
         self.coalesce.enabled = enabled;
         self

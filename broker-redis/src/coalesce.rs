@@ -60,12 +60,6 @@ pub(crate) struct Coalescer {
     pub(crate) states: Mutex<HashMap<Scope, State>>,
 }
 
-impl std::fmt::Debug for Coalescer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Coalescer").finish_non_exhaustive()
-    }
-}
-
 impl Coalescer {
     fn lock(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
         self.states.lock().unwrap_or_else(|p| p.into_inner())

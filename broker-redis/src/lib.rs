@@ -45,12 +45,20 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// A state store in Redis. Cloning is cheap and shares the connection.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let prefix = &self.inner.prefix;
+        f.debug_struct("RedisBackend")
+            .field("prefix", prefix)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     conn: Conn,
     prefix: String,

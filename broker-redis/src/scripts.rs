@@ -12,7 +12,6 @@ use crate::keys::KeyPair;
 /// A script with its source, which a cluster's `SCRIPT LOAD` on one node
 /// needs (see `Conn::load`).
 pub(crate) struct Lua {
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) source: &'static str,
     script: LazyLock<Script>,
 }
