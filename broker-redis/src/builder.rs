@@ -203,17 +203,14 @@ impl RedisBackendBuilder {
             .urls
             .first()
             .ok_or_else(|| BackendError::new("no redis url given"))?;
+        // `cluster` is set only by `cluster()`, under the feature.
         let conn = match (self.cluster, self.lazy) {
-            (true, true) => Err(BackendError::new(
-                "lazy_connect applies to one server, not to a cluster",
-            )),
             #[cfg(feature = "cluster")]
             (true, false) => Conn::cluster(&self.urls, self.timeouts)
                 .await
                 .map_err(|e| BackendError::new(format!("connecting to redis cluster: {e}"))),
-            #[cfg(not(feature = "cluster"))]
-            (true, false) => Err(BackendError::new(
-                "redis cluster support needs the `cluster` feature",
+            (true, _) => Err(BackendError::new(
+                "lazy_connect applies to one server, not to a cluster",
             )),
             (false, lazy) => Conn::single(url, self.timeouts, lazy).await.map_err(|e| {
                 BackendError::new(format!("connecting to redis url {:?}: {e}", redacted(url)))
