@@ -157,14 +157,9 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Whether concurrent `try_acquire` calls are coalesced. Default on.
-    ///
-    /// On: once the calls in flight are at their limit (see
-    /// [`RedisBackendBuilder::coalesce_limits`]), the next decisions queue
-    /// and go out together as one `EVALSHA` of a batch script, which applies
-    /// each in order exactly as its own script would. A lone call is sent
-    /// at once. Off: one `EVALSHA` per decision. Other transitions are never
-    /// coalesced; on a cluster, a batch is split by resource.
+    /// Whether concurrent `try_acquire` calls are coalesced (default on):
+    /// past [`RedisBackendBuilder::coalesce_limits`] calls in flight, the
+    /// next ones go out together as one `EVALSHA`, each decided as alone.
     pub fn coalesce(mut self, enabled: bool) -> Self {
         self.coalesce.enabled = enabled;
         self
@@ -208,17 +203,14 @@ impl RedisBackendBuilder {
             .urls
             .first()
             .ok_or_else(|| BackendError::new("no redis url given"))?;
+        // `cluster` is set only by `cluster()`, under the feature.
         let conn = match (self.cluster, self.lazy) {
-            (true, true) => Err(BackendError::new(
-                "lazy_connect applies to one server, not to a cluster",
-            )),
             #[cfg(feature = "cluster")]
             (true, false) => Conn::cluster(&self.urls, self.timeouts)
                 .await
                 .map_err(|e| BackendError::new(format!("connecting to redis cluster: {e}"))),
-            #[cfg(not(feature = "cluster"))]
-            (true, false) => Err(BackendError::new(
-                "redis cluster support needs the `cluster` feature",
+            (true, _) => Err(BackendError::new(
+                "lazy_connect applies to one server, not to a cluster",
             )),
             (false, lazy) => Conn::single(url, self.timeouts, lazy).await.map_err(|e| {
                 BackendError::new(format!("connecting to redis url {:?}: {e}", redacted(url)))

@@ -22,16 +22,6 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection, u64),
 }
 
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Conn::Single(_) => f.write_str("Conn::Single"),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(..) => f.write_str("Conn::Cluster"),
-        }
-    }
-}
-
 /// The connect timeout, and the response timeout that bounds every call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
@@ -144,22 +134,16 @@ impl Conn {
     /// the primary of `cmd`'s first key: the client's own `SCRIPT LOAD`
     /// waits for every primary, so one dead node would fail it.
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<String> {
-        match self {
-            Conn::Single(c) => script.load_async(&mut c.clone()).await,
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(c, _) => {
-                // EVALSHA sha numkeys key ...
-                let Some(redis::Arg::Simple(key)) = cmd.args_iter().nth(3) else {
-                    return script.load_async(&mut c.clone()).await;
-                };
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(script.source);
-                let node = primary(redis::cluster_routing::Slot::for_key(key));
-                let sha = c.clone().route_command(load, node).await?;
-                Ok(redis::from_redis_value(sha)?)
-            }
+    async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<Value> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script.source);
+        #[cfg(feature = "cluster")]
+        if let (Conn::Cluster(c, _), Some(redis::Arg::Simple(key))) = (self, cmd.args_iter().nth(3))
+        {
+            let node = primary(redis::cluster_routing::Slot::for_key(key));
+            return c.clone().route_command(load, node).await;
         }
+        self.send(&load, true).await
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use broker_core::stats::BackendHealth;
@@ -34,42 +34,36 @@ impl Scope {
     }
 }
 
-/// How many outages of a scope had ended when a call went out.
+/// How many outages (of any scope) had ended when a call went out.
 pub(crate) type Epoch = u64;
 
 /// At most this many down scopes are probed at once.
 const PROBES_AT_ONCE: usize = 16;
 
-/// The health of every scope that has failed a call (one that never did is
-/// up in epoch 0 and has no entry).
+/// The health of every scope that has failed a call; while none is down,
+/// a call reads two atomics and no lock.
 #[derive(Debug)]
 pub(crate) struct Healths {
     pub(crate) probe_interval: Duration,
     origin: Instant,
-    scopes: RwLock<HashMap<Scope, Arc<Health>>>,
+    epoch: AtomicU64,
     /// How many scopes are down.
     down: AtomicUsize,
+    scopes: Mutex<HashMap<Scope, Health>>,
 }
 
 #[derive(Debug, Default)]
 struct Health {
-    /// Bit 0: down; the rest: the epoch. One word, so that a failure starts
-    /// an outage only in the epoch its call went out in.
-    state: AtomicU64,
-    /// Milliseconds since `origin` before which no probe is sent.
-    next_probe_ms: AtomicU64,
-    outages: AtomicU64,
-    handled: AtomicU64,
-    /// Milliseconds since `origin` when the outage started.
-    down_at_ms: AtomicU64,
-}
-
-const DOWN: u64 = 1;
-
-impl Health {
-    fn is_down(&self) -> bool {
-        self.state.load(Ordering::Acquire) & DOWN != 0
-    }
+    down: bool,
+    /// The epoch its last outage ended in: a failure of a call that went
+    /// out before then starts no outage.
+    up_at: Epoch,
+    /// Milliseconds since `origin`: when the outage started, and before
+    /// which no probe is sent.
+    down_at_ms: u64,
+    next_probe_ms: u64,
+    outages: u64,
+    handled: u64,
 }
 
 impl Healths {
@@ -77,62 +71,52 @@ impl Healths {
         Self {
             probe_interval,
             origin: Instant::now(),
-            scopes: RwLock::default(),
+            epoch: AtomicU64::new(0),
             down: AtomicUsize::new(0),
+            scopes: Mutex::default(),
         }
     }
 
-    fn get(&self, scope: Scope) -> Option<Arc<Health>> {
-        let scopes = self.scopes.read().unwrap_or_else(|p| p.into_inner());
-        scopes.get(&scope).cloned()
-    }
-
-    fn entry(&self, scope: Scope) -> Arc<Health> {
-        if let Some(h) = self.get(scope) {
-            return h;
-        }
-        let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
-        scopes.entry(scope).or_default().clone()
+    fn lock(&self) -> MutexGuard<'_, HashMap<Scope, Health>> {
+        self.scopes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
     /// while the scope is down.
     pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
-        let Some(h) = self.get(scope) else {
-            return Some(0);
-        };
-        let state = h.state.load(Ordering::Acquire);
-        (state & DOWN == 0).then_some(state >> 1)
+        // Read after the check: an outage that ends in between is one the
+        // call goes out after.
+        (!self.is_down(scope)).then(|| self.epoch.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_down(&self, scope: Scope) -> bool {
-        self.get(scope).is_some_and(|h| h.is_down())
+        self.any_down() && self.lock().get(&scope).is_some_and(|h| h.down)
     }
 
     pub(crate) fn any_down(&self) -> bool {
-        self.down.load(Ordering::Relaxed) != 0
+        self.down.load(Ordering::Acquire) != 0
     }
 
     /// A call kept from a down scope: counted as answered by the policy.
     pub(crate) fn kept_back(&self, scope: Scope) {
-        self.entry(scope).handled.fetch_add(1, Ordering::Relaxed);
+        self.lock().entry(scope).or_default().handled += 1;
     }
 
     /// A call on `scope` reached Redis: ends its outage, if any.
     pub(crate) fn up(&self, scope: Scope) {
-        let Some(h) = self.get(scope) else { return };
-        let ended = h
-            .state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s & DOWN != 0).then(|| ((s >> 1) + 1) << 1)
-            });
-        if ended.is_err() {
+        if !self.any_down() {
             return;
         }
-        let last = self.down.fetch_sub(1, Ordering::Relaxed) == 1;
-        let down_ms =
-            ms(self.origin.elapsed()).saturating_sub(h.down_at_ms.load(Ordering::Relaxed));
-        let handled = h.handled.load(Ordering::Relaxed);
+        let mut scopes = self.lock();
+        let Some(h) = scopes.get_mut(&scope).filter(|h| h.down) else {
+            return;
+        };
+        h.down = false;
+        h.up_at = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let last = self.down.fetch_sub(1, Ordering::AcqRel) == 1;
+        let down_ms = ms(self.origin.elapsed()).saturating_sub(h.down_at_ms);
+        let handled = h.handled;
+        drop(scopes);
         let msg = if scope == Scope::Whole {
             "redis reachable again; decisions are shared again"
         } else if last {
@@ -150,23 +134,19 @@ impl Healths {
     /// counted as answered by the policy; starts an outage unless one has
     /// started or ended since. Only the first scope down logs an error.
     pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: Epoch) {
-        let h = self.entry(scope);
-        h.handled.fetch_add(1, Ordering::Relaxed);
-        let up = epoch << 1;
-        let started = h
-            .state
-            .compare_exchange(up, up | DOWN, Ordering::AcqRel, Ordering::Acquire);
-        if started.is_err() {
+        let mut scopes = self.lock();
+        let h = scopes.entry(scope).or_default();
+        h.handled += 1;
+        if h.down || h.up_at > epoch {
             return;
         }
         let now = ms(self.origin.elapsed());
-        h.down_at_ms.store(now, Ordering::Relaxed);
-        h.next_probe_ms.store(
-            now.saturating_add(ms(self.probe_interval)),
-            Ordering::Relaxed,
-        );
-        h.outages.fetch_add(1, Ordering::Relaxed);
-        let first = self.down.fetch_add(1, Ordering::Relaxed) == 0;
+        h.down = true;
+        h.down_at_ms = now;
+        h.next_probe_ms = now.saturating_add(ms(self.probe_interval));
+        h.outages += 1;
+        let first = self.down.fetch_add(1, Ordering::AcqRel) == 0;
+        drop(scopes);
         let msg = if scope == Scope::Whole {
             "redis unreachable; the failure policy answers until it returns"
         } else if first {
@@ -188,19 +168,18 @@ impl Healths {
             return Vec::new();
         }
         let now = ms(self.origin.elapsed());
-        let scopes = self.scopes.read().unwrap_or_else(|p| p.into_inner());
+        let mut scopes = self.lock();
         let mut due: Vec<_> = scopes
             .iter()
-            .filter(|(_, h)| h.is_down())
-            .map(|(scope, h)| (h.next_probe_ms.load(Ordering::Relaxed), *scope, h))
-            .filter(|(next, ..)| now >= *next)
+            .filter(|(_, h)| h.down && now >= h.next_probe_ms)
+            .map(|(scope, h)| (h.next_probe_ms, *scope))
             .collect();
-        due.sort_unstable_by_key(|(next, ..)| *next);
+        due.sort_unstable_by_key(|(next, _)| *next);
         due.truncate(PROBES_AT_ONCE);
         let next = now.saturating_add(ms(self.probe_interval));
         due.into_iter()
-            .map(|(_, scope, h)| {
-                h.next_probe_ms.store(next, Ordering::Relaxed);
+            .map(|(_, scope)| {
+                scopes.entry(scope).or_default().next_probe_ms = next;
                 scope
             })
             .collect()
@@ -208,12 +187,11 @@ impl Healths {
 
     /// Down while any scope is; outages and handled calls summed.
     pub(crate) fn snapshot(&self) -> BackendHealth {
-        let scopes = self.scopes.read().unwrap_or_else(|p| p.into_inner());
         let mut all = BackendHealth::default();
-        for h in scopes.values() {
-            all.down |= h.is_down();
-            all.outages += h.outages.load(Ordering::Relaxed);
-            all.handled_errors += h.handled.load(Ordering::Relaxed);
+        for h in self.lock().values() {
+            all.down |= h.down;
+            all.outages += h.outages;
+            all.handled_errors += h.handled;
         }
         all
     }

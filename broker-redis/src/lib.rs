@@ -45,12 +45,20 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// A state store in Redis. Cloning is cheap and shares the connection.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let prefix = &self.inner.prefix;
+        f.debug_struct("RedisBackend")
+            .field("prefix", prefix)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     conn: Conn,
     prefix: String,
@@ -80,17 +88,6 @@ impl RedisBackend {
     /// A builder for every other setting.
     pub fn builder(url: &str) -> RedisBackendBuilder {
         RedisBackendBuilder::new(url)
-    }
-
-    /// Connects to a Redis Cluster through the given nodes, with the
-    /// defaults.
-    #[cfg(feature = "cluster")]
-    pub async fn connect_cluster<I, S>(urls: I) -> Result<RedisBackend, BackendError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Self::builder("").cluster(urls).connect().await
     }
 
     fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {

@@ -1,9 +1,7 @@
--- The helpers every script is built on: a mirror of broker-core's
--- bucket.rs and state.rs over plain values, and the lease set. Each
--- transition's script is this file followed by its own body.
--- Times are microseconds in doubles. Stored numbers go to HSET as Lua
--- numbers, which Redis writes so that they read back bit for bit; results
--- that are not small integers are returned as strings.
+-- The helpers every script is this file followed by its body: a mirror of
+-- broker-core's bucket.rs and state.rs, and the lease set. Times are us in
+-- doubles, stored as Lua numbers (read back bit for bit); results that are
+-- not small integers are returned as strings.
 --
 -- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n; with
 --          n = 0 (no rate limit), hold: the end of a penalty (see load)
@@ -16,6 +14,8 @@
 -- ARGV[4 + 4(i-1) ..]  capacity, amount, period, c (the per-bucket operand)
 -- ARGV[4 + 4n ..]      operands of the transition (see each script)
 
+-- Locals, so that a batch of tries (try.lua) runs each with its own.
+local KEYS, ARGV = KEYS, ARGV
 local min, max, floor, ceil, abs = math.min, math.max, math.floor, math.ceil, math.abs
 local format, call, tonumber = string.format, redis.call, tonumber
 

@@ -1,14 +1,10 @@
--- turn (store::Turns): the shared turn ledger of one state and priority
--- level, fair queuing by virtual time across processes.
--- KEYS[1]  zset: active flow -> virtual time (its served cost / weight, us)
--- KEYS[2]  zset: active flow -> when last seen (us)
--- ARGV[3] = 0 (no bucket); ARGV[REST ..] flow (a fingerprint), weight,
--- units (the call's cost in us), active (us a flow stays without being
--- seen), last ('1': the flow's last waiter in its process).
--- A flow not seen for `active` leaves both sets. A joining flow starts at
--- the least virtual time; it may book while its own is at most that plus
--- one quantum (units / weight), and is then charged one quantum.
--- Returns 1 (its turn) or 0 (not yet).
+-- turn (store::Turns): fair queuing by virtual time across processes, per
+-- state and priority level. KEYS: zsets of active flow -> virtual time (us
+-- served / weight) and -> when last seen. ARGV[REST ..] flow, weight, units
+-- (the call's cost in us), active (us a flow stays unseen), last ('1': its
+-- process's last waiter). A joining flow starts at the least virtual time;
+-- it may book while within one quantum (units / weight) of it, and is then
+-- charged one. Returns 1 (its turn) or 0 (not yet).
 args()
 local now = read_now()
 local flow, weight = ARGV[REST], tonumber(ARGV[REST + 1])
