@@ -6,7 +6,7 @@
 //! [`Pressure::tenant_layer`] per tenant after it. A denial answers `429` with
 //! `Retry-After` and the draft `RateLimit` headers ([`Responses`]); a tenant
 //! denial gives the route/service cost back. A concurrency permit travels in
-//! the response body ([`PressureBody`]). Tenant ids reach keys and logs only as
+//! the response body ([`PermitBody`]). Tenant ids reach keys and logs only as
 //! an HMAC fingerprint ([`Pressure::with_tenant_secret`]). With axum, give the
 //! whole stack to one `Router::layer` call.
 //!
@@ -44,7 +44,7 @@ mod route;
 mod stats;
 mod tenant;
 
-pub use body::{PermitBody, PressureBody};
+pub use body::PermitBody;
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
 pub use pressure::Pressure;
 pub use response::{

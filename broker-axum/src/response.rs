@@ -224,7 +224,7 @@ mod tests {
             legacy_headers: true,
             ..Responses::default()
         };
-        let res: Response<crate::PressureBody<String>> =
+        let res: Response<axum::body::Body> =
             denied(&responses, &h, Duration::from_millis(29_001), false);
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
@@ -250,7 +250,7 @@ mod tests {
         let two = Limits::new()
             .rate(RateLimit::per_second(100))
             .rate(RateLimit::per_minute(2));
-        let res: Response<crate::PressureBody<String>> =
+        let res: Response<axum::body::Body> =
             denied(&responses, &RateHeaders::new("two", &two), wait, false);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
         assert!(res.headers().contains_key(RATELIMIT_POLICY));
@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(res.headers()[X_RATELIMIT_REMAINING], "0");
 
         let one = Limits::new().rate(RateLimit::per_minute(1000));
-        let res: Response<crate::PressureBody<String>> = denied(
+        let res: Response<axum::body::Body> = denied(
             &responses,
             &RateHeaders::new("one", &one),
             Duration::ZERO,
