@@ -19,30 +19,25 @@ use crate::body::PermitBody;
 use crate::policy::{Policy, Stage};
 use crate::response;
 
-/// Where one admission was charged; bit `i` of `here` is set when the store's
-/// failure policy answered part `i` of `stage`.
-#[derive(Debug, Clone, Copy)]
-struct Refund {
-    stage: Stage,
-    here: u8,
-}
-
-/// A route/service admission, given back once at most.
+/// A route/service admission on `stage`, given back once at most; bit `i`
+/// of `here` is set when the store's failure policy answered part `i`.
 #[derive(Clone)]
 pub(crate) struct Charge(Arc<Charged>);
 
 struct Charged {
     policy: Arc<Policy>,
-    of: Refund,
+    stage: Stage,
+    here: u8,
     given_back: AtomicBool,
 }
 
 impl Charge {
-    fn new(policy: &Arc<Policy>, of: Refund) -> Self {
-        let given_back = AtomicBool::new(false);
+    fn new(policy: &Arc<Policy>, stage: Stage, here: u8) -> Self {
+        let (policy, given_back) = (policy.clone(), AtomicBool::new(false));
         Self(Arc::new(Charged {
-            policy: policy.clone(),
-            of,
+            policy,
+            stage,
+            here,
             given_back,
         }))
     }
@@ -57,13 +52,14 @@ impl Charge {
     /// outlives the caller (in place outside a runtime); a failed refund
     /// leaves it charged.
     fn give_back(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        if self.0.given_back.swap(true, Ordering::Relaxed) {
+        let c = &*self.0;
+        if c.given_back.swap(true, Ordering::Relaxed) {
             return None;
         }
-        let (policy, of) = (self.0.policy.clone(), self.0.of);
+        let (policy, stage, here) = (c.policy.clone(), c.stage, c.here);
         let refund = async move {
-            for (i, at) in of.stage.parts().enumerate() {
-                let since = (of.here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
+            for (i, at) in stage.parts().enumerate() {
+                let since = (here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
                 let id = &*policy.limited(at).id;
                 let nothing = Cost::requests(0);
                 let _ = (policy
@@ -195,7 +191,7 @@ where
             .flatten();
         let state = match now.map(|result| judge(policy, stage.0, result, key)) {
             Some(Ok((permit, here))) => {
-                let charged = charge_for(policy, key, Refund { stage, here });
+                let charged = charge_for(policy, key, stage, here);
                 State::decided(Ok((permit, charged)), inner, req)
             }
             Some(Err(res)) => match charge.and_then(|c| c.give_back()) {
@@ -242,11 +238,7 @@ async fn ask<B: PermitBody>(
                 permit = permit.join(part);
                 here |= part_here << i;
                 if stage.1.is_some() && i == 0 {
-                    let first = Refund {
-                        stage: Stage(at, None),
-                        here,
-                    };
-                    charge.0 = Some(Charge::new(&policy, first));
+                    charge.0 = Some(Charge::new(&policy, Stage(at, None), here));
                 }
             }
             Err(res) => {
@@ -259,12 +251,18 @@ async fn ask<B: PermitBody>(
         }
     }
     charge.0 = None;
-    Ok((permit, charge_for(&policy, key, Refund { stage, here })))
+    Ok((permit, charge_for(&policy, key, stage, here)))
 }
 
 /// The charge a tenant stage after the route/service stage gives back.
-fn charge_for(policy: &Arc<Policy>, tenant: Option<&str>, of: Refund) -> Option<Charge> {
-    (tenant.is_none() && policy.tenant_stage().is_some()).then(|| Charge::new(policy, of))
+fn charge_for(
+    policy: &Arc<Policy>,
+    tenant: Option<&str>,
+    stage: Stage,
+    here: u8,
+) -> Option<Charge> {
+    let charged = tenant.is_none() && policy.tenant_stage().is_some();
+    charged.then(|| Charge::new(policy, stage, here))
 }
 
 /// The permit of an admitted request and whether the failure policy answered;

@@ -184,12 +184,12 @@ fn refusal<B: PermitBody>(
     content_type: HeaderValue,
     secs: u64,
 ) -> Response<B> {
-    let mut res = Response::new(B::from_bytes(body));
-    *res.status_mut() = status;
-    let h = res.headers_mut();
-    h.insert(CONTENT_TYPE, content_type);
-    h.insert(RETRY_AFTER, HeaderValue::from(secs));
-    res
+    let res = Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, content_type);
+    let res = res.header(RETRY_AFTER, HeaderValue::from(secs));
+    res.body(B::from_bytes(body))
+        .expect("a status and fields of their types")
 }
 
 #[cfg(test)]
