@@ -24,145 +24,63 @@ pub trait PermitBody: Sized {
     /// Makes this body hold `permit` until it ends, fails or is dropped.
     fn hold(&mut self, permit: Permit);
 
-    /// This body, holding `permit` until it ends, fails or is dropped.
-    fn with_permit(mut self, permit: Permit) -> Self {
-        self.hold(permit);
-        self
-    }
-
     /// A body of fixed bytes.
     fn from_bytes(bytes: Bytes) -> Self;
 
     /// Whether the length is known up front (then the response holds its
     /// slot to the end whatever its content type).
-    fn has_exact_length(&self) -> bool {
-        false
-    }
+    fn has_exact_length(&self) -> bool;
 }
 
-impl PermitBody for axum::body::Body {
-    fn hold(&mut self, permit: Permit) {
-        let body = std::mem::take(self);
-        *self = axum::body::Body::new(PressureBody::new(body, Some(permit)).boxed_unsync());
-    }
-
-    fn from_bytes(bytes: Bytes) -> Self {
-        axum::body::Body::from(bytes)
-    }
-
-    fn has_exact_length(&self) -> bool {
-        Body::size_hint(self).exact().is_some()
-    }
-}
-
-/// [`PermitBody`] for a boxed body type, boxed again with `$boxed`.
-macro_rules! boxed_permit_body {
-    ($body:ident, $boxed:ident) => {
-        impl<E: 'static> PermitBody for $body<Bytes, E> {
+/// [`PermitBody`] for a boxed body type, boxed with `$boxed`.
+macro_rules! permit_body {
+    ($(impl$(<$e:ident>)? for $body:ty => $boxed:path;)*) => {$(
+        impl$(<$e: 'static>)? PermitBody for $body {
             fn hold(&mut self, permit: Permit) {
-                let body = std::mem::take(self);
-                *self = PressureBody::new(body, Some(permit)).$boxed();
+                let inner = std::mem::take(self);
+                *self = $boxed(Holding { inner, permit, handed: 0 });
             }
 
             fn from_bytes(bytes: Bytes) -> Self {
-                Full::new(bytes).map_err(|never| match never {}).$boxed()
+                $boxed(Full::new(bytes).map_err(|never| match never {}))
             }
 
             fn has_exact_length(&self) -> bool {
-                self.size_hint().exact().is_some()
+                Body::size_hint(self).exact().is_some()
             }
         }
-    };
+    )*};
 }
 
-boxed_permit_body!(BoxBody, boxed);
-boxed_permit_body!(UnsyncBoxBody, boxed_unsync);
-
-impl<B: Body> PermitBody for PressureBody<B> {
-    fn hold(&mut self, permit: Permit) {
-        self.permit = std::mem::take(&mut self.permit).join(permit);
-    }
-
-    fn from_bytes(bytes: Bytes) -> Self {
-        Self::fixed(bytes)
-    }
-
-    fn has_exact_length(&self) -> bool {
-        self.inner
-            .as_ref()
-            .is_none_or(|b| b.size_hint().exact().is_some())
-    }
+/// [`axum::body::Body::new`], for a body of its error type.
+fn axum_body(
+    body: impl Body<Data = Bytes, Error = axum::Error> + Send + 'static,
+) -> axum::body::Body {
+    axum::body::Body::new(body)
 }
 
-/// Bodies up to this size may end with their last frame ([`may_end`]).
+permit_body! {
+    impl for axum::body::Body => axum_body;
+    impl<E> for BoxBody<Bytes, E> => BodyExt::boxed;
+    impl<E> for UnsyncBoxBody<Bytes, E> => BodyExt::boxed_unsync;
+}
+
+/// Bodies up to this size may end with their last frame (see
+/// [`Holding::is_end_stream`]).
 const SMALL_BODY: usize = 16 << 10;
 
-/// Whether a body reports its end with its last frame (then the server drops
-/// it); a larger permit-holding body waits one more poll, so its slot is not
-/// freed before most of it is sent.
-fn may_end(inner_ended: bool, held: bool, handed: usize) -> bool {
-    inner_ended && (!held || handed <= SMALL_BODY)
-}
-
-/// The data bytes of `frame`, if polled.
-fn data_len<D: Buf, E>(frame: &Poll<Option<Result<Frame<D>, E>>>) -> usize {
-    match frame {
-        Poll::Ready(Some(Ok(f))) => f.data_ref().map_or(0, Buf::remaining),
-        _ => 0,
-    }
-}
-
 pin_project! {
-    /// A body holding permits until it ends, fails or is dropped; or fixed bytes.
-    ///
-    /// ```
-    /// use broker_axum::PressureBody;
-    /// let b: PressureBody<String> = PressureBody::fixed("no".into());
-    /// assert!(!b.holds_permit());
-    /// ```
-    #[derive(Debug)]
-    pub struct PressureBody<B> {
+    /// A body holding a permit until it ends, fails or is dropped.
+    struct Holding<B> {
         #[pin]
-        inner: Option<B>,
-        fixed: Option<Bytes>,
+        inner: B,
         permit: Permit,
-        // Data bytes handed to the server so far (see `may_end`).
+        // Data bytes handed to the server so far.
         handed: usize,
     }
 }
 
-impl<B> PressureBody<B> {
-    /// Wraps `inner`, holding `permit` (if any).
-    pub fn new(inner: B, permit: Option<Permit>) -> Self {
-        Self {
-            inner: Some(inner),
-            fixed: None,
-            permit: permit.unwrap_or_default(),
-            handed: 0,
-        }
-    }
-
-    /// A body of fixed bytes (holds no permit).
-    pub fn fixed(bytes: Bytes) -> Self {
-        Self {
-            inner: None,
-            fixed: Some(bytes),
-            permit: Permit::empty(),
-            handed: 0,
-        }
-    }
-
-    /// Whether this body still holds a concurrency permit.
-    pub fn holds_permit(&self) -> bool {
-        self.permit.is_held()
-    }
-}
-
-impl<B> Body for PressureBody<B>
-where
-    B: Body,
-    B::Data: From<Bytes>,
-{
+impl<B: Body> Body for Holding<B> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -171,32 +89,27 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let mut inner = this.inner;
-        let Some(body) = inner.as_mut().as_pin_mut() else {
-            return Poll::Ready(this.fixed.take().map(|b| Ok(Frame::data(B::Data::from(b)))));
-        };
-        let frame = body.poll_frame(cx);
-        if let Poll::Ready(None | Some(Err(_))) = &frame {
-            this.permit.release();
+        let frame = this.inner.poll_frame(cx);
+        match &frame {
+            Poll::Ready(Some(Ok(f))) => {
+                let len = f.data_ref().map_or(0, Buf::remaining);
+                *this.handed = this.handed.saturating_add(len);
+            }
+            Poll::Ready(_) => this.permit.release(),
+            Poll::Pending => {}
         }
-        *this.handed = this.handed.saturating_add(data_len(&frame));
         frame
     }
 
-    /// Whether the body has ended; a large body holding a slot waits one more poll.
+    /// Whether the body has ended (then the server drops it): a larger body
+    /// holding a slot waits one more poll, so its slot is not freed before
+    /// most of it is sent.
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Some(b) => may_end(b.is_end_stream(), self.holds_permit(), self.handed),
-            None => self.fixed.is_none(),
-        }
+        self.inner.is_end_stream() && (!self.permit.is_held() || self.handed <= SMALL_BODY)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match (&self.inner, &self.fixed) {
-            (Some(b), _) => b.size_hint(),
-            (None, Some(f)) => SizeHint::with_exact(f.len() as u64),
-            (None, None) => SizeHint::with_exact(0),
-        }
+        self.inner.size_hint()
     }
 }
 
@@ -205,28 +118,20 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn fixed_body_yields_its_bytes_once() {
-        let body: PressureBody<String> = PressureBody::fixed(Bytes::from_static(b"no"));
-        assert_eq!(body.size_hint().exact(), Some(2));
-        let bytes = body.collect().await.unwrap().to_bytes();
-        assert_eq!(&bytes[..], b"no");
-    }
-
-    #[tokio::test]
-    async fn wrapped_body_passes_frames_through() {
-        let body = PressureBody::new(Full::new(Bytes::from_static(b"ok")), None);
-        let bytes = body.collect().await.unwrap().to_bytes();
-        assert_eq!(&bytes[..], b"ok");
-    }
-
-    #[tokio::test]
     async fn permit_carrying_bodies_pass_frames_through() {
-        let body = axum::body::Body::from("ok").with_permit(Permit::empty());
+        let body = Holding {
+            inner: Full::new(Bytes::from_static(b"ok")),
+            permit: Permit::empty(),
+            handed: 0,
+        };
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
+        let mut body = axum::body::Body::from("ok");
+        body.hold(Permit::empty());
         assert_eq!(body.size_hint().exact(), Some(2));
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"ok");
-        let body: BoxBody<Bytes, std::convert::Infallible> =
+        let mut body: BoxBody<Bytes, std::convert::Infallible> =
             PermitBody::from_bytes(Bytes::from_static(b"x"));
-        let body = body.with_permit(Permit::empty());
+        body.hold(Permit::empty());
         assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"x");
     }
 
@@ -253,8 +158,8 @@ mod tests {
             a.permit
         };
 
-        let body = axum::body::Body::from(vec![b'x'; SMALL_BODY]);
-        let mut small = body.with_permit(permit().await);
+        let mut small = axum::body::Body::from(vec![b'x'; SMALL_BODY]);
+        small.hold(permit().await);
         assert!(!small.is_end_stream());
         assert!(small.frame().await.unwrap().unwrap().is_data());
         assert!(small.is_end_stream(), "all of a small body was handed over");
@@ -262,22 +167,25 @@ mod tests {
         drop(small);
         assert_eq!(in_flight(), 0);
 
-        let body = axum::body::Body::from(vec![b'x'; SMALL_BODY + 1]);
-        let mut large = body.with_permit(permit().await);
+        let mut large = axum::body::Body::from(vec![b'x'; SMALL_BODY + 1]);
+        large.hold(permit().await);
         assert!(large.frame().await.unwrap().unwrap().is_data());
         assert!(!large.is_end_stream(), "a large body ends one poll later");
         assert!(large.frame().await.is_none());
         assert!(large.is_end_stream());
         assert_eq!(in_flight(), 0, "the poll that found the end let go");
 
-        let mut own = PressureBody::new(Full::new(Bytes::from_static(b"ok")), None);
-        own.hold(permit().await);
-        assert!(own.frame().await.unwrap().unwrap().is_data());
-        assert!(own.is_end_stream());
-        let mut own = PressureBody::new(Full::new(Bytes::from(vec![0; SMALL_BODY + 1])), None);
-        own.hold(permit().await);
-        assert!(own.frame().await.unwrap().unwrap().is_data());
-        assert!(!own.is_end_stream());
+        let own = |n: usize, permit| Holding {
+            inner: Full::new(Bytes::from(vec![0; n])),
+            permit,
+            handed: 0,
+        };
+        let mut small = own(2, permit().await);
+        assert!(small.frame().await.unwrap().unwrap().is_data());
+        assert!(small.is_end_stream());
+        let mut large = own(SMALL_BODY + 1, permit().await);
+        assert!(large.frame().await.unwrap().unwrap().is_data());
+        assert!(!large.is_end_stream());
         assert_eq!(in_flight(), 2);
     }
 }

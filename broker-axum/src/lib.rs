@@ -1,14 +1,8 @@
 //! # broker-axum
 //!
-//! Inbound pressure for axum and tower on a shared
-//! [`ResourceBroker`](broker_core::ResourceBroker): [`Pressure::layer`] limits
-//! per route (longest path prefix) or per service before authentication,
-//! [`Pressure::tenant_layer`] per tenant after it. A denial answers `429` with
-//! `Retry-After` and the draft `RateLimit` headers ([`Responses`]); a tenant
-//! denial gives the route/service cost back. A concurrency permit travels in
-//! the response body ([`PressureBody`]). Tenant ids reach keys and logs only as
-//! an HMAC fingerprint ([`Pressure::with_tenant_secret`]). With axum, give the
-//! whole stack to one `Router::layer` call.
+//! Inbound pressure for axum and tower on a shared [`broker_core::ResourceBroker`]:
+//! [`Pressure::layer`] limits per route or service before authentication,
+//! [`Pressure::tenant_layer`] per tenant after it; a denial answers `429` ([`Responses`]).
 //!
 //! ```
 //! use broker_axum::{Pressure, PressureConfig};
@@ -44,7 +38,7 @@ mod route;
 mod stats;
 mod tenant;
 
-pub use body::{PermitBody, PressureBody};
+pub use body::PermitBody;
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
 pub use pressure::Pressure;
 pub use response::{

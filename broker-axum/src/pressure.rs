@@ -95,7 +95,7 @@ impl Pressure {
     }
 
     /// Keys tenant fingerprints with `secret` (later layers); the same on
-    /// every replica of one store. See the crate docs, "Tenant ids".
+    /// every replica of one store.
     pub fn with_tenant_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         let policy = Arc::make_mut(&mut self.policy);
         policy.tenant_keys = TenantKeys::new(Some(secret.as_ref()), policy.tenant_keys.clear);

@@ -184,12 +184,12 @@ fn refusal<B: PermitBody>(
     content_type: HeaderValue,
     secs: u64,
 ) -> Response<B> {
-    let mut res = Response::new(B::from_bytes(body));
-    *res.status_mut() = status;
-    let h = res.headers_mut();
-    h.insert(CONTENT_TYPE, content_type);
-    h.insert(RETRY_AFTER, HeaderValue::from(secs));
-    res
+    let res = Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, content_type);
+    let res = res.header(RETRY_AFTER, HeaderValue::from(secs));
+    res.body(B::from_bytes(body))
+        .expect("a status and fields of their types")
 }
 
 #[cfg(test)]
@@ -224,7 +224,7 @@ mod tests {
             legacy_headers: true,
             ..Responses::default()
         };
-        let res: Response<crate::PressureBody<String>> =
+        let res: Response<axum::body::Body> =
             denied(&responses, &h, Duration::from_millis(29_001), false);
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
@@ -250,7 +250,7 @@ mod tests {
         let two = Limits::new()
             .rate(RateLimit::per_second(100))
             .rate(RateLimit::per_minute(2));
-        let res: Response<crate::PressureBody<String>> =
+        let res: Response<axum::body::Body> =
             denied(&responses, &RateHeaders::new("two", &two), wait, false);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
         assert!(res.headers().contains_key(RATELIMIT_POLICY));
@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(res.headers()[X_RATELIMIT_REMAINING], "0");
 
         let one = Limits::new().rate(RateLimit::per_minute(1000));
-        let res: Response<crate::PressureBody<String>> = denied(
+        let res: Response<axum::body::Body> = denied(
             &responses,
             &RateHeaders::new("one", &one),
             Duration::ZERO,

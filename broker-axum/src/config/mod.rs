@@ -1,20 +1,6 @@
-//! The `pressure` configuration, exactly as a gateway config writes it:
-//!
-//! ```json
-//! {
-//!   "enabled": true,
-//!   "perService": { "rest": { "requestsPerSecond": 50 } },
-//!   "perRoute": [{
-//!     "resource": "gateway:route:webhooks-github",
-//!     "pathPrefix": "/api/v1/webhooks/github",
-//!     "limits": { "requestsPerSecond": 100, "maxConcurrentRequests": 200 }
-//!   }],
-//!   "perTenant": { "enabled": true, "limits": { "requestsPerMinute": 6000 } }
-//! }
-//! ```
-//!
-//! Limits use broker-core's shorthands or `rates` in requests (a rate in
-//! tokens is refused: the layers charge requests). Every error names its field.
+//! The `pressure` configuration, as a gateway config writes it (see the
+//! crate example). Limits use broker-core's shorthands or `rates` in requests
+//! (a rate in tokens is refused: the layers charge requests).
 
 use std::collections::BTreeMap;
 

@@ -3,40 +3,59 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use broker_core::{ConfigError, Limits, OnOtherLimits, ResourceBroker};
+use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
-use crate::response::Responses;
+use crate::response::{RateHeaders, Responses};
 use crate::tenant::TenantKeys;
 
-mod limited;
 mod paths;
-mod stage;
-
-pub(crate) use limited::Limited;
-use limited::{not_registered, Wanted};
-pub(crate) use stage::Stage;
-use stage::SERVICE;
 
 pub(crate) use paths::normal_path;
 use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_reading};
 
+/// A resource the stages acquire on, with its rate-limit headers.
 #[derive(Debug, Clone)]
-pub(crate) struct Route {
-    /// In the form of [`normal_path`].
-    prefix: Box<[u8]>,
-    /// The prefix as a wildcard handler reads it, when different.
-    slashed: Option<Box<[u8]>>,
-    pub(crate) limited: Limited,
+pub(crate) struct Limited {
+    pub(crate) id: Arc<str>,
+    pub(crate) handle: ResourceHandle,
+    headers: RateHeaders,
 }
 
-impl Route {
-    /// The prefix as a wildcard handler reads it: `%2F` a `/`, no dot or
-    /// empty segments.
-    fn slashed(&self) -> &[u8] {
-        self.slashed.as_deref().unwrap_or(&self.prefix)
+impl Limited {
+    /// The headers of the limits now in force (rebuilt after a reload).
+    pub(crate) fn headers(&self, broker: &ResourceBroker) -> Cow<'_, RateHeaders> {
+        if self.handle.is_current() {
+            return Cow::Borrowed(&self.headers);
+        }
+        match broker.limits(&self.id) {
+            Ok(limits) => Cow::Owned(RateHeaders::new(&self.id, &limits)),
+            Err(_) => Cow::Borrowed(&self.headers),
+        }
     }
+}
+
+/// The resources one admission charges (indices into the policy's), in
+/// order: one, or two for a path read two ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stage(pub(crate) u32, pub(crate) Option<u32>);
+
+impl Stage {
+    pub(crate) fn parts(self) -> impl Iterator<Item = u32> {
+        std::iter::once(self.0).chain(self.1)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    /// In the form of [`normal_path`].
+    prefix: Box<[u8]>,
+    /// The prefix as a wildcard handler reads it ([`second_reading`]).
+    slashed: Box<[u8]>,
+    /// Its resource in [`Policy::limited`].
+    at: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -45,12 +64,14 @@ pub(crate) struct Policy {
     pub(crate) id: u64,
     pub(crate) broker: ResourceBroker,
     pub(crate) enabled: bool,
+    /// The service's, the routes' and the tenant's resources, in that order.
+    limited: Vec<Limited>,
     /// Longest prefix first.
     routes: Vec<Route>,
-    /// Whether a route's prefix holds a `%2F`.
+    /// Whether a route's prefix reads differently the second way.
     slashed_prefixes: bool,
-    service: Option<Limited>,
-    tenant: Option<Limited>,
+    service: Option<u32>,
+    tenant: Option<u32>,
     /// How tenant ids become sub-keys.
     pub(crate) tenant_keys: TenantKeys,
     pub(crate) responses: Responses,
@@ -81,59 +102,56 @@ impl Policy {
             }
             None => config.per_service.iter().next(),
         };
-        if config.per_route.len() >= SERVICE as usize {
-            return Err(ConfigError::invalid(
-                "perRoute",
-                "more routes than a u32 counts",
-            ));
+        // (field naming the id, id, limits), in the order of `limited`.
+        let mut wanted: Vec<(String, String, &Limits)> = Vec::new();
+        if let Some((name, limits)) = service {
+            wanted.push((format!("perService.{name}"), service_resource(name), limits));
         }
-        let service = service.map(|(name, limits)| Wanted {
-            field: format!("perService.{name}"),
-            id: service_resource(name),
-            limits,
-        });
-        let routes: Vec<_> = (config.per_route.iter().enumerate())
-            .map(|(i, r)| Wanted {
-                field: format!("perRoute[{i}].resource"),
-                id: r.resource.clone(),
-                limits: &r.limits,
-            })
-            .collect();
-        let tenant = config.per_tenant.enabled.then(|| Wanted {
-            field: "perTenant.resource".to_owned(),
-            id: config.per_tenant.resource.clone(),
-            limits: &config.per_tenant.limits,
-        });
-        let wanted: Vec<&Wanted> = service.iter().chain(&routes).chain(&tenant).collect();
-        let entries: Vec<(&str, &Limits)> = wanted.iter().map(|w| (&*w.id, w.limits)).collect();
+        for (i, r) in config.per_route.iter().enumerate() {
+            let field = format!("perRoute[{i}].resource");
+            wanted.push((field, r.resource.clone(), &r.limits));
+        }
+        let tenant = &config.per_tenant;
+        if tenant.enabled {
+            let field = "perTenant.resource".to_owned();
+            wanted.push((field, tenant.resource.clone(), &tenant.limits));
+        }
+        let entries: Vec<(&str, &Limits)> = wanted.iter().map(|w| (&*w.1, w.2)).collect();
         (broker.register_limits(&entries, on_other))
             .map_err(|e| not_registered(e, &wanted, on_other))?;
-        let limited = |w: &Wanted| Limited::on(&broker, &w.id, w.limits);
-        let service = service.as_ref().map(limited).transpose()?;
-        let mut routes = (config.per_route.iter().zip(&routes))
-            .map(|(r, wanted)| {
-                let prefix: Box<[u8]> = normal_path(&r.path_prefix).into();
-                let second = second_reading(r.path_prefix.as_bytes());
-                Ok(Route {
-                    slashed: (*second != *prefix).then(|| second.into()),
-                    prefix,
-                    limited: limited(wanted)?,
+        let limited = (wanted.iter())
+            .map(|(_, id, limits)| {
+                let handle = (broker.resource_handle(id))
+                    .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
+                let headers = RateHeaders::new(id, limits);
+                Ok(Limited {
+                    id: id.as_str().into(),
+                    handle,
+                    headers,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        let first_route = u32::from(service.is_some());
+        let mut routes: Vec<Route> = (first_route..)
+            .zip(&config.per_route)
+            .map(|(at, r)| Route {
+                prefix: normal_path(&r.path_prefix).into(),
+                slashed: second_reading(r.path_prefix.as_bytes()).into(),
+                at,
+            })
+            .collect();
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
-        let slashed_prefixes = routes.iter().any(|r| r.slashed.is_some());
-        let tenant = tenant.as_ref().map(limited).transpose()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             broker,
             enabled: config.enabled,
+            slashed_prefixes: routes.iter().any(|r| r.slashed != r.prefix),
             routes,
-            slashed_prefixes,
-            service,
-            tenant,
-            tenant_keys: TenantKeys::new(None, config.per_tenant.clear_ids),
+            service: service.map(|_| 0),
+            tenant: tenant.enabled.then(|| limited.len() as u32 - 1),
+            limited,
+            tenant_keys: TenantKeys::new(None, tenant.clear_ids),
             responses: Responses::default(),
         })
     }
@@ -141,8 +159,8 @@ impl Policy {
     /// The stage limiting `path` before authentication: the longest matching
     /// route, else the service (a non-path such as `*` reads as `/`). A path
     /// that a wildcard handler reads differently (`%2F`, `.` or empty
-    /// segments) and so meets two stages gets [`Stage::Both`], charged on both.
-    pub(crate) fn stage_for(&self, path: &str) -> Option<(Stage, &Limited)> {
+    /// segments) and so meets two resources is charged on both.
+    pub(crate) fn stage_for(&self, path: &str) -> Option<Stage> {
         if !self.enabled {
             return None;
         }
@@ -151,60 +169,77 @@ impl Policy {
             false => Cow::Borrowed(&b"/"[..]),
         };
         let path = path.as_bytes();
-        let found = (0u32..)
-            .zip(&self.routes)
-            .find_map(|(i, r)| prefix_matches(&form, &r.prefix).then_some(i));
+        let found = (self.routes.iter()).position(|r| prefix_matches(&form, &r.prefix));
         let routed = self.route_or_service(found);
         let second =
             self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(&form);
         if !path.starts_with(b"/") || !second {
-            return routed;
+            return routed.map(|at| Stage(at, None));
         }
         // The longest slashed prefix that matches; on a tie, not the
         // router's, so both are charged.
         let slashed_path = second_reading(path);
-        let mut best: Option<(usize, u32)> = None;
-        for (i, route) in (0u32..).zip(&self.routes) {
-            let prefix = route.slashed();
-            let better = best.is_none_or(|(len, at)| {
-                prefix.len() > len || (prefix.len() == len && Some(at) == found)
-            });
-            if better && prefix_matches(&slashed_path, prefix) {
-                best = Some((prefix.len(), i));
+        let mut best: Option<(usize, usize)> = None;
+        for (i, route) in self.routes.iter().enumerate() {
+            let len = route.slashed.len();
+            let better = best.is_none_or(|(l, at)| len > l || (len == l && Some(at) == found));
+            if better && prefix_matches(&slashed_path, &route.slashed) {
+                best = Some((len, i));
             }
         }
-        let slashed = self.route_or_service(best.map(|(_, i)| i));
-        match (routed, slashed) {
-            (Some((a, limited)), Some((b, _))) if a != b => {
-                // Route and service stages always have a place.
-                let both = a.place().zip(b.place()).map(|(a, b)| Stage::Both(a, b));
-                Some((both.unwrap_or(a), limited))
-            }
-            (None, slashed) => slashed,
-            (routed, _) => routed,
+        match (routed, self.route_or_service(best.map(|(_, i)| i))) {
+            (Some(a), Some(b)) if a != b => Some(Stage(a, Some(b))),
+            (None, slashed) => slashed.map(|b| Stage(b, None)),
+            (routed, _) => routed.map(|a| Stage(a, None)),
         }
     }
 
-    /// The route (`found`), else the service stage.
-    fn route_or_service(&self, found: Option<u32>) -> Option<(Stage, &Limited)> {
-        let stage = found.map_or(Stage::Service, Stage::Route);
-        Some((stage, self.limited(stage)?))
+    /// The resource of route `found`, else the service's.
+    fn route_or_service(&self, found: Option<usize>) -> Option<u32> {
+        found.map(|i| self.routes[i].at).or(self.service)
     }
 
-    /// Whether the tenant stage limits anything.
-    pub(crate) fn has_tenant_stage(&self) -> bool {
-        self.enabled && self.tenant.is_some()
+    /// The tenant stage, when it limits anything.
+    pub(crate) fn tenant_stage(&self) -> Option<Stage> {
+        self.tenant
+            .filter(|_| self.enabled)
+            .map(|at| Stage(at, None))
     }
 
-    /// The resource of `stage` (none for [`Stage::Both`]: see its
-    /// [`Stage::parts`]).
-    pub(crate) fn limited(&self, stage: Stage) -> Option<&Limited> {
-        match stage {
-            Stage::Route(i) => self.routes.get(i as usize).map(|r| &r.limited),
-            Stage::Service => self.service.as_ref(),
-            Stage::Tenant => self.tenant.as_ref(),
-            Stage::Both(..) => None,
+    /// The resource at `at`.
+    pub(crate) fn limited(&self, at: u32) -> &Limited {
+        &self.limited[at as usize]
+    }
+
+    /// The `layer` field of log events about the resource at `at`.
+    pub(crate) fn layer(&self, at: u32) -> &'static str {
+        match Some(at) {
+            x if x == self.tenant => "tenant",
+            x if x == self.service => "service",
+            _ => "route",
         }
+    }
+}
+
+/// The error of [`ResourceBroker::register_limits`], naming the field that
+/// gives the id.
+fn not_registered(
+    error: EntryError,
+    wanted: &[(String, String, &Limits)],
+    on_other: OnOtherLimits,
+) -> ConfigError {
+    match (error.error, wanted.get(error.index)) {
+        (taken @ ConfigError::Taken { .. }, Some((field, ..))) => {
+            let reload = match on_other {
+                OnOtherLimits::Refuse => ", or build with Pressure::reload to re-configure it",
+                OnOtherLimits::Replace => "",
+            };
+            ConfigError::invalid(
+                field,
+                format!("{taken} (another config's, or the application's own): give it an id of its own{reload}"),
+            )
+        }
+        (other, _) => other,
     }
 }
 

@@ -4,6 +4,6 @@
 mod layer;
 mod service;
 
-pub use crate::admission::future::ResponseFuture;
+pub use crate::admission::ResponseFuture;
 pub use layer::PressureLayer;
 pub use service::PressureService;

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use crate::admission::future::ResponseFuture;
+use crate::admission::ResponseFuture;
 use crate::body::PermitBody;
 use crate::policy::Policy;
 
@@ -28,7 +28,7 @@ impl<S> PressureService<S> {
 impl<S, ReqB, ResB> Service<Request<ReqB>> for PressureService<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
-    ResB: PermitBody,
+    ResB: PermitBody + Send + 'static,
 {
     type Response = Response<ResB>;
     type Error = S::Error;
@@ -40,7 +40,7 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         match self.policy.stage_for(req.uri().path()) {
-            Some((stage, _)) => {
+            Some(stage) => {
                 ResponseFuture::admit(&self.policy, stage, None, None, &mut self.inner, req)
             }
             None => ResponseFuture::pass(&mut self.inner, req),

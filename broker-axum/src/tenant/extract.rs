@@ -20,21 +20,9 @@ pub enum Tenant<'a> {
     Bytes(Cow<'a, [u8]>),
 }
 
-impl<'a> From<&'a str> for Tenant<'a> {
-    fn from(id: &'a str) -> Self {
-        Tenant::Text(Cow::Borrowed(id))
-    }
-}
-
-impl From<String> for Tenant<'_> {
-    fn from(id: String) -> Self {
-        Tenant::Text(Cow::Owned(id))
-    }
-}
-
-impl<'a> From<Cow<'a, str>> for Tenant<'a> {
-    fn from(id: Cow<'a, str>) -> Self {
-        Tenant::Text(id)
+impl<'a, T: Into<Cow<'a, str>>> From<T> for Tenant<'a> {
+    fn from(id: T) -> Self {
+        Tenant::Text(id.into())
     }
 }
 

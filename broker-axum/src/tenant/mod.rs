@@ -6,7 +6,7 @@ pub(crate) mod keys;
 mod layer;
 mod service;
 
-pub use crate::admission::future::TenantFuture;
+pub use crate::admission::TenantFuture;
 pub use extract::{FromExtension, FromHeader, Tenant, TenantExtractor};
 pub(crate) use keys::TenantKeys;
 pub use keys::MAX_TENANT_LEN;

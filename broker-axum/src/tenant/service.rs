@@ -7,10 +7,9 @@ use http::{Request, Response};
 use tower::Service;
 
 use super::extract::TenantExtractor;
-use crate::admission::charge::Charge;
-use crate::admission::future::TenantFuture;
+use crate::admission::{Charge, TenantFuture};
 use crate::body::PermitBody;
-use crate::policy::{Policy, Stage};
+use crate::policy::Policy;
 
 /// The tenant stage: one state per tenant the [`TenantExtractor`] finds;
 /// requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
@@ -31,7 +30,7 @@ impl<S, E> TenantService<S, E> {
 impl<S, E, ReqB, ResB> Service<Request<ReqB>> for TenantService<S, E>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
-    ResB: PermitBody,
+    ResB: PermitBody + Send + 'static,
     E: TenantExtractor,
 {
     type Response = Response<ResB>;
@@ -44,21 +43,16 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let policy = &self.policy;
-        if !policy.has_tenant_stage() {
+        let Some(stage) = policy.tenant_stage() else {
             return TenantFuture::pass(&mut self.inner, req);
-        }
+        };
         // Taken out whatever comes next: only this stage answers for it.
         let charge = Charge::take(&mut req, policy.id);
         let tenant = self.extractor.tenant(req.headers(), req.extensions());
         match tenant.map(|t| policy.tenant_keys.key(&t)) {
-            Some(key) => TenantFuture::admit(
-                policy,
-                Stage::Tenant,
-                Some(key),
-                charge,
-                &mut self.inner,
-                req,
-            ),
+            Some(key) => {
+                TenantFuture::admit(policy, stage, Some(key), charge, &mut self.inner, req)
+            }
             None => TenantFuture::pass(&mut self.inner, req),
         }
     }
