@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use broker_core::Micros;
+use broker_core::{state, Micros};
 use parking_lot::Mutex;
 
-use crate::key::StateKey;
-use crate::states::Entry;
-use crate::store::Store;
+use crate::key::{Parts, StateKey};
+use crate::spill;
+use crate::store::{Entry, Store};
 
 /// Below this many states no sweep runs but at the bound.
 const MIN_SWEEP_LEN: usize = 4096;
@@ -22,50 +22,64 @@ const SWEEP_INTERVAL: Micros = 10_000_000;
 /// A state used this recently (µs) is not evicted.
 pub(crate) const RECENT: Micros = 50_000;
 /// The bound a store starts with.
-pub(crate) const DEFAULT_MAX_STATES: usize = 1 << 20;
+const DEFAULT_MAX_STATES: usize = 1 << 20;
 /// The lowest bound a store takes.
-pub(crate) const MIN_MAX_STATES: usize = 64;
+const MIN_MAX_STATES: usize = 64;
+
+type Registered = HashMap<Arc<str>, usize>;
 
 /// Whether `key` is the own state of a registered resource: never dropped.
-fn registered(key: &StateKey, registered: &HashMap<Arc<str>, usize>) -> bool {
-    key.is_own() && registered.contains_key(key.resource())
+fn pinned(key: &StateKey, registered: &Registered) -> bool {
+    key.is_own() && registered.contains_key(&key.resource)
+}
+
+/// Keeps the states `keep` says to; gives room back once most is free.
+fn retain(store: &Store, mut keep: impl FnMut(&StateKey, &mut Entry) -> bool) {
+    store.map.retain(|k, e| keep(k, e.get_mut()));
+    let (len, capacity) = (store.map.len(), store.map.capacity());
+    if capacity > 4096 && len < capacity / 4 {
+        store.map.shrink_to_fit();
+    }
 }
 
 /// Drops every idle state not used within [`RECENT`] (a key in use whose
 /// bucket refills between calls stays); returns how many.
-pub(crate) fn evict_idle(store: &Store, now: Micros) -> usize {
-    let states = &store.states;
-    let kept = store.registered.lock();
-    let before = states.len();
-    states.retain(|k, e| {
-        registered(k, &kept) || now.saturating_sub(e.last_used()) < RECENT || !e.is_idle(now)
+fn evict_idle(store: &Store, now: Micros) -> usize {
+    let registered = store.registered.lock();
+    let before = store.map.len();
+    retain(store, |k, e| {
+        pinned(k, &registered)
+            || now.saturating_sub(e.last_used()) < RECENT
+            || !state::is_idle(&e.state, &e.spec, now)
     });
-    before.saturating_sub(states.len())
+    before.saturating_sub(store.map.len())
 }
 
-/// Whether a state may be folded: not registered, holding no live slot and
+/// Whether a state may be folded: not pinned, holding no live slot and
 /// under no penalty (which no place keeps for a resource without rates).
-fn foldable(k: &StateKey, e: &Entry, now: Micros, kept: &HashMap<Arc<str>, usize>) -> bool {
-    !registered(k, kept) && !e.holds_slot_or_penalty(now)
+fn foldable(k: &StateKey, e: &Entry, now: Micros, registered: &Registered) -> bool {
+    let s = &e.state;
+    !pinned(k, registered) && s.penalty <= now && s.leases.iter().all(|l| l.expires <= now)
 }
 
-/// Drops idle states, then folds the least recently used until at most
-/// `keep` are left; returns how many it found no fold may drop (0 when none
+/// Folds the least recently used states until at most seven eighths of
+/// `max` are left; returns how many it found no fold may drop (0 when none
 /// had to be folded).
-pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize) -> usize {
-    evict_idle(store, now);
-    let (states, spills) = (&store.states, &store.spills);
-    let len = states.len();
+fn fold_to(store: &Store, now: Micros, max: usize) -> usize {
+    let (len, keep) = (store.map.len(), max - max / 8);
     if len <= keep {
         return 0;
     }
-    let kept = store.registered.lock();
+    let registered = store.registered.lock();
     let mut ages = Vec::with_capacity(len);
     let mut held = 0;
-    states.for_each(|k, e| match foldable(k, e, now, &kept) {
-        true => ages.push(e.last_used()),
-        false => held += 1,
-    });
+    for e in store.map.iter() {
+        let (k, e) = (e.key(), e.value().lock());
+        match foldable(k, &e, now, &registered) {
+            true => ages.push(e.last_used()),
+            false => held += 1,
+        }
+    }
     #[cfg(test)]
     store.sweeper.pause_after_count();
     let excess = (len - keep).min(ages.len());
@@ -74,23 +88,20 @@ pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize) -> usize {
     }
     let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
     // Of the states used at the cutoff, only as many as make up the excess.
-    let older = ages.iter().filter(|&&a| a < cutoff).count();
+    let mut ties = excess - ages.iter().filter(|&&a| a < cutoff).count();
     drop(ages);
-    let mut ties = excess - older;
-    let mut left = excess;
-    states.retain(|k, e| {
-        if left == 0 || !foldable(k, e, now, &kept) {
-            return true;
-        }
+    let (mut left, budget) = (excess, spill::budget(max));
+    retain(store, |k, e| {
         let used = e.last_used();
-        if used > cutoff || (used == cutoff && ties == 0) {
+        if left == 0 || used > cutoff || (used == cutoff && ties == 0) {
             return true;
         }
-        let hash = states.hash(crate::key::Parts::parts(k));
-        spills.fold(hash, &e.state, &e.spec, now);
-        if used == cutoff {
-            ties -= 1;
+        if !foldable(k, e, now, &registered) {
+            return true;
         }
+        let hash = store.hash(k.parts());
+        store.spills.fold(hash, &e.state, &e.spec, now, budget);
+        ties -= usize::from(used == cutoff);
         left -= 1;
         false
     });
@@ -174,23 +185,36 @@ impl Sweeper {
             return;
         }
         match self.sweeping.try_lock() {
-            Some(_sweeping) => self.sweep(store, now, len),
+            Some(_sweeping) => _ = self.sweep(store, now, len),
             None if inserted => self.wait_for_sweep(store, now, len),
             None => {}
         }
     }
 
-    /// One sweep, by the thread that holds `sweeping`.
-    fn sweep(&self, store: &Store, now: Micros, len: usize) {
+    /// Drops idle states and empties spent places; folds when `len` states
+    /// reach the bound. Returns how many idle states it dropped.
+    pub(crate) fn sweep(&self, store: &Store, now: Micros, len: usize) -> usize {
         let max = self.max();
+        let evicted = evict_idle(store, now);
         let held = if len >= max {
-            fold_to(store, now, max - max / 8)
+            fold_to(store, now, max)
         } else {
-            evict_idle(store, now);
             0
         };
         store.spills.drop_idle(now);
-        self.after_sweep(store, now, held);
+        // The next sweep is due when the map has doubled or reached the
+        // bound, or, when the `held` states no fold may drop fill the bound,
+        // an eighth past them.
+        let kept = store.map.len();
+        let next = if held + max / 8 > max {
+            held + held.max(max) / 8
+        } else {
+            (kept * 2).max(MIN_SWEEP_LEN).min(max)
+        };
+        self.len.store(kept, Ordering::Relaxed);
+        self.threshold.store(next, Ordering::Relaxed);
+        self.last.store(now, Ordering::Relaxed);
+        evicted
     }
 
     /// An insert that finds the store an eighth past its bound while another
@@ -207,21 +231,5 @@ impl Sweeper {
         #[cfg(test)]
         self.waiting.fetch_sub(1, Ordering::Relaxed);
         self.after_write(store, now, false);
-    }
-
-    /// Re-reads the number of states after a sweep and sets when the next is
-    /// due: when the map has doubled or reached the bound, or, when the `held`
-    /// states no fold may drop fill the bound, an eighth past them.
-    pub(crate) fn after_sweep(&self, store: &Store, now: Micros, held: usize) {
-        let kept = store.states.len();
-        let max = self.max();
-        let next = if held + max / 8 > max {
-            held + held.max(max) / 8
-        } else {
-            (kept * 2).max(MIN_SWEEP_LEN).min(max)
-        };
-        self.len.store(kept, Ordering::Relaxed);
-        self.threshold.store(next, Ordering::Relaxed);
-        self.last.store(now, Ordering::Relaxed);
     }
 }

@@ -10,24 +10,24 @@
 mod clock;
 mod eviction;
 mod key;
-mod local;
 mod spill;
-mod states;
 mod store;
 
 pub use clock::QuantaClock;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::clock::micros;
-use broker_core::state::{self, ResourceState};
+use broker_core::state::{self, ResourceState, Verdict};
 use broker_core::{
     BackendError, Booking, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore,
     Marks, Micros, ObservedLimit, Renewal,
 };
-use store::Store;
+use key::KeyRef;
+use store::{lease_for, Store};
 
 /// One process's state store.
 ///
@@ -68,11 +68,8 @@ impl MemoryBackend {
     }
 
     /// Bounds the number of states at `max` (at least 64; 1,048,576 unless
-    /// set). Past it, idle states go first, then the least recently used down
-    /// to seven eighths of the bound, each folded into a place of its own
-    /// (past a budget, one shared by keys), so a dropped key never comes back
-    /// with more than it had. States holding a slot, under a penalty of a resource without
-    /// rate limits, or a registered resource's own state are never dropped.
+    /// set). Past it the least recently used are folded into places (see the
+    /// crate docs) down to seven eighths of the bound.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;
@@ -81,7 +78,6 @@ impl MemoryBackend {
     /// ```
     pub fn max_states(self, max: usize) -> Self {
         self.store.sweeper.set_max(max);
-        self.store.spills.set_max(max);
         self
     }
 }
@@ -95,12 +91,12 @@ impl MemoryBackend {
 
     /// How many states were folded at the bound so far.
     pub fn folded(&self) -> u64 {
-        self.store.spills.folded()
+        self.store.spills.folded.load(Ordering::Relaxed)
     }
 
     /// Number of states held now (idle ones not yet evicted included).
     pub fn len(&self) -> usize {
-        self.store.states.len()
+        self.store.map.len()
     }
 
     /// True when no state is held.
@@ -113,17 +109,13 @@ impl MemoryBackend {
     /// itself as the map grows.
     pub fn evict_idle(&self) -> usize {
         let store = &self.store;
-        let now = store.clock.now();
-        let evicted = eviction::evict_idle(store, now);
-        store.spills.drop_idle(now);
-        store.sweeper.after_sweep(store, now, 0);
-        evicted
+        store.sweeper.sweep(store, store.clock.now(), 0)
     }
 
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
         key::with_parsed(key, |key| {
-            let entry = self.store.states.get(key)?;
+            let entry = self.store.map.get(&key as &dyn key::Parts)?;
             let state = entry.lock().state.clone();
             Some(state)
         })
@@ -138,14 +130,11 @@ impl MemoryBackend {
         spec: &LimitSpec,
         f: impl FnOnce(&mut ResourceState, Micros) -> R,
     ) -> R {
-        let store = &self.store;
-        key::with_parsed(key, |key| {
-            store.with_state(key, None, spec, || store.shared_spec(spec), f)
-        })
+        key::with_parsed(key, |key| self.store.with_state(key, spec, None, f))
     }
 
     fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        let lease = store::lease_for(spec);
+        let lease = lease_for(spec);
         self.with_state(key, spec, |s, now| {
             state::try_acquire(s, spec, now, cost, lease)
         })
@@ -213,26 +202,16 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
-        // A key with no state holds no lease: none is made for the question.
-        let store = &self.store;
-        let renewed = key::with_parsed(key, |key| {
-            store.with_existing(
-                key,
-                spec,
-                || store.shared_spec(spec),
-                |s, now| state::renew(s, spec, now, lease),
-            )
-        });
-        if renewed == Some(true) {
-            return Ok(Renewal::Held);
-        }
-        // Not held: taken again under the same lease if a slot is free.
-        let taken = self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease));
-        Ok(if taken {
-            Renewal::Retaken
-        } else {
-            Renewal::Gone
-        })
+        // One transition: extended if held, else taken again if a slot is free.
+        Ok(self.with_state(key, spec, |s, now| {
+            if state::renew(s, spec, now, lease) {
+                Renewal::Held
+            } else if state::take_slot(s, spec, now, lease) {
+                Renewal::Retaken
+            } else {
+                Renewal::Gone
+            }
+        }))
     }
 
     async fn settle(
@@ -314,10 +293,58 @@ impl LocalStore for MemoryBackend {
     }
 
     fn states(&self, resource_key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
-        Some(Arc::new(local::ResourceStates::new(
-            self.store.clone(),
-            resource_key,
+        Some(Arc::new(ResourceStates {
+            store: self.store.clone(),
+            resource: resource_key.into(),
             spec,
-        )))
+            decides_on_own: AtomicBool::new(false),
+        }))
+    }
+}
+
+/// The states of one resource, for one registration's limits.
+struct ResourceStates {
+    store: Arc<Store>,
+    spec: Arc<LimitSpec>,
+    /// The resource's state key, shared by the keys of the states it makes.
+    resource: Arc<str>,
+    /// Whether this registration decided on the resource's own state (which
+    /// the store then keeps until it is dropped).
+    decides_on_own: AtomicBool,
+}
+
+impl LocalStates for ResourceStates {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
+        if sub.is_none()
+            && !self.decides_on_own.load(Ordering::Relaxed)
+            && !self.decides_on_own.swap(true, Ordering::AcqRel)
+        {
+            self.store.register_own(&self.resource);
+        }
+        let (spec, resource) = (&self.spec, &self.resource);
+        let lease = lease_for(spec);
+        let key = KeyRef { resource, sub };
+        Verdict::from(
+            self.store
+                .with_state(key, spec, Some((resource, spec)), |s, now| {
+                    state::try_acquire(s, spec, now, cost, lease)
+                }),
+        )
+    }
+
+    fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
+        let key = KeyRef {
+            resource: &self.resource,
+            sub,
+        };
+        self.store.release(key, lease)
+    }
+}
+
+impl Drop for ResourceStates {
+    fn drop(&mut self) {
+        if *self.decides_on_own.get_mut() {
+            self.store.unregister_own(&self.resource);
+        }
     }
 }
