@@ -109,12 +109,13 @@ fn fold_to(store: &Store, now: Micros, max: usize) -> usize {
 }
 
 /// Decides when to sweep.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.
     len: AtomicUsize,
+    /// The number of states past which a sweep is due (0 before the first).
     threshold: AtomicUsize,
-    /// The bound.
+    /// The bound (0 until set: [`DEFAULT_MAX_STATES`]).
     max: AtomicUsize,
     last: AtomicU64,
     /// Held by the thread that sweeps.
@@ -127,24 +128,6 @@ pub(crate) struct Sweeper {
     pub(crate) after_count: Mutex<()>,
     #[cfg(test)]
     pub(crate) counted: std::sync::atomic::AtomicBool,
-}
-
-impl Default for Sweeper {
-    fn default() -> Self {
-        Self {
-            len: AtomicUsize::new(0),
-            threshold: AtomicUsize::new(MIN_SWEEP_LEN),
-            max: AtomicUsize::new(DEFAULT_MAX_STATES),
-            last: AtomicU64::new(0),
-            sweeping: Mutex::new(()),
-            #[cfg(test)]
-            waiting: AtomicUsize::new(0),
-            #[cfg(test)]
-            after_count: Mutex::new(()),
-            #[cfg(test)]
-            counted: Default::default(),
-        }
-    }
 }
 
 impl Sweeper {
@@ -165,7 +148,10 @@ impl Sweeper {
 
     /// The bound.
     pub(crate) fn max(&self) -> usize {
-        self.max.load(Ordering::Relaxed)
+        match self.max.load(Ordering::Relaxed) {
+            0 => DEFAULT_MAX_STATES,
+            max => max,
+        }
     }
 
     /// Called after each write (denials too), with no lock of the store

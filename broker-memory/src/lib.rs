@@ -15,7 +15,7 @@ mod store;
 
 pub use clock::QuantaClock;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,24 +132,10 @@ impl MemoryBackend {
     ) -> R {
         key::with_parsed(key, |key| self.store.with_state(key, spec, None, f))
     }
-
-    fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        let lease = lease_for(spec);
-        self.with_state(key, spec, |s, now| {
-            state::try_acquire(s, spec, now, cost, lease)
-        })
-    }
-
-    fn take_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
-        let lease = store::next_lease();
-        self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease))
-            .then_some(lease)
-    }
-
-    fn release_sync(&self, key: &str, lease: LeaseId) -> bool {
-        key::with_parsed(key, |key| self.store.release(key, lease))
-    }
 }
+
+/// Why every method of the [`LocalStore`] impl answers: no I/O.
+const AT_ONCE: &str = "the memory store answers at once";
 
 #[async_trait]
 impl broker_core::Store for MemoryBackend {
@@ -159,7 +145,7 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Decision, BackendError> {
-        Ok(self.try_acquire_sync(key, spec, cost))
+        self.try_acquire_now(key, spec, cost).expect(AT_ONCE)
     }
 
     async fn book(
@@ -180,7 +166,7 @@ impl broker_core::Store for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        Ok(self.take_slot_sync(key, spec))
+        self.take_slot_now(key, spec).expect(AT_ONCE)
     }
 
     async fn wait_left(
@@ -193,7 +179,7 @@ impl broker_core::Store for MemoryBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        Ok(self.release_sync(key, lease))
+        self.release_now(key, lease).expect(AT_ONCE)
     }
 
     async fn renew(
@@ -222,10 +208,7 @@ impl broker_core::Store for MemoryBackend {
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
-        self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, booked, actual, since)
-        });
-        Ok(())
+        (self.settle_now(key, spec, booked, actual, since)).expect(AT_ONCE)
     }
 
     async fn penalize(
@@ -263,7 +246,11 @@ impl LocalStore for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Option<Result<Decision, BackendError>> {
-        Some(Ok(self.try_acquire_sync(key, spec, cost)))
+        let lease = lease_for(spec);
+        let decided = self.with_state(key, spec, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
+        });
+        Some(Ok(decided))
     }
 
     fn take_slot_now(
@@ -271,11 +258,15 @@ impl LocalStore for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        Some(Ok(self.take_slot_sync(key, spec)))
+        let lease = store::next_lease();
+        let taken = self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease));
+        Some(Ok(taken.then_some(lease)))
     }
 
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        Some(Ok(self.release_sync(key, lease)))
+        Some(Ok(key::with_parsed(key, |key| {
+            self.store.release(key, lease)
+        })))
     }
 
     fn settle_now(
@@ -293,58 +284,43 @@ impl LocalStore for MemoryBackend {
     }
 
     fn states(&self, resource_key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
+        let resource: Arc<str> = resource_key.into();
+        self.store.register_own(&resource);
         Some(Arc::new(ResourceStates {
             store: self.store.clone(),
-            resource: resource_key.into(),
+            resource,
             spec,
-            decides_on_own: AtomicBool::new(false),
         }))
     }
 }
 
-/// The states of one resource, for one registration's limits.
+/// The states of one resource, for one registration's limits; the store
+/// keeps the resource's own state while a registration lives.
 struct ResourceStates {
     store: Arc<Store>,
     spec: Arc<LimitSpec>,
     /// The resource's state key, shared by the keys of the states it makes.
     resource: Arc<str>,
-    /// Whether this registration decided on the resource's own state (which
-    /// the store then keeps until it is dropped).
-    decides_on_own: AtomicBool,
 }
 
 impl LocalStates for ResourceStates {
     fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
-        if sub.is_none()
-            && !self.decides_on_own.load(Ordering::Relaxed)
-            && !self.decides_on_own.swap(true, Ordering::AcqRel)
-        {
-            self.store.register_own(&self.resource);
-        }
         let (spec, resource) = (&self.spec, &self.resource);
         let lease = lease_for(spec);
-        let key = KeyRef { resource, sub };
-        Verdict::from(
-            self.store
-                .with_state(key, spec, Some((resource, spec)), |s, now| {
-                    state::try_acquire(s, spec, now, cost, lease)
-                }),
-        )
+        let (key, local) = (KeyRef { resource, sub }, Some((resource, spec)));
+        Verdict::from(self.store.with_state(key, spec, local, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
+        }))
     }
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
-        let key = KeyRef {
-            resource: &self.resource,
-            sub,
-        };
-        self.store.release(key, lease)
+        let resource = &self.resource;
+        self.store.release(KeyRef { resource, sub }, lease)
     }
 }
 
 impl Drop for ResourceStates {
     fn drop(&mut self) {
-        if *self.decides_on_own.get_mut() {
-            self.store.unregister_own(&self.resource);
-        }
+        self.store.unregister_own(&self.resource);
     }
 }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use broker_core::state::{self, LimitSpec, ResourceState};
 use broker_core::{Clock, LeaseId, Micros};
-use dashmap::mapref::entry::Entry as MapEntry;
 use dashmap::DashMap;
 use parking_lot::Mutex;
 
@@ -102,25 +101,22 @@ impl Store {
     ) -> R {
         let now = self.clock.now();
         let shared = || local.map_or_else(|| self.shared_spec(spec), |(_, s)| s.clone());
-        let (result, inserted) = match self.map.get(&key as &dyn Parts) {
-            Some(e) => (f(e.lock().current(spec, shared, now), now), false),
+        let mut inserted = false;
+        let result = match self.map.get(&key as &dyn Parts) {
+            Some(e) => f(e.lock().current(spec, shared, now), now),
             None => {
                 let hash = self.hash(key);
-                match self.map.entry(key.to_owned_with(local.map(|(r, _)| r))) {
-                    MapEntry::Occupied(mut e) => (
-                        f(e.get_mut().get_mut().current(spec, shared, now), now),
-                        false,
-                    ),
-                    MapEntry::Vacant(e) => {
-                        let state = (self.spills.restore(hash, spec, now))
-                            .unwrap_or_else(|| ResourceState::fresh(spec, now));
-                        let entry = Entry {
-                            spec: shared(),
-                            state,
-                        };
-                        (f(&mut e.insert(entry.into()).get_mut().state, now), true)
-                    }
-                }
+                let owned = key.to_owned_with(local.map(|(r, _)| r));
+                let mut e = self.map.entry(owned).or_insert_with(|| {
+                    inserted = true;
+                    let restored = self.spills.restore(hash, spec, now);
+                    let state = restored.unwrap_or_else(|| ResourceState::fresh(spec, now));
+                    Mutex::new(Entry {
+                        spec: shared(),
+                        state,
+                    })
+                });
+                f(e.get_mut().current(spec, shared, now), now)
             }
         };
         self.sweeper.after_write(self, now, inserted);
@@ -133,7 +129,7 @@ impl Store {
             .is_some_and(|e| state::release(&mut e.lock().state, lease))
     }
 
-    /// A registration decides on `resource`'s own state: the sweeper keeps it.
+    /// A registration of `resource` lives: the sweeper keeps its own state.
     pub(crate) fn register_own(&self, resource: &Arc<str>) {
         *self.registered.lock().entry(resource.clone()).or_default() += 1;
     }
