@@ -30,7 +30,7 @@ type Registered = HashMap<Arc<str>, usize>;
 
 /// Whether `key` is the own state of a registered resource: never dropped.
 fn pinned(key: &StateKey, registered: &Registered) -> bool {
-    key.is_own() && registered.contains_key(&key.resource)
+    key.sub.is_none() && registered.contains_key(&key.resource)
 }
 
 /// Keeps the states `keep` says to; gives room back once most is free.
@@ -42,19 +42,6 @@ fn retain(store: &Store, mut keep: impl FnMut(&StateKey, &mut Entry) -> bool) {
     }
 }
 
-/// Drops every idle state not used within [`RECENT`] (a key in use whose
-/// bucket refills between calls stays); returns how many.
-fn evict_idle(store: &Store, now: Micros) -> usize {
-    let registered = store.registered.lock();
-    let before = store.map.len();
-    retain(store, |k, e| {
-        pinned(k, &registered)
-            || now.saturating_sub(e.last_used()) < RECENT
-            || !state::is_idle(&e.state, &e.spec, now)
-    });
-    before.saturating_sub(store.map.len())
-}
-
 /// Whether a state may be folded: not pinned, holding no live slot and
 /// under no penalty (which no place keeps for a resource without rates).
 fn foldable(k: &StateKey, e: &Entry, now: Micros, registered: &Registered) -> bool {
@@ -62,29 +49,39 @@ fn foldable(k: &StateKey, e: &Entry, now: Micros, registered: &Registered) -> bo
     !pinned(k, registered) && s.penalty <= now && s.leases.iter().all(|l| l.expires <= now)
 }
 
-/// Folds the least recently used states until at most seven eighths of
-/// `max` are left; returns how many it found no fold may drop (0 when none
-/// had to be folded).
-fn fold_to(store: &Store, now: Micros, max: usize) -> usize {
-    let (len, keep) = (store.map.len(), max - max / 8);
-    if len <= keep {
-        return 0;
-    }
+/// Drops every idle state not used within [`RECENT`] (a key in use whose
+/// bucket refills between calls stays); given the bound `max` (reached),
+/// then folds the least recently used until seven eighths of it are left.
+/// Returns how many it dropped, and how many it found no fold may drop.
+fn sweep_states(store: &Store, now: Micros, max: Option<usize>) -> (usize, usize) {
     let registered = store.registered.lock();
-    let mut ages = Vec::with_capacity(len);
+    let before = store.map.len();
+    let mut ages = Vec::with_capacity(max.map_or(0, |_| before));
     let mut held = 0;
-    for e in store.map.iter() {
-        let (k, e) = (e.key(), e.value().lock());
-        match foldable(k, &e, now, &registered) {
-            true => ages.push(e.last_used()),
+    retain(store, |k, e| {
+        let used = e.last_used();
+        if now.saturating_sub(used) >= RECENT
+            && state::is_idle(&e.state, &e.spec, now)
+            && !pinned(k, &registered)
+        {
+            return false;
+        }
+        match max.is_some() && foldable(k, e, now, &registered) {
+            true => ages.push(used),
             false => held += 1,
         }
-    }
+        true
+    });
+    let len = store.map.len();
+    let evicted = before.saturating_sub(len);
+    let Some(max) = max else {
+        return (evicted, 0);
+    };
     #[cfg(test)]
     store.sweeper.pause_after_count();
-    let excess = (len - keep).min(ages.len());
+    let excess = len.saturating_sub(max - max / 8).min(ages.len());
     if excess == 0 {
-        return held;
+        return (evicted, held);
     }
     let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
     // Of the states used at the cutoff, only as many as make up the excess.
@@ -105,7 +102,7 @@ fn fold_to(store: &Store, now: Micros, max: usize) -> usize {
         left -= 1;
         false
     });
-    held
+    (evicted, held)
 }
 
 /// Decides when to sweep.
@@ -181,12 +178,7 @@ impl Sweeper {
     /// reach the bound. Returns how many idle states it dropped.
     pub(crate) fn sweep(&self, store: &Store, now: Micros, len: usize) -> usize {
         let max = self.max();
-        let evicted = evict_idle(store, now);
-        let held = if len >= max {
-            fold_to(store, now, max)
-        } else {
-            0
-        };
+        let (evicted, held) = sweep_states(store, now, (len >= max).then_some(max));
         store.spills.drop_idle(now);
         // The next sweep is due when the map has doubled or reached the
         // bound, or, when the `held` states no fold may drop fill the bound,

@@ -11,7 +11,7 @@ use broker_core::keys;
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct StateKey {
     pub(crate) resource: Arc<str>,
-    sub: Option<Box<str>>,
+    pub(crate) sub: Option<Box<str>>,
 }
 
 /// A key to look up, borrowed: `sub` is `None` for the resource's own state.
@@ -61,12 +61,6 @@ impl PartialEq for dyn Parts + '_ {
 }
 
 impl Eq for dyn Parts + '_ {}
-
-impl StateKey {
-    pub(crate) fn is_own(&self) -> bool {
-        self.sub.is_none()
-    }
-}
 
 impl KeyRef<'_> {
     /// The owned key, sharing `resource` when it is the resource part.

@@ -169,10 +169,7 @@ impl Spills {
         if own.len() < own.capacity() / 4 {
             own.shrink_to_fit();
         }
-        if !shared
-            .iter_mut()
-            .fold(false, |any, place| keep(place) | any)
-        {
+        if shared.iter_mut().map(keep).filter(|&kept| kept).count() == 0 {
             *shared = Vec::new();
         }
         // The lock held: nothing is folded meanwhile.
@@ -194,16 +191,14 @@ impl Spills {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
-        let mut buckets: Vec<BucketState> = params_of(spec)
-            .map(|p| BucketState::fresh(p, now))
-            .collect();
+        let mut restored = ResourceState::fresh(spec, now);
         let places = self.places.lock();
         let place =
             (places.own.get(&hash)).or_else(|| places.shared.get(hash as usize % SHARED))?;
         let mut penalty_end: Micros = 0;
         for h in place {
             let (tight, raw) = h.split();
-            if h.spec.buckets.len() != buckets.len() {
+            if h.spec.buckets.len() != spec.buckets.len() {
                 penalty_end = penalty_end.max(state::latest_not_before(raw));
                 continue;
             }
@@ -212,16 +207,11 @@ impl Spills {
             } else {
                 raw
             };
-            for ((b, kept), p) in buckets.iter_mut().zip(folded).zip(params_of(spec)) {
+            for ((b, kept), p) in restored.buckets.iter_mut().zip(folded).zip(params_of(spec)) {
                 *b = bucket::tighter(*b, *kept, p);
             }
         }
         drop(places);
-        let mut restored = ResourceState {
-            buckets,
-            leases: Vec::new(),
-            penalty: 0,
-        };
         if penalty_end > now {
             state::penalize_until(&mut restored, spec, now, penalty_end);
         }
