@@ -78,7 +78,10 @@ fn sweep_states(store: &Store, now: Micros, max: Option<usize>) -> (usize, usize
         return (evicted, 0);
     };
     #[cfg(test)]
-    store.sweeper.pause_after_count();
+    {
+        store.sweeper.counted.store(true, Ordering::Relaxed);
+        drop(store.sweeper.after_count.lock());
+    }
     let excess = len.saturating_sub(max - max / 8).min(ages.len());
     if excess == 0 {
         return (evicted, held);
@@ -128,12 +131,6 @@ pub(crate) struct Sweeper {
 }
 
 impl Sweeper {
-    #[cfg(test)]
-    fn pause_after_count(&self) {
-        self.counted.store(true, Ordering::Relaxed);
-        drop(self.after_count.lock());
-    }
-
     /// Bounds the store at `max` states (at least [`MIN_MAX_STATES`]).
     pub(crate) fn set_max(&self, max: usize) {
         let max = max.max(MIN_MAX_STATES);

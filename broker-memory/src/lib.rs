@@ -120,9 +120,7 @@ impl MemoryBackend {
             Some(state)
         })
     }
-}
 
-impl MemoryBackend {
     /// Runs the reference transition `f` on the state of the joined `key`.
     fn with_state<R>(
         &self,
@@ -285,7 +283,8 @@ impl LocalStore for MemoryBackend {
 
     fn states(&self, resource_key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
         let resource: Arc<str> = resource_key.into();
-        self.store.register_own(&resource);
+        let mut registered = self.store.registered.lock();
+        *registered.entry(resource.clone()).or_default() += 1;
         Some(Arc::new(ResourceStates {
             store: self.store.clone(),
             resource,
@@ -321,6 +320,12 @@ impl LocalStates for ResourceStates {
 
 impl Drop for ResourceStates {
     fn drop(&mut self) {
-        self.store.unregister_own(&self.resource);
+        let mut registered = self.store.registered.lock();
+        if let Some(n) = registered.get_mut(&self.resource) {
+            *n -= 1;
+            if *n == 0 {
+                registered.remove(&self.resource);
+            }
+        }
     }
 }

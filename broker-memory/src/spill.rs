@@ -1,11 +1,8 @@
-//! What a bounded store keeps of the states it folds: a place per key (by
-//! its table hash) while the budget has room, else one of [`SHARED`]
-//! places, shared by keys. A place keeps, per number of
-//! buckets, the states folded into it merged two ways: *tight* (refilled
-//! under the limits they were made for, read under the same) and *raw*
-//! (never refilled, read under any limits). A new key starts from its own
-//! place, else its shared one, so it never comes back with more than it
-//! had: the error is one-sided.
+//! The places a bounded store folds states into: a key's own (by table hash)
+//! while the budget has room, else one of [`SHARED`]. Per number of buckets
+//! a place merges them *tight* (refilled, read under the same limits) and
+//! *raw* (never refilled, read under any), so a key never comes back with
+//! more than it had.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -57,7 +57,7 @@ pub(crate) struct Store {
     pub(crate) map: DashMap<StateKey, Mutex<Entry>, foldhash::fast::RandomState>,
     pub(crate) sweeper: Sweeper,
     pub(crate) spills: Spills,
-    /// Resources whose own state registrations decide on, with how many do.
+    /// Registered resources (whose own state is kept), with how many registrations.
     pub(crate) registered: Mutex<HashMap<Arc<str>, usize>>,
     /// The spec of the last keyed call, so a resource's states share one copy.
     last_spec: Mutex<Option<Arc<LimitSpec>>>,
@@ -127,21 +127,6 @@ impl Store {
     pub(crate) fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
         (self.map.get(&key as &dyn Parts))
             .is_some_and(|e| state::release(&mut e.lock().state, lease))
-    }
-
-    /// A registration of `resource` lives: the sweeper keeps its own state.
-    pub(crate) fn register_own(&self, resource: &Arc<str>) {
-        *self.registered.lock().entry(resource.clone()).or_default() += 1;
-    }
-
-    pub(crate) fn unregister_own(&self, resource: &str) {
-        let mut registered = self.registered.lock();
-        if let Some(n) = registered.get_mut(resource) {
-            *n -= 1;
-            if *n == 0 {
-                registered.remove(resource);
-            }
-        }
     }
 }
 
