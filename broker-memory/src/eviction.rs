@@ -156,7 +156,8 @@ impl Sweeper {
         } else {
             self.len.load(Ordering::Relaxed)
         };
-        if len < MIN_SWEEP_LEN.min(self.max()) {
+        let max = self.max();
+        if len < MIN_SWEEP_LEN.min(max) {
             return;
         }
         let grown = len > self.threshold.load(Ordering::Relaxed);
@@ -166,7 +167,17 @@ impl Sweeper {
         }
         match self.sweeping.try_lock() {
             Some(_sweeping) => _ = self.sweep(store, now, len),
-            None if inserted => self.wait_for_sweep(store, now, len),
+            // An insert that finds the store an eighth past its bound while
+            // another thread sweeps waits for that sweep, then sweeps if one
+            // is still due: a sweep misses the states made after it counted.
+            None if inserted && len >= max + max / 8 => {
+                #[cfg(test)]
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                drop(self.sweeping.lock());
+                #[cfg(test)]
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                self.after_write(store, now, false);
+            }
             None => {}
         }
     }
@@ -190,21 +201,5 @@ impl Sweeper {
         self.threshold.store(next, Ordering::Relaxed);
         self.last.store(now, Ordering::Relaxed);
         evicted
-    }
-
-    /// An insert that finds the store an eighth past its bound while another
-    /// thread sweeps waits for that sweep, then sweeps if one is still due: a
-    /// sweep does not see the states made after it counted them.
-    fn wait_for_sweep(&self, store: &Store, now: Micros, len: usize) {
-        let max = self.max();
-        if len < max + max / 8 {
-            return;
-        }
-        #[cfg(test)]
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        drop(self.sweeping.lock());
-        #[cfg(test)]
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        self.after_write(store, now, false);
     }
 }

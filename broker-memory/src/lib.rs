@@ -48,7 +48,6 @@ impl Default for MemoryBackend {
     }
 }
 
-/// # Making a store
 impl MemoryBackend {
     /// A store on [`QuantaClock`].
     pub fn new() -> Self {
@@ -80,10 +79,7 @@ impl MemoryBackend {
         self.store.sweeper.set_max(max);
         self
     }
-}
 
-/// # Inspecting a store
-impl MemoryBackend {
     /// The bound on the number of states (see [`MemoryBackend::max_states`]).
     pub fn state_bound(&self) -> usize {
         self.store.sweeper.max()
