@@ -1,10 +1,7 @@
 //! [`QuantaClock`], the default clock of [`crate::MemoryBackend`].
 
+use broker_core::{Clock, Micros, SystemClock};
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use broker_core::clock::micros;
-use broker_core::{Clock, Micros};
 
 /// A monotonic clock read through [`quanta::Clock`]; like
 /// [`broker_core::SystemClock`] it counts microseconds since the Unix epoch
@@ -34,14 +31,10 @@ impl QuantaClock {
     /// A clock anchored at the current system time.
     pub fn new() -> Self {
         let clock = calibrated();
-        let origin_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(micros)
-            .unwrap_or(0);
         Self {
             origin: clock.raw(),
             clock,
-            origin_unix,
+            origin_unix: SystemClock::new().now(),
         }
     }
 }

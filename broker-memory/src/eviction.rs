@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use broker_core::Micros;
+use broker_core::{state, Micros};
 use parking_lot::Mutex;
 
-use crate::key::StateKey;
-use crate::states::Entry;
-use crate::store::Store;
+use crate::key::{Parts, StateKey};
+use crate::spill;
+use crate::store::{Entry, Store};
 
 /// Below this many states no sweep runs but at the bound.
 const MIN_SWEEP_LEN: usize = 4096;
@@ -22,88 +22,100 @@ const SWEEP_INTERVAL: Micros = 10_000_000;
 /// A state used this recently (µs) is not evicted.
 pub(crate) const RECENT: Micros = 50_000;
 /// The bound a store starts with.
-pub(crate) const DEFAULT_MAX_STATES: usize = 1 << 20;
+const DEFAULT_MAX_STATES: usize = 1 << 20;
 /// The lowest bound a store takes.
-pub(crate) const MIN_MAX_STATES: usize = 64;
+const MIN_MAX_STATES: usize = 64;
+
+type Registered = HashMap<Arc<str>, usize>;
 
 /// Whether `key` is the own state of a registered resource: never dropped.
-fn registered(key: &StateKey, registered: &HashMap<Arc<str>, usize>) -> bool {
-    key.is_own() && registered.contains_key(key.resource())
+fn pinned(key: &StateKey, registered: &Registered) -> bool {
+    key.sub.is_none() && registered.contains_key(&key.resource)
+}
+
+/// Keeps the states `keep` says to; gives room back once most is free.
+fn retain(store: &Store, mut keep: impl FnMut(&StateKey, &mut Entry) -> bool) {
+    store.map.retain(|k, e| keep(k, e.get_mut()));
+    let (len, capacity) = (store.map.len(), store.map.capacity());
+    if capacity > 4096 && len < capacity / 4 {
+        store.map.shrink_to_fit();
+    }
+}
+
+/// Whether a state may be folded: not pinned, holding no live slot and
+/// under no penalty (which no place keeps for a resource without rates).
+fn foldable(k: &StateKey, e: &Entry, now: Micros, registered: &Registered) -> bool {
+    let s = &e.state;
+    !pinned(k, registered) && s.penalty <= now && s.leases.iter().all(|l| l.expires <= now)
 }
 
 /// Drops every idle state not used within [`RECENT`] (a key in use whose
-/// bucket refills between calls stays); returns how many.
-pub(crate) fn evict_idle(store: &Store, now: Micros) -> usize {
-    let states = &store.states;
-    let kept = store.registered.lock();
-    let before = states.len();
-    states.retain(|k, e| {
-        registered(k, &kept) || now.saturating_sub(e.last_used()) < RECENT || !e.is_idle(now)
-    });
-    before.saturating_sub(states.len())
-}
-
-/// Whether a state may be folded: not registered, holding no live slot and
-/// under no penalty (which no place keeps for a resource without rates).
-fn foldable(k: &StateKey, e: &Entry, now: Micros, kept: &HashMap<Arc<str>, usize>) -> bool {
-    !registered(k, kept) && !e.holds_slot_or_penalty(now)
-}
-
-/// Drops idle states, then folds the least recently used until at most
-/// `keep` are left; returns how many it found no fold may drop (0 when none
-/// had to be folded).
-pub(crate) fn fold_to(store: &Store, now: Micros, keep: usize) -> usize {
-    evict_idle(store, now);
-    let (states, spills) = (&store.states, &store.spills);
-    let len = states.len();
-    if len <= keep {
-        return 0;
-    }
-    let kept = store.registered.lock();
-    let mut ages = Vec::with_capacity(len);
+/// bucket refills between calls stays); given the bound `max` (reached),
+/// then folds the least recently used until seven eighths of it are left.
+/// Returns how many it dropped, and how many it found no fold may drop.
+fn sweep_states(store: &Store, now: Micros, max: Option<usize>) -> (usize, usize) {
+    let registered = store.registered.lock();
+    let before = store.map.len();
+    let mut ages = Vec::with_capacity(max.map_or(0, |_| before));
     let mut held = 0;
-    states.for_each(|k, e| match foldable(k, e, now, &kept) {
-        true => ages.push(e.last_used()),
-        false => held += 1,
+    retain(store, |k, e| {
+        let used = e.last_used();
+        if now.saturating_sub(used) >= RECENT
+            && state::is_idle(&e.state, &e.spec, now)
+            && !pinned(k, &registered)
+        {
+            return false;
+        }
+        match max.is_some() && foldable(k, e, now, &registered) {
+            true => ages.push(used),
+            false => held += 1,
+        }
+        true
     });
+    let len = store.map.len();
+    let evicted = before.saturating_sub(len);
+    let Some(max) = max else {
+        return (evicted, 0);
+    };
     #[cfg(test)]
-    store.sweeper.pause_after_count();
-    let excess = (len - keep).min(ages.len());
+    {
+        store.sweeper.counted.store(true, Ordering::Relaxed);
+        drop(store.sweeper.after_count.lock());
+    }
+    let excess = len.saturating_sub(max - max / 8).min(ages.len());
     if excess == 0 {
-        return held;
+        return (evicted, held);
     }
     let (_, &mut cutoff, _) = ages.select_nth_unstable(excess - 1);
     // Of the states used at the cutoff, only as many as make up the excess.
-    let older = ages.iter().filter(|&&a| a < cutoff).count();
+    let mut ties = excess - ages.iter().filter(|&&a| a < cutoff).count();
     drop(ages);
-    let mut ties = excess - older;
-    let mut left = excess;
-    states.retain(|k, e| {
-        if left == 0 || !foldable(k, e, now, &kept) {
-            return true;
-        }
+    let (mut left, budget) = (excess, spill::budget(max));
+    retain(store, |k, e| {
         let used = e.last_used();
-        if used > cutoff || (used == cutoff && ties == 0) {
+        if left == 0 || used > cutoff || (used == cutoff && ties == 0) {
             return true;
         }
-        let hash = states.hash(crate::key::Parts::parts(k));
-        spills.fold(hash, &e.state, &e.spec, now);
-        if used == cutoff {
-            ties -= 1;
+        if !foldable(k, e, now, &registered) {
+            return true;
         }
+        let hash = store.hash(k.parts());
+        store.spills.fold(hash, &e.state, &e.spec, now, budget);
+        ties -= usize::from(used == cutoff);
         left -= 1;
         false
     });
-    held
+    (evicted, held)
 }
 
 /// Decides when to sweep.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Sweeper {
     /// States held: exact after a sweep, plus the inserts since.
     len: AtomicUsize,
+    /// The number of states past which a sweep is due (0 before the first).
     threshold: AtomicUsize,
-    /// The bound.
+    /// The bound (0 until set: [`DEFAULT_MAX_STATES`]).
     max: AtomicUsize,
     last: AtomicU64,
     /// Held by the thread that sweeps.
@@ -118,31 +130,7 @@ pub(crate) struct Sweeper {
     pub(crate) counted: std::sync::atomic::AtomicBool,
 }
 
-impl Default for Sweeper {
-    fn default() -> Self {
-        Self {
-            len: AtomicUsize::new(0),
-            threshold: AtomicUsize::new(MIN_SWEEP_LEN),
-            max: AtomicUsize::new(DEFAULT_MAX_STATES),
-            last: AtomicU64::new(0),
-            sweeping: Mutex::new(()),
-            #[cfg(test)]
-            waiting: AtomicUsize::new(0),
-            #[cfg(test)]
-            after_count: Mutex::new(()),
-            #[cfg(test)]
-            counted: Default::default(),
-        }
-    }
-}
-
 impl Sweeper {
-    #[cfg(test)]
-    fn pause_after_count(&self) {
-        self.counted.store(true, Ordering::Relaxed);
-        drop(self.after_count.lock());
-    }
-
     /// Bounds the store at `max` states (at least [`MIN_MAX_STATES`]).
     pub(crate) fn set_max(&self, max: usize) {
         let max = max.max(MIN_MAX_STATES);
@@ -154,7 +142,10 @@ impl Sweeper {
 
     /// The bound.
     pub(crate) fn max(&self) -> usize {
-        self.max.load(Ordering::Relaxed)
+        match self.max.load(Ordering::Relaxed) {
+            0 => DEFAULT_MAX_STATES,
+            max => max,
+        }
     }
 
     /// Called after each write (denials too), with no lock of the store
@@ -165,7 +156,8 @@ impl Sweeper {
         } else {
             self.len.load(Ordering::Relaxed)
         };
-        if len < MIN_SWEEP_LEN.min(self.max()) {
+        let max = self.max();
+        if len < MIN_SWEEP_LEN.min(max) {
             return;
         }
         let grown = len > self.threshold.load(Ordering::Relaxed);
@@ -174,47 +166,32 @@ impl Sweeper {
             return;
         }
         match self.sweeping.try_lock() {
-            Some(_sweeping) => self.sweep(store, now, len),
-            None if inserted => self.wait_for_sweep(store, now, len),
+            Some(_sweeping) => _ = self.sweep(store, now, len),
+            // An insert that finds the store an eighth past its bound while
+            // another thread sweeps waits for that sweep, then sweeps if one
+            // is still due: a sweep misses the states made after it counted.
+            None if inserted && len >= max + max / 8 => {
+                #[cfg(test)]
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                drop(self.sweeping.lock());
+                #[cfg(test)]
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                self.after_write(store, now, false);
+            }
             None => {}
         }
     }
 
-    /// One sweep, by the thread that holds `sweeping`.
-    fn sweep(&self, store: &Store, now: Micros, len: usize) {
+    /// Drops idle states and empties spent places; folds when `len` states
+    /// reach the bound. Returns how many idle states it dropped.
+    pub(crate) fn sweep(&self, store: &Store, now: Micros, len: usize) -> usize {
         let max = self.max();
-        let held = if len >= max {
-            fold_to(store, now, max - max / 8)
-        } else {
-            evict_idle(store, now);
-            0
-        };
+        let (evicted, held) = sweep_states(store, now, (len >= max).then_some(max));
         store.spills.drop_idle(now);
-        self.after_sweep(store, now, held);
-    }
-
-    /// An insert that finds the store an eighth past its bound while another
-    /// thread sweeps waits for that sweep, then sweeps if one is still due: a
-    /// sweep does not see the states made after it counted them.
-    fn wait_for_sweep(&self, store: &Store, now: Micros, len: usize) {
-        let max = self.max();
-        if len < max + max / 8 {
-            return;
-        }
-        #[cfg(test)]
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        drop(self.sweeping.lock());
-        #[cfg(test)]
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        self.after_write(store, now, false);
-    }
-
-    /// Re-reads the number of states after a sweep and sets when the next is
-    /// due: when the map has doubled or reached the bound, or, when the `held`
-    /// states no fold may drop fill the bound, an eighth past them.
-    pub(crate) fn after_sweep(&self, store: &Store, now: Micros, held: usize) {
-        let kept = store.states.len();
-        let max = self.max();
+        // The next sweep is due when the map has doubled or reached the
+        // bound, or, when the `held` states no fold may drop fill the bound,
+        // an eighth past them.
+        let kept = store.map.len();
         let next = if held + max / 8 > max {
             held + held.max(max) / 8
         } else {
@@ -223,5 +200,6 @@ impl Sweeper {
         self.len.store(kept, Ordering::Relaxed);
         self.threshold.store(next, Ordering::Relaxed);
         self.last.store(now, Ordering::Relaxed);
+        evicted
     }
 }

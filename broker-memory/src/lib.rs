@@ -10,24 +10,24 @@
 mod clock;
 mod eviction;
 mod key;
-mod local;
 mod spill;
-mod states;
 mod store;
 
 pub use clock::QuantaClock;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::clock::micros;
-use broker_core::state::{self, ResourceState};
+use broker_core::state::{self, ResourceState, Verdict};
 use broker_core::{
     BackendError, Booking, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore,
     Marks, Micros, ObservedLimit, Renewal,
 };
-use store::Store;
+use key::KeyRef;
+use store::{lease_for, Store};
 
 /// One process's state store.
 ///
@@ -48,7 +48,6 @@ impl Default for MemoryBackend {
     }
 }
 
-/// # Making a store
 impl MemoryBackend {
     /// A store on [`QuantaClock`].
     pub fn new() -> Self {
@@ -68,11 +67,8 @@ impl MemoryBackend {
     }
 
     /// Bounds the number of states at `max` (at least 64; 1,048,576 unless
-    /// set). Past it, idle states go first, then the least recently used down
-    /// to seven eighths of the bound, each folded into a place of its own
-    /// (past a budget, one shared by keys), so a dropped key never comes back
-    /// with more than it had. States holding a slot, under a penalty of a resource without
-    /// rate limits, or a registered resource's own state are never dropped.
+    /// set). Past it the least recently used are folded into places (see the
+    /// crate docs) down to seven eighths of the bound.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;
@@ -81,13 +77,9 @@ impl MemoryBackend {
     /// ```
     pub fn max_states(self, max: usize) -> Self {
         self.store.sweeper.set_max(max);
-        self.store.spills.set_max(max);
         self
     }
-}
 
-/// # Inspecting a store
-impl MemoryBackend {
     /// The bound on the number of states (see [`MemoryBackend::max_states`]).
     pub fn state_bound(&self) -> usize {
         self.store.sweeper.max()
@@ -95,12 +87,12 @@ impl MemoryBackend {
 
     /// How many states were folded at the bound so far.
     pub fn folded(&self) -> u64 {
-        self.store.spills.folded()
+        self.store.spills.folded.load(Ordering::Relaxed)
     }
 
     /// Number of states held now (idle ones not yet evicted included).
     pub fn len(&self) -> usize {
-        self.store.states.len()
+        self.store.map.len()
     }
 
     /// True when no state is held.
@@ -113,24 +105,18 @@ impl MemoryBackend {
     /// itself as the map grows.
     pub fn evict_idle(&self) -> usize {
         let store = &self.store;
-        let now = store.clock.now();
-        let evicted = eviction::evict_idle(store, now);
-        store.spills.drop_idle(now);
-        store.sweeper.after_sweep(store, now, 0);
-        evicted
+        store.sweeper.sweep(store, store.clock.now(), 0)
     }
 
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
         key::with_parsed(key, |key| {
-            let entry = self.store.states.get(key)?;
+            let entry = self.store.map.get(&key as &dyn key::Parts)?;
             let state = entry.lock().state.clone();
             Some(state)
         })
     }
-}
 
-impl MemoryBackend {
     /// Runs the reference transition `f` on the state of the joined `key`.
     fn with_state<R>(
         &self,
@@ -138,29 +124,12 @@ impl MemoryBackend {
         spec: &LimitSpec,
         f: impl FnOnce(&mut ResourceState, Micros) -> R,
     ) -> R {
-        let store = &self.store;
-        key::with_parsed(key, |key| {
-            store.with_state(key, None, spec, || store.shared_spec(spec), f)
-        })
-    }
-
-    fn try_acquire_sync(&self, key: &str, spec: &LimitSpec, cost: Cost) -> Decision {
-        let lease = store::lease_for(spec);
-        self.with_state(key, spec, |s, now| {
-            state::try_acquire(s, spec, now, cost, lease)
-        })
-    }
-
-    fn take_slot_sync(&self, key: &str, spec: &LimitSpec) -> Option<LeaseId> {
-        let lease = store::next_lease();
-        self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease))
-            .then_some(lease)
-    }
-
-    fn release_sync(&self, key: &str, lease: LeaseId) -> bool {
-        key::with_parsed(key, |key| self.store.release(key, lease))
+        key::with_parsed(key, |key| self.store.with_state(key, spec, None, f))
     }
 }
+
+/// Why every method of the [`LocalStore`] impl answers: no I/O.
+const AT_ONCE: &str = "the memory store answers at once";
 
 #[async_trait]
 impl broker_core::Store for MemoryBackend {
@@ -170,7 +139,7 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Result<Decision, BackendError> {
-        Ok(self.try_acquire_sync(key, spec, cost))
+        self.try_acquire_now(key, spec, cost).expect(AT_ONCE)
     }
 
     async fn book(
@@ -191,7 +160,7 @@ impl broker_core::Store for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
-        Ok(self.take_slot_sync(key, spec))
+        self.take_slot_now(key, spec).expect(AT_ONCE)
     }
 
     async fn wait_left(
@@ -204,7 +173,7 @@ impl broker_core::Store for MemoryBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        Ok(self.release_sync(key, lease))
+        self.release_now(key, lease).expect(AT_ONCE)
     }
 
     async fn renew(
@@ -213,26 +182,16 @@ impl broker_core::Store for MemoryBackend {
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
-        // A key with no state holds no lease: none is made for the question.
-        let store = &self.store;
-        let renewed = key::with_parsed(key, |key| {
-            store.with_existing(
-                key,
-                spec,
-                || store.shared_spec(spec),
-                |s, now| state::renew(s, spec, now, lease),
-            )
-        });
-        if renewed == Some(true) {
-            return Ok(Renewal::Held);
-        }
-        // Not held: taken again under the same lease if a slot is free.
-        let taken = self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease));
-        Ok(if taken {
-            Renewal::Retaken
-        } else {
-            Renewal::Gone
-        })
+        // One transition: extended if held, else taken again if a slot is free.
+        Ok(self.with_state(key, spec, |s, now| {
+            if state::renew(s, spec, now, lease) {
+                Renewal::Held
+            } else if state::take_slot(s, spec, now, lease) {
+                Renewal::Retaken
+            } else {
+                Renewal::Gone
+            }
+        }))
     }
 
     async fn settle(
@@ -243,10 +202,7 @@ impl broker_core::Store for MemoryBackend {
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BackendError> {
-        self.with_state(key, spec, |s, now| {
-            state::settle(s, spec, now, booked, actual, since)
-        });
-        Ok(())
+        (self.settle_now(key, spec, booked, actual, since)).expect(AT_ONCE)
     }
 
     async fn penalize(
@@ -284,7 +240,11 @@ impl LocalStore for MemoryBackend {
         spec: &LimitSpec,
         cost: Cost,
     ) -> Option<Result<Decision, BackendError>> {
-        Some(Ok(self.try_acquire_sync(key, spec, cost)))
+        let lease = lease_for(spec);
+        let decided = self.with_state(key, spec, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
+        });
+        Some(Ok(decided))
     }
 
     fn take_slot_now(
@@ -292,11 +252,15 @@ impl LocalStore for MemoryBackend {
         key: &str,
         spec: &LimitSpec,
     ) -> Option<Result<Option<LeaseId>, BackendError>> {
-        Some(Ok(self.take_slot_sync(key, spec)))
+        let lease = store::next_lease();
+        let taken = self.with_state(key, spec, |s, now| state::take_slot(s, spec, now, lease));
+        Some(Ok(taken.then_some(lease)))
     }
 
     fn release_now(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        Some(Ok(self.release_sync(key, lease)))
+        Some(Ok(key::with_parsed(key, |key| {
+            self.store.release(key, lease)
+        })))
     }
 
     fn settle_now(
@@ -314,10 +278,50 @@ impl LocalStore for MemoryBackend {
     }
 
     fn states(&self, resource_key: &str, spec: Arc<LimitSpec>) -> Option<Arc<dyn LocalStates>> {
-        Some(Arc::new(local::ResourceStates::new(
-            self.store.clone(),
-            resource_key,
+        let resource: Arc<str> = resource_key.into();
+        let mut registered = self.store.registered.lock();
+        *registered.entry(resource.clone()).or_default() += 1;
+        Some(Arc::new(ResourceStates {
+            store: self.store.clone(),
+            resource,
             spec,
-        )))
+        }))
+    }
+}
+
+/// The states of one resource, for one registration's limits; the store
+/// keeps the resource's own state while a registration lives.
+struct ResourceStates {
+    store: Arc<Store>,
+    spec: Arc<LimitSpec>,
+    /// The resource's state key, shared by the keys of the states it makes.
+    resource: Arc<str>,
+}
+
+impl LocalStates for ResourceStates {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
+        let (spec, resource) = (&self.spec, &self.resource);
+        let lease = lease_for(spec);
+        let (key, local) = (KeyRef { resource, sub }, Some((resource, spec)));
+        Verdict::from(self.store.with_state(key, spec, local, |s, now| {
+            state::try_acquire(s, spec, now, cost, lease)
+        }))
+    }
+
+    fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {
+        let resource = &self.resource;
+        self.store.release(KeyRef { resource, sub }, lease)
+    }
+}
+
+impl Drop for ResourceStates {
+    fn drop(&mut self) {
+        let mut registered = self.store.registered.lock();
+        if let Some(n) = registered.get_mut(&self.resource) {
+            *n -= 1;
+            if *n == 0 {
+                registered.remove(&self.resource);
+            }
+        }
     }
 }

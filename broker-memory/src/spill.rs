@@ -1,14 +1,11 @@
-//! What a bounded store keeps of the states it folds: a place per key (by
-//! its table hash) while the budget has room, else one of [`SHARED`]
-//! places, shared by keys. A place keeps, per number of
-//! buckets, the states folded into it merged two ways: *tight* (refilled
-//! under the limits they were made for, read under the same) and *raw*
-//! (never refilled, read under any limits). A new key starts from its own
-//! place, else its shared one, so it never comes back with more than it
-//! had: the error is one-sided.
+//! The places a bounded store folds states into: a key's own (by table hash)
+//! while the budget has room, else one of [`SHARED`]. Per number of buckets
+//! a place merges them *tight* (refilled, read under the same limits) and
+//! *raw* (never refilled, read under any), so a key never comes back with
+//! more than it had.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use broker_core::bucket::{self, BucketParams, BucketState};
@@ -75,89 +72,62 @@ fn slowest(a: &LimitSpec, b: &LimitSpec) -> LimitSpec {
     a
 }
 
-/// A place: a key's own (by table hash), or one shared by keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum At {
-    Own(u64),
-    Shared(usize),
-}
-
-/// The places folded into, and how many are own places.
+/// The places folded into: own ones by table hash, and the [`SHARED`] ones
+/// (made with the first fold past the budget) by hash modulo their number.
 #[derive(Debug, Default)]
 struct Places {
-    held: HashMap<At, Vec<Held>, foldhash::fast::RandomState>,
-    own: usize,
+    own: HashMap<u64, Vec<Held>, foldhash::fast::RandomState>,
+    shared: Vec<Vec<Held>>,
+}
+
+/// The most own places of a store bounded at `max` states.
+pub(crate) fn budget(max: usize) -> usize {
+    max.next_power_of_two().clamp(MIN_PLACES, MAX_PLACES)
 }
 
 /// The places of a store.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Spills {
     places: Mutex<Places>,
-    /// The most own places.
-    budget: AtomicUsize,
     /// Whether anything is folded: until then a new state looks nowhere.
     any: AtomicBool,
     /// States folded so far.
-    folded: AtomicU64,
+    pub(crate) folded: AtomicU64,
 }
 
 impl Spills {
-    pub(crate) fn new() -> Self {
-        Self {
-            places: Mutex::default(),
-            budget: AtomicUsize::new(MAX_PLACES),
-            any: AtomicBool::new(false),
-            folded: AtomicU64::new(0),
-        }
-    }
-
-    /// Sizes the places for a store bounded at `max` states.
-    pub(crate) fn set_max(&self, max: usize) {
-        let budget = max.next_power_of_two().clamp(MIN_PLACES, MAX_PLACES);
-        self.budget.store(budget, Ordering::Relaxed);
-    }
-
-    /// States folded so far.
-    pub(crate) fn folded(&self) -> u64 {
-        self.folded.load(Ordering::Relaxed)
-    }
-
-    fn shared(&self, hash: u64) -> At {
-        At::Shared(hash as usize % SHARED)
-    }
-
     /// Folds `state` (made for `spec`, of the key with table hash `hash`)
-    /// into its own place, made if the budget has room, else its shared one.
+    /// into its own place, made if fewer than `budget` are, else its shared
+    /// one.
     pub(crate) fn fold(
         &self,
         hash: u64,
         state: &ResourceState,
         spec: &Arc<LimitSpec>,
         now: Micros,
+        budget: usize,
     ) {
         let (n, kept) = (spec.buckets.len(), &state.buckets);
         if n == 0 || kept.len() != n {
             // No rate limit: a foldable state holds nothing worth keeping.
             return;
         }
-        let mut guard = self.places.lock();
-        let places = &mut *guard;
-        let own = At::Own(hash);
-        let room = places.own < self.budget.load(Ordering::Relaxed);
-        let at = match room || places.held.contains_key(&own) {
-            true => own,
-            false => self.shared(hash),
+        let mut places = self.places.lock();
+        let place = if places.own.len() < budget || places.own.contains_key(&hash) {
+            places.own.entry(hash).or_default()
+        } else {
+            places.shared.resize_with(SHARED, Vec::new);
+            &mut places.shared[hash as usize % SHARED]
         };
-        let place = places.held.entry(at).or_insert_with(|| {
-            places.own += usize::from(at == own);
-            Vec::with_capacity(1)
-        });
         match place.iter_mut().find(|h| h.spec.buckets.len() == n) {
-            None => place.push(Held {
-                spec: spec.clone(),
-                states: kept.iter().chain(kept).copied().collect(),
-                last: now,
-            }),
+            None => {
+                place.reserve_exact(1);
+                place.push(Held {
+                    spec: spec.clone(),
+                    states: kept.iter().chain(kept).copied().collect(),
+                    last: now,
+                });
+            }
             Some(h) => {
                 let (tight, raw) = h.states.split_at_mut(n);
                 for (raw, kept) in raw.iter_mut().zip(kept) {
@@ -175,7 +145,7 @@ impl Spills {
             }
         }
         self.any.store(true, Ordering::Release);
-        drop(guard);
+        drop(places);
         self.folded.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -186,18 +156,21 @@ impl Spills {
             return;
         }
         let mut places = self.places.lock();
-        let Places { held, own } = &mut *places;
-        held.retain(|at, place| {
+        let Places { own, shared } = &mut *places;
+        let keep = |place: &mut Vec<Held>| {
             place.retain(|h| !h.spent(now));
-            let kept = !place.is_empty();
-            *own -= usize::from(!kept && matches!(at, At::Own(_)));
-            kept
-        });
-        if held.len() < held.capacity() / 4 {
-            held.shrink_to_fit();
+            place.shrink_to_fit();
+            !place.is_empty()
+        };
+        own.retain(|_, place| keep(place));
+        if own.len() < own.capacity() / 4 {
+            own.shrink_to_fit();
+        }
+        if shared.iter_mut().map(keep).filter(|&kept| kept).count() == 0 {
+            *shared = Vec::new();
         }
         // The lock held: nothing is folded meanwhile.
-        if held.is_empty() {
+        if own.is_empty() && shared.is_empty() {
             self.any.store(false, Ordering::Release);
         }
     }
@@ -215,16 +188,14 @@ impl Spills {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
-        let mut buckets: Vec<BucketState> = params_of(spec)
-            .map(|p| BucketState::fresh(p, now))
-            .collect();
+        let mut restored = ResourceState::fresh(spec, now);
         let places = self.places.lock();
-        let held = &places.held;
-        let place = (held.get(&At::Own(hash))).or_else(|| held.get(&self.shared(hash)))?;
+        let place =
+            (places.own.get(&hash)).or_else(|| places.shared.get(hash as usize % SHARED))?;
         let mut penalty_end: Micros = 0;
         for h in place {
             let (tight, raw) = h.split();
-            if h.spec.buckets.len() != buckets.len() {
+            if h.spec.buckets.len() != spec.buckets.len() {
                 penalty_end = penalty_end.max(state::latest_not_before(raw));
                 continue;
             }
@@ -233,16 +204,11 @@ impl Spills {
             } else {
                 raw
             };
-            for ((b, kept), p) in buckets.iter_mut().zip(folded).zip(params_of(spec)) {
+            for ((b, kept), p) in restored.buckets.iter_mut().zip(folded).zip(params_of(spec)) {
                 *b = bucket::tighter(*b, *kept, p);
             }
         }
         drop(places);
-        let mut restored = ResourceState {
-            buckets,
-            leases: Vec::new(),
-            penalty: 0,
-        };
         if penalty_end > now {
             state::penalize_until(&mut restored, spec, now, penalty_end);
         }

@@ -1,28 +1,63 @@
 //! [`Store`]: what a [`crate::MemoryBackend`] and its per-resource handles
-//! share. A transition runs under the state's own mutex and the shard's read
-//! lock; only a new state takes the shard's write lock.
+//! share. The states are in a [`DashMap`] keyed by [`StateKey`] (its hash
+//! seeded at random: keys carry user data), each behind its own mutex: a
+//! transition runs under that mutex and the shard's read lock; only a new
+//! state takes the shard's write lock.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use broker_core::state::{self, LimitSpec, ResourceState};
 use broker_core::{Clock, LeaseId, Micros};
+use dashmap::DashMap;
 use parking_lot::Mutex;
 
 use crate::eviction::Sweeper;
-use crate::key::KeyRef;
+use crate::key::{KeyRef, Parts, StateKey};
 use crate::spill::Spills;
-use crate::states::{Entry, States};
+
+/// A state and the limits it was made for.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) spec: Arc<LimitSpec>,
+    pub(crate) state: ResourceState,
+}
+
+impl Entry {
+    /// The state, made for `spec` (`shared` gives the allocation to keep);
+    /// one of another number of buckets is adopted (`state::adopt`).
+    fn current(
+        &mut self,
+        spec: &LimitSpec,
+        shared: impl FnOnce() -> Arc<LimitSpec>,
+        now: Micros,
+    ) -> &mut ResourceState {
+        if !std::ptr::eq(Arc::as_ptr(&self.spec), spec) && *self.spec != *spec {
+            if self.spec.buckets.len() != spec.buckets.len() {
+                let old = std::mem::replace(&mut self.state, ResourceState::fresh(spec, now));
+                self.state = state::adopt(old, spec, now);
+            }
+            self.spec = shared();
+        }
+        &mut self.state
+    }
+
+    /// When the state was last taken from (its buckets' latest `ts`).
+    pub(crate) fn last_used(&self) -> Micros {
+        self.state.buckets.iter().map(|b| b.ts).max().unwrap_or(0)
+    }
+}
 
 /// The states of a store, its clock and what bounds its memory.
 #[derive(Debug)]
 pub(crate) struct Store {
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) states: States,
+    pub(crate) map: DashMap<StateKey, Mutex<Entry>, foldhash::fast::RandomState>,
     pub(crate) sweeper: Sweeper,
     pub(crate) spills: Spills,
-    /// Resources whose own state registrations decide on, with how many do.
+    /// Registered resources (whose own state is kept), with how many registrations.
     pub(crate) registered: Mutex<HashMap<Arc<str>, usize>>,
     /// The spec of the last keyed call, so a resource's states share one copy.
     last_spec: Mutex<Option<Arc<LimitSpec>>>,
@@ -32,92 +67,66 @@ impl Store {
     pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
-            states: States::new(),
+            map: DashMap::default(),
             sweeper: Sweeper::default(),
-            spills: Spills::new(),
-            registered: Mutex::new(HashMap::new()),
-            last_spec: Mutex::new(None),
+            spills: Spills::default(),
+            registered: Mutex::default(),
+            last_spec: Mutex::default(),
         }
+    }
+
+    /// The map's hash of `key` (random per map; places a folded state).
+    pub(crate) fn hash(&self, key: KeyRef<'_>) -> u64 {
+        self.map.hasher().hash_one(&key as &dyn Parts)
     }
 
     /// `spec` as a shared allocation: the last one made if equal.
-    pub(crate) fn shared_spec(&self, spec: &LimitSpec) -> Arc<LimitSpec> {
+    fn shared_spec(&self, spec: &LimitSpec) -> Arc<LimitSpec> {
         let mut last = self.last_spec.lock();
         match &*last {
             Some(s) if **s == *spec => s.clone(),
-            _ => {
-                let s = Arc::new(spec.clone());
-                *last = Some(s.clone());
-                s
-            }
+            _ => last.insert(Arc::new(spec.clone())).clone(),
         }
     }
 
-    /// Runs the reference transition `f` on the state of `key` for `spec`
-    /// (`shared` gives the allocation a state keeps), making the state from
-    /// its folded places, else fresh. `resource`: an allocation of its part.
+    /// Runs the reference transition `f` on the state of `key` for `spec`,
+    /// making the state from its folded places, else fresh. `local`: the
+    /// allocations of the resource part and of `spec` a new state shares.
     pub(crate) fn with_state<R>(
         &self,
         key: KeyRef<'_>,
-        resource: Option<&Arc<str>>,
         spec: &LimitSpec,
-        shared: impl Fn() -> Arc<LimitSpec>,
+        local: Option<(&Arc<str>, &Arc<LimitSpec>)>,
         f: impl FnOnce(&mut ResourceState, Micros) -> R,
     ) -> R {
         let now = self.clock.now();
-        let (result, inserted) = match self.states.get(key) {
-            Some(e) => (f(e.lock().current(spec, &shared, now), now), false),
-            None => self.states.upsert(
-                key,
-                || key.to_owned_with(resource),
-                |hash| match self.spills.restore(hash, spec, now) {
-                    Some(state) => Entry {
+        let shared = || local.map_or_else(|| self.shared_spec(spec), |(_, s)| s.clone());
+        let mut inserted = false;
+        let result = match self.map.get(&key as &dyn Parts) {
+            Some(e) => f(e.lock().current(spec, shared, now), now),
+            None => {
+                let hash = self.hash(key);
+                let owned = key.to_owned_with(local.map(|(r, _)| r));
+                let mut e = self.map.entry(owned).or_insert_with(|| {
+                    inserted = true;
+                    let restored = self.spills.restore(hash, spec, now);
+                    let state = restored.unwrap_or_else(|| ResourceState::fresh(spec, now));
+                    Mutex::new(Entry {
                         spec: shared(),
                         state,
-                    },
-                    None => Entry::new(shared(), spec, now),
-                },
-                |e| f(e.current(spec, &shared, now), now),
-            ),
+                    })
+                });
+                f(e.get_mut().current(spec, shared, now), now)
+            }
         };
         self.sweeper.after_write(self, now, inserted);
         result
     }
 
-    /// [`Store::with_state`] on a state that exists: `None` when there is none.
-    pub(crate) fn with_existing<R>(
-        &self,
-        key: KeyRef<'_>,
-        spec: &LimitSpec,
-        shared: impl Fn() -> Arc<LimitSpec>,
-        f: impl FnOnce(&mut ResourceState, Micros) -> R,
-    ) -> Option<R> {
-        let now = self.clock.now();
-        let e = self.states.get(key)?;
-        let mut e = e.lock();
-        Some(f(e.current(spec, shared, now), now))
-    }
-
     /// Frees the slot held under `lease` on the state of `key`.
     pub(crate) fn release(&self, key: KeyRef<'_>, lease: LeaseId) -> bool {
-        self.states
-            .get(key)
+        (self.map.get(&key as &dyn Parts))
             .is_some_and(|e| state::release(&mut e.lock().state, lease))
-    }
-
-    /// A registration decides on `resource`'s own state: the sweeper keeps it.
-    pub(crate) fn register_own(&self, resource: &Arc<str>) {
-        *self.registered.lock().entry(resource.clone()).or_default() += 1;
-    }
-
-    pub(crate) fn unregister_own(&self, resource: &str) {
-        let mut registered = self.registered.lock();
-        if let Some(n) = registered.get_mut(resource) {
-            *n -= 1;
-            if *n == 0 {
-                registered.remove(resource);
-            }
-        }
     }
 }
 
@@ -129,11 +138,7 @@ pub(crate) fn next_lease() -> LeaseId {
 
 /// A lease id for a `try` under `spec` (0 without a concurrency limit).
 pub(crate) fn lease_for(spec: &LimitSpec) -> LeaseId {
-    if spec.max_concurrent.is_some() {
-        next_lease()
-    } else {
-        0
-    }
+    spec.max_concurrent.map_or(0, |_| next_lease())
 }
 
 #[cfg(test)]

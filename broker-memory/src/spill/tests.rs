@@ -23,8 +23,8 @@ fn keys_past_the_budget_share_a_place() {
         leases: Vec::new(),
         penalty: 0,
     };
-    let spills = Spills::new();
-    spills.set_max(64);
+    let spills = Spills::default();
+    let fold = |hash, tokens, spec| spills.fold(hash, &with(tokens), spec, now, budget(64));
     let left = |hash: u64, at: Micros| {
         spills
             .restore(hash, &spec, at)
@@ -33,14 +33,14 @@ fn keys_past_the_budget_share_a_place() {
     // A budget of 1,024 own places, then 4,096 shared ones.
     let own = |k: u64| 1 << 40 | k;
     for k in 0..1024 {
-        spills.fold(own(k), &with(9.0), &spec, now);
+        fold(own(k), 9.0, &spec);
     }
     // The hashes `3 + 4096 * k` share place 3.
     let key = |k: u64| 3 + 4096 * k;
-    spills.fold(key(0), &with(7.0), &spec, now);
-    spills.fold(key(1), &with(5.0), &spec, now);
-    spills.fold(own(0), &with(8.0), &spec, now);
-    assert_eq!(spills.folded(), 1027);
+    fold(key(0), 7.0, &spec);
+    fold(key(1), 5.0, &spec);
+    fold(own(0), 8.0, &spec);
+    assert_eq!(spills.folded.load(Ordering::Relaxed), 1027);
     assert_eq!(left(own(0), now), 8.0, "its own place");
     assert_eq!(left(own(1), now), 9.0);
     assert_eq!(left(key(0), now), 5.0, "no more than it had");
@@ -50,7 +50,7 @@ fn keys_past_the_budget_share_a_place() {
     let later = now + 60_000_000;
     assert_eq!(left(key(0), later), 10.0);
     spills.drop_idle(later);
-    assert_eq!(spills.places.lock().own, 0);
+    assert_eq!(spills.places.lock().own.len(), 0);
     assert!(!spills.any.load(Ordering::Relaxed));
 }
 
