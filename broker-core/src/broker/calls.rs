@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use super::enqueue::{self, LiveBooking};
 use super::permit::HeldKey;
-use super::{enqueue, in_flight, note_backend_error, state_key};
+use super::{in_flight, note_backend_error, state_key};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
-use crate::state::{Decision, DenyReason, Verdict};
+use crate::state::{Decision, DenyReason, Marks, Verdict};
 use crate::stats::{bump, Counters};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
@@ -77,12 +78,7 @@ impl<'s> TryAcquire<'s> {
 
 impl TryAcquire<'_> {
     /// The answer of one poll, or `None` if the call is still pending on
-    /// its store (the call is then dropped). A store that answers without
-    /// I/O (the in-memory one) always answers.
-    ///
-    /// # Panics
-    ///
-    /// If the future has already completed.
+    /// its store (the call is then dropped). Panics if already completed.
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
@@ -165,12 +161,9 @@ fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
 
 /// # Check + reject
 impl ResourceBroker {
-    /// Answers at once: takes `cost` (and a concurrency slot) if available,
-    /// else says how long until it would fit. Nothing is consumed when
-    /// denied. Dropped before it answers (a caller's timeout while a shared
-    /// store is slow), it consumes nothing either: a decision already sent
-    /// runs to its answer on a task of its own, which gives back what it
-    /// took.
+    /// Takes `cost` (and a concurrency slot) if available, else says how
+    /// long until it would fit. Denied, or dropped before it answers, it
+    /// consumes nothing (a decision already sent is given back).
     pub fn try_acquire<'s, 'a: 's>(
         &'s self,
         target: impl Into<Target<'a>>,
@@ -180,9 +173,8 @@ impl ResourceBroker {
         TryAcquire::new(self, On::Id(target.resource), target.key, cost)
     }
 
-    /// [`ResourceBroker::try_acquire`] without waiting: `Some(answer)` when
-    /// the backend answered without I/O (the in-memory store), `None` when
-    /// it must be asked asynchronously (nothing was consumed).
+    /// [`ResourceBroker::try_acquire`] without waiting: `None` when the
+    /// backend must be asked asynchronously (nothing was consumed).
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
@@ -215,9 +207,8 @@ impl ResourceBroker {
             .unwrap_or_else(|e| Some(Err(e)))
     }
 
-    /// The verdict of a store that answers without I/O, counted, with the
-    /// slot of a [`Verdict::Leased`] put in `permit`; else `None`, with
-    /// nothing consumed. The caller has checked that the cost fits.
+    /// The verdict of a store that answers without I/O, counted, its slot
+    /// put in `permit`; else `None`. The caller has checked the cost fits.
     pub(super) fn quick(
         &self,
         resource: &Arc<Resource>,
@@ -271,22 +262,21 @@ impl ResourceBroker {
     ) -> Result<Acquisition, BrokerError> {
         let backend = self.inner.backend.clone();
         let asked = resource.clone();
-        // Run to its answer if the caller goes away: a decision that took
-        // a cost or a slot then gives them back, unclaimed.
+        // Run to its answer if the caller goes away, then given back.
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
-            let penalty_end = asked.penalties.until(key);
-            let decision = backend
+            let since_here = LiveBooking::since_here(&asked, key);
+            let d = backend
                 .try_acquire(key, &asked.spec, cost)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
+            let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
+            let cost = LiveBooking::taken(
+                backend, asked, owned_key, cost, since, since_here, d.allowed,
+            );
             Ok::<_, BackendError>(in_flight::Unclaimed {
-                decision: Some(decision),
-                backend,
-                resource: asked,
-                key: owned_key,
+                decision: Some(d),
                 cost,
-                penalty_end,
             })
         });
         let (decision, owned_key) = decided.await?.claim();
@@ -309,9 +299,8 @@ impl ResourceBroker {
         acquisition(v, permit, d.answered_here)
     }
 
-    /// Counts verdict `v` in `counters` and returns it, with the slot of a
-    /// [`Verdict::Leased`] put in `permit` (released on the state `key`
-    /// names).
+    /// Counts verdict `v` in `counters`, the slot of a
+    /// [`Verdict::Leased`] put in `permit` (on the state `key` names).
     fn judge(
         &self,
         resource: &Arc<Resource>,
@@ -331,9 +320,8 @@ impl ResourceBroker {
         v
     }
 
-    /// Waits up to `max_wait` for `cost`, then answers: the cost is booked
-    /// if it fits within `max_wait` (so waiters are spaced in order), else
-    /// denied at once with the wait time, booking nothing.
+    /// Waits up to `max_wait` for `cost` (booked, so waiters are spaced in
+    /// order), else denies at once with the wait time, booking nothing.
     pub async fn acquire<'a>(
         &self,
         target: impl Into<Target<'a>>,

@@ -17,9 +17,8 @@ use crate::telemetry::{self, Signal};
 
 /// # Upstream feedback
 impl ResourceBroker {
-    /// After an upstream 429: drains the resource's buckets and penalizes
-    /// them (or, without rate limits, its state) for `penalty`, never
-    /// shortening a longer one; counted as an upstream 429. Call it before
+    /// After an upstream 429: drains and penalizes the buckets (or the
+    /// state) for `penalty`, never shortening a longer one. Call it before
     /// dropping the permit of the call that got the 429.
     pub async fn penalize<'a>(
         &self,
@@ -34,11 +33,9 @@ impl ResourceBroker {
         self.penalize_key(&resource, key, penalty).await
     }
 
-    /// Narrows the resource's buckets to what the upstream's headers say
-    /// remains (no backend call when nothing narrows); a reset counts up to
-    /// the wait ceiling. Without rate limits, a spent counter penalizes the
-    /// state until its reset: call it, as `penalize`, before dropping the
-    /// permit.
+    /// Narrows the buckets to what the upstream's headers say remains
+    /// (without rate limits, a spent counter penalizes the state until its
+    /// reset); call it, as `penalize`, before dropping the permit.
     pub async fn reconcile<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -51,10 +48,9 @@ impl ResourceBroker {
         self.reconcile_key(&resource, key, observed).await
     }
 
-    /// Corrects a charge after the work from `booked` to `actual`; no
-    /// refund while a penalty is on. The correction goes to the store: for
-    /// a cost the store's failure policy answered, use
-    /// [`ResourceBroker::settle_since`].
+    /// Corrects a charge after the work from `booked` to `actual`, in the
+    /// store (see [`ResourceBroker::settle_since`]); no refund while a
+    /// penalty is on.
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -102,8 +98,7 @@ impl ResourceBroker {
 /// # Upstream feedback of `enqueue`
 impl ResourceBroker {
     /// After an upstream 429: counts, logs and penalizes the state in the
-    /// store for `penalty` (this process's penalty is on already). A failed
-    /// penalize is logged.
+    /// store for `penalty` (this process's penalty is on already).
     pub(super) async fn note_upstream_429(
         &self,
         resource: &Arc<Resource>,

@@ -1,8 +1,6 @@
-//! [`Keeper`]: renews the leases this process holds on a store whose
-//! leases expire (Redis), each every third of its `lease_ttl`, for its
-//! resource's `max_hold` at most. One task per runtime renews the leases
-//! of the permits made on it; when a runtime shuts down its leases go to
-//! another runtime's task, or to the next one started.
+//! [`Keeper`]: renews held leases on a store whose leases expire, every
+//! third of `lease_ttl`, for `max_hold` at most: one task per runtime, whose
+//! leases go to another runtime's task (or the next) when it shuts down.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

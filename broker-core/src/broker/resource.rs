@@ -33,6 +33,8 @@ pub(crate) struct Resource {
     pub(crate) counters: Counters,
     /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot.
     pub(super) slot_notify: tokio::sync::Notify,
+    /// How many calls wait for a slot: a release with none skips the wake.
+    pub(super) slot_waiters: AtomicU64,
     /// Penalties on attempts already booked in this process.
     pub(crate) penalties: Arc<penalties::Penalties>,
     /// The local wait queues of `enqueue`, by state key.
@@ -67,11 +69,8 @@ impl std::ops::Deref for Tally<'_> {
 }
 
 impl Resource {
-    /// The latest registration under this id. A call begun under a
-    /// replaced registration makes its later transitions (refund,
-    /// settlement, a retry's booking, a penalty) with the latest limits:
-    /// a store keeps a state for one set of limits and starts it afresh
-    /// for other buckets.
+    /// The latest registration under this id: a call begun under a replaced
+    /// one makes its later transitions with the latest limits.
     pub(crate) fn latest(&self) -> Arc<Latest> {
         self.lineage.load_full()
     }
@@ -104,7 +103,9 @@ impl Resource {
 
     /// Wakes the calls waiting for a slot, after one was released.
     pub(crate) fn slot_freed(&self) {
-        self.slot_notify.notify_waiters();
+        if self.slot_waiters.load(Ordering::SeqCst) > 0 {
+            self.slot_notify.notify_waiters();
+        }
     }
 }
 
