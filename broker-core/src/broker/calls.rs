@@ -14,7 +14,6 @@ use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{Decision, DenyReason, Marks, Verdict};
-use crate::stats::{bump, Counters};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
@@ -218,8 +217,7 @@ impl ResourceBroker {
     ) -> Option<Verdict> {
         let local = resource.local.as_ref()?;
         let v = local.try_acquire(key, cost);
-        let counters = &resource.counters;
-        Some(self.judge(resource, counters, || HeldKey::sub(key), v, permit))
+        Some(self.judge(resource, || HeldKey::sub(key), v, permit))
     }
 
     /// `try_acquire` answered without I/O, or `Err` with the state key
@@ -245,7 +243,7 @@ impl ResourceBroker {
             return Err(owned);
         };
         Ok(match decision {
-            Ok(d) => Ok(self.answer(resource, &resource.counters, || HeldKey::State(owned), d)),
+            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -280,42 +278,37 @@ impl ResourceBroker {
             })
         });
         let (decision, owned_key) = decided.await?.claim();
-        // Counted on the latest registration, which may have replaced this one.
-        let tally = resource.tally();
-        let key = || HeldKey::State(owned_key);
-        Ok(self.answer(&resource, &tally.counters, key, decision))
+        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
     }
 
-    /// The acquisition of the store's decision `d`, counted in `counters`.
+    /// The acquisition of the store's decision `d`, counted.
     fn answer(
         &self,
         resource: &Arc<Resource>,
-        counters: &Counters,
         key: impl FnOnce() -> HeldKey,
         d: Decision,
     ) -> Acquisition {
         let mut permit = Permit::empty();
-        let v = self.judge(resource, counters, key, d.into(), &mut permit);
+        let v = self.judge(resource, key, d.into(), &mut permit);
         acquisition(v, permit, d.answered_here)
     }
 
-    /// Counts verdict `v` in `counters`, the slot of a
+    /// Counts verdict `v` (on the latest registration), the slot of a
     /// [`Verdict::Leased`] put in `permit` (on the state `key` names).
     fn judge(
         &self,
         resource: &Arc<Resource>,
-        counters: &Counters,
         key: impl FnOnce() -> HeldKey,
         v: Verdict,
         permit: &mut Permit,
     ) -> Verdict {
         match v {
-            Verdict::Allowed => bump(&counters.allowed),
+            Verdict::Allowed => resource.tally(|c| &c.allowed, 1),
             Verdict::Leased(lease) => {
-                bump(&counters.allowed);
+                resource.tally(|c| &c.allowed, 1);
                 *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
             }
-            Verdict::Rate(_) | Verdict::Concurrency => bump(&counters.denied),
+            Verdict::Rate(_) | Verdict::Concurrency => resource.tally(|c| &c.denied, 1),
         }
         v
     }
@@ -344,7 +337,7 @@ impl ResourceBroker {
         let v = match admitted.await {
             Ok((booking, permit)) => {
                 let booked = booking.consume();
-                bump(&resource.tally().counters.allowed);
+                resource.tally(|c| &c.allowed, 1);
                 return Ok(acquisition(
                     Verdict::Allowed,
                     permit,
@@ -355,7 +348,7 @@ impl ResourceBroker {
             Err(enqueue::Refused::TooLong(wait, _)) => Verdict::Rate(wait),
             Err(enqueue::Refused::NoSlot(_)) => Verdict::Concurrency,
         };
-        bump(&resource.tally().counters.denied);
+        resource.tally(|c| &c.denied, 1);
         Ok(acquisition(v, Permit::empty(), false))
     }
 }

@@ -5,14 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::in_flight::to_its_answer;
 use super::{note_backend_error, state_key, Resource, ResourceBroker, Target};
 use crate::clock::tokio_after;
 use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::state::{LimitSpec, Marks};
-use crate::stats::bump;
 use crate::telemetry::{self, Signal};
 
 /// # Upstream feedback
@@ -97,37 +95,15 @@ impl ResourceBroker {
 
 /// # Upstream feedback of `enqueue`
 impl ResourceBroker {
-    /// After an upstream 429: counts, logs and penalizes the state in the
-    /// store for `penalty` (this process's penalty is on already).
-    pub(super) async fn note_upstream_429(
-        &self,
-        resource: &Arc<Resource>,
-        key: &str,
-        attempt: u32,
-        retry_after: Option<Duration>,
-        penalty: Duration,
-    ) {
-        tracing::info!(
-            resource = %resource.id,
-            attempt,
-            retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
-            hold_ms = penalty.as_millis() as u64,
-            "upstream 429"
-        );
-        let (broker, resource, key) = (self.clone(), resource.clone(), key.to_owned());
-        let penalized = async move { broker.penalize_key(&resource, &key, penalty).await };
-        let _ = to_its_answer(penalized).await;
-    }
-
     /// Counts an upstream 429 on `resource` and penalizes its state `key`
     /// in the store for `penalty`.
-    async fn penalize_key(
+    pub(super) async fn penalize_key(
         &self,
         resource: &Resource,
         key: &str,
         penalty: Duration,
     ) -> Result<(), BrokerError> {
-        bump(&resource.tally().counters.upstream_429);
+        resource.tally(|c| &c.upstream_429, 1);
         telemetry::count(&resource.id, Signal::Upstream429);
         let spec = resource.latest().spec.clone();
         (self.inner.backend.penalize(key, &spec, penalty).await)
@@ -160,7 +136,7 @@ impl ResourceBroker {
             None => backend.reconcile(key, spec, observed).await,
         }
         .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
-        bump(&resource.tally().counters.reconciles);
+        resource.tally(|c| &c.reconciles, 1);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
     }

@@ -10,7 +10,6 @@ use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{LimitSpec, Marks};
-use crate::stats::{add, bump};
 use crate::store::Store;
 use crate::telemetry::{self, Signal};
 
@@ -107,11 +106,10 @@ impl LiveBooking {
     /// when the call is dropped before the end).
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
-            let tally = self.resource.tally();
-            bump(&tally.counters.waits);
+            self.resource.tally(|c| &c.waits, 1);
             telemetry::count(&self.resource.id, Signal::LocalWait);
             let _waited = Waited {
-                total: &tally.counters.wait_micros,
+                resource: &self.resource,
                 since: tokio::time::Instant::now(),
                 booked: self.wait,
             };
@@ -174,12 +172,6 @@ impl LiveBooking {
     }
 }
 
-/// Whether `a` and `b` have buckets of the same units in the same order.
-pub(crate) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
-    a.buckets.len() == b.buckets.len()
-        && (a.buckets.iter().zip(&b.buckets)).all(|((ua, _), (ub, _))| ua == ub)
-}
-
 impl Drop for LiveBooking {
     /// Refunds an unused booking, unless a penalty put on since drained it.
     fn drop(&mut self) {
@@ -228,10 +220,10 @@ fn settle_or_spawn(
     }))
 }
 
-/// Adds the µs since `since` (the booked wait at most) to `total` when
+/// Counts the µs since `since` (the booked wait at most) as waited when
 /// dropped.
 struct Waited<'a> {
-    total: &'a std::sync::atomic::AtomicU64,
+    resource: &'a Resource,
     since: tokio::time::Instant,
     booked: Micros,
 }
@@ -239,6 +231,6 @@ struct Waited<'a> {
 impl Drop for Waited<'_> {
     fn drop(&mut self) {
         let waited = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
-        add(self.total, waited.min(self.booked));
+        (self.resource).tally(|c| &c.wait_micros, waited.min(self.booked));
     }
 }

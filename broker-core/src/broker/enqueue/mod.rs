@@ -21,7 +21,7 @@ mod booking;
 use super::feedback::{capped_resets, penalize_spent_counters};
 
 pub(crate) use admit::{admit_until, Bounds, Refused};
-pub(crate) use booking::{same_units, LiveBooking};
+pub(crate) use booking::LiveBooking;
 
 /// Passed to the work on every attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +156,7 @@ impl ResourceBroker {
                 waits.record(started.elapsed());
             }
             let used = booking.consume();
-            bump(&resource.tally().counters.allowed);
+            resource.tally(|c| &c.allowed, 1);
             place.move_to(&live.in_flight);
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
@@ -187,9 +187,14 @@ impl ResourceBroker {
             to_its_answer(async move {
                 let (resource, key) = (owned, key_owned);
                 if let Some(penalty) = penalty {
-                    broker
-                        .note_upstream_429(&resource, &key, number, retry_after, penalty)
-                        .await;
+                    tracing::info!(
+                        resource = %resource.id,
+                        attempt = number,
+                        retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                        hold_ms = penalty.as_millis() as u64,
+                        "upstream 429"
+                    );
+                    let _ = broker.penalize_key(&resource, &key, penalty).await;
                 }
                 if let Some(task) = usage.and_then(|u| used.settle(u, penalty_end, "settle")) {
                     let _ = task.await;
@@ -214,7 +219,7 @@ impl ResourceBroker {
                 });
             }
             let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
-                bump(&resource.tally().counters.retries_exhausted);
+                resource.tally(|c| &c.retries_exhausted, 1);
                 telemetry::count(&resource.id, Signal::RetriesExhausted);
                 let (attempts, last) = (number, class);
                 tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
@@ -224,15 +229,16 @@ impl ResourceBroker {
                     last,
                 });
             };
-            bump(&resource.tally().counters.retries);
+            resource.tally(|c| &c.retries, 1);
             tokio::time::sleep(pause).await;
         };
-        let tally = resource.tally();
-        bump(if result.is_ok() {
-            &tally.counters.completed
-        } else {
-            &tally.counters.failed
-        });
+        resource.tally(
+            match result.is_ok() {
+                true => |c| &c.completed,
+                false => |c| &c.failed,
+            },
+            1,
+        );
         result
     }
 }
