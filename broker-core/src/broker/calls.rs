@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use super::enqueue::{self, LiveBooking};
 use super::permit::HeldKey;
-use super::{enqueue, in_flight, note_backend_error, state_key};
+use super::{in_flight, note_backend_error, state_key};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
-use crate::state::{Decision, DenyReason, Verdict};
-use crate::stats::{bump, Counters};
+use crate::state::{Decision, DenyReason, Marks, Verdict};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
@@ -77,12 +77,7 @@ impl<'s> TryAcquire<'s> {
 
 impl TryAcquire<'_> {
     /// The answer of one poll, or `None` if the call is still pending on
-    /// its store (the call is then dropped). A store that answers without
-    /// I/O (the in-memory one) always answers.
-    ///
-    /// # Panics
-    ///
-    /// If the future has already completed.
+    /// its store (the call is then dropped). Panics if already completed.
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
@@ -165,12 +160,9 @@ fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
 
 /// # Check + reject
 impl ResourceBroker {
-    /// Answers at once: takes `cost` (and a concurrency slot) if available,
-    /// else says how long until it would fit. Nothing is consumed when
-    /// denied. Dropped before it answers (a caller's timeout while a shared
-    /// store is slow), it consumes nothing either: a decision already sent
-    /// runs to its answer on a task of its own, which gives back what it
-    /// took.
+    /// Takes `cost` (and a concurrency slot) if available, else says how
+    /// long until it would fit. Denied, or dropped before it answers, it
+    /// consumes nothing (a decision already sent is given back).
     pub fn try_acquire<'s, 'a: 's>(
         &'s self,
         target: impl Into<Target<'a>>,
@@ -180,9 +172,8 @@ impl ResourceBroker {
         TryAcquire::new(self, On::Id(target.resource), target.key, cost)
     }
 
-    /// [`ResourceBroker::try_acquire`] without waiting: `Some(answer)` when
-    /// the backend answered without I/O (the in-memory store), `None` when
-    /// it must be asked asynchronously (nothing was consumed).
+    /// [`ResourceBroker::try_acquire`] without waiting: `None` when the
+    /// backend must be asked asynchronously (nothing was consumed).
     ///
     /// ```
     /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
@@ -215,9 +206,8 @@ impl ResourceBroker {
             .unwrap_or_else(|e| Some(Err(e)))
     }
 
-    /// The verdict of a store that answers without I/O, counted, with the
-    /// slot of a [`Verdict::Leased`] put in `permit`; else `None`, with
-    /// nothing consumed. The caller has checked that the cost fits.
+    /// The verdict of a store that answers without I/O, counted, its slot
+    /// put in `permit`; else `None`. The caller has checked the cost fits.
     pub(super) fn quick(
         &self,
         resource: &Arc<Resource>,
@@ -227,8 +217,7 @@ impl ResourceBroker {
     ) -> Option<Verdict> {
         let local = resource.local.as_ref()?;
         let v = local.try_acquire(key, cost);
-        let counters = &resource.counters;
-        Some(self.judge(resource, counters, || HeldKey::sub(key), v, permit))
+        Some(self.judge(resource, || HeldKey::sub(key), v, permit))
     }
 
     /// `try_acquire` answered without I/O, or `Err` with the state key
@@ -254,7 +243,7 @@ impl ResourceBroker {
             return Err(owned);
         };
         Ok(match decision {
-            Ok(d) => Ok(self.answer(resource, &resource.counters, || HeldKey::State(owned), d)),
+            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -271,69 +260,61 @@ impl ResourceBroker {
     ) -> Result<Acquisition, BrokerError> {
         let backend = self.inner.backend.clone();
         let asked = resource.clone();
-        // Run to its answer if the caller goes away: a decision that took
-        // a cost or a slot then gives them back, unclaimed.
+        // Run to its answer if the caller goes away, then given back.
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
-            let penalty_end = asked.penalties.until(key);
-            let decision = backend
+            let since_here = LiveBooking::since_here(&asked, key);
+            let d = backend
                 .try_acquire(key, &asked.spec, cost)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
+            let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
+            let cost = LiveBooking::taken(
+                backend, asked, owned_key, cost, since, since_here, d.allowed,
+            );
             Ok::<_, BackendError>(in_flight::Unclaimed {
-                decision: Some(decision),
-                backend,
-                resource: asked,
-                key: owned_key,
+                decision: Some(d),
                 cost,
-                penalty_end,
             })
         });
         let (decision, owned_key) = decided.await?.claim();
-        // Counted on the latest registration, which may have replaced this one.
-        let tally = resource.tally();
-        let key = || HeldKey::State(owned_key);
-        Ok(self.answer(&resource, &tally.counters, key, decision))
+        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
     }
 
-    /// The acquisition of the store's decision `d`, counted in `counters`.
+    /// The acquisition of the store's decision `d`, counted.
     fn answer(
         &self,
         resource: &Arc<Resource>,
-        counters: &Counters,
         key: impl FnOnce() -> HeldKey,
         d: Decision,
     ) -> Acquisition {
         let mut permit = Permit::empty();
-        let v = self.judge(resource, counters, key, d.into(), &mut permit);
+        let v = self.judge(resource, key, d.into(), &mut permit);
         acquisition(v, permit, d.answered_here)
     }
 
-    /// Counts verdict `v` in `counters` and returns it, with the slot of a
-    /// [`Verdict::Leased`] put in `permit` (released on the state `key`
-    /// names).
+    /// Counts verdict `v` (on the latest registration), the slot of a
+    /// [`Verdict::Leased`] put in `permit` (on the state `key` names).
     fn judge(
         &self,
         resource: &Arc<Resource>,
-        counters: &Counters,
         key: impl FnOnce() -> HeldKey,
         v: Verdict,
         permit: &mut Permit,
     ) -> Verdict {
         match v {
-            Verdict::Allowed => bump(&counters.allowed),
+            Verdict::Allowed => resource.tally(|c| &c.allowed, 1),
             Verdict::Leased(lease) => {
-                bump(&counters.allowed);
+                resource.tally(|c| &c.allowed, 1);
                 *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
             }
-            Verdict::Rate(_) | Verdict::Concurrency => bump(&counters.denied),
+            Verdict::Rate(_) | Verdict::Concurrency => resource.tally(|c| &c.denied, 1),
         }
         v
     }
 
-    /// Waits up to `max_wait` for `cost`, then answers: the cost is booked
-    /// if it fits within `max_wait` (so waiters are spaced in order), else
-    /// denied at once with the wait time, booking nothing.
+    /// Waits up to `max_wait` for `cost` (booked, so waiters are spaced in
+    /// order), else denies at once with the wait time, booking nothing.
     pub async fn acquire<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -356,7 +337,7 @@ impl ResourceBroker {
         let v = match admitted.await {
             Ok((booking, permit)) => {
                 let booked = booking.consume();
-                bump(&resource.tally().counters.allowed);
+                resource.tally(|c| &c.allowed, 1);
                 return Ok(acquisition(
                     Verdict::Allowed,
                     permit,
@@ -367,7 +348,7 @@ impl ResourceBroker {
             Err(enqueue::Refused::TooLong(wait, _)) => Verdict::Rate(wait),
             Err(enqueue::Refused::NoSlot(_)) => Verdict::Concurrency,
         };
-        bump(&resource.tally().counters.denied);
+        resource.tally(|c| &c.denied, 1);
         Ok(acquisition(v, Permit::empty(), false))
     }
 }

@@ -5,21 +5,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::in_flight::to_its_answer;
 use super::{note_backend_error, state_key, Resource, ResourceBroker, Target};
 use crate::clock::tokio_after;
 use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::state::{LimitSpec, Marks};
-use crate::stats::bump;
 use crate::telemetry::{self, Signal};
 
 /// # Upstream feedback
 impl ResourceBroker {
-    /// After an upstream 429: drains the resource's buckets and penalizes
-    /// them (or, without rate limits, its state) for `penalty`, never
-    /// shortening a longer one; counted as an upstream 429. Call it before
+    /// After an upstream 429: drains and penalizes the buckets (or the
+    /// state) for `penalty`, never shortening a longer one. Call it before
     /// dropping the permit of the call that got the 429.
     pub async fn penalize<'a>(
         &self,
@@ -34,11 +31,9 @@ impl ResourceBroker {
         self.penalize_key(&resource, key, penalty).await
     }
 
-    /// Narrows the resource's buckets to what the upstream's headers say
-    /// remains (no backend call when nothing narrows); a reset counts up to
-    /// the wait ceiling. Without rate limits, a spent counter penalizes the
-    /// state until its reset: call it, as `penalize`, before dropping the
-    /// permit.
+    /// Narrows the buckets to what the upstream's headers say remains
+    /// (without rate limits, a spent counter penalizes the state until its
+    /// reset); call it, as `penalize`, before dropping the permit.
     pub async fn reconcile<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -51,10 +46,9 @@ impl ResourceBroker {
         self.reconcile_key(&resource, key, observed).await
     }
 
-    /// Corrects a charge after the work from `booked` to `actual`; no
-    /// refund while a penalty is on. The correction goes to the store: for
-    /// a cost the store's failure policy answered, use
-    /// [`ResourceBroker::settle_since`].
+    /// Corrects a charge after the work from `booked` to `actual`, in the
+    /// store (see [`ResourceBroker::settle_since`]); no refund while a
+    /// penalty is on.
     pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -101,38 +95,15 @@ impl ResourceBroker {
 
 /// # Upstream feedback of `enqueue`
 impl ResourceBroker {
-    /// After an upstream 429: counts, logs and penalizes the state in the
-    /// store for `penalty` (this process's penalty is on already). A failed
-    /// penalize is logged.
-    pub(super) async fn note_upstream_429(
-        &self,
-        resource: &Arc<Resource>,
-        key: &str,
-        attempt: u32,
-        retry_after: Option<Duration>,
-        penalty: Duration,
-    ) {
-        tracing::info!(
-            resource = %resource.id,
-            attempt,
-            retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
-            hold_ms = penalty.as_millis() as u64,
-            "upstream 429"
-        );
-        let (broker, resource, key) = (self.clone(), resource.clone(), key.to_owned());
-        let penalized = async move { broker.penalize_key(&resource, &key, penalty).await };
-        let _ = to_its_answer(penalized).await;
-    }
-
     /// Counts an upstream 429 on `resource` and penalizes its state `key`
     /// in the store for `penalty`.
-    async fn penalize_key(
+    pub(super) async fn penalize_key(
         &self,
         resource: &Resource,
         key: &str,
         penalty: Duration,
     ) -> Result<(), BrokerError> {
-        bump(&resource.tally().counters.upstream_429);
+        resource.tally(|c| &c.upstream_429, 1);
         telemetry::count(&resource.id, Signal::Upstream429);
         let spec = resource.latest().spec.clone();
         (self.inner.backend.penalize(key, &spec, penalty).await)
@@ -165,7 +136,7 @@ impl ResourceBroker {
             None => backend.reconcile(key, spec, observed).await,
         }
         .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
-        bump(&resource.tally().counters.reconciles);
+        resource.tally(|c| &c.reconciles, 1);
         telemetry::count(&resource.id, Signal::Reconciled);
         Ok(())
     }

@@ -5,15 +5,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::enqueue::{refund_spec, settle_or_spawn, NO_COST};
+use super::enqueue::LiveBooking;
 use super::permit::release_untold;
-use super::{HeldKey, Resource};
-use crate::limits::Cost;
-use crate::state::{Decision, Marks};
-use crate::store::Store;
+use super::HeldKey;
+use crate::state::Decision;
 
 /// `call`'s answer; dropped after it was first polled and before it was
 /// answered, `call` runs to its end on a task of its own (if a runtime is
@@ -62,49 +59,29 @@ impl<T: Send + 'static> Drop for InFlight<T> {
 }
 
 /// A `try` decision for a caller that may have gone away: dropped without
-/// [`Unclaimed::claim`], an allowed decision frees its slot and gives its
-/// cost back, unless a penalty was put on since it was asked or a
-/// registration since had other buckets.
+/// [`Unclaimed::claim`], an allowed decision frees its slot and refunds
+/// its cost (as an unused booking).
 pub(crate) struct Unclaimed {
     pub(crate) decision: Option<Decision>,
-    pub(crate) backend: Arc<dyn Store>,
-    pub(crate) resource: Arc<Resource>,
-    /// The state asked (`None`: the resource's own).
-    pub(crate) key: Option<String>,
-    pub(crate) cost: Cost,
-    /// This process's penalty on the state when it was asked.
-    pub(crate) penalty_end: Option<tokio::time::Instant>,
+    pub(crate) cost: LiveBooking,
 }
 
 impl Unclaimed {
     /// The decision, now held by its caller, and its state key.
     pub(crate) fn claim(mut self) -> (Decision, Option<String>) {
         let decision = self.decision.take().expect("claimed once");
-        (decision, self.key.take())
+        (decision, self.cost.claim())
     }
 }
 
 impl Drop for Unclaimed {
     fn drop(&mut self) {
-        let Some(d) = self.decision.take().filter(|d| d.allowed) else {
-            return;
-        };
-        let resource = &self.resource;
-        if let Some(lease) = d.lease {
-            let key = HeldKey::State(self.key.clone());
-            release_untold(&self.backend, resource.clone(), key, lease);
+        let lease = self.decision.take().filter(|d| d.allowed);
+        if let Some(lease) = lease.and_then(|d| d.lease) {
+            let (backend, resource) = (&self.cost.backend, self.cost.resource.clone());
+            let key = HeldKey::State(self.cost.key.clone());
+            release_untold(backend, resource, key, lease);
         }
-        let key = self.key.as_deref().unwrap_or(&resource.key);
-        let held = resource.penalties.until(key);
-        if self.cost == NO_COST || held.is_some_and(|h| Some(h) > self.penalty_end) {
-            return;
-        }
-        let Some(spec) = refund_spec(resource) else {
-            return;
-        };
-        let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
-        let change = (self.cost, NO_COST, since);
-        let _ = settle_or_spawn(&self.backend, resource, key, &spec, change, "refund");
     }
 }
 
@@ -112,6 +89,7 @@ impl Drop for Unclaimed {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     /// A call that panics on every poll, counting them.
     struct Panics(Arc<AtomicUsize>);

@@ -1,8 +1,6 @@
-//! [`Keeper`]: renews the leases this process holds on a store whose
-//! leases expire (Redis), each every third of its `lease_ttl`, for its
-//! resource's `max_hold` at most. One task per runtime renews the leases
-//! of the permits made on it; when a runtime shuts down its leases go to
-//! another runtime's task, or to the next one started.
+//! [`Keeper`]: renews held leases on a store whose leases expire, every
+//! third of `lease_ttl`, for `max_hold` at most: one task per runtime, whose
+//! leases go to another runtime's task (or the next) when it shuts down.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,7 +14,7 @@ use super::Resource;
 use crate::state::{LeaseId, LimitSpec};
 use crate::store::{Renewal, Store};
 
-/// The leases kept, by the runtime whose task renews them.
+/// The leases kept, each with the runtime whose task renews it.
 pub(crate) struct Keeper {
     backend: Arc<dyn Store>,
     held: Mutex<Held>,
@@ -24,51 +22,30 @@ pub(crate) struct Keeper {
 
 #[derive(Default)]
 struct Held {
-    /// A task stops, and its runtime leaves, once it renews none.
-    runtimes: Vec<OnRuntime>,
-    /// Leases whose task was lost with its runtime while no other ran.
-    orphans: HashMap<LeaseId, Kept>,
-}
-
-/// A runtime's renewing task and the leases it renews.
-struct OnRuntime {
-    id: Id,
     leases: HashMap<LeaseId, Kept>,
-    /// Wakes the task when a lease is kept (it may be due sooner).
-    kept: Arc<Notify>,
+    /// The runtimes with a renewing task, and what wakes it when a lease is
+    /// kept (it may be due sooner). A task stops, and its runtime leaves,
+    /// once it renews none.
+    runtimes: Vec<(Id, Arc<Notify>)>,
 }
 
-impl Held {
-    fn at(&self, id: Id) -> Option<usize> {
-        self.runtimes.iter().position(|r| r.id == id)
-    }
-
-    fn on(&mut self, id: Id) -> Option<&mut OnRuntime> {
-        self.at(id).map(|i| &mut self.runtimes[i])
-    }
-
-    fn keeps(&self, lease: LeaseId) -> bool {
-        self.orphans.contains_key(&lease)
-            || self.runtimes.iter().any(|r| r.leases.contains_key(&lease))
-    }
-
-    /// Stops keeping `lease`: whether it was kept.
-    fn remove(&mut self, lease: LeaseId) -> bool {
-        self.orphans.remove(&lease).is_some()
-            || self
-                .runtimes
-                .iter_mut()
-                .any(|r| r.leases.remove(&lease).is_some())
-    }
-}
-
-/// One lease kept: when to renew it next, and when to stop (`None`: never).
+/// One lease kept: the runtime whose task renews it (`None`: lost with its
+/// runtime while no other ran), when to renew it next, and when to stop
+/// (`None`: never).
 struct Kept {
+    on: Option<Id>,
     resource: Arc<Resource>,
     key: String,
     spec: Arc<LimitSpec>,
     due: Instant,
     until: Option<Instant>,
+}
+
+/// Moves the leases of runtime `from` to runtime `to`.
+fn hand_on(leases: &mut HashMap<LeaseId, Kept>, from: Option<Id>, to: Option<Id>) {
+    for kept in leases.values_mut().filter(|k| k.on == from) {
+        kept.on = to;
+    }
 }
 
 /// The shortest time between two renewals of one lease.
@@ -111,6 +88,7 @@ impl Keeper {
         let spec = resource.latest().spec.clone();
         let now = Instant::now();
         let kept = Kept {
+            on: Some(id),
             resource: resource.clone(),
             key,
             due: now + every(&spec),
@@ -118,19 +96,15 @@ impl Keeper {
             spec,
         };
         let (notify, start) = {
-            let mut guard = self.lock();
-            let held = &mut *guard;
-            let start = held.on(id).is_none();
+            let mut held = self.lock();
+            let start = !held.runtimes.iter().any(|(on, _)| *on == id);
             if start {
-                held.runtimes.push(OnRuntime {
-                    id,
-                    leases: std::mem::take(&mut held.orphans),
-                    kept: Arc::new(Notify::new()),
-                });
+                held.runtimes.push((id, Arc::new(Notify::new())));
+                hand_on(&mut held.leases, None, Some(id));
             }
-            let on = held.on(id).expect("pushed above");
-            on.leases.insert(lease, kept);
-            (on.kept.clone(), start)
+            held.leases.insert(lease, kept);
+            let on = held.runtimes.iter().find(|(on, _)| *on == id);
+            (on.expect("pushed above").1.clone(), start)
         };
         if start {
             // Spawned with the lock let go: a runtime shutting down drops
@@ -147,7 +121,7 @@ impl Keeper {
 
     /// Stops renewing `lease` (its permit is being released).
     pub(crate) fn forget(&self, lease: LeaseId) {
-        self.lock().remove(lease);
+        self.lock().leases.remove(&lease);
     }
 }
 
@@ -166,24 +140,16 @@ impl Drop for Stopped {
             return;
         }
         let wake = {
-            let mut guard = self.keeper.lock();
-            let held = &mut *guard;
-            let Some(at) = held.at(self.id) else {
+            let mut held = self.keeper.lock();
+            let Some(at) = held.runtimes.iter().position(|(on, _)| *on == self.id) else {
                 return;
             };
-            let gone = held.runtimes.swap_remove(at);
-            match held.runtimes.first_mut() {
-                Some(other) => {
-                    other.leases.extend(gone.leases);
-                    Some(other.kept.clone())
-                }
-                None => {
-                    held.orphans.extend(gone.leases);
-                    None
-                }
-            }
+            held.runtimes.swap_remove(at);
+            let other = held.runtimes.first().cloned();
+            hand_on(&mut held.leases, Some(self.id), other.as_ref().map(|o| o.0));
+            other
         };
-        if let Some(other) = wake {
+        if let Some((_, other)) = wake {
             other.notify_one();
         }
     }
@@ -196,20 +162,21 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
     loop {
         let now = Instant::now();
         let (due, ended, next) = {
-            let mut guard = keeper.lock();
-            let held = &mut *guard;
-            let Some(at) = held.at(id) else {
+            let mut held = keeper.lock();
+            let Some(at) = held.runtimes.iter().position(|(on, _)| *on == id) else {
                 stopped.armed = false;
                 return;
             };
-            let on = &mut held.runtimes[at];
-            if on.leases.is_empty() {
+            if !held.leases.values().any(|k| k.on == Some(id)) {
                 held.runtimes.swap_remove(at);
                 stopped.armed = false;
                 return;
             }
             let (mut due, mut ended) = (Vec::new(), Vec::new());
-            on.leases.retain(|lease, kept| {
+            held.leases.retain(|lease, kept| {
+                if kept.on != Some(id) {
+                    return true;
+                }
                 if kept.until.is_some_and(|until| until <= now) {
                     ended.push(kept.resource.clone());
                     return false;
@@ -221,7 +188,8 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                 }
                 true
             });
-            let next = (on.leases.values())
+            let next = (held.leases.values())
+                .filter(|k| k.on == Some(id))
                 .map(|k| k.until.map_or(k.due, |until| k.due.min(until)))
                 .min();
             (due, ended, next.unwrap_or(now))
@@ -240,7 +208,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                 Ok(Renewal::Held) => {}
                 // Taken again, but its permit was released meanwhile (the
                 // release may have gone out first): freed again.
-                Ok(Renewal::Retaken) if !keeper.lock().keeps(lease) => {
+                Ok(Renewal::Retaken) if !keeper.lock().leases.contains_key(&lease) => {
                     if let Err(e) = keeper.backend.release(&key, lease).await {
                         super::note_backend_error(&resource, "release", &e);
                     }
@@ -253,7 +221,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                      been exceeded meanwhile"
                 ),
                 Ok(Renewal::Gone) => {
-                    if keeper.lock().remove(lease) {
+                    if keeper.lock().leases.remove(&lease).is_some() {
                         tracing::warn!(
                             resource = %resource.id,
                             "a concurrency lease is not in the store while its permit is \

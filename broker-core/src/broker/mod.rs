@@ -25,7 +25,6 @@ pub use enqueue::{Attempt, EnqueueError};
 pub use handle::ResourceHandle;
 use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
-pub use queue::{FlowStats, LevelStats, QueueStats};
 pub use register::{EntryError, OnOtherLimits};
 pub(crate) use resource::{note_backend_error, Resource};
 pub(crate) use resource::{Epochs, Latest, Lineage};

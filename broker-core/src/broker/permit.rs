@@ -38,15 +38,9 @@ impl Acquisition {
     }
 }
 
-/// A held concurrency slot. [`Permit::release`] is idempotent, and dropping
-/// the permit releases it. Permits of resources without a concurrency limit
-/// and of denied acquisitions hold nothing.
-///
-/// A permit passed to `std::mem::forget` is never released: on the
-/// in-memory store its slot stays taken while the broker lives; on Redis
-/// its lease is renewed for the resource's
-/// [`max_hold`](crate::ResourceConfig::max_hold) at most, then expires
-/// within its `lease_ttl`.
+/// A held concurrency slot, released by [`Permit::release`] or on drop;
+/// empty without a concurrency limit or when denied. A forgotten permit's
+/// lease is renewed for [`max_hold`](crate::ResourceConfig::max_hold) at most.
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
@@ -140,8 +134,7 @@ impl Permit {
     }
 
     /// One permit holding the slots of both `self` and `other`, released
-    /// together: a request admitted on two resources holds both to its
-    /// end. Joined with an empty permit, a permit stays as it is.
+    /// together (joined with an empty permit, a permit stays as it is).
     ///
     /// ```
     /// use broker_core::{Cost, Limits, ResourceBroker};
@@ -173,11 +166,8 @@ impl Permit {
         !matches!(self.held, Held::Nothing)
     }
 
-    /// Releases the slot. Idempotent; a no-op on an empty permit.
-    ///
-    /// On an in-memory backend this is immediate. On a remote backend the
-    /// release is sent on the current tokio runtime; without one, the lease
-    /// expires after the resource's `lease_ttl`.
+    /// Releases the slot (idempotent): at once in memory, else sent on the
+    /// current tokio runtime (without one, the lease expires).
     pub fn release(&mut self) {
         match std::mem::take(&mut self.held) {
             Held::Nothing => {}

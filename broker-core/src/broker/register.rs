@@ -64,11 +64,9 @@ fn renewable(lease_ttl: Duration) -> Result<Duration, ConfigError> {
 }
 
 impl ResourceBroker {
-    /// Registers limit-only resources, `(id, limits)` each, all or none.
-    /// An id already held is kept as it is when it is limit-only with
-    /// limits that decide alike, refused when it is a queue, and refused or
-    /// re-configured as `on_other` says when its limits differ. An id named
-    /// twice is refused. The error names the first entry refused.
+    /// Registers limit-only resources, all or none. An id held with limits
+    /// that decide alike is kept; a queue's is refused; one with other
+    /// limits as `on_other` says. The error names the first entry refused.
     ///
     /// ```
     /// use broker_core::{Limits, OnOtherLimits, RateLimit, ResourceBroker};
@@ -203,6 +201,7 @@ impl ResourceBroker {
             kind,
             counters: Counters::default(),
             slot_notify: tokio::sync::Notify::new(),
+            slot_waiters: AtomicU64::new(0),
             penalties: Arc::default(),
             lines: Arc::default(),
             warned_at_ms: AtomicU64::new(u64::MAX),

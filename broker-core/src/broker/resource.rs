@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{enqueue, keeper, penalties, queue};
+use super::{keeper, penalties, queue};
 use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::LimitSpec;
-use crate::stats::{bump, Counters, Live, ResourceKind, ResourceStats};
+use crate::stats::{add, Counters, Live, ResourceKind, ResourceStats};
 use crate::store::LocalStates;
 
 /// A registered resource: its limits compiled once, its counters. The
@@ -33,6 +33,8 @@ pub(crate) struct Resource {
     pub(crate) counters: Counters,
     /// Wakes `enqueue` / `acquire` calls waiting for a concurrency slot.
     pub(super) slot_notify: tokio::sync::Notify,
+    /// How many calls wait for a slot: a release with none skips the wake.
+    pub(super) slot_waiters: AtomicU64,
     /// Penalties on attempts already booked in this process.
     pub(crate) penalties: Arc<penalties::Penalties>,
     /// The local wait queues of `enqueue`, by state key.
@@ -48,44 +50,20 @@ pub(crate) struct Resource {
     pub(crate) epochs: Epochs,
 }
 
-/// The registration whose counters count an event of a call (see
-/// [`Resource::tally`]).
-pub(crate) enum Tally<'r> {
-    Own(&'r Resource),
-    Latest(Arc<Resource>),
-}
-
-impl std::ops::Deref for Tally<'_> {
-    type Target = Resource;
-
-    fn deref(&self) -> &Resource {
-        match self {
-            Tally::Own(r) => r,
-            Tally::Latest(r) => r,
-        }
-    }
-}
-
 impl Resource {
-    /// The latest registration under this id. A call begun under a
-    /// replaced registration makes its later transitions (refund,
-    /// settlement, a retry's booking, a penalty) with the latest limits:
-    /// a store keeps a state for one set of limits and starts it afresh
-    /// for other buckets.
+    /// The latest registration under this id: a call begun under a replaced
+    /// one makes its later transitions with the latest limits.
     pub(crate) fn latest(&self) -> Arc<Latest> {
         self.lineage.load_full()
     }
 
-    /// The registration whose counters count what happens now to a call
-    /// made on this one: itself, or the latest once one replaced it.
-    pub(crate) fn tally(&self) -> Tally<'_> {
-        if !self.retired.load(Ordering::Acquire) {
-            return Tally::Own(self);
-        }
-        match self.lineage.load().resource.upgrade() {
-            Some(latest) => Tally::Latest(latest),
-            None => Tally::Own(self),
-        }
+    /// Adds `n` to `counter` of the registration that counts what happens
+    /// now to a call made on this one: itself, or the latest once replaced.
+    pub(crate) fn tally(&self, counter: fn(&Counters) -> &AtomicU64, n: u64) {
+        let latest = (self.retired.load(Ordering::Acquire))
+            .then(|| self.lineage.load().resource.upgrade())
+            .flatten();
+        add(counter(&latest.as_deref().unwrap_or(self).counters), n);
     }
 
     /// The counters of this registration, with the calls queued and in
@@ -104,7 +82,9 @@ impl Resource {
 
     /// Wakes the calls waiting for a slot, after one was released.
     pub(crate) fn slot_freed(&self) {
-        self.slot_notify.notify_waiters();
+        if self.slot_waiters.load(Ordering::SeqCst) > 0 {
+            self.slot_notify.notify_waiters();
+        }
     }
 }
 
@@ -114,7 +94,7 @@ const BACKEND_WARN_INTERVAL_MS: u64 = 10_000;
 
 /// Counts and logs a backend error on `resource`.
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
-    bump(&resource.tally().counters.backend_errors);
+    resource.tally(|c| &c.backend_errors, 1);
     crate::telemetry::backend_error(&resource.id, op);
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let now_ms = ORIGIN
@@ -163,9 +143,10 @@ impl Epochs {
         if Arc::ptr_eq(before, spec) || **before == **spec {
             return self;
         }
+        let units = |s: &LimitSpec| s.buckets.iter().map(|(u, _)| *u).collect::<Vec<_>>();
         Self {
             limits: self.limits + 1,
-            buckets: self.buckets + u64::from(!enqueue::same_units(before, spec)),
+            buckets: self.buckets + u64::from(units(before) != units(spec)),
         }
     }
 }

@@ -112,14 +112,6 @@ impl<'a> Target<'a> {
         self.deadline = Some(deadline);
         self
     }
-
-    /// The sub-key of the resource's state.
-    pub(crate) fn keyed(resource: &'a str, key: Option<&'a str>) -> Self {
-        Self {
-            key,
-            ..Self::new(resource)
-        }
-    }
 }
 
 impl<'a> From<&'a str> for Target<'a> {
@@ -136,6 +128,9 @@ impl<'a> From<&'a String> for Target<'a> {
 
 impl<'a> From<(&'a str, &'a str)> for Target<'a> {
     fn from((resource, key): (&'a str, &'a str)) -> Self {
-        Self::keyed(resource, Some(key))
+        Self {
+            key: Some(key),
+            ..Self::new(resource)
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! One attempt's admission: its booking, its booked time, penalties, and
 //! a concurrency slot.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use crate::broker::{note_backend_error, HeldKey, Permit, Resource, ResourceBroke
 use crate::clock::Micros;
 use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
+use crate::stats::Counted;
 use crate::store::{Turn, TurnAsk};
 
 /// Why [`admit_until`] gave one attempt of `enqueue` or `acquire` nothing.
@@ -85,13 +87,9 @@ impl Bounds {
 }
 
 /// Books `cost` on `key`, waits for its time, then for a slot, within
-/// `bounds`. A penalty that came after the booking (a 429, a spent
-/// counter, here or, after a wait, in the store) voids it: the slot is
-/// given back, the booking stays spent (or is refunded if made under that
-/// penalty, see `LiveBooking`'s `Drop`), and the cost is booked again when
-/// the penalty ends, so the calls it kept leave spaced. The permit is
-/// released on state `key` (`keyed`: a sub-key's) and counted in flight
-/// if `counted`.
+/// `bounds`. A penalty that came after the booking voids it (the slot is
+/// given back) and the cost is booked again when it ends. The permit is
+/// on state `key` (`keyed`: a sub-key's), counted in flight if `counted`.
 pub(crate) async fn admit_until(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -134,10 +132,9 @@ pub(crate) async fn admit_until(
     }
 }
 
-/// Books `cost` on `key` through the call's place in its line: waits for
-/// its turn, then, as head, books at most its priority's horizon ahead
-/// ([`queue::horizon`]), napping until the time comes within it. Refused:
-/// nothing booked. The caller leaves the line after it.
+/// Books `cost` on `key` as the head of its line, at most its priority's
+/// horizon ahead ([`queue::horizon`]), napping until the time comes
+/// within it. Refused: nothing booked.
 async fn book_in_line(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,
@@ -247,6 +244,9 @@ async fn wait_slot(
     }
     let backend = &broker.inner.backend;
     let mut waited = false;
+    // Counted before the first take: a release after it sees the waiter.
+    resource.slot_waiters.fetch_add(1, Ordering::SeqCst);
+    let _waiting = Counted(&resource.slot_waiters);
     loop {
         let freed = resource.slot_notify.notified();
         tokio::pin!(freed);
@@ -291,11 +291,9 @@ async fn wait_slot(
     }
 }
 
-/// The end of a penalty in force on state `key`: this process's, else, if
-/// `ask_store`, one the store has for `cost` ([`Store::wait_left`]), of
-/// another process this one does not know of. A store that fails to answer
-/// reports none on a resource with rate limits (the booking it granted
-/// stands).
+/// The end of a penalty on state `key`: this process's, else, if
+/// `ask_store`, the store's for `cost` (another process's). A store that
+/// fails reports none on a resource with rate limits.
 async fn penalty_end(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,

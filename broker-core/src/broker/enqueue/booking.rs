@@ -5,12 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::in_flight::to_its_answer;
-use crate::broker::{note_backend_error, Epochs, Latest, Resource, ResourceBroker};
+use crate::broker::{note_backend_error, Epochs, Resource, ResourceBroker};
 use crate::clock::Micros;
-use crate::error::BrokerError;
+use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{LimitSpec, Marks};
-use crate::stats::{add, bump};
 use crate::store::Store;
 use crate::telemetry::{self, Signal};
 
@@ -19,25 +18,56 @@ pub(crate) const NO_COST: Cost = Cost {
     tokens: 0,
 };
 
-/// A booking made in the store. Dropped before [`LiveBooking::consume`],
-/// it refunds the cost, unless a penalty put on since has drained it.
+/// A cost taken in the store (a booking, or an allowed `try` decision's).
+/// Dropped before [`LiveBooking::consume`], it refunds the cost, unless a
+/// penalty put on since has drained it.
 pub(crate) struct LiveBooking {
-    backend: Arc<dyn Store>,
-    resource: Arc<Resource>,
-    /// The epochs of the latest registration when it was booked.
+    pub(crate) backend: Arc<dyn Store>,
+    pub(crate) resource: Arc<Resource>,
+    /// The epochs of the limits it was taken under.
     booked_under: Epochs,
-    key: String,
+    /// The state (`None`: the resource's own).
+    pub(crate) key: Option<String>,
     cost: Cost,
     pub(super) wait: Micros,
-    /// The booking's marks on the store's clock.
-    since: Marks,
-    /// The same here: the time of the booking, or the end of the local
-    /// penalty it was made under if later.
+    /// Its marks on the store's clock (`None`: unknown, a `try` decision's).
+    since: Option<Marks>,
+    /// The same here: when it was asked, or the end of the local penalty
+    /// it was asked under if later.
     since_here: tokio::time::Instant,
     armed: bool,
 }
 
 impl LiveBooking {
+    /// `cost`, taken on state `key` under `resource`'s own limits, asked
+    /// at `since_here`; refunded when dropped only if `armed`.
+    pub(crate) fn taken(
+        backend: Arc<dyn Store>,
+        resource: Arc<Resource>,
+        key: Option<String>,
+        cost: Cost,
+        since: Option<Marks>,
+        since_here: tokio::time::Instant,
+        armed: bool,
+    ) -> Self {
+        Self {
+            backend,
+            booked_under: resource.epochs,
+            resource,
+            key,
+            cost,
+            wait: 0,
+            since,
+            since_here,
+            armed,
+        }
+    }
+
+    /// The time of a call on `key` now, or the end of its penalty if later.
+    pub(crate) fn since_here(resource: &Resource, key: &str) -> tokio::time::Instant {
+        (resource.penalties.until(key)).unwrap_or_else(tokio::time::Instant::now)
+    }
+
     /// Books `cost` within `max_wait`: `Ok(Ok(booking))`, or `Ok(Err(wait))`
     /// when the earliest time is beyond `max_wait` (nothing booked).
     pub(crate) async fn book(
@@ -59,32 +89,27 @@ impl LiveBooking {
             if !r.booked {
                 return Ok(Err(r.wait));
             }
-            let since_here =
-                (resource.penalties.until(&key)).unwrap_or_else(tokio::time::Instant::now);
-            Ok(Ok(LiveBooking {
-                backend,
-                resource,
-                booked_under: latest.epochs,
-                key,
-                cost,
-                wait: r.wait,
-                since: r.since,
-                since_here,
-                armed: true,
-            }))
+            let since_here = Self::since_here(&resource, &key);
+            let (key, since) = (Some(key), Some(r.since));
+            let mut booking = Self::taken(backend, resource, key, cost, since, since_here, true);
+            (booking.booked_under, booking.wait) = (latest.epochs, r.wait);
+            Ok(Ok(booking))
         })
         .await
+    }
+
+    fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(&self.resource.key)
     }
 
     /// Sleeps until the booked time, counted as a local limiter wait (also
     /// when the call is dropped before the end).
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
-            let tally = self.resource.tally();
-            bump(&tally.counters.waits);
+            self.resource.tally(|c| &c.waits, 1);
             telemetry::count(&self.resource.id, Signal::LocalWait);
             let _waited = Waited {
-                total: &tally.counters.wait_micros,
+                resource: &self.resource,
                 since: tokio::time::Instant::now(),
                 booked: self.wait,
             };
@@ -98,80 +123,73 @@ impl LiveBooking {
         self
     }
 
-    /// Whether a shared store's failure policy answered the booking.
-    pub(crate) fn answered_here(&self) -> bool {
-        self.since == Marks::ANSWERED_HERE
+    /// The cost is held by its caller now: no refund on drop; its key.
+    pub(crate) fn claim(&mut self) -> Option<String> {
+        self.armed = false;
+        self.key.take()
     }
 
-    /// How the work's `usage` (`None`: the booked cost) settles on the
-    /// latest limits: a correction of the booking, or a charge of the whole
-    /// usage when a registration since had other buckets; `None`: nothing
-    /// to settle. After a penalty put on since the booking (`penalty_end`)
-    /// the unused part stays spent; usage above the cost is charged anyway.
-    pub(super) fn settlement(
+    /// Whether a shared store's failure policy answered the booking.
+    pub(crate) fn answered_here(&self) -> bool {
+        self.since == Some(Marks::ANSWERED_HERE)
+    }
+
+    /// Settles the work's `usage` (`None`: the booked cost) on the latest
+    /// limits: a correction of the booking, or a charge of the whole usage
+    /// when a registration since had other buckets. After a penalty put on
+    /// since (`penalty_end`) the unused part stays spent. Returns the task
+    /// of a store that answers asynchronously.
+    pub(crate) fn settle(
         &self,
         usage: Option<Cost>,
         penalty_end: Option<tokio::time::Instant>,
-    ) -> Option<(Arc<LimitSpec>, Change)> {
+        op: &'static str,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         let (latest, cost) = (self.resource.latest(), self.cost);
-        let Some(since) = marks_under(&latest, self.booked_under, self.since) else {
+        // The marks to settle with: kept if the limits did not change or a
+        // failure policy answered; none when the buckets changed, so the
+        // state may have been started afresh.
+        let keep = latest.epochs.limits == self.booked_under.limits || self.answered_here();
+        let change = if latest.epochs.buckets != self.booked_under.buckets {
             let actual = usage.unwrap_or(cost);
-            return (actual != NO_COST).then(|| (latest.spec.clone(), (NO_COST, actual, None)));
+            (actual != NO_COST).then_some((NO_COST, actual, None))?
+        } else {
+            let mut actual = usage?;
+            if penalty_end.is_some_and(|until| until > self.since_here) {
+                actual.requests = actual.requests.max(cost.requests);
+                actual.tokens = actual.tokens.max(cost.tokens);
+            }
+            (actual != cost).then_some((cost, actual, self.since.filter(|_| keep)))?
         };
-        let mut actual = usage?;
-        if penalty_end.is_some_and(|until| until > self.since_here) {
-            actual.requests = actual.requests.max(cost.requests);
-            actual.tokens = actual.tokens.max(cost.tokens);
-        }
-        (actual != cost).then(|| (latest.spec.clone(), (cost, actual, since)))
+        settle_or_spawn(
+            &self.backend,
+            &self.resource,
+            self.key(),
+            &latest.spec,
+            change,
+            op,
+        )
     }
-}
-
-/// The marks to settle a booking of epochs `booked_under` and marks `since`
-/// with on the latest limits (kept if the limits did not change or a
-/// failure policy answered); `None` when a registration since had other
-/// buckets, so the state may have been started afresh.
-fn marks_under(latest: &Latest, booked_under: Epochs, since: Marks) -> Option<Option<Marks>> {
-    let keep = latest.epochs.limits == booked_under.limits || since == Marks::ANSWERED_HERE;
-    (latest.epochs.buckets == booked_under.buckets).then_some(keep.then_some(since))
-}
-
-/// The limits to give back a cost taken under `taken_under`: the latest,
-/// or `None` when a registration since had other buckets.
-pub(crate) fn refund_spec(taken_under: &Resource) -> Option<Arc<LimitSpec>> {
-    let latest = taken_under.latest();
-    marks_under(&latest, taken_under.epochs, Marks::ANSWERED_HERE).map(|_| latest.spec.clone())
-}
-
-/// Whether `a` and `b` have buckets of the same units in the same order.
-pub(crate) fn same_units(a: &LimitSpec, b: &LimitSpec) -> bool {
-    a.buckets.len() == b.buckets.len()
-        && (a.buckets.iter().zip(&b.buckets)).all(|((ua, _), (ub, _))| ua == ub)
 }
 
 impl Drop for LiveBooking {
     /// Refunds an unused booking, unless a penalty put on since drained it.
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            let penalty_end = self.resource.penalties.until(self.key());
+            let _ = self.settle(Some(NO_COST), penalty_end, "refund");
         }
-        let penalty_end = self.resource.penalties.until(&self.key);
-        let Some((spec, change)) = self.settlement(Some(NO_COST), penalty_end) else {
-            return;
-        };
-        let (backend, resource) = (&self.backend, &self.resource);
-        let _ = settle_or_spawn(backend, resource, &self.key, &spec, change, "refund");
-        resource.lines.gave_back(&self.key);
     }
 }
 
 /// A settlement: the cost booked, the actual cost, and the booking's marks.
-pub(crate) type Change = (Cost, Cost, Option<Marks>);
+type Change = (Cost, Cost, Option<Marks>);
 
 /// Settles `change` (booked, actual, marks) on state `key`: at once when
 /// the store answers in process, else on a task of its own, returned (no
-/// caller going away cuts it off). A failure is logged as `op`.
-pub(crate) fn settle_or_spawn(
+/// caller going away cuts it off). Time given back then wakes the head of
+/// the key's line. A failure is logged as `op`.
+fn settle_or_spawn(
     backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,
     key: &str,
@@ -179,31 +197,33 @@ pub(crate) fn settle_or_spawn(
     (booked, actual, since): Change,
     op: &'static str,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let local = backend.local();
-    match local.and_then(|l| l.settle_now(key, spec, booked, actual, since)) {
-        Some(Ok(())) => None,
-        Some(Err(e)) => {
+    let gave_back = actual.requests < booked.requests || actual.tokens < booked.tokens;
+    let settled = move |resource: &Resource, key: &str, r: Result<(), BackendError>| {
+        if let Err(e) = r {
             note_backend_error(resource, op, &e);
-            None
         }
-        None => {
-            let rt = tokio::runtime::Handle::try_current().ok()?;
-            let (backend, resource) = (backend.clone(), resource.clone());
-            let (key, spec) = (key.to_owned(), spec.clone());
-            Some(rt.spawn(async move {
-                let settled = backend.settle(&key, &spec, booked, actual, since);
-                if let Err(e) = settled.await {
-                    note_backend_error(&resource, op, &e);
-                }
-            }))
+        if gave_back {
+            resource.lines.gave_back(key);
         }
+    };
+    let local = backend.local();
+    if let Some(r) = local.and_then(|l| l.settle_now(key, spec, booked, actual, since)) {
+        settled(resource, key, r);
+        return None;
     }
+    let rt = tokio::runtime::Handle::try_current().ok()?;
+    let (backend, resource) = (backend.clone(), resource.clone());
+    let (key, spec) = (key.to_owned(), spec.clone());
+    Some(rt.spawn(async move {
+        let r = backend.settle(&key, &spec, booked, actual, since).await;
+        settled(&resource, &key, r);
+    }))
 }
 
-/// Adds the µs since `since` (the booked wait at most) to `total` when
+/// Counts the µs since `since` (the booked wait at most) as waited when
 /// dropped.
 struct Waited<'a> {
-    total: &'a std::sync::atomic::AtomicU64,
+    resource: &'a Resource,
     since: tokio::time::Instant,
     booked: Micros,
 }
@@ -211,6 +231,6 @@ struct Waited<'a> {
 impl Drop for Waited<'_> {
     fn drop(&mut self) {
         let waited = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
-        add(self.total, waited.min(self.booked));
+        (self.resource).tally(|c| &c.wait_micros, waited.min(self.booked));
     }
 }

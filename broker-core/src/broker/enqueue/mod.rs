@@ -1,11 +1,9 @@
-//! Queue + execute: `enqueue` waits for its turn in the local queue of its
-//! state, books, sleeps to the booked time (and out of a penalty), takes a
-//! concurrency slot, runs the work and retries it by the resource's
-//! [`RetryPolicy`]. Dropped at any await point, it leaves the queue,
-//! refunds an unused booking and frees a held slot.
+//! Queue + execute: `enqueue` waits for its turn in its state's local
+//! queue, books, sleeps to the booked time, takes a concurrency slot, runs
+//! the work and retries it by the resource's [`RetryPolicy`].
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::in_flight::to_its_answer;
@@ -14,7 +12,7 @@ use super::{ResourceBroker, Target};
 use crate::error::BrokerError;
 use crate::limits::Cost;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
-use crate::stats::{bump, drop_one};
+use crate::stats::{bump, Counted};
 use crate::telemetry::{self, Signal};
 
 mod admit;
@@ -23,7 +21,7 @@ mod booking;
 use super::feedback::{capped_resets, penalize_spent_counters};
 
 pub(crate) use admit::{admit_until, Bounds, Refused};
-pub(crate) use booking::{refund_spec, same_units, settle_or_spawn, NO_COST};
+pub(crate) use booking::LiveBooking;
 
 /// Passed to the work on every attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,40 +64,12 @@ pub enum EnqueueError<E> {
     },
 }
 
-/// Counts an `enqueue` call on a counter (queued, then in flight) until
-/// dropped.
-struct Counted<'r>(&'r AtomicU64);
-
-impl<'r> Counted<'r> {
-    /// Moves the call to `counter`.
-    fn move_to(&mut self, counter: &'r AtomicU64) {
-        drop_one(self.0);
-        bump(counter);
-        self.0 = counter;
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        drop_one(self.0);
-    }
-}
-
 /// # Queue + execute
 impl ResourceBroker {
-    /// Waits for its turn on `target`, runs `work`, and retries it on 429
-    /// and transient failures by the resource's retry policy. Only the head
-    /// of a state's local queue books in the store; the target's priority,
-    /// flow and deadline set the call's place (see [`Target`]). A 429
-    /// penalizes the bucket for every other consumer;
-    /// `Outcome::Ok { usage, observed }` settles the actual cost and
-    /// reconciles the upstream's headers.
-    ///
-    /// Errors: [`BrokerError::QueueFull`] at once when the queue is full;
-    /// [`BrokerError::WaitTooLong`] when a deadline (the target's, else the
-    /// resource's `queue_deadline`) or the retry policy's ceiling on a
-    /// penalty is met. Dropping the future at any point leaves the queue,
-    /// refunds an unused booking and frees a held slot.
+    /// Waits for its turn on `target` (see [`Target`]), runs `work`, and
+    /// retries it by the resource's retry policy. [`BrokerError::QueueFull`]
+    /// at once; [`BrokerError::WaitTooLong`] past a deadline or the penalty
+    /// ceiling. Dropped, it leaves the queue, refunds and frees its slot.
     ///
     /// ```
     /// use broker_core::{Cost, Outcome, Priority, ResourceBroker, Target};
@@ -186,7 +156,7 @@ impl ResourceBroker {
                 waits.record(started.elapsed());
             }
             let used = booking.consume();
-            bump(&resource.tally().counters.allowed);
+            resource.tally(|c| &c.allowed, 1);
             place.move_to(&live.in_flight);
             let outcome = work(Attempt { number, cost }).await;
             let class = outcome.class();
@@ -208,8 +178,8 @@ impl ResourceBroker {
             // Likewise in the store, for other processes: the penalty, the
             // settlement, then the reconcile, and only then is the slot
             // freed, run to its end even if this call is dropped meanwhile.
-            let settlement = match &outcome {
-                Outcome::Ok { usage, .. } => used.settlement(*usage, penalty_end),
+            let usage = match &outcome {
+                Outcome::Ok { usage, .. } => Some(*usage),
                 _ => None,
             };
             let observed = outcome.observed().cloned();
@@ -217,21 +187,17 @@ impl ResourceBroker {
             to_its_answer(async move {
                 let (resource, key) = (owned, key_owned);
                 if let Some(penalty) = penalty {
-                    broker
-                        .note_upstream_429(&resource, &key, number, retry_after, penalty)
-                        .await;
+                    tracing::info!(
+                        resource = %resource.id,
+                        attempt = number,
+                        retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                        hold_ms = penalty.as_millis() as u64,
+                        "upstream 429"
+                    );
+                    let _ = broker.penalize_key(&resource, &key, penalty).await;
                 }
-                if let Some((spec, change @ (booked, actual, _))) = settlement {
-                    let backend = &broker.inner.backend;
-                    if let Some(task) =
-                        settle_or_spawn(backend, &resource, &key, &spec, change, "settle")
-                    {
-                        let _ = task.await;
-                    }
-                    // Time given back may be the head's of this line.
-                    if actual.requests < booked.requests || actual.tokens < booked.tokens {
-                        resource.lines.gave_back(&key);
-                    }
+                if let Some(task) = usage.and_then(|u| used.settle(u, penalty_end, "settle")) {
+                    let _ = task.await;
                 }
                 if let Some(observed) = observed {
                     let _ = broker.reconcile_key(&resource, &key, &observed).await;
@@ -253,7 +219,7 @@ impl ResourceBroker {
                 });
             }
             let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
-                bump(&resource.tally().counters.retries_exhausted);
+                resource.tally(|c| &c.retries_exhausted, 1);
                 telemetry::count(&resource.id, Signal::RetriesExhausted);
                 let (attempts, last) = (number, class);
                 tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
@@ -263,24 +229,23 @@ impl ResourceBroker {
                     last,
                 });
             };
-            bump(&resource.tally().counters.retries);
+            resource.tally(|c| &c.retries, 1);
             tokio::time::sleep(pause).await;
         };
-        let tally = resource.tally();
-        bump(if result.is_ok() {
-            &tally.counters.completed
-        } else {
-            &tally.counters.failed
-        });
+        resource.tally(
+            match result.is_ok() {
+                true => |c| &c.completed,
+                false => |c| &c.failed,
+            },
+            1,
+        );
         result
     }
 }
 
 impl<E> EnqueueError<E> {
-    /// The class of this error: an exhausted budget keeps its last
-    /// outcome's; a full queue or a wait too long is
-    /// [`OutcomeClass::RateLimited`]; a backend failure
-    /// [`OutcomeClass::Transient`]; the rest [`OutcomeClass::Fatal`].
+    /// The class of this error: an exhausted budget's last outcome's; a
+    /// full queue or wait too long rate-limited; a backend's transient.
     pub fn class(&self) -> OutcomeClass {
         match self {
             EnqueueError::Fatal { .. } => OutcomeClass::Fatal,

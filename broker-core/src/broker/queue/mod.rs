@@ -6,7 +6,6 @@
 //! replicas.
 
 mod drr;
-pub(crate) mod stats;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +15,8 @@ use std::time::Duration;
 use super::Priority;
 use crate::limits::Cost;
 use crate::state::LimitSpec;
+use crate::stats::{FlowStats, Histogram, QueueStats};
 use drr::{Entry, Flows};
-pub use stats::{FlowStats, LevelStats, QueueStats};
 
 /// The lines of one resource id, by state key.
 #[derive(Debug, Default)]
@@ -25,7 +24,7 @@ pub(crate) struct Lines {
     lines: Mutex<HashMap<String, Line>>,
     next: AtomicU64,
     /// By priority.
-    pub(crate) waits: [stats::Histogram; 3],
+    pub(crate) waits: [Histogram; 3],
 }
 
 /// The waiters of one state key.
@@ -323,7 +322,7 @@ impl Lines {
                 queued_cost_ms: units / 1000,
             })
             .collect();
-        stats::snapshot(&self.waits, depth, flows)
+        crate::stats::queue_snapshot(&self.waits, depth, flows)
     }
 }
 
