@@ -105,10 +105,6 @@ impl Healths {
         (state & DOWN == 0).then_some(state >> 1)
     }
 
-    pub(crate) fn is_down(&self, scope: Scope) -> bool {
-        self.get(scope).is_some_and(|h| h.is_down())
-    }
-
     pub(crate) fn any_down(&self) -> bool {
         self.down.load(Ordering::Relaxed) != 0
     }
@@ -256,7 +252,7 @@ mod tests {
         let epoch = h.should_try(dead).expect("up");
         h.failed(dead, "no reply in time", epoch);
         assert!(h.should_try(dead).is_none(), "down: no call goes out");
-        assert!(h.is_down(dead) && !h.is_down(live));
+        assert!(h.should_try(dead).is_none() && h.should_try(live).is_some());
         assert_eq!(h.should_try(live), Some(0));
         h.up(live);
         let s = h.snapshot();

@@ -276,8 +276,8 @@ impl ResourceBroker {
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
             let penalty_end = asked.penalties.until(key);
-            let decision = backend
-                .try_acquire(key, &asked.spec, cost)
+            let decision = backend.try_acquire(key, &asked.spec, cost);
+            let decision = super::pending::in_order(&asked, key, &asked.spec, decision)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
             Ok::<_, BackendError>(in_flight::Unclaimed {
