@@ -50,32 +50,28 @@ pub(crate) async fn in_order<T>(
     decision: impl Future<Output = T>,
 ) -> T {
     let pending = (resource.keeper.as_ref()).map(|k| &k.pending);
-    match pending.filter(|p| spec.max_concurrent.is_some() && p.any()) {
-        None => decision.await,
-        Some(p) => {
-            let ahead = async {
-                let mut taken = Taken(p, p.take(Some(key), |_| true));
-                while let Some((key, lease)) = taken.1.last() {
-                    let _ = p.send(key, *lease).await;
-                    taken.1.pop();
-                }
-                decision.await
-            };
-            let now = tokio::time::Instant::now();
-            crate::store::BEGUN.scope(now, ahead).await
+    let Some(p) = pending.filter(|p| spec.max_concurrent.is_some() && p.any()) else {
+        return decision.await;
+    };
+    let ahead = async {
+        // Those left unsent if the caller goes away stay pending.
+        for (key, lease) in p.list(Some(key), |_| true) {
+            let _ = p.send(&key, lease).await;
         }
-    }
+        decision.await
+    };
+    crate::store::BEGUN
+        .scope(tokio::time::Instant::now(), ahead)
+        .await
 }
 
 impl Pending {
     pub(crate) fn new(store: Arc<dyn Store>) -> Arc<Self> {
-        let (count, retrying) = (AtomicUsize::new(0), AtomicBool::new(false));
-        let by_key = Mutex::default();
         Arc::new(Self {
             store,
-            count,
-            retrying,
-            by_key,
+            count: AtomicUsize::new(0),
+            retrying: AtomicBool::new(false),
+            by_key: Mutex::default(),
         })
     }
 
@@ -87,56 +83,51 @@ impl Pending {
         self.count.load(Ordering::Acquire) != 0
     }
 
-    /// Whether `release` is pending on `key`.
-    fn holds(&self, key: &str, release: Release) -> bool {
-        self.any() && self.lock().get(key).is_some_and(|r| r.contains(&release))
+    /// The releases pending on `key` (`None`: on any) that `which`
+    /// accepts.
+    fn list(&self, key: Option<&str>, which: impl Fn(&Release) -> bool) -> Vec<(String, LeaseId)> {
+        if !self.any() {
+            return Vec::new();
+        }
+        let (map, mut out) = (self.lock(), Vec::new());
+        let mut add = |k: &String, releases: &Vec<Release>| {
+            let of = releases.iter().filter(|r| which(r));
+            out.extend(of.map(|r| (k.clone(), r.lease)));
+        };
+        match key.map(|key| map.get_key_value(key)) {
+            Some(on) => on.into_iter().for_each(|(k, r)| add(k, r)),
+            None => map.iter().for_each(|(k, r)| add(k, r)),
+        }
+        out
     }
 
     /// The release of `lease` on `key`, to be sent from a task: pending
     /// until sent, or until the returned guard is dropped unsent.
     pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
-        let release = Release { lease, kept: false };
-        self.lock().entry(key.clone()).or_default().push(release);
+        let own = Release { lease, kept: false };
+        self.lock().entry(key.clone()).or_default().push(own);
         self.count.fetch_add(1, Ordering::Release);
         let pending = self.clone();
-        OnItsWay {
-            pending,
-            key,
-            lease,
-        }
+        OnItsWay { pending, key, own }
     }
 
-    /// Takes out `release` of `key`: whether it was there.
-    fn remove(&self, key: &str, release: Release) -> bool {
-        !self.take(Some(key), |r| *r == release).is_empty()
-    }
-
-    /// Takes out the releases `take` accepts, of `key` or (`None`) all.
-    fn take(&self, key: Option<&str>, take: impl Fn(&Release) -> bool) -> Vec<(String, LeaseId)> {
+    /// Takes out the releases on `key` that `which` accepts: whether any.
+    fn remove(&self, key: &str, which: impl Fn(&Release) -> bool) -> bool {
         if !self.any() {
-            return Vec::new();
+            return false;
         }
-        let (mut map, mut taken) = (self.lock(), Vec::new());
-        let mut out = |key: &str, releases: &mut Vec<Release>| {
-            releases.retain(|r| {
-                !(take(r) && {
-                    taken.push((key.to_owned(), r.lease));
-                    true
-                })
-            });
-            !releases.is_empty()
+        let mut map = self.lock();
+        let Some(releases) = map.get_mut(key) else {
+            return false;
         };
-        match key {
-            None => map.retain(|k, releases| out(k, releases)),
-            Some(k) if map.get_mut(k).is_some_and(|r| !out(k, r)) => drop(map.remove(k)),
-            Some(_) => {}
+        let before = releases.len();
+        releases.retain(|r| !which(r));
+        let gone = before - releases.len();
+        if releases.is_empty() {
+            map.remove(key);
         }
-        self.count.fetch_sub(taken.len(), Ordering::Release);
-        taken
-    }
-
-    fn holds_kept(&self) -> bool {
-        self.any() && self.lock().values().flatten().any(|r| r.kept)
+        self.count.fetch_sub(gone, Ordering::Release);
+        gone != 0
     }
 
     /// Keeps the release of `lease` on `key`, which could not reach the
@@ -171,25 +162,15 @@ impl Pending {
         }
     }
 
-    /// [`Store::release`], kept if the store is out of reach.
+    /// [`Store::release`]: taken out once answered, kept if the store is
+    /// out of reach.
     async fn send(self: &Arc<Self>, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
         let released = self.store.release(key, lease).await;
-        if released.as_ref().is_err_and(BackendError::is_unavailable) {
-            self.keep(key, lease);
+        match released.as_ref().is_err_and(BackendError::is_unavailable) {
+            true => self.keep(key, lease),
+            false => drop(self.remove(key, |r| r.lease == lease)),
         }
         released
-    }
-}
-
-/// Releases a decision took to send ahead of itself: those it left unsent
-/// (its caller went away) are kept.
-struct Taken<'a>(&'a Arc<Pending>, Vec<(String, LeaseId)>);
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        for (key, lease) in self.1.drain(..) {
-            self.0.keep(&key, lease);
-        }
     }
 }
 
@@ -198,31 +179,24 @@ impl Drop for Taken<'_> {
 pub(crate) struct OnItsWay {
     pending: Arc<Pending>,
     key: String,
-    lease: LeaseId,
+    own: Release,
 }
 
 impl OnItsWay {
-    /// Sends the release, unless a decision did; it stays pending while
-    /// on its way, so a decision meanwhile sends it ahead of itself too.
+    /// Sends the release, unless a decision did (or it was kept); while on
+    /// its way, a decision sends it ahead of itself too.
     pub(crate) async fn send(self) -> Result<bool, BackendError> {
-        let own = Release {
-            lease: self.lease,
-            kept: false,
-        };
-        match self.pending.holds(&self.key, own) {
-            true => self.pending.send(&self.key, self.lease).await,
-            false => Ok(true),
+        let (pending, key) = (&self.pending, self.key.as_str());
+        match pending.list(Some(key), |r| *r == self.own).is_empty() {
+            true => Ok(true),
+            false => pending.send(key, self.own.lease).await,
         }
     }
 }
 
 impl Drop for OnItsWay {
     fn drop(&mut self) {
-        let own = Release {
-            lease: self.lease,
-            kept: false,
-        };
-        self.pending.remove(&self.key, own);
+        self.pending.remove(&self.key, |r| *r == self.own);
     }
 }
 
@@ -234,16 +208,16 @@ async fn retry_kept(running: Retrying) {
         let Some(pending) = running.0.upgrade() else {
             return;
         };
+        let kept = |r: &Release| r.kept;
         if !pending.store.health().down {
-            for (key, lease) in pending.take(None, |r| r.kept) {
-                // Kept again if the store cannot be reached.
+            for (key, lease) in pending.list(None, kept) {
                 let _ = pending.send(&key, lease).await;
             }
         }
-        if !pending.holds_kept() {
+        if pending.list(None, kept).is_empty() {
             drop(running);
             // Kept meanwhile, when `keep` found this task still running.
-            if pending.holds_kept() {
+            if !pending.list(None, kept).is_empty() {
                 pending.retry();
             }
             return;
@@ -268,57 +242,45 @@ mod tests {
     use super::*;
     use crate::broker::tests::NoStore;
 
-    fn held(pending: &Pending, key: &str, lease: LeaseId) -> bool {
-        let own = Release { lease, kept: false };
-        pending.lock().get(key).is_some_and(|r| r.contains(&own))
-    }
-
-    fn taken(pending: &Pending, key: &str) -> Vec<LeaseId> {
-        let taken = pending.take(Some(key), |_| true);
-        taken.into_iter().map(|(_, lease)| lease).collect()
+    fn on(pending: &Pending, key: &str, kept: bool) -> Vec<LeaseId> {
+        let list = pending.list(Some(key), |r| r.kept == kept);
+        list.into_iter().map(|(_, lease)| lease).collect()
     }
 
     #[test]
     fn leases_are_kept_by_key_until_answered_or_taken() {
         let pending = Pending::new(Arc::new(NoStore));
-        assert!(taken(&pending, "a").is_empty());
+        assert!(on(&pending, "a", false).is_empty());
         let ways = [("a", 1), ("a", 2), ("b", 3)].map(|(k, l)| pending.on_its_way(k.into(), l));
-        assert!(held(&pending, "a", 1));
-        let own = |lease| Release { lease, kept: false };
+        assert_eq!(on(&pending, "a", false), [1, 2]);
+        let own = |lease| move |r: &Release| *r == Release { lease, kept: false };
         assert!(pending.remove("a", own(1)));
         assert!(!pending.remove("a", own(1)));
-        assert!(!held(&pending, "a", 1));
-        assert_eq!(taken(&pending, "a"), [2]);
-        assert!(taken(&pending, "a").is_empty(), "taken once");
-        assert!(!pending.remove("a", own(2)), "a decision sent it");
-        assert_eq!(taken(&pending, "b"), [3]);
-        assert!(!pending.remove("b", own(3)));
+        assert_eq!(on(&pending, "a", false), [2]);
+        assert!(pending.remove("a", |_| true), "a decision sent it");
+        assert!(!pending.remove("a", own(2)));
         drop(ways);
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.lock().is_empty());
     }
 
-    /// A kept release is no task's: its task's end leaves it, and it is
-    /// taken by a decision on its key or by the retrying task, once.
+    /// A kept release is no task's: its task's end leaves it, and it stays
+    /// until a decision or the retrying task sends it.
     #[test]
     fn kept_releases_stay_until_a_decision_or_the_retry_takes_them() {
         let pending = Pending::new(Arc::new(NoStore));
         let a = pending.on_its_way("a".into(), 1);
         pending.keep("a", 1);
-        assert!(!held(&pending, "a", 1), "no longer its task's");
+        assert!(on(&pending, "a", false).is_empty(), "no longer its task's");
         drop(a);
-        let own = Release {
-            lease: 1,
-            kept: false,
-        };
-        assert!(!pending.remove("a", own), "its task's end leaves it");
+        assert_eq!(on(&pending, "a", true), [1], "its task's end leaves it");
         pending.keep("b", 2);
         let c = pending.on_its_way("c".into(), 3);
-        assert!(pending.holds_kept());
-        assert_eq!(taken(&pending, "b"), [2]);
-        assert_eq!(pending.take(None, |r| r.kept), [("a".to_owned(), 1)]);
-        assert!(!pending.holds_kept());
-        assert!(held(&pending, "c", 3), "a task's own stays");
+        let mut kept = pending.list(None, |r| r.kept);
+        kept.sort();
+        assert_eq!(kept, [("a".to_owned(), 1), ("b".to_owned(), 2)]);
+        assert!(pending.remove("a", |_| true) && pending.remove("b", |_| true));
+        assert_eq!(on(&pending, "c", false), [3], "a task's own stays");
         drop(c);
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
     }

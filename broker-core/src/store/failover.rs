@@ -39,7 +39,7 @@ pub enum FailurePolicy {
     /// `settle` are dropped.
     FailOpen,
     /// Decisions come from `store`, in this process, holding `share`
-    /// (0 < share ≤ 1) of every limit (see [`scaled`]); a call that share
+    /// (0 < share ≤ 1) of every limit, never rounded up; a call that share
     /// can never admit fails as under fail-closed.
     LocalFallback {
         /// The fraction of every limit this process may use alone.
@@ -103,7 +103,7 @@ impl FailurePolicy {
 /// The limits of `spec` scaled down to `share` for a local fallback store:
 /// bursts times `share` (never rounded up), periods over `share` (rounded
 /// up to a whole µs), concurrency limits times `share` rounded down.
-pub fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
+fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
     LimitSpec {
         buckets: (spec.buckets.iter())
             .map(|(unit, p)| {
@@ -126,26 +126,23 @@ fn admissible(
     cost: Cost,
     slot: bool,
 ) -> Result<(), BackendError> {
-    let no_slot = (slot && scaled.max_concurrent == Some(0))
-        .then(|| format!("the local fallback's share {share} of the concurrency limit is no slot"));
-    let why = no_slot.or_else(|| {
-        scaled.buckets.iter().find_map(|(unit, p)| {
-            let c = cost.of(*unit);
-            (c as f64 > p.capacity()).then(|| {
-                format!(
-                    "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
-                    p.capacity(),
-                    unit.as_str()
-                )
-            })
-        })
-    });
-    match why {
-        None => Ok(()),
-        Some(why) => Err(BackendError::unavailable(format!(
-            "store unreachable, {op} refused: {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
-        ))),
-    }
+    let short = scaled
+        .buckets
+        .iter()
+        .find(|(u, p)| cost.of(*u) as f64 > p.capacity());
+    let why = match short {
+        _ if slot && scaled.max_concurrent == Some(0) => "the concurrency limit is no slot".into(),
+        Some((u, p)) => format!(
+            "a limit holds {} {}, less than the cost {}",
+            p.capacity(),
+            u.as_str(),
+            cost.of(*u)
+        ),
+        None => return Ok(()),
+    };
+    Err(BackendError::unavailable(format!(
+        "store unreachable, {op} refused: the local fallback's share {share} of {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
+    )))
 }
 
 /// A store that answers by a [`FailurePolicy`] while its primary is
@@ -184,21 +181,16 @@ impl<P: Store> Failover<P> {
         &self.primary
     }
 
-    /// The policy that answers while the primary is unreachable.
-    pub fn policy(&self) -> &FailurePolicy {
-        &self.policy
-    }
-
     /// The primary's answer `primary`, else (unreachable) the policy's to
     /// `op`: an error under fail-closed, `open()` under fail-open,
     /// `fallback(store, spec scaled, share)` under a local fallback.
-    async fn or_policy<'a, T, F>(
-        &'a self,
+    async fn or_policy<T, F>(
+        &self,
         op: &'static str,
         spec: &LimitSpec,
         primary: Result<T, BackendError>,
         open: impl FnOnce() -> T,
-        fallback: impl FnOnce(&'a dyn Store, LimitSpec, f64) -> F,
+        fallback: impl FnOnce(Arc<dyn Store>, LimitSpec, f64) -> F,
     ) -> Result<T, BackendError>
     where
         F: Future<Output = Result<T, BackendError>>,
@@ -215,7 +207,7 @@ impl<P: Store> Failover<P> {
             ))),
             FailurePolicy::FailOpen => Ok(open()),
             FailurePolicy::LocalFallback { share, store } => {
-                fallback(&**store, scaled(spec, *share), *share).await
+                fallback(store.clone(), scaled(spec, *share), *share).await
             }
         }
     }
@@ -229,8 +221,10 @@ impl<P: Store> Failover<P> {
         let FailurePolicy::LocalFallback { store, .. } = &self.policy else {
             return None;
         };
-        let here = self.granted().remove(&lease);
-        Some(store.release(key, lease).await).filter(|_| here)
+        if !self.granted().remove(&lease) {
+            return None;
+        }
+        Some(store.release(key, lease).await)
     }
 }
 
@@ -245,19 +239,14 @@ impl<P: Store> Store for Failover<P> {
         let primary = self.primary.try_acquire(key, spec, cost).await;
         let open =
             || Decision::allow(spec.max_concurrent.map(|_| rand::random())).by_failure_policy();
-        self.or_policy(
-            "try_acquire",
-            spec,
-            primary,
-            open,
-            |store, scaled: LimitSpec, share| async move {
-                admissible("try_acquire", &scaled, share, cost, true)?;
-                let decided = store.try_acquire(key, &scaled, cost).await?;
-                self.granted().extend(decided.lease);
-                Ok(decided.by_failure_policy())
-            },
-        )
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
+            admissible("try_acquire", &scaled, share, cost, true)?;
+            let decided = store.try_acquire(key, &scaled, cost).await?;
+            self.granted().extend(decided.lease);
+            Ok(decided.by_failure_policy())
+        };
+        self.or_policy("try_acquire", spec, primary, open, local)
+            .await
     }
 
     async fn book(
@@ -275,19 +264,13 @@ impl<P: Store> Store for Failover<P> {
             booked: true,
             since,
         };
-        self.or_policy(
-            "book",
-            spec,
-            primary,
-            open,
-            |store, scaled: LimitSpec, share| async move {
-                // A booking takes no slot: only the rates count.
-                admissible("book", &scaled, share, cost, false)?;
-                let booked = store.book(key, &scaled, cost, max_wait).await?;
-                Ok(Booking { since, ..booked })
-            },
-        )
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
+            // A booking takes no slot: only the rates count.
+            admissible("book", &scaled, share, cost, false)?;
+            let booked = store.book(key, &scaled, cost, max_wait).await?;
+            Ok(Booking { since, ..booked })
+        };
+        self.or_policy("book", spec, primary, open, local).await
     }
 
     async fn take_slot(
@@ -297,19 +280,14 @@ impl<P: Store> Store for Failover<P> {
     ) -> Result<Option<LeaseId>, BackendError> {
         let primary = self.primary.take_slot(key, spec).await;
         let open = || Some(rand::random());
-        self.or_policy(
-            "take_slot",
-            spec,
-            primary,
-            open,
-            |store, scaled: LimitSpec, share| async move {
-                admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
-                let held = store.take_slot(key, &scaled).await?;
-                self.granted().extend(held);
-                Ok(held)
-            },
-        )
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
+            admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
+            let held = store.take_slot(key, &scaled).await?;
+            self.granted().extend(held);
+            Ok(held)
+        };
+        self.or_policy("take_slot", spec, primary, open, local)
+            .await
     }
 
     /// A lease the fallback granted is freed there; the primary's error is
@@ -339,11 +317,9 @@ impl<P: Store> Store for Failover<P> {
             let _ = self.release_here(key, lease).await;
         }
         // Unreachable: the next renewal tries again.
-        let held = || Renewal::Held;
-        self.or_policy("renew", spec, renewed, held, |_, _, _| async {
-            Ok(Renewal::Held)
-        })
-        .await
+        let local = |_, _, _| async { Ok(Renewal::Held) };
+        self.or_policy("renew", spec, renewed, || Renewal::Held, local)
+            .await
     }
 
     async fn settle(
@@ -372,16 +348,10 @@ impl<P: Store> Store for Failover<P> {
             requests: actual.requests.max(booked.requests),
             tokens: actual.tokens.max(booked.tokens),
         };
-        self.or_policy(
-            "settle",
-            spec,
-            primary,
-            || (),
-            |store, scaled: LimitSpec, _| async move {
-                store.settle(key, &scaled, booked, used, None).await
-            },
-        )
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.settle(key, &scaled, booked, used, None).await
+        };
+        self.or_policy("settle", spec, primary, || (), local).await
     }
 
     async fn penalize(
@@ -391,10 +361,11 @@ impl<P: Store> Store for Failover<P> {
         penalty: Duration,
     ) -> Result<(), BackendError> {
         let primary = self.primary.penalize(key, spec, penalty).await;
-        self.or_policy("penalize", spec, primary, || (), |store, scaled: LimitSpec, _| async move {
-                store.penalize(key, &scaled, penalty).await
-            })
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.penalize(key, &scaled, penalty).await
+        };
+        self.or_policy("penalize", spec, primary, || (), local)
+            .await
     }
 
     async fn wait_left(
@@ -404,14 +375,11 @@ impl<P: Store> Store for Failover<P> {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let primary = self.primary.wait_left(key, spec, cost).await;
-        self.or_policy(
-            "wait_left",
-            spec,
-            primary,
-            || 0,
-            |store, scaled: LimitSpec, _| async move { store.wait_left(key, &scaled, cost).await },
-        )
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.wait_left(key, &scaled, cost).await
+        };
+        self.or_policy("wait_left", spec, primary, || 0, local)
+            .await
     }
 
     async fn reconcile(
@@ -421,10 +389,11 @@ impl<P: Store> Store for Failover<P> {
         observed: &ObservedLimit,
     ) -> Result<(), BackendError> {
         let primary = self.primary.reconcile(key, spec, observed).await;
-        self.or_policy("reconcile", spec, primary, || (), |store, scaled: LimitSpec, _| async move {
-                store.reconcile(key, &scaled, observed).await
-            })
-        .await
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.reconcile(key, &scaled, observed).await
+        };
+        self.or_policy("reconcile", spec, primary, || (), local)
+            .await
     }
 
     fn health(&self) -> BackendHealth {
