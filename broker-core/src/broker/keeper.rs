@@ -94,7 +94,7 @@ impl std::fmt::Debug for Keeper {
 impl Keeper {
     pub(crate) fn new(backend: Arc<dyn Store>) -> Self {
         Self {
-            pending: super::pending::Pending::new(backend.clone()),
+            pending: Arc::new(super::pending::Pending::new(backend.clone())),
             backend,
             held: Mutex::new(Held::default()),
         }

@@ -1,14 +1,14 @@
-//! Releases not yet sent to a store with I/O: a dropped permit's, on its
-//! way from a task, or kept while the store was out of reach. A decision
-//! that can take a slot on a key sends that key's first, within its own
-//! bound ([`crate::store::begun`]), so it never overtakes a release made
-//! before it (which would count a freed slot as taken); kept ones are sent
-//! again once the store reads up.
+//! Releases not yet sent to a store with I/O, each a dropped permit's, on
+//! its way from a task of its own. A decision that can take a slot on a key
+//! sends that key's first, within its own bound ([`crate::store::begun`]),
+//! so it never overtakes a release made before it (which would count a
+//! freed slot as taken). A release that cannot reach the store stays
+//! pending, and its task sends it again once the store reads up.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::Resource;
@@ -20,25 +20,17 @@ use crate::store::Store;
 /// to its lease's TTL.
 const MAX_KEPT: usize = 100_000;
 
-/// How often the kept releases are sent again while the store reads up.
-const RETRY_EVERY: Duration = Duration::from_millis(50);
+/// The first and the longest wait before a release that could not reach
+/// the store is sent again (once the store reads up).
+const RETRY: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(500)];
 
 /// The releases not yet sent, by state key.
 pub(crate) struct Pending {
     store: Arc<dyn Store>,
-    /// How many releases `by_key` holds: a decision finds none without the
+    /// How many leases `by_key` holds: a decision finds none without the
     /// lock.
     count: AtomicUsize,
-    /// Whether the task that sends the kept ones runs.
-    retrying: AtomicBool,
-    by_key: Mutex<HashMap<String, Vec<Release>>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Release {
-    lease: LeaseId,
-    /// Kept after the store could not be reached: no task sends it.
-    kept: bool,
+    by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
 }
 
 /// `decision`, which may take a slot on state `key` of `resource` under
@@ -54,9 +46,12 @@ pub(crate) async fn in_order<T>(
         return decision.await;
     };
     let ahead = async {
-        // Those left unsent if the caller goes away stay pending.
-        for (key, lease) in p.list(Some(key), |_| true) {
-            let _ = p.send(&key, lease).await;
+        let leases = p.lock().get(key).cloned().unwrap_or_default();
+        for lease in leases {
+            // Taken out once answered; one out of reach stays its task's.
+            if p.store.release(key, lease).await.is_ok() {
+                p.remove(key, lease);
+            }
         }
         decision.await
     };
@@ -66,16 +61,16 @@ pub(crate) async fn in_order<T>(
 }
 
 impl Pending {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Self {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        let (count, by_key) = (AtomicUsize::new(0), Mutex::default());
+        Self {
             store,
-            count: AtomicUsize::new(0),
-            retrying: AtomicBool::new(false),
-            by_key: Mutex::default(),
-        })
+            count,
+            by_key,
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<Release>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
         self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -83,157 +78,79 @@ impl Pending {
         self.count.load(Ordering::Acquire) != 0
     }
 
-    /// The releases pending on `key` (`None`: on any) that `which`
-    /// accepts.
-    fn list(&self, key: Option<&str>, which: impl Fn(&Release) -> bool) -> Vec<(String, LeaseId)> {
+    fn holds(&self, key: &str, lease: LeaseId) -> bool {
+        self.any() && self.lock().get(key).is_some_and(|l| l.contains(&lease))
+    }
+
+    /// Takes out `lease` on `key`: whether it was there.
+    fn remove(&self, key: &str, lease: LeaseId) -> bool {
         if !self.any() {
-            return Vec::new();
+            return false;
         }
-        let (map, mut out) = (self.lock(), Vec::new());
-        let mut add = |k: &String, releases: &Vec<Release>| {
-            let of = releases.iter().filter(|r| which(r));
-            out.extend(of.map(|r| (k.clone(), r.lease)));
+        let mut map = self.lock();
+        let Some(leases) = map.get_mut(key) else {
+            return false;
         };
-        match key.map(|key| map.get_key_value(key)) {
-            Some(on) => on.into_iter().for_each(|(k, r)| add(k, r)),
-            None => map.iter().for_each(|(k, r)| add(k, r)),
+        let at = leases.iter().position(|l| *l == lease);
+        if let Some(at) = at {
+            leases.swap_remove(at);
+            self.count.fetch_sub(1, Ordering::Release);
         }
-        out
+        if leases.is_empty() {
+            map.remove(key);
+        }
+        at.is_some()
     }
 
     /// The release of `lease` on `key`, to be sent from a task: pending
-    /// until sent, or until the returned guard is dropped unsent.
+    /// until sent, or until the returned guard is dropped.
     pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
-        let own = Release { lease, kept: false };
-        self.lock().entry(key.clone()).or_default().push(own);
+        self.lock().entry(key.clone()).or_default().push(lease);
         self.count.fetch_add(1, Ordering::Release);
         let pending = self.clone();
-        OnItsWay { pending, key, own }
-    }
-
-    /// Takes out the releases on `key` that `which` accepts: whether any.
-    fn remove(&self, key: &str, which: impl Fn(&Release) -> bool) -> bool {
-        if !self.any() {
-            return false;
+        OnItsWay {
+            pending,
+            key,
+            lease,
         }
-        let mut map = self.lock();
-        let Some(releases) = map.get_mut(key) else {
-            return false;
-        };
-        let before = releases.len();
-        releases.retain(|r| !which(r));
-        let gone = before - releases.len();
-        if releases.is_empty() {
-            map.remove(key);
-        }
-        self.count.fetch_sub(gone, Ordering::Release);
-        gone != 0
-    }
-
-    /// Keeps the release of `lease` on `key`, which could not reach the
-    /// store, for the next decision on `key` or the retrying task.
-    fn keep(self: &Arc<Self>, key: &str, lease: LeaseId) {
-        let mut map = self.lock();
-        let releases = map.entry(key.to_owned()).or_default();
-        match releases.iter_mut().find(|r| r.lease == lease) {
-            Some(r) => r.kept = true,
-            None if self.count.load(Ordering::Relaxed) < MAX_KEPT => {
-                releases.push(Release { lease, kept: true });
-                self.count.fetch_add(1, Ordering::Release);
-            }
-            None => {
-                if releases.is_empty() {
-                    map.remove(key);
-                }
-                return tracing::debug!("too many releases kept while the store is out of reach; this one is left to its lease's ttl");
-            }
-        }
-        drop(map);
-        self.retry();
-    }
-
-    /// Starts the task that sends the kept releases, unless it runs.
-    fn retry(self: &Arc<Self>) {
-        if !self.retrying.swap(true, Ordering::AcqRel) {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(retry_kept(Retrying(Arc::downgrade(self))))),
-                Err(_) => self.retrying.store(false, Ordering::Release),
-            }
-        }
-    }
-
-    /// [`Store::release`]: taken out once answered, kept if the store is
-    /// out of reach.
-    async fn send(self: &Arc<Self>, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        let released = self.store.release(key, lease).await;
-        match released.as_ref().is_err_and(BackendError::is_unavailable) {
-            true => self.keep(key, lease),
-            false => drop(self.remove(key, |r| r.lease == lease)),
-        }
-        released
     }
 }
 
-/// A release sent from a task, pending while on its way; dropped unsent
-/// (its task dropped with its runtime), it leaves nothing pending.
+/// A release sent from a task, pending while on its way; dropped (its task
+/// done, or dropped unrun with its runtime), it leaves nothing pending.
 pub(crate) struct OnItsWay {
     pending: Arc<Pending>,
     key: String,
-    own: Release,
+    lease: LeaseId,
 }
 
 impl OnItsWay {
-    /// Sends the release, unless a decision did (or it was kept); while on
-    /// its way, a decision sends it ahead of itself too.
+    /// Sends the release, unless a decision did; while it is on its way a
+    /// decision sends it ahead of itself too. Out of reach, it is sent
+    /// again once the store reads up (past [`MAX_KEPT`], left to its TTL).
     pub(crate) async fn send(self) -> Result<bool, BackendError> {
-        let (pending, key) = (&self.pending, self.key.as_str());
-        match pending.list(Some(key), |r| *r == self.own).is_empty() {
-            true => Ok(true),
-            false => pending.send(key, self.own.lease).await,
+        let (pending, key, mut wait) = (&self.pending, self.key.as_str(), RETRY[0]);
+        loop {
+            if !pending.holds(key, self.lease) {
+                return Ok(true);
+            }
+            let released = pending.store.release(key, self.lease).await;
+            let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
+            if !out_of_reach || pending.count.load(Ordering::Relaxed) > MAX_KEPT {
+                return released;
+            }
+            while {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY[1]);
+                pending.store.health().down
+            } {}
         }
     }
 }
 
 impl Drop for OnItsWay {
     fn drop(&mut self) {
-        self.pending.remove(&self.key, |r| *r == self.own);
-    }
-}
-
-/// Sends the kept releases once the store reads up, every
-/// [`RETRY_EVERY`], until none is kept.
-async fn retry_kept(running: Retrying) {
-    loop {
-        tokio::time::sleep(RETRY_EVERY).await;
-        let Some(pending) = running.0.upgrade() else {
-            return;
-        };
-        let kept = |r: &Release| r.kept;
-        if !pending.store.health().down {
-            for (key, lease) in pending.list(None, kept) {
-                let _ = pending.send(&key, lease).await;
-            }
-        }
-        if pending.list(None, kept).is_empty() {
-            drop(running);
-            // Kept meanwhile, when `keep` found this task still running.
-            if !pending.list(None, kept).is_empty() {
-                pending.retry();
-            }
-            return;
-        }
-    }
-}
-
-/// The retrying task while it runs: dropped, it lets the next kept release
-/// start one again.
-struct Retrying(Weak<Pending>);
-
-impl Drop for Retrying {
-    fn drop(&mut self) {
-        if let Some(pending) = self.0.upgrade() {
-            pending.retrying.store(false, Ordering::Release);
-        }
+        self.pending.remove(&self.key, self.lease);
     }
 }
 
@@ -242,54 +159,29 @@ mod tests {
     use super::*;
     use crate::broker::tests::NoStore;
 
-    fn on(pending: &Pending, key: &str, kept: bool) -> Vec<LeaseId> {
-        let list = pending.list(Some(key), |r| r.kept == kept);
-        list.into_iter().map(|(_, lease)| lease).collect()
-    }
-
     #[test]
     fn leases_are_kept_by_key_until_answered_or_taken() {
-        let pending = Pending::new(Arc::new(NoStore));
-        assert!(on(&pending, "a", false).is_empty());
+        let pending = Arc::new(Pending::new(Arc::new(NoStore)));
+        assert!(!pending.holds("a", 1));
         let ways = [("a", 1), ("a", 2), ("b", 3)].map(|(k, l)| pending.on_its_way(k.into(), l));
-        assert_eq!(on(&pending, "a", false), [1, 2]);
-        let own = |lease| move |r: &Release| *r == Release { lease, kept: false };
-        assert!(pending.remove("a", own(1)));
-        assert!(!pending.remove("a", own(1)));
-        assert_eq!(on(&pending, "a", false), [2]);
-        assert!(pending.remove("a", |_| true), "a decision sent it");
-        assert!(!pending.remove("a", own(2)));
+        assert!(pending.holds("a", 1));
+        assert!(pending.remove("a", 1));
+        assert!(!pending.remove("a", 1));
+        assert!(!pending.holds("a", 1));
+        assert!(pending.remove("a", 2), "a decision sent it");
+        assert!(!pending.remove("a", 2), "taken once");
+        assert!(pending.holds("b", 3));
         drop(ways);
+        assert!(!pending.holds("b", 3), "its task's end takes it out");
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.lock().is_empty());
-    }
-
-    /// A kept release is no task's: its task's end leaves it, and it stays
-    /// until a decision or the retrying task sends it.
-    #[test]
-    fn kept_releases_stay_until_a_decision_or_the_retry_takes_them() {
-        let pending = Pending::new(Arc::new(NoStore));
-        let a = pending.on_its_way("a".into(), 1);
-        pending.keep("a", 1);
-        assert!(on(&pending, "a", false).is_empty(), "no longer its task's");
-        drop(a);
-        assert_eq!(on(&pending, "a", true), [1], "its task's end leaves it");
-        pending.keep("b", 2);
-        let c = pending.on_its_way("c".into(), 3);
-        let mut kept = pending.list(None, |r| r.kept);
-        kept.sort();
-        assert_eq!(kept, [("a".to_owned(), 1), ("b".to_owned(), 2)]);
-        assert!(pending.remove("a", |_| true) && pending.remove("b", |_| true));
-        assert_eq!(on(&pending, "c", false), [3], "a task's own stays");
-        drop(c);
-        assert_eq!(pending.count.load(Ordering::Relaxed), 0);
     }
 
     /// Release tasks dropped unrun with their runtime leave nothing
     /// pending.
     #[test]
     fn a_release_whose_task_never_ran_does_not_stay_pending() {
-        let pending = Pending::new(Arc::new(NoStore));
+        let pending = Arc::new(Pending::new(Arc::new(NoStore)));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
