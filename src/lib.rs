@@ -60,7 +60,7 @@ pub mod stats {
 /// capabilities, [`Failover`](store::Failover), and the model a store runs.
 pub mod store {
     pub use broker_core::store::{
-        Failover, LocalStates, LocalStore, Releases, Renewal, Store, Turn, TurnAsk, Turns,
+        Failover, LocalStates, LocalStore, Renewal, Store, Turn, TurnAsk, Turns,
     };
     pub use broker_core::{bucket, keys, state};
     pub use broker_core::{

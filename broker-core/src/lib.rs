@@ -30,4 +30,4 @@ pub use observed::{Observed, ObservedLimit};
 pub use retry::{Outcome, OutcomeClass, RetryPolicy};
 pub use state::{Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Verdict};
 pub use stats::{BackendHealth, BrokerStats, ResourceKind, ResourceStats};
-pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Releases, Renewal, Store};
+pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Renewal, Store};

@@ -1,43 +1,58 @@
 //! A permit dropped on a store that needs I/O is released from a task of
-//! its own: through the store's [`Releases`] capability when it has one
-//! (announced first, without I/O, then sent), by a plain
-//! [`Store::release`] when it has none.
+//! its own, pending on its key meanwhile: a decision that can take a slot
+//! there sends it first; one that could not reach the store is kept and
+//! sent again; a task dropped unrun leaves nothing pending.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use broker_core::store::Releases;
 use broker_core::{
-    BackendError, Booking, Cost, Decision, Failover, FailurePolicy, LeaseId, LimitSpec, Limits,
-    Marks, ObservedLimit, ResourceBroker, Store,
+    BackendError, BackendHealth, Booking, Cost, Decision, DenyReason, Failover, FailurePolicy,
+    LeaseId, LimitSpec, Limits, Marks, ObservedLimit, ResourceBroker, Store,
 };
 
-/// A store that needs I/O (no local capability) and records the release
-/// calls it is made; with the [`Releases`] capability if `pending`.
+/// A store that needs I/O (no local capability), holds slots and records
+/// the calls it is made; out of reach while `down`.
 #[derive(Debug, Default)]
 struct Recording {
-    pending: bool,
     leases: AtomicU64,
+    held: Mutex<HashSet<LeaseId>>,
+    down: Arc<AtomicBool>,
     calls: Calls,
 }
 
-/// The release calls a store was made, in order.
+/// The calls a store was made, in order.
 type Calls = Arc<Mutex<Vec<(&'static str, LeaseId)>>>;
 
 impl Recording {
     fn note(&self, call: &'static str, lease: LeaseId) {
         self.calls.lock().unwrap().push((call, lease));
     }
+
+    fn reach(&self) -> Result<(), BackendError> {
+        match self.down.load(Ordering::SeqCst) {
+            true => Err(BackendError::unavailable("down")),
+            false => Ok(()),
+        }
+    }
 }
 
 #[async_trait]
 impl Store for Recording {
-    async fn try_acquire(&self, _: &str, _: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
-        Ok(Decision::allow(Some(
-            self.leases.fetch_add(1, Ordering::SeqCst) + 1,
-        )))
+    async fn try_acquire(&self, _: &str, s: &LimitSpec, _: Cost) -> Result<Decision, BackendError> {
+        self.reach()?;
+        let mut held = self.held.lock().unwrap();
+        if s.max_concurrent.is_some_and(|m| held.len() >= m as usize) {
+            self.note("denied", 0);
+            return Ok(Decision::deny(DenyReason::Concurrency, 0));
+        }
+        let lease = self.leases.fetch_add(1, Ordering::SeqCst) + 1;
+        held.insert(lease);
+        self.note("try_acquire", lease);
+        Ok(Decision::allow(Some(lease)))
     }
     async fn book(
         &self,
@@ -52,8 +67,12 @@ impl Store for Recording {
         Err(BackendError::new("unused"))
     }
     async fn release(&self, _: &str, lease: LeaseId) -> Result<bool, BackendError> {
+        if let Err(e) = self.reach() {
+            self.note("unreached", lease);
+            return Err(e);
+        }
         self.note("release", lease);
-        Ok(true)
+        Ok(self.held.lock().unwrap().remove(&lease))
     }
     async fn settle(
         &self,
@@ -76,47 +95,38 @@ impl Store for Recording {
     ) -> Result<(), BackendError> {
         Ok(())
     }
-    fn releases(&self) -> Option<&dyn Releases> {
-        self.pending.then_some(self as &dyn Releases)
+    fn health(&self) -> BackendHealth {
+        BackendHealth {
+            down: self.down.load(Ordering::SeqCst),
+            ..BackendHealth::default()
+        }
     }
 }
 
-#[async_trait]
-impl Releases for Recording {
-    fn release_sent(&self, _: &str, lease: LeaseId) {
-        self.note("sent", lease);
-    }
-    fn release_unsent(&self, _: &str, lease: LeaseId) {
-        self.note("unsent", lease);
-    }
-    async fn release_announced(&self, _: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        self.note("announced", lease);
-        Ok(true)
-    }
-}
-
-/// A broker on a recording store, with one resource of one slot.
-fn broker(pending: bool) -> (ResourceBroker, Calls) {
-    let store = Recording {
-        pending,
-        ..Recording::default()
-    };
-    let calls = store.calls.clone();
+/// A broker on `store`, with one resource of one slot.
+fn one_slot(store: impl Store) -> ResourceBroker {
     let broker = ResourceBroker::new(store);
     broker
         .register_limit("r", Limits::new().max_concurrent(1))
         .unwrap();
-    (broker, calls)
+    broker
 }
 
-/// The calls made, once the release task has made `count` of them.
+/// A broker on a recording store, with one resource of one slot.
+fn broker() -> (ResourceBroker, Calls, Arc<AtomicBool>) {
+    let store = Recording::default();
+    let (calls, down) = (store.calls.clone(), store.down.clone());
+    (one_slot(store), calls, down)
+}
+
+/// The calls made, once `count` of them are.
 async fn calls_after(calls: &Calls, count: usize) -> Vec<(&'static str, LeaseId)> {
     for _ in 0..1000 {
         let made = calls.lock().unwrap().clone();
         if made.len() >= count {
             break;
         }
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     // Room for a call too many to show.
     for _ in 0..10 {
@@ -126,70 +136,100 @@ async fn calls_after(calls: &Calls, count: usize) -> Vec<(&'static str, LeaseId)
 }
 
 #[tokio::test]
-async fn a_store_without_the_capability_gets_a_plain_release() {
-    let (broker, calls) = broker(false);
+async fn a_dropped_permit_is_released_from_a_task() {
+    let (broker, calls, _) = broker();
     let acquired = broker.try_acquire("r", Cost::default()).await.unwrap();
     assert!(acquired.allowed);
     drop(acquired);
-    assert_eq!(calls_after(&calls, 1).await, vec![("release", 1)]);
+    let made = calls_after(&calls, 2).await;
+    assert_eq!(made, vec![("try_acquire", 1), ("release", 1)]);
 }
 
+/// A decision on the key of a release still on its way sends it first,
+/// so it finds the slot free; the task then sends it no more.
 #[tokio::test]
-async fn a_store_with_the_capability_is_told_then_sent_its_release() {
-    let (broker, calls) = broker(true);
+async fn a_decision_sends_the_release_on_its_way_ahead_of_itself() {
+    let (broker, calls, _) = broker();
     let acquired = broker.try_acquire("r", Cost::default()).await.unwrap();
-    assert!(acquired.allowed);
     drop(acquired);
-    // Told at once, in the dropping caller's line, before the task runs.
-    assert_eq!(calls.lock().unwrap().clone(), vec![("sent", 1)]);
-    // Sent from the task, then forgotten (the task's end, after the send).
+    let next = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(next.allowed, "the slot freed just before");
     let made = calls_after(&calls, 3).await;
-    assert_eq!(made, vec![("sent", 1), ("announced", 1), ("unsent", 1)]);
+    let order = vec![("try_acquire", 1), ("release", 1), ("try_acquire", 2)];
+    assert_eq!(made, order);
+    drop(next);
 }
 
-/// A release task dropped unrun (its runtime shut down) tells the store
-/// the release will not come.
+/// A release task dropped unrun (its runtime shut down) leaves nothing
+/// pending: the next decision sends nothing ahead (the lease is left to
+/// its TTL).
 #[test]
-fn a_release_task_dropped_unrun_is_reported_unsent() {
-    let (broker, calls) = broker(true);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+fn a_release_task_dropped_unrun_leaves_nothing_pending() {
+    let (broker, calls, _) = broker();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    runtime().block_on(async {
         let acquired = broker.try_acquire("r", Cost::default()).await.unwrap();
         assert!(acquired.allowed);
         drop(acquired);
     });
-    drop(runtime);
+    runtime().block_on(async {
+        let next = broker.try_acquire("r", Cost::default()).await.unwrap();
+        assert!(!next.allowed);
+    });
     let made = calls.lock().unwrap().clone();
-    assert_eq!(made, vec![("sent", 1), ("unsent", 1)]);
+    assert_eq!(made, vec![("try_acquire", 1), ("denied", 0)]);
 }
 
-/// A failover has the capability when its primary has it, forwarding to
-/// it, or when it has a local fallback (whose leases it frees at once);
-/// otherwise not, and its permits get a plain release.
+/// A release that could not reach the store is kept: sent ahead of the
+/// next decision on its key, or, with none, once the store reads up.
 #[tokio::test]
-async fn a_failover_has_the_capability_of_its_primary_or_its_fallback() {
-    let store = |pending| Recording {
-        pending,
-        ..Recording::default()
-    };
-    let plain = Failover::new(store(false), FailurePolicy::FailOpen).unwrap();
-    assert!(plain.releases().is_none());
-    let fallback = FailurePolicy::local_fallback(0.5, store(false));
-    assert!(Failover::new(store(false), fallback)
-        .unwrap()
-        .releases()
-        .is_some());
+async fn a_release_out_of_reach_is_kept_and_sent_again() {
+    let (broker, calls, down) = broker();
+    let acquired = broker.try_acquire("r", Cost::default()).await.unwrap();
+    down.store(true, Ordering::SeqCst);
+    drop(acquired);
+    assert_eq!(calls_after(&calls, 2).await[1], ("unreached", 1));
+    down.store(false, Ordering::SeqCst);
+    let next = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(next.allowed, "the kept release went first");
+    let made = calls_after(&calls, 4).await;
+    assert_eq!(made[2..], [("release", 1), ("try_acquire", 2)]);
 
-    let pending = store(true);
-    let calls = pending.calls.clone();
-    let failover = Failover::new(pending, FailurePolicy::FailClosed).unwrap();
-    let releases = failover.releases().expect("the primary's");
-    releases.release_sent("r", 4);
-    assert!(releases.release_announced("r", 4).await.unwrap());
-    releases.release_unsent("r", 4);
-    let made = calls.lock().unwrap().clone();
-    assert_eq!(made, vec![("sent", 4), ("announced", 4), ("unsent", 4)]);
+    down.store(true, Ordering::SeqCst);
+    drop(next);
+    assert_eq!(calls_after(&calls, 5).await[4], ("unreached", 2));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(calls.lock().unwrap().len(), 5, "not sent while down");
+    down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        calls_after(&calls, 6).await[5],
+        ("release", 2),
+        "sent once up"
+    );
+}
+
+/// Under a local fallback, a lease the fallback granted is freed there,
+/// never sent to the primary: the next caller gets the slot.
+#[tokio::test]
+async fn a_local_fallback_lease_is_freed_in_the_fallback() {
+    let primary = Recording::default();
+    primary.down.store(true, Ordering::SeqCst);
+    let fallback = Recording::default();
+    let (to_primary, here) = (primary.calls.clone(), fallback.calls.clone());
+    let policy = FailurePolicy::local_fallback(1.0, fallback);
+    let broker = one_slot(Failover::new(primary, policy).unwrap());
+    let first = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(first.allowed && first.answered_here);
+    drop(first);
+    let next = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(next.allowed && next.answered_here, "the slot freed here");
+    let made = calls_after(&here, 3).await;
+    let order = vec![("try_acquire", 1), ("release", 1), ("try_acquire", 2)];
+    assert_eq!(made, order);
+    assert!(to_primary.lock().unwrap().is_empty());
 }

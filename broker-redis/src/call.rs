@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use broker_core::{BackendError, LeaseId, Micros, Store};
+use broker_core::{BackendError, LeaseId, Micros};
 use redis::{Cmd, RedisResult, Value};
 use tokio::time::Instant;
 
@@ -33,34 +33,6 @@ pub(crate) fn micros_of(s: &str) -> Result<Micros, BackendError> {
     s.parse::<f64>()
         .map(|x| x as Micros)
         .map_err(|_| BackendError::new(format!("bad number from script: {s:?}")))
-}
-
-/// Releases a decision took out of the pending ones to send ahead of
-/// itself: if the decision goes away first, those not yet sent are sent
-/// from a task (a second send of one is harmless: `release` is idempotent).
-pub(crate) struct TakenReleases<'a> {
-    pub(crate) backend: &'a RedisBackend,
-    pub(crate) key: &'a str,
-    pub(crate) leases: Vec<LeaseId>,
-}
-
-impl Drop for TakenReleases<'_> {
-    fn drop(&mut self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if self.leases.is_empty() {
-            return;
-        }
-        let backend = self.backend.clone();
-        let key = self.key.to_owned();
-        let leases = std::mem::take(&mut self.leases);
-        runtime.spawn(async move {
-            for lease in leases {
-                let _ = backend.release(&key, lease).await;
-            }
-        });
-    }
 }
 
 impl RedisBackend {
@@ -127,16 +99,6 @@ impl RedisBackend {
         // Starts the probe again if its task was dropped with its runtime.
         self.watch();
         unreachable("redis is down (waiting for the probe to find it back)")
-    }
-
-    /// Keeps the release of `lease` on `key`, which could not reach Redis,
-    /// for the next decision on `key` or the background probe.
-    pub(crate) fn keep_release(&self, key: &str, lease: LeaseId) {
-        if self.inner.pending.keep(key, lease) {
-            self.watch();
-        } else {
-            tracing::debug!("too many releases kept while redis is out of reach; this one is left to its lease's ttl");
-        }
     }
 
     /// Sorts a reply into a value, an outage of `scope` (unless one ended
@@ -257,7 +219,8 @@ pub(crate) enum Undo {
 
 /// `deadline` for a call starting now and lasting at most `timeout`.
 pub(crate) fn after(timeout: Duration) -> Instant {
-    let now = Instant::now();
+    // From the start of the broker's call, if it sent releases first.
+    let now = broker_core::store::begun().unwrap_or_else(Instant::now);
     // `Duration::MAX` ("no limit"): 30 years, as tokio's own far future.
     now.checked_add(timeout)
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))

@@ -89,7 +89,7 @@ impl Healths {
         (!self.is_down(scope)).then(|| self.epoch.load(Ordering::Acquire))
     }
 
-    pub(crate) fn is_down(&self, scope: Scope) -> bool {
+    fn is_down(&self, scope: Scope) -> bool {
         self.any_down() && self.lock().get(&scope).is_some_and(|h| h.down)
     }
 
@@ -234,7 +234,7 @@ mod tests {
         let epoch = h.should_try(dead).expect("up");
         h.failed(dead, "no reply in time", epoch);
         assert!(h.should_try(dead).is_none(), "down: no call goes out");
-        assert!(h.is_down(dead) && !h.is_down(live));
+        assert!(h.should_try(dead).is_none() && h.should_try(live).is_some());
         assert_eq!(h.should_try(live), Some(0));
         h.up(live);
         let s = h.snapshot();

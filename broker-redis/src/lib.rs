@@ -25,7 +25,6 @@ mod connection;
 mod health;
 mod inspect;
 mod keys;
-mod pending;
 mod probe;
 mod scripts;
 mod transitions;
@@ -71,8 +70,6 @@ struct Inner {
     response_timeout: Duration,
     maxmemory_policy: Option<String>,
     coalescer: coalesce::Coalescer,
-    /// Releases not yet sent (see `pending.rs`).
-    pending: pending::Pending,
     /// Whether the background probe runs.
     probing: std::sync::atomic::AtomicBool,
 }
@@ -106,7 +103,6 @@ impl RedisBackend {
                     settings: b.coalesce,
                     states: Default::default(),
                 },
-                pending: pending::Pending::default(),
                 probing: std::sync::atomic::AtomicBool::new(false),
             }),
         }

@@ -1,6 +1,5 @@
-//! The background probe: while a scope is down or releases are kept, one
-//! task per backend `PING`s each scope down once per probe interval and
-//! sends the kept releases of the scopes up.
+//! The background probe: while a scope is down, one task per backend
+//! `PING`s each scope down once per probe interval.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -28,11 +27,10 @@ impl RedisBackend {
     }
 
     fn needs_probe(&self) -> bool {
-        self.inner.health.any_down() || self.inner.pending.any_kept()
+        self.inner.health.any_down()
     }
 
-    /// One round: a `PING` to each scope due, then the kept releases of the
-    /// scopes up.
+    /// One round: a `PING` to each scope due.
     async fn probe_once(&self) {
         let inner = &self.inner;
         let timeout = inner.response_timeout.min(PING_TIMEOUT);
@@ -46,13 +44,6 @@ impl RedisBackend {
                 }
             });
         futures::future::join_all(pings).await;
-        let kept = inner
-            .pending
-            .take_kept(|key| !inner.health.is_down(self.scope(key)));
-        for (key, lease) in kept {
-            // Kept again if Redis cannot be reached.
-            let _ = broker_core::Store::release(self, &key, lease).await;
-        }
     }
 }
 

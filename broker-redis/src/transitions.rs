@@ -11,12 +11,12 @@ use broker_core::stats::BackendHealth;
 use broker_core::store::{Turn, TurnAsk, Turns};
 use broker_core::{
     BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
-    Releases, Renewal, Store,
+    Renewal, Store,
 };
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
-use crate::call::{micros_of, parse, TakenReleases, Takes};
+use crate::call::{micros_of, parse, Takes};
 use crate::keys::KeyPair;
 use crate::scripts::{self, Lua};
 use crate::RedisBackend;
@@ -60,49 +60,6 @@ impl RedisBackend {
             .call(key, &scripts::TAKE_SLOT, cmd, leased, takes, deadline)
             .await?;
         Ok(parse::<i64>(reply)? == 1)
-    }
-
-    /// Sends the releases of `key` not yet sent (see `pending.rs`) ahead of
-    /// a decision on it, so it never overtakes them; false while Redis is
-    /// down (they are kept, the policy answers).
-    async fn send_pending_releases(&self, key: &str, deadline: Instant) -> bool {
-        let mut taken = TakenReleases {
-            backend: self,
-            key,
-            leases: self.inner.pending.take(key),
-        };
-        let scope = self.scope(key);
-        loop {
-            if self.inner.health.is_down(scope) {
-                for lease in taken.leases.drain(..) {
-                    self.keep_release(key, lease);
-                }
-                return false;
-            }
-            let Some(&lease) = taken.leases.last() else {
-                return true;
-            };
-            let _ = self.release_by(key, lease, deadline).await;
-            taken.leases.pop();
-        }
-    }
-
-    /// [`Store::release`] by `deadline`; kept for later if Redis is out of
-    /// reach.
-    async fn release_by(
-        &self,
-        key: &str,
-        lease: LeaseId,
-        deadline: Instant,
-    ) -> Result<bool, BackendError> {
-        let keys = self.keys(key)?;
-        let cmd = scripts::release(keys.both(), lease);
-        let run = self.call(key, &scripts::RELEASE, cmd, None, None, deadline);
-        let released = async { parse::<i64>(run.await?) }.await;
-        if released.as_ref().is_err_and(BackendError::is_unavailable) {
-            self.keep_release(key, lease);
-        }
-        released.map(|n| n == 1)
     }
 
     /// `book`, with the store's time of the decision (the server's `TIME`,
@@ -166,11 +123,7 @@ impl Store for RedisBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let keys = self.keys(key)?;
-        // One bound for the releases sent ahead and the decision.
         let deadline = self.deadline();
-        if spec.max_concurrent.is_some() && !self.send_pending_releases(key, deadline).await {
-            return Err(self.kept_back(self.scope(key)));
-        }
         let lease: LeaseId = rand::random();
         let mut cmd = self.cost_cmd(&scripts::TRY, &keys, spec, cost);
         cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
@@ -207,12 +160,8 @@ impl Store for RedisBackend {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
-        let deadline = self.deadline();
-        if !self.send_pending_releases(key, deadline).await {
-            return Err(self.kept_back(self.scope(key)));
-        }
         let lease: LeaseId = rand::random();
-        let held = self.take_slot_as(key, &keys, spec, (lease, true), deadline);
+        let held = self.take_slot_as(key, &keys, spec, (lease, true), self.deadline());
         Ok(held.await?.then_some(lease))
     }
 
@@ -229,7 +178,8 @@ impl Store for RedisBackend {
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        self.release_by(key, lease, self.deadline()).await
+        let cmd = scripts::release(self.keys(key)?.both(), lease);
+        Ok(parse::<i64>(self.run(key, &scripts::RELEASE, cmd).await?)? == 1)
     }
 
     async fn renew(
@@ -317,38 +267,6 @@ impl Store for RedisBackend {
 
     fn turns(&self) -> Option<&dyn Turns> {
         Some(self)
-    }
-
-    fn releases(&self) -> Option<&dyn Releases> {
-        Some(self)
-    }
-}
-
-/// A decision may go out on another connection or in a batch ahead of a
-/// release sent from a task: releases are kept pending (`pending.rs`) and
-/// sent ahead of the next decision on their key.
-#[async_trait]
-impl Releases for RedisBackend {
-    fn release_sent(&self, key: &str, lease: LeaseId) {
-        self.inner.pending.add(key, lease);
-    }
-
-    fn release_unsent(&self, key: &str, lease: LeaseId) {
-        // The lease then expires after its TTL.
-        self.inner.pending.remove(key, lease);
-    }
-
-    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        // A decision on the key took it out and sent it.
-        if !self.inner.pending.contains(key, lease) {
-            return Ok(true);
-        }
-        // Left here while it is on its way, so a decision meanwhile sends
-        // it ahead of itself too rather than overtake it; kept if it could
-        // not reach Redis (which `remove` leaves).
-        let released = self.release(key, lease).await;
-        self.inner.pending.remove(key, lease);
-        released
     }
 }
 

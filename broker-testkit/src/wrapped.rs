@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use broker_core::stats::BackendHealth;
 use broker_core::{
     BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore, Marks,
-    ObservedLimit, Releases, Renewal, Store,
+    ObservedLimit, Renewal, Store,
 };
 
 /// What a [`Wrapped`] store does besides passing each call on. Every hook
@@ -212,9 +212,6 @@ impl<H: Hooks> Store for Wrapped<H> {
     }
     fn local(&self) -> Option<&dyn LocalStore> {
         self.inner.local().map(|_| self as &dyn LocalStore)
-    }
-    fn releases(&self) -> Option<&dyn Releases> {
-        self.inner.releases()
     }
     fn turns(&self) -> Option<&dyn broker_core::store::Turns> {
         self.inner.turns()

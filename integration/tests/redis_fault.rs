@@ -1348,40 +1348,35 @@ async fn a_late_decision_on_two_units_and_a_slot_gives_all_of_it_back() {
 /// left to a task of their own, and the decision to the failure policy.
 #[tokio::test]
 async fn releases_ahead_of_a_decision_do_not_make_it_wait_a_timeout_each_while_redis_is_down() {
-    use broker_core::{LimitSpec, Store};
+    use broker_core::Store;
     let server = RedisServer::start();
     let backend = every_call_a_probe(&server.url())
         .connect_with_policy(FailurePolicy::FailOpen)
         .await
         .expect("connect");
     let op_timeout = OP_TIMEOUT;
-    let spec = LimitSpec::new(
-        &Limits::new()
-            .rate(RateLimit::per_second(1000).with_burst(1_000_000))
-            .max_concurrent(10),
-        Duration::from_secs(30),
-    );
-    // Loads the scripts.
-    let warm = backend
-        .try_acquire("slots", &spec, Cost::default())
-        .await
-        .unwrap();
-    assert!(warm.allowed);
+    let broker = ResourceBroker::new(backend.clone());
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1000).with_burst(1_000_000))
+        .max_concurrent(10);
+    broker.register_limit("slots", limits).unwrap();
+    // Loads the scripts; three permits to drop while Redis is down.
+    let mut permits = Vec::new();
+    for _ in 0..4 {
+        let permit = broker.try_acquire("slots", Cost::default()).await.unwrap();
+        assert!(permit.allowed && !permit.answered_here);
+        permits.push(permit);
+    }
     tokio::time::pause();
     server.pause();
     // Redis is found out of reach.
-    let first = backend.try_acquire("slots", &spec, Cost::default()).await;
+    let first = broker.try_acquire("slots", Cost::default()).await;
     assert!(first.expect("fail-open").allowed);
     assert!(backend.health().down);
     // Three permits dropped meanwhile: their releases are on their way.
-    for lease in 1..=3 {
-        backend
-            .releases()
-            .expect("pending")
-            .release_sent("slots", lease);
-    }
+    permits.truncate(1);
     let start = tokio::time::Instant::now();
-    let answer = backend.try_acquire("slots", &spec, Cost::default()).await;
+    let answer = broker.try_acquire("slots", Cost::default()).await;
     let waited = start.elapsed();
     server.resume();
     assert!(answer.expect("fail-open answers").allowed);
@@ -1475,26 +1470,26 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
 /// it.
 #[tokio::test]
 async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is_back() {
-    use broker_core::{LimitSpec, Store};
+    use broker_core::Store;
     let server = RedisServer::start();
     let backend = every_call_a_probe(&server.url())
         .connect_with_policy(FailurePolicy::FailClosed)
         .await
         .expect("connect");
-    let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
-    let held = backend.take_slot("one", &spec).await.unwrap();
-    let held = held.expect("the slot is free");
+    let broker = ResourceBroker::new(backend.clone());
+    broker
+        .register_limit("one", Limits::new().max_concurrent(1))
+        .unwrap();
+    let held = broker.try_acquire("one", Cost::default()).await.unwrap();
+    assert!(held.allowed, "the slot is free");
     tokio::time::pause();
     server.pause();
     // Redis is found out of reach (no reply in time, virtual time).
-    let lost = backend.take_slot("one", &spec).await;
+    let lost = broker.try_acquire("one", Cost::default()).await;
     lost.expect_err("fail-closed: no reply in time");
     assert!(backend.health().down);
     // The permit is dropped: its release is on its way.
-    backend
-        .releases()
-        .expect("pending")
-        .release_sent("one", held);
+    drop(held);
     server.resume();
     tokio::time::resume();
     // Found back by the background probe.
@@ -1503,10 +1498,10 @@ async fn a_release_on_its_way_goes_out_ahead_of_the_first_decision_once_redis_is
         assert!(Instant::now() < deadline, "Redis is found back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let next = backend.take_slot("one", &spec).await;
+    let next = broker.try_acquire("one", Cost::default()).await;
     let next = next.expect("Redis answers");
     assert!(
-        next.is_some(),
+        next.allowed,
         "the slot freed here is free to the next caller here"
     );
 }
@@ -1531,29 +1526,29 @@ async fn a_local_fallback_release_on_its_way_frees_its_slot_while_redis_is_down(
     let spec = LimitSpec::new(&Limits::new().max_concurrent(1), Duration::from_secs(30));
     let warm = backend.take_slot("one", &spec).await.unwrap();
     backend.release("one", warm.expect("free")).await.unwrap();
+    let broker = ResourceBroker::new(backend.clone());
+    broker
+        .register_limit("one", Limits::new().max_concurrent(1))
+        .unwrap();
     server.kill();
     let mut first = None;
     for _ in 0..10 {
         // The first call may find the connection gone only on its retry.
-        if let Ok(Some(lease)) = backend.take_slot("one", &spec).await {
-            if backend.health().down {
-                first = Some(lease);
+        if let Ok(a) = broker.try_acquire("one", Cost::default()).await {
+            if a.allowed && backend.health().down {
+                first = Some(a);
                 break;
             }
-            backend.release("one", lease).await.unwrap();
         }
     }
     let first = first.expect("the local fallback's slot, Redis down");
     // Its permit is dropped: its release is on its way.
-    backend
-        .releases()
-        .expect("pending")
-        .release_sent("one", first);
-    let next = backend.take_slot("one", &spec).await;
+    drop(first);
+    let next = broker.try_acquire("one", Cost::default()).await;
     let next = next.expect("the local fallback answers");
     assert!(backend.health().down);
     assert!(
-        next.is_some(),
+        next.allowed,
         "the slot freed here is free to the next caller here"
     );
 }

@@ -214,6 +214,13 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
             bounded(&server, &prefix, timeout, *path != "uncoalesced").await,
         ));
     }
+    // A permit to drop just before a decision on its key.
+    let broker = ResourceBroker::new(backends[3].1.clone());
+    let limits = Limits::new()
+        .rate(RateLimit::per_second(1000).with_burst(1_000_000))
+        .max_concurrent(1000);
+    broker.register_limit("r", limits).unwrap();
+    let mut permit = Some(broker.try_acquire("r", one).await.unwrap());
     tokio::time::pause();
     server.pause();
     for (path, backend) in &backends {
@@ -226,8 +233,8 @@ async fn no_decision_waits_longer_than_the_response_timeout() {
                 }
             }
             "release ahead" => {
-                backend.releases().expect("pending").release_sent("r", 7);
-                let d = backend.try_acquire("r", &spec, one).await;
+                drop(permit.take());
+                let d = broker.try_acquire("r", one).await;
                 assert!(d.expect("fail-open").answered_here, "{path}");
             }
             "book" => {
@@ -393,11 +400,21 @@ async fn a_decision_behind_a_slow_release_waits_no_longer_than_the_response_time
     let (backend, gate) = behind_a_gate(&server, timeout, |b| b).await;
     // Loads the release's script.
     backend.release("r", 1).await.expect("Redis answers");
+    let broker = ResourceBroker::from_arc(backend.clone());
+    broker
+        .register_limit("r", Limits::new().max_concurrent(1000))
+        .unwrap();
+    let permit = broker.try_acquire("r", Cost::default()).await.unwrap();
+    assert!(permit.allowed && !permit.answered_here);
 
     gate.held.store(true, Ordering::SeqCst);
     // A permit dropped: its release is on its way, and goes out first.
-    backend.releases().expect("pending").release_sent("r", 7);
-    let decision = timed_try_acquire(&backend, "r", &slots());
+    drop(permit);
+    let decision = tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        let d = broker.try_acquire("r", Cost::default()).await;
+        (d, start.elapsed())
+    });
     tokio::time::sleep(Duration::from_millis(1600)).await;
     // The reply to the release.
     gate.let_through.store(1, Ordering::SeqCst);

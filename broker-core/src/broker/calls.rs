@@ -264,8 +264,8 @@ impl ResourceBroker {
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
             let since_here = LiveBooking::since_here(&asked, key);
-            let d = backend
-                .try_acquire(key, &asked.spec, cost)
+            let d = backend.try_acquire(key, &asked.spec, cost);
+            let d = super::pending::in_order(&asked, key, &asked.spec, d)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
             let since = d.answered_here.then_some(Marks::ANSWERED_HERE);

@@ -18,6 +18,8 @@ use crate::store::{Renewal, Store};
 pub(crate) struct Keeper {
     backend: Arc<dyn Store>,
     held: Mutex<Held>,
+    /// The releases not yet sent.
+    pub(crate) pending: Arc<super::pending::Pending>,
 }
 
 #[derive(Default)]
@@ -69,6 +71,7 @@ impl std::fmt::Debug for Keeper {
 impl Keeper {
     pub(crate) fn new(backend: Arc<dyn Store>) -> Self {
         Self {
+            pending: Arc::new(super::pending::Pending::new(backend.clone())),
             backend,
             held: Mutex::new(Held::default()),
         }

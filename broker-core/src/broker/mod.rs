@@ -7,6 +7,7 @@ mod handle;
 mod in_flight;
 mod keeper;
 mod penalties;
+mod pending;
 mod permit;
 mod queue;
 mod register;

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Resource;
-use crate::error::BackendError;
 use crate::state::{DenyReason, LeaseId, Marks};
 use crate::stats::{bump, drop_one};
 use crate::store::Store;
@@ -217,58 +216,24 @@ fn release_lease(h: Lease) {
             resource.slot_freed();
         }
         None => {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let key = key.unwrap_or_else(|| resource.key.clone());
-                let release = Announced::new(h.backend, key, h.lease);
-                let resource = h.resource;
-                rt.spawn(async move {
-                    if let Err(e) = release.send().await {
-                        super::note_backend_error(&resource, "release", &e);
-                    }
-                    resource.slot_freed();
-                });
-            }
-        }
-    }
-}
-
-/// A release sent from a task of its own, owned by that task. A store
-/// with the [`Releases`](crate::Releases) capability is told of it first
-/// (`release_sent`), and of a task dropped unrun, its runtime shut down
-/// (`release_unsent`; after a run, a no-op). A store without gets a plain
-/// [`Store::release`].
-struct Announced {
-    backend: Arc<dyn Store>,
-    key: String,
-    lease: LeaseId,
-}
-
-impl Announced {
-    /// Announces the release to a store that keeps pending releases.
-    fn new(backend: Arc<dyn Store>, key: String, lease: LeaseId) -> Self {
-        if let Some(releases) = backend.releases() {
-            releases.release_sent(&key, lease);
-        }
-        Self {
-            backend,
-            key,
-            lease,
-        }
-    }
-
-    /// Sends the release.
-    async fn send(&self) -> Result<bool, BackendError> {
-        match self.backend.releases() {
-            Some(releases) => releases.release_announced(&self.key, self.lease).await,
-            None => self.backend.release(&self.key, self.lease).await,
-        }
-    }
-}
-
-impl Drop for Announced {
-    fn drop(&mut self) {
-        if let Some(releases) = self.backend.releases() {
-            releases.release_unsent(&self.key, self.lease);
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let key = key.unwrap_or_else(|| resource.key.clone());
+            // Pending on its key while on its way (see `pending.rs`).
+            let pending =
+                (resource.keeper.as_ref()).map(|k| k.pending.on_its_way(key.clone(), h.lease));
+            let (backend, resource, lease) = (h.backend, h.resource, h.lease);
+            rt.spawn(async move {
+                let released = match pending {
+                    Some(release) => release.send().await,
+                    None => backend.release(&key, lease).await,
+                };
+                if let Err(e) = released {
+                    super::note_backend_error(&resource, "release", &e);
+                }
+                resource.slot_freed();
+            });
         }
     }
 }

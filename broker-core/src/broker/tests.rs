@@ -13,7 +13,7 @@ use crate::state::LimitSpec;
 use crate::store::Store;
 
 #[derive(Debug)]
-struct NoStore;
+pub(crate) struct NoStore;
 
 #[async_trait::async_trait]
 impl Store for NoStore {

@@ -3,12 +3,13 @@
 //! ([`BackendError::is_unavailable`]); other errors are returned as they are.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Releases, Renewal, Store, Turns};
+use super::{Renewal, Store, Turns};
 use crate::bucket::BucketParams;
 use crate::error::BackendError;
 use crate::limits::Cost;
@@ -28,7 +29,7 @@ use crate::Micros;
 /// use broker_core::FailurePolicy;
 /// assert_eq!(FailurePolicy::default().name(), "fail_closed");
 /// ```
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub enum FailurePolicy {
     /// Every call returns the primary's error: `try_acquire` and `enqueue`
     /// fail, `penalize`, `reconcile` and `settle` are lost.
@@ -38,11 +39,8 @@ pub enum FailurePolicy {
     /// `settle` are dropped.
     FailOpen,
     /// Decisions come from `store`, in this process, holding `share`
-    /// (0 < share ≤ 1) of every limit: bursts times `share` (never rounded
-    /// up), periods over `share` (rounded up to a whole µs), concurrency
-    /// limits times `share` rounded down. A call such a limit can never
-    /// admit fails as under fail-closed. Built by
-    /// [`FailurePolicy::local_fallback`].
+    /// (0 < share ≤ 1) of every limit, never rounded up; a call that share
+    /// can never admit fails as under fail-closed.
     LocalFallback {
         /// The fraction of every limit this process may use alone.
         share: f64,
@@ -102,21 +100,10 @@ impl FailurePolicy {
     }
 }
 
-impl std::fmt::Debug for FailurePolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FailurePolicy::LocalFallback { share, .. } => f
-                .debug_struct("LocalFallback")
-                .field("share", share)
-                .finish_non_exhaustive(),
-            FailurePolicy::FailClosed => f.write_str("FailClosed"),
-            FailurePolicy::FailOpen => f.write_str("FailOpen"),
-        }
-    }
-}
-
-/// The limits of `spec` scaled down to `share` for a local fallback store.
-pub fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
+/// The limits of `spec` scaled down to `share` for a local fallback store:
+/// bursts times `share` (never rounded up), periods over `share` (rounded
+/// up to a whole µs), concurrency limits times `share` rounded down.
+fn scaled(spec: &LimitSpec, share: f64) -> LimitSpec {
     LimitSpec {
         buckets: (spec.buckets.iter())
             .map(|(unit, p)| {
@@ -139,26 +126,23 @@ fn admissible(
     cost: Cost,
     slot: bool,
 ) -> Result<(), BackendError> {
-    let no_slot = (slot && scaled.max_concurrent == Some(0))
-        .then(|| format!("the local fallback's share {share} of the concurrency limit is no slot"));
-    let why = no_slot.or_else(|| {
-        scaled.buckets.iter().find_map(|(unit, p)| {
-            let c = cost.of(*unit);
-            (c as f64 > p.capacity()).then(|| {
-                format!(
-                    "the local fallback's share {share} of a limit holds {} {}, less than the cost {c}",
-                    p.capacity(),
-                    unit.as_str()
-                )
-            })
-        })
-    });
-    match why {
-        None => Ok(()),
-        Some(why) => Err(BackendError::unavailable(format!(
-            "store unreachable, {op} refused: {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
-        ))),
-    }
+    let short = scaled
+        .buckets
+        .iter()
+        .find(|(u, p)| cost.of(*u) as f64 > p.capacity());
+    let why = match short {
+        _ if slot && scaled.max_concurrent == Some(0) => "the concurrency limit is no slot".into(),
+        Some((u, p)) => format!(
+            "a limit holds {} {}, less than the cost {}",
+            p.capacity(),
+            u.as_str(),
+            cost.of(*u)
+        ),
+        None => return Ok(()),
+    };
+    Err(BackendError::unavailable(format!(
+        "store unreachable, {op} refused: the local fallback's share {share} of {why}, so it admits nothing while the store is out of reach (raise the share or the limit)"
+    )))
 }
 
 /// A store that answers by a [`FailurePolicy`] while its primary is
@@ -180,14 +164,6 @@ pub struct Failover<P> {
     granted: Arc<Mutex<HashSet<LeaseId>>>,
 }
 
-/// How a call is answered while the primary is unreachable.
-enum Answer<'a> {
-    /// Fail-open: allowed, dropped.
-    Open,
-    /// The fallback store, with the limits scaled to the share.
-    Local(&'a dyn Store, LimitSpec, f64),
-}
-
 impl<P: Store> Failover<P> {
     /// `primary` under `policy`; an error naming `share` when a local
     /// fallback's share is not in (0, 1].
@@ -205,31 +181,33 @@ impl<P: Store> Failover<P> {
         &self.primary
     }
 
-    /// The policy that answers while the primary is unreachable.
-    pub fn policy(&self) -> &FailurePolicy {
-        &self.policy
-    }
-
-    /// The policy's answer to `error` of `op`: the error itself unless the
-    /// primary was unreachable, or under fail-closed.
-    fn answer(
+    /// The primary's answer `primary`, else (unreachable) the policy's to
+    /// `op`: an error under fail-closed, `open()` under fail-open,
+    /// `fallback(store, spec scaled, share)` under a local fallback.
+    async fn or_policy<T, F>(
         &self,
         op: &'static str,
-        error: BackendError,
         spec: &LimitSpec,
-    ) -> Result<Answer<'_>, BackendError> {
-        if !error.is_unavailable() {
-            return Err(error);
-        }
+        primary: Result<T, BackendError>,
+        open: impl FnOnce() -> T,
+        fallback: impl FnOnce(Arc<dyn Store>, LimitSpec, f64) -> F,
+    ) -> Result<T, BackendError>
+    where
+        F: Future<Output = Result<T, BackendError>>,
+    {
+        let error = match primary {
+            Err(e) if e.is_unavailable() => e,
+            answer => return answer,
+        };
         crate::telemetry::fallback_used(self.policy.name(), op);
         match &self.policy {
             FailurePolicy::FailClosed => Err(BackendError::unavailable(format!(
                 "store unreachable, {op} refused (fail-closed): {}",
                 error.message
             ))),
-            FailurePolicy::FailOpen => Ok(Answer::Open),
+            FailurePolicy::FailOpen => Ok(open()),
             FailurePolicy::LocalFallback { share, store } => {
-                Ok(Answer::Local(&**store, scaled(spec, *share), *share))
+                fallback(store.clone(), scaled(spec, *share), *share).await
             }
         }
     }
@@ -238,18 +216,15 @@ impl<P: Store> Failover<P> {
         self.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The fallback store, under the local fallback.
-    fn fallback(&self) -> Option<&dyn Store> {
-        match &self.policy {
-            FailurePolicy::LocalFallback { store, .. } => Some(&**store),
-            _ => None,
-        }
-    }
-
     /// Frees `lease` in the fallback store if that store granted it.
     async fn release_here(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        let fallback = self.fallback().filter(|_| self.granted().remove(&lease))?;
-        Some(fallback.release(key, lease).await)
+        let FailurePolicy::LocalFallback { store, .. } = &self.policy else {
+            return None;
+        };
+        if !self.granted().remove(&lease) {
+            return None;
+        }
+        Some(store.release(key, lease).await)
     }
 }
 
@@ -262,17 +237,16 @@ impl<P: Store> Store for Failover<P> {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let primary = self.primary.try_acquire(key, spec, cost).await;
-        let Err(error) = primary else { return primary };
-        let decided = match self.answer("try_acquire", error, spec)? {
-            Answer::Open => Decision::allow(spec.max_concurrent.map(|_| rand::random())),
-            Answer::Local(store, scaled, share) => {
-                admissible("try_acquire", &scaled, share, cost, true)?;
-                let decided = store.try_acquire(key, &scaled, cost).await?;
-                self.granted().extend(decided.lease);
-                decided
-            }
+        let open =
+            || Decision::allow(spec.max_concurrent.map(|_| rand::random())).by_failure_policy();
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
+            admissible("try_acquire", &scaled, share, cost, true)?;
+            let decided = store.try_acquire(key, &scaled, cost).await?;
+            self.granted().extend(decided.lease);
+            Ok(decided.by_failure_policy())
         };
-        Ok(decided.by_failure_policy())
+        self.or_policy("try_acquire", spec, primary, open, local)
+            .await
     }
 
     async fn book(
@@ -283,22 +257,20 @@ impl<P: Store> Store for Failover<P> {
         max_wait: Duration,
     ) -> Result<Booking, BackendError> {
         let primary = self.primary.book(key, spec, cost, max_wait).await;
-        let Err(error) = primary else { return primary };
         // Marked as answered here: its settlement goes where its cost went.
         let since = Marks::ANSWERED_HERE;
-        match self.answer("book", error, spec)? {
-            Answer::Open => Ok(Booking {
-                wait: 0,
-                booked: true,
-                since,
-            }),
-            Answer::Local(store, scaled, share) => {
-                // A booking takes no slot: only the rates count.
-                admissible("book", &scaled, share, cost, false)?;
-                let booked = store.book(key, &scaled, cost, max_wait).await?;
-                Ok(Booking { since, ..booked })
-            }
-        }
+        let open = || Booking {
+            wait: 0,
+            booked: true,
+            since,
+        };
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
+            // A booking takes no slot: only the rates count.
+            admissible("book", &scaled, share, cost, false)?;
+            let booked = store.book(key, &scaled, cost, max_wait).await?;
+            Ok(Booking { since, ..booked })
+        };
+        self.or_policy("book", spec, primary, open, local).await
     }
 
     async fn take_slot(
@@ -307,25 +279,23 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
     ) -> Result<Option<LeaseId>, BackendError> {
         let primary = self.primary.take_slot(key, spec).await;
-        let Err(error) = primary else { return primary };
-        match self.answer("take_slot", error, spec)? {
-            Answer::Open => Ok(Some(rand::random())),
-            Answer::Local(store, scaled, share) => {
-                admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
-                let held = store.take_slot(key, &scaled).await?;
-                self.granted().extend(held);
-                Ok(held)
-            }
-        }
+        let open = || Some(rand::random());
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
+            admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
+            let held = store.take_slot(key, &scaled).await?;
+            self.granted().extend(held);
+            Ok(held)
+        };
+        self.or_policy("take_slot", spec, primary, open, local)
+            .await
     }
 
+    /// A lease the fallback granted is freed there; the primary's error is
+    /// returned as it is, for the release to be kept and sent again.
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(released) = self.release_here(key, lease).await {
-            return released;
-        }
-        match self.primary.release(key, lease).await {
-            Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
-            released => released,
+        match self.release_here(key, lease).await {
+            Some(released) => released,
+            None => self.primary.release(key, lease).await,
         }
     }
 
@@ -342,15 +312,14 @@ impl<P: Store> Store for Failover<P> {
         if let (true, FailurePolicy::LocalFallback { share, store }) = (here, &self.policy) {
             store.renew(key, &scaled(spec, *share), lease).await?;
         }
-        match self.primary.renew(key, spec, lease).await {
-            Ok(Renewal::Retaken) => {
-                let _ = self.release_here(key, lease).await;
-                Ok(Renewal::Retaken)
-            }
-            // Unreachable: the next renewal tries again.
-            Err(e) => self.answer("renew", e, &NO_LIMITS).map(|_| Renewal::Held),
-            renewed => renewed,
+        let renewed = self.primary.renew(key, spec, lease).await;
+        if let Ok(Renewal::Retaken) = renewed {
+            let _ = self.release_here(key, lease).await;
         }
+        // Unreachable: the next renewal tries again.
+        let local = |_, _, _| async { Ok(Renewal::Held) };
+        self.or_policy("renew", spec, renewed, || Renewal::Held, local)
+            .await
     }
 
     async fn settle(
@@ -373,19 +342,16 @@ impl<P: Store> Store for Failover<P> {
             };
         }
         let primary = self.primary.settle(key, spec, booked, actual, since).await;
-        let Err(error) = primary else { return primary };
-        match self.answer("settle", error, spec)? {
-            Answer::Open => Ok(()),
-            // Charged in the primary: no refund here (the fallback never
-            // took it), but a charge beyond the booking narrows the share.
-            Answer::Local(store, scaled, _) => {
-                let used = Cost {
-                    requests: actual.requests.max(booked.requests),
-                    tokens: actual.tokens.max(booked.tokens),
-                };
-                store.settle(key, &scaled, booked, used, None).await
-            }
-        }
+        // Charged in the primary: no refund here (the fallback never took
+        // it), but a charge beyond the booking narrows the share.
+        let used = Cost {
+            requests: actual.requests.max(booked.requests),
+            tokens: actual.tokens.max(booked.tokens),
+        };
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.settle(key, &scaled, booked, used, None).await
+        };
+        self.or_policy("settle", spec, primary, || (), local).await
     }
 
     async fn penalize(
@@ -395,11 +361,11 @@ impl<P: Store> Store for Failover<P> {
         penalty: Duration,
     ) -> Result<(), BackendError> {
         let primary = self.primary.penalize(key, spec, penalty).await;
-        let Err(e) = primary else { return primary };
-        match self.answer("penalize", e, spec)? {
-            Answer::Open => Ok(()),
-            Answer::Local(store, scaled, _) => store.penalize(key, &scaled, penalty).await,
-        }
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.penalize(key, &scaled, penalty).await
+        };
+        self.or_policy("penalize", spec, primary, || (), local)
+            .await
     }
 
     async fn wait_left(
@@ -409,11 +375,11 @@ impl<P: Store> Store for Failover<P> {
         cost: Cost,
     ) -> Result<Micros, BackendError> {
         let primary = self.primary.wait_left(key, spec, cost).await;
-        let Err(e) = primary else { return primary };
-        match self.answer("wait_left", e, spec)? {
-            Answer::Open => Ok(0),
-            Answer::Local(store, scaled, _) => store.wait_left(key, &scaled, cost).await,
-        }
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.wait_left(key, &scaled, cost).await
+        };
+        self.or_policy("wait_left", spec, primary, || 0, local)
+            .await
     }
 
     async fn reconcile(
@@ -423,11 +389,11 @@ impl<P: Store> Store for Failover<P> {
         observed: &ObservedLimit,
     ) -> Result<(), BackendError> {
         let primary = self.primary.reconcile(key, spec, observed).await;
-        let Err(e) = primary else { return primary };
-        match self.answer("reconcile", e, spec)? {
-            Answer::Open => Ok(()),
-            Answer::Local(store, scaled, _) => store.reconcile(key, &scaled, observed).await,
-        }
+        let local = |store: Arc<dyn Store>, scaled: LimitSpec, _| async move {
+            store.reconcile(key, &scaled, observed).await
+        };
+        self.or_policy("reconcile", spec, primary, || (), local)
+            .await
     }
 
     fn health(&self) -> BackendHealth {
@@ -439,58 +405,7 @@ impl<P: Store> Store for Failover<P> {
     fn turns(&self) -> Option<&dyn Turns> {
         self.primary.turns()
     }
-
-    /// The primary's pending releases and, under a local fallback, the
-    /// leases the fallback granted.
-    fn releases(&self) -> Option<&dyn Releases> {
-        let any = self.primary.releases().is_some() || self.fallback().is_some();
-        any.then_some(self as &dyn Releases)
-    }
 }
-
-#[async_trait]
-impl<P: Store> Releases for Failover<P> {
-    /// A lease the fallback granted is freed there at once, without I/O.
-    fn release_sent(&self, key: &str, lease: LeaseId) {
-        let local = self.fallback().and_then(|f| f.local());
-        if let Some(local) = local.filter(|_| self.granted().contains(&lease)) {
-            if let Some(Ok(_)) = local.release_now(key, lease) {
-                self.granted().remove(&lease);
-                return;
-            }
-        }
-        if let Some(primary) = self.primary.releases() {
-            primary.release_sent(key, lease)
-        }
-    }
-
-    fn release_unsent(&self, key: &str, lease: LeaseId) {
-        if let Some(primary) = self.primary.releases() {
-            primary.release_unsent(key, lease)
-        }
-    }
-
-    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
-        if let Some(released) = self.release_here(key, lease).await {
-            return released;
-        }
-        let released = match self.primary.releases() {
-            Some(primary) => primary.release_announced(key, lease).await,
-            None => self.primary.release(key, lease).await,
-        };
-        match released {
-            Err(e) => self.answer("release", e, &NO_LIMITS).map(|_| false),
-            released => released,
-        }
-    }
-}
-
-/// The spec of a call that takes nothing by limits (a release, a renewal).
-const NO_LIMITS: LimitSpec = LimitSpec {
-    buckets: Vec::new(),
-    max_concurrent: None,
-    lease_ttl: 0,
-};
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! The [`Store`] trait a state store implements (one method per transition
 //! of [`crate::state`], atomic per key, on the store's own clock, waits
-//! relative to it), its optional capabilities [`LocalStore`], [`Releases`]
-//! and [`Turns`], and [`Failover`]. Stores hold state, not policy.
+//! relative to it), its optional capabilities [`LocalStore`] and
+//! [`Turns`], and [`Failover`]. Stores hold state, not policy.
 
 pub mod failover;
 pub mod turns;
@@ -131,36 +131,20 @@ pub trait Store: Send + Sync + 'static {
     fn turns(&self) -> Option<&dyn Turns> {
         None
     }
-
-    /// The pending-release capability; without it a dropped permit is
-    /// released by [`Store::release`] from a task.
-    fn releases(&self) -> Option<&dyn Releases> {
-        None
-    }
 }
 
-/// Pending releases: for a store whose next decision could overtake a
-/// release sent from a task, so it sends that release first.
+tokio::task_local! {
+    pub(crate) static BEGUN: tokio::time::Instant;
+}
+
+/// When the broker's call running on this task began, if it sent releases
+/// ahead of its decision: a store bounds both from there, as one call.
 ///
 /// ```
-/// # fn demo(store: &dyn broker_core::Store) {
-/// let keeps_pending = store.releases().is_some();
-/// # let _ = keeps_pending; }
+/// assert!(broker_core::store::begun().is_none());
 /// ```
-#[async_trait]
-pub trait Releases: Send + Sync {
-    /// Told, without I/O, that a [`Store::release`] of `lease` on `key` is
-    /// about to be sent from a task; the store sends it ahead of its next
-    /// decision on `key`.
-    fn release_sent(&self, key: &str, lease: LeaseId);
-
-    /// Forgets, without I/O, the release [`Releases::release_sent`]
-    /// announced.
-    fn release_unsent(&self, key: &str, lease: LeaseId);
-
-    /// Sends the release [`Releases::release_sent`] announced, unless a
-    /// decision already did.
-    async fn release_announced(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
+pub fn begun() -> Option<tokio::time::Instant> {
+    BEGUN.try_with(|at| *at).ok()
 }
 
 /// The answer of [`Store::renew`].

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::booking::LiveBooking;
 use crate::broker::in_flight::to_its_answer;
+use crate::broker::pending::in_order;
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, HeldKey, Permit, Resource, ResourceBroker};
 use crate::clock::Micros;
@@ -267,7 +268,8 @@ async fn wait_slot(
                     let (backend, resource) = (backend.clone(), resource.clone());
                     let (owned, spec) = (key.to_owned(), spec.clone());
                     to_its_answer(async move {
-                        let lease = (backend.take_slot(&owned, &spec).await)
+                        let take = backend.take_slot(&owned, &spec);
+                        let lease = (in_order(&resource, &owned, &spec, take).await)
                             .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
                         let held_key = HeldKey::State(keyed.then_some(owned));
                         Ok::<_, BrokerError>(lease.map(|lease| {

@@ -1,0 +1,200 @@
+//! Releases not yet sent to a store with I/O, each a dropped permit's, on
+//! its way from a task of its own. A decision that can take a slot on a key
+//! sends that key's first, within its own bound ([`crate::store::begun`]),
+//! so it never overtakes a release made before it (which would count a
+//! freed slot as taken). A release that cannot reach the store stays
+//! pending, and its task sends it again once the store reads up.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::Resource;
+use crate::error::BackendError;
+use crate::state::{LeaseId, LimitSpec};
+use crate::store::Store;
+
+/// Most releases pending; past it, one that cannot reach the store is left
+/// to its lease's TTL.
+const MAX_KEPT: usize = 100_000;
+
+/// The first and the longest wait before a release that could not reach
+/// the store is sent again (once the store reads up).
+const RETRY: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(500)];
+
+/// The releases not yet sent, by state key.
+pub(crate) struct Pending {
+    store: Arc<dyn Store>,
+    /// How many leases `by_key` holds: a decision finds none without the
+    /// lock.
+    count: AtomicUsize,
+    by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
+}
+
+/// `decision`, which may take a slot on state `key` of `resource` under
+/// `spec`, after the releases pending on `key`; both within one bound.
+pub(crate) async fn in_order<T>(
+    resource: &Resource,
+    key: &str,
+    spec: &LimitSpec,
+    decision: impl Future<Output = T>,
+) -> T {
+    let pending = (resource.keeper.as_ref()).map(|k| &k.pending);
+    let Some(p) = pending.filter(|p| spec.max_concurrent.is_some() && p.any()) else {
+        return decision.await;
+    };
+    let ahead = async {
+        let leases = p.lock().get(key).cloned().unwrap_or_default();
+        for lease in leases {
+            // Taken out once answered; one out of reach stays its task's.
+            if p.store.release(key, lease).await.is_ok() {
+                p.remove(key, lease);
+            }
+        }
+        decision.await
+    };
+    crate::store::BEGUN
+        .scope(tokio::time::Instant::now(), ahead)
+        .await
+}
+
+impl Pending {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        let (count, by_key) = (AtomicUsize::new(0), Mutex::default());
+        Self {
+            store,
+            count,
+            by_key,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
+        self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn any(&self) -> bool {
+        self.count.load(Ordering::Acquire) != 0
+    }
+
+    fn holds(&self, key: &str, lease: LeaseId) -> bool {
+        self.any() && self.lock().get(key).is_some_and(|l| l.contains(&lease))
+    }
+
+    /// Takes out `lease` on `key`: whether it was there.
+    fn remove(&self, key: &str, lease: LeaseId) -> bool {
+        if !self.any() {
+            return false;
+        }
+        let mut map = self.lock();
+        let Some(leases) = map.get_mut(key) else {
+            return false;
+        };
+        let at = leases.iter().position(|l| *l == lease);
+        if let Some(at) = at {
+            leases.swap_remove(at);
+            self.count.fetch_sub(1, Ordering::Release);
+        }
+        if leases.is_empty() {
+            map.remove(key);
+        }
+        at.is_some()
+    }
+
+    /// The release of `lease` on `key`, to be sent from a task: pending
+    /// until sent, or until the returned guard is dropped.
+    pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
+        self.lock().entry(key.clone()).or_default().push(lease);
+        self.count.fetch_add(1, Ordering::Release);
+        let pending = self.clone();
+        OnItsWay {
+            pending,
+            key,
+            lease,
+        }
+    }
+}
+
+/// A release sent from a task, pending while on its way; dropped (its task
+/// done, or dropped unrun with its runtime), it leaves nothing pending.
+pub(crate) struct OnItsWay {
+    pending: Arc<Pending>,
+    key: String,
+    lease: LeaseId,
+}
+
+impl OnItsWay {
+    /// Sends the release, unless a decision did; while it is on its way a
+    /// decision sends it ahead of itself too. Out of reach, it is sent
+    /// again once the store reads up (past [`MAX_KEPT`], left to its TTL).
+    pub(crate) async fn send(self) -> Result<bool, BackendError> {
+        let (pending, key, mut wait) = (&self.pending, self.key.as_str(), RETRY[0]);
+        loop {
+            if !pending.holds(key, self.lease) {
+                return Ok(true);
+            }
+            let released = pending.store.release(key, self.lease).await;
+            let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
+            if !out_of_reach || pending.count.load(Ordering::Relaxed) > MAX_KEPT {
+                return released;
+            }
+            while {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY[1]);
+                pending.store.health().down
+            } {}
+        }
+    }
+}
+
+impl Drop for OnItsWay {
+    fn drop(&mut self) {
+        self.pending.remove(&self.key, self.lease);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::tests::NoStore;
+
+    #[test]
+    fn leases_are_kept_by_key_until_answered_or_taken() {
+        let pending = Arc::new(Pending::new(Arc::new(NoStore)));
+        assert!(!pending.holds("a", 1));
+        let ways = [("a", 1), ("a", 2), ("b", 3)].map(|(k, l)| pending.on_its_way(k.into(), l));
+        assert!(pending.holds("a", 1));
+        assert!(pending.remove("a", 1));
+        assert!(!pending.remove("a", 1));
+        assert!(!pending.holds("a", 1));
+        assert!(pending.remove("a", 2), "a decision sent it");
+        assert!(!pending.remove("a", 2), "taken once");
+        assert!(pending.holds("b", 3));
+        drop(ways);
+        assert!(!pending.holds("b", 3), "its task's end takes it out");
+        assert_eq!(pending.count.load(Ordering::Relaxed), 0);
+        assert!(pending.lock().is_empty());
+    }
+
+    /// Release tasks dropped unrun with their runtime leave nothing
+    /// pending.
+    #[test]
+    fn a_release_whose_task_never_ran_does_not_stay_pending() {
+        let pending = Arc::new(Pending::new(Arc::new(NoStore)));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for i in 0..100 {
+                let release = pending.on_its_way(format!("t{i}"), i);
+                tokio::spawn(async move { release.send().await });
+            }
+        });
+        assert_eq!(pending.count.load(Ordering::Relaxed), 100);
+        drop(rt);
+        assert_eq!(pending.count.load(Ordering::Relaxed), 0);
+        assert!(pending.lock().is_empty());
+    }
+}
