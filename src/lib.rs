@@ -1,16 +1,6 @@
-//! # resource-broker
-//!
-//! *Is there capacity on this resource right now?* One broker, two
-//! strategies over one state store:
-//!
-//! - **queue + execute**: [`ResourceBroker::enqueue`] waits for its slot,
-//!   runs the work and retries it on upstream 429s;
-//! - **check + reject**: [`ResourceBroker::try_acquire`] answers at once,
-//!   with a wait time and a [`Permit`] that releases on drop.
-//!
-//! The store is a constructor argument: [`MemoryBackend`] for one process
-//! (feature `memory`, on by default), `RedisBackend` for many replicas
-//! (feature `redis`).
+//! One broker, two strategies over one state store: [`ResourceBroker::enqueue`] waits, runs the
+//! work and retries it on upstream 429s; [`ResourceBroker::try_acquire`] answers at once. Stores:
+//! [`MemoryBackend`] (feature `memory`, default), `RedisBackend` for replicas (feature `redis`).
 //!
 //! ```
 //! use resource_broker::{Cost, Limits, MemoryBackend, RateLimit, ResourceBroker};

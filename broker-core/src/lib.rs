@@ -1,8 +1,6 @@
-//! # broker-core
-//!
-//! The pure model of resource-broker (limits, the token bucket, state,
-//! headers, retries, keys), the [`Store`] seam, and the [`ResourceBroker`]
-//! with `enqueue` (queue + execute) and `try_acquire` (check + reject).
+//! The pure model of resource-broker (limits, the token bucket, state, headers, retries, keys),
+//! the [`Store`] seam, and the [`ResourceBroker`] with `enqueue` (queue + execute) and
+//! `try_acquire` (check + reject).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

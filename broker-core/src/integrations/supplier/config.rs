@@ -1,4 +1,5 @@
-//! The supplier config shape (one file per supplier):
+//! The supplier config, one file per supplier; every bucket compiles to [`Limits`] and errors
+//! name the file and the path:
 //!
 //! ```yaml
 //! rate_limit:
@@ -12,8 +13,6 @@
 //!       backoff: { initial: 500ms, max: 30s, factor: 2 }
 //!   egress_ip: true
 //! ```
-//!
-//! Every bucket compiles to [`Limits`]; errors name the file and the path.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

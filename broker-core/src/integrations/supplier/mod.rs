@@ -1,7 +1,6 @@
-//! Bucket classes of an outbound supplier, per credential: **auth** buckets
-//! that wait and never fail on rate (a lost login can cost a ban), **data**
-//! buckets that skip and reschedule, and an optional egress-IP counter.
-//! A [`Credential`] keeps only the fingerprint of its secret.
+//! Bucket classes of an outbound supplier, per credential: **auth** buckets wait and never fail
+//! on rate, **data** buckets skip and reschedule, plus an optional egress-IP counter. A
+//! [`Credential`] keeps only the fingerprint of its secret.
 
 mod config;
 

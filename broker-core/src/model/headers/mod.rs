@@ -1,8 +1,6 @@
-//! Reading an upstream's rate-limit headers into one [`ObservedLimit`]:
-//! `X-Ratelimit-*`, IETF `RateLimit`/`RateLimit-Policy` (current and older
-//! drafts), OpenAI's `x-ratelimit-*-{requests,tokens}` and `Retry-After`.
-//! A malformed value is ignored; times are capped at 366 days. Of several
-//! families, the lowest `remaining` and the longest retry win.
+//! Reads `X-Ratelimit-*`, IETF `RateLimit`/`RateLimit-Policy` (current and older drafts),
+//! OpenAI's `x-ratelimit-*-{requests,tokens}` and `Retry-After` into one [`ObservedLimit`]. A
+//! malformed value is ignored, times cap at 366 days; the lowest `remaining` and longest retry win.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

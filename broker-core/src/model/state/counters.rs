@@ -6,11 +6,9 @@ use crate::model::observed::{Observed, ObservedLimit};
 use crate::model::pacing::MAX_MARGIN;
 use crate::model::time::micros;
 
-/// The upstream counter that describes bucket `i` of `spec`, if any: of the
-/// buckets of its unit, narrowed in turn to those whose period is its
-/// window, whose burst is its limit, and that can last until its reset
-/// (else the slowest to fill), the one whose burst is nearest its limit,
-/// then the shortest period.
+/// The upstream counter that describes bucket `i` of `spec`, if any: of its unit's buckets,
+/// narrowed in turn by window = period, limit = burst and lasting until its reset (else the
+/// slowest to fill), the one whose burst is nearest its limit, then the shortest period.
 pub fn observed_for<'o>(
     spec: &LimitSpec,
     observed: &'o ObservedLimit,

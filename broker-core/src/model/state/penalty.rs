@@ -54,10 +54,9 @@ pub fn penalize_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, 
     }
 }
 
-/// The state of a key made for another number of rate limits (a reload),
-/// taken on under `spec`: fresh buckets, the same leases, and the penalty
-/// it was under kept (penalized, not drained, so the result does not
-/// depend on when it runs).
+/// The state of a key made for another number of rate limits (a reload), under `spec`: fresh
+/// buckets, the same leases, and its penalty kept as a penalty (not drained, so the result does
+/// not depend on when it runs).
 ///
 /// ```
 /// use broker_core::state::{self, LimitSpec, ResourceState};
