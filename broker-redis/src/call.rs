@@ -189,7 +189,7 @@ impl Late {
         let granted = matches!(reply, Value::Int(1));
         if granted && self.takes != Takes::Book {
             if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
-                let _ = send_by(conn, after(timeout), &scripts::RELEASE, &undo).await;
+                let _ = send_within(conn, timeout, &scripts::RELEASE, undo).await;
             }
         }
         let refund = match self.takes {
@@ -201,9 +201,7 @@ impl Late {
             _ => None,
         };
         if let Some(undo) = refund.filter(|_| self.refund) {
-            if let Reply::Done(Err(e)) =
-                send_by(conn, after(timeout), &scripts::SETTLE, &undo).await
-            {
+            if let Reply::Done(Err(e)) = send_within(conn, timeout, &scripts::SETTLE, undo).await {
                 tracing::debug!(error = %e, "giving back the cost of a timed-out decision failed");
             }
         }
@@ -237,15 +235,11 @@ pub(crate) async fn send(
     cmd: Cmd,
     undo: Option<Undo>,
 ) -> Reply {
-    let Some(undo) = undo else {
-        return send_by(conn, deadline, script, &cmd).await;
-    };
-    // Boxed, to be waited for from a task after the deadline.
     let on = conn.clone();
     let mut call = Box::pin(async move { (on.evalsha(script, &cmd).await, cmd) });
     let Ok((reply, _)) = tokio::time::timeout_at(deadline, &mut call).await else {
         // Without a runtime (it is shutting down), what it took stays.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let (Some(undo), Ok(runtime)) = (undo, tokio::runtime::Handle::try_current()) {
             let conn = conn.clone();
             runtime.spawn(async move {
                 let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
@@ -264,10 +258,17 @@ pub(crate) async fn send(
     Reply::Done(reply)
 }
 
-/// One `EVALSHA` by `deadline`, with nothing to give back.
-pub(crate) async fn send_by(conn: &Conn, deadline: Instant, script: &Lua, cmd: &Cmd) -> Reply {
-    let reply = tokio::time::timeout_at(deadline, conn.evalsha(script, cmd)).await;
-    reply.map_or(Reply::TimedOut, Reply::Done)
+/// One `EVALSHA` within `timeout`, with nothing to give back.
+pub(crate) async fn send_within(
+    conn: &Conn,
+    timeout: Duration,
+    script: &'static Lua,
+    cmd: Cmd,
+) -> Reply {
+    match tokio::time::timeout(timeout, conn.evalsha(script, &cmd)).await {
+        Ok(r) => Reply::Done(r),
+        Err(_) => Reply::TimedOut,
+    }
 }
 
 impl RedisBackend {
@@ -282,7 +283,7 @@ impl RedisBackend {
         let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
         runtime.spawn(async move {
             let cmd = scripts::release(keys.both(), lease);
-            if let Reply::Done(Err(e)) = send_by(&conn, after(timeout), &scripts::RELEASE, &cmd).await {
+            if let Reply::Done(Err(e)) = send_within(&conn, timeout, &scripts::RELEASE, cmd).await {
                 tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
             }
         });

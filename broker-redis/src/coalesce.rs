@@ -2,8 +2,8 @@
 //! with its own script while fewer than `max_in_flight` calls are in
 //! flight on its [`Scope`]; otherwise it queues, and the call that returns
 //! first sends the queue (up to `max_batch`) as one `EVALSHA` of
-//! `lua/try.lua`, which applies each decision in order as its own call
-//! would. A call with no reply in time answers its scope's queue
+//! `lua/try_batch.lua`, which applies each decision in order as its own
+//! script would. A call with no reply in time answers its scope's queue
 //! [`Reply::Unsent`] at once.
 
 use std::collections::HashMap;
@@ -203,10 +203,19 @@ impl RedisBackend {
         futures::future::join_all(sent).await.into_iter().any(|t| t)
     }
 
-    /// Sends decisions whose keys share a slot as one call. Whether it got
-    /// no reply in time.
+    /// Sends decisions whose keys share a slot as one call (a lone one with
+    /// its own script). Whether it got no reply in time.
     async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
         let (conn, timeout) = (&self.inner.conn, self.inner.response_timeout);
+        if batch.len() == 1 && !self.inner.coalescer.settings.batch_every_call {
+            let mut one = batch.remove(0);
+            let undo = Undo::One(self.late(Takes::Try, one.lease.as_ref()));
+            let cmd = std::mem::take(&mut one.cmd);
+            let reply = send(conn, timeout, one.deadline, &scripts::TRY, cmd, Some(undo)).await;
+            let timed_out = matches!(reply, Reply::TimedOut);
+            self.answer(one, reply);
+            return timed_out;
+        }
         let cmd = batch_cmd(&batch);
         let deadline = batch.iter().map(|p| p.deadline).min();
         let deadline = deadline.unwrap_or_else(|| self.deadline());
@@ -222,17 +231,18 @@ impl RedisBackend {
             })
             .collect();
         let undo = Some(Undo::Batch(late));
-        let replies = match send(conn, timeout, deadline, &scripts::TRY, cmd, undo).await {
-            Reply::Done(Ok(v)) => match split(v, batch.len()) {
-                Some(replies) => replies.into_iter().map(Reply::Done).collect(),
-                None => {
-                    let e = RedisError::from((
-                        ErrorKind::UnexpectedReturnType,
-                        "the batch script replied with the wrong number of replies",
-                    ));
-                    vec![Reply::Done(Err(e)); batch.len()]
-                }
-            },
+        let replies = match send(conn, timeout, deadline, &scripts::TRY_BATCH, cmd, undo).await {
+            Reply::Done(Ok(Value::Array(items))) if items.len() == batch.len() => items
+                .into_iter()
+                .map(|item| Reply::Done(decision_reply(item)))
+                .collect(),
+            Reply::Done(Ok(_)) => {
+                let e = RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "the batch script replied with the wrong number of replies",
+                ));
+                vec![Reply::Done(Err(e)); batch.len()]
+            }
             other => vec![other; batch.len()],
         };
         let timed_out = replies.iter().any(|r| matches!(r, Reply::TimedOut));
@@ -306,44 +316,40 @@ fn hash_tag(cmd: &Cmd) -> Option<Vec<u8>> {
     Some(key[open..=open + len].to_vec())
 }
 
-/// A batch's reply split into its `n` decisions' (a batch of one is that
-/// decision's own call); `{0, text}` is the error a decision's script
+/// One decision's reply in a batch's: `{0, text}` is the error its script
 /// raised, turned back into that error.
-fn split(reply: Value, n: usize) -> Option<Vec<RedisResult<Value>>> {
-    let items = match reply {
-        _ if n == 1 => return Some(vec![Ok(reply)]),
-        Value::Array(items) if items.len() == n => items,
-        _ => return None,
+fn decision_reply(item: Value) -> RedisResult<Value> {
+    let Value::Array(v) = &item else {
+        return Ok(item);
     };
-    let error = |item: Value| {
-        let Value::Array(v) = &item else {
-            return Ok(item);
-        };
-        let [Value::Int(0), Value::BulkString(text)] = v.as_slice() else {
-            return Ok(item);
-        };
-        match redis::parse_redis_value(&[b"-", text.as_slice(), b"\r\n"].concat())? {
-            Value::ServerError(e) => Err(e.into()),
-            _ => Err(RedisError::from((
-                ErrorKind::UnexpectedReturnType,
-                "a script error that does not read as one",
-            ))),
-        }
+    let [Value::Int(0), Value::BulkString(text)] = v.as_slice() else {
+        return Ok(item);
     };
-    Some(items.into_iter().map(error).collect())
+    let raw = [b"-", text.as_slice(), b"\r\n"].concat();
+    match redis::parse_redis_value(&raw)? {
+        Value::ServerError(e) => Err(e.into()),
+        _ => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "a script error that does not read as one",
+        ))),
+    }
 }
 
-/// `EVALSHA try 2k keys... argv...` from the decisions' own
-/// `EVALSHA try 2 buckets leases argv...`.
+/// `EVALSHA batch 2k keys... k (m argv...)...` from the decisions' own
+/// `EVALSHA sha 2 buckets leases argv...`.
 fn batch_cmd(batch: &[Pending]) -> Cmd {
     let args: Vec<Vec<&[u8]>> = batch.iter().map(|p| scripts::args_of(&p.cmd)).collect();
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts::TRY.get_hash()).arg(2 * batch.len());
+    cmd.arg(scripts::TRY_BATCH.get_hash()).arg(2 * batch.len());
     for a in &args {
         cmd.arg(a[3]).arg(a[4]);
     }
+    cmd.arg(batch.len());
     for a in &args {
-        cmd.arg(&a[5..]);
+        cmd.arg(a.len() - 5);
+        for x in &a[5..] {
+            cmd.arg(*x);
+        }
     }
     cmd
 }
@@ -356,11 +362,12 @@ pub(crate) async fn give_back(
     timeout: Duration,
     reply: Value,
 ) {
-    let Some(replies) = split(reply, decisions.len()) else {
+    let Value::Array(items) = reply else { return };
+    if items.len() != decisions.len() {
         return;
-    };
-    for (reply, (cmd, late)) in replies.into_iter().zip(decisions) {
-        if let Ok(reply) = reply {
+    }
+    for (item, (cmd, late)) in items.into_iter().zip(decisions) {
+        if let Ok(reply) = decision_reply(item) {
             late.give_back(conn, timeout, &cmd, reply).await;
         }
     }

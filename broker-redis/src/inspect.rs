@@ -28,6 +28,11 @@ impl RedisBackend {
         Ok(self.keys(key)?.buckets)
     }
 
+    /// The Redis key of the lease set of state `key`.
+    pub fn lease_key(&self, key: &str) -> Result<String, BackendError> {
+        Ok(self.keys(key)?.leases)
+    }
+
     /// The state of `key` as stored: `None` when neither key exists (a
     /// fresh state); `buckets` is empty when only leases exist. Not atomic
     /// with other calls.

@@ -87,6 +87,17 @@ impl RedisBackend {
         RedisBackendBuilder::new(url)
     }
 
+    /// Connects to a Redis Cluster through the given nodes, with the
+    /// defaults.
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster<I, S>(urls: I) -> Result<RedisBackend, BackendError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder("").cluster(urls).connect().await
+    }
+
     fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -25,20 +25,39 @@ impl std::ops::Deref for Lua {
 }
 
 macro_rules! script {
-    ($name:ident, $body:literal) => {
+    ($name:ident = $source:expr) => {
         pub(crate) static $name: Lua = Lua {
-            source: concat!(
+            source: $source,
+            script: LazyLock::new(|| Script::new($source)),
+        };
+    };
+    ($name:ident, $body:literal) => {
+        script!(
+            $name = concat!(
                 include_str!("lua/lib.lua"),
                 "\n",
                 include_str!(concat!("lua/", $body, ".lua"))
-            ),
-            script: LazyLock::new(|| Script::new($name.source)),
-        };
+            )
+        );
     };
 }
 
-// Also a batch of tries in one call (see `lua/try.lua`).
 script!(TRY, "try");
+// Several `try` decisions in one call: the helpers once, and try's body as a
+// function run with each decision's own `KEYS` and `ARGV`.
+script!(
+    TRY_BATCH = concat!(
+        "local G_KEYS, G_ARGV = KEYS, ARGV\n",
+        "local KEYS, ARGV\n",
+        include_str!("lua/batch_cache.lua"),
+        "\n",
+        include_str!("lua/lib.lua"),
+        "\nlocal function try()\n",
+        include_str!("lua/try.lua"),
+        "\nend\n",
+        include_str!("lua/try_batch.lua"),
+    )
+);
 script!(BOOK, "book");
 script!(TAKE_SLOT, "take_slot");
 script!(PENALTY_LEFT, "penalty_left");

@@ -14,8 +14,6 @@
 -- ARGV[4 + 4(i-1) ..]  capacity, amount, period, c (the per-bucket operand)
 -- ARGV[4 + 4n ..]      operands of the transition (see each script)
 
--- Locals, so that a batch of tries (try.lua) runs each with its own.
-local KEYS, ARGV = KEYS, ARGV
 local min, max, floor, ceil, abs = math.min, math.max, math.floor, math.ceil, math.abs
 local format, call, tonumber = string.format, redis.call, tonumber
 

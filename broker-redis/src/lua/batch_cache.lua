@@ -1,0 +1,104 @@
+-- The write-back cache of a batch (try_batch.lua), for speed: bucket
+-- hashes are read from Redis once per batch and written back once at the
+-- end, so decisions on one resource do not each read and write the hash;
+-- they see exactly what Redis would hold. It stands in for redis.call (a
+-- local `redis` table) for HMGET, HSET, DEL and PEXPIRE of a cached key;
+-- TIME is read once per batch, and tonumber remembers what it parsed.
+local real_call = redis.call
+-- key -> { f = field -> value (false: absent), w = fields written,
+-- deleted, ttl = last PEXPIRE }
+local cache = {}
+local batch_time
+
+local real_tonumber = tonumber
+local numbers = {}
+local function tonumber(s)
+  local x = numbers[s]
+  if x == nil then
+    x = real_tonumber(s)
+    if x ~= nil and type(s) == 'string' then
+      numbers[s] = x
+    end
+  end
+  return x
+end
+
+local function cached_call(cmd, key, ...)
+  if key == nil then
+    if cmd == 'TIME' then
+      if batch_time == nil then
+        batch_time = real_call('TIME')
+      end
+      return batch_time
+    end
+    return real_call(cmd)
+  end
+  local c = cache[key]
+  if cmd == 'HMGET' then
+    local names = { ... }
+    if c == nil then
+      local v = real_call('HMGET', key, ...)
+      c = { f = {}, w = {}, deleted = false }
+      for i = 1, #names do c.f[names[i]] = v[i] end
+      cache[key] = c
+      return v
+    end
+    local out, missing = {}, false
+    for i = 1, #names do
+      local x = c.f[names[i]]
+      if x == nil then
+        if c.deleted then x = false else missing = true end
+      end
+      out[i] = x
+    end
+    if missing then
+      local v = real_call('HMGET', key, ...)
+      for i = 1, #names do
+        if out[i] == nil then
+          out[i] = v[i]
+          c.f[names[i]] = v[i]
+        end
+      end
+    end
+    return out
+  elseif cmd == 'HSET' then
+    if c == nil then
+      c = { f = {}, w = {}, deleted = false }
+      cache[key] = c
+    end
+    local args = { ... }
+    for i = 1, #args, 2 do
+      c.f[args[i]] = args[i + 1]
+      c.w[args[i]] = true
+    end
+    return 0
+  elseif cmd == 'DEL' and select('#', ...) == 0 then
+    cache[key] = { f = {}, w = {}, deleted = true }
+    return 1
+  elseif cmd == 'PEXPIRE' and c ~= nil then
+    c.ttl = ...
+    return 1
+  end
+  return real_call(cmd, key, ...)
+end
+
+local function write_back()
+  for key, c in pairs(cache) do
+    if c.deleted then
+      real_call('DEL', key)
+    end
+    local fields = {}
+    for name in pairs(c.w) do
+      fields[#fields + 1] = name
+      fields[#fields + 1] = c.f[name]
+    end
+    if #fields > 0 then
+      real_call('HSET', key, unpack(fields))
+    end
+    if c.ttl ~= nil then
+      real_call('PEXPIRE', key, c.ttl)
+    end
+  end
+end
+
+local redis = setmetatable({ call = cached_call }, { __index = redis })
