@@ -1,15 +1,17 @@
 //! Releases not yet sent to a store with I/O, each a dropped permit's, on
 //! its way from a task of its own. A decision that can take a slot on a key
-//! sends that key's first, within its own bound ([`crate::store::begun`]),
-//! so it never overtakes a release made before it (which would count a
-//! freed slot as taken). A release that cannot reach the store stays
-//! pending, and its task sends it again once the store reads up.
+//! takes that key's out and sends them first, within its own bound
+//! ([`crate::store::begun`]), so it never overtakes a release made before
+//! it. A release that cannot reach a store that reads down stays pending,
+//! and is sent again once the store reads up (one poller per store).
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use super::Resource;
 use crate::error::BackendError;
@@ -20,8 +22,8 @@ use crate::store::Store;
 /// to its lease's TTL.
 const MAX_KEPT: usize = 100_000;
 
-/// The first and the longest wait before a release that could not reach
-/// the store is sent again (once the store reads up).
+/// The first and the longest wait between two reads of the store's health
+/// while releases wait for it to read up.
 const RETRY: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(500)];
 
 /// The releases not yet sent, by state key.
@@ -31,6 +33,9 @@ pub(crate) struct Pending {
     /// lock.
     count: AtomicUsize,
     by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
+    /// Told when the store reads up again; `polling` while a task watches.
+    up: Notify,
+    polling: AtomicBool,
 }
 
 /// `decision`, which may take a slot on state `key` of `resource` under
@@ -46,11 +51,13 @@ pub(crate) async fn in_order<T>(
         return decision.await;
     };
     let ahead = async {
-        let leases = p.lock().get(key).cloned().unwrap_or_default();
+        let leases = p.lock().remove(key).unwrap_or_default();
+        p.count.fetch_sub(leases.len(), Ordering::Release);
         for lease in leases {
-            // Taken out once answered; one out of reach stays its task's.
-            if p.store.release(key, lease).await.is_ok() {
-                p.remove(key, lease);
+            // One out of reach is pending again, for the next decision.
+            let released = p.store.release(key, lease).await;
+            if released.is_err_and(|e| e.is_unavailable()) {
+                p.add(key.to_owned(), lease);
             }
         }
         decision.await
@@ -62,12 +69,38 @@ pub(crate) async fn in_order<T>(
 
 impl Pending {
     pub(crate) fn new(store: Arc<dyn Store>) -> Self {
-        let (count, by_key) = (AtomicUsize::new(0), Mutex::default());
         Self {
             store,
-            count,
-            by_key,
+            count: AtomicUsize::new(0),
+            by_key: Mutex::default(),
+            up: Notify::new(),
+            polling: AtomicBool::new(false),
         }
+    }
+
+    fn add(&self, key: String, lease: LeaseId) {
+        self.lock().entry(key).or_default().push(lease);
+        self.count.fetch_add(1, Ordering::Release);
+    }
+
+    /// Waits until the store reads up, read by one task for all waiters.
+    async fn until_up(self: &Arc<Self>) {
+        let up = self.up.notified();
+        tokio::pin!(up);
+        up.as_mut().enable();
+        if !self.polling.swap(true, Ordering::AcqRel) {
+            let poller = Poller(self.clone());
+            tokio::spawn(async move {
+                let mut wait = RETRY[0];
+                while {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY[1]);
+                    poller.0.store.health().down
+                } {}
+                drop(poller);
+            });
+        }
+        up.await
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
@@ -105,8 +138,7 @@ impl Pending {
     /// The release of `lease` on `key`, to be sent from a task: pending
     /// until sent, or until the returned guard is dropped.
     pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
-        self.lock().entry(key.clone()).or_default().push(lease);
-        self.count.fetch_add(1, Ordering::Release);
+        self.add(key.clone(), lease);
         let pending = self.clone();
         OnItsWay {
             pending,
@@ -125,26 +157,34 @@ pub(crate) struct OnItsWay {
 }
 
 impl OnItsWay {
-    /// Sends the release, unless a decision did; while it is on its way a
-    /// decision sends it ahead of itself too. Out of reach, it is sent
-    /// again once the store reads up (past [`MAX_KEPT`], left to its TTL).
+    /// Sends the release, unless a decision took it out. Out of reach of a
+    /// store that reads down, it is sent again once the store reads up
+    /// (past [`MAX_KEPT`] pending, left to its lease's TTL).
     pub(crate) async fn send(self) -> Result<bool, BackendError> {
-        let (pending, key, mut wait) = (&self.pending, self.key.as_str(), RETRY[0]);
+        let (pending, key) = (&self.pending, self.key.as_str());
         loop {
             if !pending.holds(key, self.lease) {
                 return Ok(true);
             }
             let released = pending.store.release(key, self.lease).await;
             let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
-            if !out_of_reach || pending.count.load(Ordering::Relaxed) > MAX_KEPT {
+            let kept = pending.count.load(Ordering::Relaxed) <= MAX_KEPT;
+            if !(out_of_reach && kept && pending.store.health().down) {
                 return released;
             }
-            while {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY[1]);
-                pending.store.health().down
-            } {}
+            pending.until_up().await;
         }
+    }
+}
+
+/// The task that reads the store's health; ended (the store up, or its
+/// runtime gone), it wakes every waiter, and a later one starts another.
+struct Poller(Arc<Pending>);
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.0.polling.store(false, Ordering::Release);
+        self.0.up.notify_waiters();
     }
 }
 
