@@ -67,8 +67,9 @@ impl MemoryBackend {
     }
 
     /// Bounds the number of states at `max` (at least 64; 1,048,576 unless
-    /// set). Past it the least recently used are folded into places (see the
-    /// crate docs) down to seven eighths of the bound.
+    /// set). Past it the least recently used are folded into places down to
+    /// seven eighths of the bound; states holding a slot, under a penalty of
+    /// a resource without rates, or a registered resource's own are kept.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;

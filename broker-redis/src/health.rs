@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use broker_core::stats::BackendHealth;
@@ -41,7 +41,7 @@ pub(crate) type Epoch = u64;
 const PROBES_AT_ONCE: usize = 16;
 
 /// The health of every scope that has failed a call; while none is down,
-/// a call reads two atomics and no lock.
+/// a call reads two atomics and no lock (while one is, a read lock).
 #[derive(Debug)]
 pub(crate) struct Healths {
     pub(crate) probe_interval: Duration,
@@ -49,7 +49,7 @@ pub(crate) struct Healths {
     epoch: AtomicU64,
     /// How many scopes are down.
     down: AtomicUsize,
-    scopes: Mutex<HashMap<Scope, Health>>,
+    scopes: RwLock<HashMap<Scope, Health>>,
 }
 
 #[derive(Debug, Default)]
@@ -63,7 +63,7 @@ struct Health {
     down_at_ms: u64,
     next_probe_ms: u64,
     outages: u64,
-    handled: u64,
+    handled: AtomicU64,
 }
 
 impl Healths {
@@ -73,12 +73,16 @@ impl Healths {
             origin: Instant::now(),
             epoch: AtomicU64::new(0),
             down: AtomicUsize::new(0),
-            scopes: Mutex::default(),
+            scopes: RwLock::default(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Scope, Health>> {
-        self.scopes.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> RwLockWriteGuard<'_, HashMap<Scope, Health>> {
+        self.scopes.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<Scope, Health>> {
+        self.scopes.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
@@ -90,7 +94,7 @@ impl Healths {
     }
 
     fn is_down(&self, scope: Scope) -> bool {
-        self.any_down() && self.lock().get(&scope).is_some_and(|h| h.down)
+        self.any_down() && self.read().get(&scope).is_some_and(|h| h.down)
     }
 
     pub(crate) fn any_down(&self) -> bool {
@@ -99,7 +103,16 @@ impl Healths {
 
     /// A call kept from a down scope: counted as answered by the policy.
     pub(crate) fn kept_back(&self, scope: Scope) {
-        self.lock().entry(scope).or_default().handled += 1;
+        if let Some(h) = self.read().get(&scope) {
+            h.handled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut scopes = self.lock();
+        scopes
+            .entry(scope)
+            .or_default()
+            .handled
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A call on `scope` reached Redis: ends its outage, if any.
@@ -115,7 +128,7 @@ impl Healths {
         h.up_at = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         let last = self.down.fetch_sub(1, Ordering::AcqRel) == 1;
         let down_ms = ms(self.origin.elapsed()).saturating_sub(h.down_at_ms);
-        let handled = h.handled;
+        let handled = h.handled.load(Ordering::Relaxed);
         drop(scopes);
         let msg = if scope == Scope::Whole {
             "redis reachable again; decisions are shared again"
@@ -136,7 +149,7 @@ impl Healths {
     pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: Epoch) {
         let mut scopes = self.lock();
         let h = scopes.entry(scope).or_default();
-        h.handled += 1;
+        h.handled.fetch_add(1, Ordering::Relaxed);
         if h.down || h.up_at > epoch {
             return;
         }
@@ -188,10 +201,10 @@ impl Healths {
     /// Down while any scope is; outages and handled calls summed.
     pub(crate) fn snapshot(&self) -> BackendHealth {
         let mut all = BackendHealth::default();
-        for h in self.lock().values() {
+        for h in self.read().values() {
             all.down |= h.down;
             all.outages += h.outages;
-            all.handled_errors += h.handled;
+            all.handled_errors += h.handled.load(Ordering::Relaxed);
         }
         all
     }
