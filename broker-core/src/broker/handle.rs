@@ -106,10 +106,9 @@ impl ResourceHandle {
         TryAcquire::new(&self.broker, self.on(), key.into(), cost)
     }
 
-    /// The compact answer for a hot path: when the store answers in
-    /// process and the cost fits, the [`Verdict`], counted, with the slot
-    /// of a [`Verdict::Leased`] put in `permit`. Else `None`, with nothing
-    /// consumed or counted: `try_acquire_now` then gives the full answer.
+    /// The compact hot-path answer: the [`Verdict`] when the store answers in
+    /// process and the cost fits, a [`Verdict::Leased`]'s slot put in `permit`.
+    /// Else `None`, nothing consumed: `try_acquire_now` gives the full answer.
     ///
     /// ```
     /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};

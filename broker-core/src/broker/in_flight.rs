@@ -1,7 +1,5 @@
-//! Store calls that take something when answered (a cost, a booking, a
-//! slot) or correct the store (a 429's penalty): run to their answer on a
-//! task of their own when the caller goes away while they are in flight,
-//! and an answer that took something gives it back when dropped unused.
+//! Store calls that take something or correct the store: finished on a task
+//! of their own if the caller goes away; an unused answer gives back what it took.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -103,10 +101,8 @@ mod tests {
         }
     }
 
-    /// A call that panicked is not run again when its caller's task is
-    /// dropped by the panic: polled again on a task of its own, it would
-    /// only panic a second time (or, for an `async` block, report that it
-    /// was resumed after panicking).
+    /// A call that panicked is not run again on a task of its own when the
+    /// panic drops its caller: it would only panic a second time.
     #[tokio::test(start_paused = true)]
     async fn a_call_that_panicked_is_not_run_again() {
         let polls = Arc::new(AtomicUsize::new(0));

@@ -57,10 +57,8 @@ mod tests {
         assert_eq!(p.until("k"), None);
     }
 
-    /// Penalties on many distinct keys, most expired: the map is swept as
-    /// it doubles, so it keeps fewer than twice the live penalties, not
-    /// every key ever penalized (and each write does not pass over the
-    /// whole map).
+    /// Many keys penalized, most expired: the map, swept as it doubles, keeps
+    /// fewer than twice the live penalties.
     #[tokio::test(start_paused = true)]
     async fn expired_penalties_are_swept_as_the_map_doubles() {
         let p = Penalties::default();

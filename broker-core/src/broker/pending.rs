@@ -1,9 +1,6 @@
-//! Releases not yet sent to a store with I/O, each a dropped permit's, on
-//! its way from a task of its own. A decision that can take a slot on a key
-//! takes that key's out and sends them first, within its own bound
-//! ([`crate::store::begun`]), so it never overtakes a release made before
-//! it. A release that cannot reach a store that reads down stays pending,
-//! and is sent again once the store reads up (one poller per store).
+//! Dropped permits' releases not yet sent to a store with I/O. A decision
+//! on a key sends that key's first, so it never overtakes an earlier release;
+//! those a down store cannot take are resent once it reads up.
 
 use std::collections::HashMap;
 use std::future::Future;

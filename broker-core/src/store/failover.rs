@@ -19,11 +19,8 @@ use crate::stats::BackendHealth;
 use crate::Micros;
 
 /// What a [`Failover`] answers while its primary store is unreachable.
-///
-/// [`FailurePolicy::FailClosed`] (the default) never lets more through than
-/// the shared quota; [`FailurePolicy::LocalFallback`] is safe only if
-/// `share` × replicas ≤ 1; [`FailurePolicy::FailOpen`] trades the quota for
-/// availability.
+/// [`Self::FailClosed`] (the default) keeps the shared quota, [`Self::LocalFallback`]
+/// only if `share` × replicas ≤ 1; [`Self::FailOpen`] trades it for availability.
 ///
 /// ```
 /// use broker_core::FailurePolicy;

@@ -1,7 +1,6 @@
-//! The [`Store`] trait a state store implements (one method per transition
-//! of [`crate::state`], atomic per key, on the store's own clock, waits
-//! relative to it), its optional capabilities [`LocalStore`] and
-//! [`Turns`], and [`Failover`]. Stores hold state, not policy.
+//! The [`Store`] trait (one atomic method per transition of [`crate::state`],
+//! on the store's own clock), its optional capabilities [`LocalStore`] and
+//! [`Turns`], and [`Failover`].
 
 pub mod failover;
 pub mod turns;
@@ -58,10 +57,9 @@ pub trait Store: Send + Sync + 'static {
     /// Frees the slot held under `lease`. Idempotent; true if it was held.
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError>;
 
-    /// Extends `lease` to `lease_ttl` from now if held ([`Renewal::Held`]),
-    /// else takes a free slot under it again ([`Renewal::Retaken`]) or
-    /// takes nothing ([`Renewal::Gone`]). The default, for a store whose
-    /// leases end with their permits, has nothing to extend.
+    /// Extends `lease` to `lease_ttl` from now ([`Renewal::Held`]), else retakes
+    /// a free slot ([`Renewal::Retaken`]) or nothing ([`Renewal::Gone`]). The
+    /// default, for leases that end with their permits, has nothing to extend.
     async fn renew(
         &self,
         _key: &str,

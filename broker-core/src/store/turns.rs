@@ -52,10 +52,9 @@ pub enum Turn {
     NotYet,
 }
 
-/// A turn ledger shared by every process on a store: each active flow's
-/// virtual time (served cost over weight). A joining flow starts at the
-/// least one; a flow may book while at most one quantum
-/// ([`TurnAsk::quantum`]) ahead of it, and is then charged.
+/// A turn ledger shared by every process on a store: each active flow's served
+/// cost over weight. A joining flow starts at the least; a flow may book while
+/// at most one quantum ([`TurnAsk::quantum`]) ahead of it, and is then charged.
 ///
 /// ```
 /// # async fn demo(store: &dyn broker_core::Store) -> Result<(), broker_core::BackendError> {

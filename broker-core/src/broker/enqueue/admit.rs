@@ -87,10 +87,8 @@ impl Bounds {
     }
 }
 
-/// Books `cost` on `key`, waits for its time, then for a slot, within
-/// `bounds`. A penalty that came after the booking voids it (the slot is
-/// given back) and the cost is booked again when it ends. The permit is
-/// on state `key` (`keyed`: a sub-key's), counted in flight if `counted`.
+/// Books `cost` on `key`, waits for its time and a slot within `bounds`; a
+/// later penalty voids the booking, which is made again when it ends.
 pub(crate) async fn admit_until(
     broker: &ResourceBroker,
     resource: &Arc<Resource>,

@@ -134,11 +134,8 @@ impl LiveBooking {
         self.since == Some(Marks::ANSWERED_HERE)
     }
 
-    /// Settles the work's `usage` (`None`: the booked cost) on the latest
-    /// limits: a correction of the booking, or a charge of the whole usage
-    /// when a registration since had other buckets. After a penalty put on
-    /// since (`penalty_end`) the unused part stays spent. Returns the task
-    /// of a store that answers asynchronously.
+    /// Settles `usage` (`None`: the booked cost) on the latest limits; after a
+    /// penalty since (`penalty_end`) the unused part stays spent.
     pub(crate) fn settle(
         &self,
         usage: Option<Cost>,
@@ -185,10 +182,8 @@ impl Drop for LiveBooking {
 /// A settlement: the cost booked, the actual cost, and the booking's marks.
 type Change = (Cost, Cost, Option<Marks>);
 
-/// Settles `change` (booked, actual, marks) on state `key`: at once when
-/// the store answers in process, else on a task of its own, returned (no
-/// caller going away cuts it off). Time given back then wakes the head of
-/// the key's line. A failure is logged as `op`.
+/// Settles `change` on `key` at once in process, else on a returned task of
+/// its own; time given back wakes the head of the key's line.
 fn settle_or_spawn(
     backend: &Arc<dyn Store>,
     resource: &Arc<Resource>,

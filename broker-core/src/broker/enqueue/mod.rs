@@ -66,10 +66,9 @@ pub enum EnqueueError<E> {
 
 /// # Queue + execute
 impl ResourceBroker {
-    /// Waits for its turn on `target` (see [`Target`]), runs `work`, and
-    /// retries it by the resource's retry policy. [`BrokerError::QueueFull`]
-    /// at once; [`BrokerError::WaitTooLong`] past a deadline or the penalty
-    /// ceiling. Dropped, it leaves the queue, refunds and frees its slot.
+    /// Waits for a turn on `target` (see [`Target`]), runs `work`, retries it by the
+    /// retry policy: [`BrokerError::QueueFull`] at once, [`BrokerError::WaitTooLong`] past a
+    /// deadline or the penalty ceiling. Dropped, it leaves the queue, refunds, frees its slot.
     ///
     /// ```
     /// use broker_core::{Cost, Outcome, Priority, ResourceBroker, Target};

@@ -1,9 +1,6 @@
-//! The local wait queue of `enqueue`: per state key, a line of waiters of
-//! which only the head books in the store. Strict priority, but one turn
-//! in [`Priority::MIN_SHARE`] goes to a lower level's oldest call; deficit
-//! round robin over flows within a level, FIFO within a flow. A store with
-//! a shared turn ledger ([`crate::store::Turns`]) keeps weights across
-//! replicas.
+//! The local wait queue of `enqueue`: per state key, a line whose head books
+//! in the store. Strict priority with one turn in [`Priority::MIN_SHARE`] for a lower
+//! level's oldest call, deficit round robin over flows, FIFO within a flow.
 
 mod drr;
 
