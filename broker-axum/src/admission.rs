@@ -1,8 +1,6 @@
 //! One stage's admission of one request: the broker's answer, then the inner
-//! call (its response body takes the concurrency permit along) or the
-//! refusal. An admitted route/service stage puts a [`Charge`] in the request;
-//! the tenant stage of the same policy gives it back when it refuses or is
-//! dropped undecided: no handler ran.
+//! call (its body holds the permit) or the refusal. A refused tenant stage
+//! gives back the route/service stage's [`Charge`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -169,10 +167,8 @@ where
         Self { state }
     }
 
-    /// Admits `req` on `stage` (for `tenant`, if given; else the route/service
-    /// stage), then calls `inner` (or a ready clone of it when the store needs
-    /// I/O); a refusal gives `charge` back. Answered at once when the store
-    /// needs no I/O, but a path read two ways, asked reading by reading.
+    /// Admits `req` on `stage` (the tenant's if given), then calls `inner`;
+    /// a refusal gives `charge` back.
     pub(crate) fn admit(
         policy: &Arc<Policy>,
         stage: Stage,

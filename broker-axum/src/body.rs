@@ -11,8 +11,8 @@ use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 
-/// A body type the pressure services answer with: built from a denial's
-/// bytes, able to hold a [`Permit`]. For other bodies, map them into one
+/// A body the pressure services answer with: built from a denial's bytes,
+/// able to hold a [`Permit`]. Map other bodies into one
 /// (`ServiceBuilder::map_response_body(BodyExt::boxed)`).
 ///
 /// ```

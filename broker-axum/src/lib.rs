@@ -1,5 +1,3 @@
-//! # broker-axum
-//!
 //! Inbound pressure for axum and tower on a shared [`broker_core::ResourceBroker`]:
 //! [`Pressure::layer`] limits per route or service before authentication,
 //! [`Pressure::tenant_layer`] per tenant after it; a denial answers `429` ([`Responses`]).

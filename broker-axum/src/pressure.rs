@@ -44,8 +44,7 @@ impl Pressure {
     }
 
     /// [`Pressure::new`] that re-configures limit-only resources already held
-    /// under `config`'s ids; older layers follow the new limits but keep
-    /// their route table.
+    /// under `config`'s ids; older layers follow the new limits but keep their route table.
     ///
     /// ```
     /// use broker_axum::{Pressure, PressureConfig};

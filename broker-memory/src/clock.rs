@@ -3,8 +3,7 @@
 use broker_core::{Clock, Micros, SystemClock};
 use std::sync::OnceLock;
 
-/// A monotonic clock read through [`quanta::Clock`]; like
-/// [`broker_core::SystemClock`] it counts microseconds since the Unix epoch
+/// A monotonic [`quanta::Clock`] counting microseconds since the Unix epoch
 /// as read at construction.
 ///
 /// ```

@@ -1,8 +1,6 @@
-//! Idle-state eviction and the bound on the number of states. An idle state
-//! (refilled, no penalty, no live lease) equals a fresh one, so dropping it
-//! loses nothing. A sweep runs when the map has doubled, when it is large and
-//! 10 s have passed, or at the bound, where it then folds the least recently
-//! used states (see [`crate::spill`]) down to seven eighths of the bound.
+//! Idle-state eviction (an idle state equals a fresh one) and the bound on the
+//! number of states, past which the least recently used are folded
+//! ([`crate::spill`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -49,10 +47,8 @@ fn foldable(k: &StateKey, e: &Entry, now: Micros, registered: &Registered) -> bo
     !pinned(k, registered) && s.penalty <= now && s.leases.iter().all(|l| l.expires <= now)
 }
 
-/// Drops every idle state not used within [`RECENT`] (a key in use whose
-/// bucket refills between calls stays); given the bound `max` (reached),
-/// then folds the least recently used until seven eighths of it are left.
-/// Returns how many it dropped, and how many it found no fold may drop.
+/// Drops idle states not used within [`RECENT`]; at the bound `max`, folds
+/// the least recently used down to 7/8 of it. Returns (dropped, unfoldable).
 fn sweep_states(store: &Store, now: Micros, max: Option<usize>) -> (usize, usize) {
     let registered = store.registered.lock();
     let before = store.map.len();

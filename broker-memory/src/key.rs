@@ -76,10 +76,8 @@ impl KeyRef<'_> {
     }
 }
 
-/// Runs `f` on the key of the joined state key `key`: before the first `:`
-/// the resource part, the rest unescaped. A rest that is no output of
-/// [`keys::escape`] makes the whole key a resource part of its own (no
-/// escaped part holds a `:`), so two state keys never meet.
+/// Runs `f` on `key` split at its first `:` and unescaped; a rest that
+/// [`keys::escape`] never outputs makes the whole key the resource part.
 pub(crate) fn with_parsed<R>(key: &str, f: impl FnOnce(KeyRef<'_>) -> R) -> R {
     let (resource, sub) = match key.split_once(':') {
         None => (key, None),

@@ -1,9 +1,6 @@
-//! # broker-memory
-//!
 //! [`MemoryBackend`]: resource states in a [`dashmap::DashMap`], each behind
-//! its own mutex, decided by broker-core's reference transitions. Idle states
-//! are evicted; past [`MemoryBackend::max_states`] the least recently used are
-//! folded into places that never hand a key back more than it had.
+//! its own mutex, decided by broker-core's reference transitions; idle states
+//! are evicted, and past [`MemoryBackend::max_states`] the least recently used folded.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -66,10 +63,9 @@ impl MemoryBackend {
         }
     }
 
-    /// Bounds the number of states at `max` (at least 64; 1,048,576 unless
-    /// set). Past it the least recently used are folded into places down to
-    /// seven eighths of the bound; states holding a slot, under a penalty of
-    /// a resource without rates, or a registered resource's own are kept.
+    /// Bounds the number of states at `max` (at least 64; 1,048,576 unless set).
+    /// Past it the least recently used are folded, never handing a key back more than
+    /// it had; states holding a slot or a rate-less penalty, or registered ones, are kept.
     ///
     /// ```
     /// use broker_memory::MemoryBackend;

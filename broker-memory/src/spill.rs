@@ -1,8 +1,5 @@
-//! The places a bounded store folds states into: a key's own (by table hash)
-//! while the budget has room, else one of [`SHARED`]. Per number of buckets
-//! a place merges them *tight* (refilled, read under the same limits) and
-//! *raw* (never refilled, read under any), so a key never comes back with
-//! more than it had.
+//! The places a bounded store folds states into (a key's own, else one of
+//! [`SHARED`]), merged so a key never comes back with more than it had.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,10 +21,8 @@ const SHARED: usize = 4096;
 /// The states of one number of buckets folded into a place.
 #[derive(Debug)]
 struct Held {
-    /// The limits the tight states were merged under: those of every state
-    /// folded in, or, once states of other limits were, the largest burst
-    /// and slowest refill of each bucket (the tight states then start over
-    /// from the raw ones).
+    /// The limits the tight states were merged under; once other limits fold
+    /// in, the largest burst and slowest refill of each bucket.
     spec: Arc<LimitSpec>,
     /// The tight states, then the raw ones.
     states: Box<[BucketState]>,
@@ -175,10 +170,8 @@ impl Spills {
         }
     }
 
-    /// The state a new key (table hash `hash`) starts from: its own place,
-    /// else its shared one, read under `spec`, or `None` (fresh) when that
-    /// is idle. States of another number of buckets give it their penalty,
-    /// as `state::adopt` does.
+    /// The state a new key starts from: its own place, else its shared one, read under
+    /// `spec` (other bucket counts give only their penalty); `None` when that is idle.
     pub(crate) fn restore(
         &self,
         hash: u64,

@@ -1,8 +1,5 @@
-//! [`Store`]: what a [`crate::MemoryBackend`] and its per-resource handles
-//! share. The states are in a [`DashMap`] keyed by [`StateKey`] (its hash
-//! seeded at random: keys carry user data), each behind its own mutex: a
-//! transition runs under that mutex and the shard's read lock; only a new
-//! state takes the shard's write lock.
+//! [`Store`]: the states a [`crate::MemoryBackend`] and its handles share, in
+//! a randomly seeded [`DashMap`] keyed by [`StateKey`], each behind its own mutex.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;

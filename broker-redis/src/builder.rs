@@ -10,11 +10,9 @@ use redis::RedisResult;
 use crate::connection::{Conn, Timeouts};
 use crate::{coalesce, keys, RedisBackend};
 
-/// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix
-/// `"rb"`, 1 s connect and response timeouts, a background probe per
-/// 250 ms while Redis is down, 1 s TTL margin, coalescing on. Without a
-/// failure policy, a call while Redis is unreachable fails with an
-/// "unavailable" [`BackendError`] (fail-closed).
+/// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix `"rb"`,
+/// 1 s connect and response timeouts, a 250 ms probe while down, 1 s TTL margin, coalescing on;
+/// without a failure policy an unreachable Redis gives "unavailable" [`BackendError`]s.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -66,11 +64,9 @@ impl RedisBackendBuilder {
         }
     }
 
-    /// Lazy connection: [`RedisBackendBuilder::connect`] returns at once and
-    /// the first call connects, so a service can start while Redis is down
-    /// (the [failure policy](RedisBackendBuilder::connect_with_policy)
-    /// answers meanwhile). Skips the `maxmemory-policy` check; one server
-    /// only. Default off: `connect` fails when Redis cannot be reached.
+    /// Lazy connection (default off): `connect` returns at once and the first
+    /// call connects; the failure policy answers meanwhile. One server only;
+    /// skips the `maxmemory-policy` check.
     ///
     /// ```no_run
     /// use broker_core::FailurePolicy;
@@ -95,20 +91,16 @@ impl RedisBackendBuilder {
     }
 
     /// Client-time mode: `now` comes from `clock`, for stores that reject
-    /// `TIME` in scripts (and for tests on a [`broker_core::ManualClock`]).
-    /// A bucket never runs backwards, but replicas' clocks should agree: a
-    /// lagging one waits longer than needed, one ahead by `d` sees a penalty
-    /// end and other replicas' leases expire up to `d` early. Keep the skew
-    /// well under a third of the lease TTL.
+    /// `TIME` in scripts. Keep replicas' clock skew well under a third of the
+    /// lease TTL: one ahead by `d` sees penalties and leases end up to `d` early.
     pub fn client_time(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
     }
 
-    /// Connects and puts the store under `policy`, which answers while Redis
-    /// is unreachable. A decision Redis grants after its call timed out
-    /// keeps its cost under [`FailurePolicy::FailOpen`] (the call went out)
-    /// and gives it back under the others.
+    /// Connects and puts the store under `policy`, which answers while Redis is
+    /// unreachable. A grant after a timeout keeps its cost only under
+    /// [`FailurePolicy::FailOpen`].
     ///
     /// ```no_run
     /// use broker_core::FailurePolicy;
@@ -224,10 +216,8 @@ impl RedisBackendBuilder {
     }
 }
 
-/// Reads `maxmemory-policy` (on every given node of a cluster), warns on
-/// any policy that evicts, and returns the first policy read: any policy
-/// but `noeviction` may evict a bucket mid-window (every key has a TTL, so
-/// `volatile-*` ones too), and an evicted bucket reads as a full one.
+/// Reads `maxmemory-policy` on every given node, warns unless `noeviction`
+/// (an evicted bucket reads as full), and returns the first policy read.
 async fn check_maxmemory_policy(conn: &Conn, builder: &RedisBackendBuilder) -> Option<String> {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");

@@ -1,7 +1,5 @@
 //! Running one call: the health gate, one `EVALSHA` by a deadline, and its
-//! outcome; an "unavailable" error when Redis cannot be reached. What a
-//! decision answered late took is given back, and a lease whose outcome is
-//! unknown released.
+//! outcome; a late decision's take is given back.
 
 use std::time::Duration;
 
@@ -65,9 +63,7 @@ impl RedisBackend {
     }
 
     /// Runs one script call on `key` by `deadline`, unless its scope is down
-    /// (the failure policy answers at once). `lease`: one the call may
-    /// grant (see [`RedisBackend::send`]); `takes`: what a late reply
-    /// gives back. A `try` is coalesced when coalescing is on.
+    /// (the failure policy answers); `takes` is what a late reply gives back.
     pub(crate) async fn call(
         &self,
         key: &str,
@@ -272,10 +268,8 @@ pub(crate) async fn send_within(
 }
 
 impl RedisBackend {
-    /// Releases `lease` from a task: its holder went away, or never learnt
-    /// whether it was granted. Sent on the decision's connection, so Redis
-    /// runs it after the decision unless the connection was replaced
-    /// meanwhile (the lease then expires after its TTL).
+    /// Releases `lease` from a task, on the decision's connection so Redis
+    /// runs it after the decision (else the lease expires after its TTL).
     pub(crate) fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;

@@ -1,10 +1,6 @@
-//! Coalescing of concurrent `try` decisions. A decision goes out at once
-//! with its own script while fewer than `max_in_flight` calls are in
-//! flight on its [`Scope`]; otherwise it queues, and the call that returns
-//! first sends the queue (up to `max_batch`) as one `EVALSHA` of
-//! `lua/try_batch.lua`, which applies each decision in order as its own
-//! script would. A call with no reply in time answers its scope's queue
-//! [`Reply::Unsent`] at once.
+//! Coalescing of concurrent `try` decisions: past `max_in_flight` calls on a
+//! [`Scope`] they queue, and the next call to return sends up to `max_batch`
+//! as one `lua/try_batch.lua` call.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};

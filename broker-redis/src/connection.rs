@@ -166,11 +166,8 @@ fn once_ms(t: Timeouts) -> u64 {
         .clamp(10_000, 86_400_000)
 }
 
-/// `cmd` through the manager, sent again once (when `resend`) after a
-/// broken pipe: what a connection closed while idle gives the next command.
-/// A command closed on while it waited for its reply gives the same error
-/// and may have run, so one that must not run twice gets an error of its
-/// own instead (not an outage).
+/// `cmd` through the manager, sent again once after a broken pipe when `resend`;
+/// else it gets an error of its own (it may have run), not an outage.
 async fn managed(c: &ConnectionManager, cmd: &Cmd, resend: bool) -> RedisResult<Value> {
     match cmd.query_async(&mut c.clone()).await {
         Err(e) if is_broken_pipe(&e) => match resend {

@@ -1,7 +1,5 @@
-//! Reachability of Redis per [`Scope`] (the server, or a cluster's hash
-//! slot): each outage is logged and counted once, the calls the failure
-//! policy answered are counted, and no call goes to a scope that is down
-//! until the background probe (`probe.rs`) finds it back.
+//! Reachability of Redis per [`Scope`] (server or hash slot): outages are
+//! logged and counted, and a scope that is down gets no call until the probe finds it back.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

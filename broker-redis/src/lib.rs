@@ -1,10 +1,6 @@
-//! # broker-redis
-//!
 //! [`RedisBackend`]: resource states in Redis (or Redis Cluster, with the
-//! `cluster` feature), shared by every process that uses it. Each
-//! transition is one atomic Lua script (`src/lua`, mirroring broker-core's
-//! model); concurrent `try_acquire` calls are coalesced. A drop-in for the
-//! in-memory backend:
+//! `cluster` feature), shared across processes; each transition is one atomic
+//! Lua script. A drop-in for the in-memory backend:
 //!
 //! ```no_run
 //! use broker_core::{Cost, Limits, RateLimit, ResourceBroker};

@@ -99,10 +99,8 @@ mod tests {
 
     use crate::RedisBackend;
 
-    /// An outage found on a runtime that then shuts down (its probe's task
-    /// dropped with it): the next call, on another runtime, starts a probe
-    /// again, which finds Redis back. Without that, the backend read down
-    /// for good: a probe was taken to be running.
+    /// An outage found on a runtime that then shuts down: the next call, on
+    /// another runtime, starts a probe again, which finds Redis back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_probe_dropped_with_its_runtime_is_started_again() {
         let server = broker_testkit::RedisServer::start();

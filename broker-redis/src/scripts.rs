@@ -164,10 +164,8 @@ pub(crate) fn refund_of(cmd: &Cmd, since: Option<Marks>) -> Option<Cmd> {
     Some(undo)
 }
 
-/// `cmd`, a `settle`, made to run once however often a cluster's client
-/// sends it: with a third key, `prefix:{key}:s:<id>` on its bucket's hash
-/// tag, which the script sets for `ms` and finds set if it runs again (see
-/// `lua/settle.lua`).
+/// `cmd`, a `settle`, made to run once however often it is sent: a third key,
+/// `prefix:{key}:s:<id>`, set for `ms`, marks it as run (`lua/settle.lua`).
 #[cfg(any(feature = "cluster", test))]
 pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
     let args = args_of(cmd);

@@ -156,10 +156,8 @@ impl Policy {
         })
     }
 
-    /// The stage limiting `path` before authentication: the longest matching
-    /// route, else the service (a non-path such as `*` reads as `/`). A path
-    /// that a wildcard handler reads differently (`%2F`, `.` or empty
-    /// segments) and so meets two resources is charged on both.
+    /// The stage limiting `path`: the longest matching route, else the service.
+    /// A path read two ways (`%2F`, `.` or empty segments) is charged on both.
     pub(crate) fn stage_for(&self, path: &str) -> Option<Stage> {
         if !self.enabled {
             return None;

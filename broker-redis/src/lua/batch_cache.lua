@@ -1,9 +1,5 @@
--- The write-back cache of a batch (try_batch.lua), for speed: bucket
--- hashes are read from Redis once per batch and written back once at the
--- end, so decisions on one resource do not each read and write the hash;
--- they see exactly what Redis would hold. It stands in for redis.call (a
--- local `redis` table) for HMGET, HSET, DEL and PEXPIRE of a cached key;
--- TIME is read once per batch, and tonumber remembers what it parsed.
+-- The write-back cache of a batch (try_batch.lua): a local `redis` table that
+-- reads each bucket hash once and writes it back once at the end; TIME is read once.
 local real_call = redis.call
 -- key -> { f = field -> value (false: absent), w = fields written,
 -- deleted, ttl = last PEXPIRE }

@@ -1,8 +1,6 @@
--- book (state::book): book c in every bucket at the latest of their
--- earliest times, or nothing if that is beyond max_wait (ARGV[REST]).
--- Returns {booked, wait, now, mark 1, .., mark 4} as strings (state::Marks;
--- buckets from the fourth on share the fourth); now alone when booked with
--- no wait and every mark is now.
+-- book (state::book): book c in every bucket, or nothing if beyond max_wait (ARGV[REST]).
+-- Returns {booked, wait, now, mark 1..4} (state::Marks; the 4th shared by later buckets),
+-- or now alone when booked with no wait and every mark is now.
 args()
 local now = read_now()
 load(now)

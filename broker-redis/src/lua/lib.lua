@@ -1,7 +1,5 @@
--- The helpers every script is this file followed by its body: a mirror of
--- broker-core's bucket.rs and state.rs, and the lease set. Times are us in
--- doubles, stored as Lua numbers (read back bit for bit); results that are
--- not small integers are returned as strings.
+-- Helpers prefixed to every script, mirroring broker-core's bucket.rs and
+-- state.rs. Times are us in doubles; results not small integers are strings.
 --
 -- KEYS[1]  bucket hash: n, tokens:i, ts:i, nb:i for bucket i = 1..n; with
 --          n = 0 (no rate limit), hold: the end of a penalty (see load)
@@ -151,10 +149,8 @@ local function names(i)
   return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
 end
 
--- Reads the buckets (with none, the penalty). A missing hash is fresh; one
--- made for another number of buckets is fresh under the penalty it
--- carries (state::adopt), and written back at once, as the reference keeps
--- the adopted state whatever the call decides.
+-- Reads the buckets (with none, the penalty); a missing hash is fresh, one of
+-- another number of buckets adopted (state::adopt) and written back at once.
 local save
 local function load(now)
   if N == 0 then

@@ -1,9 +1,6 @@
--- settle (state::settle): c is delta = booked - actual; a positive delta
--- refunds (capped, and only what no later booking was granted), a negative
--- one charges. ARGV[REST .. REST + 3] the booking's marks ('' for none),
--- ARGV[REST + 4] its due time. No refund to a bucket penalized past its
--- mark. KEYS[3], when given: this settle's own key, set for ARGV[REST + 5]
--- ms; a settle sent again finds it and changes nothing.
+-- settle (state::settle): c is booked - actual (refund if positive, else
+-- charge). ARGV[REST .. REST + 3] marks ('' for none), ARGV[REST + 4] due time;
+-- KEYS[3], if given, is set for ARGV[REST + 5] ms so a resend changes nothing.
 args()
 local now = read_now()
 if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 5]) then

@@ -1,7 +1,6 @@
 -- try (state::try_acquire): take c from every bucket and a slot, or nothing.
--- ARGV[REST] max_concurrent ('' for none), ARGV[REST+1] lease_ttl,
--- ARGV[REST+2] lease id. Returns 1 when allowed; when denied, {reason,
--- wait}: reason 1 rate, 2 concurrency.
+-- ARGV[REST..REST+2] max_concurrent ('' none), lease_ttl, lease id.
+-- Returns 1, or {reason (1 rate, 2 concurrency), wait}.
 args()
 local now = read_now()
 load(now)

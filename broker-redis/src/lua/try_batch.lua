@@ -1,10 +1,8 @@
--- try for several decisions in one call, each applied in order as its own
--- call would apply it.
+-- try for several decisions in one call, applied in order.
 -- G_KEYS[2d - 1], G_KEYS[2d]  decision d's bucket hash and lease set
 -- G_ARGV[1]                   the number of decisions
 -- then for each decision      its ARGV count m, then its m ARGV
--- One reply per decision; one that raises an error replies {0, its text}
--- (nested error replies would fail the whole reply), and the next still run.
+-- One reply per decision; an error replies {0, its text} and the next still run.
 local out = {}
 local a = 2
 for d = 1, tonumber(G_ARGV[1]) do

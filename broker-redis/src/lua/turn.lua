@@ -1,10 +1,6 @@
--- turn (store::Turns): fair queuing by virtual time across processes, per
--- state and priority level. KEYS: zsets of active flow -> virtual time (us
--- served / weight) and -> when last seen. ARGV[REST ..] flow, weight, units
--- (the call's cost in us), active (us a flow stays unseen), last ('1': its
--- process's last waiter). A joining flow starts at the least virtual time;
--- it may book while within one quantum (units / weight) of it, and is then
--- charged one. Returns 1 (its turn) or 0 (not yet).
+-- turn (store::Turns): fair queuing by virtual time, per state and priority. KEYS: zsets
+-- flow -> virtual time, flow -> last seen. ARGV[REST ..] flow, weight, units (us), active (us),
+-- last ('1': last waiter). Returns 1 when within one quantum (units / weight) of the least, else 0.
 args()
 local now = read_now()
 local flow, weight = ARGV[REST], tonumber(ARGV[REST + 1])
