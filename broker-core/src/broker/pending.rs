@@ -51,10 +51,10 @@ pub(crate) async fn in_order<T>(
         let leases = p.lock().remove(key).unwrap_or_default();
         p.count.fetch_sub(leases.len(), Ordering::Release);
         for lease in leases {
-            // One out of reach is pending again, for the next decision.
+            // One out of reach goes back on its way, as a dropped permit's.
             let released = p.store.release(key, lease).await;
             if released.is_err_and(|e| e.is_unavailable()) {
-                p.add(key.to_owned(), lease);
+                tokio::spawn(p.on_its_way(key.to_owned(), lease).send());
             }
         }
         decision.await
@@ -73,11 +73,6 @@ impl Pending {
             up: Notify::new(),
             polling: AtomicBool::new(false),
         }
-    }
-
-    fn add(&self, key: String, lease: LeaseId) {
-        self.lock().entry(key).or_default().push(lease);
-        self.count.fetch_add(1, Ordering::Release);
     }
 
     /// Waits until the store reads up, read by one task for all waiters.
@@ -135,7 +130,8 @@ impl Pending {
     /// The release of `lease` on `key`, to be sent from a task: pending
     /// until sent, or until the returned guard is dropped.
     pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
-        self.add(key.clone(), lease);
+        self.lock().entry(key.clone()).or_default().push(lease);
+        self.count.fetch_add(1, Ordering::Release);
         let pending = self.clone();
         OnItsWay {
             pending,
