@@ -16,7 +16,7 @@ use crate::clock::Micros;
 use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::stats::Counted;
-use crate::store::{Turn, TurnAsk};
+use crate::store::Turn;
 
 /// Why [`admit_until`] gave one attempt of `enqueue` or `acquire` nothing.
 pub(crate) enum Refused {
@@ -156,7 +156,7 @@ async fn book_in_line(
             ticket.turn().await;
         }
         let spec = resource.latest().spec.clone();
-        let horizon = queue::horizon(ticket.priority(), &spec, ticket.units());
+        let horizon = queue::horizon(ticket.priority, &spec, ticket.units());
         let left = bounds.left();
         if !charged && horizon.is_some() {
             if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
@@ -194,9 +194,6 @@ async fn book_in_line(
     }
 }
 
-/// The least time a flow stays in the shared turn ledger after its last ask.
-const ACTIVE_AT_LEAST: Duration = Duration::from_secs(1);
-
 /// Whether the store's shared turn ledger gives the head `ticket`'s flow
 /// the turn on `key` (charging it). No flow, no ledger, or no answer: yes.
 async fn shared_turn(
@@ -205,18 +202,9 @@ async fn shared_turn(
     key: &str,
     ticket: &Ticket,
 ) -> Turn {
-    let (flow, weight) = ticket.flow();
-    let Some(turns) = broker.inner.backend.turns().filter(|_| !flow.is_empty()) else {
+    let turns = broker.inner.backend.turns();
+    let Some((turns, ask)) = turns.and_then(|t| Some((t, ticket.ask()?))) else {
         return Turn::Yours;
-    };
-    let interval = Duration::from_micros(ticket.units());
-    let ask = TurnAsk {
-        level: ticket.priority().index() as u8,
-        flow,
-        weight,
-        units: ticket.units(),
-        last: !ticket.flow_queued(),
-        active: interval.saturating_mul(4).max(ACTIVE_AT_LEAST),
     };
     turns.turn(key, &ask).await.unwrap_or_else(|e| {
         tracing::debug!(resource = %resource.id, error = %e, "turn ledger unanswered: local order alone");
