@@ -174,12 +174,11 @@ async fn book_in_line(
         let booked = LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?;
         let wait = match booked {
             Ok(booking) => return Ok(booking),
+            Err(wait) if Duration::from_micros(wait) > left => {
+                return Err(Refused::TooLong(wait, bounds.deadline_bound()))
+            }
             Err(wait) => Duration::from_micros(wait),
         };
-        if wait > left {
-            let bound = bounds.deadline_bound();
-            return Err(Refused::TooLong(crate::clock::micros(wait), bound));
-        }
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
             let held = penalty_end(broker, resource, key, cost, true).await?;
@@ -294,15 +293,11 @@ async fn penalty_end(
         return Ok(held);
     }
     let spec = resource.latest().spec.clone();
-    let wait = match broker.inner.backend.wait_left(key, &spec, cost).await {
+    let wait = broker.inner.backend.wait_left(key, &spec, cost).await;
+    let wait = match wait.inspect_err(|e| note_backend_error(resource, "wait_left", e)) {
         Ok(wait) => wait,
-        Err(e) => {
-            note_backend_error(resource, "wait_left", &e);
-            if !spec.buckets.is_empty() {
-                return Ok(None);
-            }
-            return Err(e.into());
-        }
+        Err(_) if !spec.buckets.is_empty() => 0,
+        Err(e) => return Err(e.into()),
     };
     Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
 }
