@@ -13,7 +13,7 @@ use super::{in_flight, note_backend_error, state_key};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
-use crate::state::{Decision, DenyReason, Marks, Verdict};
+use crate::state::{Decision, DenyReason, Verdict};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
@@ -268,16 +268,11 @@ impl ResourceBroker {
             let d = super::pending::in_order(&asked, key, &asked.spec, d)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
-            let since = d.answered_here.then_some(Marks::ANSWERED_HERE);
-            let cost = LiveBooking::taken(
-                backend, asked, owned_key, cost, since, since_here, d.allowed,
-            );
-            Ok::<_, BackendError>(in_flight::Unclaimed {
-                decision: Some(d),
-                cost,
-            })
+            let taken = LiveBooking::taken(backend, asked, owned_key, cost, since_here, &d);
+            Ok::<_, BackendError>((d, taken))
         });
-        let (decision, owned_key) = decided.await?.claim();
+        let (decision, taken) = decided.await?;
+        let owned_key = taken.claim();
         Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
     }
 

@@ -5,11 +5,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::enqueue::LiveBooking;
-use super::permit::release_untold;
-use super::HeldKey;
-use crate::state::Decision;
-
 /// `call`'s answer; dropped after it was first polled and before it was
 /// answered, `call` runs to its end on a task of its own (if a runtime is
 /// still there) and its answer is dropped there.
@@ -37,48 +32,19 @@ impl<T: Send + 'static> Future for InFlight<T> {
         // Taken out while polled: a call that panics is not run again.
         let mut call = this.call.take().expect("a call polled after its answer");
         this.sent = true;
-        let Poll::Ready(answer) = call.as_mut().poll(cx) else {
+        let answer = call.as_mut().poll(cx);
+        if answer.is_pending() {
             this.call = Some(call);
-            return Poll::Pending;
-        };
-        Poll::Ready(answer)
+        }
+        answer
     }
 }
 
 impl<T: Send + 'static> Drop for InFlight<T> {
     fn drop(&mut self) {
-        let Some(call) = self.call.take().filter(|_| self.sent) else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { drop(call.await) });
-        }
-    }
-}
-
-/// A `try` decision for a caller that may have gone away: dropped without
-/// [`Unclaimed::claim`], an allowed decision frees its slot and refunds
-/// its cost (as an unused booking).
-pub(crate) struct Unclaimed {
-    pub(crate) decision: Option<Decision>,
-    pub(crate) cost: LiveBooking,
-}
-
-impl Unclaimed {
-    /// The decision, now held by its caller, and its state key.
-    pub(crate) fn claim(mut self) -> (Decision, Option<String>) {
-        let decision = self.decision.take().expect("claimed once");
-        (decision, self.cost.claim())
-    }
-}
-
-impl Drop for Unclaimed {
-    fn drop(&mut self) {
-        let lease = self.decision.take().filter(|d| d.allowed);
-        if let Some(lease) = lease.and_then(|d| d.lease) {
-            let (backend, resource) = (&self.cost.backend, self.cost.resource.clone());
-            let key = HeldKey::State(self.cost.key.clone());
-            release_untold(backend, resource, key, lease);
+        let call = self.call.take().filter(|_| self.sent);
+        if let Some((call, rt)) = call.zip(tokio::runtime::Handle::try_current().ok()) {
+            rt.spawn(async move { drop(call.await) });
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::clock::Micros;
 use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::stats::Counted;
-use crate::store::{Turn, TurnAsk};
+use crate::store::Turn;
 
 /// Why [`admit_until`] gave one attempt of `enqueue` or `acquire` nothing.
 pub(crate) enum Refused {
@@ -156,7 +156,7 @@ async fn book_in_line(
             ticket.turn().await;
         }
         let spec = resource.latest().spec.clone();
-        let horizon = queue::horizon(ticket.priority(), &spec, ticket.units());
+        let horizon = queue::horizon(ticket.priority, &spec, ticket.units());
         let left = bounds.left();
         if !charged && horizon.is_some() {
             if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
@@ -174,12 +174,11 @@ async fn book_in_line(
         let booked = LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?;
         let wait = match booked {
             Ok(booking) => return Ok(booking),
+            Err(wait) if Duration::from_micros(wait) > left => {
+                return Err(Refused::TooLong(wait, bounds.deadline_bound()))
+            }
             Err(wait) => Duration::from_micros(wait),
         };
-        if wait > left {
-            let bound = bounds.deadline_bound();
-            return Err(Refused::TooLong(crate::clock::micros(wait), bound));
-        }
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
             let held = penalty_end(broker, resource, key, cost, true).await?;
@@ -194,9 +193,6 @@ async fn book_in_line(
     }
 }
 
-/// The least time a flow stays in the shared turn ledger after its last ask.
-const ACTIVE_AT_LEAST: Duration = Duration::from_secs(1);
-
 /// Whether the store's shared turn ledger gives the head `ticket`'s flow
 /// the turn on `key` (charging it). No flow, no ledger, or no answer: yes.
 async fn shared_turn(
@@ -205,18 +201,9 @@ async fn shared_turn(
     key: &str,
     ticket: &Ticket,
 ) -> Turn {
-    let (flow, weight) = ticket.flow();
-    let Some(turns) = broker.inner.backend.turns().filter(|_| !flow.is_empty()) else {
+    let turns = broker.inner.backend.turns();
+    let Some((turns, ask)) = turns.and_then(|t| Some((t, ticket.ask()?))) else {
         return Turn::Yours;
-    };
-    let interval = Duration::from_micros(ticket.units());
-    let ask = TurnAsk {
-        level: ticket.priority().index() as u8,
-        flow,
-        weight,
-        units: ticket.units(),
-        last: !ticket.flow_queued(),
-        active: interval.saturating_mul(4).max(ACTIVE_AT_LEAST),
     };
     turns.turn(key, &ask).await.unwrap_or_else(|e| {
         tracing::debug!(resource = %resource.id, error = %e, "turn ledger unanswered: local order alone");
@@ -306,15 +293,11 @@ async fn penalty_end(
         return Ok(held);
     }
     let spec = resource.latest().spec.clone();
-    let wait = match broker.inner.backend.wait_left(key, &spec, cost).await {
+    let wait = broker.inner.backend.wait_left(key, &spec, cost).await;
+    let wait = match wait.inspect_err(|e| note_backend_error(resource, "wait_left", e)) {
         Ok(wait) => wait,
-        Err(e) => {
-            note_backend_error(resource, "wait_left", &e);
-            if !spec.buckets.is_empty() {
-                return Ok(None);
-            }
-            return Err(e.into());
-        }
+        Err(_) if !spec.buckets.is_empty() => 0,
+        Err(e) => return Err(e.into()),
     };
     Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
 }

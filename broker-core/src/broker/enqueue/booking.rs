@@ -4,51 +4,51 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::broker::in_flight::to_its_answer;
-use crate::broker::{note_backend_error, Epochs, Resource, ResourceBroker};
+use crate::broker::permit::release_untold;
+use crate::broker::{note_backend_error, Epochs, HeldKey, Resource, ResourceBroker};
 use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
-use crate::state::{LimitSpec, Marks};
+use crate::state::{Decision, LeaseId, Marks};
 use crate::store::Store;
 use crate::telemetry::{self, Signal};
 
-pub(crate) const NO_COST: Cost = Cost {
-    requests: 0,
-    tokens: 0,
-};
-
 /// A cost taken in the store (a booking, or an allowed `try` decision's).
-/// Dropped before [`LiveBooking::consume`], it refunds the cost, unless a
-/// penalty put on since has drained it.
+/// Dropped before [`LiveBooking::consume`] or [`LiveBooking::claim`], it
+/// refunds the cost, unless a penalty put on since has drained it, and
+/// releases the slot of its `try` decision (for a caller gone away).
 pub(crate) struct LiveBooking {
-    pub(crate) backend: Arc<dyn Store>,
-    pub(crate) resource: Arc<Resource>,
+    backend: Arc<dyn Store>,
+    resource: Arc<Resource>,
     /// The epochs of the limits it was taken under.
     booked_under: Epochs,
     /// The state (`None`: the resource's own).
-    pub(crate) key: Option<String>,
+    key: Option<String>,
     cost: Cost,
     pub(super) wait: Micros,
     /// Its marks on the store's clock (`None`: unknown, a `try` decision's).
     since: Option<Marks>,
     /// The same here: when it was asked, or the end of the local penalty
     /// it was asked under if later.
-    since_here: tokio::time::Instant,
+    since_here: Instant,
+    /// The slot its `try` decision took.
+    lease: Option<LeaseId>,
     armed: bool,
 }
 
 impl LiveBooking {
-    /// `cost`, taken on state `key` under `resource`'s own limits, asked
-    /// at `since_here`; refunded when dropped only if `armed`.
+    /// `cost`, taken by the `try` decision `d` on state `key` under
+    /// `resource`'s own limits, asked at `since_here`; armed if allowed.
     pub(crate) fn taken(
         backend: Arc<dyn Store>,
         resource: Arc<Resource>,
         key: Option<String>,
         cost: Cost,
-        since: Option<Marks>,
-        since_here: tokio::time::Instant,
-        armed: bool,
+        since_here: Instant,
+        d: &Decision,
     ) -> Self {
         Self {
             backend,
@@ -57,15 +57,16 @@ impl LiveBooking {
             key,
             cost,
             wait: 0,
-            since,
+            since: d.answered_here.then_some(Marks::ANSWERED_HERE),
             since_here,
-            armed,
+            lease: d.lease.filter(|_| d.allowed),
+            armed: d.allowed,
         }
     }
 
     /// The time of a call on `key` now, or the end of its penalty if later.
-    pub(crate) fn since_here(resource: &Resource, key: &str) -> tokio::time::Instant {
-        (resource.penalties.until(key)).unwrap_or_else(tokio::time::Instant::now)
+    pub(crate) fn since_here(resource: &Resource, key: &str) -> Instant {
+        (resource.penalties.until(key)).unwrap_or_else(Instant::now)
     }
 
     /// Books `cost` within `max_wait`: `Ok(Ok(booking))`, or `Ok(Err(wait))`
@@ -90,10 +91,10 @@ impl LiveBooking {
                 return Ok(Err(r.wait));
             }
             let since_here = Self::since_here(&resource, &key);
-            let (key, since) = (Some(key), Some(r.since));
-            let mut booking = Self::taken(backend, resource, key, cost, since, since_here, true);
-            (booking.booked_under, booking.wait) = (latest.epochs, r.wait);
-            Ok(Ok(booking))
+            let allowed = Decision::allow(None);
+            let mut b = Self::taken(backend, resource, Some(key), cost, since_here, &allowed);
+            (b.booked_under, b.wait, b.since) = (latest.epochs, r.wait, Some(r.since));
+            Ok(Ok(b))
         })
         .await
     }
@@ -108,11 +109,7 @@ impl LiveBooking {
         if self.wait > 0 {
             self.resource.tally(|c| &c.waits, 1);
             telemetry::count(&self.resource.id, Signal::LocalWait);
-            let _waited = Waited {
-                resource: &self.resource,
-                since: tokio::time::Instant::now(),
-                booked: self.wait,
-            };
+            let _waited = Waited(self, Instant::now());
             tokio::time::sleep(Duration::from_micros(self.wait)).await;
         }
     }
@@ -123,8 +120,8 @@ impl LiveBooking {
         self
     }
 
-    /// The cost is held by its caller now: no refund on drop; its key.
-    pub(crate) fn claim(&mut self) -> Option<String> {
+    /// The cost and slot are held by the caller now: no refund on drop; its key.
+    pub(crate) fn claim(mut self) -> Option<String> {
         self.armed = false;
         self.key.take()
     }
@@ -134,22 +131,23 @@ impl LiveBooking {
         self.since == Some(Marks::ANSWERED_HERE)
     }
 
-    /// Settles `usage` (`None`: the booked cost) on the latest limits; after a
-    /// penalty since (`penalty_end`) the unused part stays spent.
+    /// Settles `usage` (`None`: the booked cost) on the latest limits, at
+    /// once in process, else on a returned task; after a penalty since
+    /// (`penalty_end`) the unused part stays spent.
     pub(crate) fn settle(
         &self,
         usage: Option<Cost>,
-        penalty_end: Option<tokio::time::Instant>,
+        penalty_end: Option<Instant>,
         op: &'static str,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let (latest, cost) = (self.resource.latest(), self.cost);
+        let (latest, cost, none) = (self.resource.latest(), self.cost, Cost::requests(0));
         // The marks to settle with: kept if the limits did not change or a
         // failure policy answered; none when the buckets changed, so the
         // state may have been started afresh.
         let keep = latest.epochs.limits == self.booked_under.limits || self.answered_here();
-        let change = if latest.epochs.buckets != self.booked_under.buckets {
+        let (booked, actual, since) = if latest.epochs.buckets != self.booked_under.buckets {
             let actual = usage.unwrap_or(cost);
-            (actual != NO_COST).then_some((NO_COST, actual, None))?
+            (actual != none).then_some((none, actual, None))?
         } else {
             let mut actual = usage?;
             if penalty_end.is_some_and(|until| until > self.since_here) {
@@ -158,74 +156,54 @@ impl LiveBooking {
             }
             (actual != cost).then_some((cost, actual, self.since.filter(|_| keep)))?
         };
-        settle_or_spawn(
-            &self.backend,
-            &self.resource,
-            self.key(),
-            &latest.spec,
-            change,
-            op,
-        )
+        // Time given back wakes the head of the key's line.
+        let gave_back = actual.requests < booked.requests || actual.tokens < booked.tokens;
+        let settled = move |resource: &Resource, key: &str, r: Result<(), BackendError>| {
+            if let Err(e) = r {
+                note_backend_error(resource, op, &e);
+            }
+            if gave_back {
+                resource.lines.gave_back(key);
+            }
+        };
+        let (key, spec) = (self.key(), &latest.spec);
+        let local = self.backend.local();
+        if let Some(r) = local.and_then(|l| l.settle_now(key, spec, booked, actual, since)) {
+            settled(&self.resource, key, r);
+            return None;
+        }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let (backend, resource) = (self.backend.clone(), self.resource.clone());
+        let (key, spec) = (key.to_owned(), spec.clone());
+        Some(rt.spawn(async move {
+            let r = backend.settle(&key, &spec, booked, actual, since).await;
+            settled(&resource, &key, r);
+        }))
     }
 }
 
 impl Drop for LiveBooking {
-    /// Refunds an unused booking, unless a penalty put on since drained it.
+    /// Frees the slot of an unclaimed `try` decision, then refunds an
+    /// unused booking, unless a penalty put on since drained it.
     fn drop(&mut self) {
         if self.armed {
+            if let Some(lease) = self.lease {
+                let key = HeldKey::State(self.key.clone());
+                release_untold(&self.backend, self.resource.clone(), key, lease);
+            }
             let penalty_end = self.resource.penalties.until(self.key());
-            let _ = self.settle(Some(NO_COST), penalty_end, "refund");
+            let _ = self.settle(Some(Cost::requests(0)), penalty_end, "refund");
         }
     }
 }
 
-/// A settlement: the cost booked, the actual cost, and the booking's marks.
-type Change = (Cost, Cost, Option<Marks>);
-
-/// Settles `change` on `key` at once in process, else on a returned task of
-/// its own; time given back wakes the head of the key's line.
-fn settle_or_spawn(
-    backend: &Arc<dyn Store>,
-    resource: &Arc<Resource>,
-    key: &str,
-    spec: &Arc<LimitSpec>,
-    (booked, actual, since): Change,
-    op: &'static str,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let gave_back = actual.requests < booked.requests || actual.tokens < booked.tokens;
-    let settled = move |resource: &Resource, key: &str, r: Result<(), BackendError>| {
-        if let Err(e) = r {
-            note_backend_error(resource, op, &e);
-        }
-        if gave_back {
-            resource.lines.gave_back(key);
-        }
-    };
-    let local = backend.local();
-    if let Some(r) = local.and_then(|l| l.settle_now(key, spec, booked, actual, since)) {
-        settled(resource, key, r);
-        return None;
-    }
-    let rt = tokio::runtime::Handle::try_current().ok()?;
-    let (backend, resource) = (backend.clone(), resource.clone());
-    let (key, spec) = (key.to_owned(), spec.clone());
-    Some(rt.spawn(async move {
-        let r = backend.settle(&key, &spec, booked, actual, since).await;
-        settled(&resource, &key, r);
-    }))
-}
-
-/// Counts the µs since `since` (the booked wait at most) as waited when
+/// Counts the µs since its start (the booked wait at most) as waited when
 /// dropped.
-struct Waited<'a> {
-    resource: &'a Resource,
-    since: tokio::time::Instant,
-    booked: Micros,
-}
+struct Waited<'a>(&'a LiveBooking, Instant);
 
 impl Drop for Waited<'_> {
     fn drop(&mut self) {
-        let waited = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
-        (self.resource).tally(|c| &c.wait_micros, waited.min(self.booked));
+        let waited = u64::try_from(self.1.elapsed().as_micros()).unwrap_or(u64::MAX);
+        (self.0.resource).tally(|c| &c.wait_micros, waited.min(self.0.wait));
     }
 }

@@ -4,12 +4,12 @@
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use super::in_flight::to_its_answer;
 use super::queue::{self, Ticket};
 use super::{ResourceBroker, Target};
 use crate::error::BrokerError;
+use crate::keys;
 use crate::limits::Cost;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
 use crate::stats::{bump, Counted};
@@ -103,7 +103,7 @@ impl ResourceBroker {
         let resource = self.resource(target.resource)?;
         (resource.check_fits(cost)).inspect_err(|_| bump(&resource.counters.failed))?;
         let key = match target.key {
-            Some(k) => crate::keys::keyed(&resource.id, k),
+            Some(k) => keys::keyed(&resource.id, k),
             None => resource.key.clone(),
         };
         let (live, capacity) = (&resource.live, resource.config.queue_capacity);
@@ -127,29 +127,21 @@ impl ResourceBroker {
                 .map(|d| (crate::clock::tokio_after(d), d)),
             ceiling: Some(policy.ceiling(&limits)),
         };
-        let flow: Arc<str> = target
-            .flow
-            .map_or_else(|| "".into(), |(f, _)| crate::keys::fingerprint(f).into());
-        let weight = target.flow.map_or(1, |(_, w)| w);
+        let flow = (target.flow).map_or_else(|| "".into(), |(f, _)| keys::fingerprint(f).into());
+        let flow = (flow, target.flow.map_or(1, |(_, w)| w));
         let units = queue::units(&resource.latest().spec, cost);
-        let mut ticket = Ticket::new(
-            &resource.lines,
-            &key,
-            target.priority,
-            (flow, weight),
-            units,
-        );
+        let mut ticket = Ticket::new(&resource.lines, &key, target.priority, flow, units);
         let state = (key.as_str(), target.key.is_some());
         let mut number = 0;
         let result = loop {
             number += 1;
             // The slot is not counted in flight: `place` counts this work.
             let ticket = Some(&mut ticket);
-            let (booking, permit) =
-                match admit_until(self, &resource, state, cost, &bounds, ticket, false).await {
-                    Ok(go) => go,
-                    Err(refused) => break Err(refused.into_error(&resource, started).into()),
-                };
+            let admitted = admit_until(self, &resource, state, cost, &bounds, ticket, false);
+            let (booking, permit) = match admitted.await {
+                Ok(go) => go,
+                Err(refused) => break Err(refused.into_error(&resource, started).into()),
+            };
             if number == 1 {
                 let waits = &resource.lines.waits[target.priority.index()];
                 waits.record(started.elapsed());
@@ -182,24 +174,23 @@ impl ResourceBroker {
                 _ => None,
             };
             let observed = outcome.observed().cloned();
-            let (broker, owned, key_owned) = (self.clone(), resource.clone(), key.clone());
+            let (broker, res, k) = (self.clone(), resource.clone(), key.clone());
             to_its_answer(async move {
-                let (resource, key) = (owned, key_owned);
                 if let Some(penalty) = penalty {
                     tracing::info!(
-                        resource = %resource.id,
+                        resource = %res.id,
                         attempt = number,
                         retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
                         hold_ms = penalty.as_millis() as u64,
                         "upstream 429"
                     );
-                    let _ = broker.penalize_key(&resource, &key, penalty).await;
+                    let _ = broker.penalize_key(&res, &k, penalty).await;
                 }
                 if let Some(task) = usage.and_then(|u| used.settle(u, penalty_end, "settle")) {
                     let _ = task.await;
                 }
                 if let Some(observed) = observed {
-                    let _ = broker.reconcile_key(&resource, &key, &observed).await;
+                    let _ = broker.reconcile_key(&res, &k, &observed).await;
                 }
                 drop(permit);
             })

@@ -53,12 +53,10 @@ impl Flows {
     /// the deficit its turn took.
     pub(super) fn push(&mut self, flow: &Arc<str>, entry: Entry, credit: bool) {
         self.quantum = self.quantum.max(entry.units);
-        if !self.flows.contains_key(flow) {
-            if credit {
-                self.active.push_front(flow.clone());
-            } else {
-                self.active.push_back(flow.clone());
-            }
+        match self.flows.contains_key(flow) {
+            true => {}
+            false if credit => self.active.push_front(flow.clone()),
+            false => self.active.push_back(flow.clone()),
         }
         let f = self.flows.entry(flow.clone()).or_default();
         f.weight = entry.weight.max(1);

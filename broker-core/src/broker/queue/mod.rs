@@ -13,7 +13,11 @@ use super::Priority;
 use crate::limits::Cost;
 use crate::state::LimitSpec;
 use crate::stats::{FlowStats, Histogram, QueueStats};
+use crate::store::TurnAsk;
 use drr::{Entry, Flows};
+
+/// The least time a flow stays in the shared turn ledger after its last ask.
+const ACTIVE_AT_LEAST: Duration = Duration::from_secs(1);
 
 /// The lines of one resource id, by state key.
 #[derive(Debug, Default)]
@@ -120,7 +124,7 @@ impl Line {
 pub(crate) struct Ticket {
     lines: Arc<Lines>,
     key: String,
-    priority: Priority,
+    pub(crate) priority: Priority,
     flow: Arc<str>,
     /// Its place, cost and weight in its flow, kept when it joins again.
     entry: Entry,
@@ -167,19 +171,18 @@ impl Ticket {
         line.head.as_mut().filter(|h| h.entry.id == self.entry.id)
     }
 
-    pub(crate) fn priority(&self) -> Priority {
-        self.priority
-    }
-
-    /// The call's flow (a fingerprint; empty for none) and its weight.
-    pub(crate) fn flow(&self) -> (&str, u32) {
-        (&self.flow, self.entry.weight)
-    }
-
-    /// Whether other calls of this call's flow and priority wait in its
-    /// line.
-    pub(crate) fn flow_queued(&self) -> bool {
-        self.on_line(|l| l.levels[self.priority.index()].has(&self.flow)) == Some(true)
+    /// Its ask of the store's shared turn ledger; `None` without a flow.
+    pub(crate) fn ask(&self) -> Option<TurnAsk<'_>> {
+        let interval = Duration::from_micros(self.entry.units);
+        let queued = self.on_line(|l| l.levels[self.priority.index()].has(&self.flow));
+        (!self.flow.is_empty()).then(|| TurnAsk {
+            level: self.priority.index() as u8,
+            flow: &self.flow,
+            weight: self.entry.weight,
+            units: self.entry.units,
+            last: queued != Some(true),
+            active: interval.saturating_mul(4).max(ACTIVE_AT_LEAST),
+        })
     }
 
     /// Joins the line (again: in the place the call had in its flow).
