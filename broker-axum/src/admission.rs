@@ -105,9 +105,6 @@ pin_project! {
     }
 }
 
-/// The response future of [`crate::TenantService`] (see [`ResponseFuture`]).
-pub type TenantFuture<S, ReqB, ResB> = ResponseFuture<S, ReqB, ResB>;
-
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, ResB>

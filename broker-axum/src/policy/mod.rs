@@ -8,8 +8,8 @@ use std::sync::Arc;
 use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
+use crate::keys::TenantKeys;
 use crate::response::{RateHeaders, Responses};
-use crate::tenant::TenantKeys;
 
 mod paths;
 
@@ -86,7 +86,7 @@ impl Policy {
         service: Option<&str>,
         on_other: OnOtherLimits,
     ) -> Result<Self, ConfigError> {
-        config.validate()?;
+        config.validate_at("<config>", "")?;
         let service = match service {
             Some(name) => Some(config.per_service.get_key_value(name).ok_or_else(|| {
                 ConfigError::invalid(

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::extract::Tenant;
+use crate::extract::Tenant;
 
 /// Longest tenant id kept in clear with `perTenant.clearIds`.
 pub const MAX_TENANT_LEN: usize = 64;
