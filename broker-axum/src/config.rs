@@ -125,7 +125,7 @@ impl PressureConfig {
     pub fn from_json(source_name: &str, text: &str) -> Result<Self, ConfigError> {
         let doc = broker_core::config::tree(source_name, text)?;
         if is_document(&doc) {
-            return Self::from_tree(source_name, text, &doc);
+            return Self::from_document(source_name, text);
         }
         let config: Self =
             broker_core::config::parse(source_name, text, broker_core::config::Format::Json)?;
@@ -144,16 +144,12 @@ impl PressureConfig {
     /// ```
     pub fn from_document(source_name: &str, text: &str) -> Result<Self, ConfigError> {
         let doc = broker_core::config::tree(source_name, text)?;
-        Self::from_tree(source_name, text, &doc)
-    }
-
-    fn from_tree(source_name: &str, text: &str, doc: &Value) -> Result<Self, ConfigError> {
         let fail = |message: String| ConfigError::Parse {
             source_name: source_name.to_owned(),
             message,
         };
         broker_core::config::refuse_repeated_keys(source_name, text)?;
-        let (prefix, value) = find_pressure(doc)
+        let (prefix, value) = find_pressure(&doc)
             .map_err(|(a, b)| {
                 fail(format!(
                     "two `pressure` objects, at {a} and at {b}: keep one, or pass the one \

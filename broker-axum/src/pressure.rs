@@ -42,7 +42,7 @@ impl Pressure {
     /// [`Pressure::for_service`]). An id already held with other limits or as
     /// a queue is refused, naming the field; the same limits are shared.
     pub fn new(broker: ResourceBroker, config: &PressureConfig) -> Result<Self, ConfigError> {
-        Self::build(broker, config, None, OnOtherLimits::Refuse)
+        Policy::new(broker, config, None, OnOtherLimits::Refuse).map(|policy| Self { policy })
     }
 
     /// [`Pressure::new`] that re-configures limit-only resources already held
@@ -67,7 +67,7 @@ impl Pressure {
         config: &PressureConfig,
         service: Option<&str>,
     ) -> Result<Self, ConfigError> {
-        Self::build(broker, config, service, OnOtherLimits::Replace)
+        Policy::new(broker, config, service, OnOtherLimits::Replace).map(|policy| Self { policy })
     }
 
     /// [`Pressure::new`] with the `perService` entry named `service`.
@@ -76,17 +76,8 @@ impl Pressure {
         config: &PressureConfig,
         service: &str,
     ) -> Result<Self, ConfigError> {
-        Self::build(broker, config, Some(service), OnOtherLimits::Refuse)
-    }
-
-    fn build(
-        broker: ResourceBroker,
-        config: &PressureConfig,
-        service: Option<&str>,
-        on_other: OnOtherLimits,
-    ) -> Result<Self, ConfigError> {
-        let policy = Arc::new(Policy::new(broker, config, service, on_other)?);
-        Ok(Self { policy })
+        Policy::new(broker, config, Some(service), OnOtherLimits::Refuse)
+            .map(|policy| Self { policy })
     }
 
     /// Sets how denials and backend failures are answered (later layers).

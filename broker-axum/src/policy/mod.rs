@@ -85,7 +85,7 @@ impl Policy {
         config: &PressureConfig,
         service: Option<&str>,
         on_other: OnOtherLimits,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Arc<Self>, ConfigError> {
         config.validate_at("<config>", "")?;
         let service = match service {
             Some(name) => Some(config.per_service.get_key_value(name).ok_or_else(|| {
@@ -142,7 +142,7 @@ impl Policy {
             .collect();
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        Ok(Self {
+        Ok(Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             broker,
             enabled: config.enabled,
@@ -153,7 +153,7 @@ impl Policy {
             limited,
             tenant_keys: TenantKeys::new(None, tenant.clear_ids),
             responses: Responses::default(),
-        })
+        }))
     }
 
     /// The stage limiting `path`: the longest matching route, else the service.
