@@ -106,9 +106,7 @@ impl MemoryBackend {
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
         key::with_parsed(key, |key| {
-            let entry = self.store.map.get(&key as &dyn key::Parts)?;
-            let state = entry.lock().state.clone();
-            Some(state)
+            (self.store.map.get(&key as &dyn key::Parts)).map(|e| e.lock().state.clone())
         })
     }
 
