@@ -87,10 +87,7 @@ fn sf_string(s: &str) -> String {
     out.push('"');
     for c in s.chars() {
         match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
+            '"' | '\\' => out.extend(['\\', c]),
             ' '..='~' => out.push(c),
             _ => out.push('_'),
         }
@@ -107,14 +104,8 @@ impl RateHeaders {
         };
         // The quota is what a window refills, not the burst.
         let items: Vec<String> = (limits.rates.iter().enumerate())
-            .map(|(i, r)| {
-                format!(
-                    "{};q={};w={}",
-                    name(i),
-                    r.amount,
-                    retry_after_secs(r.period)
-                )
-            })
+            .map(|(i, r)| (name(i), r.amount, retry_after_secs(r.period)))
+            .map(|(name, q, w)| format!("{name};q={q};w={w}"))
             .collect();
         let policy = (!items.is_empty())
             .then(|| HeaderValue::from_str(&items.join(", ")).ok())
