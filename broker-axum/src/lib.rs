@@ -41,7 +41,6 @@ pub use admission::ResponseFuture;
 pub use body::PermitBody;
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
 pub use extract::{FromExtension, FromHeader, Tenant, TenantExtractor};
-pub use keys::MAX_TENANT_LEN;
 pub use layer::{PressureLayer, PressureService, TenantLayer, TenantService};
 pub use pressure::Pressure;
 pub use response::{retry_after_secs, Responses};

@@ -108,7 +108,7 @@ impl Pressure {
     /// assert_ne!(pressure.tenant_key(Tenant::Bytes(b"acme".into())), pressure.tenant_key("acme"));
     /// ```
     pub fn tenant_key<'a>(&self, tenant: impl Into<Tenant<'a>>) -> String {
-        (self.policy.tenant_keys.key(&tenant.into()).as_str()).to_owned()
+        self.policy.tenant_keys.key(&tenant.into())
     }
 
     /// The broker the limits live on.
