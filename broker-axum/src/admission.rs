@@ -58,12 +58,10 @@ impl Charge {
         let refund = async move {
             for (i, at) in stage.parts().enumerate() {
                 let since = (here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
-                let id = &*policy.limited(at).id;
+                let (broker, id) = (&policy.broker, &*policy.limited(at).id);
                 let nothing = Cost::requests(0);
-                let _ = (policy
-                    .broker
-                    .settle_since(id, Cost::default(), nothing, since))
-                .await;
+                let settle = broker.settle_since(id, Cost::default(), nothing, since);
+                let _ = settle.await;
             }
         };
         Some(match tokio::runtime::Handle::try_current() {
@@ -105,9 +103,6 @@ pin_project! {
     }
 }
 
-/// The response future of [`crate::TenantService`] (see [`ResponseFuture`]).
-pub type TenantFuture<S, ReqB, ResB> = ResponseFuture<S, ReqB, ResB>;
-
 pin_project! {
     #[project = StateProj]
     enum State<S, ReqB, ResB>
@@ -135,23 +130,22 @@ impl<S, ReqB, ResB> State<S, ReqB, ResB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
 {
-    fn decided(decided: Decided<ResB>, inner: &mut S, mut req: Request<ReqB>) -> Self {
-        match decided {
-            Ok((permit, charge)) => {
-                if let Some(charge) = charge {
-                    req.extensions_mut().insert(charge);
-                }
-                let connect = permit.is_held() && req.method() == Method::CONNECT;
-                let call = inner.call(req);
-                State::Calling {
-                    call,
-                    permit,
-                    connect,
-                }
-            }
-            Err(res) => State::Refused {
-                response: Some(res),
-            },
+    /// Calls `inner` with `req`, admitted with `permit` (and `charge`).
+    fn calling(
+        inner: &mut S,
+        mut req: Request<ReqB>,
+        permit: Permit,
+        charge: Option<Charge>,
+    ) -> Self {
+        if let Some(charge) = charge {
+            req.extensions_mut().insert(charge);
+        }
+        let connect = permit.is_held() && req.method() == Method::CONNECT;
+        let call = inner.call(req);
+        State::Calling {
+            call,
+            permit,
+            connect,
         }
     }
 }
@@ -163,7 +157,7 @@ where
 {
     /// Calls `inner` with `req`, no limit applying.
     pub(crate) fn pass(inner: &mut S, req: Request<ReqB>) -> Self {
-        let state = State::decided(Ok((Permit::empty(), None)), inner, req);
+        let state = State::calling(inner, req, Permit::empty(), None);
         Self { state }
     }
 
@@ -181,14 +175,16 @@ where
         S: Clone,
     {
         let key = tenant.as_deref();
+        // The route/service stage hands a tenant stage after it its charge.
+        let charges = key.is_none() && policy.tenant_stage().is_some();
         let limited = policy.limited(stage.0);
         let now = (stage.1.is_none())
             .then(|| limited.handle.try_acquire_now(key, Cost::default()))
             .flatten();
         let state = match now.map(|result| judge(policy, stage.0, result, key)) {
             Some(Ok((permit, here))) => {
-                let charged = charge_for(policy, key, stage, here);
-                State::decided(Ok((permit, charged)), inner, req)
+                let charged = charges.then(|| Charge::new(policy, stage, here));
+                State::calling(inner, req, permit, charged)
             }
             Some(Err(res)) => match charge.and_then(|c| c.give_back()) {
                 Some(refund) => State::Asking {
@@ -198,12 +194,14 @@ where
                     }),
                     call: None,
                 },
-                None => State::decided(Err(res), inner, req),
+                None => State::Refused {
+                    response: Some(res),
+                },
             },
             None => {
                 let clone = inner.clone();
                 let inner = std::mem::replace(inner, clone);
-                let asking = ask(policy.clone(), stage, tenant, Unanswered(charge));
+                let asking = ask(policy.clone(), stage, tenant, charges, Unanswered(charge));
                 State::Asking {
                     asking: Box::pin(asking),
                     call: Some(Box::new((inner, req))),
@@ -221,6 +219,7 @@ async fn ask<B: PermitBody>(
     policy: Arc<Policy>,
     stage: Stage,
     tenant: Option<String>,
+    charges: bool,
     mut charge: Unanswered,
 ) -> Decided<B> {
     let key = tenant.as_deref();
@@ -247,18 +246,7 @@ async fn ask<B: PermitBody>(
         }
     }
     charge.0 = None;
-    Ok((permit, charge_for(&policy, key, stage, here)))
-}
-
-/// The charge a tenant stage after the route/service stage gives back.
-fn charge_for(
-    policy: &Arc<Policy>,
-    tenant: Option<&str>,
-    stage: Stage,
-    here: u8,
-) -> Option<Charge> {
-    let charged = tenant.is_none() && policy.tenant_stage().is_some();
-    charged.then(|| Charge::new(policy, stage, here))
+    Ok((permit, charges.then(|| Charge::new(&policy, stage, here))))
 }
 
 /// The permit of an admitted request and whether the failure policy answered;
@@ -312,9 +300,9 @@ where
                 StateProj::Asking { asking, call } => {
                     let decided = ready!(asking.as_mut().poll(cx));
                     let next = match (decided, call.take()) {
-                        (Ok(admitted), Some(call)) => {
+                        (Ok((permit, charge)), Some(call)) => {
                             let (mut inner, req) = *call;
-                            State::decided(Ok(admitted), &mut inner, req)
+                            State::calling(&mut inner, req, permit, charge)
                         }
                         (decided, _) => State::Refused {
                             response: Some(decided.err().expect(DONE)),
@@ -355,7 +343,8 @@ fn is_long_lived<B: PermitBody>(connect: bool, res: &Response<B>) -> bool {
     };
     res.status() == StatusCode::SWITCHING_PROTOCOLS
         || (connect && res.status().is_success())
-        || (!res.body().has_exact_length() && event_stream())
+        // A body of known length holds its slot to the end whatever its type.
+        || (res.body().size_hint().exact().is_none() && event_stream())
 }
 
 #[cfg(test)]

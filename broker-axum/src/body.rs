@@ -18,18 +18,14 @@ use pin_project_lite::pin_project;
 /// ```
 /// use broker_axum::PermitBody;
 /// let denial = <axum::body::Body as PermitBody>::from_bytes("slow down".into());
-/// assert!(denial.has_exact_length());
+/// assert!(http_body::Body::size_hint(&denial).exact().is_some());
 /// ```
-pub trait PermitBody: Sized {
+pub trait PermitBody: Body + Sized {
     /// Makes this body hold `permit` until it ends, fails or is dropped.
     fn hold(&mut self, permit: Permit);
 
     /// A body of fixed bytes.
     fn from_bytes(bytes: Bytes) -> Self;
-
-    /// Whether the length is known up front (then the response holds its
-    /// slot to the end whatever its content type).
-    fn has_exact_length(&self) -> bool;
 }
 
 /// [`PermitBody`] for a boxed body type, boxed with `$boxed`.
@@ -43,10 +39,6 @@ macro_rules! permit_body {
 
             fn from_bytes(bytes: Bytes) -> Self {
                 $boxed(Full::new(bytes).map_err(|never| match never {}))
-            }
-
-            fn has_exact_length(&self) -> bool {
-                Body::size_hint(self).exact().is_some()
             }
         }
     )*};

@@ -29,23 +29,19 @@
 mod admission;
 mod body;
 pub mod config;
+mod extract;
+mod keys;
+mod layer;
 mod policy;
 mod pressure;
 mod response;
-mod route;
 mod stats;
-mod tenant;
 
+pub use admission::ResponseFuture;
 pub use body::PermitBody;
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
+pub use extract::{FromExtension, FromHeader, Tenant, TenantExtractor};
+pub use layer::{PressureLayer, PressureService, TenantLayer, TenantService};
 pub use pressure::Pressure;
-pub use response::{
-    retry_after_secs, Responses, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
-pub use route::{PressureLayer, PressureService, ResponseFuture};
+pub use response::{retry_after_secs, Responses};
 pub use stats::{stats_router, PressureStats, ResourceView, STATS_PATH};
-pub use tenant::{
-    FromExtension, FromHeader, Tenant, TenantExtractor, TenantFuture, TenantLayer, TenantService,
-    MAX_TENANT_LEN,
-};

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use broker_core::{ConfigError, OnOtherLimits, ResourceBroker};
 
 use crate::config::PressureConfig;
+use crate::extract::{Tenant, TenantExtractor};
+use crate::keys::TenantKeys;
+use crate::layer::PressureLayer;
+use crate::layer::TenantLayer;
 use crate::policy::Policy;
 use crate::response::Responses;
-use crate::route::PressureLayer;
-use crate::tenant::{Tenant, TenantExtractor, TenantKeys, TenantLayer};
 
 /// A `pressure` config registered on a [`ResourceBroker`]: each limit is a
 /// limit-only resource, shared by every layer and instance on one backend.
@@ -40,7 +42,7 @@ impl Pressure {
     /// [`Pressure::for_service`]). An id already held with other limits or as
     /// a queue is refused, naming the field; the same limits are shared.
     pub fn new(broker: ResourceBroker, config: &PressureConfig) -> Result<Self, ConfigError> {
-        Self::build(broker, config, None, OnOtherLimits::Refuse)
+        Policy::new(broker, config, None, OnOtherLimits::Refuse).map(|policy| Self { policy })
     }
 
     /// [`Pressure::new`] that re-configures limit-only resources already held
@@ -65,7 +67,7 @@ impl Pressure {
         config: &PressureConfig,
         service: Option<&str>,
     ) -> Result<Self, ConfigError> {
-        Self::build(broker, config, service, OnOtherLimits::Replace)
+        Policy::new(broker, config, service, OnOtherLimits::Replace).map(|policy| Self { policy })
     }
 
     /// [`Pressure::new`] with the `perService` entry named `service`.
@@ -74,17 +76,8 @@ impl Pressure {
         config: &PressureConfig,
         service: &str,
     ) -> Result<Self, ConfigError> {
-        Self::build(broker, config, Some(service), OnOtherLimits::Refuse)
-    }
-
-    fn build(
-        broker: ResourceBroker,
-        config: &PressureConfig,
-        service: Option<&str>,
-        on_other: OnOtherLimits,
-    ) -> Result<Self, ConfigError> {
-        let policy = Arc::new(Policy::new(broker, config, service, on_other)?);
-        Ok(Self { policy })
+        Policy::new(broker, config, Some(service), OnOtherLimits::Refuse)
+            .map(|policy| Self { policy })
     }
 
     /// Sets how denials and backend failures are answered (later layers).
@@ -115,7 +108,7 @@ impl Pressure {
     /// assert_ne!(pressure.tenant_key(Tenant::Bytes(b"acme".into())), pressure.tenant_key("acme"));
     /// ```
     pub fn tenant_key<'a>(&self, tenant: impl Into<Tenant<'a>>) -> String {
-        (self.policy.tenant_keys.key(&tenant.into()).as_str()).to_owned()
+        self.policy.tenant_keys.key(&tenant.into())
     }
 
     /// The broker the limits live on.

@@ -10,16 +10,12 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::body::PermitBody;
 
-/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-/// Legacy `X-RateLimit-Limit`.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// Legacy `X-RateLimit-Remaining`.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-/// Legacy `X-RateLimit-Reset`.
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+// The draft's fields (draft-ietf-httpapi-ratelimit-headers), then the legacy ones.
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// How denials and backend failures are answered.
 ///
@@ -91,10 +87,7 @@ fn sf_string(s: &str) -> String {
     out.push('"');
     for c in s.chars() {
         match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
+            '"' | '\\' => out.extend(['\\', c]),
             ' '..='~' => out.push(c),
             _ => out.push('_'),
         }
@@ -111,14 +104,8 @@ impl RateHeaders {
         };
         // The quota is what a window refills, not the burst.
         let items: Vec<String> = (limits.rates.iter().enumerate())
-            .map(|(i, r)| {
-                format!(
-                    "{};q={};w={}",
-                    name(i),
-                    r.amount,
-                    retry_after_secs(r.period)
-                )
-            })
+            .map(|(i, r)| (name(i), r.amount, retry_after_secs(r.period)))
+            .map(|(name, q, w)| format!("{name};q={q};w={w}"))
             .collect();
         let policy = (!items.is_empty())
             .then(|| HeaderValue::from_str(&items.join(", ")).ok())

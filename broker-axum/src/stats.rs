@@ -32,20 +32,6 @@ pub struct ResourceView {
     pub stats: ResourceStats,
 }
 
-impl PressureStats {
-    /// A snapshot of `broker`.
-    pub fn of(broker: &ResourceBroker) -> Self {
-        let stats = broker.stats();
-        let view = |(id, stats): (String, ResourceStats)| {
-            let limit_only = stats.kind == ResourceKind::LimitOnly;
-            (id, ResourceView { limit_only, stats })
-        };
-        let resources = stats.resources.into_iter().map(view).collect();
-        let backend = stats.backend;
-        Self { resources, backend }
-    }
-}
-
 /// A router serving [`PressureStats`] at `GET /admin/pressure/stats`; mount
 /// it behind your own authentication.
 ///
@@ -62,8 +48,14 @@ where
     Router::new().route(
         STATS_PATH,
         get(move || {
-            let stats = PressureStats::of(&broker);
-            async move { Json(stats) }
+            let stats = broker.stats();
+            let view = |(id, stats): (String, ResourceStats)| {
+                let limit_only = stats.kind == ResourceKind::LimitOnly;
+                (id, ResourceView { limit_only, stats })
+            };
+            let resources = stats.resources.into_iter().map(view).collect();
+            let backend = stats.backend;
+            async move { Json(PressureStats { resources, backend }) }
         }),
     )
 }

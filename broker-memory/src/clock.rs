@@ -5,42 +5,23 @@ use std::sync::OnceLock;
 
 /// A monotonic [`quanta::Clock`] counting microseconds since the Unix epoch
 /// as read at construction.
-///
-/// ```
-/// use broker_core::Clock;
-/// use broker_memory::QuantaClock;
-/// let clock = QuantaClock::new();
-/// let a = clock.now();
-/// assert!(clock.now() >= a);
-/// ```
 #[derive(Debug, Clone)]
-pub struct QuantaClock {
+pub(crate) struct QuantaClock {
     clock: quanta::Clock,
     origin: u64,
     origin_unix: Micros,
 }
 
-/// One calibrated clock per process (calibration takes milliseconds).
-fn calibrated() -> quanta::Clock {
-    static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
-    CLOCK.get_or_init(quanta::Clock::new).clone()
-}
-
 impl QuantaClock {
-    /// A clock anchored at the current system time.
-    pub fn new() -> Self {
-        let clock = calibrated();
+    pub(crate) fn new() -> Self {
+        // One calibrated clock per process (calibration takes milliseconds).
+        static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
+        let clock = CLOCK.get_or_init(quanta::Clock::new).clone();
         Self {
             origin: clock.raw(),
             clock,
             origin_unix: SystemClock::new().now(),
         }
-    }
-}
-
-impl Default for QuantaClock {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

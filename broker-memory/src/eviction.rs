@@ -10,7 +10,6 @@ use broker_core::{state, Micros};
 use parking_lot::Mutex;
 
 use crate::key::{Parts, StateKey};
-use crate::spill;
 use crate::store::{Entry, Store};
 
 /// Below this many states no sweep runs but at the bound.
@@ -86,7 +85,7 @@ fn sweep_states(store: &Store, now: Micros, max: Option<usize>) -> (usize, usize
     // Of the states used at the cutoff, only as many as make up the excess.
     let mut ties = excess - ages.iter().filter(|&&a| a < cutoff).count();
     drop(ages);
-    let (mut left, budget) = (excess, spill::budget(max));
+    let mut left = excess;
     retain(store, |k, e| {
         let used = e.last_used();
         if left == 0 || used > cutoff || (used == cutoff && ties == 0) {
@@ -96,7 +95,7 @@ fn sweep_states(store: &Store, now: Micros, max: Option<usize>) -> (usize, usize
             return true;
         }
         let hash = store.hash(k.parts());
-        store.spills.fold(hash, &e.state, &e.spec, now, budget);
+        store.spills.fold(hash, &e.state, &e.spec, now, max);
         ties -= usize::from(used == cutoff);
         left -= 1;
         false

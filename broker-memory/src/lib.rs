@@ -10,8 +10,6 @@ mod key;
 mod spill;
 mod store;
 
-pub use clock::QuantaClock;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,9 +44,9 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// A store on [`QuantaClock`].
+    /// A store on a monotonic clock counting µs since the Unix epoch.
     pub fn new() -> Self {
-        Self::with_clock(QuantaClock::new())
+        Self::with_clock(clock::QuantaClock::new())
     }
 
     /// A store on `clock` (e.g. [`broker_core::ManualClock`] in tests).
@@ -108,9 +106,7 @@ impl MemoryBackend {
     /// The state of `key`, if held (for tests and inspection).
     pub fn state(&self, key: &str) -> Option<ResourceState> {
         key::with_parsed(key, |key| {
-            let entry = self.store.map.get(&key as &dyn key::Parts)?;
-            let state = entry.lock().state.clone();
-            Some(state)
+            (self.store.map.get(&key as &dyn key::Parts)).map(|e| e.lock().state.clone())
         })
     }
 
@@ -238,10 +234,9 @@ impl LocalStore for MemoryBackend {
         cost: Cost,
     ) -> Option<Result<Decision, BackendError>> {
         let lease = lease_for(spec);
-        let decided = self.with_state(key, spec, |s, now| {
+        Some(Ok(self.with_state(key, spec, |s, now| {
             state::try_acquire(s, spec, now, cost, lease)
-        });
-        Some(Ok(decided))
+        })))
     }
 
     fn take_slot_now(

@@ -34,23 +34,11 @@ impl Held {
     fn split(&self) -> (&[BucketState], &[BucketState]) {
         self.states.split_at(self.spec.buckets.len())
     }
-
-    /// Whether the place may be emptied: nothing folded in within
-    /// [`RECENT`] and every tight state refilled under its limits.
-    fn spent(&self, now: Micros) -> bool {
-        now.saturating_sub(self.last) >= RECENT
-            && (self.split().0.iter().zip(params_of(&self.spec)))
-                .all(|(b, p)| bucket::is_idle(b, p, now))
-    }
 }
 
 /// The limits of `spec`, bucket by bucket.
 fn params_of(spec: &LimitSpec) -> impl Iterator<Item = &BucketParams> {
     spec.buckets.iter().map(|(_, p)| p)
-}
-
-fn same_params(a: &LimitSpec, b: &LimitSpec) -> bool {
-    params_of(a).eq(params_of(b))
 }
 
 /// Per bucket, the largest burst and the slowest refill of `a` and `b`.
@@ -75,11 +63,6 @@ struct Places {
     shared: Vec<Vec<Held>>,
 }
 
-/// The most own places of a store bounded at `max` states.
-pub(crate) fn budget(max: usize) -> usize {
-    max.next_power_of_two().clamp(MIN_PLACES, MAX_PLACES)
-}
-
 /// The places of a store.
 #[derive(Debug, Default)]
 pub(crate) struct Spills {
@@ -92,21 +75,22 @@ pub(crate) struct Spills {
 
 impl Spills {
     /// Folds `state` (made for `spec`, of the key with table hash `hash`)
-    /// into its own place, made if fewer than `budget` are, else its shared
-    /// one.
+    /// into its own place, made if a store bounded at `max` states has room
+    /// for one more, else its shared one.
     pub(crate) fn fold(
         &self,
         hash: u64,
         state: &ResourceState,
         spec: &Arc<LimitSpec>,
         now: Micros,
-        budget: usize,
+        max: usize,
     ) {
         let (n, kept) = (spec.buckets.len(), &state.buckets);
         if n == 0 || kept.len() != n {
             // No rate limit: a foldable state holds nothing worth keeping.
             return;
         }
+        let budget = max.next_power_of_two().clamp(MIN_PLACES, MAX_PLACES);
         let mut places = self.places.lock();
         let place = if places.own.len() < budget || places.own.contains_key(&hash) {
             places.own.entry(hash).or_default()
@@ -128,7 +112,7 @@ impl Spills {
                 for (raw, kept) in raw.iter_mut().zip(kept) {
                     *raw = bucket::fewest(*raw, *kept);
                 }
-                if same_params(spec, &h.spec) {
+                if params_of(spec).eq(params_of(&h.spec)) {
                     for ((tight, kept), p) in tight.iter_mut().zip(kept).zip(params_of(&h.spec)) {
                         *tight = bucket::tighter(*tight, *kept, p);
                     }
@@ -153,7 +137,13 @@ impl Spills {
         let mut places = self.places.lock();
         let Places { own, shared } = &mut *places;
         let keep = |place: &mut Vec<Held>| {
-            place.retain(|h| !h.spent(now));
+            // Emptied once nothing was folded in within `RECENT` and every
+            // tight state refilled under its limits.
+            place.retain(|h| {
+                now.saturating_sub(h.last) < RECENT
+                    || !(h.split().0.iter().zip(params_of(&h.spec)))
+                        .all(|(b, p)| bucket::is_idle(b, p, now))
+            });
             place.shrink_to_fit();
             !place.is_empty()
         };
@@ -192,7 +182,7 @@ impl Spills {
                 penalty_end = penalty_end.max(state::latest_not_before(raw));
                 continue;
             }
-            let folded = if same_params(spec, &h.spec) {
+            let folded = if params_of(spec).eq(params_of(&h.spec)) {
                 tight
             } else {
                 raw

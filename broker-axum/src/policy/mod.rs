@@ -5,11 +5,11 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broker_core::{ConfigError, EntryError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
+use broker_core::{ConfigError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
+use crate::keys::TenantKeys;
 use crate::response::{RateHeaders, Responses};
-use crate::tenant::TenantKeys;
 
 mod paths;
 
@@ -85,8 +85,8 @@ impl Policy {
         config: &PressureConfig,
         service: Option<&str>,
         on_other: OnOtherLimits,
-    ) -> Result<Self, ConfigError> {
-        config.validate()?;
+    ) -> Result<Arc<Self>, ConfigError> {
+        config.validate_at("<config>", "")?;
         let service = match service {
             Some(name) => Some(config.per_service.get_key_value(name).ok_or_else(|| {
                 ConfigError::invalid(
@@ -117,8 +117,20 @@ impl Policy {
             wanted.push((field, tenant.resource.clone(), &tenant.limits));
         }
         let entries: Vec<(&str, &Limits)> = wanted.iter().map(|w| (&*w.1, w.2)).collect();
-        (broker.register_limits(&entries, on_other))
-            .map_err(|e| not_registered(e, &wanted, on_other))?;
+        // A refusal names the field that gives the id.
+        if let Err(e) = broker.register_limits(&entries, on_other) {
+            let (ConfigError::Taken { .. }, Some((field, ..))) = (&e.error, wanted.get(e.index))
+            else {
+                return Err(e.error);
+            };
+            let reload = match on_other {
+                OnOtherLimits::Refuse => ", or build with Pressure::reload to re-configure it",
+                OnOtherLimits::Replace => "",
+            };
+            let why = "(another config's, or the application's own): give it an id of its own";
+            let message = format!("{} {why}{reload}", e.error);
+            return Err(ConfigError::invalid(field, message));
+        }
         let limited = (wanted.iter())
             .map(|(_, id, limits)| {
                 let handle = (broker.resource_handle(id))
@@ -142,7 +154,7 @@ impl Policy {
             .collect();
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        Ok(Self {
+        Ok(Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             broker,
             enabled: config.enabled,
@@ -153,7 +165,7 @@ impl Policy {
             limited,
             tenant_keys: TenantKeys::new(None, tenant.clear_ids),
             responses: Responses::default(),
-        })
+        }))
     }
 
     /// The stage limiting `path`: the longest matching route, else the service.
@@ -216,28 +228,6 @@ impl Policy {
             x if x == self.service => "service",
             _ => "route",
         }
-    }
-}
-
-/// The error of [`ResourceBroker::register_limits`], naming the field that
-/// gives the id.
-fn not_registered(
-    error: EntryError,
-    wanted: &[(String, String, &Limits)],
-    on_other: OnOtherLimits,
-) -> ConfigError {
-    match (error.error, wanted.get(error.index)) {
-        (taken @ ConfigError::Taken { .. }, Some((field, ..))) => {
-            let reload = match on_other {
-                OnOtherLimits::Refuse => ", or build with Pressure::reload to re-configure it",
-                OnOtherLimits::Replace => "",
-            };
-            ConfigError::invalid(
-                field,
-                format!("{taken} (another config's, or the application's own): give it an id of its own{reload}"),
-            )
-        }
-        (other, _) => other,
     }
 }
 

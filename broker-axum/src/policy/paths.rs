@@ -68,18 +68,8 @@ pub(super) fn second_reading(path: &[u8]) -> Vec<u8> {
 
 /// Whether `path` has a segment that [`second_reading`] drops.
 pub(super) fn has_dot_or_empty_segment(path: &[u8]) -> bool {
-    let mut at = 0;
-    while at + 1 < path.len() {
-        if path[at] == b'/' {
-            match path[at + 1] {
-                b'/' => return true,
-                b'.' if matches!(path.get(at + 2), None | Some(b'/')) => return true,
-                _ => {}
-            }
-        }
-        at += 1;
-    }
-    false
+    let mut segments = path.split(|&b| b == b'/').skip(1);
+    path.windows(2).any(|w| w == b"//") || segments.any(|s| s == b".")
 }
 
 /// `path` is `prefix` or continues it after a `/`.

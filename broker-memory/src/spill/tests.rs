@@ -24,7 +24,7 @@ fn keys_past_the_budget_share_a_place() {
         penalty: 0,
     };
     let spills = Spills::default();
-    let fold = |hash, tokens, spec| spills.fold(hash, &with(tokens), spec, now, budget(64));
+    let fold = |hash, tokens, spec| spills.fold(hash, &with(tokens), spec, now, 64);
     let left = |hash: u64, at: Micros| {
         spills
             .restore(hash, &spec, at)

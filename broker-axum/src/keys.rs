@@ -7,10 +7,10 @@ use std::fmt::Write;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::extract::Tenant;
+use crate::extract::Tenant;
 
 /// Longest tenant id kept in clear with `perTenant.clearIds`.
-pub const MAX_TENANT_LEN: usize = 64;
+const MAX_TENANT_LEN: usize = 64;
 
 /// Whether `id` may be kept in clear: 1..=[`MAX_TENANT_LEN`] bytes of
 /// `[A-Za-z0-9._@+-]` (never `~`, which starts a fingerprint).

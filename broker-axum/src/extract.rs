@@ -49,7 +49,8 @@ pub trait TenantExtractor: Clone + Send + Sync + 'static {
     fn tenant<'a>(&self, headers: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>>;
 }
 
-/// The tenant is read from a `T` in the request's extensions (set by auth).
+/// The tenant is read from a `T` in the request's extensions (set by auth;
+/// extensions are `Clone`).
 ///
 /// ```
 /// use broker_axum::FromExtension;
@@ -58,18 +59,10 @@ pub trait TenantExtractor: Clone + Send + Sync + 'static {
 /// let by_namespace = FromExtension::new(|c: &Claims| c.namespace_id.as_str());
 /// # let _ = by_namespace;
 /// ```
+#[derive(Clone)]
 pub struct FromExtension<T, F> {
     read: F,
     _t: PhantomData<fn(&T)>,
-}
-
-impl<T, F: Clone> Clone for FromExtension<T, F> {
-    fn clone(&self) -> Self {
-        Self {
-            read: self.read.clone(),
-            _t: PhantomData,
-        }
-    }
 }
 
 impl<T, F> std::fmt::Debug for FromExtension<T, F> {
@@ -82,7 +75,7 @@ impl<T, F> std::fmt::Debug for FromExtension<T, F> {
 
 impl<T, F> FromExtension<T, F>
 where
-    T: Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
     F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
 {
     /// Reads the tenant id from the extension of type `T` with `read`.
@@ -96,7 +89,7 @@ where
 
 impl<T, F> TenantExtractor for FromExtension<T, F>
 where
-    T: Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
     F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
 {
     fn tenant<'a>(&self, _: &'a HeaderMap, extensions: &'a Extensions) -> Option<Tenant<'a>> {
