@@ -29,19 +29,18 @@
 mod admission;
 mod body;
 pub mod config;
-mod extract;
-mod keys;
-mod layer;
 mod policy;
 mod pressure;
 mod response;
+mod route;
 mod stats;
+mod tenant;
 
 pub use admission::ResponseFuture;
 pub use body::PermitBody;
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
-pub use extract::{FromExtension, FromHeader, Tenant, TenantExtractor};
-pub use layer::{PressureLayer, PressureService, TenantLayer, TenantService};
 pub use pressure::Pressure;
 pub use response::{retry_after_secs, Responses};
+pub use route::{PressureLayer, PressureService};
 pub use stats::{stats_router, PressureStats, ResourceView, STATS_PATH};
+pub use tenant::{FromExtension, FromHeader, Tenant, TenantExtractor, TenantLayer, TenantService};

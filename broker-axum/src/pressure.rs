@@ -5,12 +5,12 @@ use std::sync::Arc;
 use broker_core::{ConfigError, OnOtherLimits, ResourceBroker};
 
 use crate::config::PressureConfig;
-use crate::extract::{Tenant, TenantExtractor};
-use crate::keys::TenantKeys;
-use crate::layer::PressureLayer;
-use crate::layer::TenantLayer;
 use crate::policy::Policy;
 use crate::response::Responses;
+use crate::route::PressureLayer;
+use crate::tenant::keys::TenantKeys;
+use crate::tenant::TenantLayer;
+use crate::tenant::{Tenant, TenantExtractor};
 
 /// A `pressure` config registered on a [`ResourceBroker`]: each limit is a
 /// limit-only resource, shared by every layer and instance on one backend.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use broker_core::{ConfigError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
-use crate::keys::TenantKeys;
 use crate::response::{RateHeaders, Responses};
+use crate::tenant::keys::TenantKeys;
 
 mod paths;
 

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::extract::Tenant;
+use super::Tenant;
 
 /// Longest tenant id kept in clear with `perTenant.clearIds`.
 const MAX_TENANT_LEN: usize = 64;

@@ -1,92 +1,23 @@
-//! The two stages as tower layers: [`PressureLayer`] before authentication
-//! (the request's path picks a route's resource, else the service's) and
-//! [`TenantLayer`] after it (one state per tenant the extractor finds).
+//! [`TenantService`]: one state per tenant the extractor finds.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower::{Layer, Service};
+use tower::Service;
 
+use super::TenantExtractor;
 use crate::admission::{Charge, ResponseFuture};
 use crate::body::PermitBody;
-use crate::extract::TenantExtractor;
 use crate::policy::Policy;
-
-/// The route/service stage as a tower [`Layer`]; place it before
-/// authentication (outermost). Built by [`crate::Pressure::layer`].
-#[derive(Debug, Clone)]
-pub struct PressureLayer {
-    pub(crate) policy: Arc<Policy>,
-}
-
-impl<S> Layer<S> for PressureLayer {
-    type Service = PressureService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        let policy = self.policy.clone();
-        PressureService { inner, policy }
-    }
-}
-
-/// The route/service stage: the longest matching route's resource, else the
-/// service's. Built by [`crate::Pressure::layer`].
-#[derive(Debug, Clone)]
-pub struct PressureService<S> {
-    inner: S,
-    policy: Arc<Policy>,
-}
-
-impl<S, ReqB, ResB> Service<Request<ReqB>> for PressureService<S>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
-    ResB: PermitBody + Send + 'static,
-{
-    type Response = Response<ResB>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, ReqB, ResB>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        match self.policy.stage_for(req.uri().path()) {
-            Some(stage) => {
-                ResponseFuture::admit(&self.policy, stage, None, None, &mut self.inner, req)
-            }
-            None => ResponseFuture::pass(&mut self.inner, req),
-        }
-    }
-}
-
-/// The tenant stage as a tower [`Layer`], placed inside authentication.
-/// Built by [`crate::Pressure::tenant_layer`].
-#[derive(Debug, Clone)]
-pub struct TenantLayer<E> {
-    pub(crate) policy: Arc<Policy>,
-    pub(crate) extractor: E,
-}
-
-impl<S, E: TenantExtractor> Layer<S> for TenantLayer<E> {
-    type Service = TenantService<S, E>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        TenantService {
-            inner,
-            policy: self.policy.clone(),
-            extractor: self.extractor.clone(),
-        }
-    }
-}
 
 /// The tenant stage: one state per tenant the [`TenantExtractor`] finds;
 /// requests without a tenant pass. Built by [`crate::Pressure::tenant_layer`].
 #[derive(Debug, Clone)]
 pub struct TenantService<S, E> {
-    inner: S,
-    policy: Arc<Policy>,
-    extractor: E,
+    pub(crate) inner: S,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) extractor: E,
 }
 
 impl<S, E, ReqB, ResB> Service<Request<ReqB>> for TenantService<S, E>
