@@ -330,13 +330,12 @@ impl<P: Store> Store for Failover<P> {
         if since == Some(Marks::ANSWERED_HERE) {
             // Never charged in the primary: a fallback booking is settled
             // there (without marks, which name that store's penalties).
-            return match &self.policy {
-                FailurePolicy::LocalFallback { share, store } => {
-                    let scaled = scaled(spec, *share);
-                    store.settle(key, &scaled, booked, actual, None).await
-                }
-                _ => Ok(()),
+            let FailurePolicy::LocalFallback { share, store } = &self.policy else {
+                return Ok(());
             };
+            return store
+                .settle(key, &scaled(spec, *share), booked, actual, None)
+                .await;
         }
         let primary = self.primary.settle(key, spec, booked, actual, since).await;
         // Charged in the primary: no refund here (the fallback never took

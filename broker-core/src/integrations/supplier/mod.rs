@@ -109,12 +109,8 @@ impl BucketKey {
 }
 
 fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
-    format!(
-        "{}/{}/{}",
-        id_part(supplier),
-        class.as_str(),
-        id_part(endpoint)
-    )
+    let (supplier, endpoint) = (id_part(supplier), id_part(endpoint));
+    format!("{supplier}/{}/{endpoint}", class.as_str())
 }
 
 /// A name as a part of a resource id, `/` escaped too.
@@ -212,10 +208,7 @@ impl SupplierBuckets {
             broker: broker.clone(),
             supplier: supplier.to_owned(),
             config: Arc::new(config.clone()),
-            egress: config
-                .rate_limit
-                .egress_ip
-                .then(|| Arc::new(EgressCounter::default())),
+            egress: config.rate_limit.egress_ip.then(Arc::default),
         })
     }
 
