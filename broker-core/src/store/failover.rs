@@ -64,10 +64,6 @@ impl FailurePolicy {
     }
 
     /// `"fail_closed"`, `"fail_open"` or `"local_fallback"` (metric labels).
-    ///
-    /// ```
-    /// assert_eq!(broker_core::FailurePolicy::FailOpen.name(), "fail_open");
-    /// ```
     pub fn name(&self) -> &'static str {
         match self {
             FailurePolicy::FailClosed => "fail_closed",
@@ -215,13 +211,12 @@ impl<P: Store> Failover<P> {
 
     /// Frees `lease` in the fallback store if that store granted it.
     async fn release_here(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        let FailurePolicy::LocalFallback { store, .. } = &self.policy else {
-            return None;
-        };
-        if !self.granted().remove(&lease) {
-            return None;
+        match &self.policy {
+            FailurePolicy::LocalFallback { store, .. } if self.granted().remove(&lease) => {
+                Some(store.release(key, lease).await)
+            }
+            _ => None,
         }
-        Some(store.release(key, lease).await)
     }
 }
 

@@ -26,11 +26,6 @@ pub struct TurnAsk<'a> {
 }
 
 /// The answer of [`Turns::turn`].
-///
-/// ```
-/// use broker_core::store::Turn;
-/// assert_ne!(Turn::Yours, Turn::NotYet);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turn {
     /// The flow may book now; the call's cost is charged to it.

@@ -28,21 +28,17 @@ use crate::telemetry::{self, Signal};
 /// assert_eq!(c.fingerprint().len(), 16);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Credential {
-    fingerprint: String,
-}
+pub struct Credential(String);
 
 impl Credential {
     /// Fingerprints `secret` ([`keys::fingerprint`]); the secret is not kept.
     pub fn from_secret(secret: &str) -> Self {
-        Self {
-            fingerprint: keys::fingerprint(secret),
-        }
+        Self(keys::fingerprint(secret))
     }
 
     /// The fingerprint.
     pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
+        &self.0
     }
 }
 
@@ -93,7 +89,7 @@ impl BucketKey {
     ) -> Self {
         Self {
             resource: resource_id(supplier, class, endpoint),
-            sub_key: credential.fingerprint.clone(),
+            sub_key: credential.0.clone(),
         }
     }
 
@@ -144,9 +140,6 @@ impl Admission {
     }
 }
 
-/// Requests per egress IP (informational, never limits).
-type EgressCounter = Mutex<BTreeMap<IpAddr, u64>>;
-
 /// At most this many distinct egress IPs are counted (bounded labels).
 const MAX_EGRESS_IPS: usize = 64;
 
@@ -177,7 +170,8 @@ pub struct SupplierBuckets {
     broker: ResourceBroker,
     supplier: String,
     config: Arc<SupplierConfig>,
-    egress: Option<Arc<EgressCounter>>,
+    /// Requests per egress IP (informational, never limits).
+    egress: Option<Arc<Mutex<BTreeMap<IpAddr, u64>>>>,
 }
 
 impl SupplierBuckets {
