@@ -119,10 +119,7 @@ fn admissible(
     cost: Cost,
     slot: bool,
 ) -> Result<(), BackendError> {
-    let short = scaled
-        .buckets
-        .iter()
-        .find(|(u, p)| cost.of(*u) as f64 > p.capacity());
+    let short = (scaled.buckets.iter()).find(|(u, p)| cost.of(*u) as f64 > p.capacity());
     let why = match short {
         _ if slot && scaled.max_concurrent == Some(0) => "the concurrency limit is no slot".into(),
         Some((u, p)) => format!(

@@ -270,8 +270,7 @@ impl SupplierBuckets {
 
     async fn wait(&self, key: &BucketKey) -> Result<Permit, BrokerError> {
         let resource = self.broker.resource(&key.resource)?;
-        let limits: Limits = resource.config.paced_limits();
-        let step = resource.config.retry.ceiling(&limits);
+        let step = (resource.config.retry).ceiling(&resource.config.paced_limits());
         loop {
             let a = self
                 .broker
