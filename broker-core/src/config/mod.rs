@@ -6,6 +6,7 @@ mod unique_keys;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde_norway::Deserializer as Yaml;
 
 use crate::error::ConfigError;
 pub use crate::model::resource_config::ResourceConfig;
@@ -37,36 +38,30 @@ pub fn parse<T: DeserializeOwned>(
     text: &str,
     format: Format,
 ) -> Result<T, ConfigError> {
-    let fail = |message: String| parse_error(source_name, message);
-    let parsed = match format {
-        Format::Json => json(source_name, text),
-        Format::Yaml => read(source_name, serde_norway::Deserializer::from_str(text)),
-        Format::Toml => read(source_name, toml::Deserializer::new(text)),
-    };
     // serde reads a list as a struct's fields in order: read JSON and TOML
     // again as a tree to refuse that (YAML's reader refuses it itself).
-    let tree: Option<serde_json::Value> = match format {
-        Format::Json => serde_json::from_str(text).ok(),
-        Format::Toml => toml::from_str(text).ok(),
-        Format::Yaml => None,
+    let (parsed, tree) = match format {
+        Format::Json => (tree(source_name, text), serde_json::from_str(text).ok()),
+        Format::Yaml => (read(source_name, Yaml::from_str(text)), None),
+        Format::Toml => (
+            read(source_name, toml::Deserializer::new(text)),
+            toml::from_str(text).ok(),
+        ),
     };
-    if let Some(Err(e)) = tree.map(|tree| from_value::<T>(&tree)) {
+    if let Some(Err(e)) = tree.map(|tree: serde_json::Value| from_value::<T>(&tree)) {
         if named_fields::refuses_a_list(e.inner()) {
-            return Err(fail(located(&e)));
+            return Err(parse_error(source_name, located(&e)));
         }
     }
     let parsed = parsed?;
     match format {
         Format::Json => refuse_repeated_keys(source_name, text)?,
-        Format::Yaml => {
-            let de = serde_norway::Deserializer::from_str(text);
-            if let Err(e) = unique_keys::UniqueKeys::deserialize(de) {
-                let message = e.to_string();
-                if unique_keys::refuses_a_repeated_key(&message) {
-                    return Err(fail(message));
-                }
+        Format::Yaml => match unique_keys::UniqueKeys::deserialize(Yaml::from_str(text)) {
+            Err(e) if unique_keys::refuses_a_repeated_key(&e.to_string()) => {
+                return Err(parse_error(source_name, e.to_string()));
             }
-        }
+            _ => {}
+        },
         // TOML's reader refuses a repeated key itself.
         Format::Toml => {}
     }
@@ -112,18 +107,15 @@ fn located<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
     }
 }
 
-/// Parses a JSON document into a tree; an error names its path.
+/// Reads `T` (a [`serde_json::Value`] tree, say) from a JSON document,
+/// refusing trailing text; an error names its path.
 ///
 /// ```
-/// let e = broker_core::config::tree("kb.json", r#"{"a": [{"b": 1e400}]}"#).unwrap_err();
+/// let e = broker_core::config::tree::<serde_json::Value>("kb.json", r#"{"a": [{"b": 1e400}]}"#)
+///     .unwrap_err();
 /// assert!(e.to_string().starts_with("kb.json: at a[0].b: number out of range"), "{e}");
 /// ```
-pub fn tree(source_name: &str, text: &str) -> Result<serde_json::Value, ConfigError> {
-    json(source_name, text)
-}
-
-/// Reads `T` from a JSON document, refusing trailing text.
-fn json<T: DeserializeOwned>(source_name: &str, text: &str) -> Result<T, ConfigError> {
+pub fn tree<T: DeserializeOwned>(source_name: &str, text: &str) -> Result<T, ConfigError> {
     let de = &mut serde_json::Deserializer::from_str(text);
     let value = read(source_name, &mut *de)?;
     de.end()
@@ -148,17 +140,4 @@ pub fn from_value<T: DeserializeOwned>(
     tree: &serde_json::Value,
 ) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
     serde_path_to_error::deserialize(named_fields::NamedFields(tree))
-}
-
-/// Reads and parses a config file; the format comes from its extension
-/// (`.yaml`/`.yml`, `.toml`, JSON otherwise).
-pub fn load<T: DeserializeOwned>(path: &std::path::Path) -> Result<T, ConfigError> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| parse_error(&name, e.to_string()))?;
-    let format = match name.rsplit_once('.').map(|(_, ext)| ext) {
-        Some("yaml" | "yml") => Format::Yaml,
-        Some("toml") => Format::Toml,
-        _ => Format::Json,
-    };
-    parse(&name, &text, format)
 }

@@ -23,22 +23,20 @@ pub(crate) fn refuses_a_repeated_key(message: &str) -> bool {
 
 impl<'de> Deserialize<'de> for UniqueKeys {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Values)
+        d.deserialize_any(UniqueKeys)
     }
 }
 
-struct Values;
-
-/// Visits that accept a scalar as it is.
+/// Visits that accept a scalar (or a unit, or an empty YAML document) as it is.
 macro_rules! scalars {
-    ($($visit:ident($t:ty)),*) => {$(
-        fn $visit<E>(self, _: $t) -> Result<UniqueKeys, E> {
+    ($($visit:ident($($t:ty)?)),*) => {$(
+        fn $visit<E>(self $(, _: $t)?) -> Result<UniqueKeys, E> {
             Ok(UniqueKeys)
         }
     )*};
 }
 
-impl<'de> Visitor<'de> for Values {
+impl<'de> Visitor<'de> for UniqueKeys {
     type Value = UniqueKeys;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -53,17 +51,10 @@ impl<'de> Visitor<'de> for Values {
         visit_str(&str),
         visit_i128(i128),
         visit_u128(u128),
-        visit_bytes(&[u8])
+        visit_bytes(&[u8]),
+        visit_unit(),
+        visit_none()
     );
-
-    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    /// An empty YAML document.
-    fn visit_none<E>(self) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
 
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<UniqueKeys, D::Error> {
         UniqueKeys::deserialize(d)

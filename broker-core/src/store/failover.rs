@@ -64,10 +64,6 @@ impl FailurePolicy {
     }
 
     /// `"fail_closed"`, `"fail_open"` or `"local_fallback"` (metric labels).
-    ///
-    /// ```
-    /// assert_eq!(broker_core::FailurePolicy::FailOpen.name(), "fail_open");
-    /// ```
     pub fn name(&self) -> &'static str {
         match self {
             FailurePolicy::FailClosed => "fail_closed",
@@ -123,10 +119,7 @@ fn admissible(
     cost: Cost,
     slot: bool,
 ) -> Result<(), BackendError> {
-    let short = scaled
-        .buckets
-        .iter()
-        .find(|(u, p)| cost.of(*u) as f64 > p.capacity());
+    let short = (scaled.buckets.iter()).find(|(u, p)| cost.of(*u) as f64 > p.capacity());
     let why = match short {
         _ if slot && scaled.max_concurrent == Some(0) => "the concurrency limit is no slot".into(),
         Some((u, p)) => format!(
@@ -215,13 +208,12 @@ impl<P: Store> Failover<P> {
 
     /// Frees `lease` in the fallback store if that store granted it.
     async fn release_here(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
-        let FailurePolicy::LocalFallback { store, .. } = &self.policy else {
-            return None;
-        };
-        if !self.granted().remove(&lease) {
-            return None;
+        match &self.policy {
+            FailurePolicy::LocalFallback { store, .. } if self.granted().remove(&lease) => {
+                Some(store.release(key, lease).await)
+            }
+            _ => None,
         }
-        Some(store.release(key, lease).await)
     }
 }
 
@@ -330,13 +322,12 @@ impl<P: Store> Store for Failover<P> {
         if since == Some(Marks::ANSWERED_HERE) {
             // Never charged in the primary: a fallback booking is settled
             // there (without marks, which name that store's penalties).
-            return match &self.policy {
-                FailurePolicy::LocalFallback { share, store } => {
-                    let scaled = scaled(spec, *share);
-                    store.settle(key, &scaled, booked, actual, None).await
-                }
-                _ => Ok(()),
+            let FailurePolicy::LocalFallback { share, store } = &self.policy else {
+                return Ok(());
             };
+            return store
+                .settle(key, &scaled(spec, *share), booked, actual, None)
+                .await;
         }
         let primary = self.primary.settle(key, spec, booked, actual, since).await;
         // Charged in the primary: no refund here (the fallback never took

@@ -105,13 +105,9 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &str,
         spec: &LimitSpec,
-        cost: Cost,
+        _cost: Cost,
     ) -> Result<Micros, BackendError> {
-        let _ = cost;
-        let nothing = Cost {
-            requests: 0,
-            tokens: 0,
-        };
+        let nothing = Cost::requests(0);
         Ok(self.book(key, spec, nothing, Duration::ZERO).await?.wait)
     }
 
@@ -146,12 +142,6 @@ pub fn begun() -> Option<tokio::time::Instant> {
 }
 
 /// The answer of [`Store::renew`].
-///
-/// ```
-/// use broker_core::Renewal;
-/// assert!(Renewal::Retaken.holds());
-/// assert!(!Renewal::Gone.holds());
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
     /// The lease was held, and is extended.
@@ -160,13 +150,6 @@ pub enum Renewal {
     Retaken,
     /// The lease was not held, and every slot is taken: nothing was taken.
     Gone,
-}
-
-impl Renewal {
-    /// Whether the lease is held after the renewal.
-    pub fn holds(self) -> bool {
-        self != Renewal::Gone
-    }
 }
 
 /// The synchronous capability of a store in the process of every permit on

@@ -8,12 +8,6 @@ use async_trait::async_trait;
 use crate::error::BackendError;
 
 /// A flow's ask for a turn on one state (see [`Turns::turn`]).
-///
-/// ```
-/// use broker_core::store::TurnAsk;
-/// let ask = TurnAsk { level: 1, flow: "3f2a9c0d1b7e6a45", weight: 3, units: 100_000, last: false, active: std::time::Duration::from_secs(1) };
-/// assert_eq!(ask.quantum(), 100_000.0 / 3.0);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TurnAsk<'a> {
     /// The priority level's index: one ledger per level.
@@ -31,19 +25,7 @@ pub struct TurnAsk<'a> {
     pub active: Duration,
 }
 
-impl TurnAsk<'_> {
-    /// The virtual time one such call adds to its flow: cost over weight.
-    pub fn quantum(&self) -> f64 {
-        self.units as f64 / f64::from(self.weight.max(1))
-    }
-}
-
 /// The answer of [`Turns::turn`].
-///
-/// ```
-/// use broker_core::store::Turn;
-/// assert_ne!(Turn::Yours, Turn::NotYet);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turn {
     /// The flow may book now; the call's cost is charged to it.
@@ -54,7 +36,7 @@ pub enum Turn {
 
 /// A turn ledger shared by every process on a store: each active flow's served
 /// cost over weight. A joining flow starts at the least; a flow may book while
-/// at most one quantum ([`TurnAsk::quantum`]) ahead of it, and is then charged.
+/// at most one quantum (`units / weight`) ahead of it, and is then charged.
 ///
 /// ```
 /// # async fn demo(store: &dyn broker_core::Store) -> Result<(), broker_core::BackendError> {

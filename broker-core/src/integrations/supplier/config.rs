@@ -201,9 +201,4 @@ impl SupplierConfig {
     pub fn parse(source_name: &str, text: &str, format: Format) -> Result<Self, ConfigError> {
         config::parse(source_name, text, format)
     }
-
-    /// Reads a config file; the format comes from its extension.
-    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        config::load(path)
-    }
 }

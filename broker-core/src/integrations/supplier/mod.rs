@@ -28,21 +28,17 @@ use crate::telemetry::{self, Signal};
 /// assert_eq!(c.fingerprint().len(), 16);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Credential {
-    fingerprint: String,
-}
+pub struct Credential(String);
 
 impl Credential {
     /// Fingerprints `secret` ([`keys::fingerprint`]); the secret is not kept.
     pub fn from_secret(secret: &str) -> Self {
-        Self {
-            fingerprint: keys::fingerprint(secret),
-        }
+        Self(keys::fingerprint(secret))
     }
 
     /// The fingerprint.
     pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
+        &self.0
     }
 }
 
@@ -93,7 +89,7 @@ impl BucketKey {
     ) -> Self {
         Self {
             resource: resource_id(supplier, class, endpoint),
-            sub_key: credential.fingerprint.clone(),
+            sub_key: credential.0.clone(),
         }
     }
 
@@ -109,12 +105,8 @@ impl BucketKey {
 }
 
 fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
-    format!(
-        "{}/{}/{}",
-        id_part(supplier),
-        class.as_str(),
-        id_part(endpoint)
-    )
+    let (supplier, endpoint) = (id_part(supplier), id_part(endpoint));
+    format!("{supplier}/{}/{endpoint}", class.as_str())
 }
 
 /// A name as a part of a resource id, `/` escaped too.
@@ -148,9 +140,6 @@ impl Admission {
     }
 }
 
-/// Requests per egress IP (informational, never limits).
-type EgressCounter = Mutex<BTreeMap<IpAddr, u64>>;
-
 /// At most this many distinct egress IPs are counted (bounded labels).
 const MAX_EGRESS_IPS: usize = 64;
 
@@ -181,7 +170,8 @@ pub struct SupplierBuckets {
     broker: ResourceBroker,
     supplier: String,
     config: Arc<SupplierConfig>,
-    egress: Option<Arc<EgressCounter>>,
+    /// Requests per egress IP (informational, never limits).
+    egress: Option<Arc<Mutex<BTreeMap<IpAddr, u64>>>>,
 }
 
 impl SupplierBuckets {
@@ -212,10 +202,7 @@ impl SupplierBuckets {
             broker: broker.clone(),
             supplier: supplier.to_owned(),
             config: Arc::new(config.clone()),
-            egress: config
-                .rate_limit
-                .egress_ip
-                .then(|| Arc::new(EgressCounter::default())),
+            egress: config.rate_limit.egress_ip.then(Arc::default),
         })
     }
 
@@ -283,8 +270,7 @@ impl SupplierBuckets {
 
     async fn wait(&self, key: &BucketKey) -> Result<Permit, BrokerError> {
         let resource = self.broker.resource(&key.resource)?;
-        let limits: Limits = resource.config.paced_limits();
-        let step = resource.config.retry.ceiling(&limits);
+        let step = (resource.config.retry).ceiling(&resource.config.paced_limits());
         loop {
             let a = self
                 .broker
