@@ -48,20 +48,19 @@ impl TryFrom<LimitsConfig> for Limits {
         ] {
             let Some(amount) = amount else { continue };
             let rate = RateLimit::per(amount, Duration::from_secs(secs)).unit(unit);
-            rate.validate(field).map_err(|e| match e {
-                ConfigError::Invalid { reason, .. } => ConfigError::invalid(field, reason),
-                other => other,
-            })?;
+            // Named by the shorthand alone (`validate` only makes `Invalid`).
+            if let Err(ConfigError::Invalid { reason, .. }) = rate.validate(field) {
+                return Err(ConfigError::invalid(field, reason));
+            }
             rates.push(rate);
         }
         if c.max_concurrent_requests == Some(0) {
             return Err(ConfigError::not_positive("maxConcurrentRequests", "0"));
         }
         rates.extend(c.rates);
-        let max_concurrent = c.max_concurrent_requests;
         Ok(Limits {
             rates,
-            max_concurrent,
+            max_concurrent: c.max_concurrent_requests,
         })
     }
 }
