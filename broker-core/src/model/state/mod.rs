@@ -16,7 +16,7 @@ use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
 pub use super::verdict::{Decision, DenyReason, LeaseId, Verdict};
 pub use booking::{Booking, Marks, MARKED};
-pub use counters::{can_last_until, observed_for, reconcile};
+pub use counters::{observed_for, reconcile};
 pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
 pub use slots::{release, renew, take_slot};
 pub use take::{book, settle, try_acquire, wait_all};
