@@ -162,14 +162,13 @@ fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
 
 /// A Unix time of `units` × 10⁻⁹ units (s, ms, µs or ns by its size).
 fn unix_time(units: u128) -> Duration {
-    let whole = units / 1_000_000_000;
-    let mut per_second = 1u64;
-    let mut from = UNIX_MILLIS_FROM;
-    while whole >= u128::from(from) && per_second < 1_000_000_000 {
-        per_second *= 1_000;
-        from = from.saturating_mul(1_000);
-    }
-    let total = units / u128::from(per_second);
+    let per_second = match units / 1_000_000_000 / u128::from(UNIX_MILLIS_FROM) {
+        0 => 1,
+        1..1_000 => 1_000,
+        1_000..1_000_000 => 1_000_000,
+        _ => 1_000_000_000,
+    };
+    let total = units / per_second;
     let secs = u64::try_from(total / 1_000_000_000).unwrap_or(u64::MAX);
     Duration::new(secs, (total % 1_000_000_000) as u32)
 }
@@ -232,15 +231,10 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
 
 /// An OpenAI-style reset: a Go duration, or plain seconds rounded up to µs.
 fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
-    if let Some(d) = parse_go_duration(v) {
-        return Some(d);
-    }
-    let d = parse_seconds(v, now)?;
-    let below_a_micro = d.subsec_nanos() % 1_000;
-    if below_a_micro == 0 {
-        return Some(d);
-    }
-    bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
+    parse_go_duration(v).or_else(|| {
+        let d = parse_seconds(v, now)?;
+        bounded(Duration::from_micros(d.as_nanos().div_ceil(1_000) as u64))
+    })
 }
 
 /// Decimal `number` times `unit_nanos`; `None` past `u64`.

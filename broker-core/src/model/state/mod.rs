@@ -90,8 +90,11 @@ impl ResourceState {
     }
 }
 
-fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
-    spec.buckets.iter().map(move |(u, _)| cost.of(*u) as f64)
+/// Each bucket's parameters and its part of `cost`.
+fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = (&BucketParams, f64)> {
+    spec.buckets
+        .iter()
+        .map(move |(u, p)| (p, cost.of(*u) as f64))
 }
 
 /// True when the state equals a fresh one and may be dropped.

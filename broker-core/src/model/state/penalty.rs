@@ -14,7 +14,7 @@ pub fn penalty_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: 
     }
     costs(spec, cost)
         .zip(&state.buckets)
-        .filter(|(c, _)| *c > 0.0)
+        .filter(|((_, c), _)| *c > 0.0)
         .map(|(_, s)| s.nb.saturating_sub(now.max(s.ts)))
         .max()
         .unwrap_or(0)
