@@ -47,17 +47,13 @@ pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
     if !bytes.contains(&b'%') {
         return (!bytes.iter().copied().any(needs_escape)).then_some(Cow::Borrowed(escaped));
     }
-    let upper_hex = |h: u8| match h {
-        b'0'..=b'9' => Some(h - b'0'),
-        b'A'..=b'F' => Some(h - b'A' + 10),
-        _ => None,
-    };
+    let upper_hex = |h: u8| (h as char).to_digit(16).filter(|_| !h.is_ascii_lowercase());
     let mut out = Vec::with_capacity(bytes.len());
     let mut rest = bytes;
     while let Some((&b, tail)) = rest.split_first() {
         if b == b'%' {
             let [hi, lo, ..] = *tail else { return None };
-            let decoded = upper_hex(hi)? << 4 | upper_hex(lo)?;
+            let decoded = (upper_hex(hi)? << 4 | upper_hex(lo)?) as u8;
             if !needs_escape(decoded) {
                 return None;
             }

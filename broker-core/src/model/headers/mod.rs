@@ -278,11 +278,8 @@ fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
     let mut escaped = false;
     let mut start = 0;
     for (i, b) in s.bytes().enumerate() {
-        if escaped {
-            escaped = false;
-            continue;
-        }
         match b {
+            _ if escaped => escaped = false,
             b'\\' if quoted => escaped = true,
             b'"' => quoted = !quoted,
             _ if b == sep && !quoted => {
