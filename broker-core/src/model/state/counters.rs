@@ -16,10 +16,7 @@ pub fn observed_for<'o>(
 ) -> Option<&'o Observed> {
     let (unit, _) = spec.buckets.get(i)?;
     let o = observed.of(*unit)?;
-    let distance = |p: &BucketParams| match o.limit {
-        Some(limit) => (p.capacity() - limit as f64).abs(),
-        None => 0.0,
-    };
+    let distance = |p: &BucketParams| o.limit.map_or(0.0, |l| (p.capacity() - l as f64).abs());
     // A window that is a bucket's period, maybe paced, names it first.
     let spans = |p: &BucketParams| {
         o.window.is_some_and(|w| {
