@@ -177,7 +177,7 @@ impl ResourceBroker {
             return Err(ConfigError::BadResourceId(id.to_owned()));
         }
         config.validate()?;
-        let key = keys::resource_key(id);
+        let key = keys::escape(id).into_owned();
         let store = self.inner.backend.local();
         let lease_ttl = match store {
             Some(_) => Duration::MAX,

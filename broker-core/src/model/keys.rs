@@ -11,17 +11,6 @@ const fn needs_escape(b: u8) -> bool {
     matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || b < 0x21 || b >= 0x7f
 }
 
-/// Whether [`escape`] changes `part`.
-///
-/// ```
-/// use broker_core::keys::needs_escaping;
-/// assert!(!needs_escaping("tenant-1"));
-/// assert!(needs_escaping("a:b"));
-/// ```
-pub fn needs_escaping(part: &str) -> bool {
-    part.bytes().any(needs_escape)
-}
-
 /// Percent-encodes the special bytes of one part of a key; one to one.
 ///
 /// ```
@@ -30,7 +19,7 @@ pub fn needs_escaping(part: &str) -> bool {
 /// assert_eq!(escape("a:b{c}"), "a%3Ab%7Bc%7D");
 /// ```
 pub fn escape(part: &str) -> Cow<'_, str> {
-    if !needs_escaping(part) {
+    if !part.bytes().any(needs_escape) {
         return Cow::Borrowed(part);
     }
     let mut out = String::with_capacity(part.len() + 8);
@@ -56,19 +45,15 @@ pub fn escape(part: &str) -> Cow<'_, str> {
 pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
     let bytes = escaped.as_bytes();
     if !bytes.contains(&b'%') {
-        return (!needs_escaping(escaped)).then_some(Cow::Borrowed(escaped));
+        return (!bytes.iter().copied().any(needs_escape)).then_some(Cow::Borrowed(escaped));
     }
-    let upper_hex = |h: u8| match h {
-        b'0'..=b'9' => Some(h - b'0'),
-        b'A'..=b'F' => Some(h - b'A' + 10),
-        _ => None,
-    };
+    let upper_hex = |h: u8| (h as char).to_digit(16).filter(|_| !h.is_ascii_lowercase());
     let mut out = Vec::with_capacity(bytes.len());
     let mut rest = bytes;
     while let Some((&b, tail)) = rest.split_first() {
         if b == b'%' {
             let [hi, lo, ..] = *tail else { return None };
-            let decoded = upper_hex(hi)? << 4 | upper_hex(lo)?;
+            let decoded = (upper_hex(hi)? << 4 | upper_hex(lo)?) as u8;
             if !needs_escape(decoded) {
                 return None;
             }
@@ -83,11 +68,6 @@ pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
         }
     }
     String::from_utf8(out).ok().map(Cow::Owned)
-}
-
-/// The state key of a resource.
-pub fn resource_key(resource: &str) -> String {
-    escape(resource).into_owned()
 }
 
 /// The state key of one sub-key of a resource: `escape(resource):escape(key)`.

@@ -134,23 +134,17 @@ impl ResourceConfig {
     /// Checks the limits and settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate()?;
-        if self.queue_capacity == 0 {
-            return Err(ConfigError::not_positive("queueCapacity", "0"));
-        }
-        if micros(self.lease_ttl) == 0 {
-            return Err(ConfigError::not_positive(
-                "leaseTtl",
-                format!("{:?}", self.lease_ttl),
-            ));
-        }
-        if self.max_hold.is_zero() {
-            return Err(ConfigError::not_positive(
-                "maxHold",
-                format!("{:?}", self.max_hold),
-            ));
-        }
-        if self.queue_deadline.is_some_and(|d| d.is_zero()) {
-            return Err(ConfigError::not_positive("queueDeadline", "0s"));
+        let (ttl, hold) = (self.lease_ttl, self.max_hold);
+        let no_deadline = self.queue_deadline.is_some_and(|d| d.is_zero());
+        for (field, zero, got) in [
+            ("queueCapacity", self.queue_capacity == 0, "0".into()),
+            ("leaseTtl", micros(ttl) == 0, format!("{ttl:?}")),
+            ("maxHold", hold.is_zero(), format!("{hold:?}")),
+            ("queueDeadline", no_deadline, "0s".into()),
+        ] {
+            if zero {
+                return Err(ConfigError::not_positive(field, got));
+            }
         }
         pacing::validate(self.pacing_margin)?;
         self.retry.validate()

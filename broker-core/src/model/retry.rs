@@ -92,7 +92,7 @@ impl<T, E> Outcome<T, E> {
     /// use http::HeaderMap;
     /// let mut h = HeaderMap::new();
     /// h.insert("retry-after", "7".parse().unwrap());
-    /// let seen = headers::parse_now(&h);
+    /// let seen = headers::parse(&h, std::time::SystemTime::now());
     /// let o: Outcome<(), &str> = Outcome::failed(OutcomeClass::from_status(429), "slow down", Some(seen));
     /// assert_eq!(o.retry_after(), Some(std::time::Duration::from_secs(7)));
     /// ```
@@ -131,13 +131,10 @@ impl<T, E> Outcome<T, E> {
 
     /// The delay the upstream asked for, on a 429 or a transient failure.
     pub fn retry_after(&self) -> Option<Duration> {
+        let asked = self.observed().and_then(|o| o.retry_after);
         match self {
-            Outcome::RateLimited {
-                retry_after,
-                observed,
-                ..
-            } => retry_after.or(observed.as_ref().and_then(|o| o.retry_after)),
-            Outcome::Transient { observed, .. } => observed.as_ref().and_then(|o| o.retry_after),
+            Outcome::RateLimited { retry_after, .. } => retry_after.or(asked),
+            Outcome::Transient { .. } => asked,
             _ => None,
         }
     }

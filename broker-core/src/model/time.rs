@@ -27,9 +27,5 @@ pub fn ceil_micros(x: f64) -> Micros {
         return 0;
     }
     let whole = x as Micros;
-    if x - (whole as f64) < 1e-3 {
-        whole
-    } else {
-        whole.saturating_add(1)
-    }
+    whole.saturating_add(u64::from(x - whole as f64 >= 1e-3))
 }

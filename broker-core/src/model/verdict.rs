@@ -52,8 +52,7 @@ impl Decision {
             allowed: false,
             wait,
             denied_by: Some(reason),
-            lease: None,
-            answered_here: false,
+            ..Self::allow(None)
         }
     }
 

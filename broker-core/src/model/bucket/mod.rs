@@ -90,32 +90,21 @@ impl BucketState {
 }
 
 /// Refills `state` to `now`, capped at capacity even with no time passed.
-pub fn refill(state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
-    let (tokens, ts) = if now <= state.ts {
-        (state.tokens, state.ts)
-    } else {
-        (
-            state.tokens + (now - state.ts) as f64 * params.tokens_per_micro,
-            now,
-        )
-    };
-    BucketState {
-        tokens: tokens.min(params.capacity),
-        ts,
-        nb: state.nb,
+pub fn refill(mut state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
+    if now > state.ts {
+        state.tokens += (now - state.ts) as f64 * params.tokens_per_micro;
+        state.ts = now;
     }
+    state.tokens = state.tokens.min(params.capacity);
+    state
 }
 
 /// µs after `now` until `cost` tokens are available and `nb` has passed
 /// (state refilled to `now`): the missing tokens' refill time, rounded up
 /// by [`ceil_micros`], or the penalty left if longer.
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
-    let deficit = cost - state.tokens;
-    let rate = if deficit > 0.0 {
-        ceil_micros(deficit * params.micros_per_token)
-    } else {
-        0
-    };
+    // `ceil_micros` is 0 for no deficit.
+    let rate = ceil_micros((cost - state.tokens) * params.micros_per_token);
     rate.max(state.nb.saturating_sub(now))
 }
 
@@ -216,11 +205,7 @@ pub fn unclaimed(
     delta: f64,
     due: Micros,
 ) -> f64 {
-    let debt = if state.tokens < 0.0 {
-        ceil_micros(-state.tokens * params.micros_per_token)
-    } else {
-        0
-    };
+    let debt = ceil_micros(-state.tokens * params.micros_per_token);
     let last = now.saturating_add(debt).max(state.nb);
     if last <= due {
         return delta;
@@ -326,9 +311,7 @@ pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
 /// ```
 pub fn ttl(state: &BucketState, params: &BucketParams, now: Micros) -> Micros {
     let now = now.max(state.ts);
-    let s = refill(*state, params, now);
-    let to_full = wait_for(&s, params, now, params.capacity);
-    to_full.max(s.nb.saturating_sub(now))
+    wait_for(&refill(*state, params, now), params, now, params.capacity)
 }
 
 #[cfg(test)]

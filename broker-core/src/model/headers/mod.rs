@@ -64,16 +64,16 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
     );
     // Without `RateLimit-Limit`, a lone `RateLimit-Policy` gives the quota.
     let policy_alone = structured.remaining.is_none() && structured.reset.is_none();
+    let limit = count("ratelimit-limit");
     let older_ietf = Observed {
         remaining: count("ratelimit-remaining"),
         reset: seconds("ratelimit-reset"),
-        ..match count("ratelimit-limit") {
-            Some(limit) => Observed {
-                limit: Some(limit),
+        ..match limit {
+            None if policy_alone => structured.clone(),
+            _ => Observed {
+                limit,
                 ..Observed::default()
             },
-            None if policy_alone => structured.clone(),
-            None => Observed::default(),
         }
     };
     let openai = |counter: &str| Observed {
@@ -98,30 +98,22 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
     }
 }
 
-/// [`parse`] at the current system time.
-pub fn parse_now(headers: &HeaderMap) -> ObservedLimit {
-    parse(headers, SystemTime::now())
-}
-
 /// The reading with the lowest `remaining`, then the latest reset; a tie
 /// keeps the first, filling in the other's `limit`, window and policy.
 fn most_restrictive<const N: usize>(candidates: [Observed; N]) -> Option<Observed> {
     let seen = candidates.into_iter().filter(|o| *o != Observed::default());
-    let mut best: Option<Observed> = None;
-    for o in seen {
-        best = Some(match best {
-            None => o,
-            Some(b) if more_restrictive(&o, &b) => o,
-            Some(b) if (b.remaining, b.reset) == (o.remaining, o.reset) => Observed {
+    seen.reduce(
+        |b, o| match (b.remaining, b.reset) == (o.remaining, o.reset) {
+            _ if more_restrictive(&o, &b) => o,
+            true => Observed {
                 limit: b.limit.or(o.limit),
                 window: b.window.or(o.window),
                 policy: b.policy.or(o.policy),
                 ..b
             },
-            Some(b) => b,
-        });
-    }
-    best
+            false => b,
+        },
+    )
 }
 
 /// Whether `o` says less is left than `b`.
@@ -161,25 +153,22 @@ fn bounded(d: Duration) -> Option<Duration> {
 fn parse_seconds(v: &str, now: SystemTime) -> Option<Duration> {
     decimal_parts(v)?;
     let nanos = scaled(v, 1_000_000_000)?;
-    if nanos >= u128::from(UNIX_TIME_FROM) * 1_000_000_000 {
-        let Some(at) = UNIX_EPOCH.checked_add(unix_time(nanos)) else {
-            return bounded(MAX_PERIOD);
-        };
-        return bounded(at.duration_since(now).unwrap_or_default());
+    if nanos < u128::from(UNIX_TIME_FROM) * 1_000_000_000 {
+        return bounded(Duration::from_nanos(nanos as u64));
     }
-    bounded(Duration::from_nanos(nanos as u64))
+    let at = UNIX_EPOCH.checked_add(unix_time(nanos));
+    bounded(at.map_or(MAX_PERIOD, |at| at.duration_since(now).unwrap_or_default()))
 }
 
 /// A Unix time of `units` × 10⁻⁹ units (s, ms, µs or ns by its size).
 fn unix_time(units: u128) -> Duration {
-    let whole = units / 1_000_000_000;
-    let mut per_second = 1u64;
-    let mut from = UNIX_MILLIS_FROM;
-    while whole >= u128::from(from) && per_second < 1_000_000_000 {
-        per_second *= 1_000;
-        from = from.saturating_mul(1_000);
-    }
-    let total = units / u128::from(per_second);
+    let per_second = match units / 1_000_000_000 / u128::from(UNIX_MILLIS_FROM) {
+        0 => 1,
+        1..1_000 => 1_000,
+        1_000..1_000_000 => 1_000_000,
+        _ => 1_000_000_000,
+    };
+    let total = units / per_second;
     let secs = u64::try_from(total / 1_000_000_000).unwrap_or(u64::MAX);
     Duration::new(secs, (total % 1_000_000_000) as u32)
 }
@@ -219,20 +208,11 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
         return None;
     }
     let mut total_nanos: u128 = 0;
+    // Where the first char of `s` that is (`num`) or is not part of a number is.
+    let end = |s: &str, num| s.find(|c: char| (c.is_ascii_digit() || c == '.') == num);
     while !rest.is_empty() {
-        let num_len = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        if num_len == 0 {
-            return None;
-        }
-        let (number, tail) = rest.split_at(num_len);
-        let unit_len = tail
-            .char_indices()
-            .find(|(_, c)| c.is_ascii_digit() || *c == '.')
-            .map_or(tail.len(), |(i, _)| i);
-        let (unit, tail) = tail.split_at(unit_len);
+        let (number, tail) = rest.split_at(end(rest, false).unwrap_or(rest.len()));
+        let (unit, tail) = tail.split_at(end(tail, true).unwrap_or(tail.len()));
         let unit_nanos: u128 = match unit {
             "h" => 3_600_000_000_000,
             "m" => 60_000_000_000,
@@ -251,15 +231,10 @@ pub fn parse_go_duration(v: &str) -> Option<Duration> {
 
 /// An OpenAI-style reset: a Go duration, or plain seconds rounded up to µs.
 fn parse_reset(v: &str, now: SystemTime) -> Option<Duration> {
-    if let Some(d) = parse_go_duration(v) {
-        return Some(d);
-    }
-    let d = parse_seconds(v, now)?;
-    let below_a_micro = d.subsec_nanos() % 1_000;
-    if below_a_micro == 0 {
-        return Some(d);
-    }
-    bounded(d + Duration::from_nanos(u64::from(1_000 - below_a_micro)))
+    parse_go_duration(v).or_else(|| {
+        let d = parse_seconds(v, now)?;
+        bounded(Duration::from_micros(d.as_nanos().div_ceil(1_000) as u64))
+    })
 }
 
 /// Decimal `number` times `unit_nanos`; `None` past `u64`.
@@ -303,11 +278,8 @@ fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
     let mut escaped = false;
     let mut start = 0;
     for (i, b) in s.bytes().enumerate() {
-        if escaped {
-            escaped = false;
-            continue;
-        }
         match b {
+            _ if escaped => escaped = false,
             b'\\' if quoted => escaped = true,
             b'"' => quoted = !quoted,
             _ if b == sep && !quoted => {
@@ -371,22 +343,15 @@ fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemT
         return policy_of(None);
     };
     let items = members(field);
-    let mut best: Option<Observed> = None;
-    for m in &items {
-        let Some(remaining) = m.get("r").and_then(parse_count) else {
-            continue;
-        };
-        let o = Observed {
-            remaining: Some(remaining),
+    let best = items.iter().filter_map(|m| {
+        Some(Observed {
+            remaining: Some(m.get("r").and_then(parse_count)?),
             reset: m.get("t").and_then(|t| parse_seconds(t, now)),
             policy: m.name.map(Into::into),
             ..policy_of(m.name)
-        };
-        if best.as_ref().is_none_or(|b| more_restrictive(&o, b)) {
-            best = Some(o);
-        }
-    }
-    if let Some(best) = best {
+        })
+    });
+    if let Some(best) = best.reduce(|b, o| if more_restrictive(&o, &b) { o } else { b }) {
         return best;
     }
     // The older draft: `limit=100, remaining=42, reset=30` as list members.

@@ -41,10 +41,7 @@ impl Marks {
 
     /// The same mark for every bucket, due at `at`.
     pub fn uniform(at: Micros) -> Self {
-        Self {
-            marks: [at; MARKED],
-            due: at,
-        }
+        Self::new(at, [])
     }
 
     /// The marks of buckets `0, 1, ...` (`now` past the last), due at `now`.

@@ -16,10 +16,7 @@ pub fn observed_for<'o>(
 ) -> Option<&'o Observed> {
     let (unit, _) = spec.buckets.get(i)?;
     let o = observed.of(*unit)?;
-    let distance = |p: &BucketParams| match o.limit {
-        Some(limit) => (p.capacity() - limit as f64).abs(),
-        None => 0.0,
-    };
+    let distance = |p: &BucketParams| o.limit.map_or(0.0, |l| (p.capacity() - l as f64).abs());
     // A window that is a bucket's period, maybe paced, names it first.
     let spans = |p: &BucketParams| {
         o.window.is_some_and(|w| {
@@ -37,7 +34,11 @@ pub fn observed_for<'o>(
     let names = |p: &BucketParams| o.limit.is_some_and(|l| p.capacity() == l as f64);
     let named = of_unit().any(|(_, (_, p))| names(p));
     let candidates = || of_unit().filter(move |(_, (_, p))| !named || names(p));
-    let lasts = |p: &BucketParams| o.reset.is_none_or(|reset| can_last_until(p, reset));
+    // A counter can count a bucket's window if it resets within twice its time to fill, plus 1 s.
+    let lasts = |p: &BucketParams| {
+        o.reset
+            .is_none_or(|r| micros(r) as f64 <= 2.0 * full_after(p) + 1e6)
+    };
     let longest = candidates()
         .map(|(_, (_, p))| full_after(p))
         .fold(0.0, f64::max);
@@ -54,12 +55,6 @@ pub fn observed_for<'o>(
         })
         .map(|(j, _)| j);
     (described == Some(i)).then_some(o)
-}
-
-/// Whether a counter resetting `reset` from now can count a bucket's
-/// window: `reset` at most twice its time to fill, plus a second.
-pub fn can_last_until(params: &BucketParams, reset: std::time::Duration) -> bool {
-    micros(reset) as f64 <= 2.0 * full_after(params) + 1e6
 }
 
 /// How long a bucket of `params` takes to refill from empty to full, in µs.

@@ -16,7 +16,7 @@ use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
 pub use super::verdict::{Decision, DenyReason, LeaseId, Verdict};
 pub use booking::{Booking, Marks, MARKED};
-pub use counters::{can_last_until, observed_for, reconcile};
+pub use counters::{observed_for, reconcile};
 pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
 pub use slots::{release, renew, take_slot};
 pub use take::{book, settle, try_acquire, wait_all};
@@ -90,8 +90,11 @@ impl ResourceState {
     }
 }
 
-fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = f64> + '_ {
-    spec.buckets.iter().map(move |(u, _)| cost.of(*u) as f64)
+/// Each bucket's parameters and its part of `cost`.
+fn costs(spec: &LimitSpec, cost: Cost) -> impl Iterator<Item = (&BucketParams, f64)> {
+    spec.buckets
+        .iter()
+        .map(move |(u, p)| (p, cost.of(*u) as f64))
 }
 
 /// True when the state equals a fresh one and may be dropped.

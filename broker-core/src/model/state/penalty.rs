@@ -14,7 +14,7 @@ pub fn penalty_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: 
     }
     costs(spec, cost)
         .zip(&state.buckets)
-        .filter(|(c, _)| *c > 0.0)
+        .filter(|((_, c), _)| *c > 0.0)
         .map(|(_, s)| s.nb.saturating_sub(now.max(s.ts)))
         .max()
         .unwrap_or(0)
@@ -24,8 +24,7 @@ pub fn penalty_left(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: 
 /// sets [`ResourceState::penalty`] (never shortened).
 pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until: Micros) {
     if spec.buckets.is_empty() {
-        state.penalty = state.penalty.max(until);
-        return;
+        return penalize_until(state, spec, now, until);
     }
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
         state.buckets[i] = bucket::penalize(state.buckets[i], p, now, until);

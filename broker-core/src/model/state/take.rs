@@ -14,12 +14,7 @@ pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
         return state.penalty.saturating_sub(now);
     }
     let mut wait = 0;
-    for (((_, p), c), s) in spec
-        .buckets
-        .iter()
-        .zip(costs(spec, cost))
-        .zip(&state.buckets)
-    {
+    for ((p, c), s) in costs(spec, cost).zip(&state.buckets) {
         if c > 0.0 {
             let now = now.max(s.ts);
             wait = wait.max(bucket::wait_for(&bucket::refill(*s, p, now), p, now, c));
@@ -30,12 +25,7 @@ pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost
 
 /// Books `cost` in every bucket for the same send time, `wait` after now.
 fn book_all(state: &mut ResourceState, spec: &LimitSpec, now: Micros, cost: Cost, wait: Micros) {
-    for (((_, p), c), s) in spec
-        .buckets
-        .iter()
-        .zip(costs(spec, cost))
-        .zip(&mut state.buckets)
-    {
+    for ((p, c), s) in costs(spec, cost).zip(&mut state.buckets) {
         if c > 0.0 {
             *s = bucket::book_at(*s, p, now, c, wait);
         }
@@ -75,7 +65,7 @@ pub fn book(
     let marks =
         costs(spec, cost)
             .zip(&state.buckets)
-            .map(|(c, s)| if c > 0.0 { s.nb.max(now) } else { now });
+            .map(|((_, c), s)| if c > 0.0 { s.nb.max(now) } else { now });
     let since = Marks::new(now, marks).due_at(now.saturating_add(wait));
     let booked = wait <= max_wait;
     if booked {
