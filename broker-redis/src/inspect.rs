@@ -20,17 +20,12 @@ impl RedisBackend {
     /// Whether the startup check found a policy other than `noeviction`,
     /// which may evict a bucket mid-window (a warning was logged).
     pub fn eviction_risk(&self) -> bool {
-        self.maxmemory_policy().is_some_and(crate::builder::evicts)
+        self.maxmemory_policy().is_some_and(|p| p != "noeviction")
     }
 
     /// The Redis key of the bucket hash of state `key`.
     pub fn bucket_key(&self, key: &str) -> Result<String, BackendError> {
         Ok(self.keys(key)?.buckets)
-    }
-
-    /// The Redis key of the lease set of state `key`.
-    pub fn lease_key(&self, key: &str) -> Result<String, BackendError> {
-        Ok(self.keys(key)?.leases)
     }
 
     /// The state of `key` as stored: `None` when neither key exists (a
