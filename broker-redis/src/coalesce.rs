@@ -11,7 +11,7 @@ use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::call::{send, Late, Reply, Takes, Undo};
+use crate::call::{after, Late, Reply, Takes, Undo};
 use crate::connection::Conn;
 use crate::health::Scope;
 use crate::keys::KeyPair;
@@ -202,19 +202,20 @@ impl RedisBackend {
     /// Sends decisions whose keys share a slot as one call (a lone one with
     /// its own script). Whether it got no reply in time.
     async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
-        let (conn, timeout) = (&self.inner.conn, self.inner.response_timeout);
         if batch.len() == 1 && !self.inner.coalescer.settings.batch_every_call {
             let mut one = batch.remove(0);
             let undo = Undo::One(self.late(Takes::Try, one.lease.as_ref()));
             let cmd = std::mem::take(&mut one.cmd);
-            let reply = send(conn, timeout, one.deadline, &scripts::TRY, cmd, Some(undo)).await;
+            let reply = self
+                .eval(one.deadline, &scripts::TRY, cmd, Some(undo))
+                .await;
             let timed_out = matches!(reply, Reply::TimedOut);
             self.answer(one, reply);
             return timed_out;
         }
         let cmd = batch_cmd(&batch);
         let deadline = batch.iter().map(|p| p.deadline).min();
-        let deadline = deadline.unwrap_or_else(|| self.deadline());
+        let deadline = deadline.unwrap_or_else(|| after(self.inner.response_timeout));
         // Each decision's own call, to give back what it took if the reply
         // comes late.
         let late = batch
@@ -227,7 +228,7 @@ impl RedisBackend {
             })
             .collect();
         let undo = Some(Undo::Batch(late));
-        let replies = match send(conn, timeout, deadline, &scripts::TRY_BATCH, cmd, undo).await {
+        let replies = match self.eval(deadline, &scripts::TRY_BATCH, cmd, undo).await {
             Reply::Done(Ok(Value::Array(items))) if items.len() == batch.len() => items
                 .into_iter()
                 .map(|item| Reply::Done(decision_reply(item)))

@@ -168,11 +168,7 @@ local function load(now)
   end
   local fields = { 'n' }
   for i = 1, N do
-    local f = 3 * i - 1
-    local tokens_i, ts_i, nb_i = names(i)
-    fields[f] = tokens_i
-    fields[f + 1] = ts_i
-    fields[f + 2] = nb_i
+    fields[3 * i - 1], fields[3 * i], fields[3 * i + 1] = names(i)
   end
   local v = call('HMGET', KEYS[1], unpack(fields))
   local n = tonumber(v[1])
@@ -215,13 +211,8 @@ function save(now)
       ms = t
     end
     local f = 6 * i - 3
-    local tokens_i, ts_i, nb_i = names(i)
-    fields[f] = tokens_i
-    fields[f + 1] = tokens[i]
-    fields[f + 2] = ts_i
-    fields[f + 3] = ts[i]
-    fields[f + 4] = nb_i
-    fields[f + 5] = nb[i]
+    fields[f], fields[f + 2], fields[f + 4] = names(i)
+    fields[f + 1], fields[f + 3], fields[f + 5] = tokens[i], ts[i], nb[i]
   end
   if ms == nil then
     call('DEL', KEYS[1])
