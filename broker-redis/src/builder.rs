@@ -99,16 +99,7 @@ impl RedisBackendBuilder {
 
     /// Connects and puts the store under `policy`, which answers while Redis is
     /// unreachable. A grant after a timeout keeps its cost only under
-    /// [`FailurePolicy::FailOpen`].
-    ///
-    /// ```no_run
-    /// use broker_core::FailurePolicy;
-    /// # async fn demo() -> Result<(), broker_core::BackendError> {
-    /// let store = broker_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
-    ///     .connect_with_policy(FailurePolicy::FailOpen)
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
+    /// [`FailurePolicy::FailOpen`] (as in [`RedisBackendBuilder`]'s example).
     pub async fn connect_with_policy(
         mut self,
         policy: FailurePolicy,

@@ -49,8 +49,7 @@ pub(crate) struct State {
     in_flight: usize,
 }
 
-/// The coalescer of one backend: the state of each scope with a call in
-/// flight.
+/// The state of each scope with a call in flight.
 pub(crate) struct Coalescer {
     pub(crate) settings: Settings,
     pub(crate) states: Mutex<HashMap<Scope, State>>,
@@ -70,9 +69,8 @@ impl Coalescer {
 }
 
 impl RedisBackend {
-    /// Runs one `try` decision (`cmd`, on `scope`), alone or
-    /// in a batch; `lease`, if it may be granted one, is released if the
-    /// caller goes away first.
+    /// Runs one `try` decision alone or in a batch; `lease`, if it may be
+    /// granted one, is released if the caller goes away first.
     pub(crate) async fn coalesced(
         &self,
         cmd: Cmd,
@@ -140,10 +138,7 @@ impl RedisBackend {
         let c = &self.inner.coalescer;
         let mut states = c.lock();
         let state = states.entry(scope).or_default();
-        let unsent = match timed_out {
-            true => std::mem::take(&mut state.queue),
-            false => Vec::new(),
-        };
+        let unsent = timed_out.then(|| std::mem::take(&mut state.queue));
         let batch = c.take(state);
         if batch.is_empty() {
             state.in_flight -= 1;
@@ -152,7 +147,7 @@ impl RedisBackend {
             }
         }
         drop(states);
-        for pending in unsent {
+        for pending in unsent.into_iter().flatten() {
             self.answer(pending, Reply::Unsent);
         }
         (!batch.is_empty()).then_some(batch)
@@ -337,7 +332,8 @@ fn decision_reply(item: Value) -> RedisResult<Value> {
 fn batch_cmd(batch: &[Pending]) -> Cmd {
     let args: Vec<Vec<&[u8]>> = batch.iter().map(|p| scripts::args_of(&p.cmd)).collect();
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts::TRY_BATCH.get_hash()).arg(2 * batch.len());
+    cmd.arg(scripts::TRY_BATCH.compiled.get_hash())
+        .arg(2 * batch.len());
     for a in &args {
         cmd.arg(a[3]).arg(a[4]);
     }

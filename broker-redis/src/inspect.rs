@@ -44,40 +44,32 @@ impl RedisBackend {
         if hash.is_empty() && leases.is_empty() {
             return Ok(None);
         }
-        let n: usize = hash.get("n").and_then(|n| n.parse().ok()).unwrap_or(0);
-        let field = |name: &str, i: usize| -> Result<f64, BackendError> {
-            hash.get(&format!("{name}:{i}"))
-                .and_then(|v| v.parse().ok())
+        let num = |name: &str| hash.get(name).and_then(|v| v.parse::<f64>().ok());
+        let field = |name: &str, i: usize| {
+            num(&format!("{name}:{i}"))
                 .ok_or_else(|| BackendError::new(format!("bucket field {name}:{i} missing")))
         };
-        let mut buckets = Vec::with_capacity(n);
-        for i in 1..=n {
-            buckets.push(BucketState {
+        let n = num("n").unwrap_or(0.0) as usize;
+        let buckets = (1..=n).map(|i| {
+            Ok(BucketState {
                 tokens: field("tokens", i)?,
                 ts: field("ts", i)? as Micros,
                 nb: field("nb", i)? as Micros,
-            });
-        }
-        // With no bucket, the field `hold` keeps the end of a penalty.
-        let penalty = match n {
-            0 => hash
-                .get("hold")
-                .and_then(|v| v.parse::<f64>().ok())
-                .map_or(0, |h| h as Micros),
-            _ => 0,
-        };
-        let leases = leases
-            .into_iter()
-            .filter_map(|(id, expires)| {
-                Some(Lease {
-                    id: id.parse().ok()?,
-                    expires: expires as Micros,
-                })
             })
-            .collect();
+        });
+        let buckets = buckets.collect::<Result<_, BackendError>>()?;
+        // With no bucket, the field `hold` keeps the end of a penalty.
+        let penalty = num("hold").filter(|_| n == 0).map_or(0, |h| h as Micros);
+        let leases = leases.into_iter().filter_map(|(id, expires)| {
+            let id = id.parse().ok()?;
+            Some(Lease {
+                id,
+                expires: expires as Micros,
+            })
+        });
         Ok(Some(ResourceState {
             buckets,
-            leases,
+            leases: leases.collect(),
             penalty,
         }))
     }

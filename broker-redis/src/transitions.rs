@@ -98,14 +98,12 @@ pub(crate) fn booking_of(reply: Value) -> Result<(Booking, Micros), BackendError
     };
     let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
     let booked = v[0] == "1";
-    Ok((
-        Booking {
-            wait,
-            booked,
-            since,
-        },
-        now,
-    ))
+    let booking = Booking {
+        wait,
+        booked,
+        since,
+    };
+    Ok((booking, now))
 }
 
 #[async_trait]
