@@ -231,8 +231,17 @@ impl RedisBackend {
                     };
                     match undo {
                         Undo::One(late) => late.give_back(&conn, timeout, &cmd, reply).await,
+                        // Each decision of a batch, from its own call.
                         Undo::Batch(decisions) => {
-                            crate::coalesce::give_back(decisions, &conn, timeout, reply).await
+                            let Value::Array(items) = reply else { return };
+                            if items.len() != decisions.len() {
+                                return;
+                            }
+                            for (item, (cmd, late)) in items.into_iter().zip(decisions) {
+                                if let Ok(reply) = crate::coalesce::decision_reply(item) {
+                                    late.give_back(&conn, timeout, &cmd, reply).await;
+                                }
+                            }
                         }
                     }
                 });

@@ -4,15 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 use broker_core::LeaseId;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::call::{after, Late, Reply, Takes, Undo};
-use crate::connection::Conn;
+use crate::call::{after, Reply, Takes, Undo};
 use crate::health::Scope;
 use crate::keys::KeyPair;
 use crate::scripts;
@@ -164,13 +162,10 @@ impl RedisBackend {
         };
         let this = self.clone();
         runtime.spawn(async move {
-            let mut batch = batch;
-            loop {
-                let timed_out = this.flush(scope, batch).await;
-                match this.next_batch(scope, timed_out) {
-                    Some(next) => batch = next,
-                    None => return,
-                }
+            let mut batch = Some(batch);
+            while let Some(b) = batch {
+                let timed_out = this.flush(scope, b).await;
+                batch = this.next_batch(scope, timed_out);
             }
         });
     }
@@ -310,7 +305,7 @@ fn hash_tag(cmd: &Cmd) -> Option<Vec<u8>> {
 
 /// One decision's reply in a batch's: `{0, text}` is the error its script
 /// raised, turned back into that error.
-fn decision_reply(item: Value) -> RedisResult<Value> {
+pub(crate) fn decision_reply(item: Value) -> RedisResult<Value> {
     let Value::Array(v) = &item else {
         return Ok(item);
     };
@@ -339,29 +334,7 @@ fn batch_cmd(batch: &[Pending]) -> Cmd {
     }
     cmd.arg(batch.len());
     for a in &args {
-        cmd.arg(a.len() - 5);
-        for x in &a[5..] {
-            cmd.arg(*x);
-        }
+        cmd.arg(a.len() - 5).arg(&a[5..]);
     }
     cmd
-}
-
-/// Gives back what each decision of a batch took, from the batch's late
-/// `reply`; `decisions` are their own calls, in order.
-pub(crate) async fn give_back(
-    decisions: Vec<(Cmd, Late)>,
-    conn: &Conn,
-    timeout: Duration,
-    reply: Value,
-) {
-    let Value::Array(items) = reply else { return };
-    if items.len() != decisions.len() {
-        return;
-    }
-    for (item, (cmd, late)) in items.into_iter().zip(decisions) {
-        if let Ok(reply) = decision_reply(item) {
-            late.give_back(conn, timeout, &cmd, reply).await;
-        }
-    }
 }

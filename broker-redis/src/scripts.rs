@@ -146,10 +146,8 @@ pub(crate) fn refund_of(cmd: &Cmd, since: Option<Marks>) -> Option<Cmd> {
     // EVALSHA sha 2 buckets leases now margin n, then 4 per bucket.
     let n: usize = std::str::from_utf8(args.get(7)?).ok()?.parse().ok()?;
     let mut undo = redis::cmd("EVALSHA");
-    undo.arg(SETTLE.compiled.get_hash());
-    for a in args.get(2..8 + 4 * n)? {
-        undo.arg(*a);
-    }
+    undo.arg(SETTLE.compiled.get_hash())
+        .arg(args.get(2..8 + 4 * n)?);
     push_since(&mut undo, since);
     Some(undo)
 }
@@ -171,10 +169,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
         .arg(buckets)
         .arg(*args.get(4)?)
         .arg(format!("{tagged}:s:{id:016x}"));
-    for a in &args[5..] {
-        once.arg(*a);
-    }
-    once.arg(ms);
+    once.arg(&args[5..]).arg(ms);
     Some(once)
 }
 
