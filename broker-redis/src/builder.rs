@@ -7,8 +7,8 @@ use std::time::Duration;
 use broker_core::{BackendError, Clock, Failover, FailurePolicy};
 use redis::RedisResult;
 
-use crate::connection::{Conn, Timeouts};
-use crate::{coalesce, keys, RedisBackend};
+use crate::connection::Conn;
+use crate::{coalesce, health, keys, ms, Inner, RedisBackend};
 
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix `"rb"`,
 /// 1 s connect and response timeouts, a 250 ms probe while down, 1 s TTL margin, coalescing on;
@@ -33,7 +33,8 @@ pub struct RedisBackendBuilder {
     pub(crate) prefix: String,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) refund_late: bool,
-    pub(crate) timeouts: Timeouts,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
     pub(crate) probe_interval: Duration,
     pub(crate) ttl_margin: Duration,
     pub(crate) coalesce: coalesce::Settings,
@@ -48,10 +49,8 @@ impl RedisBackendBuilder {
             prefix: "rb".to_owned(),
             clock: None,
             refund_late: true,
-            timeouts: Timeouts {
-                connect: Duration::from_secs(1),
-                response: Duration::from_secs(1),
-            },
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_millis(250),
             ttl_margin: Duration::from_secs(1),
             coalesce: coalesce::Settings {
@@ -100,16 +99,7 @@ impl RedisBackendBuilder {
 
     /// Connects and puts the store under `policy`, which answers while Redis is
     /// unreachable. A grant after a timeout keeps its cost only under
-    /// [`FailurePolicy::FailOpen`].
-    ///
-    /// ```no_run
-    /// use broker_core::FailurePolicy;
-    /// # async fn demo() -> Result<(), broker_core::BackendError> {
-    /// let store = broker_redis::RedisBackend::builder("redis://127.0.0.1:6379/")
-    ///     .connect_with_policy(FailurePolicy::FailOpen)
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
+    /// [`FailurePolicy::FailOpen`] (as in [`RedisBackendBuilder`]'s example).
     pub async fn connect_with_policy(
         mut self,
         policy: FailurePolicy,
@@ -123,14 +113,14 @@ impl RedisBackendBuilder {
     /// again (a call still waits no longer than the response timeout).
     /// Default 1 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.timeouts.connect = timeout;
+        self.connect_timeout = timeout;
         self
     }
 
     /// The most any call waits for Redis, everything it waits for included;
     /// then the failure policy answers it. Default 1 s.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.timeouts.response = timeout;
+        self.response_timeout = timeout;
         self
     }
 
@@ -191,74 +181,72 @@ impl RedisBackendBuilder {
     /// `noeviction`). Fails if Redis cannot be reached now.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         keys::check_prefix(&self.prefix)?;
-        let url = self
-            .urls
-            .first()
-            .ok_or_else(|| BackendError::new("no redis url given"))?;
-        // `cluster` is set only by `cluster()`, under the feature.
-        let conn = match (self.cluster, self.lazy) {
-            #[cfg(feature = "cluster")]
-            (true, false) => Conn::cluster(&self.urls, self.timeouts)
-                .await
-                .map_err(|e| BackendError::new(format!("connecting to redis cluster: {e}"))),
-            (true, _) => Err(BackendError::new(
-                "lazy_connect applies to one server, not to a cluster",
-            )),
-            (false, lazy) => Conn::single(url, self.timeouts, lazy).await.map_err(|e| {
-                BackendError::new(format!("connecting to redis url {:?}: {e}", redacted(url)))
-            }),
-        }?;
+        let conn = Conn::open(&self).await?;
         let maxmemory_policy = match self.lazy {
             true => None,
             false => check_maxmemory_policy(&conn, &self).await,
         };
-        Ok(RedisBackend::from_parts(self, conn, maxmemory_policy))
+        let inner = Inner {
+            conn,
+            // At most 10^15 ms, like the TTL the scripts add it to.
+            margin_ms: ms(self.ttl_margin).min(1_000_000_000_000_000),
+            prefix: self.prefix,
+            clock: self.clock,
+            refund_late: self.refund_late,
+            health: health::Healths::new(self.probe_interval),
+            response_timeout: self.response_timeout,
+            maxmemory_policy,
+            coalescer: coalesce::Coalescer {
+                settings: self.coalesce,
+                states: Default::default(),
+            },
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(inner),
+        })
     }
 }
 
 /// Reads `maxmemory-policy` on every given node, warns unless `noeviction`
 /// (an evicted bucket reads as full), and returns the first policy read.
-async fn check_maxmemory_policy(conn: &Conn, builder: &RedisBackendBuilder) -> Option<String> {
+async fn check_maxmemory_policy(conn: &Conn, b: &RedisBackendBuilder) -> Option<String> {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
-    if !builder.cluster {
-        let policy = conn.query(&cmd, builder.timeouts.response).await;
-        return note(&builder.urls[0], policy);
-    }
     let mut found = None;
-    for url in &builder.urls {
-        let policy = async {
-            let client = redis::Client::open(url.as_str())?;
-            let mut c = client.get_multiplexed_async_connection().await?;
-            cmd.query_async(&mut c).await
+    for url in &b.urls {
+        let policy: RedisResult<HashMap<String, String>> = match b.cluster {
+            false => conn.query(&cmd, b.response_timeout).await,
+            true => {
+                async {
+                    let client = redis::Client::open(url.as_str())?;
+                    let mut c = client.get_multiplexed_async_connection().await?;
+                    cmd.query_async(&mut c).await
+                }
+                .await
+            }
         };
-        found = found.or(note(url, policy.await));
+        let url = redacted(url);
+        match policy.map(|mut map| map.remove("maxmemory-policy")) {
+            Ok(Some(policy)) => {
+                if policy != "noeviction" {
+                    tracing::warn!(
+                        url,
+                        policy,
+                        "redis maxmemory-policy may evict bucket keys mid-window (an evicted \
+                         bucket reads as full; they all have a TTL, so volatile-* policies evict \
+                         them too); use noeviction"
+                    );
+                }
+                found = found.or(Some(policy));
+            }
+            Ok(None) => {}
+            // Managed services often refuse CONFIG.
+            Err(e) => {
+                tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)")
+            }
+        }
     }
     found
-}
-
-fn note(url: &str, policy: RedisResult<HashMap<String, String>>) -> Option<String> {
-    let url = redacted(url);
-    match policy {
-        Ok(map) => {
-            let policy = map.get("maxmemory-policy").cloned()?;
-            if evicts(&policy) {
-                tracing::warn!(
-                    url,
-                    policy,
-                    "redis maxmemory-policy may evict bucket keys mid-window (an evicted bucket \
-                     reads as full; they all have a TTL, so volatile-* policies evict them too); \
-                     use noeviction"
-                );
-            }
-            Some(policy)
-        }
-        Err(e) => {
-            // Managed services often refuse CONFIG.
-            tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)");
-            None
-        }
-    }
 }
 
 /// The url without its password, for logs.
@@ -270,11 +258,6 @@ pub(crate) fn redacted(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
-
-pub(crate) fn evicts(policy: &str) -> bool {
-    policy != "noeviction"
-}
-
 #[cfg(test)]
 mod tests {
     #[test]

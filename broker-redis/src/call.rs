@@ -8,7 +8,7 @@ use redis::{Cmd, RedisResult, Value};
 use tokio::time::Instant;
 
 use crate::connection::{self, redis_error, Conn};
-use crate::health::{Epoch, Scope};
+use crate::health::Scope;
 use crate::keys::{self, KeyPair};
 use crate::scripts::{self, Lua};
 use crate::transitions::booking_of;
@@ -42,15 +42,6 @@ impl RedisBackend {
         self.inner.clock.as_ref().map(|c| c.now())
     }
 
-    /// When a call starting now is answered at the latest.
-    pub(crate) fn deadline(&self) -> Instant {
-        after(self.inner.response_timeout)
-    }
-
-    pub(crate) fn scope(&self, key: &str) -> Scope {
-        Scope::of(&self.inner.conn, key)
-    }
-
     /// Runs one script call on `key` within the response timeout.
     pub(crate) async fn run(
         &self,
@@ -58,12 +49,13 @@ impl RedisBackend {
         script: &'static Lua,
         cmd: Cmd,
     ) -> Result<Value, BackendError> {
-        self.call(key, script, cmd, None, None, self.deadline())
-            .await
+        self.call(key, script, cmd, None, None).await
     }
 
-    /// Runs one script call on `key` by `deadline`, unless its scope is down
-    /// (the failure policy answers); `takes` is what a late reply gives back.
+    /// Runs one script call on `key` within the response timeout, unless its
+    /// scope is down (the failure policy answers); `takes` is what a late
+    /// reply gives back. An outage of the scope starts unless one ended
+    /// since the call went out.
     pub(crate) async fn call(
         &self,
         key: &str,
@@ -71,36 +63,24 @@ impl RedisBackend {
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Option<Takes>,
-        deadline: Instant,
     ) -> Result<Value, BackendError> {
-        let scope = self.scope(key);
+        let (health, deadline) = (&self.inner.health, after(self.inner.response_timeout));
+        let scope = Scope::of(&self.inner.conn, key);
         // Kept from Redis while its scope is down: the policy answers at once.
-        let epoch = self
-            .inner
-            .health
-            .should_try(scope)
-            .ok_or_else(|| self.kept_back(scope))?;
+        let Some(epoch) = health.should_try(scope) else {
+            health.kept_back(scope);
+            // Starts the probe again if its task was dropped with its runtime.
+            self.watch();
+            return Err(unreachable(
+                "redis is down (waiting for the probe to find it back)",
+            ));
+        };
         let reply = match takes {
             Some(Takes::Try) if self.inner.coalescer.settings.enabled => {
                 self.coalesced(cmd, scope, lease, deadline).await
             }
             _ => self.send(script, cmd, lease, takes, deadline).await,
         };
-        self.outcome(reply, scope, epoch)
-    }
-
-    /// A call on `scope` kept from Redis while that is down.
-    pub(crate) fn kept_back(&self, scope: Scope) -> BackendError {
-        self.inner.health.kept_back(scope);
-        // Starts the probe again if its task was dropped with its runtime.
-        self.watch();
-        unreachable("redis is down (waiting for the probe to find it back)")
-    }
-
-    /// Sorts a reply into a value, an outage of `scope` (unless one ended
-    /// since `epoch`) or another error.
-    fn outcome(&self, reply: Reply, scope: Scope, epoch: Epoch) -> Result<Value, BackendError> {
-        let health = &self.inner.health;
         let msg = match reply {
             Reply::Done(Ok(v)) => {
                 health.up(scope);
@@ -220,47 +200,8 @@ pub(crate) fn after(timeout: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
 }
 
-/// `cmd`, an `EVALSHA` of `script`, answered by `deadline`. With no reply
-/// by then and an `undo`, a task waits up to [`LATE`] for the reply and
-/// gives back what it took (its calls each within `timeout`).
-pub(crate) async fn send(
-    conn: &Conn,
-    timeout: Duration,
-    deadline: Instant,
-    script: &'static Lua,
-    cmd: Cmd,
-    undo: Option<Undo>,
-) -> Reply {
-    let on = conn.clone();
-    let mut call = Box::pin(async move { (on.evalsha(script, &cmd).await, cmd) });
-    let Ok((reply, _)) = tokio::time::timeout_at(deadline, &mut call).await else {
-        // Without a runtime (it is shutting down), what it took stays.
-        if let (Some(undo), Ok(runtime)) = (undo, tokio::runtime::Handle::try_current()) {
-            let conn = conn.clone();
-            runtime.spawn(async move {
-                let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
-                    return;
-                };
-                match undo {
-                    Undo::One(late) => late.give_back(&conn, timeout, &cmd, reply).await,
-                    Undo::Batch(decisions) => {
-                        crate::coalesce::give_back(decisions, &conn, timeout, reply).await
-                    }
-                }
-            });
-        }
-        return Reply::TimedOut;
-    };
-    Reply::Done(reply)
-}
-
 /// One `EVALSHA` within `timeout`, with nothing to give back.
-pub(crate) async fn send_within(
-    conn: &Conn,
-    timeout: Duration,
-    script: &'static Lua,
-    cmd: Cmd,
-) -> Reply {
+async fn send_within(conn: &Conn, timeout: Duration, script: &'static Lua, cmd: Cmd) -> Reply {
     match tokio::time::timeout(timeout, conn.evalsha(script, &cmd)).await {
         Ok(r) => Reply::Done(r),
         Err(_) => Reply::TimedOut,
@@ -268,6 +209,48 @@ pub(crate) async fn send_within(
 }
 
 impl RedisBackend {
+    /// `cmd`, an `EVALSHA` of `script`, answered by `deadline`. With no reply
+    /// by then and an `undo`, a task waits up to [`LATE`] for the reply and
+    /// gives back what it took (its calls each within the response timeout).
+    pub(crate) async fn eval(
+        &self,
+        deadline: Instant,
+        script: &'static Lua,
+        cmd: Cmd,
+        undo: Option<Undo>,
+    ) -> Reply {
+        let on = self.inner.conn.clone();
+        let mut call = Box::pin(async move { (on.evalsha(script, &cmd).await, cmd) });
+        let Ok((reply, _)) = tokio::time::timeout_at(deadline, &mut call).await else {
+            // Without a runtime (it is shutting down), what it took stays.
+            if let (Some(undo), Ok(runtime)) = (undo, tokio::runtime::Handle::try_current()) {
+                let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
+                runtime.spawn(async move {
+                    let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
+                        return;
+                    };
+                    match undo {
+                        Undo::One(late) => late.give_back(&conn, timeout, &cmd, reply).await,
+                        // Each decision of a batch, from its own call.
+                        Undo::Batch(decisions) => {
+                            let Value::Array(items) = reply else { return };
+                            if items.len() != decisions.len() {
+                                return;
+                            }
+                            for (item, (cmd, late)) in items.into_iter().zip(decisions) {
+                                if let Ok(reply) = crate::coalesce::decision_reply(item) {
+                                    late.give_back(&conn, timeout, &cmd, reply).await;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            return Reply::TimedOut;
+        };
+        Reply::Done(reply)
+    }
+
     /// Releases `lease` from a task, on the decision's connection so Redis
     /// runs it after the decision (else the lease expires after its TTL).
     pub(crate) fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
@@ -304,16 +287,7 @@ impl RedisBackend {
     ) -> Reply {
         let undo = takes.map(|t| Undo::One(self.late(t, lease.as_ref())));
         let mut unsettled = Unsettled(self, lease);
-        let inner = &self.inner;
-        let reply = send(
-            &inner.conn,
-            inner.response_timeout,
-            deadline,
-            script,
-            cmd,
-            undo,
-        )
-        .await;
+        let reply = self.eval(deadline, script, cmd, undo).await;
         if !reply.unknown() {
             unsettled.1 = None;
         }

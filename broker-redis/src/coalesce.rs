@@ -4,15 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 use broker_core::LeaseId;
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::call::{send, Late, Reply, Takes, Undo};
-use crate::connection::Conn;
+use crate::call::{after, Reply, Takes, Undo};
 use crate::health::Scope;
 use crate::keys::KeyPair;
 use crate::scripts;
@@ -49,8 +47,7 @@ pub(crate) struct State {
     in_flight: usize,
 }
 
-/// The coalescer of one backend: the state of each scope with a call in
-/// flight.
+/// The state of each scope with a call in flight.
 pub(crate) struct Coalescer {
     pub(crate) settings: Settings,
     pub(crate) states: Mutex<HashMap<Scope, State>>,
@@ -70,9 +67,8 @@ impl Coalescer {
 }
 
 impl RedisBackend {
-    /// Runs one `try` decision (`cmd`, on `scope`), alone or
-    /// in a batch; `lease`, if it may be granted one, is released if the
-    /// caller goes away first.
+    /// Runs one `try` decision alone or in a batch; `lease`, if it may be
+    /// granted one, is released if the caller goes away first.
     pub(crate) async fn coalesced(
         &self,
         cmd: Cmd,
@@ -140,10 +136,7 @@ impl RedisBackend {
         let c = &self.inner.coalescer;
         let mut states = c.lock();
         let state = states.entry(scope).or_default();
-        let unsent = match timed_out {
-            true => std::mem::take(&mut state.queue),
-            false => Vec::new(),
-        };
+        let unsent = timed_out.then(|| std::mem::take(&mut state.queue));
         let batch = c.take(state);
         if batch.is_empty() {
             state.in_flight -= 1;
@@ -152,7 +145,7 @@ impl RedisBackend {
             }
         }
         drop(states);
-        for pending in unsent {
+        for pending in unsent.into_iter().flatten() {
             self.answer(pending, Reply::Unsent);
         }
         (!batch.is_empty()).then_some(batch)
@@ -169,13 +162,10 @@ impl RedisBackend {
         };
         let this = self.clone();
         runtime.spawn(async move {
-            let mut batch = batch;
-            loop {
-                let timed_out = this.flush(scope, batch).await;
-                match this.next_batch(scope, timed_out) {
-                    Some(next) => batch = next,
-                    None => return,
-                }
+            let mut batch = Some(batch);
+            while let Some(b) = batch {
+                let timed_out = this.flush(scope, b).await;
+                batch = this.next_batch(scope, timed_out);
             }
         });
     }
@@ -202,19 +192,20 @@ impl RedisBackend {
     /// Sends decisions whose keys share a slot as one call (a lone one with
     /// its own script). Whether it got no reply in time.
     async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
-        let (conn, timeout) = (&self.inner.conn, self.inner.response_timeout);
         if batch.len() == 1 && !self.inner.coalescer.settings.batch_every_call {
             let mut one = batch.remove(0);
             let undo = Undo::One(self.late(Takes::Try, one.lease.as_ref()));
             let cmd = std::mem::take(&mut one.cmd);
-            let reply = send(conn, timeout, one.deadline, &scripts::TRY, cmd, Some(undo)).await;
+            let reply = self
+                .eval(one.deadline, &scripts::TRY, cmd, Some(undo))
+                .await;
             let timed_out = matches!(reply, Reply::TimedOut);
             self.answer(one, reply);
             return timed_out;
         }
         let cmd = batch_cmd(&batch);
         let deadline = batch.iter().map(|p| p.deadline).min();
-        let deadline = deadline.unwrap_or_else(|| self.deadline());
+        let deadline = deadline.unwrap_or_else(|| after(self.inner.response_timeout));
         // Each decision's own call, to give back what it took if the reply
         // comes late.
         let late = batch
@@ -227,7 +218,7 @@ impl RedisBackend {
             })
             .collect();
         let undo = Some(Undo::Batch(late));
-        let replies = match send(conn, timeout, deadline, &scripts::TRY_BATCH, cmd, undo).await {
+        let replies = match self.eval(deadline, &scripts::TRY_BATCH, cmd, undo).await {
             Reply::Done(Ok(Value::Array(items))) if items.len() == batch.len() => items
                 .into_iter()
                 .map(|item| Reply::Done(decision_reply(item)))
@@ -314,7 +305,7 @@ fn hash_tag(cmd: &Cmd) -> Option<Vec<u8>> {
 
 /// One decision's reply in a batch's: `{0, text}` is the error its script
 /// raised, turned back into that error.
-fn decision_reply(item: Value) -> RedisResult<Value> {
+pub(crate) fn decision_reply(item: Value) -> RedisResult<Value> {
     let Value::Array(v) = &item else {
         return Ok(item);
     };
@@ -336,35 +327,14 @@ fn decision_reply(item: Value) -> RedisResult<Value> {
 fn batch_cmd(batch: &[Pending]) -> Cmd {
     let args: Vec<Vec<&[u8]>> = batch.iter().map(|p| scripts::args_of(&p.cmd)).collect();
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts::TRY_BATCH.get_hash()).arg(2 * batch.len());
+    cmd.arg(scripts::TRY_BATCH.compiled.get_hash())
+        .arg(2 * batch.len());
     for a in &args {
         cmd.arg(a[3]).arg(a[4]);
     }
     cmd.arg(batch.len());
     for a in &args {
-        cmd.arg(a.len() - 5);
-        for x in &a[5..] {
-            cmd.arg(*x);
-        }
+        cmd.arg(a.len() - 5).arg(&a[5..]);
     }
     cmd
-}
-
-/// Gives back what each decision of a batch took, from the batch's late
-/// `reply`; `decisions` are their own calls, in order.
-pub(crate) async fn give_back(
-    decisions: Vec<(Cmd, Late)>,
-    conn: &Conn,
-    timeout: Duration,
-    reply: Value,
-) {
-    let Value::Array(items) = reply else { return };
-    if items.len() != decisions.len() {
-        return;
-    }
-    for (item, (cmd, late)) in items.into_iter().zip(decisions) {
-        if let Ok(reply) = decision_reply(item) {
-            late.give_back(conn, timeout, &cmd, reply).await;
-        }
-    }
 }

@@ -10,6 +10,7 @@ use broker_core::BackendError;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 
+use crate::builder::{redacted, RedisBackendBuilder};
 use crate::health::Scope;
 use crate::scripts::Lua;
 
@@ -22,48 +23,56 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection, u64),
 }
 
-/// The connect timeout, and the response timeout that bounds every call.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
-    pub(crate) connect: Duration,
-    pub(crate) response: Duration,
-}
-
 impl Conn {
-    /// One server; `lazy`: connected by the first command, only the URL is
-    /// checked now.
-    pub(crate) async fn single(url: &str, t: Timeouts, lazy: bool) -> RedisResult<Self> {
-        let client = redis::Client::open(url)?;
+    /// Connects to the one server or the cluster `b` gives; a lazy
+    /// connection (one server only) is opened by the first command.
+    pub(crate) async fn open(b: &RedisBackendBuilder) -> Result<Self, BackendError> {
+        let url = b
+            .urls
+            .first()
+            .ok_or_else(|| BackendError::new("no redis url given"))?;
         // The client's own reply timeout is past the response timeout and
         // [`LATE`](crate::call::LATE): a decision with no reply in time still
         // reads its late reply, to give back what it took.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(t.connect))
-            .set_response_timeout(Some(t.response.saturating_add(crate::call::LATE)))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        Ok(Conn::Single(match lazy {
-            true => ConnectionManager::new_lazy_with_config(client, config)?,
-            false => ConnectionManager::new_with_config(client, config).await?,
-        }))
-    }
-
-    /// Connects to a cluster through any of its nodes.
-    #[cfg(feature = "cluster")]
-    pub(crate) async fn cluster(urls: &[String], t: Timeouts) -> RedisResult<Self> {
-        let client = redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-            .connection_timeout(t.connect)
-            // As the single server's: past the response timeout and LATE.
-            .response_timeout(t.response.saturating_add(crate::call::LATE))
-            .retries(1)
-            .min_retry_wait(10)
-            .max_retry_wait(100)
-            .build()?;
-        Ok(Conn::Cluster(
-            client.get_async_connection().await?,
-            once_ms(t),
-        ))
+        let response = b.response_timeout.saturating_add(crate::call::LATE);
+        // `cluster` is set only by `cluster()`, under the feature.
+        match (b.cluster, b.lazy) {
+            #[cfg(feature = "cluster")]
+            (true, false) => async {
+                let client =
+                    redis::cluster::ClusterClient::builder(b.urls.iter().map(String::as_str))
+                        .connection_timeout(b.connect_timeout)
+                        .response_timeout(response)
+                        .retries(1)
+                        .min_retry_wait(10)
+                        .max_retry_wait(100)
+                        .build()?;
+                let once = once_ms(b.response_timeout);
+                RedisResult::Ok(Conn::Cluster(client.get_async_connection().await?, once))
+            }
+            .await
+            .map_err(|e| BackendError::new(format!("connecting to redis cluster: {e}"))),
+            (true, _) => Err(BackendError::new(
+                "lazy_connect applies to one server, not to a cluster",
+            )),
+            (false, lazy) => async {
+                let client = redis::Client::open(url.as_str())?;
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(b.connect_timeout))
+                    .set_response_timeout(Some(response))
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(100));
+                Ok(Conn::Single(match lazy {
+                    true => ConnectionManager::new_lazy_with_config(client, config)?,
+                    false => ConnectionManager::new_with_config(client, config).await?,
+                }))
+            }
+            .await
+            .map_err(|e: RedisError| {
+                BackendError::new(format!("connecting to redis url {:?}: {e}", redacted(url)))
+            }),
+        }
     }
 
     /// Sends one command; a timeout error after `timeout`.
@@ -159,8 +168,8 @@ fn primary(slot: redis::cluster_routing::Slot) -> redis::cluster_routing::Routin
 /// `scripts::run_once`): twice past every resend of the cluster's client
 /// (4× the response timeout, plus a second), at least 10 s, at most a day.
 #[cfg(feature = "cluster")]
-fn once_ms(t: Timeouts) -> u64 {
-    crate::ms(t.response)
+fn once_ms(response: Duration) -> u64 {
+    crate::ms(response)
         .saturating_mul(4)
         .saturating_add(1_000)
         .clamp(10_000, 86_400_000)
@@ -244,17 +253,9 @@ mod tests {
     #[cfg(feature = "cluster")]
     #[test]
     fn a_settles_own_key_outlasts_every_resend() {
-        let t = |connect, response| Timeouts {
-            connect: Duration::from_millis(connect),
-            response: Duration::from_millis(response),
-        };
-        assert_eq!(once_ms(t(100, 500)), 10_000);
-        assert_eq!(once_ms(t(1_000, 30_000)), 121_000);
-        let unbounded = Timeouts {
-            response: Duration::MAX,
-            ..t(0, 0)
-        };
-        assert_eq!(once_ms(unbounded), 86_400_000);
+        assert_eq!(once_ms(Duration::from_millis(500)), 10_000);
+        assert_eq!(once_ms(Duration::from_millis(30_000)), 121_000);
+        assert_eq!(once_ms(Duration::MAX), 86_400_000);
     }
 
     #[test]

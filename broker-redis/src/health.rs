@@ -1,14 +1,15 @@
 //! Reachability of Redis per [`Scope`] (server or hash slot): outages are
-//! logged and counted, and a scope that is down gets no call until the probe finds it back.
+//! logged and counted, and a scope that is down gets no call until the
+//! background probe (one task per backend) finds it back with a `PING`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
 
 use broker_core::stats::BackendHealth;
 
-use crate::ms;
+use crate::{ms, Inner, RedisBackend};
 
 /// The part of the store a call needs: the one server, or on a cluster the
 /// hash slot of its keys, whose node may be down while the others serve.
@@ -38,6 +39,12 @@ pub(crate) type Epoch = u64;
 /// At most this many down scopes are probed at once.
 const PROBES_AT_ONCE: usize = 16;
 
+/// The least time between two probes (with a probe interval of zero).
+const MIN_GAP: Duration = Duration::from_millis(10);
+
+/// The longest a probe's `PING` waits: a slower server is not back yet.
+const PING_TIMEOUT: Duration = Duration::from_millis(250);
+
 /// The health of every scope that has failed a call; while none is down,
 /// a call reads two atomics and no lock (while one is, a read lock).
 #[derive(Debug)]
@@ -48,6 +55,8 @@ pub(crate) struct Healths {
     /// How many scopes are down.
     down: AtomicUsize,
     scopes: RwLock<HashMap<Scope, Health>>,
+    /// Whether the background probe runs.
+    probing: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +81,7 @@ impl Healths {
             epoch: AtomicU64::new(0),
             down: AtomicUsize::new(0),
             scopes: RwLock::default(),
+            probing: AtomicBool::new(false),
         }
     }
 
@@ -86,16 +96,13 @@ impl Healths {
     /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
     /// while the scope is down.
     pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
+        let down = self.any_down() && self.read().get(&scope).is_some_and(|h| h.down);
         // Read after the check: an outage that ends in between is one the
         // call goes out after.
-        (!self.is_down(scope)).then(|| self.epoch.load(Ordering::Acquire))
+        (!down).then(|| self.epoch.load(Ordering::Acquire))
     }
 
-    fn is_down(&self, scope: Scope) -> bool {
-        self.any_down() && self.read().get(&scope).is_some_and(|h| h.down)
-    }
-
-    pub(crate) fn any_down(&self) -> bool {
+    fn any_down(&self) -> bool {
         self.down.load(Ordering::Acquire) != 0
     }
 
@@ -208,9 +215,69 @@ impl Healths {
     }
 }
 
+impl RedisBackend {
+    /// Starts the background probe unless it runs.
+    pub(crate) fn watch(&self) {
+        let probing = &self.inner.health.probing;
+        if probing.load(Ordering::Acquire) || probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(probe(Running(Arc::downgrade(&self.inner))))),
+            Err(_) => probing.store(false, Ordering::Release),
+        }
+    }
+}
+
+/// The probe's task: a `PING` to each scope due per probe interval until
+/// none is down; it ends with the backend.
+async fn probe(mut running: Running) {
+    let weak = running.0.clone();
+    loop {
+        let Some(gap) = weak.upgrade().map(|i| i.health.probe_interval.max(MIN_GAP)) else {
+            return;
+        };
+        tokio::time::sleep(gap).await;
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let (conn, health) = (&inner.conn, &inner.health);
+        let timeout = inner.response_timeout.min(PING_TIMEOUT);
+        let pings = health.probes_due().into_iter().map(|scope| async move {
+            if conn.ping(scope, timeout).await {
+                health.up(scope);
+            }
+        });
+        futures::future::join_all(pings).await;
+        if health.any_down() {
+            continue;
+        }
+        running.0 = Weak::new();
+        health.probing.store(false, Ordering::Release);
+        // Work that came meanwhile, whose `watch` found it still running.
+        if !health.any_down() || health.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        running.0 = Arc::downgrade(&inner);
+    }
+}
+
+/// The probe's task while it runs: dropped unfinished (its runtime shut
+/// down), it lets the next call start a probe again.
+struct Running(Weak<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.health.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use broker_core::{Cost, FailurePolicy, LimitSpec, Limits, RateLimit, Store};
 
     #[test]
     fn one_outage_is_logged_and_counted_once() {
@@ -296,5 +363,48 @@ mod tests {
         h.failed(Scope::Whole, "refused", after);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages), (true, 2), "a new outage");
+    }
+
+    /// An outage found on a runtime that then shuts down: the next call, on
+    /// another runtime, starts a probe again, which finds Redis back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_dropped_with_its_runtime_is_started_again() {
+        let server = broker_testkit::RedisServer::start();
+        let backend = RedisBackend::builder(&server.url())
+            .response_timeout(Duration::from_millis(300))
+            .probe_interval(Duration::from_millis(20))
+            .connect_with_policy(FailurePolicy::FailOpen)
+            .await
+            .unwrap();
+        let spec = LimitSpec::new(
+            &Limits::new().rate(RateLimit::per_second(1000)),
+            Duration::from_secs(30),
+        );
+        let warm = backend.try_acquire("r", &spec, Cost::default()).await;
+        assert!(!warm.unwrap().answered_here);
+        server.pause();
+        let (b, s) = (backend.clone(), spec.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let d = rt.block_on(b.try_acquire("r", &s, Cost::default()));
+            assert!(d.unwrap().answered_here, "no reply in time");
+            // The runtime shuts down, with the probe it started.
+        })
+        .join()
+        .unwrap();
+        assert!(backend.health().down);
+        server.resume();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = backend.try_acquire("r", &spec, Cost::default()).await;
+            if !d.unwrap().answered_here {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "Redis is found back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

@@ -20,17 +20,12 @@ impl RedisBackend {
     /// Whether the startup check found a policy other than `noeviction`,
     /// which may evict a bucket mid-window (a warning was logged).
     pub fn eviction_risk(&self) -> bool {
-        self.maxmemory_policy().is_some_and(crate::builder::evicts)
+        self.maxmemory_policy().is_some_and(|p| p != "noeviction")
     }
 
     /// The Redis key of the bucket hash of state `key`.
     pub fn bucket_key(&self, key: &str) -> Result<String, BackendError> {
         Ok(self.keys(key)?.buckets)
-    }
-
-    /// The Redis key of the lease set of state `key`.
-    pub fn lease_key(&self, key: &str) -> Result<String, BackendError> {
-        Ok(self.keys(key)?.leases)
     }
 
     /// The state of `key` as stored: `None` when neither key exists (a
@@ -49,40 +44,32 @@ impl RedisBackend {
         if hash.is_empty() && leases.is_empty() {
             return Ok(None);
         }
-        let n: usize = hash.get("n").and_then(|n| n.parse().ok()).unwrap_or(0);
-        let field = |name: &str, i: usize| -> Result<f64, BackendError> {
-            hash.get(&format!("{name}:{i}"))
-                .and_then(|v| v.parse().ok())
+        let num = |name: &str| hash.get(name).and_then(|v| v.parse::<f64>().ok());
+        let field = |name: &str, i: usize| {
+            num(&format!("{name}:{i}"))
                 .ok_or_else(|| BackendError::new(format!("bucket field {name}:{i} missing")))
         };
-        let mut buckets = Vec::with_capacity(n);
-        for i in 1..=n {
-            buckets.push(BucketState {
+        let n = num("n").unwrap_or(0.0) as usize;
+        let buckets = (1..=n).map(|i| {
+            Ok(BucketState {
                 tokens: field("tokens", i)?,
                 ts: field("ts", i)? as Micros,
                 nb: field("nb", i)? as Micros,
-            });
-        }
-        // With no bucket, the field `hold` keeps the end of a penalty.
-        let penalty = match n {
-            0 => hash
-                .get("hold")
-                .and_then(|v| v.parse::<f64>().ok())
-                .map_or(0, |h| h as Micros),
-            _ => 0,
-        };
-        let leases = leases
-            .into_iter()
-            .filter_map(|(id, expires)| {
-                Some(Lease {
-                    id: id.parse().ok()?,
-                    expires: expires as Micros,
-                })
             })
-            .collect();
+        });
+        let buckets = buckets.collect::<Result<_, BackendError>>()?;
+        // With no bucket, the field `hold` keeps the end of a penalty.
+        let penalty = num("hold").filter(|_| n == 0).map_or(0, |h| h as Micros);
+        let leases = leases.into_iter().filter_map(|(id, expires)| {
+            let id = id.parse().ok()?;
+            Some(Lease {
+                id,
+                expires: expires as Micros,
+            })
+        });
         Ok(Some(ResourceState {
             buckets,
-            leases,
+            leases: leases.collect(),
             penalty,
         }))
     }

@@ -21,7 +21,6 @@ mod connection;
 mod health;
 mod inspect;
 mod keys;
-mod probe;
 mod scripts;
 mod transitions;
 
@@ -47,9 +46,8 @@ pub struct RedisBackend {
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let prefix = &self.inner.prefix;
-        f.debug_struct("RedisBackend")
-            .field("prefix", prefix)
+        let mut d = f.debug_struct("RedisBackend");
+        d.field("prefix", &self.inner.prefix)
             .finish_non_exhaustive()
     }
 }
@@ -66,8 +64,6 @@ struct Inner {
     response_timeout: Duration,
     maxmemory_policy: Option<String>,
     coalescer: coalesce::Coalescer,
-    /// Whether the background probe runs.
-    probing: std::sync::atomic::AtomicBool,
 }
 
 /// # Connecting
@@ -81,37 +77,5 @@ impl RedisBackend {
     /// A builder for every other setting.
     pub fn builder(url: &str) -> RedisBackendBuilder {
         RedisBackendBuilder::new(url)
-    }
-
-    /// Connects to a Redis Cluster through the given nodes, with the
-    /// defaults.
-    #[cfg(feature = "cluster")]
-    pub async fn connect_cluster<I, S>(urls: I) -> Result<RedisBackend, BackendError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Self::builder("").cluster(urls).connect().await
-    }
-
-    fn from_parts(b: RedisBackendBuilder, conn: Conn, maxmemory_policy: Option<String>) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                conn,
-                // At most 10^15 ms, like the TTL the scripts add it to.
-                margin_ms: ms(b.ttl_margin).min(1_000_000_000_000_000),
-                prefix: b.prefix,
-                clock: b.clock,
-                refund_late: b.refund_late,
-                health: health::Healths::new(b.probe_interval),
-                response_timeout: b.timeouts.response,
-                maxmemory_policy,
-                coalescer: coalesce::Coalescer {
-                    settings: b.coalesce,
-                    states: Default::default(),
-                },
-                probing: std::sync::atomic::AtomicBool::new(false),
-            }),
-        }
     }
 }

@@ -13,22 +13,14 @@ use crate::keys::KeyPair;
 /// needs (see `Conn::load`).
 pub(crate) struct Lua {
     pub(crate) source: &'static str,
-    script: LazyLock<Script>,
-}
-
-impl std::ops::Deref for Lua {
-    type Target = Script;
-
-    fn deref(&self) -> &Script {
-        &self.script
-    }
+    pub(crate) compiled: LazyLock<Script>,
 }
 
 macro_rules! script {
     ($name:ident = $source:expr) => {
         pub(crate) static $name: Lua = Lua {
             source: $source,
-            script: LazyLock::new(|| Script::new($source)),
+            compiled: LazyLock::new(|| Script::new($source)),
         };
     };
     ($name:ident, $body:literal) => {
@@ -80,14 +72,14 @@ fn push_num(cmd: &mut Cmd, x: f64) {
 
 /// `EVALSHA sha 2 key1 key2 now margin n`, with `''` for no `now`.
 pub(crate) fn head(
-    script: &Script,
+    script: &Lua,
     keys: [&str; 2],
     now: Option<Micros>,
     margin_ms: u64,
     n: usize,
 ) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(2).arg(keys[0]).arg(keys[1]);
+    cmd.arg(script.compiled.get_hash()).arg(2).arg(&keys);
     match now {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
@@ -99,7 +91,7 @@ pub(crate) fn head(
 /// `EVALSHA sha 2 buckets leases now margin n`, then capacity, amount,
 /// period and `operand(i)` (`''` for `None`) for each bucket.
 pub(crate) fn evalsha(
-    script: &Script,
+    script: &Lua,
     keys: &KeyPair,
     now: Option<Micros>,
     margin_ms: u64,
@@ -114,9 +106,7 @@ pub(crate) fn evalsha(
         push_num(&mut cmd, p.period());
         match operand(i) {
             Some(x) => push_num(&mut cmd, x),
-            None => {
-                cmd.arg("");
-            }
+            None => _ = cmd.arg(""),
         }
     }
     cmd
@@ -156,10 +146,8 @@ pub(crate) fn refund_of(cmd: &Cmd, since: Option<Marks>) -> Option<Cmd> {
     // EVALSHA sha 2 buckets leases now margin n, then 4 per bucket.
     let n: usize = std::str::from_utf8(args.get(7)?).ok()?.parse().ok()?;
     let mut undo = redis::cmd("EVALSHA");
-    undo.arg(SETTLE.get_hash());
-    for a in args.get(2..8 + 4 * n)? {
-        undo.arg(*a);
-    }
+    undo.arg(SETTLE.compiled.get_hash())
+        .arg(args.get(2..8 + 4 * n)?);
     push_since(&mut undo, since);
     Some(undo)
 }
@@ -181,10 +169,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
         .arg(buckets)
         .arg(*args.get(4)?)
         .arg(format!("{tagged}:s:{id:016x}"));
-    for a in &args[5..] {
-        once.arg(*a);
-    }
-    once.arg(ms);
+    once.arg(&args[5..]).arg(ms);
     Some(once)
 }
 
@@ -230,7 +215,12 @@ mod tests {
             &Limits::new().rate(RateLimit::per_second(10)),
             std::time::Duration::from_secs(30),
         );
-        SETTLE.prepare_invoke().load_async(&mut c).await.unwrap();
+        SETTLE
+            .compiled
+            .prepare_invoke()
+            .load_async(&mut c)
+            .await
+            .unwrap();
         let (twice, once) = (
             crate::keys::key_pair("t", "twice").unwrap(),
             crate::keys::key_pair("t", "once").unwrap(),

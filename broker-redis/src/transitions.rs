@@ -14,7 +14,6 @@ use broker_core::{
     Renewal, Store,
 };
 use redis::{Cmd, Value};
-use tokio::time::Instant;
 
 use crate::call::{micros_of, parse, Takes};
 use crate::keys::KeyPair;
@@ -41,24 +40,22 @@ impl RedisBackend {
         })
     }
 
-    /// `take_slot` under `lease` by `deadline`: whether held. `fresh`: a new
-    /// lease, released if granted after its caller timed out; else a live
-    /// permit's (`renew`), which its next renewal finds held.
+    /// `take_slot` under `lease`: whether held. `fresh`: a new lease,
+    /// released if granted after its caller timed out; else a live permit's
+    /// (`renew`), which its next renewal finds held.
     async fn take_slot_as(
         &self,
         key: &str,
         keys: &KeyPair,
         spec: &LimitSpec,
         (lease, fresh): (LeaseId, bool),
-        deadline: Instant,
     ) -> Result<bool, BackendError> {
         let mut cmd = self.cmd(&scripts::TAKE_SLOT, keys, spec, |_| Some(0.0));
         cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
         cmd.arg(spec.lease_ttl).arg(lease);
         let (leased, takes) = (Some((keys.clone(), lease)), fresh.then_some(Takes::Slot));
-        let reply = self
-            .call(key, &scripts::TAKE_SLOT, cmd, leased, takes, deadline)
-            .await?;
+        let reply = self.call(key, &scripts::TAKE_SLOT, cmd, leased, takes);
+        let reply = reply.await?;
         Ok(parse::<i64>(reply)? == 1)
     }
 
@@ -75,11 +72,8 @@ impl RedisBackend {
         let keys = self.keys(key)?;
         let mut cmd = self.cost_cmd(&scripts::BOOK, &keys, spec, cost);
         cmd.arg(micros(max_wait));
-        let (script, deadline) = (&scripts::BOOK, self.deadline());
-        let reply = self
-            .call(key, script, cmd, None, Some(Takes::Book), deadline)
-            .await?;
-        booking_of(reply)
+        let reply = self.call(key, &scripts::BOOK, cmd, None, Some(Takes::Book));
+        booking_of(reply.await?)
     }
 }
 
@@ -104,14 +98,12 @@ pub(crate) fn booking_of(reply: Value) -> Result<(Booking, Micros), BackendError
     };
     let since = Marks::new(now, [m1, m2, m3, m4]).due_at(now.saturating_add(wait));
     let booked = v[0] == "1";
-    Ok((
-        Booking {
-            wait,
-            booked,
-            since,
-        },
-        now,
-    ))
+    let booking = Booking {
+        wait,
+        booked,
+        since,
+    };
+    Ok((booking, now))
 }
 
 #[async_trait]
@@ -123,16 +115,13 @@ impl Store for RedisBackend {
         cost: Cost,
     ) -> Result<Decision, BackendError> {
         let keys = self.keys(key)?;
-        let deadline = self.deadline();
         let lease: LeaseId = rand::random();
         let mut cmd = self.cost_cmd(&scripts::TRY, &keys, spec, cost);
         cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
         cmd.arg(spec.lease_ttl).arg(lease);
         let leased = spec.max_concurrent.map(|_| (keys, lease));
-        let takes = Some(Takes::Try);
-        let reply = self
-            .call(key, &scripts::TRY, cmd, leased, takes, deadline)
-            .await?;
+        let reply = self.call(key, &scripts::TRY, cmd, leased, Some(Takes::Try));
+        let reply = reply.await?;
         // 1 when allowed; {reason, wait} when denied.
         if let Value::Int(1) = reply {
             return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
@@ -161,8 +150,8 @@ impl Store for RedisBackend {
     ) -> Result<Option<LeaseId>, BackendError> {
         let keys = self.keys(key)?;
         let lease: LeaseId = rand::random();
-        let held = self.take_slot_as(key, &keys, spec, (lease, true), self.deadline());
-        Ok(held.await?.then_some(lease))
+        let held = self.take_slot_as(key, &keys, spec, (lease, true)).await?;
+        Ok(held.then_some(lease))
     }
 
     async fn wait_left(
@@ -196,12 +185,12 @@ impl Store for RedisBackend {
             return Ok(Renewal::Held);
         }
         // Not held: taken again under the same lease if a slot is free.
-        let deadline = self.deadline();
-        let held = self.take_slot_as(key, &keys, spec, (lease, false), deadline);
-        Ok(match held.await? {
-            true => Renewal::Retaken,
-            false => Renewal::Gone,
-        })
+        Ok(
+            match self.take_slot_as(key, &keys, spec, (lease, false)).await? {
+                true => Renewal::Retaken,
+                false => Renewal::Gone,
+            },
+        )
     }
 
     async fn settle(

@@ -22,23 +22,18 @@ end
 local function cached_call(cmd, key, ...)
   if key == nil then
     if cmd == 'TIME' then
-      if batch_time == nil then
-        batch_time = real_call('TIME')
-      end
+      batch_time = batch_time or real_call('TIME')
       return batch_time
     end
     return real_call(cmd)
   end
   local c = cache[key]
+  if c == nil and (cmd == 'HMGET' or cmd == 'HSET') then
+    c = { f = {}, w = {}, deleted = false }
+    cache[key] = c
+  end
   if cmd == 'HMGET' then
     local names = { ... }
-    if c == nil then
-      local v = real_call('HMGET', key, ...)
-      c = { f = {}, w = {}, deleted = false }
-      for i = 1, #names do c.f[names[i]] = v[i] end
-      cache[key] = c
-      return v
-    end
     local out, missing = {}, false
     for i = 1, #names do
       local x = c.f[names[i]]
@@ -58,10 +53,6 @@ local function cached_call(cmd, key, ...)
     end
     return out
   elseif cmd == 'HSET' then
-    if c == nil then
-      c = { f = {}, w = {}, deleted = false }
-      cache[key] = c
-    end
     local args = { ... }
     for i = 1, #args, 2 do
       c.f[args[i]] = args[i + 1]

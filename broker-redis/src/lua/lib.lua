@@ -124,7 +124,12 @@ local function unclaimed(tokens, nb, now, delta, due, amount, period)
   return 0
 end
 
--- bucket::ttl in ms (at most 10^15) plus the margin; nil when idle.
+-- A PEXPIRE for `us` from now: in ms, at most 10^15, plus the margin.
+local function pttl(us)
+  return min(ceil(us / 1000), 1e15) + tonumber(ARGV[2])
+end
+
+-- bucket::ttl as a PEXPIRE; nil when idle.
 local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
   local n = now
   if n < ts then n = ts end
@@ -132,9 +137,7 @@ local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
   if r >= capacity and nb <= now then
     return nil
   end
-  local ms = ceil(wait_for(r, nb, n, capacity, amount, period) / 1000)
-  if ms > 1e15 then ms = 1e15 end
-  return ms + tonumber(ARGV[2])
+  return pttl(wait_for(r, nb, n, capacity, amount, period))
 end
 
 -- State (state.rs) over N buckets, held in parallel arrays.
@@ -168,11 +171,7 @@ local function load(now)
   end
   local fields = { 'n' }
   for i = 1, N do
-    local f = 3 * i - 1
-    local tokens_i, ts_i, nb_i = names(i)
-    fields[f] = tokens_i
-    fields[f + 1] = ts_i
-    fields[f + 2] = nb_i
+    fields[3 * i - 1], fields[3 * i], fields[3 * i + 1] = names(i)
   end
   local v = call('HMGET', KEYS[1], unpack(fields))
   local n = tonumber(v[1])
@@ -204,7 +203,7 @@ function save(now)
       return
     end
     call('HSET', KEYS[1], 'n', 0, 'hold', penalty)
-    call('PEXPIRE', KEYS[1], min(ceil((penalty - now) / 1000), 1e15) + tonumber(ARGV[2]))
+    call('PEXPIRE', KEYS[1], pttl(penalty - now))
     return
   end
   local ms = nil
@@ -215,13 +214,8 @@ function save(now)
       ms = t
     end
     local f = 6 * i - 3
-    local tokens_i, ts_i, nb_i = names(i)
-    fields[f] = tokens_i
-    fields[f + 1] = tokens[i]
-    fields[f + 2] = ts_i
-    fields[f + 3] = ts[i]
-    fields[f + 4] = nb_i
-    fields[f + 5] = nb[i]
+    fields[f], fields[f + 2], fields[f + 4] = names(i)
+    fields[f + 1], fields[f + 3], fields[f + 5] = tokens[i], ts[i], nb[i]
   end
   if ms == nil then
     call('DEL', KEYS[1])
@@ -262,10 +256,7 @@ end
 -- Keeps the lease set as long as its latest lease, plus the margin.
 local function keep_lease_set(now)
   local last = call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local keep = tonumber(last[2]) - now
-  if keep < 0 then keep = 0 end
-  local ms = min(ceil(keep / 1000), 1e15) + tonumber(ARGV[2])
-  call('PEXPIRE', KEYS[2], ms)
+  call('PEXPIRE', KEYS[2], pttl(max(tonumber(last[2]) - now, 0)))
 end
 
 -- state::take_slot; max_concurrent '' for no limit.
