@@ -75,24 +75,30 @@ impl Pending {
         }
     }
 
-    /// Waits until the store reads up, read by one task for all waiters.
-    async fn until_up(self: &Arc<Self>) {
-        let up = self.up.notified();
-        tokio::pin!(up);
-        up.as_mut().enable();
-        if !self.polling.swap(true, Ordering::AcqRel) {
-            let poller = Poller(self.clone());
-            tokio::spawn(async move {
-                let mut wait = RETRY[0];
-                while {
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY[1]);
-                    poller.0.store.health().down
-                } {}
-                drop(poller);
-            });
+    /// Waits until the store reads up: one waiter reads its health for all;
+    /// if that one is dropped, the next to wake takes over.
+    async fn until_up(&self) {
+        loop {
+            let up = self.up.notified();
+            tokio::pin!(up);
+            up.as_mut().enable();
+            if self.polling.swap(true, Ordering::AcqRel) {
+                up.await;
+                if !self.store.health().down {
+                    return;
+                }
+                continue;
+            }
+            let _poller = Poller(self);
+            let mut wait = RETRY[0];
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY[1]);
+                if !self.store.health().down {
+                    return;
+                }
+            }
         }
-        up.await
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
@@ -170,11 +176,11 @@ impl OnItsWay {
     }
 }
 
-/// The task that reads the store's health; ended (the store up, or its
-/// runtime gone), it wakes every waiter, and a later one starts another.
-struct Poller(Arc<Pending>);
+/// The waiter that reads the store's health; dropped (the store up, or the
+/// waiter gone), it wakes every other, and one of them reads on if need be.
+struct Poller<'a>(&'a Pending);
 
-impl Drop for Poller {
+impl Drop for Poller<'_> {
     fn drop(&mut self) {
         self.0.polling.store(false, Ordering::Release);
         self.0.up.notify_waiters();
@@ -229,5 +235,101 @@ mod tests {
         drop(rt);
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.lock().is_empty());
+    }
+
+    /// A store out of reach while `down`: releases fail as unreachable.
+    #[derive(Default)]
+    struct Away {
+        down: AtomicBool,
+        released: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Away {
+        async fn try_acquire(
+            &self,
+            k: &str,
+            s: &LimitSpec,
+            c: crate::Cost,
+        ) -> Result<crate::Decision, BackendError> {
+            NoStore.try_acquire(k, s, c).await
+        }
+        async fn book(
+            &self,
+            k: &str,
+            s: &LimitSpec,
+            c: crate::Cost,
+            w: Duration,
+        ) -> Result<crate::state::Booking, BackendError> {
+            NoStore.book(k, s, c, w).await
+        }
+        async fn take_slot(&self, k: &str, s: &LimitSpec) -> Result<Option<LeaseId>, BackendError> {
+            NoStore.take_slot(k, s).await
+        }
+        async fn release(&self, _: &str, _: LeaseId) -> Result<bool, BackendError> {
+            if self.down.load(Ordering::Acquire) {
+                return Err(BackendError::unavailable("away"));
+            }
+            self.released.fetch_add(1, Ordering::AcqRel);
+            Ok(true)
+        }
+        async fn settle(
+            &self,
+            k: &str,
+            s: &LimitSpec,
+            b: crate::Cost,
+            a: crate::Cost,
+            m: Option<crate::state::Marks>,
+        ) -> Result<(), BackendError> {
+            NoStore.settle(k, s, b, a, m).await
+        }
+        async fn penalize(&self, k: &str, s: &LimitSpec, p: Duration) -> Result<(), BackendError> {
+            NoStore.penalize(k, s, p).await
+        }
+        async fn reconcile(
+            &self,
+            k: &str,
+            s: &LimitSpec,
+            o: &crate::ObservedLimit,
+        ) -> Result<(), BackendError> {
+            NoStore.reconcile(k, s, o).await
+        }
+        fn health(&self) -> crate::stats::BackendHealth {
+            let down = self.down.load(Ordering::Acquire);
+            crate::stats::BackendHealth {
+                down,
+                ..Default::default()
+            }
+        }
+    }
+
+    /// The waiter reading the store's health for the others is cancelled:
+    /// another takes over, and every release left is sent once it is up.
+    #[tokio::test(start_paused = true)]
+    async fn releases_kept_while_down_are_sent_when_their_reader_is_gone() {
+        let store = Arc::new(Away::default());
+        store.down.store(true, Ordering::Release);
+        let pending = Arc::new(Pending::new(store.clone()));
+        let tasks: Vec<_> = (0..3)
+            .map(|i| tokio::spawn(pending.on_its_way("k".into(), i).send()))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert!(pending.polling.load(Ordering::Acquire), "one reads for all");
+        tasks[0].abort();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert!(pending.polling.load(Ordering::Acquire), "another took over");
+        store.down.store(false, Ordering::Release);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut sent = 0;
+        for task in tasks {
+            match task.await {
+                Ok(answer) => sent += usize::from(answer.unwrap()),
+                Err(e) => assert!(e.is_cancelled()),
+            }
+        }
+        assert_eq!(sent, 2);
+        assert_eq!(store.released.load(Ordering::Acquire), 2);
+        assert!(pending.lock().is_empty());
+        assert!(!pending.polling.load(Ordering::Acquire));
     }
 }
