@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::enqueue::LiveBooking;
-use super::permit::release_untold;
 use super::HeldKey;
 use crate::state::Decision;
 
@@ -78,7 +77,7 @@ impl Drop for Unclaimed {
         if let Some(lease) = lease.and_then(|d| d.lease) {
             let (backend, resource) = (&self.cost.backend, self.cost.resource.clone());
             let key = HeldKey::State(self.cost.key.clone());
-            release_untold(backend, resource, key, lease);
+            super::permit::release(backend.clone(), resource, key, lease, false);
         }
     }
 }

@@ -77,10 +77,6 @@ pub(crate) enum HeldKey {
 }
 
 impl HeldKey {
-    pub(crate) fn sub(key: Option<&str>) -> Self {
-        Self::Sub(key.map(Box::from))
-    }
-
     /// The state key the lease is on; `None` for the resource's own.
     fn state_key(&self, resource: &Resource) -> Option<String> {
         match self {
@@ -170,48 +166,38 @@ impl Permit {
     pub fn release(&mut self) {
         match std::mem::take(&mut self.held) {
             Held::Nothing => {}
-            Held::One(lease) => release_lease(*lease),
+            Held::One(l) => release(l.backend, l.resource, l.key, l.lease, l.counted),
             Held::Both(both) => drop(both),
         }
     }
 }
 
-/// Releases `lease` on state `key` of `resource` as a dropped permit
-/// would, for a caller that went away before it was told (see
-/// `in_flight.rs`): never kept nor counted in flight.
-pub(super) fn release_untold(
-    backend: &Arc<dyn Store>,
+/// Releases `lease` on state `key` of `resource`, counted in flight if
+/// `counted`: a caller that went away before it was told of its lease (see
+/// `in_flight.rs`) has it released so, never counted.
+pub(super) fn release(
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
+    counted: bool,
 ) {
-    release_lease(Lease {
-        backend: backend.clone(),
-        resource,
-        key,
-        lease,
-        counted: false,
-    });
-}
-
-fn release_lease(h: Lease) {
-    let resource = &h.resource;
     if let Some(keeper) = &resource.keeper {
-        keeper.forget(h.lease);
+        keeper.forget(lease);
     }
-    if h.counted {
+    if counted {
         drop_one(&resource.live.in_flight);
     }
-    if let (HeldKey::Sub(sub), Some(local)) = (&h.key, &resource.local) {
-        local.release(sub.as_deref(), h.lease);
+    if let (HeldKey::Sub(sub), Some(local)) = (&key, &resource.local) {
+        local.release(sub.as_deref(), lease);
         return resource.slot_freed();
     }
-    let key = h.key.state_key(resource);
+    let key = key.state_key(&resource);
     let state = key.as_deref().unwrap_or(&resource.key);
-    match (h.backend.local()).and_then(|l| l.release_now(state, h.lease)) {
+    match (backend.local()).and_then(|l| l.release_now(state, lease)) {
         Some(result) => {
             if let Err(e) = result {
-                super::note_backend_error(resource, "release", &e);
+                super::note_backend_error(&resource, "release", &e);
             }
             resource.slot_freed();
         }
@@ -222,8 +208,7 @@ fn release_lease(h: Lease) {
             let key = key.unwrap_or_else(|| resource.key.clone());
             // Pending on its key while on its way (see `pending.rs`).
             let pending =
-                (resource.keeper.as_ref()).map(|k| k.pending.on_its_way(key.clone(), h.lease));
-            let (backend, resource, lease) = (h.backend, h.resource, h.lease);
+                (resource.keeper.as_ref()).map(|k| k.pending.on_its_way(key.clone(), lease));
             rt.spawn(async move {
                 let released = match pending {
                     Some(release) => release.send().await,

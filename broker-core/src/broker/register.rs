@@ -45,24 +45,6 @@ fn same_limits(a: &Limits, b: &Limits) -> bool {
         })
 }
 
-/// `lease_ttl` on a store whose leases expire, if a live permit's lease
-/// can be renewed before it expires.
-fn renewable(lease_ttl: Duration) -> Result<Duration, ConfigError> {
-    let least = super::keeper::MIN_LEASE_TTL;
-    if lease_ttl < least {
-        return Err(ConfigError::invalid(
-            "leaseTtl",
-            format!(
-                "must be at least {least:?} on a store shared by processes, whose leases \
-                 expire (got {lease_ttl:?}): a live permit's lease is renewed every third \
-                 of it, at most every {:?}",
-                least / 3
-            ),
-        ));
-    }
-    Ok(lease_ttl)
-}
-
 impl ResourceBroker {
     /// Registers limit-only resources, all or none. An id held with limits
     /// that decide alike is kept; a queue's is refused; one with other
@@ -179,10 +161,21 @@ impl ResourceBroker {
         config.validate()?;
         let key = keys::resource_key(id);
         let store = self.inner.backend.local();
-        let lease_ttl = match store {
-            Some(_) => Duration::MAX,
-            None => renewable(config.lease_ttl)?,
-        };
+        // On a store whose leases expire, a live permit's lease must be
+        // renewable before it expires.
+        let (least, lease_ttl) = (super::keeper::MIN_LEASE_TTL, config.lease_ttl);
+        if store.is_none() && lease_ttl < least {
+            return Err(ConfigError::invalid(
+                "leaseTtl",
+                format!(
+                    "must be at least {least:?} on a store shared by processes, whose leases \
+                     expire (got {lease_ttl:?}): a live permit's lease is renewed every third \
+                     of it, at most every {:?}",
+                    least / 3
+                ),
+            ));
+        }
+        let lease_ttl = store.map_or(lease_ttl, |_| Duration::MAX);
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
         let local = store.and_then(|l| l.states(&key, spec.clone()));
         Ok(Resource {

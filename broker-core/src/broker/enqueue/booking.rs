@@ -11,7 +11,7 @@ use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{LimitSpec, Marks};
 use crate::store::Store;
-use crate::telemetry::{self, Signal};
+use crate::telemetry;
 
 pub(crate) const NO_COST: Cost = Cost {
     requests: 0,
@@ -107,7 +107,7 @@ impl LiveBooking {
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
             self.resource.tally(|c| &c.waits, 1);
-            telemetry::count(&self.resource.id, Signal::LocalWait);
+            telemetry::count(&self.resource.id, telemetry::LOCAL_WAITS);
             let _waited = Waited {
                 resource: &self.resource,
                 since: tokio::time::Instant::now(),
