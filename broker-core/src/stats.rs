@@ -27,8 +27,13 @@ macro_rules! counters {
 
         impl Counters {
             /// A snapshot of the counters, with the calls queued and in flight
-            /// under the resource id (`live`).
-            pub(crate) fn snapshot(&self, kind: ResourceKind, live: &Live) -> ResourceStats {
+            /// under the resource id (`live`) and its `queue`.
+            pub(crate) fn snapshot(
+                &self,
+                kind: ResourceKind,
+                live: &Live,
+                queue: QueueStats,
+            ) -> ResourceStats {
                 let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
                 ResourceStats {
                     $($name: get(&self.$name),)*
@@ -37,7 +42,7 @@ macro_rules! counters {
                     in_flight: get(&live.in_flight),
                     local_waits: get(&self.waits),
                     total_wait_ms: get(&self.wait_micros) / 1000,
-                    queue: Default::default(),
+                    queue,
                 }
             }
         }

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::enqueue::{self, LiveBooking, Refused};
@@ -68,14 +68,12 @@ impl TryAcquire<'_> {
     ///     Some(answer) => println!("allowed: {}", answer?.allowed),
     ///     None => println!("the backend is asked asynchronously"),
     /// }
+    /// // Without asking a backend that needs I/O at all:
+    /// let _ = broker.try_acquire_now(("tenants", "acme"), Cost::default());
     /// # Ok(()) }
     /// ```
-    pub fn now_or_never(mut self) -> Option<Result<Acquisition, BrokerError>> {
-        let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut self).poll(&mut cx) {
-            Poll::Ready(answer) => Some(answer),
-            Poll::Pending => None,
-        }
+    pub fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
+        futures::FutureExt::now_or_never(self)
     }
 }
 
@@ -152,18 +150,6 @@ impl ResourceBroker {
 
     /// [`ResourceBroker::try_acquire`] without waiting: `None` when the
     /// backend must be asked asynchronously (nothing was consumed).
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// match broker.try_acquire_now("webhooks", Cost::default()) {
-    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
-    ///     None => println!("ask with try_acquire(..).await"),
-    /// }
-    /// # Ok(()) }
-    /// ```
     pub fn try_acquire_now<'a>(
         &self,
         target: impl Into<Target<'a>>,

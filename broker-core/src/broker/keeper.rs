@@ -166,12 +166,9 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
         let now = Instant::now();
         let (due, ended, next) = {
             let mut held = keeper.lock();
-            let Some(at) = held.runtimes.iter().position(|(on, _)| *on == id) else {
-                stopped.armed = false;
-                return;
-            };
-            if !held.leases.values().any(|k| k.on == Some(id)) {
-                held.runtimes.swap_remove(at);
+            let at = held.runtimes.iter().position(|(on, _)| *on == id);
+            if at.is_none() || !held.leases.values().any(|k| k.on == Some(id)) {
+                at.map(|at| held.runtimes.swap_remove(at));
                 stopped.armed = false;
                 return;
             }

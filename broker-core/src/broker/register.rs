@@ -102,21 +102,9 @@ impl ResourceBroker {
         })
     }
 
-    /// Registers (or re-configures) `id` as a `kind` resource.
-    pub(super) fn insert(
-        &self,
-        id: &str,
-        config: ResourceConfig,
-        kind: ResourceKind,
-    ) -> Result<(), ConfigError> {
-        let ready = self.ready(id, config, kind)?;
-        self.commit(vec![ready], |_, _, _| Ok(true))
-            .map_err(|e| e.error)
-    }
-
     /// Installs, under the registry's lock, each of `ready` that `install`
     /// accepts (all or none), and retires the registrations replaced.
-    fn commit(
+    pub(super) fn commit(
         &self,
         ready: Vec<Resource>,
         install: impl Fn(&Registry, usize, &Resource) -> Result<bool, EntryError>,
@@ -149,7 +137,7 @@ impl ResourceBroker {
 
     /// Checks `id` and `config` and makes the store's states, before the
     /// registry's lock (a store's states may register from here).
-    fn ready(
+    pub(super) fn ready(
         &self,
         id: &str,
         config: ResourceConfig,
