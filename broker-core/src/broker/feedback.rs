@@ -180,13 +180,10 @@ fn spent_reset(observed: &ObservedLimit, spec: &LimitSpec) -> Option<Duration> {
 fn note_calibration(resource: &Resource, observed: &ObservedLimit) {
     for (i, rate) in resource.config.limits.rates.iter().enumerate() {
         let described = crate::state::observed_for(&resource.spec, observed, i);
-        let Some(limit) = described.and_then(|o| o.limit) else {
+        let configured = rate.burst();
+        let Some(limit) = described.and_then(|o| o.limit).filter(|l| *l != configured) else {
             continue;
         };
-        let configured = rate.burst();
-        if limit == configured {
-            continue;
-        }
         let last = match rate.unit {
             Unit::Requests => &resource.counters.observed_request_limit,
             Unit::Tokens => &resource.counters.observed_token_limit,
