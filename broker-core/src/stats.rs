@@ -195,21 +195,20 @@ impl Histogram {
     /// The count, and the upper bound (ms) of the bucket holding each
     /// quantile of `qs` (per mille).
     fn quantiles<const N: usize>(&self, qs: [u64; N]) -> (u64, [u64; N]) {
-        let counts: Vec<u64> = self.0.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let counts = self.0.each_ref().map(|c| c.load(Ordering::Relaxed));
         let total: u64 = counts.iter().sum();
         let out = qs.map(|q| {
-            if total == 0 {
-                return 0;
-            }
             let rank = (total * q).div_ceil(1000).max(1);
             let mut seen = 0;
-            for (i, c) in counts.iter().enumerate() {
+            let at = counts.iter().position(|c| {
                 seen += c;
-                if seen >= rank {
-                    return if i == 0 { 1 } else { 1u64 << i.min(63) };
-                }
+                seen >= rank
+            });
+            match at {
+                Some(i) => 1 << i,
+                None if total == 0 => 0,
+                None => u64::MAX,
             }
-            u64::MAX
         });
         (total, out)
     }

@@ -207,8 +207,7 @@ pub(super) fn release(
             };
             let key = key.unwrap_or_else(|| resource.key.clone());
             // Pending on its key while on its way (see `pending.rs`).
-            let pending =
-                (resource.keeper.as_ref()).map(|k| k.pending.on_its_way(key.clone(), lease));
+            let pending = (resource.keeper.as_ref()).map(|k| k.on_its_way(key.clone(), lease));
             rt.spawn(async move {
                 let released = match pending {
                     Some(release) => release.send().await,
