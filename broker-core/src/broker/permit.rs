@@ -42,9 +42,7 @@ impl Acquisition {
 /// lease is renewed for [`max_hold`](crate::ResourceConfig::max_hold) at most.
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
-pub struct Permit {
-    held: Held,
-}
+pub struct Permit(Held);
 
 /// What a permit holds.
 #[derive(Debug, Default)]
@@ -95,9 +93,7 @@ impl std::fmt::Debug for dyn Store {
 impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
-        Self {
-            held: Held::Nothing,
-        }
+        Self(Held::Nothing)
     }
 
     /// The permit of `lease`, counted in flight if `counted`, and kept
@@ -123,9 +119,7 @@ impl Permit {
             lease,
             counted,
         };
-        Self {
-            held: Held::One(Box::new(lease)),
-        }
+        Self(Held::One(Box::new(lease)))
     }
 
     /// One permit holding the slots of both `self` and `other`, released
@@ -150,21 +144,19 @@ impl Permit {
         match (self.is_held(), other.is_held()) {
             (_, false) => self,
             (false, true) => other,
-            (true, true) => Self {
-                held: Held::Both(Box::new([self, other])),
-            },
+            (true, true) => Self(Held::Both(Box::new([self, other]))),
         }
     }
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        !matches!(self.held, Held::Nothing)
+        !matches!(self.0, Held::Nothing)
     }
 
     /// Releases the slot (idempotent): at once in memory, else sent on the
     /// current tokio runtime (without one, the lease expires).
     pub fn release(&mut self) {
-        match std::mem::take(&mut self.held) {
+        match std::mem::take(&mut self.0) {
             Held::Nothing => {}
             Held::One(l) => release(l.backend, l.resource, l.key, l.lease, l.counted),
             Held::Both(both) => drop(both),
