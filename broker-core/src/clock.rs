@@ -44,10 +44,7 @@ pub struct SystemClock {
 impl SystemClock {
     /// A clock anchored at the current system time.
     pub fn new() -> Self {
-        let origin_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(micros)
-            .unwrap_or(0);
+        let origin_unix = UNIX_EPOCH.elapsed().map_or(0, micros);
         Self {
             origin: Instant::now(),
             origin_unix,

@@ -3,32 +3,55 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use std::time::Duration;
-
 use crate::broker::Priority;
 
-/// Live counters of one resource.
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub(crate) allowed: AtomicU64,
-    pub(crate) denied: AtomicU64,
-    pub(crate) waits: AtomicU64,
-    pub(crate) wait_micros: AtomicU64,
-    pub(crate) upstream_429: AtomicU64,
-    pub(crate) retries: AtomicU64,
-    pub(crate) retries_exhausted: AtomicU64,
-    pub(crate) skipped: AtomicU64,
-    pub(crate) backend_errors: AtomicU64,
-    pub(crate) completed: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) reconciles: AtomicU64,
-    /// The last upstream request limit logged as calibration material.
-    pub(crate) observed_request_limit: AtomicU64,
-    /// The last upstream token limit logged as calibration material.
-    pub(crate) observed_token_limit: AtomicU64,
+/// Defines the live [`Counters`] of a resource and their snapshot: each
+/// named one is read into the [`ResourceStats`] field of its name.
+macro_rules! counters {
+    ($($name:ident),*) => {
+        /// Live counters of one resource.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $name: AtomicU64,)*
+            pub(crate) waits: AtomicU64,
+            pub(crate) wait_micros: AtomicU64,
+            /// The last upstream request limit logged as calibration material.
+            pub(crate) observed_request_limit: AtomicU64,
+            /// The last upstream token limit logged as calibration material.
+            pub(crate) observed_token_limit: AtomicU64,
+        }
+
+        impl Counters {
+            /// A snapshot of the counters, with the calls queued and in flight
+            /// under the resource id (`live`) and its `queue`.
+            pub(crate) fn snapshot(
+                &self,
+                kind: ResourceKind,
+                live: &Live,
+                queue: QueueStats,
+            ) -> ResourceStats {
+                let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                ResourceStats {
+                    $($name: get(&self.$name),)*
+                    kind,
+                    queued: get(&live.queued),
+                    in_flight: get(&live.in_flight),
+                    local_waits: get(&self.waits),
+                    total_wait_ms: get(&self.wait_micros) / 1000,
+                    queue,
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    allowed, denied, upstream_429, retries, retries_exhausted, skipped, backend_errors, completed,
+    failed, reconciles
 }
 
 /// The calls waiting and the work running (or permits held) under one
@@ -66,32 +89,6 @@ impl<'r> Counted<'r> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         drop_one(self.0);
-    }
-}
-
-impl Counters {
-    /// A snapshot of the counters, with the calls queued and in flight
-    /// under the resource id (`live`).
-    pub(crate) fn snapshot(&self, kind: ResourceKind, live: &Live) -> ResourceStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ResourceStats {
-            kind,
-            allowed: get(&self.allowed),
-            denied: get(&self.denied),
-            queued: get(&live.queued),
-            in_flight: get(&live.in_flight),
-            local_waits: get(&self.waits),
-            total_wait_ms: get(&self.wait_micros) / 1000,
-            upstream_429: get(&self.upstream_429),
-            retries: get(&self.retries),
-            retries_exhausted: get(&self.retries_exhausted),
-            skipped: get(&self.skipped),
-            backend_errors: get(&self.backend_errors),
-            completed: get(&self.completed),
-            failed: get(&self.failed),
-            reconciles: get(&self.reconciles),
-            queue: Default::default(),
-        }
     }
 }
 
@@ -198,28 +195,27 @@ impl Histogram {
     /// The count, and the upper bound (ms) of the bucket holding each
     /// quantile of `qs` (per mille).
     fn quantiles<const N: usize>(&self, qs: [u64; N]) -> (u64, [u64; N]) {
-        let counts: Vec<u64> = self.0.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let counts = self.0.each_ref().map(|c| c.load(Ordering::Relaxed));
         let total: u64 = counts.iter().sum();
         let out = qs.map(|q| {
-            if total == 0 {
-                return 0;
-            }
             let rank = (total * q).div_ceil(1000).max(1);
             let mut seen = 0;
-            for (i, c) in counts.iter().enumerate() {
+            let at = counts.iter().position(|c| {
                 seen += c;
-                if seen >= rank {
-                    return if i == 0 { 1 } else { 1u64 << i.min(63) };
-                }
+                seen >= rank
+            });
+            match at {
+                Some(i) => 1 << i,
+                None if total == 0 => 0,
+                None => u64::MAX,
             }
-            u64::MAX
         });
         (total, out)
     }
 }
 
 /// The queue of one resource in [`crate::ResourceStats`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStats {
     /// Per priority, highest first.
@@ -230,7 +226,7 @@ pub struct QueueStats {
 }
 
 /// One priority level of a queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LevelStats {
     /// `interactive`, `default` or `batch`.
@@ -249,7 +245,7 @@ pub struct LevelStats {
 }
 
 /// One flow of a queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FlowStats {
     /// The flow key's fingerprint.

@@ -11,37 +11,15 @@
 //! | `resource_broker_backend_fallbacks_total` | `policy`, `op` | backend errors a backend handled by its failure policy |
 //! | `resource_broker_egress_requests_total` | `supplier`, `ip` | requests a supplier's egress IP counter saw ([`crate::supplier`]) |
 
-/// One event worth a counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// A caller waited on the local limiter.
-    LocalWait,
-    /// The upstream answered 429.
-    Upstream429,
-    /// An `enqueue` call ran out of retry budget.
-    RetriesExhausted,
-    /// A data bucket answered skip-and-reschedule.
-    Skipped,
-    /// Upstream headers narrowed a bucket (or penalized a resource).
-    Reconciled,
-}
+pub(crate) const LOCAL_WAITS: &str = "resource_broker_local_waits_total";
+pub(crate) const UPSTREAM_429: &str = "resource_broker_upstream_429_total";
+pub(crate) const RETRIES_EXHAUSTED: &str = "resource_broker_retries_exhausted_total";
+pub(crate) const SKIPPED: &str = "resource_broker_skipped_total";
+pub(crate) const RECONCILES: &str = "resource_broker_reconciles_total";
 
-impl Signal {
-    /// The metric name.
-    pub fn metric(self) -> &'static str {
-        match self {
-            Signal::LocalWait => "resource_broker_local_waits_total",
-            Signal::Upstream429 => "resource_broker_upstream_429_total",
-            Signal::RetriesExhausted => "resource_broker_retries_exhausted_total",
-            Signal::Skipped => "resource_broker_skipped_total",
-            Signal::Reconciled => "resource_broker_reconciles_total",
-        }
-    }
-}
-
-/// Counts `signal` for `resource`.
-pub fn count(resource: &str, signal: Signal) {
-    metrics::counter!(signal.metric(), "resource" => resource.to_owned()).increment(1);
+/// Counts `metric` (one of the `resource`-labelled ones above) for `resource`.
+pub(crate) fn count(resource: &str, metric: &'static str) {
+    metrics::counter!(metric, "resource" => resource.to_owned()).increment(1);
 }
 
 /// Counts a backend error the broker saw on `op` for `resource`.

@@ -4,32 +4,27 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::enqueue::{self, LiveBooking};
+use super::enqueue::{self, LiveBooking, Refused};
 use super::permit::HeldKey;
 use super::{in_flight, note_backend_error, state_key};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
-use crate::state::{Decision, DenyReason, Verdict};
+use crate::state::{Decision, Verdict};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
 /// The future of [`ResourceBroker::try_acquire`]: the call is made when it
 /// is first polled, never before.
 #[must_use = "futures do nothing unless polled"]
-pub struct TryAcquire<'s>(Call<'s>);
+pub struct TryAcquire<'s>(pub(super) Call<'s>);
 
 /// Where a [`TryAcquire`] is: an in-process answer needs no allocation.
-enum Call<'s> {
-    Unpolled {
-        broker: &'s ResourceBroker,
-        on: On<'s>,
-        key: Option<&'s str>,
-        cost: Cost,
-    },
+pub(super) enum Call<'s> {
+    Unpolled(&'s ResourceBroker, On<'s>, Option<&'s str>, Cost),
     Later(Boxed<'s>),
     Done,
 }
@@ -59,22 +54,6 @@ impl On<'_> {
     }
 }
 
-impl<'s> TryAcquire<'s> {
-    pub(super) fn new(
-        broker: &'s ResourceBroker,
-        on: On<'s>,
-        key: Option<&'s str>,
-        cost: Cost,
-    ) -> Self {
-        Self(Call::Unpolled {
-            broker,
-            on,
-            key,
-            cost,
-        })
-    }
-}
-
 impl TryAcquire<'_> {
     /// The answer of one poll, or `None` if the call is still pending on
     /// its store (the call is then dropped). Panics if already completed.
@@ -89,14 +68,12 @@ impl TryAcquire<'_> {
     ///     Some(answer) => println!("allowed: {}", answer?.allowed),
     ///     None => println!("the backend is asked asynchronously"),
     /// }
+    /// // Without asking a backend that needs I/O at all:
+    /// let _ = broker.try_acquire_now(("tenants", "acme"), Cost::default());
     /// # Ok(()) }
     /// ```
-    pub fn now_or_never(mut self) -> Option<Result<Acquisition, BrokerError>> {
-        let mut cx = Context::from_waker(Waker::noop());
-        match Pin::new(&mut self).poll(&mut cx) {
-            Poll::Ready(answer) => Some(answer),
-            Poll::Pending => None,
-        }
+    pub fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
+        futures::FutureExt::now_or_never(self)
     }
 }
 
@@ -105,13 +82,7 @@ impl Future for TryAcquire<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut self.get_mut().0;
-        if let Call::Unpolled {
-            broker,
-            on,
-            key,
-            cost,
-        } = *this
-        {
+        if let Call::Unpolled(broker, on, key, cost) = *this {
             *this = Call::Done;
             let now = on.with(broker, |resource| {
                 (broker.acquire_now(resource, key, cost)).map_err(|state_key| {
@@ -144,17 +115,21 @@ impl std::fmt::Debug for TryAcquire<'_> {
 /// The acquisition of verdict `v`, already counted, with `permit` (held
 /// only when allowed).
 fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
-    let (wait, denied_by) = match v {
-        Verdict::Allowed | Verdict::Leased(_) => (0, None),
-        Verdict::Rate(wait) => (wait, Some(DenyReason::Rate)),
-        Verdict::Concurrency => (0, Some(DenyReason::Concurrency)),
-    };
+    let d = Decision::from(v);
     Acquisition {
-        allowed: denied_by.is_none(),
-        wait_time: Duration::from_micros(wait),
-        denied_by,
+        allowed: d.allowed,
+        wait_time: Duration::from_micros(d.wait),
+        denied_by: d.denied_by,
         permit,
         answered_here,
+    }
+}
+
+/// Counts verdict `v` (on the latest registration).
+fn count(resource: &Resource, v: Verdict) {
+    match v.allowed() {
+        true => resource.tally(|c| &c.allowed, 1),
+        false => resource.tally(|c| &c.denied, 1),
     }
 }
 
@@ -169,23 +144,12 @@ impl ResourceBroker {
         cost: Cost,
     ) -> TryAcquire<'s> {
         let target = target.into();
-        TryAcquire::new(self, On::Id(target.resource), target.key, cost)
+        let on = On::Id(target.resource);
+        TryAcquire(Call::Unpolled(self, on, target.key, cost))
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting: `None` when the
     /// backend must be asked asynchronously (nothing was consumed).
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// match broker.try_acquire_now("webhooks", Cost::default()) {
-    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
-    ///     None => println!("ask with try_acquire(..).await"),
-    /// }
-    /// # Ok(()) }
-    /// ```
     pub fn try_acquire_now<'a>(
         &self,
         target: impl Into<Target<'a>>,
@@ -217,7 +181,7 @@ impl ResourceBroker {
     ) -> Option<Verdict> {
         let local = resource.local.as_ref()?;
         let v = local.try_acquire(key, cost);
-        Some(self.judge(resource, || HeldKey::sub(key), v, permit))
+        Some(self.judge(resource, || HeldKey::Sub(key.map(Box::from)), v, permit))
     }
 
     /// `try_acquire` answered without I/O, or `Err` with the state key
@@ -297,14 +261,10 @@ impl ResourceBroker {
         v: Verdict,
         permit: &mut Permit,
     ) -> Verdict {
-        match v {
-            Verdict::Allowed => resource.tally(|c| &c.allowed, 1),
-            Verdict::Leased(lease) => {
-                resource.tally(|c| &c.allowed, 1);
-                *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
-            }
-            Verdict::Rate(_) | Verdict::Concurrency => resource.tally(|c| &c.denied, 1),
+        if let Verdict::Leased(lease) = v {
+            *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
         }
+        count(resource, v);
         v
     }
 
@@ -329,21 +289,13 @@ impl ResourceBroker {
             ceiling: None,
         };
         let admitted = enqueue::admit_until(self, &resource, state, cost, &bounds, None, true);
-        let v = match admitted.await {
-            Ok((booking, permit)) => {
-                let booked = booking.consume();
-                resource.tally(|c| &c.allowed, 1);
-                return Ok(acquisition(
-                    Verdict::Allowed,
-                    permit,
-                    booked.answered_here(),
-                ));
-            }
-            Err(enqueue::Refused::Broker(e)) => return Err(e),
-            Err(enqueue::Refused::TooLong(wait, _)) => Verdict::Rate(wait),
-            Err(enqueue::Refused::NoSlot(_)) => Verdict::Concurrency,
+        let (v, permit, here) = match admitted.await {
+            Ok((booking, permit)) => (Verdict::Allowed, permit, booking.consume().answered_here()),
+            Err(Refused::Broker(e)) => return Err(e),
+            Err(Refused::TooLong(wait, _)) => (Verdict::Rate(wait), Permit::empty(), false),
+            Err(Refused::NoSlot(_)) => (Verdict::Concurrency, Permit::empty(), false),
         };
-        resource.tally(|c| &c.denied, 1);
-        Ok(acquisition(v, Permit::empty(), false))
+        count(&resource, v);
+        Ok(acquisition(v, permit, here))
     }
 }

@@ -11,7 +11,7 @@ use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
 use crate::observed::ObservedLimit;
 use crate::state::{LimitSpec, Marks};
-use crate::telemetry::{self, Signal};
+use crate::telemetry;
 
 /// # Upstream feedback
 impl ResourceBroker {
@@ -104,7 +104,7 @@ impl ResourceBroker {
         penalty: Duration,
     ) -> Result<(), BrokerError> {
         resource.tally(|c| &c.upstream_429, 1);
-        telemetry::count(&resource.id, Signal::Upstream429);
+        telemetry::count(&resource.id, telemetry::UPSTREAM_429);
         let spec = resource.latest().spec.clone();
         (self.inner.backend.penalize(key, &spec, penalty).await)
             .inspect_err(|e| note_backend_error(resource, "penalize", e))?;
@@ -137,7 +137,7 @@ impl ResourceBroker {
         }
         .inspect_err(|e| note_backend_error(resource, "reconcile", e))?;
         resource.tally(|c| &c.reconciles, 1);
-        telemetry::count(&resource.id, Signal::Reconciled);
+        telemetry::count(&resource.id, telemetry::RECONCILES);
         Ok(())
     }
 }
@@ -180,13 +180,10 @@ fn spent_reset(observed: &ObservedLimit, spec: &LimitSpec) -> Option<Duration> {
 fn note_calibration(resource: &Resource, observed: &ObservedLimit) {
     for (i, rate) in resource.config.limits.rates.iter().enumerate() {
         let described = crate::state::observed_for(&resource.spec, observed, i);
-        let Some(limit) = described.and_then(|o| o.limit) else {
+        let configured = rate.burst();
+        let Some(limit) = described.and_then(|o| o.limit).filter(|l| *l != configured) else {
             continue;
         };
-        let configured = rate.burst();
-        if limit == configured {
-            continue;
-        }
         let last = match rate.unit {
             Unit::Requests => &resource.counters.observed_request_limit,
             Unit::Tokens => &resource.counters.observed_token_limit,

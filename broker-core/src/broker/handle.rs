@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::calls::On;
+use super::calls::{Call, On};
 use super::{Acquisition, Permit, Resource, ResourceBroker, TryAcquire};
 use crate::error::BrokerError;
 use crate::limits::Cost;
@@ -15,17 +15,21 @@ use crate::state::Verdict;
 /// re-registration of it. Cloning is cheap.
 ///
 /// ```
-/// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-/// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
+/// use broker_core::{BrokerError, Cost, Limits, RateLimit, ResourceBroker};
+/// # async fn demo(backend: impl broker_core::Store) -> Result<(), BrokerError> {
 /// let broker = ResourceBroker::new(backend);
 /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
 /// let tenants = broker.resource_handle("tenants")?;
-/// // One tenant's own state ...
-/// if let Some(answer) = tenants.try_acquire_now("acme", Cost::default()) {
-///     println!("acme allowed: {}", answer?.allowed);
+/// assert_eq!(tenants.resource(), "tenants");
+/// assert!(matches!(broker.resource_handle("nope"), Err(BrokerError::UnknownResource(_))));
+/// // One tenant's own state, answered at once if the store needs no I/O ...
+/// match tenants.try_acquire_now("acme", Cost::default()) {
+///     Some(answer) => println!("acme allowed: {}", answer?.allowed),
+///     None => println!("ask with try_acquire(..).await"),
 /// }
 /// // ... or the resource's whole state.
-/// let _ = tenants.try_acquire_now(None, Cost::default());
+/// let a = tenants.try_acquire(None, Cost::default()).await?;
+/// println!("allowed: {}, retry after {:?}", a.allowed, a.wait_time);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -45,16 +49,6 @@ impl std::fmt::Debug for ResourceHandle {
 impl ResourceBroker {
     /// A handle on the registered `resource` (see [`ResourceHandle`]).
     /// Unknown resource: [`BrokerError::UnknownResource`].
-    ///
-    /// ```
-    /// use broker_core::{BrokerError, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("webhooks", Limits::new().rate(RateLimit::per_second(10)))?;
-    /// assert_eq!(broker.resource_handle("webhooks")?.resource(), "webhooks");
-    /// assert!(matches!(broker.resource_handle("nope"), Err(BrokerError::UnknownResource(_))));
-    /// # Ok(()) }
-    /// ```
     pub fn resource_handle(&self, resource: &str) -> Result<ResourceHandle, BrokerError> {
         Ok(ResourceHandle {
             broker: self.clone(),
@@ -85,25 +79,12 @@ impl ResourceHandle {
 
     /// [`ResourceBroker::try_acquire`] on this resource: `key` is a sub-key
     /// (`"acme"`, `Some(tenant)`) or `None` for the resource's own state.
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # async fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// let tenants = broker.resource_handle("tenants")?;
-    /// let a = tenants.try_acquire("acme", Cost::default()).await?;
-    /// if !a.allowed {
-    ///     println!("429, retry after {:?}", a.wait_time);
-    /// }
-    /// # Ok(()) }
-    /// ```
     pub fn try_acquire<'s, 'a: 's>(
         &'s self,
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> TryAcquire<'s> {
-        TryAcquire::new(&self.broker, self.on(), key.into(), cost)
+        TryAcquire(Call::Unpolled(&self.broker, self.on(), key.into(), cost))
     }
 
     /// The compact hot-path answer: the [`Verdict`] when the store answers in
@@ -139,18 +120,6 @@ impl ResourceHandle {
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `None` when the
     /// store must be asked asynchronously (nothing was consumed).
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// match broker.resource_handle("tenants")?.try_acquire_now("acme", Cost::default()) {
-    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
-    ///     None => println!("ask with try_acquire(..).await"),
-    /// }
-    /// # Ok(()) }
-    /// ```
     pub fn try_acquire_now<'a>(
         &self,
         key: impl Into<Option<&'a str>>,

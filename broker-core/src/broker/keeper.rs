@@ -3,6 +3,7 @@
 //! leases go to another runtime's task (or the next) when it shuts down.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -14,12 +15,18 @@ use super::Resource;
 use crate::state::{LeaseId, LimitSpec};
 use crate::store::{Renewal, Store};
 
-/// The leases kept, each with the runtime whose task renews it.
+/// The leases kept, each with the runtime whose task renews it, and the
+/// releases not yet sent (see `pending.rs`).
 pub(crate) struct Keeper {
-    backend: Arc<dyn Store>,
+    pub(super) backend: Arc<dyn Store>,
     held: Mutex<Held>,
-    /// The releases not yet sent.
-    pub(crate) pending: Arc<super::pending::Pending>,
+    /// How many leases `by_key` holds: a decision finds none without the
+    /// lock.
+    pub(super) count: AtomicUsize,
+    pub(super) by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
+    /// Told when the store reads up again; `polling` while a task watches.
+    pub(super) up: Notify,
+    pub(super) polling: AtomicBool,
 }
 
 #[derive(Default)]
@@ -71,13 +78,16 @@ impl std::fmt::Debug for Keeper {
 impl Keeper {
     pub(crate) fn new(backend: Arc<dyn Store>) -> Self {
         Self {
-            pending: Arc::new(super::pending::Pending::new(backend.clone())),
             backend,
-            held: Mutex::new(Held::default()),
+            held: Mutex::default(),
+            count: AtomicUsize::new(0),
+            by_key: Mutex::default(),
+            up: Notify::new(),
+            polling: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Held> {
+    fn held(&self) -> MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -99,7 +109,7 @@ impl Keeper {
             spec,
         };
         let (notify, start) = {
-            let mut held = self.lock();
+            let mut held = self.held();
             let start = !held.runtimes.iter().any(|(on, _)| *on == id);
             if start {
                 held.runtimes.push((id, Arc::new(Notify::new())));
@@ -124,7 +134,7 @@ impl Keeper {
 
     /// Stops renewing `lease` (its permit is being released).
     pub(crate) fn forget(&self, lease: LeaseId) {
-        self.lock().leases.remove(&lease);
+        self.held().leases.remove(&lease);
     }
 }
 
@@ -143,7 +153,7 @@ impl Drop for Stopped {
             return;
         }
         let wake = {
-            let mut held = self.keeper.lock();
+            let mut held = self.keeper.held();
             let Some(at) = held.runtimes.iter().position(|(on, _)| *on == self.id) else {
                 return;
             };
@@ -165,13 +175,10 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
     loop {
         let now = Instant::now();
         let (due, ended, next) = {
-            let mut held = keeper.lock();
-            let Some(at) = held.runtimes.iter().position(|(on, _)| *on == id) else {
-                stopped.armed = false;
-                return;
-            };
-            if !held.leases.values().any(|k| k.on == Some(id)) {
-                held.runtimes.swap_remove(at);
+            let mut held = keeper.held();
+            let at = held.runtimes.iter().position(|(on, _)| *on == id);
+            if at.is_none() || !held.leases.values().any(|k| k.on == Some(id)) {
+                at.map(|at| held.runtimes.swap_remove(at));
                 stopped.armed = false;
                 return;
             }
@@ -211,7 +218,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                 Ok(Renewal::Held) => {}
                 // Taken again, but its permit was released meanwhile (the
                 // release may have gone out first): freed again.
-                Ok(Renewal::Retaken) if !keeper.lock().leases.contains_key(&lease) => {
+                Ok(Renewal::Retaken) if !keeper.held().leases.contains_key(&lease) => {
                     if let Err(e) = keeper.backend.release(&key, lease).await {
                         super::note_backend_error(&resource, "release", &e);
                     }
@@ -224,7 +231,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                      been exceeded meanwhile"
                 ),
                 Ok(Renewal::Gone) => {
-                    if keeper.lock().leases.remove(&lease).is_some() {
+                    if keeper.held().leases.remove(&lease).is_some() {
                         tracing::warn!(
                             resource = %resource.id,
                             "a concurrency lease is not in the store while its permit is \

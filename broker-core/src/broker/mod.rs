@@ -107,18 +107,19 @@ impl ResourceBroker {
 
     /// Registers (or re-configures) a resource.
     pub fn register(&self, resource: &str, config: ResourceConfig) -> Result<(), ConfigError> {
-        self.insert(resource, config, ResourceKind::Queue)
+        let ready = self.ready(resource, config, ResourceKind::Queue)?;
+        self.commit(vec![ready], |_, _, _| Ok(true))
+            .map_err(|e| e.error)
     }
 
     /// Registers (or re-configures) a limit-only resource, for
     /// `try_acquire` and `acquire`; `enqueue` on it queues with the
     /// defaults of [`ResourceConfig::new`].
     pub fn register_limit(&self, resource: &str, limits: Limits) -> Result<(), ConfigError> {
-        self.insert(
-            resource,
-            ResourceConfig::new(limits),
-            ResourceKind::LimitOnly,
-        )
+        let config = ResourceConfig::new(limits);
+        let ready = self.ready(resource, config, ResourceKind::LimitOnly)?;
+        self.commit(vec![ready], |_, _, _| Ok(true))
+            .map_err(|e| e.error)
     }
 
     /// Whether `resource` is registered.
@@ -149,9 +150,10 @@ impl ResourceBroker {
     /// and `in_flight` also count earlier ones), and the store's health.
     pub fn stats(&self) -> BrokerStats {
         let resources = self.inner.resources.load();
+        let stats = |r: &Arc<Resource>| r.counters.snapshot(r.kind, &r.live, r.lines.stats());
         BrokerStats {
             resources: (resources.values())
-                .map(|r| (r.id.clone(), r.stats()))
+                .map(|r| (r.id.clone(), stats(r)))
                 .collect(),
             backend: self.inner.backend.health(),
         }

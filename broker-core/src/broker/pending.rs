@@ -4,16 +4,14 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
+use super::keeper::Keeper;
 use super::Resource;
 use crate::error::BackendError;
 use crate::state::{LeaseId, LimitSpec};
-use crate::store::Store;
 
 /// Most releases pending; past it, one that cannot reach the store is left
 /// to its lease's TTL.
@@ -23,18 +21,6 @@ const MAX_KEPT: usize = 100_000;
 /// while releases wait for it to read up.
 const RETRY: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(500)];
 
-/// The releases not yet sent, by state key.
-pub(crate) struct Pending {
-    store: Arc<dyn Store>,
-    /// How many leases `by_key` holds: a decision finds none without the
-    /// lock.
-    count: AtomicUsize,
-    by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
-    /// Told when the store reads up again; `polling` while a task watches.
-    up: Notify,
-    polling: AtomicBool,
-}
-
 /// `decision`, which may take a slot on state `key` of `resource` under
 /// `spec`, after the releases pending on `key`; both within one bound.
 pub(crate) async fn in_order<T>(
@@ -43,8 +29,8 @@ pub(crate) async fn in_order<T>(
     spec: &LimitSpec,
     decision: impl Future<Output = T>,
 ) -> T {
-    let pending = (resource.keeper.as_ref()).map(|k| &k.pending);
-    let Some(p) = pending.filter(|p| spec.max_concurrent.is_some() && p.any()) else {
+    let keeper = resource.keeper.as_ref();
+    let Some(p) = keeper.filter(|p| spec.max_concurrent.is_some() && p.any()) else {
         return decision.await;
     };
     let ahead = async {
@@ -52,7 +38,7 @@ pub(crate) async fn in_order<T>(
         p.count.fetch_sub(leases.len(), Ordering::Release);
         for lease in leases {
             // One out of reach goes back on its way, as a dropped permit's.
-            let released = p.store.release(key, lease).await;
+            let released = p.backend.release(key, lease).await;
             if released.is_err_and(|e| e.is_unavailable()) {
                 tokio::spawn(p.on_its_way(key.to_owned(), lease).send());
             }
@@ -64,17 +50,8 @@ pub(crate) async fn in_order<T>(
         .await
 }
 
-impl Pending {
-    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
-        Self {
-            store,
-            count: AtomicUsize::new(0),
-            by_key: Mutex::default(),
-            up: Notify::new(),
-            polling: AtomicBool::new(false),
-        }
-    }
-
+/// The releases not yet sent, by state key.
+impl Keeper {
     /// Waits until the store reads up: one waiter reads its health for all;
     /// if that one is dropped, the next to wake takes over.
     async fn until_up(&self) {
@@ -84,7 +61,7 @@ impl Pending {
             up.as_mut().enable();
             if self.polling.swap(true, Ordering::AcqRel) {
                 up.await;
-                if !self.store.health().down {
+                if !self.backend.health().down {
                     return;
                 }
                 continue;
@@ -94,7 +71,7 @@ impl Pending {
             loop {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(RETRY[1]);
-                if !self.store.health().down {
+                if !self.backend.health().down {
                     return;
                 }
             }
@@ -150,7 +127,7 @@ impl Pending {
 /// A release sent from a task, pending while on its way; dropped (its task
 /// done, or dropped unrun with its runtime), it leaves nothing pending.
 pub(crate) struct OnItsWay {
-    pending: Arc<Pending>,
+    pending: Arc<Keeper>,
     key: String,
     lease: LeaseId,
 }
@@ -165,10 +142,10 @@ impl OnItsWay {
             if !pending.holds(key, self.lease) {
                 return Ok(true);
             }
-            let released = pending.store.release(key, self.lease).await;
+            let released = pending.backend.release(key, self.lease).await;
             let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
             let kept = pending.count.load(Ordering::Relaxed) <= MAX_KEPT;
-            if !(out_of_reach && kept && pending.store.health().down) {
+            if !(out_of_reach && kept && pending.backend.health().down) {
                 return released;
             }
             pending.until_up().await;
@@ -178,7 +155,7 @@ impl OnItsWay {
 
 /// The waiter that reads the store's health; dropped (the store up, or the
 /// waiter gone), it wakes every other, and one of them reads on if need be.
-struct Poller<'a>(&'a Pending);
+struct Poller<'a>(&'a Keeper);
 
 impl Drop for Poller<'_> {
     fn drop(&mut self) {
@@ -197,10 +174,12 @@ impl Drop for OnItsWay {
 mod tests {
     use super::*;
     use crate::broker::tests::NoStore;
+    use crate::store::Store;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
 
     #[test]
     fn leases_are_kept_by_key_until_answered_or_taken() {
-        let pending = Arc::new(Pending::new(Arc::new(NoStore)));
+        let pending = Arc::new(Keeper::new(Arc::new(NoStore)));
         assert!(!pending.holds("a", 1));
         let ways = [("a", 1), ("a", 2), ("b", 3)].map(|(k, l)| pending.on_its_way(k.into(), l));
         assert!(pending.holds("a", 1));
@@ -220,7 +199,7 @@ mod tests {
     /// pending.
     #[test]
     fn a_release_whose_task_never_ran_does_not_stay_pending() {
-        let pending = Arc::new(Pending::new(Arc::new(NoStore)));
+        let pending = Arc::new(Keeper::new(Arc::new(NoStore)));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -309,7 +288,7 @@ mod tests {
     async fn releases_kept_while_down_are_sent_when_their_reader_is_gone() {
         let store = Arc::new(Away::default());
         store.down.store(true, Ordering::Release);
-        let pending = Arc::new(Pending::new(store.clone()));
+        let pending = Arc::new(Keeper::new(store.clone()));
         let tasks: Vec<_> = (0..3)
             .map(|i| tokio::spawn(pending.on_its_way("k".into(), i).send()))
             .collect();

@@ -42,9 +42,7 @@ impl Acquisition {
 /// lease is renewed for [`max_hold`](crate::ResourceConfig::max_hold) at most.
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
-pub struct Permit {
-    held: Held,
-}
+pub struct Permit(Held);
 
 /// What a permit holds.
 #[derive(Debug, Default)]
@@ -77,10 +75,6 @@ pub(crate) enum HeldKey {
 }
 
 impl HeldKey {
-    pub(crate) fn sub(key: Option<&str>) -> Self {
-        Self::Sub(key.map(Box::from))
-    }
-
     /// The state key the lease is on; `None` for the resource's own.
     fn state_key(&self, resource: &Resource) -> Option<String> {
         match self {
@@ -99,9 +93,7 @@ impl std::fmt::Debug for dyn Store {
 impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
-        Self {
-            held: Held::Nothing,
-        }
+        Self(Held::Nothing)
     }
 
     /// The permit of `lease`, counted in flight if `counted`, and kept
@@ -127,9 +119,7 @@ impl Permit {
             lease,
             counted,
         };
-        Self {
-            held: Held::One(Box::new(lease)),
-        }
+        Self(Held::One(Box::new(lease)))
     }
 
     /// One permit holding the slots of both `self` and `other`, released
@@ -154,64 +144,52 @@ impl Permit {
         match (self.is_held(), other.is_held()) {
             (_, false) => self,
             (false, true) => other,
-            (true, true) => Self {
-                held: Held::Both(Box::new([self, other])),
-            },
+            (true, true) => Self(Held::Both(Box::new([self, other]))),
         }
     }
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        !matches!(self.held, Held::Nothing)
+        !matches!(self.0, Held::Nothing)
     }
 
     /// Releases the slot (idempotent): at once in memory, else sent on the
     /// current tokio runtime (without one, the lease expires).
     pub fn release(&mut self) {
-        match std::mem::take(&mut self.held) {
+        match std::mem::take(&mut self.0) {
             Held::Nothing => {}
-            Held::One(lease) => release_lease(*lease),
+            Held::One(l) => release(l.backend, l.resource, l.key, l.lease, l.counted),
             Held::Both(both) => drop(both),
         }
     }
 }
 
-/// Releases `lease` on state `key` of `resource` as a dropped permit
-/// would, for a caller that went away before it was told (see
-/// `in_flight.rs`): never kept nor counted in flight.
-pub(super) fn release_untold(
-    backend: &Arc<dyn Store>,
+/// Releases `lease` on state `key` of `resource`, counted in flight if
+/// `counted`: a caller that went away before it was told of its lease (see
+/// `in_flight.rs`) has it released so, never counted.
+pub(super) fn release(
+    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
+    counted: bool,
 ) {
-    release_lease(Lease {
-        backend: backend.clone(),
-        resource,
-        key,
-        lease,
-        counted: false,
-    });
-}
-
-fn release_lease(h: Lease) {
-    let resource = &h.resource;
     if let Some(keeper) = &resource.keeper {
-        keeper.forget(h.lease);
+        keeper.forget(lease);
     }
-    if h.counted {
+    if counted {
         drop_one(&resource.live.in_flight);
     }
-    if let (HeldKey::Sub(sub), Some(local)) = (&h.key, &resource.local) {
-        local.release(sub.as_deref(), h.lease);
+    if let (HeldKey::Sub(sub), Some(local)) = (&key, &resource.local) {
+        local.release(sub.as_deref(), lease);
         return resource.slot_freed();
     }
-    let key = h.key.state_key(resource);
+    let key = key.state_key(&resource);
     let state = key.as_deref().unwrap_or(&resource.key);
-    match (h.backend.local()).and_then(|l| l.release_now(state, h.lease)) {
+    match (backend.local()).and_then(|l| l.release_now(state, lease)) {
         Some(result) => {
             if let Err(e) = result {
-                super::note_backend_error(resource, "release", &e);
+                super::note_backend_error(&resource, "release", &e);
             }
             resource.slot_freed();
         }
@@ -221,9 +199,7 @@ fn release_lease(h: Lease) {
             };
             let key = key.unwrap_or_else(|| resource.key.clone());
             // Pending on its key while on its way (see `pending.rs`).
-            let pending =
-                (resource.keeper.as_ref()).map(|k| k.pending.on_its_way(key.clone(), h.lease));
-            let (backend, resource, lease) = (h.backend, h.resource, h.lease);
+            let pending = (resource.keeper.as_ref()).map(|k| k.on_its_way(key.clone(), lease));
             rt.spawn(async move {
                 let released = match pending {
                     Some(release) => release.send().await,

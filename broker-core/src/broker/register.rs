@@ -45,24 +45,6 @@ fn same_limits(a: &Limits, b: &Limits) -> bool {
         })
 }
 
-/// `lease_ttl` on a store whose leases expire, if a live permit's lease
-/// can be renewed before it expires.
-fn renewable(lease_ttl: Duration) -> Result<Duration, ConfigError> {
-    let least = super::keeper::MIN_LEASE_TTL;
-    if lease_ttl < least {
-        return Err(ConfigError::invalid(
-            "leaseTtl",
-            format!(
-                "must be at least {least:?} on a store shared by processes, whose leases \
-                 expire (got {lease_ttl:?}): a live permit's lease is renewed every third \
-                 of it, at most every {:?}",
-                least / 3
-            ),
-        ));
-    }
-    Ok(lease_ttl)
-}
-
 impl ResourceBroker {
     /// Registers limit-only resources, all or none. An id held with limits
     /// that decide alike is kept; a queue's is refused; one with other
@@ -120,21 +102,9 @@ impl ResourceBroker {
         })
     }
 
-    /// Registers (or re-configures) `id` as a `kind` resource.
-    pub(super) fn insert(
-        &self,
-        id: &str,
-        config: ResourceConfig,
-        kind: ResourceKind,
-    ) -> Result<(), ConfigError> {
-        let ready = self.ready(id, config, kind)?;
-        self.commit(vec![ready], |_, _, _| Ok(true))
-            .map_err(|e| e.error)
-    }
-
     /// Installs, under the registry's lock, each of `ready` that `install`
     /// accepts (all or none), and retires the registrations replaced.
-    fn commit(
+    pub(super) fn commit(
         &self,
         ready: Vec<Resource>,
         install: impl Fn(&Registry, usize, &Resource) -> Result<bool, EntryError>,
@@ -167,7 +137,7 @@ impl ResourceBroker {
 
     /// Checks `id` and `config` and makes the store's states, before the
     /// registry's lock (a store's states may register from here).
-    fn ready(
+    pub(super) fn ready(
         &self,
         id: &str,
         config: ResourceConfig,
@@ -179,10 +149,21 @@ impl ResourceBroker {
         config.validate()?;
         let key = keys::escape(id).into_owned();
         let store = self.inner.backend.local();
-        let lease_ttl = match store {
-            Some(_) => Duration::MAX,
-            None => renewable(config.lease_ttl)?,
-        };
+        // On a store whose leases expire, a live permit's lease must be
+        // renewable before it expires.
+        let (least, lease_ttl) = (super::keeper::MIN_LEASE_TTL, config.lease_ttl);
+        if store.is_none() && lease_ttl < least {
+            return Err(ConfigError::invalid(
+                "leaseTtl",
+                format!(
+                    "must be at least {least:?} on a store shared by processes, whose leases \
+                     expire (got {lease_ttl:?}): a live permit's lease is renewed every third \
+                     of it, at most every {:?}",
+                    least / 3
+                ),
+            ));
+        }
+        let lease_ttl = store.map_or(lease_ttl, |_| Duration::MAX);
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
         let local = store.and_then(|l| l.states(&key, spec.clone()));
         Ok(Resource {

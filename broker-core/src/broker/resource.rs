@@ -1,8 +1,10 @@
 //! The resource record: a registration's compiled limits and counters, the
 //! lineage its id's registrations share, and the logging of store errors.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
@@ -11,7 +13,7 @@ use crate::config::ResourceConfig;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::LimitSpec;
-use crate::stats::{add, Counters, Live, ResourceKind, ResourceStats};
+use crate::stats::{add, Counters, Live, ResourceKind};
 use crate::store::LocalStates;
 
 /// A registered resource: its limits compiled once, its counters. The
@@ -66,15 +68,6 @@ impl Resource {
         add(counter(&latest.as_deref().unwrap_or(self).counters), n);
     }
 
-    /// The counters of this registration, with the calls queued and in
-    /// flight on every registration of the id.
-    pub(super) fn stats(&self) -> ResourceStats {
-        ResourceStats {
-            queue: self.lines.stats(),
-            ..self.counters.snapshot(self.kind, &self.live)
-        }
-    }
-
     /// `config.limits.check_fits`.
     pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
         self.config.limits.check_fits(&self.id, cost)
@@ -96,19 +89,12 @@ const BACKEND_WARN_INTERVAL_MS: u64 = 10_000;
 pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &BackendError) {
     resource.tally(|c| &c.backend_errors, 1);
     crate::telemetry::backend_error(&resource.id, op);
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let now_ms = ORIGIN
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis() as u64;
-    let last = resource.warned_at_ms.load(Ordering::Relaxed);
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    let now_ms = ORIGIN.get_or_init(Instant::now).elapsed().as_millis() as u64;
+    let warned = &resource.warned_at_ms;
+    let last = warned.load(Relaxed);
     let due = last == u64::MAX || now_ms.saturating_sub(last) >= BACKEND_WARN_INTERVAL_MS;
-    if due
-        && resource
-            .warned_at_ms
-            .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
+    if due && (warned.compare_exchange(last, now_ms, Relaxed, Relaxed)).is_ok() {
         tracing::warn!(resource = %resource.id, op, error = %e.message, "backend error");
     } else {
         tracing::debug!(resource = %resource.id, op, error = %e.message, "backend error");

@@ -78,17 +78,6 @@ impl Priority {
 }
 
 impl<'a> Target<'a> {
-    /// The whole resource, default priority, no flow, no deadline.
-    pub fn new(resource: &'a str) -> Self {
-        Self {
-            resource,
-            key: None,
-            priority: Priority::Default,
-            flow: None,
-            deadline: None,
-        }
-    }
-
     /// Sets the priority of an `enqueue` call.
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
@@ -115,14 +104,21 @@ impl<'a> Target<'a> {
 }
 
 impl<'a> From<&'a str> for Target<'a> {
+    /// The whole resource, default priority, no flow, no deadline.
     fn from(resource: &'a str) -> Self {
-        Self::new(resource)
+        Self {
+            resource,
+            key: None,
+            priority: Priority::Default,
+            flow: None,
+            deadline: None,
+        }
     }
 }
 
 impl<'a> From<&'a String> for Target<'a> {
     fn from(resource: &'a String) -> Self {
-        Self::new(resource)
+        Self::from(resource.as_str())
     }
 }
 
@@ -130,7 +126,7 @@ impl<'a> From<(&'a str, &'a str)> for Target<'a> {
     fn from((resource, key): (&'a str, &'a str)) -> Self {
         Self {
             key: Some(key),
-            ..Self::new(resource)
+            ..Self::from(resource)
         }
     }
 }

@@ -7,14 +7,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::broker::in_flight::to_its_answer;
-use crate::broker::permit::release_untold;
+use crate::broker::permit;
 use crate::broker::{note_backend_error, Epochs, HeldKey, Resource, ResourceBroker};
 use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{Decision, LeaseId, Marks};
 use crate::store::Store;
-use crate::telemetry::{self, Signal};
+use crate::telemetry;
 
 /// A cost taken in the store (a booking, or an allowed `try` decision's).
 /// Dropped before [`LiveBooking::consume`] or [`LiveBooking::claim`], it
@@ -108,7 +108,7 @@ impl LiveBooking {
     pub(crate) async fn sleep_until_due(&self) {
         if self.wait > 0 {
             self.resource.tally(|c| &c.waits, 1);
-            telemetry::count(&self.resource.id, Signal::LocalWait);
+            telemetry::count(&self.resource.id, telemetry::LOCAL_WAITS);
             let _waited = Waited(self, Instant::now());
             tokio::time::sleep(Duration::from_micros(self.wait)).await;
         }
@@ -189,7 +189,13 @@ impl Drop for LiveBooking {
         if self.armed {
             if let Some(lease) = self.lease {
                 let key = HeldKey::State(self.key.clone());
-                release_untold(&self.backend, self.resource.clone(), key, lease);
+                permit::release(
+                    self.backend.clone(),
+                    self.resource.clone(),
+                    key,
+                    lease,
+                    false,
+                );
             }
             let penalty_end = self.resource.penalties.until(self.key());
             let _ = self.settle(Some(Cost::requests(0)), penalty_end, "refund");

@@ -13,7 +13,7 @@ use crate::keys;
 use crate::limits::Cost;
 use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
 use crate::stats::{bump, Counted};
-use crate::telemetry::{self, Signal};
+use crate::telemetry;
 
 mod admit;
 mod booking;
@@ -210,7 +210,7 @@ impl ResourceBroker {
             }
             let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
                 resource.tally(|c| &c.retries_exhausted, 1);
-                telemetry::count(&resource.id, Signal::RetriesExhausted);
+                telemetry::count(&resource.id, telemetry::RETRIES_EXHAUSTED);
                 let (attempts, last) = (number, class);
                 tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
                 break Err(EnqueueError::RetriesExhausted {

@@ -17,7 +17,7 @@ use crate::error::{BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
 use crate::stats::bump;
-use crate::telemetry::{self, Signal};
+use crate::telemetry;
 
 /// A credential, known only by the fingerprint of its secret.
 ///
@@ -252,7 +252,7 @@ impl SupplierBuckets {
         if let Ok(resource) = self.broker.resource(&key.resource) {
             bump(&resource.counters.skipped);
         }
-        telemetry::count(&key.resource, Signal::Skipped);
+        telemetry::count(&key.resource, telemetry::SKIPPED);
         tracing::debug!(
             resource = %key.resource,
             credential = %key.sub_key,
