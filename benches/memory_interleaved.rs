@@ -8,10 +8,8 @@
 //!
 //! Subjects (keyed on `("tenants", key)`, the analogue of governor's keys):
 //! - `by_id`: `broker.try_acquire(..)`, one future per call answered by
-//!   its own `now_or_never` (`TryAcquire::now_or_never`, which makes the
-//!   call synchronously; `futures`' `FutureExt::now_or_never`, which the
-//!   same line called before that method existed, moved the future in
-//!   and polled it);
+//!   `futures`' `FutureExt::now_or_never` (one poll, which makes the call
+//!   synchronously);
 //! - `by_id_awaited`: the same calls awaited inside one async block polled
 //!   once, as a handler awaits them;
 //! - `by_id_now`: the synchronous `broker.try_acquire_now(..)`;

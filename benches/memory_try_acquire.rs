@@ -21,8 +21,8 @@
 //! the synchronous `try_acquire_now`. The `*_awaited` cases run their
 //! calls inside one async block, each `.await`ed as an application's
 //! handler awaits it, and poll that block once: the cost of a call as
-//! used. The other async cases answer one future per call with its own
-//! `now_or_never` (`TryAcquire::now_or_never`, which makes the call
+//! used. The other async cases answer one future per call with
+//! `futures::FutureExt::now_or_never` (one poll, which makes the call
 //! synchronously, as `try_acquire_now` does).
 //!
 //! `memory_local_states_try_acquire` is the store's decision alone, through
@@ -47,6 +47,7 @@ use broker_core::{
 };
 use broker_memory::MemoryBackend;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use futures::FutureExt;
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 const KEYS: usize = 10_000;
@@ -144,7 +145,6 @@ fn awaited<F>(iters: u64, call: impl Fn(u64) -> F) -> Duration
 where
     F: std::future::Future<Output = Result<broker_core::Acquisition, broker_core::BrokerError>>,
 {
-    use futures::FutureExt;
     let start = Instant::now();
     async {
         for i in 0..iters {

@@ -60,7 +60,7 @@ impl Charge {
                 let since = (here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
                 let (broker, id) = (&policy.broker, &*policy.limited(at).id);
                 let nothing = Cost::requests(0);
-                let settle = broker.settle_since(id, Cost::default(), nothing, since);
+                let settle = broker.settle(id, Cost::default(), nothing, since);
                 let _ = settle.await;
             }
         };

@@ -42,7 +42,7 @@ async fn other_limits_under_a_taken_id_are_refused() {
         e.contains("perTenant.resource") && e.contains("pressure:tenant"),
         "{e}"
     );
-    assert!(!t.broker.is_registered("route:new"), "nothing registered");
+    assert!(t.broker.limits("route:new").is_err(), "nothing registered");
     let addr = serve(app(&first)).await;
     let client = reqwest::Client::new();
     let got = statuses(
@@ -70,7 +70,7 @@ async fn other_limits_under_a_taken_id_are_refused() {
     let e = Pressure::reload(t.broker.clone(), &over, None).unwrap_err();
     assert!(e.to_string().contains("queue"), "a reload neither: {e}");
     assert_eq!(
-        t.broker.kind("llm").unwrap(),
+        t.broker.stats().resources["llm"].kind,
         broker_core::ResourceKind::Queue
     );
 }

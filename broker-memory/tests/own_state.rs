@@ -48,7 +48,7 @@ async fn decisions_and_keyed_transitions_meet_one_state() {
     assert!(!take(&broker, "gw").allowed, "the burst of 2, spent");
     // A settlement below the booked cost gives the difference back.
     broker
-        .settle("gw", Cost::requests(1), Cost::requests(0))
+        .settle("gw", Cost::requests(1), Cost::requests(0), None)
         .await
         .unwrap();
     assert_eq!(backend.state("gw").unwrap().buckets[0].tokens, 1.0);
@@ -88,7 +88,7 @@ fn decisions_through_the_pin_are_exact_while_settlements_change_the_state() {
                 .unwrap();
             for _ in 0..GIVEN_BACK {
                 runtime
-                    .block_on(broker.settle("gw", Cost::requests(1), Cost::requests(0)))
+                    .block_on(broker.settle("gw", Cost::requests(1), Cost::requests(0), None))
                     .unwrap();
             }
         });

@@ -12,6 +12,7 @@ use broker_core::{
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::{Hooks, Wrapped};
+use futures::FutureExt;
 
 /// A store that must be asked asynchronously (see [`Hooks::asynchronous`]).
 struct Asynchronous;
@@ -119,57 +120,45 @@ fn a_store_that_answers_on_the_first_poll_answers() {
     );
 }
 
-/// `ResourceHandle::verdict_now`, the compact answer: counted as
-/// `try_acquire_now` counts it, the slot of a leased verdict in the
-/// permit, and `None` with nothing consumed or counted where only the
-/// call in full answers (a cost that never fits, a store that needs I/O).
+/// `ResourceHandle::try_acquire_now`: counted as `try_acquire` counts it,
+/// the slot of a leased answer in its permit, an error (uncounted) for a
+/// cost that never fits, and `None` with nothing consumed or counted where
+/// the store needs I/O.
 #[tokio::test]
-async fn the_compact_verdict_counts_and_takes_slots_as_the_full_answer_does() {
-    use broker_core::{Permit, Verdict};
+async fn the_synchronous_answer_counts_and_takes_slots_as_the_future_does() {
     let broker = ResourceBroker::new(MemoryBackend::with_clock(ManualClock::new()));
     broker
         .register_limit("tenants", limits().max_concurrent(1))
         .unwrap();
     let handle = broker.resource_handle("tenants").unwrap();
-    let mut permit = Permit::empty();
-    let v = handle.verdict_now(Some("acme"), Cost::default(), &mut permit);
-    assert!(matches!(v, Some(Verdict::Leased(_))), "{v:?}");
-    assert!(permit.is_held());
+    let now = |cost| handle.try_acquire_now("acme", cost).expect("in process");
+    let mut first = now(Cost::default()).unwrap();
+    assert!(first.allowed && first.permit.is_held(), "{first:?}");
     // The slot is held: the next one is denied by the concurrency limit.
-    let mut second = Permit::empty();
-    let v = handle.verdict_now(Some("acme"), Cost::default(), &mut second);
-    assert_eq!(v, Some(Verdict::Concurrency));
-    assert!(!second.is_held());
-    // A cost beyond the burst has no compact answer; the full one is the error.
-    let v = handle.verdict_now(Some("acme"), Cost::requests(3), &mut second);
-    assert_eq!(v, None);
+    let second = now(Cost::default()).unwrap();
+    assert_eq!(second.denied_by, Some(DenyReason::Concurrency));
+    assert!(!second.permit.is_held());
     assert!(matches!(
-        handle.try_acquire_now("acme", Cost::requests(3)),
-        Some(Err(BrokerError::CostNeverFits { .. }))
+        now(Cost::requests(3)),
+        Err(BrokerError::CostNeverFits { .. })
     ));
-    permit.release();
-    let v = handle.verdict_now(Some("acme"), Cost::default(), &mut second);
-    assert!(matches!(v, Some(Verdict::Leased(_))), "{v:?}");
-    let v = handle.verdict_now(Some("acme"), Cost::default(), &mut Permit::empty());
-    assert!(
-        matches!(v, Some(Verdict::Rate(_)) | Some(Verdict::Concurrency)),
-        "{v:?}"
-    );
+    first.permit.release();
+    let second = now(Cost::default()).unwrap();
+    assert!(second.allowed && second.permit.is_held(), "{second:?}");
+    let third = now(Cost::default()).unwrap();
+    assert!(!third.allowed, "{third:?}");
     let stats = broker.stats();
     let tenants = stats.resources.get("tenants").expect("registered");
     assert_eq!((tenants.allowed, tenants.denied), (2, 2));
     drop(second);
 
-    // A store that needs I/O: no compact answer, nothing consumed.
+    // A store that needs I/O: no answer at once, nothing consumed.
     let store = Arc::new(MemoryBackend::with_clock(ManualClock::new()));
     let broker = ResourceBroker::new(Wrapped::new(store, Asynchronous));
     broker.register_limit("tenants", limits()).unwrap();
     let handle = broker.resource_handle("tenants").unwrap();
     for _ in 0..3 {
-        assert_eq!(
-            handle.verdict_now(Some("acme"), Cost::default(), &mut Permit::empty()),
-            None
-        );
+        assert!(handle.try_acquire_now("acme", Cost::default()).is_none());
     }
     for _ in 0..2 {
         assert!(

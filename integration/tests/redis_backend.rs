@@ -9,6 +9,7 @@ use std::time::Duration;
 use broker_core::{Clock, Cost, LimitSpec, Limits, ManualClock, RateLimit, ResourceBroker, Store};
 use broker_redis::RedisBackend;
 use broker_testkit::{command_calls, RedisServer};
+use futures::FutureExt;
 
 /// Whether one `try` of cost 1 on `key` is allowed.
 async fn allowed(backend: &RedisBackend, key: &str, spec: &LimitSpec) -> bool {
@@ -448,7 +449,7 @@ async fn a_lease_ttl_too_short_to_renew_is_refused_on_redis() {
     };
     let err = broker.register("r", config(10)).unwrap_err().to_string();
     assert!(err.starts_with("leaseTtl: must be at least 30ms"), "{err}");
-    assert!(!broker.is_registered("r"));
+    assert!(broker.limits("r").is_err());
     let err = broker
         .register_limit("r", Limits::new().max_concurrent(1))
         .and_then(|()| broker.register("r", config(29)));

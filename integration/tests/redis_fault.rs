@@ -71,7 +71,8 @@ async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
         .connect_with_policy(policy)
         .await
         .expect("connect");
-    let broker = ResourceBroker::new(backend);
+    let backend = Arc::new(backend);
+    let broker = ResourceBroker::from_arc(backend.clone());
     let limits = Limits::new().rate(RateLimit::per_second(10).with_burst(10));
     broker.register_limit("api", limits).unwrap();
 
@@ -88,9 +89,7 @@ async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
                     .map(|a| a.allowed);
                 let end = phase.load(Ordering::SeqCst);
                 calls.push(Call { start, end, result });
-                if end == BACK
-                    && broker.backend().health().outages > 0
-                    && !broker.backend().health().down
+                if end == BACK && broker.stats().backend.outages > 0 && !broker.stats().backend.down
                 {
                     break;
                 }
@@ -113,7 +112,7 @@ async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
     }
     assert!(load.is_finished(), "the load ends once Redis is back");
     let calls = load.await.expect("the load task did not panic");
-    let health = broker.backend().health();
+    let health = broker_core::Store::health(&*backend);
     assert_eq!(
         broker.stats().backend,
         health,
@@ -237,18 +236,18 @@ async fn a_hung_server_times_out_into_the_policy_instead_of_hanging_callers() {
         .expect("fail-open answers");
         assert!(a.allowed, "fail-open while the server does not answer");
     }
-    let health = broker.backend().health();
+    let health = broker.stats().backend;
     assert!(health.down);
     assert_eq!(health.outages, 1);
 
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while broker.backend().health().down && Instant::now() < deadline {
+    while broker.stats().backend.down && Instant::now() < deadline {
         let _ = broker.try_acquire("api", Cost::default()).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        !broker.backend().health().down,
+        !broker.stats().backend.down,
         "recovered once the server answers"
     );
     let a = broker.try_acquire("api", Cost::default()).await.unwrap();
@@ -418,7 +417,7 @@ async fn a_primary_that_refuses_writes_is_answered_by_the_failure_policy() {
         let a = broker.try_acquire("api", Cost::default()).await;
         assert!(a.is_ok_and(|a| a.allowed), "fail-open answers");
     }
-    assert!(broker.backend().health().down);
+    assert!(broker.stats().backend.down);
 }
 
 /// A server busy with a long script (another client's, past
@@ -456,11 +455,11 @@ async fn a_server_busy_with_a_long_script_is_answered_by_the_failure_policy() {
             a.as_ref().is_ok_and(|a| a.allowed),
             "coalesce {coalesce}: fail-open answers a busy server: {a:?}"
         );
-        assert!(broker.backend().health().down, "coalesce {coalesce}");
+        assert!(broker.stats().backend.down, "coalesce {coalesce}");
         assert!(server.command("SCRIPT KILL").starts_with("+OK"));
         drop(busy);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while broker.backend().health().down {
+        while broker.stats().backend.down {
             assert!(Instant::now() < deadline, "coalesce {coalesce}: never back");
             let _ = broker.try_acquire("api", Cost::default()).await;
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -503,7 +502,7 @@ async fn connections_closed_while_idle_are_replaced_without_an_outage() {
             );
             tokio::time::sleep(Duration::from_millis(2500)).await;
         }
-        let health = broker.backend().health();
+        let health = broker.stats().backend;
         assert_eq!(health.outages, 0, "coalesce {coalesce}: {health:?}");
     }
 }
@@ -599,7 +598,7 @@ async fn drained_by_hundreds(broker: &ResourceBroker) -> usize {
 async fn until_up(broker: &ResourceBroker) {
     for _ in 0..400 {
         let _ = broker.try_acquire("probe", Cost::default()).await;
-        if !broker.backend().health().down {
+        if !broker.stats().backend.down {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -875,7 +874,7 @@ async fn an_acquisition_says_where_its_cost_went() {
         assert!(up.allowed && !up.answered_here, "{policy:?}");
         assert_eq!(up.settle_marks(), None);
         assert_eq!(drained_by_hundreds(&a).await, 9, "{policy:?}");
-        b.settle_since(
+        b.settle(
             "api",
             Cost::tokens(400),
             Cost::tokens(10),
@@ -888,7 +887,7 @@ async fn an_acquisition_says_where_its_cost_went() {
             0,
             "{policy:?}: Redis gained tokens it never lost"
         );
-        b.settle_since("api", Cost::tokens(100), Cost::tokens(0), up.settle_marks())
+        b.settle("api", Cost::tokens(100), Cost::tokens(0), up.settle_marks())
             .await
             .unwrap();
         assert_eq!(
@@ -1090,7 +1089,7 @@ async fn a_call_dropped_while_its_decision_is_in_flight_is_not_charged() {
             let warm = broker.acquire("api", none, Duration::ZERO).await.unwrap();
             assert!(warm.allowed);
             broker
-                .settle("api", Cost::requests(0), Cost::requests(0))
+                .settle("api", Cost::requests(0), Cost::requests(0), None)
                 .await
                 .unwrap();
             server.pause();
@@ -1408,7 +1407,7 @@ async fn unbounded_timeouts_and_probe_interval_do_not_panic() {
     server.kill();
     let a = broker.try_acquire("api", Cost::default()).await.unwrap();
     assert!(a.allowed && a.answered_here, "fail-open answers");
-    assert_eq!(broker.backend().health().outages, 1);
+    assert_eq!(broker.stats().backend.outages, 1);
     let a = broker.try_acquire("api", Cost::default()).await.unwrap();
     assert!(a.allowed && a.answered_here, "no probe within the interval");
 }
@@ -1436,7 +1435,7 @@ async fn a_local_fallback_permit_is_counted_in_redis_once_it_is_back() {
         .register_limit("other", Limits::new().rate(RateLimit::per_second(100)))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while broker.backend().health().down {
+    while broker.stats().backend.down {
         assert!(Instant::now() < deadline, "Redis is found back");
         let _ = broker.try_acquire("other", Cost::default()).await;
         tokio::time::sleep(Duration::from_millis(20)).await;

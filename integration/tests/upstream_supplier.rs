@@ -179,8 +179,8 @@ fn a_supplier_whose_bucket_is_refused_registers_none() {
             && refused.to_string().contains("etm/data/price"),
         "{refused}"
     );
-    assert!(!broker.is_registered("etm/auth/login"));
-    assert!(!broker.is_registered("etm/data/goods"));
+    assert!(broker.limits("etm/auth/login").is_err());
+    assert!(broker.limits("etm/data/goods").is_err());
 }
 
 /// No two (supplier, class, endpoint) share a bucket: a `/` in a

@@ -54,29 +54,6 @@ impl On<'_> {
     }
 }
 
-impl TryAcquire<'_> {
-    /// The answer of one poll, or `None` if the call is still pending on
-    /// its store (the call is then dropped). Panics if already completed.
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// let answer = broker.try_acquire(("tenants", "acme"), Cost::default()).now_or_never();
-    /// match answer {
-    ///     Some(answer) => println!("allowed: {}", answer?.allowed),
-    ///     None => println!("the backend is asked asynchronously"),
-    /// }
-    /// // Without asking a backend that needs I/O at all:
-    /// let _ = broker.try_acquire_now(("tenants", "acme"), Cost::default());
-    /// # Ok(()) }
-    /// ```
-    pub fn now_or_never(self) -> Option<Result<Acquisition, BrokerError>> {
-        futures::FutureExt::now_or_never(self)
-    }
-}
-
 impl Future for TryAcquire<'_> {
     type Output = Result<Acquisition, BrokerError>;
 
@@ -112,10 +89,22 @@ impl std::fmt::Debug for TryAcquire<'_> {
     }
 }
 
-/// The acquisition of verdict `v`, already counted, with `permit` (held
-/// only when allowed).
-fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
+/// The acquisition of verdict `v` with `permit`, counted (on the latest
+/// registration).
+fn acquisition(
+    resource: &Resource,
+    v: Verdict,
+    permit: Permit,
+    answered_here: bool,
+) -> Acquisition {
     let d = Decision::from(v);
+    resource.tally(
+        match d.allowed {
+            true => |c| &c.allowed,
+            false => |c| &c.denied,
+        },
+        1,
+    );
     Acquisition {
         allowed: d.allowed,
         wait_time: Duration::from_micros(d.wait),
@@ -125,12 +114,19 @@ fn acquisition(v: Verdict, permit: Permit, answered_here: bool) -> Acquisition {
     }
 }
 
-/// Counts verdict `v` (on the latest registration).
-fn count(resource: &Resource, v: Verdict) {
-    match v.allowed() {
-        true => resource.tally(|c| &c.allowed, 1),
-        false => resource.tally(|c| &c.denied, 1),
-    }
+/// The acquisition of verdict `v`, counted, holding the slot of a
+/// [`Verdict::Leased`] (on the state `key` names).
+fn answer(
+    resource: &Arc<Resource>,
+    key: impl FnOnce() -> HeldKey,
+    v: Verdict,
+    answered_here: bool,
+) -> Acquisition {
+    let permit = match v {
+        Verdict::Leased(lease) => Permit::held(resource.clone(), key(), lease, true),
+        _ => Permit::empty(),
+    };
+    acquisition(resource, v, permit, answered_here)
 }
 
 /// # Check + reject
@@ -170,20 +166,6 @@ impl ResourceBroker {
             .unwrap_or_else(|e| Some(Err(e)))
     }
 
-    /// The verdict of a store that answers without I/O, counted, its slot
-    /// put in `permit`; else `None`. The caller has checked the cost fits.
-    pub(super) fn quick(
-        &self,
-        resource: &Arc<Resource>,
-        key: Option<&str>,
-        cost: Cost,
-        permit: &mut Permit,
-    ) -> Option<Verdict> {
-        let local = resource.local.as_ref()?;
-        let v = local.try_acquire(key, cost);
-        Some(self.judge(resource, || HeldKey::Sub(key.map(Box::from)), v, permit))
-    }
-
     /// `try_acquire` answered without I/O, or `Err` with the state key
     /// (`None`: the resource's own) to ask the store for asynchronously.
     pub(super) fn acquire_now(
@@ -195,19 +177,21 @@ impl ResourceBroker {
         if let Err(e) = resource.check_fits(cost) {
             return Ok(Err(e));
         }
-        let mut permit = Permit::empty();
-        if let Some(v) = self.quick(resource, key, cost, &mut permit) {
-            return Ok(Ok(acquisition(v, permit, false)));
+        if let Some(local) = &resource.local {
+            let v = local.try_acquire(key, cost);
+            let held = || HeldKey::Sub(key.map(Box::from));
+            return Ok(Ok(answer(resource, held, v, false)));
         }
         let owned = state_key(resource, key);
         let state = owned.as_deref().unwrap_or(&resource.key);
-        let local = self.inner.backend.local();
+        let local = resource.backend.local();
         let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
         else {
             return Err(owned);
         };
+        let key = || HeldKey::State(owned);
         Ok(match decision {
-            Ok(d) => Ok(self.answer(resource, || HeldKey::State(owned), d)),
+            Ok(d) => Ok(answer(resource, key, d.into(), d.answered_here)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -222,50 +206,22 @@ impl ResourceBroker {
         owned_key: Option<String>,
         cost: Cost,
     ) -> Result<Acquisition, BrokerError> {
-        let backend = self.inner.backend.clone();
         let asked = resource.clone();
         // Run to its answer if the caller goes away, then given back.
         let decided = in_flight::to_its_answer(async move {
             let key = owned_key.as_deref().unwrap_or(&asked.key);
             let since_here = LiveBooking::since_here(&asked, key);
-            let d = backend.try_acquire(key, &asked.spec, cost);
+            let d = asked.backend.try_acquire(key, &asked.spec, cost);
             let d = super::pending::in_order(&asked, key, &asked.spec, d)
                 .await
                 .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
-            let taken = LiveBooking::taken(backend, asked, owned_key, cost, since_here, &d);
+            let taken = LiveBooking::taken(asked, owned_key, cost, since_here, &d);
             Ok::<_, BackendError>((d, taken))
         });
-        let (decision, taken) = decided.await?;
+        let (d, taken) = decided.await?;
         let owned_key = taken.claim();
-        Ok(self.answer(&resource, || HeldKey::State(owned_key), decision))
-    }
-
-    /// The acquisition of the store's decision `d`, counted.
-    fn answer(
-        &self,
-        resource: &Arc<Resource>,
-        key: impl FnOnce() -> HeldKey,
-        d: Decision,
-    ) -> Acquisition {
-        let mut permit = Permit::empty();
-        let v = self.judge(resource, key, d.into(), &mut permit);
-        acquisition(v, permit, d.answered_here)
-    }
-
-    /// Counts verdict `v` (on the latest registration), the slot of a
-    /// [`Verdict::Leased`] put in `permit` (on the state `key` names).
-    fn judge(
-        &self,
-        resource: &Arc<Resource>,
-        key: impl FnOnce() -> HeldKey,
-        v: Verdict,
-        permit: &mut Permit,
-    ) -> Verdict {
-        if let Verdict::Leased(lease) = v {
-            *permit = Permit::held(&self.inner.backend, resource.clone(), key(), lease, true);
-        }
-        count(resource, v);
-        v
+        let key = || HeldKey::State(owned_key);
+        Ok(answer(&resource, key, d.into(), d.answered_here))
     }
 
     /// Waits up to `max_wait` for `cost` (booked, so waiters are spaced in
@@ -277,25 +233,20 @@ impl ResourceBroker {
         max_wait: Duration,
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
-        let resource = self.resource(target.resource)?;
+        let (resource, key) = self.state_of(target)?;
         resource.check_fits(cost)?;
-        let owned_key = state_key(&resource, target.key);
-        let state = (
-            owned_key.as_deref().unwrap_or(&resource.key),
-            owned_key.is_some(),
-        );
+        let state = (key.as_str(), target.key.is_some());
         let bounds = enqueue::Bounds {
             deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),
             ceiling: None,
         };
-        let admitted = enqueue::admit_until(self, &resource, state, cost, &bounds, None, true);
+        let admitted = enqueue::admit_until(&resource, state, cost, &bounds, None, true);
         let (v, permit, here) = match admitted.await {
             Ok((booking, permit)) => (Verdict::Allowed, permit, booking.consume().answered_here()),
             Err(Refused::Broker(e)) => return Err(e),
             Err(Refused::TooLong(wait, _)) => (Verdict::Rate(wait), Permit::empty(), false),
             Err(Refused::NoSlot(_)) => (Verdict::Concurrency, Permit::empty(), false),
         };
-        count(&resource, v);
-        Ok(acquisition(v, permit, here))
+        Ok(acquisition(&resource, v, permit, here))
     }
 }

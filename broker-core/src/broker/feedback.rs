@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{note_backend_error, state_key, Resource, ResourceBroker, Target};
+use super::{note_backend_error, Resource, ResourceBroker, Target};
 use crate::clock::tokio_after;
 use crate::error::BrokerError;
 use crate::limits::{Cost, Unit};
@@ -23,12 +23,9 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         penalty: Duration,
     ) -> Result<(), BrokerError> {
-        let target = target.into();
-        let resource = self.resource(target.resource)?;
-        let owned = state_key(&resource, target.key);
-        let key = owned.as_deref().unwrap_or(&resource.key);
-        resource.penalties.penalize(key, tokio_after(penalty));
-        self.penalize_key(&resource, key, penalty).await
+        let (resource, key) = self.state_of(target.into())?;
+        resource.penalties.penalize(&key, tokio_after(penalty));
+        self.penalize_key(&resource, &key, penalty).await
     }
 
     /// Narrows the buckets to what the upstream's headers say remains
@@ -39,28 +36,14 @@ impl ResourceBroker {
         target: impl Into<Target<'a>>,
         observed: &ObservedLimit,
     ) -> Result<(), BrokerError> {
-        let target = target.into();
-        let resource = self.resource(target.resource)?;
-        let owned = state_key(&resource, target.key);
-        let key = owned.as_deref().unwrap_or(&resource.key);
-        self.reconcile_key(&resource, key, observed).await
+        let (resource, key) = self.state_of(target.into())?;
+        self.reconcile_key(&resource, &key, observed).await
     }
 
     /// Corrects a charge after the work from `booked` to `actual`, in the
-    /// store (see [`ResourceBroker::settle_since`]); no refund while a
-    /// penalty is on.
-    pub async fn settle<'a>(
-        &self,
-        target: impl Into<Target<'a>>,
-        booked: Cost,
-        actual: Cost,
-    ) -> Result<(), BrokerError> {
-        self.settle_since(target, booked, actual, None).await
-    }
-
-    /// [`ResourceBroker::settle`], told where the cost went: the marks of
-    /// a booking ([`crate::Booking::since`]) or of an acquisition
-    /// ([`crate::Acquisition::settle_marks`]).
+    /// store, told where the cost went (`since`: the marks of a booking,
+    /// [`crate::Booking::since`], or of an acquisition,
+    /// [`crate::Acquisition::settle_marks`]); no refund while a penalty is on.
     ///
     /// ```
     /// # use broker_core::{Cost, ResourceBroker};
@@ -69,24 +52,21 @@ impl ResourceBroker {
     /// // Admitted, then refused further on: the cost goes back where it
     /// // was taken.
     /// broker
-    ///     .settle_since("webhooks", Cost::requests(1), Cost::requests(0), taken.settle_marks())
+    ///     .settle("webhooks", Cost::requests(1), Cost::requests(0), taken.settle_marks())
     ///     .await
     /// # }
     /// ```
-    pub async fn settle_since<'a>(
+    pub async fn settle<'a>(
         &self,
         target: impl Into<Target<'a>>,
         booked: Cost,
         actual: Cost,
         since: Option<Marks>,
     ) -> Result<(), BrokerError> {
-        let target = target.into();
-        let resource = self.resource(target.resource)?;
-        let owned = state_key(&resource, target.key);
-        let key = owned.as_deref().unwrap_or(&resource.key);
+        let (resource, key) = self.state_of(target.into())?;
         self.inner
             .backend
-            .settle(key, &resource.spec, booked, actual, since)
+            .settle(&key, &resource.spec, booked, actual, since)
             .await
             .inspect_err(|e| note_backend_error(&resource, "settle", e))?;
         Ok(())

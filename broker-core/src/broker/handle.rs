@@ -5,10 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::calls::{Call, On};
-use super::{Acquisition, Permit, Resource, ResourceBroker, TryAcquire};
+use super::{Acquisition, Resource, ResourceBroker, TryAcquire};
 use crate::error::BrokerError;
 use crate::limits::Cost;
-use crate::state::Verdict;
 
 /// One registered resource of a [`ResourceBroker`], looked up once: its
 /// calls answer exactly as the broker's on the same id, and follow a
@@ -85,37 +84,6 @@ impl ResourceHandle {
         cost: Cost,
     ) -> TryAcquire<'s> {
         TryAcquire(Call::Unpolled(&self.broker, self.on(), key.into(), cost))
-    }
-
-    /// The compact hot-path answer: the [`Verdict`] when the store answers in
-    /// process and the cost fits, a [`Verdict::Leased`]'s slot put in `permit`.
-    /// Else `None`, nothing consumed: `try_acquire_now` gives the full answer.
-    ///
-    /// ```
-    /// use broker_core::{Cost, Limits, Permit, RateLimit, ResourceBroker};
-    /// # fn demo(backend: impl broker_core::Store) -> Result<(), broker_core::BrokerError> {
-    /// let broker = ResourceBroker::new(backend);
-    /// broker.register_limit("tenants", Limits::new().rate(RateLimit::per_second(100)))?;
-    /// let tenants = broker.resource_handle("tenants")?;
-    /// let mut permit = Permit::empty();
-    /// match tenants.verdict_now(Some("acme"), Cost::default(), &mut permit) {
-    ///     Some(v) if v.allowed() => println!("admitted"),
-    ///     Some(v) => println!("denied: {v:?}"),
-    ///     None => println!("{:?}", tenants.try_acquire_now("acme", Cost::default())),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn verdict_now(
-        &self,
-        key: Option<&str>,
-        cost: Cost,
-        permit: &mut Permit,
-    ) -> Option<Verdict> {
-        let verdict = self.on().with(&self.broker, |resource| {
-            resource.check_fits(cost).ok()?;
-            self.broker.quick(resource, key, cost, permit)
-        });
-        verdict.ok().flatten()
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `None` when the

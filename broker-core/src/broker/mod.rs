@@ -136,6 +136,16 @@ impl ResourceBroker {
             .ok_or_else(|| BrokerError::UnknownResource(id.to_owned()))
     }
 
+    /// The registration `target` names, and its state key.
+    pub(super) fn state_of(
+        &self,
+        target: Target<'_>,
+    ) -> Result<(Arc<Resource>, String), BrokerError> {
+        let resource = self.resource(target.resource)?;
+        let key = state_key(&resource, target.key).unwrap_or_else(|| resource.key.clone());
+        Ok((resource, key))
+    }
+
     /// The limits a resource was registered with.
     pub fn limits(&self, resource: &str) -> Result<Limits, BrokerError> {
         Ok(self.resource(resource)?.config.limits.clone())

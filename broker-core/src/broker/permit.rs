@@ -30,7 +30,7 @@ pub struct Acquisition {
 
 impl Acquisition {
     /// Where this acquisition's cost went, for
-    /// [`crate::ResourceBroker::settle_since`]: `None` for the store,
+    /// [`crate::ResourceBroker::settle`]: `None` for the store,
     /// [`Marks::ANSWERED_HERE`] when the store's failure policy answered.
     pub fn settle_marks(&self) -> Option<Marks> {
         self.answered_here.then_some(Marks::ANSWERED_HERE)
@@ -57,7 +57,6 @@ enum Held {
 
 #[derive(Debug)]
 struct Lease {
-    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     key: HeldKey,
     lease: LeaseId,
@@ -99,7 +98,6 @@ impl Permit {
     /// The permit of `lease`, counted in flight if `counted`, and kept
     /// renewed on a store whose leases expire.
     pub(crate) fn held(
-        backend: &Arc<dyn Store>,
         resource: Arc<Resource>,
         key: HeldKey,
         lease: LeaseId,
@@ -113,7 +111,6 @@ impl Permit {
             keeper.keep(&resource, on.unwrap_or_else(|| resource.key.clone()), lease);
         }
         let lease = Lease {
-            backend: backend.clone(),
             resource,
             key,
             lease,
@@ -158,7 +155,7 @@ impl Permit {
     pub fn release(&mut self) {
         match std::mem::take(&mut self.0) {
             Held::Nothing => {}
-            Held::One(l) => release(l.backend, l.resource, l.key, l.lease, l.counted),
+            Held::One(l) => release(l.resource, l.key, l.lease, l.counted),
             Held::Both(both) => drop(both),
         }
     }
@@ -167,13 +164,7 @@ impl Permit {
 /// Releases `lease` on state `key` of `resource`, counted in flight if
 /// `counted`: a caller that went away before it was told of its lease (see
 /// `in_flight.rs`) has it released so, never counted.
-pub(super) fn release(
-    backend: Arc<dyn Store>,
-    resource: Arc<Resource>,
-    key: HeldKey,
-    lease: LeaseId,
-    counted: bool,
-) {
+pub(super) fn release(resource: Arc<Resource>, key: HeldKey, lease: LeaseId, counted: bool) {
     if let Some(keeper) = &resource.keeper {
         keeper.forget(lease);
     }
@@ -186,7 +177,7 @@ pub(super) fn release(
     }
     let key = key.state_key(&resource);
     let state = key.as_deref().unwrap_or(&resource.key);
-    match (backend.local()).and_then(|l| l.release_now(state, lease)) {
+    match (resource.backend.local()).and_then(|l| l.release_now(state, lease)) {
         Some(result) => {
             if let Err(e) = result {
                 super::note_backend_error(&resource, "release", &e);
@@ -203,7 +194,7 @@ pub(super) fn release(
             rt.spawn(async move {
                 let released = match pending {
                     Some(release) => release.send().await,
-                    None => backend.release(&key, lease).await,
+                    None => resource.backend.release(&key, lease).await,
                 };
                 if let Err(e) = released {
                     super::note_backend_error(&resource, "release", &e);

@@ -167,6 +167,7 @@ impl ResourceBroker {
         let spec = Arc::new(LimitSpec::new(&config.paced_limits(), lease_ttl));
         let local = store.and_then(|l| l.states(&key, spec.clone()));
         Ok(Resource {
+            backend: self.inner.backend.clone(),
             local,
             live: Arc::default(),
             retired: AtomicBool::new(false),

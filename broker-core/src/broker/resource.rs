@@ -14,13 +14,15 @@ use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::LimitSpec;
 use crate::stats::{add, Counters, Live, ResourceKind};
-use crate::store::LocalStates;
+use crate::store::{LocalStates, Store};
 
 /// A registered resource: its limits compiled once, its counters. The
 /// `Arc` fields belong to the resource id and are shared by all its
 /// registrations.
 #[derive(Debug)]
 pub(crate) struct Resource {
+    /// The broker's state store.
+    pub(crate) backend: Arc<dyn Store>,
     /// The backend's states of this resource, when it answers without I/O.
     pub(crate) local: Option<Arc<dyn LocalStates>>,
     /// The calls waiting and the work running (or permits held) under this id.

@@ -11,7 +11,7 @@ use super::booking::LiveBooking;
 use crate::broker::in_flight::to_its_answer;
 use crate::broker::pending::in_order;
 use crate::broker::queue::{self, Ticket};
-use crate::broker::{note_backend_error, HeldKey, Permit, Resource, ResourceBroker};
+use crate::broker::{note_backend_error, HeldKey, Permit, Resource};
 use crate::clock::Micros;
 use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
@@ -90,7 +90,6 @@ impl Bounds {
 /// Books `cost` on `key`, waits for its time and a slot within `bounds`; a
 /// later penalty voids the booking, which is made again when it ends.
 pub(crate) async fn admit_until(
-    broker: &ResourceBroker,
     resource: &Arc<Resource>,
     (key, keyed): (&str, bool),
     cost: Cost,
@@ -101,11 +100,11 @@ pub(crate) async fn admit_until(
     loop {
         let booking = match ticket.as_deref_mut() {
             Some(ticket) => {
-                let booked = book_in_line(broker, resource, key, cost, bounds, ticket).await;
+                let booked = book_in_line(resource, key, cost, bounds, ticket).await;
                 ticket.leave();
                 booked?
             }
-            None => LiveBooking::book(broker, resource, key.to_owned(), cost, bounds.left())
+            None => LiveBooking::book(resource, key.to_owned(), cost, bounds.left())
                 .await?
                 .map_err(|wait| Refused::TooLong(wait, bounds.deadline_bound()))?,
         };
@@ -113,11 +112,11 @@ pub(crate) async fn admit_until(
         let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
-                let slot = wait_slot(broker, resource, (key, keyed), counted, bounds);
+                let slot = wait_slot(resource, (key, keyed), counted, bounds);
                 let (permit, waited) = slot.await?;
                 // After a wait the store may have a penalty since.
                 let ask_store = waited || booking.wait > 0;
-                match penalty_end(broker, resource, key, cost, ask_store).await? {
+                match penalty_end(resource, key, cost, ask_store).await? {
                     Some(until) => until,
                     None => return Ok((booking, permit)),
                 }
@@ -135,7 +134,6 @@ pub(crate) async fn admit_until(
 /// horizon ahead ([`queue::horizon`]), napping until the time comes
 /// within it. Refused: nothing booked.
 async fn book_in_line(
-    broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
     cost: Cost,
@@ -159,7 +157,7 @@ async fn book_in_line(
         let horizon = queue::horizon(ticket.priority, &spec, ticket.units());
         let left = bounds.left();
         if !charged && horizon.is_some() {
-            if shared_turn(broker, resource, key, ticket).await == Turn::NotYet {
+            if shared_turn(resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
                     return Err(behind(ticket));
                 }
@@ -171,7 +169,7 @@ async fn book_in_line(
             charged = true;
         }
         let max_wait = horizon.unwrap_or(Duration::MAX).min(left);
-        let booked = LiveBooking::book(broker, resource, key.to_owned(), cost, max_wait).await?;
+        let booked = LiveBooking::book(resource, key.to_owned(), cost, max_wait).await?;
         let wait = match booked {
             Ok(booking) => return Ok(booking),
             Err(wait) if Duration::from_micros(wait) > left => {
@@ -181,7 +179,7 @@ async fn book_in_line(
         };
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
-            let held = penalty_end(broker, resource, key, cost, true).await?;
+            let held = penalty_end(resource, key, cost, true).await?;
             let beyond = held.and_then(|until| bounds.penalty_beyond(until));
             if let Some(too_long @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
                 return Err(too_long);
@@ -195,13 +193,8 @@ async fn book_in_line(
 
 /// Whether the store's shared turn ledger gives the head `ticket`'s flow
 /// the turn on `key` (charging it). No flow, no ledger, or no answer: yes.
-async fn shared_turn(
-    broker: &ResourceBroker,
-    resource: &Arc<Resource>,
-    key: &str,
-    ticket: &Ticket,
-) -> Turn {
-    let turns = broker.inner.backend.turns();
+async fn shared_turn(resource: &Arc<Resource>, key: &str, ticket: &Ticket) -> Turn {
+    let turns = resource.backend.turns();
     let Some((turns, ask)) = turns.and_then(|t| Some((t, ticket.ask()?))) else {
         return Turn::Yours;
     };
@@ -218,7 +211,6 @@ const SLOT_POLL: Duration = Duration::from_millis(25);
 /// permit (empty without a concurrency limit, released as `admit_until`'s)
 /// and whether it was waited for.
 async fn wait_slot(
-    broker: &ResourceBroker,
     resource: &Arc<Resource>,
     (key, keyed): (&str, bool),
     counted: bool,
@@ -228,7 +220,7 @@ async fn wait_slot(
     if spec.max_concurrent.is_none() {
         return Ok((Permit::empty(), false));
     }
-    let backend = &broker.inner.backend;
+    let backend = &resource.backend;
     let mut waited = false;
     // Counted before the first take: a release after it sees the waiter.
     resource.slot_waiters.fetch_add(1, Ordering::SeqCst);
@@ -239,31 +231,30 @@ async fn wait_slot(
         freed.as_mut().enable();
         let permit = |lease| {
             let held_key = HeldKey::State(keyed.then(|| key.to_owned()));
-            Permit::held(backend, resource.clone(), held_key, lease, counted)
+            Permit::held(resource.clone(), held_key, lease, counted)
         };
-        let held =
-            match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
-                Some(held) => held
-                    .inspect_err(|e| note_backend_error(resource, "take_slot", e))
-                    .map_err(BrokerError::from)?
-                    .map(permit),
-                // Run to its answer if the caller goes away: the permit of a
-                // lease granted then is dropped there, released.
-                None => {
-                    let (backend, resource) = (backend.clone(), resource.clone());
-                    let (owned, spec) = (key.to_owned(), spec.clone());
-                    to_its_answer(async move {
-                        let take = backend.take_slot(&owned, &spec);
-                        let lease = (in_order(&resource, &owned, &spec, take).await)
-                            .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
-                        let held_key = HeldKey::State(keyed.then_some(owned));
-                        Ok::<_, BrokerError>(lease.map(|lease| {
-                            Permit::held(&backend, resource, held_key, lease, counted)
-                        }))
-                    })
-                    .await?
-                }
-            };
+        let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
+            Some(held) => held
+                .inspect_err(|e| note_backend_error(resource, "take_slot", e))
+                .map_err(BrokerError::from)?
+                .map(permit),
+            // Run to its answer if the caller goes away: the permit of a
+            // lease granted then is dropped there, released.
+            None => {
+                let (backend, resource) = (backend.clone(), resource.clone());
+                let (owned, spec) = (key.to_owned(), spec.clone());
+                to_its_answer(async move {
+                    let take = backend.take_slot(&owned, &spec);
+                    let lease = (in_order(&resource, &owned, &spec, take).await)
+                        .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
+                    let held_key = HeldKey::State(keyed.then_some(owned));
+                    Ok::<_, BrokerError>(
+                        lease.map(|lease| Permit::held(resource, held_key, lease, counted)),
+                    )
+                })
+                .await?
+            }
+        };
         if let Some(permit) = held {
             return Ok((permit, waited));
         }
@@ -282,7 +273,6 @@ async fn wait_slot(
 /// `ask_store`, the store's for `cost` (another process's). A store that
 /// fails reports none on a resource with rate limits.
 async fn penalty_end(
-    broker: &ResourceBroker,
     resource: &Arc<Resource>,
     key: &str,
     cost: Cost,
@@ -293,7 +283,7 @@ async fn penalty_end(
         return Ok(held);
     }
     let spec = resource.latest().spec.clone();
-    let wait = broker.inner.backend.wait_left(key, &spec, cost).await;
+    let wait = resource.backend.wait_left(key, &spec, cost).await;
     let wait = match wait.inspect_err(|e| note_backend_error(resource, "wait_left", e)) {
         Ok(wait) => wait,
         Err(_) if !spec.buckets.is_empty() => 0,

@@ -8,12 +8,11 @@ use tokio::time::Instant;
 
 use crate::broker::in_flight::to_its_answer;
 use crate::broker::permit;
-use crate::broker::{note_backend_error, Epochs, HeldKey, Resource, ResourceBroker};
+use crate::broker::{note_backend_error, Epochs, HeldKey, Resource};
 use crate::clock::Micros;
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
 use crate::state::{Decision, LeaseId, Marks};
-use crate::store::Store;
 use crate::telemetry;
 
 /// A cost taken in the store (a booking, or an allowed `try` decision's).
@@ -21,7 +20,6 @@ use crate::telemetry;
 /// refunds the cost, unless a penalty put on since has drained it, and
 /// releases the slot of its `try` decision (for a caller gone away).
 pub(crate) struct LiveBooking {
-    backend: Arc<dyn Store>,
     resource: Arc<Resource>,
     /// The epochs of the limits it was taken under.
     booked_under: Epochs,
@@ -43,7 +41,6 @@ impl LiveBooking {
     /// `cost`, taken by the `try` decision `d` on state `key` under
     /// `resource`'s own limits, asked at `since_here`; armed if allowed.
     pub(crate) fn taken(
-        backend: Arc<dyn Store>,
         resource: Arc<Resource>,
         key: Option<String>,
         cost: Cost,
@@ -51,7 +48,6 @@ impl LiveBooking {
         d: &Decision,
     ) -> Self {
         Self {
-            backend,
             booked_under: resource.epochs,
             resource,
             key,
@@ -72,18 +68,16 @@ impl LiveBooking {
     /// Books `cost` within `max_wait`: `Ok(Ok(booking))`, or `Ok(Err(wait))`
     /// when the earliest time is beyond `max_wait` (nothing booked).
     pub(crate) async fn book(
-        broker: &ResourceBroker,
         resource: &Arc<Resource>,
         key: String,
         cost: Cost,
         max_wait: Duration,
     ) -> Result<Result<LiveBooking, Micros>, BrokerError> {
         let latest = resource.latest();
-        let backend = broker.inner.backend.clone();
         let resource = resource.clone();
         // Run to its answer if the caller goes away: dropped, it refunds.
         to_its_answer(async move {
-            let r = backend
+            let r = (resource.backend)
                 .book(&key, &latest.spec, cost, max_wait)
                 .await
                 .inspect_err(|e| note_backend_error(&resource, "book", e))?;
@@ -92,7 +86,7 @@ impl LiveBooking {
             }
             let since_here = Self::since_here(&resource, &key);
             let allowed = Decision::allow(None);
-            let mut b = Self::taken(backend, resource, Some(key), cost, since_here, &allowed);
+            let mut b = Self::taken(resource, Some(key), cost, since_here, &allowed);
             (b.booked_under, b.wait, b.since) = (latest.epochs, r.wait, Some(r.since));
             Ok(Ok(b))
         })
@@ -167,16 +161,19 @@ impl LiveBooking {
             }
         };
         let (key, spec) = (self.key(), &latest.spec);
-        let local = self.backend.local();
+        let local = self.resource.backend.local();
         if let Some(r) = local.and_then(|l| l.settle_now(key, spec, booked, actual, since)) {
             settled(&self.resource, key, r);
             return None;
         }
         let rt = tokio::runtime::Handle::try_current().ok()?;
-        let (backend, resource) = (self.backend.clone(), self.resource.clone());
+        let resource = self.resource.clone();
         let (key, spec) = (key.to_owned(), spec.clone());
         Some(rt.spawn(async move {
-            let r = backend.settle(&key, &spec, booked, actual, since).await;
+            let r = resource
+                .backend
+                .settle(&key, &spec, booked, actual, since)
+                .await;
             settled(&resource, &key, r);
         }))
     }
@@ -189,13 +186,7 @@ impl Drop for LiveBooking {
         if self.armed {
             if let Some(lease) = self.lease {
                 let key = HeldKey::State(self.key.clone());
-                permit::release(
-                    self.backend.clone(),
-                    self.resource.clone(),
-                    key,
-                    lease,
-                    false,
-                );
+                permit::release(self.resource.clone(), key, lease, false);
             }
             let penalty_end = self.resource.penalties.until(self.key());
             let _ = self.settle(Some(Cost::requests(0)), penalty_end, "refund");

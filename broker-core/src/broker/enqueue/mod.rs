@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use super::in_flight::to_its_answer;
 use super::queue::{self, Ticket};
 use super::{ResourceBroker, Target};
+use crate::clock::tokio_after;
 use crate::error::BrokerError;
 use crate::keys;
 use crate::limits::Cost;
@@ -100,12 +101,8 @@ impl ResourceBroker {
         Fut: Future<Output = Outcome<T, E>>,
     {
         let target = target.into();
-        let resource = self.resource(target.resource)?;
+        let (resource, key) = self.state_of(target)?;
         (resource.check_fits(cost)).inspect_err(|_| bump(&resource.counters.failed))?;
-        let key = match target.key {
-            Some(k) => keys::keyed(&resource.id, k),
-            None => resource.key.clone(),
-        };
         let (live, capacity) = (&resource.live, resource.config.queue_capacity);
         // Counted for the id: a re-registration does not make room.
         let mut place = Counted(&live.queued);
@@ -124,11 +121,10 @@ impl ResourceBroker {
         let bounds = Bounds {
             deadline: (target.deadline)
                 .or(resource.config.queue_deadline)
-                .map(|d| (crate::clock::tokio_after(d), d)),
+                .map(|d| (tokio_after(d), d)),
             ceiling: Some(policy.ceiling(&limits)),
         };
-        let flow = (target.flow).map_or_else(|| "".into(), |(f, _)| keys::fingerprint(f).into());
-        let flow = (flow, target.flow.map_or(1, |(_, w)| w));
+        let flow = (target.flow).map_or(("".into(), 1), |(f, w)| (keys::fingerprint(f).into(), w));
         let units = queue::units(&resource.latest().spec, cost);
         let mut ticket = Ticket::new(&resource.lines, &key, target.priority, flow, units);
         let state = (key.as_str(), target.key.is_some());
@@ -137,7 +133,7 @@ impl ResourceBroker {
             number += 1;
             // The slot is not counted in flight: `place` counts this work.
             let ticket = Some(&mut ticket);
-            let admitted = admit_until(self, &resource, state, cost, &bounds, ticket, false);
+            let admitted = admit_until(&resource, state, cost, &bounds, ticket, false);
             let (booking, permit) = match admitted.await {
                 Ok(go) => go,
                 Err(refused) => break Err(refused.into_error(&resource, started).into()),
@@ -150,30 +146,29 @@ impl ResourceBroker {
             resource.tally(|c| &c.allowed, 1);
             place.move_to(&live.in_flight);
             let outcome = work(Attempt { number, cost }).await;
-            let class = outcome.class();
-            let retry_after = outcome.retry_after();
+            let (class, retry_after) = (outcome.class(), outcome.retry_after());
+            let observed = outcome.observed().cloned();
+            let (result, usage) = match outcome {
+                Outcome::Ok { value, usage, .. } => (Ok(value), Some(usage)),
+                Outcome::RateLimited { error, .. }
+                | Outcome::Transient { error, .. }
+                | Outcome::Fatal { error, .. } => (Err(error), None),
+            };
             // The penalty before the answer's own: the settlement's.
             let penalty_end = resource.penalties.until(&key);
             // A 429's or a spent counter's penalty goes on before the slot
             // is freed, or a call waiting for the slot would go out into it.
-            let penalty = matches!(outcome, Outcome::RateLimited { .. }).then(|| {
+            let penalty = (class == OutcomeClass::RateLimited).then(|| {
                 let penalty = policy.rate_limited_pause(number, retry_after, &limits);
-                resource
-                    .penalties
-                    .penalize(&key, crate::clock::tokio_after(penalty));
+                resource.penalties.penalize(&key, tokio_after(penalty));
                 penalty
             });
-            if let Some(observed) = outcome.observed() {
+            if let Some(observed) = &observed {
                 penalize_spent_counters(&resource, &key, &capped_resets(&resource, observed));
             }
             // Likewise in the store, for other processes: the penalty, the
             // settlement, then the reconcile, and only then is the slot
             // freed, run to its end even if this call is dropped meanwhile.
-            let usage = match &outcome {
-                Outcome::Ok { usage, .. } => Some(*usage),
-                _ => None,
-            };
-            let observed = outcome.observed().cloned();
             let (broker, res, k) = (self.clone(), resource.clone(), key.clone());
             to_its_answer(async move {
                 if let Some(penalty) = penalty {
@@ -196,11 +191,9 @@ impl ResourceBroker {
             })
             .await;
             place.move_to(&live.queued);
-            let error = match outcome {
-                Outcome::Ok { value, .. } => break Ok(value),
-                Outcome::RateLimited { error, .. }
-                | Outcome::Transient { error, .. }
-                | Outcome::Fatal { error, .. } => error,
+            let error = match result {
+                Ok(value) => break Ok(value),
+                Err(error) => error,
             };
             if !class.is_retryable() {
                 break Err(EnqueueError::Fatal {
