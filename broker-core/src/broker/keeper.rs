@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::runtime::Id;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -87,10 +88,6 @@ impl Keeper {
         }
     }
 
-    fn held(&self) -> MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Renews `lease` on state `key` until it is forgotten or `max_hold`
     /// has passed, from the current runtime's task (none outside one).
     pub(crate) fn keep(self: &Arc<Self>, resource: &Arc<Resource>, key: String, lease: LeaseId) {
@@ -109,7 +106,7 @@ impl Keeper {
             spec,
         };
         let (notify, start) = {
-            let mut held = self.held();
+            let mut held = self.held.lock();
             let start = !held.runtimes.iter().any(|(on, _)| *on == id);
             if start {
                 held.runtimes.push((id, Arc::new(Notify::new())));
@@ -134,7 +131,7 @@ impl Keeper {
 
     /// Stops renewing `lease` (its permit is being released).
     pub(crate) fn forget(&self, lease: LeaseId) {
-        self.held().leases.remove(&lease);
+        self.held.lock().leases.remove(&lease);
     }
 }
 
@@ -153,7 +150,7 @@ impl Drop for Stopped {
             return;
         }
         let wake = {
-            let mut held = self.keeper.held();
+            let mut held = self.keeper.held.lock();
             let Some(at) = held.runtimes.iter().position(|(on, _)| *on == self.id) else {
                 return;
             };
@@ -175,7 +172,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
     loop {
         let now = Instant::now();
         let (due, ended, next) = {
-            let mut held = keeper.held();
+            let mut held = keeper.held.lock();
             let at = held.runtimes.iter().position(|(on, _)| *on == id);
             if at.is_none() || !held.leases.values().any(|k| k.on == Some(id)) {
                 at.map(|at| held.runtimes.swap_remove(at));
@@ -218,7 +215,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                 Ok(Renewal::Held) => {}
                 // Taken again, but its permit was released meanwhile (the
                 // release may have gone out first): freed again.
-                Ok(Renewal::Retaken) if !keeper.held().leases.contains_key(&lease) => {
+                Ok(Renewal::Retaken) if !keeper.held.lock().leases.contains_key(&lease) => {
                     if let Err(e) = keeper.backend.release(&key, lease).await {
                         super::note_backend_error(&resource, "release", &e);
                     }
@@ -231,7 +228,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                      been exceeded meanwhile"
                 ),
                 Ok(Renewal::Gone) => {
-                    if keeper.held().leases.remove(&lease).is_some() {
+                    if keeper.held.lock().leases.remove(&lease).is_some() {
                         tracing::warn!(
                             resource = %resource.id,
                             "a concurrency lease is not in the store while its permit is \

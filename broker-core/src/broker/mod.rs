@@ -65,7 +65,7 @@ type Registry = HashMap<String, Arc<Resource>, foldhash::fast::RandomState>;
 struct Inner {
     backend: Arc<dyn Store>,
     resources: ArcSwap<Registry>,
-    register: std::sync::Mutex<()>,
+    register: parking_lot::Mutex<()>,
     keeper: Option<Arc<keeper::Keeper>>,
 }
 
@@ -95,14 +95,9 @@ impl ResourceBroker {
                 keeper,
                 backend,
                 resources: ArcSwap::from_pointee(Registry::default()),
-                register: std::sync::Mutex::new(()),
+                register: parking_lot::Mutex::new(()),
             }),
         }
-    }
-
-    /// The state store.
-    pub fn backend(&self) -> &Arc<dyn Store> {
-        &self.inner.backend
     }
 
     /// Registers (or re-configures) a resource.
@@ -120,11 +115,6 @@ impl ResourceBroker {
         let ready = self.ready(resource, config, ResourceKind::LimitOnly)?;
         self.commit(vec![ready], |_, _, _| Ok(true))
             .map_err(|e| e.error)
-    }
-
-    /// Whether `resource` is registered.
-    pub fn is_registered(&self, resource: &str) -> bool {
-        self.inner.resources.load().contains_key(resource)
     }
 
     pub(crate) fn resource(&self, id: &str) -> Result<Arc<Resource>, BrokerError> {
@@ -149,11 +139,6 @@ impl ResourceBroker {
     /// The limits a resource was registered with.
     pub fn limits(&self, resource: &str) -> Result<Limits, BrokerError> {
         Ok(self.resource(resource)?.config.limits.clone())
-    }
-
-    /// How a resource was registered.
-    pub fn kind(&self, resource: &str) -> Result<ResourceKind, BrokerError> {
-        Ok(self.resource(resource)?.kind)
     }
 
     /// Counters of every resource since its latest registration (`queued`

@@ -2,8 +2,8 @@
 //! attempts this process booked before the news wait until it ends.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// The penalties of one resource, by state key. Expired ones are swept
@@ -23,7 +23,7 @@ struct Map {
 impl Penalties {
     /// Penalizes `key` until `until` (never shortens a longer penalty).
     pub(crate) fn penalize(&self, key: &str, until: Instant) {
-        let mut map = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.until.lock();
         if map.ends.len() >= 2 * map.swept.max(16) {
             let now = Instant::now();
             map.ends.retain(|_, t| *t > now);
@@ -35,7 +35,7 @@ impl Penalties {
 
     /// The end of the penalty on `key`, if it is still in force.
     pub(crate) fn until(&self, key: &str) -> Option<Instant> {
-        let map = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.until.lock();
         map.ends.get(key).copied().filter(|t| *t > Instant::now())
     }
 }
@@ -69,7 +69,7 @@ mod tests {
             }
             tokio::time::advance(Duration::from_secs(2)).await;
         }
-        let map = p.until.lock().unwrap();
+        let map = p.until.lock();
         assert!(
             map.ends.len() <= 2 * 1000 + 16,
             "{} penalties",

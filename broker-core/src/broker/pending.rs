@@ -2,10 +2,9 @@
 //! on a key sends that key's first, so it never overtakes an earlier release;
 //! those a down store cannot take are resent once it reads up.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::keeper::Keeper;
@@ -34,7 +33,7 @@ pub(crate) async fn in_order<T>(
         return decision.await;
     };
     let ahead = async {
-        let leases = p.lock().remove(key).unwrap_or_default();
+        let leases = p.by_key.lock().remove(key).unwrap_or_default();
         p.count.fetch_sub(leases.len(), Ordering::Release);
         for lease in leases {
             // One out of reach goes back on its way, as a dropped permit's.
@@ -78,16 +77,17 @@ impl Keeper {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<LeaseId>>> {
-        self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn any(&self) -> bool {
         self.count.load(Ordering::Acquire) != 0
     }
 
     fn holds(&self, key: &str, lease: LeaseId) -> bool {
-        self.any() && self.lock().get(key).is_some_and(|l| l.contains(&lease))
+        self.any()
+            && self
+                .by_key
+                .lock()
+                .get(key)
+                .is_some_and(|l| l.contains(&lease))
     }
 
     /// Takes out `lease` on `key`: whether it was there.
@@ -95,7 +95,7 @@ impl Keeper {
         if !self.any() {
             return false;
         }
-        let mut map = self.lock();
+        let mut map = self.by_key.lock();
         let Some(leases) = map.get_mut(key) else {
             return false;
         };
@@ -113,7 +113,11 @@ impl Keeper {
     /// The release of `lease` on `key`, to be sent from a task: pending
     /// until sent, or until the returned guard is dropped.
     pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
-        self.lock().entry(key.clone()).or_default().push(lease);
+        self.by_key
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .push(lease);
         self.count.fetch_add(1, Ordering::Release);
         let pending = self.clone();
         OnItsWay {
@@ -192,7 +196,7 @@ mod tests {
         drop(ways);
         assert!(!pending.holds("b", 3), "its task's end takes it out");
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
-        assert!(pending.lock().is_empty());
+        assert!(pending.by_key.lock().is_empty());
     }
 
     /// Release tasks dropped unrun with their runtime leave nothing
@@ -213,7 +217,7 @@ mod tests {
         assert_eq!(pending.count.load(Ordering::Relaxed), 100);
         drop(rt);
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
-        assert!(pending.lock().is_empty());
+        assert!(pending.by_key.lock().is_empty());
     }
 
     /// A store out of reach while `down`: releases fail as unreachable.
@@ -308,7 +312,7 @@ mod tests {
         }
         assert_eq!(sent, 2);
         assert_eq!(store.released.load(Ordering::Acquire), 2);
-        assert!(pending.lock().is_empty());
+        assert!(pending.by_key.lock().is_empty());
         assert!(!pending.polling.load(Ordering::Acquire));
     }
 }

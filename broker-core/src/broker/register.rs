@@ -60,7 +60,7 @@ impl ResourceBroker {
     /// // "b" is taken with other limits: "c" is not registered either.
     /// let refused = broker.register_limits(&[("c", &five), ("b", &ten)], OnOtherLimits::Refuse);
     /// assert_eq!(refused.unwrap_err().index, 1);
-    /// assert!(!broker.is_registered("c"));
+    /// assert!(broker.limits("c").is_err());
     /// # Ok(()) }
     /// ```
     pub fn register_limits(
@@ -112,7 +112,7 @@ impl ResourceBroker {
         // Declared before the lock's guard, so dropped after it is let go:
         // a store's states may register again from their destructor.
         let (mut replaced, mut unused) = (Vec::new(), Vec::new());
-        let _guard = (self.inner.register.lock()).unwrap_or_else(|p| p.into_inner());
+        let _guard = self.inner.register.lock();
         let current = self.inner.resources.load_full();
         let installed = (ready.iter().enumerate())
             .map(|(index, r)| install(&current, index, r))

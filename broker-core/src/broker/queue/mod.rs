@@ -6,8 +6,10 @@ mod drr;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use super::Priority;
 use crate::limits::Cost;
@@ -163,7 +165,7 @@ impl Ticket {
 
     /// Runs `f` on this call's line, if there is one.
     fn on_line<T>(&self, f: impl FnOnce(&mut Line) -> T) -> Option<T> {
-        self.lines.lock().get_mut(&self.key).map(f)
+        self.lines.lines.lock().get_mut(&self.key).map(f)
     }
 
     /// This call's place as the head of `line`, if it is.
@@ -191,7 +193,7 @@ impl Ticket {
             return;
         }
         self.joined = true;
-        let mut lines = self.lines.lock();
+        let mut lines = self.lines.lines.lock();
         let line = lines.entry(self.key.clone()).or_default();
         let entry = self.entry.clone();
         line.levels[self.priority.index()].push(&self.flow, entry, false);
@@ -236,7 +238,7 @@ impl Ticket {
             return;
         }
         self.joined = false;
-        let mut lines = self.lines.lock();
+        let mut lines = self.lines.lines.lock();
         let Some(line) = lines.get_mut(&self.key) else {
             return;
         };
@@ -259,7 +261,7 @@ impl Ticket {
     /// An estimate of this call's wait: the head's time still ahead, then
     /// the refill time of every call ahead of it and its own.
     pub(crate) fn ahead(&self) -> Duration {
-        let lines = self.lines.lock();
+        let lines = self.lines.lines.lock();
         let Some(line) = lines.get(&self.key) else {
             return Duration::ZERO;
         };
@@ -284,13 +286,9 @@ impl Drop for Ticket {
 }
 
 impl Lines {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Line>> {
-        self.lines.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Time was given back on state `key`: wakes its head to ask again.
     pub(crate) fn gave_back(&self, key: &str) {
-        let lines = self.lock();
+        let lines = self.lines.lock();
         if let Some(head) = lines.get(key).and_then(|l| l.head.as_ref()) {
             head.entry.wake.notify_one();
         }
@@ -298,7 +296,7 @@ impl Lines {
 
     /// The queue's stats: depth per priority, the busiest flows, waits.
     pub(crate) fn stats(&self) -> QueueStats {
-        let lines = self.lock();
+        let lines = self.lines.lock();
         let mut depth = [0u64; 3];
         let mut flows: HashMap<&Arc<str>, (u64, u64)> = HashMap::new();
         let waiting = lines.values().flat_map(|line| {
@@ -390,6 +388,6 @@ mod tests {
             .map(|_| ticket(&lines, Priority::Default, "f"))
             .collect();
         drop(ts);
-        assert!(lines.lines.lock().unwrap().is_empty());
+        assert!(lines.lines.lock().is_empty());
     }
 }
