@@ -67,7 +67,7 @@ async fn import_job(refusal_min: u64, ladder: [u64; 4]) -> (Job, Duration) {
             .await;
         match (r, pause) {
             (Ok(_), _) => return (Job::Done, start.elapsed()),
-            (Err(e), _) if !e.is_retryable() => return (Job::Failed, start.elapsed()),
+            (Err(e), _) if !e.class().is_retryable() => return (Job::Failed, start.elapsed()),
             (Err(_), Some(pause)) => tokio::time::sleep(pause).await,
             (Err(_), None) => break,
         }
@@ -138,7 +138,7 @@ async fn a_fatal_error_ends_the_job_ladder_at_once() {
         })
         .await;
     let e = r.unwrap_err();
-    assert!(!e.is_retryable(), "{e}");
+    assert!(!e.class().is_retryable(), "{e}");
     assert!(matches!(e, EnqueueError::Fatal { attempts: 1, .. }));
     assert_eq!(attempts, 1);
     assert_eq!(start.elapsed(), Duration::ZERO);

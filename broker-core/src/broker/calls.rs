@@ -174,7 +174,7 @@ impl ResourceBroker {
         key: Option<&str>,
         cost: Cost,
     ) -> Result<Result<Acquisition, BrokerError>, Option<String>> {
-        if let Err(e) = resource.check_fits(cost) {
+        if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
             return Ok(Err(e));
         }
         if let Some(local) = &resource.local {
@@ -234,7 +234,7 @@ impl ResourceBroker {
     ) -> Result<Acquisition, BrokerError> {
         let target = target.into();
         let (resource, key) = self.state_of(target)?;
-        resource.check_fits(cost)?;
+        resource.config.limits.check_fits(&resource.id, cost)?;
         let state = (key.as_str(), target.key.is_some());
         let bounds = enqueue::Bounds {
             deadline: Some((crate::clock::tokio_after(max_wait), max_wait)),

@@ -36,7 +36,7 @@ struct Held {
     /// The runtimes with a renewing task, and what wakes it when a lease is
     /// kept (it may be due sooner). A task stops, and its runtime leaves,
     /// once it renews none.
-    runtimes: Vec<(Id, Arc<Notify>)>,
+    runtimes: HashMap<Id, Arc<Notify>>,
 }
 
 /// One lease kept: the runtime whose task renews it (`None`: lost with its
@@ -107,14 +107,12 @@ impl Keeper {
         };
         let (notify, start) = {
             let mut held = self.held.lock();
-            let start = !held.runtimes.iter().any(|(on, _)| *on == id);
+            let start = !held.runtimes.contains_key(&id);
             if start {
-                held.runtimes.push((id, Arc::new(Notify::new())));
                 hand_on(&mut held.leases, None, Some(id));
             }
             held.leases.insert(lease, kept);
-            let on = held.runtimes.iter().find(|(on, _)| *on == id);
-            (on.expect("pushed above").1.clone(), start)
+            (held.runtimes.entry(id).or_default().clone(), start)
         };
         if start {
             // Spawned with the lock let go: a runtime shutting down drops
@@ -151,11 +149,10 @@ impl Drop for Stopped {
         }
         let wake = {
             let mut held = self.keeper.held.lock();
-            let Some(at) = held.runtimes.iter().position(|(on, _)| *on == self.id) else {
+            if held.runtimes.remove(&self.id).is_none() {
                 return;
-            };
-            held.runtimes.swap_remove(at);
-            let other = held.runtimes.first().cloned();
+            }
+            let other = (held.runtimes.iter().next()).map(|(id, wake)| (*id, wake.clone()));
             hand_on(&mut held.leases, Some(self.id), other.as_ref().map(|o| o.0));
             other
         };
@@ -173,9 +170,9 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
         let now = Instant::now();
         let (due, ended, next) = {
             let mut held = keeper.held.lock();
-            let at = held.runtimes.iter().position(|(on, _)| *on == id);
-            if at.is_none() || !held.leases.values().any(|k| k.on == Some(id)) {
-                at.map(|at| held.runtimes.swap_remove(at));
+            let ours = held.leases.values().any(|k| k.on == Some(id));
+            if !ours || !held.runtimes.contains_key(&id) {
+                held.runtimes.remove(&id);
                 stopped.armed = false;
                 return;
             }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Resource;
+use crate::error::BackendError;
 use crate::state::{DenyReason, LeaseId, Marks};
 use crate::stats::{bump, drop_one};
 use crate::store::Store;
@@ -177,32 +178,30 @@ pub(super) fn release(resource: Arc<Resource>, key: HeldKey, lease: LeaseId, cou
     }
     let key = key.state_key(&resource);
     let state = key.as_deref().unwrap_or(&resource.key);
-    match (resource.backend.local()).and_then(|l| l.release_now(state, lease)) {
-        Some(result) => {
-            if let Err(e) = result {
-                super::note_backend_error(&resource, "release", &e);
-            }
-            resource.slot_freed();
-        }
-        None => {
-            let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            let key = key.unwrap_or_else(|| resource.key.clone());
-            // Pending on its key while on its way (see `pending.rs`).
-            let pending = (resource.keeper.as_ref()).map(|k| k.on_its_way(key.clone(), lease));
-            rt.spawn(async move {
-                let released = match pending {
-                    Some(release) => release.send().await,
-                    None => resource.backend.release(&key, lease).await,
-                };
-                if let Err(e) = released {
-                    super::note_backend_error(&resource, "release", &e);
-                }
-                resource.slot_freed();
-            });
-        }
+    if let Some(result) = (resource.backend.local()).and_then(|l| l.release_now(state, lease)) {
+        return released(&resource, result);
     }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let key = key.unwrap_or_else(|| resource.key.clone());
+    // Pending on its key while on its way (see `pending.rs`).
+    let pending = (resource.keeper.as_ref()).map(|k| k.on_its_way(key.clone(), lease));
+    rt.spawn(async move {
+        let result = match pending {
+            Some(release) => release.send().await,
+            None => resource.backend.release(&key, lease).await,
+        };
+        released(&resource, result);
+    });
+}
+
+/// Logs a release's error; wakes the calls waiting for a slot.
+fn released(resource: &Resource, result: Result<bool, BackendError>) {
+    if let Err(e) = result {
+        super::note_backend_error(resource, "release", &e);
+    }
+    resource.slot_freed();
 }
 
 impl Drop for Permit {

@@ -10,8 +10,7 @@ use arc_swap::ArcSwap;
 
 use super::{keeper, penalties, queue};
 use crate::config::ResourceConfig;
-use crate::error::{BackendError, BrokerError};
-use crate::limits::Cost;
+use crate::error::BackendError;
 use crate::state::LimitSpec;
 use crate::stats::{add, Counters, Live, ResourceKind};
 use crate::store::{LocalStates, Store};
@@ -68,11 +67,6 @@ impl Resource {
             .then(|| self.lineage.load().resource.upgrade())
             .flatten();
         add(counter(&latest.as_deref().unwrap_or(self).counters), n);
-    }
-
-    /// `config.limits.check_fits`.
-    pub(crate) fn check_fits(&self, cost: Cost) -> Result<(), BrokerError> {
-        self.config.limits.check_fits(&self.id, cost)
     }
 
     /// Wakes the calls waiting for a slot, after one was released.

@@ -220,7 +220,6 @@ async fn wait_slot(
     if spec.max_concurrent.is_none() {
         return Ok((Permit::empty(), false));
     }
-    let backend = &resource.backend;
     let mut waited = false;
     // Counted before the first take: a release after it sees the waiter.
     resource.slot_waiters.fetch_add(1, Ordering::SeqCst);
@@ -233,7 +232,7 @@ async fn wait_slot(
             let held_key = HeldKey::State(keyed.then(|| key.to_owned()));
             Permit::held(resource.clone(), held_key, lease, counted)
         };
-        let held = match backend.local().and_then(|l| l.take_slot_now(key, spec)) {
+        let held = match (resource.backend.local()).and_then(|l| l.take_slot_now(key, spec)) {
             Some(held) => held
                 .inspect_err(|e| note_backend_error(resource, "take_slot", e))
                 .map_err(BrokerError::from)?
@@ -241,10 +240,9 @@ async fn wait_slot(
             // Run to its answer if the caller goes away: the permit of a
             // lease granted then is dropped there, released.
             None => {
-                let (backend, resource) = (backend.clone(), resource.clone());
-                let (owned, spec) = (key.to_owned(), spec.clone());
+                let (resource, owned, spec) = (resource.clone(), key.to_owned(), spec.clone());
                 to_its_answer(async move {
-                    let take = backend.take_slot(&owned, &spec);
+                    let take = resource.backend.take_slot(&owned, &spec);
                     let lease = (in_order(&resource, &owned, &spec, take).await)
                         .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
                     let held_key = HeldKey::State(keyed.then_some(owned));

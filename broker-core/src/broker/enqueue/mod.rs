@@ -102,7 +102,8 @@ impl ResourceBroker {
     {
         let target = target.into();
         let (resource, key) = self.state_of(target)?;
-        (resource.check_fits(cost)).inspect_err(|_| bump(&resource.counters.failed))?;
+        let fits = resource.config.limits.check_fits(&resource.id, cost);
+        fits.inspect_err(|_| bump(&resource.counters.failed))?;
         let (live, capacity) = (&resource.live, resource.config.queue_capacity);
         // Counted for the id: a re-registration does not make room.
         let mut place = Counted(&live.queued);
@@ -227,8 +228,9 @@ impl ResourceBroker {
 }
 
 impl<E> EnqueueError<E> {
-    /// The class of this error: an exhausted budget's last outcome's; a
-    /// full queue or wait too long rate-limited; a backend's transient.
+    /// The class of this error (retryable: a later run of the whole job may
+    /// succeed): an exhausted budget's last outcome's; a full queue or wait
+    /// too long rate-limited; a backend's transient.
     pub fn class(&self) -> OutcomeClass {
         match self {
             EnqueueError::Fatal { .. } => OutcomeClass::Fatal,
@@ -243,10 +245,5 @@ impl<E> EnqueueError<E> {
                 | BrokerError::Config(_) => OutcomeClass::Fatal,
             },
         }
-    }
-
-    /// Whether a later run of the whole job may succeed (by its class).
-    pub fn is_retryable(&self) -> bool {
-        self.class().is_retryable()
     }
 }
