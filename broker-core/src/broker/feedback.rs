@@ -40,10 +40,9 @@ impl ResourceBroker {
         self.reconcile_key(&resource, &key, observed).await
     }
 
-    /// Corrects a charge after the work from `booked` to `actual`, in the
-    /// store, told where the cost went (`since`: the marks of a booking,
-    /// [`crate::Booking::since`], or of an acquisition,
-    /// [`crate::Acquisition::settle_marks`]); no refund while a penalty is on.
+    /// Corrects a charge after the work from `booked` to `actual` in the store, where it went:
+    /// `since`, the marks of a booking ([`crate::Booking::since`]) or of an acquisition
+    /// ([`crate::Acquisition::settle_marks`]), if known. No refund while a penalty is on.
     ///
     /// ```
     /// # use broker_core::{Cost, ResourceBroker};
