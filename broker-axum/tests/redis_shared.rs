@@ -143,12 +143,11 @@ async fn a_refused_tenant_flood_is_refunded_where_the_fallback_charged_it() {
     let mut redis = RedisServer::start();
     let clock = ManualClock::new();
     clock.set(1_000_000_000);
-    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let backend = RedisBackend::builder(&redis.url())
-        .client_time(shared.clone())
+        .client_time(Arc::new(clock.clone()))
         .connect_with_policy(broker_core::FailurePolicy::local_fallback(
             1.0,
-            broker_memory::MemoryBackend::with_shared_clock(shared),
+            broker_memory::MemoryBackend::with_clock(clock),
         ))
         .await
         .unwrap();

@@ -63,14 +63,11 @@ impl PartialEq for dyn Parts + '_ {
 impl Eq for dyn Parts + '_ {}
 
 impl KeyRef<'_> {
-    /// The owned key, sharing `resource` when it is the resource part.
+    /// The owned key, sharing `resource` (the resource part) when given.
     pub(crate) fn to_owned_with(self, resource: Option<&Arc<str>>) -> StateKey {
-        let resource = match resource {
-            Some(r) if **r == *self.resource => r.clone(),
-            _ => Arc::from(self.resource),
-        };
+        debug_assert!(resource.is_none_or(|r| **r == *self.resource));
         StateKey {
-            resource,
+            resource: resource.map_or_else(|| Arc::from(self.resource), Arc::clone),
             sub: self.sub.map(Box::from),
         }
     }

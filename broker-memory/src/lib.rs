@@ -51,13 +51,8 @@ impl MemoryBackend {
 
     /// A store on `clock` (e.g. [`broker_core::ManualClock`] in tests).
     pub fn with_clock(clock: impl Clock) -> Self {
-        Self::with_shared_clock(Arc::new(clock))
-    }
-
-    /// A store on a shared clock.
-    pub fn with_shared_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            store: Arc::new(Store::new(clock)),
+            store: Arc::new(Store::new(Arc::new(clock))),
         }
     }
 

@@ -77,15 +77,6 @@ impl Store {
         self.map.hasher().hash_one(&key as &dyn Parts)
     }
 
-    /// `spec` as a shared allocation: the last one made if equal.
-    fn shared_spec(&self, spec: &LimitSpec) -> Arc<LimitSpec> {
-        let mut last = self.last_spec.lock();
-        match &*last {
-            Some(s) if **s == *spec => s.clone(),
-            _ => last.insert(Arc::new(spec.clone())).clone(),
-        }
-    }
-
     /// Runs the reference transition `f` on the state of `key` for `spec`,
     /// making the state from its folded places, else fresh. `local`: the
     /// allocations of the resource part and of `spec` a new state shares.
@@ -97,7 +88,14 @@ impl Store {
         f: impl FnOnce(&mut ResourceState, Micros) -> R,
     ) -> R {
         let now = self.clock.now();
-        let shared = || local.map_or_else(|| self.shared_spec(spec), |(_, s)| s.clone());
+        // `spec` as a shared allocation: the resource's, else the last one made if equal.
+        let shared = || match local {
+            Some((_, s)) => s.clone(),
+            None => match &mut *self.last_spec.lock() {
+                Some(s) if **s == *spec => s.clone(),
+                last => last.insert(Arc::new(spec.clone())).clone(),
+            },
+        };
         let mut inserted = false;
         let result = match self.map.get(&key as &dyn Parts) {
             Some(e) => f(e.lock().current(spec, shared, now), now),
