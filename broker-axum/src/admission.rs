@@ -155,17 +155,11 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: PermitBody + Send + 'static,
 {
-    /// Calls `inner` with `req`, no limit applying.
-    pub(crate) fn pass(inner: &mut S, req: Request<ReqB>) -> Self {
-        let state = State::calling(inner, req, Permit::empty(), None);
-        Self { state }
-    }
-
-    /// Admits `req` on `stage` (the tenant's if given), then calls `inner`;
-    /// a refusal gives `charge` back.
+    /// Admits `req` on `stage` (the tenant's if given; none passes it), then
+    /// calls `inner`; a refusal gives `charge` back.
     pub(crate) fn admit(
         policy: &Arc<Policy>,
-        stage: Stage,
+        stage: Option<Stage>,
         tenant: Option<String>,
         charge: Option<Charge>,
         inner: &mut S,
@@ -174,6 +168,10 @@ where
     where
         S: Clone,
     {
+        let Some(stage) = stage else {
+            let state = State::calling(inner, req, Permit::empty(), None);
+            return Self { state };
+        };
         let key = tenant.as_deref();
         // The route/service stage hands a tenant stage after it its charge.
         let charges = key.is_none() && policy.tenant_stage().is_some();

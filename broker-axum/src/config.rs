@@ -84,9 +84,8 @@ struct RawTenantConfig {
 
 impl From<RawTenantConfig> for TenantConfig {
     fn from(raw: RawTenantConfig) -> Self {
-        let sets_a_limit = !raw.limits.rates.is_empty() || raw.limits.max_concurrent.is_some();
         Self {
-            enabled: raw.enabled.unwrap_or(sets_a_limit),
+            enabled: (raw.enabled).unwrap_or(raw.limits != Limits::default()),
             limits: raw.limits,
             resource: raw.resource,
             clear_ids: raw.clear_ids,
@@ -253,7 +252,7 @@ impl PressureConfig {
                 ));
             }
             check_requests(&tenant.limits).map_err(|r| bad("perTenant.limits".into(), r))?;
-            if tenant.limits.rates.is_empty() && tenant.limits.max_concurrent.is_none() {
+            if tenant.limits == Limits::default() {
                 return Err(bad(
                     "perTenant.limits".into(),
                     "the tenant stage is enabled but sets no limit",
@@ -291,7 +290,13 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
                 .into(),
         );
     }
-    match template_segment(prefix) {
+    // A route template's parameter (`{id}`, `:id`, `*rest`) never matches literally.
+    let template = |s: &&str| {
+        s.starts_with(':') && s.len() > 1
+            || s.starts_with('*')
+            || s.contains('{') && s.contains('}')
+    };
+    match prefix.split('/').find(template) {
         Some(segment) => Err(format!(
             "holds `{segment}`, a route template's parameter: a prefix is \
              matched literally, segment by segment; write the part before the \
@@ -300,16 +305,6 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
         )),
         None => Ok(()),
     }
-}
-
-/// The first segment of `prefix` that reads as a route template's parameter
-/// (`{id}`, `:id`, `*rest`): a literal prefix would never match it.
-fn template_segment(prefix: &str) -> Option<&str> {
-    prefix.split('/').find(|s| {
-        s.starts_with(':') && s.len() > 1
-            || s.starts_with('*')
-            || (s.contains('{') && s.contains('}'))
-    })
 }
 
 fn check_id(id: &str) -> Result<(), &'static str> {
