@@ -25,10 +25,6 @@ pub struct PressureConfig {
     pub per_tenant: TenantConfig,
 }
 
-fn default_tenant_resource() -> String {
-    DEFAULT_TENANT_RESOURCE.to_owned()
-}
-
 impl Default for PressureConfig {
     fn default() -> Self {
         Self {
@@ -70,16 +66,23 @@ pub struct TenantConfig {
 
 /// [`TenantConfig`] as written.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 struct RawTenantConfig {
-    #[serde(default)]
     enabled: Option<bool>,
-    #[serde(default)]
     limits: Limits,
-    #[serde(default = "default_tenant_resource")]
     resource: String,
-    #[serde(default)]
     clear_ids: bool,
+}
+
+impl Default for RawTenantConfig {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            limits: Limits::default(),
+            resource: DEFAULT_TENANT_RESOURCE.to_owned(),
+            clear_ids: false,
+        }
+    }
 }
 
 impl From<RawTenantConfig> for TenantConfig {
@@ -95,12 +98,7 @@ impl From<RawTenantConfig> for TenantConfig {
 
 impl Default for TenantConfig {
     fn default() -> Self {
-        Self {
-            enabled: false,
-            limits: Limits::default(),
-            resource: default_tenant_resource(),
-            clear_ids: false,
-        }
+        RawTenantConfig::default().into()
     }
 }
 
@@ -159,11 +157,9 @@ impl PressureConfig {
                 fail("no `pressure` object at the top level or one level down".into())
             })?;
         let config: Self = broker_core::config::from_value(value).map_err(|e| {
-            let path = e.path().to_string();
-            let at = if path.is_empty() || path == "." {
-                prefix.clone()
-            } else {
-                format!("{prefix}.{path}")
+            let at = match e.path().to_string() {
+                path if path.is_empty() || path == "." => prefix.clone(),
+                path => format!("{prefix}.{path}"),
             };
             fail(format!("at {at}: {}", e.inner()))
         })?;
@@ -217,8 +213,8 @@ impl PressureConfig {
                 return Err(bad("perService".into(), "a service name is empty"));
             }
             let id = service_resource(name);
-            check_id(&id).map_err(|r| bad(format!("perService.{name}"), r))?;
-            check_requests(limits).map_err(|r| bad(format!("perService.{name}"), r))?;
+            let checked = check_id(&id).and(check_requests(limits));
+            checked.map_err(|r| bad(format!("perService.{name}"), r))?;
             ids.insert(id);
         }
         let mut prefixes = HashSet::new();
@@ -308,11 +304,9 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
 }
 
 fn check_id(id: &str) -> Result<(), &'static str> {
-    if id.is_empty() || id.len() > 256 {
-        Err("a resource id must be 1..=256 bytes")
-    } else {
-        Ok(())
-    }
+    let fits = (1..=256).contains(&id.len());
+    fits.then_some(())
+        .ok_or("a resource id must be 1..=256 bytes")
 }
 
 #[cfg(test)]

@@ -73,11 +73,7 @@ impl<T, F> std::fmt::Debug for FromExtension<T, F> {
     }
 }
 
-impl<T, F> FromExtension<T, F>
-where
-    T: Clone + Send + Sync + 'static,
-    F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
-{
+impl<T, F: Fn(&T) -> &str> FromExtension<T, F> {
     /// Reads the tenant id from the extension of type `T` with `read`.
     pub fn new(read: F) -> Self {
         Self {
