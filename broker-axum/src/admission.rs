@@ -59,9 +59,7 @@ impl Charge {
             for (i, at) in stage.parts().enumerate() {
                 let since = (here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
                 let (broker, id) = (&policy.broker, &*policy.limited(at).id);
-                let nothing = Cost::requests(0);
-                let settle = broker.settle_since(id, Cost::default(), nothing, since);
-                let _ = settle.await;
+                let _ = (broker.settle_since(id, Cost::default(), Cost::requests(0), since)).await;
             }
         };
         Some(match tokio::runtime::Handle::try_current() {

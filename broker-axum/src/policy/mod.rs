@@ -2,6 +2,7 @@
 //! lives in the broker.
 
 use std::borrow::Cow;
+use std::cmp::Reverse;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -152,7 +153,7 @@ impl Policy {
                 at,
             })
             .collect();
-        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        routes.sort_by_key(|r| Reverse(r.prefix.len()));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -189,15 +190,10 @@ impl Policy {
         // The longest slashed prefix that matches; on a tie, not the
         // router's, so both are charged.
         let slashed_path = second_reading(path);
-        let mut best: Option<(usize, usize)> = None;
-        for (i, route) in self.routes.iter().enumerate() {
-            let len = route.slashed.len();
-            let better = best.is_none_or(|(l, at)| len > l || (len == l && Some(at) == found));
-            if better && prefix_matches(&slashed_path, &route.slashed) {
-                best = Some((len, i));
-            }
-        }
-        match (routed, self.route_or_service(best.map(|(_, i)| i))) {
+        let best = (self.routes.iter().enumerate())
+            .filter(|(_, r)| prefix_matches(&slashed_path, &r.slashed))
+            .min_by_key(|&(i, r)| (Reverse(r.slashed.len()), Some(i) == found));
+        match (routed, self.route_or_service(best.map(|(i, _)| i))) {
             (Some(a), Some(b)) if a != b => Some(Stage(a, Some(b))),
             (None, slashed) => slashed.map(|b| Stage(b, None)),
             (routed, _) => routed.map(|a| Stage(a, None)),
