@@ -55,7 +55,7 @@ impl Charge {
         let refund = async move {
             for (i, at) in stage.parts().enumerate() {
                 let since = (here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
-                let (broker, id) = (&policy.broker, &*policy.limited(at).id);
+                let (broker, id) = (&policy.broker, policy.limited(at).handle.resource());
                 let _ = (broker.settle_since(id, Cost::default(), Cost::requests(0), since)).await;
             }
         };
@@ -251,7 +251,7 @@ fn judge<B: PermitBody>(
     tenant: Option<&str>,
 ) -> Result<(Permit, u8), Response<B>> {
     let limited = policy.limited(at);
-    let (resource, layer) = (&*limited.id, policy.layer(at));
+    let (resource, layer) = (limited.handle.resource(), policy.layer(at));
     let a = match result {
         Ok(a) if a.allowed => return Ok((a.permit, u8::from(a.answered_here))),
         Ok(a) => a,

@@ -20,7 +20,6 @@ use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_
 /// A resource the stages acquire on, with its rate-limit headers.
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
-    pub(crate) id: Arc<str>,
     pub(crate) handle: ResourceHandle,
     headers: RateHeaders,
 }
@@ -31,8 +30,9 @@ impl Limited {
         if self.handle.is_current() {
             return Cow::Borrowed(&self.headers);
         }
-        match broker.limits(&self.id) {
-            Ok(limits) => Cow::Owned(RateHeaders::new(&self.id, &limits)),
+        let id = self.handle.resource();
+        match broker.limits(id) {
+            Ok(limits) => Cow::Owned(RateHeaders::new(id, &limits)),
             Err(_) => Cow::Borrowed(&self.headers),
         }
     }
@@ -137,11 +137,7 @@ impl Policy {
                 let handle = (broker.resource_handle(id))
                     .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
                 let headers = RateHeaders::new(id, limits);
-                Ok(Limited {
-                    id: id.as_str().into(),
-                    handle,
-                    headers,
-                })
+                Ok(Limited { handle, headers })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let first_route = u32::from(service.is_some());
