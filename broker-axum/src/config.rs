@@ -166,37 +166,7 @@ impl PressureConfig {
         config.validate_at(source_name, &prefix)?;
         Ok(config)
     }
-}
 
-/// The fields of the `pressure` object.
-const FIELDS: [&str; 4] = ["enabled", "perService", "perRoute", "perTenant"];
-
-/// Whether `doc` is a document holding a `pressure` object, not the object.
-fn is_document(doc: &Value) -> bool {
-    (doc.as_object()).is_some_and(|root| root.keys().any(|k| !FIELDS.contains(&k.as_str())))
-        && !matches!(find_pressure(doc), Ok(None))
-}
-
-/// The `pressure` object of `doc` with its path (top level or one down); two
-/// are an error naming both.
-fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, String)> {
-    let Value::Object(root) = doc else {
-        return Ok(None);
-    };
-    let mut found = root.iter().filter_map(|(k, v)| match v {
-        v if k == "pressure" => Some((k.clone(), v)),
-        Value::Object(o) => {
-            (o.get("pressure").filter(|p| p.is_object())).map(|p| (format!("{k}.pressure"), p))
-        }
-        _ => None,
-    });
-    match (found.next(), found.next()) {
-        (Some((a, _)), Some((b, _))) => Err((a, b)),
-        (one, _) => Ok(one),
-    }
-}
-
-impl PressureConfig {
     /// Checks what serde cannot: path prefixes, resource ids, duplicates, an
     /// enabled tenant stage without limits.
     pub(crate) fn validate_at(&self, source_name: &str, prefix: &str) -> Result<(), ConfigError> {
@@ -256,6 +226,34 @@ impl PressureConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The fields of the `pressure` object.
+const FIELDS: [&str; 4] = ["enabled", "perService", "perRoute", "perTenant"];
+
+/// Whether `doc` is a document holding a `pressure` object, not the object.
+fn is_document(doc: &Value) -> bool {
+    (doc.as_object()).is_some_and(|root| root.keys().any(|k| !FIELDS.contains(&k.as_str())))
+        && !matches!(find_pressure(doc), Ok(None))
+}
+
+/// The `pressure` object of `doc` with its path (top level or one down); two
+/// are an error naming both.
+fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, String)> {
+    let Value::Object(root) = doc else {
+        return Ok(None);
+    };
+    let mut found = root.iter().filter_map(|(k, v)| match v {
+        v if k == "pressure" => Some((k.clone(), v)),
+        Value::Object(o) => {
+            (o.get("pressure").filter(|p| p.is_object())).map(|p| (format!("{k}.pressure"), p))
+        }
+        _ => None,
+    });
+    match (found.next(), found.next()) {
+        (Some((a, _)), Some((b, _))) => Err((a, b)),
+        (one, _) => Ok(one),
     }
 }
 
