@@ -192,38 +192,26 @@ impl PressureConfig {
             let field = format!("perRoute[{i}]");
             check_id(&route.resource).map_err(|r| bad(format!("{field}.resource"), r))?;
             check_requests(&route.limits).map_err(|r| bad(format!("{field}.limits"), r))?;
-            if !ids.insert(route.resource.clone()) {
-                return Err(bad(
-                    format!("{field}.resource"),
-                    "used twice (each route and service needs its own resource id)",
-                ));
-            }
+            let twice = "used twice (each route and service needs its own resource id)";
+            ensure(ids.insert(route.resource.clone()), twice)
+                .map_err(|r| bad(format!("{field}.resource"), r))?;
             let prefix_field = || format!("{field}.pathPrefix");
             check_prefix(&route.path_prefix).map_err(|r| bad(prefix_field(), &r))?;
             // Compared as paths are (see `policy::normal_path`).
-            if !prefixes.insert(crate::policy::normal_path(&route.path_prefix).into_owned()) {
-                return Err(bad(
-                    prefix_field(),
-                    "used twice (the second route would never match)",
-                ));
-            }
+            let form = crate::policy::normal_path(&route.path_prefix).into_owned();
+            let never = "used twice (the second route would never match)";
+            ensure(prefixes.insert(form), never).map_err(|r| bad(prefix_field(), r))?;
         }
         let tenant = &self.per_tenant;
         if tenant.enabled {
-            check_id(&tenant.resource).map_err(|r| bad("perTenant.resource".into(), r))?;
-            if ids.contains(&tenant.resource) {
-                return Err(bad(
-                    "perTenant.resource".into(),
-                    "is also a route or service resource",
-                ));
-            }
-            check_requests(&tenant.limits).map_err(|r| bad("perTenant.limits".into(), r))?;
-            if tenant.limits == Limits::default() {
-                return Err(bad(
-                    "perTenant.limits".into(),
-                    "the tenant stage is enabled but sets no limit",
-                ));
-            }
+            let id = || "perTenant.resource".to_owned();
+            let limits = || "perTenant.limits".to_owned();
+            check_id(&tenant.resource).map_err(|r| bad(id(), r))?;
+            let shared = "is also a route or service resource";
+            ensure(!ids.contains(&tenant.resource), shared).map_err(|r| bad(id(), r))?;
+            check_requests(&tenant.limits).map_err(|r| bad(limits(), r))?;
+            let none = "the tenant stage is enabled but sets no limit";
+            ensure(tenant.limits != Limits::default(), none).map_err(|r| bad(limits(), r))?;
         }
         Ok(())
     }
@@ -259,13 +247,11 @@ fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, Strin
 
 /// The layers charge requests, never tokens: a token rate would limit nothing.
 fn check_requests(limits: &Limits) -> Result<(), &'static str> {
-    match limits.rates.iter().any(|r| r.unit == Unit::Tokens) {
-        true => Err(
-            "a rate in tokens (`tokensPerMinute`) limits nothing here: the layers \
-                     charge one request per request and no tokens; use a rate in requests",
-        ),
-        false => Ok(()),
-    }
+    ensure(
+        limits.rates.iter().all(|r| r.unit != Unit::Tokens),
+        "a rate in tokens (`tokensPerMinute`) limits nothing here: the layers charge one \
+         request per request and no tokens; use a rate in requests",
+    )
 }
 
 /// Why `prefix` cannot be a route's path prefix, if it cannot.
@@ -302,9 +288,15 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
 }
 
 fn check_id(id: &str) -> Result<(), &'static str> {
-    let fits = (1..=256).contains(&id.len());
-    fits.then_some(())
-        .ok_or("a resource id must be 1..=256 bytes")
+    ensure(
+        (1..=256).contains(&id.len()),
+        "a resource id must be 1..=256 bytes",
+    )
+}
+
+/// `reason` unless `ok`.
+fn ensure(ok: bool, reason: &'static str) -> Result<(), &'static str> {
+    ok.then_some(()).ok_or(reason)
 }
 
 #[cfg(test)]
