@@ -20,29 +20,27 @@ use crate::response;
 /// A route/service admission on `stage`, given back once at most; bit `i`
 /// of `here` is set when the store's failure policy answered part `i`.
 #[derive(Clone)]
-pub(crate) struct Charge(Arc<Charged>);
-
-struct Charged {
+pub(crate) struct Charge {
     policy: Arc<Policy>,
     stage: Stage,
     here: u8,
-    given_back: AtomicBool,
+    given_back: Arc<AtomicBool>,
 }
 
 impl Charge {
     fn new(policy: &Arc<Policy>, stage: Stage, here: u8) -> Self {
-        let (policy, given_back) = (policy.clone(), AtomicBool::new(false));
-        Self(Arc::new(Charged {
+        let (policy, given_back) = (policy.clone(), Arc::default());
+        Self {
             policy,
             stage,
             here,
             given_back,
-        }))
+        }
     }
 
     /// Takes the charge of the policy `policy` out of `req`, if it has one.
     pub(crate) fn take<B>(req: &mut Request<B>, policy: u64) -> Option<Self> {
-        let ours = (req.extensions().get::<Self>()).is_some_and(|c| c.0.policy.id == policy);
+        let ours = (req.extensions().get::<Self>()).is_some_and(|c| c.policy.id == policy);
         ours.then(|| req.extensions_mut().remove()).flatten()
     }
 
@@ -50,18 +48,15 @@ impl Charge {
     /// outlives the caller (in place outside a runtime); a failed refund
     /// leaves it charged.
     fn give_back(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        let c = &*self.0;
-        if c.given_back.swap(true, Ordering::Relaxed) {
+        if self.given_back.swap(true, Ordering::Relaxed) {
             return None;
         }
-        let (policy, stage, here) = (c.policy.clone(), c.stage, c.here);
+        let (policy, stage, here) = (self.policy.clone(), self.stage, self.here);
         let refund = async move {
             for (i, at) in stage.parts().enumerate() {
                 let since = (here >> i & 1 == 1).then_some(Marks::ANSWERED_HERE);
-                let (broker, id) = (&policy.broker, &*policy.limited(at).id);
-                let nothing = Cost::requests(0);
-                let settle = broker.settle(id, Cost::default(), nothing, since);
-                let _ = settle.await;
+                let (broker, id) = (&policy.broker, policy.limited(at).handle.resource());
+                let _ = (broker.settle(id, Cost::default(), Cost::requests(0), since)).await;
             }
         };
         Some(match tokio::runtime::Handle::try_current() {
@@ -155,17 +150,11 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: PermitBody + Send + 'static,
 {
-    /// Calls `inner` with `req`, no limit applying.
-    pub(crate) fn pass(inner: &mut S, req: Request<ReqB>) -> Self {
-        let state = State::calling(inner, req, Permit::empty(), None);
-        Self { state }
-    }
-
-    /// Admits `req` on `stage` (the tenant's if given), then calls `inner`;
-    /// a refusal gives `charge` back.
+    /// Admits `req` on `stage` (the tenant's if given; none passes it), then
+    /// calls `inner`; a refusal gives `charge` back.
     pub(crate) fn admit(
         policy: &Arc<Policy>,
-        stage: Stage,
+        stage: Option<Stage>,
         tenant: Option<String>,
         charge: Option<Charge>,
         inner: &mut S,
@@ -174,12 +163,15 @@ where
     where
         S: Clone,
     {
+        let Some(stage) = stage else {
+            let state = State::calling(inner, req, Permit::empty(), None);
+            return Self { state };
+        };
         let key = tenant.as_deref();
         // The route/service stage hands a tenant stage after it its charge.
         let charges = key.is_none() && policy.tenant_stage().is_some();
-        let limited = policy.limited(stage.0);
         let now = (stage.1.is_none())
-            .then(|| limited.handle.try_acquire_now(key, Cost::default()))
+            .then(|| (policy.limited(stage.0).handle).try_acquire_now(key, Cost::default()))
             .flatten();
         let state = match now.map(|result| judge(policy, stage.0, result, key)) {
             Some(Ok((permit, here))) => {
@@ -259,7 +251,7 @@ fn judge<B: PermitBody>(
     tenant: Option<&str>,
 ) -> Result<(Permit, u8), Response<B>> {
     let limited = policy.limited(at);
-    let (resource, layer) = (&*limited.id, policy.layer(at));
+    let (resource, layer) = (limited.handle.resource(), policy.layer(at));
     let a = match result {
         Ok(a) if a.allowed => return Ok((a.permit, u8::from(a.answered_here))),
         Ok(a) => a,

@@ -28,9 +28,9 @@ pub trait PermitBody: Body + Sized {
     fn from_bytes(bytes: Bytes) -> Self;
 }
 
-/// [`PermitBody`] for a boxed body type, boxed with `$boxed`.
+/// [`PermitBody`] for a boxed body type of error `$err`, boxed with `$boxed`.
 macro_rules! permit_body {
-    ($(impl$(<$e:ident>)? for $body:ty => $boxed:path;)*) => {$(
+    ($(impl$(<$e:ident>)? for $body:ty => $boxed:path, $err:ty;)*) => {$(
         impl$(<$e: 'static>)? PermitBody for $body {
             fn hold(&mut self, permit: Permit) {
                 let inner = std::mem::take(self);
@@ -38,23 +38,16 @@ macro_rules! permit_body {
             }
 
             fn from_bytes(bytes: Bytes) -> Self {
-                $boxed(Full::new(bytes).map_err(|never| match never {}))
+                $boxed(Full::new(bytes).map_err(|never| -> $err { match never {} }))
             }
         }
     )*};
 }
 
-/// [`axum::body::Body::new`], for a body of its error type.
-fn axum_body(
-    body: impl Body<Data = Bytes, Error = axum::Error> + Send + 'static,
-) -> axum::body::Body {
-    axum::body::Body::new(body)
-}
-
 permit_body! {
-    impl for axum::body::Body => axum_body;
-    impl<E> for BoxBody<Bytes, E> => BodyExt::boxed;
-    impl<E> for UnsyncBoxBody<Bytes, E> => BodyExt::boxed_unsync;
+    impl for axum::body::Body => axum::body::Body::new, axum::Error;
+    impl<E> for BoxBody<Bytes, E> => BodyExt::boxed, E;
+    impl<E> for UnsyncBoxBody<Bytes, E> => BodyExt::boxed_unsync, E;
 }
 
 /// Bodies up to this size may end with their last frame (see

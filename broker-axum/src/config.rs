@@ -25,10 +25,6 @@ pub struct PressureConfig {
     pub per_tenant: TenantConfig,
 }
 
-fn default_tenant_resource() -> String {
-    DEFAULT_TENANT_RESOURCE.to_owned()
-}
-
 impl Default for PressureConfig {
     fn default() -> Self {
         Self {
@@ -70,23 +66,29 @@ pub struct TenantConfig {
 
 /// [`TenantConfig`] as written.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 struct RawTenantConfig {
-    #[serde(default)]
     enabled: Option<bool>,
-    #[serde(default)]
     limits: Limits,
-    #[serde(default = "default_tenant_resource")]
     resource: String,
-    #[serde(default)]
     clear_ids: bool,
+}
+
+impl Default for RawTenantConfig {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            limits: Limits::default(),
+            resource: DEFAULT_TENANT_RESOURCE.to_owned(),
+            clear_ids: false,
+        }
+    }
 }
 
 impl From<RawTenantConfig> for TenantConfig {
     fn from(raw: RawTenantConfig) -> Self {
-        let sets_a_limit = !raw.limits.rates.is_empty() || raw.limits.max_concurrent.is_some();
         Self {
-            enabled: raw.enabled.unwrap_or(sets_a_limit),
+            enabled: (raw.enabled).unwrap_or(raw.limits != Limits::default()),
             limits: raw.limits,
             resource: raw.resource,
             clear_ids: raw.clear_ids,
@@ -96,12 +98,7 @@ impl From<RawTenantConfig> for TenantConfig {
 
 impl Default for TenantConfig {
     fn default() -> Self {
-        Self {
-            enabled: false,
-            limits: Limits::default(),
-            resource: default_tenant_resource(),
-            clear_ids: false,
-        }
+        RawTenantConfig::default().into()
     }
 }
 
@@ -160,16 +157,63 @@ impl PressureConfig {
                 fail("no `pressure` object at the top level or one level down".into())
             })?;
         let config: Self = broker_core::config::from_value(value).map_err(|e| {
-            let path = e.path().to_string();
-            let at = if path.is_empty() || path == "." {
-                prefix.clone()
-            } else {
-                format!("{prefix}.{path}")
+            let at = match e.path().to_string() {
+                path if path.is_empty() || path == "." => prefix.clone(),
+                path => format!("{prefix}.{path}"),
             };
             fail(format!("at {at}: {}", e.inner()))
         })?;
         config.validate_at(source_name, &prefix)?;
         Ok(config)
+    }
+
+    /// Checks what serde cannot: path prefixes, resource ids, duplicates, an
+    /// enabled tenant stage without limits.
+    pub(crate) fn validate_at(&self, source_name: &str, prefix: &str) -> Result<(), ConfigError> {
+        let bad = |field: String, reason: &str| ConfigError::Invalid {
+            field: match prefix {
+                "" => format!("{source_name}: {field}"),
+                _ => format!("{source_name}: {prefix}.{field}"),
+            },
+            reason: reason.to_owned(),
+        };
+        let mut ids = HashSet::new();
+        for (name, limits) in &self.per_service {
+            if name.is_empty() {
+                return Err(bad("perService".into(), "a service name is empty"));
+            }
+            let id = service_resource(name);
+            let checked = check_id(&id).and(check_requests(limits));
+            checked.map_err(|r| bad(format!("perService.{name}"), r))?;
+            ids.insert(id);
+        }
+        let mut prefixes = HashSet::new();
+        for (i, route) in self.per_route.iter().enumerate() {
+            let field = format!("perRoute[{i}]");
+            check_id(&route.resource).map_err(|r| bad(format!("{field}.resource"), r))?;
+            check_requests(&route.limits).map_err(|r| bad(format!("{field}.limits"), r))?;
+            let twice = "used twice (each route and service needs its own resource id)";
+            ensure(ids.insert(route.resource.clone()), twice)
+                .map_err(|r| bad(format!("{field}.resource"), r))?;
+            let prefix_field = || format!("{field}.pathPrefix");
+            check_prefix(&route.path_prefix).map_err(|r| bad(prefix_field(), &r))?;
+            // Compared as paths are (see `policy::normal_path`).
+            let form = crate::policy::normal_path(&route.path_prefix).into_owned();
+            let never = "used twice (the second route would never match)";
+            ensure(prefixes.insert(form), never).map_err(|r| bad(prefix_field(), r))?;
+        }
+        let tenant = &self.per_tenant;
+        if tenant.enabled {
+            let id = || "perTenant.resource".to_owned();
+            let limits = || "perTenant.limits".to_owned();
+            check_id(&tenant.resource).map_err(|r| bad(id(), r))?;
+            let shared = "is also a route or service resource";
+            ensure(!ids.contains(&tenant.resource), shared).map_err(|r| bad(id(), r))?;
+            check_requests(&tenant.limits).map_err(|r| bad(limits(), r))?;
+            let none = "the tenant stage is enabled but sets no limit";
+            ensure(tenant.limits != Limits::default(), none).map_err(|r| bad(limits(), r))?;
+        }
+        Ok(())
     }
 }
 
@@ -201,78 +245,13 @@ fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, Strin
     }
 }
 
-impl PressureConfig {
-    /// Checks what serde cannot: path prefixes, resource ids, duplicates, an
-    /// enabled tenant stage without limits.
-    pub(crate) fn validate_at(&self, source_name: &str, prefix: &str) -> Result<(), ConfigError> {
-        let bad = |field: String, reason: &str| ConfigError::Invalid {
-            field: match prefix {
-                "" => format!("{source_name}: {field}"),
-                _ => format!("{source_name}: {prefix}.{field}"),
-            },
-            reason: reason.to_owned(),
-        };
-        let mut ids = HashSet::new();
-        for (name, limits) in &self.per_service {
-            if name.is_empty() {
-                return Err(bad("perService".into(), "a service name is empty"));
-            }
-            let id = service_resource(name);
-            check_id(&id).map_err(|r| bad(format!("perService.{name}"), r))?;
-            check_requests(limits).map_err(|r| bad(format!("perService.{name}"), r))?;
-            ids.insert(id);
-        }
-        let mut prefixes = HashSet::new();
-        for (i, route) in self.per_route.iter().enumerate() {
-            let field = format!("perRoute[{i}]");
-            check_id(&route.resource).map_err(|r| bad(format!("{field}.resource"), r))?;
-            check_requests(&route.limits).map_err(|r| bad(format!("{field}.limits"), r))?;
-            if !ids.insert(route.resource.clone()) {
-                return Err(bad(
-                    format!("{field}.resource"),
-                    "used twice (each route and service needs its own resource id)",
-                ));
-            }
-            let prefix_field = || format!("{field}.pathPrefix");
-            check_prefix(&route.path_prefix).map_err(|r| bad(prefix_field(), &r))?;
-            // Compared as paths are (see `policy::normal_path`).
-            if !prefixes.insert(crate::policy::normal_path(&route.path_prefix).into_owned()) {
-                return Err(bad(
-                    prefix_field(),
-                    "used twice (the second route would never match)",
-                ));
-            }
-        }
-        let tenant = &self.per_tenant;
-        if tenant.enabled {
-            check_id(&tenant.resource).map_err(|r| bad("perTenant.resource".into(), r))?;
-            if ids.contains(&tenant.resource) {
-                return Err(bad(
-                    "perTenant.resource".into(),
-                    "is also a route or service resource",
-                ));
-            }
-            check_requests(&tenant.limits).map_err(|r| bad("perTenant.limits".into(), r))?;
-            if tenant.limits.rates.is_empty() && tenant.limits.max_concurrent.is_none() {
-                return Err(bad(
-                    "perTenant.limits".into(),
-                    "the tenant stage is enabled but sets no limit",
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The layers charge requests, never tokens: a token rate would limit nothing.
 fn check_requests(limits: &Limits) -> Result<(), &'static str> {
-    match limits.rates.iter().any(|r| r.unit == Unit::Tokens) {
-        true => Err(
-            "a rate in tokens (`tokensPerMinute`) limits nothing here: the layers \
-                     charge one request per request and no tokens; use a rate in requests",
-        ),
-        false => Ok(()),
-    }
+    ensure(
+        limits.rates.iter().all(|r| r.unit != Unit::Tokens),
+        "a rate in tokens (`tokensPerMinute`) limits nothing here: the layers charge one \
+         request per request and no tokens; use a rate in requests",
+    )
 }
 
 /// Why `prefix` cannot be a route's path prefix, if it cannot.
@@ -291,7 +270,13 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
                 .into(),
         );
     }
-    match template_segment(prefix) {
+    // A route template's parameter (`{id}`, `:id`, `*rest`) never matches literally.
+    let template = |s: &&str| {
+        s.starts_with(':') && s.len() > 1
+            || s.starts_with('*')
+            || s.contains('{') && s.contains('}')
+    };
+    match prefix.split('/').find(template) {
         Some(segment) => Err(format!(
             "holds `{segment}`, a route template's parameter: a prefix is \
              matched literally, segment by segment; write the part before the \
@@ -302,22 +287,16 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
     }
 }
 
-/// The first segment of `prefix` that reads as a route template's parameter
-/// (`{id}`, `:id`, `*rest`): a literal prefix would never match it.
-fn template_segment(prefix: &str) -> Option<&str> {
-    prefix.split('/').find(|s| {
-        s.starts_with(':') && s.len() > 1
-            || s.starts_with('*')
-            || (s.contains('{') && s.contains('}'))
-    })
+fn check_id(id: &str) -> Result<(), &'static str> {
+    ensure(
+        (1..=256).contains(&id.len()),
+        "a resource id must be 1..=256 bytes",
+    )
 }
 
-fn check_id(id: &str) -> Result<(), &'static str> {
-    if id.is_empty() || id.len() > 256 {
-        Err("a resource id must be 1..=256 bytes")
-    } else {
-        Ok(())
-    }
+/// `reason` unless `ok`.
+fn ensure(ok: bool, reason: &'static str) -> Result<(), &'static str> {
+    ok.then_some(()).ok_or(reason)
 }
 
 #[cfg(test)]

@@ -65,10 +65,8 @@ impl Default for Responses {
 /// assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
 /// ```
 pub fn retry_after_secs(wait: Duration) -> u64 {
-    let secs = wait
-        .as_secs()
-        .saturating_add(u64::from(wait.subsec_nanos() > 0));
-    secs.max(1)
+    let part_second = u64::from(wait.subsec_nanos() > 0);
+    wait.as_secs().saturating_add(part_second).max(1)
 }
 
 /// The rate-limit headers of one resource, built once.

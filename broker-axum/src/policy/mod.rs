@@ -2,6 +2,7 @@
 //! lives in the broker.
 
 use std::borrow::Cow;
+use std::cmp::Reverse;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -19,7 +20,6 @@ use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_
 /// A resource the stages acquire on, with its rate-limit headers.
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
-    pub(crate) id: Arc<str>,
     pub(crate) handle: ResourceHandle,
     headers: RateHeaders,
 }
@@ -30,8 +30,9 @@ impl Limited {
         if self.handle.is_current() {
             return Cow::Borrowed(&self.headers);
         }
-        match broker.limits(&self.id) {
-            Ok(limits) => Cow::Owned(RateHeaders::new(&self.id, &limits)),
+        let id = self.handle.resource();
+        match broker.limits(id) {
+            Ok(limits) => Cow::Owned(RateHeaders::new(id, &limits)),
             Err(_) => Cow::Borrowed(&self.headers),
         }
     }
@@ -136,11 +137,7 @@ impl Policy {
                 let handle = (broker.resource_handle(id))
                     .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
                 let headers = RateHeaders::new(id, limits);
-                Ok(Limited {
-                    id: id.as_str().into(),
-                    handle,
-                    headers,
-                })
+                Ok(Limited { handle, headers })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let first_route = u32::from(service.is_some());
@@ -152,7 +149,7 @@ impl Policy {
                 at,
             })
             .collect();
-        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        routes.sort_by_key(|r| Reverse(r.prefix.len()));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -189,15 +186,10 @@ impl Policy {
         // The longest slashed prefix that matches; on a tie, not the
         // router's, so both are charged.
         let slashed_path = second_reading(path);
-        let mut best: Option<(usize, usize)> = None;
-        for (i, route) in self.routes.iter().enumerate() {
-            let len = route.slashed.len();
-            let better = best.is_none_or(|(l, at)| len > l || (len == l && Some(at) == found));
-            if better && prefix_matches(&slashed_path, &route.slashed) {
-                best = Some((len, i));
-            }
-        }
-        match (routed, self.route_or_service(best.map(|(_, i)| i))) {
+        let best = (self.routes.iter().enumerate())
+            .filter(|(_, r)| prefix_matches(&slashed_path, &r.slashed))
+            .min_by_key(|&(i, r)| (Reverse(r.slashed.len()), Some(i) == found));
+        match (routed, self.route_or_service(best.map(|(i, _)| i))) {
             (Some(a), Some(b)) if a != b => Some(Stage(a, Some(b))),
             (None, slashed) => slashed.map(|b| Stage(b, None)),
             (routed, _) => routed.map(|a| Stage(a, None)),

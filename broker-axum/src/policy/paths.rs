@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 
+use percent_encoding::percent_decode;
+
 /// `path` as the router reads it: each `%XX` decoded once (as path
 /// parameters are), save `%2F`, which stays one segment; so no spelling of a
 /// path steps around its route's limit.
@@ -10,7 +12,14 @@ pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     if !path.as_bytes().contains(&b'%') {
         return Cow::Borrowed(path.as_bytes());
     }
-    Cow::Owned(decoded(path.as_bytes(), false))
+    // Decoded between the `%2F`s, each written back (one more, then cut).
+    let mut out = Vec::with_capacity(path.len() + 3);
+    for piece in path.split("%2F").flat_map(|p| p.split("%2f")) {
+        out.extend(percent_decode(piece.as_bytes()));
+        out.extend_from_slice(b"%2F");
+    }
+    out.truncate(out.len() - 3);
+    Cow::Owned(out)
 }
 
 /// Whether `path` holds an encoded `/` (`%2F`, in either case).
@@ -19,35 +28,11 @@ pub(super) fn has_encoded_slash(path: &[u8]) -> bool {
         .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
 }
 
-/// `%XX` decoded once; `%2F` too with `slashes`.
-fn decoded(bytes: &[u8], slashes: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    let hex = |at: usize| bytes.get(at).and_then(|&b| char::from(b).to_digit(16));
-    while i < bytes.len() {
-        match (bytes[i], hex(i + 1), hex(i + 2)) {
-            (b'%', Some(h), Some(l)) => {
-                // Two hex digits: at most 255.
-                match (h * 16 + l) as u8 {
-                    b'/' if !slashes => out.extend_from_slice(b"%2F"),
-                    c => out.push(c),
-                }
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
 /// `path` as a wildcard handler reading a file path gets it (as
 /// `ServeDir` does): all `%XX` decoded, empty and `.` segments dropped, a
 /// trailing `/` kept, `..` left as is.
 pub(super) fn second_reading(path: &[u8]) -> Vec<u8> {
-    let path = decoded(path, true);
+    let path: Vec<u8> = percent_decode(path).collect();
     if !path.starts_with(b"/") {
         return path;
     }

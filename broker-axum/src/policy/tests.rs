@@ -18,9 +18,9 @@ fn a_path_with_an_encoded_slash_is_read_both_ways() {
         let stage = policy.stage_for(path).expect(path);
         let parts: Vec<_> = stage
             .parts()
-            .map(|s| policy.limited(s).id.to_string())
+            .map(|s| policy.limited(s).handle.resource().to_string())
             .collect();
-        (parts, policy.limited(stage.0).id.to_string())
+        (parts, policy.limited(stage.0).handle.resource().to_string())
     };
     let both = (vec!["files".into(), "private".into()], "files".into());
     assert_eq!(names("/files/private%2Fx"), both);
@@ -41,7 +41,7 @@ fn a_path_with_an_encoded_slash_is_read_both_ways() {
     let slashed = Policy::new(policy.broker.clone(), &config, None, OnOtherLimits::Refuse).unwrap();
     let parts = |path: &str| -> Vec<String> {
         let stage = slashed.stage_for(path).expect(path);
-        let limited = |s| slashed.limited(s).id.to_string();
+        let limited = |s| slashed.limited(s).handle.resource().to_string();
         stage.parts().map(limited).collect()
     };
     assert_eq!(parts("/files/a/b/y"), ["files", "ab"]);
@@ -70,8 +70,8 @@ fn a_path_that_is_not_one_meets_the_route_on_slash() {
     let policy = Policy::new(broker, &config, None, OnOtherLimits::Refuse).unwrap();
     for path in ["*", "", "/", "/x"] {
         let stage = policy.stage_for(path).expect(path);
-        assert_eq!(&*policy.limited(stage.0).id, "all", "{path:?}");
+        assert_eq!(policy.limited(stage.0).handle.resource(), "all", "{path:?}");
     }
     let stage = policy.stage_for("/hook%73/x").unwrap();
-    assert_eq!(&*policy.limited(stage.0).id, "hooks");
+    assert_eq!(policy.limited(stage.0).handle.resource(), "hooks");
 }

@@ -32,11 +32,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        match self.policy.stage_for(req.uri().path()) {
-            Some(stage) => {
-                ResponseFuture::admit(&self.policy, stage, None, None, &mut self.inner, req)
-            }
-            None => ResponseFuture::pass(&mut self.inner, req),
-        }
+        let stage = self.policy.stage_for(req.uri().path());
+        ResponseFuture::admit(&self.policy, stage, None, None, &mut self.inner, req)
     }
 }

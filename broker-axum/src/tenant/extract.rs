@@ -73,11 +73,7 @@ impl<T, F> std::fmt::Debug for FromExtension<T, F> {
     }
 }
 
-impl<T, F> FromExtension<T, F>
-where
-    T: Clone + Send + Sync + 'static,
-    F: Fn(&T) -> &str + Clone + Send + Sync + 'static,
-{
+impl<T, F: Fn(&T) -> &str> FromExtension<T, F> {
     /// Reads the tenant id from the extension of type `T` with `read`.
     pub fn new(read: F) -> Self {
         Self {
@@ -120,10 +116,7 @@ impl FromHeader {
 impl TenantExtractor for FromHeader {
     fn tenant<'a>(&self, headers: &'a HeaderMap, _: &'a Extensions) -> Option<Tenant<'a>> {
         let bytes = headers.get(&self.name)?.as_bytes();
-        Some(match std::str::from_utf8(bytes) {
-            Ok(text) => Tenant::Text(Cow::Borrowed(text)),
-            Err(_) => Tenant::Bytes(Cow::Borrowed(bytes)),
-        })
+        Some(std::str::from_utf8(bytes).map_or_else(|_| Tenant::Bytes(bytes.into()), Tenant::from))
     }
 }
 

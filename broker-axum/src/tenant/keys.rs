@@ -2,8 +2,6 @@
 //! id (see [`crate::Pressure::with_tenant_secret`]), or with
 //! `perTenant.clearIds` a plain id.
 
-use std::fmt::Write;
-
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -18,9 +16,6 @@ fn plain(id: &str) -> bool {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-_.@+".contains(&b);
     !id.is_empty() && id.len() <= MAX_TENANT_LEN && id.bytes().all(allowed)
 }
-
-/// Length of a fingerprint: `~` and 32 hex digits.
-const FINGERPRINT_LEN: usize = 33;
 
 /// The public key of fingerprints when the application sets none.
 const BUILT_IN_SECRET: &[u8] = b"resource-broker tenant fingerprint v1";
@@ -53,18 +48,17 @@ impl TenantKeys {
         mac.update(tag);
         mac.update(bytes);
         let digest = mac.finalize().into_bytes();
-        let mut key = String::with_capacity(FINGERPRINT_LEN);
-        key.push('~');
-        for b in &digest[..16] {
-            let _ = write!(key, "{b:02x}");
-        }
-        key
+        let half: [u8; 16] = digest[..16].try_into().expect("SHA-256 has 32 bytes");
+        format!("~{:032x}", u128::from_be_bytes(half))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Length of a fingerprint: `~` and 32 hex digits.
+    const FINGERPRINT_LEN: usize = 33;
     use std::borrow::Cow;
 
     fn key(keys: &TenantKeys, tenant: impl Into<Tenant<'static>>) -> String {

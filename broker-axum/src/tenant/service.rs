@@ -35,19 +35,13 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let policy = &self.policy;
-        let Some(stage) = policy.tenant_stage() else {
-            return ResponseFuture::pass(&mut self.inner, req);
-        };
+        let (policy, stage) = (&self.policy, self.policy.tenant_stage());
         // Taken out whatever comes next: only this stage answers for it.
-        let charge = Charge::take(&mut req, policy.id);
-        let tenant = self.extractor.tenant(req.headers(), req.extensions());
-        match tenant.map(|t| policy.tenant_keys.key(&t)) {
-            Some(key) => {
-                ResponseFuture::admit(policy, stage, Some(key), charge, &mut self.inner, req)
-            }
-            None => ResponseFuture::pass(&mut self.inner, req),
-        }
+        let charge = stage.and_then(|_| Charge::take(&mut req, policy.id));
+        let tenant = stage.and_then(|_| self.extractor.tenant(req.headers(), req.extensions()));
+        let tenant = tenant.map(|t| policy.tenant_keys.key(&t));
+        let stage = stage.filter(|_| tenant.is_some());
+        ResponseFuture::admit(policy, stage, tenant, charge, &mut self.inner, req)
     }
 }
 
