@@ -301,7 +301,7 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     broker.register("api", config).unwrap();
     let fatal = broker
         .enqueue("api", Cost::default(), |_| async {
-            Outcome::<(), _>::fatal("401")
+            Outcome::<(), _>::failed(OutcomeClass::Fatal, "401", None)
         })
         .await
         .unwrap_err();
@@ -314,7 +314,7 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     ));
     let exhausted = broker
         .enqueue("api", Cost::default(), |_| async {
-            Outcome::<(), _>::transient("503")
+            Outcome::<(), _>::failed(OutcomeClass::Transient, "503", None)
         })
         .await
         .unwrap_err();
@@ -1181,7 +1181,7 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
                     async move {
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         match a.number {
-                            1 => Outcome::<(), ()>::transient(()),
+                            1 => Outcome::<(), ()>::failed(OutcomeClass::Transient, (), None),
                             _ => Outcome::ok(()),
                         }
                     }

@@ -170,7 +170,10 @@ async fn a_deadline_ends_the_wait_with_the_truthful_fields() {
 async fn a_queued_call_ends_at_the_resource_queue_deadline() {
     let broker = broker();
     let limits = Limits::new().rate(RateLimit::per_minute(1));
-    let config = ResourceConfig::new(limits).queue_deadline(Duration::from_secs(5));
+    let config = ResourceConfig {
+        queue_deadline: Some(Duration::from_secs(5)),
+        ..ResourceConfig::new(limits)
+    };
     broker.register("slow", config).unwrap();
     // Four calls with a deadline of their own: the first goes at once,
     // the next two book the next two minutes, the fourth is head and

@@ -93,19 +93,6 @@ impl ResourceConfig {
         }
     }
 
-    /// Sets how long an `enqueue` call may wait for its turn by default
-    /// (see [`ResourceConfig::queue_deadline`]).
-    pub fn queue_deadline(mut self, deadline: Duration) -> Self {
-        self.queue_deadline = Some(deadline);
-        self
-    }
-
-    /// Sets the pacing margin (see [`crate::pacing`]).
-    pub fn pacing_margin(mut self, margin: f64) -> Self {
-        self.pacing_margin = margin;
-        self
-    }
-
     /// The limits the buckets enforce: [`ResourceConfig::limits`] paced
     /// [`ResourceConfig::pacing_margin`] under.
     pub fn paced_limits(&self) -> Limits {
@@ -115,13 +102,6 @@ impl ResourceConfig {
     /// Sets the queue capacity.
     pub fn queue_capacity(mut self, n: usize) -> Self {
         self.queue_capacity = n;
-        self
-    }
-
-    /// Sets how long a permit's lease is renewed at most (see
-    /// [`ResourceConfig::max_hold`]).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = max_hold;
         self
     }
 
