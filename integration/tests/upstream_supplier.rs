@@ -8,7 +8,7 @@ mod upstream_support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use broker_core::config::Format;
+use broker_core::config::{self, Format};
 use broker_core::supplier::{Admission, BucketClass, Credential, SupplierBuckets, SupplierConfig};
 use broker_testkit::capture_logs;
 use tokio::time::Instant;
@@ -31,7 +31,7 @@ rate_limit:
 const SECRET: &str = "etm-user:correct-horse-battery-staple";
 
 fn etm() -> SupplierBuckets {
-    let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let config = config::parse::<SupplierConfig>("etm.yaml", ETM, Format::Yaml).unwrap();
     SupplierBuckets::register(&memory_broker(), "etm", &config).unwrap()
 }
 
@@ -172,7 +172,7 @@ fn a_supplier_whose_bucket_is_refused_registers_none() {
         broker_core::Limits::new().rate(broker_core::RateLimit::per_second(5)),
     );
     broker.register("etm/data/price", queue).unwrap();
-    let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let config = config::parse::<SupplierConfig>("etm.yaml", ETM, Format::Yaml).unwrap();
     let refused = SupplierBuckets::register(&broker, "etm", &config).unwrap_err();
     assert!(
         refused.to_string().starts_with("rate_limit.data.price: ")
@@ -193,7 +193,7 @@ fn a_slash_in_a_name_does_not_make_two_buckets_one() {
     let broker = memory_broker();
     let data = "rate_limit:\n  data:\n    x: { rate: 1, period: 1s }\n";
     let auth = "rate_limit:\n  auth:\n    \"data/x\": { rate: 5, period: 1s, mode: wait }\n";
-    let parse = |text| SupplierConfig::parse("s.yaml", text, Format::Yaml).unwrap();
+    let parse = |text| config::parse::<SupplierConfig>("s.yaml", text, Format::Yaml).unwrap();
     SupplierBuckets::register(&broker, "a/auth", &parse(data)).unwrap();
     SupplierBuckets::register(&broker, "a", &parse(auth)).unwrap();
     let ids: Vec<String> = broker.stats().resources.into_keys().collect();

@@ -146,10 +146,10 @@ const MAX_EGRESS_IPS: usize = 64;
 /// The buckets of one supplier, registered on a broker.
 ///
 /// ```
-/// use broker_core::config::Format;
+/// use broker_core::config::{self, Format};
 /// use broker_core::supplier::{Credential, SupplierBuckets, SupplierConfig};
 /// # async fn demo(broker: broker_core::ResourceBroker) -> Result<(), Box<dyn std::error::Error>> {
-/// let config = SupplierConfig::parse("etm.yaml", "
+/// let config = config::parse::<SupplierConfig>("etm.yaml", "
 /// rate_limit:
 ///   auth:
 ///     login: { rate: 1, period: 120s, mode: wait }
