@@ -9,7 +9,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use broker_core::config::{self, Format};
-use broker_core::supplier::{Admission, BucketClass, Credential, SupplierBuckets, SupplierConfig};
+use broker_core::supplier::{
+    Admission, BucketClass, BucketKey, Credential, SupplierBuckets, SupplierConfig,
+};
 use broker_testkit::capture_logs;
 use tokio::time::Instant;
 use upstream_support::memory_broker;
@@ -52,7 +54,7 @@ async fn auth_never_shares_budget_with_data() {
     for class in ["price", "goods"] {
         assert!(etm.data(class, &who, 0).await.unwrap().is_go());
         assert!(!etm.data(class, &who, 0).await.unwrap().is_go());
-        let key = etm.key(BucketClass::Data, class, &who);
+        let key = BucketKey::new("etm", BucketClass::Data, class, &who);
         etm.broker()
             .penalize(key.target(), Duration::from_secs(600))
             .await
@@ -100,7 +102,7 @@ async fn auth_waits_past_the_ceiling_and_never_fails_on_rate() {
     let who = Credential::from_secret(SECRET);
     let _first = etm.auth("login", &who).await.unwrap();
     // A penalty of an hour: far beyond the 241 s ceiling of a 1/120 s bucket.
-    let key = etm.key(BucketClass::Auth, "login", &who);
+    let key = BucketKey::new("etm", BucketClass::Auth, "login", &who);
     etm.broker()
         .penalize(key.target(), Duration::from_secs(3600))
         .await
@@ -119,8 +121,8 @@ async fn keys_and_logs_carry_the_fingerprint_never_the_secret() {
     let who = Credential::from_secret(SECRET);
     assert!(etm.data("price", &who, 0).await.unwrap().is_go());
     assert!(!etm.data("price", &who, 0).await.unwrap().is_go());
-    let auth = etm.key(BucketClass::Auth, "login", &who);
-    let data = etm.key(BucketClass::Data, "price", &who);
+    let auth = BucketKey::new("etm", BucketClass::Auth, "login", &who);
+    let data = BucketKey::new("etm", BucketClass::Data, "price", &who);
     assert_ne!(auth.resource, data.resource);
     for key in [auth.state_key(), data.state_key()] {
         assert!(key.ends_with(who.fingerprint()), "{key}");

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 /// Bytes with a meaning in keys: `:`, hash-tag braces, escapes, non-printables
 /// (non-ASCII bytes are always escaped).
-const SPECIAL: &AsciiSet = &CONTROLS
+pub(crate) const SPECIAL: &AsciiSet = &CONTROLS
     .add(b' ')
     .add(b':')
     .add(b'{')

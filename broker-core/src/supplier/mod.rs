@@ -4,11 +4,12 @@
 
 mod config;
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+
+use percent_encoding::{utf8_percent_encode, AsciiSet};
 
 pub use config::{AuthBucket, Backoff, Bucket, DataBucket, Mode, RateLimitClasses, SupplierConfig};
 
@@ -105,16 +106,10 @@ impl BucketKey {
 }
 
 fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
-    let (supplier, endpoint) = (id_part(supplier), id_part(endpoint));
-    format!("{supplier}/{}/{endpoint}", class.as_str())
-}
-
-/// A name as a part of a resource id, `/` escaped too.
-fn id_part(name: &str) -> Cow<'_, str> {
-    match keys::escape(name) {
-        escaped if escaped.contains('/') => Cow::Owned(escaped.replace('/', "%2F")),
-        escaped => escaped,
-    }
+    /// Each name escaped as a key part, `/` too.
+    const PART: &AsciiSet = &keys::SPECIAL.add(b'/');
+    let part = |name| utf8_percent_encode(name, PART);
+    format!("{}/{}/{}", part(supplier), class.as_str(), part(endpoint))
 }
 
 /// The answer of a data bucket.
@@ -206,11 +201,6 @@ impl SupplierBuckets {
         })
     }
 
-    /// The key of a bucket of this supplier.
-    pub fn key(&self, class: BucketClass, endpoint: &str, credential: &Credential) -> BucketKey {
-        BucketKey::new(&self.supplier, class, endpoint, credential)
-    }
-
     /// Takes a token of the auth bucket `endpoint`, waiting as long as it
     /// takes.
     pub async fn auth(
@@ -218,7 +208,7 @@ impl SupplierBuckets {
         endpoint: &str,
         credential: &Credential,
     ) -> Result<Permit, BrokerError> {
-        let key = self.key(BucketClass::Auth, endpoint, credential);
+        let key = BucketKey::new(&self.supplier, BucketClass::Auth, endpoint, credential);
         if !self.config.rate_limit.auth.contains_key(endpoint) {
             return Err(BrokerError::UnknownResource(key.resource));
         }
@@ -233,7 +223,7 @@ impl SupplierBuckets {
         credential: &Credential,
         skips: u32,
     ) -> Result<Admission, BrokerError> {
-        let key = self.key(BucketClass::Data, endpoint, credential);
+        let key = BucketKey::new(&self.supplier, BucketClass::Data, endpoint, credential);
         let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
             return Err(BrokerError::UnknownResource(key.resource));
         };
