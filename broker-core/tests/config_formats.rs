@@ -15,7 +15,10 @@ fn expected() -> ResourceConfig {
         ],
         max_concurrent: Some(8),
     };
-    ResourceConfig::new(limits).queue_capacity(50)
+    ResourceConfig {
+        queue_capacity: 50,
+        ..ResourceConfig::new(limits)
+    }
 }
 
 #[test]

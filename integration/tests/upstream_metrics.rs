@@ -93,7 +93,10 @@ async fn each_kind_of_delay_and_failure_has_its_own_counter() {
     broker
         .register(
             "llm",
-            ResourceConfig::new(one_per_second.clone()).retry(once),
+            ResourceConfig {
+                retry: once,
+                ..ResourceConfig::new(one_per_second.clone())
+            },
         )
         .unwrap();
 

@@ -53,7 +53,10 @@ async fn import_job(refusal_min: u64, ladder: [u64; 4]) -> (Job, Duration) {
     broker
         .register(
             "sales",
-            ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1))).retry(policy),
+            ResourceConfig {
+                retry: policy,
+                ..ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1)))
+            },
         )
         .unwrap();
     let http = http_client();

@@ -99,18 +99,6 @@ impl ResourceConfig {
         pacing::paced(&self.limits, self.pacing_margin)
     }
 
-    /// Sets the queue capacity.
-    pub fn queue_capacity(mut self, n: usize) -> Self {
-        self.queue_capacity = n;
-        self
-    }
-
-    /// Sets the retry policy.
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
-    }
-
     /// Checks the limits and settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate()?;
