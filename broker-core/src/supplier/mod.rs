@@ -13,7 +13,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet};
 
 pub use config::{AuthBucket, Backoff, Bucket, DataBucket, Mode, RateLimitClasses, SupplierConfig};
 
-use crate::broker::{Acquisition, OnOtherLimits, Permit, ResourceBroker};
+use crate::broker::{OnOtherLimits, Permit, ResourceBroker};
 use crate::error::{BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
@@ -230,10 +230,8 @@ impl SupplierBuckets {
         if bucket.mode == Mode::Wait {
             return self.wait(&key).await.map(Admission::Go);
         }
-        let a: Acquisition = self
-            .broker
-            .try_acquire(key.target(), Cost::default())
-            .await?;
+        let a = self.broker.try_acquire(key.target(), Cost::default());
+        let a = a.await?;
         if a.allowed {
             return Ok(Admission::Go(a.permit));
         }

@@ -174,16 +174,7 @@ fn unix_time(units: u128) -> Duration {
 }
 
 /// `Retry-After`: delay-seconds, or an HTTP-date as a delay from `now`.
-///
-/// ```
-/// use broker_core::headers::parse_retry_after;
-/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
-/// let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
-/// assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
-/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now), Some(Duration::from_secs(10)));
-/// assert_eq!(parse_retry_after("-1", now), None);
-/// ```
-pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     let v = v.trim();
     if v.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
         return parse_seconds(v, now);
@@ -192,17 +183,8 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(at.duration_since(now).unwrap_or_default())
 }
 
-/// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`); no sign.
-///
-/// ```
-/// use broker_core::headers::parse_go_duration;
-/// use std::time::Duration;
-/// assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
-/// assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
-/// assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
-/// assert_eq!(parse_go_duration("-5s"), None);
-/// ```
-pub fn parse_go_duration(v: &str) -> Option<Duration> {
+/// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`, `"1.5s"`); no sign.
+fn parse_go_duration(v: &str) -> Option<Duration> {
     let mut rest = v.trim();
     if rest.is_empty() {
         return None;
