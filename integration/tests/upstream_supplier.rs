@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use broker_core::config::{self, Format};
+use broker_core::keys;
 use broker_core::supplier::{
     Admission, BucketClass, BucketKey, Credential, SupplierBuckets, SupplierConfig,
 };
@@ -124,7 +125,7 @@ async fn keys_and_logs_carry_the_fingerprint_never_the_secret() {
     let auth = BucketKey::new("etm", BucketClass::Auth, "login", &who);
     let data = BucketKey::new("etm", BucketClass::Data, "price", &who);
     assert_ne!(auth.resource, data.resource);
-    for key in [auth.state_key(), data.state_key()] {
+    for key in [&auth, &data].map(|k| keys::keyed(&k.resource, &k.sub_key)) {
         assert!(key.ends_with(who.fingerprint()), "{key}");
         assert!(!key.contains("horse"), "{key}");
     }

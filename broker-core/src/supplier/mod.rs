@@ -70,7 +70,7 @@ impl BucketClass {
 /// let k = BucketKey::new("etm", BucketClass::Auth, "login", &c);
 /// assert_eq!(k.resource, "etm/auth/login");
 /// assert_eq!(k.sub_key, c.fingerprint());
-/// assert!(!k.state_key().contains("token-123"));
+/// assert!(!broker_core::keys::keyed(&k.resource, &k.sub_key).contains("token-123"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BucketKey {
@@ -92,11 +92,6 @@ impl BucketKey {
             resource: resource_id(supplier, class, endpoint),
             sub_key: credential.0.clone(),
         }
-    }
-
-    /// The state-store key ([`keys::keyed`]).
-    pub fn state_key(&self) -> String {
-        keys::keyed(&self.resource, &self.sub_key)
     }
 
     /// The broker target of this bucket.
