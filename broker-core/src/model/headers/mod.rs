@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 
 use super::limits::{MAX_AMOUNT, MAX_PERIOD};
 use super::observed::{Observed, ObservedLimit};
@@ -20,7 +20,7 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 ///
 /// ```
 /// use broker_core::headers;
-/// use http::HeaderMap;
+/// use http::{HeaderMap, HeaderValue};
 /// use std::time::{Duration, SystemTime};
 /// let mut h = HeaderMap::new();
 /// h.insert("X-Ratelimit-Limit", "300".parse().unwrap());
@@ -35,17 +35,9 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 /// assert_eq!(seen.retry_after, None);
 /// ```
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::trim)
-    };
+    let text = |name: &str| headers.get(name).and_then(trimmed);
     let list = |name: &str| {
-        let lines: Vec<&str> = (headers.get_all(name).iter())
-            .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::trim)
-            .collect();
+        let lines: Vec<&str> = headers.get_all(name).iter().filter_map(trimmed).collect();
         (!lines.is_empty()).then(|| lines.join("\n"))
     };
     let count = |name: &str| text(name).and_then(parse_count);
@@ -83,19 +75,20 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
         ..Observed::default()
     };
 
-    let retry_after = [
-        text("retry-after").and_then(|v| parse_retry_after(v, now)),
-        seconds("x-ratelimit-retry"),
-    ]
-    .into_iter()
-    .flatten()
-    .max();
+    // The longer of the two (an `Option`'s `max` keeps a `Some`).
+    let retry_after = text("retry-after").and_then(|v| parse_retry_after(v, now));
+    let retry_after = retry_after.max(seconds("x-ratelimit-retry"));
 
     ObservedLimit {
         requests: most_restrictive([x_ratelimit, older_ietf, structured, openai("requests")]),
         tokens: most_restrictive([openai("tokens")]),
         retry_after,
     }
+}
+
+/// A header value's text, trimmed; `None` if it is not UTF-8.
+fn trimmed(v: &HeaderValue) -> Option<&str> {
+    std::str::from_utf8(v.as_bytes()).ok().map(str::trim)
 }
 
 /// The reading with the lowest `remaining`, then the latest reset; a tie
