@@ -136,6 +136,13 @@ async fn keys_and_logs_carry_the_fingerprint_never_the_secret() {
     assert!(!text.contains("horse"), "{text}");
 }
 
+#[test]
+fn a_bucket_id_escapes_each_name_as_a_key_part_and_its_slashes() {
+    let who = Credential::from_secret(SECRET);
+    let key = BucketKey::new("a/b:c", BucketClass::Data, "x/y{z}", &who);
+    assert_eq!(key.resource, "a%2Fb%3Ac/data/x%2Fy%7Bz%7D");
+}
+
 #[tokio::test(start_paused = true)]
 async fn egress_bucket_only_counts_and_notices_a_new_ip() {
     let (logs, _guard) = capture_logs(tracing::Level::INFO);
