@@ -247,34 +247,26 @@ impl<'a> Member<'a> {
 }
 
 /// Splits `s` on `sep` outside double quotes.
-fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut quoted = false;
-    let mut escaped = false;
-    let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
-        match b {
+fn split_unquoted(s: &str, sep: char) -> impl Iterator<Item = &str> {
+    let (mut quoted, mut escaped) = (false, false);
+    s.split(move |c| {
+        match c {
             _ if escaped => escaped = false,
-            b'\\' if quoted => escaped = true,
-            b'"' => quoted = !quoted,
-            _ if b == sep && !quoted => {
-                parts.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            _ => return c == sep && !quoted,
         }
-    }
-    parts.push(&s[start..]);
-    parts
+        false
+    })
 }
 
 fn members(field: &str) -> Vec<Member<'_>> {
     field
         .split('\n')
-        .flat_map(|line| split_unquoted(line, b','))
+        .flat_map(|line| split_unquoted(line, ','))
         .map(|item| {
             let mut m = Member::default();
-            for (i, part) in split_unquoted(item, b';').into_iter().enumerate() {
+            for (i, part) in split_unquoted(item, ';').enumerate() {
                 let part = part.trim();
                 match part.split_once('=') {
                     Some((k, v)) => m.params.push((k.trim(), v.trim().trim_matches('"'))),

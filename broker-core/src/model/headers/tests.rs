@@ -645,3 +645,12 @@ proptest::proptest! {
         proptest::prop_assert!(parsed.is_none_or(|d| d <= MAX_PERIOD));
     }
 }
+
+#[test]
+fn a_separator_inside_quotes_or_after_an_escaped_quote_does_not_split() {
+    let field = r#""a,b\",c";r=1, d"#;
+    assert_eq!(
+        split_unquoted(field, ',').collect::<Vec<_>>(),
+        [r#""a,b\",c";r=1"#, " d"]
+    );
+}
