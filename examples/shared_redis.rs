@@ -117,10 +117,11 @@ async fn worker_main(url: &str, worker: &str) -> Result<(), Box<dyn std::error::
     } else {
         format!("quota-{worker}")
     };
-    broker.register(
-        &resource,
-        ResourceConfig::new(support::seed_quota()).pacing_margin(0.05),
-    )?;
+    let config = ResourceConfig {
+        pacing_margin: 0.05,
+        ..ResourceConfig::new(support::seed_quota())
+    };
+    broker.register(&resource, config)?;
     tokio::time::sleep(Duration::from_micros(start_at.saturating_sub(wall_us()))).await;
     let jobs: Vec<_> = (0..JOBS_PER_WORKER)
         .map(|_| {

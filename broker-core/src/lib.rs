@@ -7,13 +7,12 @@
 mod broker;
 pub mod clock;
 pub mod config;
-mod integrations;
 mod model;
 pub mod stats;
 pub mod store;
+pub mod supplier;
 pub mod telemetry;
 
-pub use integrations::supplier;
 pub use model::{bucket, error, headers, keys, limits, observed, pacing, retry, state};
 
 pub use broker::{

@@ -200,15 +200,12 @@ impl Histogram {
         let out = qs.map(|q| {
             let rank = (total * q).div_ceil(1000).max(1);
             let mut seen = 0;
+            // Found whenever there is a count (`rank <= total`).
             let at = counts.iter().position(|c| {
                 seen += c;
                 seen >= rank
             });
-            match at {
-                Some(i) => 1 << i,
-                None if total == 0 => 0,
-                None => u64::MAX,
-            }
+            at.map_or(0, |i| 1 << i)
         });
         (total, out)
     }

@@ -15,7 +15,10 @@ fn expected() -> ResourceConfig {
         ],
         max_concurrent: Some(8),
     };
-    ResourceConfig::new(limits).queue_capacity(50)
+    ResourceConfig {
+        queue_capacity: 50,
+        ..ResourceConfig::new(limits)
+    }
 }
 
 #[test]
@@ -209,8 +212,10 @@ fn a_limit_written_as_null_is_refused_with_its_path() {
 /// the field's name.
 #[test]
 fn the_queue_deadline_reads_from_every_format_and_bad_values_name_it() {
-    let want = ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(500)))
-        .queue_deadline(Duration::from_secs(30));
+    let want = ResourceConfig {
+        queue_deadline: Some(Duration::from_secs(30)),
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(500)))
+    };
     let docs = [
         (
             "a.json",

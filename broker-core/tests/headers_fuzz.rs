@@ -1,7 +1,7 @@
 //! The header parser never panics and never reports a value out of range,
 //! whatever bytes arrive.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use broker_core::headers;
 use broker_core::limits::{MAX_AMOUNT, MAX_PERIOD};
@@ -63,13 +63,6 @@ proptest! {
         prop_assert!(seen.requests.as_ref().is_none_or(in_range));
         prop_assert!(seen.tokens.as_ref().is_none_or(in_range));
         prop_assert!(seen.retry_after.is_none_or(|d| d <= MAX_PERIOD));
-    }
-
-    #[test]
-    fn any_string_as_go_duration_or_retry_after_never_panics(s in "\\PC{0,30}") {
-        let _ = headers::parse_go_duration(&s);
-        let parsed = headers::parse_retry_after(&s, SystemTime::now());
-        prop_assert!(parsed.is_none_or(|d| d <= MAX_PERIOD));
     }
 
     #[test]

@@ -31,7 +31,7 @@ proptest! {
         for (dt, cost) in steps {
             now += dt;
             let cost = (cost as f64).min(p.capacity());
-            let (next, wait) = bucket::try_take(s, &p, now, cost);
+            let (next, wait, _) = bucket::book(s, &p, now, cost, 0);
             s = next;
             if wait == 0 {
                 admitted += cost;
@@ -81,7 +81,7 @@ proptest! {
         let mut probes = probes;
         probes.sort_unstable();
         for at in probes {
-            let (next, wait) = bucket::try_take(s, &p, at, 1.0);
+            let (next, wait, _) = bucket::book(s, &p, at, 1.0, 0);
             if at < longest {
                 prop_assert!(wait > 0, "taken at {at} before nb {longest}");
             }
@@ -138,7 +138,7 @@ proptest! {
         p in params(), tokens in 0.0f64..5.0, ts in 1_000u64..10_000_000, back in 1u64..1_000,
     ) {
         let s = BucketState { tokens: tokens.min(p.capacity()), ts, nb: 0 };
-        let (after, _) = bucket::try_take(s, &p, ts - back, 0.0);
+        let (after, ..) = bucket::book(s, &p, ts - back, 0.0, 0);
         prop_assert_eq!(after.ts, ts);
         prop_assert!(after.tokens <= s.tokens);
     }

@@ -49,7 +49,9 @@ proptest! {
         let ceiling = policy.ceiling(&limits);
         let retry_after = retry_after_s.map(Duration::from_secs);
         prop_assert!(policy.rate_limited_pause(attempt, retry_after, &limits) <= ceiling);
-        prop_assert!(policy.transient_pause(attempt, &limits) <= ceiling);
+        let unbounded = RetryPolicy { max_attempts: u32::MAX, ..policy.clone() };
+        let jittered = unbounded.pause(OutcomeClass::Transient, attempt, None, &limits);
+        prop_assert!(jittered.unwrap() <= ceiling);
         for class in [OutcomeClass::RateLimited, OutcomeClass::Transient] {
             if let Some(p) = policy.pause(class, attempt, retry_after, &limits) {
                 prop_assert!(p <= ceiling);

@@ -38,7 +38,7 @@ rate_limit:
 
 #[test]
 fn the_etm_supplier_file_loads_into_bucket_classes() {
-    let c = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let c = parse::<SupplierConfig>("etm.yaml", ETM, Format::Yaml).unwrap();
     let login = &c.rate_limit.auth["login"];
     assert_eq!(
         login.limits,
@@ -63,7 +63,7 @@ fn the_etm_supplier_file_loads_into_bucket_classes() {
 fn an_auth_bucket_in_skip_mode_is_refused_with_its_path() {
     let text =
         "rate_limit:\n  auth:\n    login: { rate: 1, period: 120s, mode: skip_and_reschedule }\n";
-    let err = SupplierConfig::parse("etm.yaml", text, Format::Yaml)
+    let err = parse::<SupplierConfig>("etm.yaml", text, Format::Yaml)
         .unwrap_err()
         .to_string();
     assert!(
@@ -108,7 +108,7 @@ fn bad_values_are_refused_with_file_path_and_reason() {
         ),
     ];
     for (text, path, reason) in cases {
-        let err = SupplierConfig::parse("supplier.yaml", text, Format::Yaml)
+        let err = parse::<SupplierConfig>("supplier.yaml", text, Format::Yaml)
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("supplier.yaml: "), "{err}");
@@ -135,7 +135,7 @@ fn a_rate_or_burst_too_large_names_its_own_field() {
         ),
     ] {
         let text = format!("rate_limit:\n  data:\n    price: {bucket}\n");
-        let err = SupplierConfig::parse("supplier.yaml", &text, Format::Yaml)
+        let err = parse::<SupplierConfig>("supplier.yaml", &text, Format::Yaml)
             .unwrap_err()
             .to_string();
         assert!(err.contains(field), "{text}: {err}");
@@ -163,7 +163,7 @@ fn pressure_json_and_supplier_yaml_load_into_the_same_limits() {
         Format::Json,
     )
     .unwrap();
-    let supplier = SupplierConfig::parse(
+    let supplier = parse::<SupplierConfig>(
         "s.yaml",
         "rate_limit:\n  data:\n    feed: { rate: 6000, period: 60s }\n",
         Format::Yaml,

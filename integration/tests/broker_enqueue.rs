@@ -83,8 +83,10 @@ async fn enqueue_runs_jobs_at_their_booked_times_in_order() {
 #[tokio::test(start_paused = true)]
 async fn full_queue_answers_queue_full_at_once() {
     let broker = broker();
-    let config =
-        ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1))).queue_capacity(2);
+    let config = ResourceConfig {
+        queue_capacity: 2,
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1)))
+    };
     broker.register("slow", config).unwrap();
     let mut waiting = Vec::new();
     for _ in 0..3 {
@@ -261,7 +263,13 @@ async fn a_429_on_the_last_attempt_still_penalizes_the_bucket() {
     };
     let limits = Limits::new().rate(RateLimit::per_second(10));
     broker
-        .register("api", ResourceConfig::new(limits).retry(retry))
+        .register(
+            "api",
+            ResourceConfig {
+                retry,
+                ..ResourceConfig::new(limits)
+            },
+        )
         .unwrap();
     let t0 = Instant::now();
     let err = broker
@@ -297,11 +305,14 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
         max_attempts: 3,
         ..RetryPolicy::default()
     };
-    let config = ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10))).retry(retry);
+    let config = ResourceConfig {
+        retry,
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10)))
+    };
     broker.register("api", config).unwrap();
     let fatal = broker
         .enqueue("api", Cost::default(), |_| async {
-            Outcome::<(), _>::fatal("401")
+            Outcome::<(), _>::failed(OutcomeClass::Fatal, "401", None)
         })
         .await
         .unwrap_err();
@@ -314,7 +325,7 @@ async fn fatal_errors_are_not_retried_and_an_empty_budget_is_its_own_error() {
     ));
     let exhausted = broker
         .enqueue("api", Cost::default(), |_| async {
-            Outcome::<(), _>::transient("503")
+            Outcome::<(), _>::failed(OutcomeClass::Transient, "503", None)
         })
         .await
         .unwrap_err();
@@ -360,7 +371,10 @@ async fn the_work_error_is_the_source_and_in_the_message() {
         max_attempts: 2,
         ..RetryPolicy::default()
     };
-    let config = ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10))).retry(retry);
+    let config = ResourceConfig {
+        retry,
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_second(10)))
+    };
     broker.register("api", config).unwrap();
     for (class, says) in [
         (OutcomeClass::Fatal, "fatal upstream error on attempt 1"),
@@ -839,8 +853,10 @@ async fn a_cost_that_never_fits_is_counted_as_failed() {
 #[tokio::test(start_paused = true)]
 async fn a_queue_full_refusal_is_counted_as_failed() {
     let broker = broker();
-    let config =
-        ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1))).queue_capacity(1);
+    let config = ResourceConfig {
+        queue_capacity: 1,
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1)))
+    };
     broker.register("slow", config).unwrap();
     let ok = |_| async { Outcome::<(), ()>::ok(()) };
     broker.enqueue("slow", Cost::default(), ok).await.unwrap();
@@ -869,7 +885,10 @@ async fn a_re_registration_does_not_make_room_in_a_full_queue() {
     let broker = broker();
     let config = || {
         let limits = Limits::new().rate(RateLimit::per_minute(10).with_burst(1));
-        ResourceConfig::new(limits).queue_capacity(2)
+        ResourceConfig {
+            queue_capacity: 2,
+            ..ResourceConfig::new(limits)
+        }
     };
     broker.register("slow", config()).unwrap();
     let ok = |_| async { Outcome::<(), ()>::ok(()) };
@@ -1181,7 +1200,7 @@ async fn a_call_dropped_at_any_point_leaks_nothing() {
                     async move {
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         match a.number {
-                            1 => Outcome::<(), ()>::transient(()),
+                            1 => Outcome::<(), ()>::failed(OutcomeClass::Transient, (), None),
                             _ => Outcome::ok(()),
                         }
                     }
@@ -1447,7 +1466,13 @@ async fn an_acquire_denied_by_a_penalty_takes_nothing() {
         ..RetryPolicy::default()
     };
     broker
-        .register("api", ResourceConfig::new(limits).retry(once))
+        .register(
+            "api",
+            ResourceConfig {
+                retry: once,
+                ..ResourceConfig::new(limits)
+            },
+        )
         .unwrap();
     let refused = broker
         .enqueue("api", Cost::default(), |_| async {

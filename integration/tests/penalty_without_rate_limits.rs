@@ -22,10 +22,13 @@ use tokio::time::Instant;
 /// Four slots, no rate limit; one attempt per call, so that a 429 ends
 /// the call (its penalty is put on all the same).
 fn config() -> ResourceConfig {
-    ResourceConfig::new(Limits::new().max_concurrent(4)).retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    })
+    ResourceConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..ResourceConfig::new(Limits::new().max_concurrent(4))
+    }
 }
 
 /// Asserts that a call enqueued on `broker` now starts its work when a
@@ -255,10 +258,13 @@ async fn started_after_the_answer(slow: bool, cut_off: bool, answer: Answer) -> 
         false => store.clone(),
     }));
     let b = Arc::new(ResourceBroker::from_arc(store));
-    let one_slot = ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let one_slot = ResourceConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..ResourceConfig::new(Limits::new().max_concurrent(1))
+    };
     a.register("llm", one_slot.clone()).unwrap();
     b.register("llm", one_slot).unwrap();
     let told = Arc::new(tokio::sync::Notify::new());
@@ -366,11 +372,13 @@ async fn a_retried_429_waits_for_its_penalty_once() {
             true => Arc::new(broker_testkit::Wrapped::new(store, SlowPenalty)),
             false => store,
         });
-        let two_attempts =
-            ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
+        let two_attempts = ResourceConfig {
+            retry: RetryPolicy {
                 max_attempts: 2,
                 ..RetryPolicy::default()
-            });
+            },
+            ..ResourceConfig::new(Limits::new().max_concurrent(1))
+        };
         broker.register("llm", two_attempts).unwrap();
         let answered = std::sync::Mutex::new(None);
         let started = broker
@@ -420,10 +428,13 @@ async fn a_penalty_the_store_fails_to_take_frees_the_slot() {
     let store: Arc<dyn Store> = Arc::new(MemoryBackend::with_clock(TokioClock::new()));
     let broker =
         ResourceBroker::from_arc(Arc::new(broker_testkit::Wrapped::new(store, PenaltyFails)));
-    let one_slot = ResourceConfig::new(Limits::new().max_concurrent(1)).retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let one_slot = ResourceConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..ResourceConfig::new(Limits::new().max_concurrent(1))
+    };
     broker.register("llm", one_slot).unwrap();
     let r: Result<(), EnqueueError<&str>> = broker
         .enqueue("llm", Cost::default(), |_| async move {

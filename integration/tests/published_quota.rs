@@ -158,7 +158,10 @@ async fn nginx_burst_b_nodelay_maps_to_a_burst_of_b_plus_one() {
 async fn a_five_percent_pacing_margin_costs_five_points_of_utilization() {
     let mapped = Limits::new().rate(RateLimit::per_second(R).with_burst(B + 1));
     let paced = run(
-        ResourceConfig::new(mapped).pacing_margin(0.05),
+        ResourceConfig {
+            pacing_margin: 0.05,
+            ..ResourceConfig::new(mapped)
+        },
         500,
         nginx(),
     )

@@ -72,7 +72,10 @@ fn config(max_concurrent: Option<u32>) -> ResourceConfig {
     if let Some(n) = max_concurrent {
         limits = limits.max_concurrent(n);
     }
-    ResourceConfig::new(limits).queue_capacity(CALLERS as usize)
+    ResourceConfig {
+        queue_capacity: CALLERS as usize,
+        ..ResourceConfig::new(limits)
+    }
 }
 
 /// The storm on `brokers` (one store): no 429, the quota used, nothing

@@ -17,7 +17,10 @@ use tokio::time::Instant;
 fn broker(capacity: usize) -> ResourceBroker {
     let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
     let limits = Limits::new().rate(RateLimit::per_minute(100).with_burst(1));
-    let config = ResourceConfig::new(limits).queue_capacity(capacity);
+    let config = ResourceConfig {
+        queue_capacity: capacity,
+        ..ResourceConfig::new(limits)
+    };
     broker.register("api", config).unwrap();
     broker
 }

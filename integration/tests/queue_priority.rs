@@ -22,7 +22,10 @@ const INTERVAL: Duration = Duration::from_millis(100);
 fn broker(capacity: usize) -> ResourceBroker {
     let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
     let limits = Limits::new().rate(RateLimit::per_second(RATE).with_burst(1));
-    let config = ResourceConfig::new(limits).queue_capacity(capacity);
+    let config = ResourceConfig {
+        queue_capacity: capacity,
+        ..ResourceConfig::new(limits)
+    };
     broker.register("llm", config).unwrap();
     broker
 }

@@ -72,7 +72,10 @@ async fn flow_worker(flow: String, weight: u32, url: String, t0: u64) {
         .expect("connect");
     let broker = ResourceBroker::new(backend);
     let limits = Limits::new().rate(RateLimit::per_second(RATE).with_burst(1));
-    let config = ResourceConfig::new(limits).queue_capacity(10_000);
+    let config = ResourceConfig {
+        queue_capacity: 10_000,
+        ..ResourceConfig::new(limits)
+    };
     broker.register("api", config).expect("register");
     let (now, wall) = (tokio::time::Instant::now(), wall_us());
     let start = now + Duration::from_micros(t0.saturating_sub(wall));

@@ -187,7 +187,10 @@ const GIVE_UP_WITHIN: u64 = 10_000_000;
 /// process's half an interval later), half giving up at random; prints
 /// `SEND`, `ERR` per patient call that failed, and `LEFT`.
 async fn cancel_worker(w: &Worker) {
-    let config = ResourceConfig::new(limits(RATE)).queue_capacity(10_000);
+    let config = ResourceConfig {
+        queue_capacity: 10_000,
+        ..ResourceConfig::new(limits(RATE))
+    };
     let broker = w.broker(config).await;
     let mut rng = Lcg(7 + w.id);
     let offset = INTERVAL / 2 * w.id as u32;
@@ -293,7 +296,10 @@ const INTERACTIVE_WITHIN: Duration = Duration::from_secs(9);
 /// Worker: a batch of `BATCH` calls enqueued at once at `t0`, given up at
 /// the end of the run; prints `SEND`.
 async fn batch_worker(w: &Worker) {
-    let config = ResourceConfig::new(limits(PRIORITY_RATE)).queue_capacity(10_000);
+    let config = ResourceConfig {
+        queue_capacity: 10_000,
+        ..ResourceConfig::new(limits(PRIORITY_RATE))
+    };
     let broker = w.broker(config).await;
     let batch = Target::from("api").priority(Priority::Batch);
     let calls: Vec<_> = (0..BATCH)
@@ -309,7 +315,10 @@ async fn batch_worker(w: &Worker) {
 /// intervals of the priority test on average), for `INTERACTIVE_WITHIN`; prints `SEND` and
 /// `WAIT <µs from the call to its send>`.
 async fn interactive_worker(w: &Worker) {
-    let config = ResourceConfig::new(limits(PRIORITY_RATE)).queue_capacity(10_000);
+    let config = ResourceConfig {
+        queue_capacity: 10_000,
+        ..ResourceConfig::new(limits(PRIORITY_RATE))
+    };
     let broker = w.broker(config).await;
     let interactive = Target::from("api").priority(Priority::Interactive);
     let mut rng = Lcg(42);
@@ -419,7 +428,10 @@ const FAIRNESS_RUN: Duration = Duration::from_secs(7);
 /// Worker: tenant A's backlog enqueued at once at `t0`, given up at the
 /// end of the run; prints `SEND`.
 async fn tenant_a_worker(w: &Worker) {
-    let config = ResourceConfig::new(limits(RATE)).queue_capacity(10_000);
+    let config = ResourceConfig {
+        queue_capacity: 10_000,
+        ..ResourceConfig::new(limits(RATE))
+    };
     let broker = w.broker(config).await;
     let a = Target::from("api").flow("tenant-a");
     let calls: Vec<_> = (0..A_JOBS)
@@ -434,7 +446,10 @@ async fn tenant_a_worker(w: &Worker) {
 /// Worker: tenant B's jobs, enqueued at once `B_AFTER` after `t0`; prints
 /// `SEND`, `ASKED <wall µs>` and `DONE <wall µs>` per job.
 async fn tenant_b_worker(w: &Worker) {
-    let config = ResourceConfig::new(limits(RATE)).queue_capacity(10_000);
+    let config = ResourceConfig {
+        queue_capacity: 10_000,
+        ..ResourceConfig::new(limits(RATE))
+    };
     let broker = w.broker(config).await;
     let b = Target::from("api").flow("tenant-b");
     let calls: Vec<_> = (0..B_JOBS)
@@ -502,7 +517,10 @@ async fn deep_worker(w: &Worker) {
         ceiling_margin: Duration::ZERO,
         ..RetryPolicy::default()
     };
-    let config = ResourceConfig::new(limits(RATE)).retry(retry);
+    let config = ResourceConfig {
+        retry,
+        ..ResourceConfig::new(limits(RATE))
+    };
     let broker = w.broker(config).await;
     let calls: Vec<_> = (0..DEEP_CALLS)
         .map(|_| spawn_call(&broker, "api".into(), w.at(Duration::ZERO)))

@@ -34,8 +34,10 @@ fn three_second_ceiling() -> RetryPolicy {
 #[tokio::test(start_paused = true)]
 async fn a_penalty_within_the_ceiling_fails_no_call_queued_behind_it() {
     let broker = broker();
-    let config = ResourceConfig::new(Limits::new().rate(RateLimit::per_second(1)))
-        .retry(three_second_ceiling());
+    let config = ResourceConfig {
+        retry: three_second_ceiling(),
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_second(1)))
+    };
     broker.register("api", config).unwrap();
     let first_attempts = Arc::new(AtomicU32::new(0));
     let mut calls = Vec::new();
@@ -76,8 +78,10 @@ async fn a_penalty_within_the_ceiling_fails_no_call_queued_behind_it() {
 async fn a_batch_of_ten_thousand_at_once_under_500_rpm_completes() {
     const CALLS: usize = 10_000;
     let broker = broker();
-    let config =
-        ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(500))).queue_capacity(CALLS);
+    let config = ResourceConfig {
+        queue_capacity: CALLS,
+        ..ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(500)))
+    };
     broker.register("llm", config).unwrap();
     let t0 = Instant::now();
     let mut calls = Vec::with_capacity(CALLS);
@@ -170,7 +174,10 @@ async fn a_deadline_ends_the_wait_with_the_truthful_fields() {
 async fn a_queued_call_ends_at_the_resource_queue_deadline() {
     let broker = broker();
     let limits = Limits::new().rate(RateLimit::per_minute(1));
-    let config = ResourceConfig::new(limits).queue_deadline(Duration::from_secs(5));
+    let config = ResourceConfig {
+        queue_deadline: Some(Duration::from_secs(5)),
+        ..ResourceConfig::new(limits)
+    };
     broker.register("slow", config).unwrap();
     // Four calls with a deadline of their own: the first goes at once,
     // the next two book the next two minutes, the fourth is head and
@@ -217,7 +224,10 @@ async fn a_queued_call_ends_at_the_resource_queue_deadline() {
 async fn a_penalty_beyond_the_ceiling_names_the_penalty_bound() {
     let broker = broker();
     let limits = Limits::new().rate(RateLimit::per_second(1));
-    let config = ResourceConfig::new(limits).retry(three_second_ceiling());
+    let config = ResourceConfig {
+        retry: three_second_ceiling(),
+        ..ResourceConfig::new(limits)
+    };
     broker.register("api", config).unwrap();
     broker
         .penalize("api", Duration::from_secs(3600))
@@ -252,7 +262,13 @@ async fn queue_full_tells_depth_and_capacity() {
     let broker = broker();
     let limits = Limits::new().rate(RateLimit::per_minute(1));
     broker
-        .register("slow", ResourceConfig::new(limits).queue_capacity(2))
+        .register(
+            "slow",
+            ResourceConfig {
+                queue_capacity: 2,
+                ..ResourceConfig::new(limits)
+            },
+        )
         .unwrap();
     let mut waiting = Vec::new();
     for _ in 0..3 {

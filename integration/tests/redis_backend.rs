@@ -408,8 +408,10 @@ async fn a_permit_held_past_the_lease_ttl_keeps_its_slot() {
 #[tokio::test]
 async fn a_forgotten_permit_frees_its_slot_for_another_broker_after_max_hold() {
     let server = RedisServer::start();
-    let config = broker_core::ResourceConfig::new(Limits::new().max_concurrent(1))
-        .max_hold(Duration::from_millis(1500));
+    let config = broker_core::ResourceConfig {
+        max_hold: Duration::from_millis(1500),
+        ..broker_core::ResourceConfig::new(Limits::new().max_concurrent(1))
+    };
     let on_server = || async {
         let broker = ResourceBroker::new(RedisBackend::connect(&server.url()).await.unwrap());
         let mut config = config.clone();

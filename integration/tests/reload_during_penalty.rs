@@ -26,10 +26,13 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// `limits`, one attempt per call, so that a 429 ends the call (its
 /// penalty is put on all the same).
 fn config(limits: Limits) -> ResourceConfig {
-    ResourceConfig::new(limits).retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    })
+    ResourceConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..ResourceConfig::new(limits)
+    }
 }
 
 /// The limits before the reload: 10 requests a second.

@@ -188,15 +188,17 @@ async fn slot_freed_by<H: broker_testkit::Hooks>(
         None => store.clone(),
     });
     let b = ResourceBroker::from_arc(store);
-    let config = ResourceConfig::new(
-        Limits::new()
-            .rate(RateLimit::per_second(100).with_burst(10))
-            .max_concurrent(1),
-    )
-    .retry(RetryPolicy {
-        max_attempts: 1,
-        ..RetryPolicy::default()
-    });
+    let config = ResourceConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..ResourceConfig::new(
+            Limits::new()
+                .rate(RateLimit::per_second(100).with_burst(10))
+                .max_concurrent(1),
+        )
+    };
     a.register("llm", config.clone()).unwrap();
     b.register("llm", config).unwrap();
     let go = Arc::new(tokio::sync::Notify::new());

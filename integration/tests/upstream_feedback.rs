@@ -124,7 +124,7 @@ async fn transient_errors_retry_after_a_short_jittered_pause() {
             failures -= 1;
             async move {
                 if fail {
-                    Outcome::transient("503")
+                    Outcome::failed(OutcomeClass::Transient, "503", None)
                 } else {
                     Outcome::ok(a.number)
                 }
@@ -152,9 +152,11 @@ async fn drift_run(margin: f64) -> (u32, u32) {
     let upstream = Upstream::start(UpstreamConfig::new(quota)).await.unwrap();
     let broker = ResourceBroker::new(MemoryBackend::with_clock(TokioClock::new()));
     let limits = Limits::new().rate(RateLimit::per_second(1));
-    broker
-        .register("api", ResourceConfig::new(limits).pacing_margin(margin))
-        .unwrap();
+    let config = ResourceConfig {
+        pacing_margin: margin,
+        ..ResourceConfig::new(limits)
+    };
+    broker.register("api", config).unwrap();
     let http = http_client();
     let url = upstream.url();
     for i in 0..100u64 {
@@ -196,7 +198,7 @@ async fn headers_of_a_failed_response_are_reconciled_too() {
         .enqueue("llm", Cost::default(), |a| {
             attempts += 1;
             let outcome = if a.number == 1 {
-                Outcome::transient("503").with_observed(observed(2))
+                Outcome::failed(OutcomeClass::Transient, "503", None).with_observed(observed(2))
             } else {
                 Outcome::failed(OutcomeClass::Fatal, "403", Some(observed(0)))
             };

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use broker_core::config::Format;
+use broker_core::config::{self, Format};
 use broker_core::supplier::{Credential, SupplierBuckets, SupplierConfig};
 use broker_core::{
     Cost, EnqueueError, Limits, Observed, ObservedLimit, Outcome, RateLimit, ResourceBroker,
@@ -93,7 +93,10 @@ async fn each_kind_of_delay_and_failure_has_its_own_counter() {
     broker
         .register(
             "llm",
-            ResourceConfig::new(one_per_second.clone()).retry(once),
+            ResourceConfig {
+                retry: once,
+                ..ResourceConfig::new(one_per_second.clone())
+            },
         )
         .unwrap();
 
@@ -127,7 +130,7 @@ async fn each_kind_of_delay_and_failure_has_its_own_counter() {
     broker.reconcile("llm", &narrow).await.unwrap();
 
     // A data bucket that skips.
-    let config = SupplierConfig::parse(
+    let config = config::parse::<SupplierConfig>(
         "s.yaml",
         "rate_limit:\n  data:\n    price: { rate: 1, period: 1s }\n",
         Format::Yaml,

@@ -19,7 +19,9 @@ mod upstream_support;
 
 use std::time::Duration;
 
-use broker_core::{Cost, EnqueueError, Limits, Outcome, RateLimit, ResourceConfig, RetryPolicy};
+use broker_core::{
+    Cost, EnqueueError, Limits, Outcome, OutcomeClass, RateLimit, ResourceConfig, RetryPolicy,
+};
 use broker_testkit::{HeaderStyle, Quota, Upstream, UpstreamConfig};
 use tokio::time::Instant;
 use upstream_support::{call, http_client, memory_broker, Headers};
@@ -51,7 +53,10 @@ async fn import_job(refusal_min: u64, ladder: [u64; 4]) -> (Job, Duration) {
     broker
         .register(
             "sales",
-            ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1))).retry(policy),
+            ResourceConfig {
+                retry: policy,
+                ..ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(1)))
+            },
         )
         .unwrap();
     let http = http_client();
@@ -134,7 +139,7 @@ async fn a_fatal_error_ends_the_job_ladder_at_once() {
     let r: Result<(), EnqueueError<&str>> = broker
         .enqueue("sales", Cost::default(), |_| {
             attempts += 1;
-            async { Outcome::fatal("401 token revoked") }
+            async { Outcome::failed(OutcomeClass::Fatal, "401 token revoked", None) }
         })
         .await;
     let e = r.unwrap_err();

@@ -8,8 +8,11 @@ mod upstream_support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use broker_core::config::Format;
-use broker_core::supplier::{Admission, BucketClass, Credential, SupplierBuckets, SupplierConfig};
+use broker_core::config::{self, Format};
+use broker_core::keys;
+use broker_core::supplier::{
+    Admission, BucketClass, BucketKey, Credential, SupplierBuckets, SupplierConfig,
+};
 use broker_testkit::capture_logs;
 use tokio::time::Instant;
 use upstream_support::memory_broker;
@@ -31,7 +34,7 @@ rate_limit:
 const SECRET: &str = "etm-user:correct-horse-battery-staple";
 
 fn etm() -> SupplierBuckets {
-    let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let config = config::parse::<SupplierConfig>("etm.yaml", ETM, Format::Yaml).unwrap();
     SupplierBuckets::register(&memory_broker(), "etm", &config).unwrap()
 }
 
@@ -52,7 +55,7 @@ async fn auth_never_shares_budget_with_data() {
     for class in ["price", "goods"] {
         assert!(etm.data(class, &who, 0).await.unwrap().is_go());
         assert!(!etm.data(class, &who, 0).await.unwrap().is_go());
-        let key = etm.key(BucketClass::Data, class, &who);
+        let key = BucketKey::new("etm", BucketClass::Data, class, &who);
         etm.broker()
             .penalize(key.target(), Duration::from_secs(600))
             .await
@@ -100,7 +103,7 @@ async fn auth_waits_past_the_ceiling_and_never_fails_on_rate() {
     let who = Credential::from_secret(SECRET);
     let _first = etm.auth("login", &who).await.unwrap();
     // A penalty of an hour: far beyond the 241 s ceiling of a 1/120 s bucket.
-    let key = etm.key(BucketClass::Auth, "login", &who);
+    let key = BucketKey::new("etm", BucketClass::Auth, "login", &who);
     etm.broker()
         .penalize(key.target(), Duration::from_secs(3600))
         .await
@@ -119,10 +122,10 @@ async fn keys_and_logs_carry_the_fingerprint_never_the_secret() {
     let who = Credential::from_secret(SECRET);
     assert!(etm.data("price", &who, 0).await.unwrap().is_go());
     assert!(!etm.data("price", &who, 0).await.unwrap().is_go());
-    let auth = etm.key(BucketClass::Auth, "login", &who);
-    let data = etm.key(BucketClass::Data, "price", &who);
+    let auth = BucketKey::new("etm", BucketClass::Auth, "login", &who);
+    let data = BucketKey::new("etm", BucketClass::Data, "price", &who);
     assert_ne!(auth.resource, data.resource);
-    for key in [auth.state_key(), data.state_key()] {
+    for key in [&auth, &data].map(|k| keys::keyed(&k.resource, &k.sub_key)) {
         assert!(key.ends_with(who.fingerprint()), "{key}");
         assert!(!key.contains("horse"), "{key}");
     }
@@ -131,6 +134,13 @@ async fn keys_and_logs_carry_the_fingerprint_never_the_secret() {
     assert!(text.contains("skip and reschedule"), "{text}");
     assert!(text.contains(who.fingerprint()), "{text}");
     assert!(!text.contains("horse"), "{text}");
+}
+
+#[test]
+fn a_bucket_id_escapes_each_name_as_a_key_part_and_its_slashes() {
+    let who = Credential::from_secret(SECRET);
+    let key = BucketKey::new("a/b:c", BucketClass::Data, "x/y{z}", &who);
+    assert_eq!(key.resource, "a%2Fb%3Ac/data/x%2Fy%7Bz%7D");
 }
 
 #[tokio::test(start_paused = true)]
@@ -172,7 +182,7 @@ fn a_supplier_whose_bucket_is_refused_registers_none() {
         broker_core::Limits::new().rate(broker_core::RateLimit::per_second(5)),
     );
     broker.register("etm/data/price", queue).unwrap();
-    let config = SupplierConfig::parse("etm.yaml", ETM, Format::Yaml).unwrap();
+    let config = config::parse::<SupplierConfig>("etm.yaml", ETM, Format::Yaml).unwrap();
     let refused = SupplierBuckets::register(&broker, "etm", &config).unwrap_err();
     assert!(
         refused.to_string().starts_with("rate_limit.data.price: ")
@@ -193,7 +203,7 @@ fn a_slash_in_a_name_does_not_make_two_buckets_one() {
     let broker = memory_broker();
     let data = "rate_limit:\n  data:\n    x: { rate: 1, period: 1s }\n";
     let auth = "rate_limit:\n  auth:\n    \"data/x\": { rate: 5, period: 1s, mode: wait }\n";
-    let parse = |text| SupplierConfig::parse("s.yaml", text, Format::Yaml).unwrap();
+    let parse = |text| config::parse::<SupplierConfig>("s.yaml", text, Format::Yaml).unwrap();
     SupplierBuckets::register(&broker, "a/auth", &parse(data)).unwrap();
     SupplierBuckets::register(&broker, "a", &parse(auth)).unwrap();
     let ids: Vec<String> = broker.stats().resources.into_keys().collect();

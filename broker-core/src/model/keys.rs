@@ -2,14 +2,19 @@
 //! another's state; secrets become a fingerprint.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
 use sha2::{Digest, Sha256};
 
-/// Bytes with a meaning in keys: `:`, hash-tag braces, escapes, non-printables.
-const fn needs_escape(b: u8) -> bool {
-    matches!(b, b':' | b'{' | b'}' | b'%' | b'\\') || b < 0x21 || b >= 0x7f
-}
+/// Bytes with a meaning in keys: `:`, hash-tag braces, escapes, non-printables
+/// (non-ASCII bytes are always escaped).
+pub(crate) const SPECIAL: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b':')
+    .add(b'{')
+    .add(b'}')
+    .add(b'%')
+    .add(b'\\');
 
 /// Percent-encodes the special bytes of one part of a key; one to one.
 ///
@@ -19,18 +24,7 @@ const fn needs_escape(b: u8) -> bool {
 /// assert_eq!(escape("a:b{c}"), "a%3Ab%7Bc%7D");
 /// ```
 pub fn escape(part: &str) -> Cow<'_, str> {
-    if !part.bytes().any(needs_escape) {
-        return Cow::Borrowed(part);
-    }
-    let mut out = String::with_capacity(part.len() + 8);
-    for &b in part.as_bytes() {
-        if needs_escape(b) {
-            let _ = write!(out, "%{b:02X}");
-        } else {
-            out.push(b as char);
-        }
-    }
-    Cow::Owned(out)
+    utf8_percent_encode(part, SPECIAL).into()
 }
 
 /// The input [`escape`] turns into `escaped`, or `None` if there is none.
@@ -43,31 +37,12 @@ pub fn escape(part: &str) -> Cow<'_, str> {
 /// assert_eq!(unescape("%41"), None); // nor escapes an `A`
 /// ```
 pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
-    let bytes = escaped.as_bytes();
-    if !bytes.contains(&b'%') {
-        return (!bytes.iter().copied().any(needs_escape)).then_some(Cow::Borrowed(escaped));
-    }
-    let upper_hex = |h: u8| (h as char).to_digit(16).filter(|_| !h.is_ascii_lowercase());
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut rest = bytes;
-    while let Some((&b, tail)) = rest.split_first() {
-        if b == b'%' {
-            let [hi, lo, ..] = *tail else { return None };
-            let decoded = (upper_hex(hi)? << 4 | upper_hex(lo)?) as u8;
-            if !needs_escape(decoded) {
-                return None;
-            }
-            out.push(decoded);
-            rest = &tail[2..];
-        } else {
-            if needs_escape(b) {
-                return None;
-            }
-            out.push(b);
-            rest = tail;
-        }
-    }
-    String::from_utf8(out).ok().map(Cow::Owned)
+    let raw = percent_decode_str(escaped).decode_utf8().ok()?;
+    // Canonical only: `raw` escapes back to `escaped` (compared without allocating).
+    let mut rest = escaped;
+    let canonical = utf8_percent_encode(&raw, SPECIAL)
+        .all(|chunk| rest.strip_prefix(chunk).map(|r| rest = r).is_some());
+    (canonical && rest.is_empty()).then_some(raw)
 }
 
 /// The state key of one sub-key of a resource: `escape(resource):escape(key)`.

@@ -38,9 +38,4 @@ impl ObservedLimit {
             Unit::Tokens => self.tokens.as_ref(),
         }
     }
-
-    /// True when nothing was observed.
-    pub fn is_empty(&self) -> bool {
-        self.requests.is_none() && self.tokens.is_none() && self.retry_after.is_none()
-    }
 }

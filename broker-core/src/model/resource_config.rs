@@ -93,42 +93,10 @@ impl ResourceConfig {
         }
     }
 
-    /// Sets how long an `enqueue` call may wait for its turn by default
-    /// (see [`ResourceConfig::queue_deadline`]).
-    pub fn queue_deadline(mut self, deadline: Duration) -> Self {
-        self.queue_deadline = Some(deadline);
-        self
-    }
-
-    /// Sets the pacing margin (see [`crate::pacing`]).
-    pub fn pacing_margin(mut self, margin: f64) -> Self {
-        self.pacing_margin = margin;
-        self
-    }
-
     /// The limits the buckets enforce: [`ResourceConfig::limits`] paced
     /// [`ResourceConfig::pacing_margin`] under.
     pub fn paced_limits(&self) -> Limits {
         pacing::paced(&self.limits, self.pacing_margin)
-    }
-
-    /// Sets the queue capacity.
-    pub fn queue_capacity(mut self, n: usize) -> Self {
-        self.queue_capacity = n;
-        self
-    }
-
-    /// Sets how long a permit's lease is renewed at most (see
-    /// [`ResourceConfig::max_hold`]).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = max_hold;
-        self
-    }
-
-    /// Sets the retry policy.
-    pub fn retry(mut self, retry: RetryPolicy) -> Self {
-        self.retry = retry;
-        self
     }
 
     /// Checks the limits and settings.

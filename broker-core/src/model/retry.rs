@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::error::ConfigError;
 use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
+use super::time::micros;
 
 /// What one attempt of the work reports back.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,16 +64,6 @@ impl<T, E> Outcome<T, E> {
             usage: Some(usage),
             observed: None,
         }
-    }
-
-    /// A transient failure (5xx, network error) without headers.
-    pub fn transient(error: E) -> Self {
-        Self::failed(OutcomeClass::Transient, error, None)
-    }
-
-    /// A failure no retry fixes (401/403/404, bad request), without headers.
-    pub fn fatal(error: E) -> Self {
-        Self::failed(OutcomeClass::Fatal, error, None)
     }
 
     /// A 429 with an optional `Retry-After`.
@@ -270,13 +261,15 @@ impl RetryPolicy {
         if !class.is_retryable() || attempt >= self.max_attempts {
             return None;
         }
-        Some(match class {
-            OutcomeClass::RateLimited => self.rate_limited_pause(attempt, retry_after, limits),
-            _ => {
-                let asked = retry_after.unwrap_or_default().min(self.ceiling(limits));
-                self.transient_pause(attempt, limits).max(asked)
-            }
-        })
+        if class == OutcomeClass::RateLimited {
+            return Some(self.rate_limited_pause(attempt, retry_after, limits));
+        }
+        // Transient: random in `[0, min(exponential, ceiling)]`, at least the asked delay.
+        use rand::Rng;
+        let ceiling = self.ceiling(limits);
+        let cap = micros(self.exponential(attempt).min(ceiling));
+        let jitter = Duration::from_micros(rand::thread_rng().gen_range(0..=cap));
+        Some(jitter.max(retry_after.unwrap_or_default().min(ceiling)))
     }
 
     /// Exponential step for `attempt` (1-based): `base × 2^(attempt-1)`.
@@ -298,14 +291,6 @@ impl RetryPolicy {
             .max(refill_one_token(limits))
             .max(self.exponential(attempt))
             .min(self.ceiling(limits))
-    }
-
-    /// Pause after a transient failure: random in `[0, min(exponential, ceiling)]`.
-    pub fn transient_pause(&self, attempt: u32, limits: &Limits) -> Duration {
-        use rand::Rng;
-        let cap = self.exponential(attempt).min(self.ceiling(limits));
-        let micros = u64::try_from(cap.as_micros()).unwrap_or(u64::MAX);
-        Duration::from_micros(rand::thread_rng().gen_range(0..=micros))
     }
 }
 
@@ -357,13 +342,17 @@ mod tests {
     #[test]
     fn every_pause_is_bounded_by_the_ceiling() {
         let limits = Limits::new().rate(RateLimit::per_second(10));
-        let p = RetryPolicy::default();
+        let p = RetryPolicy {
+            max_attempts: u32::MAX,
+            ..RetryPolicy::default()
+        };
         let ceiling = p.ceiling(&limits);
         for attempt in 1..40 {
             assert!(
                 p.rate_limited_pause(attempt, Some(Duration::from_secs(3600)), &limits) <= ceiling
             );
-            assert!(p.transient_pause(attempt, &limits) <= ceiling);
+            let jittered = p.pause(OutcomeClass::Transient, attempt, None, &limits);
+            assert!(jittered.unwrap() <= ceiling);
         }
     }
 

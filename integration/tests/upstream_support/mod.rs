@@ -56,7 +56,7 @@ pub async fn call_now(
     .await;
     let (status, seen, body) = match sent {
         Ok(x) => x,
-        Err(e) => return Outcome::transient(e.to_string()),
+        Err(e) => return Outcome::failed(OutcomeClass::Transient, e.to_string(), None),
     };
     let observed = (mode == Headers::Reconcile).then_some(seen);
     match OutcomeClass::from_status(status) {

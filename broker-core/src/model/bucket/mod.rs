@@ -124,27 +124,16 @@ pub fn book_at(
     s
 }
 
-/// Takes `cost` if available now: `(new state, wait)`, `wait == 0` if taken.
+/// Books `cost` at the earliest time it fits within `max_wait` (0: take it
+/// now or not at all): `(new state, wait, booked)`.
 ///
 /// ```
-/// use broker_core::bucket::{try_take, BucketParams, BucketState};
+/// use broker_core::bucket::{book, BucketParams, BucketState};
 /// let p = BucketParams::new(1.0, 1.0, 1_000.0); // 1 per ms, burst 1
-/// let (s, wait) = try_take(BucketState::fresh(&p, 0), &p, 0, 1.0);
-/// assert_eq!(wait, 0);
-/// assert_eq!(try_take(s, &p, 0, 1.0).1, 1_000);
+/// let (s, wait, taken) = book(BucketState::fresh(&p, 0), &p, 0, 1.0, 0);
+/// assert_eq!((wait, taken), (0, true));
+/// assert_eq!(book(s, &p, 0, 1.0, 0).1, 1_000);
 /// ```
-pub fn try_take(
-    state: BucketState,
-    params: &BucketParams,
-    now: Micros,
-    cost: f64,
-) -> (BucketState, Micros) {
-    let (s, wait, _) = book(state, params, now, cost, 0);
-    (s, wait)
-}
-
-/// Books `cost` at the earliest time it fits within `max_wait`:
-/// `(new state, wait, booked)`.
 pub fn book(
     state: BucketState,
     params: &BucketParams,

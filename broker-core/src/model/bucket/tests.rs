@@ -243,7 +243,7 @@ fn a_penalty_from_a_lagging_now_lasts_as_long_from_ts() {
     };
     let held = penalize(s, &P, 5_000_000, 7_000_000);
     assert_eq!((held.tokens, held.nb), (0.0, 12_000_000));
-    assert_eq!(try_take(held, &P, 10_000_000, 1.0).1, 2_000_000);
+    assert_eq!(book(held, &P, 10_000_000, 1.0, 0).1, 2_000_000);
     let out = reconcile(s, &P, 5_000_000, 0.0, Some(7_000_000));
     assert_eq!((out.tokens, out.nb), (0.0, 12_000_000));
     let saturated = penalize(s, &P, 5_000_000, u64::MAX);

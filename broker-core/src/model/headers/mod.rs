@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 
 use super::limits::{MAX_AMOUNT, MAX_PERIOD};
 use super::observed::{Observed, ObservedLimit};
@@ -20,7 +20,7 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 ///
 /// ```
 /// use broker_core::headers;
-/// use http::HeaderMap;
+/// use http::{HeaderMap, HeaderValue};
 /// use std::time::{Duration, SystemTime};
 /// let mut h = HeaderMap::new();
 /// h.insert("X-Ratelimit-Limit", "300".parse().unwrap());
@@ -35,17 +35,9 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 /// assert_eq!(seen.retry_after, None);
 /// ```
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::trim)
-    };
+    let text = |name: &str| headers.get(name).and_then(trimmed);
     let list = |name: &str| {
-        let lines: Vec<&str> = (headers.get_all(name).iter())
-            .filter_map(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::trim)
-            .collect();
+        let lines: Vec<&str> = headers.get_all(name).iter().filter_map(trimmed).collect();
         (!lines.is_empty()).then(|| lines.join("\n"))
     };
     let count = |name: &str| text(name).and_then(parse_count);
@@ -83,19 +75,20 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
         ..Observed::default()
     };
 
-    let retry_after = [
-        text("retry-after").and_then(|v| parse_retry_after(v, now)),
-        seconds("x-ratelimit-retry"),
-    ]
-    .into_iter()
-    .flatten()
-    .max();
+    // The longer of the two (an `Option`'s `max` keeps a `Some`).
+    let retry_after = text("retry-after").and_then(|v| parse_retry_after(v, now));
+    let retry_after = retry_after.max(seconds("x-ratelimit-retry"));
 
     ObservedLimit {
         requests: most_restrictive([x_ratelimit, older_ietf, structured, openai("requests")]),
         tokens: most_restrictive([openai("tokens")]),
         retry_after,
     }
+}
+
+/// A header value's text, trimmed; `None` if it is not UTF-8.
+fn trimmed(v: &HeaderValue) -> Option<&str> {
+    std::str::from_utf8(v.as_bytes()).ok().map(str::trim)
 }
 
 /// The reading with the lowest `remaining`, then the latest reset; a tie
@@ -174,16 +167,7 @@ fn unix_time(units: u128) -> Duration {
 }
 
 /// `Retry-After`: delay-seconds, or an HTTP-date as a delay from `now`.
-///
-/// ```
-/// use broker_core::headers::parse_retry_after;
-/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
-/// let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
-/// assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
-/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now), Some(Duration::from_secs(10)));
-/// assert_eq!(parse_retry_after("-1", now), None);
-/// ```
-pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     let v = v.trim();
     if v.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
         return parse_seconds(v, now);
@@ -192,17 +176,8 @@ pub fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
     bounded(at.duration_since(now).unwrap_or_default())
 }
 
-/// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`); no sign.
-///
-/// ```
-/// use broker_core::headers::parse_go_duration;
-/// use std::time::Duration;
-/// assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
-/// assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
-/// assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
-/// assert_eq!(parse_go_duration("-5s"), None);
-/// ```
-pub fn parse_go_duration(v: &str) -> Option<Duration> {
+/// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`, `"1.5s"`); no sign.
+fn parse_go_duration(v: &str) -> Option<Duration> {
     let mut rest = v.trim();
     if rest.is_empty() {
         return None;
@@ -272,34 +247,26 @@ impl<'a> Member<'a> {
 }
 
 /// Splits `s` on `sep` outside double quotes.
-fn split_unquoted(s: &str, sep: u8) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut quoted = false;
-    let mut escaped = false;
-    let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
-        match b {
+fn split_unquoted(s: &str, sep: char) -> impl Iterator<Item = &str> {
+    let (mut quoted, mut escaped) = (false, false);
+    s.split(move |c| {
+        match c {
             _ if escaped => escaped = false,
-            b'\\' if quoted => escaped = true,
-            b'"' => quoted = !quoted,
-            _ if b == sep && !quoted => {
-                parts.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            _ => return c == sep && !quoted,
         }
-    }
-    parts.push(&s[start..]);
-    parts
+        false
+    })
 }
 
 fn members(field: &str) -> Vec<Member<'_>> {
     field
         .split('\n')
-        .flat_map(|line| split_unquoted(line, b','))
+        .flat_map(|line| split_unquoted(line, ','))
         .map(|item| {
             let mut m = Member::default();
-            for (i, part) in split_unquoted(item, b';').into_iter().enumerate() {
+            for (i, part) in split_unquoted(item, ';').enumerate() {
                 let part = part.trim();
                 match part.split_once('=') {
                     Some((k, v)) => m.params.push((k.trim(), v.trim().trim_matches('"'))),

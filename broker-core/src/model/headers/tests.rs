@@ -290,7 +290,7 @@ fn malformed_negative_sentinel_and_absurd_values_are_ignored() {
         ]),
         at(0),
     );
-    assert!(seen.is_empty(), "{seen:?}");
+    assert_eq!(seen, ObservedLimit::default());
 }
 
 /// A Unix time in milliseconds (or finer), which some APIs send, is
@@ -620,4 +620,37 @@ fn go_durations_edge_cases() {
     assert_eq!(parse_go_duration("1.2.3s"), None);
     assert_eq!(parse_go_duration("3d"), None);
     assert_eq!(parse_go_duration(""), None);
+    // The cases its doc example showed when it was public.
+    assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+    assert_eq!(parse_go_duration("12ms"), Some(Duration::from_millis(12)));
+    assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+    assert_eq!(parse_go_duration("-5s"), None);
+    let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
+    assert_eq!(
+        parse_retry_after("120", now),
+        Some(Duration::from_secs(120))
+    );
+    let date = "Wed, 21 Oct 2015 07:28:00 GMT";
+    assert_eq!(parse_retry_after(date, now), Some(Duration::from_secs(10)));
+    assert_eq!(parse_retry_after("-1", now), None);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    /// (Moved from `tests/headers_fuzz.rs` when these two became private.)
+    #[test]
+    fn any_string_as_go_duration_or_retry_after_never_panics(s in "\\PC{0,30}") {
+        let _ = parse_go_duration(&s);
+        let parsed = parse_retry_after(&s, SystemTime::now());
+        proptest::prop_assert!(parsed.is_none_or(|d| d <= MAX_PERIOD));
+    }
+}
+
+#[test]
+fn a_separator_inside_quotes_or_after_an_escaped_quote_does_not_split() {
+    let field = r#""a,b\",c";r=1, d"#;
+    assert_eq!(
+        split_unquoted(field, ',').collect::<Vec<_>>(),
+        [r#""a,b\",c";r=1"#, " d"]
+    );
 }

@@ -19,8 +19,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{self, Format};
-use crate::error::ConfigError;
 use crate::limits::{Limits, RateLimit};
 
 /// What a bucket does when it has no token.
@@ -179,26 +177,19 @@ pub struct RateLimitClasses {
     pub egress_ip: bool,
 }
 
-/// One supplier's config file.
+/// One supplier's config file, read with [`crate::config::parse`].
+///
+/// ```
+/// use broker_core::config::{parse, Format};
+/// use broker_core::supplier::SupplierConfig;
+/// let text = "rate_limit:\n  data:\n    price: { rate: 0, period: 1s }\n";
+/// let err = parse::<SupplierConfig>("etm.yaml", text, Format::Yaml).unwrap_err().to_string();
+/// assert!(err.starts_with("etm.yaml: at rate_limit.data.price"), "{err}");
+/// assert!(err.contains("rate"), "{err}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SupplierConfig {
     /// The bucket classes.
     pub rate_limit: RateLimitClasses,
-}
-
-impl SupplierConfig {
-    /// Parses a document named `source_name` in errors.
-    ///
-    /// ```
-    /// use broker_core::config::Format;
-    /// use broker_core::supplier::SupplierConfig;
-    /// let err = SupplierConfig::parse("etm.yaml", "rate_limit:\n  data:\n    price: { rate: 0, period: 1s }\n", Format::Yaml)
-    ///     .unwrap_err().to_string();
-    /// assert!(err.starts_with("etm.yaml: at rate_limit.data.price"), "{err}");
-    /// assert!(err.contains("rate"), "{err}");
-    /// ```
-    pub fn parse(source_name: &str, text: &str, format: Format) -> Result<Self, ConfigError> {
-        config::parse(source_name, text, format)
-    }
 }

@@ -4,15 +4,16 @@
 
 mod config;
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use percent_encoding::{utf8_percent_encode, AsciiSet};
+
 pub use config::{AuthBucket, Backoff, Bucket, DataBucket, Mode, RateLimitClasses, SupplierConfig};
 
-use crate::broker::{Acquisition, OnOtherLimits, Permit, ResourceBroker};
+use crate::broker::{OnOtherLimits, Permit, ResourceBroker};
 use crate::error::{BrokerError, ConfigError};
 use crate::keys;
 use crate::limits::{Cost, Limits};
@@ -69,7 +70,7 @@ impl BucketClass {
 /// let k = BucketKey::new("etm", BucketClass::Auth, "login", &c);
 /// assert_eq!(k.resource, "etm/auth/login");
 /// assert_eq!(k.sub_key, c.fingerprint());
-/// assert!(!k.state_key().contains("token-123"));
+/// assert!(!broker_core::keys::keyed(&k.resource, &k.sub_key).contains("token-123"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BucketKey {
@@ -93,11 +94,6 @@ impl BucketKey {
         }
     }
 
-    /// The state-store key ([`keys::keyed`]).
-    pub fn state_key(&self) -> String {
-        keys::keyed(&self.resource, &self.sub_key)
-    }
-
     /// The broker target of this bucket.
     pub fn target(&self) -> crate::Target<'_> {
         (self.resource.as_str(), self.sub_key.as_str()).into()
@@ -105,16 +101,10 @@ impl BucketKey {
 }
 
 fn resource_id(supplier: &str, class: BucketClass, endpoint: &str) -> String {
-    let (supplier, endpoint) = (id_part(supplier), id_part(endpoint));
-    format!("{supplier}/{}/{endpoint}", class.as_str())
-}
-
-/// A name as a part of a resource id, `/` escaped too.
-fn id_part(name: &str) -> Cow<'_, str> {
-    match keys::escape(name) {
-        escaped if escaped.contains('/') => Cow::Owned(escaped.replace('/', "%2F")),
-        escaped => escaped,
-    }
+    /// Each name escaped as a key part, `/` too.
+    const PART: &AsciiSet = &keys::SPECIAL.add(b'/');
+    let part = |name| utf8_percent_encode(name, PART);
+    format!("{}/{}/{}", part(supplier), class.as_str(), part(endpoint))
 }
 
 /// The answer of a data bucket.
@@ -146,10 +136,10 @@ const MAX_EGRESS_IPS: usize = 64;
 /// The buckets of one supplier, registered on a broker.
 ///
 /// ```
-/// use broker_core::config::Format;
+/// use broker_core::config::{self, Format};
 /// use broker_core::supplier::{Credential, SupplierBuckets, SupplierConfig};
 /// # async fn demo(broker: broker_core::ResourceBroker) -> Result<(), Box<dyn std::error::Error>> {
-/// let config = SupplierConfig::parse("etm.yaml", "
+/// let config = config::parse::<SupplierConfig>("etm.yaml", "
 /// rate_limit:
 ///   auth:
 ///     login: { rate: 1, period: 120s, mode: wait }
@@ -206,11 +196,6 @@ impl SupplierBuckets {
         })
     }
 
-    /// The key of a bucket of this supplier.
-    pub fn key(&self, class: BucketClass, endpoint: &str, credential: &Credential) -> BucketKey {
-        BucketKey::new(&self.supplier, class, endpoint, credential)
-    }
-
     /// Takes a token of the auth bucket `endpoint`, waiting as long as it
     /// takes.
     pub async fn auth(
@@ -218,7 +203,7 @@ impl SupplierBuckets {
         endpoint: &str,
         credential: &Credential,
     ) -> Result<Permit, BrokerError> {
-        let key = self.key(BucketClass::Auth, endpoint, credential);
+        let key = BucketKey::new(&self.supplier, BucketClass::Auth, endpoint, credential);
         if !self.config.rate_limit.auth.contains_key(endpoint) {
             return Err(BrokerError::UnknownResource(key.resource));
         }
@@ -233,17 +218,15 @@ impl SupplierBuckets {
         credential: &Credential,
         skips: u32,
     ) -> Result<Admission, BrokerError> {
-        let key = self.key(BucketClass::Data, endpoint, credential);
+        let key = BucketKey::new(&self.supplier, BucketClass::Data, endpoint, credential);
         let Some(bucket) = self.config.rate_limit.data.get(endpoint) else {
             return Err(BrokerError::UnknownResource(key.resource));
         };
         if bucket.mode == Mode::Wait {
             return self.wait(&key).await.map(Admission::Go);
         }
-        let a: Acquisition = self
-            .broker
-            .try_acquire(key.target(), Cost::default())
-            .await?;
+        let a = self.broker.try_acquire(key.target(), Cost::default());
+        let a = a.await?;
         if a.allowed {
             return Ok(Admission::Go(a.permit));
         }
