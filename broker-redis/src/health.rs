@@ -242,7 +242,7 @@ async fn probe(mut running: Running) {
             return;
         };
         let (conn, health) = (&inner.conn, &inner.health);
-        let timeout = inner.response_timeout.min(PING_TIMEOUT);
+        let timeout = inner.set.response_timeout.min(PING_TIMEOUT);
         let pings = health.probes_due().into_iter().map(|scope| async move {
             if conn.ping(scope, timeout).await {
                 health.up(scope);
