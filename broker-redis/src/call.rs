@@ -121,7 +121,7 @@ impl Reply {
 }
 
 /// How long a decision with no reply by its deadline is still waited for,
-/// from a task, to give back what it took (see [`Late`]).
+/// from a task, to give back what it took (see [`Undo`]).
 pub(crate) const LATE: Duration = Duration::from_secs(30);
 
 /// What a decision takes in Redis when granted.
@@ -135,20 +135,12 @@ pub(crate) enum Takes {
     Slot,
 }
 
-/// What to give back of a decision Redis granted after its caller was
-/// answered by the failure policy: its lease, which no caller holds, and
-/// its cost unless under fail-open (whose call went out).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Late {
-    pub(crate) takes: Takes,
-    pub(crate) lease: Option<LeaseId>,
-}
-
-/// What to give back if a call's reply comes late: one decision's, or each
-/// of a coalesced batch's (their own calls, in the batch's order).
+/// What to give back if a call's reply comes late (see `give_back`): one
+/// decision's, or each `try` of a coalesced batch's (their own calls and
+/// leases, in the batch's order).
 pub(crate) enum Undo {
-    One(Late),
-    Batch(Vec<(Cmd, Late)>),
+    One(Takes, Option<LeaseId>),
+    Batch(Vec<(Cmd, Option<LeaseId>)>),
 }
 
 /// `deadline` for a call starting now and lasting at most `timeout`.
@@ -182,16 +174,16 @@ impl RedisBackend {
                         return;
                     };
                     match undo {
-                        Undo::One(late) => this.give_back(late, &cmd, reply).await,
+                        Undo::One(takes, lease) => this.give_back(takes, lease, &cmd, reply).await,
                         // Each decision of a batch, from its own call.
                         Undo::Batch(decisions) => {
                             let Value::Array(items) = reply else { return };
                             if items.len() != decisions.len() {
                                 return;
                             }
-                            for (item, (cmd, late)) in items.into_iter().zip(decisions) {
+                            for (item, (cmd, lease)) in items.into_iter().zip(decisions) {
                                 if let Ok(reply) = crate::coalesce::decision_reply(item) {
-                                    this.give_back(late, &cmd, reply).await;
+                                    this.give_back(Takes::Try, lease, &cmd, reply).await;
                                 }
                             }
                         }
@@ -212,15 +204,17 @@ impl RedisBackend {
         }
     }
 
-    /// Gives back what `reply`, the late reply to `cmd`, took.
-    async fn give_back(&self, late: Late, cmd: &Cmd, reply: Value) {
+    /// Gives back what `reply`, the late reply to `cmd`, took after its
+    /// caller was answered by the failure policy: its lease, which no caller
+    /// holds, and its cost unless under fail-open (whose call went out).
+    async fn give_back(&self, takes: Takes, lease: Option<LeaseId>, cmd: &Cmd, reply: Value) {
         let granted = matches!(reply, Value::Int(1));
-        if granted && late.takes != Takes::Book {
-            if let Some(undo) = late.lease.and_then(|l| scripts::release_of(cmd, l)) {
+        if granted && takes != Takes::Book {
+            if let Some(undo) = lease.and_then(|l| scripts::release_of(cmd, l)) {
                 self.send_within(&scripts::RELEASE, undo).await;
             }
         }
-        let refund = match late.takes {
+        let refund = match takes {
             Takes::Try if granted => scripts::refund_of(cmd, None),
             Takes::Book => match booking_of(reply) {
                 Ok((b, _)) if b.booked => scripts::refund_of(cmd, Some(b.since)),
@@ -261,13 +255,7 @@ impl RedisBackend {
         takes: Option<Takes>,
         deadline: Instant,
     ) -> Reply {
-        let lease_id = lease.as_ref().map(|l| l.1);
-        let undo = takes.map(|takes| {
-            Undo::One(Late {
-                takes,
-                lease: lease_id,
-            })
-        });
+        let undo = takes.map(|takes| Undo::One(takes, lease.as_ref().map(|l| l.1)));
         let mut unsettled = Unsettled(self, lease);
         let reply = self.eval(deadline, script, cmd, undo).await;
         if !reply.unknown() {

@@ -10,7 +10,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::call::{after, Late, Reply, Takes, Undo};
+use crate::call::{after, Reply, Takes, Undo};
 use crate::health::Scope;
 use crate::keys::KeyPair;
 use crate::scripts;
@@ -161,17 +161,7 @@ impl RedisBackend {
         // comes late.
         let late = batch
             .iter_mut()
-            .map(|p| {
-                let lease = p.lease.as_ref().map(|l| l.1);
-                let cmd = std::mem::take(&mut p.cmd);
-                (
-                    cmd,
-                    Late {
-                        takes: Takes::Try,
-                        lease,
-                    },
-                )
-            })
+            .map(|p| (std::mem::take(&mut p.cmd), p.lease.as_ref().map(|l| l.1)))
             .collect();
         let undo = Some(Undo::Batch(late));
         let replies = match self.eval(deadline, &scripts::TRY_BATCH, cmd, undo).await {
@@ -259,13 +249,9 @@ pub(crate) fn decision_reply(item: Value) -> RedisResult<Value> {
         return Ok(item);
     };
     let raw = [b"-", text.as_slice(), b"\r\n"].concat();
-    match redis::parse_redis_value(&raw)? {
-        Value::ServerError(e) => Err(e.into()),
-        _ => Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "a script error that does not read as one",
-        ))),
-    }
+    redis::parse_redis_value(&raw)?.extract_error()?;
+    let e = "a script error that does not read as one";
+    Err(RedisError::from((ErrorKind::UnexpectedReturnType, e)))
 }
 
 /// `EVALSHA batch 2k keys... k (m argv...)...` from the decisions' own

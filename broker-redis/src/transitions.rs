@@ -83,19 +83,9 @@ impl RedisBackend {
     }
 }
 
-/// A `book`'s reply, with the store's time of the decision: that time
-/// alone when booked with no wait and no penalty; else {booked, wait, now,
-/// mark 1, .., mark 4}.
+/// A `book`'s reply, {booked, wait, now, mark 1, .., mark 4}, with the
+/// store's time of the decision.
 pub(crate) fn booking_of(reply: Value) -> Result<(Booking, Micros), BackendError> {
-    if !matches!(reply, Value::Array(_)) {
-        let now = micros_of(&parse::<String>(reply)?)?;
-        let booked = Booking {
-            wait: 0,
-            booked: true,
-            since: Marks::uniform(now),
-        };
-        return Ok((booked, now));
-    }
     let v: Vec<String> = parse(reply)?;
     let n = v.iter().skip(1).map(|s| micros_of(s));
     let n = n.collect::<Result<Vec<_>, _>>()?;
