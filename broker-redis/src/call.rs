@@ -108,9 +108,8 @@ impl Reply {
     /// is then released.
     pub(crate) fn unknown(&self) -> bool {
         match self {
-            Reply::TimedOut => true,
             Reply::Done(Err(e)) => connection::is_unavailable(e),
-            Reply::Done(Ok(_)) | Reply::Unsent => false,
+            other => matches!(other, Reply::TimedOut),
         }
     }
 

@@ -116,8 +116,7 @@ end
 local function unclaimed(tokens, nb, now, delta, due, amount, period)
   local debt = 0
   if tokens < 0 then debt = ceil_micros(-tokens * (period / amount)) end
-  local last = sat_add(now, debt)
-  if last < nb then last = nb end
+  local last = max(sat_add(now, debt), nb)
   if last <= due then return delta end
   local claimed = (last - due) * (amount / period)
   if claimed < delta then return delta - claimed end
@@ -131,8 +130,7 @@ end
 
 -- bucket::ttl as a PEXPIRE; nil when idle.
 local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
-  local n = now
-  if n < ts then n = ts end
+  local n = max(now, ts)
   local r = refill(tokens, ts, n, capacity, amount, period)
   if r >= capacity and nb <= now then
     return nil
@@ -227,10 +225,7 @@ end
 
 -- state::wait_all: the longest wait among buckets with a non-zero cost.
 local function wait_all(now)
-  if N == 0 then
-    if penalty > now then return penalty - now end
-    return 0
-  end
+  if N == 0 then return max(penalty - now, 0) end
   local wait = 0
   for i = 1, N do
     local cost = tonumber(c[i])
