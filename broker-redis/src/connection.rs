@@ -209,15 +209,12 @@ pub(crate) fn is_unavailable(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
+        // Moved, Ask, TryAgain and ClusterDown.
         || e.is_cluster_error()
         || matches!(
             e.kind(),
             ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
+                ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown | ServerErrorKind::ReadOnly
             ) | ErrorKind::ClusterConnectionNotFound
         )
         // Writes refused (out of memory, a failed save, too few replicas),

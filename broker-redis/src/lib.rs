@@ -47,8 +47,8 @@ pub struct RedisBackend {
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut d = f.debug_struct("RedisBackend");
-        d.field("prefix", &self.inner.set.prefix)
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.set.prefix)
             .finish_non_exhaustive()
     }
 }
