@@ -8,7 +8,7 @@ use broker_core::{BackendError, Clock, Failover, FailurePolicy};
 use redis::RedisResult;
 
 use crate::connection::Conn;
-use crate::{coalesce, health, keys, ms, Inner, RedisBackend};
+use crate::{health, keys, ms, Inner, RedisBackend};
 
 /// Configures a [`RedisBackend`]. Defaults: the server's `TIME`, prefix `"rb"`,
 /// 1 s connect and response timeouts, a 250 ms probe while down, 1 s TTL margin, coalescing on;
@@ -36,8 +36,13 @@ pub struct RedisBackendBuilder {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) probe_interval: Duration,
-    pub(crate) ttl_margin: Duration,
-    pub(crate) coalesce: coalesce::Settings,
+    /// The TTL margin in ms, at most 10^15 like the TTL the scripts add it to.
+    pub(crate) margin_ms: u64,
+    pub(crate) coalesce: bool,
+    pub(crate) max_batch: usize,
+    pub(crate) max_in_flight: usize,
+    /// Sends even a lone decision through the batch script (for tests).
+    pub(crate) batch_every_call: bool,
     pub(crate) lazy: bool,
 }
 
@@ -52,13 +57,11 @@ impl RedisBackendBuilder {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_millis(250),
-            ttl_margin: Duration::from_secs(1),
-            coalesce: coalesce::Settings {
-                enabled: true,
-                max_batch: 32,
-                max_in_flight: 5,
-                batch_every_call: false,
-            },
+            margin_ms: 1_000,
+            coalesce: true,
+            max_batch: 32,
+            max_in_flight: 5,
+            batch_every_call: false,
             lazy: false,
         }
     }
@@ -135,7 +138,7 @@ impl RedisBackendBuilder {
     /// Added to every key's TTL (computed from the state); covers clock
     /// differences in client-time mode. Default 1 s.
     pub fn ttl_margin(mut self, margin: Duration) -> Self {
-        self.ttl_margin = margin;
+        self.margin_ms = ms(margin).min(1_000_000_000_000_000);
         self
     }
 
@@ -143,7 +146,7 @@ impl RedisBackendBuilder {
     /// past [`RedisBackendBuilder::coalesce_limits`] calls in flight, the
     /// next ones go out together as one `EVALSHA`, each decided as alone.
     pub fn coalesce(mut self, enabled: bool) -> Self {
-        self.coalesce.enabled = enabled;
+        self.coalesce = enabled;
         self
     }
 
@@ -151,16 +154,16 @@ impl RedisBackendBuilder {
     /// (default 32) and `max_in_flight` calls in flight before calls queue
     /// (default 5); both at least 1, and per hash slot on a cluster.
     pub fn coalesce_limits(mut self, max_batch: usize, max_in_flight: usize) -> Self {
-        self.coalesce.max_batch = max_batch.max(1);
-        self.coalesce.max_in_flight = max_in_flight.max(1);
+        self.max_batch = max_batch.max(1);
+        self.max_in_flight = max_in_flight.max(1);
         self
     }
 
     /// Sends every `try_acquire` through the batch script (for tests).
     #[doc(hidden)]
     pub fn coalesce_every_call(mut self) -> Self {
-        self.coalesce.enabled = true;
-        self.coalesce.batch_every_call = true;
+        self.coalesce = true;
+        self.batch_every_call = true;
         self
     }
 
@@ -188,18 +191,10 @@ impl RedisBackendBuilder {
         };
         let inner = Inner {
             conn,
-            // At most 10^15 ms, like the TTL the scripts add it to.
-            margin_ms: ms(self.ttl_margin).min(1_000_000_000_000_000),
-            prefix: self.prefix,
-            clock: self.clock,
-            refund_late: self.refund_late,
             health: health::Healths::new(self.probe_interval),
-            response_timeout: self.response_timeout,
             maxmemory_policy,
-            coalescer: coalesce::Coalescer {
-                settings: self.coalesce,
-                states: Default::default(),
-            },
+            queues: Default::default(),
+            set: self,
         };
         Ok(RedisBackend {
             inner: Arc::new(inner),

@@ -7,7 +7,7 @@ use broker_core::{BackendError, LeaseId, Micros};
 use redis::{Cmd, RedisResult, Value};
 use tokio::time::Instant;
 
-use crate::connection::{self, redis_error, Conn};
+use crate::connection::{self, redis_error};
 use crate::health::Scope;
 use crate::keys::{self, KeyPair};
 use crate::scripts::{self, Lua};
@@ -35,21 +35,7 @@ pub(crate) fn micros_of(s: &str) -> Result<Micros, BackendError> {
 
 impl RedisBackend {
     pub(crate) fn keys(&self, key: &str) -> Result<KeyPair, BackendError> {
-        keys::key_pair(&self.inner.prefix, key)
-    }
-
-    pub(crate) fn now_arg(&self) -> Option<Micros> {
-        self.inner.clock.as_ref().map(|c| c.now())
-    }
-
-    /// Runs one script call on `key` within the response timeout.
-    pub(crate) async fn run(
-        &self,
-        key: &str,
-        script: &'static Lua,
-        cmd: Cmd,
-    ) -> Result<Value, BackendError> {
-        self.call(key, script, cmd, None, None).await
+        keys::key_pair(&self.inner.set.prefix, key)
     }
 
     /// Runs one script call on `key` within the response timeout, unless its
@@ -64,7 +50,7 @@ impl RedisBackend {
         lease: Option<(KeyPair, LeaseId)>,
         takes: Option<Takes>,
     ) -> Result<Value, BackendError> {
-        let (health, deadline) = (&self.inner.health, after(self.inner.response_timeout));
+        let (health, deadline) = (&self.inner.health, after(self.inner.set.response_timeout));
         let scope = Scope::of(&self.inner.conn, key);
         // Kept from Redis while its scope is down: the policy answers at once.
         let Some(epoch) = health.should_try(scope) else {
@@ -76,7 +62,7 @@ impl RedisBackend {
             ));
         };
         let reply = match takes {
-            Some(Takes::Try) if self.inner.coalescer.settings.enabled => {
+            Some(Takes::Try) if self.inner.set.coalesce => {
                 self.coalesced(cmd, scope, lease, deadline).await
             }
             _ => self.send(script, cmd, lease, takes, deadline).await,
@@ -93,7 +79,7 @@ impl RedisBackend {
                 return Err(redis_error(e));
             }
             Reply::Done(Err(e)) => e.to_string(),
-            Reply::TimedOut => format!("no reply within {:?}", self.inner.response_timeout),
+            Reply::TimedOut => format!("no reply within {:?}", self.inner.set.response_timeout),
             Reply::Unsent => {
                 "redis is out of reach (a call sent before this one got no reply in time)".into()
             }
@@ -122,9 +108,8 @@ impl Reply {
     /// is then released.
     pub(crate) fn unknown(&self) -> bool {
         match self {
-            Reply::TimedOut => true,
             Reply::Done(Err(e)) => connection::is_unavailable(e),
-            Reply::Done(Ok(_)) | Reply::Unsent => false,
+            other => matches!(other, Reply::TimedOut),
         }
     }
 
@@ -135,7 +120,7 @@ impl Reply {
 }
 
 /// How long a decision with no reply by its deadline is still waited for,
-/// from a task, to give back what it took (see [`Late`]).
+/// from a task, to give back what it took (see [`Undo`]).
 pub(crate) const LATE: Duration = Duration::from_secs(30);
 
 /// What a decision takes in Redis when granted.
@@ -149,46 +134,12 @@ pub(crate) enum Takes {
     Slot,
 }
 
-/// What to give back of a decision Redis granted after its caller was
-/// answered by the failure policy: its lease, which no caller holds, and
-/// when `refund` its cost (not under fail-open, whose call went out).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Late {
-    pub(crate) takes: Takes,
-    pub(crate) lease: Option<LeaseId>,
-    pub(crate) refund: bool,
-}
-
-impl Late {
-    /// Gives back what `reply`, the late reply to `cmd`, took.
-    pub(crate) async fn give_back(self, conn: &Conn, timeout: Duration, cmd: &Cmd, reply: Value) {
-        let granted = matches!(reply, Value::Int(1));
-        if granted && self.takes != Takes::Book {
-            if let Some(undo) = self.lease.and_then(|l| scripts::release_of(cmd, l)) {
-                let _ = send_within(conn, timeout, &scripts::RELEASE, undo).await;
-            }
-        }
-        let refund = match self.takes {
-            Takes::Try if granted => scripts::refund_of(cmd, None),
-            Takes::Book => match booking_of(reply) {
-                Ok((b, _)) if b.booked => scripts::refund_of(cmd, Some(b.since)),
-                _ => None,
-            },
-            _ => None,
-        };
-        if let Some(undo) = refund.filter(|_| self.refund) {
-            if let Reply::Done(Err(e)) = send_within(conn, timeout, &scripts::SETTLE, undo).await {
-                tracing::debug!(error = %e, "giving back the cost of a timed-out decision failed");
-            }
-        }
-    }
-}
-
-/// What to give back if a call's reply comes late: one decision's, or each
-/// of a coalesced batch's (their own calls, in the batch's order).
+/// What to give back if a call's reply comes late (see `give_back`): one
+/// decision's, or each `try` of a coalesced batch's (their own calls and
+/// leases, in the batch's order).
 pub(crate) enum Undo {
-    One(Late),
-    Batch(Vec<(Cmd, Late)>),
+    One(Takes, Option<LeaseId>),
+    Batch(Vec<(Cmd, Option<LeaseId>)>),
 }
 
 /// `deadline` for a call starting now and lasting at most `timeout`.
@@ -198,14 +149,6 @@ pub(crate) fn after(timeout: Duration) -> Instant {
     // `Duration::MAX` ("no limit"): 30 years, as tokio's own far future.
     now.checked_add(timeout)
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
-}
-
-/// One `EVALSHA` within `timeout`, with nothing to give back.
-async fn send_within(conn: &Conn, timeout: Duration, script: &'static Lua, cmd: Cmd) -> Reply {
-    match tokio::time::timeout(timeout, conn.evalsha(script, &cmd)).await {
-        Ok(r) => Reply::Done(r),
-        Err(_) => Reply::TimedOut,
-    }
 }
 
 impl RedisBackend {
@@ -224,22 +167,22 @@ impl RedisBackend {
         let Ok((reply, _)) = tokio::time::timeout_at(deadline, &mut call).await else {
             // Without a runtime (it is shutting down), what it took stays.
             if let (Some(undo), Ok(runtime)) = (undo, tokio::runtime::Handle::try_current()) {
-                let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
+                let this = self.clone();
                 runtime.spawn(async move {
                     let Ok((Ok(reply), cmd)) = tokio::time::timeout(LATE, call).await else {
                         return;
                     };
                     match undo {
-                        Undo::One(late) => late.give_back(&conn, timeout, &cmd, reply).await,
+                        Undo::One(takes, lease) => this.give_back(takes, lease, &cmd, reply).await,
                         // Each decision of a batch, from its own call.
                         Undo::Batch(decisions) => {
                             let Value::Array(items) = reply else { return };
                             if items.len() != decisions.len() {
                                 return;
                             }
-                            for (item, (cmd, late)) in items.into_iter().zip(decisions) {
+                            for (item, (cmd, lease)) in items.into_iter().zip(decisions) {
                                 if let Ok(reply) = crate::coalesce::decision_reply(item) {
-                                    late.give_back(&conn, timeout, &cmd, reply).await;
+                                    this.give_back(Takes::Try, lease, &cmd, reply).await;
                                 }
                             }
                         }
@@ -251,27 +194,53 @@ impl RedisBackend {
         Reply::Done(reply)
     }
 
+    /// One `EVALSHA` within the response timeout, with nothing to give back.
+    async fn send_within(&self, script: &'static Lua, cmd: Cmd) -> Reply {
+        let call = self.inner.conn.evalsha(script, &cmd);
+        match tokio::time::timeout(self.inner.set.response_timeout, call).await {
+            Ok(r) => Reply::Done(r),
+            Err(_) => Reply::TimedOut,
+        }
+    }
+
+    /// Gives back what `reply`, the late reply to `cmd`, took after its
+    /// caller was answered by the failure policy: its lease, which no caller
+    /// holds, and its cost unless under fail-open (whose call went out).
+    async fn give_back(&self, takes: Takes, lease: Option<LeaseId>, cmd: &Cmd, reply: Value) {
+        let granted = matches!(reply, Value::Int(1));
+        if granted && takes != Takes::Book {
+            if let Some(undo) = lease.and_then(|l| scripts::release_of(cmd, l)) {
+                self.send_within(&scripts::RELEASE, undo).await;
+            }
+        }
+        let refund = match takes {
+            Takes::Try if granted => scripts::refund_of(cmd, None),
+            Takes::Book => match booking_of(reply) {
+                Ok((b, _)) if b.booked => scripts::refund_of(cmd, Some(b.since)),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(undo) = refund.filter(|_| self.inner.set.refund_late) {
+            if let Reply::Done(Err(e)) = self.send_within(&scripts::SETTLE, undo).await {
+                tracing::debug!(error = %e, "giving back the cost of a timed-out decision failed");
+            }
+        }
+    }
+
     /// Releases `lease` from a task, on the decision's connection so Redis
     /// runs it after the decision (else the lease expires after its TTL).
     pub(crate) fn release_later(&self, (keys, lease): (KeyPair, LeaseId)) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (conn, timeout) = (self.inner.conn.clone(), self.inner.response_timeout);
+        let this = self.clone();
         runtime.spawn(async move {
             let cmd = scripts::release(keys.both(), lease);
-            if let Reply::Done(Err(e)) = send_within(&conn, timeout, &scripts::RELEASE, cmd).await {
+            if let Reply::Done(Err(e)) = this.send_within(&scripts::RELEASE, cmd).await {
                 tracing::debug!(error = %e, "releasing the lease of a dropped or timed-out decision failed; it expires after its ttl");
             }
         });
-    }
-
-    pub(crate) fn late(&self, takes: Takes, lease: Option<&(KeyPair, LeaseId)>) -> Late {
-        Late {
-            takes,
-            lease: lease.map(|l| l.1),
-            refund: self.inner.refund_late,
-        }
     }
 
     /// Sends `cmd` by `deadline`. `lease`, which it may grant, is released
@@ -285,7 +254,7 @@ impl RedisBackend {
         takes: Option<Takes>,
         deadline: Instant,
     ) -> Reply {
-        let undo = takes.map(|t| Undo::One(self.late(t, lease.as_ref())));
+        let undo = takes.map(|takes| Undo::One(takes, lease.as_ref().map(|l| l.1)));
         let mut unsettled = Unsettled(self, lease);
         let reply = self.eval(deadline, script, cmd, undo).await;
         if !reply.unknown() {

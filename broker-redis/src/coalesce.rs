@@ -3,10 +3,10 @@
 //! as one `lua/try_batch.lua` call.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use broker_core::LeaseId;
-use redis::{Arg, Cmd, ErrorKind, RedisError, RedisResult, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -15,16 +15,6 @@ use crate::health::Scope;
 use crate::keys::KeyPair;
 use crate::scripts;
 use crate::RedisBackend;
-
-/// The limits of the coalescing, and whether it is on.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Settings {
-    pub(crate) enabled: bool,
-    pub(crate) max_batch: usize,
-    pub(crate) max_in_flight: usize,
-    /// Sends even a lone decision through the batch script (for tests).
-    pub(crate) batch_every_call: bool,
-}
 
 type Lease = (KeyPair, LeaseId);
 
@@ -47,26 +37,20 @@ pub(crate) struct State {
     in_flight: usize,
 }
 
-/// The state of each scope with a call in flight.
-pub(crate) struct Coalescer {
-    pub(crate) settings: Settings,
-    pub(crate) states: Mutex<HashMap<Scope, State>>,
-}
-
-impl Coalescer {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
-        self.states.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The next batch of a queue, skipping decisions whose caller went away.
-    fn take(&self, state: &mut State) -> Vec<Pending> {
-        state.queue.retain(|p| !p.tx.is_closed());
-        let n = state.queue.len().min(self.settings.max_batch);
-        state.queue.drain(..n).collect()
+impl State {
+    /// The next batch of at most `max`, skipping decisions whose caller went away.
+    fn take(&mut self, max: usize) -> Vec<Pending> {
+        self.queue.retain(|p| !p.tx.is_closed());
+        let n = self.queue.len().min(max);
+        self.queue.drain(..n).collect()
     }
 }
 
 impl RedisBackend {
+    fn queues(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
+        self.inner.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Runs one `try` decision alone or in a batch; `lease`, if it may be
     /// granted one, is released if the caller goes away first.
     pub(crate) async fn coalesced(
@@ -76,15 +60,13 @@ impl RedisBackend {
         lease: Option<Lease>,
         deadline: Instant,
     ) -> Reply {
-        let c = &self.inner.coalescer;
+        let set = &self.inner.set;
         let entered = {
-            let mut states = c.lock();
-            let state = states.entry(scope).or_default();
-            let free = state.in_flight < c.settings.max_in_flight && state.queue.is_empty();
-            if free {
-                state.in_flight += 1;
-            }
-            if free && !c.settings.batch_every_call {
+            let mut queues = self.queues();
+            let state = queues.entry(scope).or_default();
+            let free = state.in_flight < set.max_in_flight && state.queue.is_empty();
+            state.in_flight += usize::from(free);
+            if free && !set.batch_every_call {
                 Err((cmd, lease))
             } else {
                 let (tx, rx) = oneshot::channel();
@@ -95,10 +77,10 @@ impl RedisBackend {
                     tx,
                 };
                 state.queue.push(pending);
-                if free {
-                    // Nothing in flight takes this queue: sent now.
-                    let batch = c.take(state);
-                    drop(states);
+                // With a place free, nothing in flight takes this queue: sent now.
+                let batch = free.then(|| state.take(set.max_batch));
+                drop(queues);
+                if let Some(batch) = batch {
                     self.spawn_flush(scope, batch);
                 }
                 Ok(rx)
@@ -133,18 +115,17 @@ impl RedisBackend {
     /// `None` when the place is freed. After a timeout (`timed_out`) the
     /// whole queue is answered [`Reply::Unsent`].
     fn next_batch(&self, scope: Scope, timed_out: bool) -> Option<Vec<Pending>> {
-        let c = &self.inner.coalescer;
-        let mut states = c.lock();
-        let state = states.entry(scope).or_default();
+        let mut queues = self.queues();
+        let state = queues.entry(scope).or_default();
         let unsent = timed_out.then(|| std::mem::take(&mut state.queue));
-        let batch = c.take(state);
+        let batch = state.take(self.inner.set.max_batch);
         if batch.is_empty() {
             state.in_flight -= 1;
             if state.in_flight == 0 {
-                states.remove(&scope);
+                queues.remove(&scope);
             }
         }
-        drop(states);
+        drop(queues);
         for pending in unsent.into_iter().flatten() {
             self.answer(pending, Reply::Unsent);
         }
@@ -164,58 +145,23 @@ impl RedisBackend {
         runtime.spawn(async move {
             let mut batch = Some(batch);
             while let Some(b) = batch {
-                let timed_out = this.flush(scope, b).await;
+                let timed_out = this.flush(b).await;
                 batch = this.next_batch(scope, timed_out);
             }
         });
     }
 
-    /// Sends one batch, on a cluster (a slot's scope) as one call per hash
-    /// tag at once, and answers each caller. Whether any call got no reply
-    /// in time.
-    async fn flush(&self, scope: Scope, batch: Vec<Pending>) -> bool {
-        if scope == Scope::Whole {
-            return self.flush_group(batch).await;
-        }
-        let mut groups: Vec<(Option<Vec<u8>>, Vec<Pending>)> = Vec::new();
-        for p in batch {
-            let tag = hash_tag(&p.cmd);
-            match groups.iter_mut().find(|(t, _)| *t == tag) {
-                Some((_, group)) => group.push(p),
-                None => groups.push((tag, vec![p])),
-            }
-        }
-        let sent = groups.into_iter().map(|(_, g)| self.flush_group(g));
-        futures::future::join_all(sent).await.into_iter().any(|t| t)
-    }
-
-    /// Sends decisions whose keys share a slot as one call (a lone one with
-    /// its own script). Whether it got no reply in time.
-    async fn flush_group(&self, mut batch: Vec<Pending>) -> bool {
-        if batch.len() == 1 && !self.inner.coalescer.settings.batch_every_call {
-            let mut one = batch.remove(0);
-            let undo = Undo::One(self.late(Takes::Try, one.lease.as_ref()));
-            let cmd = std::mem::take(&mut one.cmd);
-            let reply = self
-                .eval(one.deadline, &scripts::TRY, cmd, Some(undo))
-                .await;
-            let timed_out = matches!(reply, Reply::TimedOut);
-            self.answer(one, reply);
-            return timed_out;
-        }
+    /// Sends one batch (its keys share the scope's slot) as one call, and
+    /// answers each caller. Whether it got no reply in time.
+    async fn flush(&self, mut batch: Vec<Pending>) -> bool {
         let cmd = batch_cmd(&batch);
         let deadline = batch.iter().map(|p| p.deadline).min();
-        let deadline = deadline.unwrap_or_else(|| after(self.inner.response_timeout));
+        let deadline = deadline.unwrap_or_else(|| after(self.inner.set.response_timeout));
         // Each decision's own call, to give back what it took if the reply
         // comes late.
         let late = batch
             .iter_mut()
-            .map(|p| {
-                (
-                    std::mem::take(&mut p.cmd),
-                    self.late(Takes::Try, p.lease.as_ref()),
-                )
-            })
+            .map(|p| (std::mem::take(&mut p.cmd), p.lease.as_ref().map(|l| l.1)))
             .collect();
         let undo = Some(Undo::Batch(late));
         let replies = match self.eval(deadline, &scripts::TRY_BATCH, cmd, undo).await {
@@ -293,16 +239,6 @@ impl Drop for Alone<'_> {
     }
 }
 
-/// The hash tag (`{...}`) of a decision's bucket key.
-fn hash_tag(cmd: &Cmd) -> Option<Vec<u8>> {
-    let Some(Arg::Simple(key)) = cmd.args_iter().nth(3) else {
-        return None;
-    };
-    let open = key.iter().position(|&b| b == b'{')?;
-    let len = key[open..].iter().position(|&b| b == b'}')?;
-    Some(key[open..=open + len].to_vec())
-}
-
 /// One decision's reply in a batch's: `{0, text}` is the error its script
 /// raised, turned back into that error.
 pub(crate) fn decision_reply(item: Value) -> RedisResult<Value> {
@@ -313,13 +249,9 @@ pub(crate) fn decision_reply(item: Value) -> RedisResult<Value> {
         return Ok(item);
     };
     let raw = [b"-", text.as_slice(), b"\r\n"].concat();
-    match redis::parse_redis_value(&raw)? {
-        Value::ServerError(e) => Err(e.into()),
-        _ => Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "a script error that does not read as one",
-        ))),
-    }
+    redis::parse_redis_value(&raw)?.extract_error()?;
+    let e = "a script error that does not read as one";
+    Err(RedisError::from((ErrorKind::UnexpectedReturnType, e)))
 }
 
 /// `EVALSHA batch 2k keys... k (m argv...)...` from the decisions' own

@@ -100,18 +100,24 @@ impl Conn {
     /// Whether `scope` (on a cluster, its slot's primary) answers a `PING`
     /// within `timeout`.
     pub(crate) async fn ping(&self, scope: Scope, timeout: Duration) -> bool {
-        let ping = async {
-            #[cfg(feature = "cluster")]
-            if let (Conn::Cluster(c, _), Scope::Slot(slot)) = (self, scope) {
-                return c
-                    .clone()
-                    .route_command(redis::cmd("PING"), primary(slot))
-                    .await;
-            }
-            let _ = scope;
-            self.send(&redis::cmd("PING"), true).await
-        };
+        let ping = self.send_to(scope, redis::cmd("PING"));
         matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
+    }
+
+    /// `cmd` to `scope`: on a cluster, its slot's primary.
+    async fn send_to(&self, scope: Scope, cmd: Cmd) -> RedisResult<Value> {
+        #[cfg(feature = "cluster")]
+        if let (Conn::Cluster(c, _), Scope::Slot(slot)) = (self, scope) {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let node =
+                SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
+            return c
+                .clone()
+                .route_command(cmd, RoutingInfo::SingleNode(node))
+                .await;
+        }
+        let _ = scope;
+        self.send(&cmd, true).await
     }
 
     /// Runs `cmd`, an `EVALSHA` of `script`, loading the script and trying
@@ -142,26 +148,15 @@ impl Conn {
     /// Loads `script` where `cmd`, a call of it, runs. On a cluster, only on
     /// the primary of `cmd`'s first key: the client's own `SCRIPT LOAD`
     /// waits for every primary, so one dead node would fail it.
-    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
     async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<Value> {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(script.source);
-        #[cfg(feature = "cluster")]
-        if let (Conn::Cluster(c, _), Some(redis::Arg::Simple(key))) = (self, cmd.args_iter().nth(3))
-        {
-            let node = primary(redis::cluster_routing::Slot::for_key(key));
-            return c.clone().route_command(load, node).await;
-        }
-        self.send(&load, true).await
+        let key = match cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        };
+        self.send_to(Scope::of(self, key), load).await
     }
-}
-
-/// The route to the primary of a cluster's hash `slot`.
-#[cfg(feature = "cluster")]
-fn primary(slot: redis::cluster_routing::Slot) -> redis::cluster_routing::RoutingInfo {
-    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-    let node = Route::with_slot(slot, SlotAddr::Master);
-    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node))
 }
 
 /// How long (ms) a `settle` over a cluster keeps its own key (see
@@ -214,15 +209,12 @@ pub(crate) fn is_unavailable(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
+        // Moved, Ask, TryAgain and ClusterDown.
         || e.is_cluster_error()
         || matches!(
             e.kind(),
             ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
+                ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown | ServerErrorKind::ReadOnly
             ) | ErrorKind::ClusterConnectionNotFound
         )
         // Writes refused (out of memory, a failed save, too few replicas),

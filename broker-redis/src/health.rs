@@ -24,7 +24,7 @@ impl Scope {
     /// The scope of the calls on state `key` (its hash tag's slot on a
     /// cluster).
     #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    pub(crate) fn of(conn: &crate::connection::Conn, key: &str) -> Self {
+    pub(crate) fn of(conn: &crate::connection::Conn, key: impl AsRef<[u8]>) -> Self {
         #[cfg(feature = "cluster")]
         if let crate::connection::Conn::Cluster(..) = conn {
             return Scope::Slot(redis::cluster_routing::Slot::for_key(key));
@@ -106,18 +106,12 @@ impl Healths {
         self.down.load(Ordering::Acquire) != 0
     }
 
-    /// A call kept from a down scope: counted as answered by the policy.
+    /// A call kept from a down scope (so in the map, which never drops a
+    /// scope): counted as answered by the policy.
     pub(crate) fn kept_back(&self, scope: Scope) {
         if let Some(h) = self.read().get(&scope) {
             h.handled.fetch_add(1, Ordering::Relaxed);
-            return;
         }
-        let mut scopes = self.lock();
-        scopes
-            .entry(scope)
-            .or_default()
-            .handled
-            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A call on `scope` reached Redis: ends its outage, if any.
@@ -188,17 +182,16 @@ impl Healths {
         let now = ms(self.origin.elapsed());
         let mut scopes = self.lock();
         let mut due: Vec<_> = scopes
-            .iter()
+            .iter_mut()
             .filter(|(_, h)| h.down && now >= h.next_probe_ms)
-            .map(|(scope, h)| (h.next_probe_ms, *scope))
             .collect();
-        due.sort_unstable_by_key(|(next, _)| *next);
+        due.sort_unstable_by_key(|(_, h)| h.next_probe_ms);
         due.truncate(PROBES_AT_ONCE);
         let next = now.saturating_add(ms(self.probe_interval));
         due.into_iter()
-            .map(|(_, scope)| {
-                scopes.entry(scope).or_default().next_probe_ms = next;
-                scope
+            .map(|(scope, h)| {
+                h.next_probe_ms = next;
+                *scope
             })
             .collect()
     }
@@ -242,7 +235,7 @@ async fn probe(mut running: Running) {
             return;
         };
         let (conn, health) = (&inner.conn, &inner.health);
-        let timeout = inner.response_timeout.min(PING_TIMEOUT);
+        let timeout = inner.set.response_timeout.min(PING_TIMEOUT);
         let pings = health.probes_due().into_iter().map(|scope| async move {
             if conn.ping(scope, timeout).await {
                 health.up(scope);

@@ -12,15 +12,10 @@ use crate::RedisBackend;
 /// # Inspection
 impl RedisBackend {
     /// The server's `maxmemory-policy` as read at connect (`None` if the
-    /// store refused `CONFIG`).
+    /// store refused `CONFIG`); any but `noeviction` may evict a bucket
+    /// mid-window (a warning was logged).
     pub fn maxmemory_policy(&self) -> Option<&str> {
         self.inner.maxmemory_policy.as_deref()
-    }
-
-    /// Whether the startup check found a policy other than `noeviction`,
-    /// which may evict a bucket mid-window (a warning was logged).
-    pub fn eviction_risk(&self) -> bool {
-        self.maxmemory_policy().is_some_and(|p| p != "noeviction")
     }
 
     /// The Redis key of the bucket hash of state `key`.
@@ -33,7 +28,7 @@ impl RedisBackend {
     /// with other calls.
     pub async fn state(&self, key: &str) -> Result<Option<ResourceState>, BackendError> {
         let keys = self.keys(key)?;
-        let (conn, timeout) = (&self.inner.conn, self.inner.response_timeout);
+        let (conn, timeout) = (&self.inner.conn, self.inner.set.response_timeout);
         let mut hash = redis::cmd("HGETALL");
         hash.arg(&keys.buckets);
         let hash: HashMap<String, String> =

@@ -24,10 +24,11 @@ mod keys;
 mod scripts;
 mod transitions;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker_core::{BackendError, Clock};
+use broker_core::BackendError;
 
 pub use builder::RedisBackendBuilder;
 
@@ -46,24 +47,20 @@ pub struct RedisBackend {
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut d = f.debug_struct("RedisBackend");
-        d.field("prefix", &self.inner.prefix)
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.set.prefix)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner {
+    /// The settings it was built with.
+    set: RedisBackendBuilder,
     conn: Conn,
-    prefix: String,
-    clock: Option<Arc<dyn Clock>>,
-    margin_ms: u64,
-    /// Whether a decision granted after its caller timed out gives its cost
-    /// back (not under fail-open, whose call went out).
-    refund_late: bool,
     health: health::Healths,
-    response_timeout: Duration,
     maxmemory_policy: Option<String>,
-    coalescer: coalesce::Coalescer,
+    /// The coalescing queue and calls in flight of each scope with a call.
+    queues: Mutex<HashMap<health::Scope, coalesce::State>>,
 }
 
 /// # Connecting

@@ -7,8 +7,6 @@ use std::sync::LazyLock;
 use broker_core::{LimitSpec, Marks, Micros};
 use redis::{Cmd, Script};
 
-use crate::keys::KeyPair;
-
 /// A script with its source, which a cluster's `SCRIPT LOAD` on one node
 /// needs (see `Conn::load`).
 pub(crate) struct Lua {
@@ -88,18 +86,13 @@ pub(crate) fn head(
     cmd
 }
 
-/// `EVALSHA sha 2 buckets leases now margin n`, then capacity, amount,
-/// period and `operand(i)` (`''` for `None`) for each bucket.
-pub(crate) fn evalsha(
-    script: &Lua,
-    keys: &KeyPair,
-    now: Option<Micros>,
-    margin_ms: u64,
+/// `head` (for `n` buckets) followed by capacity, amount, period and
+/// `operand(i)` (`''` for `None`) for each bucket.
+pub(crate) fn with_buckets(
+    mut cmd: Cmd,
     spec: &LimitSpec,
     mut operand: impl FnMut(usize) -> Option<f64>,
 ) -> Cmd {
-    let n = spec.buckets.len();
-    let mut cmd = head(script, keys.both(), now, margin_ms, n);
     for (i, (_, p)) in spec.buckets.iter().enumerate() {
         push_num(&mut cmd, p.capacity());
         push_num(&mut cmd, p.amount());
@@ -139,7 +132,7 @@ pub(crate) fn push_since(cmd: &mut Cmd, since: Option<Marks>) {
 }
 
 /// The `settle` that gives back what `cmd`, a `try` or `book` built by
-/// [`evalsha`] with each bucket's cost as operand, took, under the
+/// [`with_buckets`] with each bucket's cost as operand, took, under the
 /// booking's marks (`None` for a `try`).
 pub(crate) fn refund_of(cmd: &Cmd, since: Option<Marks>) -> Option<Cmd> {
     let args = args_of(cmd);
@@ -174,7 +167,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
 }
 
 /// The `release` of `lease` on the keys of `cmd`, a call built by
-/// [`evalsha`].
+/// [`with_buckets`].
 pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
     let args = args_of(cmd);
     let key = |i: usize| std::str::from_utf8(args.get(i)?).ok();
@@ -184,11 +177,13 @@ pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::KeyPair;
     use broker_core::{Limits, RateLimit};
 
     /// A `settle` charging 3 tokens of a fresh bucket of 10, for `key`.
     fn charge_three(key: &KeyPair, spec: &LimitSpec) -> Cmd {
-        let mut cmd = evalsha(&SETTLE, key, Some(1_000_000), 1_000, spec, |_| Some(-3.0));
+        let head = head(&SETTLE, key.both(), Some(1_000_000), 1_000, 1);
+        let mut cmd = with_buckets(head, spec, |_| Some(-3.0));
         push_since(&mut cmd, None);
         cmd
     }

@@ -21,6 +21,12 @@ use crate::scripts::{self, Lua};
 use crate::RedisBackend;
 
 impl RedisBackend {
+    /// `EVALSHA sha 2 keys now margin n` (see [`scripts::head`]).
+    fn head(&self, script: &Lua, keys: [&str; 2], n: usize) -> Cmd {
+        let now = self.inner.set.clock.as_ref().map(|c| c.now());
+        scripts::head(script, keys, now, self.inner.set.margin_ms, n)
+    }
+
     /// The call of `script` on `keys`, with `operand(i)` for bucket `i`.
     fn cmd(
         &self,
@@ -29,8 +35,8 @@ impl RedisBackend {
         spec: &LimitSpec,
         operand: impl FnMut(usize) -> Option<f64>,
     ) -> Cmd {
-        let (now, margin) = (self.now_arg(), self.inner.margin_ms);
-        scripts::evalsha(script, keys, now, margin, spec, operand)
+        let head = self.head(script, keys.both(), spec.buckets.len());
+        scripts::with_buckets(head, spec, operand)
     }
 
     /// The call of `script`, which takes `cost` in every bucket.
@@ -77,19 +83,9 @@ impl RedisBackend {
     }
 }
 
-/// A `book`'s reply, with the store's time of the decision: that time
-/// alone when booked with no wait and no penalty; else {booked, wait, now,
-/// mark 1, .., mark 4}.
+/// A `book`'s reply, {booked, wait, now, mark 1, .., mark 4}, with the
+/// store's time of the decision.
 pub(crate) fn booking_of(reply: Value) -> Result<(Booking, Micros), BackendError> {
-    if !matches!(reply, Value::Array(_)) {
-        let now = micros_of(&parse::<String>(reply)?)?;
-        let booked = Booking {
-            wait: 0,
-            booked: true,
-            since: Marks::uniform(now),
-        };
-        return Ok((booked, now));
-    }
     let v: Vec<String> = parse(reply)?;
     let n = v.iter().skip(1).map(|s| micros_of(s));
     let n = n.collect::<Result<Vec<_>, _>>()?;
@@ -162,13 +158,15 @@ impl Store for RedisBackend {
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
         let cmd = self.cost_cmd(&scripts::PENALTY_LEFT, &keys, spec, cost);
-        let left = self.run(key, &scripts::PENALTY_LEFT, cmd).await?;
+        let left = self
+            .call(key, &scripts::PENALTY_LEFT, cmd, None, None)
+            .await?;
         micros_of(&parse::<String>(left)?)
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
         let cmd = scripts::release(self.keys(key)?.both(), lease);
-        Ok(parse::<i64>(self.run(key, &scripts::RELEASE, cmd).await?)? == 1)
+        Ok(parse::<i64>(self.call(key, &scripts::RELEASE, cmd, None, None).await?)? == 1)
     }
 
     async fn renew(
@@ -178,10 +176,9 @@ impl Store for RedisBackend {
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
         let keys = self.keys(key)?;
-        let (now, margin) = (self.now_arg(), self.inner.margin_ms);
-        let mut cmd = scripts::head(&scripts::RENEW, keys.both(), now, margin, 0);
+        let mut cmd = self.head(&scripts::RENEW, keys.both(), 0);
         cmd.arg(spec.lease_ttl).arg(lease);
-        if parse::<i64>(self.run(key, &scripts::RENEW, cmd).await?)? == 1 {
+        if parse::<i64>(self.call(key, &scripts::RENEW, cmd, None, None).await?)? == 1 {
             return Ok(Renewal::Held);
         }
         // Not held: taken again under the same lease if a slot is free.
@@ -211,7 +208,7 @@ impl Store for RedisBackend {
             Some(booked.of(u) as f64 - actual.of(u) as f64)
         });
         scripts::push_since(&mut cmd, since);
-        self.run(key, &scripts::SETTLE, cmd).await?;
+        self.call(key, &scripts::SETTLE, cmd, None, None).await?;
         Ok(())
     }
 
@@ -224,7 +221,7 @@ impl Store for RedisBackend {
         let keys = self.keys(key)?;
         let mut cmd = self.cmd(&scripts::PENALIZE, &keys, spec, |_| Some(0.0));
         cmd.arg(micros(penalty));
-        self.run(key, &scripts::PENALIZE, cmd).await?;
+        self.call(key, &scripts::PENALIZE, cmd, None, None).await?;
         Ok(())
     }
 
@@ -246,7 +243,7 @@ impl Store for RedisBackend {
                     .map_or(String::new(), |r| micros(r).to_string()),
             );
         }
-        self.run(key, &scripts::RECONCILE, cmd).await?;
+        self.call(key, &scripts::RECONCILE, cmd, None, None).await?;
         Ok(())
     }
 
@@ -262,15 +259,14 @@ impl Store for RedisBackend {
 #[async_trait]
 impl Turns for RedisBackend {
     async fn turn(&self, key: &str, ask: &TurnAsk<'_>) -> Result<Turn, BackendError> {
-        let [times, seen] = crate::keys::turn_keys(&self.inner.prefix, key, ask.level)?;
-        let (now, margin) = (self.now_arg(), self.inner.margin_ms);
-        let mut cmd = scripts::head(&scripts::TURN, [&times, &seen], now, margin, 0);
+        let [times, seen] = crate::keys::turn_keys(&self.inner.set.prefix, key, ask.level)?;
+        let mut cmd = self.head(&scripts::TURN, [&times, &seen], 0);
         cmd.arg(ask.flow)
             .arg(ask.weight.max(1))
             .arg(ask.units.max(1))
             .arg(micros(ask.active))
             .arg(if ask.last { "1" } else { "" });
-        let reply = self.run(key, &scripts::TURN, cmd).await?;
+        let reply = self.call(key, &scripts::TURN, cmd, None, None).await?;
         Ok(match parse::<i64>(reply)? {
             1 => Turn::Yours,
             _ => Turn::NotYet,

@@ -348,7 +348,7 @@ async fn coalesced_decisions_equal_the_same_decisions_one_by_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_a_batch_is_split_by_resource_and_admits_exactly_each_quota() {
+async fn on_a_cluster_a_batch_is_one_call_per_slot_and_admits_exactly_each_quota() {
     let cluster = broker_testkit::RedisCluster::start(3);
     let backend = RedisBackend::builder(&cluster.urls()[0])
         .cluster(cluster.urls())

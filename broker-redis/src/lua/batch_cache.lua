@@ -20,12 +20,9 @@ local function tonumber(s)
 end
 
 local function cached_call(cmd, key, ...)
-  if key == nil then
-    if cmd == 'TIME' then
-      batch_time = batch_time or real_call('TIME')
-      return batch_time
-    end
-    return real_call(cmd)
+  if cmd == 'TIME' then
+    batch_time = batch_time or real_call('TIME')
+    return batch_time
   end
   local c = cache[key]
   if c == nil and (cmd == 'HMGET' or cmd == 'HSET') then

@@ -1,16 +1,13 @@
 -- book (state::book): book c in every bucket, or nothing if beyond max_wait (ARGV[REST]).
--- Returns {booked, wait, now, mark 1..4} (state::Marks; the 4th shared by later buckets),
--- or now alone when booked with no wait and every mark is now.
+-- Returns {booked, wait, now, mark 1..4} (state::Marks; the 4th shared by later buckets).
 args()
 local now = read_now()
 load(now)
 local marks = { now, now, now, now }
-local marked = false
 for i = 1, N do
   local m = now
   if tonumber(c[i]) > 0 and nb[i] > now then
     m = nb[i]
-    marked = true
   end
   if i <= 4 then
     marks[i] = m
@@ -27,7 +24,4 @@ if wait > tonumber(ARGV[REST]) then
 end
 book_all(now, wait)
 save(now)
-if wait == 0 and not marked then
-  return fmt(now)
-end
 return reply(1)

@@ -116,8 +116,7 @@ end
 local function unclaimed(tokens, nb, now, delta, due, amount, period)
   local debt = 0
   if tokens < 0 then debt = ceil_micros(-tokens * (period / amount)) end
-  local last = sat_add(now, debt)
-  if last < nb then last = nb end
+  local last = max(sat_add(now, debt), nb)
   if last <= due then return delta end
   local claimed = (last - due) * (amount / period)
   if claimed < delta then return delta - claimed end
@@ -131,8 +130,7 @@ end
 
 -- bucket::ttl as a PEXPIRE; nil when idle.
 local function ttl_ms(tokens, ts, nb, now, capacity, amount, period)
-  local n = now
-  if n < ts then n = ts end
+  local n = max(now, ts)
   local r = refill(tokens, ts, n, capacity, amount, period)
   if r >= capacity and nb <= now then
     return nil
@@ -156,39 +154,26 @@ end
 -- another number of buckets adopted (state::adopt) and written back at once.
 local save
 local function load(now)
-  if N == 0 then
-    local v = call('HMGET', KEYS[1], 'n', 'hold')
-    local n = tonumber(v[1])
-    penalty = 0
-    if n == 0 then
-      penalty = tonumber(v[2]) or 0
-    elseif n ~= nil then
-      local until_ = penalty_end(n)
-      if until_ > now then penalty = until_ end
-      save(now)
-    end
-    return
-  end
-  local fields = { 'n' }
+  local fields = { 'n', 'hold' }
   for i = 1, N do
-    fields[3 * i - 1], fields[3 * i], fields[3 * i + 1] = names(i)
+    fields[3 * i], fields[3 * i + 1], fields[3 * i + 2] = names(i)
   end
   local v = call('HMGET', KEYS[1], unpack(fields))
   local n = tonumber(v[1])
   local fresh = n ~= N
   local until_ = 0
   if fresh and n ~= nil then until_ = penalty_end(n) end
+  if until_ <= now then until_ = 0 end
+  penalty = until_
+  if N == 0 and not fresh then penalty = tonumber(v[2]) or 0 end
   for i = 1, N do
     local a = 4 * i
     capacity[i], amount[i], period[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     c[i] = ARGV[a + 3]
     if fresh then
-      tokens[i], ts[i], nb[i] = capacity[i], now, 0
-      if until_ > now then
-        nb[i] = until_
-      end
+      tokens[i], ts[i], nb[i] = capacity[i], now, until_
     else
-      tokens[i], ts[i], nb[i] = tonumber(v[3 * i - 1]), tonumber(v[3 * i]), tonumber(v[3 * i + 1])
+      tokens[i], ts[i], nb[i] = tonumber(v[3 * i]), tonumber(v[3 * i + 1]), tonumber(v[3 * i + 2])
     end
   end
   if fresh and n ~= nil then save(now) end
@@ -197,17 +182,12 @@ end
 -- Writes the buckets back with the longest TTL among them, or deletes the
 -- hash when all are idle; with no bucket, the penalty until it ends.
 function save(now)
-  if N == 0 then
-    if penalty <= now then
-      call('DEL', KEYS[1])
-      return
-    end
-    call('HSET', KEYS[1], 'n', 0, 'hold', penalty)
-    call('PEXPIRE', KEYS[1], pttl(penalty - now))
-    return
-  end
   local ms = nil
   local fields = { 'n', N }
+  if N == 0 and penalty > now then
+    ms = pttl(penalty - now)
+    fields[3], fields[4] = 'hold', penalty
+  end
   for i = 1, N do
     local t = ttl_ms(tokens[i], ts[i], nb[i], now, capacity[i], amount[i], period[i])
     if t ~= nil and (ms == nil or t > ms) then
@@ -227,10 +207,7 @@ end
 
 -- state::wait_all: the longest wait among buckets with a non-zero cost.
 local function wait_all(now)
-  if N == 0 then
-    if penalty > now then return penalty - now end
-    return 0
-  end
+  if N == 0 then return max(penalty - now, 0) end
   local wait = 0
   for i = 1, N do
     local cost = tonumber(c[i])

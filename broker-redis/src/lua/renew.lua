@@ -4,8 +4,7 @@
 args()
 local now = read_now()
 local lease = ARGV[REST + 1]
-local expires = call('ZSCORE', KEYS[2], lease)
-if not expires or tonumber(expires) <= now then
+if not held(now, lease) then
   return 0
 end
 call('ZADD', KEYS[2], 'XX', sat_add(now, tonumber(ARGV[REST])), lease)

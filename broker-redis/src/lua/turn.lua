@@ -23,8 +23,7 @@ local seen = now
 if yours and last then seen = now - active + units end
 call('ZADD', KEYS[1], own, flow)
 call('ZADD', KEYS[2], seen, flow)
-local ms = ceil(active / 1000) + tonumber(ARGV[2])
-call('PEXPIRE', KEYS[1], ms)
-call('PEXPIRE', KEYS[2], ms)
+call('PEXPIRE', KEYS[1], pttl(active))
+call('PEXPIRE', KEYS[2], pttl(active))
 if yours then return 1 end
 return 0
