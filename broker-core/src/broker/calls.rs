@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::enqueue::{self, LiveBooking, Refused};
 use super::permit::HeldKey;
-use super::{in_flight, note_backend_error, state_key};
+use super::{in_flight, note_backend_error};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
@@ -98,13 +98,7 @@ fn acquisition(
     answered_here: bool,
 ) -> Acquisition {
     let d = Decision::from(v);
-    resource.tally(
-        match d.allowed {
-            true => |c| &c.allowed,
-            false => |c| &c.denied,
-        },
-        1,
-    );
+    resource.tally(|c| if d.allowed { &c.allowed } else { &c.denied }, 1);
     Acquisition {
         allowed: d.allowed,
         wait_time: Duration::from_micros(d.wait),
@@ -182,7 +176,7 @@ impl ResourceBroker {
             let held = || HeldKey::Sub(key.map(Box::from));
             return Ok(Ok(answer(resource, held, v, false)));
         }
-        let owned = state_key(resource, key);
+        let owned = key.map(|k| crate::keys::keyed(&resource.id, k));
         let state = owned.as_deref().unwrap_or(&resource.key);
         let local = resource.backend.local();
         let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))

@@ -132,7 +132,8 @@ impl ResourceBroker {
         target: Target<'_>,
     ) -> Result<(Arc<Resource>, String), BrokerError> {
         let resource = self.resource(target.resource)?;
-        let key = state_key(&resource, target.key).unwrap_or_else(|| resource.key.clone());
+        let key =
+            (target.key).map_or_else(|| resource.key.clone(), |k| keys::keyed(&resource.id, k));
         Ok((resource, key))
     }
 
@@ -153,8 +154,4 @@ impl ResourceBroker {
             backend: self.inner.backend.health(),
         }
     }
-}
-
-fn state_key(resource: &Resource, key: Option<&str>) -> Option<String> {
-    key.map(|k| keys::keyed(&resource.id, k))
 }

@@ -65,7 +65,12 @@ impl Keeper {
                 }
                 continue;
             }
-            let _poller = Poller(self);
+            // Over (the store up, or this waiter gone), it wakes every
+            // other, and one of them reads on if need be.
+            scopeguard::defer! {
+                self.polling.store(false, Ordering::Release);
+                self.up.notify_waiters();
+            }
             let mut wait = RETRY[0];
             loop {
                 tokio::time::sleep(wait).await;
@@ -154,17 +159,6 @@ impl OnItsWay {
             }
             pending.until_up().await;
         }
-    }
-}
-
-/// The waiter that reads the store's health; dropped (the store up, or the
-/// waiter gone), it wakes every other, and one of them reads on if need be.
-struct Poller<'a>(&'a Keeper);
-
-impl Drop for Poller<'_> {
-    fn drop(&mut self) {
-        self.0.polling.store(false, Ordering::Release);
-        self.0.up.notify_waiters();
     }
 }
 

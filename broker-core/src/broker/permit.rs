@@ -78,7 +78,7 @@ impl HeldKey {
     /// The state key the lease is on; `None` for the resource's own.
     fn state_key(&self, resource: &Resource) -> Option<String> {
         match self {
-            HeldKey::Sub(sub) => super::state_key(resource, sub.as_deref()),
+            HeldKey::Sub(sub) => sub.as_deref().map(|k| crate::keys::keyed(&resource.id, k)),
             HeldKey::State(key) => key.clone(),
         }
     }

@@ -62,7 +62,7 @@ impl Resource {
 
     /// Adds `n` to `counter` of the registration that counts what happens
     /// now to a call made on this one: itself, or the latest once replaced.
-    pub(crate) fn tally(&self, counter: fn(&Counters) -> &AtomicU64, n: u64) {
+    pub(crate) fn tally(&self, counter: impl FnOnce(&Counters) -> &AtomicU64, n: u64) {
         let latest = (self.retired.load(Ordering::Acquire))
             .then(|| self.lineage.load().resource.upgrade())
             .flatten();

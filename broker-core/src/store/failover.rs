@@ -4,10 +4,11 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 
 use super::{Renewal, Store, Turns};
 use crate::bucket::BucketParams;
@@ -202,14 +203,10 @@ impl<P: Store> Failover<P> {
         }
     }
 
-    fn granted(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
-        self.granted.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Frees `lease` in the fallback store if that store granted it.
     async fn release_here(&self, key: &str, lease: LeaseId) -> Option<Result<bool, BackendError>> {
         match &self.policy {
-            FailurePolicy::LocalFallback { store, .. } if self.granted().remove(&lease) => {
+            FailurePolicy::LocalFallback { store, .. } if self.granted.lock().remove(&lease) => {
                 Some(store.release(key, lease).await)
             }
             _ => None,
@@ -231,7 +228,7 @@ impl<P: Store> Store for Failover<P> {
         let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
             admissible("try_acquire", &scaled, share, cost, true)?;
             let decided = store.try_acquire(key, &scaled, cost).await?;
-            self.granted().extend(decided.lease);
+            self.granted.lock().extend(decided.lease);
             Ok(decided.by_failure_policy())
         };
         self.or_policy("try_acquire", spec, primary, open, local)
@@ -272,7 +269,7 @@ impl<P: Store> Store for Failover<P> {
         let local = |store: Arc<dyn Store>, scaled: LimitSpec, share: f64| async move {
             admissible("take_slot", &scaled, share, Cost::requests(0), true)?;
             let held = store.take_slot(key, &scaled).await?;
-            self.granted().extend(held);
+            self.granted.lock().extend(held);
             Ok(held)
         };
         self.or_policy("take_slot", spec, primary, open, local)
@@ -297,7 +294,7 @@ impl<P: Store> Store for Failover<P> {
         spec: &LimitSpec,
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
-        let here = self.granted().contains(&lease);
+        let here = self.granted.lock().contains(&lease);
         if let (true, FailurePolicy::LocalFallback { share, store }) = (here, &self.policy) {
             store.renew(key, &scaled(spec, *share), lease).await?;
         }

@@ -103,7 +103,12 @@ impl LiveBooking {
         if self.wait > 0 {
             self.resource.tally(|c| &c.waits, 1);
             telemetry::count(&self.resource.id, telemetry::LOCAL_WAITS);
-            let _waited = Waited(self, Instant::now());
+            // The µs since the start (the booked wait at most), once over.
+            let start = Instant::now();
+            scopeguard::defer! {
+                let waited = crate::clock::micros(start.elapsed());
+                self.resource.tally(|c| &c.wait_micros, waited.min(self.wait));
+            }
             tokio::time::sleep(Duration::from_micros(self.wait)).await;
         }
     }
@@ -191,16 +196,5 @@ impl Drop for LiveBooking {
             let penalty_end = self.resource.penalties.until(self.key());
             let _ = self.settle(Some(Cost::requests(0)), penalty_end, "refund");
         }
-    }
-}
-
-/// Counts the µs since its start (the booked wait at most) as waited when
-/// dropped.
-struct Waited<'a>(&'a LiveBooking, Instant);
-
-impl Drop for Waited<'_> {
-    fn drop(&mut self) {
-        let waited = u64::try_from(self.1.elapsed().as_micros()).unwrap_or(u64::MAX);
-        (self.0.resource).tally(|c| &c.wait_micros, waited.min(self.0.wait));
     }
 }

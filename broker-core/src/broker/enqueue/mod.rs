@@ -216,13 +216,8 @@ impl ResourceBroker {
             resource.tally(|c| &c.retries, 1);
             tokio::time::sleep(pause).await;
         };
-        resource.tally(
-            match result.is_ok() {
-                true => |c| &c.completed,
-                false => |c| &c.failed,
-            },
-            1,
-        );
+        let ok = result.is_ok();
+        resource.tally(|c| if ok { &c.completed } else { &c.failed }, 1);
         result
     }
 }

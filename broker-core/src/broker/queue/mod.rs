@@ -197,18 +197,13 @@ impl Ticket {
         let line = lines.entry(self.key.clone()).or_default();
         let entry = self.entry.clone();
         line.levels[self.priority.index()].push(&self.flow, entry, false);
-        match &line.head {
-            None => line.promote(),
-            Some(h) if h.priority < self.priority && !h.by_share => {
-                // A higher priority takes the turn of a head not booked yet.
-                let head = line.head.take().expect("a head");
-                let wake = head.entry.wake.clone();
-                line.levels[head.priority.index()].push(&head.flow, head.entry, true);
-                line.promote();
-                wake.notify_one();
-            }
-            Some(_) => {}
+        // A higher priority takes the turn of a head not booked yet.
+        let displaced = (line.head).take_if(|h| h.priority < self.priority && !h.by_share);
+        if let Some(head) = displaced {
+            head.entry.wake.notify_one();
+            line.levels[head.priority.index()].push(&head.flow, head.entry, true);
         }
+        line.promote();
     }
 
     /// Whether this call is the head of its line.
