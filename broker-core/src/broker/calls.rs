@@ -109,9 +109,9 @@ fn acquisition(resource: &Resource, d: Decision, permit: Permit) -> Acquisition 
 }
 
 /// The acquisition of decision `d`, counted, holding the slot of its lease
-/// (on the state `key` names).
+/// if allowed (on the state `key` names).
 fn answer(resource: &Arc<Resource>, key: impl FnOnce() -> HeldKey, d: Decision) -> Acquisition {
-    let permit = match d.lease {
+    let permit = match d.lease.filter(|_| d.allowed) {
         Some(lease) => Permit::held(resource.clone(), key(), lease, true),
         None => Permit::empty(),
     };
