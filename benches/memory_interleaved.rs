@@ -195,7 +195,7 @@ macro_rules! batch_from {
                     keep!($keep, a.unwrap().unwrap());
                 }),
                 7 => (0..n).for_each(|i| {
-                    keep!($keep, store c.store.try_acquire(Some(key(i)), Cost::default()));
+                    keep!($keep, decision c.store.try_acquire(Some(key(i)), Cost::default()));
                 }),
                 _ => (0..n).for_each(|i| {
                     let joined = &c.joined[(offset + i) % keys.len()];
@@ -220,12 +220,6 @@ macro_rules! keep {
             |not_until| not_until.wait_time_from($c.governor.clock().now()),
             |()| Duration::ZERO,
         ))
-    };
-    (allowed, store $v:expr) => {
-        black_box($v.allowed())
-    };
-    (wait, store $v:expr) => {
-        black_box($v)
     };
     (allowed, decision $d:expr) => {
         black_box($d.allowed)

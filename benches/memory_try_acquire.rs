@@ -108,7 +108,7 @@ fn ours(broker: &ResourceBroker, target: impl Into<broker_core::Target<'static>>
 fn store(s: &Subjects, i: usize) -> bool {
     s.store
         .try_acquire(Some(&s.keys[i]), Cost::default())
-        .allowed()
+        .allowed
 }
 
 /// Our keyed `try_acquire` through the pre-resolved handle.

@@ -55,7 +55,7 @@ pub mod store {
     pub use broker_core::{bucket, keys, state};
     pub use broker_core::{
         BackendHealth, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
-        ObservedLimit, Verdict,
+        ObservedLimit,
     };
 }
 

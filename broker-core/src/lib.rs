@@ -25,6 +25,6 @@ pub use error::{BackendError, BrokerError, ConfigError, WaitBound};
 pub use limits::{Cost, Limits, RateLimit, Unit};
 pub use observed::{Observed, ObservedLimit};
 pub use retry::{Outcome, OutcomeClass, RetryPolicy};
-pub use state::{Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Verdict};
+pub use state::{Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks};
 pub use stats::{BackendHealth, BrokerStats, ResourceKind, ResourceStats};
 pub use store::{Failover, FailurePolicy, LocalStates, LocalStore, Renewal, Store};

@@ -280,7 +280,7 @@ fn module(name: &str, code: &str) -> Module {
 #[test]
 fn the_check_finds_a_cycle() {
     let modules = [
-        module("bucket", "use super::state::{Decision, Verdict};"),
+        module("bucket", "use super::state::{Decision, DenyReason};"),
         module(
             "state",
             "use super::{bucket::{self, BucketParams}, limits::Cost};",

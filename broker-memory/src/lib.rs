@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use broker_core::clock::micros;
-use broker_core::state::{self, ResourceState, Verdict};
+use broker_core::state::{self, ResourceState};
 use broker_core::{
     BackendError, Booking, Clock, Cost, Decision, LeaseId, LimitSpec, LocalStates, LocalStore,
     Marks, Micros, ObservedLimit, Renewal,
@@ -286,13 +286,13 @@ struct ResourceStates {
 }
 
 impl LocalStates for ResourceStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision {
         let (spec, resource) = (&self.spec, &self.resource);
         let lease = lease_for(spec);
         let (key, local) = (KeyRef { resource, sub }, Some((resource, spec)));
-        Verdict::from(self.store.with_state(key, spec, local, |s, now| {
+        self.store.with_state(key, spec, local, |s, now| {
             state::try_acquire(s, spec, now, cost, lease)
-        }))
+        })
     }
 
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {

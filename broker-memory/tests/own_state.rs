@@ -176,7 +176,7 @@ fn the_own_state_follows_re_registration() {
 #[test]
 fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
     use broker_core::state::LimitSpec;
-    use broker_core::Verdict;
+    use broker_core::Decision;
 
     let clock = ManualClock::new();
     let backend = MemoryBackend::with_clock(clock.clone());
@@ -187,19 +187,19 @@ fn a_late_decision_through_the_old_registration_does_not_unpin_the_new_one() {
         &Limits::new().rate(rate()).max_concurrent(5),
         ttl,
     ));
-    let lease = |v: Verdict| match v {
-        Verdict::Leased(l) => l,
-        other => panic!("expected a lease, got {other:?}"),
+    let lease = |d: Decision| match d.lease {
+        Some(l) if d.allowed => l,
+        _ => panic!("expected a lease, got {d:?}"),
     };
     let r1 = backend.states("api", old).unwrap();
-    assert!(r1.try_acquire(None, Cost::default()).allowed());
+    assert!(r1.try_acquire(None, Cost::default()).allowed);
     let r2 = backend.states("api", new).unwrap();
     assert!(r2.release(None, lease(r2.try_acquire(None, Cost::default()))));
     clock.advance(Duration::from_secs(60));
     assert_eq!(backend.evict_idle(), 0, "pinned by the new registration");
 
     // The late decision through the old registration.
-    assert!(r1.try_acquire(None, Cost::default()).allowed());
+    assert!(r1.try_acquire(None, Cost::default()).allowed);
     drop(r1);
     let held = lease(r2.try_acquire(None, Cost::default()));
     clock.advance(Duration::from_secs(1));

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker_core::{
-    Cost, LeaseId, Limits, LocalStates, OnOtherLimits, RateLimit, ResourceBroker, Verdict,
+    Cost, Decision, LeaseId, Limits, LocalStates, OnOtherLimits, RateLimit, ResourceBroker,
 };
 use broker_memory::MemoryBackend;
 use broker_testkit::{Hooks, Wrapped};
@@ -25,7 +25,7 @@ struct HookedStates {
 }
 
 impl LocalStates for HookedStates {
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict {
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision {
         self.inner.try_acquire(sub, cost)
     }
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool {

@@ -13,7 +13,7 @@ use super::{in_flight, note_backend_error};
 use super::{Acquisition, Permit, Resource, ResourceBroker, Target};
 use crate::error::{BackendError, BrokerError};
 use crate::limits::Cost;
-use crate::state::{Decision, Verdict};
+use crate::state::{Decision, DenyReason};
 
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
@@ -89,38 +89,27 @@ impl std::fmt::Debug for TryAcquire<'_> {
     }
 }
 
-/// The acquisition of verdict `v` with `permit`, counted (on the latest
+/// The acquisition of decision `d` with `permit`, counted (on the latest
 /// registration).
-fn acquisition(
-    resource: &Resource,
-    v: Verdict,
-    permit: Permit,
-    answered_here: bool,
-) -> Acquisition {
-    let d = Decision::from(v);
+fn acquisition(resource: &Resource, d: Decision, permit: Permit) -> Acquisition {
     resource.tally(|c| if d.allowed { &c.allowed } else { &c.denied }, 1);
     Acquisition {
         allowed: d.allowed,
         wait_time: Duration::from_micros(d.wait),
         denied_by: d.denied_by,
         permit,
-        answered_here,
+        answered_here: d.answered_here,
     }
 }
 
-/// The acquisition of verdict `v`, counted, holding the slot of a
-/// [`Verdict::Leased`] (on the state `key` names).
-fn answer(
-    resource: &Arc<Resource>,
-    key: impl FnOnce() -> HeldKey,
-    v: Verdict,
-    answered_here: bool,
-) -> Acquisition {
-    let permit = match v {
-        Verdict::Leased(lease) => Permit::held(resource.clone(), key(), lease, true),
-        _ => Permit::empty(),
+/// The acquisition of decision `d`, counted, holding the slot of its lease
+/// if allowed (on the state `key` names).
+fn answer(resource: &Arc<Resource>, key: impl FnOnce() -> HeldKey, d: Decision) -> Acquisition {
+    let permit = match d.lease.filter(|_| d.allowed) {
+        Some(lease) => Permit::held(resource.clone(), key(), lease, true),
+        None => Permit::empty(),
     };
-    acquisition(resource, v, permit, answered_here)
+    acquisition(resource, d, permit)
 }
 
 /// # Check + reject
@@ -172,9 +161,9 @@ impl ResourceBroker {
             return Ok(Err(e));
         }
         if let Some(local) = &resource.local {
-            let v = local.try_acquire(key, cost);
+            let d = local.try_acquire(key, cost);
             let held = || HeldKey::Sub(key.map(Box::from));
-            return Ok(Ok(answer(resource, held, v, false)));
+            return Ok(Ok(answer(resource, held, d)));
         }
         let owned = key.map(|k| crate::keys::keyed(&resource.id, k));
         let state = owned.as_deref().unwrap_or(&resource.key);
@@ -185,7 +174,7 @@ impl ResourceBroker {
         };
         let key = || HeldKey::State(owned);
         Ok(match decision {
-            Ok(d) => Ok(answer(resource, key, d.into(), d.answered_here)),
+            Ok(d) => Ok(answer(resource, key, d)),
             Err(e) => {
                 note_backend_error(resource, "try_acquire", &e);
                 Err(e.into())
@@ -215,7 +204,7 @@ impl ResourceBroker {
         let (d, taken) = decided.await?;
         let owned_key = taken.claim();
         let key = || HeldKey::State(owned_key);
-        Ok(answer(&resource, key, d.into(), d.answered_here))
+        Ok(answer(&resource, key, d))
     }
 
     /// Waits up to `max_wait` for `cost` (booked, so waiters are spaced in
@@ -235,12 +224,14 @@ impl ResourceBroker {
             ceiling: None,
         };
         let admitted = enqueue::admit_until(&resource, state, cost, &bounds, None, true);
-        let (v, permit, here) = match admitted.await {
-            Ok((booking, permit)) => (Verdict::Allowed, permit, booking.consume().answered_here()),
+        let denied = |by, wait| (Decision::deny(by, wait), Permit::empty(), false);
+        let (d, permit, answered_here) = match admitted.await {
+            Ok((b, permit)) => (Decision::allow(None), permit, b.consume().answered_here()),
             Err(Refused::Broker(e)) => return Err(e),
-            Err(Refused::TooLong(wait, _)) => (Verdict::Rate(wait), Permit::empty(), false),
-            Err(Refused::NoSlot(_)) => (Verdict::Concurrency, Permit::empty(), false),
+            Err(Refused::TooLong(wait, _)) => denied(DenyReason::Rate, wait),
+            Err(Refused::NoSlot(_)) => denied(DenyReason::Concurrency, 0),
         };
-        Ok(acquisition(&resource, v, permit, here))
+        let d = Decision { answered_here, ..d };
+        Ok(acquisition(&resource, d, permit))
     }
 }

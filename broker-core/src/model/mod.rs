@@ -3,6 +3,7 @@
 //! no I/O, tokio, metrics or tracing (`tests/model_is_pure.rs` checks it).
 
 pub mod bucket;
+pub mod decision;
 pub mod error;
 pub mod headers;
 pub mod keys;
@@ -13,4 +14,3 @@ pub mod resource_config;
 pub mod retry;
 pub mod state;
 pub mod time;
-pub mod verdict;

@@ -13,7 +13,7 @@ use crate::clock::Micros;
 use crate::error::BackendError;
 use crate::limits::Cost;
 use crate::observed::ObservedLimit;
-use crate::state::{Booking, Decision, LeaseId, LimitSpec, Marks, Verdict};
+use crate::state::{Booking, Decision, LeaseId, LimitSpec, Marks};
 use crate::stats::BackendHealth;
 
 pub use failover::{Failover, FailurePolicy};
@@ -197,7 +197,7 @@ pub trait LocalStore: Send + Sync {
 /// `sub` is a sub-key as given (not escaped), `None` for the resource's own.
 pub trait LocalStates: Send + Sync + 'static {
     /// [`Store::try_acquire`] on the state of `sub`.
-    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Verdict;
+    fn try_acquire(&self, sub: Option<&str>, cost: Cost) -> Decision;
 
     /// [`Store::release`] on the state of `sub`.
     fn release(&self, sub: Option<&str>, lease: LeaseId) -> bool;

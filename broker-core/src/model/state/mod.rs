@@ -11,10 +11,10 @@ mod take;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::{self, BucketParams, BucketState};
+pub use super::decision::{Decision, DenyReason, LeaseId};
 use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
-pub use super::verdict::{Decision, DenyReason, LeaseId, Verdict};
 pub use booking::{Booking, Marks, MARKED};
 pub use counters::{observed_for, reconcile};
 pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};

@@ -1,4 +1,4 @@
-//! The answers of a decision: [`Decision`] in full, [`Verdict`] in short.
+//! [`Decision`], the answer of `try`: taken, or denied and why.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +18,12 @@ pub enum DenyReason {
 }
 
 /// The answer of `try`.
+///
+/// ```
+/// use broker_core::{Decision, DenyReason};
+/// let d = Decision::deny(DenyReason::Rate, 250_000);
+/// assert_eq!((d.allowed, d.wait, d.lease), (false, 250_000, None));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// Whether the cost was taken.
@@ -61,55 +67,6 @@ impl Decision {
         Self {
             answered_here: true,
             ..self
-        }
-    }
-}
-
-/// A [`Decision`] in short (without [`Decision::answered_here`]).
-///
-/// ```
-/// use broker_core::{Decision, DenyReason, Verdict};
-/// let d = Decision::deny(DenyReason::Rate, 250_000);
-/// assert_eq!(Verdict::from(d), Verdict::Rate(250_000));
-/// assert_eq!(Decision::from(Verdict::from(d)), d);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Allowed, holding no slot.
-    Allowed,
-    /// Allowed, holding a concurrency slot under this lease.
-    Leased(LeaseId),
-    /// Denied by a rate limit: how long until the cost would fit (µs).
-    Rate(Micros),
-    /// Denied: every concurrency slot is held.
-    Concurrency,
-}
-
-impl Verdict {
-    /// Whether the cost was taken.
-    pub fn allowed(self) -> bool {
-        matches!(self, Self::Allowed | Self::Leased(_))
-    }
-}
-
-impl From<Decision> for Verdict {
-    fn from(d: Decision) -> Self {
-        match (d.allowed, d.lease, d.denied_by) {
-            (true, None, _) => Self::Allowed,
-            (true, Some(lease), _) => Self::Leased(lease),
-            (false, _, Some(DenyReason::Concurrency)) => Self::Concurrency,
-            (false, _, _) => Self::Rate(d.wait),
-        }
-    }
-}
-
-impl From<Verdict> for Decision {
-    fn from(v: Verdict) -> Self {
-        match v {
-            Verdict::Allowed => Decision::allow(None),
-            Verdict::Leased(lease) => Decision::allow(Some(lease)),
-            Verdict::Rate(wait) => Decision::deny(DenyReason::Rate, wait),
-            Verdict::Concurrency => Decision::deny(DenyReason::Concurrency, 0),
         }
     }
 }
