@@ -2,11 +2,8 @@
 //! object only, so `[5, "1s", 10]` cannot pass for a rate with its fields
 //! swapped; a list where a struct stands is an error at its path.
 
-use serde::de::value::{MapDeserializer, SeqDeserializer, StrDeserializer};
-use serde::de::{
-    self, Deserialize, DeserializeSeed, EnumAccess, Error as _, IntoDeserializer, Unexpected,
-    VariantAccess, Visitor,
-};
+use serde::de::value::{MapAccessDeserializer, MapDeserializer, SeqDeserializer};
+use serde::de::{self, Error as _, IntoDeserializer, Unexpected, Visitor};
 use serde::forward_to_deserialize_any;
 use serde_json::Value;
 
@@ -50,6 +47,11 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
         _fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
+        self.deserialize_map(visitor)
+    }
+
+    /// A map, a struct or a struct variant: from an object, never a list.
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.0 {
             Value::Array(_) => Err(Self::Error::invalid_type(Unexpected::Seq, &EXPECTED)),
             _ => self.deserialize_any(visitor),
@@ -72,17 +74,16 @@ impl<'de> de::Deserializer<'de> for NamedFields<'_> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        if let Value::Object(map) = self.0 {
-            if let [(variant, value)] = map.iter().collect::<Vec<_>>()[..] {
-                return visitor.visit_enum(Variant(variant, value));
-            }
+        if let Some(map) = self.0.as_object().filter(|map| map.len() == 1) {
+            let entry = map.iter().map(|(k, v)| (k.as_str(), NamedFields(v)));
+            return visitor.visit_enum(MapAccessDeserializer::new(MapDeserializer::new(entry)));
         }
         self.0.clone().deserialize_enum(name, variants, visitor)
     }
 
     forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
-        bytes byte_buf unit unit_struct seq tuple tuple_struct map identifier
+        bytes byte_buf unit unit_struct seq tuple tuple_struct identifier
         ignored_any
     }
 }
@@ -92,53 +93,6 @@ impl<'de, 'a> IntoDeserializer<'de, serde_json::Error> for NamedFields<'a> {
 
     fn into_deserializer(self) -> Self {
         self
-    }
-}
-
-/// An enum written as an object with one entry: the variant and its value.
-struct Variant<'a>(&'a str, &'a Value);
-
-impl<'de, 'a> EnumAccess<'de> for Variant<'a> {
-    type Error = serde_json::Error;
-    type Variant = NamedFields<'a>;
-
-    fn variant_seed<V: DeserializeSeed<'de>>(
-        self,
-        seed: V,
-    ) -> Result<(V::Value, NamedFields<'a>), Self::Error> {
-        let name: StrDeserializer<'_, Self::Error> = self.0.into_deserializer();
-        Ok((seed.deserialize(name)?, NamedFields(self.1)))
-    }
-}
-
-impl<'de> VariantAccess<'de> for NamedFields<'_> {
-    type Error = serde_json::Error;
-
-    fn unit_variant(self) -> Result<(), Self::Error> {
-        <()>::deserialize(self)
-    }
-
-    fn newtype_variant_seed<T: DeserializeSeed<'de>>(
-        self,
-        seed: T,
-    ) -> Result<T::Value, Self::Error> {
-        seed.deserialize(self)
-    }
-
-    fn tuple_variant<V: Visitor<'de>>(
-        self,
-        _len: usize,
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        de::Deserializer::deserialize_seq(self, visitor)
-    }
-
-    fn struct_variant<V: Visitor<'de>>(
-        self,
-        fields: &'static [&'static str],
-        visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        de::Deserializer::deserialize_struct(self, "", fields, visitor)
     }
 }
 

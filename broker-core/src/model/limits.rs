@@ -94,33 +94,25 @@ impl RateLimit {
 
     /// Checks amount, period and burst; `field` is the path for messages.
     pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        if self.amount == 0 {
-            return Err(ConfigError::not_positive(format!("{field}.amount"), "0"));
-        }
-        if micros(self.period) == 0 {
-            return Err(ConfigError::not_positive(
-                format!("{field}.period"),
-                format!("{:?}", self.period),
-            ));
-        }
-        if self.burst == Some(0) {
-            return Err(ConfigError::not_positive(format!("{field}.burst"), "0"));
-        }
-        for (name, value) in [("amount", self.amount), ("burst", self.burst())] {
-            if value > MAX_AMOUNT {
-                return Err(ConfigError::invalid(
-                    format!("{field}.{name}"),
-                    format!("must be at most {MAX_AMOUNT} (got {value})"),
-                ));
-            }
-        }
-        if self.period > MAX_PERIOD {
-            return Err(ConfigError::invalid(
-                format!("{field}.period"),
-                "must be at most 366 days",
-            ));
-        }
-        Ok(())
+        let at = |name| format!("{field}.{name}");
+        let at_most = |name, v: u64| {
+            let reason = format!("must be at most {MAX_AMOUNT} (got {v})");
+            (v > MAX_AMOUNT).then(|| ConfigError::invalid(at(name), reason))
+        };
+        let period = format!("{:?}", self.period);
+        [
+            (self.amount == 0).then(|| ConfigError::not_positive(at("amount"), "0")),
+            (micros(self.period) == 0).then(|| ConfigError::not_positive(at("period"), period)),
+            (self.burst == Some(0)).then(|| ConfigError::not_positive(at("burst"), "0")),
+            at_most("amount", self.amount),
+            at_most("burst", self.burst()),
+            (self.period > MAX_PERIOD)
+                .then(|| ConfigError::invalid(at("period"), "must be at most 366 days")),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .map_or(Ok(()), Err)
     }
 
     /// The bucket parameters, the period rounded up to a whole µs.

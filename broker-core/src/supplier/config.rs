@@ -79,22 +79,19 @@ impl Backoff {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if self.initial.is_zero() {
-            return Err("backoff.initial must be greater than zero".into());
-        }
-        if self.max < self.initial {
-            return Err(format!(
-                "backoff.max ({:?}) must be at least backoff.initial ({:?})",
-                self.max, self.initial
-            ));
-        }
-        if !self.factor.is_finite() || self.factor < 1.0 {
-            return Err(format!(
-                "backoff.factor must be a number >= 1 (got {})",
-                self.factor
-            ));
-        }
-        Ok(())
+        let (initial, max, factor) = (self.initial, self.max, self.factor);
+        [
+            (initial.is_zero()).then(|| "backoff.initial must be greater than zero".into()),
+            (max < initial).then(|| {
+                format!("backoff.max ({max:?}) must be at least backoff.initial ({initial:?})")
+            }),
+            (!factor.is_finite() || factor < 1.0)
+                .then(|| format!("backoff.factor must be a number >= 1 (got {factor})")),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .map_or(Ok(()), Err)
     }
 }
 
