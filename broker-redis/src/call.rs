@@ -107,10 +107,8 @@ impl Reply {
     /// (no reply in time, a failed connection): a lease it may have granted
     /// is then released.
     pub(crate) fn unknown(&self) -> bool {
-        match self {
-            Reply::Done(Err(e)) => connection::is_unavailable(e),
-            other => matches!(other, Reply::TimedOut),
-        }
+        matches!(self, Reply::Done(Err(e)) if connection::is_unavailable(e))
+            || matches!(self, Reply::TimedOut)
     }
 
     /// Whether this is a granted `try` or `take_slot`.
@@ -207,11 +205,11 @@ impl RedisBackend {
     /// caller was answered by the failure policy: its lease, which no caller
     /// holds, and its cost unless under fail-open (whose call went out).
     async fn give_back(&self, takes: Takes, lease: Option<LeaseId>, cmd: &Cmd, reply: Value) {
+        // A granted `try` or `take_slot` (a `book` has no lease).
         let granted = matches!(reply, Value::Int(1));
-        if granted && takes != Takes::Book {
-            if let Some(undo) = lease.and_then(|l| scripts::release_of(cmd, l)) {
-                self.send_within(&scripts::RELEASE, undo).await;
-            }
+        let lease = lease.filter(|_| granted);
+        if let Some(undo) = lease.and_then(|l| scripts::release_of(cmd, l)) {
+            self.send_within(&scripts::RELEASE, undo).await;
         }
         let refund = match takes {
             Takes::Try if granted => scripts::refund_of(cmd, None),

@@ -237,7 +237,8 @@ async fn probe(mut running: Running) {
         let (conn, health) = (&inner.conn, &inner.health);
         let timeout = inner.set.response_timeout.min(PING_TIMEOUT);
         let pings = health.probes_due().into_iter().map(|scope| async move {
-            if conn.ping(scope, timeout).await {
+            let ping = conn.send_to(scope, redis::cmd("PING"));
+            if let Ok(Ok(_)) = tokio::time::timeout(timeout, ping).await {
                 health.up(scope);
             }
         });
