@@ -68,20 +68,17 @@ impl RedisBackend {
             _ => self.send(script, cmd, lease, takes, deadline).await,
         };
         let msg = match reply {
-            Reply::Done(Ok(v)) => {
-                health.up(scope);
-                return Ok(v);
-            }
-            Reply::Done(Err(e)) if !connection::is_unavailable(&e) => {
-                if connection::answered_by_redis(&e) {
-                    health.up(scope);
-                }
-                return Err(redis_error(e));
-            }
-            Reply::Done(Err(e)) => e.to_string(),
+            Reply::Done(Err(e)) if connection::is_unavailable(&e) => e.to_string(),
             Reply::TimedOut => format!("no reply within {:?}", self.inner.set.response_timeout),
             Reply::Unsent => {
                 "redis is out of reach (a call sent before this one got no reply in time)".into()
+            }
+            // A reply, or an error Redis itself answered, proves it up.
+            Reply::Done(r) => {
+                if r.as_ref().err().is_none_or(connection::answered_by_redis) {
+                    health.up(scope);
+                }
+                return r.map_err(redis_error);
             }
         };
         health.failed(scope, &msg, epoch);

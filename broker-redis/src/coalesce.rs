@@ -2,9 +2,6 @@
 //! [`Scope`] they queue, and the next call to return sends up to `max_batch`
 //! as one `lua/try_batch.lua` call.
 
-use std::collections::HashMap;
-use std::sync::MutexGuard;
-
 use broker_core::LeaseId;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
@@ -47,10 +44,6 @@ impl State {
 }
 
 impl RedisBackend {
-    fn queues(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
-        self.inner.queues.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Runs one `try` decision alone or in a batch; `lease`, if it may be
     /// granted one, is released if the caller goes away first.
     pub(crate) async fn coalesced(
@@ -62,7 +55,7 @@ impl RedisBackend {
     ) -> Reply {
         let set = &self.inner.set;
         let entered = {
-            let mut queues = self.queues();
+            let mut queues = self.inner.queues.lock();
             let state = queues.entry(scope).or_default();
             let free = state.in_flight < set.max_in_flight && state.queue.is_empty();
             state.in_flight += usize::from(free);
@@ -109,7 +102,7 @@ impl RedisBackend {
     /// `None` when the place is freed. After a timeout (`timed_out`) the
     /// whole queue is answered [`Reply::Unsent`].
     fn next_batch(&self, scope: Scope, timed_out: bool) -> Option<Vec<Pending>> {
-        let mut queues = self.queues();
+        let mut queues = self.inner.queues.lock();
         let state = queues.entry(scope).or_default();
         let unsent = timed_out.then(|| std::mem::take(&mut state.queue));
         let batch = state.take(self.inner.set.max_batch);
