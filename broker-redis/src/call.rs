@@ -252,9 +252,7 @@ impl RedisBackend {
         let undo = takes.map(|takes| Undo::One(takes, lease.as_ref().map(|l| l.1)));
         let mut unsettled = Unsettled(self, lease);
         let reply = self.eval(deadline, script, cmd, undo).await;
-        if !reply.unknown() {
-            unsettled.1 = None;
-        }
+        unsettled.1.take_if(|_| !reply.unknown());
         reply
     }
 }

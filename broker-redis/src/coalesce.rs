@@ -177,10 +177,8 @@ impl RedisBackend {
     /// granted.
     fn answer(&self, pending: Pending, reply: Reply) {
         let Pending { tx, mut lease, .. } = pending;
-        if reply.unknown() {
-            if let Some(lease) = lease.take() {
-                self.release_later(lease);
-            }
+        if let Some(lease) = lease.take_if(|_| reply.unknown()) {
+            self.release_later(lease);
         }
         if let Err((reply, Some(lease))) = tx.send((reply, lease)) {
             if reply.granted() {
