@@ -189,16 +189,14 @@ impl RedisBackendBuilder {
             true => None,
             false => check_maxmemory_policy(&conn, &self).await,
         };
-        let inner = Inner {
+        let inner = Arc::new(Inner {
             conn,
             health: health::Healths::new(self.probe_interval),
             maxmemory_policy,
             queues: Default::default(),
             set: self,
-        };
-        Ok(RedisBackend {
-            inner: Arc::new(inner),
-        })
+        });
+        Ok(RedisBackend { inner })
     }
 }
 

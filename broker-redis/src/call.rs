@@ -68,20 +68,17 @@ impl RedisBackend {
             _ => self.send(script, cmd, lease, takes, deadline).await,
         };
         let msg = match reply {
-            Reply::Done(Ok(v)) => {
-                health.up(scope);
-                return Ok(v);
-            }
-            Reply::Done(Err(e)) if !connection::is_unavailable(&e) => {
-                if connection::answered_by_redis(&e) {
-                    health.up(scope);
-                }
-                return Err(redis_error(e));
-            }
-            Reply::Done(Err(e)) => e.to_string(),
+            Reply::Done(Err(e)) if connection::is_unavailable(&e) => e.to_string(),
             Reply::TimedOut => format!("no reply within {:?}", self.inner.set.response_timeout),
             Reply::Unsent => {
                 "redis is out of reach (a call sent before this one got no reply in time)".into()
+            }
+            // A reply, or an error Redis itself answered, proves it up.
+            Reply::Done(r) => {
+                if r.as_ref().err().is_none_or(connection::answered_by_redis) {
+                    health.up(scope);
+                }
+                return r.map_err(redis_error);
             }
         };
         health.failed(scope, &msg, epoch);
@@ -107,10 +104,8 @@ impl Reply {
     /// (no reply in time, a failed connection): a lease it may have granted
     /// is then released.
     pub(crate) fn unknown(&self) -> bool {
-        match self {
-            Reply::Done(Err(e)) => connection::is_unavailable(e),
-            other => matches!(other, Reply::TimedOut),
-        }
+        matches!(self, Reply::Done(Err(e)) if connection::is_unavailable(e))
+            || matches!(self, Reply::TimedOut)
     }
 
     /// Whether this is a granted `try` or `take_slot`.
@@ -207,11 +202,11 @@ impl RedisBackend {
     /// caller was answered by the failure policy: its lease, which no caller
     /// holds, and its cost unless under fail-open (whose call went out).
     async fn give_back(&self, takes: Takes, lease: Option<LeaseId>, cmd: &Cmd, reply: Value) {
+        // A granted `try` or `take_slot` (a `book` has no lease).
         let granted = matches!(reply, Value::Int(1));
-        if granted && takes != Takes::Book {
-            if let Some(undo) = lease.and_then(|l| scripts::release_of(cmd, l)) {
-                self.send_within(&scripts::RELEASE, undo).await;
-            }
+        let lease = lease.filter(|_| granted);
+        if let Some(undo) = lease.and_then(|l| scripts::release_of(cmd, l)) {
+            self.send_within(&scripts::RELEASE, undo).await;
         }
         let refund = match takes {
             Takes::Try if granted => scripts::refund_of(cmd, None),
@@ -257,9 +252,7 @@ impl RedisBackend {
         let undo = takes.map(|takes| Undo::One(takes, lease.as_ref().map(|l| l.1)));
         let mut unsettled = Unsettled(self, lease);
         let reply = self.eval(deadline, script, cmd, undo).await;
-        if !reply.unknown() {
-            unsettled.1 = None;
-        }
+        unsettled.1.take_if(|_| !reply.unknown());
         reply
     }
 }

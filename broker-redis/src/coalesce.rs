@@ -2,9 +2,6 @@
 //! [`Scope`] they queue, and the next call to return sends up to `max_batch`
 //! as one `lua/try_batch.lua` call.
 
-use std::collections::HashMap;
-use std::sync::MutexGuard;
-
 use broker_core::LeaseId;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
@@ -47,10 +44,6 @@ impl State {
 }
 
 impl RedisBackend {
-    fn queues(&self) -> MutexGuard<'_, HashMap<Scope, State>> {
-        self.inner.queues.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Runs one `try` decision alone or in a batch; `lease`, if it may be
     /// granted one, is released if the caller goes away first.
     pub(crate) async fn coalesced(
@@ -62,7 +55,7 @@ impl RedisBackend {
     ) -> Reply {
         let set = &self.inner.set;
         let entered = {
-            let mut queues = self.queues();
+            let mut queues = self.inner.queues.lock();
             let state = queues.entry(scope).or_default();
             let free = state.in_flight < set.max_in_flight && state.queue.is_empty();
             state.in_flight += usize::from(free);
@@ -83,39 +76,33 @@ impl RedisBackend {
                 if let Some(batch) = batch {
                     self.spawn_flush(scope, batch);
                 }
-                Ok(rx)
+                Ok(Queued(self, rx))
             }
         };
-        let rx = match entered {
-            Ok(rx) => rx,
-            Err((cmd, lease)) => {
-                let mut place = Alone {
-                    backend: self,
-                    scope,
-                    timed_out: false,
-                };
-                let reply = self
-                    .send(&scripts::TRY, cmd, lease, Some(Takes::Try), deadline)
-                    .await;
-                place.timed_out = matches!(reply, Reply::TimedOut);
-                return reply;
+        let (cmd, lease) = match entered {
+            Ok(mut queued) => {
+                return match (&mut queued.1).await {
+                    Ok((reply, _)) => reply,
+                    Err(_) => Reply::Done(Err(RedisError::from((
+                        ErrorKind::Client,
+                        "the batch of this decision was dropped (runtime shutting down)",
+                    )))),
+                }
             }
+            Err(lone) => lone,
         };
-        let mut queued = Queued { backend: self, rx };
-        match (&mut queued.rx).await {
-            Ok((reply, _)) => reply,
-            Err(_) => Reply::Done(Err(RedisError::from((
-                ErrorKind::Client,
-                "the batch of this decision was dropped (runtime shutting down)",
-            )))),
-        }
+        let mut place = Alone(self, scope, false);
+        let reply = self.send(&scripts::TRY, cmd, lease, Some(Takes::Try), deadline);
+        let reply = reply.await;
+        place.2 = matches!(reply, Reply::TimedOut);
+        reply
     }
 
     /// The next batch of `scope` for the place of a call that returned, or
     /// `None` when the place is freed. After a timeout (`timed_out`) the
     /// whole queue is answered [`Reply::Unsent`].
     fn next_batch(&self, scope: Scope, timed_out: bool) -> Option<Vec<Pending>> {
-        let mut queues = self.queues();
+        let mut queues = self.inner.queues.lock();
         let state = queues.entry(scope).or_default();
         let unsent = timed_out.then(|| std::mem::take(&mut state.queue));
         let batch = state.take(self.inner.set.max_batch);
@@ -190,10 +177,8 @@ impl RedisBackend {
     /// granted.
     fn answer(&self, pending: Pending, reply: Reply) {
         let Pending { tx, mut lease, .. } = pending;
-        if reply.unknown() {
-            if let Some(lease) = lease.take() {
-                self.release_later(lease);
-            }
+        if let Some(lease) = lease.take_if(|_| reply.unknown()) {
+            self.release_later(lease);
         }
         if let Err((reply, Some(lease))) = tx.send((reply, lease)) {
             if reply.granted() {
@@ -205,36 +190,29 @@ impl RedisBackend {
 
 /// A queued decision's side of its channel: dropped before its reply was
 /// read, it releases the lease the reply granted.
-struct Queued<'a> {
-    backend: &'a RedisBackend,
-    rx: oneshot::Receiver<Answer>,
-}
+struct Queued<'a>(&'a RedisBackend, oneshot::Receiver<Answer>);
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
         // Closed first: a reply not sent yet is refused, and released by
         // `answer`; one already sent is here.
-        self.rx.close();
-        if let Ok((reply, Some(lease))) = self.rx.try_recv() {
+        self.1.close();
+        if let Ok((reply, Some(lease))) = self.1.try_recv() {
             if reply.granted() {
-                self.backend.release_later(lease);
+                self.0.release_later(lease);
             }
         }
     }
 }
 
-/// A lone decision's place in flight: dropped, it hands the scope's queue
-/// on or frees the place.
-struct Alone<'a> {
-    backend: &'a RedisBackend,
-    scope: Scope,
-    timed_out: bool,
-}
+/// A lone decision's place in flight on its scope, and whether its call
+/// timed out: dropped, it hands the scope's queue on or frees the place.
+struct Alone<'a>(&'a RedisBackend, Scope, bool);
 
 impl Drop for Alone<'_> {
     fn drop(&mut self) {
-        if let Some(batch) = self.backend.next_batch(self.scope, self.timed_out) {
-            self.backend.spawn_flush(self.scope, batch);
+        if let Some(batch) = self.0.next_batch(self.1, self.2) {
+            self.0.spawn_flush(self.1, batch);
         }
     }
 }

@@ -97,15 +97,8 @@ impl Conn {
         }
     }
 
-    /// Whether `scope` (on a cluster, its slot's primary) answers a `PING`
-    /// within `timeout`.
-    pub(crate) async fn ping(&self, scope: Scope, timeout: Duration) -> bool {
-        let ping = self.send_to(scope, redis::cmd("PING"));
-        matches!(tokio::time::timeout(timeout, ping).await, Ok(Ok(_)))
-    }
-
     /// `cmd` to `scope`: on a cluster, its slot's primary.
-    async fn send_to(&self, scope: Scope, cmd: Cmd) -> RedisResult<Value> {
+    pub(crate) async fn send_to(&self, scope: Scope, cmd: Cmd) -> RedisResult<Value> {
         #[cfg(feature = "cluster")]
         if let (Conn::Cluster(c, _), Scope::Slot(slot)) = (self, scope) {
             use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};

@@ -4,10 +4,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use broker_core::stats::BackendHealth;
+use parking_lot::RwLock;
 
 use crate::{ms, Inner, RedisBackend};
 
@@ -85,18 +86,10 @@ impl Healths {
         }
     }
 
-    fn lock(&self) -> RwLockWriteGuard<'_, HashMap<Scope, Health>> {
-        self.scopes.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn read(&self) -> RwLockReadGuard<'_, HashMap<Scope, Health>> {
-        self.scopes.read().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
     /// while the scope is down.
     pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
-        let down = self.any_down() && self.read().get(&scope).is_some_and(|h| h.down);
+        let down = self.any_down() && self.scopes.read().get(&scope).is_some_and(|h| h.down);
         // Read after the check: an outage that ends in between is one the
         // call goes out after.
         (!down).then(|| self.epoch.load(Ordering::Acquire))
@@ -109,7 +102,7 @@ impl Healths {
     /// A call kept from a down scope (so in the map, which never drops a
     /// scope): counted as answered by the policy.
     pub(crate) fn kept_back(&self, scope: Scope) {
-        if let Some(h) = self.read().get(&scope) {
+        if let Some(h) = self.scopes.read().get(&scope) {
             h.handled.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -119,7 +112,7 @@ impl Healths {
         if !self.any_down() {
             return;
         }
-        let mut scopes = self.lock();
+        let mut scopes = self.scopes.write();
         let Some(h) = scopes.get_mut(&scope).filter(|h| h.down) else {
             return;
         };
@@ -146,7 +139,7 @@ impl Healths {
     /// counted as answered by the policy; starts an outage unless one has
     /// started or ended since. Only the first scope down logs an error.
     pub(crate) fn failed(&self, scope: Scope, error: &str, epoch: Epoch) {
-        let mut scopes = self.lock();
+        let mut scopes = self.scopes.write();
         let h = scopes.entry(scope).or_default();
         h.handled.fetch_add(1, Ordering::Relaxed);
         if h.down || h.up_at > epoch {
@@ -180,7 +173,7 @@ impl Healths {
             return Vec::new();
         }
         let now = ms(self.origin.elapsed());
-        let mut scopes = self.lock();
+        let mut scopes = self.scopes.write();
         let mut due: Vec<_> = scopes
             .iter_mut()
             .filter(|(_, h)| h.down && now >= h.next_probe_ms)
@@ -199,7 +192,7 @@ impl Healths {
     /// Down while any scope is; outages and handled calls summed.
     pub(crate) fn snapshot(&self) -> BackendHealth {
         let mut all = BackendHealth::default();
-        for h in self.read().values() {
+        for h in self.scopes.read().values() {
             all.down |= h.down;
             all.outages += h.outages;
             all.handled_errors += h.handled.load(Ordering::Relaxed);
@@ -237,7 +230,8 @@ async fn probe(mut running: Running) {
         let (conn, health) = (&inner.conn, &inner.health);
         let timeout = inner.set.response_timeout.min(PING_TIMEOUT);
         let pings = health.probes_due().into_iter().map(|scope| async move {
-            if conn.ping(scope, timeout).await {
+            let ping = conn.send_to(scope, redis::cmd("PING"));
+            if let Ok(Ok(_)) = tokio::time::timeout(timeout, ping).await {
                 health.up(scope);
             }
         });

@@ -56,10 +56,10 @@ impl RedisBackend {
         // With no bucket, the field `hold` keeps the end of a penalty.
         let penalty = num("hold").filter(|_| n == 0).map_or(0, |h| h as Micros);
         let leases = leases.into_iter().filter_map(|(id, expires)| {
-            let id = id.parse().ok()?;
+            let expires = expires as Micros;
             Some(Lease {
-                id,
-                expires: expires as Micros,
+                id: id.parse().ok()?,
+                expires,
             })
         });
         Ok(Some(ResourceState {

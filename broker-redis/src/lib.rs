@@ -25,10 +25,11 @@ mod scripts;
 mod transitions;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use broker_core::BackendError;
+use parking_lot::Mutex;
 
 pub use builder::RedisBackendBuilder;
 

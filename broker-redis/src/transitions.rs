@@ -237,11 +237,8 @@ impl Store for RedisBackend {
             counter(i).and_then(|o| o.remaining).map(|r| r as f64)
         });
         for i in 0..spec.buckets.len() {
-            cmd.arg(
-                counter(i)
-                    .and_then(|o| o.reset)
-                    .map_or(String::new(), |r| micros(r).to_string()),
-            );
+            let reset = counter(i).and_then(|o| o.reset);
+            cmd.arg(reset.map_or(String::new(), |r| micros(r).to_string()));
         }
         self.call(key, &scripts::RECONCILE, cmd, None, None).await?;
         Ok(())

@@ -12,7 +12,7 @@
 -- ARGV[4 + 4(i-1) ..]  capacity, amount, period, c (the per-bucket operand)
 -- ARGV[4 + 4n ..]      operands of the transition (see each script)
 
-local min, max, floor, ceil, abs = math.min, math.max, math.floor, math.ceil, math.abs
+local min, max, floor, ceil = math.min, math.max, math.floor, math.ceil
 local format, call, tonumber = string.format, redis.call, tonumber
 
 -- u64::MAX as an f64: where Rust saturates, Lua clamps to this.
@@ -80,12 +80,9 @@ end
 
 -- bucket::ceil_micros: up to a whole us, except within a nanosecond of one.
 local function ceil_micros(x)
-  local nearest = floor(x)
-  if x - nearest >= 0.5 then nearest = nearest + 1 end
-  local r = ceil(x)
-  if abs(x - nearest) < 1e-3 then r = nearest end
-  if r > U64 then return U64 end
-  return r
+  local whole = floor(x)
+  if x - whole >= 1e-3 then whole = whole + 1 end
+  return min(whole, U64)
 end
 
 -- bucket::wait_for, for a bucket refilled to now.

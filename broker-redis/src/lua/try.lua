@@ -5,14 +5,12 @@ args()
 local now = read_now()
 load(now)
 local wait = wait_all(now)
-if wait > 0 then
-  if ARGV[REST] ~= '' and held(now, ARGV[REST + 2]) then return 1 end
-  return { 1, fmt(wait) }
+if wait == 0 and take_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
+  book_all(now, 0)
+  save(now)
+  return 1
 end
-if not take_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then
-  if held(now, ARGV[REST + 2]) then return 1 end
-  return { 2, '0' }
-end
-book_all(now, 0)
-save(now)
-return 1
+-- Denied, unless this decision ran before (see held).
+if ARGV[REST] ~= '' and held(now, ARGV[REST + 2]) then return 1 end
+if wait > 0 then return { 1, fmt(wait) } end
+return { 2, '0' }
