@@ -37,6 +37,10 @@ pub fn escape(part: &str) -> Cow<'_, str> {
 /// assert_eq!(unescape("%41"), None); // nor escapes an `A`
 /// ```
 pub fn unescape(escaped: &str) -> Option<Cow<'_, str>> {
+    if !escaped.contains('%') {
+        // The common case: nothing escaped, so valid iff nothing needs it.
+        return (escape(escaped) == escaped).then_some(Cow::Borrowed(escaped));
+    }
     let raw = percent_decode_str(escaped).decode_utf8().ok()?;
     // Canonical only: `raw` escapes back to `escaped` (compared without allocating).
     let mut rest = escaped;
