@@ -40,21 +40,20 @@ impl RedisBackend {
 
     /// Runs one script call on `key` within the response timeout, unless its
     /// scope is down (the failure policy answers); `takes` is what a late
-    /// reply gives back. An outage of the scope starts unless one ended
-    /// since the call went out.
-    pub(crate) async fn call(
+    /// reply gives back; its reply read as a `T`. An outage of the scope
+    /// starts unless one ended since the call went out.
+    pub(crate) async fn call<T: redis::FromRedisValue>(
         &self,
         key: &str,
         script: &'static Lua,
         cmd: Cmd,
         lease: Option<(KeyPair, LeaseId)>,
         takes: Option<Takes>,
-    ) -> Result<Value, BackendError> {
+    ) -> Result<T, BackendError> {
         let (health, deadline) = (&self.inner.health, after(self.inner.set.response_timeout));
         let scope = Scope::of(&self.inner.conn, key);
         // Kept from Redis while its scope is down: the policy answers at once.
         let Some(epoch) = health.should_try(scope) else {
-            health.kept_back(scope);
             // Starts the probe again if its task was dropped with its runtime.
             self.watch();
             return Err(unreachable(
@@ -78,7 +77,7 @@ impl RedisBackend {
                 if r.as_ref().err().is_none_or(connection::answered_by_redis) {
                     health.up(scope);
                 }
-                return r.map_err(redis_error);
+                return parse(r.map_err(redis_error)?);
             }
         };
         health.failed(scope, &msg, epoch);

@@ -51,7 +51,6 @@ const PING_TIMEOUT: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 pub(crate) struct Healths {
     pub(crate) probe_interval: Duration,
-    origin: Instant,
     epoch: AtomicU64,
     /// How many scopes are down.
     down: AtomicUsize,
@@ -66,10 +65,10 @@ struct Health {
     /// The epoch its last outage ended in: a failure of a call that went
     /// out before then starts no outage.
     up_at: Epoch,
-    /// Milliseconds since `origin`: when the outage started, and before
-    /// which no probe is sent.
-    down_at_ms: u64,
-    next_probe_ms: u64,
+    /// When the outage started, and before which no probe is sent (`None`:
+    /// never).
+    down_at: Option<Instant>,
+    next_probe: Option<Instant>,
     outages: u64,
     handled: AtomicU64,
 }
@@ -78,7 +77,6 @@ impl Healths {
     pub(crate) fn new(probe_interval: Duration) -> Self {
         Self {
             probe_interval,
-            origin: Instant::now(),
             epoch: AtomicU64::new(0),
             down: AtomicUsize::new(0),
             scopes: RwLock::default(),
@@ -87,24 +85,22 @@ impl Healths {
     }
 
     /// `Some(epoch)` when a call on `scope` should go to Redis; `None`
-    /// while the scope is down.
+    /// while the scope is down, the call then counted as answered by the
+    /// policy.
     pub(crate) fn should_try(&self, scope: Scope) -> Option<Epoch> {
-        let down = self.any_down() && self.scopes.read().get(&scope).is_some_and(|h| h.down);
+        if self.any_down() {
+            if let Some(h) = self.scopes.read().get(&scope).filter(|h| h.down) {
+                h.handled.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
         // Read after the check: an outage that ends in between is one the
         // call goes out after.
-        (!down).then(|| self.epoch.load(Ordering::Acquire))
+        Some(self.epoch.load(Ordering::Acquire))
     }
 
     fn any_down(&self) -> bool {
         self.down.load(Ordering::Acquire) != 0
-    }
-
-    /// A call kept from a down scope (so in the map, which never drops a
-    /// scope): counted as answered by the policy.
-    pub(crate) fn kept_back(&self, scope: Scope) {
-        if let Some(h) = self.scopes.read().get(&scope) {
-            h.handled.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// A call on `scope` reached Redis: ends its outage, if any.
@@ -119,7 +115,7 @@ impl Healths {
         h.down = false;
         h.up_at = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         let last = self.down.fetch_sub(1, Ordering::AcqRel) == 1;
-        let down_ms = ms(self.origin.elapsed()).saturating_sub(h.down_at_ms);
+        let down_ms = h.down_at.map_or(0, |at| ms(at.elapsed()));
         let handled = h.handled.load(Ordering::Relaxed);
         drop(scopes);
         let msg = if scope == Scope::Whole {
@@ -145,10 +141,10 @@ impl Healths {
         if h.down || h.up_at > epoch {
             return;
         }
-        let now = ms(self.origin.elapsed());
+        let now = Instant::now();
         h.down = true;
-        h.down_at_ms = now;
-        h.next_probe_ms = now.saturating_add(ms(self.probe_interval));
+        h.down_at = Some(now);
+        h.next_probe = now.checked_add(self.probe_interval);
         h.outages += 1;
         let first = self.down.fetch_add(1, Ordering::AcqRel) == 0;
         drop(scopes);
@@ -172,18 +168,18 @@ impl Healths {
         if !self.any_down() {
             return Vec::new();
         }
-        let now = ms(self.origin.elapsed());
+        let now = Instant::now();
         let mut scopes = self.scopes.write();
         let mut due: Vec<_> = scopes
             .iter_mut()
-            .filter(|(_, h)| h.down && now >= h.next_probe_ms)
+            .filter(|(_, h)| h.down && h.next_probe.is_some_and(|at| now >= at))
             .collect();
-        due.sort_unstable_by_key(|(_, h)| h.next_probe_ms);
+        due.sort_unstable_by_key(|(_, h)| h.next_probe);
         due.truncate(PROBES_AT_ONCE);
-        let next = now.saturating_add(ms(self.probe_interval));
+        let next = now.checked_add(self.probe_interval);
         due.into_iter()
             .map(|(scope, h)| {
-                h.next_probe_ms = next;
+                h.next_probe = next;
                 *scope
             })
             .collect()
@@ -276,7 +272,6 @@ mod tests {
             h.should_try(Scope::Whole).is_none(),
             "down: no call goes out"
         );
-        h.kept_back(Scope::Whole);
         let s = h.snapshot();
         assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
         h.up(Scope::Whole);
@@ -303,7 +298,8 @@ mod tests {
         assert_eq!(h.should_try(live), Some(0));
         h.up(live);
         let s = h.snapshot();
-        assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 1));
+        // The failed call, and the two kept back.
+        assert_eq!((s.down, s.outages, s.handled_errors), (true, 1, 3));
         h.up(dead);
         assert!(!h.snapshot().down);
         assert_eq!(h.should_try(dead), Some(1), "the slot's next epoch");
@@ -344,7 +340,8 @@ mod tests {
         h.up(Scope::Whole);
         h.failed(Scope::Whole, "queued behind the timeout", before);
         let s = h.snapshot();
-        assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 2));
+        // Two failed calls, and the one kept back.
+        assert_eq!((s.down, s.outages, s.handled_errors), (false, 1, 3));
         let after = h.should_try(Scope::Whole).expect("up again");
         assert_ne!(after, before);
         h.failed(Scope::Whole, "refused", after);

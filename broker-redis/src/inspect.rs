@@ -56,11 +56,8 @@ impl RedisBackend {
         // With no bucket, the field `hold` keeps the end of a penalty.
         let penalty = num("hold").filter(|_| n == 0).map_or(0, |h| h as Micros);
         let leases = leases.into_iter().filter_map(|(id, expires)| {
-            let expires = expires as Micros;
-            Some(Lease {
-                id: id.parse().ok()?,
-                expires,
-            })
+            let (id, expires) = (id.parse().ok()?, expires as Micros);
+            Some(Lease { id, expires })
         });
         Ok(Some(ResourceState {
             buckets,

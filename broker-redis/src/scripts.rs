@@ -4,7 +4,8 @@
 
 use std::sync::LazyLock;
 
-use broker_core::{LimitSpec, Marks, Micros};
+use broker_core::bucket::BucketParams;
+use broker_core::{Marks, Micros, Unit};
 use redis::{Cmd, Script};
 
 /// A script with its source, which a cluster's `SCRIPT LOAD` on one node
@@ -59,55 +60,41 @@ script!(RECONCILE, "reconcile");
 // The turn ledger of weighted flows (`store::Turns`), on its own two keys.
 script!(TURN, "turn");
 
-/// Appends `x` so that Lua reads it back exactly.
-fn push_num(cmd: &mut Cmd, x: f64) {
-    if x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 {
-        cmd.arg(x as i64);
-    } else {
-        cmd.arg(format!("{x}"));
-    }
+/// Appends `x` so that Lua reads it back exactly; `''` for `None`.
+fn push_num(cmd: &mut Cmd, x: Option<f64>) {
+    match x {
+        Some(x) if x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 => cmd.arg(x as i64),
+        Some(x) => cmd.arg(format!("{x}")),
+        None => cmd.arg(""),
+    };
 }
 
-/// `EVALSHA sha 2 key1 key2 now margin n`, with `''` for no `now`.
-pub(crate) fn head(
+/// `EVALSHA sha 2 key1 key2 now margin n` (`''` for no `now`), then for each
+/// of the `n` buckets its capacity, amount, period and `operand(i)`.
+pub(crate) fn call(
     script: &Lua,
     keys: [&str; 2],
     now: Option<Micros>,
     margin_ms: u64,
-    n: usize,
+    buckets: &[(Unit, BucketParams)],
+    mut operand: impl FnMut(usize) -> Option<f64>,
 ) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.compiled.get_hash()).arg(2).arg(&keys);
-    match now {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
-    cmd.arg(margin_ms).arg(n);
-    cmd
-}
-
-/// `head` (for `n` buckets) followed by capacity, amount, period and
-/// `operand(i)` (`''` for `None`) for each bucket.
-pub(crate) fn with_buckets(
-    mut cmd: Cmd,
-    spec: &LimitSpec,
-    mut operand: impl FnMut(usize) -> Option<f64>,
-) -> Cmd {
-    for (i, (_, p)) in spec.buckets.iter().enumerate() {
-        push_num(&mut cmd, p.capacity());
-        push_num(&mut cmd, p.amount());
-        push_num(&mut cmd, p.period());
-        match operand(i) {
-            Some(x) => push_num(&mut cmd, x),
-            None => _ = cmd.arg(""),
+    cmd.arg(now.map_or(String::new(), |now| now.to_string()));
+    cmd.arg(margin_ms).arg(buckets.len());
+    for (i, (_, p)) in buckets.iter().enumerate() {
+        for x in [p.capacity(), p.amount(), p.period()] {
+            push_num(&mut cmd, Some(x));
         }
+        push_num(&mut cmd, operand(i));
     }
     cmd
 }
 
 /// The `release` of `lease` on a state's two keys.
 pub(crate) fn release(keys: [&str; 2], lease: broker_core::LeaseId) -> Cmd {
-    let mut cmd = head(&RELEASE, keys, None, 0, 0);
+    let mut cmd = call(&RELEASE, keys, None, 0, &[], |_| None);
     cmd.arg(lease);
     cmd
 }
@@ -132,7 +119,7 @@ pub(crate) fn push_since(cmd: &mut Cmd, since: Option<Marks>) {
 }
 
 /// The `settle` that gives back what `cmd`, a `try` or `book` built by
-/// [`with_buckets`] with each bucket's cost as operand, took, under the
+/// [`call`] with each bucket's cost as operand, took, under the
 /// booking's marks (`None` for a `try`).
 pub(crate) fn refund_of(cmd: &Cmd, since: Option<Marks>) -> Option<Cmd> {
     let args = args_of(cmd);
@@ -166,8 +153,7 @@ pub(crate) fn run_once(cmd: &Cmd, id: u64, ms: u64) -> Option<Cmd> {
     Some(once)
 }
 
-/// The `release` of `lease` on the keys of `cmd`, a call built by
-/// [`with_buckets`].
+/// The `release` of `lease` on the keys of `cmd`, a call built by [`call`].
 pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> {
     let args = args_of(cmd);
     let key = |i: usize| std::str::from_utf8(args.get(i)?).ok();
@@ -178,12 +164,18 @@ pub(crate) fn release_of(cmd: &Cmd, lease: broker_core::LeaseId) -> Option<Cmd> 
 mod tests {
     use super::*;
     use crate::keys::KeyPair;
-    use broker_core::{Limits, RateLimit};
+    use broker_core::{LimitSpec, Limits, RateLimit};
 
     /// A `settle` charging 3 tokens of a fresh bucket of 10, for `key`.
     fn charge_three(key: &KeyPair, spec: &LimitSpec) -> Cmd {
-        let head = head(&SETTLE, key.both(), Some(1_000_000), 1_000, 1);
-        let mut cmd = with_buckets(head, spec, |_| Some(-3.0));
+        let mut cmd = call(
+            &SETTLE,
+            key.both(),
+            Some(1_000_000),
+            1_000,
+            &spec.buckets,
+            |_| Some(-3.0),
+        );
         push_since(&mut cmd, None);
         cmd
     }

@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use broker_core::bucket::BucketParams;
 use broker_core::clock::micros;
 use broker_core::state::DenyReason;
 use broker_core::stats::BackendHealth;
 use broker_core::store::{Turn, TurnAsk, Turns};
 use broker_core::{
     BackendError, Booking, Cost, Decision, LeaseId, LimitSpec, Marks, Micros, ObservedLimit,
-    Renewal, Store,
+    Renewal, Store, Unit,
 };
 use redis::{Cmd, Value};
 
@@ -21,27 +22,23 @@ use crate::scripts::{self, Lua};
 use crate::RedisBackend;
 
 impl RedisBackend {
-    /// `EVALSHA sha 2 keys now margin n` (see [`scripts::head`]).
-    fn head(&self, script: &Lua, keys: [&str; 2], n: usize) -> Cmd {
-        let now = self.inner.set.clock.as_ref().map(|c| c.now());
-        scripts::head(script, keys, now, self.inner.set.margin_ms, n)
-    }
-
-    /// The call of `script` on `keys`, with `operand(i)` for bucket `i`.
+    /// The call of `script` on `keys`, with `operand(i)` for each of
+    /// `buckets` (see [`scripts::call`]).
     fn cmd(
         &self,
         script: &Lua,
-        keys: &KeyPair,
-        spec: &LimitSpec,
+        keys: [&str; 2],
+        buckets: &[(Unit, BucketParams)],
         operand: impl FnMut(usize) -> Option<f64>,
     ) -> Cmd {
-        let head = self.head(script, keys.both(), spec.buckets.len());
-        scripts::with_buckets(head, spec, operand)
+        let set = &self.inner.set;
+        let now = set.clock.as_ref().map(|c| c.now());
+        scripts::call(script, keys, now, set.margin_ms, buckets, operand)
     }
 
     /// The call of `script`, which takes `cost` in every bucket.
     fn cost_cmd(&self, script: &Lua, keys: &KeyPair, spec: &LimitSpec, cost: Cost) -> Cmd {
-        self.cmd(script, keys, spec, |i| {
+        self.cmd(script, keys.both(), &spec.buckets, |i| {
             Some(cost.of(spec.buckets[i].0) as f64)
         })
     }
@@ -56,13 +53,12 @@ impl RedisBackend {
         spec: &LimitSpec,
         (lease, fresh): (LeaseId, bool),
     ) -> Result<bool, BackendError> {
-        let mut cmd = self.cmd(&scripts::TAKE_SLOT, keys, spec, |_| Some(0.0));
+        let mut cmd = self.cmd(&scripts::TAKE_SLOT, keys.both(), &[], |_| None);
         cmd.arg(spec.max_concurrent.map_or(String::new(), |m| m.to_string()));
         cmd.arg(spec.lease_ttl).arg(lease);
         let (leased, takes) = (Some((keys.clone(), lease)), fresh.then_some(Takes::Slot));
         let reply = self.call(key, &scripts::TAKE_SLOT, cmd, leased, takes);
-        let reply = reply.await?;
-        Ok(parse::<i64>(reply)? == 1)
+        reply.await.map(|held: i64| held == 1)
     }
 
     /// `book`, with the store's time of the decision (the server's `TIME`,
@@ -117,7 +113,7 @@ impl Store for RedisBackend {
         cmd.arg(spec.lease_ttl).arg(lease);
         let leased = spec.max_concurrent.map(|_| (keys, lease));
         let reply = self.call(key, &scripts::TRY, cmd, leased, Some(Takes::Try));
-        let reply = reply.await?;
+        let reply: Value = reply.await?;
         // 1 when allowed; {reason, wait} when denied.
         if let Value::Int(1) = reply {
             return Ok(Decision::allow(spec.max_concurrent.map(|_| lease)));
@@ -158,15 +154,14 @@ impl Store for RedisBackend {
     ) -> Result<Micros, BackendError> {
         let keys = self.keys(key)?;
         let cmd = self.cost_cmd(&scripts::PENALTY_LEFT, &keys, spec, cost);
-        let left = self
-            .call(key, &scripts::PENALTY_LEFT, cmd, None, None)
-            .await?;
-        micros_of(&parse::<String>(left)?)
+        let left = self.call::<String>(key, &scripts::PENALTY_LEFT, cmd, None, None);
+        micros_of(&left.await?)
     }
 
     async fn release(&self, key: &str, lease: LeaseId) -> Result<bool, BackendError> {
         let cmd = scripts::release(self.keys(key)?.both(), lease);
-        Ok(parse::<i64>(self.call(key, &scripts::RELEASE, cmd, None, None).await?)? == 1)
+        let held: i64 = self.call(key, &scripts::RELEASE, cmd, None, None).await?;
+        Ok(held == 1)
     }
 
     async fn renew(
@@ -176,18 +171,18 @@ impl Store for RedisBackend {
         lease: LeaseId,
     ) -> Result<Renewal, BackendError> {
         let keys = self.keys(key)?;
-        let mut cmd = self.head(&scripts::RENEW, keys.both(), 0);
+        let mut cmd = self.cmd(&scripts::RENEW, keys.both(), &[], |_| None);
         cmd.arg(spec.lease_ttl).arg(lease);
-        if parse::<i64>(self.call(key, &scripts::RENEW, cmd, None, None).await?)? == 1 {
+        let held: i64 = self.call(key, &scripts::RENEW, cmd, None, None).await?;
+        if held == 1 {
             return Ok(Renewal::Held);
         }
         // Not held: taken again under the same lease if a slot is free.
-        Ok(
-            match self.take_slot_as(key, &keys, spec, (lease, false)).await? {
-                true => Renewal::Retaken,
-                false => Renewal::Gone,
-            },
-        )
+        let retaken = self.take_slot_as(key, &keys, spec, (lease, false)).await?;
+        Ok(match retaken {
+            true => Renewal::Retaken,
+            false => Renewal::Gone,
+        })
     }
 
     async fn settle(
@@ -203,13 +198,12 @@ impl Store for RedisBackend {
             return Ok(());
         }
         let keys = self.keys(key)?;
-        let mut cmd = self.cmd(&scripts::SETTLE, &keys, spec, |i| {
+        let mut cmd = self.cmd(&scripts::SETTLE, keys.both(), &spec.buckets, |i| {
             let u = spec.buckets[i].0;
             Some(booked.of(u) as f64 - actual.of(u) as f64)
         });
         scripts::push_since(&mut cmd, since);
-        self.call(key, &scripts::SETTLE, cmd, None, None).await?;
-        Ok(())
+        self.call(key, &scripts::SETTLE, cmd, None, None).await
     }
 
     async fn penalize(
@@ -219,10 +213,9 @@ impl Store for RedisBackend {
         penalty: Duration,
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
-        let mut cmd = self.cmd(&scripts::PENALIZE, &keys, spec, |_| Some(0.0));
+        let mut cmd = self.cost_cmd(&scripts::PENALIZE, &keys, spec, Cost::requests(0));
         cmd.arg(micros(penalty));
-        self.call(key, &scripts::PENALIZE, cmd, None, None).await?;
-        Ok(())
+        self.call(key, &scripts::PENALIZE, cmd, None, None).await
     }
 
     async fn reconcile(
@@ -233,15 +226,14 @@ impl Store for RedisBackend {
     ) -> Result<(), BackendError> {
         let keys = self.keys(key)?;
         let counter = |i: usize| broker_core::state::observed_for(spec, observed, i);
-        let mut cmd = self.cmd(&scripts::RECONCILE, &keys, spec, |i| {
+        let mut cmd = self.cmd(&scripts::RECONCILE, keys.both(), &spec.buckets, |i| {
             counter(i).and_then(|o| o.remaining).map(|r| r as f64)
         });
         for i in 0..spec.buckets.len() {
             let reset = counter(i).and_then(|o| o.reset);
             cmd.arg(reset.map_or(String::new(), |r| micros(r).to_string()));
         }
-        self.call(key, &scripts::RECONCILE, cmd, None, None).await?;
-        Ok(())
+        self.call(key, &scripts::RECONCILE, cmd, None, None).await
     }
 
     fn health(&self) -> BackendHealth {
@@ -257,14 +249,14 @@ impl Store for RedisBackend {
 impl Turns for RedisBackend {
     async fn turn(&self, key: &str, ask: &TurnAsk<'_>) -> Result<Turn, BackendError> {
         let [times, seen] = crate::keys::turn_keys(&self.inner.set.prefix, key, ask.level)?;
-        let mut cmd = self.head(&scripts::TURN, [&times, &seen], 0);
+        let mut cmd = self.cmd(&scripts::TURN, [&times, &seen], &[], |_| None);
         cmd.arg(ask.flow)
             .arg(ask.weight.max(1))
             .arg(ask.units.max(1))
             .arg(micros(ask.active))
             .arg(if ask.last { "1" } else { "" });
-        let reply = self.call(key, &scripts::TURN, cmd, None, None).await?;
-        Ok(match parse::<i64>(reply)? {
+        let yours: i64 = self.call(key, &scripts::TURN, cmd, None, None).await?;
+        Ok(match yours {
             1 => Turn::Yours,
             _ => Turn::NotYet,
         })

@@ -1,8 +1,8 @@
 -- The write-back cache of a batch (try_batch.lua): a local `redis` table that
 -- reads each bucket hash once and writes it back once at the end; TIME is read once.
 local real_call = redis.call
--- key -> { f = field -> value (false: absent), w = fields written,
--- deleted, ttl = last PEXPIRE }
+-- key -> { f = field -> value (the whole hash, read once), w = fields
+-- written, deleted, ttl = last PEXPIRE }
 local cache = {}
 local batch_time
 
@@ -27,26 +27,16 @@ local function cached_call(cmd, key, ...)
   local c = cache[key]
   if c == nil and (cmd == 'HMGET' or cmd == 'HSET') then
     c = { f = {}, w = {}, deleted = false }
+    local all = real_call('HGETALL', key)
+    for i = 1, #all, 2 do
+      c.f[all[i]] = all[i + 1]
+    end
     cache[key] = c
   end
   if cmd == 'HMGET' then
-    local names = { ... }
-    local out, missing = {}, false
-    for i = 1, #names do
-      local x = c.f[names[i]]
-      if x == nil then
-        if c.deleted then x = false else missing = true end
-      end
-      out[i] = x
-    end
-    if missing then
-      local v = real_call('HMGET', key, ...)
-      for i = 1, #names do
-        if out[i] == nil then
-          out[i] = v[i]
-          c.f[names[i]] = v[i]
-        end
-      end
+    local out = { ... }
+    for i = 1, #out do
+      out[i] = c.f[out[i]] or false
     end
     return out
   elseif cmd == 'HSET' then

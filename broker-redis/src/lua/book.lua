@@ -1,7 +1,6 @@
 -- book (state::book): book c in every bucket, or nothing if beyond max_wait (ARGV[REST]).
 -- Returns {booked, wait, now, mark 1..4} (state::Marks; the 4th shared by later buckets).
-args()
-local now = read_now()
+local now = args()
 load(now)
 local marks = { now, now, now, now }
 for i = 1, N do

@@ -21,11 +21,6 @@ local U64 = 18446744073709551616
 -- The number of buckets, and the first operand of the transition.
 local N, REST
 
-local function args()
-  N = tonumber(ARGV[3])
-  REST = 4 + 4 * N
-end
-
 local function fmt(x)
   return format('%.17g', x)
 end
@@ -47,6 +42,13 @@ local function read_now()
   end
   local t = call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Reads N and REST; returns now.
+local function args()
+  N = tonumber(ARGV[3])
+  REST = 4 + 4 * N
+  return read_now()
 end
 
 -- state::penalty_end of a hash made for `n` buckets, not N: the latest nb

@@ -1,8 +1,7 @@
 -- penalize (state::penalize): drain every bucket to zero (keeping debt) and
 -- penalize it until now + ARGV[REST] us; with no bucket, the state-wide
 -- penalty. Never shortens one.
-args()
-local now = read_now()
+local now = args()
 load(now)
 local until_ = sat_add(now, tonumber(ARGV[REST]))
 if N == 0 and penalty < until_ then

@@ -1,7 +1,6 @@
 -- penalty_left (state::penalty_left): how long, from now, a call of c is
 -- still under a penalty, whatever the tokens; '0' for none.
-args()
-local now = read_now()
+local now = args()
 load(now)
 local left = 0
 if N == 0 and penalty > now then

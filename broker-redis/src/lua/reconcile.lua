@@ -1,8 +1,7 @@
 -- reconcile (state::reconcile, bucket::reconcile): narrow each bucket to the
 -- upstream's remaining, never widen. c is remaining ('' when not observed);
 -- ARGV[REST + i - 1] is that bucket's reset in us ('' when not given).
-args()
-local now = read_now()
+local now = args()
 load(now)
 for i = 1, N do
   local remaining = tonumber(c[i])

@@ -1,8 +1,7 @@
 -- renew (state::renew): extend a live lease to now + lease_ttl, and the
 -- set's expiry with it. An expired lease is not brought back.
 -- ARGV[REST] lease_ttl, ARGV[REST+1] lease id. Returns 1 if it was live.
-args()
-local now = read_now()
+local now = args()
 local lease = ARGV[REST + 1]
 if not held(now, lease) then
   return 0

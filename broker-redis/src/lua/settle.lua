@@ -1,8 +1,7 @@
 -- settle (state::settle): c is booked - actual (refund if positive, else
 -- charge). ARGV[REST .. REST + 3] marks ('' for none), ARGV[REST + 4] due time;
 -- KEYS[3], if given, is set for ARGV[REST + 5] ms so a resend changes nothing.
-args()
-local now = read_now()
+local now = args()
 if KEYS[3] ~= nil and not call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[REST + 5]) then
   return 0
 end

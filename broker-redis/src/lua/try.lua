@@ -1,8 +1,7 @@
 -- try (state::try_acquire): take c from every bucket and a slot, or nothing.
 -- ARGV[REST..REST+2] max_concurrent ('' none), lease_ttl, lease id.
 -- Returns 1, or {reason (1 rate, 2 concurrency), wait}.
-args()
-local now = read_now()
+local now = args()
 load(now)
 local wait = wait_all(now)
 if wait == 0 and take_slot(now, ARGV[REST], tonumber(ARGV[REST + 1]), ARGV[REST + 2]) then

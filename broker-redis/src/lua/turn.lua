@@ -1,8 +1,7 @@
 -- turn (store::Turns): fair queuing by virtual time, per state and priority. KEYS: zsets
 -- flow -> virtual time, flow -> last seen. ARGV[REST ..] flow, weight, units (us), active (us),
 -- last ('1': last waiter). Returns 1 when within one quantum (units / weight) of the least, else 0.
-args()
-local now = read_now()
+local now = args()
 local flow, weight = ARGV[REST], tonumber(ARGV[REST + 1])
 local units, active = tonumber(ARGV[REST + 2]), tonumber(ARGV[REST + 3])
 local last = ARGV[REST + 4] == '1'
