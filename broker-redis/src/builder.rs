@@ -219,25 +219,24 @@ async fn check_maxmemory_policy(conn: &Conn, b: &RedisBackendBuilder) -> Option<
             }
         };
         let url = redacted(url);
-        match policy.map(|mut map| map.remove("maxmemory-policy")) {
-            Ok(Some(policy)) => {
-                if policy != "noeviction" {
-                    tracing::warn!(
-                        url,
-                        policy,
-                        "redis maxmemory-policy may evict bucket keys mid-window (an evicted \
-                         bucket reads as full; they all have a TTL, so volatile-* policies evict \
-                         them too); use noeviction"
-                    );
-                }
-                found = found.or(Some(policy));
-            }
-            Ok(None) => {}
+        let policy = match policy {
+            Ok(mut map) => map.remove("maxmemory-policy"),
             // Managed services often refuse CONFIG.
             Err(e) => {
-                tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)")
+                tracing::debug!(url, error = %e, "cannot read maxmemory-policy (CONFIG refused?)");
+                continue;
             }
+        };
+        if let Some(policy) = policy.as_deref().filter(|p| *p != "noeviction") {
+            tracing::warn!(
+                url,
+                policy,
+                "redis maxmemory-policy may evict bucket keys mid-window (an evicted \
+                 bucket reads as full; they all have a TTL, so volatile-* policies evict \
+                 them too); use noeviction"
+            );
         }
+        found = found.or(policy);
     }
     found
 }

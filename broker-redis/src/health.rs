@@ -204,21 +204,20 @@ impl RedisBackend {
         if probing.load(Ordering::Acquire) || probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(probe(Running(Arc::downgrade(&self.inner))))),
-            Err(_) => probing.store(false, Ordering::Release),
+        // With no runtime, dropped at once: not probing.
+        let running = Running(Arc::downgrade(&self.inner));
+        let gap = self.inner.health.probe_interval.max(MIN_GAP);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(probe(running, gap));
         }
     }
 }
 
-/// The probe's task: a `PING` to each scope due per probe interval until
-/// none is down; it ends with the backend.
-async fn probe(mut running: Running) {
+/// The probe's task: a `PING` to each scope due, every `gap`, until none is
+/// down; it ends with the backend.
+async fn probe(mut running: Running, gap: Duration) {
     let weak = running.0.clone();
     loop {
-        let Some(gap) = weak.upgrade().map(|i| i.health.probe_interval.max(MIN_GAP)) else {
-            return;
-        };
         tokio::time::sleep(gap).await;
         let Some(inner) = weak.upgrade() else {
             return;

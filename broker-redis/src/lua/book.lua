@@ -4,15 +4,8 @@ local now = args()
 load(now)
 local marks = { now, now, now, now }
 for i = 1, N do
-  local m = now
-  if tonumber(c[i]) > 0 and nb[i] > now then
-    m = nb[i]
-  end
-  if i <= 4 then
-    marks[i] = m
-  else
-    marks[4] = min(marks[4], m)
-  end
+  local m = (tonumber(c[i]) > 0 and nb[i] > now) and nb[i] or now
+  marks[min(i, 4)] = i <= 4 and m or min(marks[4], m)
 end
 local wait = wait_all(now)
 local function reply(booked)

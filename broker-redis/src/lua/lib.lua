@@ -149,9 +149,34 @@ local function names(i)
   return 'tokens:' .. i, 'ts:' .. i, 'nb:' .. i
 end
 
+-- Writes the buckets back with the longest TTL among them, or deletes the
+-- hash when all are idle; with no bucket, the penalty until it ends.
+local function save(now)
+  local ms = nil
+  local fields = { 'n', N }
+  if N == 0 and penalty > now then
+    ms = pttl(penalty - now)
+    fields[3], fields[4] = 'hold', penalty
+  end
+  for i = 1, N do
+    local t = ttl_ms(tokens[i], ts[i], nb[i], now, capacity[i], amount[i], period[i])
+    if t ~= nil and (ms == nil or t > ms) then
+      ms = t
+    end
+    local f = 6 * i - 3
+    fields[f], fields[f + 2], fields[f + 4] = names(i)
+    fields[f + 1], fields[f + 3], fields[f + 5] = tokens[i], ts[i], nb[i]
+  end
+  if ms == nil then
+    call('DEL', KEYS[1])
+    return
+  end
+  call('HSET', KEYS[1], unpack(fields))
+  call('PEXPIRE', KEYS[1], ms)
+end
+
 -- Reads the buckets (with none, the penalty); a missing hash is fresh, one of
 -- another number of buckets adopted (state::adopt) and written back at once.
-local save
 local function load(now)
   local fields = { 'n', 'hold' }
   for i = 1, N do
@@ -176,32 +201,6 @@ local function load(now)
     end
   end
   if fresh and n ~= nil then save(now) end
-end
-
--- Writes the buckets back with the longest TTL among them, or deletes the
--- hash when all are idle; with no bucket, the penalty until it ends.
-function save(now)
-  local ms = nil
-  local fields = { 'n', N }
-  if N == 0 and penalty > now then
-    ms = pttl(penalty - now)
-    fields[3], fields[4] = 'hold', penalty
-  end
-  for i = 1, N do
-    local t = ttl_ms(tokens[i], ts[i], nb[i], now, capacity[i], amount[i], period[i])
-    if t ~= nil and (ms == nil or t > ms) then
-      ms = t
-    end
-    local f = 6 * i - 3
-    fields[f], fields[f + 2], fields[f + 4] = names(i)
-    fields[f + 1], fields[f + 3], fields[f + 5] = tokens[i], ts[i], nb[i]
-  end
-  if ms == nil then
-    call('DEL', KEYS[1])
-    return
-  end
-  call('HSET', KEYS[1], unpack(fields))
-  call('PEXPIRE', KEYS[1], ms)
 end
 
 -- state::wait_all: the longest wait among buckets with a non-zero cost.
