@@ -144,10 +144,10 @@ impl Conn {
     async fn load(&self, script: &Lua, cmd: &Cmd) -> RedisResult<Value> {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(script.source);
-        let key = crate::scripts::args_of(cmd)
-            .get(3)
-            .copied()
-            .unwrap_or_default();
+        let key = match cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        };
         self.send_to(Scope::of(self, key), load).await
     }
 }
