@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Marks, Permit};
+use broker_core::{Acquisition, BrokerError, Cost, Marks, Permit};
 use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -271,15 +271,7 @@ fn judge<B: PermitBody>(
     );
     // The limits in force, also after a reload (the broker has no others).
     let limits = policy.broker.limits(resource).unwrap_or_default();
-    let by_concurrency = a.denied_by == Some(DenyReason::Concurrency);
-    let responses = &policy.responses;
-    Err(response::denied(
-        responses,
-        resource,
-        &limits,
-        a.wait_time,
-        by_concurrency,
-    ))
+    Err(response::denied(&policy.responses, resource, &limits, &a))
 }
 
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use broker_core::Limits;
+use broker_core::{Acquisition, DenyReason, Limits};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
@@ -84,17 +84,16 @@ fn sf_string(s: &str) -> String {
     out
 }
 
-/// The denial response of `resource` under `limits`: by a rate limit after
-/// `wait`, or by the concurrency limit (then no `RateLimit` field and no
-/// remaining count).
+/// The response to `denial` on `resource` under `limits`; a denial by the
+/// concurrency limit has no `RateLimit` field and no remaining count.
 pub(crate) fn denied<B: PermitBody>(
     responses: &Responses,
     resource: &str,
     limits: &Limits,
-    wait: Duration,
-    by_concurrency: bool,
+    denial: &Acquisition,
 ) -> Response<B> {
-    let secs = retry_after_secs(wait);
+    let secs = retry_after_secs(denial.wait_time);
+    let by_concurrency = denial.denied_by == Some(DenyReason::Concurrency);
     let (status, body) = (responses.denied_status, responses.denied_body.clone());
     let mut res = refusal(status, body, responses.denied_content_type.clone(), secs);
     let h = res.headers_mut();
@@ -160,7 +159,19 @@ fn refusal<B: PermitBody>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker_core::RateLimit;
+    use broker_core::{Permit, RateLimit};
+
+    /// A denial after `wait`, by the concurrency limit if `by_concurrency`.
+    fn denial(wait: Duration, by_concurrency: bool) -> Acquisition {
+        let reason = [DenyReason::Rate, DenyReason::Concurrency][usize::from(by_concurrency)];
+        Acquisition {
+            allowed: false,
+            wait_time: wait,
+            denied_by: Some(reason),
+            permit: Permit::empty(),
+            answered_here: false,
+        }
+    }
 
     /// The `RateLimit-Policy` field of a denial on `resource` under `limits`.
     fn policy_of(resource: &str, limits: &Limits) -> String {
@@ -168,8 +179,7 @@ mod tests {
             &Responses::default(),
             resource,
             limits,
-            Duration::ZERO,
-            false,
+            &denial(Duration::ZERO, false),
         );
         res.headers()[RATELIMIT_POLICY].to_str().unwrap().to_owned()
     }
@@ -202,8 +212,7 @@ mod tests {
             &responses,
             "r",
             &limits,
-            Duration::from_millis(29_001),
-            false,
+            &denial(Duration::from_millis(29_001), false),
         );
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
@@ -228,7 +237,7 @@ mod tests {
         let two = Limits::new()
             .rate(RateLimit::per_second(100))
             .rate(RateLimit::per_minute(2));
-        let res: Response<axum::body::Body> = denied(&responses, "two", &two, wait, false);
+        let res: Response<axum::body::Body> = denied(&responses, "two", &two, &denial(wait, false));
         assert_eq!(res.headers()[RETRY_AFTER], "30");
         assert!(res.headers().contains_key(RATELIMIT_POLICY));
         assert!(!res.headers().contains_key(RATELIMIT));
@@ -236,7 +245,8 @@ mod tests {
         assert_eq!(res.headers()[X_RATELIMIT_REMAINING], "0");
 
         let one = Limits::new().rate(RateLimit::per_minute(1000));
-        let res: Response<axum::body::Body> = denied(&responses, "one", &one, Duration::ZERO, true);
+        let res: Response<axum::body::Body> =
+            denied(&responses, "one", &one, &denial(Duration::ZERO, true));
         assert_eq!(res.headers()[RETRY_AFTER], "1");
         assert!(!res.headers().contains_key(RATELIMIT));
         assert!(!res.headers().contains_key(X_RATELIMIT_REMAINING));
