@@ -171,7 +171,7 @@ where
         };
         let key = tenant.as_deref();
         // The route/service stage hands a tenant stage after it its charge.
-        let charges = key.is_none() && policy.tenant_stage().is_some();
+        let charges = key.is_none() && policy.tenant.is_some();
         let now = (stage.1.is_none())
             .then(|| (policy.limited(stage.0).handle).try_acquire_now(key, Cost::default()))
             .flatten();

@@ -58,7 +58,8 @@ pub(crate) struct Policy {
     /// Whether a route's prefix reads differently the second way.
     slashed_prefixes: bool,
     service: Option<u32>,
-    tenant: Option<u32>,
+    /// The tenant stage, when it limits anything.
+    pub(crate) tenant: Option<Stage>,
     /// How tenant ids become sub-keys.
     pub(crate) tenant_keys: TenantKeys,
     pub(crate) responses: Responses,
@@ -144,7 +145,7 @@ impl Policy {
             slashed_prefixes: routes.iter().any(|r| r.slashed != r.prefix),
             routes,
             service: service.filter(|_| on).map(|_| 0),
-            tenant: (on && tenant.enabled).then(|| limited.len() as u32 - 1),
+            tenant: (on && tenant.enabled).then(|| Stage(limited.len() as u32 - 1, None)),
             limited,
             tenant_keys: TenantKeys::new(None, tenant.clear_ids),
             responses: Responses::default(),
@@ -182,11 +183,6 @@ impl Policy {
     /// The resource of route `found`, else the service's.
     fn route_or_service(&self, found: Option<usize>) -> Option<u32> {
         found.map(|i| self.routes[i].at).or(self.service)
-    }
-
-    /// The tenant stage, when it limits anything.
-    pub(crate) fn tenant_stage(&self) -> Option<Stage> {
-        self.tenant.map(|at| Stage(at, None))
     }
 
     /// The resource at `at`.
