@@ -54,17 +54,7 @@ impl Default for Responses {
 }
 
 /// `Retry-After` seconds for a wait: rounded up, never below 1.
-///
-/// ```
-/// use broker_axum::retry_after_secs;
-/// use std::time::Duration;
-/// assert_eq!(retry_after_secs(Duration::ZERO), 1);
-/// assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
-/// assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
-/// assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
-/// assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
-/// ```
-pub fn retry_after_secs(wait: Duration) -> u64 {
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     let part_second = u64::from(wait.subsec_nanos() > 0);
     wait.as_secs().saturating_add(part_second).max(1)
 }
@@ -182,6 +172,15 @@ mod tests {
             &denial(Duration::ZERO, false),
         );
         res.headers()[RATELIMIT_POLICY].to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
     }
 
     #[test]
