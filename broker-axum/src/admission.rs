@@ -107,7 +107,7 @@ pin_project! {
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
-        // The store needs I/O, or a refund goes before a refusal. `call`:
+        // The store needs I/O, or a refusal (after a refund, if any). `call`:
         // the ready inner service (taken in `call`, as tower does) and the request.
         Asking {
             asking: Pin<Box<dyn Future<Output = Decided<ResB>> + Send>>,
