@@ -15,7 +15,7 @@ use crate::tenant::keys::TenantKeys;
 mod paths;
 
 pub(crate) use paths::normal_path;
-use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_reading};
+use paths::{has_dot_or_empty_segment, prefix_matches, second_reading};
 
 /// A resource the stages acquire on, and the `layer` field of log events
 /// about it.
@@ -159,11 +159,11 @@ impl Policy {
             true => normal_path(path),
             false => Cow::Borrowed(&b"/"[..]),
         };
+        let encoded_slash = path.contains("%2F") || path.contains("%2f");
+        let second = self.slashed_prefixes || encoded_slash || has_dot_or_empty_segment(&form);
         let path = path.as_bytes();
         let found = (self.routes.iter()).position(|r| prefix_matches(&form, &r.prefix));
         let routed = self.route_or_service(found);
-        let second =
-            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(&form);
         if !path.starts_with(b"/") || !second {
             return routed.map(|at| Stage(at, None));
         }
