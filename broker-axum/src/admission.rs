@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use broker_core::{Acquisition, BrokerError, Cost, DenyReason, Marks, Permit};
+use broker_core::{Acquisition, BrokerError, Cost, Marks, Permit};
 use http::{header, Method, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -47,7 +47,7 @@ impl Charge {
     /// Gives each part its cost back where it was charged, from a task that
     /// outlives the caller (in place outside a runtime); a failed refund
     /// leaves it charged.
-    fn give_back(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+    fn give_back(&self) -> Option<Refund> {
         if self.given_back.swap(true, Ordering::Relaxed) {
             return None;
         }
@@ -71,6 +71,9 @@ impl Charge {
         })
     }
 }
+
+/// A charge being given back.
+type Refund = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A charge given back if dropped before the answer (the client left).
 struct Unanswered(Option<Charge>);
@@ -104,7 +107,7 @@ pin_project! {
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
     {
-        // The store needs I/O, or a refund goes before a refusal. `call`:
+        // The store needs I/O, or a refusal (after a refund, if any). `call`:
         // the ready inner service (taken in `call`, as tower does) and the request.
         Asking {
             asking: Pin<Box<dyn Future<Output = Decided<ResB>> + Send>>,
@@ -117,7 +120,6 @@ pin_project! {
             permit: Permit,
             connect: bool,
         },
-        Refused { response: Option<Response<ResB>> },
     }
 }
 
@@ -169,7 +171,7 @@ where
         };
         let key = tenant.as_deref();
         // The route/service stage hands a tenant stage after it its charge.
-        let charges = key.is_none() && policy.tenant_stage().is_some();
+        let charges = key.is_none() && policy.tenant.is_some();
         let now = (stage.1.is_none())
             .then(|| (policy.limited(stage.0).handle).try_acquire_now(key, Cost::default()))
             .flatten();
@@ -178,18 +180,11 @@ where
                 let charged = charges.then(|| Charge::new(policy, stage, here));
                 State::calling(inner, req, permit, charged)
             }
-            Some(Err(res)) => match charge.and_then(|c| c.give_back()) {
-                Some(refund) => State::Asking {
-                    asking: Box::pin(async move {
-                        refund.await;
-                        Err(res)
-                    }),
-                    call: None,
-                },
-                None => State::Refused {
-                    response: Some(res),
-                },
-            },
+            Some(Err(res)) => {
+                let refund = charge.and_then(|c| c.give_back());
+                let asking = Box::pin(after(refund, Err(res)));
+                State::Asking { asking, call: None }
+            }
             None => {
                 let clone = inner.clone();
                 let inner = std::mem::replace(inner, clone);
@@ -230,15 +225,20 @@ async fn ask<B: PermitBody>(
             }
             Err(res) => {
                 drop(permit);
-                if let Some(refund) = charge.0.take().and_then(|c| c.give_back()) {
-                    refund.await;
-                }
-                return Err(res);
+                return after(charge.0.take().and_then(|c| c.give_back()), Err(res)).await;
             }
         }
     }
     charge.0 = None;
     Ok((permit, charges.then(|| Charge::new(&policy, stage, here))))
+}
+
+/// `decided`, once `refund` (if any) has run.
+async fn after<B>(refund: Option<Refund>, decided: Decided<B>) -> Decided<B> {
+    if let Some(refund) = refund {
+        refund.await;
+    }
+    decided
 }
 
 /// The permit of an admitted request and whether the failure policy answered;
@@ -251,7 +251,7 @@ fn judge<B: PermitBody>(
     tenant: Option<&str>,
 ) -> Result<(Permit, u8), Response<B>> {
     let limited = policy.limited(at);
-    let (resource, layer) = (limited.handle.resource(), policy.layer(at));
+    let (resource, layer) = (limited.handle.resource(), limited.layer);
     let a = match result {
         Ok(a) if a.allowed => return Ok((a.permit, u8::from(a.answered_here))),
         Ok(a) => a,
@@ -269,12 +269,9 @@ fn judge<B: PermitBody>(
         denied_by = ?a.denied_by,
         "request denied"
     );
-    Err(response::denied(
-        &policy.responses,
-        &limited.headers(&policy.broker),
-        a.wait_time,
-        a.denied_by == Some(DenyReason::Concurrency),
-    ))
+    // The limits in force, also after a reload (the broker has no others).
+    let limits = policy.broker.limits(resource).unwrap_or_default();
+    Err(response::denied(&policy.responses, resource, &limits, &a))
 }
 
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB, ResB>
@@ -290,17 +287,12 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Asking { asking, call } => {
-                    let decided = ready!(asking.as_mut().poll(cx));
-                    let next = match (decided, call.take()) {
-                        (Ok((permit, charge)), Some(call)) => {
-                            let (mut inner, req) = *call;
-                            State::calling(&mut inner, req, permit, charge)
-                        }
-                        (decided, _) => State::Refused {
-                            response: Some(decided.err().expect(DONE)),
-                        },
+                    let (permit, charge) = match ready!(asking.as_mut().poll(cx)) {
+                        Ok(admitted) => admitted,
+                        Err(refusal) => return Poll::Ready(Ok(refusal)),
                     };
-                    state.set(next);
+                    let (mut inner, req) = *call.take().expect(DONE);
+                    state.set(State::calling(&mut inner, req, permit, charge));
                 }
                 StateProj::Calling {
                     call,
@@ -316,9 +308,6 @@ where
                         }
                     }
                     return Poll::Ready(out);
-                }
-                StateProj::Refused { response } => {
-                    return Poll::Ready(Ok(response.take().expect(DONE)))
                 }
             }
         }

@@ -146,16 +146,9 @@ impl PressureConfig {
             message,
         };
         broker_core::config::refuse_repeated_keys(source_name, text)?;
-        let (prefix, value) = find_pressure(&doc)
-            .map_err(|(a, b)| {
-                fail(format!(
-                    "two `pressure` objects, at {a} and at {b}: keep one, or pass the one \
-                     meant to PressureConfig::from_json"
-                ))
-            })?
-            .ok_or_else(|| {
-                fail("no `pressure` object at the top level or one level down".into())
-            })?;
+        let (prefix, value) = find_pressure(&doc).map_err(fail)?.ok_or_else(|| {
+            fail("no `pressure` object at the top level or one level down".into())
+        })?;
         let config: Self = broker_core::config::from_value(value).map_err(|e| {
             let at = match e.path().to_string() {
                 path if path.is_empty() || path == "." => prefix.clone(),
@@ -228,7 +221,7 @@ fn is_document(doc: &Value) -> bool {
 
 /// The `pressure` object of `doc` with its path (top level or one down); two
 /// are an error naming both.
-fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, String)> {
+fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, String> {
     let Value::Object(root) = doc else {
         return Ok(None);
     };
@@ -240,7 +233,10 @@ fn find_pressure(doc: &Value) -> Result<Option<(String, &Value)>, (String, Strin
         _ => None,
     });
     match (found.next(), found.next()) {
-        (Some((a, _)), Some((b, _))) => Err((a, b)),
+        (Some((a, _)), Some((b, _))) => Err(format!(
+            "two `pressure` objects, at {a} and at {b}: keep one, or pass the one meant to \
+             PressureConfig::from_json"
+        )),
         (one, _) => Ok(one),
     }
 }

@@ -40,7 +40,7 @@ pub use admission::ResponseFuture;
 pub use body::PermitBody;
 pub use config::{PressureConfig, RouteConfig, TenantConfig};
 pub use pressure::Pressure;
-pub use response::{retry_after_secs, Responses};
+pub use response::Responses;
 pub use route::{PressureLayer, PressureService};
 pub use stats::{stats_router, PressureStats, ResourceView, STATS_PATH};
 pub use tenant::{FromExtension, FromHeader, Tenant, TenantExtractor, TenantLayer, TenantService};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use broker_core::Limits;
+use broker_core::{Acquisition, DenyReason, Limits};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
@@ -54,29 +54,9 @@ impl Default for Responses {
 }
 
 /// `Retry-After` seconds for a wait: rounded up, never below 1.
-///
-/// ```
-/// use broker_axum::retry_after_secs;
-/// use std::time::Duration;
-/// assert_eq!(retry_after_secs(Duration::ZERO), 1);
-/// assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
-/// assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
-/// assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
-/// assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
-/// ```
-pub fn retry_after_secs(wait: Duration) -> u64 {
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     let part_second = u64::from(wait.subsec_nanos() > 0);
     wait.as_secs().saturating_add(part_second).max(1)
-}
-
-/// The rate-limit headers of one resource, built once.
-#[derive(Debug, Clone)]
-pub(crate) struct RateHeaders {
-    /// `RateLimit-Policy`, when the resource has rate limits.
-    policy: Option<HeaderValue>,
-    /// Quoted name and amount of the only rate limit (with several, a denial
-    /// cannot say which ran out).
-    only: Option<(String, u64)>,
 }
 
 /// A structured-field string: printable ASCII, `"` and `\` escaped.
@@ -94,54 +74,43 @@ fn sf_string(s: &str) -> String {
     out
 }
 
-impl RateHeaders {
-    pub(crate) fn new(resource: &str, limits: &Limits) -> Self {
-        let name = |i: usize| match i {
-            0 => sf_string(resource),
-            _ => sf_string(&format!("{resource}#{i}")),
-        };
-        // The quota is what a window refills, not the burst.
-        let items: Vec<String> = (limits.rates.iter().enumerate())
-            .map(|(i, r)| (name(i), r.amount, retry_after_secs(r.period)))
-            .map(|(name, q, w)| format!("{name};q={q};w={w}"))
-            .collect();
-        let policy = (!items.is_empty())
-            .then(|| HeaderValue::from_str(&items.join(", ")).ok())
-            .flatten();
-        let only = match limits.rates.as_slice() {
-            [rate] => Some((name(0), rate.amount)),
-            _ => None,
-        };
-        Self { policy, only }
-    }
-}
-
-/// The denial response: by a rate limit after `wait`, or by the concurrency
-/// limit (then no `RateLimit` field and no remaining count).
+/// The response to `denial` on `resource` under `limits`; a denial by the
+/// concurrency limit has no `RateLimit` field and no remaining count.
 pub(crate) fn denied<B: PermitBody>(
     responses: &Responses,
-    headers: &RateHeaders,
-    wait: Duration,
-    by_concurrency: bool,
+    resource: &str,
+    limits: &Limits,
+    denial: &Acquisition,
 ) -> Response<B> {
-    let secs = retry_after_secs(wait);
-    let mut res = refusal(
-        responses.denied_status,
-        responses.denied_body.clone(),
-        responses.denied_content_type.clone(),
-        secs,
-    );
+    let secs = retry_after_secs(denial.wait_time);
+    let by_concurrency = denial.denied_by == Some(DenyReason::Concurrency);
+    let (status, body) = (responses.denied_status, responses.denied_body.clone());
+    let mut res = refusal(status, body, responses.denied_content_type.clone(), secs);
     let h = res.headers_mut();
-    if let Some(policy) = &headers.policy {
-        h.insert(RATELIMIT_POLICY, policy.clone());
+    let name = |i: usize| match i {
+        0 => sf_string(resource),
+        _ => sf_string(&format!("{resource}#{i}")),
+    };
+    // The quota is what a window refills, not the burst.
+    let items: Vec<String> = (limits.rates.iter().enumerate())
+        .map(|(i, r)| (name(i), r.amount, retry_after_secs(r.period)))
+        .map(|(name, q, w)| format!("{name};q={q};w={w}"))
+        .collect();
+    // Structured-field strings and numbers are valid field values.
+    let value = |s: String| HeaderValue::try_from(s).expect("printable ASCII");
+    if !items.is_empty() {
+        h.insert(RATELIMIT_POLICY, value(items.join(", ")));
     }
-    if let (Some((name, _)), false) = (&headers.only, by_concurrency) {
-        if let Ok(v) = HeaderValue::from_str(&format!("{name};r=0;t={secs}")) {
-            h.insert(RATELIMIT, v);
-        }
+    // With several rate limits, a denial cannot say which ran out.
+    let only = match limits.rates.as_slice() {
+        [rate] => Some(rate.amount),
+        _ => None,
+    };
+    if let (Some(_), false) = (only, by_concurrency) {
+        h.insert(RATELIMIT, value(format!("{};r=0;t={secs}", name(0))));
     }
     if responses.legacy_headers {
-        if let Some((_, limit)) = headers.only {
+        if let Some(limit) = only {
             h.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
         }
         if !by_concurrency {
@@ -169,27 +138,58 @@ fn refusal<B: PermitBody>(
     content_type: HeaderValue,
     secs: u64,
 ) -> Response<B> {
-    let res = Response::builder()
-        .status(status)
-        .header(CONTENT_TYPE, content_type);
-    let res = res.header(RETRY_AFTER, HeaderValue::from(secs));
-    res.body(B::from_bytes(body))
-        .expect("a status and fields of their types")
+    let mut res = Response::new(B::from_bytes(body));
+    *res.status_mut() = status;
+    res.headers_mut().insert(CONTENT_TYPE, content_type);
+    res.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    res
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broker_core::RateLimit;
+    use broker_core::{Permit, RateLimit};
+
+    /// A denial after `wait`, by the concurrency limit if `by_concurrency`.
+    fn denial(wait: Duration, by_concurrency: bool) -> Acquisition {
+        let reason = [DenyReason::Rate, DenyReason::Concurrency][usize::from(by_concurrency)];
+        Acquisition {
+            allowed: false,
+            wait_time: wait,
+            denied_by: Some(reason),
+            permit: Permit::empty(),
+            answered_here: false,
+        }
+    }
+
+    /// The `RateLimit-Policy` field of a denial on `resource` under `limits`.
+    fn policy_of(resource: &str, limits: &Limits) -> String {
+        let res: Response<axum::body::Body> = denied(
+            &Responses::default(),
+            resource,
+            limits,
+            &denial(Duration::ZERO, false),
+        );
+        res.headers()[RATELIMIT_POLICY].to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+    }
 
     #[test]
     fn policy_header_lists_every_rate_with_its_window() {
         let limits = Limits::new()
             .rate(RateLimit::per_second(100))
             .rate(RateLimit::per_minute(6000));
-        let h = RateHeaders::new("gw:route", &limits);
         assert_eq!(
-            h.policy.unwrap().to_str().unwrap(),
+            policy_of("gw:route", &limits),
             r#""gw:route";q=100;w=1, "gw:route#1";q=6000;w=60"#
         );
     }
@@ -197,20 +197,22 @@ mod tests {
     #[test]
     fn odd_resource_names_are_escaped_in_headers() {
         let limits = Limits::new().rate(RateLimit::per_second(1));
-        let h = RateHeaders::new("a\"b\\c\u{e9}", &limits);
-        assert_eq!(h.policy.unwrap().to_str().unwrap(), r#""a\"b\\c_";q=1;w=1"#);
+        assert_eq!(policy_of("a\"b\\c\u{e9}", &limits), r#""a\"b\\c_";q=1;w=1"#);
     }
 
     #[test]
     fn denial_carries_retry_after_and_draft_headers() {
         let limits = Limits::new().rate(RateLimit::per_minute(2));
-        let h = RateHeaders::new("r", &limits);
         let responses = Responses {
             legacy_headers: true,
             ..Responses::default()
         };
-        let res: Response<axum::body::Body> =
-            denied(&responses, &h, Duration::from_millis(29_001), false);
+        let res: Response<axum::body::Body> = denied(
+            &responses,
+            "r",
+            &limits,
+            &denial(Duration::from_millis(29_001), false),
+        );
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "30");
         assert_eq!(res.headers()[RATELIMIT], r#""r";r=0;t=30"#);
@@ -221,8 +223,7 @@ mod tests {
     #[test]
     fn the_quota_is_what_a_window_refills_not_the_burst() {
         let limits = Limits::new().rate(RateLimit::per_minute(10).with_burst(1));
-        let h = RateHeaders::new("b", &limits);
-        assert_eq!(h.policy.unwrap().to_str().unwrap(), r#""b";q=10;w=60"#);
+        assert_eq!(policy_of("b", &limits), r#""b";q=10;w=60"#);
     }
 
     #[test]
@@ -235,8 +236,7 @@ mod tests {
         let two = Limits::new()
             .rate(RateLimit::per_second(100))
             .rate(RateLimit::per_minute(2));
-        let res: Response<axum::body::Body> =
-            denied(&responses, &RateHeaders::new("two", &two), wait, false);
+        let res: Response<axum::body::Body> = denied(&responses, "two", &two, &denial(wait, false));
         assert_eq!(res.headers()[RETRY_AFTER], "30");
         assert!(res.headers().contains_key(RATELIMIT_POLICY));
         assert!(!res.headers().contains_key(RATELIMIT));
@@ -244,12 +244,8 @@ mod tests {
         assert_eq!(res.headers()[X_RATELIMIT_REMAINING], "0");
 
         let one = Limits::new().rate(RateLimit::per_minute(1000));
-        let res: Response<axum::body::Body> = denied(
-            &responses,
-            &RateHeaders::new("one", &one),
-            Duration::ZERO,
-            true,
-        );
+        let res: Response<axum::body::Body> =
+            denied(&responses, "one", &one, &denial(Duration::ZERO, true));
         assert_eq!(res.headers()[RETRY_AFTER], "1");
         assert!(!res.headers().contains_key(RATELIMIT));
         assert!(!res.headers().contains_key(X_RATELIMIT_REMAINING));

@@ -9,33 +9,20 @@ use std::sync::Arc;
 use broker_core::{ConfigError, Limits, OnOtherLimits, ResourceBroker, ResourceHandle};
 
 use crate::config::{service_resource, PressureConfig};
-use crate::response::{RateHeaders, Responses};
+use crate::response::Responses;
 use crate::tenant::keys::TenantKeys;
 
 mod paths;
 
 pub(crate) use paths::normal_path;
-use paths::{has_dot_or_empty_segment, has_encoded_slash, prefix_matches, second_reading};
+use paths::{has_dot_or_empty_segment, prefix_matches, second_reading};
 
-/// A resource the stages acquire on, with its rate-limit headers.
+/// A resource the stages acquire on, and the `layer` field of log events
+/// about it.
 #[derive(Debug, Clone)]
 pub(crate) struct Limited {
     pub(crate) handle: ResourceHandle,
-    headers: RateHeaders,
-}
-
-impl Limited {
-    /// The headers of the limits now in force (rebuilt after a reload).
-    pub(crate) fn headers(&self, broker: &ResourceBroker) -> Cow<'_, RateHeaders> {
-        if self.handle.is_current() {
-            return Cow::Borrowed(&self.headers);
-        }
-        let id = self.handle.resource();
-        match broker.limits(id) {
-            Ok(limits) => Cow::Owned(RateHeaders::new(id, &limits)),
-            Err(_) => Cow::Borrowed(&self.headers),
-        }
-    }
+    pub(crate) layer: &'static str,
 }
 
 /// The resources one admission charges (indices into the policy's), in
@@ -64,15 +51,15 @@ pub(crate) struct Policy {
     /// Unique per [`Policy::new`], so the stages of one `Pressure` know each other.
     pub(crate) id: u64,
     pub(crate) broker: ResourceBroker,
-    pub(crate) enabled: bool,
     /// The service's, the routes' and the tenant's resources, in that order.
     limited: Vec<Limited>,
-    /// Longest prefix first.
+    /// Longest prefix first; none, as no service or tenant, when disabled.
     routes: Vec<Route>,
     /// Whether a route's prefix reads differently the second way.
     slashed_prefixes: bool,
     service: Option<u32>,
-    tenant: Option<u32>,
+    /// The tenant stage, when it limits anything.
+    pub(crate) tenant: Option<Stage>,
     /// How tenant ids become sub-keys.
     pub(crate) tenant_keys: TenantKeys,
     pub(crate) responses: Responses,
@@ -103,19 +90,20 @@ impl Policy {
             }
             None => config.per_service.iter().next(),
         };
-        // (field naming the id, id, limits), in the order of `limited`.
-        let mut wanted: Vec<(String, String, &Limits)> = Vec::new();
+        // (field naming the id, id, limits, layer), in the order of `limited`.
+        let mut wanted: Vec<(String, String, &Limits, &str)> = Vec::new();
         if let Some((name, limits)) = service {
-            wanted.push((format!("perService.{name}"), service_resource(name), limits));
+            let field = format!("perService.{name}");
+            wanted.push((field, service_resource(name), limits, "service"));
         }
         for (i, r) in config.per_route.iter().enumerate() {
             let field = format!("perRoute[{i}].resource");
-            wanted.push((field, r.resource.clone(), &r.limits));
+            wanted.push((field, r.resource.clone(), &r.limits, "route"));
         }
         let tenant = &config.per_tenant;
         if tenant.enabled {
             let field = "perTenant.resource".to_owned();
-            wanted.push((field, tenant.resource.clone(), &tenant.limits));
+            wanted.push((field, tenant.resource.clone(), &tenant.limits, "tenant"));
         }
         let entries: Vec<(&str, &Limits)> = wanted.iter().map(|w| (&*w.1, w.2)).collect();
         // A refusal names the field that gives the id.
@@ -133,16 +121,16 @@ impl Policy {
             return Err(ConfigError::invalid(field, message));
         }
         let limited = (wanted.iter())
-            .map(|(_, id, limits)| {
+            .map(|&(_, ref id, _, layer)| {
                 let handle = (broker.resource_handle(id))
                     .map_err(|e| ConfigError::invalid(id, e.to_string()))?;
-                let headers = RateHeaders::new(id, limits);
-                Ok(Limited { handle, headers })
+                Ok(Limited { handle, layer })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
-        let first_route = u32::from(service.is_some());
+        let (first_route, on) = (u32::from(service.is_some()), config.enabled);
         let mut routes: Vec<Route> = (first_route..)
             .zip(&config.per_route)
+            .filter(|_| on)
             .map(|(at, r)| Route {
                 prefix: normal_path(&r.path_prefix).into(),
                 slashed: second_reading(r.path_prefix.as_bytes()).into(),
@@ -154,11 +142,10 @@ impl Policy {
         Ok(Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             broker,
-            enabled: config.enabled,
             slashed_prefixes: routes.iter().any(|r| r.slashed != r.prefix),
             routes,
-            service: service.map(|_| 0),
-            tenant: tenant.enabled.then(|| limited.len() as u32 - 1),
+            service: service.filter(|_| on).map(|_| 0),
+            tenant: (on && tenant.enabled).then(|| Stage(limited.len() as u32 - 1, None)),
             limited,
             tenant_keys: TenantKeys::new(None, tenant.clear_ids),
             responses: Responses::default(),
@@ -168,18 +155,15 @@ impl Policy {
     /// The stage limiting `path`: the longest matching route, else the service.
     /// A path read two ways (`%2F`, `.` or empty segments) is charged on both.
     pub(crate) fn stage_for(&self, path: &str) -> Option<Stage> {
-        if !self.enabled {
-            return None;
-        }
         let form = match path.starts_with('/') {
             true => normal_path(path),
             false => Cow::Borrowed(&b"/"[..]),
         };
+        let encoded_slash = path.contains("%2F") || path.contains("%2f");
+        let second = self.slashed_prefixes || encoded_slash || has_dot_or_empty_segment(&form);
         let path = path.as_bytes();
         let found = (self.routes.iter()).position(|r| prefix_matches(&form, &r.prefix));
         let routed = self.route_or_service(found);
-        let second =
-            self.slashed_prefixes || has_encoded_slash(path) || has_dot_or_empty_segment(&form);
         if !path.starts_with(b"/") || !second {
             return routed.map(|at| Stage(at, None));
         }
@@ -201,25 +185,9 @@ impl Policy {
         found.map(|i| self.routes[i].at).or(self.service)
     }
 
-    /// The tenant stage, when it limits anything.
-    pub(crate) fn tenant_stage(&self) -> Option<Stage> {
-        self.tenant
-            .filter(|_| self.enabled)
-            .map(|at| Stage(at, None))
-    }
-
     /// The resource at `at`.
     pub(crate) fn limited(&self, at: u32) -> &Limited {
         &self.limited[at as usize]
-    }
-
-    /// The `layer` field of log events about the resource at `at`.
-    pub(crate) fn layer(&self, at: u32) -> &'static str {
-        match Some(at) {
-            x if x == self.tenant => "tenant",
-            x if x == self.service => "service",
-            _ => "route",
-        }
     }
 }
 

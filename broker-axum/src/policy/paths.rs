@@ -22,12 +22,6 @@ pub(crate) fn normal_path(path: &str) -> Cow<'_, [u8]> {
     Cow::Owned(out)
 }
 
-/// Whether `path` holds an encoded `/` (`%2F`, in either case).
-pub(super) fn has_encoded_slash(path: &[u8]) -> bool {
-    path.windows(3)
-        .any(|w| w[0] == b'%' && w[1] == b'2' && w[2].eq_ignore_ascii_case(&b'f'))
-}
-
 /// `path` as a wildcard handler reading a file path gets it (as
 /// `ServeDir` does): all `%XX` decoded, empty and `.` segments dropped, a
 /// trailing `/` kept, `..` left as is.

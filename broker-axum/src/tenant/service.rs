@@ -35,7 +35,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        let (policy, stage) = (&self.policy, self.policy.tenant_stage());
+        let (policy, stage) = (&self.policy, self.policy.tenant);
         // Taken out whatever comes next: only this stage answers for it.
         let charge = stage.and_then(|_| Charge::take(&mut req, policy.id));
         let tenant = stage.and_then(|_| self.extractor.tenant(req.headers(), req.extensions()));
