@@ -96,17 +96,11 @@ impl Line {
             Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true),
             _ => (top, false),
         };
-        self.over_lower = if lower.is_some() && !by_share {
-            self.over_lower + 1
-        } else {
-            0
+        self.over_lower = match lower {
+            Some(_) if !by_share => self.over_lower + 1,
+            _ => 0,
         };
-        let flows = &mut self.levels[level];
-        let Some((flow, entry)) = (if by_share {
-            flows.pop_oldest()
-        } else {
-            flows.pop()
-        }) else {
+        let Some((flow, entry)) = self.levels[level].pop(by_share) else {
             return;
         };
         entry.wake.notify_one();
@@ -130,7 +124,6 @@ pub(crate) struct Ticket {
     flow: Arc<str>,
     /// Its place, cost and weight in its flow, kept when it joins again.
     entry: Entry,
-    joined: bool,
 }
 
 impl Ticket {
@@ -142,19 +135,17 @@ impl Ticket {
         (flow, weight): (Arc<str>, u32),
         units: u64,
     ) -> Self {
-        let entry = Entry {
-            id: lines.next.fetch_add(1, Ordering::Relaxed),
-            units,
-            weight,
-            wake: Arc::default(),
-        };
         Self {
             lines: lines.clone(),
             key: key.to_owned(),
             priority,
             flow,
-            entry,
-            joined: false,
+            entry: Entry {
+                id: lines.next.fetch_add(1, Ordering::Relaxed),
+                units,
+                weight,
+                wake: Arc::default(),
+            },
         }
     }
 
@@ -188,11 +179,7 @@ impl Ticket {
     }
 
     /// Joins the line (again: in the place the call had in its flow).
-    pub(crate) fn join(&mut self) {
-        if self.joined {
-            return;
-        }
-        self.joined = true;
+    pub(crate) fn join(&self) {
         let mut lines = self.lines.lines.lock();
         let line = lines.entry(self.key.clone()).or_default();
         let entry = self.entry.clone();
@@ -227,12 +214,8 @@ impl Ticket {
         let _ = tokio::time::timeout(d, self.entry.wake.notified()).await;
     }
 
-    /// Leaves the line: the next waiter becomes head at once.
-    pub(crate) fn leave(&mut self) {
-        if !self.joined {
-            return;
-        }
-        self.joined = false;
+    /// Leaves the line, if in it: the next waiter becomes head at once.
+    pub(crate) fn leave(&self) {
         let mut lines = self.lines.lines.lock();
         let Some(line) = lines.get_mut(&self.key) else {
             return;
@@ -294,17 +277,14 @@ impl Lines {
         let lines = self.lines.lock();
         let mut depth = [0u64; 3];
         let mut flows: HashMap<&Arc<str>, (u64, u64)> = HashMap::new();
-        let waiting = lines.values().flat_map(|line| {
+        for line in lines.values() {
             let head = (line.head.iter()).map(|h| (h.priority.index(), &h.flow, &h.entry));
-            (0..3)
-                .flat_map(|p| line.levels[p].entries().map(move |(f, e)| (p, f, e)))
-                .chain(head)
-        });
-        for (p, flow, entry) in waiting {
-            depth[p] += 1;
-            let f = flows.entry(flow).or_default();
-            f.0 += 1;
-            f.1 += entry.units;
+            let queued = (0..3).flat_map(|p| line.levels[p].entries().map(move |(f, e)| (p, f, e)));
+            for (p, flow, entry) in queued.chain(head) {
+                depth[p] += 1;
+                let f = flows.entry(flow).or_default();
+                (f.0, f.1) = (f.0 + 1, f.1 + entry.units);
+            }
         }
         let flows = flows
             .into_iter()
@@ -324,7 +304,7 @@ mod tests {
     use super::*;
 
     fn ticket(lines: &Arc<Lines>, p: Priority, flow: &str) -> Ticket {
-        let mut t = Ticket::new(lines, "k", p, (flow.into(), 1), 1);
+        let t = Ticket::new(lines, "k", p, (flow.into(), 1), 1);
         t.join();
         t
     }
@@ -344,7 +324,7 @@ mod tests {
         let mut high: Vec<Ticket> = (0..30)
             .map(|_| ticket(&lines, Priority::Interactive, ""))
             .collect();
-        let mut low = ticket(&lines, Priority::Batch, "");
+        let low = ticket(&lines, Priority::Batch, "");
         let mut turns = 0;
         while !low.is_head() {
             let at = high.iter().position(Ticket::is_head).expect("a head");
