@@ -134,6 +134,7 @@ async fn book_in_line(
     bounds: &Bounds,
     ticket: &Ticket,
 ) -> Result<LiveBooking, Refused> {
+    // Left on every return, and when the call is dropped.
     ticket.join();
     scopeguard::defer!(ticket.leave());
     // The shared ledger charged this booking's flow.
@@ -152,9 +153,8 @@ async fn book_in_line(
                 if left.is_zero() {
                     return Err(behind(ticket));
                 }
-                ticket
-                    .nap(Duration::from_micros(ticket.units()).min(left))
-                    .await;
+                let nap = Duration::from_micros(ticket.units()).min(left);
+                ticket.nap(nap).await;
                 continue;
             }
             charged = true;

@@ -227,17 +227,12 @@ impl<E> EnqueueError<E> {
     /// too long rate-limited; a backend's transient.
     pub fn class(&self) -> OutcomeClass {
         match self {
-            EnqueueError::Fatal { .. } => OutcomeClass::Fatal,
             EnqueueError::RetriesExhausted { last, .. } => *last,
-            EnqueueError::Broker(b) => match b {
-                BrokerError::QueueFull { .. } | BrokerError::WaitTooLong { .. } => {
-                    OutcomeClass::RateLimited
-                }
-                BrokerError::Backend(_) => OutcomeClass::Transient,
-                BrokerError::UnknownResource(_)
-                | BrokerError::CostNeverFits { .. }
-                | BrokerError::Config(_) => OutcomeClass::Fatal,
-            },
+            EnqueueError::Broker(
+                BrokerError::QueueFull { .. } | BrokerError::WaitTooLong { .. },
+            ) => OutcomeClass::RateLimited,
+            EnqueueError::Broker(BrokerError::Backend(_)) => OutcomeClass::Transient,
+            EnqueueError::Fatal { .. } | EnqueueError::Broker(_) => OutcomeClass::Fatal,
         }
     }
 }

@@ -57,9 +57,7 @@ pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
     spec.buckets
         .iter()
         .map(|(unit, p)| (cost.of(*unit) as f64 * p.micros_per_token()).ceil() as u64)
-        .max()
-        .unwrap_or(0)
-        .max(1)
+        .fold(1, u64::max)
 }
 
 /// How far ahead a head of `priority` books a cost of `units`: batch one
@@ -82,24 +80,20 @@ impl Line {
 
     /// Makes the next waiter head, if there is none.
     fn promote(&mut self) {
-        if self.head.is_some() {
-            return;
-        }
-        let Some(top) = (0..3).rev().find(|&p| !self.levels[p].is_empty()) else {
+        let top = (0..3).rev().find(|&p| !self.levels[p].is_empty());
+        let Some(top) = top.filter(|_| self.head.is_none()) else {
             return;
         };
         let lower = (0..top)
             .filter_map(|p| self.levels[p].oldest().map(|(id, _)| (id, p)))
             .min()
             .map(|(_, p)| p);
-        let (level, by_share) = match lower {
-            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true),
-            _ => (top, false),
+        let (level, by_share, over_lower) = match lower {
+            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true, 0),
+            Some(_) => (top, false, self.over_lower + 1),
+            None => (top, false, 0),
         };
-        self.over_lower = match lower {
-            Some(_) if !by_share => self.over_lower + 1,
-            _ => 0,
-        };
+        self.over_lower = over_lower;
         let Some((flow, entry)) = self.levels[level].pop(by_share) else {
             return;
         };
@@ -200,12 +194,8 @@ impl Ticket {
 
     /// Waits until this call is the head of its line.
     pub(crate) async fn turn(&self) {
-        loop {
-            let woken = self.entry.wake.notified();
-            if self.is_head() {
-                return;
-            }
-            woken.await;
+        while !self.is_head() {
+            self.entry.wake.notified().await;
         }
     }
 
@@ -220,8 +210,7 @@ impl Ticket {
         let Some(line) = lines.get_mut(&self.key) else {
             return;
         };
-        if self.head_of(line).is_some() {
-            line.head = None;
+        if line.head.take_if(|h| h.entry.id == self.entry.id).is_some() {
             line.promote();
         } else {
             line.levels[self.priority.index()].remove(&self.flow, self.entry.id);
@@ -254,12 +243,6 @@ impl Ticket {
                 due.saturating_duration_since(tokio::time::Instant::now())
             });
         head + Duration::from_micros(queued.saturating_add(self.entry.units))
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.leave();
     }
 }
 
@@ -328,7 +311,7 @@ mod tests {
         let mut turns = 0;
         while !low.is_head() {
             let at = high.iter().position(Ticket::is_head).expect("a head");
-            high.remove(at);
+            high.remove(at).leave();
             turns += 1;
         }
         low.leave();
@@ -362,7 +345,7 @@ mod tests {
         let ts: Vec<Ticket> = (0..5)
             .map(|_| ticket(&lines, Priority::Default, "f"))
             .collect();
-        drop(ts);
+        ts.iter().for_each(Ticket::leave);
         assert!(lines.lines.lock().is_empty());
     }
 }
