@@ -119,10 +119,9 @@ impl ResourceBroker {
         let started = tokio::time::Instant::now();
         let policy = &resource.config.retry;
         let limits = resource.config.paced_limits();
+        let deadline = target.deadline.or(resource.config.queue_deadline);
         let bounds = Bounds {
-            deadline: (target.deadline)
-                .or(resource.config.queue_deadline)
-                .map(|d| (tokio_after(d), d)),
+            deadline: deadline.map(|d| (tokio_after(d), d)),
             ceiling: Some(policy.ceiling(&limits)),
         };
         let flow = (target.flow).map_or(("".into(), 1), |(f, w)| (keys::fingerprint(f).into(), w));

@@ -60,9 +60,7 @@ impl Flows {
         }
         let f = self.flows.entry(flow.clone()).or_default();
         f.weight = entry.weight.max(1);
-        if credit {
-            f.deficit += entry.units;
-        }
+        f.deficit += if credit { entry.units } else { 0 };
         let at = f.queue.partition_point(|e| e.id < entry.id);
         f.queue.insert(at, entry);
     }

@@ -176,8 +176,7 @@ impl Ticket {
     pub(crate) fn join(&self) {
         let mut lines = self.lines.lines.lock();
         let line = lines.entry(self.key.clone()).or_default();
-        let entry = self.entry.clone();
-        line.levels[self.priority.index()].push(&self.flow, entry, false);
+        line.levels[self.priority.index()].push(&self.flow, self.entry.clone(), false);
         // A higher priority takes the turn of a head not booked yet.
         let displaced = (line.head).take_if(|h| h.priority < self.priority && !h.by_share);
         if let Some(head) = displaced {
@@ -228,21 +227,18 @@ impl Ticket {
     /// An estimate of this call's wait: the head's time still ahead, then
     /// the refill time of every call ahead of it and its own.
     pub(crate) fn ahead(&self) -> Duration {
-        let lines = self.lines.lines.lock();
-        let Some(line) = lines.get(&self.key) else {
-            return Duration::ZERO;
-        };
-        let queued: u64 = (self.priority.index()..3)
-            .flat_map(|p| line.levels[p].entries().map(move |(_, e)| (p, e)))
-            .filter(|(p, e)| *p > self.priority.index() || e.id < self.entry.id)
-            .map(|(_, e)| e.units)
-            .sum();
-        let head = (line.head.as_ref())
-            .and_then(|h| h.due)
-            .map_or(Duration::ZERO, |due| {
-                due.saturating_duration_since(tokio::time::Instant::now())
-            });
-        head + Duration::from_micros(queued.saturating_add(self.entry.units))
+        let ahead = self.on_line(|line| {
+            let queued: u64 = (self.priority.index()..3)
+                .flat_map(|p| line.levels[p].entries().map(move |(_, e)| (p, e)))
+                .filter(|(p, e)| *p > self.priority.index() || e.id < self.entry.id)
+                .map(|(_, e)| e.units)
+                .sum();
+            let due = line.head.as_ref().and_then(|h| h.due);
+            let head = due.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            head.unwrap_or_default()
+                + Duration::from_micros(queued.saturating_add(self.entry.units))
+        });
+        ahead.unwrap_or_default()
     }
 }
 
