@@ -12,7 +12,7 @@ use crate::broker::in_flight::to_its_answer;
 use crate::broker::pending::in_order;
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, HeldKey, Permit, Resource};
-use crate::clock::Micros;
+use crate::clock::{micros, tokio_after, Micros};
 use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::stats::Counted;
@@ -83,7 +83,7 @@ impl Bounds {
             (_, Some((at, d))) if until > at => WaitBound::Deadline(d),
             _ => return None,
         };
-        Some(Refused::TooLong(crate::clock::micros(left), bound))
+        Some(Refused::TooLong(micros(left), bound))
     }
 }
 
@@ -139,19 +139,18 @@ async fn book_in_line(
     scopeguard::defer!(ticket.leave());
     // The shared ledger charged this booking's flow.
     let mut charged = false;
-    let behind =
-        |t: &Ticket| Refused::TooLong(crate::clock::micros(t.ahead()), bounds.deadline_bound());
+    let too_long = |wait| Refused::TooLong(wait, bounds.deadline_bound());
     loop {
         let turn = tokio::time::timeout(bounds.left(), ticket.turn());
         if turn.await.is_err() {
-            return Err(behind(ticket));
+            return Err(too_long(micros(ticket.ahead())));
         }
         let horizon = queue::horizon(ticket.priority, &resource.latest().spec, ticket.units());
         let left = bounds.left();
         if !charged && horizon.is_some() {
             if shared_turn(resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
-                    return Err(behind(ticket));
+                    return Err(too_long(micros(ticket.ahead())));
                 }
                 let nap = Duration::from_micros(ticket.units()).min(left);
                 ticket.nap(nap).await;
@@ -163,20 +162,18 @@ async fn book_in_line(
         let booked = LiveBooking::book(resource, key.to_owned(), cost, max_wait).await?;
         let wait = match booked {
             Ok(booking) => return Ok(booking),
-            Err(wait) if Duration::from_micros(wait) > left => {
-                return Err(Refused::TooLong(wait, bounds.deadline_bound()))
-            }
+            Err(wait) if Duration::from_micros(wait) > left => return Err(too_long(wait)),
             Err(wait) => Duration::from_micros(wait),
         };
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
             let held = penalty_end(resource, key, cost, true).await?;
             let beyond = held.and_then(|until| bounds.penalty_beyond(until));
-            if let Some(too_long @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
-                return Err(too_long);
+            if let Some(refused @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
+                return Err(refused);
             }
         }
-        ticket.set_due(crate::clock::tokio_after(wait));
+        ticket.set_due(tokio_after(wait));
         let nap = wait.saturating_sub(horizon.unwrap_or(Duration::ZERO));
         ticket.nap(nap.max(Duration::from_micros(1))).await;
     }
@@ -273,5 +270,5 @@ async fn penalty_end(
         Err(_) if !spec.buckets.is_empty() => 0,
         Err(e) => return Err(e.into()),
     };
-    Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
+    Ok((wait > 0).then(|| tokio_after(Duration::from_micros(wait))))
 }

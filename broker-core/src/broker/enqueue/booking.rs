@@ -17,8 +17,7 @@ use crate::telemetry;
 
 /// A cost taken in the store (a booking, or an allowed `try` decision's).
 /// Dropped before [`LiveBooking::consume`] or [`LiveBooking::claim`], it
-/// refunds the cost, unless a penalty put on since has drained it, and
-/// releases the slot of its `try` decision (for a caller gone away).
+/// refunds the cost (unless a penalty drained it) and frees its slot.
 pub(crate) struct LiveBooking {
     resource: Arc<Resource>,
     /// The epochs of the limits it was taken under.

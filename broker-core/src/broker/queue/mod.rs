@@ -85,9 +85,8 @@ impl Line {
             return;
         };
         let lower = (0..top)
-            .filter_map(|p| self.levels[p].oldest().map(|(id, _)| (id, p)))
-            .min()
-            .map(|(_, p)| p);
+            .filter(|&p| !self.levels[p].is_empty())
+            .min_by_key(|&p| self.levels[p].oldest().map(|(id, _)| id));
         let (level, by_share, over_lower) = match lower {
             Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true, 0),
             Some(_) => (top, false, self.over_lower + 1),
