@@ -128,9 +128,10 @@ impl ResourceBroker {
         let units = queue::units(&resource.latest().spec, cost);
         let ticket = Ticket::new(&resource.lines, &key, target.priority, flow, units);
         let state = (key.as_str(), target.key.is_some());
-        let mut attempts = 0;
+        let mut attempt = Attempt { number: 0, cost };
         let result = loop {
-            attempts += 1;
+            attempt.number += 1;
+            let attempts = attempt.number;
             // The slot is not counted in flight: `place` counts this work.
             let admitted = admit_until(&resource, state, cost, &bounds, Some(&ticket), false);
             let (booking, permit) = match admitted.await {
@@ -143,11 +144,7 @@ impl ResourceBroker {
             let used = booking.consume();
             resource.tally(|c| &c.allowed, 1);
             place.move_to(&live.in_flight);
-            let outcome = work(Attempt {
-                number: attempts,
-                cost,
-            })
-            .await;
+            let outcome = work(attempt).await;
             let (class, retry_after) = (outcome.class(), outcome.retry_after());
             let observed = outcome.observed().cloned();
             let (result, usage) = match outcome {
