@@ -12,7 +12,7 @@ use crate::broker::in_flight::to_its_answer;
 use crate::broker::pending::in_order;
 use crate::broker::queue::{self, Ticket};
 use crate::broker::{note_backend_error, HeldKey, Permit, Resource};
-use crate::clock::Micros;
+use crate::clock::{micros, tokio_after, Micros};
 use crate::error::{BrokerError, WaitBound};
 use crate::limits::Cost;
 use crate::stats::Counted;
@@ -83,7 +83,7 @@ impl Bounds {
             (_, Some((at, d))) if until > at => WaitBound::Deadline(d),
             _ => return None,
         };
-        Some(Refused::TooLong(crate::clock::micros(left), bound))
+        Some(Refused::TooLong(micros(left), bound))
     }
 }
 
@@ -94,16 +94,12 @@ pub(crate) async fn admit_until(
     (key, keyed): (&str, bool),
     cost: Cost,
     bounds: &Bounds,
-    mut ticket: Option<&mut Ticket>,
+    ticket: Option<&Ticket>,
     counted: bool,
 ) -> Result<(LiveBooking, Permit), Refused> {
     loop {
-        let booking = match ticket.as_deref_mut() {
-            Some(ticket) => {
-                let booked = book_in_line(resource, key, cost, bounds, ticket).await;
-                ticket.leave();
-                booked?
-            }
+        let booking = match ticket {
+            Some(ticket) => book_in_line(resource, key, cost, bounds, ticket).await?,
             None => LiveBooking::book(resource, key.to_owned(), cost, bounds.left())
                 .await?
                 .map_err(|wait| Refused::TooLong(wait, bounds.deadline_bound()))?,
@@ -112,11 +108,9 @@ pub(crate) async fn admit_until(
         let until = match resource.penalties.until(key) {
             Some(until) => until,
             None => {
-                let slot = wait_slot(resource, (key, keyed), counted, bounds);
-                let (permit, waited) = slot.await?;
+                let (permit, waited) = wait_slot(resource, (key, keyed), counted, bounds).await?;
                 // After a wait the store may have a penalty since.
-                let ask_store = waited || booking.wait > 0;
-                match penalty_end(resource, key, cost, ask_store).await? {
+                match penalty_end(resource, key, cost, waited || booking.wait > 0).await? {
                     Some(until) => until,
                     None => return Ok((booking, permit)),
                 }
@@ -138,32 +132,28 @@ async fn book_in_line(
     key: &str,
     cost: Cost,
     bounds: &Bounds,
-    ticket: &mut Ticket,
+    ticket: &Ticket,
 ) -> Result<LiveBooking, Refused> {
+    // Left on every return, and when the call is dropped.
     ticket.join();
+    scopeguard::defer!(ticket.leave());
     // The shared ledger charged this booking's flow.
     let mut charged = false;
-    let behind =
-        |t: &Ticket| Refused::TooLong(crate::clock::micros(t.ahead()), bounds.deadline_bound());
+    let too_long = |wait| Refused::TooLong(wait, bounds.deadline_bound());
     loop {
-        if let Some((at, _)) = bounds.deadline {
-            if tokio::time::timeout_at(at, ticket.turn()).await.is_err() {
-                return Err(behind(ticket));
-            }
-        } else {
-            ticket.turn().await;
+        let turn = tokio::time::timeout(bounds.left(), ticket.turn());
+        if turn.await.is_err() {
+            return Err(too_long(micros(ticket.ahead())));
         }
-        let spec = resource.latest().spec.clone();
-        let horizon = queue::horizon(ticket.priority, &spec, ticket.units());
+        let horizon = queue::horizon(ticket.priority, &resource.latest().spec, ticket.units());
         let left = bounds.left();
         if !charged && horizon.is_some() {
             if shared_turn(resource, key, ticket).await == Turn::NotYet {
                 if left.is_zero() {
-                    return Err(behind(ticket));
+                    return Err(too_long(micros(ticket.ahead())));
                 }
-                ticket
-                    .nap(Duration::from_micros(ticket.units()).min(left))
-                    .await;
+                let nap = Duration::from_micros(ticket.units()).min(left);
+                ticket.nap(nap).await;
                 continue;
             }
             charged = true;
@@ -172,20 +162,18 @@ async fn book_in_line(
         let booked = LiveBooking::book(resource, key.to_owned(), cost, max_wait).await?;
         let wait = match booked {
             Ok(booking) => return Ok(booking),
-            Err(wait) if Duration::from_micros(wait) > left => {
-                return Err(Refused::TooLong(wait, bounds.deadline_bound()))
-            }
+            Err(wait) if Duration::from_micros(wait) > left => return Err(too_long(wait)),
             Err(wait) => Duration::from_micros(wait),
         };
         // A wait beyond the penalty ceiling may be a penalty beyond it.
         if bounds.ceiling.is_some_and(|c| wait > c) {
             let held = penalty_end(resource, key, cost, true).await?;
             let beyond = held.and_then(|until| bounds.penalty_beyond(until));
-            if let Some(too_long @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
-                return Err(too_long);
+            if let Some(refused @ Refused::TooLong(_, WaitBound::PenaltyCeiling(_))) = beyond {
+                return Err(refused);
             }
         }
-        ticket.set_due(crate::clock::tokio_after(wait));
+        ticket.set_due(tokio_after(wait));
         let nap = wait.saturating_sub(horizon.unwrap_or(Duration::ZERO));
         ticket.nap(nap.max(Duration::from_micros(1))).await;
     }
@@ -228,15 +216,15 @@ async fn wait_slot(
         let freed = resource.slot_notify.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
-        let permit = |lease| {
-            let held_key = HeldKey::State(keyed.then(|| key.to_owned()));
-            Permit::held(resource.clone(), held_key, lease, counted)
+        let permit = move |resource, key: String, lease| {
+            let held_key = HeldKey::State(keyed.then_some(key));
+            Permit::held(resource, held_key, lease, counted)
         };
         let held = match (resource.backend.local()).and_then(|l| l.take_slot_now(key, spec)) {
             Some(held) => held
                 .inspect_err(|e| note_backend_error(resource, "take_slot", e))
                 .map_err(BrokerError::from)?
-                .map(permit),
+                .map(|lease| permit(resource.clone(), key.to_owned(), lease)),
             // Run to its answer if the caller goes away: the permit of a
             // lease granted then is dropped there, released.
             None => {
@@ -245,10 +233,7 @@ async fn wait_slot(
                     let take = resource.backend.take_slot(&owned, &spec);
                     let lease = (in_order(&resource, &owned, &spec, take).await)
                         .inspect_err(|e| note_backend_error(&resource, "take_slot", e))?;
-                    let held_key = HeldKey::State(keyed.then_some(owned));
-                    Ok::<_, BrokerError>(
-                        lease.map(|lease| Permit::held(resource, held_key, lease, counted)),
-                    )
+                    Ok::<_, BrokerError>(lease.map(|lease| permit(resource, owned, lease)))
                 })
                 .await?
             }
@@ -257,13 +242,11 @@ async fn wait_slot(
             return Ok((permit, waited));
         }
         waited = true;
-        let now = Instant::now();
-        let until = match bounds.deadline {
-            Some((at, _)) if now >= at => return Err(Refused::NoSlot(bounds.deadline_bound())),
-            Some((at, _)) => at.min(now + SLOT_POLL),
-            None => now + SLOT_POLL,
-        };
-        let _ = tokio::time::timeout_at(until, freed).await;
+        let left = bounds.left();
+        if left.is_zero() {
+            return Err(Refused::NoSlot(bounds.deadline_bound()));
+        }
+        let _ = tokio::time::timeout(left.min(SLOT_POLL), freed).await;
     }
 }
 
@@ -287,5 +270,5 @@ async fn penalty_end(
         Err(_) if !spec.buckets.is_empty() => 0,
         Err(e) => return Err(e.into()),
     };
-    Ok((wait > 0).then(|| crate::clock::tokio_after(Duration::from_micros(wait))))
+    Ok((wait > 0).then(|| tokio_after(Duration::from_micros(wait))))
 }

@@ -17,8 +17,7 @@ use crate::telemetry;
 
 /// A cost taken in the store (a booking, or an allowed `try` decision's).
 /// Dropped before [`LiveBooking::consume`] or [`LiveBooking::claim`], it
-/// refunds the cost, unless a penalty put on since has drained it, and
-/// releases the slot of its `try` decision (for a caller gone away).
+/// refunds the cost (unless a penalty drained it) and frees its slot.
 pub(crate) struct LiveBooking {
     resource: Arc<Resource>,
     /// The epochs of the limits it was taken under.
@@ -77,10 +76,8 @@ impl LiveBooking {
         let resource = resource.clone();
         // Run to its answer if the caller goes away: dropped, it refunds.
         to_its_answer(async move {
-            let r = (resource.backend)
-                .book(&key, &latest.spec, cost, max_wait)
-                .await
-                .inspect_err(|e| note_backend_error(&resource, "book", e))?;
+            let booked = resource.backend.book(&key, &latest.spec, cost, max_wait);
+            let r = (booked.await).inspect_err(|e| note_backend_error(&resource, "book", e))?;
             if !r.booked {
                 return Ok(Err(r.wait));
             }
@@ -158,9 +155,7 @@ impl LiveBooking {
         // Time given back wakes the head of the key's line.
         let gave_back = actual.requests < booked.requests || actual.tokens < booked.tokens;
         let settled = move |resource: &Resource, key: &str, r: Result<(), BackendError>| {
-            if let Err(e) = r {
-                note_backend_error(resource, op, &e);
-            }
+            let _ = r.inspect_err(|e| note_backend_error(resource, op, e));
             if gave_back {
                 resource.lines.gave_back(key);
             }
@@ -175,11 +170,8 @@ impl LiveBooking {
         let resource = self.resource.clone();
         let (key, spec) = (key.to_owned(), spec.clone());
         Some(rt.spawn(async move {
-            let r = resource
-                .backend
-                .settle(&key, &spec, booked, actual, since)
-                .await;
-            settled(&resource, &key, r);
+            let settling = resource.backend.settle(&key, &spec, booked, actual, since);
+            settled(&resource, &key, settling.await);
         }))
     }
 }

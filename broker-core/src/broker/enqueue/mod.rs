@@ -1,6 +1,6 @@
 //! Queue + execute: `enqueue` waits for its turn in its state's local
 //! queue, books, sleeps to the booked time, takes a concurrency slot, runs
-//! the work and retries it by the resource's [`RetryPolicy`].
+//! the work and retries it by the resource's [`RetryPolicy`](crate::retry::RetryPolicy).
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -12,7 +12,7 @@ use crate::clock::tokio_after;
 use crate::error::BrokerError;
 use crate::keys;
 use crate::limits::Cost;
-use crate::retry::{Outcome, OutcomeClass, RetryPolicy};
+use crate::retry::{Outcome, OutcomeClass};
 use crate::stats::{bump, Counted};
 use crate::telemetry;
 
@@ -117,36 +117,34 @@ impl ResourceBroker {
             }));
         }
         let started = tokio::time::Instant::now();
-        let policy: &RetryPolicy = &resource.config.retry;
+        let policy = &resource.config.retry;
         let limits = resource.config.paced_limits();
+        let deadline = target.deadline.or(resource.config.queue_deadline);
         let bounds = Bounds {
-            deadline: (target.deadline)
-                .or(resource.config.queue_deadline)
-                .map(|d| (tokio_after(d), d)),
+            deadline: deadline.map(|d| (tokio_after(d), d)),
             ceiling: Some(policy.ceiling(&limits)),
         };
         let flow = (target.flow).map_or(("".into(), 1), |(f, w)| (keys::fingerprint(f).into(), w));
         let units = queue::units(&resource.latest().spec, cost);
-        let mut ticket = Ticket::new(&resource.lines, &key, target.priority, flow, units);
+        let ticket = Ticket::new(&resource.lines, &key, target.priority, flow, units);
         let state = (key.as_str(), target.key.is_some());
-        let mut number = 0;
+        let mut attempt = Attempt { number: 0, cost };
         let result = loop {
-            number += 1;
+            attempt.number += 1;
+            let attempts = attempt.number;
             // The slot is not counted in flight: `place` counts this work.
-            let ticket = Some(&mut ticket);
-            let admitted = admit_until(&resource, state, cost, &bounds, ticket, false);
+            let admitted = admit_until(&resource, state, cost, &bounds, Some(&ticket), false);
             let (booking, permit) = match admitted.await {
                 Ok(go) => go,
                 Err(refused) => break Err(refused.into_error(&resource, started).into()),
             };
-            if number == 1 {
-                let waits = &resource.lines.waits[target.priority.index()];
-                waits.record(started.elapsed());
+            if attempts == 1 {
+                resource.lines.waits[target.priority.index()].record(started.elapsed());
             }
             let used = booking.consume();
             resource.tally(|c| &c.allowed, 1);
             place.move_to(&live.in_flight);
-            let outcome = work(Attempt { number, cost }).await;
+            let outcome = work(attempt).await;
             let (class, retry_after) = (outcome.class(), outcome.retry_after());
             let observed = outcome.observed().cloned();
             let (result, usage) = match outcome {
@@ -160,7 +158,7 @@ impl ResourceBroker {
             // A 429's or a spent counter's penalty goes on before the slot
             // is freed, or a call waiting for the slot would go out into it.
             let penalty = (class == OutcomeClass::RateLimited).then(|| {
-                let penalty = policy.rate_limited_pause(number, retry_after, &limits);
+                let penalty = policy.rate_limited_pause(attempts, retry_after, &limits);
                 resource.penalties.penalize(&key, tokio_after(penalty));
                 penalty
             });
@@ -175,7 +173,7 @@ impl ResourceBroker {
                 if let Some(penalty) = penalty {
                     tracing::info!(
                         resource = %res.id,
-                        attempt = number,
+                        attempt = attempts,
                         retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
                         hold_ms = penalty.as_millis() as u64,
                         "upstream 429"
@@ -197,15 +195,12 @@ impl ResourceBroker {
                 Err(error) => error,
             };
             if !class.is_retryable() {
-                break Err(EnqueueError::Fatal {
-                    error,
-                    attempts: number,
-                });
+                break Err(EnqueueError::Fatal { error, attempts });
             }
-            let Some(pause) = policy.pause(class, number, retry_after, &limits) else {
+            let Some(pause) = policy.pause(class, attempts, retry_after, &limits) else {
                 resource.tally(|c| &c.retries_exhausted, 1);
                 telemetry::count(&resource.id, telemetry::RETRIES_EXHAUSTED);
-                let (attempts, last) = (number, class);
+                let last = class;
                 tracing::warn!(resource = %resource.id, attempts, ?last, "retry budget exhausted");
                 break Err(EnqueueError::RetriesExhausted {
                     error,
@@ -228,17 +223,12 @@ impl<E> EnqueueError<E> {
     /// too long rate-limited; a backend's transient.
     pub fn class(&self) -> OutcomeClass {
         match self {
-            EnqueueError::Fatal { .. } => OutcomeClass::Fatal,
             EnqueueError::RetriesExhausted { last, .. } => *last,
-            EnqueueError::Broker(b) => match b {
-                BrokerError::QueueFull { .. } | BrokerError::WaitTooLong { .. } => {
-                    OutcomeClass::RateLimited
-                }
-                BrokerError::Backend(_) => OutcomeClass::Transient,
-                BrokerError::UnknownResource(_)
-                | BrokerError::CostNeverFits { .. }
-                | BrokerError::Config(_) => OutcomeClass::Fatal,
-            },
+            EnqueueError::Broker(
+                BrokerError::QueueFull { .. } | BrokerError::WaitTooLong { .. },
+            ) => OutcomeClass::RateLimited,
+            EnqueueError::Broker(BrokerError::Backend(_)) => OutcomeClass::Transient,
+            EnqueueError::Fatal { .. } | EnqueueError::Broker(_) => OutcomeClass::Fatal,
         }
     }
 }

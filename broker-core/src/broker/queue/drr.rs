@@ -60,15 +60,20 @@ impl Flows {
         }
         let f = self.flows.entry(flow.clone()).or_default();
         f.weight = entry.weight.max(1);
-        if credit {
-            f.deficit += entry.units;
-        }
+        f.deficit += if credit { entry.units } else { 0 };
         let at = f.queue.partition_point(|e| e.id < entry.id);
         f.queue.insert(at, entry);
     }
 
-    /// Takes the next waiter by deficit round robin.
-    pub(super) fn pop(&mut self) -> Option<(Arc<str>, Entry)> {
+    /// Takes the next waiter by deficit round robin or, if `oldest`, the
+    /// longest-waiting one out of turn, charging its flow.
+    pub(super) fn pop(&mut self, oldest: bool) -> Option<(Arc<str>, Entry)> {
+        if oldest {
+            let name = self.oldest()?.1.clone();
+            let f = self.flows.get_mut(&name)?;
+            f.deficit = f.deficit.saturating_sub(f.queue.front()?.units);
+            return self.take(&name, 0);
+        }
         loop {
             let name = self.active.front()?.clone();
             let quantum = self.quantum.max(1);
@@ -85,16 +90,6 @@ impl Flows {
             f.in_turn = false;
             self.active.rotate_left(1);
         }
-    }
-
-    /// Takes the longest-waiting waiter out of turn, charging its flow.
-    pub(super) fn pop_oldest(&mut self) -> Option<(Arc<str>, Entry)> {
-        let name = self.oldest()?.1.clone();
-        let taken = self.take(&name, 0)?;
-        if let Some(f) = self.flows.get_mut(&name) {
-            f.deficit = f.deficit.saturating_sub(taken.1.units);
-        }
-        Some(taken)
     }
 
     /// Removes waiter `id` of `flow`; whether it was there.
@@ -153,7 +148,7 @@ mod tests {
             );
             flows.push(&b, entry(2 * i + 1, 1), false);
         }
-        let served: Vec<Arc<str>> = (0..400).map(|_| flows.pop().unwrap().0).collect();
+        let served: Vec<Arc<str>> = (0..400).map(|_| flows.pop(false).unwrap().0).collect();
         let to_a = served.iter().filter(|n| **n == a).count();
         assert_eq!(to_a, 300);
     }
@@ -174,6 +169,6 @@ mod tests {
         let a: Arc<str> = "a".into();
         flows.push(&a, entry(5, 1), false);
         flows.push(&a, entry(2, 1), true);
-        assert_eq!(flows.pop().unwrap().1.id, 2);
+        assert_eq!(flows.pop(false).unwrap().1.id, 2);
     }
 }

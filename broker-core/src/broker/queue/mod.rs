@@ -57,9 +57,7 @@ pub(crate) fn units(spec: &LimitSpec, cost: Cost) -> u64 {
     spec.buckets
         .iter()
         .map(|(unit, p)| (cost.of(*unit) as f64 * p.micros_per_token()).ceil() as u64)
-        .max()
-        .unwrap_or(0)
-        .max(1)
+        .fold(1, u64::max)
 }
 
 /// How far ahead a head of `priority` books a cost of `units`: batch one
@@ -82,31 +80,20 @@ impl Line {
 
     /// Makes the next waiter head, if there is none.
     fn promote(&mut self) {
-        if self.head.is_some() {
-            return;
-        }
-        let Some(top) = (0..3).rev().find(|&p| !self.levels[p].is_empty()) else {
+        let top = (0..3).rev().find(|&p| !self.levels[p].is_empty());
+        let Some(top) = top.filter(|_| self.head.is_none()) else {
             return;
         };
         let lower = (0..top)
-            .filter_map(|p| self.levels[p].oldest().map(|(id, _)| (id, p)))
-            .min()
-            .map(|(_, p)| p);
-        let (level, by_share) = match lower {
-            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true),
-            _ => (top, false),
+            .filter(|&p| !self.levels[p].is_empty())
+            .min_by_key(|&p| self.levels[p].oldest().map(|(id, _)| id));
+        let (level, by_share, over_lower) = match lower {
+            Some(p) if self.over_lower + 1 >= Priority::MIN_SHARE => (p, true, 0),
+            Some(_) => (top, false, self.over_lower + 1),
+            None => (top, false, 0),
         };
-        self.over_lower = if lower.is_some() && !by_share {
-            self.over_lower + 1
-        } else {
-            0
-        };
-        let flows = &mut self.levels[level];
-        let Some((flow, entry)) = (if by_share {
-            flows.pop_oldest()
-        } else {
-            flows.pop()
-        }) else {
+        self.over_lower = over_lower;
+        let Some((flow, entry)) = self.levels[level].pop(by_share) else {
             return;
         };
         entry.wake.notify_one();
@@ -130,7 +117,6 @@ pub(crate) struct Ticket {
     flow: Arc<str>,
     /// Its place, cost and weight in its flow, kept when it joins again.
     entry: Entry,
-    joined: bool,
 }
 
 impl Ticket {
@@ -142,19 +128,17 @@ impl Ticket {
         (flow, weight): (Arc<str>, u32),
         units: u64,
     ) -> Self {
-        let entry = Entry {
-            id: lines.next.fetch_add(1, Ordering::Relaxed),
-            units,
-            weight,
-            wake: Arc::default(),
-        };
         Self {
             lines: lines.clone(),
             key: key.to_owned(),
             priority,
             flow,
-            entry,
-            joined: false,
+            entry: Entry {
+                id: lines.next.fetch_add(1, Ordering::Relaxed),
+                units,
+                weight,
+                wake: Arc::default(),
+            },
         }
     }
 
@@ -188,15 +172,10 @@ impl Ticket {
     }
 
     /// Joins the line (again: in the place the call had in its flow).
-    pub(crate) fn join(&mut self) {
-        if self.joined {
-            return;
-        }
-        self.joined = true;
+    pub(crate) fn join(&self) {
         let mut lines = self.lines.lines.lock();
         let line = lines.entry(self.key.clone()).or_default();
-        let entry = self.entry.clone();
-        line.levels[self.priority.index()].push(&self.flow, entry, false);
+        line.levels[self.priority.index()].push(&self.flow, self.entry.clone(), false);
         // A higher priority takes the turn of a head not booked yet.
         let displaced = (line.head).take_if(|h| h.priority < self.priority && !h.by_share);
         if let Some(head) = displaced {
@@ -213,12 +192,8 @@ impl Ticket {
 
     /// Waits until this call is the head of its line.
     pub(crate) async fn turn(&self) {
-        loop {
-            let woken = self.entry.wake.notified();
-            if self.is_head() {
-                return;
-            }
-            woken.await;
+        while !self.is_head() {
+            self.entry.wake.notified().await;
         }
     }
 
@@ -227,18 +202,13 @@ impl Ticket {
         let _ = tokio::time::timeout(d, self.entry.wake.notified()).await;
     }
 
-    /// Leaves the line: the next waiter becomes head at once.
-    pub(crate) fn leave(&mut self) {
-        if !self.joined {
-            return;
-        }
-        self.joined = false;
+    /// Leaves the line, if in it: the next waiter becomes head at once.
+    pub(crate) fn leave(&self) {
         let mut lines = self.lines.lines.lock();
         let Some(line) = lines.get_mut(&self.key) else {
             return;
         };
-        if self.head_of(line).is_some() {
-            line.head = None;
+        if line.head.take_if(|h| h.entry.id == self.entry.id).is_some() {
             line.promote();
         } else {
             line.levels[self.priority.index()].remove(&self.flow, self.entry.id);
@@ -256,27 +226,18 @@ impl Ticket {
     /// An estimate of this call's wait: the head's time still ahead, then
     /// the refill time of every call ahead of it and its own.
     pub(crate) fn ahead(&self) -> Duration {
-        let lines = self.lines.lines.lock();
-        let Some(line) = lines.get(&self.key) else {
-            return Duration::ZERO;
-        };
-        let queued: u64 = (self.priority.index()..3)
-            .flat_map(|p| line.levels[p].entries().map(move |(_, e)| (p, e)))
-            .filter(|(p, e)| *p > self.priority.index() || e.id < self.entry.id)
-            .map(|(_, e)| e.units)
-            .sum();
-        let head = (line.head.as_ref())
-            .and_then(|h| h.due)
-            .map_or(Duration::ZERO, |due| {
-                due.saturating_duration_since(tokio::time::Instant::now())
-            });
-        head + Duration::from_micros(queued.saturating_add(self.entry.units))
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.leave();
+        let ahead = self.on_line(|line| {
+            let queued: u64 = (self.priority.index()..3)
+                .flat_map(|p| line.levels[p].entries().map(move |(_, e)| (p, e)))
+                .filter(|(p, e)| *p > self.priority.index() || e.id < self.entry.id)
+                .map(|(_, e)| e.units)
+                .sum();
+            let due = line.head.as_ref().and_then(|h| h.due);
+            let head = due.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            head.unwrap_or_default()
+                + Duration::from_micros(queued.saturating_add(self.entry.units))
+        });
+        ahead.unwrap_or_default()
     }
 }
 
@@ -294,17 +255,14 @@ impl Lines {
         let lines = self.lines.lock();
         let mut depth = [0u64; 3];
         let mut flows: HashMap<&Arc<str>, (u64, u64)> = HashMap::new();
-        let waiting = lines.values().flat_map(|line| {
+        for line in lines.values() {
             let head = (line.head.iter()).map(|h| (h.priority.index(), &h.flow, &h.entry));
-            (0..3)
-                .flat_map(|p| line.levels[p].entries().map(move |(f, e)| (p, f, e)))
-                .chain(head)
-        });
-        for (p, flow, entry) in waiting {
-            depth[p] += 1;
-            let f = flows.entry(flow).or_default();
-            f.0 += 1;
-            f.1 += entry.units;
+            let queued = (0..3).flat_map(|p| line.levels[p].entries().map(move |(f, e)| (p, f, e)));
+            for (p, flow, entry) in queued.chain(head) {
+                depth[p] += 1;
+                let f = flows.entry(flow).or_default();
+                (f.0, f.1) = (f.0 + 1, f.1 + entry.units);
+            }
         }
         let flows = flows
             .into_iter()
@@ -324,7 +282,7 @@ mod tests {
     use super::*;
 
     fn ticket(lines: &Arc<Lines>, p: Priority, flow: &str) -> Ticket {
-        let mut t = Ticket::new(lines, "k", p, (flow.into(), 1), 1);
+        let t = Ticket::new(lines, "k", p, (flow.into(), 1), 1);
         t.join();
         t
     }
@@ -344,11 +302,11 @@ mod tests {
         let mut high: Vec<Ticket> = (0..30)
             .map(|_| ticket(&lines, Priority::Interactive, ""))
             .collect();
-        let mut low = ticket(&lines, Priority::Batch, "");
+        let low = ticket(&lines, Priority::Batch, "");
         let mut turns = 0;
         while !low.is_head() {
             let at = high.iter().position(Ticket::is_head).expect("a head");
-            high.remove(at);
+            high.remove(at).leave();
             turns += 1;
         }
         low.leave();
@@ -382,7 +340,7 @@ mod tests {
         let ts: Vec<Ticket> = (0..5)
             .map(|_| ticket(&lines, Priority::Default, "f"))
             .collect();
-        drop(ts);
+        ts.iter().for_each(Ticket::leave);
         assert!(lines.lines.lock().is_empty());
     }
 }
