@@ -61,25 +61,17 @@ impl Future for TryAcquire<'_> {
         let this = &mut self.get_mut().0;
         if let Call::Unpolled(broker, on, key, cost) = *this {
             *this = Call::Done;
-            let now = on.with(broker, |resource| {
-                (broker.acquire_now(resource, key, cost)).map_err(|state_key| {
-                    broker.try_acquire_later(resource.clone(), state_key, cost)
-                })
-            });
-            match now {
-                Err(e) => return Poll::Ready(Err(e)),
-                Ok(Ok(answer)) => return Poll::Ready(answer),
-                Ok(Err(later)) => *this = Call::Later(Box::pin(later)),
+            match broker.acquire_now(on, key, cost) {
+                Ok(answer) => return Poll::Ready(answer),
+                Err((resource, key)) => {
+                    *this = Call::Later(Box::pin(broker.try_acquire_later(resource, key, cost)));
+                }
             }
         }
         let Call::Later(later) = this else {
             panic!("`try_acquire` polled after it completed");
         };
-        let polled = later.as_mut().poll(cx);
-        if polled.is_ready() {
-            *this = Call::Done;
-        }
-        polled
+        later.as_mut().poll(cx)
     }
 }
 
@@ -135,51 +127,45 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         let target = target.into();
-        self.acquire_now_on(On::Id(target.resource), target.key, cost)
+        self.acquire_now(On::Id(target.resource), target.key, cost)
+            .ok()
     }
 
-    /// `try_acquire_now` on `on`.
-    pub(super) fn acquire_now_on(
+    /// `try_acquire` on `on` answered without I/O, or `Err` with the
+    /// registration and state key (`None`: the resource's own) to ask the
+    /// store for asynchronously.
+    pub(super) fn acquire_now(
         &self,
         on: On<'_>,
         key: Option<&str>,
         cost: Cost,
-    ) -> Option<Result<Acquisition, BrokerError>> {
-        (on.with(self, |resource| self.acquire_now(resource, key, cost).ok()))
-            .unwrap_or_else(|e| Some(Err(e)))
-    }
-
-    /// `try_acquire` answered without I/O, or `Err` with the state key
-    /// (`None`: the resource's own) to ask the store for asynchronously.
-    pub(super) fn acquire_now(
-        &self,
-        resource: &Arc<Resource>,
-        key: Option<&str>,
-        cost: Cost,
-    ) -> Result<Result<Acquisition, BrokerError>, Option<String>> {
-        if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
-            return Ok(Err(e));
-        }
-        if let Some(local) = &resource.local {
-            let d = local.try_acquire(key, cost);
-            let held = || HeldKey::Sub(key.map(Box::from));
-            return Ok(Ok(answer(resource, held, d)));
-        }
-        let owned = key.map(|k| crate::keys::keyed(&resource.id, k));
-        let state = owned.as_deref().unwrap_or(&resource.key);
-        let local = resource.backend.local();
-        let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
-        else {
-            return Err(owned);
-        };
-        let key = || HeldKey::State(owned);
-        Ok(match decision {
-            Ok(d) => Ok(answer(resource, key, d)),
-            Err(e) => {
-                note_backend_error(resource, "try_acquire", &e);
-                Err(e.into())
+    ) -> Result<Result<Acquisition, BrokerError>, (Arc<Resource>, Option<String>)> {
+        let now = on.with(self, |resource| {
+            if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
+                return Ok(Err(e));
             }
-        })
+            if let Some(local) = &resource.local {
+                let d = local.try_acquire(key, cost);
+                let held = || HeldKey::Sub(key.map(Box::from));
+                return Ok(Ok(answer(resource, held, d)));
+            }
+            let owned = key.map(|k| crate::keys::keyed(&resource.id, k));
+            let state = owned.as_deref().unwrap_or(&resource.key);
+            let local = resource.backend.local();
+            let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
+            else {
+                return Err((resource.clone(), owned));
+            };
+            let key = || HeldKey::State(owned);
+            Ok(match decision {
+                Ok(d) => Ok(answer(resource, key, d)),
+                Err(e) => {
+                    note_backend_error(resource, "try_acquire", &e);
+                    Err(e.into())
+                }
+            })
+        });
+        now.unwrap_or_else(|e| Ok(Err(e)))
     }
 
     /// `try_acquire` through the backend's asynchronous call.

@@ -93,6 +93,6 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        self.broker.acquire_now_on(self.on(), key.into(), cost)
+        self.broker.acquire_now(self.on(), key.into(), cost).ok()
     }
 }

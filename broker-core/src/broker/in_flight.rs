@@ -5,36 +5,28 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// `call`'s answer; dropped after it was first polled and before it was
-/// answered, `call` runs to its end on a task of its own (if a runtime is
-/// still there) and its answer is dropped there.
+/// `call`'s answer; dropped before it was answered, `call` runs to its end
+/// on a task of its own (if a runtime is still there) and its answer is
+/// dropped there. Awaited at once, it may then have reached the store.
 pub(crate) fn to_its_answer<T: Send + 'static>(
     call: impl Future<Output = T> + Send + 'static,
 ) -> InFlight<T> {
-    InFlight {
-        call: Some(Box::pin(call)),
-        sent: false,
-    }
+    InFlight(Some(Box::pin(call)))
 }
 
 /// The future of [`to_its_answer`].
-pub(crate) struct InFlight<T: Send + 'static> {
-    call: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
-    /// Polled: it may have reached the store.
-    sent: bool,
-}
+pub(crate) struct InFlight<T: Send + 'static>(Option<Pin<Box<dyn Future<Output = T> + Send>>>);
 
 impl<T: Send + 'static> Future for InFlight<T> {
     type Output = T;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let this = self.get_mut();
+        let this = &mut self.get_mut().0;
         // Taken out while polled: a call that panics is not run again.
-        let mut call = this.call.take().expect("a call polled after its answer");
-        this.sent = true;
+        let mut call = this.take().expect("a call polled after its answer");
         let answer = call.as_mut().poll(cx);
         if answer.is_pending() {
-            this.call = Some(call);
+            *this = Some(call);
         }
         answer
     }
@@ -42,8 +34,11 @@ impl<T: Send + 'static> Future for InFlight<T> {
 
 impl<T: Send + 'static> Drop for InFlight<T> {
     fn drop(&mut self) {
-        let call = self.call.take().filter(|_| self.sent);
-        if let Some((call, rt)) = call.zip(tokio::runtime::Handle::try_current().ok()) {
+        if let Some((call, rt)) = self
+            .0
+            .take()
+            .zip(tokio::runtime::Handle::try_current().ok())
+        {
             rt.spawn(async move { drop(call.await) });
         }
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use scopeguard::ScopeGuard;
 use tokio::runtime::Id;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -117,12 +118,8 @@ impl Keeper {
         if start {
             // Spawned with the lock let go: a runtime shutting down drops
             // the task at once, and its guard takes the lock.
-            let stopped = Stopped {
-                keeper: self.clone(),
-                id,
-                armed: true,
-            };
-            runtime.spawn(renew_while_kept(stopped, notify.clone()));
+            let stopped = scopeguard::guard(self.clone(), move |keeper| keeper.runtime_gone(id));
+            runtime.spawn(renew_while_kept(stopped, id, notify.clone()));
         }
         notify.notify_one();
     }
@@ -131,41 +128,29 @@ impl Keeper {
     pub(crate) fn forget(&self, lease: LeaseId) {
         self.held.lock().leases.remove(&lease);
     }
-}
 
-/// Dropped with a renewing task that did not finish (its runtime shut
-/// down): takes the runtime out and hands its leases on. Disarmed when the
-/// task stops by itself.
-struct Stopped {
-    keeper: Arc<Keeper>,
-    id: Id,
-    armed: bool,
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let wake = {
-            let mut held = self.keeper.held.lock();
-            if held.runtimes.remove(&self.id).is_none() {
-                return;
-            }
-            let other = (held.runtimes.iter().next()).map(|(id, wake)| (*id, wake.clone()));
-            hand_on(&mut held.leases, Some(self.id), other.as_ref().map(|o| o.0));
-            other
-        };
-        if let Some((_, other)) = wake {
-            other.notify_one();
+    /// Takes out runtime `id`, whose renewing task was dropped unfinished
+    /// (its runtime shut down), and hands its leases on.
+    fn runtime_gone(&self, id: Id) {
+        let mut held = self.held.lock();
+        if held.runtimes.remove(&id).is_some() {
+            let other = (held.runtimes.iter().next()).map(|(other, wake)| {
+                wake.notify_one();
+                *other
+            });
+            hand_on(&mut held.leases, Some(id), other);
         }
     }
 }
 
-/// Renews the leases kept on its runtime when due, until none is left.
-async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
-    let keeper = stopped.keeper.clone();
-    let id = stopped.id;
+/// Renews the leases kept on runtime `id` when due, until none is left;
+/// dropped unfinished, `stopped` takes the runtime out.
+async fn renew_while_kept(
+    stopped: ScopeGuard<Arc<Keeper>, impl FnOnce(Arc<Keeper>) + Send>,
+    id: Id,
+    kept: Arc<Notify>,
+) {
+    let keeper = Arc::clone(&stopped);
     loop {
         let now = Instant::now();
         let (due, ended, next) = {
@@ -173,7 +158,7 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
             let ours = held.leases.values().any(|k| k.on == Some(id));
             if !ours || !held.runtimes.contains_key(&id) {
                 held.runtimes.remove(&id);
-                stopped.armed = false;
+                ScopeGuard::into_inner(stopped);
                 return;
             }
             let (mut due, mut ended) = (Vec::new(), Vec::new());

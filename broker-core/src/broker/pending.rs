@@ -86,17 +86,8 @@ impl Keeper {
         self.count.load(Ordering::Acquire) != 0
     }
 
-    fn holds(&self, key: &str, lease: LeaseId) -> bool {
-        self.any()
-            && self
-                .by_key
-                .lock()
-                .get(key)
-                .is_some_and(|l| l.contains(&lease))
-    }
-
-    /// Takes out `lease` on `key`: whether it was there.
-    fn remove(&self, key: &str, lease: LeaseId) -> bool {
+    /// Whether `lease` on `key` is pending; taken out if `take`.
+    fn pending(&self, key: &str, lease: LeaseId, take: bool) -> bool {
         if !self.any() {
             return false;
         }
@@ -104,15 +95,17 @@ impl Keeper {
         let Some(leases) = map.get_mut(key) else {
             return false;
         };
-        let at = leases.iter().position(|l| *l == lease);
-        if let Some(at) = at {
+        let Some(at) = leases.iter().position(|l| *l == lease) else {
+            return false;
+        };
+        if take {
             leases.swap_remove(at);
             self.count.fetch_sub(1, Ordering::Release);
+            if leases.is_empty() {
+                map.remove(key);
+            }
         }
-        if leases.is_empty() {
-            map.remove(key);
-        }
-        at.is_some()
+        true
     }
 
     /// The release of `lease` on `key`, to be sent from a task: pending
@@ -148,7 +141,7 @@ impl OnItsWay {
     pub(crate) async fn send(self) -> Result<bool, BackendError> {
         let (pending, key) = (&self.pending, self.key.as_str());
         loop {
-            if !pending.holds(key, self.lease) {
+            if !pending.pending(key, self.lease, false) {
                 return Ok(true);
             }
             let released = pending.backend.release(key, self.lease).await;
@@ -164,7 +157,7 @@ impl OnItsWay {
 
 impl Drop for OnItsWay {
     fn drop(&mut self) {
-        self.pending.remove(&self.key, self.lease);
+        self.pending.pending(&self.key, self.lease, true);
     }
 }
 
@@ -178,17 +171,20 @@ mod tests {
     #[test]
     fn leases_are_kept_by_key_until_answered_or_taken() {
         let pending = Arc::new(Keeper::new(Arc::new(NoStore)));
-        assert!(!pending.holds("a", 1));
+        assert!(!pending.pending("a", 1, false));
         let ways = [("a", 1), ("a", 2), ("b", 3)].map(|(k, l)| pending.on_its_way(k.into(), l));
-        assert!(pending.holds("a", 1));
-        assert!(pending.remove("a", 1));
-        assert!(!pending.remove("a", 1));
-        assert!(!pending.holds("a", 1));
-        assert!(pending.remove("a", 2), "a decision sent it");
-        assert!(!pending.remove("a", 2), "taken once");
-        assert!(pending.holds("b", 3));
+        assert!(pending.pending("a", 1, false));
+        assert!(pending.pending("a", 1, true));
+        assert!(!pending.pending("a", 1, true));
+        assert!(!pending.pending("a", 1, false));
+        assert!(pending.pending("a", 2, true), "a decision sent it");
+        assert!(!pending.pending("a", 2, true), "taken once");
+        assert!(pending.pending("b", 3, false));
         drop(ways);
-        assert!(!pending.holds("b", 3), "its task's end takes it out");
+        assert!(
+            !pending.pending("b", 3, false),
+            "its task's end takes it out"
+        );
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.by_key.lock().is_empty());
     }

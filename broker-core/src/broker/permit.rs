@@ -43,18 +43,7 @@ impl Acquisition {
 /// lease is renewed for [`max_hold`](crate::ResourceConfig::max_hold) at most.
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
-pub struct Permit(Held);
-
-/// What a permit holds.
-#[derive(Debug, Default)]
-enum Held {
-    /// Nothing (no concurrency limit, denied, or released).
-    #[default]
-    Nothing,
-    One(Box<Lease>),
-    /// The slots of two permits, released together (see [`Permit::join`]).
-    Both(Box<[Permit; 2]>),
-}
+pub struct Permit(Option<Box<Lease>>);
 
 #[derive(Debug)]
 struct Lease {
@@ -63,6 +52,8 @@ struct Lease {
     lease: LeaseId,
     /// Counted in the resource's `in_flight`.
     counted: bool,
+    /// A permit joined to this one, released with it (see [`Permit::join`]).
+    joined: Permit,
 }
 
 /// The state a lease is held on.
@@ -93,7 +84,7 @@ impl std::fmt::Debug for dyn Store {
 impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
-        Self(Held::Nothing)
+        Self(None)
     }
 
     /// The permit of `lease`, counted in flight if `counted`, and kept
@@ -116,8 +107,9 @@ impl Permit {
             key,
             lease,
             counted,
+            joined: Permit::empty(),
         };
-        Self(Held::One(Box::new(lease)))
+        Self(Some(Box::new(lease)))
     }
 
     /// One permit holding the slots of both `self` and `other`, released
@@ -138,26 +130,27 @@ impl Permit {
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn join(self, other: Permit) -> Permit {
-        match (self.is_held(), other.is_held()) {
-            (_, false) => self,
-            (false, true) => other,
-            (true, true) => Self(Held::Both(Box::new([self, other]))),
+    pub fn join(mut self, other: Permit) -> Permit {
+        match &mut self.0 {
+            None => other,
+            Some(lease) => {
+                lease.joined = std::mem::take(&mut lease.joined).join(other);
+                self
+            }
         }
     }
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        !matches!(self.0, Held::Nothing)
+        self.0.is_some()
     }
 
     /// Releases the slot (idempotent): at once in memory, else sent on the
     /// current tokio runtime (without one, the lease expires).
     pub fn release(&mut self) {
-        match std::mem::take(&mut self.0) {
-            Held::Nothing => {}
-            Held::One(l) => release(l.resource, l.key, l.lease, l.counted),
-            Held::Both(both) => drop(both),
+        if let Some(l) = self.0.take() {
+            release(l.resource, l.key, l.lease, l.counted);
+            drop(l.joined);
         }
     }
 }
