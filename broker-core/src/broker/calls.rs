@@ -36,24 +36,6 @@ pub(super) enum On<'s> {
     Resource(&'s Arc<Resource>),
 }
 
-impl On<'_> {
-    /// `f` on the registration a call goes to: a current handle's own, else
-    /// the id's latest, borrowed from the registry (no reference counted).
-    pub(super) fn with<R>(
-        self,
-        broker: &ResourceBroker,
-        f: impl FnOnce(&Arc<Resource>) -> R,
-    ) -> Result<R, BrokerError> {
-        match self {
-            On::Resource(resource) => Ok(f(resource)),
-            On::Id(id) => match broker.inner.resources.load().get(id) {
-                Some(resource) => Ok(f(resource)),
-                None => Err(BrokerError::UnknownResource(id.to_owned())),
-            },
-        }
-    }
-}
-
 impl Future for TryAcquire<'_> {
     type Output = Result<Acquisition, BrokerError>;
 
@@ -97,10 +79,9 @@ fn acquisition(resource: &Resource, d: Decision, permit: Permit) -> Acquisition 
 /// The acquisition of decision `d`, counted, holding the slot of its lease
 /// if allowed (on the state `key` names).
 fn answer(resource: &Arc<Resource>, key: impl FnOnce() -> HeldKey, d: Decision) -> Acquisition {
-    let permit = match d.lease.filter(|_| d.allowed) {
-        Some(lease) => Permit::held(resource.clone(), key(), lease, true),
-        None => Permit::empty(),
-    };
+    let permit = (d.lease.filter(|_| d.allowed)).map_or_else(Permit::empty, |lease| {
+        Permit::held(resource.clone(), key(), lease, true)
+    });
     acquisition(resource, d, permit)
 }
 
@@ -140,32 +121,35 @@ impl ResourceBroker {
         key: Option<&str>,
         cost: Cost,
     ) -> Result<Result<Acquisition, BrokerError>, (Arc<Resource>, Option<String>)> {
-        let now = on.with(self, |resource| {
-            if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
-                return Ok(Err(e));
-            }
-            if let Some(local) = &resource.local {
-                let d = local.try_acquire(key, cost);
-                let held = || HeldKey::Sub(key.map(Box::from));
-                return Ok(Ok(answer(resource, held, d)));
-            }
-            let owned = key.map(|k| crate::keys::keyed(&resource.id, k));
-            let state = owned.as_deref().unwrap_or(&resource.key);
-            let local = resource.backend.local();
-            let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
-            else {
-                return Err((resource.clone(), owned));
-            };
-            let key = || HeldKey::State(owned);
-            Ok(match decision {
-                Ok(d) => Ok(answer(resource, key, d)),
-                Err(e) => {
-                    note_backend_error(resource, "try_acquire", &e);
-                    Err(e.into())
+        let registry;
+        let resource = match on {
+            On::Resource(resource) => resource,
+            On::Id(id) => {
+                registry = self.inner.resources.load();
+                match registry.get(id) {
+                    Some(resource) => resource,
+                    None => return Ok(Err(BrokerError::UnknownResource(id.to_owned()))),
                 }
-            })
-        });
-        now.unwrap_or_else(|e| Ok(Err(e)))
+            }
+        };
+        if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
+            return Ok(Err(e));
+        }
+        if let Some(local) = &resource.local {
+            let d = local.try_acquire(key, cost);
+            let held = || HeldKey::Sub(key.map(Box::from));
+            return Ok(Ok(answer(resource, held, d)));
+        }
+        let owned = key.map(|k| crate::keys::keyed(&resource.id, k));
+        let state = owned.as_deref().unwrap_or(&resource.key);
+        let local = resource.backend.local();
+        let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
+        else {
+            return Err((resource.clone(), owned));
+        };
+        let decision = decision.inspect_err(|e| note_backend_error(resource, "try_acquire", e));
+        Ok((decision.map_err(BrokerError::from))
+            .map(|d| answer(resource, || HeldKey::State(owned), d)))
     }
 
     /// `try_acquire` through the backend's asynchronous call.

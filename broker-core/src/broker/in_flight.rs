@@ -2,53 +2,37 @@
 //! of their own if the caller goes away; an unused answer gives back what it took.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-/// `call`'s answer; dropped before it was answered, `call` runs to its end
-/// on a task of its own (if a runtime is still there) and its answer is
-/// dropped there. Awaited at once, it may then have reached the store.
-pub(crate) fn to_its_answer<T: Send + 'static>(
+/// `call`'s answer; dropped after it was first polled and before it was
+/// answered, `call` runs to its end on a task of its own (if a runtime is
+/// still there) and its answer is dropped there.
+pub(crate) async fn to_its_answer<T: Send + 'static>(
     call: impl Future<Output = T> + Send + 'static,
-) -> InFlight<T> {
-    InFlight(Some(Box::pin(call)))
-}
-
-/// The future of [`to_its_answer`].
-pub(crate) struct InFlight<T: Send + 'static>(Option<Pin<Box<dyn Future<Output = T> + Send>>>);
-
-impl<T: Send + 'static> Future for InFlight<T> {
-    type Output = T;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let this = &mut self.get_mut().0;
-        // Taken out while polled: a call that panics is not run again.
-        let mut call = this.take().expect("a call polled after its answer");
-        let answer = call.as_mut().poll(cx);
-        if answer.is_pending() {
-            *this = Some(call);
-        }
-        answer
-    }
-}
-
-impl<T: Send + 'static> Drop for InFlight<T> {
-    fn drop(&mut self) {
-        if let Some((call, rt)) = self
-            .0
-            .take()
-            .zip(tokio::runtime::Handle::try_current().ok())
-        {
+) -> T {
+    let mut call = scopeguard::guard(Some(Box::pin(call)), |call| {
+        if let Some((call, rt)) = call.zip(tokio::runtime::Handle::try_current().ok()) {
             rt.spawn(async move { drop(call.await) });
         }
-    }
+    });
+    std::future::poll_fn(|cx| {
+        // Taken out while polled: a call that panics is not run again.
+        let mut polled = call.take().expect("a call polled after its answer");
+        let answer = polled.as_mut().poll(cx);
+        if answer.is_pending() {
+            *call = Some(polled);
+        }
+        answer
+    })
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    use std::task::{Context, Poll};
 
     /// A call that panics on every poll, counting them.
     struct Panics(Arc<AtomicUsize>);

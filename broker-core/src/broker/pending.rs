@@ -39,7 +39,7 @@ pub(crate) async fn in_order<T>(
             // One out of reach goes back on its way, as a dropped permit's.
             let released = p.backend.release(key, lease).await;
             if released.is_err_and(|e| e.is_unavailable()) {
-                tokio::spawn(p.on_its_way(key.to_owned(), lease).send());
+                tokio::spawn(p.on_its_way(key.to_owned(), lease));
             }
         }
         decision.await
@@ -108,56 +108,38 @@ impl Keeper {
         true
     }
 
-    /// The release of `lease` on `key`, to be sent from a task: pending
-    /// until sent, or until the returned guard is dropped.
-    pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
+    /// The release of `lease` on `key`, for a task: pending until dropped;
+    /// not sent if a decision took it out; out of reach of a down store, sent
+    /// again once it reads up (past [`MAX_KEPT`] pending, left to its TTL).
+    pub(crate) fn on_its_way(
+        self: &Arc<Self>,
+        key: String,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static {
         self.by_key
             .lock()
             .entry(key.clone())
             .or_default()
             .push(lease);
         self.count.fetch_add(1, Ordering::Release);
-        let pending = self.clone();
-        OnItsWay {
-            pending,
-            key,
-            lease,
-        }
-    }
-}
-
-/// A release sent from a task, pending while on its way; dropped (its task
-/// done, or dropped unrun with its runtime), it leaves nothing pending.
-pub(crate) struct OnItsWay {
-    pending: Arc<Keeper>,
-    key: String,
-    lease: LeaseId,
-}
-
-impl OnItsWay {
-    /// Sends the release, unless a decision took it out. Out of reach of a
-    /// store that reads down, it is sent again once the store reads up
-    /// (past [`MAX_KEPT`] pending, left to its lease's TTL).
-    pub(crate) async fn send(self) -> Result<bool, BackendError> {
-        let (pending, key) = (&self.pending, self.key.as_str());
-        loop {
-            if !pending.pending(key, self.lease, false) {
-                return Ok(true);
+        let pending = scopeguard::guard((self.clone(), key), move |(pending, key)| {
+            pending.pending(&key, lease, true);
+        });
+        async move {
+            let (pending, key) = (&pending.0, pending.1.as_str());
+            loop {
+                if !pending.pending(key, lease, false) {
+                    return Ok(true);
+                }
+                let released = pending.backend.release(key, lease).await;
+                let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
+                let kept = pending.count.load(Ordering::Relaxed) <= MAX_KEPT;
+                if !(out_of_reach && kept && pending.backend.health().down) {
+                    return released;
+                }
+                pending.until_up().await;
             }
-            let released = pending.backend.release(key, self.lease).await;
-            let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
-            let kept = pending.count.load(Ordering::Relaxed) <= MAX_KEPT;
-            if !(out_of_reach && kept && pending.backend.health().down) {
-                return released;
-            }
-            pending.until_up().await;
         }
-    }
-}
-
-impl Drop for OnItsWay {
-    fn drop(&mut self) {
-        self.pending.pending(&self.key, self.lease, true);
     }
 }
 
@@ -201,7 +183,7 @@ mod tests {
         rt.block_on(async {
             for i in 0..100 {
                 let release = pending.on_its_way(format!("t{i}"), i);
-                tokio::spawn(async move { release.send().await });
+                tokio::spawn(release);
             }
         });
         assert_eq!(pending.count.load(Ordering::Relaxed), 100);
@@ -284,7 +266,7 @@ mod tests {
         store.down.store(true, Ordering::Release);
         let pending = Arc::new(Keeper::new(store.clone()));
         let tasks: Vec<_> = (0..3)
-            .map(|i| tokio::spawn(pending.on_its_way("k".into(), i).send()))
+            .map(|i| tokio::spawn(pending.on_its_way("k".into(), i)))
             .collect();
         tokio::time::sleep(Duration::from_millis(120)).await;
         assert!(pending.polling.load(Ordering::Acquire), "one reads for all");

@@ -59,20 +59,11 @@ struct Lease {
 /// The state a lease is held on.
 #[derive(Debug)]
 pub(crate) enum HeldKey {
-    /// The resource's own state, or sub-key `k` (as the caller gave it).
+    /// Sub-key `k` (as the caller gave it; `None`: the resource's own) of
+    /// the resource's in-process states.
     Sub(Option<Box<str>>),
     /// A state key built by [`crate::keys`] (`None`: the resource's own).
     State(Option<String>),
-}
-
-impl HeldKey {
-    /// The state key the lease is on; `None` for the resource's own.
-    fn state_key(&self, resource: &Resource) -> Option<String> {
-        match self {
-            HeldKey::Sub(sub) => sub.as_deref().map(|k| crate::keys::keyed(&resource.id, k)),
-            HeldKey::State(key) => key.clone(),
-        }
-    }
 }
 
 impl std::fmt::Debug for dyn Store {
@@ -98,9 +89,10 @@ impl Permit {
         if counted {
             bump(&resource.live.in_flight);
         }
-        if let Some(keeper) = &resource.keeper {
-            let on = key.state_key(&resource);
-            keeper.keep(&resource, on.unwrap_or_else(|| resource.key.clone()), lease);
+        // A store with a keeper has no in-process states: the key is built.
+        if let (Some(keeper), HeldKey::State(on)) = (&resource.keeper, &key) {
+            let on = on.clone().unwrap_or_else(|| resource.key.clone());
+            keeper.keep(&resource, on, lease);
         }
         let lease = Lease {
             resource,
@@ -165,11 +157,15 @@ pub(super) fn release(resource: Arc<Resource>, key: HeldKey, lease: LeaseId, cou
     if counted {
         drop_one(&resource.live.in_flight);
     }
-    if let (HeldKey::Sub(sub), Some(local)) = (&key, &resource.local) {
-        local.release(sub.as_deref(), lease);
-        return resource.slot_freed();
-    }
-    let key = key.state_key(&resource);
+    let key = match key {
+        HeldKey::State(key) => key,
+        HeldKey::Sub(sub) => {
+            if let Some(local) = &resource.local {
+                local.release(sub.as_deref(), lease);
+            }
+            return resource.slot_freed();
+        }
+    };
     let state = key.as_deref().unwrap_or(&resource.key);
     if let Some(result) = (resource.backend.local()).and_then(|l| l.release_now(state, lease)) {
         return released(&resource, result);
@@ -182,7 +178,7 @@ pub(super) fn release(resource: Arc<Resource>, key: HeldKey, lease: LeaseId, cou
     let pending = (resource.keeper.as_ref()).map(|k| k.on_its_way(key.clone(), lease));
     rt.spawn(async move {
         let result = match pending {
-            Some(release) => release.send().await,
+            Some(release) => release.await,
             None => resource.backend.release(&key, lease).await,
         };
         released(&resource, result);

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{Epochs, Latest, Lineage, Registry, Resource, ResourceBroker};
+use arc_swap::ArcSwap;
+
+use super::{Epochs, Latest, Registry, Resource, ResourceBroker};
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
@@ -174,7 +176,7 @@ impl ResourceBroker {
             id: id.to_owned(),
             key,
             config,
-            lineage: Arc::new(Lineage::from_pointee(Latest {
+            lineage: Arc::new(ArcSwap::from_pointee(Latest {
                 spec: spec.clone(),
                 epochs: Epochs::default(),
                 resource: Weak::new(),
