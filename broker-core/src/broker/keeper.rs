@@ -3,7 +3,7 @@
 //! leases go to another runtime's task (or the next) when it shuts down.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +26,9 @@ pub(crate) struct Keeper {
     /// lock.
     pub(super) count: AtomicUsize,
     pub(super) by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
-    /// Told when the store reads up again; `polling` while a task watches.
-    pub(super) up: Notify,
-    pub(super) polling: AtomicBool,
+    /// Held by the one task that reads the store's health while releases
+    /// wait for it to read up.
+    pub(super) reader: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -84,8 +84,7 @@ impl Keeper {
             held: Mutex::default(),
             count: AtomicUsize::new(0),
             by_key: Mutex::default(),
-            up: Notify::new(),
-            polling: AtomicBool::new(false),
+            reader: tokio::sync::Mutex::new(()),
         }
     }
 

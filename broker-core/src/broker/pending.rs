@@ -51,34 +51,14 @@ pub(crate) async fn in_order<T>(
 
 /// The releases not yet sent, by state key.
 impl Keeper {
-    /// Waits until the store reads up: one waiter reads its health for all;
-    /// if that one is dropped, the next to wake takes over.
+    /// Waits until the store reads up: one waiter at a time reads its
+    /// health, so one reads for all; if it is dropped, the next takes over.
     async fn until_up(&self) {
-        loop {
-            let up = self.up.notified();
-            tokio::pin!(up);
-            up.as_mut().enable();
-            if self.polling.swap(true, Ordering::AcqRel) {
-                up.await;
-                if !self.backend.health().down {
-                    return;
-                }
-                continue;
-            }
-            // Over (the store up, or this waiter gone), it wakes every
-            // other, and one of them reads on if need be.
-            scopeguard::defer! {
-                self.polling.store(false, Ordering::Release);
-                self.up.notify_waiters();
-            }
-            let mut wait = RETRY[0];
-            loop {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY[1]);
-                if !self.backend.health().down {
-                    return;
-                }
-            }
+        let _reading = self.reader.lock().await;
+        let mut wait = RETRY[0];
+        while self.backend.health().down {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY[1]);
         }
     }
 
@@ -269,10 +249,10 @@ mod tests {
             .map(|i| tokio::spawn(pending.on_its_way("k".into(), i)))
             .collect();
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert!(pending.polling.load(Ordering::Acquire), "one reads for all");
+        assert!(pending.reader.try_lock().is_err(), "one reads for all");
         tasks[0].abort();
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert!(pending.polling.load(Ordering::Acquire), "another took over");
+        assert!(pending.reader.try_lock().is_err(), "another took over");
         store.down.store(false, Ordering::Release);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut sent = 0;
@@ -285,6 +265,6 @@ mod tests {
         assert_eq!(sent, 2);
         assert_eq!(store.released.load(Ordering::Acquire), 2);
         assert!(pending.by_key.lock().is_empty());
-        assert!(!pending.polling.load(Ordering::Acquire));
+        assert!(pending.reader.try_lock().is_ok());
     }
 }
