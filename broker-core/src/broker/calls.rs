@@ -18,15 +18,11 @@ use crate::state::{Decision, DenyReason};
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
 /// The future of [`ResourceBroker::try_acquire`]: the call is made when it
-/// is first polled, never before.
+/// is first polled, never before; an in-process answer needs no allocation.
 #[must_use = "futures do nothing unless polled"]
-pub struct TryAcquire<'s>(pub(super) Call<'s>);
-
-/// Where a [`TryAcquire`] is: an in-process answer needs no allocation.
-pub(super) enum Call<'s> {
-    Unpolled(&'s ResourceBroker, On<'s>, Option<&'s str>, Cost),
-    Later(Boxed<'s>),
-    Done,
+pub struct TryAcquire<'s> {
+    pub(super) call: Option<(&'s ResourceBroker, On<'s>, Option<&'s str>, Cost)>,
+    pub(super) later: Option<Boxed<'s>>,
 }
 
 /// The resource of a call: by id, or a handle's while it is current.
@@ -40,20 +36,20 @@ impl Future for TryAcquire<'_> {
     type Output = Result<Acquisition, BrokerError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut self.get_mut().0;
-        if let Call::Unpolled(broker, on, key, cost) = *this {
-            *this = Call::Done;
+        let this = self.get_mut();
+        if let Some((broker, on, key, cost)) = this.call.take() {
             match broker.acquire_now(on, key, cost) {
                 Ok(answer) => return Poll::Ready(answer),
                 Err((resource, key)) => {
-                    *this = Call::Later(Box::pin(broker.try_acquire_later(resource, key, cost)));
+                    this.later = Some(Box::pin(broker.try_acquire_later(resource, key, cost)));
                 }
             }
         }
-        let Call::Later(later) = this else {
-            panic!("`try_acquire` polled after it completed");
-        };
-        later.as_mut().poll(cx)
+        let later = this.later.as_mut();
+        later
+            .expect("`try_acquire` polled after it completed")
+            .as_mut()
+            .poll(cx)
     }
 }
 
@@ -96,8 +92,8 @@ impl ResourceBroker {
         cost: Cost,
     ) -> TryAcquire<'s> {
         let target = target.into();
-        let on = On::Id(target.resource);
-        TryAcquire(Call::Unpolled(self, on, target.key, cost))
+        let call = Some((self, On::Id(target.resource), target.key, cost));
+        TryAcquire { call, later: None }
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting: `None` when the

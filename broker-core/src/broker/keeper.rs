@@ -160,7 +160,7 @@ async fn renew_while_kept(
                 ScopeGuard::into_inner(stopped);
                 return;
             }
-            let (mut due, mut ended) = (Vec::new(), Vec::new());
+            let (mut due, mut ended, mut next) = (Vec::new(), Vec::new(), None::<Instant>);
             held.leases.retain(|lease, kept| {
                 if kept.on != Some(id) {
                     return true;
@@ -174,12 +174,10 @@ async fn renew_while_kept(
                     due.push((*lease, renewal));
                     kept.due = now + every(&kept.spec);
                 }
+                let at = kept.until.map_or(kept.due, |until| kept.due.min(until));
+                next = Some(next.map_or(at, |n| n.min(at)));
                 true
             });
-            let next = (held.leases.values())
-                .filter(|k| k.on == Some(id))
-                .map(|k| k.until.map_or(k.due, |until| k.due.min(until)))
-                .min();
             (due, ended, next.unwrap_or(now))
         };
         for resource in ended {
