@@ -41,7 +41,7 @@ impl Future for TryAcquire<'_> {
             match broker.acquire_now(on, key, cost) {
                 Ok(answer) => return Poll::Ready(answer),
                 Err((resource, key)) => {
-                    this.later = Some(Box::pin(broker.try_acquire_later(resource, key, cost)));
+                    this.later = Some(Box::pin(try_acquire_later(resource, key, cost)));
                 }
             }
         }
@@ -79,6 +79,29 @@ fn answer(resource: &Arc<Resource>, key: impl FnOnce() -> HeldKey, d: Decision) 
         Permit::held(resource.clone(), key(), lease, true)
     });
     acquisition(resource, d, permit)
+}
+
+/// `try_acquire` through the backend's asynchronous call.
+async fn try_acquire_later(
+    resource: Arc<Resource>,
+    owned_key: Option<String>,
+    cost: Cost,
+) -> Result<Acquisition, BrokerError> {
+    let asked = resource.clone();
+    // Run to its answer if the caller goes away, then given back.
+    let decided = in_flight::to_its_answer(async move {
+        let key = owned_key.as_deref().unwrap_or(&asked.key);
+        let since_here = LiveBooking::since_here(&asked, key);
+        let d = asked.backend.try_acquire(key, &asked.spec, cost);
+        let d = super::pending::in_order(&asked, key, &asked.spec, d)
+            .await
+            .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
+        let taken = LiveBooking::taken(asked, owned_key, cost, since_here, &d);
+        Ok::<_, BackendError>((d, taken))
+    });
+    let (d, taken) = decided.await?;
+    let owned_key = taken.claim();
+    Ok(answer(&resource, || HeldKey::State(owned_key), d))
 }
 
 /// # Check + reject
@@ -146,31 +169,6 @@ impl ResourceBroker {
         let decision = decision.inspect_err(|e| note_backend_error(resource, "try_acquire", e));
         Ok((decision.map_err(BrokerError::from))
             .map(|d| answer(resource, || HeldKey::State(owned), d)))
-    }
-
-    /// `try_acquire` through the backend's asynchronous call.
-    async fn try_acquire_later(
-        &self,
-        resource: Arc<Resource>,
-        owned_key: Option<String>,
-        cost: Cost,
-    ) -> Result<Acquisition, BrokerError> {
-        let asked = resource.clone();
-        // Run to its answer if the caller goes away, then given back.
-        let decided = in_flight::to_its_answer(async move {
-            let key = owned_key.as_deref().unwrap_or(&asked.key);
-            let since_here = LiveBooking::since_here(&asked, key);
-            let d = asked.backend.try_acquire(key, &asked.spec, cost);
-            let d = super::pending::in_order(&asked, key, &asked.spec, d)
-                .await
-                .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
-            let taken = LiveBooking::taken(asked, owned_key, cost, since_here, &d);
-            Ok::<_, BackendError>((d, taken))
-        });
-        let (d, taken) = decided.await?;
-        let owned_key = taken.claim();
-        let key = || HeldKey::State(owned_key);
-        Ok(answer(&resource, key, d))
     }
 
     /// Waits up to `max_wait` for `cost` (booked, so waiters are spaced in

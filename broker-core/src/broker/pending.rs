@@ -28,8 +28,11 @@ pub(crate) async fn in_order<T>(
     spec: &LimitSpec,
     decision: impl Future<Output = T>,
 ) -> T {
-    let keeper = resource.keeper.as_ref();
-    let Some(p) = keeper.filter(|p| spec.max_concurrent.is_some() && p.any()) else {
+    let keeper = resource
+        .keeper
+        .as_ref()
+        .filter(|_| spec.max_concurrent.is_some());
+    let Some(p) = keeper.filter(|p| p.count.load(Ordering::Acquire) != 0) else {
         return decision.await;
     };
     let ahead = async {
@@ -62,13 +65,9 @@ impl Keeper {
         }
     }
 
-    fn any(&self) -> bool {
-        self.count.load(Ordering::Acquire) != 0
-    }
-
     /// Whether `lease` on `key` is pending; taken out if `take`.
     fn pending(&self, key: &str, lease: LeaseId, take: bool) -> bool {
-        if !self.any() {
+        if self.count.load(Ordering::Acquire) == 0 {
             return false;
         }
         let mut map = self.by_key.lock();
