@@ -18,15 +18,11 @@ use crate::state::{Decision, DenyReason};
 type Boxed<'s> = Pin<Box<dyn Future<Output = Result<Acquisition, BrokerError>> + Send + 's>>;
 
 /// The future of [`ResourceBroker::try_acquire`]: the call is made when it
-/// is first polled, never before.
+/// is first polled, never before; an in-process answer needs no allocation.
 #[must_use = "futures do nothing unless polled"]
-pub struct TryAcquire<'s>(pub(super) Call<'s>);
-
-/// Where a [`TryAcquire`] is: an in-process answer needs no allocation.
-pub(super) enum Call<'s> {
-    Unpolled(&'s ResourceBroker, On<'s>, Option<&'s str>, Cost),
-    Later(Boxed<'s>),
-    Done,
+pub struct TryAcquire<'s> {
+    pub(super) call: Option<(&'s ResourceBroker, On<'s>, Option<&'s str>, Cost)>,
+    pub(super) later: Option<Boxed<'s>>,
 }
 
 /// The resource of a call: by id, or a handle's while it is current.
@@ -36,50 +32,24 @@ pub(super) enum On<'s> {
     Resource(&'s Arc<Resource>),
 }
 
-impl On<'_> {
-    /// `f` on the registration a call goes to: a current handle's own, else
-    /// the id's latest, borrowed from the registry (no reference counted).
-    pub(super) fn with<R>(
-        self,
-        broker: &ResourceBroker,
-        f: impl FnOnce(&Arc<Resource>) -> R,
-    ) -> Result<R, BrokerError> {
-        match self {
-            On::Resource(resource) => Ok(f(resource)),
-            On::Id(id) => match broker.inner.resources.load().get(id) {
-                Some(resource) => Ok(f(resource)),
-                None => Err(BrokerError::UnknownResource(id.to_owned())),
-            },
-        }
-    }
-}
-
 impl Future for TryAcquire<'_> {
     type Output = Result<Acquisition, BrokerError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut self.get_mut().0;
-        if let Call::Unpolled(broker, on, key, cost) = *this {
-            *this = Call::Done;
-            let now = on.with(broker, |resource| {
-                (broker.acquire_now(resource, key, cost)).map_err(|state_key| {
-                    broker.try_acquire_later(resource.clone(), state_key, cost)
-                })
-            });
-            match now {
-                Err(e) => return Poll::Ready(Err(e)),
-                Ok(Ok(answer)) => return Poll::Ready(answer),
-                Ok(Err(later)) => *this = Call::Later(Box::pin(later)),
+        let this = self.get_mut();
+        if let Some((broker, on, key, cost)) = this.call.take() {
+            match broker.acquire_now(on, key, cost) {
+                Ok(answer) => return Poll::Ready(answer),
+                Err((resource, key)) => {
+                    this.later = Some(Box::pin(try_acquire_later(resource, key, cost)));
+                }
             }
         }
-        let Call::Later(later) = this else {
-            panic!("`try_acquire` polled after it completed");
-        };
-        let polled = later.as_mut().poll(cx);
-        if polled.is_ready() {
-            *this = Call::Done;
-        }
-        polled
+        let later = this.later.as_mut();
+        later
+            .expect("`try_acquire` polled after it completed")
+            .as_mut()
+            .poll(cx)
     }
 }
 
@@ -105,11 +75,33 @@ fn acquisition(resource: &Resource, d: Decision, permit: Permit) -> Acquisition 
 /// The acquisition of decision `d`, counted, holding the slot of its lease
 /// if allowed (on the state `key` names).
 fn answer(resource: &Arc<Resource>, key: impl FnOnce() -> HeldKey, d: Decision) -> Acquisition {
-    let permit = match d.lease.filter(|_| d.allowed) {
-        Some(lease) => Permit::held(resource.clone(), key(), lease, true),
-        None => Permit::empty(),
-    };
+    let permit = (d.lease.filter(|_| d.allowed)).map_or_else(Permit::empty, |lease| {
+        Permit::held(resource.clone(), key(), lease, true)
+    });
     acquisition(resource, d, permit)
+}
+
+/// `try_acquire` through the backend's asynchronous call.
+async fn try_acquire_later(
+    resource: Arc<Resource>,
+    owned_key: Option<String>,
+    cost: Cost,
+) -> Result<Acquisition, BrokerError> {
+    let asked = resource.clone();
+    // Run to its answer if the caller goes away, then given back.
+    let decided = in_flight::to_its_answer(async move {
+        let key = owned_key.as_deref().unwrap_or(&asked.key);
+        let since_here = LiveBooking::since_here(&asked, key);
+        let d = asked.backend.try_acquire(key, &asked.spec, cost);
+        let d = super::pending::in_order(&asked, key, &asked.spec, d)
+            .await
+            .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
+        let taken = LiveBooking::taken(asked, owned_key, cost, since_here, &d);
+        Ok::<_, BackendError>((d, taken))
+    });
+    let (d, taken) = decided.await?;
+    let owned_key = taken.claim();
+    Ok(answer(&resource, || HeldKey::State(owned_key), d))
 }
 
 /// # Check + reject
@@ -123,8 +115,8 @@ impl ResourceBroker {
         cost: Cost,
     ) -> TryAcquire<'s> {
         let target = target.into();
-        let on = On::Id(target.resource);
-        TryAcquire(Call::Unpolled(self, on, target.key, cost))
+        let call = Some((self, On::Id(target.resource), target.key, cost));
+        TryAcquire { call, later: None }
     }
 
     /// [`ResourceBroker::try_acquire`] without waiting: `None` when the
@@ -135,28 +127,30 @@ impl ResourceBroker {
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
         let target = target.into();
-        self.acquire_now_on(On::Id(target.resource), target.key, cost)
+        self.acquire_now(On::Id(target.resource), target.key, cost)
+            .ok()
     }
 
-    /// `try_acquire_now` on `on`.
-    pub(super) fn acquire_now_on(
+    /// `try_acquire` on `on` answered without I/O, or `Err` with the
+    /// registration and state key (`None`: the resource's own) to ask the
+    /// store for asynchronously.
+    pub(super) fn acquire_now(
         &self,
         on: On<'_>,
         key: Option<&str>,
         cost: Cost,
-    ) -> Option<Result<Acquisition, BrokerError>> {
-        (on.with(self, |resource| self.acquire_now(resource, key, cost).ok()))
-            .unwrap_or_else(|e| Some(Err(e)))
-    }
-
-    /// `try_acquire` answered without I/O, or `Err` with the state key
-    /// (`None`: the resource's own) to ask the store for asynchronously.
-    pub(super) fn acquire_now(
-        &self,
-        resource: &Arc<Resource>,
-        key: Option<&str>,
-        cost: Cost,
-    ) -> Result<Result<Acquisition, BrokerError>, Option<String>> {
+    ) -> Result<Result<Acquisition, BrokerError>, (Arc<Resource>, Option<String>)> {
+        let registry;
+        let resource = match on {
+            On::Resource(resource) => resource,
+            On::Id(id) => {
+                registry = self.inner.resources.load();
+                match registry.get(id) {
+                    Some(resource) => resource,
+                    None => return Ok(Err(BrokerError::UnknownResource(id.to_owned()))),
+                }
+            }
+        };
         if let Err(e) = resource.config.limits.check_fits(&resource.id, cost) {
             return Ok(Err(e));
         }
@@ -170,41 +164,11 @@ impl ResourceBroker {
         let local = resource.backend.local();
         let Some(decision) = local.and_then(|l| l.try_acquire_now(state, &resource.spec, cost))
         else {
-            return Err(owned);
+            return Err((resource.clone(), owned));
         };
-        let key = || HeldKey::State(owned);
-        Ok(match decision {
-            Ok(d) => Ok(answer(resource, key, d)),
-            Err(e) => {
-                note_backend_error(resource, "try_acquire", &e);
-                Err(e.into())
-            }
-        })
-    }
-
-    /// `try_acquire` through the backend's asynchronous call.
-    async fn try_acquire_later(
-        &self,
-        resource: Arc<Resource>,
-        owned_key: Option<String>,
-        cost: Cost,
-    ) -> Result<Acquisition, BrokerError> {
-        let asked = resource.clone();
-        // Run to its answer if the caller goes away, then given back.
-        let decided = in_flight::to_its_answer(async move {
-            let key = owned_key.as_deref().unwrap_or(&asked.key);
-            let since_here = LiveBooking::since_here(&asked, key);
-            let d = asked.backend.try_acquire(key, &asked.spec, cost);
-            let d = super::pending::in_order(&asked, key, &asked.spec, d)
-                .await
-                .inspect_err(|e| note_backend_error(&asked, "try_acquire", e))?;
-            let taken = LiveBooking::taken(asked, owned_key, cost, since_here, &d);
-            Ok::<_, BackendError>((d, taken))
-        });
-        let (d, taken) = decided.await?;
-        let owned_key = taken.claim();
-        let key = || HeldKey::State(owned_key);
-        Ok(answer(&resource, key, d))
+        let decision = decision.inspect_err(|e| note_backend_error(resource, "try_acquire", e));
+        Ok((decision.map_err(BrokerError::from))
+            .map(|d| answer(resource, || HeldKey::State(owned), d)))
     }
 
     /// Waits up to `max_wait` for `cost` (booked, so waiters are spaced in

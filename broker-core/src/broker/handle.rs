@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::calls::{Call, On};
+use super::calls::On;
 use super::{Acquisition, Resource, ResourceBroker, TryAcquire};
 use crate::error::BrokerError;
 use crate::limits::Cost;
@@ -83,7 +83,8 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> TryAcquire<'s> {
-        TryAcquire(Call::Unpolled(&self.broker, self.on(), key.into(), cost))
+        let call = Some((&self.broker, self.on(), key.into(), cost));
+        TryAcquire { call, later: None }
     }
 
     /// [`ResourceBroker::try_acquire_now`] on this resource: `None` when the
@@ -93,6 +94,6 @@ impl ResourceHandle {
         key: impl Into<Option<&'a str>>,
         cost: Cost,
     ) -> Option<Result<Acquisition, BrokerError>> {
-        self.broker.acquire_now_on(self.on(), key.into(), cost)
+        self.broker.acquire_now(self.on(), key.into(), cost).ok()
     }
 }

@@ -2,58 +2,37 @@
 //! of their own if the caller goes away; an unused answer gives back what it took.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 /// `call`'s answer; dropped after it was first polled and before it was
 /// answered, `call` runs to its end on a task of its own (if a runtime is
 /// still there) and its answer is dropped there.
-pub(crate) fn to_its_answer<T: Send + 'static>(
+pub(crate) async fn to_its_answer<T: Send + 'static>(
     call: impl Future<Output = T> + Send + 'static,
-) -> InFlight<T> {
-    InFlight {
-        call: Some(Box::pin(call)),
-        sent: false,
-    }
-}
-
-/// The future of [`to_its_answer`].
-pub(crate) struct InFlight<T: Send + 'static> {
-    call: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
-    /// Polled: it may have reached the store.
-    sent: bool,
-}
-
-impl<T: Send + 'static> Future for InFlight<T> {
-    type Output = T;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let this = self.get_mut();
-        // Taken out while polled: a call that panics is not run again.
-        let mut call = this.call.take().expect("a call polled after its answer");
-        this.sent = true;
-        let answer = call.as_mut().poll(cx);
-        if answer.is_pending() {
-            this.call = Some(call);
-        }
-        answer
-    }
-}
-
-impl<T: Send + 'static> Drop for InFlight<T> {
-    fn drop(&mut self) {
-        let call = self.call.take().filter(|_| self.sent);
+) -> T {
+    let mut call = scopeguard::guard(Some(Box::pin(call)), |call| {
         if let Some((call, rt)) = call.zip(tokio::runtime::Handle::try_current().ok()) {
             rt.spawn(async move { drop(call.await) });
         }
-    }
+    });
+    std::future::poll_fn(|cx| {
+        // Taken out while polled: a call that panics is not run again.
+        let mut polled = call.take().expect("a call polled after its answer");
+        let answer = polled.as_mut().poll(cx);
+        if answer.is_pending() {
+            *call = Some(polled);
+        }
+        answer
+    })
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    use std::task::{Context, Poll};
 
     /// A call that panics on every poll, counting them.
     struct Panics(Arc<AtomicUsize>);

@@ -3,11 +3,12 @@
 //! leases go to another runtime's task (or the next) when it shuts down.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use scopeguard::ScopeGuard;
 use tokio::runtime::Id;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -25,9 +26,9 @@ pub(crate) struct Keeper {
     /// lock.
     pub(super) count: AtomicUsize,
     pub(super) by_key: Mutex<HashMap<String, Vec<LeaseId>>>,
-    /// Told when the store reads up again; `polling` while a task watches.
-    pub(super) up: Notify,
-    pub(super) polling: AtomicBool,
+    /// Held by the one task that reads the store's health while releases
+    /// wait for it to read up.
+    pub(super) reader: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -83,8 +84,7 @@ impl Keeper {
             held: Mutex::default(),
             count: AtomicUsize::new(0),
             by_key: Mutex::default(),
-            up: Notify::new(),
-            polling: AtomicBool::new(false),
+            reader: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -117,12 +117,8 @@ impl Keeper {
         if start {
             // Spawned with the lock let go: a runtime shutting down drops
             // the task at once, and its guard takes the lock.
-            let stopped = Stopped {
-                keeper: self.clone(),
-                id,
-                armed: true,
-            };
-            runtime.spawn(renew_while_kept(stopped, notify.clone()));
+            let stopped = scopeguard::guard(self.clone(), move |keeper| keeper.runtime_gone(id));
+            runtime.spawn(renew_while_kept(stopped, id, notify.clone()));
         }
         notify.notify_one();
     }
@@ -131,41 +127,29 @@ impl Keeper {
     pub(crate) fn forget(&self, lease: LeaseId) {
         self.held.lock().leases.remove(&lease);
     }
-}
 
-/// Dropped with a renewing task that did not finish (its runtime shut
-/// down): takes the runtime out and hands its leases on. Disarmed when the
-/// task stops by itself.
-struct Stopped {
-    keeper: Arc<Keeper>,
-    id: Id,
-    armed: bool,
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let wake = {
-            let mut held = self.keeper.held.lock();
-            if held.runtimes.remove(&self.id).is_none() {
-                return;
-            }
-            let other = (held.runtimes.iter().next()).map(|(id, wake)| (*id, wake.clone()));
-            hand_on(&mut held.leases, Some(self.id), other.as_ref().map(|o| o.0));
-            other
-        };
-        if let Some((_, other)) = wake {
-            other.notify_one();
+    /// Takes out runtime `id`, whose renewing task was dropped unfinished
+    /// (its runtime shut down), and hands its leases on.
+    fn runtime_gone(&self, id: Id) {
+        let mut held = self.held.lock();
+        if held.runtimes.remove(&id).is_some() {
+            let other = (held.runtimes.iter().next()).map(|(other, wake)| {
+                wake.notify_one();
+                *other
+            });
+            hand_on(&mut held.leases, Some(id), other);
         }
     }
 }
 
-/// Renews the leases kept on its runtime when due, until none is left.
-async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
-    let keeper = stopped.keeper.clone();
-    let id = stopped.id;
+/// Renews the leases kept on runtime `id` when due, until none is left;
+/// dropped unfinished, `stopped` takes the runtime out.
+async fn renew_while_kept(
+    stopped: ScopeGuard<Arc<Keeper>, impl FnOnce(Arc<Keeper>) + Send>,
+    id: Id,
+    kept: Arc<Notify>,
+) {
+    let keeper = Arc::clone(&stopped);
     loop {
         let now = Instant::now();
         let (due, ended, next) = {
@@ -173,10 +157,10 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
             let ours = held.leases.values().any(|k| k.on == Some(id));
             if !ours || !held.runtimes.contains_key(&id) {
                 held.runtimes.remove(&id);
-                stopped.armed = false;
+                ScopeGuard::into_inner(stopped);
                 return;
             }
-            let (mut due, mut ended) = (Vec::new(), Vec::new());
+            let (mut due, mut ended, mut next) = (Vec::new(), Vec::new(), None::<Instant>);
             held.leases.retain(|lease, kept| {
                 if kept.on != Some(id) {
                     return true;
@@ -190,12 +174,10 @@ async fn renew_while_kept(mut stopped: Stopped, kept: Arc<Notify>) {
                     due.push((*lease, renewal));
                     kept.due = now + every(&kept.spec);
                 }
+                let at = kept.until.map_or(kept.due, |until| kept.due.min(until));
+                next = Some(next.map_or(at, |n| n.min(at)));
                 true
             });
-            let next = (held.leases.values())
-                .filter(|k| k.on == Some(id))
-                .map(|k| k.until.map_or(k.due, |until| k.due.min(until)))
-                .min();
             (due, ended, next.unwrap_or(now))
         };
         for resource in ended {

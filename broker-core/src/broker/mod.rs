@@ -28,7 +28,7 @@ use permit::HeldKey;
 pub use permit::{Acquisition, Permit};
 pub use register::{EntryError, OnOtherLimits};
 pub(crate) use resource::{note_backend_error, Resource};
-pub(crate) use resource::{Epochs, Latest, Lineage};
+pub(crate) use resource::{Epochs, Latest};
 pub use target::{Priority, Target};
 
 use crate::config::ResourceConfig;

@@ -28,8 +28,11 @@ pub(crate) async fn in_order<T>(
     spec: &LimitSpec,
     decision: impl Future<Output = T>,
 ) -> T {
-    let keeper = resource.keeper.as_ref();
-    let Some(p) = keeper.filter(|p| spec.max_concurrent.is_some() && p.any()) else {
+    let keeper = resource
+        .keeper
+        .as_ref()
+        .filter(|_| spec.max_concurrent.is_some());
+    let Some(p) = keeper.filter(|p| p.count.load(Ordering::Acquire) != 0) else {
         return decision.await;
     };
     let ahead = async {
@@ -39,7 +42,7 @@ pub(crate) async fn in_order<T>(
             // One out of reach goes back on its way, as a dropped permit's.
             let released = p.backend.release(key, lease).await;
             if released.is_err_and(|e| e.is_unavailable()) {
-                tokio::spawn(p.on_its_way(key.to_owned(), lease).send());
+                tokio::spawn(p.on_its_way(key.to_owned(), lease));
             }
         }
         decision.await
@@ -51,120 +54,71 @@ pub(crate) async fn in_order<T>(
 
 /// The releases not yet sent, by state key.
 impl Keeper {
-    /// Waits until the store reads up: one waiter reads its health for all;
-    /// if that one is dropped, the next to wake takes over.
+    /// Waits until the store reads up: one waiter at a time reads its
+    /// health, so one reads for all; if it is dropped, the next takes over.
     async fn until_up(&self) {
-        loop {
-            let up = self.up.notified();
-            tokio::pin!(up);
-            up.as_mut().enable();
-            if self.polling.swap(true, Ordering::AcqRel) {
-                up.await;
-                if !self.backend.health().down {
-                    return;
-                }
-                continue;
-            }
-            // Over (the store up, or this waiter gone), it wakes every
-            // other, and one of them reads on if need be.
-            scopeguard::defer! {
-                self.polling.store(false, Ordering::Release);
-                self.up.notify_waiters();
-            }
-            let mut wait = RETRY[0];
-            loop {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY[1]);
-                if !self.backend.health().down {
-                    return;
-                }
-            }
+        let _reading = self.reader.lock().await;
+        let mut wait = RETRY[0];
+        while self.backend.health().down {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY[1]);
         }
     }
 
-    fn any(&self) -> bool {
-        self.count.load(Ordering::Acquire) != 0
-    }
-
-    fn holds(&self, key: &str, lease: LeaseId) -> bool {
-        self.any()
-            && self
-                .by_key
-                .lock()
-                .get(key)
-                .is_some_and(|l| l.contains(&lease))
-    }
-
-    /// Takes out `lease` on `key`: whether it was there.
-    fn remove(&self, key: &str, lease: LeaseId) -> bool {
-        if !self.any() {
+    /// Whether `lease` on `key` is pending; taken out if `take`.
+    fn pending(&self, key: &str, lease: LeaseId, take: bool) -> bool {
+        if self.count.load(Ordering::Acquire) == 0 {
             return false;
         }
         let mut map = self.by_key.lock();
         let Some(leases) = map.get_mut(key) else {
             return false;
         };
-        let at = leases.iter().position(|l| *l == lease);
-        if let Some(at) = at {
+        let Some(at) = leases.iter().position(|l| *l == lease) else {
+            return false;
+        };
+        if take {
             leases.swap_remove(at);
             self.count.fetch_sub(1, Ordering::Release);
+            if leases.is_empty() {
+                map.remove(key);
+            }
         }
-        if leases.is_empty() {
-            map.remove(key);
-        }
-        at.is_some()
+        true
     }
 
-    /// The release of `lease` on `key`, to be sent from a task: pending
-    /// until sent, or until the returned guard is dropped.
-    pub(crate) fn on_its_way(self: &Arc<Self>, key: String, lease: LeaseId) -> OnItsWay {
+    /// The release of `lease` on `key`, for a task: pending until dropped;
+    /// not sent if a decision took it out; out of reach of a down store, sent
+    /// again once it reads up (past [`MAX_KEPT`] pending, left to its TTL).
+    pub(crate) fn on_its_way(
+        self: &Arc<Self>,
+        key: String,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static {
         self.by_key
             .lock()
             .entry(key.clone())
             .or_default()
             .push(lease);
         self.count.fetch_add(1, Ordering::Release);
-        let pending = self.clone();
-        OnItsWay {
-            pending,
-            key,
-            lease,
-        }
-    }
-}
-
-/// A release sent from a task, pending while on its way; dropped (its task
-/// done, or dropped unrun with its runtime), it leaves nothing pending.
-pub(crate) struct OnItsWay {
-    pending: Arc<Keeper>,
-    key: String,
-    lease: LeaseId,
-}
-
-impl OnItsWay {
-    /// Sends the release, unless a decision took it out. Out of reach of a
-    /// store that reads down, it is sent again once the store reads up
-    /// (past [`MAX_KEPT`] pending, left to its lease's TTL).
-    pub(crate) async fn send(self) -> Result<bool, BackendError> {
-        let (pending, key) = (&self.pending, self.key.as_str());
-        loop {
-            if !pending.holds(key, self.lease) {
-                return Ok(true);
+        let pending = scopeguard::guard((self.clone(), key), move |(pending, key)| {
+            pending.pending(&key, lease, true);
+        });
+        async move {
+            let (pending, key) = (&pending.0, pending.1.as_str());
+            loop {
+                if !pending.pending(key, lease, false) {
+                    return Ok(true);
+                }
+                let released = pending.backend.release(key, lease).await;
+                let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
+                let kept = pending.count.load(Ordering::Relaxed) <= MAX_KEPT;
+                if !(out_of_reach && kept && pending.backend.health().down) {
+                    return released;
+                }
+                pending.until_up().await;
             }
-            let released = pending.backend.release(key, self.lease).await;
-            let out_of_reach = released.as_ref().is_err_and(BackendError::is_unavailable);
-            let kept = pending.count.load(Ordering::Relaxed) <= MAX_KEPT;
-            if !(out_of_reach && kept && pending.backend.health().down) {
-                return released;
-            }
-            pending.until_up().await;
         }
-    }
-}
-
-impl Drop for OnItsWay {
-    fn drop(&mut self) {
-        self.pending.remove(&self.key, self.lease);
     }
 }
 
@@ -178,17 +132,20 @@ mod tests {
     #[test]
     fn leases_are_kept_by_key_until_answered_or_taken() {
         let pending = Arc::new(Keeper::new(Arc::new(NoStore)));
-        assert!(!pending.holds("a", 1));
+        assert!(!pending.pending("a", 1, false));
         let ways = [("a", 1), ("a", 2), ("b", 3)].map(|(k, l)| pending.on_its_way(k.into(), l));
-        assert!(pending.holds("a", 1));
-        assert!(pending.remove("a", 1));
-        assert!(!pending.remove("a", 1));
-        assert!(!pending.holds("a", 1));
-        assert!(pending.remove("a", 2), "a decision sent it");
-        assert!(!pending.remove("a", 2), "taken once");
-        assert!(pending.holds("b", 3));
+        assert!(pending.pending("a", 1, false));
+        assert!(pending.pending("a", 1, true));
+        assert!(!pending.pending("a", 1, true));
+        assert!(!pending.pending("a", 1, false));
+        assert!(pending.pending("a", 2, true), "a decision sent it");
+        assert!(!pending.pending("a", 2, true), "taken once");
+        assert!(pending.pending("b", 3, false));
         drop(ways);
-        assert!(!pending.holds("b", 3), "its task's end takes it out");
+        assert!(
+            !pending.pending("b", 3, false),
+            "its task's end takes it out"
+        );
         assert_eq!(pending.count.load(Ordering::Relaxed), 0);
         assert!(pending.by_key.lock().is_empty());
     }
@@ -205,7 +162,7 @@ mod tests {
         rt.block_on(async {
             for i in 0..100 {
                 let release = pending.on_its_way(format!("t{i}"), i);
-                tokio::spawn(async move { release.send().await });
+                tokio::spawn(release);
             }
         });
         assert_eq!(pending.count.load(Ordering::Relaxed), 100);
@@ -288,13 +245,13 @@ mod tests {
         store.down.store(true, Ordering::Release);
         let pending = Arc::new(Keeper::new(store.clone()));
         let tasks: Vec<_> = (0..3)
-            .map(|i| tokio::spawn(pending.on_its_way("k".into(), i).send()))
+            .map(|i| tokio::spawn(pending.on_its_way("k".into(), i)))
             .collect();
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert!(pending.polling.load(Ordering::Acquire), "one reads for all");
+        assert!(pending.reader.try_lock().is_err(), "one reads for all");
         tasks[0].abort();
         tokio::time::sleep(Duration::from_millis(120)).await;
-        assert!(pending.polling.load(Ordering::Acquire), "another took over");
+        assert!(pending.reader.try_lock().is_err(), "another took over");
         store.down.store(false, Ordering::Release);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut sent = 0;
@@ -307,6 +264,6 @@ mod tests {
         assert_eq!(sent, 2);
         assert_eq!(store.released.load(Ordering::Acquire), 2);
         assert!(pending.by_key.lock().is_empty());
-        assert!(!pending.polling.load(Ordering::Acquire));
+        assert!(pending.reader.try_lock().is_ok());
     }
 }

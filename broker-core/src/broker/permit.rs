@@ -43,18 +43,7 @@ impl Acquisition {
 /// lease is renewed for [`max_hold`](crate::ResourceConfig::max_hold) at most.
 #[derive(Debug, Default)]
 #[must_use = "dropping a permit releases it at once"]
-pub struct Permit(Held);
-
-/// What a permit holds.
-#[derive(Debug, Default)]
-enum Held {
-    /// Nothing (no concurrency limit, denied, or released).
-    #[default]
-    Nothing,
-    One(Box<Lease>),
-    /// The slots of two permits, released together (see [`Permit::join`]).
-    Both(Box<[Permit; 2]>),
-}
+pub struct Permit(Option<Box<Lease>>);
 
 #[derive(Debug)]
 struct Lease {
@@ -63,25 +52,18 @@ struct Lease {
     lease: LeaseId,
     /// Counted in the resource's `in_flight`.
     counted: bool,
+    /// A permit joined to this one, released with it (see [`Permit::join`]).
+    joined: Permit,
 }
 
 /// The state a lease is held on.
 #[derive(Debug)]
 pub(crate) enum HeldKey {
-    /// The resource's own state, or sub-key `k` (as the caller gave it).
+    /// Sub-key `k` (as the caller gave it; `None`: the resource's own) of
+    /// the resource's in-process states.
     Sub(Option<Box<str>>),
     /// A state key built by [`crate::keys`] (`None`: the resource's own).
     State(Option<String>),
-}
-
-impl HeldKey {
-    /// The state key the lease is on; `None` for the resource's own.
-    fn state_key(&self, resource: &Resource) -> Option<String> {
-        match self {
-            HeldKey::Sub(sub) => sub.as_deref().map(|k| crate::keys::keyed(&resource.id, k)),
-            HeldKey::State(key) => key.clone(),
-        }
-    }
 }
 
 impl std::fmt::Debug for dyn Store {
@@ -93,7 +75,7 @@ impl std::fmt::Debug for dyn Store {
 impl Permit {
     /// A permit that holds nothing.
     pub const fn empty() -> Self {
-        Self(Held::Nothing)
+        Self(None)
     }
 
     /// The permit of `lease`, counted in flight if `counted`, and kept
@@ -107,17 +89,19 @@ impl Permit {
         if counted {
             bump(&resource.live.in_flight);
         }
-        if let Some(keeper) = &resource.keeper {
-            let on = key.state_key(&resource);
-            keeper.keep(&resource, on.unwrap_or_else(|| resource.key.clone()), lease);
+        // A store with a keeper has no in-process states: the key is built.
+        if let (Some(keeper), HeldKey::State(on)) = (&resource.keeper, &key) {
+            let on = on.clone().unwrap_or_else(|| resource.key.clone());
+            keeper.keep(&resource, on, lease);
         }
         let lease = Lease {
             resource,
             key,
             lease,
             counted,
+            joined: Permit::empty(),
         };
-        Self(Held::One(Box::new(lease)))
+        Self(Some(Box::new(lease)))
     }
 
     /// One permit holding the slots of both `self` and `other`, released
@@ -138,26 +122,27 @@ impl Permit {
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn join(self, other: Permit) -> Permit {
-        match (self.is_held(), other.is_held()) {
-            (_, false) => self,
-            (false, true) => other,
-            (true, true) => Self(Held::Both(Box::new([self, other]))),
+    pub fn join(mut self, other: Permit) -> Permit {
+        match &mut self.0 {
+            None => other,
+            Some(lease) => {
+                lease.joined = std::mem::take(&mut lease.joined).join(other);
+                self
+            }
         }
     }
 
     /// Whether this permit holds a slot.
     pub fn is_held(&self) -> bool {
-        !matches!(self.0, Held::Nothing)
+        self.0.is_some()
     }
 
     /// Releases the slot (idempotent): at once in memory, else sent on the
     /// current tokio runtime (without one, the lease expires).
     pub fn release(&mut self) {
-        match std::mem::take(&mut self.0) {
-            Held::Nothing => {}
-            Held::One(l) => release(l.resource, l.key, l.lease, l.counted),
-            Held::Both(both) => drop(both),
+        if let Some(l) = self.0.take() {
+            release(l.resource, l.key, l.lease, l.counted);
+            drop(l.joined);
         }
     }
 }
@@ -172,11 +157,15 @@ pub(super) fn release(resource: Arc<Resource>, key: HeldKey, lease: LeaseId, cou
     if counted {
         drop_one(&resource.live.in_flight);
     }
-    if let (HeldKey::Sub(sub), Some(local)) = (&key, &resource.local) {
-        local.release(sub.as_deref(), lease);
-        return resource.slot_freed();
-    }
-    let key = key.state_key(&resource);
+    let key = match key {
+        HeldKey::State(key) => key,
+        HeldKey::Sub(sub) => {
+            if let Some(local) = &resource.local {
+                local.release(sub.as_deref(), lease);
+            }
+            return resource.slot_freed();
+        }
+    };
     let state = key.as_deref().unwrap_or(&resource.key);
     if let Some(result) = (resource.backend.local()).and_then(|l| l.release_now(state, lease)) {
         return released(&resource, result);
@@ -189,7 +178,7 @@ pub(super) fn release(resource: Arc<Resource>, key: HeldKey, lease: LeaseId, cou
     let pending = (resource.keeper.as_ref()).map(|k| k.on_its_way(key.clone(), lease));
     rt.spawn(async move {
         let result = match pending {
-            Some(release) => release.send().await,
+            Some(release) => release.await,
             None => resource.backend.release(&key, lease).await,
         };
         released(&resource, result);

@@ -6,11 +6,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{Epochs, Latest, Lineage, Registry, Resource, ResourceBroker};
+use arc_swap::ArcSwap;
+
+use super::{Epochs, Latest, Registry, Resource, ResourceBroker};
 use crate::config::ResourceConfig;
 use crate::error::ConfigError;
 use crate::keys;
-use crate::limits::Limits;
+use crate::limits::{Limits, RateLimit};
 use crate::state::LimitSpec;
 use crate::stats::{Counters, ResourceKind};
 
@@ -38,11 +40,9 @@ pub struct EntryError {
 /// Whether two limits decide alike: the same rates in the same order
 /// (a burst left out is the amount) and the same concurrency limit.
 fn same_limits(a: &Limits, b: &Limits) -> bool {
+    let decides = |r: &RateLimit| (r.amount, r.period, r.burst(), r.unit);
     a.max_concurrent == b.max_concurrent
-        && a.rates.len() == b.rates.len()
-        && a.rates.iter().zip(&b.rates).all(|(x, y)| {
-            (x.amount, x.period, x.burst(), x.unit) == (y.amount, y.period, y.burst(), y.unit)
-        })
+        && a.rates.iter().map(decides).eq(b.rates.iter().map(decides))
 }
 
 impl ResourceBroker {
@@ -174,7 +174,7 @@ impl ResourceBroker {
             id: id.to_owned(),
             key,
             config,
-            lineage: Arc::new(Lineage::from_pointee(Latest {
+            lineage: Arc::new(ArcSwap::from_pointee(Latest {
                 spec: spec.clone(),
                 epochs: Epochs::default(),
                 resource: Weak::new(),

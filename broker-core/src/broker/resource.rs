@@ -47,8 +47,9 @@ pub(crate) struct Resource {
     pub(crate) warned_at_ms: AtomicU64,
     /// Renews the leases of live permits, on a store whose leases expire.
     pub(crate) keeper: Option<Arc<keeper::Keeper>>,
-    /// The latest registration of this id.
-    pub(crate) lineage: Arc<Lineage>,
+    /// The latest registration of this id, shared by all of them: held
+    /// weakly, so an old registration kept alive keeps no later one alive.
+    pub(crate) lineage: Arc<ArcSwap<Latest>>,
     /// This registration's changes of limits since the first of its id.
     pub(crate) epochs: Epochs,
 }
@@ -96,11 +97,6 @@ pub(crate) fn note_backend_error(resource: &Resource, op: &'static str, e: &Back
         tracing::debug!(resource = %resource.id, op, error = %e.message, "backend error");
     }
 }
-
-/// The latest registration of one resource id, shared by all of them. It
-/// holds the latest weakly, so an old registration kept alive keeps no
-/// later one alive.
-pub(crate) type Lineage = ArcSwap<Latest>;
 
 /// The latest registration of an id, as an earlier one sees it.
 #[derive(Debug)]
