@@ -2,7 +2,7 @@
 //! over all its limits at once: all pass or nothing is consumed. Pure
 //! functions; the memory store calls them, the Lua mirrors them.
 
-mod booking;
+mod answers;
 mod counters;
 mod penalty;
 mod slots;
@@ -11,13 +11,12 @@ mod take;
 use serde::{Deserialize, Serialize};
 
 use super::bucket::{self, BucketParams, BucketState};
-pub use super::decision::{Decision, DenyReason, LeaseId};
 use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
-pub use booking::{Booking, Marks, MARKED};
+pub use answers::{Booking, Decision, DenyReason, LeaseId, Marks, MARKED};
 pub use counters::{observed_for, reconcile};
-pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
+pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_left};
 pub use slots::{release, renew, take_slot};
 pub use take::{book, settle, try_acquire, wait_all};
 
