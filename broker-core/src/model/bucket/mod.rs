@@ -99,7 +99,6 @@ pub fn refill(mut state: BucketState, params: &BucketParams, now: Micros) -> Buc
 /// (state refilled to `now`): the missing tokens' refill time, rounded up
 /// by [`ceil_micros`], or the penalty left if longer.
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
-    // `ceil_micros` is 0 for no deficit.
     let rate = ceil_micros((cost - state.tokens) * params.micros_per_token());
     rate.max(state.nb.saturating_sub(now))
 }
@@ -113,7 +112,6 @@ pub fn book_at(
     cost: f64,
     wait: Micros,
 ) -> BucketState {
-    let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     let ahead = wait as f64 * params.tokens_per_micro();
     s.tokens = (s.tokens + ahead).min(params.capacity) - cost - ahead;
@@ -170,11 +168,7 @@ pub fn unclaimed(
         return delta;
     }
     let claimed = (last - due) as f64 * params.tokens_per_micro();
-    if claimed < delta {
-        delta - claimed
-    } else {
-        0.0
-    }
+    (delta - claimed).max(0.0)
 }
 
 /// `at` on the caller's clock (reading `now`) moved onto the bucket's clock.
@@ -191,7 +185,6 @@ pub fn penalize(
     until: Micros,
 ) -> BucketState {
     let until = on_bucket_time(&state, now, until);
-    let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     s.tokens = s.tokens.min(0.0);
     s.nb = s.nb.max(until);
@@ -208,7 +201,6 @@ pub fn reconcile(
     reset_at: Option<Micros>,
 ) -> BucketState {
     let reset_at = reset_at.map(|at| on_bucket_time(&state, now, at));
-    let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     s.tokens = s.tokens.min(remaining);
     if remaining <= 0.0 {
@@ -221,7 +213,7 @@ pub fn reconcile(
 
 /// Whether the bucket at `now` is full and under no penalty.
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
-    let s = refill(*state, params, now.max(state.ts));
+    let s = refill(*state, params, now);
     s.tokens >= params.capacity && s.nb <= now
 }
 

@@ -107,16 +107,5 @@ pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
             .all(|((_, p), s)| bucket::is_idle(s, p, now))
 }
 
-/// How long the state must be kept (the longest bucket TTL, lease, or
-/// [`ResourceState::penalty`]).
-pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
-    let buckets =
-        (spec.buckets.iter().zip(&state.buckets)).map(|((_, p), s)| bucket::ttl(s, p, now));
-    let leases = state.leases.iter().map(|l| l.expires.saturating_sub(now));
-    buckets
-        .chain(leases)
-        .fold(state.penalty.saturating_sub(now), Micros::max)
-}
-
 #[cfg(test)]
 mod tests;

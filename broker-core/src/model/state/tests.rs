@@ -195,6 +195,17 @@ fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
     assert_eq!(latest_not_before(&s.buckets).max(s.penalty), 0);
 }
 
+/// How long the state must be kept: the longest bucket TTL, lease, or
+/// [`ResourceState::penalty`].
+fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
+    let buckets =
+        (spec.buckets.iter().zip(&state.buckets)).map(|((_, p), s)| bucket::ttl(s, p, now));
+    let leases = state.leases.iter().map(|l| l.expires.saturating_sub(now));
+    buckets
+        .chain(leases)
+        .fold(state.penalty.saturating_sub(now), Micros::max)
+}
+
 fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {
     let mut limits = Limits::new();
     for &(amount, period_ms, burst, tokens) in rates {
