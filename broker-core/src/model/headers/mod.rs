@@ -162,8 +162,7 @@ fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
 }
 
 /// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`, `"1.5s"`); no sign.
-fn parse_go_duration(v: &str) -> Option<Duration> {
-    let mut rest = v;
+fn parse_go_duration(mut rest: &str) -> Option<Duration> {
     if rest.is_empty() {
         return None;
     }
@@ -273,21 +272,18 @@ fn structured_fields(items: &[Member<'_>], policies: &[Member<'_>], now: SystemT
     // The lowest-quota policy named `name` (any if `None`).
     let policy_of = |name: Option<&str>| {
         let quota = |p: &Member<'_>| p.get("q").map_or(p.integer, parse_count);
-        let Some((limit, p)) = (policies.iter())
+        let lowest = (policies.iter())
             .filter(|p| name.is_none() || p.name == name)
             .filter_map(|p| Some((quota(p)?, p)))
-            .min_by_key(|(q, _)| *q)
-        else {
-            return Observed::default();
-        };
-        Observed {
+            .min_by_key(|(q, _)| *q);
+        lowest.map_or_else(Observed::default, |(limit, p)| Observed {
             limit: Some(limit),
             window: (p.get("w").and_then(parse_count))
                 .filter(|w| *w > 0)
                 .map(Duration::from_secs),
             policy: p.name.filter(|_| p.integer.is_none()).map(Into::into),
             ..Observed::default()
-        }
+        })
     };
     let best = items.iter().filter_map(|m| {
         Some(Observed {
