@@ -243,11 +243,7 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
 /// ```
 pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
     BucketState {
-        tokens: if a.tokens < b.tokens {
-            a.tokens
-        } else {
-            b.tokens
-        },
+        tokens: a.tokens.min(b.tokens),
         ts: a.ts.max(b.ts),
         nb: a.nb.max(b.nb),
     }

@@ -1,16 +1,13 @@
 //! The answers of `try` ([`Decision`]) and `book` ([`Booking`]), and the
 //! [`Marks`] a settlement reads.
 
-use serde::{Deserialize, Serialize};
-
 use super::Micros;
 
 /// Identifies one held concurrency slot.
 pub type LeaseId = u64;
 
 /// Why an acquisition was denied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenyReason {
     /// A rate limit has no tokens (or is under a penalty, `nb`).
     Rate,

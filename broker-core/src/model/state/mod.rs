@@ -8,8 +8,6 @@ mod penalty;
 mod slots;
 mod take;
 
-use serde::{Deserialize, Serialize};
-
 use super::bucket::{self, BucketParams, BucketState};
 use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
@@ -53,7 +51,7 @@ impl LimitSpec {
 }
 
 /// A held concurrency slot and when it expires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     /// The lease id.
     pub id: LeaseId,
