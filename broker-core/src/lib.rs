@@ -13,7 +13,7 @@ pub mod store;
 pub mod supplier;
 pub mod telemetry;
 
-pub use model::{bucket, error, headers, keys, limits, observed, pacing, retry, state};
+pub use model::{bucket, error, headers, keys, limits, observed, retry, state};
 
 pub use broker::{
     Acquisition, Attempt, EnqueueError, EntryError, OnOtherLimits, Permit, Priority,

@@ -4,6 +4,24 @@ use broker_core::bucket::{self, BucketParams, BucketState};
 use broker_testkit::StrictServer;
 use proptest::prelude::*;
 
+/// Books `cost` at the earliest time it fits within `max_wait` (0: now or
+/// not at all), as `state::book` does for one bucket: `(state, wait, booked)`.
+fn book(
+    state: BucketState,
+    params: &BucketParams,
+    now: u64,
+    cost: f64,
+    max_wait: u64,
+) -> (BucketState, u64, bool) {
+    let now = now.max(state.ts);
+    let s = bucket::refill(state, params, now);
+    let wait = bucket::wait_for(&s, params, now, cost);
+    if wait > max_wait {
+        return (s, wait, false);
+    }
+    (bucket::book_at(s, params, now, cost, wait), wait, true)
+}
+
 fn params() -> impl Strategy<Value = BucketParams> {
     (
         1u64..20,
@@ -31,7 +49,7 @@ proptest! {
         for (dt, cost) in steps {
             now += dt;
             let cost = (cost as f64).min(p.capacity());
-            let (next, wait, _) = bucket::book(s, &p, now, cost, 0);
+            let (next, wait, _) = book(s, &p, now, cost, 0);
             s = next;
             if wait == 0 {
                 admitted += cost;
@@ -54,7 +72,7 @@ proptest! {
         let mut s = BucketState::fresh(&p, 0);
         let mut sends = Vec::new();
         for at in asks {
-            let (next, wait, booked) = bucket::book(s, &p, at, 1.0, u64::MAX);
+            let (next, wait, booked) = book(s, &p, at, 1.0, u64::MAX);
             prop_assert!(booked);
             s = next;
             sends.push(at + wait);
@@ -81,7 +99,7 @@ proptest! {
         let mut probes = probes;
         probes.sort_unstable();
         for at in probes {
-            let (next, wait, _) = bucket::book(s, &p, at, 1.0, 0);
+            let (next, wait, _) = book(s, &p, at, 1.0, 0);
             if at < longest {
                 prop_assert!(wait > 0, "taken at {at} before nb {longest}");
             }
@@ -138,7 +156,7 @@ proptest! {
         p in params(), tokens in 0.0f64..5.0, ts in 1_000u64..10_000_000, back in 1u64..1_000,
     ) {
         let s = BucketState { tokens: tokens.min(p.capacity()), ts, nb: 0 };
-        let (after, ..) = bucket::book(s, &p, ts - back, 0.0, 0);
+        let (after, ..) = book(s, &p, ts - back, 0.0, 0);
         prop_assert_eq!(after.ts, ts);
         prop_assert!(after.tokens <= s.tokens);
     }

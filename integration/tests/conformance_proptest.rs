@@ -249,7 +249,7 @@ async fn run_case(
                 prop_assert_eq!(got, want, "renew {} at {}", lease, now);
             }
             Op::Settle(booked, actual, at) => {
-                let marks = at.map(|d| Marks::uniform(now.saturating_add_signed(d)));
+                let marks = at.map(|d| Marks::new(now.saturating_add_signed(d), []));
                 redis
                     .settle(key, &spec, booked, actual, marks)
                     .await

@@ -3,13 +3,11 @@
 //! no I/O, tokio, metrics or tracing (`tests/model_is_pure.rs` checks it).
 
 pub mod bucket;
-pub mod decision;
 pub mod error;
 pub mod headers;
 pub mod keys;
 pub mod limits;
 pub mod observed;
-pub mod pacing;
 pub mod resource_config;
 pub mod retry;
 pub mod state;

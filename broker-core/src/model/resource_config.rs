@@ -7,7 +7,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::ConfigError;
 use super::limits::Limits;
-use super::pacing;
 use super::retry::RetryPolicy;
 use super::time::micros;
 
@@ -35,7 +34,7 @@ pub struct ResourceConfig {
     #[serde(default)]
     pub retry: RetryPolicy,
     /// Spend this fraction under every rate (0 to 0.5, default 0; see
-    /// [`crate::pacing`]).
+    /// [`ResourceConfig::paced_limits`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub pacing_margin: f64,
     /// How long an `enqueue` call may wait for its turn by default (a
@@ -62,6 +61,9 @@ impl Serialize for ResourceConfig {
         ResourceConfig::serialize(self, s) // the derived one, as above
     }
 }
+
+/// The largest pacing margin accepted (spend at least half of the limit).
+pub(crate) const MAX_MARGIN: f64 = 0.5;
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
@@ -93,10 +95,28 @@ impl ResourceConfig {
         }
     }
 
-    /// The limits the buckets enforce: [`ResourceConfig::limits`] paced
-    /// [`ResourceConfig::pacing_margin`] under.
+    /// The limits the buckets enforce: every period stretched by `1 / (1 - m)`
+    /// for the pacing margin `m`, bursts unchanged, so varying latency cannot
+    /// bunch requests past a limit (unchanged for 0 or an invalid margin).
+    ///
+    /// ```
+    /// use broker_core::{Limits, RateLimit, ResourceConfig};
+    /// let mut config = ResourceConfig::new(Limits::new().rate(RateLimit::per_minute(60)));
+    /// config.pacing_margin = 0.05;
+    /// let paced = config.paced_limits();
+    /// assert_eq!(paced.rates[0].amount, 60);
+    /// assert_eq!(paced.rates[0].period.as_millis(), 63_157);
+    /// assert_eq!(paced.rates[0].burst(), 60);
+    /// ```
     pub fn paced_limits(&self) -> Limits {
-        pacing::paced(&self.limits, self.pacing_margin)
+        let (mut out, margin) = (self.limits.clone(), self.pacing_margin);
+        if margin > 0.0 && margin <= MAX_MARGIN {
+            for r in &mut out.rates {
+                let stretched = r.period.as_secs_f64() / (1.0 - margin);
+                r.period = Duration::from_micros((stretched * 1e6).ceil() as u64);
+            }
+        }
+        out
     }
 
     /// Checks the limits and settings.
@@ -114,7 +134,11 @@ impl ResourceConfig {
                 return Err(ConfigError::not_positive(field, got));
             }
         }
-        pacing::validate(self.pacing_margin)?;
+        let margin = self.pacing_margin;
+        if !(0.0..=MAX_MARGIN).contains(&margin) {
+            let reason = format!("must be a fraction between 0 and {MAX_MARGIN} (got {margin})");
+            return Err(ConfigError::invalid("pacingMargin", reason));
+        }
         self.retry.validate()
     }
 }

@@ -19,8 +19,6 @@ pub struct BucketParams {
     capacity: f64,
     amount: f64,
     period: f64,
-    tokens_per_micro: f64,
-    micros_per_token: f64,
 }
 
 impl BucketParams {
@@ -30,8 +28,6 @@ impl BucketParams {
             capacity,
             amount,
             period,
-            tokens_per_micro: amount / period,
-            micros_per_token: period / amount,
         }
     }
 
@@ -52,12 +48,12 @@ impl BucketParams {
 
     /// Tokens refilled per µs: `amount / period`.
     pub const fn tokens_per_micro(&self) -> f64 {
-        self.tokens_per_micro
+        self.amount / self.period
     }
 
     /// µs per token: `period / amount`.
     pub const fn micros_per_token(&self) -> f64 {
-        self.micros_per_token
+        self.period / self.amount
     }
 }
 
@@ -92,7 +88,7 @@ impl BucketState {
 /// Refills `state` to `now`, capped at capacity even with no time passed.
 pub fn refill(mut state: BucketState, params: &BucketParams, now: Micros) -> BucketState {
     if now > state.ts {
-        state.tokens += (now - state.ts) as f64 * params.tokens_per_micro;
+        state.tokens += (now - state.ts) as f64 * params.tokens_per_micro();
         state.ts = now;
     }
     state.tokens = state.tokens.min(params.capacity);
@@ -103,8 +99,7 @@ pub fn refill(mut state: BucketState, params: &BucketParams, now: Micros) -> Buc
 /// (state refilled to `now`): the missing tokens' refill time, rounded up
 /// by [`ceil_micros`], or the penalty left if longer.
 pub fn wait_for(state: &BucketState, params: &BucketParams, now: Micros, cost: f64) -> Micros {
-    // `ceil_micros` is 0 for no deficit.
-    let rate = ceil_micros((cost - state.tokens) * params.micros_per_token);
+    let rate = ceil_micros((cost - state.tokens) * params.micros_per_token());
     rate.max(state.nb.saturating_sub(now))
 }
 
@@ -117,37 +112,10 @@ pub fn book_at(
     cost: f64,
     wait: Micros,
 ) -> BucketState {
-    let now = now.max(state.ts);
     let mut s = refill(state, params, now);
-    let ahead = wait as f64 * params.tokens_per_micro;
+    let ahead = wait as f64 * params.tokens_per_micro();
     s.tokens = (s.tokens + ahead).min(params.capacity) - cost - ahead;
     s
-}
-
-/// Books `cost` at the earliest time it fits within `max_wait` (0: take it
-/// now or not at all): `(new state, wait, booked)`.
-///
-/// ```
-/// use broker_core::bucket::{book, BucketParams, BucketState};
-/// let p = BucketParams::new(1.0, 1.0, 1_000.0); // 1 per ms, burst 1
-/// let (s, wait, taken) = book(BucketState::fresh(&p, 0), &p, 0, 1.0, 0);
-/// assert_eq!((wait, taken), (0, true));
-/// assert_eq!(book(s, &p, 0, 1.0, 0).1, 1_000);
-/// ```
-pub fn book(
-    state: BucketState,
-    params: &BucketParams,
-    now: Micros,
-    cost: f64,
-    max_wait: Micros,
-) -> (BucketState, Micros, bool) {
-    let now = now.max(state.ts);
-    let s = refill(state, params, now);
-    let wait = wait_for(&s, params, now, cost);
-    if wait > max_wait {
-        return (s, wait, false);
-    }
-    (book_at(s, params, now, cost, wait), wait, true)
 }
 
 /// Corrects a charge by `delta = booked - actual` (capped at capacity). No
@@ -178,11 +146,11 @@ pub fn settle(
 /// was granted (as x/time/rate's `Reservation.Cancel`).
 ///
 /// ```
-/// use broker_core::bucket::{book, unclaimed, BucketParams, BucketState};
+/// use broker_core::bucket::{book_at, unclaimed, BucketParams, BucketState};
 /// let p = BucketParams::new(1.0, 10.0, 1_000_000.0); // 10 a second, burst 1
 /// let mut s = BucketState::fresh(&p, 0);
-/// for _ in 0..3 {
-///     s = book(s, &p, 0, 1.0, u64::MAX).0; // due at 0, 100 and 200 ms
+/// for wait in [0, 100_000, 200_000] {
+///     s = book_at(s, &p, 0, 1.0, wait); // due at 0, 100 and 200 ms
 /// }
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 100_000), 0.0);
 /// assert_eq!(unclaimed(&s, &p, 0, 1.0, 200_000), 1.0);
@@ -194,17 +162,13 @@ pub fn unclaimed(
     delta: f64,
     due: Micros,
 ) -> f64 {
-    let debt = ceil_micros(-state.tokens * params.micros_per_token);
+    let debt = ceil_micros(-state.tokens * params.micros_per_token());
     let last = now.saturating_add(debt).max(state.nb);
     if last <= due {
         return delta;
     }
-    let claimed = (last - due) as f64 * params.tokens_per_micro;
-    if claimed < delta {
-        delta - claimed
-    } else {
-        0.0
-    }
+    let claimed = (last - due) as f64 * params.tokens_per_micro();
+    (delta - claimed).max(0.0)
 }
 
 /// `at` on the caller's clock (reading `now`) moved onto the bucket's clock.
@@ -221,7 +185,6 @@ pub fn penalize(
     until: Micros,
 ) -> BucketState {
     let until = on_bucket_time(&state, now, until);
-    let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     s.tokens = s.tokens.min(0.0);
     s.nb = s.nb.max(until);
@@ -238,7 +201,6 @@ pub fn reconcile(
     reset_at: Option<Micros>,
 ) -> BucketState {
     let reset_at = reset_at.map(|at| on_bucket_time(&state, now, at));
-    let now = now.max(state.ts);
     let mut s = refill(state, params, now);
     s.tokens = s.tokens.min(remaining);
     if remaining <= 0.0 {
@@ -251,7 +213,7 @@ pub fn reconcile(
 
 /// Whether the bucket at `now` is full and under no penalty.
 pub fn is_idle(state: &BucketState, params: &BucketParams, now: Micros) -> bool {
-    let s = refill(*state, params, now.max(state.ts));
+    let s = refill(*state, params, now);
     s.tokens >= params.capacity && s.nb <= now
 }
 
@@ -281,11 +243,7 @@ pub fn tighter(a: BucketState, b: BucketState, params: &BucketParams) -> BucketS
 /// ```
 pub fn fewest(a: BucketState, b: BucketState) -> BucketState {
     BucketState {
-        tokens: if a.tokens < b.tokens {
-            a.tokens
-        } else {
-            b.tokens
-        },
+        tokens: a.tokens.min(b.tokens),
         ts: a.ts.max(b.ts),
         nb: a.nb.max(b.nb),
     }

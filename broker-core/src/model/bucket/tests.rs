@@ -4,6 +4,24 @@ use super::*;
 
 const P: BucketParams = BucketParams::new(3.0, 2.0, 1_000_000.0);
 
+/// Books `cost` at the earliest time it fits within `max_wait` (0: now or
+/// not at all), as `state::book` does for one bucket: `(state, wait, booked)`.
+fn book(
+    state: BucketState,
+    params: &BucketParams,
+    now: Micros,
+    cost: f64,
+    max_wait: Micros,
+) -> (BucketState, Micros, bool) {
+    let now = now.max(state.ts);
+    let s = refill(state, params, now);
+    let wait = wait_for(&s, params, now, cost);
+    if wait > max_wait {
+        return (s, wait, false);
+    }
+    (book_at(s, params, now, cost, wait), wait, true)
+}
+
 /// States of [`P`] to check the merges on: drained, partly used,
 /// booked ahead (negative), held (`nb`), fresh; at assorted times.
 fn sample_states() -> [BucketState; 8] {

@@ -36,48 +36,34 @@ const UNIX_MILLIS_FROM: u64 = UNIX_TIME_FROM * 1_000;
 /// ```
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> ObservedLimit {
     let text = |name: &str| headers.get(name).and_then(trimmed);
-    let list = |name: &str| {
-        let lines: Vec<&str> = headers.get_all(name).iter().filter_map(trimmed).collect();
-        (!lines.is_empty()).then(|| lines.join("\n"))
-    };
+    // The members of a structured-field list, over all its lines.
+    let list = |name: &str| members(headers.get_all(name).iter().filter_map(trimmed));
     let count = |name: &str| text(name).and_then(parse_count);
-    let seconds = |name: &str| text(name).and_then(|v| parse_seconds(v, now));
+    // The counter of `{prefix}limit{suffix}`, `...remaining...` and `...reset...`.
+    let counter = |prefix: &str, suffix: &str, reset: fn(&str, SystemTime) -> _| Observed {
+        limit: count(&format!("{prefix}limit{suffix}")),
+        remaining: count(&format!("{prefix}remaining{suffix}")),
+        reset: text(&format!("{prefix}reset{suffix}")).and_then(|v| reset(v, now)),
+        ..Observed::default()
+    };
 
-    let x_ratelimit = Observed {
-        limit: count("x-ratelimit-limit"),
-        remaining: count("x-ratelimit-remaining"),
-        reset: seconds("x-ratelimit-reset"),
-        ..Observed::default()
-    };
-    let structured = structured_fields(
-        list("ratelimit").as_deref(),
-        list("ratelimit-policy").as_deref(),
-        now,
-    );
+    let structured = structured_fields(&list("ratelimit"), &list("ratelimit-policy"), now);
+    let mut older_ietf = counter("ratelimit-", "", parse_seconds);
     // Without `RateLimit-Limit`, a lone `RateLimit-Policy` gives the quota.
-    let policy_alone = structured.remaining.is_none() && structured.reset.is_none();
-    let limit = count("ratelimit-limit");
-    let older_ietf = Observed {
-        remaining: count("ratelimit-remaining"),
-        reset: seconds("ratelimit-reset"),
-        ..match limit {
-            None if policy_alone => structured.clone(),
-            _ => Observed {
-                limit,
-                ..Observed::default()
-            },
-        }
-    };
-    let openai = |counter: &str| Observed {
-        limit: count(&format!("x-ratelimit-limit-{counter}")),
-        remaining: count(&format!("x-ratelimit-remaining-{counter}")),
-        reset: text(&format!("x-ratelimit-reset-{counter}")).and_then(|v| parse_reset(v, now)),
-        ..Observed::default()
-    };
+    if older_ietf.limit.is_none() && structured.remaining.is_none() && structured.reset.is_none() {
+        older_ietf = Observed {
+            remaining: older_ietf.remaining,
+            reset: older_ietf.reset,
+            ..structured.clone()
+        };
+    }
+    let x_ratelimit = counter("x-ratelimit-", "", parse_seconds);
+    let openai = |unit| counter("x-ratelimit-", &format!("-{unit}"), parse_reset);
 
     // The longer of the two (an `Option`'s `max` keeps a `Some`).
     let retry_after = text("retry-after").and_then(|v| parse_retry_after(v, now));
-    let retry_after = retry_after.max(seconds("x-ratelimit-retry"));
+    let retry_after =
+        retry_after.max(text("x-ratelimit-retry").and_then(|v| parse_seconds(v, now)));
 
     ObservedLimit {
         requests: most_restrictive([x_ratelimit, older_ietf, structured, openai("requests")]),
@@ -168,7 +154,6 @@ fn unix_time(units: u128) -> Duration {
 
 /// `Retry-After`: delay-seconds, or an HTTP-date as a delay from `now`.
 fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
-    let v = v.trim();
     if v.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
         return parse_seconds(v, now);
     }
@@ -177,8 +162,7 @@ fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
 }
 
 /// A Go duration as OpenAI sends it (`"6m0s"`, `"12ms"`, `"1.5s"`); no sign.
-fn parse_go_duration(v: &str) -> Option<Duration> {
-    let mut rest = v.trim();
+fn parse_go_duration(mut rest: &str) -> Option<Duration> {
     if rest.is_empty() {
         return None;
     }
@@ -260,9 +244,8 @@ fn split_unquoted(s: &str, sep: char) -> impl Iterator<Item = &str> {
     })
 }
 
-fn members(field: &str) -> Vec<Member<'_>> {
-    field
-        .split('\n')
+fn members<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<Member<'a>> {
+    lines
         .flat_map(|line| split_unquoted(line, ','))
         .map(|item| {
             let mut m = Member::default();
@@ -285,31 +268,23 @@ fn members(field: &str) -> Vec<Member<'_>> {
 }
 
 /// IETF `RateLimit` / `RateLimit-Policy` (current and older drafts).
-fn structured_fields(ratelimit: Option<&str>, policy: Option<&str>, now: SystemTime) -> Observed {
-    let policies = policy.map(members).unwrap_or_default();
+fn structured_fields(items: &[Member<'_>], policies: &[Member<'_>], now: SystemTime) -> Observed {
     // The lowest-quota policy named `name` (any if `None`).
     let policy_of = |name: Option<&str>| {
         let quota = |p: &Member<'_>| p.get("q").map_or(p.integer, parse_count);
-        let Some((limit, p)) = (policies.iter())
+        let lowest = (policies.iter())
             .filter(|p| name.is_none() || p.name == name)
             .filter_map(|p| Some((quota(p)?, p)))
-            .min_by_key(|(q, _)| *q)
-        else {
-            return Observed::default();
-        };
-        Observed {
+            .min_by_key(|(q, _)| *q);
+        lowest.map_or_else(Observed::default, |(limit, p)| Observed {
             limit: Some(limit),
             window: (p.get("w").and_then(parse_count))
                 .filter(|w| *w > 0)
                 .map(Duration::from_secs),
             policy: p.name.filter(|_| p.integer.is_none()).map(Into::into),
             ..Observed::default()
-        }
+        })
     };
-    let Some(field) = ratelimit else {
-        return policy_of(None);
-    };
-    let items = members(field);
     let best = items.iter().filter_map(|m| {
         Some(Observed {
             remaining: Some(m.get("r").and_then(parse_count)?),

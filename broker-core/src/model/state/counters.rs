@@ -3,7 +3,7 @@
 use super::{LimitSpec, Micros, ResourceState};
 use crate::model::bucket::{self, BucketParams};
 use crate::model::observed::{Observed, ObservedLimit};
-use crate::model::pacing::MAX_MARGIN;
+use crate::model::resource_config::MAX_MARGIN;
 use crate::model::time::micros;
 
 /// The upstream counter that describes bucket `i` of `spec`, if any: of its unit's buckets,

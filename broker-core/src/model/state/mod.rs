@@ -2,22 +2,19 @@
 //! over all its limits at once: all pass or nothing is consumed. Pure
 //! functions; the memory store calls them, the Lua mirrors them.
 
-mod booking;
+mod answers;
 mod counters;
 mod penalty;
 mod slots;
 mod take;
 
-use serde::{Deserialize, Serialize};
-
 use super::bucket::{self, BucketParams, BucketState};
-pub use super::decision::{Decision, DenyReason, LeaseId};
 use super::limits::{Cost, Limits, Unit};
 use super::observed::ObservedLimit;
 use super::time::{micros, Micros};
-pub use booking::{Booking, Marks, MARKED};
+pub use answers::{Booking, Decision, DenyReason, LeaseId, Marks, MARKED};
 pub use counters::{observed_for, reconcile};
-pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_end, penalty_left};
+pub use penalty::{adopt, latest_not_before, penalize, penalize_until, penalty_left};
 pub use slots::{release, renew, take_slot};
 pub use take::{book, settle, try_acquire, wait_all};
 
@@ -54,7 +51,7 @@ impl LimitSpec {
 }
 
 /// A held concurrency slot and when it expires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     /// The lease id.
     pub id: LeaseId,
@@ -106,17 +103,6 @@ pub fn is_idle(state: &ResourceState, spec: &LimitSpec, now: Micros) -> bool {
             .iter()
             .zip(&state.buckets)
             .all(|((_, p), s)| bucket::is_idle(s, p, now))
-}
-
-/// How long the state must be kept (the longest bucket TTL, lease, or
-/// [`ResourceState::penalty`]).
-pub fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
-    let buckets =
-        (spec.buckets.iter().zip(&state.buckets)).map(|((_, p), s)| bucket::ttl(s, p, now));
-    let leases = state.leases.iter().map(|l| l.expires.saturating_sub(now));
-    buckets
-        .chain(leases)
-        .fold(state.penalty.saturating_sub(now), Micros::max)
 }
 
 #[cfg(test)]

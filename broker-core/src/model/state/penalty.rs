@@ -31,11 +31,6 @@ pub fn penalize(state: &mut ResourceState, spec: &LimitSpec, now: Micros, until:
     }
 }
 
-/// The end of the penalty `state` is under, on its own clock; 0 for none.
-pub fn penalty_end(state: &ResourceState) -> Micros {
-    latest_not_before(&state.buckets).max(state.penalty)
-}
-
 /// The latest not-before of `buckets` (made for any limits); 0 for none.
 pub fn latest_not_before(buckets: &[BucketState]) -> Micros {
     buckets.iter().map(|b| b.nb).max().unwrap_or(0)
@@ -74,7 +69,7 @@ pub fn penalize_until(state: &mut ResourceState, spec: &LimitSpec, now: Micros, 
 /// assert_eq!(state::wait_all(&s, &two, 1_000_000, broker_core::Cost::default()), 2_000_000);
 /// ```
 pub fn adopt(old: ResourceState, spec: &LimitSpec, now: Micros) -> ResourceState {
-    let until = penalty_end(&old);
+    let until = latest_not_before(&old.buckets).max(old.penalty);
     let mut state = ResourceState {
         leases: old.leases,
         ..ResourceState::fresh(spec, now)

@@ -1,26 +1,23 @@
 //! Taking from the buckets: `try`, `book` and `settle` over all rate limits.
 
 use super::{
-    costs, take_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks, Micros,
-    ResourceState,
+    costs, penalty_left, take_slot, Booking, Decision, DenyReason, LeaseId, LimitSpec, Marks,
+    Micros, ResourceState,
 };
 use crate::model::bucket;
 use crate::model::limits::Cost;
 
-/// The longest wait among the buckets for `cost` at `now`, changing nothing;
-/// without rate limits, the time left of [`ResourceState::penalty`].
+/// The longest wait among the buckets for `cost` at `now`, changing nothing:
+/// the [`penalty_left`], or a bucket's refill if longer.
 pub fn wait_all(state: &ResourceState, spec: &LimitSpec, now: Micros, cost: Cost) -> Micros {
-    if spec.buckets.is_empty() {
-        return state.penalty.saturating_sub(now);
-    }
-    let mut wait = 0;
-    for ((p, c), s) in costs(spec, cost).zip(&state.buckets) {
-        if c > 0.0 {
-            let now = now.max(s.ts);
-            wait = wait.max(bucket::wait_for(&bucket::refill(*s, p, now), p, now, c));
-        }
-    }
-    wait
+    let charged = costs(spec, cost)
+        .zip(&state.buckets)
+        .filter(|((_, c), _)| *c > 0.0);
+    let refills = charged.map(|((p, c), s)| {
+        let now = now.max(s.ts);
+        bucket::wait_for(&bucket::refill(*s, p, now), p, now, c)
+    });
+    refills.fold(penalty_left(state, spec, now, cost), Micros::max)
 }
 
 /// Books `cost` in every bucket for the same send time, `wait` after now.

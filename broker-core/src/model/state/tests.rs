@@ -35,7 +35,7 @@ fn a_counter_with_a_window_narrows_the_bucket_of_that_window() {
         }),
         ..ObservedLimit::default()
     };
-    // The second one paced 5% under (`pacing::paced`): 63,157,895 µs.
+    // The second one paced 5% under (`ResourceConfig::paced_limits`): 63,157,895 µs.
     for minute_ms in [60_000, 63_158] {
         let spec = spec(
             &[(100, 1_000, 100, false), (100, minute_ms, 100, false)],
@@ -87,7 +87,7 @@ fn a_penalty_holds_a_resource_with_a_concurrency_limit_alone() {
     assert_eq!((late.wait, late.booked), (4_001_000, false));
     let booked = book(&mut s, &spec, 1_000_000, Cost::requests(1), u64::MAX);
     assert_eq!((booked.wait, booked.booked), (4_001_000, true));
-    assert_eq!(booked.since, Marks::uniform(1_000_000).due_at(5_001_000));
+    assert_eq!(booked.since, Marks::new(1_000_000, []).due_at(5_001_000));
     assert_eq!(wait_all(&s, &spec, 1_000_000, Cost::default()), 4_001_000);
     release(&mut s, 1);
     assert!(!is_idle(&s, &spec, 5_000_999));
@@ -192,7 +192,18 @@ fn adopt_carries_the_penalty_and_the_leases_to_other_limits() {
         ..ResourceState::fresh(&two, 3_000_000)
     };
     assert_eq!(s, fresh);
-    assert_eq!(penalty_end(&s), 0);
+    assert_eq!(latest_not_before(&s.buckets).max(s.penalty), 0);
+}
+
+/// How long the state must be kept: the longest bucket TTL, lease, or
+/// [`ResourceState::penalty`].
+fn ttl(state: &ResourceState, spec: &LimitSpec, now: Micros) -> Micros {
+    let buckets =
+        (spec.buckets.iter().zip(&state.buckets)).map(|((_, p), s)| bucket::ttl(s, p, now));
+    let leases = state.leases.iter().map(|l| l.expires.saturating_sub(now));
+    buckets
+        .chain(leases)
+        .fold(state.penalty.saturating_sub(now), Micros::max)
 }
 
 fn spec(rates: &[(u64, u64, u64, bool)], max_concurrent: Option<u32>) -> LimitSpec {

@@ -1,6 +1,73 @@
-//! The [`Booking`] of `book` and the [`Marks`] a settlement reads.
+//! The answers of `try` ([`Decision`]) and `book` ([`Booking`]), and the
+//! [`Marks`] a settlement reads.
 
 use super::Micros;
+
+/// Identifies one held concurrency slot.
+pub type LeaseId = u64;
+
+/// Why an acquisition was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyReason {
+    /// A rate limit has no tokens (or is under a penalty, `nb`).
+    Rate,
+    /// All concurrency slots are held.
+    Concurrency,
+}
+
+/// The answer of `try`.
+///
+/// ```
+/// use broker_core::{Decision, DenyReason};
+/// let d = Decision::deny(DenyReason::Rate, 250_000);
+/// assert_eq!((d.allowed, d.wait, d.lease), (false, 250_000, None));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the cost was taken.
+    pub allowed: bool,
+    /// When denied by rate: how long until it would fit; else zero.
+    pub wait: Micros,
+    /// Why it was denied.
+    pub denied_by: Option<DenyReason>,
+    /// The lease taken when the resource has a concurrency limit.
+    pub lease: Option<LeaseId>,
+    /// Whether a store's failure policy answered in this process, so the
+    /// cost is not in the store (settle it with
+    /// [`Marks::ANSWERED_HERE`]).
+    pub answered_here: bool,
+}
+
+impl Decision {
+    /// An allowed decision.
+    pub fn allow(lease: Option<LeaseId>) -> Self {
+        Self {
+            allowed: true,
+            wait: 0,
+            denied_by: None,
+            lease,
+            answered_here: false,
+        }
+    }
+
+    /// A denied decision.
+    pub fn deny(reason: DenyReason, wait: Micros) -> Self {
+        Self {
+            allowed: false,
+            wait,
+            denied_by: Some(reason),
+            ..Self::allow(None)
+        }
+    }
+
+    /// This decision, marked [`Decision::answered_here`].
+    pub fn by_failure_policy(self) -> Self {
+        Self {
+            answered_here: true,
+            ..self
+        }
+    }
+}
 
 /// The answer of `book`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +91,7 @@ pub const MARKED: usize = 4;
 /// use broker_core::state::Marks;
 /// let m = Marks::new(1_000, [1_000, 5_000]).due_at(6_000);
 /// assert_eq!((m.of(0), m.of(1), m.of(2), m.due()), (1_000, 5_000, 1_000, 6_000));
-/// assert_eq!((Marks::uniform(7).of(9), Marks::uniform(7).due()), (7, 7));
+/// assert_eq!((Marks::new(7, []).of(9), Marks::new(7, []).due()), (7, 7));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Marks {
@@ -38,11 +105,6 @@ impl Marks {
         marks: [Micros::MAX; MARKED],
         due: Micros::MAX,
     };
-
-    /// The same mark for every bucket, due at `at`.
-    pub fn uniform(at: Micros) -> Self {
-        Self::new(at, [])
-    }
 
     /// The marks of buckets `0, 1, ...` (`now` past the last), due at `now`.
     pub fn new(now: Micros, marks: impl IntoIterator<Item = Micros>) -> Self {
