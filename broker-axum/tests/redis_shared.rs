@@ -108,11 +108,18 @@ async fn two_instances_on_one_redis_enforce_one_shared_limit() {
 
 /// At a concurrency limit of 1 on Redis, a client that sends its requests
 /// one after another on one keep-alive connection is never denied: each
-/// response's slot is free again before the next request is decided.
+/// response's slot is free again before the next request is decided. The
+/// order is what is checked, not the speed: a reply late by more than the
+/// default response timeout (1 s) on a stalled machine would start an
+/// outage and deny a request fail-closed, so the timeout is 30 s here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_request_after_another_at_a_concurrency_of_one_is_never_denied() {
     let redis = RedisServer::start();
-    let backend = RedisBackend::connect(&redis.url()).await.unwrap();
+    let backend = RedisBackend::builder(&redis.url())
+        .response_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
     let config = PressureConfig::from_json(
         "t.json",
         r#"{ "perService": { "rest": { "maxConcurrentRequests": 1 } } }"#,

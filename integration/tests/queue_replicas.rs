@@ -19,12 +19,19 @@
 //! keeps the resource saturated the spare token never refills, so two
 //! sends closer than the quota allows anywhere in a busy stretch answer
 //! 429.
+//!
+//! A loaded machine keeps a worker off the CPU now and then, and its sends
+//! go out late by that much whatever the queue does. Each worker measures
+//! it (`STALL <µs>` per delay of a sleep and `PING` on its runtime, see
+//! `Stalls`) and the bounds that stand for real time widen by what a stall
+//! longer than a token interval explains, no more: on a machine that kept
+//! the workers and the server running they are the bounds above.
 
 mod workers;
 
 use broker_testkit::Lcg;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use broker_core::clock::micros;
 use broker_core::{
@@ -62,9 +69,72 @@ fn sends(t0: u64, outputs: &[Vec<String>]) -> Vec<u64> {
     all
 }
 
-/// The strict model's answers to `sends` (see the module's doc).
-fn strict_replay(sends: &[u64]) -> Tally {
-    StrictServer::new(2, RATE, 1_000_000).replay(sends)
+/// The strict model's answers to `sends` (see the module's doc). A worker
+/// kept off the CPU for `stall` sends late by that much: past one token
+/// interval, the model holds one more request per interval of it.
+fn strict_replay(sends: &[u64], stall: u64) -> Tally {
+    let late = stall.div_ceil(micros(INTERVAL)).saturating_sub(1);
+    StrictServer::new(2 + late, RATE, 1_000_000).replay(sends)
+}
+
+/// The longest stall of the workers of `outputs` (µs).
+fn longest_stall(outputs: &[Vec<String>]) -> u64 {
+    let stalls = outputs.iter().flat_map(|l| numbers(l, "STALL"));
+    stalls.max().unwrap_or(0)
+}
+
+/// The time a worker's stalls (its `lines`) took beyond `interval` each
+/// (µs): a stall within the interval leaves its sends their times.
+fn lost_to_stalls(lines: &[String], interval: Duration) -> u64 {
+    let stalls = numbers(lines, "STALL").into_iter();
+    stalls.map(|s| s.saturating_sub(micros(interval))).sum()
+}
+
+/// The stalls of a worker: the delays of a task on its runtime that
+/// sleeps a millisecond and sends the shared server a `PING`, over and
+/// over, from wall time `t0` on. A loopback `PING` takes well under a
+/// millisecond; a longer round trip or sleep is time this process, or the
+/// server, was kept off the CPU, and its calls' replies and sends were late.
+#[derive(Default)]
+struct Stalls(Mutex<Vec<u64>>);
+
+impl Stalls {
+    /// Delays under this are the timer's own.
+    const NOISE: Duration = Duration::from_millis(5);
+
+    /// Starts measuring on a task of the current runtime.
+    async fn measure(url: &str, t0: u64) -> Arc<Self> {
+        let client = redis::Client::open(url).expect("redis url");
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let stalls = Arc::new(Self::default());
+        let measured = stalls.clone();
+        tokio::spawn(async move {
+            loop {
+                let before = Instant::now();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let _: String = redis::cmd("PING")
+                    .query_async(&mut con)
+                    .await
+                    .expect("PING");
+                // The timer's millisecond, and at most one more of its rounding.
+                let late = before.elapsed().saturating_sub(Duration::from_millis(2));
+                if late > Self::NOISE && wall_us() > t0 {
+                    measured.0.lock().unwrap().push(micros(late));
+                }
+            }
+        });
+        stalls
+    }
+
+    /// Prints `STALL <µs>` per stall.
+    fn print(&self) {
+        for stall in self.0.lock().unwrap().iter() {
+            println!("STALL {stall}");
+        }
+    }
 }
 
 fn percentile(waits: &mut [u64], per_mille: usize) -> u64 {
@@ -160,6 +230,7 @@ fn as_worker() -> bool {
     // on lines of their own.
     println!();
     worker_runtime().block_on(async {
+        let stalls = Stalls::measure(&worker.url, worker.t0).await;
         match role.as_str() {
             "cancel" => cancel_worker(&worker).await,
             "batch" => batch_worker(&worker).await,
@@ -169,6 +240,7 @@ fn as_worker() -> bool {
             "deep" => deep_worker(&worker).await,
             other => panic!("unknown worker role {other}"),
         }
+        stalls.print();
     });
     true
 }
@@ -249,7 +321,7 @@ fn callers_of_two_processes_giving_up_at_random_leave_their_time_to_the_next() {
     let test = "callers_of_two_processes_giving_up_at_random_leave_their_time_to_the_next";
     let (t0, outputs) = run_workers(test, &["cancel", "cancel"], &server.url());
     let sends = sends(t0, &outputs);
-    let tally = strict_replay(&sends);
+    let tally = strict_replay(&sends, longest_stall(&outputs));
     let arrivals = CANCEL_CALLERS * INTERVAL.as_micros() as u64;
     // The send of the last time in the window goes out a little after it.
     let lateness = micros(INTERVAL / 2);
@@ -344,13 +416,16 @@ async fn interactive_worker(w: &Worker) {
 /// an interval: the Redis round trips of the booking and of the penalty
 /// check before the send (under a millisecond each on loopback), the
 /// timer's millisecond, and the scheduling stalls of a loaded 2-core test
-/// machine (up to about 20 ms seen, in both processes at once).
+/// machine (up to about 20 ms seen, in both processes at once); the
+/// longest stall measured in a worker is added to it.
 const WAIT_TOLERANCE: Duration = Duration::from_millis(25);
 
 /// Issue 41's priority goal across processes: process 1 runs a batch that
 /// keeps the resource saturated, process 2 sends interactive calls at
 /// random times; the p99 interactive wait is at most two token intervals
-/// (plus `WAIT_TOLERANCE`), the resource stays saturated and the batch
+/// (plus `WAIT_TOLERANCE` and the longest stall of a worker), the resource
+/// stays saturated while the batch's process runs (the time its stalls
+/// took beyond a token interval is taken out of the run) and the batch
 /// gets what the interactive calls leave. Scaled: a batch of 400 at 20/s
 /// (10,000 in the issue), interactive calls 10 token intervals apart on
 /// average for 9 s (21 calls: the p99 is their longest wait). Twice the
@@ -375,18 +450,22 @@ fn interactive_calls_of_one_process_overtake_a_batch_of_another() {
         .count();
     let sends = sends(t0, &outputs);
     let in_run = sends.iter().filter(|&&t| t <= run).count();
-    let possible = 1.0 + (PRIORITY_RATE * run) as f64 / 1e6;
+    let stall = longest_stall(&outputs);
+    let lost = lost_to_stalls(&outputs[0], PRIORITY_INTERVAL);
+    let possible = 1.0 + (PRIORITY_RATE * run.saturating_sub(lost)) as f64 / 1e6;
     let tally = StrictServer::new(2, PRIORITY_RATE, 1_000_000).replay(&sends);
     let p50 = percentile(&mut waits, 500);
     let p99 = percentile(&mut waits, 990);
     eprintln!(
         "priority, 2 processes: {} interactive calls, wait p50 {:.1} ms, p99 {:.1} ms \
          (interval {PRIORITY_INTERVAL:?}); {in_run} sends in {PRIORITY_RUN:?} ({:.1}% of the quota), \
-         {batch_sends} of them batch; strict model {tally:?}",
+         {batch_sends} of them batch; strict model {tally:?}; longest stall {:.1} ms, \
+         {lost} µs lost by the batch",
         waits.len(),
         p50 as f64 / 1e3,
         p99 as f64 / 1e3,
         in_run as f64 / possible * 100.0,
+        stall as f64 / 1e3,
     );
     assert!(
         waits.len() >= 10,
@@ -394,8 +473,9 @@ fn interactive_calls_of_one_process_overtake_a_batch_of_another() {
         waits.len()
     );
     assert!(
-        Duration::from_micros(p99) <= 2 * PRIORITY_INTERVAL + WAIT_TOLERANCE,
-        "interactive p99 {p99} µs"
+        Duration::from_micros(p99)
+            <= 2 * PRIORITY_INTERVAL + WAIT_TOLERANCE + Duration::from_micros(stall),
+        "interactive p99 {p99} µs (longest stall {stall} µs)"
     );
     assert!(
         in_run as f64 >= 0.95 * possible,
@@ -485,10 +565,11 @@ fn a_small_tenant_of_one_process_does_not_wait_for_a_big_tenant_of_another() {
     let done = numbers(&outputs[1], "DONE");
     let took = Duration::from_micros(done.iter().max().expect("B done") - asked);
     let fair = Duration::from_secs(B_JOBS * 2 / RATE);
-    let tally = strict_replay(&sends(t0, &outputs));
+    let stall = longest_stall(&outputs);
+    let tally = strict_replay(&sends(t0, &outputs), stall);
     eprintln!(
         "fairness, 2 processes: tenant B's {} jobs took {took:?} (fair share {fair:?}); \
-         strict model {tally:?}",
+         strict model {tally:?}; longest stall {stall} µs",
         done.len()
     );
     assert_eq!(done.len() as u64, B_JOBS, "every job of B done");
@@ -556,7 +637,7 @@ fn a_batch_of_two_processes_deeper_than_the_wait_ceiling_completes() {
         .filter(|l| l.starts_with("ERR"))
         .collect();
     let sends = sends(t0, &outputs);
-    let tally = strict_replay(&sends);
+    let tally = strict_replay(&sends, longest_stall(&outputs));
     eprintln!(
         "deep queue, 2 processes: {ok} of {} done in {:.2} s, errors {errors:?}; strict model {tally:?}",
         2 * DEEP_CALLS,

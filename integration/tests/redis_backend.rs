@@ -641,9 +641,11 @@ async fn a_decision_dropped_while_it_sends_the_releases_before_it_loses_none() {
 /// after its TTL and another replica took its slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_is_renewed_after_another_runtime_that_renewed_it_shut_down() {
-    // A lease of 1 s, watched for 4 s: long enough that a renewal late
-    // on a loaded machine does not read as a missing one.
-    const TTL: Duration = Duration::from_secs(1);
+    // A lease of 3 s, renewed every second: a renewal late by up to 2 s
+    // on a loaded machine does not read as a missing one. Watched for two
+    // TTLs after the first runtime shut down: unrenewed, the lease expires
+    // within one.
+    const TTL: Duration = Duration::from_secs(3);
     let server = RedisServer::start();
     let broker = one_slot(&server, TTL).await;
     broker
@@ -680,7 +682,7 @@ async fn a_permit_is_renewed_after_another_runtime_that_renewed_it_shut_down() {
     other.join().unwrap();
     // Another replica, asking for the slot while the permit is held.
     let replica = one_slot(&server, TTL).await;
-    for _ in 0..4 {
+    for _ in 0..2 {
         tokio::time::sleep(TTL).await;
         assert!(
             !slot_free(&replica).await,

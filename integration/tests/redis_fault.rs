@@ -48,7 +48,8 @@ struct Call {
 struct Outcome {
     /// Calls made entirely while the server was dead.
     down: Vec<Result<bool, BrokerError>>,
-    /// Whether a call after the restart was answered by Redis again.
+    /// Whether the call made once the broker read up again after the
+    /// restart was answered by Redis.
     recovered: bool,
     outages: u64,
     handled_errors: u64,
@@ -83,14 +84,18 @@ async fn kill_mid_load(policy: FailurePolicy) -> Outcome {
             let mut calls = Vec::new();
             for _ in 0..MAX_CALLS {
                 let start = phase.load(Ordering::SeqCst);
+                // Read before the call: the probe may find Redis back while
+                // a call is answered by the policy, and the call after the
+                // broker reads up is the one that tells whether it recovered.
+                let health = broker.stats().backend;
+                let back = start == BACK && health.outages > 0 && !health.down;
                 let result = broker
                     .try_acquire("api", Cost::default())
                     .await
                     .map(|a| a.allowed);
                 let end = phase.load(Ordering::SeqCst);
                 calls.push(Call { start, end, result });
-                if end == BACK && broker.stats().backend.outages > 0 && !broker.stats().backend.down
-                {
+                if back {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
