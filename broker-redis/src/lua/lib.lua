@@ -51,9 +51,8 @@ local function args()
   return read_now()
 end
 
--- state::penalty_end of a hash made for `n` buckets, not N: the latest nb
--- of its buckets, or its penalty; 0 for none (what state::adopt carries
--- over).
+-- What state::adopt carries over from a hash made for `n` buckets, not N:
+-- the latest nb of its buckets, or its penalty; 0 for none.
 local function penalty_end(n)
   local fields = { 'hold' }
   for i = 1, min(n, call('HLEN', KEYS[1]), 4096) do
