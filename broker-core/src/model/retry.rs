@@ -273,7 +273,7 @@ impl RetryPolicy {
     }
 
     /// Exponential step for `attempt` (1-based): `base × 2^(attempt-1)`.
-    pub fn exponential(&self, attempt: u32) -> Duration {
+    fn exponential(&self, attempt: u32) -> Duration {
         let shift = attempt.saturating_sub(1).min(30);
         self.base_backoff.saturating_mul(1 << shift)
     }
@@ -295,7 +295,7 @@ impl RetryPolicy {
 }
 
 /// Time to refill one request token in the slowest request-rate limit.
-pub fn refill_one_token(limits: &Limits) -> Duration {
+fn refill_one_token(limits: &Limits) -> Duration {
     limits
         .rates
         .iter()
